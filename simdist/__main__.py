@@ -1,0 +1,3 @@
+from simdist.cli import main
+
+main()

@@ -1,0 +1,178 @@
+"""Command line: thin typer commands over `simdist.api`.
+
+Bad input never prints a traceback: a `SimdistError` or a usage error becomes one line on stderr
+(``error: ...``) and exit status 2. ``--json`` prints exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+try:  # typer >= 0.20 vendors click as typer._click; older releases use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
+
+from simdist import api
+from simdist.errors import EXIT_USAGE, SimdistError
+
+app = typer.Typer(
+    name="simdist",
+    help="Discrete-event simulator of distributed-training cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+topo_app = typer.Typer(help="Inspect topology presets and clusters.", no_args_is_help=True)
+app.add_typer(topo_app, name="topo")
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a field: key=value (dotted path, YAML value), repeatable."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename: never half a file."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise SimdistError(f"folder {directory} does not exist", field="--html", fix="create it or pick another path")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@topo_app.command("list")
+def topo_list(as_json: JsonOption = False) -> None:
+    """List the bundled topology presets."""
+    presets = api.topology_presets()
+    if as_json:
+        _print_json(presets)
+        return
+    width = max(len(p["name"]) for p in presets)
+    for p in presets:
+        typer.echo(f"{p['name']:<{width}}  {p['gpus_per_node']:>3} GPUs/node  {p['description']}")
+
+
+@topo_app.command("gpus")
+def topo_gpus(as_json: JsonOption = False) -> None:
+    """List the GPU presets (dense peak TFLOP/s, HBM)."""
+    gpus = api.gpu_presets()
+    if as_json:
+        _print_json(gpus)
+        return
+    for name, g in gpus.items():
+        peak = g["peak"]
+        fp8 = f"{peak['fp8'] / 1e12:g}" if peak["fp8"] else "-"
+        typer.echo(
+            f"{name:<14} {g['name']:<22} bf16 {peak['bf16'] / 1e12:>6g}  fp8 {fp8:>6}  tf32 {peak['tf32'] / 1e12:>6g}  "
+            f"fp32 {peak['fp32'] / 1e12:>5g} TFLOP/s  {g['hbm_capacity'] / 2**30:g} GiB at {g['hbm_bandwidth'] / 1e12:g} TB/s"
+        )
+
+
+@topo_app.command("show")
+def topo_show(
+    name: Annotated[str, typer.Argument(help="A preset name (see `simdist topo list`) or a topology YAML file.")],
+    num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Number of nodes (racks for gb200-nvl72).")] = None,
+    assignments: SetOption = None,
+    as_json: JsonOption = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write an interactive plotly drawing to FILE.")] = None,
+) -> None:
+    """Describe a cluster: GPUs, links by kind, per-GPU bandwidth per tier, bisection, example routes."""
+    topology, summary = api.topology_summary(name, num_nodes=num_nodes, assignments=assignments or [])
+    if html is not None:
+        from simdist.report.topology_html import topology_figure_html
+
+        write_atomically(html, topology_figure_html(topology))
+    if as_json:
+        _print_json(summary)
+        return
+    from simdist.report.topology_text import render_topology
+
+    typer.echo(render_topology(summary))
+    if html is not None:
+        typer.echo(f"wrote {html}")
+
+
+@app.command("schema")
+def schema_cmd(kind: Annotated[str, typer.Argument(help="topology or scenario")]) -> None:
+    """Print the JSON schema of a topology or scenario file."""
+    _print_json(api.schema(kind))
+
+
+@app.command("check")
+def check(
+    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file.")],
+    assignments: SetOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Validate a scenario: its fields, its cluster, and that the layout fills the cluster."""
+    loaded = api.load_scenario(scenario, assignments or [])
+    p = loaded.spec.parallel
+    result = {
+        "scenario": str(scenario),
+        "name": loaded.spec.name,
+        "cluster": loaded.topology.spec.name,
+        "num_gpus": loaded.topology.num_gpus,
+        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp},
+        "valid": True,
+    }
+    if as_json:
+        _print_json(result)
+    else:
+        typer.echo(
+            f"{scenario}: ok - {loaded.spec.name or 'unnamed'}: tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} on "
+            f"{loaded.topology.num_gpus} GPUs of {loaded.topology.spec.name}"
+        )
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write("error: " + " ".join(message.split()) + "\n")
+    sys.exit(EXIT_USAGE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``simdist`` console script and ``python -m simdist``."""
+    try:
+        code = app(args=argv, prog_name="simdist", standalone_mode=False)
+    except SimdistError as err:
+        _fail(err.one_line())
+    except click_exceptions.NoArgsIsHelpError as err:
+        sys.stdout.write(err.format_message() + "\n")
+        sys.exit(0)
+    except click_exceptions.UsageError as err:
+        where = f"{err.ctx.command_path}: " if err.ctx is not None else ""
+        _fail(where + err.format_message())
+    except click_exceptions.ClickException as err:
+        _fail(err.format_message())
+    except click_exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except click_exceptions.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The inter-node fabric: NICs on leaf switches, leaves joined by a spine layer, in closed form.
+
+Nothing here is materialised per NIC: a 16,384-NIC fabric is a handful of integers, and the leaf of
+a NIC, the spine an ECMP hash picks and the id of every fabric link are arithmetic.
+
+Two shapes (DESIGN.md ``inter_node.fabric``):
+- ``fat_tree``: NICs are cabled to leaves in order (node-major), ``down_ports`` per leaf.
+- ``rail_optimized``: NIC i of every node in a group of ``down_ports`` nodes sits on rail switch i of
+  that group, so same-rail traffic stays one switch away and cross-rail traffic climbs to a spine.
+
+Leaves have ``switch_radix`` ports split into ``down_ports`` (to NICs) and uplinks so that
+downlink capacity / uplink capacity = ``oversubscription``: down_ports = floor(radix x o / (1 + o)).
+Each leaf has one link to every spine, of bandwidth down_ports x nic_bw / (o x num_spines), so the
+ratio holds exactly whatever the rounding (with o = 1 that is one NIC-speed port per spine).
+# Assumption: the spine layer is non-blocking above the leaves (a folded Clos whose upper tiers are
+# collapsed into one spine tier); large clusters with a 3-tier core are modelled at their leaf tier.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simdist.hardware.link_defaults import LINK_DEFAULTS
+from simdist.spec.topology import FabricKind, FabricShape, InterNodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    kind: FabricKind
+    shape: FabricShape
+    num_nodes: int
+    nics_per_node: int
+    nic_bandwidth_Bps: float
+    latency_s: float
+    efficiency: float
+    oversubscription: float
+    down_ports: int
+    num_leaves: int
+    num_spines: int
+    uplink_bandwidth_Bps: float
+
+    @property
+    def num_nics(self) -> int:
+        return self.num_nodes * self.nics_per_node
+
+    def leaf_of(self, nic: int) -> int:
+        """Leaf switch of global NIC ``nic`` (= node x nics_per_node + local NIC)."""
+        node, local = divmod(nic, self.nics_per_node)
+        if self.shape == "rail_optimized":
+            return (node // self.down_ports) * self.nics_per_node + local
+        return nic // self.down_ports
+
+    def leaf_of_all(self) -> np.ndarray:
+        """Leaf of every NIC, as an array (for bisection and load summaries)."""
+        nic = np.arange(self.num_nics)
+        node, local = np.divmod(nic, self.nics_per_node)
+        if self.shape == "rail_optimized":
+            return (node // self.down_ports) * self.nics_per_node + local
+        return nic // self.down_ports
+
+    def spine_for(self, src_nic: int, dst_nic: int) -> int:
+        """ECMP: a stable spine for a NIC pair (a fixed integer hash, not Python's salted hash)."""
+        # Assumption: static per-flow ECMP hashing; adaptive routing would spread a flow's packets.
+        mixed = ((src_nic * 0x9E3779B1) ^ (dst_nic * 0x85EBCA77) ^ (src_nic >> 3)) & 0xFFFFFFFF
+        return mixed % self.num_spines
+
+
+def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
+    kind_defaults = LINK_DEFAULTS[spec.kind]
+    num_nics = num_nodes * spec.nics_per_node
+    o = spec.oversubscription
+    radix = spec.switch_radix
+    if spec.fabric == "fat_tree" and num_nics <= radix:
+        # Everything fits on one switch: no spine, no oversubscription.
+        down, leaves, spines, uplink = num_nics, 1, 0, 0.0
+    else:
+        down = max(1, math.floor(radix * o / (1.0 + o)))
+        if spec.fabric == "rail_optimized":
+            leaves = math.ceil(num_nodes / down) * spec.nics_per_node
+        else:
+            leaves = math.ceil(num_nics / down)
+        if leaves == 1:
+            spines, uplink = 0, 0.0
+        else:
+            spines = max(1, math.ceil(down / o))
+            uplink = down * spec.nic_bandwidth / (o * spines)
+    return Fabric(
+        kind=spec.kind,
+        shape=spec.fabric,
+        num_nodes=num_nodes,
+        nics_per_node=spec.nics_per_node,
+        nic_bandwidth_Bps=spec.nic_bandwidth,
+        latency_s=spec.latency if spec.latency is not None else kind_defaults.latency_s,
+        efficiency=spec.efficiency if spec.efficiency is not None else kind_defaults.efficiency,
+        oversubscription=o,
+        down_ports=down,
+        num_leaves=leaves,
+        num_spines=spines,
+        uplink_bandwidth_Bps=uplink,
+    )

@@ -1,0 +1,213 @@
+"""One node's graph: GPUs, NVSwitch, PCIe switches, CPU sockets and NICs, built once per topology.
+
+All nodes of a cluster are identical, so the topology keeps a single node graph (a networkx DiGraph
+with local vertex names such as ``gpu3``, ``nic3``, ``h0/pcie1``, ``h0/cpu0``, ``nvswitch``) and
+places it ``num_nodes`` times by arithmetic on link ids. Routes inside the node are computed once
+per (source, destination) pair on this small graph and cached.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from simdist.errors import TopologyError
+from simdist.hardware.link_defaults import LINK_DEFAULTS, pcie_bandwidth_Bps
+from simdist.hardware.link import PathShape
+from simdist.spec.topology import LinkKind, TopologySpec
+
+# Vertices that only send and receive: a message never passes *through* a GPU or a NIC.
+# Assumption: no PXN-style forwarding through a peer GPU (NCCL's NCCL_PXN_DISABLE=1 behaviour).
+ENDPOINT_KINDS = frozenset({"gpu", "nic"})
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLink:
+    src: str
+    dst: str
+    kind: LinkKind
+    bandwidth_Bps: float
+    latency_s: float
+    efficiency: float
+
+
+@dataclass(eq=False, slots=True)
+class NodeGraph:
+    """The graph of one node and its route cache."""
+
+    graph: nx.DiGraph
+    links: list[LocalLink]
+    gpus: list[str]
+    nics: list[str]
+    nic_of_gpu: list[int | None]
+    _index: dict[tuple[str, str], int] = field(default_factory=dict)
+    _paths: dict[tuple[str, str], PathShape] = field(default_factory=dict)
+
+    @property
+    def num_links(self) -> int:
+        return len(self.links)
+
+    def link_index(self, src: str, dst: str) -> int:
+        return self._index[(src, dst)]
+
+    def path(self, src: str, dst: str) -> PathShape:
+        """Widest, then shortest, path from ``src`` to ``dst`` (cached)."""
+        key = (src, dst)
+        shape = self._paths.get(key)
+        if shape is None:
+            shape = self._paths[key] = _widest_shortest_path(self, src, dst)
+        return shape
+
+
+def _add_link(node: NodeGraph, src: str, dst: str, kind: LinkKind, bw: float, lat: float, eff: float) -> None:
+    for a, b in ((src, dst), (dst, src)):
+        index = len(node.links)
+        node.links.append(LocalLink(a, b, kind, bw, lat, eff))
+        node._index[(a, b)] = index
+        node.graph.add_edge(a, b, link=index, kind=kind, bandwidth_Bps=bw)
+
+
+def build_node(spec: TopologySpec) -> NodeGraph:
+    """Build the graph of one node of ``spec`` (see the module docstring for vertex names)."""
+    g = nx.DiGraph()
+    node = NodeGraph(graph=g, links=[], gpus=[], nics=[], nic_of_gpu=[])
+    host = spec.host
+    pcie = host.pcie
+    pcie_bw = pcie.bandwidth if pcie.bandwidth is not None else pcie_bandwidth_Bps(pcie.generation, pcie.lanes)
+    pcie_lat = pcie.latency if pcie.latency is not None else LINK_DEFAULTS["pcie"].latency_s
+    pcie_eff = pcie.efficiency if pcie.efficiency is not None else LINK_DEFAULTS["pcie"].efficiency
+    gpus_per_host = spec.gpus_per_host
+    nics_per_host = (spec.inter_node.nics_per_node if spec.inter_node else 0) // spec.hosts_per_node
+
+    for h in range(spec.hosts_per_node):
+        cpus = [f"h{h}/cpu{c}" for c in range(host.cpu_sockets)]
+        for c, name in enumerate(cpus):
+            g.add_node(name, kind="cpu", host=h, socket=c)
+        if len(cpus) > 1:
+            link = host.cpu_interconnect
+            assert link is not None  # HostSpec guarantees it
+            lat = link.latency if link.latency is not None else LINK_DEFAULTS["cpu_interconnect"].latency_s
+            eff = link.efficiency if link.efficiency is not None else LINK_DEFAULTS["cpu_interconnect"].efficiency
+            for i in range(len(cpus)):
+                for j in range(i + 1, len(cpus)):
+                    # Assumption: sockets are fully connected (2-socket UPI/xGMI; 4-socket all-to-all).
+                    _add_link(node, cpus[i], cpus[j], "cpu_interconnect", link.bandwidth, lat, eff)
+        attach: list[str] = []
+        if host.pcie_switches_per_socket:
+            for c, cpu in enumerate(cpus):
+                for s in range(host.pcie_switches_per_socket):
+                    name = f"h{h}/pcie{c * host.pcie_switches_per_socket + s}"
+                    g.add_node(name, kind="pcie_switch", host=h, socket=c)
+                    # Assumption: the switch's upstream port is as wide as its downstream ports (x16).
+                    _add_link(node, name, cpu, "pcie", pcie_bw, pcie_lat, pcie_eff)
+                    attach.append(name)
+        else:
+            attach = cpus
+        per_attach = gpus_per_host // len(attach)
+        for k in range(gpus_per_host):
+            gpu = f"gpu{h * gpus_per_host + k}"
+            g.add_node(gpu, kind="gpu", host=h, index=len(node.gpus))
+            node.gpus.append(gpu)
+            _add_link(node, gpu, attach[k // per_attach], "pcie", pcie_bw, pcie_lat, pcie_eff)
+        for i in range(nics_per_host):
+            nic = f"nic{h * nics_per_host + i}"
+            g.add_node(nic, kind="nic", host=h, index=len(node.nics))
+            node.nics.append(nic)
+            # NICs spread evenly over the attach points (i * points // nics).
+            _add_link(node, nic, attach[i * len(attach) // nics_per_host], "pcie", pcie_bw, pcie_lat, pcie_eff)
+
+    if spec.scale_up is not None:
+        up = spec.scale_up
+        g.add_node("nvswitch", kind="nvswitch", num_switches=up.num_switches, nvls=up.nvls)
+        lat = up.latency if up.latency is not None else LINK_DEFAULTS["nvlink"].latency_s
+        eff = up.efficiency if up.efficiency is not None else LINK_DEFAULTS["nvlink"].efficiency
+        # Assumption: a GPU's NVLinks are striped over all NVSwitch chips, so the chips act as one
+        # non-blocking crossbar and a GPU's port to it carries its full NVLink bandwidth.
+        for gpu in node.gpus:
+            _add_link(node, gpu, "nvswitch", "nvlink", up.bandwidth, lat, eff)
+
+    if not nx.is_weakly_connected(g):
+        parts = sorted(nx.weakly_connected_components(g), key=len)
+        lone = sorted(v for v in parts[0] if g.nodes[v]["kind"] == "gpu")
+        raise TopologyError(
+            f"the GPUs of a node are not all connected ({', '.join(lone) or 'a component'} cannot reach the rest)",
+            field="scale_up",
+            fix="add scale_up (NVSwitch) to join the hosts of a node, or use hosts_per_node: 1",
+        )
+    node.nic_of_gpu = _nearest_nics(node)
+    return node
+
+
+def _hops_from(node: NodeGraph, src: str) -> dict[str, int]:
+    """BFS hop counts from ``src`` without passing through endpoints."""
+    g = node.graph
+    dist = {src: 0}
+    queue = deque([src])
+    while queue:
+        v = queue.popleft()
+        if v != src and g.nodes[v]["kind"] in ENDPOINT_KINDS:
+            continue
+        for w in g.successors(v):
+            if w not in dist:
+                dist[w] = dist[v] + 1
+                queue.append(w)
+    return dist
+
+
+def _nearest_nics(node: NodeGraph) -> list[int | None]:
+    """Each GPU's NIC: the nearest by hops; GPUs sharing the same nearest set take them in turn.
+
+    This matches NCCL's choice of the NIC closest to a GPU on the PCIe tree (DGX: GPU i uses NIC i).
+    """
+    if not node.nics:
+        return [None] * len(node.gpus)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for g_index, gpu in enumerate(node.gpus):
+        dist = _hops_from(node, gpu)
+        best = min(dist.get(nic, 1 << 30) for nic in node.nics)
+        nearest = tuple(i for i, nic in enumerate(node.nics) if dist.get(nic) == best)
+        groups.setdefault(nearest, []).append(g_index)
+    out: list[int | None] = [None] * len(node.gpus)
+    for nearest, members in groups.items():
+        for position, g_index in enumerate(members):
+            out[g_index] = nearest[position * len(nearest) // max(len(members), len(nearest))]
+    return out
+
+
+def _widest_shortest_path(node: NodeGraph, src: str, dst: str) -> PathShape:
+    """Among paths that avoid passing through GPUs/NICs: the widest, and of those the fewest hops.
+
+    NCCL likewise prefers NVLink paths over PCIe ones before counting hops (src/graph/paths.cc path
+    types NVL < PIX < PXB < PHB < SYS).
+    """
+    g = node.graph
+    if src == dst:
+        return PathShape((), float("inf"), float("inf"), 0.0)
+    for threshold in sorted({link.bandwidth_Bps for link in node.links}, reverse=True):
+        prev: dict[str, str] = {src: src}
+        queue = deque([src])
+        while queue and dst not in prev:
+            v = queue.popleft()
+            if v != src and g.nodes[v]["kind"] in ENDPOINT_KINDS:
+                continue
+            for w, data in g[v].items():
+                if w not in prev and data["bandwidth_Bps"] >= threshold:
+                    prev[w] = v
+                    queue.append(w)
+        if dst in prev:
+            hops = []
+            v = dst
+            while v != src:
+                hops.append(node.link_index(prev[v], v))
+                v = prev[v]
+            hops.reverse()
+            links = [node.links[i] for i in hops]
+            return PathShape(
+                tuple(hops),
+                min(lk.bandwidth_Bps for lk in links),
+                min(lk.bandwidth_Bps * lk.efficiency for lk in links),
+                sum(lk.latency_s for lk in links),
+            )
+    raise TopologyError(f"no path from {src} to {dst} inside a node", fix="check the topology's host and scale_up")

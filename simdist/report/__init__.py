@@ -1,0 +1,1 @@
+"""Reports: text tables and plotly figures. The only package that draws."""
