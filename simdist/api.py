@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import LayoutError, SpecError
+from simdist.errors import LayoutError, SimdistError, SpecError
 from simdist.hardware import Topology, describe, load_topology, preset_names
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.presets import bundled_dir, topology_document
@@ -99,17 +99,12 @@ def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Sce
                         fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
     try:
         topology = load_topology(target, overrides=overrides)
-    except SpecError as err:
-        if err.field and not err.field.startswith("cluster"):
-            raise err.located(field_prefix="cluster") from None
-        raise
-    except Exception as err:  # PresetError, TopologyError: name the scenario's field
-        from simdist.errors import SimdistError
-
-        if isinstance(err, SimdistError):
-            raise type(err)(err.problem, field=f"cluster.{err.field}" if err.field else "cluster.preset",
-                            source=doc.where(("cluster",)), fix=err.fix) from None
-        raise
+    except SpecError as err:  # located in the scenario or the topology file; name the scenario field
+        raise err.located(field_prefix="cluster") from None
+    except SimdistError as err:  # unknown preset, disconnected cluster: name the scenario's field
+        field = f"cluster.{err.field}" if err.field else "cluster.preset"
+        where = doc.where(tuple(field.split(".")))
+        raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
     _check_layout(spec, topology, doc)
     return Scenario(spec=spec, topology=topology, source=str(path))
 

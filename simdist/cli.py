@@ -85,14 +85,17 @@ def topo_gpus(as_json: JsonOption = False) -> None:
         fp8 = f"{peak['fp8'] / 1e12:g}" if peak["fp8"] else "-"
         typer.echo(
             f"{name:<14} {g['name']:<22} bf16 {peak['bf16'] / 1e12:>6g}  fp8 {fp8:>6}  tf32 {peak['tf32'] / 1e12:>6g}  "
-            f"fp32 {peak['fp32'] / 1e12:>5g} TFLOP/s  {g['hbm_capacity'] / 2**30:g} GiB at {g['hbm_bandwidth'] / 1e12:g} TB/s"
+            f"fp32 {peak['fp32'] / 1e12:>5g} TFLOP/s  "
+            f"{g['hbm_capacity'] / 2**30:g} GiB at {g['hbm_bandwidth'] / 1e12:g} TB/s"
         )
 
 
 @topo_app.command("show")
 def topo_show(
     name: Annotated[str, typer.Argument(help="A preset name (see `simdist topo list`) or a topology YAML file.")],
-    num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Number of nodes (racks for gb200-nvl72).")] = None,
+    num_nodes: Annotated[
+        int | None, typer.Option("--num-nodes", min=1, help="Number of nodes (racks for gb200-nvl72).")
+    ] = None,
     assignments: SetOption = None,
     as_json: JsonOption = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write an interactive plotly drawing to FILE.")] = None,

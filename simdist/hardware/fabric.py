@@ -64,8 +64,20 @@ class Fabric:
     def spine_for(self, src_nic: int, dst_nic: int) -> int:
         """ECMP: a stable spine for a NIC pair (a fixed integer hash, not Python's salted hash)."""
         # Assumption: static per-flow ECMP hashing; adaptive routing would spread a flow's packets.
-        mixed = ((src_nic * 0x9E3779B1) ^ (dst_nic * 0x85EBCA77) ^ (src_nic >> 3)) & 0xFFFFFFFF
-        return mixed % self.num_spines
+        return _fmix64((src_nic << 32) | dst_nic) % self.num_spines
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _fmix64(key: int) -> int:
+    """MurmurHash3's 64-bit finaliser: every input bit affects every output bit."""
+    key ^= key >> 33
+    key = (key * 0xFF51AFD7ED558CCD) & _MASK64
+    key ^= key >> 33
+    key = (key * 0xC4CEB9FE1A85EC53) & _MASK64
+    key ^= key >> 33
+    return key
 
 
 def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:

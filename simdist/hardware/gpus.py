@@ -71,11 +71,11 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         "186 GiB", "8.0 TB/s", 1200,
     ),
     # L40S (Ada, PCIe Gen4 x16 card, no NVLink). NVIDIA L40S datasheet: fp32 91.6, tf32 183 dense
-    # (366 sparse), bf16/fp16 362 dense (733 sparse), fp8 733 dense (1466 sparse); 48 GB GDDR6 at
+    # (366 sparse), bf16/fp16 362.05 dense (733 sparse), fp8 733 dense (1466 sparse); 48 GB GDDR6 at
     # 864 GB/s; 350 W. Not in the reference CSV.
     "l40s": _gpu(
         "L40S-48GB", "pcie",
-        {"fp32": "91.6 TFLOP/s", "tf32": "183 TFLOP/s", "bf16": "362 TFLOP/s", "fp16": "362 TFLOP/s",
+        {"fp32": "91.6 TFLOP/s", "tf32": "183 TFLOP/s", "bf16": "362.05 TFLOP/s", "fp16": "362.05 TFLOP/s",
          "fp8": "733 TFLOP/s"},
         "48 GiB", "864 GB/s", 350,
     ),

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from simdist.errors import TopologyError
-from simdist.hardware.link_defaults import LINK_DEFAULTS, pcie_bandwidth_Bps
 from simdist.hardware.link import PathShape
+from simdist.hardware.link_defaults import LINK_DEFAULTS, pcie_bandwidth_Bps
 from simdist.spec.topology import LinkKind, TopologySpec
 
 # Vertices that only send and receive: a message never passes *through* a GPU or a NIC.

@@ -40,7 +40,8 @@ class Topology:
                 raise TopologyError(
                     f"{spec.num_nodes} nodes but no inter-node fabric: GPUs on different nodes are not connected",
                     field="inter_node",
-                    fix="add inter_node: {kind: infiniband, nics_per_node: 8, nic_bandwidth: 400 Gb/s} or use num_nodes: 1",
+                    fix="add inter_node: {kind: infiniband, nics_per_node: 8, nic_bandwidth: 400 Gb/s} "
+                    "or use num_nodes: 1",
                 )
             self.fabric = build_fabric(spec.inter_node, spec.num_nodes)
         t = self.node.num_links

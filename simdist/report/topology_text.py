@@ -37,7 +37,8 @@ def render_topology(d: dict[str, Any]) -> str:
     if fab:
         lines.append(
             f"  fabric          {fab['shape']}, {fab['num_leaves']} leaves x {fab['nics_per_leaf']} NICs"
-            + (f", {fab['num_spines']} spines, oversubscription {fab['oversubscription']:g}" if fab["num_spines"] else "")
+            + (f", {fab['num_spines']} spines, oversubscription {fab['oversubscription']:g}"
+               if fab["num_spines"] else "")
         )
     inj = ", ".join(f"{k} {format_bandwidth(v)}" for k, v in d["injection_bandwidth_per_gpu_Bps"].items())
     lines.append(f"  per-GPU inject  {inj}")

@@ -183,10 +183,9 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> Path_:
     out: list[str | int] = []
     node = data
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            out.append(part)
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
+        if in_dict or in_list:
             out.append(part)
             node = node[part]
         elif isinstance(node, dict) and isinstance(part, str) and not _looks_like_tag(part):

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simdist.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the CLI in-process: returns (exit status, stdout, stderr)."""
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            main(list(argv))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        else:  # pragma: no cover - main always exits
+            code = 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
