@@ -6,6 +6,7 @@ plain values; every input problem raises a `simdist.errors.SimdistError` with a 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from simdist.spec.load import Document, read_yaml, validate
 
 __all__ = [
     "Scenario",
+    "assumptions",
     "bundled_scenarios",
     "gpu_presets",
     "load_scenario",
@@ -120,3 +122,33 @@ def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None
             f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})",
             field="parallel", source=doc.where(("parallel",)), fix=hint,
         )
+
+
+def assumptions() -> list[dict[str, Any]]:
+    """Every modelling assumption marked ``# Assumption:`` in the library and the bundled presets.
+
+    A marked comment continues over the comment lines right below it.
+    """
+    import simdist
+
+    tag = "# " + "Assumption:"  # split so that this line is not itself a match
+    marker = re.compile(r"(?<![\"'`])" + re.escape(tag) + r"\s*(.*)")
+    roots = [Path(simdist.__file__).parent, bundled_dir("topologies")]
+    found: list[dict[str, Any]] = []
+    for root in roots:
+        for path in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):
+            if "_bundled" in path.relative_to(root).parts:
+                continue  # the wheel's copy of the presets is listed once, from the presets folder
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for number, line in enumerate(lines, start=1):
+                m = marker.search(line)
+                if not m:
+                    continue
+                text = [m.group(1).strip()]
+                for follow in lines[number:]:
+                    stripped = follow.strip()
+                    if not stripped.startswith("#") or marker.search(follow) or stripped == "#":
+                        break
+                    text.append(stripped.lstrip("#").strip())
+                found.append({"file": f"{root.name}/{path.relative_to(root)}", "line": number, "text": " ".join(text)})
+    return found

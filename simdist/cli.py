@@ -148,6 +148,17 @@ def check(
         )
 
 
+@app.command("assumptions")
+def assumptions_cmd(as_json: JsonOption = False) -> None:
+    """List the modelling assumptions (``# Assumption:`` comments) in the code and presets."""
+    found = api.assumptions()
+    if as_json:
+        _print_json(found)
+        return
+    for item in found:
+        typer.echo(f"{item['file']}:{item['line']}: {item['text']}")
+
+
 def _fail(message: str) -> None:
     sys.stderr.write("error: " + " ".join(message.split()) + "\n")
     sys.exit(EXIT_USAGE)

@@ -131,7 +131,7 @@ def test_unknown_gpu_preset_lists_valid_ones(cli, tmp_path):
     path = tmp_path / "gpu.yaml"
     path.write_text("name: t\ngpu: h900\ngpus_per_node: 8\nhost:\n  cpu_sockets: 1\n  pcie: {generation: 5}\n")
     code, _, err = cli("topo", "show", str(path))
-    assert code == 2 and "unknown GPU preset 'h900'" in err and "h100-sxm" in err
+    assert code == 2 and f"{path}:2: gpu: unknown GPU preset 'h900'" in err and "h100-sxm" in err
 
 
 def test_html_not_written_when_input_is_bad(cli, tmp_path):
@@ -187,3 +187,14 @@ def test_console_entry_points_run():
     proc = subprocess.run([sys.executable, "-m", "simdist", "topo", "show", "nope"], capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_assumptions_are_listed_from_code_and_presets(cli):
+    code, out, _ = cli("assumptions", "--json")
+    items = json.loads(out)
+    assert code == 0
+    files = {item["file"] for item in items}
+    assert "simdist/hardware/node.py" in files and "topologies/dgx-h100.yaml" in files
+    assert "simdist/api.py" not in files  # the scanner does not match its own pattern
+    crossbar = [i for i in items if "non-blocking crossbar" in i["text"]]
+    assert crossbar and crossbar[0]["text"].endswith("carries its full NVLink bandwidth.")  # continuation joined

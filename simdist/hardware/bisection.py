@@ -18,7 +18,7 @@ one node, and the figure is reported with the cut it used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from weakref import WeakKeyDictionary
 
 import networkx as nx
 import numpy as np
@@ -43,9 +43,18 @@ def _node_flow(topology: Topology, sources: list[str], sinks: list[str]) -> floa
     return float(nx.maximum_flow_value(g, "_source", "_sink"))
 
 
-@lru_cache(maxsize=64)
+_INJECTION: WeakKeyDictionary[Topology, float] = WeakKeyDictionary()
+
+
 def _node_injection(topology: Topology) -> float:
-    """How much a node can push out of all its NICs at once (GPUs -> NICs -> fabric)."""
+    """How much a node can push out of all its NICs at once (GPUs -> NICs -> fabric); cached."""
+    cached = _INJECTION.get(topology)
+    if cached is None:
+        cached = _INJECTION[topology] = _node_injection_flow(topology)
+    return cached
+
+
+def _node_injection_flow(topology: Topology) -> float:
     fabric = topology.fabric
     assert fabric is not None
     node = topology.node

@@ -10,8 +10,9 @@ Two shapes (DESIGN.md ``inter_node.fabric``):
 
 Leaves have ``switch_radix`` ports split into ``down_ports`` (to NICs) and uplinks so that
 downlink capacity / uplink capacity = ``oversubscription``: down_ports = floor(radix x o / (1 + o)).
-Each leaf has one link to every spine, of bandwidth down_ports x nic_bw / (o x num_spines), so the
-ratio holds exactly whatever the rounding (with o = 1 that is one NIC-speed port per spine).
+With m NICs on the fullest leaf (down_ports once the cluster fills a leaf), there are ceil(m / o)
+spines and each leaf has one link to every spine of bandwidth m x nic_bw / (o x num_spines), so the
+ratio holds exactly whatever the rounding (with o = 1: one NIC-speed port per spine).
 # Assumption: the spine layer is non-blocking above the leaves (a folded Clos whose upper tiers are
 # collapsed into one spine tier); large clusters with a 3-tier core are modelled at their leaf tier.
 """
@@ -97,8 +98,11 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
         if leaves == 1:
             spines, uplink = 0, 0.0
         else:
-            spines = max(1, math.ceil(down / o))
-            uplink = down * spec.nic_bandwidth / (o * spines)
+            # Spines are sized for the NICs actually cabled to the fullest leaf, so a 2-node cluster
+            # does not get the 32 spines a full 64-port leaf tier would need.
+            attached = min(down, num_nodes if spec.fabric == "rail_optimized" else num_nics)
+            spines = max(1, math.ceil(attached / o))
+            uplink = attached * spec.nic_bandwidth / (o * spines)
     return Fabric(
         kind=spec.kind,
         shape=spec.fabric,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from simdist.errors import PresetError, SimdistError, SpecError
+from simdist.errors import PresetError, SimdistError
+from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.topology import Topology
 from simdist.spec.load import Document, read_yaml, validate
 from simdist.spec.topology import TopologySpec
@@ -61,7 +62,13 @@ def resolve_topology_spec(
         doc = doc.with_assignments(assignments)
     if num_nodes is not None:
         doc = doc.with_assignments([f"num_nodes={num_nodes}"], source="--num-nodes")
-    return validate(TopologySpec, doc)
+    spec = validate(TopologySpec, doc)
+    if isinstance(spec.gpu, str):
+        try:
+            gpu_preset(spec.gpu)
+        except PresetError as err:
+            raise err.located(source=doc.where(("gpu",))) from None
+    return spec
 
 
 def load_topology(
@@ -76,7 +83,4 @@ def load_topology(
     try:
         return Topology(spec)
     except SimdistError as err:
-        source = str(name_or_path)
-        if isinstance(err, PresetError | SpecError):
-            raise err.located(source=source) from None
-        raise err.located(source=err.source or source) from None
+        raise err.located(source=err.source or str(name_or_path)) from None

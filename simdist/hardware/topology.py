@@ -190,7 +190,7 @@ class Topology:
         g = nx.DiGraph(name=self.spec.name)
         for n in range(self.num_nodes):
             for v, data in self.node.graph.nodes(data=True):
-                g.add_node(f"n{n}/{v}", node=n, **data)
+                g.add_node(f"n{n}/{v}", **{**data, "node": n})
         if self.fabric is not None:
             for leaf in range(self.fabric.num_leaves):
                 g.add_node(f"leaf{leaf}", kind="leaf_switch")

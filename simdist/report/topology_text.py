@@ -36,7 +36,7 @@ def render_topology(d: dict[str, Any]) -> str:
     fab = d["fabric"]
     if fab:
         lines.append(
-            f"  fabric          {fab['shape']}, {fab['num_leaves']} leaves x {fab['nics_per_leaf']} NICs"
+            f"  fabric          {fab['shape']}, {fab['num_leaves']} leaves ({fab['nics_per_leaf']} NIC ports each)"
             + (f", {fab['num_spines']} spines, oversubscription {fab['oversubscription']:g}"
                if fab["num_spines"] else "")
         )

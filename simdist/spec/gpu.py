@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from simdist.errors import SpecError
 from simdist.spec.base import Bandwidth, ByteSize, FlopRate, Spec
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -35,8 +36,6 @@ class GpuSpec(Spec):
         """Dense peak FLOP/s for ``dtype``; a clear error where the GPU lacks it (fp8 on A100)."""
         value = getattr(self.peak, dtype)
         if value is None:
-            from simdist.errors import SpecError
-
             raise SpecError(
                 f"GPU {self.name} has no {dtype} tensor cores",
                 field="training.precision",
