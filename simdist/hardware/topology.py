@@ -23,6 +23,9 @@ from simdist.hardware.node import NodeGraph, build_node
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.topology import TopologySpec
 
+ROUTE_CACHE_ENTRIES = 1 << 18
+"""Routes kept per topology before the cache is emptied (~150 MiB at the limit)."""
+
 
 class Topology:
     """A built cluster. Cheap to build at any size; routes are computed on demand and cached."""
@@ -51,6 +54,11 @@ class Topology:
         fabric_pairs = self.fabric.num_leaves * self.fabric.num_spines if self.fabric else 0
         self.num_links = self._nic_links_end + 2 * fabric_pairs
         self._routes: dict[tuple[int, int], Route] = {}
+        if self.fabric is not None:
+            f = self.fabric
+            self._nic_shape = PathShape((), f.nic_bandwidth_Bps, f.nic_bandwidth_Bps * f.efficiency, f.latency_s)
+            self._uplink_shape = PathShape((), f.uplink_bandwidth_Bps, f.uplink_bandwidth_Bps * f.efficiency,
+                                           f.latency_s)
 
     # ----------------------------------------------------------------- placement
     def locate(self, rank: int) -> tuple[int, int]:
@@ -116,6 +124,8 @@ class Topology:
             route = join(src, dst, [(shape.shifted(src_node * node.num_links), shape)])
         else:
             route = self._inter_node_route(src, dst, src_node, src_gpu, dst_node, dst_gpu)
+        if len(self._routes) >= ROUTE_CACHE_ENTRIES:
+            self._routes.clear()  # bounded memory: ~600 B a route (benchmarks/topology.py)
         self._routes[key] = route
         return route
 
@@ -137,8 +147,7 @@ class Topology:
         t = node.num_links
         up = node.path(node.gpus[src_gpu], node.nics[src_nic_local])
         down = node.path(node.nics[dst_nic_local], node.gpus[dst_gpu])
-        nic_link = PathShape((), fabric.nic_bandwidth_Bps, fabric.nic_bandwidth_Bps * fabric.efficiency,
-                             fabric.latency_s)
+        nic_link = self._nic_shape
         parts = [
             (up.shifted(src_node * t), up),
             ((self._node_links_end + 2 * src_nic,), nic_link),
@@ -146,14 +155,22 @@ class Topology:
         src_leaf, dst_leaf = fabric.leaf_of(src_nic), fabric.leaf_of(dst_nic)
         if src_leaf != dst_leaf:
             spine = fabric.spine_for(src_nic, dst_nic)
-            uplink = PathShape((), fabric.uplink_bandwidth_Bps, fabric.uplink_bandwidth_Bps * fabric.efficiency,
-                               fabric.latency_s)
+            uplink = self._uplink_shape
             base = self._nic_links_end
             parts.append(((base + 2 * (src_leaf * fabric.num_spines + spine),), uplink))
             parts.append(((base + 2 * (dst_leaf * fabric.num_spines + spine) + 1,), uplink))
         parts.append(((self._node_links_end + 2 * dst_nic + 1,), nic_link))
         parts.append((down.shifted(dst_node * t), down))
         return join(src, dst, parts)
+
+    def nvswitch_ports(self, rank: int) -> tuple[int, int]:
+        """Link ids (GPU -> NVSwitch, NVSwitch -> GPU) of GPU ``rank``: the path of NVLS traffic."""
+        if self.spec.scale_up is None:
+            raise TopologyError(f"{self.spec.name} has no NVSwitch", fix="use a preset with scale_up")
+        node, gpu = self.locate(rank)
+        base = node * self.node.num_links
+        name = self.node.gpus[gpu]
+        return base + self.node.link_index(name, "nvswitch"), base + self.node.link_index("nvswitch", name)
 
     def route_vertices(self, route: Route) -> list[str]:
         """Vertex names along a route, source GPU first."""

@@ -1,0 +1,30 @@
+"""Shared arithmetic of the closed forms: link loads of concurrent flows.
+
+A set of flows that start together and share links max-min fairly lasts, bandwidth-wise,
+max over links of (bytes crossing the link / link effective capacity) when every flow on the
+most loaded link is held there (symmetric algorithms); that is the load term the closed forms use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from simdist.hardware.link import Route
+from simdist.hardware.topology import Topology
+
+
+def link_loads(flows: Iterable[tuple[Route, float]]) -> dict[int, float]:
+    """Bytes per directed link of ``(route, nbytes)`` flows."""
+    load: dict[int, float] = {}
+    for route, nbytes in flows:
+        for link in route.links:
+            load[link] = load.get(link, 0.0) + nbytes
+    return load
+
+
+def drain_time_s(topology: Topology, flows: Iterable[tuple[Route, float]], rate_factor: float = 1.0) -> float:
+    """Time for concurrent flows to move their bytes: the most loaded link's bytes / capacity."""
+    load = link_loads(flows)
+    if not load:
+        return 0.0
+    return max(b / (topology.link(link).effective_bandwidth_Bps * rate_factor) for link, b in load.items())

@@ -1,0 +1,48 @@
+"""Closed forms of the ring algorithms (the plans of simdist.collectives.ring).
+
+all_reduce over P peers, C channels, S bytes: 2(P-1) steps; in each, every ring edge of every channel
+moves S/(P C) bytes (Thakur, Rabenseifner & Gropp 2005, sec. 4.1; NCCL's ring). Per step the
+bandwidth term is the most loaded link's bytes / capacity (simdist.analytic.loads); the latency term
+follows a chunk around the ring: the plan's dependency chains each cross 2(P-1) consecutive ring
+edges, so latency = max over chains of the sum of their edges' latencies. With identical edges this is
+the textbook 2(P-1)(alpha + S/(P B)). reduce_scatter and all_gather are one phase: (P-1) steps.
+Pipelined broadcast/reduce along a chain, k pieces: (P - 2 + k) (alpha + S/(k B)) (Hockney model
+of a pipelined chain; Thakur et al. 2005 sec. 4.2).
+"""
+
+from __future__ import annotations
+
+from simdist.analytic.loads import drain_time_s
+from simdist.collectives.group import Group
+
+
+def ring_time_s(group: Group, nbytes: float, orders: list[list[int]], steps: int,
+                per_transfer_latency_s: float = 0.0, rate_factor: float = 1.0) -> float:
+    """``steps`` ring steps (2(P-1) for all_reduce, P-1 for either half) over ``orders``."""
+    p = group.size
+    if p == 1 or steps == 0:
+        return 0.0
+    channels = len(orders)
+    piece = nbytes / (p * channels)
+    edges = [[group.path(order[i], order[(i + 1) % p]) for i in range(p)] for order in orders]
+    step_bw = drain_time_s(group.topology, ((route, piece) for ring in edges for route in ring), rate_factor)
+    # latency: chains start at each ring position and cross `steps` consecutive edges
+    latency = 0.0
+    for ring in edges:
+        lat = [r.latency_s + per_transfer_latency_s for r in ring]
+        for start in range(p):
+            latency = max(latency, sum(lat[(start + s) % p] for s in range(steps)))
+    return latency + steps * step_bw
+
+
+def chain_time_s(group: Group, nbytes: float, chain: list[int], pieces: int,
+                 per_transfer_latency_s: float = 0.0, rate_factor: float = 1.0) -> float:
+    """Pipelined chain of ``pieces`` over ``chain`` (peer order from the first sender to the last receiver)."""
+    p = len(chain)
+    if p < 2:
+        return 0.0
+    hops = [group.path(chain[i], chain[i + 1]) for i in range(p - 1)]
+    per_piece = [h.latency_s + per_transfer_latency_s + nbytes / pieces / (h.effective_bandwidth_Bps * rate_factor)
+                 for h in hops]
+    # the first piece crosses every hop; each later piece follows one slowest-hop time behind
+    return sum(per_piece) + (pieces - 1) * max(per_piece)

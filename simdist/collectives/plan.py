@@ -1,0 +1,76 @@
+"""A collective as data: transfers between group-local peers, with dependencies.
+
+An algorithm lowers (op, peers, size) to a `Plan`; the engine executes it over the topology's routes
+(sharing link bandwidth), `simdist.analytic` costs the same algorithm in closed form, and
+`simdist.collectives.verify` checks, without timing, that the plan computes its collective.
+
+Data model used by the verifier: the collective's buffer is cut into ``num_chunks`` chunks. A
+transfer moves one chunk from ``src`` to ``dst``; with ``reduce`` the receiver combines it into its
+own copy, otherwise it stores it. ``SWITCH`` as a peer is the NVSwitch's in-network reduction and
+multicast engine (NVLS): it accumulates what GPUs push to it and sends results back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SWITCH = -1
+"""Pseudo-peer: the NVSwitch (NVLS). Transfers to or from it use the GPU's NVLink port."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    src: int
+    dst: int
+    nbytes: float
+    chunk: int
+    reduce: bool = False
+    deps: tuple[int, ...] = ()
+    """Indices (into Plan.transfers) of transfers that must finish before this one starts."""
+    extra_latency_s: float = 0.0
+    """Latency paid on top of the route's (fast-fidelity flows that stand for several steps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How one collective moves data. Transfers are listed in a dependency-respecting order."""
+
+    op: str
+    algorithm: str
+    num_peers: int
+    nbytes: float
+    transfers: tuple[Transfer, ...]
+    num_chunks: int
+    root: int = 0
+    chunk_segment: tuple[int, ...] = ()
+    """For segmented ops (scatter/gather/all_gather/reduce_scatter): the peer each chunk belongs to.
+    For all_to_all: chunk = src x num_peers + dst (one block per ordered pair)."""
+    channels: int = 1
+    per_transfer_latency_s: float = 0.0
+    """Protocol overhead paid by every transfer on top of its route latency."""
+    base_latency_s: float = 0.0
+    """Fixed start-up cost of the collective (NCCL's baseLat)."""
+    rate_factor: float = 1.0
+    """Protocol payload efficiency (LL 0.5, LL128 0.92, Simple 1): scales each transfer's rate cap."""
+    protocol: str = "simple"
+    verifiable: bool = True
+    """False for fast-fidelity plans whose transfers aggregate many chunks."""
+
+    @property
+    def num_transfers(self) -> int:
+        return len(self.transfers)
+
+    def bytes_sent(self) -> list[float]:
+        """Bytes each peer sends (pushes to the switch count for the sender)."""
+        out = [0.0] * self.num_peers
+        for t in self.transfers:
+            if t.src != SWITCH:
+                out[t.src] += t.nbytes
+        return out
+
+    def bytes_received(self) -> list[float]:
+        out = [0.0] * self.num_peers
+        for t in self.transfers:
+            if t.dst != SWITCH:
+                out[t.dst] += t.nbytes
+        return out

@@ -1,0 +1,27 @@
+"""What a caller asks of a collective: the op, the group, the size, and op-specific details."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.collectives.group import Group
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Request:
+    op: str
+    group: Group
+    nbytes: float
+    """The nccl-tests size (see simdist.collectives.ops)."""
+    root: int = 0
+    channels: int | None = None
+    """Rings/trees run in parallel; None: what NCCL would use (Group.default_channels)."""
+    matrix: tuple[tuple[float, ...], ...] | None = None
+    """all_to_all with uneven splits: matrix[i][j] = bytes peer i sends to peer j (nbytes ignored)."""
+
+    @property
+    def num_peers(self) -> int:
+        return self.group.size
+
+    def num_channels(self) -> int:
+        return self.channels if self.channels is not None else self.group.default_channels()

@@ -1,0 +1,1 @@
+"""The SimPy engine: executes plans (transfers with dependencies) over links that share bandwidth."""
