@@ -140,3 +140,54 @@ def format_bytes(nbytes: float) -> str:
 def format_time(seconds: float) -> str:
     """2e-6 -> '2 us'."""
     return _format(seconds, [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")])
+
+
+_NCCL_SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_NCCL_SIZE_RE = re.compile(r"^(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGT]?)$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> float:
+    """A message size as nccl-tests writes it (``8``, ``32K``, ``8G``: K/M/G are powers of 1024),
+    or with an explicit unit (``400 MiB``, ``1 GB``)."""
+    raw = text.strip()
+    m = _NCCL_SIZE_RE.match(raw)
+    value = float(m["number"]) * _NCCL_SUFFIX[m["suffix"].upper()] if m else parse_bytes(raw)
+    if value <= 0:
+        raise UnitError(f"size '{raw}' must be positive", fix="write e.g. 8M or '8 MiB'")
+    return value
+
+
+def parse_size_list(text: str) -> list[float]:
+    """``8:8G:x2`` (nccl-tests -b/-e/-f: from 8 B to 8 GiB doubling), ``1M:4M:+1M`` (additive steps),
+    or a comma list ``1M,64M,1G``."""
+    sizes: list[float] = []
+    for part in text.split(","):
+        part = part.strip()
+        if ":" not in part:
+            sizes.append(parse_size(part))
+            continue
+        pieces = part.split(":")
+        if len(pieces) != 3:
+            raise UnitError(f"cannot read size range '{part}'", fix="write begin:end:xFACTOR, e.g. 8:8G:x2")
+        begin, end, step = parse_size(pieces[0]), parse_size(pieces[1]), pieces[2].strip()
+        if end < begin:
+            raise UnitError(f"size range '{part}' ends before it begins", fix="write begin:end with begin <= end")
+        if step.startswith("x"):
+            factor = float(step[1:])
+            if factor <= 1:
+                raise UnitError(f"size range factor '{step}' must exceed 1", fix="write e.g. x2")
+            size = begin
+            while size <= end * (1 + 1e-12):
+                sizes.append(size)
+                size *= factor
+        elif step.startswith("+"):
+            increment = parse_size(step[1:])
+            size = begin
+            while size <= end * (1 + 1e-12):
+                sizes.append(size)
+                size += increment
+        else:
+            raise UnitError(f"cannot read size step '{step}'", fix="write xFACTOR (e.g. x2) or +INCREMENT (e.g. +1M)")
+    if len(sizes) > 4096:
+        raise UnitError(f"{len(sizes)} sizes is too many for one sweep", fix="use a larger factor or a shorter range")
+    return sizes

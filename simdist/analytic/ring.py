@@ -13,7 +13,11 @@ of a pipelined chain; Thakur et al. 2005 sec. 4.2).
 from __future__ import annotations
 
 from simdist.analytic.loads import drain_time_s
+from simdist.analytic.registry import register_closed_form
 from simdist.collectives.group import Group
+from simdist.collectives.protocols import ProtocolCost
+from simdist.collectives.request import Request
+from simdist.collectives.ring import pipeline_pieces
 
 
 def ring_time_s(group: Group, nbytes: float, orders: list[list[int]], steps: int,
@@ -46,3 +50,23 @@ def chain_time_s(group: Group, nbytes: float, chain: list[int], pieces: int,
                  for h in hops]
     # the first piece crosses every hop; each later piece follows one slowest-hop time behind
     return sum(per_piece) + (pieces - 1) * max(per_piece)
+
+
+def ring_closed_form(req: Request, proto: ProtocolCost) -> float:
+    """Closed form of the plan simdist.collectives.ring builds for ``req``."""
+    p, group = req.num_peers, req.group
+    lat, factor = proto.per_transfer_latency_s, proto.rate_factor
+    if req.op in ("broadcast", "reduce"):
+        order = group.ring_orders(1)[0]
+        start = order.index(req.root)
+        chain = [order[(start + i) % p] for i in range(p)]
+        if req.op == "reduce":
+            chain = chain[::-1]
+        return proto.base_latency_s + chain_time_s(group, req.nbytes, chain, pipeline_pieces(req.nbytes), lat, factor)
+    channels = req.num_channels()
+    orders = group.ring_orders(channels)
+    steps = {"reduce_scatter": p - 1, "all_gather": p - 1}.get(req.op, 2 * (p - 1))
+    return proto.base_latency_s + ring_time_s(group, req.nbytes, orders, steps, lat, factor)
+
+
+register_closed_form("ring", ring_closed_form)

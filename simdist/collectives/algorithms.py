@@ -1,3 +1,8 @@
-"""Registers every algorithm module's entries in simdist.collectives.registry."""
+"""Imports every algorithm module so that each registers itself in simdist.collectives.registry."""
 
-from simdist.collectives import ring_registration  # noqa: F401
+import simdist.collectives.direct
+import simdist.collectives.halving_doubling
+import simdist.collectives.hierarchical
+import simdist.collectives.nvls
+import simdist.collectives.tree  # noqa: F401
+from simdist.collectives import ring  # noqa: F401

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from simdist.collectives.plan import SWITCH
 from simdist.errors import SimdistError
+from simdist.hardware import batch
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
 
@@ -18,6 +21,8 @@ from simdist.hardware.topology import Topology
 class Group:
     topology: Topology
     ranks: tuple[int, ...]
+    extra_latency_by_class: dict[str, float] = field(default_factory=dict)
+    """Latency added to every path by its class (nvlink, pcie, net): a protocol's cost beyond the wire."""
     _paths: dict[tuple[int, int], Route] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -46,13 +51,58 @@ class Group:
     def size(self) -> int:
         return len(self.ranks)
 
+    def priced(self, extra_latency_by_class: dict[str, float]) -> Group:
+        """The same peers with a protocol's extra latency on every path (see collectives.nccl_model)."""
+        return Group(self.topology, self.ranks, dict(extra_latency_by_class))
+
+    def subgroup(self, peers: list[int]) -> Group:
+        """The group of some of these peers (in the given order), keeping the protocol pricing."""
+        return Group(self.topology, tuple(self.ranks[p] for p in peers), dict(self.extra_latency_by_class))
+
     def path(self, src: int, dst: int) -> Route:
         """Route from peer ``src`` to peer ``dst`` (either may be SWITCH), cached."""
         key = (src, dst)
         route = self._paths.get(key)
         if route is None:
-            route = self._paths[key] = self._resolve(src, dst)
+            route = self._resolve(src, dst)
+            extra = self.extra_latency_by_class.get(self.path_class(route), 0.0)
+            if extra:
+                route = Route(route.src, route.dst, route.links, route.bandwidth_Bps,
+                              route.effective_bandwidth_Bps, route.latency_s + extra)
+            self._paths[key] = route
         return route
+
+    def path_class(self, route: Route) -> str:
+        """nvlink, pcie or net: the slowest kind of link a route crosses (NCCL's path classes)."""
+        kinds = {self.topology.link(link).kind for link in route.links}
+        if kinds & {"infiniband", "roce", "ethernet"}:
+            return "net"
+        if kinds & {"pcie", "cpu_interconnect"}:
+            return "pcie"
+        return "nvlink"
+
+    def paths(self, src: np.ndarray, dst: np.ndarray) -> batch.RouteBatch:
+        """Routes from peer ``src[i]`` to peer ``dst[i]`` for many pairs at once (numpy): the same
+        links, bandwidths and latency (protocol extra included) as ``path(src[i], dst[i])``."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        switch = (src == SWITCH) | (dst == SWITCH)
+        ranks = np.asarray(self.ranks, dtype=np.int64)
+        plain = ~switch
+        out = batch.routes(self.topology, ranks[src[plain]], ranks[dst[plain]])
+        if self.extra_latency_by_class:
+            bits = batch.KIND_BIT
+            net = bits["infiniband"] | bits["roce"] | bits["ethernet"]
+            pcie = bits["pcie"] | bits["cpu_interconnect"]
+            extra = self.extra_latency_by_class
+            add = np.where(out.kind_mask & net, extra.get("net", 0.0),
+                           np.where(out.kind_mask & pcie, extra.get("pcie", 0.0), extra.get("nvlink", 0.0)))
+            out = out.with_latency(out.latency_s + add)
+        if not switch.any():
+            return out
+        routes = [self.path(int(s), int(d)) for s, d in zip(src[switch], dst[switch], strict=True)]
+        masks = [batch.KIND_BIT[self.topology.link(r.links[0]).kind] if r.links else 0 for r in routes]
+        return batch.interleave(switch, out, batch.RouteBatch.from_routes(routes, np.asarray(masks)))
 
     def _resolve(self, src: int, dst: int) -> Route:
         t = self.topology

@@ -51,7 +51,8 @@ class Plan:
     base_latency_s: float = 0.0
     """Fixed start-up cost of the collective (NCCL's baseLat)."""
     rate_factor: float = 1.0
-    """Protocol payload efficiency (LL 0.5, LL128 0.92, Simple 1): scales each transfer's rate cap."""
+    """Protocol payload efficiency (LL 0.5, LL128 0.92, Simple 1): a transfer of n bytes puts
+    n / rate_factor bytes on the wire."""
     protocol: str = "simple"
     verifiable: bool = True
     """False for fast-fidelity plans whose transfers aggregate many chunks."""

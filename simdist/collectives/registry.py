@@ -22,6 +22,8 @@ class Algorithm:
     check: Callable[[Request], None] | None = None
     """Raises SimdistError when the algorithm cannot run this request (topology, group shape)."""
     summary: str = ""
+    build_fast: Callable[[Request], Plan] | None = None
+    """Fast fidelity: a few long flows standing for many steps (not verifiable); None: none."""
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

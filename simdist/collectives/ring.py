@@ -14,8 +14,13 @@ that stream down the chain, taking (P - 1 + k - 1)(alpha + S/(k B)).
 from __future__ import annotations
 
 import math
+from itertools import repeat
+
+import numpy as np
 
 from simdist.collectives.plan import Plan, Transfer
+from simdist.collectives.registry import Algorithm, register
+from simdist.collectives.request import Request
 
 # NCCL's Simple protocol moves a connection's buffer in NCCL_STEPS = 8 slots of DEFAULT_BUFFSIZE / 8:
 # 4 MiB / 8 = 512 KiB per pipeline step (src/include/device.h, src/init.cc;
@@ -107,3 +112,57 @@ def ring_chain(op: str, num_peers: int, nbytes: float, root: int = 0, pieces: in
             into[(i + 1, piece)] = out[(i, piece)] = len(transfers) - 1
     return Plan(op=op, algorithm="ring", num_peers=p, nbytes=nbytes, transfers=tuple(transfers), num_chunks=k,
                 root=root)
+
+
+def _build(req: Request) -> Plan:
+    p, n = req.num_peers, req.nbytes
+    if req.op in ("broadcast", "reduce"):
+        order = req.group.ring_orders(1)[0]
+        return ring_chain(req.op, p, n, req.root, order=order)
+    channels = req.num_channels()
+    orders = req.group.ring_orders(channels)
+    if req.op == "reduce_scatter":
+        return ring_all_reduce(p, n, channels, orders, phases=(True, False), op="reduce_scatter")
+    if req.op == "all_gather":
+        return ring_all_reduce(p, n, channels, orders, phases=(False, True), op="all_gather")
+    return ring_all_reduce(p, n, channels, orders, op=req.op)  # all_reduce, barrier
+
+
+def ring_fast(req: Request) -> Plan:
+    """Fast fidelity of the ring phases: one flow per ring edge and channel carrying all its steps.
+
+    Each flow moves steps x S/(P C) bytes; its extra latency makes every flow pay the latency of the
+    slowest dependency chain (steps consecutive edges), as the detailed plan's critical path does.
+    Uncontended and symmetric this equals the detailed plan's time; the flows share links exactly as
+    the detailed steps' transfers do on average. Edge latencies come from the group's vectorised
+    routes (`Group.paths`) and chain sums from prefix sums, so building costs O(P C).
+    """
+    p, group = req.num_peers, req.group
+    if req.op in ("broadcast", "reduce"):
+        return _build(req)
+    channels = req.num_channels()
+    src = np.array(group.ring_orders(channels), dtype=np.int64).reshape(channels, p)
+    dst = np.roll(src, -1, axis=1)
+    steps = {"reduce_scatter": p - 1, "all_gather": p - 1}.get(req.op, 2 * (p - 1))
+    piece = req.nbytes / (p * channels)
+    lat = group.paths(src.reshape(-1), dst.reshape(-1)).latency_s.reshape(channels, p)
+    # the chain starting at position j crosses edges j, j+1, ..., j+steps-1 (mod P): whole laps plus
+    # a window of r = steps mod P edges, summed from prefix sums of the edges twice around
+    laps, r = divmod(steps, p)
+    prefix = np.concatenate((np.zeros((channels, 1)), np.cumsum(np.concatenate((lat, lat), axis=1), axis=1)), axis=1)
+    window = laps * prefix[:, p:p + 1] + (prefix[:, r:r + p] - prefix[:, :p])
+    extra = window.max(axis=1, keepdims=True) - lat
+    n = channels * p
+    transfers = tuple(map(Transfer, src.reshape(-1).tolist(), dst.reshape(-1).tolist(), repeat(steps * piece, n),
+                          repeat(-1, n), repeat(False, n), repeat((), n), extra.reshape(-1).tolist()))
+    return Plan(op=req.op, algorithm="ring", num_peers=p, nbytes=req.nbytes, transfers=transfers,
+                num_chunks=0, channels=channels, verifiable=False)
+
+
+register(Algorithm(
+    name="ring",
+    ops=frozenset({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"}),
+    build=_build,
+    build_fast=ring_fast,
+    summary="ring over all peers, one ring per channel (NCCL's default for large messages)",
+))

@@ -96,7 +96,9 @@ def verify(plan: Plan) -> None:
         raise PlanError("a segmented op needs chunk_segment for every chunk")
     before = _happens_before(plan)
     state = _initial(plan)
-    # writers[(peer, chunk)] = transfers that wrote it; readers likewise, to detect races
+    # writers[(peer, chunk)] = transfers that wrote it; readers likewise, to detect races.
+    # Two reducing writes into the same chunk commute (NCCL receives each into its own buffer and
+    # combines), so only a copy racing with any other write, or any write racing with a read, is a race.
     writers: dict[tuple[int, int], list[int]] = defaultdict(list)
     readers: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, t in enumerate(plan.transfers):
@@ -106,9 +108,12 @@ def verify(plan: Plan) -> None:
         for j in writers[src_key]:
             if not before[i] >> j & 1:
                 raise PlanError(f"transfer {i} reads chunk {t.chunk} of peer {t.src} racing with write {j}")
-        for j in writers[dst_key] + readers[dst_key]:
+        for j in writers[dst_key]:
+            if not before[i] >> j & 1 and not (t.reduce and plan.transfers[j].reduce):
+                raise PlanError(f"transfer {i} writes chunk {t.chunk} of peer {t.dst} racing with write {j}")
+        for j in readers[dst_key]:
             if not before[i] >> j & 1:
-                raise PlanError(f"transfer {i} writes chunk {t.chunk} of peer {t.dst} racing with {j}")
+                raise PlanError(f"transfer {i} writes chunk {t.chunk} of peer {t.dst} racing with read {j}")
         data = state[t.src].get(t.chunk)
         if data is None:
             raise PlanError(f"transfer {i}: peer {t.src} sends chunk {t.chunk} it does not hold")

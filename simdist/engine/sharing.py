@@ -23,34 +23,84 @@ def max_min_rates(
     ``caps`` are optional per-flow upper bounds (inf for none).
     """
     n = len(flow_links)
+    lengths = np.fromiter((len(links) for links in flow_links), dtype=np.int64, count=n)
+    entries = np.fromiter((link for links in flow_links for link in links), dtype=np.int64, count=int(lengths.sum()))
+    return max_min_rates_csr(entries, lengths, capacity, caps)
+
+
+def max_min_rates_csr(
+    entries: np.ndarray,
+    lengths: np.ndarray,
+    capacity: np.ndarray,
+    caps: np.ndarray | None = None,
+) -> np.ndarray:
+    """`max_min_rates` with the flows' links as arrays: flow f crosses the ``lengths[f]`` links that
+    follow flow f-1's in ``entries`` (CSR without its index array).
+
+    Progressive filling: every round, each link offers its remaining capacity split equally among
+    the unfrozen flows crossing it; the flows whose bound (smallest offer, or their cap) is the
+    lowest, within a relative 1e-12, freeze at that level and their links give it up. A round
+    touches only the links at the level and the links of the flows it freezes (plus a scan of the
+    links still offering), so thousands of distinct levels cost thousands of small rounds.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
     rates = np.zeros(n)
     if n == 0:
         return rates
-    lengths = np.fromiter((len(links) for links in flow_links), dtype=np.int64, count=n)
-    entries = np.fromiter((link for links in flow_links for link in links), dtype=np.int64, count=int(lengths.sum()))
-    owner = np.repeat(np.arange(n), lengths)
     caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
-    remaining = capacity.astype(float).copy()
-    frozen = np.zeros(n, dtype=bool)
+    remaining = np.asarray(capacity, dtype=float).copy()
+    num_links = len(remaining)
+    entries = np.asarray(entries, dtype=np.int64)
+    indptr = np.concatenate(([0], np.cumsum(lengths)))
     # a flow without links (same GPU) is limited only by its cap
-    linkless = lengths == 0
-    rates[linkless] = caps[linkless]
-    frozen |= linkless
-    num_links = len(capacity)
-    while not frozen.all():
-        live = ~frozen[owner]
-        counts = np.bincount(entries[live], minlength=num_links)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
-        entry_share = np.where(live, share[entries], np.inf)
-        flow_share = np.full(n, np.inf)
-        np.minimum.at(flow_share, owner, entry_share)
-        bound = np.minimum(flow_share, caps)
-        level = bound[~frozen].min()
-        newly = ~frozen & (bound <= level * (1.0 + 1e-12))
+    frozen = lengths == 0
+    rates[frozen] = caps[frozen]
+    left = n - int(frozen.sum())
+    # link -> flows crossing it (CSC), and how many unfrozen flows cross each link
+    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    by_link = owner[np.argsort(entries, kind="stable")]
+    crossing = np.bincount(entries, minlength=num_links)
+    link_ptr = np.concatenate(([0], np.cumsum(crossing)))
+    counts = crossing.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
+    offering = np.flatnonzero(counts > 0)  # links that may still hold unfrozen flows
+    capped = np.flatnonzero(~frozen & (caps < np.inf))
+    capped = capped[np.argsort(caps[capped], kind="stable")]
+    c = 0  # capped[c:] are the capped flows possibly unfrozen, by cap
+    while left:
+        offers = share[offering]
+        level = offers.min() if offers.size else np.inf
+        while c < len(capped) and frozen[capped[c]]:
+            c += 1
+        if c < len(capped):
+            level = min(level, caps[capped[c]])
+        limit = level * (1.0 + 1e-12)
+        tight = offering[offers <= limit]
+        newly = by_link[_segments(link_ptr[tight], crossing[tight])]
+        if c < len(capped):
+            stop = int(np.searchsorted(caps[capped], limit, side="right"))
+            newly = np.concatenate((newly, capped[c:max(c, stop)]))
+        newly = np.unique(newly[~frozen[newly]])
         rates[newly] = level
-        frozen |= newly
-        hit = newly[owner]
-        remaining -= np.bincount(entries[hit], weights=np.full(int(hit.sum()), level), minlength=num_links)
-        np.maximum(remaining, 0.0, out=remaining)
+        frozen[newly] = True
+        left -= len(newly)
+        links = entries[_segments(indptr[newly], lengths[newly])]
+        touched, where = np.unique(links, return_inverse=True)
+        where = where.reshape(-1)
+        counts[touched] -= np.bincount(where, minlength=len(touched))
+        freed = remaining[touched] - np.bincount(where, weights=np.full(len(links), level), minlength=len(touched))
+        remaining[touched] = np.maximum(freed, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share[touched] = np.where(counts[touched] > 0, remaining[touched] / np.maximum(counts[touched], 1), np.inf)
+        if 2 * int((counts[offering] == 0).sum()) > len(offering):
+            offering = offering[counts[offering] > 0]
     return rates
+
+
+def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for every (s, n) of (starts, lengths)."""
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)

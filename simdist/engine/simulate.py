@@ -9,6 +9,7 @@ import simpy
 from simdist.collectives.group import Group
 from simdist.collectives.plan import Plan
 from simdist.engine.executor import Trace, run_plan
+from simdist.engine.fluid import fluid_applicable, run_fluid
 from simdist.engine.network import FlowNetwork
 
 
@@ -23,6 +24,10 @@ def simulate(runs: list[tuple[Plan, Group]]) -> list[CollectiveRun]:
     """Issue every (plan, group) at time 0 on one shared network; each one's completion time."""
     if not runs:
         return []
+    if len(runs) == 1 and fluid_applicable(runs[0][0]):
+        # Alone and without dependencies: the vectorised fluid solver, same model and times.
+        time_s, link_bytes, trace = run_fluid(*runs[0])
+        return [CollectiveRun(time_s, link_bytes, trace)]
     topology = runs[0][1].topology
     env = simpy.Environment()
     net = FlowNetwork(env, lambda link: topology.link(link).effective_bandwidth_Bps)

@@ -1,0 +1,43 @@
+"""Pick the algorithm and protocol with the least predicted time, the way NCCL's tuner does.
+
+NCCL evaluates its cost model for every (algorithm, protocol) it may use and takes the minimum
+(src/graph/tuning.cc, src/enqueue.cc getAlgoInfo). simdist does the same with the closed forms of
+simdist.analytic, priced with NCCL's protocol constants (simdist.collectives.nccl_model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from simdist.analytic.registry import closed_form
+from simdist.collectives.nccl_model import PROTOCOLS, PricedProtocol, protocol_cost, supports
+from simdist.collectives.registry import candidates
+from simdist.collectives.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    algorithm: str
+    protocol: str
+    predicted_s: float
+    priced: PricedProtocol
+
+
+def priced_request(request: Request, priced: PricedProtocol) -> Request:
+    """The request with its group's paths carrying the protocol's extra latency."""
+    return dataclasses.replace(request, group=request.group.priced(priced.latency_by_class_s))
+
+
+def evaluate(request: Request, algorithm: str, protocol: str) -> Choice:
+    priced = protocol_cost(algorithm, protocol, request.group)
+    t = closed_form(algorithm)(priced_request(request, priced), priced.cost)
+    return Choice(algorithm, protocol, t, priced)
+
+
+def rank_choices(request: Request, algorithms: list[str] | None = None,
+                 protocols: tuple[str, ...] = PROTOCOLS) -> list[Choice]:
+    """Every usable (algorithm, protocol) for ``request``, fastest first (closed forms)."""
+    names = algorithms if algorithms is not None else [a.name for a in candidates(request)]
+    out = [evaluate(request, a, p) for a in names for p in protocols if supports(a, p)]
+    return sorted(out, key=lambda c: (c.predicted_s, c.algorithm, c.protocol))

@@ -1,0 +1,174 @@
+"""Measured collective times: the `Measurement` schema and `read_measurements`, which detects the format.
+
+A measurement is one nccl-tests style data point. Sizes and bandwidths follow nccl-tests
+(doc/PERFORMANCE.md): ``nbytes`` is the ``size`` column (see simdist.collectives.ops for what it
+means per op), algbw = nbytes / time and busbw = algbw x the op's factor (2(n-1)/n for all_reduce,
+(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise), all in bytes per second.
+
+`read_measurements(path)` reads three formats, told apart by their content:
+
+(a) our CSV, one measurement a row, with a header row. Required columns:
+    ``op`` (a simdist op name: all_reduce, all_gather, ...), ``nbytes`` (the nccl-tests size, bytes),
+    ``num_ranks`` (ranks in the communicator), ``time_s`` (seconds, > 0).
+    Optional columns: ``algbw_Bps`` and ``busbw_Bps`` (bytes/s; computed from the above when absent
+    or blank), ``dtype``, ``algorithm`` (e.g. ring, tree, nvls; blank = NCCL's own choice),
+    ``in_place`` (true/false, default false), ``num_nodes``, ``label``, ``nccl_version`` and ``source``
+    (where the point came from; defaults to the CSV's own path). Other columns are ignored, as are
+    blank lines and lines starting with ``#``. `write_measurements_csv` writes every column.
+(b) the text nccl-tests prints (``all_reduce_perf -b 8 -e 8G -f 2 -g 8 > out.txt``);
+(c) the JSON file of nccl-tests ``-J out.json``. (b) and (c): see simdist.calibrate.nccltests.
+
+Every problem with a file is a one-line `SpecError` naming the file (and line) and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps
+from simdist.errors import SimdistError, SpecError
+
+__all__ = ["CSV_COLUMNS", "REQUIRED_COLUMNS", "Measurement", "read_measurements", "write_measurements_csv"]
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One measured collective: ``op`` on ``num_ranks`` ranks moved ``nbytes`` in ``time_s``."""
+
+    op: str
+    nbytes: int
+    num_ranks: int
+    time_s: float
+    algbw_Bps: float
+    busbw_Bps: float
+    source: str
+    dtype: str | None = None
+    algorithm: str | None = None  # None: NCCL's own choice (no NCCL_ALGO)
+    in_place: bool = False
+    num_nodes: int | None = None
+    label: str | None = None
+    nccl_version: str | None = None
+
+
+CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Measurement))
+REQUIRED_COLUMNS: tuple[str, ...] = ("op", "nbytes", "num_ranks", "time_s")
+_TRUE, _FALSE = {"true", "1", "yes", "y"}, {"false", "0", "no", "n", ""}
+
+
+def read_measurements(path: str | Path) -> list[Measurement]:
+    """Read measurements from our CSV, nccl-tests text output or nccl-tests ``-J`` JSON (detected)."""
+    from simdist.calibrate import nccltests  # imports this module: import here, not at the top
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("no such measurement file", source=str(p), fix="check the path")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if text.lstrip().startswith(("{", "[")) or p.suffix.lower() == ".json":
+        return nccltests.parse_nccltests_json(text, source=str(p))
+    if nccltests.looks_like_nccltests_text(text):
+        return nccltests.parse_nccltests_text(text, source=str(p))
+    first = _first_data_line(text)
+    if first is not None and "," in first[1]:
+        return _read_csv(text, str(p))
+    raise SpecError(
+        "unknown measurement format (not our CSV, nccl-tests output or nccl-tests JSON)",
+        source=str(p),
+        fix="pass a CSV with the header op,nbytes,num_ranks,time_s, the stdout of an nccl-tests binary "
+        "(e.g. all_reduce_perf), or the file written by nccl-tests -J",
+    )
+
+
+def write_measurements_csv(rows: list[Measurement] | tuple[Measurement, ...], path: str | Path) -> None:
+    """Write ``rows`` as our CSV (all `CSV_COLUMNS`; None as blank); `read_measurements` reads it back."""
+    with Path(path).open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for m in rows:
+            writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in astuple(m)])
+
+
+def _first_data_line(text: str) -> tuple[int, str] | None:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            return number, line
+    return None
+
+
+def _read_csv(text: str, source: str) -> list[Measurement]:
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
+                if line.strip() and not line.lstrip().startswith("#")]
+    head_line, head_text = numbered[0]
+    header = [h.strip() for h in next(csv.reader([head_text]))]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise SpecError(
+            f"CSV header lacks column(s) {', '.join(missing)}",
+            source=f"{source}:{head_line}",
+            fix=f"the header must name at least {','.join(REQUIRED_COLUMNS)} (columns: {','.join(CSV_COLUMNS)})",
+        )
+    out: list[Measurement] = []
+    for number, line in numbered[1:]:
+        values = next(csv.reader([line]))
+        if len(values) != len(header):
+            raise SpecError(
+                f"row has {len(values)} fields, the header {len(header)}",
+                source=f"{source}:{number}",
+                fix="give every row one value per header column (blank for none)",
+            )
+        row = dict(zip(header, (v.strip() for v in values), strict=True))
+        try:
+            out.append(_row_to_measurement(row, source))
+        except SimdistError as exc:
+            raise exc.located(source=f"{source}:{number}") from None
+    if not out:
+        raise SpecError("CSV has a header but no rows", source=source, fix="add one row per measurement")
+    return out
+
+
+def _number(row: dict[str, str], column: str, *, integer: bool = False, positive: bool = False) -> float:
+    text = row.get(column, "")
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(
+            f"'{text}' is not a number", field=column, fix=f"write {column} as a plain number, e.g. 1048576"
+        ) from None
+    bad = not math.isfinite(value) or value < 0 or (positive and value == 0) or (integer and value != int(value))
+    if bad:
+        what = "a positive" if positive else "a non-negative"
+        raise SpecError(f"{text} is not {what} {'integer' if integer else 'number'}", field=column,
+                        fix=f"write {column} as {what} {'integer' if integer else 'number'}")
+    return value
+
+
+def _row_to_measurement(row: dict[str, str], source: str) -> Measurement:
+    op = row["op"]
+    if op not in OPS:
+        raise SpecError(f"unknown collective '{op}'", field="op", fix=f"use one of: {', '.join(OPS)}")
+    nbytes = int(_number(row, "nbytes", integer=True))
+    num_ranks = int(_number(row, "num_ranks", integer=True, positive=True))
+    time_s = _number(row, "time_s", positive=True)
+    algbw = _number(row, "algbw_Bps") if row.get("algbw_Bps") else algbw_Bps(nbytes, time_s)
+    busbw = _number(row, "busbw_Bps") if row.get("busbw_Bps") else busbw_Bps(op, num_ranks, nbytes, time_s)
+    in_place_text = row.get("in_place", "").lower()
+    if in_place_text not in _TRUE | _FALSE:
+        raise SpecError(f"'{row['in_place']}' is not a boolean", field="in_place", fix="write true or false")
+    nodes = int(_number(row, "num_nodes", integer=True, positive=True)) if row.get("num_nodes") else None
+    return Measurement(
+        op=op,
+        nbytes=nbytes,
+        num_ranks=num_ranks,
+        time_s=time_s,
+        algbw_Bps=algbw,
+        busbw_Bps=busbw,
+        source=row.get("source") or source,
+        dtype=row.get("dtype") or None,
+        algorithm=row.get("algorithm") or None,
+        in_place=in_place_text in _TRUE,
+        num_nodes=nodes,
+        label=row.get("label") or None,
+        nccl_version=row.get("nccl_version") or None,
+    )

@@ -1,0 +1,267 @@
+"""Read nccl-tests results: the text a ``*_perf`` binary prints, and the JSON its ``-J file`` option writes.
+
+Text (``all_reduce_perf -b 8 -e 8G -f 2 -g 8``): ``#`` header lines, then one row per size::
+
+    #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+    #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+         1048576        262144     float     sum      -1    101.9   10.29   18.00      0    101.6   10.32   18.06      0
+
+The first four measured columns are out-of-place, the last four in-place; time is in microseconds and
+bandwidths in GB/s (1e9 bytes/s). algbw = size / time and busbw = algbw x the op's factor (nccl-tests
+doc/PERFORMANCE.md); the values the file reports are kept as they are. Rows are located by the column
+header of the same file; when a row does not match it (other versions print other preambles: no
+``root``, ``error`` instead of ``#wrong``, ``N/A`` under ``-c 0``) the last eight fields are read
+from the right. A trailing ``-S`` timestamp and ``[1,0]<stdout>:`` prefixes of mpirun are dropped.
+The op comes from ``# Collective test starting: all_reduce_perf`` (recent nccl-tests), else from
+the first ``*_perf`` name in the text, else from the file name; the rank count from the
+``#  Rank  3 Group  0 Pid ... on host device ...`` lines, else from ``nThread x nGpus``; the algorithm
+from an ``NCCL_ALGO set by environment to Ring`` line (NCCL_DEBUG=INFO) when present.
+
+JSON (``-J out.json``, nccl-tests src/util.cu, format ``"version": 2``): a top-level object with
+``args`` (argv: ``args[0]`` names the binary), ``env`` ("NAME=value" strings), ``nccl_version`` (an
+int, 22703 = 2.27.3), ``config`` (``nthreads``, ``ngpus``, ``devices``: one ``{rank, hostname, ...}``
+per process) and ``results``: one object per size with ``size``, ``count``, ``type``, ``redop``,
+``root`` and ``out_of_place`` / ``in_place`` objects holding ``time`` (us; ``cpu_time`` with -C 1),
+``alg_bw``, ``bus_bw`` (GB/s) and ``nwrong`` (null with -c 0). Ranks = devices x nthreads x ngpus.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import PurePath
+
+from simdist.calibrate.measurements import Measurement
+from simdist.errors import SimdistError, SpecError
+
+__all__ = ["looks_like_nccltests_text", "op_from_binary", "parse_nccltests_json", "parse_nccltests_text"]
+
+_OPS_BY_KEY = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "sendrecv": "send_recv",
+    "scatter": "scatter", "gather": "gather",
+}
+_MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+_STARTING = re.compile(r"Collective test starting:\s*(\S+)")
+_BINARY = re.compile(r"([A-Za-z_]+?_perf)(?:_mpi)?(?![A-Za-z0-9])")
+_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
+_THREADS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
+_LIBRARY = re.compile(r"nccl-library=(\d+)")
+_NCCL_VERSION = re.compile(r"NCCL version\s+(\d+\.\d+\.\d+)")
+_ALGO = re.compile(r"NCCL_ALGO set by environment to\s+(\S+)")
+_FOOTER = re.compile(r"^#\s*(Out of bounds values|Avg bus bandwidth|Collective test concluded)")
+_DETECT = re.compile(r"Collective test starting|^#\s*Using devices|^#\s+size\s+count|Avg bus bandwidth", re.M)
+_DATE, _CLOCK = re.compile(r"^\d{4}-\d\d-\d\d$"), re.compile(r"^\d\d:\d\d:\d\d$")
+_TEXT_FIX = "pass the unedited stdout of an nccl-tests binary (rows: size count type redop root, then " \
+            "time algbw busbw #wrong out-of-place and in-place)"
+_JSON_FIX = "pass the file nccl-tests writes with -J (JSON format version 2)"
+
+
+def op_from_binary(name: str) -> str | None:
+    """``./build/all_reduce_perf`` -> 'all_reduce', ``AllReduce`` -> 'all_reduce'; None if not a collective."""
+    base = PurePath(name.strip()).name.lower()
+    base = re.sub(r"(_perf)?(_mpi)?$", "", base)
+    return _OPS_BY_KEY.get(base.replace("_", ""))
+
+
+def looks_like_nccltests_text(text: str) -> bool:
+    """True when ``text`` has an nccl-tests header or footer line."""
+    return bool(_DETECT.search("\n".join(_MPI_PREFIX.sub("", line) for line in text.splitlines())))
+
+
+def _op_in(text: str) -> str | None:
+    for m in _BINARY.finditer(text):
+        parts = m[1].split("_")  # 'node3_all_reduce_perf': try the tails
+        for k in range(len(parts) - 1):
+            if op := op_from_binary("_".join(parts[k:])):
+                return op
+    return None
+
+
+def _version(code: int) -> str:
+    """NCCL_VERSION_CODE -> 'X.Y.Z' (X*10000+Y*100+Z since 2.9, X*1000+Y*100+Z before)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+class _Section:
+    """What the header lines of one test said (a file may hold several tests one after the other)."""
+
+    def __init__(self, version: str | None, algorithm: str | None) -> None:
+        self.op: str | None = None
+        self.ranks: dict[int, str] = {}  # rank -> host
+        self.local_ranks = 0  # nThread x nGpus
+        self.header: list[str] | None = None
+        self.version, self.algorithm = version, algorithm
+
+
+def parse_nccltests_text(
+    text: str, source: str, *, op: str | None = None, num_ranks: int | None = None, in_place: bool = True
+) -> list[Measurement]:
+    """Measurements from nccl-tests stdout: out-of-place rows, then (``in_place``) in-place ones flagged so.
+
+    ``op`` and ``num_ranks`` override what the text says. Raises `SpecError` naming ``source:line``.
+    """
+    sec, mentioned = _Section(None, None), None
+    seen_header = bool(re.search(r"^\s*(\[\d+,\d+\]<stdout>:)?#\s+size\s+count", text, re.M))
+    in_table = not seen_header
+    out: list[Measurement] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = _MPI_PREFIX.sub("", raw).strip()
+        if m := _ALGO.search(line):
+            sec.algorithm = m[1].lower()
+        if m := _NCCL_VERSION.search(line):
+            sec.version = m[1]
+        if m := _STARTING.search(line):
+            sec = _Section(sec.version, sec.algorithm)  # a new test begins
+            sec.op = op_from_binary(m[1])
+        mentioned = mentioned or _op_in(line)
+        if line.startswith("#"):
+            in_table = _header_line(line, sec, in_table)
+            continue
+        tokens = line.split()
+        if not in_table or not tokens or not tokens[0].isdigit():
+            continue  # NCCL INFO lines, warnings, launcher noise
+        where = f"{source}:{number}"
+        row_op = op or sec.op or mentioned or _op_in(PurePath(source).name)
+        if row_op is None:
+            raise SpecError("cannot tell which collective this nccl-tests output measures", source=where,
+                            fix="keep the '# Collective test starting: all_reduce_perf' line, or name the "
+                                "binary in the file name (all_reduce_perf.txt)")
+        ranks = num_ranks or max(len(sec.ranks), sec.local_ranks)
+        if not ranks:
+            raise SpecError("cannot tell the number of ranks", source=where,
+                            fix="keep the '#  Rank  0 Group  0 Pid ...' device lines of the nccl-tests output")
+        null_body = re.search(r"\S {30,}\S", line) is not None  # -O 0 prints 32 blanks for out-of-place
+        nbytes, dtype, blocks = _row(tokens, sec.header, where, null_body)
+        for block_in_place, (t_us, alg, bus) in blocks:
+            if block_in_place and not in_place:
+                continue
+            out.append(Measurement(
+                op=row_op, nbytes=nbytes, num_ranks=ranks, time_s=t_us * 1e-6, algbw_Bps=alg * 1e9,
+                busbw_Bps=bus * 1e9, source=source, dtype=dtype, algorithm=sec.algorithm,
+                in_place=block_in_place, num_nodes=len(set(sec.ranks.values())) or None,
+                nccl_version=sec.version,
+            ))
+    if not out:
+        raise SpecError("no nccl-tests result rows found", source=source, fix=_TEXT_FIX)
+    return out
+
+
+def _header_line(line: str, sec: _Section, in_table: bool) -> bool:
+    """Update ``sec`` from one '#' line; return whether result rows may follow."""
+    if m := _DEVICE.match(line):
+        sec.ranks[int(m[1])] = m[2]
+    elif m := _THREADS.search(line):
+        sec.local_ranks = int(m[1]) * int(m[2])
+    elif m := _LIBRARY.search(line):
+        sec.version = _version(int(m[1]))
+    elif _FOOTER.match(line):
+        return False
+    names = line.lstrip("#").split()
+    if names[:2] == ["size", "count"] and {"time", "cputime"} & set(names):
+        sec.header = [n for n in names if n != "timestamp"]
+        return True
+    return in_table
+
+
+def _row(tokens: list[str], header: list[str] | None, where: str, null_body: bool) -> tuple[int, str | None, list]:
+    """(size, dtype, [(in_place, time_us, algbw_GBps, busbw_GBps), ...]) of one result row."""
+    if len(tokens) >= 2 and _DATE.match(tokens[-2]) and _CLOCK.match(tokens[-1]):
+        tokens = tokens[:-2]  # -S 1 timestamp
+    n = len(tokens)
+    if header and n == len(header):
+        starts = [i for i, name in enumerate(header) if name in ("time", "cputime")]
+        blocks = [(False, starts[-2]), (True, starts[-1])] if len(starts) > 1 else [(False, starts[0])]
+    elif header and n == len(header) - 4 and null_body:  # -O 0 / replay: no out-of-place block
+        blocks = [(True, n - 4)]
+    else:
+        if n < 10:
+            raise SpecError(f"result row has {n} fields (a truncated line?)", source=where, fix=_TEXT_FIX)
+        blocks = [(False, n - 8), (True, n - 4)]
+    first = min(start for _, start in blocks)
+    nbytes = int(tokens[0])
+    dtype = next((t for t in tokens[2:first] if not re.fullmatch(r"-?\d+", t)), None)
+    values = []
+    for in_place, start in blocks:
+        try:
+            t_us, alg, bus = (float(x) for x in tokens[start : start + 3])
+        except ValueError:
+            bad = next(x for x in tokens[start : start + 3] if not _is_float(x))
+            expected = f", the header {len(header)}" if header else ""
+            raise SpecError(f"cannot read result row ({n} fields{expected}): '{bad}' is not a number",
+                            source=where, fix=_TEXT_FIX) from None
+        values.append((in_place, t_us, alg, bus))
+    return nbytes, dtype, [(ip, (t, a, b)) for ip, t, a, b in values]
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_nccltests_json(
+    text: str, source: str, *, op: str | None = None, num_ranks: int | None = None, in_place: bool = True
+) -> list[Measurement]:
+    """Measurements from an nccl-tests ``-J`` file (schema in the module docstring)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"not valid JSON ({exc.msg})", source=f"{source}:{exc.lineno}", fix=_JSON_FIX) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise SpecError("no 'results' list: not an nccl-tests -J file", source=source, fix=_JSON_FIX)
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    devices = [d for d in config.get("devices") or [] if isinstance(d, dict)]
+    args = doc.get("args") or []
+    env = dict(e.split("=", 1) for e in doc.get("env") or [] if isinstance(e, str) and "=" in e)
+    ranks = num_ranks or len(devices) * int(config.get("nthreads", 1)) * int(config.get("ngpus", 1))
+    if not ranks:
+        raise SpecError("cannot tell the number of ranks", field="config.devices", source=source,
+                        fix="pass the unedited -J file (config.devices lists one entry per process)")
+    version = doc.get("nccl_version")
+    common = dict(
+        num_ranks=ranks, source=source, algorithm=env["NCCL_ALGO"].lower() if env.get("NCCL_ALGO") else None,
+        num_nodes=len({d.get("hostname") for d in devices}) or None,
+        nccl_version=_version(version) if isinstance(version, int) else None,
+    )
+    file_op = op or (op_from_binary(str(args[0])) if args else None)
+    out: list[Measurement] = []
+    for i, result in enumerate(doc["results"]):
+        name = str(result.get("experiment_name") or "") if isinstance(result, dict) else ""
+        row_op = file_op or op_from_binary(name) or _op_in(PurePath(source).name)
+        if row_op is None:
+            raise SpecError("cannot tell which collective this file measures", field="args", source=source,
+                            fix="keep args[0] (the nccl-tests binary, e.g. all_reduce_perf)")
+        try:
+            for key, flag in (("out_of_place", False), ("in_place", True)):
+                block = result.get(key)
+                if block is None or (flag and not in_place):
+                    continue
+                t_us = _json_number(block, "cpu_time" if "cpu_time" in block else "time", key)
+                out.append(Measurement(
+                    op=row_op, nbytes=int(_json_number(result, "size", "")), time_s=t_us * 1e-6,
+                    algbw_Bps=_json_number(block, "alg_bw", key) * 1e9,
+                    busbw_Bps=_json_number(block, "bus_bw", key) * 1e9,
+                    dtype=result.get("type"), in_place=flag, **common,
+                ))
+        except SimdistError as exc:
+            raise exc.located(source=source, field_prefix=f"results[{i}]") from None
+        except (AttributeError, TypeError):
+            raise SpecError("result is not an object with size and out_of_place/in_place objects",
+                            field=f"results[{i}]", source=source, fix=_JSON_FIX) from None
+    if not out:
+        raise SpecError("the 'results' list is empty", source=source, fix=_JSON_FIX)
+    return out
+
+
+def _json_number(obj: dict, key: str, where: str) -> float:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        field = f"{where}.{key}" if where else key
+        raise SpecError(f"{value!r} is not a non-negative number", field=field, fix=_JSON_FIX)
+    return float(value)

@@ -1,0 +1,127 @@
+"""Recursive halving and doubling (Rabenseifner 2004; Thakur, Rabenseifner & Gropp 2005, sec. 4.1).
+
+all_reduce = reduce-scatter by recursive halving, then all-gather by recursive doubling. Over P' = 2^m
+peers, halving step d = 1, 2, ..., P'/2 pairs peer i with i XOR d: each sends its partner the half of
+what it holds that the partner keeps (S/2, S/4, ... bytes) and reduces the half it keeps, so after
+log2(P') steps peer i owns block i; doubling replays the steps in reverse (d = P'/2, ..., 1), each
+peer sending all it holds. Each direction moves S (P'-1) / P' bytes per peer in log2(P') messages.
+# Assumption: the nearest partner first, with the largest message, as MPICH implements Rabenseifner's
+# all_reduce (allreduce_intra_reduce_scatter_allgather, mask = 1, 2, ...): on node-major ranks the
+# big messages stay inside a node and only the S/P'-sized ones cross the network. Peer i's half at
+# step d is the blocks b = i (mod 2d), so blocks interleave in the buffer and peer i ends owning block i.
+
+Other peer counts (Thakur et al. 2005 sec. 4.1): with r = P - P', the first 2r peers pair up
+(2i, 2i+1); 2i sends its data to 2i+1 (reduced there) before the power-of-two part and receives
+the result after it. Survivor (new rank) i is peer 2i+1 for i < r and peer i + r otherwise.
+
+Blocks: all_reduce and barrier cut the buffer into P' blocks of S/P' (new rank i owns block i).
+reduce_scatter and all_gather need one segment per peer (nccl-tests sizes, simdist.collectives.ops):
+the buffer is cut into P segments of S/P, segment c belonging to peer c; new rank i < r stands for
+segments 2i and 2i+1, the others for one, so its blocks are uneven when P is not a power of two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.collectives.plan import Plan, Transfer
+from simdist.collectives.registry import Algorithm, register
+from simdist.collectives.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One message of a step: ``chunks`` from ``src`` to ``dst`` (one transfer per chunk)."""
+
+    src: int
+    dst: int
+    chunks: tuple[int, ...]
+    reduce: bool
+
+
+def fold(num_peers: int) -> tuple[int, int, list[int]]:
+    """(P', r, survivors): the largest power of two <= P, the P - P' folded pairs, and the peer
+    standing for each new rank."""
+    p2 = 1 << (num_peers.bit_length() - 1)
+    r = num_peers - p2
+    return p2, r, [2 * i + 1 for i in range(r)] + list(range(2 * r, num_peers))
+
+
+def schedule(op: str, num_peers: int) -> tuple[list[list[Exchange]], int, tuple[int, ...]]:
+    """(steps, num_chunks, chunk_segment) of ``op``; every step's exchanges run concurrently."""
+    p = num_peers
+    p2, r, peer_of = fold(p)
+    segmented = op in ("reduce_scatter", "all_gather")
+    if segmented:
+        blocks = [[2 * i, 2 * i + 1] if i < r else [i + r] for i in range(p2)]
+        num_chunks, segment = p, tuple(range(p))
+    else:
+        blocks = [[i] for i in range(p2)]
+        num_chunks = p2
+        segment = tuple(peer_of[i] for i in range(p2))
+
+    def congruent(rank: int, modulus: int) -> tuple[int, ...]:
+        """Chunks of the new ranks congruent to ``rank`` modulo ``modulus``."""
+        return tuple(c for i in range(rank % modulus, p2, modulus) for c in blocks[i])
+
+    everything = tuple(range(num_chunks))
+    reduces = op != "all_gather"
+    steps: list[list[Exchange]] = []
+    if r and reduces:  # fold the extra peers in: 2i hands its whole buffer to 2i+1
+        steps.append([Exchange(2 * i, 2 * i + 1, everything, True) for i in range(r)])
+    if r and op == "all_gather":  # 2i hands its own segment to 2i+1
+        steps.append([Exchange(2 * i, 2 * i + 1, (2 * i,), False) for i in range(r)])
+    if op != "all_gather":
+        # recursive halving, nearest partner first: before step d new rank i holds the blocks b = i
+        # (mod d); it keeps b = i (mod 2d) and sends its partner i ^ d the rest, to be reduced there
+        d = 1
+        while d < p2:
+            steps.append([Exchange(peer_of[i], peer_of[i ^ d], congruent(i ^ d, 2 * d), True) for i in range(p2)])
+            d *= 2
+    if op != "reduce_scatter":  # recursive doubling, the same steps in reverse: send all you hold
+        d = p2 // 2
+        while d >= 1:
+            steps.append([Exchange(peer_of[i], peer_of[i ^ d], congruent(i, 2 * d), False) for i in range(p2)])
+            d //= 2
+    if r and op == "reduce_scatter":  # 2i+1 returns segment 2i, reduced
+        steps.append([Exchange(2 * i + 1, 2 * i, (2 * i,), False) for i in range(r)])
+    elif r:  # 2i+1 returns the result (all_gather: everything but 2i's own segment)
+        steps.append([Exchange(2 * i + 1, 2 * i, tuple(c for c in everything if not (segmented and c == 2 * i)),
+                               False) for i in range(r)])
+    return steps, num_chunks, segment
+
+
+def halving_doubling_plan(op: str, num_peers: int, nbytes: float) -> Plan:
+    """The plan of ``op`` (all_reduce, barrier, reduce_scatter, all_gather) over ``num_peers`` peers.
+
+    An exchange starts once both its peers have finished their previous step (its transfers depend on
+    every transfer of that step touching either peer), as MPI's blocking sendrecv does; all of an
+    exchange's chunks travel together, sharing the route like one message.
+    """
+    steps, num_chunks, segment = schedule(op, num_peers)
+    size = nbytes / num_chunks
+    transfers: list[Transfer] = []
+    last: dict[int, list[int]] = {}  # peer -> transfers of the last step it took part in
+    for step in steps:
+        touched: dict[int, list[int]] = {}
+        for ex in step:
+            deps = tuple(sorted(set(last.get(ex.src, ())) | set(last.get(ex.dst, ()))))
+            for chunk in ex.chunks:
+                transfers.append(Transfer(ex.src, ex.dst, size, chunk, ex.reduce, deps))
+                touched.setdefault(ex.src, []).append(len(transfers) - 1)
+                touched.setdefault(ex.dst, []).append(len(transfers) - 1)
+        last.update(touched)
+    return Plan(op=op, algorithm="halving_doubling", num_peers=num_peers, nbytes=nbytes,
+                transfers=tuple(transfers), num_chunks=num_chunks, chunk_segment=segment)
+
+
+def _build(req: Request) -> Plan:
+    return halving_doubling_plan(req.op, req.num_peers, req.nbytes)
+
+
+register(Algorithm(
+    name="halving_doubling",
+    ops=frozenset({"all_reduce", "reduce_scatter", "all_gather", "barrier"}),
+    build=_build,
+    summary="Rabenseifner: recursive-halving reduce-scatter, recursive-doubling all-gather (log2 P steps)",
+))

@@ -1,0 +1,118 @@
+"""NCCL's own cost constants as priors: protocol latencies and bandwidth limits (src/graph/tuning.cc).
+
+Data: ``simdist/collectives/data/nccl_tuning_*.csv`` (NCCL v2.30.7-1 rows of
+``../shared/reference/nccl_tuning_*.csv``, source column kept). NCCL predicts a collective as
+``baseLat + steps x hwLat + bytes / bw`` per (algorithm, protocol); simdist keeps the wire latency in
+the topology's links (set to NCCL's LL figures, see simdist.hardware.link_defaults) and adds here what a
+protocol costs beyond the wire:
+- ``base_latency_s`` = baseLat[algorithm][protocol], once per collective;
+- per transfer, by the path's class (nvlink / pcie / net): hwLat[class][algorithm][protocol] minus
+  the wire latency the route already has (hwLat[class][Ring][LL]);
+- NVLS pays its hwLat once (a multimem operation, not a per-step hop): added to the base latency;
+- ``rate_factor``: payload per wire byte. LL moves 8-byte lines of 4 data + 4 flag bytes (0.5, and NCCL
+  caps LL at llMaxBw); LL128 keeps 120 of every 128 bytes, NCCL applies 0.92 x busBw; Simple 1.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from simdist.collectives.group import Group
+from simdist.collectives.protocols import ProtocolCost
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+# simdist algorithm -> the NCCL algorithm whose constants it borrows.
+# Assumption: direct (p2p), halving-doubling and hierarchical have no NCCL tuning entry of their own;
+# they pay Ring's per-hop constants (NCCL's p2p path uses the same Simple/LL128/LL machinery).
+NCCL_ALGORITHM = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "direct": "Ring",
+                  "halving_doubling": "Ring", "hierarchical": "Ring"}
+
+# Payload efficiency per protocol (tuning.cc: LL bw = busBw x 0.5 capped at llMaxBw, LL128 = 0.92 x busBw).
+RATE_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+
+_CLASS_TO_NCCL = {"nvlink": "NVLINK", "pcie": "PCI", "net": "NET"}
+
+
+def _rows(name: str) -> list[dict[str, str]]:
+    text = (resources.files("simdist.collectives") / "data" / name).read_text(encoding="utf-8")
+    return list(csv.DictReader(text.splitlines()))
+
+
+@cache
+def latency_table() -> dict[tuple[str, str, str, str], float]:
+    """(table, algorithm, protocol, link) -> microseconds; link is '' for baseLat."""
+    return {(r["table"], r["algorithm"], r["protocol"], r["hw_link"]): float(r["value"])
+            for r in _rows("nccl_tuning_latency_constants.csv")}
+
+
+@cache
+def bandwidth_caps() -> dict[tuple[str, str, str], float]:
+    """(table prefix, arch, index) -> value, e.g. ('llMaxBws', 'Hopper', 'nNodes=1') -> 141.0 GB/s."""
+    out = {}
+    for r in _rows("nccl_tuning_bandwidth_caps.csv"):
+        table = r["table"].split(" ")[0]
+        arch = r["arch_or_cpu"].split(" / ")[0]
+        out[(table, arch, r["index"])] = float(r["value"])
+    return out
+
+
+def gpu_arch(gpu_name: str) -> str:
+    """NCCL's architecture bucket of a GPU name."""
+    name = gpu_name.upper()
+    if name.startswith(("B200", "GB200", "B300")):
+        return "Blackwell"
+    if name.startswith(("H100", "H200", "GH200")):
+        return "Hopper"
+    # Assumption: A100 and Ada cards (L40S, sm89) use NCCL's Ampere rows.
+    return "Ampere"
+
+
+def supports(algorithm: str, protocol: str) -> bool:
+    """Whether NCCL runs ``algorithm`` with ``protocol`` (NVLS: Simple only)."""
+    nccl = NCCL_ALGORITHM[algorithm]
+    if nccl == "NVLS":
+        return protocol == "Simple"
+    return protocol in PROTOCOLS
+
+
+@dataclass(frozen=True, slots=True)
+class PricedProtocol:
+    cost: ProtocolCost
+    latency_by_class_s: dict[str, float]
+
+
+def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol:
+    """What ``protocol`` adds to ``algorithm`` on ``group``'s paths (see the module docstring)."""
+    table = latency_table()
+    nccl = NCCL_ALGORITHM[algorithm]
+    base = table[("baseLat", nccl, protocol, "")] * 1e-6
+    per_class: dict[str, float] = {}
+    if nccl == "NVLS":
+        base += table[("hwLat", "NVLS", protocol, "NVLINK")] * 1e-6
+    else:
+        for cls, link in _CLASS_TO_NCCL.items():
+            wire = table[("hwLat", "Ring", "LL", link)]
+            per_class[cls] = max(0.0, table[("hwLat", nccl, protocol, link)] - wire) * 1e-6
+    factor = RATE_FACTOR[protocol]
+    if nccl == "NVLS":
+        # NCCL scales NVLS bandwidth by nvlsEfficiency (Hopper 0.85, Blackwell 0.74; tuning.cc) on top
+        # of its per-link NVLink model (20.6 x 18 = 370.8 of 450 GB/s on Hopper), which the topology's
+        # link efficiency already carries: NVLS moves S(1 + 1/P) per port at efficiency x nvlsEfficiency.
+        # Checks: H200 8 GPUs -> 2 x 450 x 0.82 x 0.85 x 7/9 = 488 GB/s busbw (measured 473-480),
+        # B200 -> 2 x 900 x 0.80 x 0.74 x 7/9 = 829 (measured 838); nccl_collectives_ml_engineering.csv.
+        factor *= bandwidth_caps().get(("nvlsEfficiency", gpu_arch(group.topology.gpu.name), "factor"), 1.0)
+    if protocol == "LL":
+        # NCCL caps LL bandwidth at llMaxBw (tuning.cc): one node indexes by GPU arch.
+        nodes = len(group.by_node())
+        key = "nNodes=1" if nodes == 1 else ("nNodes=2" if nodes == 2 else "nNodes>=3")
+        # Assumption: rows are read by GPU architecture for multi-node groups too (the table's
+        # multi-node columns of older NCCL were indexed by CPU vendor; Hopper/Blackwell rows exist).
+        cap = bandwidth_caps().get(("llMaxBws", gpu_arch(group.topology.gpu.name), key))
+        nominal = group.path(0, 1).effective_bandwidth_Bps if group.size > 1 else 0.0
+        if cap and nominal > 0:
+            factor = min(factor, cap * 1e9 / nominal)
+    return PricedProtocol(ProtocolCost(protocol, base, 0.0, factor), per_class)

@@ -1,0 +1,188 @@
+"""NVLS: NVLink SHARP, the NVSwitch (gen3+) reducing and multicasting in the network (NCCL 2.17+).
+
+NCCL's NVLS all-reduce (NVIDIA/nccl src/device/all_reduce.h, RunWorkColl<ncclFuncAllReduce, T, RedOp,
+NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>; PTX ISA multimem.ld_reduce / multimem.st): the buffer is cut
+into P segments, segment j owned by peer j. Peer j
+reduces its segment with ``multimem.ld_reduce`` (the switch reads every GPU's copy, adds them and
+returns the sum to j), then stores it with ``multimem.st`` (one write that the switch multicasts to
+every GPU of the group, j included). Here, with ``SWITCH`` the switch's reduction engine:
+
+- reduce_scatter: every peer pushes its copy of each segment to SWITCH (reduce transfers, the switch
+  accumulates), then SWITCH sends the reduced segment j to peer j;
+- all_gather: peer j pushes segment j to SWITCH once, SWITCH multicasts it to every peer (one
+  SWITCH -> peer transfer each, j included, as multimem.st writes every GPU's copy);
+- all_reduce: reduce_scatter then all_gather, segment by segment.
+
+Per GPU the NVLink uplink carries S (pushes) + S/P (the store) and the downlink S/P (the reduced
+segment) + S (the multicast): S (1 + 1/P) each way for all_reduce, against 2 S (P-1)/P for the ring.
+
+Schedule. The P pushes of a segment may run at once (reductions into the switch's buffer commute).
+# Assumption: each GPU port serves one transfer at a time, in a fixed order (the plan adds "previous
+transfer on this port" dependencies): peer i pushes segments i, i+1, ... (mod P), so at any instant
+the P GPUs push P different segments, and the buffer
+is cut into k pipeline pieces so the downlink's multicast of piece q overlaps the uplink's pushes of
+piece q+1. Every transfer then crosses exactly one port alone: it takes alpha + s / B, s = S / (k P),
+and the collective takes (longest dependency chain) x (alpha + s / B), counted in simdist.analytic.nvls.
+
+NVLS link efficiency: NCCL's tuning model multiplies the NVLink bandwidth by nvlsEfficiency for NVLS
+instead of the ring efficiency that the topology's link efficiency stands for; see NVLS_EFFICIENCY.
+"""
+
+from __future__ import annotations
+
+import math
+
+from simdist.collectives.plan import SWITCH, Plan, Transfer
+from simdist.collectives.registry import Algorithm, register
+from simdist.collectives.request import Request
+from simdist.errors import SimdistError
+from simdist.hardware.topology import Topology
+
+NVLS_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
+
+NVLS_EFFICIENCY: dict[int, float] = {4: 0.85, 5: 0.74}
+"""NCCL's nvlsEfficiency by NVLink generation (4 = Hopper, 5 = Blackwell): achieved / nominal NVLink
+bandwidth of NVLS traffic (NVIDIA/nccl src/graph/tuning.cc, nvlsEfficiency[]; ../shared/reference/
+nccl_tuning_bandwidth_caps.csv). Not applied by the plans: the topology's NVLink efficiency is the
+ring's (0.82 on dgx-h100), and the plan's rate_factor belongs to the protocol (the caller replaces it).
+`nvls_rate_factor` gives the ratio a caller may multiply into the protocol's rate_factor (the engine
+puts n / rate_factor bytes on the wire, so a ratio above 1 speeds transfers up).
+Measured target: NVLS all_reduce busbw ~470-480 GB/s on 8x H100/H200 at >= 1 GiB
+(nccl_collectives_ml_engineering.csv mle_h200_node_all_reduce_bench; NCCL maintainer ~480 GB/s in
+nccl_user_reports_issues.csv, NVIDIA/nccl-tests#212). With the plain 0.82 these plans give ~556 GB/s
+at 8 GiB on 8 H100s, with 0.85 ~576; a rate factor of 0.864 (0.708 of the 450 GB/s line rate)
+reproduces 480 (tests/test_collectives_direct_nvls.py)."""
+
+NVLS_PIECE_BYTES = 2 * 2**20
+"""# Assumption: smallest pipeline piece of one segment (2 MiB): below it the per-transfer latency
+(~0.3 us on an NVLink port) would cost more than 5% of the piece's time at 369 GB/s."""
+NVLS_MAX_PIECES = 64
+NVLS_MAX_TRANSFERS = 2**15
+"""Caps on the pipeline depth, so that a plan stays a few 10^4 transfers (engine cost)."""
+
+
+def nvls_link_efficiency(topology: Topology) -> float | None:
+    """NCCL's nvlsEfficiency for this topology's NVLink generation (None: no NVLS or unknown)."""
+    up = topology.spec.scale_up
+    return NVLS_EFFICIENCY.get(up.nvlink_generation) if up is not None and up.nvls else None
+
+
+def nvls_rate_factor(topology: Topology) -> float | None:
+    """nvlsEfficiency / the NVLink port's efficiency: the rate factor that turns the topology's ring
+    efficiency into NCCL's NVLS one (1.037 on dgx-h100, 0.925 on gb200-nvl72); None without NVLS."""
+    eff = nvls_link_efficiency(topology)
+    if eff is None:
+        return None
+    return eff / topology.link(topology.nvswitch_ports(0)[0]).efficiency
+
+
+def _transfers_per_piece(op: str, p: int) -> int:
+    return {"reduce_scatter": p * (p + 1), "all_gather": p * (p + 1)}.get(op, p * (2 * p + 2))
+
+
+def nvls_pieces(op: str, num_peers: int, nbytes: float) -> int:
+    """Pipeline pieces k: segments of at least NVLS_PIECE_BYTES, at most the caps."""
+    p = num_peers
+    cap = max(1, min(NVLS_MAX_PIECES, NVLS_MAX_TRANSFERS // _transfers_per_piece(op, p)))
+    return max(1, min(cap, math.floor(nbytes / (p * NVLS_PIECE_BYTES))))
+
+
+class _Ports:
+    """Emits transfers, each after the previous transfer on the same GPU port (one at a time)."""
+
+    def __init__(self) -> None:
+        self.transfers: list[Transfer] = []
+        self.last: dict[tuple[str, int], int] = {}
+
+    def emit(self, src: int, dst: int, nbytes: float, chunk: int, reduce: bool, deps: list[int | None]) -> int:
+        port = ("up", src) if dst == SWITCH else ("down", dst)
+        after = sorted({d for d in (*deps, self.last.get(port)) if d is not None})
+        self.transfers.append(Transfer(src, dst, nbytes, chunk, reduce, tuple(after)))
+        self.last[port] = len(self.transfers) - 1
+        return self.last[port]
+
+
+def nvls_plan(op: str, num_peers: int, nbytes: float, pieces: int | None = None) -> Plan:
+    """The NVLS plan for ``op`` (all_reduce, reduce_scatter, all_gather) on P peers of one switch."""
+    if op not in NVLS_OPS:
+        raise ValueError(f"nvls does not implement {op}")
+    p = num_peers
+    k = pieces if pieces is not None else nvls_pieces(op, p, nbytes)
+    s = nbytes / (k * p)
+    ports = _Ports()
+    reduced: dict[int, int] = {}  # chunk -> its SWITCH-to-owner transfer (reduce-scatter result)
+    stored: dict[int, int] = {}  # chunk -> its owner-to-SWITCH store (all-gather input)
+
+    def reduce_scatter(q: int) -> None:
+        pushes: dict[int, list[int | None]] = {}
+        for m in range(p):
+            for i in range(p):
+                c = q * p + (i + m) % p
+                pushes.setdefault(c, []).append(ports.emit(i, SWITCH, s, c, True, []))
+        for j in range(p):
+            c = q * p + j
+            reduced[c] = ports.emit(SWITCH, j, s, c, False, pushes[c])
+
+    def store(q: int) -> None:
+        for j in range(p):
+            c = q * p + j
+            stored[c] = ports.emit(j, SWITCH, s, c, False, [reduced.get(c)])
+
+    def multicast(q: int) -> None:
+        for i in range(p):
+            for m in range(p):
+                c = q * p + (i + m) % p
+                ports.emit(SWITCH, i, s, c, False, [stored[c]])
+
+    if p > 1:
+        if op == "reduce_scatter":
+            for q in range(k):
+                reduce_scatter(q)
+        elif op == "all_gather":
+            for q in range(k):
+                store(q)
+                multicast(q)
+        else:
+            # uplink order: RS(0), RS(1), store(0), RS(2), store(1), ..., store(k-1);
+            # downlink order: R(0), R(1), multicast(0), R(2), multicast(1), ..., multicast(k-1)
+            reduce_scatter(0)
+            for q in range(1, k):
+                reduce_scatter(q)
+                store(q - 1)
+                multicast(q - 1)
+            store(k - 1)
+            multicast(k - 1)
+    return Plan(op=op, algorithm="nvls", num_peers=p, nbytes=nbytes, transfers=tuple(ports.transfers),
+                num_chunks=k * p, chunk_segment=tuple(c % p for c in range(k * p)))
+
+
+def check_nvls(req: Request) -> None:
+    """NVLS needs NVSwitch gen3+ with NVLink SHARP and a group inside one NVLink domain."""
+    t = req.group.topology
+    up = t.spec.scale_up
+    if up is None or not up.nvls:
+        have = "no NVSwitch" if up is None else f"an NVSwitch (NVLink {up.nvlink_generation}) without NVLS"
+        raise SimdistError(
+            f"nvls needs an NVSwitch with NVLink SHARP (H100/H200/B200/NVL72); {t.spec.name} has {have} "
+            f"(dgx-a100's NVSwitch gen2 and PCIe boxes have none)",
+            field="--algorithm", fix="use --algorithm ring or auto")
+    nodes = req.group.by_node()
+    if len(nodes) > 1:
+        raise SimdistError(
+            f"nvls reduces inside one NVLink domain, but the group spans {len(nodes)} nodes "
+            f"({t.gpus_per_node} GPUs each)",
+            field="--algorithm", fix="use --algorithm ring or auto, or ranks within one node")
+
+
+def _build(req: Request) -> Plan:
+    check_nvls(req)
+    return nvls_plan(req.op, req.num_peers, req.nbytes)
+
+
+register(Algorithm(
+    name="nvls",
+    ops=NVLS_OPS,
+    build=_build,
+    check=check_nvls,
+    summary="NVLink SHARP: the NVSwitch reduces and multicasts (one NVLink domain, NVSwitch gen3+)",
+))
