@@ -97,7 +97,7 @@ def test_compare_with_nccl_tests_output(cli):
 
 def test_html_chart_written(cli, tmp_path):
     target = tmp_path / "sweep.html"
-    code, out, err = cli("collective", "--cluster", "dgx-a100", "--op", "all_reduce", "--ranks", "8",
+    code, _, err = cli("collective", "--cluster", "dgx-a100", "--op", "all_reduce", "--ranks", "8",
                          "--bytes", "32K:1G:x8", "--html", str(target))
     assert code == 0, err
     html = target.read_text()
