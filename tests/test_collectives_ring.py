@@ -107,3 +107,15 @@ def test_heterogeneous_pcie_ring_close_to_closed_form():
     bound = max(b / t.link(link).effective_bandwidth_Bps for link, b in engine_run.link_bytes.items())
     assert engine_run.time_s >= bound
     assert bound == pytest.approx(14 * size / 8 / 22e9)  # the UPI link carries 2 x 7 pieces of S/8
+
+
+def test_verifier_lets_reductions_commute_but_not_copies():
+    from simdist.collectives.plan import Plan, Transfer
+
+    # peers 1 and 2 both add their chunk into peer 0 at once: fine, addition commutes
+    ok = Plan("reduce", "test", 3, 1.0, (Transfer(1, 0, 1.0, 0, True), Transfer(2, 0, 1.0, 0, True)), num_chunks=1)
+    verify(ok)
+    # a copy into peer 0 racing with a reduction into the same chunk depends on timing
+    racy = Plan("reduce", "test", 3, 1.0, (Transfer(1, 0, 1.0, 0, False), Transfer(2, 0, 1.0, 0, True)), num_chunks=1)
+    with pytest.raises(PlanError, match="racing"):
+        verify(racy)

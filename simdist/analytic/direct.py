@@ -20,7 +20,9 @@ held at different links (uneven matrices, PCIe trees): then the engine can finis
 
 from __future__ import annotations
 
-from simdist.analytic.loads import drain_time_s
+import numpy as np
+
+from simdist.analytic.loads import batch_drain_time_s
 from simdist.analytic.registry import register_closed_form
 from simdist.collectives.direct import Matrix, Move, direct_steps, validate_matrix
 from simdist.collectives.group import Group
@@ -33,9 +35,12 @@ def step_time_s(group: Group, step: list[Move], per_transfer_latency_s: float = 
     """One step of concurrent blocks (see the module docstring)."""
     if not step:
         return 0.0
-    routes = [(group.path(mv.src, mv.dst), mv.nbytes) for mv in step]
-    latency = max(r.latency_s for r, _ in routes) + per_transfer_latency_s
-    return latency + drain_time_s(group.topology, routes, rate_factor)
+    src = np.fromiter((mv.src for mv in step), dtype=np.int64, count=len(step))
+    dst = np.fromiter((mv.dst for mv in step), dtype=np.int64, count=len(step))
+    nbytes = np.fromiter((mv.nbytes for mv in step), dtype=float, count=len(step))
+    routes = group.paths(src, dst)  # vectorised (simdist.hardware.batch)
+    latency = float(routes.latency_s.max()) + per_transfer_latency_s
+    return latency + batch_drain_time_s(group, routes, nbytes, rate_factor)
 
 
 def direct_time_s(group: Group, op: str, nbytes: float, root: int = 0, matrix: Matrix | None = None,

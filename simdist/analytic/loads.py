@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
+from simdist.collectives.group import Group
+from simdist.hardware import batch
+from simdist.hardware.batch import RouteBatch
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
 
@@ -28,3 +33,11 @@ def drain_time_s(topology: Topology, flows: Iterable[tuple[Route, float]], rate_
     if not load:
         return 0.0
     return max(b / (topology.link(link).effective_bandwidth_Bps * rate_factor) for link, b in load.items())
+
+
+def batch_drain_time_s(group: Group, routes: RouteBatch, nbytes: np.ndarray, rate_factor: float = 1.0) -> float:
+    """drain_time_s for a vectorised batch of routes (simdist.hardware.batch), same arithmetic."""
+    ids, loads = batch.link_loads(routes, nbytes)
+    if not len(ids):
+        return 0.0
+    return float((loads / (batch.link_capacities(group.topology, ids) * rate_factor)).max())

@@ -12,7 +12,9 @@ of a pipelined chain; Thakur et al. 2005 sec. 4.2).
 
 from __future__ import annotations
 
-from simdist.analytic.loads import drain_time_s
+import numpy as np
+
+from simdist.analytic.loads import batch_drain_time_s
 from simdist.analytic.registry import register_closed_form
 from simdist.collectives.group import Group
 from simdist.collectives.protocols import ProtocolCost
@@ -22,20 +24,26 @@ from simdist.collectives.ring import pipeline_pieces
 
 def ring_time_s(group: Group, nbytes: float, orders: list[list[int]], steps: int,
                 per_transfer_latency_s: float = 0.0, rate_factor: float = 1.0) -> float:
-    """``steps`` ring steps (2(P-1) for all_reduce, P-1 for either half) over ``orders``."""
+    """``steps`` ring steps (2(P-1) for all_reduce, P-1 for either half) over ``orders``.
+
+    Vectorised over the ring edges of every channel (simdist.hardware.batch): the most loaded link of a
+    step, and the slowest chain's latency from prefix sums of the edge latencies (O(P C)).
+    """
     p = group.size
     if p == 1 or steps == 0:
         return 0.0
     channels = len(orders)
     piece = nbytes / (p * channels)
-    edges = [[group.path(order[i], order[(i + 1) % p]) for i in range(p)] for order in orders]
-    step_bw = drain_time_s(group.topology, ((route, piece) for ring in edges for route in ring), rate_factor)
-    # latency: chains start at each ring position and cross `steps` consecutive edges
-    latency = 0.0
-    for ring in edges:
-        lat = [r.latency_s + per_transfer_latency_s for r in ring]
-        for start in range(p):
-            latency = max(latency, sum(lat[(start + s) % p] for s in range(steps)))
+    src = np.array(orders, dtype=np.int64).reshape(channels, p)
+    dst = np.roll(src, -1, axis=1)
+    routes = group.paths(src.reshape(-1), dst.reshape(-1))
+    step_bw = batch_drain_time_s(group, routes, np.full(len(src.reshape(-1)), piece), rate_factor)
+    lat = routes.latency_s.reshape(channels, p) + per_transfer_latency_s
+    # the chain starting at position j crosses edges j .. j + steps - 1 (mod P): full laps plus a window
+    laps, rest = divmod(steps, p)
+    prefix = np.concatenate((np.zeros((channels, 1)), np.cumsum(np.concatenate((lat, lat), axis=1), axis=1)),
+                            axis=1)
+    latency = float((laps * prefix[:, p:p + 1] + (prefix[:, rest:rest + p] - prefix[:, :p])).max())
     return latency + steps * step_bw
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from simdist.analytic.registry import closed_form
-from simdist.collectives.nccl_model import PROTOCOLS, PricedProtocol, protocol_cost, supports
+from simdist.collectives.nccl_model import PROTOCOLS, PricedProtocol, nccl_algorithms, protocol_cost, supports
 from simdist.collectives.registry import candidates
 from simdist.collectives.request import Request
 
@@ -37,7 +37,17 @@ def evaluate(request: Request, algorithm: str, protocol: str) -> Choice:
 
 def rank_choices(request: Request, algorithms: list[str] | None = None,
                  protocols: tuple[str, ...] = PROTOCOLS) -> list[Choice]:
-    """Every usable (algorithm, protocol) for ``request``, fastest first (closed forms)."""
-    names = algorithms if algorithms is not None else [a.name for a in candidates(request)]
+    """Every usable (algorithm, protocol) for ``request``, fastest first (closed forms).
+
+    By default the candidates are those NCCL itself would choose among for the op
+    (simdist.collectives.nccl_model.NCCL_RUNS), as its tuner does; where none of them can run on the
+    group (or NCCL has no such op), every algorithm that can.
+    """
+    if algorithms is not None:
+        names = algorithms
+    else:
+        able = [a.name for a in candidates(request)]
+        nccl = nccl_algorithms(request.op)
+        names = [a for a in able if nccl is None or a in nccl] or able
     out = [evaluate(request, a, p) for a in names for p in protocols if supports(a, p)]
     return sorted(out, key=lambda c: (c.predicted_s, c.algorithm, c.protocol))

@@ -129,20 +129,31 @@ class Group:
         """One ring order per channel, NCCL-like: inside a node the ring visits the node's peers, and
         crossing between nodes it stays on one NIC rail where it can.
 
-        Channel c rotates each node's peer list to start at its c-th peer; alternate nodes run their
-        list backwards (a "snake"), so the peer that leaves a node and the peer that enters the next
-        one have the same local position, hence the same NIC rail. Different channels leave through
-        different peers, hence different NICs, as NCCL spreads channels over NICs.
+        Where a NIC serves several of a node's peers (PCIe boxes: one NIC per PCIe switch), channel c
+        uses NIC c mod (NICs used): each node's ring starts at one peer next to that NIC and ends at
+        another, so both inter-node hops of the node go through that NIC, as NCCL's rings enter and
+        leave a node next to their NIC (src/graph/search.cc).
+        Where every peer has a NIC of its own (DGX: GPU i on NIC i), channel c rotates each node's
+        peer list to start at its c-th peer and alternate nodes run it backwards (a "snake"): the peer
+        that leaves a node and the peer that enters the next have the same local position, hence the
+        same NIC rail; channels leave through different peers, hence different NICs.
         # Assumption: NCCL's ring search finds rail-aligned rings on rail-optimized fabrics (it does
         # with PXN); the snake reproduces that without modelling PXN forwarding.
         """
         groups = list(self.by_node().values())
         if len(groups) == 1:
             return [list(range(self.size)) for _ in range(channels)]
+        nic_of = [self.topology.node.nic_of_gpu[self.topology.locate(r)[1]] for r in self.ranks]
         orders: list[list[int]] = []
         for c in range(channels):
             order: list[int] = []
             for n, peers in enumerate(groups):
+                nics = sorted({nic_of[p] for p in peers if nic_of[p] is not None})
+                near = [p for p in peers if nics and nic_of[p] == nics[c % len(nics)]]
+                if len(near) >= 2:
+                    rest = [p for p in peers if p not in (near[0], near[1])]
+                    order.extend([near[0], *rest, near[1]])
+                    continue
                 k = c % len(peers)
                 rotated = peers[k:] + peers[:k]
                 order.extend(rotated if n % 2 == 0 else rotated[::-1])

@@ -36,6 +36,30 @@ RATE_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 
 _CLASS_TO_NCCL = {"nvlink": "NVLINK", "pcie": "PCI", "net": "NET"}
 
+# The simdist algorithms NCCL itself runs for each op, i.e. what its tuner chooses among (NVIDIA/nccl
+# src/graph/tuning.cc, ncclTopoTuneModel: "if (coll == ncclFuncBroadcast && a != NCCL_ALGO_RING) continue;",
+# likewise Reduce; AllGather and ReduceScatter: Ring, NVLS, CollNetDirect (and PAT at one rank per node);
+# AllReduce: every algorithm). Ops NCCL has no collective kernel for (all_to_all, scatter, gather,
+# send/recv) run as grouped ncclSend/ncclRecv, NCCL's p2p path: simdist's "direct".
+# simdist's halving_doubling and hierarchical are not NCCL algorithms; CollNet, NVLSTree and PAT are
+# not modelled here. barrier is not an NCCL op (frameworks run a tiny all_reduce): None = any algorithm.
+NCCL_RUNS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "nvls"),
+    "all_gather": ("ring", "nvls"),
+    "reduce_scatter": ("ring", "nvls"),
+    "broadcast": ("ring",),
+    "reduce": ("ring",),
+    "all_to_all": ("direct",),
+    "scatter": ("direct",),
+    "gather": ("direct",),
+    "send_recv": ("direct",),
+}
+
+
+def nccl_algorithms(op: str) -> tuple[str, ...] | None:
+    """The simdist algorithms NCCL's tuner chooses among for ``op`` (None: NCCL has no such op)."""
+    return NCCL_RUNS.get(op)
+
 
 def _rows(name: str) -> list[dict[str, str]]:
     text = (resources.files("simdist.collectives") / "data" / name).read_text(encoding="utf-8")

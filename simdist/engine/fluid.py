@@ -3,19 +3,22 @@
 Same model as the SimPy engine (simdist.engine.executor + simdist.engine.network), computed with
 numpy instead of one callback per transfer: every transfer pays its latency first, then joins the
 network as a flow of ``nbytes / rate_factor`` wire bytes; whenever flows join or finish, rates are
-re-shared from scratch by max-min fairness (`simdist.engine.sharing.max_min_rates_csr`, the
-progressive filling FlowNetwork uses); a flow is complete when what remains of it falls below the
-same fraction of its size (``network._DONE_FRACTION``). Flow -> link incidence is built once, as CSR
-arrays, from the group's vectorised routes (`Group.paths`).
+re-shared max-min fairly (the allocation FlowNetwork computes; `simdist.engine.sharing`); a flow is
+complete when what remains of it falls below the same fraction of its size
+(``network._DONE_FRACTION``) or would take less time than the clock resolves. Flow -> link
+incidence is built once, as CSR arrays, from the group's vectorised routes (`Group.paths`).
 
-The arithmetic is the engine's, operation for operation: begin = base latency + (route latency +
-protocol latency + extra latency), remaining -= rate x elapsed, next event = now + min(remaining /
-rate), flows starting at one instant join before one re-share; so times agree with the SimPy path
-to rounding (tests: within 1e-9 relative, usually bit-for-bit). Per-link byte counts are summed in
-the order flows join the network, as `LinkLoad` does, and the dict lists links in that order.
+Same arithmetic as the engine: begin = base latency + (route latency + protocol latency + extra
+latency); flows starting at one instant join before one re-share; the next event is the earliest
+join or finish. Differences are rounding only (tests: within 1e-9 relative of the SimPy path):
+bytes left are computed from the last rate change (not decremented at every event), re-shares
+after departures restart from where the leaving flows froze (see `fluid_finish_times`), and rates
+come from `max_min_rates_local` (the same allocation, several levels per round). Per-link byte
+counts are summed in the order flows join the network, as `LinkLoad` does, and the dict lists
+links in that order.
 
-Cost: one re-share per distinct event instant, each O(entries of active flows x sharing rounds);
-a fast ring has one start instant and a handful of finish instants whatever its size.
+Cost: one re-share per distinct event instant, over the flows at or above the lowest leaving
+rate; a fast ring has one start instant and a handful of finish instants whatever its size.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from simdist.collectives.group import Group
 from simdist.collectives.plan import Plan
 from simdist.engine.executor import Trace
 from simdist.engine.network import _DONE_FRACTION
-from simdist.engine.sharing import max_min_rates_csr
+from simdist.engine.sharing import max_min_rates_local
 from simdist.hardware.batch import link_capacities, segment_positions
 
 
@@ -63,37 +66,55 @@ def fluid_finish_times(begin: np.ndarray, nbytes: np.ndarray, indptr: np.ndarray
     join_times, join_starts = np.unique(begin[joins], return_index=True)
     join_bounds = np.append(join_starts, len(joins))
     threshold = nbytes * _DONE_FRACTION
-    remaining = nbytes.copy()
-    ids = np.zeros(0, dtype=np.int64)  # active flows, ascending
-    rate = np.zeros(0)  # their rates
-    now = 0.0
+    # A flow's bytes left at time t: left_at_ref - rate x (t - ref), from the last time its rate changed
+    ref = np.zeros(n)
+    left_at_ref = nbytes.copy()
+    rate = sharing.rate  # 0 for flows not on the network
+    finish = np.full(n, np.inf)  # when the flow's bytes run out at its current rate
+    settle = np.full(n, np.inf)  # when they fall below the done threshold
+    on = np.zeros(n, dtype=bool)  # flows on the network
+    count = 0
     k = 0
-    while k < len(join_times) or ids.size:
-        finish_at = now + float((remaining[ids] / rate).min()) if ids.size else np.inf
+    while k < len(join_times) or count:
+        finish_at = float(finish.min()) if count else np.inf
         join_at = float(join_times[k]) if k < len(join_times) else np.inf
-        at = min(finish_at, join_at)
-        if not np.isfinite(at):  # flows held at rate 0 forever (a link of no capacity)
-            ends[ids] = np.inf
+        now = min(finish_at, join_at)
+        if not np.isfinite(now):  # flows held at rate 0 forever (a link of no capacity)
+            ends[on] = np.inf
             break
-        elapsed = at - now
-        if elapsed > 0 and ids.size:
-            remaining[ids] -= rate * elapsed
-        now = at
         new = np.zeros(0, dtype=np.int64)
         if join_at <= finish_at:
             new = joins[join_bounds[k]:join_bounds[k + 1]]
             k += 1
-        # Flows at infinite rate (no links, no cap) finish at once; SimPy would not advance them.
-        finished = (remaining[ids] <= threshold[ids]) | np.isinf(rate)
-        done = ids[finished]
-        ends[done] = now
-        ids = ids[~finished]
+        # flows whose bytes left are within the done threshold or would take less time than the
+        # clock resolves at ``now`` (as FlowNetwork); infinite rates finish at once
+        near = np.flatnonzero(settle <= now + 1e-9 * abs(now))
+        left = left_at_ref[near] - rate[near] * (now - ref[near])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            done = near[(left <= threshold[near]) | np.isinf(rate[near]) | (now + left / rate[near] <= now)]
+        if done.size:
+            ends[done] = now
+            finish[done] = settle[done] = np.inf
+            on[done] = False
+            count -= len(done)
         if new.size:
-            ids = np.union1d(ids, new)
-            sharing.share_all(ids)
-        elif done.size:
-            sharing.release(done, ids)
-        rate = sharing.rate[ids]
+            old = np.flatnonzero(on)
+            left_at_ref[old] -= rate[old] * (now - ref[old])
+            ref[old] = now
+            ref[new] = now
+            on[new] = True
+            count += len(new)
+            changed = np.flatnonzero(on)
+            sharing.share_all(changed, done)
+        elif done.size and count:
+            changed = sharing.release(done, on)
+            left_at_ref[changed] -= sharing.old_rate * (now - ref[changed])
+            ref[changed] = now
+        else:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            finish[changed] = now + left_at_ref[changed] / rate[changed]
+            settle[changed] = now + (left_at_ref[changed] - threshold[changed]) / rate[changed]
     return ends
 
 
@@ -109,40 +130,46 @@ class _Sharing:
         n = len(self.hops)
         self.caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
         self.rate = np.zeros(n)
+        self.old_rate = np.zeros(0)  # rates before the last release, of the flows it re-shared
         self.used = np.zeros(len(self.capacity))  # sum of the active flows' rates on each link
 
     def _links(self, flows: np.ndarray) -> np.ndarray:
         return self.entries[segment_positions(self.indptr[flows], self.hops[flows])]
 
-    def _load(self, flows: np.ndarray) -> np.ndarray:
-        return np.bincount(self._links(flows), weights=np.repeat(self.rate[flows], self.hops[flows]),
-                           minlength=len(self.capacity))
+    def _load(self, flows: np.ndarray, links: np.ndarray | None = None) -> np.ndarray:
+        links = self._links(flows) if links is None else links
+        return np.bincount(links, weights=np.repeat(self.rate[flows], self.hops[flows]), minlength=len(self.capacity))
 
-    def _share(self, flows: np.ndarray, free: np.ndarray) -> None:
-        """Max-min rates of ``flows`` over links with ``free`` capacity left by the others."""
-        links = self._links(flows)
-        ids, compact = np.unique(links, return_inverse=True)
-        self.rate[flows] = max_min_rates_csr(compact.reshape(-1), self.hops[flows], free[ids], self.caps[flows])
+    def _share(self, flows: np.ndarray, free: np.ndarray, links: np.ndarray) -> None:
+        """Max-min rates of ``flows`` (crossing ``links``) over links with ``free`` capacity left by the others."""
+        present = np.bincount(links, minlength=len(self.capacity)) > 0
+        compact = (np.cumsum(present) - 1)[links]  # links renumbered densely, in id order
+        self.rate[flows] = max_min_rates_local(compact, self.hops[flows], free[present], self.caps[flows])
 
-    def share_all(self, active: np.ndarray) -> None:
-        """From scratch (flows joined)."""
-        self._share(active, self.capacity)
-        self.used = self._load(active)
+    def share_all(self, active: np.ndarray, gone: np.ndarray) -> None:
+        """From scratch (flows joined); ``gone`` left the network."""
+        self.rate[gone] = 0.0
+        links = self._links(active)
+        self._share(active, self.capacity, links)
+        self.used = self._load(active, links)
 
-    def release(self, done: np.ndarray, active: np.ndarray) -> None:
-        """``done`` left; ``active`` are the flows still there (ascending)."""
-        self.used -= self._load(done)
-        if not active.size:
-            return
+    def release(self, done: np.ndarray, on: np.ndarray) -> np.ndarray:
+        """``done`` left; ``on`` marks the flows still there. Returns the flows re-shared (their
+        previous rates in ``old_rate``)."""
         lowest = self.rate[done].min()
-        # flows frozen below the lowest leaving level keep their rates (see fluid_finish_times)
-        again = active[self.rate[active] >= lowest * (1.0 - 1e-9)]
-        if not again.size:
-            return
-        self.used -= self._load(again)
-        np.maximum(self.used, 0.0, out=self.used)
-        self._share(again, np.maximum(self.capacity - self.used, 0.0))
-        self.used += self._load(again)
+        self.used -= self._load(done)
+        self.rate[done] = 0.0
+        # flows frozen below the lowest leaving level keep their rates (see fluid_finish_times);
+        # flows off the network have rate 0
+        again = np.flatnonzero(on & (self.rate >= lowest * (1.0 - 1e-9)))
+        self.old_rate = self.rate[again]
+        if again.size:
+            links = self._links(again)
+            self.used -= self._load(again, links)
+            np.maximum(self.used, 0.0, out=self.used)
+            self._share(again, np.maximum(self.capacity - self.used, 0.0), links)
+            self.used += self._load(again, links)
+        return again
 
 
 def run_fluid(plan: Plan, group: Group) -> tuple[float, dict[int, float], Trace]:

@@ -20,6 +20,12 @@ from simdist.engine.sharing import max_min_rates
 _DONE_FRACTION = 1e-12
 
 
+def _done(f: Flow, now: float) -> bool:
+    """Complete: what remains is below the done fraction, or moves in less time than the clock
+    resolves at ``now`` (now + remaining / rate == now: waiting for it would never advance time)."""
+    return f.remaining <= f.nbytes * _DONE_FRACTION or (f.rate > 0 and now + f.remaining / f.rate <= now)
+
+
 @dataclass(slots=True, eq=False)
 class Flow:
     links: tuple[int, ...]
@@ -99,9 +105,9 @@ class FlowNetwork:
             else:
                 yield self._wakeup
             self._advance()
-            finished = [f for f in self._flows if f.remaining <= f.nbytes * _DONE_FRACTION]
+            finished = [f for f in self._flows if _done(f, env.now)]
             if finished:
-                self._flows = [f for f in self._flows if f.remaining > f.nbytes * _DONE_FRACTION]
+                self._flows = [f for f in self._flows if not _done(f, env.now)]
             self._reshare()
             for f in finished:
                 f.done.succeed()

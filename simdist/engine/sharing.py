@@ -63,6 +63,7 @@ def max_min_rates_csr(
     crossing = np.bincount(entries, minlength=num_links)
     link_ptr = np.concatenate(([0], np.cumsum(crossing)))
     counts = crossing.copy()
+    repeats = len(np.unique(owner * num_links + entries)) < len(entries)  # a flow lists a link twice
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
     offering = np.flatnonzero(counts > 0)  # links that may still hold unfrozen flows
@@ -78,22 +79,35 @@ def max_min_rates_csr(
             level = min(level, caps[capped[c]])
         limit = level * (1.0 + 1e-12)
         tight = offering[offers <= limit]
-        newly = by_link[_segments(link_ptr[tight], crossing[tight])]
+        if len(tight) == 1:
+            newly = by_link[link_ptr[tight[0]]:link_ptr[tight[0] + 1]]
+        else:
+            newly = by_link[_segments(link_ptr[tight], crossing[tight])]
         if c < len(capped):
             stop = int(np.searchsorted(caps[capped], limit, side="right"))
             newly = np.concatenate((newly, capped[c:max(c, stop)]))
-        newly = np.unique(newly[~frozen[newly]])
+        newly = newly[~frozen[newly]]
+        if len(tight) > 1 or repeats or c < len(capped):  # a flow may be listed more than once
+            newly = np.unique(newly)
         rates[newly] = level
         frozen[newly] = True
         left -= len(newly)
         links = entries[_segments(indptr[newly], lengths[newly])]
-        touched, where = np.unique(links, return_inverse=True)
-        where = where.reshape(-1)
-        counts[touched] -= np.bincount(where, minlength=len(touched))
-        freed = remaining[touched] - np.bincount(where, weights=np.full(len(links), level), minlength=len(touched))
-        remaining[touched] = np.maximum(freed, 0.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share[touched] = np.where(counts[touched] > 0, remaining[touched] / np.maximum(counts[touched], 1), np.inf)
+        given = np.full(len(links), level)
+        if 16 * len(links) < num_links:  # few links touched: work on those only
+            touched, where = np.unique(links, return_inverse=True)
+            where = where.reshape(-1)
+            counts[touched] -= np.bincount(where, minlength=len(touched))
+            remaining[touched] = np.maximum(remaining[touched] - np.bincount(where, weights=given,
+                                                                             minlength=len(touched)), 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share[touched] = np.where(counts[touched] > 0, remaining[touched] / np.maximum(counts[touched], 1),
+                                          np.inf)
+        else:  # the same arithmetic over every link (untouched ones lose 0)
+            counts -= np.bincount(links, minlength=num_links)
+            remaining = np.maximum(remaining - np.bincount(links, weights=given, minlength=num_links), 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
         if 2 * int((counts[offering] == 0).sum()) > len(offering):
             offering = offering[counts[offering] > 0]
     return rates
@@ -104,3 +118,55 @@ def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     total = int(lengths.sum())
     ends = np.cumsum(lengths)
     return np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
+
+
+def max_min_rates_local(
+    entries: np.ndarray,
+    lengths: np.ndarray,
+    capacity: np.ndarray,
+    caps: np.ndarray | None = None,
+) -> np.ndarray:
+    """The max-min fair rates of `max_min_rates_csr`, freezing many levels per round.
+
+    A link whose fair share is no larger than the bound of any unfrozen flow crossing it (it is the
+    tightest link of all its flows) keeps that share to the end: shares only grow as flows freeze at
+    levels below them, and every flow that could freeze elsewhere first crosses a link at least as
+    loose. So every round freezes the flows of all such links at once (each flow at its own bound),
+    not only those at the lowest level: rounds follow chains of bottlenecks, not distinct levels.
+    Same allocation as progressive filling; values may differ in the last bits and, where two bounds
+    lie within a relative 1e-12, by that much (progressive filling merges such levels).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    rates = np.zeros(n)
+    if n == 0:
+        return rates
+    caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
+    remaining = np.asarray(capacity, dtype=float).copy()
+    num_links = len(remaining)
+    entries = np.asarray(entries, dtype=np.int64)
+    linkless = lengths == 0
+    rates[linkless] = caps[linkless]
+    live = np.flatnonzero(~linkless)
+    lens = lengths[live]
+    owner = np.repeat(np.arange(len(live), dtype=np.int64), lens)  # position in live
+    while live.size:
+        counts = np.bincount(entries, minlength=num_links)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        entry_share = share[entries]
+        bound = np.minimum(np.minimum.reduceat(entry_share, starts), caps[live])
+        # tightest link of all its flows: its share is within 1e-12 of every crossing flow's bound
+        least = np.full(num_links, np.inf)
+        np.minimum.at(least, entries, bound[owner])
+        settled = share <= least * (1.0 + 1e-12)
+        freeze = (np.add.reduceat(settled[entries].astype(np.int64), starts) > 0) | (caps[live] <= bound)
+        rates[live[freeze]] = bound[freeze]
+        hit = freeze[owner]
+        remaining = np.maximum(remaining - np.bincount(entries[hit], weights=bound[owner[hit]], minlength=num_links),
+                               0.0)
+        keep = ~hit
+        entries, live, lens = entries[keep], live[~freeze], lens[~freeze]
+        owner = np.repeat(np.arange(len(live), dtype=np.int64), lens)
+    return rates

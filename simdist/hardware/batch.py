@@ -260,3 +260,29 @@ def link_loads(batch: RouteBatch, nbytes: np.ndarray) -> tuple[np.ndarray, np.nd
     ids, compact = np.unique(batch.links, return_inverse=True)
     weights = np.repeat(np.asarray(nbytes, dtype=float), batch.hops)
     return ids, np.bincount(compact.reshape(-1), weights=weights, minlength=len(ids))
+
+
+def fabric_hops(topology: Topology, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Leaf -> spine and spine -> leaf link ids of the routes from GPU ``src[i]`` to GPU ``dst[i]``
+    (the two links `routes` lists after the source NIC's uplink), -1 where a route does not climb
+    to the spines (same node, or both NICs on one leaf). Cheaper than `routes` when only the
+    fabric's upper tier matters."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    none = np.full(len(src), -1, dtype=np.int64)
+    f = topology.fabric
+    if f is None or f.num_spines == 0:
+        return none, none.copy()
+    g = topology.gpus_per_node
+    nic_of = np.array([-1 if x is None else x for x in topology.node.nic_of_gpu], dtype=np.int64)
+    src_node, src_gpu = np.divmod(src, g)
+    dst_node, dst_gpu = np.divmod(dst, g)
+    src_nic = src_node * f.nics_per_node + nic_of[src_gpu]
+    dst_nic = dst_node * f.nics_per_node + nic_of[dst_gpu]
+    src_leaf, dst_leaf = leaves_of(topology, src_nic), leaves_of(topology, dst_nic)
+    climbs = (src_node != dst_node) & (src_leaf != dst_leaf) & (nic_of[src_gpu] >= 0) & (nic_of[dst_gpu] >= 0)
+    spine = spines_for(topology, np.where(climbs, src_nic, 0), np.where(climbs, dst_nic, 0))
+    base = topology.num_nodes * topology.node.num_links + 2 * f.num_nics
+    up = np.where(climbs, base + 2 * (src_leaf * f.num_spines + spine), -1)
+    down = np.where(climbs, base + 2 * (dst_leaf * f.num_spines + spine) + 1, -1)
+    return up, down
