@@ -68,29 +68,48 @@ def tree_phase_time_s(group: Group, parents: list[list[int]], size: float, piece
                 key = (levels[t][c], link)
                 first[key] = first.get(key, 0) + 1
 
+    capacity = {link: topo.link(link).effective_bandwidth_Bps for link in steady}
+
     def hop_time(route, count) -> float:
-        share = max((count(lk) / topo.link(lk).effective_bandwidth_Bps for lk in route.links), default=0.0)
+        share = max((count(lk) / capacity[lk] for lk in route.links), default=0.0)
         return route.latency_s + per_transfer_latency_s + size * share / rate_factor
 
     worst = 0.0
     for t, parent in enumerate(parents):
         kids = children_of(parent)
         height = subtree_heights(parent)
+        # per peer: its hop's first-piece time (plus the siblings reducing into the parent ahead of it,
+        # one at a time) and its steady (pipeline-full) time
+        first_hop: dict[int, float] = {}
+        steady_hop: dict[int, float] = {}
+        for peer, p in enumerate(parent):
+            if p == -1:
+                continue
+            route, level = routes[(t, peer)], levels[t][peer]
+            hop = hop_time(route, lambda lk, level=level: first[(level, lk)])
+            if up:
+                twins = sum(height[s] == height[peer] and s < peer for s in kids[p])
+                hop += twins * (route.latency_s + per_transfer_latency_s)
+            first_hop[peer] = hop
+            steady_hop[peer] = hop_time(route, steady.__getitem__)
         for leaf in range(len(parent)):
             if kids[leaf] or parent[leaf] == -1:
                 continue
-            total = slowest = 0.0
-            peer = leaf
-            while parent[peer] != -1:
-                route, level = routes[(t, peer)], levels[t][peer]
-                total += hop_time(route, lambda lk, level=level: first[(level, lk)])
-                if up:  # siblings as deep as this peer reduce into the parent before it, one at a time
-                    twins = sum(height[s] == height[peer] and s < peer for s in kids[parent[peer]])
-                    total += twins * (route.latency_s + per_transfer_latency_s)
-                slowest = max(slowest, hop_time(route, steady.__getitem__))
-                peer = parent[peer]
+            total, slowest = _path_sums(leaf, parent, first_hop, steady_hop)
             worst = max(worst, total + (pieces - 1) * slowest)
     return worst
+
+
+def _path_sums(leaf: int, parent: list[int], first_hop: dict[int, float],
+               steady_hop: dict[int, float]) -> tuple[float, float]:
+    """Sum of first-piece hop times and the slowest steady hop on the path from ``leaf`` to its root."""
+    total = slowest = 0.0
+    peer = leaf
+    while parent[peer] != -1:
+        total += first_hop[peer]
+        slowest = max(slowest, steady_hop[peer])
+        peer = parent[peer]
+    return total, slowest
 
 
 def tree_time_s(req: Request, proto: ProtocolCost) -> float:
