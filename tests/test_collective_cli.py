@@ -40,11 +40,22 @@ def test_sweep_syntax_and_text_table(cli):
 
 
 def test_multi_node_ring_uses_every_nic():
+    from simdist.collectives.group import Group
+    from simdist.collectives.request import Request
+    from simdist.collectives.ring import ring_fast
+    from simdist.engine.simulate import simulate
+    from simdist.hardware import load_topology
+
     (row,) = api.collective("dgx-h100", "all_reduce", 16, [2**30], algorithm="ring", num_nodes=2)
-    nic_links = [ln for ln in row.busiest_links if ln["kind"] == "infiniband"]
-    # the busiest links are NVLink ports; the NICs all carry the same share (one channel each)
     assert row.busbw_GBps > 300
-    assert not nic_links or len({round(ln["bytes"]) for ln in nic_links}) == 1
+    # one channel per NIC: every NIC uplink of both nodes carries the same share, none is idle
+    topology = load_topology("dgx-h100", num_nodes=2)
+    group = Group.first(topology, 16)
+    run = simulate([(ring_fast(Request("all_reduce", group, 2**30)), group)])[0]
+    uplinks = [link for link in run.link_bytes
+               if topology.link(link).kind == "infiniband" and "/nic" in topology.link(link).src]
+    assert len(uplinks) == 16
+    assert len({round(run.link_bytes[link]) for link in uplinks}) == 1
 
 
 def test_fast_and_detailed_ring_agree():

@@ -24,14 +24,15 @@ is cut into k pipeline pieces so the downlink's multicast of piece q overlaps th
 piece q+1. Every transfer then crosses exactly one port alone: it takes alpha + s / B, s = S / (k P),
 and the collective takes (longest dependency chain) x (alpha + s / B), counted in simdist.analytic.nvls.
 
-NVLS link efficiency: NCCL's tuning model multiplies the NVLink bandwidth by nvlsEfficiency for NVLS
-instead of the ring efficiency that the topology's link efficiency stands for; see NVLS_EFFICIENCY.
+NVLS link efficiency: NCCL's nvlsEfficiency is applied by simdist.collectives.nccl_model.protocol_cost
+as the NVLS protocol's rate factor, on top of the topology's link efficiency (see NVLS_EFFICIENCY).
 """
 
 from __future__ import annotations
 
 import math
 
+from simdist.collectives.nccl_model import bandwidth_caps
 from simdist.collectives.plan import SWITCH, Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
@@ -40,18 +41,16 @@ from simdist.hardware.topology import Topology
 
 NVLS_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
 
-NVLS_EFFICIENCY: dict[int, float] = {4: 0.85, 5: 0.74}
-"""NCCL's nvlsEfficiency by NVLink generation (4 = Hopper, 5 = Blackwell): achieved / nominal NVLink
-bandwidth of NVLS traffic (NVIDIA/nccl src/graph/tuning.cc, nvlsEfficiency[]; ../shared/reference/
-nccl_tuning_bandwidth_caps.csv). Not applied by the plans: the topology's NVLink efficiency is the
-ring's (0.82 on dgx-h100), and the plan's rate_factor belongs to the protocol (the caller replaces it).
-`nvls_rate_factor` gives the ratio a caller may multiply into the protocol's rate_factor (the engine
-puts n / rate_factor bytes on the wire, so a ratio above 1 speeds transfers up).
-Measured target: NVLS all_reduce busbw ~470-480 GB/s on 8x H100/H200 at >= 1 GiB
-(nccl_collectives_ml_engineering.csv mle_h200_node_all_reduce_bench; NCCL maintainer ~480 GB/s in
-nccl_user_reports_issues.csv, NVIDIA/nccl-tests#212). With the plain 0.82 these plans give ~556 GB/s
-at 8 GiB on 8 H100s, with 0.85 ~576; a rate factor of 0.864 (0.708 of the 450 GB/s line rate)
-reproduces 480 (tests/test_collectives_direct_nvls.py)."""
+NVLS_EFFICIENCY: dict[int, float] = {
+    generation: bandwidth_caps()[("nvlsEfficiency", arch, "factor")]
+    for generation, arch in ((4, "Hopper"), (5, "Blackwell"))
+}
+"""NCCL's nvlsEfficiency by NVLink generation (4 = Hopper 0.85, 5 = Blackwell 0.74), read from the
+tuning data simdist.collectives.nccl_model uses (NVIDIA/nccl src/graph/tuning.cc). The plans do not
+apply it: `nccl_model.protocol_cost` multiplies it into the NVLS protocol's rate factor, on top of the
+topology's link efficiency (H200 8 GPUs: 472.5 GB/s busbw predicted vs 473-480 measured).
+`nvls_rate_factor` is the other reading (nvlsEfficiency *replacing* the link efficiency: ~576 GB/s on
+8 H100s, too fast against the measurements); kept to show why it was not taken."""
 
 NVLS_PIECE_BYTES = 2 * 2**20
 """# Assumption: smallest pipeline piece of one segment (2 MiB): below it the per-transfer latency

@@ -28,6 +28,15 @@ def max_min_rates(
     return max_min_rates_csr(entries, lengths, capacity, caps)
 
 
+def _inputs(entries, lengths, capacity, caps):
+    """Normalised arrays shared by both solvers: entries, lengths, caps (inf: none), remaining link
+    capacity (a copy), and zero rates."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    caps = np.full(len(lengths), np.inf) if caps is None else np.asarray(caps, dtype=float)
+    return (np.asarray(entries, dtype=np.int64), lengths, caps, np.asarray(capacity, dtype=float).copy(),
+            np.zeros(len(lengths)))
+
+
 def max_min_rates_csr(
     entries: np.ndarray,
     lengths: np.ndarray,
@@ -43,15 +52,10 @@ def max_min_rates_csr(
     touches only the links at the level and the links of the flows it freezes (plus a scan of the
     links still offering), so thousands of distinct levels cost thousands of small rounds.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = len(lengths)
-    rates = np.zeros(n)
+    entries, lengths, caps, remaining, rates = _inputs(entries, lengths, capacity, caps)
+    n, num_links = len(lengths), len(remaining)
     if n == 0:
         return rates
-    caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
-    remaining = np.asarray(capacity, dtype=float).copy()
-    num_links = len(remaining)
-    entries = np.asarray(entries, dtype=np.int64)
     indptr = np.concatenate(([0], np.cumsum(lengths)))
     # a flow without links (same GPU) is limited only by its cap
     frozen = lengths == 0
@@ -136,15 +140,10 @@ def max_min_rates_local(
     Same allocation as progressive filling; values may differ in the last bits and, where two bounds
     lie within a relative 1e-12, by that much (progressive filling merges such levels).
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = len(lengths)
-    rates = np.zeros(n)
+    entries, lengths, caps, remaining, rates = _inputs(entries, lengths, capacity, caps)
+    n, num_links = len(lengths), len(remaining)
     if n == 0:
         return rates
-    caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
-    remaining = np.asarray(capacity, dtype=float).copy()
-    num_links = len(remaining)
-    entries = np.asarray(entries, dtype=np.int64)
     linkless = lengths == 0
     rates[linkless] = caps[linkless]
     live = np.flatnonzero(~linkless)
