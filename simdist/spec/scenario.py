@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, create_model, model_validator
 
-from simdist.spec.base import Count, Spec
+from simdist.spec.base import ByteSize, Count, Spec
 from simdist.spec.topology import TopologySpec
 
 
@@ -47,6 +47,12 @@ class ModelSpec(Spec):
     seq_length: Count | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"))
     vocab_size: Count | None = Field(default=None, validation_alias=_alias("vocab_size", "padded_vocab_size"))
     swiglu: bool | None = None
+    kind: Literal["decoder", "mlp"] | None = Field(
+        default=None, description="decoder (GPT/Llama transformer, the default) or mlp (the CS336 lecture's MLP)"
+    )
+    tied_embeddings: bool | None = Field(
+        default=None, validation_alias=_alias("tied_embeddings", "tie_word_embeddings")
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -57,6 +63,13 @@ class ModelSpec(Spec):
             raise ValueError("give one of: preset, hf_config, or num_layers/hidden_size/num_attention_heads")
         if len(sources) > 1 and not (sources == ["preset", "inline"]):
             raise ValueError(f"give only one model source, not {' and '.join(sources)}")
+        if sources == ["inline"]:
+            # A decoder needs its attention heads; an mlp (the lecture's MLP) only its depth and width.
+            needed = ("num_layers", "hidden_size") if self.kind == "mlp" else (
+                "num_layers", "hidden_size", "num_attention_heads")
+            missing = [k for k in needed if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"an inline {self.kind or 'decoder'} model also needs {', '.join(missing)}")
         return self
 
 
@@ -70,6 +83,18 @@ class ParallelSpec(Spec):
     cp: Count = Field(default=1, validation_alias=_alias("cp", "context_parallel_size"))
     sequence_parallel: bool = False
     zero_stage: Literal[0, 1, 2, 3] = 0
+    order: str = Field(default="tp-cp-dp-pp",
+                       description="mesh axes innermost first (Megatron-LM's RankGenerator order); rank r runs on "
+                                   "GPU r, so tp innermost keeps tensor-parallel groups inside a node")
+    pipeline_split: Literal["even", "lighter_ends"] = Field(
+        default="even", description="layers per stage: even, or one fewer on the first and last stage (Llama 3)")
+    layers_per_stage: list[Count] | None = Field(default=None, description="explicit layers per pipeline stage")
+    tp_style: Literal["megatron", "column"] = Field(
+        default="megatron", description="megatron: column+row parallel pairs (all-reduce); column: the CS336 "
+                                        "lecture's column-parallel layers (all-gather forward, reduce-scatter "
+                                        "backward)")
+    scatter_gather: bool = Field(default=True, description="Megatron's pipeline scatter/gather: each tp peer "
+                                                           "sends 1/tp of the activation between stages")
 
     @property
     def world_size(self) -> int:
@@ -83,6 +108,16 @@ class TrainingSpec(Spec):
         default="none", validation_alias=_alias("recompute", "recompute_granularity")
     )
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = "bf16"
+    attention: Literal["flash", "materialized"] = Field(
+        default="flash", description="attention kernel: flash (scores never stored, Dao et al. 2022) or "
+                                     "materialized (the a x s x s scores in memory, as Megatron-LM in 2021-22)")
+    grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
+        default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
+                                        "(the lecture), buckets after the backward, or buckets overlapped with it")
+    grad_bucket_size: ByteSize | None = Field(
+        default=None, description="gradient bucket size; default one bucket per model chunk")
+    dp_batch_split: list[Count] | None = Field(
+        default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
 
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
@@ -101,7 +136,16 @@ class ScenarioSpec(Spec):
     @model_validator(mode="after")
     def _batch_divides(self) -> ScenarioSpec:
         p, t = self.parallel, self.training
-        if t.global_batch_size % (t.micro_batch_size * p.dp):
+        if t.dp_batch_split is not None:
+            if len(t.dp_batch_split) != p.dp or sum(t.dp_batch_split) != t.global_batch_size:
+                raise ValueError(
+                    f"training.dp_batch_split {t.dp_batch_split} must list dp = {p.dp} local batches summing to "
+                    f"global_batch_size = {t.global_batch_size}")
+            bad = [b for b in t.dp_batch_split if b % t.micro_batch_size]
+            if bad:
+                raise ValueError(f"training.dp_batch_split entry {bad[0]} is not a multiple of micro_batch_size "
+                                 f"{t.micro_batch_size}")
+        elif t.global_batch_size % (t.micro_batch_size * p.dp):
             raise ValueError(
                 f"training.global_batch_size ({t.global_batch_size}) must be a multiple of "
                 f"training.micro_batch_size x parallel.dp ({t.micro_batch_size} x {p.dp})"

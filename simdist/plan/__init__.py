@@ -1,0 +1,1 @@
+"""Execution plans: model structure, layer costs, memory, rank mesh and placement, pipeline schedules, op graphs."""

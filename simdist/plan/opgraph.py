@@ -1,0 +1,83 @@
+"""The per-rank op graph: what each simulated rank runs, on which stream, after what.
+
+A graph is a list of ops. Each op runs on one (rank, stream) track; a track executes its ops one at a
+time *in the order they were added* (program order, as a CUDA stream does), and an op starts when its
+track is free and every op in ``deps`` has finished. Compute ops carry their duration; communication
+ops carry a ``Comm`` (what moves, over which global ranks) and get their duration from a pricing step
+above this layer (simdist.predict), so the same graph can be priced in closed form or by the engine.
+
+The engine (simdist.engine.graph) knows durations and dependencies only, nothing about transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+STREAMS = ("compute", "tp", "cp", "pp", "dp")
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """A collective (or a point-to-point send) an op performs."""
+
+    op: str
+    """A simdist.collectives op name: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv, ..."""
+    ranks: tuple[int, ...]
+    """Global ranks of the group, in peer order (for send_recv: (src, dst))."""
+    nbytes: float
+    """The nccl-tests size of the op (the full buffer; see simdist.collectives.ops)."""
+    axis: str
+    """The parallel axis it serves: tp, cp, pp or dp."""
+    count: int = 1
+    """How many times the op runs back to back (e.g. 2 all_reduces per layer x the chunk's layers)."""
+
+
+@dataclass(slots=True)
+class Op:
+    name: str
+    rank: int
+    """The global rank whose track this op is on (a representative of its class in a reduced graph)."""
+    stream: str
+    kind: str
+    """forward | backward | weight_grad | recompute | optimizer | comm (free text for traces)."""
+    duration_s: float = math.nan
+    """Seconds; NaN for a comm op until priced."""
+    deps: list[int] = field(default_factory=list)
+    stage: int = -1
+    microbatch: int = -1
+    chunk: int = -1
+    comm: Comm | None = None
+    model_flops: float = 0.0
+    """FLOPs the model needs (no recompute); hardware FLOPs = model_flops + recompute ops' flops."""
+    hardware_flops: float = 0.0
+
+
+@dataclass(slots=True)
+class OpGraph:
+    ops: list[Op] = field(default_factory=list)
+
+    def add(self, op: Op) -> int:
+        """Append ``op`` (after everything already on its track) and return its id."""
+        self.ops.append(op)
+        return len(self.ops) - 1
+
+    def depend(self, op_id: int, *on: int) -> None:
+        """Make ``op_id`` wait for each op in ``on`` (ids may refer to ops added later)."""
+        deps = self.ops[op_id].deps
+        for d in on:
+            if d not in deps:
+                deps.append(d)
+
+    def tracks(self) -> dict[tuple[int, str], list[int]]:
+        """(rank, stream) -> op ids in program order."""
+        out: dict[tuple[int, str], list[int]] = {}
+        for i, op in enumerate(self.ops):
+            out.setdefault((op.rank, op.stream), []).append(i)
+        return out
+
+    def ranks(self) -> list[int]:
+        return sorted({op.rank for op in self.ops})
+
+    def unpriced(self) -> list[int]:
+        return [i for i, op in enumerate(self.ops) if math.isnan(op.duration_s)]

@@ -1,0 +1,174 @@
+"""The pipeline skeleton of an op graph: a schedule's steps on every stage, wired across stages.
+
+`build_pipeline` asks a `PipelineEmitter` for the ops of each step (so a caller can add tensor-parallel
+communication, recompute, ... inside a step) and for the op that moves an activation or gradient between
+stages, then adds the dependencies a pipeline imposes (Narayanan et al. 2021, arXiv:2104.04473 sec. 2.2):
+F of model part j needs F of part j-1; B of part j needs B of part j+1 (the last part's B needs its own F);
+every B needs its own F; every W needs its B. `pipeline_graph` builds the uniform graph `simdist bubble` runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from simdist.errors import SpecError
+from simdist.plan.opgraph import Comm, Op, OpGraph
+from simdist.plan.schedule import Step, check_schedule, model_part, schedule_order
+
+__all__ = ["PipelineEmitter", "UniformCosts", "UniformEmitter", "build_pipeline", "pipeline_graph"]
+
+StepKey = tuple[int, str, int, int]
+"""(stage, kind, microbatch, chunk)."""
+
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight_grad"}
+
+
+class PipelineEmitter(Protocol):
+    def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
+        """Add the ops of ``step`` on ``stage`` (a chain; first and last op id); deps inside the chain are the
+        emitter's business. Called in program order per stage."""
+        ...
+
+    def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
+        """Add the op that sends the activation (F) or gradient (B) of ``step`` from src to dst stage; None if
+        no op is needed (then the dependency is direct)."""
+        ...
+
+
+def _neighbour(stage: int, step: Step, num_stages: int, num_parts: int) -> tuple[int, int] | None:
+    """(stage, chunk) the output of ``step`` goes to: the next part for F, the previous for B; else None."""
+    part = model_part(stage, step.chunk, num_stages)
+    if step.kind == "F" and part + 1 < num_parts:
+        nxt = part + 1
+    elif step.kind == "B" and part > 0:
+        nxt = part - 1
+    else:
+        return None
+    return nxt % num_stages, nxt // num_stages
+
+
+def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmitter, *, vpp: int = 1
+                   ) -> dict[StepKey, tuple[int, int]]:
+    """Add every stage's steps (program order) and the cross-stage dependencies; return the steps' op ids.
+
+    Pass 1 creates the ops, stage by stage in program order: a step's compute chain, then (for F and B with
+    a neighbour part) its transfer op, which depends on the chain's last op. Pass 2 adds the dependencies
+    that point across stages (they may point forward in op-id order).
+    """
+    k = len(order)
+    num_parts = k * vpp
+    steps: dict[StepKey, tuple[int, int]] = {}
+    sends: dict[StepKey, int] = {}
+    for stage, stage_order in enumerate(order):
+        for step in stage_order:
+            key = (stage, step.kind, step.microbatch, step.chunk)
+            if key in steps:
+                raise SpecError(f"stage {stage} runs {step.label(vpp)} twice", field="schedule",
+                                fix="give each (kind, micro-batch, chunk) once per stage")
+            if not 0 <= step.chunk < vpp:
+                raise SpecError(f"stage {stage} step {step.label(vpp)} names chunk {step.chunk} of {vpp}",
+                                field="parallel.vpp", fix=f"use chunks 0..{vpp - 1}")
+            first, last = emitter.compute(graph, stage, step)
+            steps[key] = (first, last)
+            dst = _neighbour(stage, step, k, num_parts)
+            if dst is not None:
+                op = emitter.transfer(graph, stage, dst[0], step)
+                if op is not None:
+                    graph.depend(op, last)
+                    sends[key] = op
+    for (stage, kind, mb, chunk), (first, _) in steps.items():
+        needs: list[int] = []
+        part = model_part(stage, chunk, k)
+        if kind in ("F", "B"):
+            src = part - 1 if kind == "F" else part + 1
+            if 0 <= src < num_parts:
+                src_key = (src % k, kind, mb, src // k)
+                if src_key not in steps:
+                    raise SpecError(f"stage {stage} runs {kind}{mb} of part {part}, but part {src}'s {kind}{mb} "
+                                    "is never run", field="schedule", fix="run every step on every stage")
+                needs.append(sends.get(src_key, steps[src_key][1]))
+        if kind in ("B", "W"):
+            own = (stage, "F" if kind == "B" else "B", mb, chunk)
+            if own not in steps:
+                raise SpecError(f"stage {stage} runs {kind}{mb} without its {own[1]}{mb}", field="schedule",
+                                fix="run every step on every stage")
+            needs.append(steps[own][1])
+        if needs:
+            graph.depend(first, *needs)
+    return steps
+
+
+@dataclass(frozen=True, slots=True)
+class UniformCosts:
+    """Step times for `simdist bubble`: per stage (len K), for a whole stage's model part; chunk time = /vpp."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    """Input and weight gradients together (zb_h1 splits it by ``weight_grad_share``)."""
+    p2p_s: float = 0.0
+    """Time of one activation or gradient send between stages."""
+    weight_grad_share: float = 0.5
+    """zb_h1: the share of B that is W (Qi et al. 2023 sec. 2.1 measure T_W close to T_B)."""
+
+    @classmethod
+    def uniform(cls, num_stages: int, forward_s: float = 1.0, backward_s: float = 2.0, **kw: float) -> UniformCosts:
+        return cls((forward_s,) * num_stages, (backward_s,) * num_stages, **kw)
+
+    def check(self, num_stages: int) -> None:
+        for name, times in (("forward_s", self.forward_s), ("backward_s", self.backward_s)):
+            if len(times) != num_stages:
+                raise SpecError(f"{len(times)} {name} times for {num_stages} stages", field=f"costs.{name}",
+                                fix=f"give one time per stage ({num_stages})")
+            for t in times:
+                if not (math.isfinite(t) and t > 0):
+                    raise SpecError(f"stage time {t} must be a positive number of seconds", field=f"costs.{name}",
+                                    fix="give times > 0, e.g. 1")
+        if not (math.isfinite(self.p2p_s) and self.p2p_s >= 0):
+            raise SpecError(f"p2p time {self.p2p_s} must be >= 0", field="costs.p2p_s", fix="give 0 or more seconds")
+        if not 0 < self.weight_grad_share < 1:
+            raise SpecError(f"weight-gradient share {self.weight_grad_share} must lie in (0, 1)",
+                            field="costs.weight_grad_share", fix="use 0.5 (W = B/2)")
+
+
+@dataclass(slots=True)
+class UniformEmitter:
+    """One compute op per step on rank = stage; one send op per transfer on the sender's ``pp`` stream."""
+
+    costs: UniformCosts
+    vpp: int = 1
+    split_backward: bool = False
+    """zb_h1: B is the input gradient only (1 - weight_grad_share of the backward time), W the rest."""
+
+    def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
+        c = self.costs
+        if step.kind == "F":
+            time_s = c.forward_s[stage]
+        elif step.kind == "W":
+            time_s = c.backward_s[stage] * c.weight_grad_share
+        else:
+            time_s = c.backward_s[stage] * ((1 - c.weight_grad_share) if self.split_backward else 1.0)
+        op = graph.add(Op(name=f"{step.label(self.vpp)}@s{stage}", rank=stage, stream="compute",
+                          kind=KIND_NAMES[step.kind], duration_s=time_s / self.vpp, stage=stage,
+                          microbatch=step.microbatch, chunk=step.chunk))
+        return op, op
+
+    def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
+        if self.costs.p2p_s == 0:
+            return None
+        return graph.add(Op(name=f"send {step.label(self.vpp)} s{src_stage}->s{dst_stage}", rank=src_stage,
+                            stream="pp", kind="comm", duration_s=self.costs.p2p_s, stage=src_stage,
+                            microbatch=step.microbatch, chunk=step.chunk,
+                            comm=Comm("send_recv", (src_stage, dst_stage), 0.0, "pp")))
+
+
+def pipeline_graph(schedule: str, *, num_stages: int, num_microbatches: int, vpp: int = 1,
+                   costs: UniformCosts) -> OpGraph:
+    """A graph with one rank per stage (rank = stage), streams ``compute`` and ``pp``."""
+    check_schedule(schedule, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
+    costs.check(num_stages)
+    order = schedule_order(schedule, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
+    graph = OpGraph()
+    build_pipeline(graph, order, UniformEmitter(costs, vpp, split_backward=schedule == "zb_h1"), vpp=vpp)
+    return graph

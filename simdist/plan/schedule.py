@@ -1,0 +1,163 @@
+"""Pipeline schedules as data: per stage, the steps (F, B, W of a micro-batch and model chunk) in program order.
+
+``schedule_order`` returns a list (one entry per pipeline stage) of `Step` lists; the op graph built from it
+(simdist.plan.pipeline) decides *when* each step runs, so one order serves every cost model. Schedules:
+
+- ``gpipe`` (Huang et al. 2019, arXiv:1811.06965 sec. 2.2): every forward, then every backward. Backwards run
+  in micro-batch order (0, 1, ...), as Narayanan et al. 2021 (arXiv:2104.04473) fig. 3 draws GPipe; with
+  uniform stages reverse order gives the same makespan.
+- ``1f1b`` (PipeDream-Flush; Narayanan et al. 2021 sec. 2.2.1, Megatron-LM
+  ``forward_backward_pipelining_without_interleaving``): stage s warms up with min(K-s-1, M) forwards, then
+  alternates one forward and one backward, then drains the remaining backwards.
+- ``interleaved_1f1b`` (Narayanan et al. 2021 sec. 2.2.2, Megatron-LM
+  ``forward_backward_pipelining_with_interleaving``): V model chunks per stage, micro-batches in groups of K,
+  warm-up (K-s-1)*2 + (V-1)*K forwards (at most M*V); needs M % K == 0 as Megatron did.
+- ``zb_h1`` (Qi et al. 2023, arXiv:2401.10241 sec. 3.1): B is split into B (input gradient, on the critical
+  path) and W (weight gradient, deferrable); the F/B order is 1F1B's and stage s defers each W by s
+  backwards, so at most K micro-batches are in flight on any stage (1F1B's peak, on stage 0) while the
+  deferred W passes fill the cool-down bubble.
+
+Chunk c of stage s holds model part c*K + s (Megatron's layout), so a micro-batch visits stages 0..K-1 V times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.errors import SpecError
+
+__all__ = ["SCHEDULES", "Step", "bubble_formula", "bubble_formula_text", "model_part", "schedule_order"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+STEP_KINDS = ("F", "B", "W")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    kind: str
+    """"F" forward, "B" backward (input and weight gradients; in zb_h1 the input gradient only), "W" weight grad."""
+    microbatch: int
+    chunk: int = 0
+    """Virtual-pipeline model chunk (interleaved_1f1b); 0 otherwise."""
+
+    def label(self, vpp: int = 1) -> str:
+        """``F3``, or ``F3.1`` (chunk as suffix) when the stage holds several chunks."""
+        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if vpp > 1 else "")
+
+
+def model_part(stage: int, chunk: int, num_stages: int) -> int:
+    """The model part that chunk ``chunk`` of ``stage`` holds (Megatron-LM's interleaved layout)."""
+    return chunk * num_stages + stage
+
+
+def check_schedule(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1) -> None:
+    """Raise a SpecError (with the field and the fix) unless the schedule can run this pipeline."""
+    if name not in SCHEDULES:
+        raise SpecError(f"unknown schedule '{name}'", field="schedule", fix=f"use one of: {', '.join(SCHEDULES)}")
+    if not isinstance(num_stages, int) or num_stages < 1:
+        raise SpecError(f"pipeline stages must be a whole number >= 1, not {num_stages}", field="parallel.pp",
+                        fix="give 1 or more stages")
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise SpecError(f"micro-batches must be a whole number >= 1, not {num_microbatches}",
+                        field="training.global_batch_size",
+                        fix="global_batch_size / (micro_batch_size x dp) must be at least 1")
+    if not isinstance(vpp, int) or vpp < 1:
+        raise SpecError(f"virtual pipeline size must be a whole number >= 1, not {vpp}", field="parallel.vpp",
+                        fix="use vpp 1 (no interleaving) or more")
+    if vpp > 1 and name != "interleaved_1f1b":
+        raise SpecError(f"schedule {name} runs one model chunk per stage, but vpp is {vpp}", field="parallel.vpp",
+                        fix="set vpp to 1, or use schedule interleaved_1f1b")
+    if name == "interleaved_1f1b" and num_microbatches % num_stages:
+        up = -(-num_microbatches // num_stages) * num_stages
+        # Megatron-LM's interleaved schedule asserted this (schedules.py, "number of microbatches ... should
+        # be divisible by pipeline-model-parallel-size when using interleaved schedule").
+        raise SpecError(
+            f"interleaved_1f1b needs the number of micro-batches ({num_microbatches}) to be a multiple of the "
+            f"pipeline stages ({num_stages})", field="training.global_batch_size",
+            fix=f"make global_batch_size / (micro_batch_size x dp) a multiple of pp, e.g. {up} micro-batches")
+
+
+def schedule_order(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1) -> list[list[Step]]:
+    """Per stage, the steps in program order (see the module docstring for each schedule)."""
+    check_schedule(name, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zb_h1": _zb_h1}[name]
+    return [build(s, num_stages, num_microbatches, vpp) for s in range(num_stages)]
+
+
+def _gpipe(stage: int, k: int, m: int, vpp: int) -> list[Step]:
+    return [Step("F", i) for i in range(m)] + [Step("B", i) for i in range(m)]
+
+
+def _one_f_one_b(stage: int, k: int, m: int, vpp: int) -> list[Step]:
+    # Narayanan et al. 2021 sec. 2.2.1; Megatron-LM: num_warmup = min(pp - rank - 1, num_microbatches).
+    warmup = min(k - stage - 1, m)
+    order = [Step("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [Step("F", warmup + i), Step("B", i)]
+    order += [Step("B", i) for i in range(m - warmup, m)]
+    return order
+
+
+def _interleaved(stage: int, k: int, m: int, vpp: int) -> list[Step]:
+    # Megatron-LM forward_backward_pipelining_with_interleaving: the k-th forward of a stage is micro-batch
+    # (k // (K V)) K + k % K of chunk (k mod K V) // K; backwards visit the chunks in reverse.
+    group = k * vpp
+    total = m * vpp
+
+    def step(kind: str, n: int) -> Step:
+        chunk = (n % group) // k
+        return Step(kind, (n // group) * k + n % k, chunk if kind == "F" else vpp - 1 - chunk)
+
+    warmup = min((k - stage - 1) * 2 + (vpp - 1) * k, total)
+    order = [step("F", n) for n in range(warmup)]
+    for n in range(total - warmup):
+        order += [step("F", warmup + n), step("B", n)]
+    order += [step("B", n) for n in range(total - warmup, total)]
+    return order
+
+
+def _zb_h1(stage: int, k: int, m: int, vpp: int) -> list[Step]:
+    # Qi et al. 2023 sec. 3.1 (ZB-H1): 1F1B's F/B order; W(i) runs right after B(i + s) on stage s (the
+    # "adjusted starting points of W"), and the deferred W's end the stage. In flight (F done, W not):
+    # 1F1B's K - s plus s deferred = K at most, 1F1B's peak.
+    order: list[Step] = []
+    next_w = 0
+    for st in _one_f_one_b(stage, k, m, vpp):
+        order.append(st)
+        if st.kind == "B" and st.microbatch >= stage:
+            order.append(Step("W", next_w))
+            next_w += 1
+    order += [Step("W", i) for i in range(next_w, m)]
+    return order
+
+
+def bubble_formula(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1, forward_s: float = 1.0,
+                   backward_s: float = 2.0, weight_grad_share: float = 0.5) -> float:
+    """The closed-form bubble fraction (idle / total stage-time) for uniform stages and free p2p.
+
+    gpipe, 1f1b: (K-1)/(M+K-1) (Narayanan et al. 2021 sec. 2.2.1: bubble (K-1)(tf+tb) over an ideal M(tf+tb)).
+    interleaved_1f1b: (K-1)/(V M+K-1) (sec. 2.2.2: the bubble shrinks by V).
+    zb_h1 (Qi et al. 2023 sec. 3.1, for M >= K): bubble time (K-1)(T_F + T_B - T_W) per stage, with T_B the
+    input-gradient and T_W the weight-gradient time, so the fraction is
+    (K-1)(T_F+T_B-T_W) / (M(T_F+T_B+T_W) + (K-1)(T_F+T_B-T_W)). For M < K (not in the paper) the critical path
+    of our order is M+K-1 (F, B) pairs then one W, i.e. makespan (M+K-1)(T_F+T_B) + max(M-K+1, 1) T_W covers
+    both cases. The paper draws T_F = T_B = T_W; the fixed order matches this exactly (simulated, tests) when
+    T_W = T_B <= T_F, e.g. W = B/2 with tb = 2 tf: (K-1)/(3M+K-1). Otherwise the simulation shows more bubble.
+    """
+    k, m, v = num_stages, num_microbatches, vpp
+    if name == "interleaved_1f1b":
+        return (k - 1) / (v * m + k - 1)
+    if name == "zb_h1":
+        t_w = backward_s * weight_grad_share
+        t_b = backward_s - t_w
+        makespan_s = (m + k - 1) * (forward_s + t_b) + max(m - k + 1, 1) * t_w
+        return max(1.0 - m * (forward_s + backward_s) / makespan_s, 0.0)
+    return (k - 1) / (m + k - 1)
+
+
+def bubble_formula_text(name: str) -> str:
+    """The formula ``bubble_formula`` evaluates, as text for tables."""
+    return {
+        "interleaved_1f1b": "(K-1)/(V*M+K-1)",
+        "zb_h1": "(K-1)(F+Bi-W)/(M(F+B)+(K-1)(F+Bi-W)), M>=K",
+    }.get(name, "(K-1)/(M+K-1)")

@@ -1,0 +1,517 @@
+"""One training step as an op graph: the pipeline schedule of every simulated rank, with the tensor-,
+context- and data-parallel communication each step needs, and the optimizer.
+
+The graph holds one *representative* rank per pipeline stage and simulated data-parallel replica (tp and
+cp coordinate 0): the tensor- and context-parallel peers of a rank run the same ops at the same times, and
+so do the data-parallel replicas of a homogeneous layout. Every communication op still names its whole
+group (its ``Comm.ranks``), so pricing sees the real placement. Replicas are simulated one by one where
+they differ (``StepConfig.dp_batch_split``: unequal local batches, the lecture's straggler example).
+
+What each step emits (per representative rank, in program order):
+- F (forward of micro-batch m on model chunk c): [ZeRO-3 all_gather of the chunk's parameters on the dp
+  stream] -> compute -> the forward's exposed TP/CP collectives (Megatron-LM runs them on the compute
+  stream between the GEMMs, Shoeybi et al. 2019 sec 3; counted back to back here).
+- B: [ZeRO-3 all_gather] -> recompute (the recompute mode's forward work, with its collectives) ->
+  backward compute, with the overlappable collectives (Megatron's asynchronous input-gradient all-reduce,
+  hidden behind the weight-gradient GEMM) on the tp stream concurrently -> the exposed backward collectives
+  -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on the dp stream].
+- W (zb_h1 only): the weight-gradient share of the backward.
+- after a chunk's last backward: its gradient reduction on the dp stream (all_reduce, or reduce_scatter
+  under ZeRO-1 = Megatron's distributed optimizer), per parameter / in buckets / overlapped with the last
+  backward as ``grad_reduce`` says; then the optimizer on the compute stream and, under ZeRO-1/2, the
+  all_gather of the updated parameters.
+- between stages: the activation (F) or its gradient (B) as a send_recv on the sender's pp stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from simdist.errors import LayoutError
+from simdist.hardware.compute import kernels_time_s
+from simdist.plan.layer_cost import Kernel, Work, bytes_per_element, embedding_work, head_work, layer_work
+from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
+from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
+from simdist.plan.mesh import Mesh
+from simdist.plan.model import Model
+from simdist.plan.opgraph import Comm, Op, OpGraph
+from simdist.plan.pipeline import build_pipeline
+from simdist.plan.schedule import Step, schedule_order
+from simdist.spec.gpu import GpuSpec
+
+GRAD_REDUCE = ("per_parameter", "bucketed", "overlapped")
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    model: Model
+    gpu: GpuSpec
+    mesh: Mesh
+    schedule: str
+    micro_batch_size: int
+    global_batch_size: int
+    layers_per_stage: tuple[int, ...]
+    vpp: int = 1
+    recompute: str = "none"
+    precision: str = "bf16"
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    tp_style: str = "megatron"
+    attention: str = "flash"
+    grad_reduce: str = "bucketed"
+    grad_bucket_bytes: float | None = None
+    """None: one bucket per model chunk (Megatron-LM's contiguous gradient buffer, reduced at once)."""
+    scatter_gather: bool = True
+    """Megatron's pipeline scatter/gather (Narayanan et al. 2021 sec 4.1): each tp peer sends 1/tp."""
+    dp_batch_split: tuple[int, ...] | None = None
+    """Local batch of each data-parallel rank (sums to the global batch); None: equal shares."""
+    capacity_bytes: float = math.inf
+
+    @property
+    def num_stages(self) -> int:
+        return self.mesh.pp
+
+    def microbatches(self, dp_index: int) -> int:
+        if self.dp_batch_split is None:
+            return self.global_batch_size // (self.micro_batch_size * self.mesh.dp)
+        return self.dp_batch_split[dp_index] // self.micro_batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCost:
+    """Durations and collectives of one model chunk (the layers one stage runs for one model part)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    forward_comm: tuple[tuple[str, float, str, int], ...]
+    """(op, nbytes, axis, count) run back to back after the forward compute."""
+    recompute_comm: tuple[tuple[str, float, str, int], ...]
+    backward_overlapped_comm: tuple[tuple[str, float, str, int], ...]
+    backward_comm: tuple[tuple[str, float, str, int], ...]
+    model_flops_forward: float
+    model_flops_backward: float
+    recompute_flops: float
+    num_params: float
+    """Parameters this chunk holds on one GPU (its tp shard)."""
+    num_tensors: int
+    """Parameter tensors (weights and biases), for per-parameter gradient reduction."""
+
+
+@dataclass(slots=True)
+class StepPlan:
+    config: StepConfig
+    graph: OpGraph
+    stage_ranks: dict[tuple[int, int], int]
+    """(stage, dp index) -> representative global rank."""
+    memory: list[MemoryBreakdown]
+    """Per stage."""
+    chunk_costs: dict[tuple[int, int], ChunkCost] = field(default_factory=dict)
+    """(stage, chunk) -> cost."""
+
+    @property
+    def representative_ranks(self) -> list[int]:
+        return sorted(set(self.stage_ranks.values()))
+
+
+# ----------------------------------------------------------------------------- layer split
+def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = "even", vpp: int = 1
+                 ) -> tuple[int, ...]:
+    """Layers per pipeline stage.
+
+    even: num_layers / num_stages (must divide). lighter_ends: as even as possible with the first and the
+    last stage one layer lighter where the count does not divide, as Llama 3 405B ran 126 layers on 16 stages
+    (Dubey et al. 2024, arXiv:2407.21783 sec 3.3.2: "we reduce one Transformer layer each from the first and
+    the last stages"): 7 + 14 x 8 + 7. An explicit list is taken as given.
+    """
+    if isinstance(how, tuple | list):
+        split = tuple(int(x) for x in how)
+        if len(split) != num_stages or sum(split) != num_layers or min(split) < 1:
+            raise LayoutError(
+                f"layers_per_stage {list(split)} must list {num_stages} positive counts summing to {num_layers}",
+                field="parallel.layers_per_stage", fix=f"give {num_stages} counts that add up to {num_layers}")
+    elif how == "even":
+        if num_layers % num_stages:
+            raise LayoutError(
+                f"{num_layers} layers do not split evenly over pp = {num_stages} stages",
+                field="parallel.pp",
+                fix="choose pp dividing the layer count, or set parallel.pipeline_split: lighter_ends, "
+                    "or list parallel.layers_per_stage")
+        split = (num_layers // num_stages,) * num_stages
+    elif how == "lighter_ends":
+        per = -(-num_layers // num_stages)
+        missing = per * num_stages - num_layers
+        if num_stages == 1 or missing > 2 or per - 1 < 1:
+            raise LayoutError(
+                f"{num_layers} layers on {num_stages} stages cannot be split with only the first and last "
+                "stage lighter", field="parallel.pipeline_split", fix="list parallel.layers_per_stage")
+        split_list = [per] * num_stages
+        if missing >= 1:
+            split_list[0] -= 1
+        if missing == 2:
+            split_list[-1] -= 1
+        split = tuple(split_list)
+    else:
+        raise LayoutError(f"unknown pipeline_split '{how}'", field="parallel.pipeline_split",
+                          fix="use even or lighter_ends, or list parallel.layers_per_stage")
+    if vpp > 1:
+        bad = [n for n in split if n < vpp]
+        if bad:
+            raise LayoutError(
+                f"a stage of {bad[0]} layers cannot hold vpp = {vpp} model chunks",
+                field="parallel.vpp", fix=f"choose vpp of at most {min(split)}")
+    return split
+
+
+def chunk_layers(num_layers: int, vpp: int) -> list[int]:
+    """Layers of each of a stage's vpp model chunks: equal, or the first chunks one layer heavier.
+
+    # Assumption: a stage whose layers do not divide by vpp (e.g. Llama 3's 7-layer end stages) splits them as
+    # evenly as possible, the earlier chunks taking the extra layer (Megatron-core allows uneven virtual
+    # stages through its pipeline-layout option).
+    """
+    base, extra = divmod(num_layers, vpp)
+    return [base + (1 if c < extra else 0) for c in range(vpp)]
+
+
+# ----------------------------------------------------------------------------- costs
+def _comm_groups(work_comm: tuple, phase: str, overlappable: bool, times: int) -> tuple:
+    agg: dict[tuple[str, float, str], int] = {}
+    for c in work_comm:
+        if c.phase == phase and c.overlappable == overlappable:
+            key = (c.op, float(c.nbytes), c.axis)
+            agg[key] = agg.get(key, 0) + times
+    return tuple((op, nbytes, axis, n) for (op, nbytes, axis), n in agg.items())
+
+
+def _tensors_per_layer(model: Model) -> int:
+    if model.kind == "mlp":
+        return 2  # weight and bias
+    # Llama: q/k/v (fused qkv counts 1), proj, gate+up, down, 2 norms; GPT: + biases of each linear and norm.
+    return 6 if model.swiglu else 12
+
+
+def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
+    """Cost of ``num_layers`` layers (+ embedding on the first model part, + head on the last) per micro-batch."""
+    m = cfg.model
+    kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
+              micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
+    parts: list[tuple[Work, int]] = [(layer_work(m, recompute=cfg.recompute, tp_style=cfg.tp_style,
+                                                attention=cfg.attention, **kw), num_layers)]
+    if first_part and m.kind == "decoder":
+        parts.append((embedding_work(m, **kw), 1))
+    if last_part:
+        parts.append((head_work(m, **kw), 1))
+
+    def total(kernels_of) -> float:
+        return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision) * n for w, n in parts)
+
+    def comm(phase: str, overlappable: bool) -> tuple:
+        out: dict[tuple[str, float, str], int] = {}
+        for w, n in parts:
+            for op, nbytes, axis, k in _comm_groups(w.comm, phase, overlappable, n):
+                out[(op, nbytes, axis)] = out.get((op, nbytes, axis), 0) + k
+        return tuple((op, nb, ax, k) for (op, nb, ax), k in out.items())
+
+    fwd_model = sum(sum(k.flops for k in w.forward) * n for w, n in parts)
+    bwd_model = sum(sum(k.flops for k in w.backward) * n for w, n in parts)
+    rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
+    # Parameters this chunk holds on one GPU: its layers' share of tp, the embedding on the first part and
+    # the output projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding).
+    params = m.params_per_layer * num_layers / cfg.mesh.tp
+    if m.kind == "decoder":
+        emb = m.vocab_size * m.hidden_size / cfg.mesh.tp
+        params += emb * (1 if first_part else 0) + emb * (1 if last_part and not m.tied_embeddings else 0)
+    return ChunkCost(
+        forward_s=total(lambda w: w.forward),
+        backward_s=total(lambda w: w.backward),
+        recompute_s=total(lambda w: w.recompute),
+        forward_comm=comm("forward", False) + comm("forward", True),
+        recompute_comm=comm("recompute", False) + comm("recompute", True),
+        backward_overlapped_comm=comm("backward", True),
+        backward_comm=comm("backward", False),
+        model_flops_forward=fwd_model,
+        model_flops_backward=bwd_model,
+        recompute_flops=rec,
+        num_params=params,
+        num_tensors=_tensors_per_layer(m) * num_layers
+        + ((1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0) if m.kind == "decoder" else 0),
+    )
+
+
+def grad_bytes_per_element(precision: str) -> int:
+    """Bytes per gradient element the data-parallel reduction moves.
+
+    # Assumption: as Megatron-LM's defaults: bf16 training accumulates and all-reduces gradients in fp32
+    # (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 is forced on for bf16); fp16
+    # training reduces fp16 gradients (Narayanan et al. 2021); fp32/tf32 reduce fp32; fp8 as bf16.
+    """
+    return {"bf16": 4, "fp8": 4, "fp16": 2, "fp32": 4, "tf32": 4}[precision]
+
+
+# ----------------------------------------------------------------------------- graph
+class _Emitter:
+    """Adds each schedule step's ops for one data-parallel replica (simdist.plan.pipeline.PipelineEmitter)."""
+
+    def __init__(self, cfg: StepConfig, dp_index: int, costs: dict[tuple[int, int], ChunkCost],
+                 ranks: dict[int, int], num_microbatches: int) -> None:
+        self.cfg, self.dp_index, self.costs, self.ranks = cfg, dp_index, costs, ranks
+        self.num_microbatches = num_microbatches
+        self.last: dict[int, int] = {}          # stage -> last op of the previous step's chain
+        self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> last backward/W op
+        self.dp_ops: dict[int, list[int]] = {}   # stage -> its gradient-reduction ops
+        self.ready: dict[int, tuple[int, ...]] = {}  # dp op -> the ops it waits for on this replica
+
+    # -- helpers
+    def _group(self, axis: str, stage: int) -> tuple[int, ...]:
+        return self.cfg.mesh.group(axis, self.ranks[stage])
+
+    def _op(self, graph: OpGraph, stage: int, stream: str, kind: str, name: str, step: Step | None,
+            duration_s: float = math.nan, deps: tuple[int, ...] = (), comm: Comm | None = None,
+            model_flops: float = 0.0, hardware_flops: float = 0.0) -> int:
+        return graph.add(Op(
+            name=name, rank=self.ranks[stage], stream=stream, kind=kind, duration_s=duration_s, deps=list(deps),
+            stage=stage, microbatch=step.microbatch if step else -1, chunk=step.chunk if step else -1,
+            comm=comm, model_flops=model_flops, hardware_flops=hardware_flops))
+
+    def _comm_chain(self, graph: OpGraph, stage: int, step: Step, items: tuple, after: tuple[int, ...],
+                    label: str) -> list[int]:
+        ids: list[int] = []
+        deps = after
+        for op, nbytes, axis, count in items:
+            group = self._group(axis, stage)
+            if len(group) < 2:
+                continue
+            i = self._op(graph, stage, axis, "comm", f"{label} {op} x{count}", step, deps=deps,
+                         comm=Comm(op, group, nbytes, axis, count))
+            ids.append(i)
+            deps = (i,)
+        return ids
+
+    def _dp_comm(self, graph: OpGraph, stage: int, step: Step | None, op: str, nbytes: float, count: int,
+                 deps: tuple[int, ...], label: str) -> int | None:
+        group = self._group("dp", stage)
+        if len(group) < 2 or nbytes <= 0:
+            return None
+        i = self._op(graph, stage, "dp", "comm", label, step, deps=deps,
+                     comm=Comm(op, group, nbytes, "dp", count))
+        self.ready[i] = deps
+        return i
+
+    # -- PipelineEmitter
+    def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
+        cfg = self.cfg
+        cost = self.costs[(stage, step.chunk)]
+        prev = (self.last[stage],) if stage in self.last else ()
+        tag = f"{step.kind}{step.microbatch}" + (f".{step.chunk}" if cfg.vpp > 1 else "")
+        pbytes = cost.num_params * bytes_per_element(cfg.precision)
+        first: int | None = None
+        if cfg.zero_stage == 3 and step.kind in ("F", "B"):
+            # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3);
+            # the dp stream runs ahead, so the gather of the next step prefetches behind this compute.
+            # nccl-tests size of an all_gather: the gathered output, the chunk's full (tp-sharded) parameters.
+            ag = self._dp_comm(graph, stage, step, "all_gather", pbytes, 1, (),
+                               f"{tag} params all_gather")
+            if ag is not None:
+                prev = (*prev, ag)
+                first = ag
+        if step.kind == "F":
+            c = self._op(graph, stage, "compute", "forward", tag, step, cost.forward_s, prev,
+                         model_flops=cost.model_flops_forward, hardware_flops=cost.model_flops_forward)
+            chain = [c, *self._comm_chain(graph, stage, step, cost.forward_comm, (c,), tag)]
+        else:
+            chain = []
+            deps = prev
+            if cost.recompute_s > 0 and step.kind == "B":
+                r = self._op(graph, stage, "compute", "recompute", f"{tag} recompute", step, cost.recompute_s, deps,
+                             hardware_flops=cost.recompute_flops)
+                chain += [r, *self._comm_chain(graph, stage, step, cost.recompute_comm, (r,), f"{tag} recompute")]
+                deps = (chain[-1],)
+            split = cfg.schedule == "zb_h1"
+            share = 0.5  # Assumption: input and weight gradients cost half the backward each (2 of the 4 GEMM passes).
+            if step.kind == "W":
+                b_s, flops = cost.backward_s * share, cost.model_flops_backward * share
+            elif split:
+                b_s, flops = cost.backward_s * (1 - share), cost.model_flops_backward * (1 - share)
+            else:
+                b_s, flops = cost.backward_s, cost.model_flops_backward
+            kind = "weight_grad" if step.kind == "W" else "backward"
+            overlapped: list[int] = []
+            if step.kind == "B":
+                comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
+                if not split:
+                    overlapped = self._comm_chain(graph, stage, step, cost.backward_overlapped_comm, deps,
+                                                  f"{tag} overlapped")
+            pieces = self._grad_pieces(stage, step)
+            last_compute: int | None = None
+            for k in range(pieces):
+                last_compute = self._op(graph, stage, "compute", kind, tag if pieces == 1 else f"{tag}/{k}", step,
+                                        b_s / pieces, deps if last_compute is None else (last_compute,),
+                                        model_flops=flops / pieces, hardware_flops=flops / pieces)
+                chain.append(last_compute)
+                if pieces > 1:
+                    self._reduce_bucket(graph, stage, step, k, pieces, (last_compute,))
+            assert last_compute is not None
+            chain += overlapped
+            if step.kind == "B":
+                exposed = self._comm_chain(graph, stage, step, comm_items, (last_compute, *overlapped[-1:]), tag)
+                if overlapped and not exposed:
+                    # The step ends when both its compute and its overlapped collectives are done (Megatron
+                    # waits on the asynchronous handle before leaving the layer's backward).
+                    exposed = [self._op(graph, stage, "compute", "wait", f"{tag} wait", step, 0.0,
+                                        (last_compute, overlapped[-1]))]
+                chain += exposed
+            if cfg.zero_stage >= 2 and (step.kind == "W" or not split):
+                # ZeRO-2/3 reduce-scatter each micro-batch's gradients (Rajbhandari et al. 2020 sec 5.2).
+                # nccl-tests size of a reduce_scatter: the full input, every gradient of the chunk.
+                gb = cost.num_params * grad_bytes_per_element(cfg.precision)
+                rs = self._dp_comm(graph, stage, step, "reduce_scatter", gb, 1, (last_compute,),
+                                   f"{tag} grads reduce_scatter")
+                if rs is not None:
+                    self.dp_ops.setdefault(stage, []).append(rs)
+            if step.kind == "W" or not split:
+                self.last_backward[(stage, step.chunk)] = chain[-1]
+        if first is not None:
+            chain.insert(0, first)
+        self.last[stage] = chain[-1]
+        return chain[0], chain[-1]
+
+    def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
+        cfg, m = self.cfg, self.cfg.model
+        if src_stage == dst_stage:
+            return None
+        # One micro-batch's activation (or its gradient): b x s x h elements (Narayanan et al. 2021 sec 3.2:
+        # "bsh" per micro-batch between stages), 1/tp of it per peer with scatter/gather or sequence parallelism.
+        nbytes = cfg.micro_batch_size * m.seq_length / cfg.mesh.cp * m.hidden_size * bytes_per_element(cfg.precision)
+        if cfg.scatter_gather or cfg.sequence_parallel:
+            nbytes /= cfg.mesh.tp
+        src, dst = self.ranks[src_stage], self.ranks[dst_stage]
+        tag = f"{step.kind}{step.microbatch}" + (f".{step.chunk}" if cfg.vpp > 1 else "")
+        return self._op(graph, src_stage, "pp", "comm", f"{tag} send to stage {dst_stage}", step,
+                        comm=Comm("send_recv", (src, dst), nbytes, "pp", 1))
+
+    # -- gradient reduction
+    def _grad_pieces(self, stage: int, step: Step) -> int:
+        cfg = self.cfg
+        last = step.microbatch == self.num_microbatches - 1 and (step.kind == "W" or cfg.schedule != "zb_h1")
+        if cfg.grad_reduce != "overlapped" or not last or cfg.zero_stage >= 2 or step.kind == "F":
+            return 1
+        return self._num_buckets(stage, step.chunk)
+
+    def _grad_bytes(self, stage: int, chunk: int) -> float:
+        return self.costs[(stage, chunk)].num_params * grad_bytes_per_element(self.cfg.precision)
+
+    def _num_buckets(self, stage: int, chunk: int) -> int:
+        b = self.cfg.grad_bucket_bytes
+        return 1 if b is None else max(1, math.ceil(self._grad_bytes(stage, chunk) / b))
+
+    def _reduce_bucket(self, graph: OpGraph, stage: int, step: Step, k: int, pieces: int,
+                       deps: tuple[int, ...]) -> None:
+        op = "reduce_scatter" if self.cfg.zero_stage == 1 else "all_reduce"
+        nbytes = self._grad_bytes(stage, step.chunk) / pieces
+        i = self._dp_comm(graph, stage, step, op, nbytes, 1,
+                          deps, f"grads bucket {k} {op}")
+        if i is not None:
+            self.dp_ops.setdefault(stage, []).append(i)
+
+    def _reduce_chunk(self, graph: OpGraph, stage: int, step: Step, deps: tuple[int, ...]) -> None:
+        cfg = self.cfg
+        if cfg.zero_stage >= 2:
+            return
+        total = self._grad_bytes(stage, step.chunk)
+        op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
+        # all_reduce and reduce_scatter both take the whole gradient buffer as their nccl-tests size (for a
+        # reduce_scatter, the full input each rank contributes; each keeps 1/dp of the reduced result).
+        if cfg.grad_reduce == "per_parameter":
+            # The lecture's data parallelism: one all_reduce per parameter tensor after the backward.
+            n = self.costs[(stage, step.chunk)].num_tensors
+            i = self._dp_comm(graph, stage, step, op, total / n, n, deps, f"grads {op} per parameter x{n}")
+        else:
+            n = self._num_buckets(stage, step.chunk)
+            i = self._dp_comm(graph, stage, step, op, total / n, n, deps, f"grads {op} x{n}")
+        if i is not None:
+            self.dp_ops.setdefault(stage, []).append(i)
+
+    def reduce_grads(self, graph: OpGraph, stage: int) -> None:
+        """Gradient reduction after the backward (per parameter or in buckets), unless overlapped.
+
+        As Megatron-LM without --overlap-grad-reduce (and the lecture's data parallelism): the reduction
+        starts once the stage's whole backward is done (Korthikanti et al. 2022 sec 6.3 ran 530B this way).
+        """
+        if self.cfg.grad_reduce == "overlapped" or self.cfg.zero_stage >= 2:
+            return
+        done = tuple(v for (s, _), v in self.last_backward.items() if s == stage)
+        for c in range(self.cfg.vpp):
+            self._reduce_chunk(graph, stage, Step("B", self.num_microbatches - 1, c), done)
+
+    def finish(self, graph: OpGraph, stage: int, replica_dp_ops: list[int]) -> None:
+        """The optimizer after every gradient reduction of the stage (and of the other simulated replicas)."""
+        cfg = self.cfg
+        params = sum(c.num_params for (s, _), c in self.costs.items() if s == stage)
+        shard = params / cfg.mesh.dp if cfg.zero_stage >= 1 else params
+        t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision)
+        deps = tuple(replica_dp_ops) + tuple(v for (s, _), v in self.last_backward.items() if s == stage)
+        opt = self._op(graph, stage, "compute", "optimizer", "optimizer", None, t, deps)
+        if cfg.zero_stage in (1, 2):
+            # Gather the updated parameter shards (Megatron distributed optimizer / ZeRO-1,2).
+            self._dp_comm(graph, stage, None, "all_gather", params * bytes_per_element(cfg.precision), 1, (opt,),
+                          "params all_gather")
+
+
+def build_step(cfg: StepConfig, *, dp_indices: tuple[int, ...] | None = None) -> StepPlan:
+    """The op graph of one step (see the module docstring)."""
+    mesh, model = cfg.mesh, cfg.model
+    K = mesh.pp
+    if dp_indices is None:
+        dp_indices = tuple(range(mesh.dp)) if cfg.dp_batch_split is not None else (0,)
+    costs: dict[tuple[int, int], ChunkCost] = {}
+    num_parts = K * cfg.vpp
+    for s in range(K):
+        for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], cfg.vpp)):
+            part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
+            costs[(s, c)] = chunk_cost(cfg, n, part == 0, part == num_parts - 1)
+    graph = OpGraph()
+    stage_ranks: dict[tuple[int, int], int] = {}
+    emitters: list[_Emitter] = []
+    for d in dp_indices:
+        ranks = {s: mesh.rank(pp=s, dp=d) for s in range(K)}
+        stage_ranks.update({(s, d): r for s, r in ranks.items()})
+        m = cfg.microbatches(d)
+        order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
+        em = _Emitter(cfg, d, costs, ranks, m)
+        build_pipeline(graph, order, em, vpp=cfg.vpp)
+        emitters.append(em)
+    # The data-parallel reduction is one collective over all replicas: each simulated replica's optimizer
+    # waits for the reductions of every simulated replica (a straggler delays everyone).
+    for s in range(K):
+        for em in emitters:
+            em.reduce_grads(graph, s)
+        all_dp = [i for em in emitters for i in em.dp_ops.get(s, [])]
+        if len(emitters) > 1:
+            # A collective starts when every member reached it: the k-th reduction of each simulated replica
+            # waits for what the k-th reduction of every other replica waits for.
+            by_em = [(em, em.dp_ops.get(s, [])) for em in emitters]
+            for k in range(min(len(ops) for _, ops in by_em)):
+                ready = [d for em, ops in by_em for d in em.ready[ops[k]]]
+                for _, ops in by_em:
+                    graph.depend(ops[k], *ready)
+        for em in emitters:
+            em.finish(graph, s, all_dp)
+    memory = [
+        stage_memory(
+            model, layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
+            tp=mesh.tp, pp=K, dp=mesh.dp, cp=mesh.cp, vpp=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
+            zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
+            precision=cfg.precision,
+            in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K,
+                                                          num_microbatches=max(cfg.microbatches(d) for d in dp_indices),
+                                                          vpp=cfg.vpp, stage=s),
+            capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
+        for s in range(K)
+    ]
+    return StepPlan(cfg, graph, stage_ranks, memory, costs)
+
+
+__all__ = ["GRAD_REDUCE", "ChunkCost", "Kernel", "StepConfig", "StepPlan", "build_step", "chunk_cost",
+           "split_layers"]

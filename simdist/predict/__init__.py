@@ -1,0 +1,1 @@
+"""Composition of a prediction: scenario -> step plan -> priced op graph -> engine -> metrics."""

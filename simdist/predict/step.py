@@ -1,0 +1,142 @@
+"""Predict one training step of a scenario: plan it, price its communication, simulate it, measure it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simdist.engine.graph import GraphTrace, run_graph
+from simdist.errors import LayoutError
+from simdist.hardware.topology import Topology
+from simdist.plan.mesh import Mesh, parse_order
+from simdist.plan.model import Model
+from simdist.plan.model_presets import resolve_model
+from simdist.plan.step import StepConfig, StepPlan, build_step, split_layers
+from simdist.predict.price import PricedComm, price_graph
+from simdist.report.step_metrics import step_metrics
+from simdist.spec.scenario import ScenarioSpec
+
+
+@dataclass(slots=True)
+class StepPrediction:
+    result: dict[str, Any]
+    plan: StepPlan
+    trace: GraphTrace
+    priced: dict[tuple, PricedComm]
+    topology: Topology
+
+
+def check_layout(model: Model, spec: ScenarioSpec, topology: Topology) -> None:
+    """Layout rules Megatron-LM enforces (megatron/training/arguments.py), one clear error each."""
+    p = spec.parallel
+    if model.kind == "decoder":
+        if model.num_attention_heads % p.tp:
+            raise LayoutError(
+                f"{model.num_attention_heads} attention heads do not split over tp = {p.tp}",
+                field="parallel.tp", fix=f"choose tp dividing {model.num_attention_heads}")
+        if model.num_query_groups % p.tp and p.tp % model.num_query_groups:
+            raise LayoutError(
+                f"{model.num_query_groups} key/value heads do not split over tp = {p.tp}",
+                field="parallel.tp", fix=f"choose tp dividing {model.num_query_groups}")
+        if model.seq_length % (2 * p.cp if p.cp > 1 else 1):
+            raise LayoutError(
+                f"sequence length {model.seq_length} does not split into 2 x cp = {2 * p.cp} chunks",
+                field="parallel.cp", fix="choose cp with seq_length divisible by 2 x cp (Megatron's load balancing)")
+    elif p.tp > 1 and model.hidden_size % p.tp:
+        raise LayoutError(f"width {model.hidden_size} does not split over tp = {p.tp}", field="parallel.tp",
+                          fix=f"choose tp dividing {model.hidden_size}")
+    if p.cp > 1 and model.kind == "mlp":
+        raise LayoutError("context parallelism needs a sequence; the mlp model has none", field="parallel.cp",
+                          fix="set parallel.cp: 1")
+
+
+def step_config(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
+    p, t = spec.parallel, spec.training
+    mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
+    how: Any = tuple(p.layers_per_stage) if p.layers_per_stage is not None else p.pipeline_split
+    layers = split_layers(model.num_layers, p.pp, how, p.vpp)
+    return StepConfig(
+        model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
+        global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
+        precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
+        tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
+        scatter_gather=p.scatter_gather,
+        dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
+        capacity_bytes=topology.gpu.hbm_capacity,
+    )
+
+
+def _links(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, step_s: float,
+           ranks: set[int], top: int = 12) -> list[dict[str, Any]]:
+    load: dict[int, float] = {}
+    for op in plan.graph.ops:
+        c = op.comm
+        if c is None or op.rank not in ranks:
+            continue
+        pc = priced[(c.op, c.ranks, c.nbytes, c.axis)]
+        for link, b in pc.link_bytes.items():
+            load[link] = load.get(link, 0.0) + b * c.count
+    rows = []
+    for link_id, b in sorted(load.items(), key=lambda kv: -kv[1])[:top]:
+        link = topology.link(link_id)
+        rows.append({"link": link_id, "kind": link.kind, "src": link.src, "dst": link.dst, "bytes": b,
+                     "utilization": b / (link.effective_bandwidth_Bps * step_s) if step_s > 0 else 0.0})
+    return rows
+
+
+def _collectives(plan: StepPlan, priced: dict[tuple, PricedComm], ranks: set[int]) -> list[dict[str, Any]]:
+    """The collectives of the simulated ranks, one row per (axis, op, size, group size, algorithm)."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for op in plan.graph.ops:
+        c = op.comm
+        if c is None or op.rank not in ranks:
+            continue
+        pc = priced[(c.op, c.ranks, c.nbytes, c.axis)]
+        key = (pc.axis, pc.op, pc.nbytes, pc.num_ranks, pc.algorithm, pc.protocol, round(pc.time_s, 15))
+        row = rows.setdefault(key, {"axis": pc.axis, "op": pc.op, "nbytes": pc.nbytes, "num_ranks": pc.num_ranks,
+                                    "algorithm": pc.algorithm, "protocol": pc.protocol, "time_s": pc.time_s,
+                                    "count": 0})
+        row["count"] += c.count
+    order = {"tp": 0, "cp": 1, "pp": 2, "dp": 3}
+    return sorted(rows.values(), key=lambda r: (order.get(r["axis"], 9), r["op"], -r["nbytes"], r["time_s"]))
+
+
+def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None
+                 ) -> StepPrediction:
+    model = resolve_model(spec.model, base_dir=base_dir)
+    check_layout(model, spec, topology)
+    cfg = step_config(spec, topology, model)
+    plan = build_step(cfg)
+    priced = price_graph(plan.graph, topology)
+    trace = run_graph(plan.graph)
+    first_replica = sorted(r for (s, d), r in plan.stage_ranks.items() if d == min(d for _, d in plan.stage_ranks))
+    tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
+    metrics = step_metrics(plan.graph, trace, ranks=first_replica, tokens_per_step=tokens,
+                           peak_flops=topology.gpu.peak_flops(spec.training.precision))
+    memory = [{"stage": s, "rank": plan.stage_ranks[(s, min(d for _, d in plan.stage_ranks))], **m.as_dict()}
+              for s, m in enumerate(plan.memory)]
+    peak = max(m.total_bytes for m in plan.memory)
+    p = spec.parallel
+    reps = plan.representative_ranks
+    note = (f"simulated {len(reps)} representative rank(s) of {topology.num_gpus}: one per pipeline stage"
+            + (" and data-parallel replica" if len(set(d for _, d in plan.stage_ranks)) > 1 else
+               f"; their {p.tp * p.cp - 1} tensor/context-parallel peers and {p.dp - 1} other data-parallel "
+               "replicas run the same ops at the same times (collectives are priced on the full groups)"))
+    result: dict[str, Any] = {
+        "name": spec.name,
+        "scenario": source,
+        **metrics,
+        "memory_per_gpu_bytes": peak,
+        "fits_in_memory": all(m.fits for m in plan.memory),
+        "memory": memory,
+        "links": _links(plan, priced, topology, trace.makespan_s, set(first_replica)),
+        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp, "num_gpus": topology.num_gpus,
+                   "num_microbatches": cfg.microbatches(0), "schedule": spec.schedule,
+                   "layers_per_stage": list(cfg.layers_per_stage), "order": "-".join(cfg.mesh.order),
+                   "representative_ranks": reps, "note": note},
+        "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
+                  "num_layers": model.num_layers, "hidden_size": model.hidden_size},
+        "collectives": _collectives(plan, priced, set(first_replica)),
+    }
+    return StepPrediction(result, plan, trace, priced, topology)
