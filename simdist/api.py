@@ -149,7 +149,7 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a layout that
     does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
     """
-    from simdist.predict.step import predict_step
+    from simdist.predict.step import link_counters, predict_step
     from simdist.report.step_html import step_report_html
     from simdist.report.step_table import render_text
     from simdist.report.step_trace import chrome_trace
@@ -171,7 +171,8 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
         labels = {r: f"rank {r} (stage {s}, dp {d})" for (s, d), r in prediction.plan.stage_ranks.items()}
         rendered = {
             "report.json": json.dumps(result, indent=2, sort_keys=False) + "\n",
-            "trace.json": json.dumps(chrome_trace(graph, trace, rank_labels=labels)),
+            "trace.json": json.dumps(chrome_trace(graph, trace, rank_labels=labels,
+                                                  link_counters=link_counters(prediction))),
             "report.html": step_report_html(graph, trace, result),
         }
         try:

@@ -85,6 +85,37 @@ def _links(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, 
     return rows
 
 
+def link_counters(prediction: StepPrediction, *, top: int = 8) -> list[dict[str, Any]]:
+    """Utilization over time of the busiest links, for the trace's counter tracks.
+
+    A collective's bytes on a link are spread evenly over its duration (its average rate), and concurrent
+    collectives on the link add up. Only the simulated ranks' collectives are counted.
+    """
+    plan, trace, topology = prediction.plan, prediction.trace, prediction.topology
+    wanted = {row["link"] for row in prediction.result["links"][:top]}
+    events: dict[int, list[tuple[float, float]]] = {link: [] for link in wanted}
+    for i, op in enumerate(plan.graph.ops):
+        c = op.comm
+        duration = trace.end_s[i] - trace.start_s[i]
+        if c is None or duration <= 0:
+            continue
+        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis)]
+        for link, nbytes in pc.link_bytes.items():
+            if link in events:
+                rate = nbytes * c.count / duration
+                events[link] += [(trace.start_s[i], rate), (trace.end_s[i], -rate)]
+    out = []
+    for link in sorted(wanted):
+        cap = topology.link(link).effective_bandwidth_Bps
+        points, level = [(0.0, 0.0)], 0.0
+        for t, delta in sorted(events[link]):
+            level += delta
+            points.append((t, max(level, 0.0) / cap))
+        lk = topology.link(link)
+        out.append({"name": f"{lk.kind} {lk.src} -> {lk.dst}", "points": points})
+    return out
+
+
 def _collectives(plan: StepPlan, priced: dict[tuple, PricedComm], ranks: set[int]) -> list[dict[str, Any]]:
     """The collectives of the simulated ranks, one row per (axis, op, size, group size, algorithm)."""
     rows: dict[tuple, dict[str, Any]] = {}
