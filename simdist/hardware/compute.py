@@ -98,7 +98,8 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
     return max(compute_s, memory_s) + eff.launch_overhead_s
 
 
-def kernels_time_s(gpu: GpuSpec, kernels: Iterable[KernelLike], precision: str) -> float:
-    """Seconds to run ``kernels`` back to back on one stream."""
-    eff = compute_efficiency(gpu)
+def kernels_time_s(gpu: GpuSpec, kernels: Iterable[KernelLike], precision: str,
+                   eff: ComputeEfficiency | None = None) -> float:
+    """Seconds to run ``kernels`` back to back on one stream (``eff``: calibrated constants, else the CSV's)."""
+    eff = eff or compute_efficiency(gpu)
     return sum(kernel_time_s(gpu, k, precision, eff) for k in kernels)

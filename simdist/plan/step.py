@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from simdist.errors import LayoutError
-from simdist.hardware.compute import kernels_time_s
+from simdist.hardware.compute import ComputeEfficiency, kernels_time_s
 from simdist.plan.layer_cost import Kernel, Work, bytes_per_element, embedding_work, head_work, layer_work
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
@@ -67,6 +67,8 @@ class StepConfig:
     dp_batch_split: tuple[int, ...] | None = None
     """Local batch of each data-parallel rank (sums to the global batch); None: equal shares."""
     capacity_bytes: float = math.inf
+    compute_efficiency: ComputeEfficiency | None = None
+    """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
 
     @property
     def num_stages(self) -> int:
@@ -205,7 +207,7 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
         parts.append((head_work(m, **kw), 1))
 
     def total(kernels_of) -> float:
-        return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision) * n for w, n in parts)
+        return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency) * n for w, n in parts)
 
     def comm(phase: str, overlappable: bool) -> tuple:
         out: dict[tuple[str, float, str], int] = {}
@@ -450,7 +452,8 @@ class _Emitter:
         cfg = self.cfg
         params = sum(c.num_params for (s, _), c in self.costs.items() if s == stage)
         shard = params / cfg.mesh.dp if cfg.zero_stage >= 1 else params
-        t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision)
+        t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision,
+                           cfg.compute_efficiency)
         deps = tuple(replica_dp_ops) + tuple(v for (s, _), v in self.last_backward.items() if s == stage)
         opt = self._op(graph, stage, "compute", "optimizer", "optimizer", None, t, deps)
         if cfg.zero_stage in (1, 2):

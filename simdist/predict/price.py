@@ -14,6 +14,7 @@ between nodes). The bytes each priced collective puts on every link come from it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from simdist.analytic.select import priced_request, rank_choices
@@ -53,16 +54,28 @@ def _link_bytes(request: Request, algorithm: str, choice) -> dict[int, float]:
     return out
 
 
-def price_comm(topology: Topology, comm: Comm, *, with_links: bool = True) -> PricedComm:
+Adjust = Callable[[str, int, float, float], float]
+"""(op, num_ranks, nbytes, predicted_s) -> seconds: a calibration's correction of a collective's time."""
+
+
+def price_comm(topology: Topology, comm: Comm, *, with_links: bool = True, adjust: Adjust | None = None
+               ) -> PricedComm:
     request = Request(comm.op, Group(topology, comm.ranks), comm.nbytes)
     choice = rank_choices(request)[0]
     links = _link_bytes(request, choice.algorithm, choice) if with_links else {}
+    time_s = choice.predicted_s
+    if adjust is not None:
+        time_s = adjust(comm.op, len(comm.ranks), comm.nbytes, time_s)
     return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
-                      choice.predicted_s, links)
+                      time_s, links)
 
 
-def price_graph(graph: OpGraph, topology: Topology, *, with_links: bool = True) -> dict[tuple, PricedComm]:
-    """Set the duration of every comm op (count x one run); return the priced collectives by key."""
+def price_graph(graph: OpGraph, topology: Topology, *, with_links: bool = True, adjust: Adjust | None = None
+                ) -> dict[tuple, PricedComm]:
+    """Set the duration of every comm op (count x one run); return the priced collectives by key.
+
+    ``adjust`` (a calibration, see simdist.calibrate) corrects each collective's predicted time.
+    """
     cache: dict[tuple, PricedComm] = {}
     for op in graph.ops:
         c = op.comm
@@ -71,6 +84,6 @@ def price_graph(graph: OpGraph, topology: Topology, *, with_links: bool = True) 
         key = (c.op, c.ranks, c.nbytes, c.axis)
         priced = cache.get(key)
         if priced is None:
-            priced = cache[key] = price_comm(topology, c, with_links=with_links)
+            priced = cache[key] = price_comm(topology, c, with_links=with_links, adjust=adjust)
         op.duration_s = priced.time_s * c.count
     return cache

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.errors import LayoutError
+from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, split_layers
-from simdist.predict.price import PricedComm, price_graph
+from simdist.predict.price import Adjust, PricedComm, price_graph
 from simdist.report.step_metrics import step_metrics
 from simdist.spec.scenario import ScenarioSpec
 
@@ -133,13 +135,17 @@ def _collectives(plan: StepPlan, priced: dict[tuple, PricedComm], ranks: set[int
     return sorted(rows.values(), key=lambda r: (order.get(r["axis"], 9), r["op"], -r["nbytes"], r["time_s"]))
 
 
-def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None
+def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
+                 compute_efficiency: ComputeEfficiency | None = None, adjust: Adjust | None = None
                  ) -> StepPrediction:
+    """Predict one step; ``compute_efficiency`` and ``adjust`` apply a calibration (simdist calibrate)."""
     model = resolve_model(spec.model, base_dir=base_dir)
     check_layout(model, spec, topology)
     cfg = step_config(spec, topology, model)
+    if compute_efficiency is not None:
+        cfg = dataclasses.replace(cfg, compute_efficiency=compute_efficiency)
     plan = build_step(cfg)
-    priced = price_graph(plan.graph, topology)
+    priced = price_graph(plan.graph, topology, adjust=adjust)
     trace = run_graph(plan.graph)
     first_replica = sorted(r for (s, d), r in plan.stage_ranks.items() if d == min(d for _, d in plan.stage_ranks))
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
