@@ -12,12 +12,14 @@ will trigger: SimPy runs out of events and returns, and `ScheduleDeadlock` names
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
 
+from simdist.engine.jobs import JobNetwork
 from simdist.errors import SimdistError
-from simdist.plan.opgraph import OpGraph
+from simdist.plan.opgraph import Job, OpGraph
 
 __all__ = ["GraphTrace", "ScheduleDeadlock", "run_graph"]
 
@@ -40,6 +42,8 @@ def _check(graph: OpGraph) -> None:
     n = len(graph.ops)
     for i, op in enumerate(graph.ops):
         d = op.duration_s
+        if op.job is not None:
+            d = op.job.latency_s + op.job.bandwidth_s
         if not (isinstance(d, int | float) and math.isfinite(d) and d >= 0):
             raise SimdistError(
                 f"op {i} '{op.name}' (rank {op.rank}, stream {op.stream}) has no finite duration ({d})",
@@ -50,8 +54,24 @@ def _check(graph: OpGraph) -> None:
                                    field=f"ops[{i}].deps", fix=f"use op ids 0..{n - 1}")
 
 
-def run_graph(graph: OpGraph) -> GraphTrace:
-    """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0)."""
+@dataclass(slots=True, eq=False)
+class _Instance:
+    """One collective: its member ops (one per rank, same sync id) start together once all are ready."""
+
+    size: int
+    job: Job
+    done: simpy.Event
+    arrived: int = 0
+    start: float = math.nan
+
+
+def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None) -> GraphTrace:
+    """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
+
+    Ops carrying a ``job`` (priced collectives) run on a shared ``JobNetwork`` over links of capacity
+    ``capacity_of(link)`` (bytes/s; required when a job has a demand); ops with the same ``sync`` id form one
+    collective instance that starts when all its member ops are ready.
+    """
     _check(graph)
     ops = graph.ops
     n = len(ops)
@@ -68,6 +88,57 @@ def run_graph(graph: OpGraph) -> GraphTrace:
     tracks = graph.tracks()
     position: dict[tuple[int, str], int] = dict.fromkeys(tracks, 0)
     env = simpy.Environment()
+    net = JobNetwork(env, capacity_of) if any(op.job is not None and op.job.demand for op in ops) else None
+    if net is not None and capacity_of is None:
+        raise ValueError("run_graph: jobs with link demands need capacity_of")
+    # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
+    # it runs as a plain timeout of its uncontended duration, without the network (same time, fewer events).
+    link_track: dict[int, tuple[int, str] | None] = {}
+    for op in ops:
+        if op.job is not None:
+            key = (op.rank, op.stream)
+            for link, _ in op.job.demand:
+                seen = link_track.get(link, key)
+                link_track[link] = key if seen == key and op.sync < 0 else None
+    solo_duration = [math.nan] * n
+    capacity: dict[int, float] = {}
+    for i, op in enumerate(ops):
+        job = op.job
+        if job is None or op.sync >= 0 or any(link_track[link] is None for link, _ in job.demand):
+            continue
+        rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
+        for link, b in job.demand:
+            if b > 0:
+                c = capacity.get(link)
+                if c is None:
+                    c = capacity[link] = capacity_of(link)  # type: ignore[misc]
+                rate = min(rate, c / b)
+        solo_duration[i] = job.latency_s + (1.0 / rate if job.bandwidth_s > 0 else 0.0)
+    instances: dict[int, _Instance] = {}
+    instance_of: list[_Instance | None] = [None] * n
+    for i, op in enumerate(ops):
+        if op.job is None or not math.isnan(solo_duration[i]):
+            continue
+        if op.sync >= 0:
+            inst = instances.get(op.sync)
+            if inst is None:
+                inst = instances[op.sync] = _Instance(0, op.job, env.event())
+            inst.size += 1
+        else:
+            inst = _Instance(1, op.job, env.event())
+        instance_of[i] = inst
+
+    def run_instance(inst: _Instance):
+        inst.start = env.now
+        job = inst.job
+        if job.latency_s > 0:
+            yield env.timeout(job.latency_s)
+        if job.bandwidth_s > 0:
+            if job.demand and net is not None:
+                yield net.transfer(dict(job.demand), job.bandwidth_s)
+            else:
+                yield env.timeout(job.bandwidth_s)
+        inst.done.succeed()
 
     def track(key: tuple[int, str], ids: list[int]):
         timeout = env.timeout
@@ -76,10 +147,18 @@ def run_graph(graph: OpGraph) -> GraphTrace:
             if remaining[i]:
                 ev = waiting[i] = env.event()
                 yield ev
-            start[i] = env.now
-            d = ops[i].duration_s
-            if d > 0:
-                yield timeout(d)
+            inst = instance_of[i]
+            if inst is not None:
+                inst.arrived += 1
+                if inst.arrived == inst.size:
+                    env.process(run_instance(inst))
+                yield inst.done
+                start[i] = inst.start
+            else:
+                start[i] = env.now
+                d = ops[i].duration_s if ops[i].job is None else solo_duration[i]
+                if d > 0:
+                    yield timeout(d)
             end[i] = env.now
             for j in dependents[i]:
                 left = remaining[j] - 1
@@ -102,7 +181,12 @@ def _deadlock(graph: OpGraph, stuck: list[tuple[tuple[int, str], int]], end: lis
     parts = []
     for (rank, stream), i in stuck[:MAX_NAMED_TRACKS]:
         blockers = [d for d in ops[i].deps if math.isnan(end[d])]
-        if blockers:
+        if not blockers and ops[i].sync >= 0:
+            others = [j for j, o in enumerate(ops) if o.sync == ops[i].sync and j != i and math.isnan(end[j])]
+            b = ops[others[0]] if others else ops[i]
+            why = (f"waits for the other members of its collective (op {others[0] if others else i} '{b.name}' on "
+                   f"rank {b.rank} stream {b.stream})")
+        elif blockers:
             b = ops[blockers[0]]
             why = f"waits for op {blockers[0]} '{b.name}' on rank {b.rank} stream {b.stream}"
         else:  # pragma: no cover - a stuck track always waits for an unfinished dependency

@@ -81,3 +81,25 @@ class Mesh:
     def nodes_spanned(self, axis: str, gpus_per_node: int) -> int:
         """How many nodes one group along ``axis`` touches (rank r on node r // gpus_per_node)."""
         return len({r // gpus_per_node for r in self.group(axis, 0)})
+
+    def translates(self, ranks: tuple[int, ...], axes: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Images of a group of ``ranks`` when every member's coordinates along ``axes`` shift by the same
+        offsets (mod the axis sizes): the equivalent groups of a homogeneous layout. The group itself comes
+        first; images with the same set of ranks (a shift along the group's own axis) appear once.
+        """
+        coords = [self.coords(r) for r in ranks]
+        sizes = [self.size(a) for a in axes]
+        out: list[tuple[int, ...]] = []
+        seen: set[frozenset[int]] = set()
+        offsets: list[tuple[int, ...]] = [()]
+        for n in sizes:
+            offsets = [(*o, k) for o in offsets for k in range(n)]
+        for off in offsets:
+            image = tuple(
+                self.rank(**{a: (c[a] + (off[axes.index(a)] if a in axes else 0)) % self.size(a) for a in self.order})
+                for c in coords)
+            key = frozenset(image)
+            if key not in seen:
+                seen.add(key)
+                out.append(image)
+        return out

@@ -33,6 +33,20 @@ class Comm:
     """How many times the op runs back to back (e.g. 2 all_reduces per layer x the chunk's layers)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A priced collective as the engine runs it: a fixed latency, then a fluid transfer.
+
+    Alone, the op takes ``latency_s + bandwidth_s`` (its closed-form time). ``demand`` lists the bytes the op
+    puts on each directed link it loads: when concurrent ops share a link, each progresses at the rate the
+    links' capacities allow (simdist.engine.jobs), so contention stretches the transfer part only.
+    """
+
+    latency_s: float
+    bandwidth_s: float
+    demand: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class Op:
     name: str
@@ -51,6 +65,11 @@ class Op:
     model_flops: float = 0.0
     """FLOPs the model needs (no recompute); hardware FLOPs = model_flops + recompute ops' flops."""
     hardware_flops: float = 0.0
+    job: Job | None = None
+    """Set by pricing: the engine then times the op on the shared links instead of using duration_s."""
+    sync: int = -1
+    """Ops with the same sync id (>= 0) on different ranks are one collective: it starts when every one of
+    them is ready and they all end together."""
 
 
 @dataclass(slots=True)

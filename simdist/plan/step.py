@@ -111,6 +111,8 @@ class StepPlan:
     """Per stage."""
     chunk_costs: dict[tuple[int, int], ChunkCost] = field(default_factory=dict)
     """(stage, chunk) -> cost."""
+    reduced_axes: tuple[str, ...] = ()
+    """Axes whose ranks the graph leaves out (each simulated rank stands for its peers along them)."""
 
     @property
     def representative_ranks(self) -> list[int]:
@@ -263,11 +265,15 @@ class _Emitter:
         self.last: dict[int, int] = {}          # stage -> last op of the previous step's chain
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> last backward/W op
         self.dp_ops: dict[int, list[int]] = {}   # stage -> its gradient-reduction ops
-        self.ready: dict[int, tuple[int, ...]] = {}  # dp op -> the ops it waits for on this replica
+        self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
 
     # -- helpers
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
-        return self.cfg.mesh.group(axis, self.ranks[stage])
+        key = (axis, stage)
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = self.cfg.mesh.group(axis, self.ranks[stage])
+        return g
 
     def _op(self, graph: OpGraph, stage: int, stream: str, kind: str, name: str, step: Step | None,
             duration_s: float = math.nan, deps: tuple[int, ...] = (), comm: Comm | None = None,
@@ -298,7 +304,6 @@ class _Emitter:
             return None
         i = self._op(graph, stage, "dp", "comm", label, step, deps=deps,
                      comm=Comm(op, group, nbytes, "dp", count))
-        self.ready[i] = deps
         return i
 
     # -- PipelineEmitter
@@ -412,7 +417,7 @@ class _Emitter:
                        deps: tuple[int, ...]) -> None:
         op = "reduce_scatter" if self.cfg.zero_stage == 1 else "all_reduce"
         nbytes = self._grad_bytes(stage, step.chunk) / pieces
-        i = self._dp_comm(graph, stage, step, op, nbytes, 1,
+        i = self._dp_comm(graph, stage, Step(step.kind, -1, step.chunk), op, nbytes, 1,
                           deps, f"grads bucket {k} {op}")
         if i is not None:
             self.dp_ops.setdefault(stage, []).append(i)
@@ -445,16 +450,18 @@ class _Emitter:
             return
         done = tuple(v for (s, _), v in self.last_backward.items() if s == stage)
         for c in range(self.cfg.vpp):
-            self._reduce_chunk(graph, stage, Step("B", self.num_microbatches - 1, c), done)
+            # microbatch -1: the reduction belongs to the step, not to a micro-batch (replicas with unequal
+            # batches then still meet in the same collective).
+            self._reduce_chunk(graph, stage, Step("B", -1, c), done)
 
-    def finish(self, graph: OpGraph, stage: int, replica_dp_ops: list[int]) -> None:
-        """The optimizer after every gradient reduction of the stage (and of the other simulated replicas)."""
+    def finish(self, graph: OpGraph, stage: int) -> None:
+        """The optimizer after every gradient reduction of the stage (collectives end together on all members)."""
         cfg = self.cfg
         params = sum(c.num_params for (s, _), c in self.costs.items() if s == stage)
         shard = params / cfg.mesh.dp if cfg.zero_stage >= 1 else params
         t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision,
                            cfg.compute_efficiency)
-        deps = tuple(replica_dp_ops) + tuple(v for (s, _), v in self.last_backward.items() if s == stage)
+        deps = tuple(self.dp_ops.get(stage, [])) + tuple(v for (s, _), v in self.last_backward.items() if s == stage)
         opt = self._op(graph, stage, "compute", "optimizer", "optimizer", None, t, deps)
         if cfg.zero_stage in (1, 2):
             # Gather the updated parameter shards (Megatron distributed optimizer / ZeRO-1,2).
@@ -462,12 +469,22 @@ class _Emitter:
                           "params all_gather")
 
 
-def build_step(cfg: StepConfig, *, dp_indices: tuple[int, ...] | None = None) -> StepPlan:
-    """The op graph of one step (see the module docstring)."""
+def build_step(cfg: StepConfig, *, full: bool = False) -> StepPlan:
+    """The op graph of one step (see the module docstring).
+
+    By default one representative rank per pipeline stage (tp and cp coordinate 0) and per simulated
+    data-parallel replica (only replica 0 unless ``dp_batch_split`` makes them differ); ``full`` simulates
+    every rank (for checking the reduction: simdist.predict accounts for the ranks a reduced graph leaves out).
+    Ops of different simulated ranks that are the same collective share a ``sync`` id.
+    """
     mesh, model = cfg.mesh, cfg.model
     K = mesh.pp
-    if dp_indices is None:
-        dp_indices = tuple(range(mesh.dp)) if cfg.dp_batch_split is not None else (0,)
+    if cfg.dp_batch_split is not None and cfg.zero_stage >= 2 and len(set(cfg.dp_batch_split)) > 1:
+        raise LayoutError(
+            "unequal local batches with ZeRO-2/3: ranks would issue different numbers of per-micro-batch "
+            "collectives", field="training.dp_batch_split", fix="use zero_stage 0 or 1, or equal local batches")
+    dp_indices = tuple(range(mesh.dp)) if (full or cfg.dp_batch_split is not None) else (0,)
+    peers = [(t, c) for t in range(mesh.tp) for c in range(mesh.cp)] if full else [(0, 0)]
     costs: dict[tuple[int, int], ChunkCost] = {}
     num_parts = K * cfg.vpp
     for s in range(K):
@@ -478,29 +495,22 @@ def build_step(cfg: StepConfig, *, dp_indices: tuple[int, ...] | None = None) ->
     stage_ranks: dict[tuple[int, int], int] = {}
     emitters: list[_Emitter] = []
     for d in dp_indices:
-        ranks = {s: mesh.rank(pp=s, dp=d) for s in range(K)}
-        stage_ranks.update({(s, d): r for s, r in ranks.items()})
-        m = cfg.microbatches(d)
-        order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
-        em = _Emitter(cfg, d, costs, ranks, m)
-        build_pipeline(graph, order, em, vpp=cfg.vpp)
-        emitters.append(em)
-    # The data-parallel reduction is one collective over all replicas: each simulated replica's optimizer
-    # waits for the reductions of every simulated replica (a straggler delays everyone).
+        for t, c in peers:
+            ranks = {s: mesh.rank(pp=s, dp=d, tp=t, cp=c) for s in range(K)}
+            if (t, c) == (0, 0):
+                stage_ranks.update({(s, d): r for s, r in ranks.items()})
+            m = cfg.microbatches(d)
+            order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
+            em = _Emitter(cfg, d, costs, ranks, m)
+            build_pipeline(graph, order, em, vpp=cfg.vpp)
+            emitters.append(em)
     for s in range(K):
         for em in emitters:
             em.reduce_grads(graph, s)
-        all_dp = [i for em in emitters for i in em.dp_ops.get(s, [])]
-        if len(emitters) > 1:
-            # A collective starts when every member reached it: the k-th reduction of each simulated replica
-            # waits for what the k-th reduction of every other replica waits for.
-            by_em = [(em, em.dp_ops.get(s, [])) for em in emitters]
-            for k in range(min(len(ops) for _, ops in by_em)):
-                ready = [d for em, ops in by_em for d in em.ready[ops[k]]]
-                for _, ops in by_em:
-                    graph.depend(ops[k], *ready)
         for em in emitters:
-            em.finish(graph, s, all_dp)
+            em.finish(graph, s)
+    _link_instances(graph)
+    simulated = {"tp": full, "cp": full, "dp": len(dp_indices) > 1 or mesh.dp == 1}
     memory = [
         stage_memory(
             model, layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
@@ -508,12 +518,30 @@ def build_step(cfg: StepConfig, *, dp_indices: tuple[int, ...] | None = None) ->
             zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
             precision=cfg.precision,
             in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K,
-                                                          num_microbatches=max(cfg.microbatches(d) for d in dp_indices),
+                                                          num_microbatches=max(cfg.microbatches(d)
+                                                                               for d in dp_indices),
                                                           vpp=cfg.vpp, stage=s),
             capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
         for s in range(K)
     ]
-    return StepPlan(cfg, graph, stage_ranks, memory, costs)
+    reduced = tuple(a for a in ("tp", "cp", "dp") if not simulated[a] and mesh.size(a) > 1)
+    return StepPlan(cfg, graph, stage_ranks, memory, costs, reduced_axes=reduced)
+
+
+def _link_instances(graph: OpGraph) -> None:
+    """Give the member ops of one collective (same group, op, size, step) on different ranks one sync id."""
+    by_key: dict[tuple, list[int]] = {}
+    for i, op in enumerate(graph.ops):
+        c = op.comm
+        if c is not None and c.op != "send_recv":
+            by_key.setdefault((c.op, c.ranks, c.nbytes, c.count, op.name, op.microbatch, op.chunk, op.stage),
+                              []).append(i)
+    next_id = 0
+    for members in by_key.values():
+        if len({graph.ops[i].rank for i in members}) > 1:
+            for i in members:
+                graph.ops[i].sync = next_id
+            next_id += 1
 
 
 __all__ = ["GRAD_REDUCE", "ChunkCost", "Kernel", "StepConfig", "StepPlan", "build_step", "chunk_cost",

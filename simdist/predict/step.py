@@ -15,7 +15,7 @@ from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, split_layers
-from simdist.predict.price import Adjust, PricedComm, price_graph
+from simdist.predict.price import Adjust, PricedComm, class_symmetric, price_graph
 from simdist.report.step_metrics import step_metrics
 from simdist.spec.scenario import ScenarioSpec
 
@@ -135,18 +135,44 @@ def _collectives(plan: StepPlan, priced: dict[tuple, PricedComm], ranks: set[int
     return sorted(rows.values(), key=lambda r: (order.get(r["axis"], 9), r["op"], -r["nbytes"], r["time_s"]))
 
 
+SIMULATE = ("auto", "representatives", "full")
+FULL_AUTO_MAX_OPS = 100_000
+"""`simulate="auto"` falls back to every rank where the reduction would not be exact, if the full graph would
+hold at most this many ops (about a second or two of simulation)."""
+
+
+def _simulate(cfg, topology: Topology, adjust: Adjust | None, full: bool):
+    plan = build_step(cfg, full=full)
+    priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust)
+    trace = run_graph(plan.graph, capacity_of=lambda link: topology.link(link).effective_bandwidth_Bps)
+    return plan, priced, trace
+
+
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
-                 compute_efficiency: ComputeEfficiency | None = None, adjust: Adjust | None = None
-                 ) -> StepPrediction:
-    """Predict one step; ``compute_efficiency`` and ``adjust`` apply a calibration (simdist calibrate)."""
+                 compute_efficiency: ComputeEfficiency | None = None, adjust: Adjust | None = None,
+                 simulate: str = "auto") -> StepPrediction:
+    """Predict one step; ``compute_efficiency`` and ``adjust`` apply a calibration (simdist calibrate).
+
+    ``simulate``: ``representatives`` simulates one rank per pipeline stage (and per data-parallel replica
+    where replicas differ), the others' traffic folded onto the shared links (simdist.predict.price);
+    ``full`` every rank; ``auto`` representatives, switching to full (up to FULL_AUTO_MAX_OPS ops) where
+    a collective's equivalent groups would not see the same bottleneck.
+    """
+    if simulate not in SIMULATE:
+        raise LayoutError(f"unknown simulate mode '{simulate}'", field="--simulate",
+                          fix=f"use one of: {', '.join(SIMULATE)}")
     model = resolve_model(spec.model, base_dir=base_dir)
     check_layout(model, spec, topology)
     cfg = step_config(spec, topology, model)
     if compute_efficiency is not None:
         cfg = dataclasses.replace(cfg, compute_efficiency=compute_efficiency)
-    plan = build_step(cfg)
-    priced = price_graph(plan.graph, topology, adjust=adjust)
-    trace = run_graph(plan.graph)
+    plan, priced, trace = _simulate(cfg, topology, adjust, full=simulate == "full")
+    exact = class_symmetric(priced)
+    full_ops = len(plan.graph.ops) * topology.num_gpus / max(1, len(plan.graph.ranks()))
+    if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
+        plan, priced, trace = _simulate(cfg, topology, adjust, full=True)
+        exact = True
+    mode = "full" if plan.reduced_axes == () and topology.num_gpus > len(plan.representative_ranks) else "reduced"
     first_replica = sorted(r for (s, d), r in plan.stage_ranks.items() if d == min(d for _, d in plan.stage_ranks))
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
     metrics = step_metrics(plan.graph, trace, ranks=first_replica, tokens_per_step=tokens,
@@ -156,10 +182,18 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     peak = max(m.total_bytes for m in plan.memory)
     p = spec.parallel
     reps = plan.representative_ranks
-    note = (f"simulated {len(reps)} representative rank(s) of {topology.num_gpus}: one per pipeline stage"
-            + (" and data-parallel replica" if len(set(d for _, d in plan.stage_ranks)) > 1 else
-               f"; their {p.tp * p.cp - 1} tensor/context-parallel peers and {p.dp - 1} other data-parallel "
-               "replicas run the same ops at the same times (collectives are priced on the full groups)"))
+    simulated = len(plan.graph.ranks())
+    if mode == "full":
+        note = (f"simulated all {simulated} ranks; shown: the {len(first_replica)} rank(s) of data-parallel "
+                "replica 0 with tensor/context-parallel coordinate 0")
+    else:
+        note = (f"simulated {simulated} representative rank(s) of {topology.num_gpus}: one per pipeline stage"
+                + (" and data-parallel replica" if "dp" not in plan.reduced_axes and p.dp > 1 else "")
+                + (f"; the other ranks along {'/'.join(plan.reduced_axes)} run the same ops at the same times and "
+                   "their traffic shares the links with them" if plan.reduced_axes else ""))
+        if not exact:
+            note += ("; their equivalent groups do not all meet the same bottleneck (e.g. ECMP onto unequal "
+                     "spines): each simulated rank stands for the slowest of its class")
     result: dict[str, Any] = {
         "name": spec.name,
         "scenario": source,
@@ -171,7 +205,8 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp, "num_gpus": topology.num_gpus,
                    "num_microbatches": cfg.microbatches(0), "schedule": spec.schedule,
                    "layers_per_stage": list(cfg.layers_per_stage), "order": "-".join(cfg.mesh.order),
-                   "representative_ranks": reps, "note": note},
+                   "representative_ranks": reps, "simulated_ranks": simulated, "simulation": mode,
+                   "reduction_exact": exact, "note": note},
         "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(plan, priced, set(first_replica)),

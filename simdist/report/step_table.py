@@ -169,8 +169,9 @@ def step_tables(result: Mapping[str, Any]) -> list[Table]:
 def render_text(result: Mapping[str, Any]) -> str:
     """`step_tables` as plain text (no colour codes), 120 columns wide: the step's name, the tables, the layout note."""
     buf = StringIO()
-    console = Console(file=buf, width=TEXT_WIDTH, color_system=None, force_terminal=False, record=False,
-                      highlight=False, emoji=False)
+    # force_jupyter=False: inside a notebook kernel rich would otherwise display the tables as HTML as well.
+    console = Console(file=buf, force_jupyter=False, width=TEXT_WIDTH, color_system=None, force_terminal=False,
+                      record=False, highlight=False, emoji=False)
     console.print(str(result.get("name") or result.get("scenario") or "training step"), markup=False)
     for table in step_tables(result):
         console.print(table)

@@ -1,0 +1,157 @@
+"""Symmetry reduction: simulating one rank per class equals simulating every rank, and switches itself off.
+
+The reduced graph simulates one rank per pipeline stage; the tensor/context-parallel peers and data-parallel
+replicas it leaves out put their traffic on the shared links through their groups' translates
+(simdist.predict.price). On layouts small enough to simulate every rank, both must give the same step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simdist import api
+from simdist.engine.graph import run_graph
+from simdist.engine.jobs import weighted_max_min
+from simdist.plan.mesh import Mesh
+from simdist.plan.opgraph import Job, Op, OpGraph
+from simdist.predict.step import predict_step
+
+LAYOUTS = {
+    # 64 GPUs, fat tree with 2:1 oversubscription: data-parallel traffic of the 8 tp peers meets on spines.
+    "h100-64-fat-tree-oversubscribed": """
+cluster: {preset: dgx-h100, num_nodes: 8, inter_node: {fabric: fat_tree, oversubscription: 2}}
+model: {num_layers: 8, hidden_size: 4096, num_attention_heads: 32, seq_length: 2048, vocab_size: 51200}
+parallel: {tp: 8, pp: 2, dp: 4, zero_stage: 1, sequence_parallel: true}
+training: {micro_batch_size: 1, global_batch_size: 32}
+""",
+    # 64 GPUs, PCIe boxes with 4 NICs for 8 GPUs: two GPUs share each NIC.
+    "pcie-64-shared-nics": """
+cluster: {preset: pcie-gen4-8gpu, num_nodes: 8}
+model: {num_layers: 8, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048, vocab_size: 32000}
+parallel: {tp: 2, pp: 4, dp: 8}
+training: {micro_batch_size: 1, global_batch_size: 64}
+""",
+    # 256 GPUs, interleaved schedule, overlapped bucketed gradient all-reduce, rail-optimized fabric.
+    "h100-256-interleaved-overlapped": """
+cluster: {preset: dgx-h100, num_nodes: 32}
+model: {num_layers: 16, hidden_size: 4096, num_attention_heads: 32, seq_length: 2048, vocab_size: 51200}
+parallel: {tp: 8, pp: 4, dp: 8, vpp: 2}
+training: {micro_batch_size: 1, global_batch_size: 64, grad_reduce: overlapped, grad_bucket_size: 100 MB}
+schedule: interleaved_1f1b
+""",
+}
+
+
+def load(tmp_path: Path, text: str):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return api.load_scenario(path)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_reduced_simulation_equals_full(tmp_path: Path, name: str) -> None:
+    s = load(tmp_path, LAYOUTS[name])
+    reduced = predict_step(s.spec, s.topology, simulate="representatives")
+    full = predict_step(s.spec, s.topology, simulate="full")
+    assert reduced.result["layout"]["reduction_exact"]
+    assert len(full.plan.graph.ranks()) == s.topology.num_gpus
+    assert len(reduced.plan.graph.ranks()) == s.spec.parallel.pp
+    assert reduced.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=1e-9)
+    for key in ("compute_s", "bubble_s", "optimizer_s"):
+        assert reduced.result["breakdown"][key] == pytest.approx(full.result["breakdown"][key], rel=1e-9, abs=1e-12)
+    for axis, t in reduced.result["breakdown"]["exposed_comm_s"].items():
+        assert t == pytest.approx(full.result["breakdown"]["exposed_comm_s"][axis], rel=1e-9, abs=1e-12)
+
+
+def test_shared_nics_slow_the_data_parallel_reduction(tmp_path: Path) -> None:
+    # pcie-gen4-8gpu: two GPUs per NIC, so the two tensor-parallel peers' data-parallel all-reduces share each
+    # NIC: the simulated reduction takes longer than the collective's closed form alone.
+    s = load(tmp_path, LAYOUTS["pcie-64-shared-nics"])
+    pred = predict_step(s.spec, s.topology, simulate="representatives")
+    graph, trace = pred.plan.graph, pred.trace
+    dp_ops = [i for i, op in enumerate(graph.ops) if op.comm is not None and op.comm.axis == "dp"]
+    assert dp_ops
+    for i in dp_ops:
+        took = trace.end_s[i] - trace.start_s[i]
+        assert took > graph.ops[i].duration_s * 1.3  # about 2x on the transfer part
+    alone = [p for p in pred.priced.values() if p.axis == "dp"]
+    assert all(p.num_translates == 2 for p in alone)
+
+
+def test_unequal_batches_simulate_every_replica(tmp_path: Path) -> None:
+    text = LAYOUTS["pcie-64-shared-nics"].replace("global_batch_size: 64}",
+                                                  "global_batch_size: 64, dp_batch_split: [4, 4, 4, 4, 4, 4, 4, 36]}")
+    s = load(tmp_path, text)
+    pred = predict_step(s.spec, s.topology)
+    assert "dp" not in pred.plan.reduced_axes
+    assert len(pred.plan.graph.ranks()) == 4 * 8  # every stage of every replica
+
+
+def test_asymmetric_translates_switch_to_full(tmp_path: Path) -> None:
+    # 256 A100s on a rail fabric needing two leaves per rail: pipeline sends of equivalent ranks hash onto
+    # different spines, so their translates do not meet the same bottleneck.
+    text = """
+cluster: {preset: dgx-a100, num_nodes: 32}
+model: {num_layers: 16, hidden_size: 4096, num_attention_heads: 32, seq_length: 2048, vocab_size: 51200}
+parallel: {tp: 4, pp: 4, dp: 16}
+training: {micro_batch_size: 2, global_batch_size: 64}
+"""
+    s = load(tmp_path, text)
+    reduced = predict_step(s.spec, s.topology, simulate="representatives")
+    assert not reduced.result["layout"]["reduction_exact"]
+    assert "slowest of its class" in reduced.result["layout"]["note"]
+    auto = predict_step(s.spec, s.topology)
+    full = predict_step(s.spec, s.topology, simulate="full")
+    assert auto.result["layout"]["simulation"] == "full"
+    assert auto.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=1e-12)
+    # standing for the slowest translate keeps the reduced answer conservative and close
+    assert full.result["step_time_s"] <= reduced.result["step_time_s"] * (1 + 1e-9)
+    assert reduced.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=0.02)
+
+
+def test_mesh_translates() -> None:
+    mesh = Mesh(tp=2, dp=2, pp=2)
+    assert mesh.translates(mesh.group("tp", 0), ("dp",)) == [(0, 1), (2, 3)]
+    assert mesh.translates(mesh.group("dp", 0), ("tp", "dp")) == [(0, 2), (1, 3)]
+    assert sorted(mesh.translates((0, 4), ("tp", "dp"))) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+# ----------------------------------------------------------------------------- the job network
+def test_weighted_max_min_by_hand() -> None:
+    # Link 0 (capacity 10) carries job A (demand 4) and job B (demand 1); B also crosses link 1 (capacity 1).
+    # B is held by link 1 at rate 1; A then gets (10 - 1) / 4.
+    rates = weighted_max_min([{0: 4.0}, {0: 1.0, 1: 1.0}], {0: 10.0, 1: 1.0}, [float("inf")] * 2)
+    assert rates == pytest.approx([9 / 4, 1.0])
+    # Equal demands on one link: equal progress, split capacity.
+    assert weighted_max_min([{0: 2.0}, {0: 2.0}], {0: 8.0}, [10.0, 10.0]) == pytest.approx([2.0, 2.0])
+    # A cap below the fair share frees capacity for the other.
+    assert weighted_max_min([{0: 1.0}, {0: 1.0}], {0: 8.0}, [1.0, 10.0]) == pytest.approx([1.0, 7.0])
+
+
+def test_engine_equals_closed_form_alone_and_is_slower_when_sharing() -> None:
+    # Two collectives on different tracks, each alone: latency 1 + transfer 2. Sharing link 0 they both need
+    # all of it (demand x rate = capacity), so each transfer takes twice as long.
+    def graph(shared: bool) -> OpGraph:
+        g = OpGraph()
+        for rank in (0, 1):
+            link = 0 if shared else rank
+            g.add(Op(f"c{rank}", rank, "dp", "comm", job=Job(1.0, 2.0, ((link, 10.0),))))
+        return g
+
+    capacity = {0: 5.0, 1: 5.0}
+    alone = run_graph(graph(False), capacity_of=capacity.__getitem__)
+    assert alone.makespan_s == pytest.approx(3.0, rel=1e-12)
+    shared = run_graph(graph(True), capacity_of=capacity.__getitem__)
+    assert shared.makespan_s == pytest.approx(1.0 + 4.0, rel=1e-12)
+
+
+def test_collective_members_start_together() -> None:
+    g = OpGraph()
+    a = g.add(Op("slow", 0, "compute", "forward", duration_s=3.0))
+    g.add(Op("ar", 0, "dp", "comm", deps=[a], job=Job(0.5, 0.0), sync=0))
+    g.add(Op("ar", 1, "dp", "comm", job=Job(0.5, 0.0), sync=0))
+    trace = run_graph(g)
+    assert trace.start_s[1] == trace.start_s[2] == 3.0
+    assert trace.end_s[1] == trace.end_s[2] == 3.5
