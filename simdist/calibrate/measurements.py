@@ -81,13 +81,30 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     )
 
 
-def write_measurements_csv(rows: list[Measurement] | tuple[Measurement, ...], path: str | Path) -> None:
-    """Write ``rows`` as our CSV (all `CSV_COLUMNS`; None as blank); `read_measurements` reads it back."""
+def write_measurements_csv(
+    rows: list[Measurement] | tuple[Measurement, ...], path: str | Path, *, metadata: dict[str, str] | None = None
+) -> None:
+    """Write ``rows`` as our CSV (all `CSV_COLUMNS`; None as blank); `read_measurements` reads it back.
+
+    ``metadata`` (e.g. torch and NCCL versions, device, command) goes first as ``# key: value`` lines, one
+    per line of a multi-line value; readers skip ``#`` lines.
+    """
     with Path(path).open("w", newline="", encoding="utf-8") as fh:
+        fh.write(_metadata_lines(metadata))
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
         for m in rows:
             writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in astuple(m)])
+
+
+def _metadata_lines(metadata: dict[str, str] | None) -> str:
+    """``# key: value`` comment lines for a CSV's head (a multi-line value repeats its key on each line)."""
+    out: list[str] = []
+    for key, value in (metadata or {}).items():
+        name = "_".join(str(key).split())
+        lines = str(value).splitlines() or [""]
+        out += [f"# {name}: {line.rstrip()}" for line in lines]
+    return "".join(line + "\n" for line in out)
 
 
 def _first_data_line(text: str) -> tuple[int, str] | None:

@@ -65,7 +65,7 @@ class Group:
         route = self._paths.get(key)
         if route is None:
             route = self._resolve(src, dst)
-            extra = self.extra_latency_by_class.get(self.path_class(route), 0.0)
+            extra = self.extra_latency_by_class.get(self.path_class(route), 0.0) if self.extra_latency_by_class else 0.0
             if extra:
                 route = Route(route.src, route.dst, route.links, route.bandwidth_Bps,
                               route.effective_bandwidth_Bps, route.latency_s + extra)

@@ -71,6 +71,11 @@ class Topology:
         return divmod(rank, self.gpus_per_node)
 
     @property
+    def num_node_links(self) -> int:
+        """Links inside the nodes have ids below this (NIC-to-leaf and fabric links come after)."""
+        return self._node_links_end
+
+    @property
     def nvlink_domain_size(self) -> int:
         """GPUs that reach each other over NVLink without leaving the node (1 without NVLink)."""
         return self.gpus_per_node if self.spec.scale_up is not None else 1

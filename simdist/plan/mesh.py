@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from simdist.errors import LayoutError
 
 AXES = ("tp", "cp", "dp", "pp")
@@ -87,19 +89,21 @@ class Mesh:
         offsets (mod the axis sizes): the equivalent groups of a homogeneous layout. The group itself comes
         first; images with the same set of ranks (a shift along the group's own axis) appear once.
         """
-        coords = [self.coords(r) for r in ranks]
-        sizes = [self.size(a) for a in axes]
+        members = np.asarray(ranks, dtype=np.int64)
+        images = members[None, :]
+        for axis in axes:
+            size, stride = self.size(axis), self.stride(axis)
+            if size == 1:
+                continue
+            coord = (images // stride) % size  # (n_images, n_members)
+            base = images - coord * stride
+            shifted = [base + ((coord + k) % size) * stride for k in range(size)]
+            images = np.concatenate(shifted, axis=0)
         out: list[tuple[int, ...]] = []
         seen: set[frozenset[int]] = set()
-        offsets: list[tuple[int, ...]] = [()]
-        for n in sizes:
-            offsets = [(*o, k) for o in offsets for k in range(n)]
-        for off in offsets:
-            image = tuple(
-                self.rank(**{a: (c[a] + (off[axes.index(a)] if a in axes else 0)) % self.size(a) for a in self.order})
-                for c in coords)
-            key = frozenset(image)
+        for row in images.tolist():
+            key = frozenset(row)
             if key not in seen:
                 seen.add(key)
-                out.append(image)
+                out.append(tuple(row))
         return out

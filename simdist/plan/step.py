@@ -357,7 +357,7 @@ class _Emitter:
                                         b_s / pieces, deps if last_compute is None else (last_compute,),
                                         model_flops=flops / pieces, hardware_flops=flops / pieces)
                 chain.append(last_compute)
-                if pieces > 1:
+                if self._overlaps_reduction(step):
                     self._reduce_bucket(graph, stage, step, k, pieces, (last_compute,))
             assert last_compute is not None
             chain += overlapped
@@ -399,12 +399,14 @@ class _Emitter:
                         comm=Comm("send_recv", (src, dst), nbytes, "pp", 1))
 
     # -- gradient reduction
-    def _grad_pieces(self, stage: int, step: Step) -> int:
+    def _overlaps_reduction(self, step: Step) -> bool:
+        """The chunk's last backward, with overlapped gradient reduction: its buckets go out as it runs."""
         cfg = self.cfg
         last = step.microbatch == self.num_microbatches - 1 and (step.kind == "W" or cfg.schedule != "zb_h1")
-        if cfg.grad_reduce != "overlapped" or not last or cfg.zero_stage >= 2 or step.kind == "F":
-            return 1
-        return self._num_buckets(stage, step.chunk)
+        return cfg.grad_reduce == "overlapped" and last and cfg.zero_stage < 2 and step.kind != "F"
+
+    def _grad_pieces(self, stage: int, step: Step) -> int:
+        return self._num_buckets(stage, step.chunk) if self._overlaps_reduction(step) else 1
 
     def _grad_bytes(self, stage: int, chunk: int) -> float:
         return self.costs[(stage, chunk)].num_params * grad_bytes_per_element(self.cfg.precision)

@@ -109,6 +109,12 @@ def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ..
     transfers = _plan_links(topology, request, choice)
     own = _loads(topology, comm.ranks, transfers)
     groups = translates or [comm.ranks]
+    if len(groups) > 1 and all(link < topology.num_node_links for link in own):
+        # The plan stays inside its nodes: a translate on other nodes shares no link with it, and its own
+        # bottleneck is the same (every node is built alike), so only translates on the same nodes matter.
+        gpn = topology.gpus_per_node
+        nodes = {r // gpn for r in comm.ranks}
+        groups = [groups[0]] + [g for g in groups[1:] if nodes & {r // gpn for r in g}]
     symmetric = True
     if len(groups) == 1:
         class_load = own
@@ -119,11 +125,12 @@ def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ..
             for link, b in load.items():
                 total[link] = total.get(link, 0.0) + b
         necks = [_bottleneck(topology, load, total) for load in per_group]
-        worst = max(range(len(necks)), key=lambda k: necks[k])
         symmetric = max(necks) <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300
         # Assumption: where translates meet different bottlenecks (e.g. ECMP hashing onto unequal spines), the
-        # simulated rank stands for the slowest of its class: its demand is the worst translate's.
-        chosen = per_group[0] if symmetric else per_group[worst]
+        # simulated group keeps its own links, loaded with the whole class's bytes on them: it then still
+        # shares its NIC and uplinks with the simulated rank's other collectives, which a worse translate's
+        # links would not (the result is flagged as not exact, and `simulate="auto"` goes full where it can).
+        chosen = per_group[0]
         class_load = {link: total[link] for link in chosen}
     return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
                       time_s, latency_s, own, class_load, len(groups), symmetric)

@@ -193,7 +193,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                    "their traffic shares the links with them" if plan.reduced_axes else ""))
         if not exact:
             note += ("; their equivalent groups do not all meet the same bottleneck (e.g. ECMP onto unequal "
-                     "spines): each simulated rank stands for the slowest of its class")
+                     "spines), so the reduction is approximate (simulate full to check)")
     result: dict[str, Any] = {
         "name": spec.name,
         "scenario": source,

@@ -132,6 +132,8 @@ class ScenarioSpec(Spec):
     parallel: ParallelSpec = ParallelSpec()
     training: TrainingSpec
     schedule: Schedule = "1f1b"
+    calibration: Path | None = Field(
+        default=None, description="a calibration file (simdist calibrate), relative to this scenario file")
 
     @model_validator(mode="after")
     def _batch_divides(self) -> ScenarioSpec:

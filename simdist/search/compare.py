@@ -1,0 +1,113 @@
+"""Hardware comparison: the best layout per cluster, time, cost and energy to train a number of tokens.
+
+Energy: GPUs x TDP x time x PUE.
+# Assumption: every GPU draws its board power limit (TDP) for the whole run, and the PUE factor (default 1.0:
+# none) stands for host CPUs, network, storage and cooling; measured GPU power during training is usually
+# below TDP, so this is an upper bound of the GPUs' share.
+Cost: GPUs x hours x the user's price per GPU-hour (no default prices: they vary by provider and contract).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from simdist.errors import LayoutError, PresetError, SpecError
+from simdist.hardware.presets import preset_names, topology_document
+from simdist.search.executors import Executor
+from simdist.search.rank import SearchOutcome, run_search
+from simdist.search.space import SearchProblem
+
+SECONDS_PER_HOUR = 3600.0
+JOULES_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSize:
+    cluster: str
+    gpus_per_node: int
+    num_nodes: int
+    num_gpus: int
+    note: str
+
+
+def size_cluster(cluster: str, gpus: int) -> ClusterSize:
+    """num_nodes = ceil(gpus / gpus_per_node): a gb200-nvl72 node is a 72-GPU rack (README, Concepts)."""
+    if cluster not in preset_names():
+        raise PresetError(f"unknown cluster '{cluster}'", field="--clusters",
+                          fix=f"use presets from: {', '.join(preset_names())}")
+    gpn = int(topology_document(cluster).data["gpus_per_node"])
+    nodes = math.ceil(gpus / gpn)
+    note = "" if nodes * gpn == gpus else (
+        f"{gpus} GPUs is not a multiple of {gpn} GPUs per node: using {nodes} nodes = {nodes * gpn} GPUs")
+    return ClusterSize(cluster, gpn, nodes, nodes * gpn, note)
+
+
+def parse_prices(items: list[str], clusters: list[str]) -> dict[str, float]:
+    """``cluster=USD_per_GPU_hour`` items; a cluster not compared is an error."""
+    prices: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep:
+            raise SpecError(f"price '{item}' is not cluster=USD_per_GPU_hour", field="--price",
+                            fix="write e.g. --price dgx-h100=2.5")
+        if name not in clusters:
+            raise SpecError(f"price given for '{name}', which is not compared", field="--price",
+                            fix=f"add it to --clusters or price one of: {', '.join(clusters)}")
+        try:
+            usd = float(value)
+        except ValueError:
+            raise SpecError(f"price '{value}' for {name} is not a number", field="--price",
+                            fix="give US dollars per GPU-hour, e.g. 2.5") from None
+        if not (math.isfinite(usd) and usd >= 0):
+            raise SpecError(f"price {value} for {name} must be >= 0", field="--price", fix="give e.g. 2.5")
+        prices[name] = usd
+    return prices
+
+
+def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, price: float | None, pue: float
+                ) -> dict[str, Any]:
+    from simdist.hardware import load_topology
+
+    best = outcome.ranked[0]
+    engine = outcome.engine[0] if outcome.engine else {}
+    # The engine's figure where it ran, else the closed form's.
+    tokens_per_s = engine.get("engine_tokens_per_s") or best["tokens_per_s"]
+    step_s = engine.get("engine_step_time_s") or best["step_time_s"]
+    train_s = tokens / tokens_per_s
+    gpu_hours = size.num_gpus * train_s / SECONDS_PER_HOUR
+    tdp = load_topology(size.cluster, num_nodes=1).gpu.tdp_w
+    energy = size.num_gpus * tdp * train_s * pue / JOULES_PER_KWH if tdp else None
+    return {
+        "cluster": size.cluster, "gpus_per_node": size.gpus_per_node, "num_nodes": size.num_nodes,
+        "num_gpus": size.num_gpus, "note": size.note, "layout": best["key"], "step_time_s": step_s,
+        "closed_form_step_time_s": best["step_time_s"], "tokens_per_s": tokens_per_s, "mfu": best["mfu"],
+        "memory_per_gpu_bytes": best["memory_per_gpu_bytes"], "time_to_train_s": train_s,
+        "time_to_train_days": train_s / 86400.0, "gpu_hours": gpu_hours, "gpu_tdp_w": tdp,
+        "energy_kwh": energy, "usd_per_gpu_hour": price,
+        "cost_usd": gpu_hours * price if price is not None else None,
+    }
+
+
+def compare_clusters(model: str, clusters: list[str], *, gpus: int, tokens: float, global_batch_size: int,
+                     prices: dict[str, float], executor: Executor, pue: float = 1.0, seq_length: int | None = None,
+                     precision: str = "bf16", top_k: int = 1) -> list[dict[str, Any]]:
+    if tokens <= 0:
+        raise SpecError(f"--tokens {tokens:g} must be positive", field="--tokens", fix="give e.g. 300e9")
+    if not pue >= 1.0:
+        raise SpecError(f"--pue {pue} must be at least 1", field="--pue", fix="give 1.0 (GPUs only) or e.g. 1.2")
+    sizes = [size_cluster(c, gpus) for c in clusters]
+    rows = []
+    for size in sizes:
+        problem = SearchProblem(model=model, cluster=size.cluster, num_nodes=size.num_nodes,
+                                global_batch_size=global_batch_size, seq_length=seq_length, precision=precision)
+        try:
+            outcome = run_search(problem, executor, top_k=top_k)
+        except LayoutError as err:  # this cluster has no feasible layout: say so in its row, compare the rest
+            rows.append({"cluster": size.cluster, "num_gpus": size.num_gpus, "note": size.note,
+                         "error": err.problem})
+            continue
+        rows.append(compare_row(size, outcome, tokens=tokens, price=prices.get(size.cluster), pue=pue))
+    return rows

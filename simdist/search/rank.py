@@ -1,0 +1,189 @@
+"""Run a layout search: enumerate, prune, rank every feasible layout by the closed form, re-simulate the top k.
+
+The sweep runs on any executor (simdist.search.executors) in batches; results are written to a results file
+as they arrive (simdist.search.results) and ranked by throughput, ties broken by enumeration order, so the
+ranking is the same whichever executor ran it. Ctrl-C stops the sweep and keeps what finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simdist.errors import LayoutError, SimdistError
+from simdist.predict.step import StepPrediction, predict_step
+from simdist.search.evaluate import ATTENTION, context, evaluate_batch
+from simdist.search.executors import Executor
+from simdist.search.prune import RULES, Pruned, why_pruned
+from simdist.search.results import ResultsWriter, read_results
+from simdist.search.space import Candidate, SearchProblem, raw_candidates
+from simdist.spec.scenario import ScenarioSpec
+
+BATCH = 64
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    problem: SearchProblem
+    num_gpus: int
+    gpus_per_node: int
+    candidates: int
+    """Layouts enumerated (before pruning)."""
+    feasible: int
+    pruned: list[Pruned]
+    ranked: list[dict[str, Any]]
+    """Closed-form results, best first."""
+    engine: list[dict[str, Any]] = field(default_factory=list)
+    """The top k re-simulated by the engine: closed form and engine side by side."""
+    interrupted: bool = False
+    evaluated_now: int = 0
+    resumed: int = 0
+    sweep_s: float = 0.0
+    engine_s: float = 0.0
+    executor: str = ""
+    winner: StepPrediction | None = None
+
+    def pruned_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(RULES, 0)
+        for p in self.pruned:
+            counts[p.rule] += 1
+        return {k: v for k, v in counts.items() if v}
+
+    def to_dict(self, *, explain_pruned: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "problem": self.problem.as_dict(), "num_gpus": self.num_gpus, "candidates": self.candidates,
+            "feasible": self.feasible, "evaluated": len(self.ranked), "interrupted": self.interrupted,
+            "pruned_counts": self.pruned_counts(), "executor": self.executor, "sweep_s": self.sweep_s,
+            "engine_s": self.engine_s, "ranked": self.ranked, "engine": self.engine,
+        }
+        if explain_pruned:
+            out["pruned"] = [{"key": p.candidate.key, "rule": p.rule, "reason": p.reason} for p in self.pruned]
+        return out
+
+
+def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pruned], int, int, int]:
+    """(feasible candidates in enumeration order, pruned, enumerated count, GPUs, GPUs per node)."""
+    problem.check()
+    ctx = context(problem)
+    topo, model = ctx.topology, ctx.model
+    feasible: list[Candidate] = []
+    pruned: list[Pruned] = []
+    n = 0
+    for c in raw_candidates(problem, num_gpus=topo.num_gpus, gpus_per_node=topo.gpus_per_node,
+                            num_layers=model.num_layers):
+        n += 1
+        why = why_pruned(c, model, topo.gpu, global_batch_size=problem.global_batch_size, precision=problem.precision)
+        if why is None:
+            feasible.append(c)
+        else:
+            pruned.append(why)
+    if not feasible:
+        if not pruned:
+            raise LayoutError(f"no layout of {topo.num_gpus} GPUs fits the bounds (tp <= "
+                              f"{problem.max_tp or topo.gpus_per_node}, pp <= {problem.max_pp})", field="--gpus",
+                              fix="raise --max-tp / --max-pp or change --gpus")
+        last = max(pruned, key=lambda p: RULES.index(p.rule))
+        killed = sum(1 for p in pruned if p.rule == last.rule)
+        raise LayoutError(
+            f"no feasible layout among {n} candidates: the last {killed} were pruned by the {last.rule} constraint "
+            f"(e.g. {last.candidate.key}: {last.reason})", field="--gpus",
+            fix="add GPUs, raise the global batch, or allow more recompute/ZeRO (see --explain-pruned)")
+    return feasible, pruned, n, topo.num_gpus, topo.gpus_per_node
+
+
+def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executor, *,
+          results_file: Path | None = None, on_progress: Callable[[int], None] | None = None
+          ) -> tuple[dict[str, dict[str, Any]], bool, int, int]:
+    """Closed-form results by key (resumed from ``results_file`` and new); (results, interrupted, new, resumed)."""
+    done = read_results(results_file, problem) if results_file is not None else {}
+    wanted = {c.key for c in candidates}
+    done = {k: v for k, v in done.items() if k in wanted}
+    resumed = len(done)
+    todo = [c for c in candidates if c.key not in done]
+    if on_progress and resumed:
+        on_progress(resumed)
+    writer = ResultsWriter(results_file, problem) if results_file is not None else None
+    jobs = [(problem, todo[i:i + BATCH]) for i in range(0, len(todo), BATCH)]
+    interrupted = False
+    new = 0
+    try:
+        for _, rows in executor.run(evaluate_batch, jobs):
+            for row in rows:
+                done[row["key"]] = row
+            new += len(rows)
+            if writer is not None:
+                writer.write(rows)
+            if on_progress:
+                on_progress(len(rows))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if writer is not None:
+            writer.close()
+    return done, interrupted, new, resumed
+
+
+def scenario_spec(problem: SearchProblem, c: Candidate) -> ScenarioSpec:
+    """The scenario of a candidate, for the engine path (simdist run would read the same from YAML)."""
+    model: dict[str, Any] = {"preset": problem.model}
+    if problem.seq_length:
+        model["seq_length"] = problem.seq_length
+    cluster_key = "file" if Path(problem.cluster).suffix in (".yaml", ".yml") else "preset"
+    return ScenarioSpec.model_validate({
+        "name": f"{problem.model} {c.key} on {problem.num_nodes} x {problem.cluster}",
+        "cluster": {cluster_key: problem.cluster, "num_nodes": problem.num_nodes},
+        "model": model,
+        "parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "vpp": c.vpp,
+                     "sequence_parallel": c.sequence_parallel, "zero_stage": c.zero_stage},
+        "training": {"micro_batch_size": c.micro_batch_size, "global_batch_size": problem.global_batch_size,
+                     "recompute": c.recompute, "precision": problem.precision, "attention": ATTENTION},
+        "schedule": c.schedule,
+    })
+
+
+def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, Any], StepPrediction | None]:
+    """The engine path (simdist.predict.step.predict_step) on a ranked row; its figures beside the closed form."""
+    c = Candidate.from_dict(row["layout"])
+    ctx = context(problem)
+    out: dict[str, Any] = {"key": c.key, "layout": row["layout"], "closed_form_step_time_s": row["step_time_s"],
+                           "closed_form_tokens_per_s": row["tokens_per_s"]}
+    try:
+        prediction = predict_step(scenario_spec(problem, c), ctx.topology)
+    except SimdistError as err:
+        out["engine_error"] = err.one_line()
+        return out, None
+    r = prediction.result
+    out.update({"engine_step_time_s": r["step_time_s"], "engine_tokens_per_s": r["tokens_per_s"],
+                "engine_mfu": r["mfu"], "bubble_fraction": r["bubble_fraction"],
+                "memory_per_gpu_bytes": r["memory_per_gpu_bytes"], "fits_in_memory": r["fits_in_memory"],
+                "closed_form_error": row["step_time_s"] / r["step_time_s"] - 1 if r["step_time_s"] > 0 else 0.0})
+    return out, prediction
+
+
+def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, results_file: Path | None = None,
+               on_total: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None
+               ) -> SearchOutcome:
+    feasible, pruned, n, num_gpus, gpn = enumerate_feasible(problem)
+    if on_total:
+        on_total(len(feasible))
+    t0 = time.perf_counter()
+    done, interrupted, new, resumed = sweep(problem, feasible, executor, results_file=results_file,
+                                            on_progress=on_progress)
+    sweep_s = time.perf_counter() - t0
+    order = {c.key: i for i, c in enumerate(feasible)}
+    ranked = sorted(done.values(), key=lambda r: (-r["tokens_per_s"], order[r["key"]]))
+    outcome = SearchOutcome(problem, num_gpus, gpn, n, len(feasible), pruned, ranked, interrupted=interrupted,
+                            evaluated_now=new, resumed=resumed, sweep_s=sweep_s, executor=executor.name)
+    if interrupted:
+        return outcome  # Ctrl-C: report what finished, skip the engine
+    t1 = time.perf_counter()
+    for i, row in enumerate(ranked[:top_k]):
+        summary, prediction = resimulate(problem, row)
+        outcome.engine.append(summary)
+        if i == 0:
+            outcome.winner = prediction
+    outcome.engine_s = time.perf_counter() - t1
+    return outcome

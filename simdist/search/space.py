@@ -1,0 +1,130 @@
+"""The search space: a problem (model, cluster, GPUs, batch) and the candidate layouts it enumerates.
+
+A candidate fixes tp, pp, dp, cp, vpp, micro-batch, ZeRO stage, recompute mode, sequence parallelism and the
+pipeline schedule. Enumeration order is deterministic (nested loops over sorted value lists), and every
+candidate has a stable text key, so results match whichever executor computed them and a sweep can resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+
+from simdist.errors import SpecError
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+SEARCH_SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe", "zb_h1")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchProblem:
+    """What the user asks: a model preset on ``num_nodes`` nodes of a cluster preset, and the bounds of the space."""
+
+    model: str
+    cluster: str
+    num_nodes: int
+    global_batch_size: int
+    seq_length: int | None = None
+    precision: str = "bf16"
+    max_tp: int | None = None
+    """None: the GPUs of one node (tensor parallelism stays inside the NVLink domain)."""
+    max_pp: int = 64
+    max_cp: int = 2
+    max_vpp: int = 4
+    max_micro_batch: int = 8
+    schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b")
+    zero_stages: tuple[int, ...] = ZERO_STAGES
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["schedules"] = list(self.schedules)
+        out["zero_stages"] = list(self.zero_stages)
+        out["recompute"] = list(self.recompute)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SearchProblem:
+        names = {f.name for f in fields(cls)}
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
+        return cls(**kw)
+
+    def check(self) -> None:
+        bad = [s for s in self.schedules if s not in SEARCH_SCHEDULES]
+        if bad:
+            raise SpecError(f"unknown schedule '{bad[0]}'", field="--schedules",
+                            fix=f"use some of: {', '.join(SEARCH_SCHEDULES)}")
+        if self.global_batch_size < 1:
+            raise SpecError("the global batch must be at least 1", field="--global-batch", fix="give e.g. 1536")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    vpp: int
+    micro_batch_size: int
+    zero_stage: int
+    recompute: str
+    sequence_parallel: bool
+    schedule: str
+
+    @property
+    def key(self) -> str:
+        sp = "sp" if self.sequence_parallel else "nosp"
+        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.micro_batch_size}-"
+                f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Candidate:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int
+                   ) -> Iterator[Candidate]:
+    """Every combination of the axes' values before pruning (tp x cp x pp filling the GPUs; dp the rest).
+
+    tp: divisors of the node's GPU count up to max_tp; pp: divisors of the layer count up to max_pp (even
+    split, as Megatron-LM requires without an explicit layout); cp, micro-batch: powers of two.
+    """
+    max_tp = problem.max_tp or gpus_per_node
+    tps = [t for t in _divisors(min(gpus_per_node, num_gpus)) if t <= max_tp]
+    if problem.max_tp and problem.max_tp > gpus_per_node:
+        tps += [t for t in _divisors(num_gpus) if gpus_per_node < t <= problem.max_tp and t % gpus_per_node == 0]
+    pps = [p for p in _divisors(num_layers) if p <= problem.max_pp]
+    cps = _powers_of_two(problem.max_cp)
+    mbss = _powers_of_two(problem.max_micro_batch)
+    for tp in tps:
+        for cp in cps:
+            for pp in pps:
+                if num_gpus % (tp * cp * pp):
+                    continue
+                dp = num_gpus // (tp * cp * pp)
+                for schedule in problem.schedules:
+                    if pp == 1 and schedule != "1f1b":
+                        continue
+                    vpps = range(2, problem.max_vpp + 1) if schedule == "interleaved_1f1b" else (1,)
+                    for vpp in vpps:
+                        for mbs in mbss:
+                            for zero in problem.zero_stages:
+                                for rec in problem.recompute:
+                                    for sp in ((False, True) if tp > 1 else (False,)):
+                                        yield Candidate(tp, pp, dp, cp, vpp, mbs, zero, rec, sp, schedule)

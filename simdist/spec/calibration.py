@@ -1,0 +1,146 @@
+"""Calibration files (``simdist calibrate ... --out cal.yaml``): measured corrections of a topology preset.
+
+A calibration file is YAML with these sections (``simdist schema calibration`` prints the JSON schema)::
+
+    topology: dgx-h100                 # the preset it was fitted for; using it on another cluster is an error
+    num_nodes: 1                       # nodes of the fitted cluster (informational)
+    overrides:                         # topology fields laid over the preset (units as in topologies/*.yaml)
+      scale_up: {efficiency: 0.81}     #   one efficiency per link tier the measurements crossed:
+      inter_node: {efficiency: 0.93}   #   scale_up (NVLink), host.pcie (PCIe-only boxes), inter_node (network)
+    collectives:                       # per op, a correction of simdist's prediction t_model (seconds):
+      all_reduce:                      #   t = latency + t_model / (bandwidth_factor x efficiency(size))
+        latency: 12.5 us               #   latency the model misses (host launch, proxy threads)
+        bandwidth_factor: 0.93         #   multiplier on the predicted bandwidth
+        efficiency_sizes: [1048576 B, 16777216 B]   # optional size-dependent efficiency: knots (bytes) ...
+        efficiency: [0.71, 0.97]       #   ... and values, linear in log2(size) between knots, flat beyond
+    compute:                           # roofline constants of simdist.hardware.compute (absent: the defaults)
+      gemm_peak_efficiency: 0.64
+      launch_overhead: 4 us
+    fit: {...}                         # informational: points, MAPE, confidence intervals, sources, date
+
+Applied by ``simdist run/collective --calibration cal.yaml`` or a scenario's ``calibration:`` field: the
+overrides go to the cluster, the collective corrections to every priced collective, the compute constants
+to every kernel (simdist.calibrate.calibration).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from simdist.spec.base import Bandwidth, ByteSize, Count, Duration, Fraction, Spec
+from simdist.spec.topology import TopologySpec
+
+
+class CollectiveCalibration(Spec):
+    """Correction of one collective op: t = latency + t_model / (bandwidth_factor x efficiency(size))."""
+
+    latency: Duration = Field(description="extra latency per call, added to the predicted time")
+    bandwidth_factor: float = Field(gt=0.0, description="multiplier on the predicted bandwidth (1 = as predicted)")
+    efficiency_sizes: list[ByteSize] | None = Field(
+        default=None, description="sizes (nccl-tests bytes, increasing) of the size-dependent efficiency knots")
+    efficiency: list[float] | None = Field(
+        default=None, description="efficiency at each knot (share of the fitted bandwidth reached); linear in "
+                                  "log2(size) between knots, the end value beyond them")
+
+    @model_validator(mode="after")
+    def _knots(self) -> CollectiveCalibration:
+        sizes, values = self.efficiency_sizes, self.efficiency
+        if (sizes is None) != (values is None):
+            raise ValueError("give efficiency_sizes and efficiency together")
+        if sizes is not None and values is not None:
+            if len(sizes) != len(values) or not sizes:
+                raise ValueError(f"{len(sizes)} efficiency_sizes but {len(values)} efficiency values")
+            if any(b <= a for a, b in itertools.pairwise(sizes)) or sizes[0] <= 0:
+                raise ValueError("efficiency_sizes must be positive and increasing")
+            if any(not 0.0 < v <= 10.0 for v in values):
+                raise ValueError("efficiency values must be in (0, 10]")
+        return self
+
+
+class ComputeCalibration(Spec):
+    """Roofline constants (simdist.hardware.compute.ComputeEfficiency); absent ones keep the GPU's defaults."""
+
+    gemm_peak_efficiency: Fraction
+    gemm_knee_dim: float | None = Field(default=None, gt=0.0, description="GEMM dimension at half the plateau")
+    memory_efficiency: Fraction | None = None
+    launch_overhead: Duration | None = Field(default=None, description="per kernel launch and tail")
+
+
+class TierFit(Spec):
+    """The alpha-beta fit t = alpha + factor x size / busbw of one op on one link tier (informational)."""
+
+    tier: str
+    op: str
+    num_ranks: Count
+    points: Count
+    alpha: Duration
+    alpha_ci: list[Duration]
+    busbw: Bandwidth
+    busbw_ci: list[Bandwidth]
+    model_busbw: Bandwidth = Field(description="the same fit to the uncalibrated prediction")
+    efficiency_before: Fraction | None = None
+    efficiency_after: Fraction | None = None
+    mape_pct: float
+
+
+class CollectiveFit(Spec):
+    """How one op's correction was fitted (informational)."""
+
+    points: Count
+    latency_ci: list[Duration]
+    bandwidth_factor_ci: list[float]
+    mape_pct: float = Field(description="calibrated prediction vs the fitted points, %")
+    mape_uncalibrated_pct: float = Field(description="the preset's prediction vs the same points, %")
+
+
+class ComputeFit(Spec):
+    points: Count
+    cut: str = Field(description="which measured training steps were fitted")
+    gemm_peak_efficiency_ci: list[float]
+    launch_overhead_ci: list[Duration]
+    mape_pct: float
+    mape_uncalibrated_pct: float
+
+
+class FitInfo(Spec):
+    """Where a calibration came from and how well it fits (not used when applying it)."""
+
+    points: int = 0
+    mape_pct: float | None = None
+    mape_uncalibrated_pct: float | None = None
+    holdout: str = "none"
+    heldout_points: int = 0
+    heldout_mape_pct: float | None = None
+    heldout_mape_uncalibrated_pct: float | None = None
+    confidence: float = 0.95
+    sources: list[str] = Field(default_factory=list)
+    date: str = ""
+    method: str = ""
+    tiers: list[TierFit] = Field(default_factory=list)
+    collectives: dict[str, CollectiveFit] = Field(default_factory=dict)
+    compute: ComputeFit | None = None
+
+
+class CalibrationSpec(Spec):
+    """A calibration of a topology preset, fitted to measurements (``simdist calibrate``)."""
+
+    topology: str = Field(description="the topology preset (name) the calibration was fitted for")
+    num_nodes: Count | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description="topology fields laid over the preset (deep merge)")
+    collectives: dict[str, CollectiveCalibration] = Field(default_factory=dict)
+    compute: ComputeCalibration | None = None
+    fit: FitInfo = Field(default_factory=FitInfo)
+
+    @field_validator("overrides")
+    @classmethod
+    def _topology_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        allowed = set(TopologySpec.model_fields) - {"name"}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            valid = ", ".join(sorted(allowed))
+            raise ValueError(f"unknown topology field '{unknown[0]}' in overrides (valid: {valid})")
+        return value

@@ -1,0 +1,243 @@
+"""Benchmark torch.distributed collectives (gloo on CPU, NCCL on GPU) and write our measurement CSV.
+
+Usage (spawns the ranks itself, or runs under torchrun when launched by it)::
+
+    python -m validation.collectives --backend gloo --ranks 4 --bytes 1K:16M:x4 --out coll.csv
+    python -m validation.collectives --backend nccl --ranks 8 --bytes 8:8G:x2 --ops all_reduce,all_gather \\
+        --warmup 5 --iters 20 --out coll.csv --samples samples.csv
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m validation.collectives --backend nccl --ranks 16 ...
+
+Ops (simdist names): broadcast, reduce, all_gather (``all_gather_into_tensor``, ``all_gather_single`` since
+torch 2.13), reduce_scatter (``reduce_scatter_tensor`` / ``reduce_scatter_single``), all_reduce, all_to_all
+(``all_to_all_single``), send_recv (each rank sends to rank+1 and receives from rank-1 at once, nccl-tests
+sendrecv_perf), barrier (measured once, 0 bytes),
+scatter, gather; gloo in torch 2.13 offers all of them. Sizes use nccl-tests syntax (``8:8G:x2``,
+``1M:4M:+1M``, ``1M,64M``; simdist.units.parse_size_list) and its conventions
+(simdist.collectives.ops): the size is the full buffer for all_reduce / broadcast / reduce, the full
+output for all_gather, the full input for reduce_scatter, the root's full buffer for scatter / gather,
+what each rank sends in total for all_to_all. Elements are fp32; as nccl-tests does, a size is rounded
+down to whole elements and, for the segmented ops, to a multiple of the rank count.
+
+Timing (nccl-tests src/common.cu and the CS336 lecture): ``--warmup`` untimed iterations, then
+``--iters`` timed iterations, each preceded by a barrier (and ``torch.cuda.synchronize()`` on GPU) and
+closed by ``torch.cuda.synchronize()``. The per-rank times are reduced by two all_reduces (MAX and SUM
+over ranks) per size; ``time_s`` in the CSV is the median over iterations of the per-iteration maximum,
+algbw = size / time_s and busbw = algbw x the op's nccl-tests factor. ``--samples`` keeps every
+iteration (max and mean over ranks). Both files open with ``# key: value`` metadata lines (command,
+torch / NCCL versions, backend, CPU or GPU model, host count, ``nvidia-smi topo -m``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simdist.calibrate.measurements import Measurement, _metadata_lines, write_measurements_csv
+from simdist.collectives.ops import algbw_Bps, busbw_Bps
+from simdist.units import parse_size_list
+from validation.spawn import HarnessError, cli_guard, launch, run_metadata
+
+__all__ = ["BENCH_OPS", "BenchConfig", "Sample", "benchmark", "main"]
+
+BENCH_OPS: tuple[str, ...] = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+                              "send_recv", "barrier", "scatter", "gather")
+_SEGMENTED = ("all_gather", "reduce_scatter", "all_to_all", "scatter", "gather")
+_ELEMENT_BYTES = 4  # fp32
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    ops: tuple[str, ...]
+    sizes: tuple[int, ...]
+    warmup: int
+    iters: int
+    backend: str
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One timed iteration: the max and the mean over ranks of its time."""
+
+    op: str
+    nbytes: int
+    num_ranks: int
+    iteration: int
+    time_max_s: float
+    time_mean_s: float
+
+
+def benchmark(config: BenchConfig, world_size: int) -> tuple[list[Measurement], list[Sample], dict[str, str]]:
+    """Run the sweep on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's rows, samples, metadata."""
+    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,),
+                  timeout_s=600.0 + 2.0 * len(config.sizes) * len(config.ops) * (config.warmup + config.iters))
+
+
+def element_count(op: str, nbytes: int, world_size: int) -> int:
+    """fp32 elements of an nccl-tests size: whole elements, a multiple of the ranks for segmented ops."""
+    count = max(1, nbytes // _ELEMENT_BYTES)
+    if op in _SEGMENTED:
+        count = max(world_size, count // world_size * world_size)
+    return count
+
+
+def _make_op(op: str, count: int, rank: int, n: int, device: Any) -> Callable[[], None]:
+    import torch
+    import torch.distributed as dist
+
+    def buf(elements: int) -> Any:
+        return torch.full((elements,), float(rank + 1), dtype=torch.float32, device=device)
+
+    share = count // n
+    if op == "all_reduce":
+        x = buf(count)
+        return lambda: dist.all_reduce(x)
+    if op == "broadcast":
+        x = buf(count)
+        return lambda: dist.broadcast(x, src=0)
+    if op == "reduce":
+        x = buf(count)
+        return lambda: dist.reduce(x, dst=0)
+    if op == "all_gather":
+        out, x = buf(count), buf(share)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        return lambda: gather(out, x)
+    if op == "reduce_scatter":
+        out, x = buf(share), buf(count)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.13
+        return lambda: scatter(out, x)
+    if op == "all_to_all":
+        out, x = buf(count), buf(count)
+        return lambda: dist.all_to_all_single(out, x)
+    if op == "scatter":
+        out = buf(share)
+        chunks = list(buf(count).chunk(n)) if rank == 0 else None
+        return lambda: dist.scatter(out, chunks, src=0)
+    if op == "gather":
+        x = buf(share)
+        outs = [buf(share) for _ in range(n)] if rank == 0 else None
+        return lambda: dist.gather(x, outs, dst=0)
+    if op == "send_recv":
+        out, x = buf(count), buf(count)
+
+        def ring() -> None:
+            # nccl-tests sendrecv_perf: every rank sends to rank+1 and receives from rank-1 concurrently.
+            reqs = [dist.isend(x, (rank + 1) % n), dist.irecv(out, (rank - 1) % n)]
+            for req in reqs:
+                req.wait()
+
+        return ring
+    if op == "barrier":
+        return lambda: dist.barrier()
+    raise HarnessError(f"unknown op '{op}' (fix: use one of {', '.join(BENCH_OPS)})")
+
+
+def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    gpu = config.backend == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    rows: list[Measurement] = []
+    samples: list[Sample] = []
+    meta = run_metadata(config.backend, world_size, config.command) if rank == 0 else {}
+    hosts = int(meta.get("host_count", "1")) if rank == 0 else 1
+    for op in config.ops:
+        if op == "send_recv" and world_size < 2:
+            continue
+        sizes = (0,) if op == "barrier" else tuple(dict.fromkeys(
+            element_count(op, s, world_size) * _ELEMENT_BYTES for s in config.sizes))
+        for nbytes in sizes:
+            run = _make_op(op, max(1, nbytes // _ELEMENT_BYTES), rank, world_size, device)
+            for _ in range(config.warmup):
+                run()
+            sync()
+            times: list[float] = []
+            for _ in range(config.iters):
+                sync()
+                dist.barrier()
+                start = time.perf_counter()
+                run()
+                sync()
+                times.append(time.perf_counter() - start)
+            # Per-rank times reduced over ranks (nccl-tests reports the max over ranks by default).
+            t_max = torch.tensor(times, dtype=torch.float64, device=device)
+            t_sum = t_max.clone()
+            dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
+            dist.all_reduce(t_sum, op=dist.ReduceOp.SUM)
+            if rank != 0:
+                continue
+            maxima, means = t_max.cpu().tolist(), (t_sum / world_size).cpu().tolist()
+            # Assumption: the median of per-iteration maxima is robust to the scheduler spikes of a shared host.
+            time_s = statistics.median(maxima)
+            rows.append(Measurement(
+                op=op, nbytes=nbytes, num_ranks=world_size, time_s=time_s, algbw_Bps=algbw_Bps(nbytes, time_s),
+                busbw_Bps=busbw_Bps(op, world_size, nbytes, time_s), source="validation.collectives",
+                dtype="float32", algorithm=None, in_place=False, num_nodes=hosts,
+                label=f"{config.backend} median of {config.iters}", nccl_version=meta.get("nccl_version")))
+            samples += [Sample(op, nbytes, world_size, i, a, b) for i, (a, b) in enumerate(zip(maxima, means,
+                                                                                             strict=True))]
+    return rows, samples, meta
+
+
+def write_samples_csv(samples: list[Sample], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Every timed iteration: op, nbytes, num_ranks, iteration, time_max_s, time_mean_s."""
+    with Path(path).open("w", newline="", encoding="utf-8") as fh:
+        fh.write(_metadata_lines(metadata))
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(("op", "nbytes", "num_ranks", "iteration", "time_max_s", "time_mean_s"))
+        for s in samples:
+            writer.writerow((s.op, s.nbytes, s.num_ranks, s.iteration, repr(s.time_max_s), repr(s.time_mean_s)))
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m validation.collectives", description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--bytes", default="1K:1M:x4", help="nccl-tests sizes: 8:8G:x2, 1M:4M:+1M or 1M,64M")
+    parser.add_argument("--ops", default="all", help=f"comma list of {','.join(BENCH_OPS)} (or all)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default="collectives.csv")
+    parser.add_argument("--samples", default=None, help="also write every timed iteration to this CSV")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    ops = BENCH_OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    unknown = [o for o in ops if o not in BENCH_OPS]
+    if unknown:
+        raise HarnessError(f"--ops: unknown op(s) {', '.join(unknown)} (fix: use {','.join(BENCH_OPS)} or all)")
+    if args.warmup < 0 or args.iters < 1:
+        raise HarnessError("--warmup must be >= 0 and --iters >= 1")
+    sizes = tuple(int(s) for s in parse_size_list(args.bytes))
+    command = "python -m validation.collectives " + shlex.join(sys.argv[1:] if argv is None else argv)
+    config = BenchConfig(ops=ops, sizes=sizes, warmup=args.warmup, iters=args.iters, backend=args.backend,
+                         command=command)
+    result = benchmark(config, args.ranks)
+    if result is None or not result[2]:
+        return 0  # a torchrun rank other than 0: rank 0 writes the files
+    rows, samples, meta = result
+    write_measurements_csv(rows, args.out, metadata=meta)
+    if args.samples:
+        write_samples_csv(samples, args.samples, meta)
+    print(f"wrote {len(rows)} measurements to {args.out}" + (f", samples to {args.samples}" if args.samples else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_guard(main))

@@ -1,0 +1,80 @@
+"""``python -m validation.mlp``: check and time the MLP's parallel cuts (usage: validation.mlp's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from simdist.calibrate.steps import write_step_measurements_csv
+from validation.mlp.cuts import DDP_BUCKET_BYTES
+from validation.mlp.harness import ALL_CUTS, StepConfig, run_steps
+from validation.mlp.model import MLPConfig
+from validation.spawn import HarnessError, cli_guard
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m validation.mlp",
+                                     description="Check and time the CS336 MLP's data, tensor and pipeline cuts.")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--cuts", default="all", help=f"comma list of {','.join(ALL_CUTS)} (or all)")
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (default 2 x ranks)")
+    parser.add_argument("--batch-split", default=None, help="data parallel examples per rank, e.g. 1,3")
+    parser.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20, help="bucket size, MiB")
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", default=None, help="write the timed steps to this CSV")
+    parser.add_argument("--check", action="store_true", help="compare gradients with the single-process reference")
+    parser.add_argument("--tolerance", type=float, default=1e-5)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    cuts = ALL_CUTS if args.cuts == "all" else tuple(c.strip() for c in args.cuts.split(",") if c.strip())
+    unknown = [c for c in cuts if c not in ALL_CUTS]
+    if unknown:
+        raise HarnessError(f"--cuts: unknown cut(s) {', '.join(unknown)} (fix: use {','.join(ALL_CUTS)} or all)")
+    if min(args.width, args.layers, args.batch, args.ranks, args.iters) < 1 or args.warmup < 0:
+        raise HarnessError("--width, --layers, --batch, --ranks and --iters must be >= 1, --warmup >= 0")
+    try:
+        split = tuple(int(v) for v in args.batch_split.split(",")) if args.batch_split else None
+    except ValueError:
+        raise HarnessError(f"--batch-split '{args.batch_split}' is not a comma list of integers (e.g. 1,3)") from None
+    command = "python -m validation.mlp " + shlex.join(sys.argv[1:] if argv is None else argv)
+    config = StepConfig(
+        mlp=MLPConfig(num_layers=args.layers, width=args.width, batch=args.batch, seed=args.seed, lr=args.lr),
+        cuts=cuts, backend=args.backend, warmup=args.warmup, iters=args.iters,
+        num_microbatches=args.microbatches or min(args.batch, 2 * args.ranks), batch_split=split,
+        bucket_bytes=max(1, int(args.bucket_mb * 2**20)), check=args.check,
+        command=command)
+    rows, checks, meta = run_steps(config, args.ranks, timeout_s=args.timeout)
+    if not meta:
+        return 0  # a torchrun rank other than 0
+    for r in rows:
+        print(f"{r.cut:24s} ranks {r.world_size}  step {r.time_s * 1e3:9.3f} ms (mean {r.time_mean_s * 1e3:.3f} ms)")
+    failed = []
+    for c in checks:
+        ok = c.grad_rel_err <= args.tolerance
+        failed += [] if ok else [c.cut]
+        print(f"check {c.cut:24s} grad max|diff| {c.grad_abs_err:.2e} (relative {c.grad_rel_err:.2e}), "
+              f"weights max|diff| {c.weight_abs_err:.2e}: {'ok' if ok else 'FAILED'}")
+    if args.out:
+        write_step_measurements_csv(rows, args.out, metadata=meta)
+        print(f"wrote {len(rows)} step measurements to {args.out}")
+    if failed:
+        print(f"error: gradients differ from the single-process reference by more than {args.tolerance:g} "
+              f"(relative) in: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_guard(main))

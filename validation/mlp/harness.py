@@ -1,0 +1,154 @@
+"""Check each cut against the single-process reference and time its training step, on every rank.
+
+`run_steps(config, world_size)` launches the ranks (validation.spawn) and returns rank 0's rows
+(`simdist.calibrate.steps.StepMeasurement`), gradient checks (`CheckResult`) and run metadata.
+
+Check: a fresh cut (seeded weights, the same data) takes one step; each rank compares its gradients and
+updated weights with the matching shard of `reference_step`, computed on the same rank; the largest absolute
+differences and the largest reference gradient are reduced by MAX over ranks. ``grad_rel_err`` is the largest
+gradient difference over the largest reference gradient (the scale of the check); fp32 with other summation
+orders lands near 1e-7.
+
+Timing (the lecture and nccl-tests): ``warmup`` untimed steps, then ``iters`` steps each preceded by a barrier
+(and ``torch.cuda.synchronize()`` on GPU) and closed by a synchronize; per-rank times are reduced by MAX and
+SUM all_reduces. ``time_s`` = median over iterations of the max over ranks, ``time_mean_s`` = the mean over
+iterations and ranks. The ``single`` cut (the whole batch on one process) runs on rank 0 while the other
+ranks wait at a barrier, and is recorded with world_size 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from simdist.calibrate.steps import StepMeasurement
+from validation.mlp.cuts import DDP_BUCKET_BYTES, Cut, build_cut
+from validation.mlp.model import MLPConfig, reference_step
+from validation.spawn import device_name, launch, run_metadata
+
+__all__ = ["ALL_CUTS", "CheckResult", "StepConfig", "run_steps"]
+
+ALL_CUTS: tuple[str, ...] = ("single", "data_parallel", "data_parallel_bucketed", "tensor_parallel",
+                             "pipeline_gpipe", "pipeline_1f1b")
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    mlp: MLPConfig
+    cuts: tuple[str, ...] = ALL_CUTS
+    backend: str = "gloo"
+    warmup: int = 2
+    iters: int = 10
+    num_microbatches: int = 4
+    batch_split: tuple[int, ...] | None = None
+    bucket_bytes: int = DDP_BUCKET_BYTES
+    check: bool = True
+    timed: bool = True
+    command: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    cut: str
+    grad_abs_err: float  # max |g - g_ref| over ranks and parameters
+    grad_rel_err: float  # grad_abs_err / max |g_ref|
+    weight_abs_err: float  # max |w - w_ref| after the SGD update
+    grad_ref_max: float
+
+
+def run_steps(config: StepConfig, world_size: int, *, timeout_s: float = 600.0
+              ) -> tuple[list[StepMeasurement], list[CheckResult], dict[str, str]]:
+    """Run the checks and timings on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's results."""
+    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,), timeout_s=timeout_s)
+
+
+def _worker(rank: int, world: int, config: StepConfig) -> Any:
+    import torch
+
+    gpu = config.backend == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    meta = run_metadata(config.backend, world, config.command) if rank == 0 else {}
+    reference = reference_step(config.mlp, device) if config.check else None
+    rows: list[StepMeasurement] = []
+    checks: list[CheckResult] = []
+    for name in config.cuts:
+        if config.check and name != "single":
+            cut = _build(name, config, rank, world, device)
+            cut.step()
+            checks.append(_compare(cut, reference, device))
+        if config.timed:
+            row = _time_cut(name, config, rank, world, device)
+            if row is not None:
+                rows.append(row)
+    return rows, checks, meta
+
+
+def _build(name: str, config: StepConfig, rank: int, world: int, device: Any) -> Cut:
+    return build_cut(name, config.mlp, rank, world, device, num_microbatches=config.num_microbatches,
+                     batch_split=list(config.batch_split) if config.batch_split else None,
+                     bucket_bytes=config.bucket_bytes)
+
+
+def _compare(cut: Cut, reference: Any, device: Any) -> CheckResult:
+    import torch
+    import torch.distributed as dist
+
+    grads, updated = reference
+    g_err = w_err = g_ref = 0.0
+    for p, (layer, cols) in zip(cut.params, cut.shards, strict=True):
+        g_err = max(g_err, (p.grad - grads[layer][:, cols]).abs().max().item())
+        w_err = max(w_err, (p.detach() - updated[layer][:, cols]).abs().max().item())
+        g_ref = max(g_ref, grads[layer][:, cols].abs().max().item())
+    errors = torch.tensor([g_err, w_err, g_ref], dtype=torch.float64, device=device)
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    g_err, w_err, g_ref = errors.tolist()
+    return CheckResult(cut.name, g_err, g_err / g_ref if g_ref > 0 else float("inf"), w_err, g_ref)
+
+
+def _time_cut(name: str, config: StepConfig, rank: int, world: int, device: Any) -> StepMeasurement | None:
+    import torch
+    import torch.distributed as dist
+
+    gpu = config.backend == "nccl"
+    single = name == "single"
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    times: list[float] = []
+    cut = None
+    if not single or rank == 0:
+        cut = _build(name, config, rank, world, device)
+        for _ in range(config.warmup):
+            cut.step()
+        for _ in range(config.iters):
+            sync()
+            if not single:
+                dist.barrier()
+            start = time.perf_counter()
+            cut.step()
+            sync()
+            times.append(time.perf_counter() - start)
+    dist.barrier()
+    if single:
+        if rank != 0:
+            return None
+        maxima = means = times
+    else:
+        t_max = torch.tensor(times, dtype=torch.float64, device=device)
+        t_sum = t_max.clone()
+        dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t_sum, op=dist.ReduceOp.SUM)
+        if rank != 0:
+            return None
+        maxima, means = t_max.cpu().tolist(), (t_sum / world).cpu().tolist()
+    assert cut is not None
+    return StepMeasurement(
+        cut=name, world_size=1 if single else world, num_layers=config.mlp.num_layers, width=config.mlp.width,
+        global_batch=config.mlp.batch, num_microbatches=cut.num_microbatches, dtype="fp32",
+        # Assumption: the median of per-iteration maxima is robust to scheduler spikes on a shared host.
+        time_s=statistics.median(maxima), time_mean_s=statistics.fmean(means), num_samples=len(maxima),
+        backend=config.backend, device=device_name(config.backend), source="validation.mlp")
