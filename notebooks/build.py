@@ -332,10 +332,303 @@ api.line_chart(ms, {"step time (ms)": [r["step_time_s"] * 1e3 for r in steps]},
 * Compare GPipe and 1F1B memory in a real scenario with `api.run_spec(...).result["memory"]`."""),
 ]
 
+NB04 = [
+    (MD, """# 4. Explore before buying: a layout search and a hardware comparison
+
+Before renting a thousand GPUs for months, two questions deserve an answer on a laptop:
+
+1. **How should the model be cut?** Tensor (tp), pipeline (pp, with vpp virtual stages), data (dp) and context
+   (cp) parallelism, the micro-batch size, the ZeRO stage, activation recomputation and sequence parallelism
+   multiply into thousands of layouts. Most do not fit in memory, and among those that do the step time
+   still varies a lot.
+2. **Which hardware, at what cost?** A faster GPU at a higher hourly price can still be the cheaper way to
+   train a fixed number of tokens.
+
+The running example is **Llama 3 70B** (80 layers, hidden 8192, 64 heads with 8 KV groups, sequence 8192,
+Dubey et al. 2024) on **1024 H100s** (128 DGX H100 nodes), with a global batch of 1024 sequences, i.e.
+1024 x 8192 = 8.4 M tokens per step."""),
+    (CODE, """from simdist import api
+
+MODEL, CLUSTER, GPUS, BATCH = "llama3-70b", "dgx-h100", 1024, 1024
+print(f"{BATCH} sequences x 8192 tokens = {BATCH * 8192 / 1e6:.1f} M tokens per step on {GPUS} GPUs")"""),
+    (MD, """## The layout search
+
+`api.search` enumerates every layout with tp x pp x dp x cp = number of GPUs, then prunes what cannot work
+(the batch does not split, interleaving needs enough micro-batches, ZeRO-2/3 together with pipelining, and
+above all: **memory per GPU** beyond the GPU's capacity). The closed form (a formula per op of the same op
+graph the simulator runs) ranks the survivors in well under a second; the discrete-event engine then
+re-simulates the best `top_k` with overlap and contention.
+
+To keep this notebook fast the space is restricted: tp at most 8 (one NVLink domain), pp at most 16, no context
+parallelism, vpp at most 4, micro-batches of 1 or 2 sequences."""),
+    (CODE, """search = api.search(MODEL, CLUSTER, GPUS, BATCH, max_tp=8, max_pp=16, max_cp=1, max_vpp=4,
+                    max_micro_batch=2, top_k=3)
+print(search.text)"""),
+    (MD, """How to read the table: `step s` and `tokens/s` are the closed form's, `engine step s` the discrete-event
+engine's for the re-simulated top three. **MFU** (model FLOPs utilisation) is the model's matrix-multiply
+FLOPs (forward and backward, attention included, recomputation not counted; Korthikanti et al. 2022 eq. 3)
+per second, over the GPUs' peak bf16 FLOP/s.
+`GiB/GPU` is the peak stage's memory: weights, gradients, optimizer state (sharded by ZeRO), activations.
+
+The top layouts are within about 1 % of each other, and the engine (which sees overlap and the real
+interleaved schedule) can reorder them: a near-tie means "any of these", not "exactly this one".
+
+Where did the layouts go?"""),
+    (CODE, """doc = search.doc
+print(f"{doc['candidates']} layouts enumerated, {doc['feasible']} feasible")
+for reason, count in doc["pruned_counts"].items():
+    print(f"  pruned by {reason:>14}: {count}")"""),
+    (MD, """## The tp x pp map
+
+Each cell is the best throughput over everything else (dp follows from tp and pp; vpp, micro-batch, ZeRO,
+recompute, sequence parallelism vary inside the cell); an empty cell has no layout that fits. Small tp x pp
+leaves each GPU holding too large a share of the 70 B parameters and their optimizer state; large tp pays for
+activation all-reduces on every layer, large pp for a bigger pipeline bubble."""),
+    (CODE, """api.search_heatmap(search)"""),
+    (MD, """## Memory against speed: the Pareto front
+
+Every feasible layout is a point. The *Pareto front* holds the layouts no other layout beats on both memory
+(less) and throughput (more). A layout right at the memory limit is fragile (a longer sequence or a framework's
+extra buffers and it no longer fits); a point on the front a little to the left may be worth the few percent."""),
+    (CODE, """api.search_pareto(search)"""),
+    (MD, """## What the winner's layout means
+
+Take the closed form's first row apart. The step time is the sum of compute, the communication of each
+parallel dimension that is *not* hidden behind compute, and the pipeline bubble:
+
+* **tp** splits every matrix multiply across tp GPUs and adds activation all-reduces (or reduce-scatter +
+  all-gather with sequence parallelism) in every layer, forward and backward: 4 per layer per micro-batch.
+  They sit on the critical path, so tp stays inside a node's NVLink (450 GB/s per GPU) and no larger than
+  needed: tp is what memory forces, not what speed asks for.
+* **pp** cuts the 80 layers into pp stages. Its traffic is small (one activation per micro-batch boundary),
+  but it costs the bubble (pp - 1) / (vpp x M + pp - 1) for M micro-batches per step.
+* **vpp** (interleaving) gives each GPU vpp non-adjacent chunks of layers: the bubble shrinks by vpp, for vpp
+  times more point-to-point messages.
+* **dp** replicates what is left; its gradient reduce-scatter/all-reduce runs across nodes over InfiniBand but
+  overlaps with the backward pass, and ZeRO-1 shards the optimizer state over the dp replicas: the 16 bytes per
+  parameter of mixed-precision Adam (bf16 weights and gradients, fp32 master weights and two moments) would be
+  1.1 TB for 70 B parameters, far beyond any GPU."""),
+    (CODE, """best = doc["ranked"][0]
+lay = best["layout"]
+m = best["num_microbatches"]
+formula = (lay["pp"] - 1) / (lay["vpp"] * m + lay["pp"] - 1)
+print(f"winner (closed form): {best['key']}")
+print(f"  tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']} = {lay['tp'] * lay['pp'] * lay['dp']} GPUs; "
+      f"{80 // (lay['pp'] * lay['vpp'])} layers per chunk, {lay['vpp']} chunks per GPU")
+print(f"  {m} micro-batches of {lay['micro_batch_size']} per step: bubble formula "
+      f"(pp-1)/(vpp*M+pp-1) = {formula:.1%}, step's bubble {best['bubble_s'] / best['step_time_s']:.1%}")
+print(f"  memory {best['memory_per_gpu_bytes'] / 2**30:.1f} GiB per GPU of the H100's 80 GiB")
+print(f"  step {best['step_time_s']:.2f} s = compute {best['compute_s']:.2f} + tp comm {best['tp_comm_s']:.2f} "
+      f"+ pp comm {best['pp_comm_s']:.2f} + exposed dp comm {best['dp_exposed_s']:.2f} + bubble {best['bubble_s']:.2f}"
+      f" + ... ; MFU {best['mfu']:.1%}")
+for e in doc["engine"]:
+    print(f"engine: {e['key']}: {e['engine_step_time_s']:.2f} s "
+          f"(closed form {e['closed_form_step_time_s']:.2f} s)")"""),
+    (MD, """Reading these numbers: compute is about four fifths of the step, and the largest overhead is the pipeline
+bubble, larger than the formula because the stages are not equal: the first and the last also hold the
+embedding and the output layer over a 128 K vocabulary, and the slowest stage sets the pace (notebook 3).
+The data-parallel gradient traffic is almost entirely hidden behind the backward pass.
+
+The winner uses nearly all of the H100's memory; the runner-up with tp 8 uses about half, at a cost of well
+under 1 % in throughput, and the engine even ranks it ahead: it is the layout to start from. This is the
+Pareto front's argument in numbers."""),
+    (MD, """Side by side, the top five and where their time goes (closed form; the bubble and the tensor-parallel
+communication are what separates them):"""),
+    (CODE, """top = doc["ranked"][:5]
+keys = [f"tp{r['layout']['tp']} pp{r['layout']['pp']} v{r['layout']['vpp']} mbs{r['layout']['micro_batch_size']} "
+        f"z{r['layout']['zero_stage']}" for r in top]
+parts = {name: [r[key] for r in top] for name, key in [("compute", "compute_s"), ("recompute", "recompute_s"),
+                                                        ("tp communication", "tp_comm_s"),
+                                                        ("pp communication", "pp_comm_s"),
+                                                        ("exposed dp communication", "dp_exposed_s"),
+                                                        ("bubble", "bubble_s")]}
+api.bar_chart(keys, parts, title=f"{MODEL} on {GPUS} H100s: where the step goes", y_title="seconds per step",
+              stacked=True)"""),
+    (MD, """## Which hardware, and what it costs
+
+`api.compare` runs the same search on each cluster (its own GPU, NVLink generation and network), takes the best
+layout, and turns tokens/s into **time**, **GPU-hours**, **cost** and **energy** to train a token budget, here
+15 T tokens (about Llama 3's pre-training set). 576 GPUs is a whole number of nodes for every preset: 72 eight-GPU
+nodes, or 8 GB200 NVL72 racks; the global batch is 1152 sequences so that it divides.
+
+**The prices below are illustrative assumptions, not quotes**: round numbers in US dollars per GPU-hour made
+up for this example. Real prices depend on the provider, the contract length and the year; put yours in.
+Energy assumes every GPU draws its full TDP for the whole run (an upper bound of the GPUs' share; PUE 1.0, so
+no cooling or hosts)."""),
+    (CODE, """ILLUSTRATIVE_USD_PER_GPU_HOUR = {  # example numbers only, NOT quotes
+    "dgx-a100": 1.50, "dgx-h100": 2.50, "hgx-h200": 3.00, "dgx-b200": 4.50, "gb200-nvl72": 6.00}
+comparison = api.compare(MODEL, list(ILLUSTRATIVE_USD_PER_GPU_HOUR), 576, 15e12, global_batch_size=1152,
+                         prices=[f"{c}={p}" for c, p in ILLUSTRATIVE_USD_PER_GPU_HOUR.items()])
+print(f"{'cluster':>12} {'best layout':>58} {'tokens/s':>10} {'MFU':>6} {'days':>6} {'M USD':>6} {'GWh':>5}")
+for r in comparison["rows"]:
+    if "error" in r:
+        print(f"{r['cluster']:>12}: {r['error']}")
+        continue
+    print(f"{r['cluster']:>12} {r['layout']:>58} {r['tokens_per_s']:10,.0f} {r['mfu']:6.1%} "
+          f"{r['time_to_train_days']:6.0f} {r['cost_usd'] / 1e6:6.2f} {r['energy_kwh'] / 1e6:5.2f}")"""),
+    (CODE, """api.compare_chart(comparison)"""),
+    (MD, """How to read it:
+
+* **Time** follows peak FLOP/s times MFU; newer GPUs finish in a fraction of the days.
+* **Cost** = GPUs x hours x price: a GPU twice as fast at less than twice the price is cheaper per token, and
+  one a little faster at a noticeably higher price is dearer. Change one price and the ranking can flip; that is
+  the point of computing it.
+* **The best layout changes with the hardware**: more memory per GPU (H200, B200) allows smaller tp and pp, and
+  an NVLink domain of 72 GPUs (GB200 NVL72) makes different cuts cheap.
+* Months on 576 GPUs is not how Llama 3 was trained (up to 16 K H100s); more GPUs shorten the run nearly in
+  proportion for as long as the global batch still splits into enough micro-batches per replica.
+
+## Try it
+
+* Search `llama3-8b` or `llama3-405b`, or another `CLUSTER` (`hgx-h200` has 141 GB per GPU: which cells of the
+  heatmap open up?).
+* Allow `max_cp=2` (context parallelism) or `max_tp=16` and see whether the winner changes.
+* Put your own prices in `ILLUSTRATIVE_USD_PER_GPU_HOUR` and a `pue=1.3` in `api.compare` for the facility."""),
+]
+
+NB05 = [
+    (MD, """# 5. Calibration: fit the simulator to measurements, then check it on data it has not seen
+
+A preset is built from datasheet numbers and a few published measurements. A real cluster differs: NCCL's
+protocol switches, launch latencies, a slower firmware, a busy switch. **Calibration** fits a few parameters
+of the topology to measured collective times (nccl-tests output, or simdist's own torch.distributed harness)
+and writes a *calibrated topology* file that every later prediction can use. **Validation** is the honest part:
+fit on some measurements, predict the others, and report the error.
+
+The measurements here are a published nccl-tests `all_reduce_perf` sweep on one 8 x A100 node (NVLink3,
+NVSwitch), 32 KiB to 16 GiB, from Stas Bekman's *ml-engineering* (the same rows as
+`validation/reference/nccl_collectives_ml_engineering.csv`, dataset `mle_a100_node_nccltests`), in the text
+format nccl-tests prints. Its out-of-place columns are the published ones; the in-place columns of this test
+sample are synthetic (within about 1 % of them, see the file header), and the fit takes the median of both."""),
+    (CODE, """from simdist import api
+
+sweep = api.measurement_file("all_reduce_perf_a100x8.txt")
+measured, _ = api.read_measurement_files([sweep])
+measured = [m for m in measured if not m.in_place]
+print(f"{len(measured)} out-of-place points from {sweep.name}")
+print(f"{'size':>12} {'time':>11} {'busbw':>11}")
+for m in measured[::3]:
+    print(f"{m.nbytes:12,d} {m.time_s * 1e6:8.1f} us {m.busbw_Bps / 1e9:6.1f} GB/s")"""),
+    (MD, """## Before: the uncalibrated preset
+
+`dgx-a100` models NVLink3 at 300 GB/s per GPU per direction with an efficiency of 0.77 (the busbw NVIDIA
+reported at the plateau). Where does it miss? Compare its busbw with the measured one at every size:"""),
+    (CODE, """sizes = [float(m.nbytes) for m in measured]
+preset = api.collective("dgx-a100", "all_reduce", 8, sizes)
+for m, p in list(zip(measured, preset, strict=True))[::3]:
+    print(f"{m.nbytes:12,d} B: measured {m.time_s * 1e6:9.1f} us, preset {p.time_s * 1e6:9.1f} us "
+          f"({100 * (p.time_s - m.time_s) / m.time_s:+5.1f} %)")
+api.line_chart(sizes, {"measured (nccl-tests, 8 x A100)": [m.busbw_Bps / 1e9 for m in measured],
+                       "dgx-a100 preset, uncalibrated": [p.busbw_GBps for p in preset]},
+               title="all_reduce busbw on one A100 node: measured vs the preset", x_title="size (bytes)",
+               y_title="busbw (GB/s)", log_x=True, dashed=["dgx-a100 preset, uncalibrated"])"""),
+    (MD, """The plateau is right (within 2 % from 1 GiB up), but small messages are about three times slower than the
+preset says: the measured time never falls below about 44 us, while the model's per-step
+latencies add up to much less. Those sizes matter: tensor-parallel activations and bucketed gradients of small
+models live there.
+
+## Fitting
+
+`api.calibrate` fits, for each tier of the network it has data for (here NVLink inside one node), a robust
+line t = alpha + S / busbw (Huber/biweight weights, so warm-up spikes do not drag it), sets the tier's
+efficiency from busbw, and for each measured collective a latency, a bandwidth factor and a smooth efficiency
+curve over size. The result is a YAML file naming the topology it belongs to; `simdist run --calibration` and
+`api.collective(..., calibration=...)` apply it. (It is written to the working directory.)"""),
+    (CODE, """fitted = api.calibrate([sweep], "dgx-a100", out="dgx-a100-calibrated.yaml")
+cal = fitted["calibration"]
+tier = cal["fit"]["tiers"][0]
+ar = cal["collectives"]["all_reduce"]
+print(f"NVLink tier: alpha {tier['alpha']}, busbw {tier['busbw']} "
+      f"(95 % CI {tier['busbw_ci'][0]} .. {tier['busbw_ci'][1]})")
+print(f"scale_up efficiency {tier['efficiency_before']} -> {cal['overrides']['scale_up']['efficiency']}")
+print(f"all_reduce: latency {ar['latency']}, bandwidth factor {ar['bandwidth_factor']:.3f}, "
+      f"efficiency knots at {len(ar['efficiency_sizes'])} sizes")
+print(f"in-sample MAPE {cal['fit']['mape_pct']:.3f} % (uncalibrated {cal['fit']['mape_uncalibrated_pct']:.1f} %)")"""),
+    (MD, """An in-sample error of a few thousandths of a percent proves nothing: the efficiency curve has a knot at
+every measured size, so it can pass through every point. What counts is the error on sizes the fit did not see.
+
+## Validation on held-out sizes
+
+`api.validate(..., holdout="sizes")` fits on every other size of the sweep and predicts the rest. Each row is a
+held-out size: measured, predicted by that fit, predicted by the uncalibrated preset, and the errors."""),
+    (CODE, """check = api.validate([sweep], "dgx-a100-calibrated.yaml", holdout="sizes")
+print(f"fitted on {check['fit_points']} sizes, predicting {check['predicted_points']}")
+print(f"{'size':>14} {'measured':>11} {'calibrated':>11} {'error':>7} {'preset':>11} {'error':>7}")
+for r in check["rows"]:
+    print(f"{r['nbytes']:14,.0f} {r['measured_s'] * 1e6:8.1f} us {r['predicted_s'] * 1e6:8.1f} us "
+          f"{r['error_pct']:+6.1f}% {r['uncalibrated_s'] * 1e6:8.1f} us {r['uncalibrated_error_pct']:+6.1f}%")
+print(f"MAPE on held-out sizes: calibrated {check['mape_pct']['all']:.1f} %, "
+      f"uncalibrated {check['uncalibrated_mape_pct']['all']:.1f} %")"""),
+    (CODE, """api.validation_chart(check)"""),
+    (MD, """The remaining errors sit where the measured curve is bumpy (1 MiB and 16 MiB, where NCCL switches between
+its LL, LL128 and Simple protocols and the number of channels): interpolating between neighbours cannot know
+about a step that only the missing point shows.
+
+### Extrapolation is a different question
+
+Fit on the small sizes only and predict the largest third (`holdout="large"`): the fit has seen no plateau, and
+its bandwidth is pinned by sizes where latency dominates. Here the calibrated prediction is *worse* than the
+preset's datasheet bandwidth. Measure over the range you want to predict."""),
+    (CODE, """far = api.validate([sweep], "dgx-a100-calibrated.yaml", holdout="large")
+print(f"holdout=large: fitted on {far['fit_points']} smallest sizes, predicting the {far['predicted_points']} largest")
+print(f"MAPE: calibrated {far['mape_pct']['all']:.1f} %, uncalibrated {far['uncalibrated_mape_pct']['all']:.1f} %")"""),
+    (MD, """## Using the calibrated topology
+
+Every prediction on `dgx-a100` can now take the file: the same all-reduce at 64 KiB and at 1 GiB, before and
+after, against the measurement."""),
+    (CODE, """probe = [65536.0, 2.0**30]
+before = api.collective("dgx-a100", "all_reduce", 8, probe)
+after = api.collective("dgx-a100", "all_reduce", 8, probe, calibration="dgx-a100-calibrated.yaml")
+truth = {m.nbytes: m.time_s for m in measured}
+for b, a in zip(before, after, strict=True):
+    t = truth[int(b.nbytes)]
+    print(f"{b.nbytes:13,.0f} B: measured {t * 1e6:8.1f} us, preset {b.time_s * 1e6:8.1f} us, "
+          f"calibrated {a.time_s * 1e6:8.1f} us")"""),
+    (MD, """## Measurements from a CPU box: the three cuts on 4 gloo ranks
+
+simdist's own harness (`python -m validation.mlp`) trained the lecture's MLP (4 layers, width 1024, batch 128,
+fp32) for real with torch.distributed on **4 gloo ranks on one 2-core CPU host**, single-process and under each
+cut, checking the gradients against the single-process run. These are real step times, but of a CPU box: no
+GPU preset describes it, so they are not for calibrating a DGX (fitting `dgx-h100` to loopback gloo would give
+a topology that is neither). What they show is the lecture's point in miniature:"""),
+    (CODE, """steps = api.read_step_measurements(api.measurement_file("gloo_cpu_mlp_steps.csv"))
+single = next(s["time_s"] for s in steps if s["cut"] == "single")
+for s in steps:
+    print(f"{s['cut']:>23} on {s['world_size']} rank(s), {s['num_microbatches']} micro-batch(es): "
+          f"{s['time_s'] * 1e3:6.1f} ms ({s['time_s'] / single:.2f} x single)")
+api.bar_chart([s["cut"] for s in steps], {"measured step (ms)": [s["time_s"] * 1e3 for s in steps]},
+              title="the lecture's MLP, one training step, gloo on a 2-core CPU (measured)", y_title="ms")"""),
+    (MD, """What they mean:
+
+* With 2 cores for 4 ranks, splitting the arithmetic buys nothing: the cuts can only add communication and
+  waiting to the single-process step.
+* **Data parallel** adds one all-reduce of the 16 MiB of fp32 gradients. The same host measured that collective
+  on its own (`gloo_cpu_collectives.csv`), and it accounts for most of the difference (below). Bucketing the
+  gradients into one buffer was slower here: with only 8 tensors there are few calls to save, and copying into
+  and out of the bucket is not free on a CPU.
+* **Tensor parallel** moves activations (the 128 x 1024 layer inputs, 512 KiB each) instead of gradients.
+* **Pipeline** cuts pay the bubble: 4 stages and 8 micro-batches give (K-1)/(M+K-1) = 3/11 = 27 % idle in
+  GPipe, and 1F1B, with the same bubble, keeps fewer activations alive."""),
+    (CODE, """gloo, _ = api.read_measurement_files([api.measurement_file("gloo_cpu_collectives.csv")])
+ar16 = next(m for m in gloo if m.op == "all_reduce" and m.nbytes == 16 * 2**20)
+dp = next(s["time_s"] for s in steps if s["cut"] == "data_parallel")
+print(f"data parallel - single = {(dp - single) * 1e3:.1f} ms; measured all_reduce of 16 MiB on the same host: "
+      f"{ar16.time_s * 1e3:.1f} ms")"""),
+    (MD, """## Try it
+
+* Calibrate `hgx-h200` with the H200 all-gather sweep: `api.measurement_file("all_gather_perf_h200x8.txt")`.
+* Calibrate `dgx-h100` with the A100 sweep (as `tests/test_calibrate.py` does) and look at the NVLink efficiency
+  it needs: about half, because an A100's NVLink is two thirds of an H100's and the preset uses NVLS.
+* Point `api.calibrate` at your own `all_reduce_perf -b 8 -e 8G -f 2 -g 8` output, then pass the YAML to
+  `simdist run --calibration`."""),
+]
+
 NOTEBOOKS = {
     "01_collectives.ipynb": NB01,
     "02_three_cuts.ipynb": NB02,
     "03_pipeline_bubbles.ipynb": NB03,
+    "04_explore_before_buying.ipynb": NB04,
+    "05_calibration.ipynb": NB05,
 }
 
 

@@ -668,6 +668,62 @@ def bar_chart(categories: list[str], series: dict[str, list[float]], *, title: s
     return bar_figure(categories, series, title=title, y_title=y_title, stacked=stacked, y_format=y_format)
 
 
+MEASUREMENT_DIRS = ("validation/reference", "tests/data")  # relative to the source checkout
+
+
+def measurement_file(name: str) -> Path:
+    """The path of a committed measurement file of the source checkout, by name: ``validation/reference/NAME``
+    (measured reference data) or ``tests/data/NAME`` (nccl-tests samples), whatever the working directory."""
+    root = Path(__file__).resolve().parents[1]
+    for folder in MEASUREMENT_DIRS:
+        path = root / folder / name
+        if path.is_file():
+            return path
+    known = sorted(p.name for folder in MEASUREMENT_DIRS if (root / folder).is_dir()
+                   for p in (root / folder).iterdir() if p.suffix in (".csv", ".txt", ".json"))
+    raise SpecError(f"no measurement file '{name}' in {' or '.join(MEASUREMENT_DIRS)}", field="name",
+                    fix=f"use one of: {', '.join(known)}" if known else "run from a source checkout of simdist")
+
+
+def read_step_measurements(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of an MLP step CSV (``python -m validation.mlp``'s output) as dicts: ``cut``, ``world_size``,
+    ``time_s`` (median of the per-step maximum over ranks), ... (schema: simdist.calibrate.steps)."""
+    from simdist.calibrate.steps import read_step_measurements as read_steps
+
+    return [dataclasses.asdict(m) for m in read_steps(path)]
+
+
+def search_heatmap(out: SearchOutput) -> Any:
+    """The search report's tp x pp heatmap (plotly) of the best closed-form tokens/s of a `search`."""
+    from simdist.report.search_html import heatmap_figure
+
+    return heatmap_figure(out.doc["ranked"])
+
+
+def search_pareto(out: SearchOutput) -> Any:
+    """The search report's memory per GPU vs tokens/s scatter with its Pareto front (plotly), of a `search`."""
+    from simdist.report.search_html import pareto_figure
+
+    return pareto_figure(out.doc["ranked"])
+
+
+def compare_chart(result: dict[str, Any], title: str | None = None) -> Any:
+    """Days, cost and energy to train per cluster (plotly bars), from `compare`'s result."""
+    from simdist.report.notebook_figures import compare_figure
+
+    return compare_figure(result["rows"], title or f"{result['model']} on {result['gpus']} GPUs: "
+                                                   f"{result['tokens']:.3g} tokens, best layout per cluster")
+
+
+def validation_chart(result: dict[str, Any], title: str | None = None) -> Any:
+    """Measured vs calibrated and uncalibrated predictions, with their errors (plotly), from `validate`'s result."""
+    from simdist.report.notebook_figures import prediction_figure
+
+    mape, uncal = result["mape_pct"]["all"], result["uncalibrated_mape_pct"]["all"]
+    return prediction_figure(result["rows"], title or (
+        f"{result['topology']}, holdout {result['holdout']}: MAPE {mape:.1f} % calibrated, {uncal:.1f} % uncalibrated"))
+
+
 # --------------------------------------------------------------------------- calibration and validation
 # (issue 5 parts 3-4: `simdist calibrate`, `simdist validate`, `--calibration`; keep this section contiguous)
 HOLDOUT_HELP = "sizes (every other size of each sweep), large (the largest third), ranks (the largest rank count), none"

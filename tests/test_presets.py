@@ -6,12 +6,14 @@ from pathlib import Path
 import pytest
 
 from simdist.hardware import GPU_PRESETS, load_topology, preset_names
+from simdist.hardware.gpus import CPU_PRESETS
 from simdist.hardware.summary import describe
 
 REFERENCE = Path(__file__).resolve().parents[1] / "validation" / "reference"
 
 EXPECTED_PRESETS = {
     "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-gen4-8gpu", "pcie-gen5-8gpu",
+    "cpu-loopback",
 }
 
 
@@ -51,7 +53,10 @@ def test_gpu_presets_match_reference_csv(preset, row):
 
 
 def test_gpu_dtype_ordering_is_physical():
-    for gpu in GPU_PRESETS.values():
+    for name, gpu in GPU_PRESETS.items():
+        if name in CPU_PRESETS:  # a CPU core: no tensor cores, every dtype at the fp32 rate (gpus.py)
+            assert gpu.peak.fp32 == gpu.peak.tf32 == gpu.peak.bf16 == gpu.peak.fp16 and gpu.peak.fp8 is None
+            continue
         assert gpu.peak.fp32 < gpu.peak.tf32 < gpu.peak.bf16 == gpu.peak.fp16
         if gpu.peak.fp8 is not None:
             # fp8 doubles the bf16 rate (L40S datasheet rounds: 733 vs 2 x 362.05)
@@ -109,5 +114,15 @@ def test_nvls_only_where_the_switch_has_it():
     assert {n: bool(load_topology(n).spec.scale_up and load_topology(n).spec.scale_up.nvls)
             for n in preset_names()} == {
         "dgx-a100": False, "dgx-h100": True, "hgx-h200": True, "dgx-b200": True, "gb200-nvl72": True,
-        "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False,
+        "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False, "cpu-loopback": False,
     }
+
+
+def test_cpu_loopback_is_gloo_ranks_on_one_host():
+    """Ranks = gpus_per_node (default 4); rank to rank crosses two loopback links (20 us, 4 GB/s priors)."""
+    t = load_topology("cpu-loopback")
+    assert t.num_gpus == 4 and t.gpu.name == "CPU-core-AVX2" and t.spec.scale_up is None
+    assert t.gpu.peak_flops("fp32") == 96e9  # 2 FMA x 8 lanes x 2 FLOP x 3.0 GHz
+    r = t.route(0, 3)
+    assert r.hops == 2 and r.bandwidth_Bps == 4e9 and [t.link(i).kind for i in r.links] == ["pcie", "pcie"]
+    assert load_topology("cpu-loopback", assignments=["gpus_per_node=2"]).num_gpus == 2

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import shlex
 import statistics
 import sys
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simdist.calibrate.measurements import Measurement, _metadata_lines, write_measurements_csv
+from simdist.calibrate.measurements import Measurement, _metadata_lines, write_measurements_csv, write_text_atomic
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.units import parse_size_list
 from validation.spawn import HarnessError, cli_guard, launch, run_metadata
@@ -75,10 +76,16 @@ class Sample:
     time_mean_s: float
 
 
-def benchmark(config: BenchConfig, world_size: int) -> tuple[list[Measurement], list[Sample], dict[str, str]]:
-    """Run the sweep on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's rows, samples, metadata."""
-    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,),
-                  timeout_s=600.0 + 2.0 * len(config.sizes) * len(config.ops) * (config.warmup + config.iters))
+def benchmark(config: BenchConfig, world_size: int, *, timeout_s: float | None = None
+              ) -> tuple[list[Measurement], list[Sample], dict[str, str]]:
+    """Run the sweep on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's rows, samples, metadata.
+
+    ``timeout_s``: seconds before every rank is stopped (`HarnessError`); default 600 s plus 2 s per timed or
+    warm-up iteration of the sweep.
+    """
+    if timeout_s is None:
+        timeout_s = 600.0 + 2.0 * len(config.sizes) * len(config.ops) * (config.warmup + config.iters)
+    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,), timeout_s=timeout_s)
 
 
 def element_count(op: str, nbytes: int, world_size: int) -> int:
@@ -195,12 +202,13 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
 
 def write_samples_csv(samples: list[Sample], path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """Every timed iteration: op, nbytes, num_ranks, iteration, time_max_s, time_mean_s."""
-    with Path(path).open("w", newline="", encoding="utf-8") as fh:
-        fh.write(_metadata_lines(metadata))
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(("op", "nbytes", "num_ranks", "iteration", "time_max_s", "time_mean_s"))
-        for s in samples:
-            writer.writerow((s.op, s.nbytes, s.num_ranks, s.iteration, repr(s.time_max_s), repr(s.time_mean_s)))
+    out = io.StringIO()
+    out.write(_metadata_lines(metadata))
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(("op", "nbytes", "num_ranks", "iteration", "time_max_s", "time_mean_s"))
+    for s in samples:
+        writer.writerow((s.op, s.nbytes, s.num_ranks, s.iteration, repr(s.time_max_s), repr(s.time_mean_s)))
+    write_text_atomic(path, out.getvalue())
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -213,6 +221,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="collectives.csv")
     parser.add_argument("--samples", default=None, help="also write every timed iteration to this CSV")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before the ranks are stopped (default: 600 + 2 per iteration of the sweep)")
     return parser.parse_args(argv)
 
 
@@ -224,11 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         raise HarnessError(f"--ops: unknown op(s) {', '.join(unknown)} (fix: use {','.join(BENCH_OPS)} or all)")
     if args.warmup < 0 or args.iters < 1:
         raise HarnessError("--warmup must be >= 0 and --iters >= 1")
+    if args.timeout is not None and args.timeout <= 0:
+        raise HarnessError(f"--timeout must be positive, got {args.timeout:g}")
     sizes = tuple(int(s) for s in parse_size_list(args.bytes))
     command = "python -m validation.collectives " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = BenchConfig(ops=ops, sizes=sizes, warmup=args.warmup, iters=args.iters, backend=args.backend,
                          command=command)
-    result = benchmark(config, args.ranks)
+    result = benchmark(config, args.ranks, timeout_s=args.timeout)
     if result is None or not result[2]:
         return 0  # a torchrun rank other than 0: rank 0 writes the files
     rows, samples, meta = result

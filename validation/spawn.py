@@ -92,7 +92,7 @@ def cli_guard(main: Callable[[list[str] | None], int], argv: list[str] | None = 
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        if exc.name != "torch":
+        if (exc.name or "").split(".")[0] != "torch":
             raise
         print("error: the validation harness needs torch, which is not installed "
               "(fix: pip install -e '.[validation]')", file=sys.stderr)

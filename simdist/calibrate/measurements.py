@@ -24,14 +24,17 @@ Every problem with a file is a one-line `SpecError` naming the file (and line) a
 from __future__ import annotations
 
 import csv
+import io
 import math
+import os
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError, SpecError
 
-__all__ = ["CSV_COLUMNS", "REQUIRED_COLUMNS", "Measurement", "read_measurements", "write_measurements_csv"]
+__all__ = ["CSV_COLUMNS", "REQUIRED_COLUMNS", "Measurement", "read_measurements", "write_measurements_csv",
+           "write_text_atomic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,9 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     if not p.is_file():
         raise SpecError("no such measurement file", source=str(p), fix="check the path")
     text = p.read_text(encoding="utf-8", errors="replace")
+    if _first_data_line(text) is None:
+        raise SpecError("measurement file is empty (no header, no rows)", source=str(p),
+                        fix="pass a file with measurements; a run that failed before writing them leaves none")
     if text.lstrip().startswith(("{", "[")) or p.suffix.lower() == ".json":
         return nccltests.parse_nccltests_json(text, source=str(p))
     if nccltests.looks_like_nccltests_text(text):
@@ -89,12 +95,26 @@ def write_measurements_csv(
     ``metadata`` (e.g. torch and NCCL versions, device, command) goes first as ``# key: value`` lines, one
     per line of a multi-line value; readers skip ``#`` lines.
     """
-    with Path(path).open("w", newline="", encoding="utf-8") as fh:
-        fh.write(_metadata_lines(metadata))
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(CSV_COLUMNS)
-        for m in rows:
-            writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in astuple(m)])
+    out = io.StringIO()
+    out.write(_metadata_lines(metadata))
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for m in rows:
+        writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in astuple(m)])
+    write_text_atomic(path, out.getvalue())
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a hidden temporary file beside it, then a rename
+    (POSIX rename(2) replaces the target atomically), so a crash or a full disk never leaves half a file."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="")
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _metadata_lines(metadata: dict[str, str] | None) -> str:
@@ -170,6 +190,15 @@ def _row_to_measurement(row: dict[str, str], source: str) -> Measurement:
     time_s = _number(row, "time_s", positive=True)
     algbw = _number(row, "algbw_Bps") if row.get("algbw_Bps") else algbw_Bps(nbytes, time_s)
     busbw = _number(row, "busbw_Bps") if row.get("busbw_Bps") else busbw_Bps(op, num_ranks, nbytes, time_s)
+    if row.get("algbw_Bps") and nbytes > 0:
+        # Mixed units: algbw_Bps = nbytes / time_s by definition (nccl-tests doc/PERFORMANCE.md); a factor of 10
+        # or more between the two is a unit slip (time in us or ms, bandwidth in GB/s), not rounding.
+        ratio = algbw / (nbytes / time_s)
+        if not 0.1 < ratio < 10.0:
+            raise SpecError(f"algbw_Bps {row['algbw_Bps']} disagrees with nbytes / time_s = {nbytes / time_s:.4g} "
+                            f"by a factor {ratio:.3g}: mixed units", field="algbw_Bps",
+                            fix="write time_s in seconds and algbw_Bps / busbw_Bps in bytes per second "
+                                "(or leave the bandwidth columns blank)")
     in_place_text = row.get("in_place", "").lower()
     if in_place_text not in _TRUE | _FALSE:
         raise SpecError(f"'{row['in_place']}' is not a boolean", field="in_place", fix="write true or false")

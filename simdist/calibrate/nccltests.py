@@ -50,6 +50,9 @@ _THREADS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _LIBRARY = re.compile(r"nccl-library=(\d+)")
 _NCCL_VERSION = re.compile(r"NCCL version\s+(\d+\.\d+\.\d+)")
 _ALGO = re.compile(r"NCCL_ALGO set by environment to\s+(\S+)")
+# A failed run: "host: Test NCCL failure common.cu:1005 'unhandled system error'", "Test CUDA failure ...",
+# ".. host pid 123: Test failure common.cu:891", or "# Out of bounds values : 3 FAILED" (nccl-tests src/common.cu).
+_FAILED = re.compile(r"Test (?:NCCL |CUDA )?failure|Out of bounds values\s*:\s*[1-9]\d*\s+FAILED")
 _FOOTER = re.compile(r"^#\s*(Out of bounds values|Avg bus bandwidth|Collective test concluded)")
 _DETECT = re.compile(r"Collective test starting|^#\s*Using devices|^#\s+size\s+count|Avg bus bandwidth", re.M)
 _DATE, _CLOCK = re.compile(r"^\d{4}-\d\d-\d\d$"), re.compile(r"^\d\d:\d\d:\d\d$")
@@ -118,6 +121,9 @@ def parse_nccltests_text(
             sec = _Section(sec.version, sec.algorithm)  # a new test begins
             sec.op = op_from_binary(m[1])
         mentioned = mentioned or _op_in(line)
+        if _FAILED.search(line):
+            raise SpecError(f"the nccl-tests run failed: {' '.join(line.split())[:160]}", source=f"{source}:{number}",
+                            fix="rerun it (NCCL_DEBUG=INFO says why); a failed run's timings are not measurements")
         if line.startswith("#"):
             in_table = _header_line(line, sec, in_table)
             continue

@@ -19,10 +19,11 @@ Every problem with a file is a one-line `SpecError` naming the file and line and
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
-from simdist.calibrate.measurements import _first_data_line, _metadata_lines, _number
+from simdist.calibrate.measurements import _first_data_line, _metadata_lines, _number, write_text_atomic
 from simdist.errors import SimdistError, SpecError
 
 __all__ = ["CUTS", "STEP_CSV_COLUMNS", "StepMeasurement", "read_csv_metadata", "read_step_measurements",
@@ -65,12 +66,13 @@ def write_step_measurements_csv(
     metadata: dict[str, str] | None = None,
 ) -> None:
     """Write ``rows`` (all `STEP_CSV_COLUMNS`) after ``metadata`` as ``# key: value`` lines."""
-    with Path(path).open("w", newline="", encoding="utf-8") as fh:
-        fh.write(_metadata_lines(metadata))
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(STEP_CSV_COLUMNS)
-        for m in rows:
-            writer.writerow([repr(v) if isinstance(v, float) else v for v in astuple(m)])
+    out = io.StringIO()
+    out.write(_metadata_lines(metadata))
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(STEP_CSV_COLUMNS)
+    for m in rows:
+        writer.writerow([repr(v) if isinstance(v, float) else v for v in astuple(m)])
+    write_text_atomic(path, out.getvalue())
 
 
 def read_step_measurements(path: str | Path) -> list[StepMeasurement]:

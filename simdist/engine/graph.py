@@ -94,26 +94,40 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None)
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
     # it runs as a plain timeout of its uncontended duration, without the network (same time, fewer events).
     link_track: dict[int, tuple[int, str] | None] = {}
+    seen_jobs: set[tuple[int, int, str, bool]] = set()
     for op in ops:
-        if op.job is not None:
-            key = (op.rank, op.stream)
-            for link, _ in op.job.demand:
-                seen = link_track.get(link, key)
-                link_track[link] = key if seen == key and op.sync < 0 else None
+        job = op.job
+        if job is None:
+            continue
+        key = (op.rank, op.stream)
+        ident = (id(job), op.rank, op.stream, op.sync >= 0)
+        if ident in seen_jobs:  # the same job object on the same track: its links are already recorded
+            continue
+        seen_jobs.add(ident)
+        for link, _ in job.demand:
+            seen = link_track.get(link, key)
+            link_track[link] = key if seen == key and op.sync < 0 else None
     solo_duration = [math.nan] * n
     capacity: dict[int, float] = {}
+    solo_of_job: dict[int, float] = {}
     for i, op in enumerate(ops):
         job = op.job
-        if job is None or op.sync >= 0 or any(link_track[link] is None for link, _ in job.demand):
+        if job is None or op.sync >= 0:
             continue
-        rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
-        for link, b in job.demand:
-            if b > 0:
-                c = capacity.get(link)
-                if c is None:
-                    c = capacity[link] = capacity_of(link)  # type: ignore[misc]
-                rate = min(rate, c / b)
-        solo_duration[i] = job.latency_s + (1.0 / rate if job.bandwidth_s > 0 else 0.0)
+        d = solo_of_job.get(id(job))
+        if d is None:
+            d = math.nan
+            if not any(link_track[link] is None for link, _ in job.demand):
+                rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
+                for link, b in job.demand:
+                    if b > 0:
+                        c = capacity.get(link)
+                        if c is None:
+                            c = capacity[link] = capacity_of(link)  # type: ignore[misc]
+                        rate = min(rate, c / b)
+                d = job.latency_s + (1.0 / rate if job.bandwidth_s > 0 else 0.0)
+            solo_of_job[id(job)] = d
+        solo_duration[i] = d
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
     for i, op in enumerate(ops):

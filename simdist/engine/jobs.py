@@ -28,37 +28,52 @@ _REL = 1e-12
 
 def weighted_max_min(demands: list[dict[int, float]], capacity: dict[int, float], caps: list[float]) -> list[float]:
     """Progress rates of jobs with per-link ``demands`` (bytes), link ``capacity`` (bytes/s) and rate caps."""
+    arrays = [(np.fromiter(d.keys(), dtype=np.int64, count=len(d)), np.fromiter(d.values(), dtype=float, count=len(d)))
+              for d in demands]
+    top = max((int(a.max()) for a, _ in arrays if len(a)), default=-1)
+    table = np.full(top + 1, np.nan)
+    for link, c in capacity.items():
+        if link <= top:
+            table[link] = c
+    return _weighted_max_min(arrays, table, np.asarray(caps, dtype=float)).tolist()
+
+
+def _weighted_max_min(demands: list[tuple[np.ndarray, np.ndarray]], capacity: np.ndarray,
+                      caps: np.ndarray) -> np.ndarray:
+    """`weighted_max_min` on (link ids, bytes) arrays per job and a capacity table indexed by link id,
+    sparse: each round costs O(entries)."""
     n = len(demands)
-    if n == 0:
-        return []
-    links = sorted({link for d in demands for link in d})
-    index = {link: k for k, link in enumerate(links)}
-    weights = np.zeros((n, len(links)))
-    for j, d in enumerate(demands):
-        for link, b in d.items():
-            weights[j, index[link]] = b
-    remaining = np.array([capacity[link] for link in links], dtype=float)
-    cap = np.asarray(caps, dtype=float)
     rates = np.zeros(n)
+    if n == 0:
+        return rates
+    rows = np.repeat(np.arange(n), [len(links) for links, _ in demands])
+    link_ids = np.concatenate([links for links, _ in demands]) if n else np.zeros(0, dtype=np.int64)
+    vals = np.concatenate([w for _, w in demands]) if n else np.zeros(0)
+    ids, cols = np.unique(link_ids, return_inverse=True)
+    cols = cols.reshape(-1)
+    remaining = capacity[ids].astype(float)  # capacity: indexed by link id
     active = np.ones(n, dtype=bool)
     level = 0.0
     while active.any():
-        load = weights[active].sum(axis=0)
+        live = active[rows]
+        load = np.bincount(cols[live], weights=vals[live], minlength=len(ids))
         used = load > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            link_level = np.where(used, level + remaining / np.where(used, load, 1.0), np.inf)
-        cap_level = np.where(active, cap, np.inf)
-        x = min(float(link_level.min()) if len(link_level) else np.inf, float(cap_level.min()))
+        link_level = np.full(len(ids), np.inf)
+        link_level[used] = level + remaining[used] / load[used]
+        x = min(float(link_level.min()) if len(ids) else np.inf, float(caps[active].min()))
         if not np.isfinite(x):  # jobs with no links and no cap: unbounded (instantaneous)
             rates[active] = np.inf
             break
         remaining -= (x - level) * load
         level = x
         tight = used & (link_level <= x * (1 + _REL))
-        freeze = active & ((cap <= x * (1 + _REL)) | (weights[:, tight] > 0).any(axis=1))
+        on_tight = np.zeros(n, dtype=bool)
+        hit = tight[cols] & live & (vals > 0)
+        on_tight[rows[hit]] = True
+        freeze = active & ((caps <= x * (1 + _REL)) | on_tight)
         rates[freeze] = x
         active &= ~freeze
-    return rates.tolist()
+    return rates
 
 
 @dataclass(slots=True, eq=False)
@@ -66,6 +81,7 @@ class _Active:
     demand: dict[int, float]
     cap: float
     done: simpy.Event
+    arrays: tuple[np.ndarray, np.ndarray] = (np.zeros(0, dtype=np.int64), np.zeros(0))
     remaining: float = 1.0
     rate: float = 0.0
 
@@ -83,6 +99,8 @@ class JobNetwork:
     _users: dict[int, int] = field(default_factory=dict)
     """Active jobs per link: a job whose links no other job uses is rated alone, without a re-share."""
     _dirty: bool = False
+    _table: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Capacities indexed by link id (NaN: not seen yet)."""
 
     def __post_init__(self) -> None:
         self._wakeup = self.env.event()
@@ -96,9 +114,16 @@ class JobNetwork:
             return done
         for link in demand:
             if link not in self._capacity:
-                self._capacity[link] = self.capacity_of(link)  # type: ignore[operator]
+                self._capacity[link] = c = self.capacity_of(link)  # type: ignore[operator]
+                if link >= len(self._table):
+                    grown = np.full(max(link + 1, 2 * len(self._table)), np.nan)
+                    grown[:len(self._table)] = self._table
+                    self._table = grown
+                self._table[link] = c
         self._advance()
-        job = _Active(demand, 1.0 / bandwidth_s, done)
+        job = _Active(demand, 1.0 / bandwidth_s, done,
+                      (np.fromiter(demand.keys(), dtype=np.int64, count=len(demand)),
+                       np.fromiter(demand.values(), dtype=float, count=len(demand))))
         shared = False
         for link in demand:
             n = self._users.get(link, 0)
@@ -131,8 +156,9 @@ class JobNetwork:
     def _reshare(self) -> None:
         if not self._jobs:
             return
-        rates = weighted_max_min([j.demand for j in self._jobs], self._capacity, [j.cap for j in self._jobs])
-        for j, r in zip(self._jobs, rates, strict=True):
+        rates = _weighted_max_min([j.arrays for j in self._jobs], self._table,
+                                  np.fromiter((j.cap for j in self._jobs), dtype=float, count=len(self._jobs)))
+        for j, r in zip(self._jobs, rates.tolist(), strict=True):
             j.rate = r
 
     def _run(self):

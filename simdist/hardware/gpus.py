@@ -87,7 +87,31 @@ GPU_PRESETS: dict[str, GpuSpec] = {
          "fp8": "1513 TFLOP/s"},
         "80 GiB", "2.0 TB/s", 350,
     ),
+    # cpu-core: not a GPU. One x86 core standing in for a "device" so that gloo ranks on one CPU host
+    # (topologies/cpu-loopback.yaml) can be priced by the same roofline and calibrated from measured steps.
+    # fp32 peak 96 GFLOP/s = 2 FMA pipes x 8 fp32 lanes (256-bit AVX2) x 2 FLOP per FMA x 3.0 GHz
+    # (Intel 64 and IA-32 Architectures Optimization Reference Manual, Haswell+: two 256-bit FMA ports;
+    # AMD Software Optimization Guide for Zen 2/3: two 256-bit FMA pipes).
+    # Assumption: a 3.0 GHz sustained all-core clock (server parts run 2.4-3.5 GHz); calibration (fit of
+    # gemm_peak_efficiency on the measured single-process MLP step) absorbs the difference.
+    # Assumption: tf32, bf16 and fp16 get the fp32 rate. x86 cores without AMX / AVX512-BF16 have no faster
+    # path for them (PyTorch's CPU kernels compute in fp32, upcasting bf16/fp16; tf32 is a CUDA-only mode),
+    # so this is an upper bound for bf16/fp16; fp8: none.
+    # Assumption: 10 GB/s of DRAM bandwidth per core, the single-thread STREAM triad figure of recent server
+    # cores (a socket's 8 x DDR4-3200 = 204.8 GB/s shared by up to 64 cores is 3.2 GB/s each when all stream
+    # at once; one busy core alone reaches ~10-20 GB/s). 4 GiB of memory per rank, 15 W per core (a 64-core
+    # 225-280 W socket / 64, rounded), both Assumptions only used for memory-fit checks and reports.
+    # form_factor "pcie": the spec has no CPU form factor; this pseudo-device sits behind the host's links
+    # like a PCIe card (topologies/cpu-loopback.yaml).
+    "cpu-core": _gpu(
+        "CPU-core-AVX2", "pcie",
+        {"fp32": "96 GFLOP/s", "tf32": "96 GFLOP/s", "bf16": "96 GFLOP/s", "fp16": "96 GFLOP/s", "fp8": None},
+        "4 GiB", "10 GB/s", 15,
+    ),
 }
+
+CPU_PRESETS = frozenset({"cpu-core"})
+"""GPU_PRESETS entries that are CPU cores standing in for devices (no tensor cores: every dtype at one rate)."""
 
 
 def gpu_preset(name: str) -> GpuSpec:

@@ -21,10 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from simdist.analytic.select import evaluate, priced_request, rank_choices
 from simdist.collectives.group import Group
+from simdist.collectives.plan import SWITCH
 from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
+from simdist.hardware import batch
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Comm, Job, OpGraph
@@ -91,6 +95,47 @@ def _bottleneck(topology: Topology, links, load: dict[int, float]) -> float:
     return max((load[link] / _capacity(topology, link) for link in links), default=0.0)
 
 
+def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: list[tuple[int, int, float]]
+                 ) -> tuple[dict[int, float], dict[int, float], bool]:
+    """(own loads, the class's total loads on the own links, symmetric) — one group at a time."""
+    per_group = [_loads(topology, g, transfers) for g in groups]
+    own = per_group[0]
+    if len(groups) == 1:
+        return own, own, True
+    total: dict[int, float] = {}
+    for load in per_group:
+        for link, b in load.items():
+            total[link] = total.get(link, 0.0) + b
+    necks = [_bottleneck(topology, load, total) for load in per_group]
+    symmetric = max(necks) <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300
+    return own, {link: total[link] for link in own}, symmetric
+
+
+def _class_loads_batched(topology: Topology, groups: list[tuple[int, ...]], transfers: list[tuple[int, int, float]]
+                         ) -> tuple[dict[int, float], dict[int, float], bool]:
+    """`_class_loads` for many translates at once: every translate's routes in one numpy batch."""
+    ranks = np.asarray(groups, dtype=np.int64)  # (G, P)
+    src = np.fromiter((t[0] for t in transfers), dtype=np.int64, count=len(transfers))
+    dst = np.fromiter((t[1] for t in transfers), dtype=np.int64, count=len(transfers))
+    nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
+    routes = batch.routes(topology, ranks[:, src].reshape(-1), ranks[:, dst].reshape(-1))
+    owner = routes.owners() // len(transfers)  # group of every (route, link) entry
+    weights = np.repeat(np.tile(nbytes, len(groups)), routes.hops)
+    ids, compact = np.unique(routes.links, return_inverse=True)
+    compact = compact.reshape(-1)
+    total = np.bincount(compact, weights=weights, minlength=len(ids))
+    ratio = (total / batch.link_capacities(topology, ids))[compact]
+    necks = np.zeros(len(groups))
+    np.maximum.at(necks, owner, ratio)
+    symmetric = bool(necks.max() <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300)
+    mine = owner == 0
+    own_ids, own_compact = np.unique(routes.links[mine], return_inverse=True)
+    own_bytes = np.bincount(own_compact.reshape(-1), weights=weights[mine], minlength=len(own_ids))
+    class_bytes = total[np.searchsorted(ids, own_ids)]
+    own = dict(zip(own_ids.tolist(), own_bytes.tolist(), strict=True))
+    return own, dict(zip(own_ids.tolist(), class_bytes.tolist(), strict=True)), symmetric
+
+
 def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ...]] | None = None,
                with_links: bool = True, adjust: Adjust | None = None) -> PricedComm:
     """Price one run of ``comm`` (count ignored); ``translates``: the equivalent groups (first = comm.ranks)."""
@@ -107,31 +152,17 @@ def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ..
         return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
                           time_s, latency_s)
     transfers = _plan_links(topology, request, choice)
-    own = _loads(topology, comm.ranks, transfers)
     groups = translates or [comm.ranks]
-    if len(groups) > 1 and all(link < topology.num_node_links for link in own):
+    if len(groups) > 1 and all(link < topology.num_node_links for link in _loads(topology, comm.ranks, transfers)):
         # The plan stays inside its nodes: a translate on other nodes shares no link with it, and its own
         # bottleneck is the same (every node is built alike), so only translates on the same nodes matter.
         gpn = topology.gpus_per_node
         nodes = {r // gpn for r in comm.ranks}
         groups = [groups[0]] + [g for g in groups[1:] if nodes & {r // gpn for r in g}]
-    symmetric = True
-    if len(groups) == 1:
-        class_load = own
+    if len(groups) == 1 or any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
+        own, class_load, symmetric = _class_loads(topology, groups, transfers)
     else:
-        per_group = [own] + [_loads(topology, g, transfers) for g in groups[1:]]
-        total: dict[int, float] = {}
-        for load in per_group:
-            for link, b in load.items():
-                total[link] = total.get(link, 0.0) + b
-        necks = [_bottleneck(topology, load, total) for load in per_group]
-        symmetric = max(necks) <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300
-        # Assumption: where translates meet different bottlenecks (e.g. ECMP hashing onto unequal spines), the
-        # simulated group keeps its own links, loaded with the whole class's bytes on them: it then still
-        # shares its NIC and uplinks with the simulated rank's other collectives, which a worse translate's
-        # links would not (the result is flagged as not exact, and `simulate="auto"` goes full where it can).
-        chosen = per_group[0]
-        class_load = {link: total[link] for link in chosen}
+        own, class_load, symmetric = _class_loads_batched(topology, groups, transfers)
     return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
                       time_s, latency_s, own, class_load, len(groups), symmetric)
 

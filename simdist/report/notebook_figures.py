@@ -1,15 +1,17 @@
 """Small plotly figures the teaching notebooks show (through `simdist.api`): values held by each rank,
-line charts of sweeps, grouped bars. Plain data in; no simulation here, only drawing.
+line charts of sweeps, grouped bars, a hardware comparison's time/cost/energy, and predicted vs measured
+collective times. Plain data in; no simulation here, only drawing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["bar_figure", "line_figure", "rank_values_figure"]
+__all__ = ["bar_figure", "compare_figure", "line_figure", "prediction_figure", "rank_values_figure"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -68,4 +70,58 @@ def bar_figure(categories: Sequence[str], series: Mapping[str, Sequence[float]],
     fig.update_yaxes(title_text=y_title)
     if y_format:
         fig.update_yaxes(tickformat=y_format)
+    return fig
+
+
+def compare_figure(rows: Sequence[Mapping[str, Any]], title: str = "best layout per cluster") -> go.Figure:
+    """Days to train, cost (where priced) and energy per cluster, side by side; rows with an ``error`` are left out.
+
+    ``rows`` are a hardware comparison's rows (simdist.search.compare): ``cluster``, ``time_to_train_days``,
+    ``cost_usd`` (None without a price), ``energy_kwh``.
+    """
+    ok = [r for r in rows if "error" not in r]
+    names = [r["cluster"] for r in ok]
+    panels = [("days to train", [r["time_to_train_days"] for r in ok]),
+              ("cost (million USD)", [r["cost_usd"] / 1e6 if r.get("cost_usd") is not None else None for r in ok]),
+              ("energy (GWh)", [r["energy_kwh"] / 1e6 for r in ok])]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
+    for col, (name, ys) in enumerate(panels, start=1):
+        fig.add_trace(go.Bar(x=names, y=ys, name=name, marker={"color": PALETTE[col - 1]},
+                             text=[f"{y:,.1f}" if y is not None else "no price" for y in ys], textposition="outside",
+                             hovertemplate="%{x}: %{y:,.2f}<extra>" + name + "</extra>"), row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", row=1, col=col)
+    fig.update_layout(title=title, template="plotly_white", showlegend=False, height=420)
+    return fig
+
+
+def prediction_figure(rows: Sequence[Mapping[str, Any]], title: str = "predicted vs measured") -> go.Figure:
+    """Measured collective times against two predictions, and their errors, by size (log-log).
+
+    ``rows`` hold ``op``, ``num_ranks``, ``nbytes``, ``measured_s``, ``predicted_s`` (calibrated) and
+    ``uncalibrated_s`` (simdist.calibrate's validation rows); one colour family per (op, ranks) sweep.
+    Left: time; right: (prediction - measured) / measured in percent.
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["time vs size", "error of the prediction"],
+                        horizontal_spacing=0.1)
+    sweeps = sorted({(r["op"], r["num_ranks"]) for r in rows})
+    for n, (op, ranks) in enumerate(sweeps):
+        pts = sorted((r for r in rows if (r["op"], r["num_ranks"]) == (op, ranks)), key=lambda r: r["nbytes"])
+        x = [r["nbytes"] for r in pts]
+        tag = f"{op}, {ranks} ranks" if len(sweeps) > 1 else ""
+        base = PALETTE[(2 * n) % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=x, y=[r["measured_s"] for r in pts], mode="markers", name=f"measured {tag}".strip(),
+                                 marker={"color": "black", "size": 8, "symbol": "diamond"}), row=1, col=1)
+        for key, name, dash in (("predicted_s", "calibrated", "solid"), ("uncalibrated_s", "uncalibrated", "dash")):
+            color = base if key == "predicted_s" else "#7f7f7f"
+            fig.add_trace(go.Scatter(x=x, y=[r[key] for r in pts], mode="lines+markers", name=f"{name} {tag}".strip(),
+                                     line={"color": color, "dash": dash}, legendgroup=name), row=1, col=1)
+            err = [100.0 * (r[key] - r["measured_s"]) / r["measured_s"] for r in pts]
+            fig.add_trace(go.Scatter(x=x, y=err, mode="lines+markers", name=f"error, {name} {tag}".strip(),
+                                     line={"color": color, "dash": dash}, legendgroup=name, showlegend=False),
+                          row=1, col=2)
+    fig.add_hline(y=0.0, line={"color": "black", "width": 1}, row=1, col=2)
+    fig.update_xaxes(type="log", title_text="size (bytes, as nccl-tests counts)")
+    fig.update_yaxes(type="log", title_text="time (s)", row=1, col=1)
+    fig.update_yaxes(title_text="error (%)", row=1, col=2)
+    fig.update_layout(title=title, template="plotly_white", height=440, legend={"orientation": "h", "y": -0.25})
     return fig
