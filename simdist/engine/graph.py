@@ -63,6 +63,10 @@ class _Instance:
     done: simpy.Event
     arrived: int = 0
     start: float = math.nan
+    demand: dict[int, float] | None = None
+    """The links the job may share with other tracks (None: all of job.demand)."""
+    bandwidth_s: float = math.nan
+    """Transfer time alone, with the links only its own track uses folded in (NaN: job.bandwidth_s)."""
 
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None) -> GraphTrace:
@@ -130,6 +134,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None)
         solo_duration[i] = d
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
+    split_of_job: dict[tuple[int, int, str], tuple[dict[int, float], float]] = {}
     for i, op in enumerate(ops):
         if op.job is None or not math.isnan(solo_duration[i]):
             continue
@@ -140,6 +145,26 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None)
             inst.size += 1
         else:
             inst = _Instance(1, op.job, env.event())
+            # Links only this track uses cannot be shared: they bound the job's own rate only, so they fold
+            # into its uncontended transfer time and the network sees the shared links alone (same rates,
+            # far fewer entries per re-share).
+            key = (id(op.job), op.rank, op.stream)
+            split = split_of_job.get(key)
+            if split is None:
+                job = op.job
+                rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
+                shared: dict[int, float] = {}
+                for link, b in job.demand:
+                    if link_track[link] == (op.rank, op.stream):
+                        if b > 0:
+                            c = capacity.get(link)
+                            if c is None:
+                                c = capacity[link] = capacity_of(link)  # type: ignore[misc]
+                            rate = min(rate, c / b)
+                    else:
+                        shared[link] = b
+                split = split_of_job[key] = (shared, 1.0 / rate if job.bandwidth_s > 0 else 0.0)
+            inst.demand, inst.bandwidth_s = split
         instance_of[i] = inst
 
     def run_instance(inst: _Instance):
@@ -147,11 +172,13 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None)
         job = inst.job
         if job.latency_s > 0:
             yield env.timeout(job.latency_s)
-        if job.bandwidth_s > 0:
-            if job.demand and net is not None:
-                yield net.transfer(dict(job.demand), job.bandwidth_s)
+        bandwidth_s = job.bandwidth_s if math.isnan(inst.bandwidth_s) else inst.bandwidth_s
+        demand = dict(job.demand) if inst.demand is None else inst.demand
+        if bandwidth_s > 0:
+            if demand and net is not None:
+                yield net.transfer(demand, bandwidth_s)
             else:
-                yield env.timeout(job.bandwidth_s)
+                yield env.timeout(bandwidth_s)
         inst.done.succeed()
 
     def track(key: tuple[int, str], ids: list[int]):

@@ -71,14 +71,16 @@ def step_config(spec: ScenarioSpec, topology: Topology, model: Model) -> StepCon
 
 def _links(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, step_s: float,
            ranks: set[int], top: int = 12) -> list[dict[str, Any]]:
-    load: dict[int, float] = {}
+    runs: dict[tuple, int] = {}
     for op in plan.graph.ops:
         c = op.comm
-        if c is None or op.rank not in ranks:
-            continue
-        pc = priced[(c.op, c.ranks, c.nbytes, c.axis)]
-        for link, b in pc.link_bytes.items():
-            load[link] = load.get(link, 0.0) + b * c.count
+        if c is not None and op.rank in ranks:
+            key = (c.op, c.ranks, c.nbytes, c.axis)
+            runs[key] = runs.get(key, 0) + c.count
+    load: dict[int, float] = {}
+    for key, count in runs.items():
+        for link, b in priced[key].link_bytes.items():
+            load[link] = load.get(link, 0.0) + b * count
     rows = []
     for link_id, b in sorted(load.items(), key=lambda kv: -kv[1])[:top]:
         link = topology.link(link_id)
