@@ -672,9 +672,13 @@ MEASUREMENT_DIRS = ("validation/reference", "tests/data")  # relative to the sou
 
 
 def measurement_file(name: str) -> Path:
-    """The path of a committed measurement file of the source checkout, by name: ``validation/reference/NAME``
-    (measured reference data) or ``tests/data/NAME`` (nccl-tests samples), whatever the working directory."""
-    root = Path(__file__).resolve().parents[1]
+    """The path of a committed measurement file, by name: ``validation/reference/NAME`` (measured reference
+    data) or ``tests/data/NAME`` (nccl-tests samples), whatever the working directory: from the installed
+    wheel (which bundles both folders) or else the source checkout."""
+    from importlib import resources
+
+    bundled = Path(str(resources.files("simdist"))) / "_bundled" / "measurements"
+    root = bundled if bundled.is_dir() else Path(__file__).resolve().parents[1]
     for folder in MEASUREMENT_DIRS:
         path = root / folder / name
         if path.is_file():
