@@ -16,6 +16,9 @@ from simdist.hardware import batch
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
 
+_RING_ORDERS: dict[tuple[int, tuple[int, ...], int], tuple[Topology, tuple[tuple[int, ...], ...]]] = {}
+"""Ring orders by (topology, ranks, channels): groups are rebuilt for every protocol priced (bounded memo)."""
+
 
 @dataclass(eq=False, slots=True)
 class Group:
@@ -140,6 +143,17 @@ class Group:
         # Assumption: NCCL's ring search finds rail-aligned rings on rail-optimized fabrics (it does
         # with PXN); the snake reproduces that without modelling PXN forwarding.
         """
+        key = (id(self.topology), self.ranks, channels)
+        cached = _RING_ORDERS.get(key)
+        if cached is not None and cached[0] is self.topology:
+            return [list(o) for o in cached[1]]
+        orders = self._ring_orders(channels)
+        if len(_RING_ORDERS) > 4096:
+            _RING_ORDERS.clear()
+        _RING_ORDERS[key] = (self.topology, tuple(tuple(o) for o in orders))
+        return orders
+
+    def _ring_orders(self, channels: int) -> list[list[int]]:
         groups = list(self.by_node().values())
         if len(groups) == 1:
             return [list(range(self.size)) for _ in range(channels)]
