@@ -16,6 +16,8 @@ from simdist.hardware import batch
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
 
+_ROUTE_BATCHES: dict[tuple[int, bytes, bytes], tuple[Topology, batch.RouteBatch]] = {}
+"""Vectorised routes by (topology, sources, destinations): every protocol priced asks for the same edges."""
 _RING_ORDERS: dict[tuple[int, tuple[int, ...], int], tuple[Topology, tuple[tuple[int, ...], ...]]] = {}
 """Ring orders by (topology, ranks, channels): groups are rebuilt for every protocol priced (bounded memo)."""
 
@@ -92,7 +94,16 @@ class Group:
         switch = (src == SWITCH) | (dst == SWITCH)
         ranks = np.asarray(self.ranks, dtype=np.int64)
         plain = ~switch
-        out = batch.routes(self.topology, ranks[src[plain]], ranks[dst[plain]])
+        a, b = ranks[src[plain]], ranks[dst[plain]]
+        key = (id(self.topology), a.tobytes(), b.tobytes())
+        hit = _ROUTE_BATCHES.get(key)
+        if hit is not None and hit[0] is self.topology:
+            out = hit[1]
+        else:
+            out = batch.routes(self.topology, a, b)
+            if len(_ROUTE_BATCHES) > 1024:
+                _ROUTE_BATCHES.clear()
+            _ROUTE_BATCHES[key] = (self.topology, out)
         if self.extra_latency_by_class:
             bits = batch.KIND_BIT
             net = bits["infiniband"] | bits["roce"] | bits["ethernet"]
