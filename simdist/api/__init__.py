@@ -1,0 +1,293 @@
+"""The public API and composition root: what the CLI, notebooks and tests call.
+
+Each function takes what a user writes (preset names, file paths, ``key=value`` overrides) and returns
+plain values; every input problem raises a `simdist.errors.SimdistError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simdist.errors import LayoutError, SimdistError, SpecError
+from simdist.hardware import Topology, describe, load_topology, preset_names
+from simdist.hardware.gpus import GPU_PRESETS
+from simdist.hardware.presets import bundled_dir, topology_document
+from simdist.spec import ScenarioSpec, TopologySpec
+from simdist.spec.load import Document, read_yaml
+from simdist.spec.load import validate as validate_spec  # `validate` is the API's (simdist validate)
+
+__all__ = [
+    "DETAILED_MAX_PEERS",
+    "FIDELITIES",
+    "HOLDOUT_HELP",
+    "MEASUREMENT_DIRS",
+    "CollectiveRow",
+    "RunOutput",
+    "Scenario",
+    "SearchOutput",
+    "assumptions",
+    "bar_chart",
+    "bubble",
+    "bubble_chart",
+    "bubble_sweep",
+    "bundled_scenarios",
+    "calibrate",
+    "collective",
+    "collective_chart",
+    "collective_curves",
+    "compare",
+    "compare_chart",
+    "compare_rows",
+    "curves_for_report",
+    "gpu_presets",
+    "lecture_mlp_spec",
+    "line_chart",
+    "load_scenario",
+    "load_topology",
+    "measurement_file",
+    "microbatch_range",
+    "pipeline_timeline",
+    "rank_values_chart",
+    "read_measurement_files",
+    "read_step_measurements",
+    "run",
+    "run_collective_on_data",
+    "run_spec",
+    "schedule_grid",
+    "schema",
+    "search",
+    "search_heatmap",
+    "search_pareto",
+    "topology_presets",
+    "topology_summary",
+    "validate",
+    "validation_chart",
+]
+
+
+def topology_presets() -> list[dict[str, Any]]:
+    """Name, description and size of every bundled topology preset."""
+    out = []
+    for name in preset_names():
+        data = topology_document(name).data
+        out.append({
+            "name": name,
+            "description": data.get("description", ""),
+            "gpu": data.get("gpu") if isinstance(data.get("gpu"), str) else "inline",
+            "gpus_per_node": data.get("gpus_per_node"),
+        })
+    return out
+
+
+def gpu_presets() -> dict[str, dict[str, Any]]:
+    """Every GPU preset as JSON-ready SI values."""
+    return {name: spec.model_dump() for name, spec in GPU_PRESETS.items()}
+
+
+def topology_summary(name_or_path: str, *, num_nodes: int | None = None,
+                     assignments: list[str] | None = None) -> tuple[Topology, dict[str, Any]]:
+    """Build a topology and describe it (counts, bandwidth per tier, bisection, example routes)."""
+    topology = load_topology(name_or_path, num_nodes=num_nodes, assignments=assignments)
+    return topology, describe(topology)
+
+
+def schema(kind: str) -> dict[str, Any]:
+    """JSON schema of an input file kind: ``topology``, ``scenario`` or ``calibration``."""
+    from simdist.spec.calibration import CalibrationSpec
+
+    models = {"topology": TopologySpec, "scenario": ScenarioSpec, "calibration": CalibrationSpec}
+    if kind not in models:
+        raise SpecError(f"unknown schema '{kind}'", fix=f"use one of: {', '.join(models)}")
+    return models[kind].model_json_schema(mode="validation")
+
+
+def bundled_scenarios() -> list[Path]:
+    return sorted(bundled_dir("scenarios").glob("*.yaml"))
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A validated scenario with its cluster built."""
+
+    spec: ScenarioSpec
+    topology: Topology
+    source: str
+
+
+def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Scenario:
+    """Read, override, validate a scenario and build its cluster; check the layout fits the cluster."""
+    doc = read_yaml(path)
+    if assignments:
+        doc = doc.with_assignments(assignments)
+    spec = validate_spec(ScenarioSpec, doc)
+    cluster = doc.sub("cluster")
+    overrides = Document(
+        data={k: v for k, v in cluster.data.items() if k not in ("preset", "file")},
+        source=cluster.source,
+        lines=cluster.lines,
+    )
+    if spec.cluster.file is not None:
+        target: str | Path = spec.cluster.file
+        if not Path(target).is_absolute():
+            target = Path(path).parent / target
+    elif spec.cluster.preset is not None:
+        target = spec.cluster.preset
+    else:
+        raise SpecError("no cluster given", field="cluster", source=doc.where(("cluster",)),
+                        fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
+    try:
+        topology = load_topology(target, overrides=overrides)
+    except SpecError as err:  # located in the scenario or the topology file; name the scenario field
+        raise err.located(field_prefix="cluster") from None
+    except SimdistError as err:  # unknown preset, disconnected cluster: name the scenario's field
+        field = f"cluster.{err.field}" if err.field else "cluster.preset"
+        where = doc.where(tuple(field.split(".")))
+        raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
+    _check_layout(spec, topology, doc)
+    return Scenario(spec=spec, topology=topology, source=str(path))
+
+
+def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None:
+    p = spec.parallel
+    if p.world_size != topology.num_gpus:
+        others = p.tp * p.pp * p.cp
+        hint = (f"set parallel.dp to {topology.num_gpus // others}" if topology.num_gpus % others == 0
+                else f"make tp x pp x dp x cp equal {topology.num_gpus}, or change cluster.num_nodes")
+        raise LayoutError(
+            f"tp x pp x dp x cp = {p.tp} x {p.pp} x {p.dp} x {p.cp} = {p.world_size} GPUs, "
+            f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})",
+            field="parallel", source=doc.where(("parallel",)), fix=hint,
+        )
+
+
+@dataclass
+class RunOutput:
+    """A predicted step: the JSON result and the files written (empty without ``out_dir``)."""
+
+    result: dict[str, Any]
+    files: dict[str, Path]
+    text: str
+    num_ops: int = 0
+    """Ops in the simulated op graph (its size drives the simulation's cost)."""
+
+
+def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
+        strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto") -> RunOutput:
+    """Predict one training step of a scenario file (``simdist run``).
+
+    Writes ``report.json``, ``trace.json`` (Chrome/Perfetto) and ``report.html`` into ``out_dir`` when
+    given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a layout that
+    does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
+    ``calibration``: a calibration file (`calibrate`), else the scenario's ``calibration:`` field, if any.
+    ``simulate``: auto | representatives | full (simdist.predict.step.predict_step).
+    """
+    from simdist.api.calibration import _calibration_hooks, _scenario_calibration
+    from simdist.predict.step import link_counters, predict_step
+    from simdist.report.step_table import render_text
+
+    cal, cal_assignments = _scenario_calibration(path, assignments, calibration)
+    scenario = load_scenario(path, [*cal_assignments, *(assignments or [])])
+    prediction = predict_step(scenario.spec, scenario.topology, source=str(path), base_dir=Path(path).parent,
+                              simulate=simulate,
+                              **_calibration_hooks(cal, scenario.topology))
+    result = prediction.result
+    if strict and not result["fits_in_memory"]:
+        worst = max(result["memory"], key=lambda m: m["total_bytes"])
+        raise LayoutError(
+            f"stage {worst['stage']} needs {worst['total_bytes'] / 2**30:.1f} GiB per GPU but the GPU has "
+            f"{worst['capacity_bytes'] / 2**30:.1f} GiB",
+            field="parallel", source=str(path),
+            fix="raise tp or pp, enable recompute or sequence_parallel, or use a ZeRO stage")
+    files: dict[str, Path] = {}
+    if out_dir is not None:
+        from simdist.report.step_html import step_report_html  # plotly: imported only when writing the report
+        from simdist.report.step_trace import chrome_trace
+
+        out = Path(out_dir)
+        graph, trace = prediction.plan.graph, prediction.trace
+        labels = {r: f"rank {r} (stage {s}, dp {d})" for (s, d), r in prediction.plan.stage_ranks.items()}
+        rendered = {
+            "report.json": json.dumps(result, indent=2, sort_keys=False) + "\n",
+            "trace.json": json.dumps(chrome_trace(graph, trace, rank_labels=labels,
+                                                  link_counters=link_counters(prediction))),
+            "report.html": step_report_html(graph, trace, result),
+        }
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise SpecError(f"cannot create output directory {out}: {err.strerror}", field="--out",
+                            fix="give a writable directory") from None
+        for name, text in rendered.items():
+            tmp = out / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out / name)
+            files[name] = out / name
+    return RunOutput(result=result, files=files, text=render_text(result), num_ops=len(prediction.plan.graph.ops))
+
+
+def assumptions() -> list[dict[str, Any]]:
+    """Every modelling assumption marked ``# Assumption:`` in the library and the bundled presets.
+
+    A marked comment continues over the comment lines right below it.
+    """
+    import simdist
+
+    tag = "# " + "Assumption:"  # split so that this line is not itself a match
+    marker = re.compile(r"(?<![\"'`])" + re.escape(tag) + r"\s*(.*)")
+    roots = [Path(simdist.__file__).parent, bundled_dir("topologies")]
+    found: list[dict[str, Any]] = []
+    for root in roots:
+        for path in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):
+            if "_bundled" in path.relative_to(root).parts:
+                continue  # the wheel's copy of the presets is listed once, from the presets folder
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for number, line in enumerate(lines, start=1):
+                m = marker.search(line)
+                if not m:
+                    continue
+                text = [m.group(1).strip()]
+                for follow in lines[number:]:
+                    stripped = follow.strip()
+                    if not stripped.startswith("#") or marker.search(follow) or stripped == "#":
+                        break
+                    text.append(stripped.lstrip("#").strip())
+                found.append({"file": f"{root.name}/{path.relative_to(root)}", "line": number, "text": " ".join(text)})
+    return found
+
+
+# The API's other sections, one module each, re-exported so that `from simdist import api` sees one namespace.
+# Imported last: they build on the core above (load_scenario, run, ...).
+from simdist.api.bubble import bubble, bubble_sweep, microbatch_range, schedule_grid  # noqa: E402
+from simdist.api.calibration import HOLDOUT_HELP, calibrate, read_measurement_files, validate  # noqa: E402
+from simdist.api.collectives import (  # noqa: E402
+    DETAILED_MAX_PEERS,
+    FIDELITIES,
+    CollectiveRow,
+    collective,
+    collective_curves,
+    compare_rows,
+    curves_for_report,
+)
+from simdist.api.notebooks import (  # noqa: E402
+    MEASUREMENT_DIRS,
+    bar_chart,
+    bubble_chart,
+    collective_chart,
+    compare_chart,
+    lecture_mlp_spec,
+    line_chart,
+    measurement_file,
+    pipeline_timeline,
+    rank_values_chart,
+    read_step_measurements,
+    run_collective_on_data,
+    run_spec,
+    search_heatmap,
+    search_pareto,
+    validation_chart,
+)
+from simdist.api.search import SearchOutput, compare, search  # noqa: E402

@@ -1,0 +1,183 @@
+"""Collectives: simulate one op over a size sweep (simdist collective), curves and comparisons."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simdist.api.calibration import _cluster_calibration
+from simdist.errors import SpecError
+from simdist.hardware import Topology, load_topology
+
+# --------------------------------------------------------------------------- collectives
+FIDELITIES = ("auto", "detailed", "fast")
+# Assumption: above this many peers the detailed plan (one transfer per chunk per step) is replaced
+# by the fast one where the algorithm has it; both agree where both run (tests).
+DETAILED_MAX_PEERS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRow:
+    """One simulated collective, reported as nccl-tests does (sizes and bandwidths)."""
+
+    op: str
+    nbytes: float
+    num_ranks: int
+    algorithm: str
+    protocol: str
+    fidelity: str
+    time_s: float
+    closed_form_s: float
+    algbw_GBps: float
+    busbw_GBps: float
+    max_bytes_sent_per_rank: float
+    max_bytes_received_per_rank: float
+    busiest_links: tuple[dict[str, Any], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op, "bytes": self.nbytes, "num_ranks": self.num_ranks, "algorithm": self.algorithm,
+            "protocol": self.protocol, "fidelity": self.fidelity, "time_s": self.time_s,
+            "closed_form_s": self.closed_form_s, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
+            "max_bytes_sent_per_rank": self.max_bytes_sent_per_rank,
+            "max_bytes_received_per_rank": self.max_bytes_received_per_rank,
+            "busiest_links": list(self.busiest_links),
+        }
+
+
+def collective(
+    cluster: str,
+    op: str,
+    num_ranks: int,
+    sizes: list[float],
+    *,
+    algorithm: str = "auto",
+    protocol: str = "auto",
+    num_nodes: int | None = None,
+    assignments: list[str] | None = None,
+    fidelity: str = "auto",
+    root: int = 0,
+    calibration: str | Path | None = None,
+) -> list[CollectiveRow]:
+    """Simulate ``op`` over the first ``num_ranks`` GPUs of a cluster for every size.
+
+    ``algorithm='auto'`` (and ``protocol='auto'``) take, per size, the pair with the least predicted
+    time, as NCCL's tuner does; the chosen plan then runs in the engine. ``calibration``: a calibration
+    file fitted for this cluster (`calibrate`): its overrides, latency and bandwidth corrections apply.
+    """
+    from simdist.analytic.select import evaluate, priced_request, rank_choices
+    from simdist.collectives.group import Group
+    from simdist.collectives.nccl_model import PROTOCOLS, supports
+    from simdist.collectives.ops import busbw_Bps, op_info
+    from simdist.collectives.registry import algorithm_for
+    from simdist.collectives.request import Request
+    from simdist.engine.simulate import simulate
+
+    info = op_info(op)
+    if fidelity not in FIDELITIES:
+        raise SpecError(f"unknown fidelity '{fidelity}'", field="--fidelity",
+                        fix=f"use one of: {', '.join(FIDELITIES)}")
+    if protocol != "auto" and protocol not in PROTOCOLS:
+        raise SpecError(f"unknown protocol '{protocol}'", field="--protocol",
+                        fix=f"use auto or one of: {', '.join(PROTOCOLS)}")
+    cal = _cluster_calibration(calibration, cluster)
+    topology = load_topology(cluster, num_nodes=num_nodes, assignments=assignments,
+                             overrides=cal.overrides_document() if cal is not None else None)
+    group = Group.first(topology, num_ranks)
+    if num_ranks < 2 and op != "barrier":
+        raise SpecError(f"{op} needs at least 2 ranks", field="--ranks", fix="give --ranks 2 or more")
+    if info.rooted and not 0 <= root < num_ranks:
+        raise SpecError(f"root {root} is not one of the {num_ranks} ranks", field="--root",
+                        fix=f"use a root in 0..{num_ranks - 1}")
+    rows: list[CollectiveRow] = []
+    for nbytes in sizes:
+        if nbytes < 0 or (nbytes == 0 and op != "barrier"):
+            raise SpecError(f"size {nbytes:g} must be positive", field="--bytes", fix="give sizes such as 8:8G:x2")
+        request = Request(op, group, 0.0 if op == "barrier" else nbytes, root=root)
+        protocols = PROTOCOLS if protocol == "auto" else (protocol,)
+        if algorithm == "auto":
+            choices = rank_choices(request, protocols=protocols)
+            if not choices:
+                raise SpecError(f"no algorithm implements {op} on this group", field="--op")
+            choice = choices[0]
+        else:
+            algorithm_for(algorithm, request)  # validates op and applicability, with a clear message
+            usable = [p for p in protocols if supports(algorithm, p)]
+            if not usable:
+                raise SpecError(f"algorithm '{algorithm}' does not run with protocol {protocol}", field="--protocol",
+                                fix="use --protocol auto")
+            choice = min((evaluate(request, algorithm, p) for p in usable), key=lambda c: c.predicted_s)
+        algo = algorithm_for(choice.algorithm, request)
+        priced = priced_request(request, choice.priced)
+        use_fast = fidelity == "fast" or (fidelity == "auto" and group.size > DETAILED_MAX_PEERS)
+        builder = algo.build_fast if use_fast and algo.build_fast is not None else algo.build
+        plan = builder(priced)
+        cost = choice.priced.cost
+        plan = dataclasses.replace(plan, base_latency_s=plan.base_latency_s + cost.base_latency_s,
+                                   rate_factor=cost.rate_factor, protocol=cost.name)
+        correction = cal.correction(op) if cal is not None else None
+        if correction is not None:  # t = latency + t_model / rate: simdist.calibrate.calibration.Correction
+            plan = dataclasses.replace(plan, base_latency_s=plan.base_latency_s + correction.latency_s,
+                                       rate_factor=plan.rate_factor * correction.rate(nbytes))
+        run = simulate([(plan, priced.group)])[0]
+        sent, received = plan.bytes_sent(), plan.bytes_received()
+        busiest = sorted(run.link_bytes.items(), key=lambda kv: -kv[1])[:5]
+        rows.append(CollectiveRow(
+            op=op, nbytes=nbytes, num_ranks=num_ranks, algorithm=choice.algorithm, protocol=choice.protocol,
+            fidelity="fast" if builder is algo.build_fast else "detailed", time_s=run.time_s,
+            closed_form_s=correction.time_s(choice.predicted_s, nbytes) if correction else choice.predicted_s,
+            algbw_GBps=(nbytes / run.time_s / 1e9) if run.time_s > 0 else 0.0,
+            busbw_GBps=(busbw_Bps(op, num_ranks, nbytes, run.time_s) / 1e9) if run.time_s > 0 else 0.0,
+            max_bytes_sent_per_rank=max(sent), max_bytes_received_per_rank=max(received),
+            busiest_links=tuple(_link_load(topology, link, b, run.time_s) for link, b in busiest),
+        ))
+    return rows
+
+
+def _link_load(topology: Topology, link_id: int, nbytes: float, time_s: float) -> dict[str, Any]:
+    link = topology.link(link_id)
+    return {"link": link_id, "src": link.src, "dst": link.dst, "kind": link.kind, "bytes": nbytes,
+            "utilization": nbytes / (link.effective_bandwidth_Bps * time_s) if time_s > 0 else 0.0}
+
+
+def collective_curves(cluster: str, op: str, num_ranks: int, sizes: list[float], *, skip: set[str],
+                      **options: Any) -> dict[str, list[CollectiveRow]]:
+    """A sweep per algorithm that can run ``op`` on this group (for charts), except those in ``skip``."""
+    from simdist.collectives.group import Group
+    from simdist.collectives.registry import candidates
+    from simdist.collectives.request import Request
+
+    topology = load_topology(cluster, num_nodes=options.get("num_nodes"), assignments=options.get("assignments"))
+    request = Request(op, Group.first(topology, num_ranks), sizes[0], root=options.get("root", 0))
+    out: dict[str, list[CollectiveRow]] = {}
+    for algo in candidates(request):
+        if algo.name not in skip:
+            out[algo.name] = collective(cluster, op, num_ranks, sizes, algorithm=algo.name, **options)
+    return out
+
+
+def curves_for_report(series: dict[str, list[CollectiveRow]]) -> list[Any]:
+    """Convert sweeps to the report's curve type (keeps report free of api types)."""
+    from simdist.report.collective_html import Curve, CurvePoint
+
+    return [Curve.of(name, [CurvePoint(r.nbytes, r.time_s, r.busbw_GBps * 1e9) for r in rows])
+            for name, rows in series.items()]
+
+
+def compare_rows(series: dict[str, list[CollectiveRow]], measured: list[Any]) -> list[dict[str, Any]]:
+    """Predicted vs measured busbw at each measured size (the first series, nearest size)."""
+    rows = next(iter(series.values()))
+    out = []
+    for m in measured:
+        if not rows:
+            break
+        best = min(rows, key=lambda r: abs(r.nbytes - m.nbytes))
+        if abs(best.nbytes - m.nbytes) > 0.01 * m.nbytes:
+            continue
+        out.append({
+            "bytes": m.nbytes, "measured_busbw_GBps": m.busbw_Bps / 1e9, "predicted_busbw_GBps": best.busbw_GBps,
+            "error_pct": 100.0 * (best.busbw_GBps - m.busbw_Bps / 1e9) / (m.busbw_Bps / 1e9) if m.busbw_Bps else 0.0,
+        })
+    return out

@@ -1,0 +1,104 @@
+"""Layout search and hardware comparison (simdist search, simdist compare)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simdist.errors import LayoutError, SpecError
+from simdist.hardware import preset_names
+
+
+# --------------------------------------------------------------------------- layout search and hardware comparison
+# (issue 7: `simdist search`, `simdist compare`; keep this section contiguous)
+@dataclass
+class SearchOutput:
+    """A layout search: the JSON document, its text table, and the files written."""
+
+    doc: dict[str, Any]
+    text: str
+    files: dict[str, Path]
+    interrupted: bool
+
+
+def search(model: str, cluster: str, gpus: int, global_batch_size: int, *, seq_length: int | None = None,
+           precision: str = "bf16", max_tp: int | None = None, max_pp: int = 64, max_cp: int = 2, max_vpp: int = 4,
+           max_micro_batch: int = 8, schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b"), top_k: int = 3,
+           workers: int = 1, dask: Any = None, results_file: str | Path | None = None,
+           html: str | Path | None = None, explain_pruned: bool = False, rows: int = 10,
+           on_total: Any = None, on_progress: Any = None) -> SearchOutput:
+    """Rank every feasible layout of ``model`` on ``gpus`` GPUs of ``cluster`` (``simdist search``).
+
+    The closed form (simdist.analytic.step) ranks them; the engine re-simulates the ``top_k``. ``dask``: a
+    scheduler address (or a distributed.Client) to evaluate on; ``results_file``: JSON lines written as results
+    arrive and read back to resume.
+    """
+    from simdist.report.search_html import search_report_html
+    from simdist.report.search_table import search_text
+    from simdist.search.compare import size_cluster
+    from simdist.search.executors import make_executor
+    from simdist.search.rank import run_search
+    from simdist.search.space import SearchProblem
+
+    if gpus < 1:
+        raise SpecError(f"--gpus {gpus} must be at least 1", field="--gpus", fix="give e.g. 1024")
+    if top_k < 0:
+        raise SpecError(f"--top {top_k} must be >= 0", field="--top", fix="give e.g. 3")
+    size = size_cluster(cluster, gpus) if cluster in _preset_set() else None
+    if size is None:
+        raise SpecError(f"unknown cluster '{cluster}'", field="--cluster",
+                        fix=f"use a preset from: {', '.join(preset_names())}")
+    if size.note:
+        raise LayoutError(f"{gpus} GPUs do not fill whole nodes of {cluster} ({size.gpus_per_node} GPUs per node)",
+                          field="--gpus", fix=f"use a multiple of {size.gpus_per_node}, e.g. {size.num_gpus}")
+    problem = SearchProblem(model=model, cluster=cluster, num_nodes=size.num_nodes,
+                            global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
+                            max_tp=max_tp, max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp,
+                            max_micro_batch=max_micro_batch, schedules=tuple(schedules))
+    with make_executor(workers=workers, dask=dask) as executor:
+        outcome = run_search(problem, executor, top_k=top_k,
+                             results_file=Path(results_file) if results_file is not None else None,
+                             on_total=on_total, on_progress=on_progress)
+    doc = outcome.to_dict(explain_pruned=explain_pruned)
+    text = search_text(doc, top=rows, explain_pruned=explain_pruned)
+    files: dict[str, Path] = {}
+    if html is not None:
+        w = outcome.winner
+        page = search_report_html(doc, winner_graph=w.plan.graph if w else None, winner_trace=w.trace if w else None,
+                                  winner_result=w.result if w else None, table_text=text)
+        target = Path(html)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_text(page, encoding="utf-8")
+            tmp.replace(target)
+        except OSError as err:
+            raise SpecError(f"cannot write {target}: {err.strerror}", field="--html",
+                            fix="give a writable path") from None
+        files["html"] = target
+    return SearchOutput(doc, text, files, outcome.interrupted)
+
+
+def _preset_set() -> set[str]:
+    return set(preset_names())
+
+
+def compare(model: str, clusters: list[str], gpus: int, tokens: float, *, global_batch_size: int = 1536,
+            prices: list[str] | None = None, pue: float = 1.0, seq_length: int | None = None, precision: str = "bf16",
+            workers: int = 1, dask: Any = None) -> dict[str, Any]:
+    """Best layout per cluster, time, cost and energy to train ``tokens`` tokens (``simdist compare``)."""
+    from simdist.search.compare import compare_clusters, parse_prices
+    from simdist.search.executors import make_executor
+
+    names = [c.strip() for c in clusters if c.strip()]
+    if not names:
+        raise SpecError("no cluster given", field="--clusters", fix="give e.g. dgx-a100,dgx-h100,gb200-nvl72")
+    price_map = parse_prices(prices or [], names)
+    with make_executor(workers=workers, dask=dask) as executor:
+        rows = compare_clusters(model, names, gpus=gpus, tokens=tokens, global_batch_size=global_batch_size,
+                                prices=price_map, executor=executor, pue=pue, seq_length=seq_length,
+                                precision=precision)
+    return {"model": model, "gpus": gpus, "tokens": tokens, "global_batch_size": global_batch_size, "pue": pue,
+            "energy_assumption": "every GPU at its TDP for the whole run, times the PUE (1.0: GPUs only)",
+            "rows": rows}

@@ -1,0 +1,213 @@
+"""What a step plan is built from: the step's configuration, the layer split, and each model chunk's cost.
+
+`StepConfig` is the plain, validated input of `simdist.plan.step.build_step` (simdist.predict builds it from a
+scenario); `chunk_cost` turns the layers a pipeline stage runs for one model part into seconds on its GPU and the
+collectives they need (simdist.plan.layer_cost kernels on the simdist.hardware.compute roofline).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simdist.errors import LayoutError
+from simdist.hardware.compute import ComputeEfficiency, kernels_time_s
+from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work
+from simdist.plan.mesh import Mesh
+from simdist.plan.model import Model
+from simdist.spec.gpu import GpuSpec
+
+GRAD_REDUCE = ("per_parameter", "bucketed", "overlapped")
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    model: Model
+    gpu: GpuSpec
+    mesh: Mesh
+    schedule: str
+    micro_batch_size: int
+    global_batch_size: int
+    layers_per_stage: tuple[int, ...]
+    vpp: int = 1
+    recompute: str = "none"
+    precision: str = "bf16"
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    tp_style: str = "megatron"
+    attention: str = "flash"
+    grad_reduce: str = "bucketed"
+    grad_bucket_bytes: float | None = None
+    """None: one bucket per model chunk (Megatron-LM's contiguous gradient buffer, reduced at once)."""
+    scatter_gather: bool = True
+    """Megatron's pipeline scatter/gather (Narayanan et al. 2021 sec 4.1): each tp peer sends 1/tp."""
+    dp_batch_split: tuple[int, ...] | None = None
+    """Local batch of each data-parallel rank (sums to the global batch); None: equal shares."""
+    capacity_bytes: float = math.inf
+    compute_efficiency: ComputeEfficiency | None = None
+    """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
+
+    @property
+    def num_stages(self) -> int:
+        return self.mesh.pp
+
+    def microbatches(self, dp_index: int) -> int:
+        if self.dp_batch_split is None:
+            return self.global_batch_size // (self.micro_batch_size * self.mesh.dp)
+        return self.dp_batch_split[dp_index] // self.micro_batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCost:
+    """Durations and collectives of one model chunk (the layers one stage runs for one model part)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    forward_comm: tuple[tuple[str, float, str, int], ...]
+    """(op, nbytes, axis, count) run back to back after the forward compute."""
+    recompute_comm: tuple[tuple[str, float, str, int], ...]
+    backward_overlapped_comm: tuple[tuple[str, float, str, int], ...]
+    backward_comm: tuple[tuple[str, float, str, int], ...]
+    model_flops_forward: float
+    model_flops_backward: float
+    recompute_flops: float
+    num_params: float
+    """Parameters this chunk holds on one GPU (its tp shard)."""
+    num_tensors: int
+    """Parameter tensors (weights and biases), for per-parameter gradient reduction."""
+
+
+# ----------------------------------------------------------------------------- layer split
+def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = "even", vpp: int = 1
+                 ) -> tuple[int, ...]:
+    """Layers per pipeline stage.
+
+    even: num_layers / num_stages (must divide). lighter_ends: as even as possible with the first and the
+    last stage one layer lighter where the count does not divide, as Llama 3 405B ran 126 layers on 16 stages
+    (Dubey et al. 2024, arXiv:2407.21783 sec 3.3.2: "we reduce one Transformer layer each from the first and
+    the last stages"): 7 + 14 x 8 + 7. An explicit list is taken as given.
+    """
+    if isinstance(how, tuple | list):
+        split = tuple(int(x) for x in how)
+        if len(split) != num_stages or sum(split) != num_layers or min(split) < 1:
+            raise LayoutError(
+                f"layers_per_stage {list(split)} must list {num_stages} positive counts summing to {num_layers}",
+                field="parallel.layers_per_stage", fix=f"give {num_stages} counts that add up to {num_layers}")
+    elif how == "even":
+        if num_layers % num_stages:
+            raise LayoutError(
+                f"{num_layers} layers do not split evenly over pp = {num_stages} stages",
+                field="parallel.pp",
+                fix="choose pp dividing the layer count, or set parallel.pipeline_split: lighter_ends, "
+                    "or list parallel.layers_per_stage")
+        split = (num_layers // num_stages,) * num_stages
+    elif how == "lighter_ends":
+        per = -(-num_layers // num_stages)
+        missing = per * num_stages - num_layers
+        if num_stages == 1 or missing > 2 or per - 1 < 1:
+            raise LayoutError(
+                f"{num_layers} layers on {num_stages} stages cannot be split with only the first and last "
+                "stage lighter", field="parallel.pipeline_split", fix="list parallel.layers_per_stage")
+        split_list = [per] * num_stages
+        if missing >= 1:
+            split_list[0] -= 1
+        if missing == 2:
+            split_list[-1] -= 1
+        split = tuple(split_list)
+    else:
+        raise LayoutError(f"unknown pipeline_split '{how}'", field="parallel.pipeline_split",
+                          fix="use even or lighter_ends, or list parallel.layers_per_stage")
+    if vpp > 1:
+        bad = [n for n in split if n < vpp]
+        if bad:
+            raise LayoutError(
+                f"a stage of {bad[0]} layers cannot hold vpp = {vpp} model chunks",
+                field="parallel.vpp", fix=f"choose vpp of at most {min(split)}")
+    return split
+
+
+def chunk_layers(num_layers: int, vpp: int) -> list[int]:
+    """Layers of each of a stage's vpp model chunks: equal, or the first chunks one layer heavier.
+
+    # Assumption: a stage whose layers do not divide by vpp (e.g. Llama 3's 7-layer end stages) splits them as
+    # evenly as possible, the earlier chunks taking the extra layer (Megatron-core allows uneven virtual
+    # stages through its pipeline-layout option).
+    """
+    base, extra = divmod(num_layers, vpp)
+    return [base + (1 if c < extra else 0) for c in range(vpp)]
+
+
+# ----------------------------------------------------------------------------- costs
+def _comm_groups(work_comm: tuple, phase: str, overlappable: bool, times: int) -> tuple:
+    agg: dict[tuple[str, float, str], int] = {}
+    for c in work_comm:
+        if c.phase == phase and c.overlappable == overlappable:
+            key = (c.op, float(c.nbytes), c.axis)
+            agg[key] = agg.get(key, 0) + times
+    return tuple((op, nbytes, axis, n) for (op, nbytes, axis), n in agg.items())
+
+
+def _tensors_per_layer(model: Model) -> int:
+    if model.kind == "mlp":
+        return 2  # weight and bias
+    # Llama: q/k/v (fused qkv counts 1), proj, gate+up, down, 2 norms; GPT: + biases of each linear and norm.
+    return 6 if model.swiglu else 12
+
+
+def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
+    """Cost of ``num_layers`` layers (+ embedding on the first model part, + head on the last) per micro-batch."""
+    m = cfg.model
+    kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
+              micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
+    parts: list[tuple[Work, int]] = [(layer_work(m, recompute=cfg.recompute, tp_style=cfg.tp_style,
+                                                attention=cfg.attention, **kw), num_layers)]
+    if first_part and m.kind == "decoder":
+        parts.append((embedding_work(m, **kw), 1))
+    if last_part:
+        parts.append((head_work(m, **kw), 1))
+
+    def total(kernels_of) -> float:
+        return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency) * n for w, n in parts)
+
+    def comm(phase: str, overlappable: bool) -> tuple:
+        out: dict[tuple[str, float, str], int] = {}
+        for w, n in parts:
+            for op, nbytes, axis, k in _comm_groups(w.comm, phase, overlappable, n):
+                out[(op, nbytes, axis)] = out.get((op, nbytes, axis), 0) + k
+        return tuple((op, nb, ax, k) for (op, nb, ax), k in out.items())
+
+    fwd_model = sum(sum(k.flops for k in w.forward) * n for w, n in parts)
+    bwd_model = sum(sum(k.flops for k in w.backward) * n for w, n in parts)
+    rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
+    # Parameters this chunk holds on one GPU: its layers' share of tp, the embedding on the first part and
+    # the output projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding).
+    params = m.params_per_layer * num_layers / cfg.mesh.tp
+    if m.kind == "decoder":
+        emb = m.vocab_size * m.hidden_size / cfg.mesh.tp
+        params += emb * (1 if first_part else 0) + emb * (1 if last_part and not m.tied_embeddings else 0)
+    return ChunkCost(
+        forward_s=total(lambda w: w.forward),
+        backward_s=total(lambda w: w.backward),
+        recompute_s=total(lambda w: w.recompute),
+        forward_comm=comm("forward", False) + comm("forward", True),
+        recompute_comm=comm("recompute", False) + comm("recompute", True),
+        backward_overlapped_comm=comm("backward", True),
+        backward_comm=comm("backward", False),
+        model_flops_forward=fwd_model,
+        model_flops_backward=bwd_model,
+        recompute_flops=rec,
+        num_params=params,
+        num_tensors=_tensors_per_layer(m) * num_layers
+        + ((1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0) if m.kind == "decoder" else 0),
+    )
+
+
+def grad_bytes_per_element(precision: str) -> int:
+    """Bytes per gradient element the data-parallel reduction moves.
+
+    # Assumption: as Megatron-LM's defaults: bf16 training accumulates and all-reduces gradients in fp32
+    # (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 is forced on for bf16); fp16
+    # training reduces fp16 gradients (Narayanan et al. 2021); fp32/tf32 reduce fp32; fp8 as bf16.
+    """
+    return {"bf16": 4, "fp8": 4, "fp16": 2, "fp32": 4, "tf32": 4}[precision]
