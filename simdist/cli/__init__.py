@@ -1,0 +1,108 @@
+"""Command line: thin typer commands over `simdist.api`.
+
+Bad input never prints a traceback: a `SimdistError` or a usage error becomes one line on stderr
+(``error: ...``) and exit status 2. ``--json`` prints exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+try:  # typer >= 0.20 vendors click as typer._click; older releases use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
+
+from simdist import api  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
+from simdist.errors import EXIT_USAGE, SimdistError
+
+# Exit and Abort live in typer itself in recent releases (typer.Exit, typer.Abort), in click's exceptions before.
+_EXIT = tuple({getattr(typer, "Exit", None), getattr(click_exceptions, "Exit", None)} - {None})
+_ABORT = tuple({getattr(typer, "Abort", None), getattr(click_exceptions, "Abort", None)} - {None})
+
+app = typer.Typer(
+    name="simdist",
+    help="Discrete-event simulator of distributed-training cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+topo_app = typer.Typer(help="Inspect topology presets and clusters.", no_args_is_help=True)
+app.add_typer(topo_app, name="topo")
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a field: key=value (dotted path, YAML value), repeatable."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
+CalibrationOption = Annotated[Path | None, typer.Option(
+    "--calibration", help="A calibration file (simdist calibrate) fitted for this cluster.")]
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename: never half a file."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise SimdistError(f"folder {directory} does not exist", field="--html", fix="create it or pick another path")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write("error: " + " ".join(message.split()) + "\n")
+    sys.exit(EXIT_USAGE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``simdist`` console script and ``python -m simdist``."""
+    try:
+        code = app(args=argv, prog_name="simdist", standalone_mode=False)
+    except SimdistError as err:
+        _fail(err.one_line())
+    except click_exceptions.NoArgsIsHelpError as err:
+        sys.stdout.write(err.format_message() + "\n")
+        sys.exit(0)
+    except click_exceptions.UsageError as err:
+        where = f"{err.ctx.command_path}: " if err.ctx is not None else ""
+        _fail(where + err.format_message())
+    except click_exceptions.ClickException as err:
+        _fail(err.format_message())
+    except _EXIT as err:
+        sys.exit(getattr(err, "exit_code", 0))
+    except _ABORT:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+
+
+# The commands, one module per family; imported last because they register on `app` and use the options above,
+# in the order `simdist --help` lists them.
+for _family in ("commands", "bubble", "calibration", "search", "topo"):
+    importlib.import_module(f"simdist.cli.{_family}")
+
+if __name__ == "__main__":
+    main()

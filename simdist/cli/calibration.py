@@ -1,0 +1,94 @@
+"""`simdist calibrate` and `simdist validate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from simdist import api
+from simdist.cli import (
+    JsonOption,
+    _print_json,
+    app,
+)
+from simdist.errors import SimdistError
+
+# --------------------------------------------------------------------------- calibration and validation
+# (issue 5 parts 3-4: `simdist calibrate`, `simdist validate`; keep this section contiguous)
+MeasurementsArgument = Annotated[list[Path] | None, typer.Argument(
+    help="Measurement files: our CSV, nccl-tests output (text or -J JSON), MLP step CSVs.")]
+HoldoutOption = Annotated[str, typer.Option("--holdout", help=api.HOLDOUT_HELP)]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} %"
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    measurements: MeasurementsArgument = None,
+    topology: Annotated[str, typer.Option("--topology", help="The topology preset to calibrate.")] = "",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the calibration YAML here.")] = None,
+    num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Nodes of the cluster.")] = None,
+    holdout: Annotated[str, typer.Option("--holdout", help="Fit on part only and report the rest's error: "
+                                                           + api.HOLDOUT_HELP)] = "none",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap confidence intervals.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit link-tier efficiencies, per-collective latency/bandwidth and compute constants to measurements."""
+    if not topology:
+        raise SimdistError("no topology given", field="--topology", fix="add --topology dgx-h100 (simdist topo list)")
+    doc = api.calibrate(list(measurements or []), topology, num_nodes=num_nodes, out=out, holdout=holdout, seed=seed)
+    if as_json:
+        _print_json(doc)
+        return
+    cal = doc["calibration"]
+    fit = cal.get("fit", {})
+    typer.echo(f"# calibration of {topology} from {fit.get('points', 0)} points "
+               f"(MAPE {_pct(fit.get('mape_pct'))}, uncalibrated {_pct(fit.get('mape_uncalibrated_pct'))})")
+    for key, value in cal.get("overrides", {}).items():
+        typer.echo(f"  override {key}: {value}")
+    for op, c in cal.get("collectives", {}).items():
+        typer.echo(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
+                   + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else ""))
+    if cal.get("compute"):
+        typer.echo(f"  compute         {cal['compute']}")
+    if fit.get("heldout_points"):
+        typer.echo(f"# held out ({holdout}): {fit['heldout_points']} points, MAPE {_pct(fit.get('heldout_mape_pct'))}"
+                   f", uncalibrated {_pct(fit.get('heldout_mape_uncalibrated_pct'))}")
+    typer.echo(f"wrote {out}" if out is not None else doc["yaml"].rstrip())
+
+
+@app.command("validate")
+def validate_cmd(
+    measurements: MeasurementsArgument = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="The calibration file to check.")] = None,
+    holdout: HoldoutOption = "sizes",
+    html: Annotated[Path | None, typer.Option("--html", help="Write the predicted-vs-measured chart here.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit on part of the measurements, predict the rest: per-point error and MAPE, calibrated and not."""
+    if calibration is None:
+        raise SimdistError("no calibration given", field="--calibration",
+                           fix="add --calibration cal.yaml (from simdist calibrate)")
+    doc = api.validate(list(measurements or []), calibration, holdout=holdout, html=html)
+    if as_json:
+        _print_json(doc)
+        return
+    typer.echo(f"# {doc['topology']}: {doc['predicted_points']} points predicted (holdout {holdout}; fitted on "
+               f"{doc['fit_points']})")
+    typer.echo(f"# {'op':<15} {'ranks':>5} {'size':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8} "
+               f"{'uncalibrated(us)':>17} {'error':>8}")
+    for r in doc["rows"]:
+        typer.echo(f"  {r['op']:<15} {r['num_ranks']:>5} {int(r['nbytes']):>12} {r['measured_s'] * 1e6:>13.2f} "
+                   f"{r['predicted_s'] * 1e6:>14.2f} {r['error_pct']:>+7.1f}% {r['uncalibrated_s'] * 1e6:>17.2f} "
+                   f"{r['uncalibrated_error_pct']:>+7.1f}%")
+    for label, key in (("calibrated (held-out fit)", "mape_pct"), ("uncalibrated", "uncalibrated_mape_pct"),
+                       ("calibration file", "calibration_file_mape_pct")):
+        m = doc[key]
+        per_op = ", ".join(f"{op} {_pct(v)}" for op, v in m["per_op"].items())
+        typer.echo(f"MAPE {label}: {_pct(m['all'])} ({per_op})")
+    if html is not None:
+        typer.echo(f"wrote {html}")

@@ -1,0 +1,155 @@
+"""`simdist schema|check|collective|run|assumptions`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from simdist import api
+from simdist.cli import (
+    CalibrationOption,
+    JsonOption,
+    SetOption,
+    _print_json,
+    app,
+    write_atomically,
+)
+from simdist.errors import SimdistError
+
+
+@app.command("schema")
+def schema_cmd(kind: Annotated[str, typer.Argument(help="topology or scenario")]) -> None:
+    """Print the JSON schema of a topology or scenario file."""
+    _print_json(api.schema(kind))
+
+
+@app.command("check")
+def check(
+    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file.")],
+    assignments: SetOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Validate a scenario: its fields, its cluster, and that the layout fills the cluster."""
+    loaded = api.load_scenario(scenario, assignments or [])
+    p = loaded.spec.parallel
+    result = {
+        "scenario": str(scenario),
+        "name": loaded.spec.name,
+        "cluster": loaded.topology.spec.name,
+        "num_gpus": loaded.topology.num_gpus,
+        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp},
+        "valid": True,
+    }
+    if as_json:
+        _print_json(result)
+    else:
+        typer.echo(
+            f"{scenario}: ok - {loaded.spec.name or 'unnamed'}: tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} on "
+            f"{loaded.topology.num_gpus} GPUs of {loaded.topology.spec.name}"
+        )
+
+
+@app.command("collective")
+def collective_cmd(
+    cluster: Annotated[str, typer.Option("--cluster", help="Topology preset or file.")],
+    op: Annotated[str, typer.Option("--op", help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, "
+                                                 "all_to_all, scatter, gather, send_recv, barrier.")],
+    ranks: Annotated[int, typer.Option("--ranks", help="Number of ranks (the first GPUs of the cluster).")],
+    sizes: Annotated[str, typer.Option("--bytes", help="Sizes: 8:8G:x2 (nccl-tests -b:-e:-f), or 1M,64M.")] = "8:8G:x2",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="auto, or a name; several: ring,tree,auto.")] = "auto",
+    protocol: Annotated[str, typer.Option("--protocol", help="auto, LL, LL128 or Simple.")] = "auto",
+    fidelity: Annotated[str, typer.Option("--fidelity", help="auto, detailed or fast.")] = "auto",
+    num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Number of nodes.")] = None,
+    root: Annotated[int, typer.Option("--root", help="Root rank of rooted collectives.")] = 0,
+    assignments: SetOption = None,
+    as_json: JsonOption = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write a busbw/time chart per algorithm.")] = None,
+    compare: Annotated[Path | None, typer.Option("--compare", help="Overlay measurements: our CSV, or "
+                                                                     "nccl-tests output (text or -J JSON).")] = None,
+    calibration: CalibrationOption = None,
+) -> None:
+    """Simulate a collective over a size sweep and report time, algbw and busbw as nccl-tests does."""
+    from simdist.units import parse_size_list
+
+    try:
+        size_list = parse_size_list(sizes)
+    except SimdistError as err:
+        raise err.located(field_prefix="--bytes") from None
+    names = [a.strip() for a in algorithm.split(",") if a.strip()]
+    if not names:
+        raise SimdistError("no algorithm given", field="--algorithm", fix="use auto or e.g. ring")
+    measured = None
+    if compare is not None:
+        from simdist.calibrate.measurements import read_measurements
+
+        measured = read_measurements(compare)
+    series = {name: api.collective(cluster, op, ranks, size_list, algorithm=name, protocol=protocol,
+                                   num_nodes=num_nodes, assignments=assignments or [], fidelity=fidelity,
+                                   root=root, calibration=calibration)
+              for name in names}
+    if html is not None:
+        extra = api.collective_curves(cluster, op, ranks, size_list, num_nodes=num_nodes,
+                                      assignments=assignments or [], fidelity=fidelity, root=root,
+                                      protocol=protocol, skip=set(series), calibration=calibration)
+        from simdist.report.collective_html import collective_figure_html
+
+        curves = {**series, **extra}
+        title = f"{op} on {ranks} ranks of {cluster}" + (f" x {num_nodes} nodes" if num_nodes else "")
+        write_atomically(html, collective_figure_html(api.curves_for_report(curves), measured, title=title))
+    if as_json:
+        doc: dict[str, Any] = {"cluster": cluster, "num_nodes": num_nodes, "op": op, "num_ranks": ranks,
+                               "rows": [row.to_dict() for rows in series.values() for row in rows]}
+        if measured is not None:
+            doc["compare"] = api.compare_rows(series, measured)
+        _print_json(doc)
+        return
+    typer.echo(f"# {op} on {ranks} ranks of {cluster}" + (f" ({num_nodes} nodes)" if num_nodes else ""))
+    typer.echo(f"# {'size':>12} {'algorithm':>16} {'proto':>6} {'time(us)':>11} {'algbw(GB/s)':>12} "
+               f"{'busbw(GB/s)':>12}  fidelity")
+    for rows in series.values():
+        for r in rows:
+            typer.echo(f"  {int(r.nbytes):>12} {r.algorithm:>16} {r.protocol:>6} {r.time_s * 1e6:>11.2f} "
+                       f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}  {r.fidelity}")
+    if measured is not None:
+        for line in api.compare_rows(series, measured):
+            typer.echo(f"  measured {int(line['bytes']):>12} {line['measured_busbw_GBps']:>8.2f} GB/s busbw, "
+                       f"predicted {line['predicted_busbw_GBps']:>8.2f} ({line['error_pct']:+.1f}%)")
+    if html is not None:
+        typer.echo(f"wrote {html}")
+
+
+@app.command("run")
+def run_cmd(
+    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file (see scenarios/).")],
+    assignments: SetOption = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write report.json, trace.json, report.html here.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if the layout does not fit in memory.")] = False,
+    as_json: JsonOption = False,
+    calibration: CalibrationOption = None,
+    simulate: Annotated[str, typer.Option(
+        "--simulate", help="auto | representatives (one rank per stage, the others' traffic folded onto shared "
+                           "links) | full (every rank)")] = "auto",
+) -> None:
+    """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
+    output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,
+                     simulate=simulate)
+    if as_json:
+        _print_json(output.result)
+        return
+    typer.echo(output.text.rstrip())
+    if output.files:
+        typer.echo(f"report: {output.files['report.html']}  (trace: {output.files['trace.json']}, "
+                   f"json: {output.files['report.json']})")
+
+
+@app.command("assumptions")
+def assumptions_cmd(as_json: JsonOption = False) -> None:
+    """List the modelling assumptions (``# Assumption:`` comments) in the code and presets."""
+    found = api.assumptions()
+    if as_json:
+        _print_json(found)
+        return
+    for item in found:
+        typer.echo(f"{item['file']}:{item['line']}: {item['text']}")

@@ -1,0 +1,146 @@
+"""`simdist search` and `simdist compare`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from simdist import api
+from simdist.cli import (
+    JsonOption,
+    _print_json,
+    app,
+    write_atomically,
+)
+from simdist.errors import SimdistError
+
+# --------------------------------------------------------------------------- layout search and hardware comparison
+# (issue 7: `simdist search`, `simdist compare`; keep this section contiguous)
+ModelOption = Annotated[str, typer.Option("--model", help="Model preset (gpt3-175b, llama3-70b, ...).")]
+GpusOption = Annotated[int, typer.Option("--gpus", help="Number of GPUs.")]
+WorkersOption = Annotated[int, typer.Option("--workers", help="Local worker processes (1: in this process).")]
+DaskOption = Annotated[str | None, typer.Option("--dask", help="Evaluate on an existing Dask scheduler, "
+                                                                "e.g. tcp://host:8786 (pip install simdist[dask]).")]
+SeqOption = Annotated[int | None, typer.Option("--seq", help="Sequence length (default: the model preset's).")]
+PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16, fp16, fp8, tf32 or fp32.")]
+
+
+def _progress(as_json: bool):
+    """A rich progress bar with ETA on stderr (none with --json): (on_total, on_progress, stop)."""
+    if as_json:
+        return None, None, lambda: None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn("closed form"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task: list[Any] = []
+
+    def on_total(n: int) -> None:
+        bar.start()
+        task.append(bar.add_task("sweep", total=n))
+
+    def on_progress(k: int) -> None:
+        if task:
+            bar.advance(task[0], k)
+
+    def stop() -> None:
+        if task:  # a bar never started prints nothing, so an error stays one line
+            bar.stop()
+
+    return on_total, on_progress, stop
+
+
+@app.command("search")
+def search_cmd(
+    model: ModelOption,
+    cluster: Annotated[str, typer.Option("--cluster", help="Topology preset (see `simdist topo list`).")],
+    gpus: GpusOption,
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch in sequences.")],
+    seq: SeqOption = None,
+    max_tp: Annotated[int | None, typer.Option("--max-tp", help="Largest tp (default: GPUs per node).")] = None,
+    max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pp.")] = 64,
+    max_cp: Annotated[int, typer.Option("--max-cp", help="Largest cp (powers of two).")] = 2,
+    max_vpp: Annotated[int, typer.Option("--max-vpp", help="Largest virtual pipeline size (interleaved).")] = 4,
+    max_mbs: Annotated[int, typer.Option("--max-micro-batch", help="Largest micro-batch (powers of two).")] = 8,
+    schedules: Annotated[str, typer.Option("--schedules", help="Schedules to try: 1f1b,interleaved_1f1b,gpipe,"
+                                                               "zb_h1.")] = "1f1b,interleaved_1f1b",
+    precision: PrecisionOption = "bf16",
+    top: Annotated[int, typer.Option("--top", help="Re-simulate the best K with the engine.")] = 3,
+    rows: Annotated[int, typer.Option("--rows", help="Rows of the ranked table.")] = 10,
+    explain_pruned: Annotated[bool, typer.Option("--explain-pruned", help="List every pruned layout and why.")] = False,
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue from (and append to) a results file.")
+                      ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write results as JSON lines as they arrive.")] = None,
+    as_json: JsonOption = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report (heatmap, Pareto, timeline).")
+                    ] = None,
+) -> None:
+    """Search parallel layouts: prune, rank by the closed form, re-simulate the top K with the engine."""
+    if resume is not None and out is not None and resume != out:
+        raise SimdistError("--resume and --out name different files", field="--out",
+                           fix="give one file: --resume appends to it")
+    on_total, on_progress, stop = _progress(as_json)
+    try:
+        output = api.search(model, cluster, gpus, global_batch, seq_length=seq, precision=precision, max_tp=max_tp,
+                            max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp, max_micro_batch=max_mbs,
+                            schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
+                            workers=workers, dask=dask, results_file=resume or out, html=html,
+                            explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress)
+    finally:
+        stop()
+    if as_json:
+        _print_json(output.doc)
+    else:
+        typer.echo(output.text.rstrip())
+        if output.files:
+            typer.echo(f"wrote {output.files['html']}")
+    if output.interrupted:
+        sys.exit(130)
+
+
+@app.command("compare")
+def compare_cmd(
+    model: ModelOption,
+    clusters: Annotated[str, typer.Option("--clusters", help="Presets to compare: dgx-a100,dgx-h100,gb200-nvl72.")],
+    gpus: GpusOption,
+    tokens: Annotated[float, typer.Option("--tokens", help="Tokens to train, e.g. 300e9.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch in sequences.")] = 1536,
+    price: Annotated[list[str] | None, typer.Option("--price", help="cluster=USD per GPU-hour (repeatable).")
+                     ] = None,
+    pue: Annotated[float, typer.Option("--pue", help="Facility overhead on the GPUs' TDP energy (1.0: none).")] = 1.0,
+    seq: SeqOption = None,
+    precision: PrecisionOption = "bf16",
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
+    as_json: JsonOption = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the comparison chart.")] = None,
+) -> None:
+    """Compare clusters: best layout on each, time, cost and energy to train --tokens tokens."""
+    doc = api.compare(model, clusters.split(","), gpus, tokens, global_batch_size=global_batch, prices=price or [],
+                      pue=pue, seq_length=seq, precision=precision, workers=workers, dask=dask)
+    from simdist.report.search_table import compare_text
+
+    text = compare_text(doc["rows"], tokens=tokens, pue=pue)
+    if html is not None:
+        from simdist.report.search_html import compare_report_html
+
+        write_atomically(html, compare_report_html(doc["rows"], table_text=text))
+    if as_json:
+        _print_json(doc)
+        return
+    typer.echo(text.rstrip())
+    if html is not None:
+        typer.echo(f"wrote {html}")
