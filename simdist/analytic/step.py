@@ -204,8 +204,8 @@ def _chunk(cfg: StepConfig, pricer: CommPricer, cost: ChunkCost, groups: dict[st
             n = 1 if cfg.grad_bucket_bytes is None else max(1, math.ceil(gbytes / cfg.grad_bucket_bytes))
         per = pricer.shape_time_s(op, *dp, gbytes / n)
         if cfg.grad_reduce == "overlapped":
-            # simdist.plan.step._grad_pieces: with a single bucket no reduction op is emitted (mirrored here).
-            buckets, bucket_s = n, (per if n > 1 else 0.0)
+            # simdist.plan.step: the chunk's last backward is cut into n pieces, each followed by its bucket.
+            buckets, bucket_s = n, per
         else:
             reduce_s = per * n
     tail = exposed + (max(0.0, ovl - cost.backward_s) if cfg.schedule != "zb_h1" else 0.0)
