@@ -134,19 +134,19 @@ def _first_data_line(text: str) -> tuple[int, str] | None:
     return None
 
 
-def _read_csv(text: str, source: str) -> list[Measurement]:
+def read_csv_rows(text: str, source: str, required: tuple[str, ...], convert, *, what: str, header_fix: str,
+                  rows_fix: str) -> list:
+    """Rows of a CSV (``#`` lines and blank lines skipped) converted one by one by ``convert(row, source)``;
+    every problem is one SpecError naming ``source:line``. Shared by the collective and the step schemas."""
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
     head_line, head_text = numbered[0]
     header = [h.strip() for h in next(csv.reader([head_text]))]
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    missing = [c for c in required if c not in header]
     if missing:
-        raise SpecError(
-            f"CSV header lacks column(s) {', '.join(missing)}",
-            source=f"{source}:{head_line}",
-            fix=f"the header must name at least {','.join(REQUIRED_COLUMNS)} (columns: {','.join(CSV_COLUMNS)})",
-        )
-    out: list[Measurement] = []
+        raise SpecError(f"{what} header lacks column(s) {', '.join(missing)}", source=f"{source}:{head_line}",
+                        fix=header_fix)
+    out = []
     for number, line in numbered[1:]:
         values = next(csv.reader([line]))
         if len(values) != len(header):
@@ -157,12 +157,19 @@ def _read_csv(text: str, source: str) -> list[Measurement]:
             )
         row = dict(zip(header, (v.strip() for v in values), strict=True))
         try:
-            out.append(_row_to_measurement(row, source))
+            out.append(convert(row, source))
         except SimdistError as exc:
             raise exc.located(source=f"{source}:{number}") from None
     if not out:
-        raise SpecError("CSV has a header but no rows", source=source, fix="add one row per measurement")
+        raise SpecError(f"{what} has a header but no rows", source=source, fix=rows_fix)
     return out
+
+
+def _read_csv(text: str, source: str) -> list[Measurement]:
+    return read_csv_rows(
+        text, source, REQUIRED_COLUMNS, _row_to_measurement, what="CSV",
+        header_fix=f"the header must name at least {','.join(REQUIRED_COLUMNS)} (columns: {','.join(CSV_COLUMNS)})",
+        rows_fix="add one row per measurement")
 
 
 def _number(row: dict[str, str], column: str, *, integer: bool = False, positive: bool = False) -> float:

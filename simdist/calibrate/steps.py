@@ -23,8 +23,14 @@ import io
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
-from simdist.calibrate.measurements import _first_data_line, _metadata_lines, _number, write_text_atomic
-from simdist.errors import SimdistError, SpecError
+from simdist.calibrate.measurements import (
+    _first_data_line,
+    _metadata_lines,
+    _number,
+    read_csv_rows,
+    write_text_atomic,
+)
+from simdist.errors import SpecError
 
 __all__ = ["CUTS", "STEP_CSV_COLUMNS", "StepMeasurement", "read_csv_metadata", "read_step_measurements",
            "write_step_measurements_csv"]
@@ -86,28 +92,9 @@ def read_step_measurements(path: str | Path) -> list[StepMeasurement]:
     if first is None:
         raise SpecError("step CSV is empty", source=source,
                         fix=f"write a header row {','.join(STEP_CSV_COLUMNS)} and one row per step")
-    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
-                if line.strip() and not line.lstrip().startswith("#")]
-    head_line, head_text = numbered[0]
-    header = [h.strip() for h in next(csv.reader([head_text]))]
-    missing = [c for c in _REQUIRED if c not in header]
-    if missing:
-        raise SpecError(f"step CSV header lacks column(s) {', '.join(missing)}", source=f"{source}:{head_line}",
-                        fix=f"the header must name {','.join(STEP_CSV_COLUMNS)}")
-    out: list[StepMeasurement] = []
-    for number, line in numbered[1:]:
-        values = next(csv.reader([line]))
-        if len(values) != len(header):
-            raise SpecError(f"row has {len(values)} fields, the header {len(header)}", source=f"{source}:{number}",
-                            fix="give every row one value per header column")
-        row = dict(zip(header, (v.strip() for v in values), strict=True))
-        try:
-            out.append(_row_to_step(row, source))
-        except SimdistError as exc:
-            raise exc.located(source=f"{source}:{number}") from None
-    if not out:
-        raise SpecError("step CSV has a header but no rows", source=source, fix="add one row per measured step")
-    return out
+    return read_csv_rows(text, source, _REQUIRED, _row_to_step, what="step CSV",
+                         header_fix=f"the header must name {','.join(STEP_CSV_COLUMNS)}",
+                         rows_fix="add one row per measured step")
 
 
 def read_csv_metadata(path: str | Path) -> dict[str, str]:
