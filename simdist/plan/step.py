@@ -37,7 +37,6 @@ from simdist.plan.opgraph import Comm, Op, OpGraph
 from simdist.plan.pipeline import build_pipeline
 from simdist.plan.schedule import Step, schedule_order
 from simdist.plan.step_config import (
-    GRAD_REDUCE,
     ChunkCost,
     StepConfig,
     chunk_cost,
@@ -358,5 +357,5 @@ def _link_instances(graph: OpGraph) -> None:
 
 
 # Re-exported: what callers (simdist.predict, simdist.analytic.step, the tests) import from here.
-__all__ = ["GRAD_REDUCE", "ChunkCost", "Kernel", "StepConfig", "StepPlan", "build_step", "chunk_cost",
+__all__ = ["ChunkCost", "Kernel", "StepConfig", "StepPlan", "build_step", "chunk_cost",
            "chunk_layers", "grad_bytes_per_element", "split_layers"]

@@ -17,8 +17,6 @@ from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.spec.gpu import GpuSpec
 
-GRAD_REDUCE = ("per_parameter", "bucketed", "overlapped")
-
 
 @dataclass(frozen=True, slots=True)
 class StepConfig:

@@ -100,8 +100,6 @@ def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: l
     """(own loads, the class's total loads on the own links, symmetric) — one group at a time."""
     per_group = [_loads(topology, g, transfers) for g in groups]
     own = per_group[0]
-    if len(groups) == 1:
-        return own, own, True
     total: dict[int, float] = {}
     for load in per_group:
         for link, b in load.items():
@@ -153,13 +151,16 @@ def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ..
                           time_s, latency_s)
     transfers = _plan_links(topology, request, choice)
     groups = translates or [comm.ranks]
-    if len(groups) > 1 and all(link < topology.num_node_links for link in _loads(topology, comm.ranks, transfers)):
+    own = _loads(topology, comm.ranks, transfers)
+    if len(groups) > 1 and all(link < topology.num_node_links for link in own):
         # The plan stays inside its nodes: a translate on other nodes shares no link with it, and its own
         # bottleneck is the same (every node is built alike), so only translates on the same nodes matter.
         gpn = topology.gpus_per_node
         nodes = {r // gpn for r in comm.ranks}
         groups = [groups[0]] + [g for g in groups[1:] if nodes & {r // gpn for r in g}]
-    if len(groups) == 1 or any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
+    if len(groups) == 1:
+        class_load, symmetric = own, True
+    elif any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
         own, class_load, symmetric = _class_loads(topology, groups, transfers)
     else:
         own, class_load, symmetric = _class_loads_batched(topology, groups, transfers)
