@@ -1,0 +1,163 @@
+"""Measured points of a calibration: aggregated, held out, placed on the cluster, tiered, and predicted.
+
+Each point is one (op, rank count, nodes, size) with the median of its measured times; its group is placed
+on the first GPUs of the cluster (``num_nodes`` spreads it over that many nodes) and sorted into a link tier
+(simdist.calibrate.calibration uses the tiers and predictions to fit a calibration).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simdist.analytic.select import rank_choices
+from simdist.calibrate.measurements import Measurement
+from simdist.collectives.group import Group
+from simdist.collectives.registry import ALGORITHMS
+from simdist.collectives.request import Request
+from simdist.errors import SimdistError, SpecError
+from simdist.hardware.presets import load_topology, topology_document
+from simdist.hardware.topology import Topology
+from simdist.spec.load import Document
+
+HOLDOUTS = ("none", "sizes", "large", "ranks")
+MAX_KNOTS = 24
+TIER_FIELD = {"scale_up": ("scale_up",), "pcie": ("host", "pcie"), "inter_node": ("inter_node",)}
+_TIER_KINDS = {"scale_up": {"nvlink"}, "pcie": {"pcie"}}
+
+
+# --------------------------------------------------------------------------- measured points
+@dataclass(frozen=True, slots=True)
+class Point:
+    """Median of the measurements of one (op, ranks, nodes, size, algorithm)."""
+
+    op: str
+    num_ranks: int
+    num_nodes: int | None
+    nbytes: float
+    time_s: float
+    algorithm: str | None
+    source: str
+    samples: int = 1
+
+    @property
+    def series(self) -> tuple:
+        return (self.op, self.num_ranks, self.num_nodes, self.algorithm)
+
+
+def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
+    """Median time per (op, ranks, nodes, size, algorithm): robust to warm-up spikes of single samples."""
+    groups: dict[tuple, list[Measurement]] = {}
+    for m in measurements:
+        if m.op == "barrier" or m.nbytes <= 0:
+            raise SpecError(f"a {m.op} of {m.nbytes} bytes has no size to fit a bandwidth to", source=m.source,
+                            fix="remove barrier and 0-byte rows from the measurements")
+        algo = (m.algorithm or "").lower() or None
+        algo = algo if algo in ALGORITHMS else None  # e.g. NCCL_ALGO=CollnetDirect: priced as NCCL's choice
+        nodes = m.num_nodes if m.num_nodes and m.num_nodes > 1 else None
+        groups.setdefault((m.op, m.num_ranks, nodes, float(m.nbytes), algo), []).append(m)
+    order = sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, str(k[4]), k[3]))
+    return [Point(op, n, nodes, size, float(np.median([m.time_s for m in groups[key]])), algo,
+                  groups[key][0].source, len(groups[key])) for key in order for (op, n, nodes, size, algo) in [key]]
+
+
+def split_holdout(points: Sequence[Point], holdout: str) -> tuple[list[Point], list[Point]]:
+    """(fit, held out): ``sizes`` every other size of each sweep, ``large`` its largest third, ``ranks``
+    the largest rank count of each op measured at several, ``none`` nothing held out."""
+    if holdout not in HOLDOUTS:
+        raise SpecError(f"unknown holdout '{holdout}'", field="--holdout", fix=f"use one of: {', '.join(HOLDOUTS)}")
+    if holdout == "none":
+        return list(points), []
+    train, test = [], []
+    if holdout == "ranks":
+        counts: dict[str, set[int]] = {}
+        for p in points:
+            counts.setdefault(p.op, set()).add(p.num_ranks)
+        held = {op: max(c) for op, c in counts.items() if len(c) > 1}
+        if not held:
+            raise SpecError("--holdout ranks needs an op measured at two or more rank counts", field="--holdout",
+                            fix="use --holdout sizes, or add measurements at another rank count")
+        for p in points:
+            (test if held.get(p.op) == p.num_ranks else train).append(p)
+        return train, test
+    series: dict[tuple, list[Point]] = {}
+    for p in points:
+        series.setdefault(p.series, []).append(p)
+    for pts in series.values():
+        pts = sorted(pts, key=lambda p: p.nbytes)
+        n = len(pts)
+        for i, p in enumerate(pts):
+            out = n >= 4 and i % 2 == 1 if holdout == "sizes" else n >= 3 and i >= n - math.ceil(n / 3)
+            (test if out else train).append(p)
+    if not test:
+        raise SpecError(f"--holdout {holdout} leaves no point to predict", field="--holdout",
+                        fix="measure sweeps of at least 4 sizes, or use --holdout none")
+    return train, test
+
+
+# --------------------------------------------------------------------------- the cluster and its predictions
+def build_cluster(topology: str, points: Sequence[Point], *, num_nodes: int | None = None,
+                  overrides: dict[str, Any] | None = None) -> Topology:
+    """The preset with enough nodes for every measured group (or exactly ``num_nodes``) and ``overrides``."""
+    gpn = int(topology_document(topology).data.get("gpus_per_node", 1))
+    needed = max([p.num_nodes or -(-p.num_ranks // gpn) for p in points] or [1])
+    if num_nodes is not None and num_nodes < needed:
+        worst = max(points, key=lambda p: p.num_nodes or -(-p.num_ranks // gpn))
+        raise SpecError(f"{worst.op} on {worst.num_ranks} ranks needs {needed} nodes of {topology}, "
+                        f"--num-nodes is {num_nodes}", source=worst.source, fix=f"use --num-nodes {needed}")
+    doc = Document(data=overrides, source="calibration overrides") if overrides else None
+    return load_topology(topology, num_nodes=num_nodes or needed, overrides=doc)
+
+
+def _group(topology: Topology, p: Point) -> Group:
+    gpn = topology.gpus_per_node
+    if p.num_nodes is None:
+        return Group.first(topology, p.num_ranks)
+    per, rest = divmod(p.num_ranks, p.num_nodes)
+    if rest or per > gpn or p.num_nodes > topology.num_nodes:
+        raise SpecError(f"{p.num_ranks} ranks on {p.num_nodes} nodes do not fit nodes of {gpn} GPUs",
+                        source=p.source, fix="check the num_ranks and num_nodes columns")
+    return Group(topology, tuple(node * gpn + j for node in range(p.num_nodes) for j in range(per)))
+
+
+def tier_of(topology: Topology, group: Group) -> str:
+    """scale_up (one NVLink domain), pcie (one node without NVLink) or inter_node."""
+    if len({topology.locate(r)[0] for r in group.ranks}) > 1:
+        return "inter_node"
+    return "scale_up" if topology.spec.scale_up is not None else "pcie"
+
+
+def _tier_efficiency(topology: Topology, tier: str) -> float:
+    if tier == "inter_node":
+        assert topology.fabric is not None
+        return topology.fabric.efficiency
+    return next(lk.efficiency for lk in topology.node.links if lk.kind in _TIER_KINDS[tier])
+
+
+def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
+    """simdist's closed-form time of each point: the (algorithm, protocol) NCCL's tuner would take, or the
+    measured algorithm where the file names one (simdist.analytic.select.rank_choices)."""
+    cache: dict[tuple, float] = {}
+    out = []
+    for p in points:
+        key = (p.op, p.num_ranks, p.num_nodes, p.nbytes, p.algorithm)
+        if key not in cache:
+            try:
+                group = _group(topology, p)
+                request = Request(p.op, group, p.nbytes)
+                choices = rank_choices(request, algorithms=[p.algorithm] if p.algorithm else None)
+            except SpecError:
+                raise
+            except SimdistError as err:
+                raise SpecError(f"{p.op} on {p.num_ranks} ranks cannot be priced on {topology.spec.name}: "
+                                f"{err.problem}", source=p.source, fix=err.fix or "check num_ranks") from None
+            if not choices:
+                raise SpecError(f"no algorithm runs {p.op} on {p.num_ranks} ranks of {topology.spec.name}",
+                                source=p.source, fix="remove these rows or calibrate another topology")
+            cache[key] = choices[0].predicted_s
+        out.append(cache[key])
+    return np.asarray(out, dtype=float)
