@@ -31,6 +31,8 @@ def _both(path: str, assignments: list[str]) -> tuple[float, float]:
     [*DP4, "parallel.zero_stage=0", "training.grad_bucket_size=100 MB"],
     [*DP4, "parallel.zero_stage=1"],
     [*DP4, "parallel.zero_stage=2"],
+    [*DP4, "parallel.zero_stage=3", "training.zero3_fetch=per_parameter"],
+    [*DP4, "parallel.zero_stage=3", "training.zero3_fetch=per_parameter", "training.recompute=full"],
 ])
 def test_equals_engine_where_nothing_overlaps(assignments):
     # One pipeline stage: forward and backward chains, then the gradient reduction, the optimizer and the

@@ -15,8 +15,8 @@ def _spec(**fields) -> ModelSpec:
 
 
 def test_presets_are_listed_and_cited():
-    assert set(model_presets()) == {"gpt3-175b", "megatron-1t", "llama3-8b", "llama3-70b", "llama3-405b",
-                                    "cs336-mlp"}
+    assert set(model_presets()) == {"gpt3-175b", "megatron-530b", "megatron-1t", "llama3-8b", "llama3-70b",
+                                    "llama3-405b", "cs336-mlp"}
     for name in model_presets():
         assert preset_source(name)
 
@@ -35,6 +35,9 @@ def test_gpt3_and_1t_parameter_counts():
     assert gpt3.num_params + 2048 * 12288 == pytest.approx(174.6e9, rel=0.001)
     one_t = resolve_model(_spec(preset="megatron-1t"))
     assert one_t.num_params == pytest.approx(1008e9, rel=0.002)
+    # 530B: Table 1 / Table 2 of Narayanan et al. 2021 say 529.6B (with learned positions, s h = 42M)
+    mt = resolve_model(_spec(preset="megatron-530b"))
+    assert mt.num_params + 2048 * 20480 == pytest.approx(529.6e9, rel=0.002)
 
 
 def test_inline_fields_override_a_preset():

@@ -187,6 +187,23 @@ def test_zero3_gathers_parameters_and_zero1_reduce_scatters(tmp_path: Path) -> N
     assert m3 < m0
 
 
+def test_zero3_per_parameter_blocks_per_tensor(tmp_path: Path) -> None:
+    # DeepSpeed 2021 ZeRO-3 (simdist.plan.step._Emitter._per_parameter): one all_gather per tensor before the
+    # forward and again before the backward, one reduce_scatter per tensor, each blocking and each paying
+    # dp host copies (list collectives). The MLP has 2 tensors per layer.
+    base = mlp_scenario(tmp_path, dp=8)
+    fast = api.run(base, ["parallel.zero_stage=3"]).result
+    slow = api.run(base, ["parallel.zero_stage=3", "training.zero3_fetch=per_parameter"]).result
+    runs = {}
+    for c in slow["collectives"]:
+        if c["axis"] == "dp":
+            runs[c["op"]] = runs.get(c["op"], 0) + c["count"]
+    layers = 4
+    assert runs == {"all_gather": 2 * 2 * layers, "reduce_scatter": 2 * layers}
+    host = 8 * 5e-6  # dp views copied per collective x compute_efficiency.csv's host_op_s
+    assert slow["step_time_s"] >= fast["step_time_s"] + 3 * 2 * layers * host
+
+
 def test_overlapped_gradient_reduction_hides_communication(tmp_path: Path) -> None:
     path = scenario_file(tmp_path, """
 cluster: {preset: dgx-a100, num_nodes: 4}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
 from simdist.collectives.request import Request
-from simdist.hardware.compute import kernels_time_s
+from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.hardware.topology import Topology
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
@@ -192,8 +192,14 @@ def _chunk(cfg: StepConfig, pricer: CommPricer, cost: ChunkCost, groups: dict[st
     dp = groups["dp"]
     pbytes = cost.num_params * bytes_per_element(cfg.precision)
     gbytes = cost.num_params * grad_bytes_per_element(cfg.precision)
-    gather = pricer.shape_time_s("all_gather", *dp, pbytes) if cfg.zero_stage == 3 else 0.0
-    scatter = pricer.shape_time_s("reduce_scatter", *dp, gbytes) if cfg.zero_stage >= 2 else 0.0
+    if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter" and dp[1] >= 2:
+        # simdist.plan.step._Emitter._per_parameter: one collective per tensor, each with dp host copies.
+        n, host = cost.num_tensors, dp[1] * _host_op_s(cfg)
+        gather = n * (pricer.shape_time_s("all_gather", *dp, pbytes / n) + host)
+        scatter = n * (pricer.shape_time_s("reduce_scatter", *dp, gbytes / n) + host)
+    else:
+        gather = pricer.shape_time_s("all_gather", *dp, pbytes) if cfg.zero_stage == 3 else 0.0
+        scatter = pricer.shape_time_s("reduce_scatter", *dp, gbytes) if cfg.zero_stage >= 2 else 0.0
     reduce_s = bucket_s = 0.0
     buckets = 1
     if cfg.zero_stage <= 1 and dp[1] >= 2:
@@ -216,13 +222,25 @@ def _chunk(cfg: StepConfig, pricer: CommPricer, cost: ChunkCost, groups: dict[st
                   flops=cost.model_flops_forward + cost.model_flops_backward, params=cost.num_params)
 
 
-def _stage_period(chunks: list[_Chunk], zero_stage: int) -> tuple[float, float]:
+def _host_op_s(cfg: StepConfig) -> float:
+    return (cfg.compute_efficiency or compute_efficiency(cfg.gpu)).host_op_s
+
+
+def _gathers(c: _Chunk) -> int:
+    """per_parameter ZeRO-3 gathers per micro-batch: forward, backward, and again after a recompute."""
+    return 3 if c.recompute_s > 0 else 2
+
+
+def _stage_period(chunks: list[_Chunk], zero_stage: int, per_parameter: bool = False) -> tuple[float, float]:
     """(per-micro-batch time of a stage through all its chunks, its zb_h1 W share).
 
     ZeRO-3 (simdist.plan.step): the dp stream runs, per chunk and micro-batch, the forward's gather, the
     backward's gather and the gradient scatter; the next forward's gather queues behind that scatter, so per
-    micro-batch a chunk takes gather + max(f, gather) + b + scatter.
+    micro-batch a chunk takes gather + max(f, gather) + b + scatter. ``per_parameter``: every gather and
+    scatter blocks the compute, so they add up.
     """
+    if zero_stage == 3 and per_parameter:
+        return sum(c.f + c.b + c.w + _gathers(c) * c.gather_s + c.scatter_s for c in chunks), 0.0
     if zero_stage == 3:
         t = sum(c.gather_s + max(c.f, c.gather_s) + c.b + c.w + c.scatter_s for c in chunks)
         return t, 0.0
@@ -254,7 +272,8 @@ def analytic_step(cfg: StepConfig, pricer: CommPricer) -> AnalyticStep:
             seen[same] = row
         stages.append(row)
         params.append(sum(c.params for c in row))
-    periods = [_stage_period(row, cfg.zero_stage) for row in stages]
+    per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
+    periods = [_stage_period(row, cfg.zero_stage, per_parameter) for row in stages]
     T = [p for p, _ in periods]
     W = [w for _, w in periods]
     # p2p: one micro-batch's activation, b s/cp h elements, 1/tp per peer with scatter/gather or SP
@@ -313,7 +332,9 @@ def analytic_step(cfg: StepConfig, pricer: CommPricer) -> AnalyticStep:
         if cfg.zero_stage in (1, 2):
             gather = pricer.shape_time_s("all_gather", mesh.rank(pp=s), mesh.dp, mesh.stride("dp"),
                                          params[s] * bytes_per_element(cfg.precision))
-        if cfg.zero_stage == 3:
+        if per_parameter:
+            exposed = sum(M * (_gathers(c) * c.gather_s + c.scatter_s) for c in row)
+        elif cfg.zero_stage == 3:
             exposed = sum(M * (c.gather_s + max(c.gather_s - c.f, 0.0) + c.scatter_s) for c in row)
         ends.append(end + (exposed if cfg.zero_stage != 3 else 0.0) + opt + gather)
         dp_exposed.append(exposed + gather)

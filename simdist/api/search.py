@@ -27,8 +27,10 @@ def search(model: str, cluster: str, gpus: int, global_batch_size: int, *, seq_l
            max_micro_batch: int = 8, schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b"), top_k: int = 3,
            workers: int = 1, dask: Any = None, results_file: str | Path | None = None,
            html: str | Path | None = None, explain_pruned: bool = False, rows: int = 10,
-           on_total: Any = None, on_progress: Any = None) -> SearchOutput:
+           on_total: Any = None, on_progress: Any = None, zero3_fetch: str = "prefetch") -> SearchOutput:
     """Rank every feasible layout of ``model`` on ``gpus`` GPUs of ``cluster`` (``simdist search``).
+
+    ``zero3_fetch``: how ZeRO-3 layouts move parameters (training.zero3_fetch): prefetch or per_parameter.
 
     The closed form (simdist.analytic.step) ranks them; the engine re-simulates the ``top_k``. ``dask``: a
     scheduler address (or a distributed.Client) to evaluate on; ``results_file``: JSON lines written as results
@@ -55,7 +57,7 @@ def search(model: str, cluster: str, gpus: int, global_batch_size: int, *, seq_l
     problem = SearchProblem(model=model, cluster=cluster, num_nodes=size.num_nodes,
                             global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                             max_tp=max_tp, max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp,
-                            max_micro_batch=max_micro_batch, schedules=tuple(schedules))
+                            max_micro_batch=max_micro_batch, schedules=tuple(schedules), zero3_fetch=zero3_fetch)
     with make_executor(workers=workers, dask=dask) as executor:
         outcome = run_search(problem, executor, top_k=top_k,
                              results_file=Path(results_file) if results_file is not None else None,

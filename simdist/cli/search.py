@@ -76,6 +76,9 @@ def search_cmd(
     schedules: Annotated[str, typer.Option("--schedules", help="Schedules to try: 1f1b,interleaved_1f1b,gpipe,"
                                                                "zb_h1.")] = "1f1b,interleaved_1f1b",
     precision: PrecisionOption = "bf16",
+    zero3_fetch: Annotated[str, typer.Option("--zero3-fetch", help="ZeRO-3 parameter traffic: prefetch (FSDP-style) "
+                                                                   "or per_parameter (DeepSpeed 2021).")
+                           ] = "prefetch",
     top: Annotated[int, typer.Option("--top", help="Re-simulate the best K with the engine.")] = 3,
     rows: Annotated[int, typer.Option("--rows", help="Rows of the ranked table.")] = 10,
     explain_pruned: Annotated[bool, typer.Option("--explain-pruned", help="List every pruned layout and why.")] = False,
@@ -98,7 +101,8 @@ def search_cmd(
                             max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp, max_micro_batch=max_mbs,
                             schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
                             workers=workers, dask=dask, results_file=resume or out, html=html,
-                            explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress)
+                            explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress,
+                            zero3_fetch=zero3_fetch)
     finally:
         stop()
     if as_json:

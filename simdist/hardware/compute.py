@@ -54,9 +54,12 @@ class ComputeEfficiency:
     """Achieved / nominal HBM bandwidth of element-wise kernels."""
     launch_overhead_s: float
     """Per kernel: launch and tail (the gap between back-to-back kernels)."""
+    host_op_s: float = 5e-6
+    """Host time to dispatch one eager framework op (PyTorch's dispatcher + cudaLaunchKernel); what a loop of
+    small ops costs when the host, not the GPU, sets the pace."""
 
 
-_FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s")
+_FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s")
 
 
 @cache

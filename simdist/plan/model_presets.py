@@ -30,6 +30,14 @@ _PRESETS: dict[str, tuple[Model, str]] = {
               tied_embeddings=True),
         "Brown et al. 2020 (arXiv:2005.14165) Table 2.1; vocab 51200 as Narayanan et al. 2021 sec. 5.1",
     ),
+    # Megatron 530B: Narayanan et al. 2021 (arXiv:2104.04473) Table 1 and Korthikanti et al. 2022 (arXiv:2205.05198)
+    # Table 3 (105 layers, hidden 20480, 128 heads, seq 2048); vocab 51200 (Narayanan sec. 5.1).
+    "megatron-530b": (
+        Model("megatron-530b", "decoder", num_layers=105, hidden_size=20480, num_attention_heads=128,
+              num_query_groups=128, ffn_hidden_size=4 * 20480, seq_length=2048, vocab_size=51200,
+              tied_embeddings=True),
+        "Narayanan et al. 2021 (arXiv:2104.04473) Table 1; Korthikanti et al. 2022 (arXiv:2205.05198) Table 3",
+    ),
     # Megatron 1T: Narayanan et al. 2021 (arXiv:2104.04473) Table 1 (128 layers, hidden 25600, 160 heads) and
     # Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 (same, seq 2048); vocab 51200 (Narayanan sec. 5.1).
     "megatron-1t": (

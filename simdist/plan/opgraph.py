@@ -31,6 +31,8 @@ class Comm:
     """The parallel axis it serves: tp, cp, pp or dp."""
     count: int = 1
     """How many times the op runs back to back (e.g. 2 all_reduces per layer x the chunk's layers)."""
+    host_s: float = 0.0
+    """Host time each run adds on top of the collective (list collectives' per-rank copies; simdist.plan.step)."""
 
 
 @dataclass(frozen=True, slots=True)

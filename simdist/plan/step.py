@@ -9,12 +9,16 @@ they differ (``StepConfig.dp_batch_split``: unequal local batches, the lecture's
 
 What each step emits (per representative rank, in program order):
 - F (forward of micro-batch m on model chunk c): [ZeRO-3 all_gather of the chunk's parameters on the dp
-  stream] -> compute -> the forward's exposed TP/CP collectives (Megatron-LM runs them on the compute
-  stream between the GEMMs, Shoeybi et al. 2019 sec 3; counted back to back here).
+  stream, prefetched; or, with ``zero3_fetch: per_parameter``, one blocking all_gather per parameter tensor
+  (DeepSpeed ZeRO-3 as of 2021: `_Emitter._per_parameter`)] -> compute -> the forward's exposed TP/CP
+  collectives (Megatron-LM runs them on the compute stream between the GEMMs, Shoeybi et al. 2019 sec 3;
+  counted back to back here).
 - B: [ZeRO-3 all_gather] -> recompute (the recompute mode's forward work, with its collectives) ->
+  [per_parameter: the all_gathers again, as the recompute's forward released them] ->
   backward compute, with the overlappable collectives (Megatron's asynchronous input-gradient all-reduce,
   hidden behind the weight-gradient GEMM) on the tp stream concurrently -> the exposed backward collectives
-  -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on the dp stream].
+  -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on the dp stream; per_parameter: one per
+  tensor, blocking].
 - W (zb_h1 only): the weight-gradient share of the backward.
 - after a chunk's last backward: its gradient reduction on the dp stream (all_reduce, or reduce_scatter
   under ZeRO-1 = Megatron's distributed optimizer), per parameter / in buckets / overlapped with the last
@@ -29,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 from simdist.errors import LayoutError
-from simdist.hardware.compute import kernels_time_s
+from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.plan.layer_cost import Kernel, bytes_per_element
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
@@ -76,6 +80,7 @@ class _Emitter:
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> last backward/W op
         self.dp_ops: dict[int, list[int]] = {}   # stage -> its gradient-reduction ops
         self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.host_op_s = (cfg.compute_efficiency or compute_efficiency(cfg.gpu)).host_op_s
 
     # -- helpers
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
@@ -108,13 +113,30 @@ class _Emitter:
         return ids
 
     def _dp_comm(self, graph: OpGraph, stage: int, step: Step | None, op: str, nbytes: float, count: int,
-                 deps: tuple[int, ...], label: str) -> int | None:
+                 deps: tuple[int, ...], label: str, host_s: float = 0.0) -> int | None:
         group = self._group("dp", stage)
         if len(group) < 2 or nbytes <= 0:
             return None
         i = self._op(graph, stage, "dp", "comm", label, step, deps=deps,
-                     comm=Comm(op, group, nbytes, "dp", count))
+                     comm=Comm(op, group, nbytes, "dp", count, host_s))
         return i
+
+    def _per_parameter(self, graph: OpGraph, stage: int, step: Step, op: str, nbytes: float,
+                       deps: tuple[int, ...], label: str) -> int | None:
+        """ZeRO-3 ``per_parameter``: one blocking ``op`` per parameter tensor of the chunk (``nbytes`` in all).
+
+        DeepSpeed's ZeRO-3 of 2021 gathered each parameter with ``torch.distributed.all_gather`` into a list of
+        dp views, one per rank, and reduce-scattered each gradient from such a list (deepspeed/runtime/zero/
+        partition_parameters.py, ``_allgather_param`` and ``_reduce_scatter_gradient``, v0.3); the fetch of a
+        module waits for its gathers before the module runs, and the gradient hook waits for its scatters.
+        PyTorch's list collectives copy every rank's view to (from) one flat buffer, one eager op per rank
+        (ProcessGroupNCCL::allgather / reduce_scatter with tensor lists), so each run also costs dp host ops.
+        """
+        # Assumption: equal-sized tensors (the chunk's bytes / its tensors); small tensors are latency-bound
+        # either way, and above a few MB a collective's time is linear in its size.
+        n = self.costs[(stage, step.chunk)].num_tensors
+        host_s = self.cfg.mesh.dp * self.host_op_s
+        return self._dp_comm(graph, stage, step, op, nbytes / n, n, deps, f"{label} per parameter x{n}", host_s)
 
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
@@ -124,15 +146,21 @@ class _Emitter:
         tag = f"{step.kind}{step.microbatch}" + (f".{step.chunk}" if cfg.vpp > 1 else "")
         pbytes = cost.num_params * bytes_per_element(cfg.precision)
         first: int | None = None
+        per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
         if cfg.zero_stage == 3 and step.kind in ("F", "B"):
-            # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3);
-            # the dp stream runs ahead, so the gather of the next step prefetches behind this compute.
+            # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3).
             # nccl-tests size of an all_gather: the gathered output, the chunk's full (tp-sharded) parameters.
-            ag = self._dp_comm(graph, stage, step, "all_gather", pbytes, 1, (),
-                               f"{tag} params all_gather")
-            if ag is not None:
-                prev = (*prev, ag)
-                first = ag
+            if per_parameter:
+                # blocking, tensor by tensor, after the previous compute (no prefetch)
+                ag = self._per_parameter(graph, stage, step, "all_gather", pbytes, prev, f"{tag} params all_gather")
+                if ag is not None:
+                    prev = (ag,)
+            else:
+                # the dp stream runs ahead, so the gather of the next step prefetches behind this compute
+                ag = self._dp_comm(graph, stage, step, "all_gather", pbytes, 1, (), f"{tag} params all_gather")
+                if ag is not None:
+                    prev = (*prev, ag)
+            first = ag
         if step.kind == "F":
             c = self._op(graph, stage, "compute", "forward", tag, step, cost.forward_s, prev,
                          model_flops=cost.model_flops_forward, hardware_flops=cost.model_flops_forward)
@@ -145,6 +173,14 @@ class _Emitter:
                              hardware_flops=cost.recompute_flops)
                 chain += [r, *self._comm_chain(graph, stage, step, cost.recompute_comm, (r,), f"{tag} recompute")]
                 deps = (chain[-1],)
+                if per_parameter:
+                    # DeepSpeed releases a module's gathered parameters after its forward, so the backward
+                    # gathers them again after the recompute's forward used them.
+                    again = self._per_parameter(graph, stage, step, "all_gather", pbytes, deps,
+                                                f"{tag} params all_gather again")
+                    if again is not None:
+                        chain.append(again)
+                        deps = (again,)
             split = cfg.schedule == "zb_h1"
             share = 0.5  # Assumption: input and weight gradients cost half the backward each (2 of the 4 GEMM passes).
             if step.kind == "W":
@@ -183,13 +219,19 @@ class _Emitter:
                 # ZeRO-2/3 reduce-scatter each micro-batch's gradients (Rajbhandari et al. 2020 sec 5.2).
                 # nccl-tests size of a reduce_scatter: the full input, every gradient of the chunk.
                 gb = cost.num_params * grad_bytes_per_element(cfg.precision)
-                rs = self._dp_comm(graph, stage, step, "reduce_scatter", gb, 1, (last_compute,),
-                                   f"{tag} grads reduce_scatter")
+                if per_parameter:
+                    rs = self._per_parameter(graph, stage, step, "reduce_scatter", gb, (chain[-1],),
+                                             f"{tag} grads reduce_scatter")
+                    if rs is not None:
+                        chain.append(rs)  # blocking: the next compute waits for it
+                else:
+                    rs = self._dp_comm(graph, stage, step, "reduce_scatter", gb, 1, (last_compute,),
+                                       f"{tag} grads reduce_scatter")
                 if rs is not None:
                     self.dp_ops.setdefault(stage, []).append(rs)
             if step.kind == "W" or not split:
                 self.last_backward[(stage, step.chunk)] = chain[-1]
-        if first is not None:
+        if first is not None and (not chain or chain[0] != first):
             chain.insert(0, first)
         self.last[stage] = chain[-1]
         return chain[0], chain[-1]
@@ -291,6 +333,10 @@ def build_step(cfg: StepConfig, *, full: bool = False) -> StepPlan:
     """
     mesh, model = cfg.mesh, cfg.model
     K = mesh.pp
+    if cfg.zero3_fetch == "per_parameter" and cfg.zero_stage != 3:
+        raise LayoutError(f"training.zero3_fetch: per_parameter describes ZeRO-3's parameter traffic, but "
+                          f"zero_stage is {cfg.zero_stage}", field="training.zero3_fetch",
+                          fix="set parallel.zero_stage: 3, or drop zero3_fetch")
     if cfg.dp_batch_split is not None and cfg.zero_stage >= 2 and len(set(cfg.dp_batch_split)) > 1:
         raise LayoutError(
             "unequal local batches with ZeRO-2/3: ranks would issue different numbers of per-micro-batch "

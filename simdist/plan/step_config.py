@@ -37,6 +37,8 @@ class StepConfig:
     grad_reduce: str = "bucketed"
     grad_bucket_bytes: float | None = None
     """None: one bucket per model chunk (Megatron-LM's contiguous gradient buffer, reduced at once)."""
+    zero3_fetch: str = "prefetch"
+    """ZeRO-3 parameter traffic: ``prefetch`` or ``per_parameter`` (simdist.plan.step's module docstring)."""
     scatter_gather: bool = True
     """Megatron's pipeline scatter/gather (Narayanan et al. 2021 sec 4.1): each tp peer sends 1/tp."""
     dp_batch_split: tuple[int, ...] | None = None

@@ -168,8 +168,10 @@ def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ..
                       time_s, latency_s, own, class_load, len(groups), symmetric)
 
 
-def job_of(topology: Topology, priced: PricedComm, count: int) -> Job:
-    """The engine's job for ``count`` back-to-back runs: alone it takes count x time_s exactly.
+def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0.0) -> Job:
+    """The engine's job for ``count`` back-to-back runs: alone it takes count x (time_s + host_s) exactly.
+
+    ``host_s``: host time each run adds to the collective (Comm.host_s), paid like latency.
 
     The demand is scaled so that the group's own bottleneck drains in exactly the transfer part of the
     closed form (they differ where the closed form's bandwidth term is not the plan's most loaded link, e.g.
@@ -179,7 +181,7 @@ def job_of(topology: Topology, priced: PricedComm, count: int) -> Job:
     own_neck = _bottleneck(topology, priced.link_bytes, priced.link_bytes)
     scale = transfer_s / own_neck if own_neck > transfer_s and own_neck > 0 else 1.0
     demand = tuple((link, b * scale * count) for link, b in sorted(priced.class_bytes.items()))
-    return Job(latency_s=priced.latency_s * count, bandwidth_s=transfer_s * count, demand=demand)
+    return Job(latency_s=(priced.latency_s + host_s) * count, bandwidth_s=transfer_s * count, demand=demand)
 
 
 def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None, reduced_axes: tuple[str, ...] = (),
@@ -206,11 +208,11 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
                     translates = mesh.translates(c.ranks, axes)
             priced = cache[key] = price_comm(topology, c, translates=translates, with_links=with_links,
                                              adjust=adjust)
-        op.duration_s = priced.time_s * c.count
+        op.duration_s = (priced.time_s + c.host_s) * c.count
         if with_links:
-            job = jobs.get((key, c.count))
+            job = jobs.get((key, c.count, c.host_s))
             if job is None:
-                job = jobs[(key, c.count)] = job_of(topology, priced, c.count)
+                job = jobs[(key, c.count, c.host_s)] = job_of(topology, priced, c.count, c.host_s)
             op.job = job
     return cache
 

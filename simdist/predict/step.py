@@ -63,7 +63,7 @@ def step_config(spec: ScenarioSpec, topology: Topology, model: Model) -> StepCon
         global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
         precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
         tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
-        scatter_gather=p.scatter_gather,
+        zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
         capacity_bytes=topology.gpu.hbm_capacity,
     )

@@ -63,7 +63,8 @@ def step_config(problem: SearchProblem, c: Candidate, ctx: Context) -> StepConfi
         micro_batch_size=c.micro_batch_size, global_batch_size=problem.global_batch_size,
         layers_per_stage=(model.num_layers // c.pp,) * c.pp, vpp=c.vpp, recompute=c.recompute,
         precision=problem.precision, sequence_parallel=c.sequence_parallel, zero_stage=c.zero_stage,
-        attention=ATTENTION, capacity_bytes=gpu.hbm_capacity)
+        attention=ATTENTION, zero3_fetch=problem.zero3_fetch if c.zero_stage == 3 else "prefetch",
+        capacity_bytes=gpu.hbm_capacity)
 
 
 def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str, Any]:

@@ -139,7 +139,8 @@ def scenario_spec(problem: SearchProblem, c: Candidate) -> ScenarioSpec:
         "parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "vpp": c.vpp,
                      "sequence_parallel": c.sequence_parallel, "zero_stage": c.zero_stage},
         "training": {"micro_batch_size": c.micro_batch_size, "global_batch_size": problem.global_batch_size,
-                     "recompute": c.recompute, "precision": problem.precision, "attention": ATTENTION},
+                     "recompute": c.recompute, "precision": problem.precision, "attention": ATTENTION,
+                     **({"zero3_fetch": problem.zero3_fetch} if c.zero_stage == 3 else {})},
         "schedule": c.schedule,
     })
 

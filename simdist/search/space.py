@@ -36,6 +36,8 @@ class SearchProblem:
     schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b")
     zero_stages: tuple[int, ...] = ZERO_STAGES
     recompute: tuple[str, ...] = RECOMPUTE_MODES
+    zero3_fetch: str = "prefetch"
+    """How ZeRO-3 layouts move parameters (training.zero3_fetch): prefetch, or per_parameter (DeepSpeed 2021)."""
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -55,6 +57,9 @@ class SearchProblem:
         if bad:
             raise SpecError(f"unknown schedule '{bad[0]}'", field="--schedules",
                             fix=f"use some of: {', '.join(SEARCH_SCHEDULES)}")
+        if self.zero3_fetch not in ("prefetch", "per_parameter"):
+            raise SpecError(f"unknown ZeRO-3 fetch '{self.zero3_fetch}'", field="--zero3-fetch",
+                            fix="use prefetch or per_parameter")
         if self.global_batch_size < 1:
             raise SpecError("the global batch must be at least 1", field="--global-batch", fix="give e.g. 1536")
 

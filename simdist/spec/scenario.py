@@ -116,6 +116,11 @@ class TrainingSpec(Spec):
                                         "(the lecture), buckets after the backward, or buckets overlapped with it")
     grad_bucket_size: ByteSize | None = Field(
         default=None, description="gradient bucket size; default one bucket per model chunk")
+    zero3_fetch: Literal["prefetch", "per_parameter"] = Field(
+        default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
+                                        "ahead of the compute, as PyTorch FSDP) or per_parameter (each tensor "
+                                        "gathered before each use and its gradient reduce-scattered, blocking, "
+                                        "through list collectives: DeepSpeed ZeRO-3 as of 2021)")
     dp_batch_split: list[Count] | None = Field(
         default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
 
