@@ -24,9 +24,9 @@ def results() -> dict[str, acc.Result]:
 
 
 @pytest.mark.parametrize("label", [r.label for r in acc.rows()])
-def test_iteration_time_within_15_percent(label: str) -> None:
+def test_iteration_time_within_bound(label: str) -> None:
     r = results()[label]
-    assert abs(r.error) <= acc.TOLERANCE, (
+    assert abs(r.error) <= acc.tolerance(r.row), (
         f"{label}: predicted {r.predicted_s:.2f} s, published {r.row.measured_s:.2f} s ({r.error:+.1%})")
     assert r.fits, f"{label}: the published run fitted in 80 GB, the model says it does not"
 
@@ -35,6 +35,7 @@ def test_every_published_row_is_covered() -> None:
     rows = acc.rows()
     assert sum(r.dataset == "korthikanti2022_table5" for r in rows) == 9  # 4 models x 2 + the DP 8 run
     assert sum(r.dataset == "megatron2021_table2" for r in rows) == 6
+    assert sum(r.dataset == "megatron2021_table2_zero3" for r in rows) == 6
     assert all((acc.SCENARIOS / r.scenario).is_file() for r in rows)
 
 
@@ -43,8 +44,6 @@ def test_narayanan_eq3_reproduces_table2_training_days() -> None:
     # published TFLOP/s must give those days back (checks the time derived from TFLOP/s, to 1 day rounding).
     with open(acc.REFERENCE / "megatron2021_table2_zero3_vs_ptdp.csv", newline="") as fh:
         for r in csv.DictReader(fh):
-            if not r["scheme"].startswith("PTD"):
-                continue
             layers, hidden = (96, 12288) if float(r["params_billion"]) < 200 else (105, 20480)
             batch, seq = int(r["global_batch_size"]), int(r["seq_len"])
             t = acc._narayanan_flops(batch, seq, layers, hidden, 51200) / (

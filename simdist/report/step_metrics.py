@@ -11,7 +11,8 @@ instant, so its parts add up to the step time exactly.
 Averaged over the representative ranks of the first data-parallel replica (one per pipeline stage).
 
 bubble_fraction: over the pipeline phase (first forward to last backward), 1 - sum over stages of the time
-a stage is busy with its forward/backward work (compute or its TP/CP collectives) / (stages x span). With
+a stage is busy with its forward/backward work (compute, its TP/CP collectives, or its per-micro-batch ZeRO-2/3
+data-parallel collectives) / (stages x span). With
 uniform stages and free communication this is (K-1)/(M+K-1) for GPipe and 1F1B (Huang et al. 2019;
 Narayanan et al. 2021 sec 2.2.1) and (K-1)/(V*M+K-1) interleaved (Narayanan et al. 2021 sec 2.2.2).
 """
@@ -84,8 +85,8 @@ def bubble_fraction(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> float
     for i, op in enumerate(graph.ops):
         if op.rank not in by_rank or op.microbatch < 0:
             continue
-        if op.comm is not None and op.comm.axis not in ("tp", "cp"):
-            continue
+        if op.comm is not None and op.comm.axis not in ("tp", "cp", "dp"):
+            continue  # dp: only per-micro-batch ZeRO-2/3 collectives get here (step-level ones have microbatch -1)
         if op.comm is None and op.kind not in PIPELINE_KINDS:
             continue
         s, e = trace.start_s[i], trace.end_s[i]
