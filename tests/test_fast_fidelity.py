@@ -203,19 +203,120 @@ def test_fast_ring_matches_detailed_on_one_node_exactly():
             assert rows[1].time_s == pytest.approx(rows[0].time_s, rel=1e-9)
 
 
+RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 @pytest.mark.parametrize("nodes", [2, 4])
-def test_fast_ring_close_to_detailed_on_several_nodes(nodes):
-    # Measured fast / detailed - 1 at 1 GiB: 2 nodes LL -0.1 %, LL128 +0.9 %, Simple +2.3 %; 4 nodes
-    # LL +0.1 %, LL128 +2.2 %, Simple +5.2 %. The fast flows pay the whole chain latency before
-    # their bytes; the detailed steps overlap the latency of later steps with the bytes of earlier
-    # ones on the slower (network) edges. At 16 MB the gap reaches 18-38 %.
-    for proto, tolerance in (("LL", 0.01), ("LL128", 0.03), ("Simple", 0.06)):
-        detailed, fast = (api.collective("dgx-h100", "all_reduce", 8 * nodes, [2**30], algorithm="ring",
-                                         protocol=proto, num_nodes=nodes, fidelity=f)[0]
+def test_fast_ring_equals_detailed_on_several_nodes(nodes):
+    # The issue asks for 1 %; uncontended the two fidelities and the closed form are one formula (max
+    # chain latency + steps x the busiest link's step time, NCCL's lat + size / bw), so they agree to
+    # rounding. Before the detailed plan's hops moved at their channel's bottleneck rate, in order on
+    # their connection (simdist.collectives.ring.RingHop), they differed by -2.7 to +34 % on this grid.
+    for op in RING_OPS:
+        for proto in ("LL", "LL128", "Simple"):
+            for size in (2**24, 2**30):
+                detailed, fast = (api.collective("dgx-h100", op, 8 * nodes, [size], algorithm="ring", protocol=proto,
+                                                 num_nodes=nodes, fidelity=f)[0] for f in ("detailed", "fast"))
+                assert fast.fidelity == "fast" and detailed.fidelity == "detailed"
+                assert fast.time_s == pytest.approx(detailed.time_s, rel=1e-9), (op, proto, size)
+                assert detailed.closed_form_s == pytest.approx(detailed.time_s, rel=1e-9), (op, proto, size)
+
+
+@pytest.mark.parametrize(("preset", "nodes", "sets"), [
+    ("pcie-gen4-8gpu", 2, []),  # 4 NICs for 8 GPUs: two GPUs (and two channels) per NIC
+    ("dgx-h100", 2, ["inter_node.nics_per_node=2"]),  # 8 channels through 2 NICs per node
+    ("dgx-a100", 4, ["inter_node.oversubscription=3"]),  # channels meet on oversubscribed uplinks
+])
+def test_fast_ring_equals_detailed_where_channels_share_links(preset, nodes, sets):
+    per_node = load_topology(preset).num_gpus
+    for op, proto, size in (("all_reduce", "Simple", 2**24), ("all_reduce", "LL", 2**28),
+                            ("all_gather", "LL128", 2**26)):
+        detailed, fast = (api.collective(preset, op, per_node * nodes, [size], algorithm="ring", protocol=proto,
+                                         num_nodes=nodes, assignments=sets, fidelity=f)[0]
                           for f in ("detailed", "fast"))
-        assert fast.fidelity == "fast" and detailed.fidelity == "detailed"
-        assert fast.time_s == pytest.approx(detailed.time_s, rel=tolerance)
-        assert fast.time_s >= detailed.time_s * (1 - 0.01)
+        assert fast.time_s == pytest.approx(detailed.time_s, rel=1e-9), (op, proto, size)
+
+
+def _ring_runs(groups: list[Group], size: float, proto: str) -> tuple[list[float], list[float], list[float]]:
+    """Fast and detailed times of a ring all_reduce on each group, all issued at once on one network, and
+    each ring's chain latency (the closed form's latency term)."""
+    from simdist.analytic.ring import ring_time_s
+    from simdist.analytic.select import evaluate, priced_request
+    from simdist.collectives.registry import algorithm_for
+
+    runs: dict[str, list[tuple[Plan, Group]]] = {"fast": [], "detailed": []}
+    chains = []
+    for group in groups:
+        request = Request("all_reduce", group, size)
+        choice = evaluate(request, "ring", proto)
+        priced = priced_request(request, choice.priced)
+        cost = choice.priced.cost
+        algo = algorithm_for("ring", request)
+        for name, build in (("fast", algo.build_fast), ("detailed", algo.build)):
+            plan = dataclasses.replace(build(priced), base_latency_s=cost.base_latency_s, rate_factor=cost.rate_factor)
+            runs[name].append((plan, priced.group))
+        orders = priced.group.ring_orders(request.num_channels())
+        chains.append(ring_time_s(priced.group, 0.0, orders, 2 * (group.size - 1), cost.per_transfer_latency_s))
+    fast, detailed = ([r.time_s for r in simulate(runs[name])] for name in ("fast", "detailed"))
+    return fast, detailed, chains
+
+
+def test_fast_and_detailed_ring_when_two_rings_compete():
+    # Two rings issued together. The fast plan's flows keep the links busy from the end of their chain
+    # latency on; the detailed steps of one ring move in the other's latency gaps. So the fast plan is
+    # slower, by at most its chain latency (measured: 0.82-0.94 of it, i.e. 16 MiB Simple +12 % through
+    # shared NICs, +21 % on the same GPUs; 1 GiB +0.01 to +1.2 %). Bandwidth-bound through shared NICs
+    # (each ring's time doubles) they agree within 1 %.
+    t = load_topology("dgx-h100", num_nodes=2, assignments=["inter_node.nics_per_node=2"])
+    shared_nics = [Group(t, tuple(range(0, 16, 2))), Group(t, tuple(range(1, 16, 2)))]
+    same_gpus = [Group.first(load_topology("dgx-h100", num_nodes=2), 16)] * 2
+    for groups in (shared_nics, same_gpus):
+        for proto in ("LL", "Simple"):
+            for size in (2**24, 2**30):
+                fast, detailed, chains = _ring_runs(groups, size, proto)
+                for f, d, chain in zip(fast, detailed, chains, strict=True):
+                    assert d * (1 - 1e-9) <= f <= d + chain, (proto, size)
+                if groups is shared_nics and size == 2**30:
+                    alone = _ring_runs(groups[:1], size, proto)[1][0]
+                    assert all(d > 1.9 * alone for d in detailed)
+                    assert fast == pytest.approx(detailed, rel=0.01)
+
+
+def test_detailed_ring_hops_move_at_their_channel_bottleneck_rate_in_order():
+    # Rate coupling: every hop of a channel is capped at the channel's share of its slowest link (here
+    # the NIC, one channel each), and a connection sends its steps in order, so each ring edge carries one
+    # step at a time and the latencies add. Uncoupled, the NVLink hops run ahead and the NIC edges carry
+    # several steps at once: later steps' latency hides behind earlier bytes, which made the detailed
+    # plan up to 25 % faster than the fast plan and the closed form.
+    from simdist.collectives.registry import algorithm_for
+    from simdist.collectives.ring import RingHop, channel_rates, ring_all_reduce
+
+    t = load_topology("dgx-h100", num_nodes=2)
+    group = Group.first(t, 16)
+    request = Request("all_reduce", group, 2**26)
+    orders = group.ring_orders(request.num_channels())
+    rates = channel_rates(group, orders)
+    assert rates == pytest.approx(np.full(len(orders), t.fabric.nic_bandwidth_Bps * t.fabric.efficiency))
+    coupled = algorithm_for("ring", request).build(request)
+    assert all(isinstance(x, RingHop) for x in coupled.transfers)
+    previous: dict[tuple[int, int], int] = {}
+    for i, x in enumerate(coupled.transfers):  # each hop follows the previous step of its connection
+        assert x.after == previous.get((x.chunk // 16, x.src), -1)
+        previous[(x.chunk // 16, x.src)] = i
+    loose = ring_all_reduce(16, 2**26, len(orders), orders)
+    (c_run,), (l_run,) = simulate([(coupled, group)]), simulate([(loose, group)])
+    assert c_run.time_s == pytest.approx(simulate([(ring_fast(request), group)])[0].time_s, rel=1e-9)
+    assert l_run.time_s < 0.95 * c_run.time_s
+    # one step at a time per edge: a hop's bytes begin after the previous step's on that edge ended
+    for run, overlapping in ((c_run, False), (l_run, True)):
+        last_end: dict[tuple[int, int], float] = {}
+        overlap = False
+        for i, x in enumerate(coupled.transfers):
+            begin = run.trace.starts[i] + group.path(x.src, x.dst).latency_s
+            key = (x.chunk // 16, x.src)
+            overlap |= begin < last_end.get(key, 0.0) - 1e-15
+            last_end[key] = run.trace.ends[i]
+        assert overlap == overlapping
 
 
 def test_fast_ring_at_2048_ranks_completes():

@@ -4,8 +4,14 @@ all_reduce over P peers, C channels, S bytes: 2(P-1) steps; in each, every ring 
 moves S/(P C) bytes (Thakur, Rabenseifner & Gropp 2005, sec. 4.1; NCCL's ring). Per step the
 bandwidth term is the most loaded link's bytes / capacity (simdist.analytic.loads); the latency term
 follows a chunk around the ring: the plan's dependency chains each cross 2(P-1) consecutive ring
-edges, so latency = max over chains of the sum of their edges' latencies. With identical edges this is
-the textbook 2(P-1)(alpha + S/(P B)). reduce_scatter and all_gather are one phase: (P-1) steps.
+edges, so latency = max over chains of the sum of their edges' latencies. The two terms add: the
+detailed plan moves every hop of a channel at the channel's bottleneck rate (rate coupling,
+simdist.collectives.ring.RingHop), so no step's latency hides behind another's bytes, and the
+fast plan's flows pay the chain latency before their bytes; both equal this form uncontended (with
+channels alike). It is NCCL's cost model, time = lat + nBytes / bw with lat summing the chain's intra-
+and inter-node hop latencies (src/graph/tuning.cc), which the multi-node measurements support
+(simdist.collectives.ring). With identical edges this is the textbook 2(P-1)(alpha + S/(P B)).
+reduce_scatter and all_gather are one phase: (P-1) steps.
 Pipelined broadcast/reduce along a chain, k pieces: (P - 2 + k) (alpha + S/(k B)) (Hockney model
 of a pipelined chain; Thakur et al. 2005 sec. 4.2).
 """

@@ -1,5 +1,11 @@
 """Execute a plan: each transfer waits for its dependencies, pays its latency, then moves its bytes.
 
+The bytes move as a flow sharing its links max-min fairly with the others (simdist.engine.network).
+A transfer may also carry (simdist.collectives.ring.RingHop) a rate bound of its own,
+``max_rate_Bps`` (a ring hop moves at its channel's bottleneck rate), and ``after``, the transfer
+before it on the same connection: its bytes join the wire once that one's have arrived (in-order
+delivery), its latency overlapping them.
+
 The engine knows peers, routes, bytes and durations, nothing about what the data means. A
 collective's time is when its last transfer lands, measured from when it was issued. Transfers are
 driven by event callbacks rather than one SimPy process each, so a plan of 10^5 transfers costs
@@ -8,12 +14,13 @@ driven by event callbacks rather than one SimPy process each, so a plan of 10^5 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import simpy
 
-from simdist.collectives.plan import Plan
+from simdist.collectives.plan import Plan, Transfer
 from simdist.engine.network import FlowNetwork
 from simdist.hardware.link import Route
 
@@ -25,6 +32,16 @@ class Trace:
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     makespan_s: float = 0.0
+
+
+def rate_bound_Bps(transfer: Transfer) -> float:
+    """The wire rate a transfer moves at most whatever its links allow (inf: none of its own)."""
+    return getattr(transfer, "max_rate_Bps", math.inf)
+
+
+def wire_predecessor(transfer: Transfer) -> int:
+    """Index of the transfer whose bytes this one's follow on their connection (-1: none)."""
+    return getattr(transfer, "after", -1)
 
 
 def run_plan(env: simpy.Environment, net: FlowNetwork, plan: Plan,
@@ -49,9 +66,15 @@ def run_plan(env: simpy.Environment, net: FlowNetwork, plan: Plan,
     left = [n]
     proto_latency = plan.per_transfer_latency_s
     factor = plan.rate_factor
+    finished = [False] * n
+    queued: dict[int, int] = {}  # transfer -> the one whose bytes wait for it on their connection
 
     def finish(i: int) -> None:
         trace.ends[i] = env.now
+        finished[i] = True
+        follower = queued.pop(i, None)
+        if follower is not None:
+            flow(follower)
         for j in dependents[i]:
             waiting[j] -= 1
             if waiting[j] == 0:
@@ -60,10 +83,18 @@ def run_plan(env: simpy.Environment, net: FlowNetwork, plan: Plan,
         if left[0] == 0:
             all_done.succeed()
 
-    def begin_flow(i: int) -> None:
+    def flow(i: int) -> None:
         t = transfers[i]
         # A protocol that carries less payload per wire byte puts nbytes / factor bytes on the wire.
-        net.flow(path(t.src, t.dst).links, t.nbytes / factor).callbacks.append(lambda _ev, i=i: finish(i))
+        net.flow(path(t.src, t.dst).links, t.nbytes / factor, rate_bound_Bps(t)).callbacks.append(
+            lambda _ev, i=i: finish(i))
+
+    def begin_flow(i: int) -> None:
+        before = wire_predecessor(transfers[i])
+        if before >= 0 and not finished[before]:
+            queued[before] = i
+        else:
+            flow(i)
 
     def start(i: int) -> None:
         trace.starts[i] = env.now
