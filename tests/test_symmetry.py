@@ -154,3 +154,84 @@ def test_collective_members_start_together() -> None:
     trace = run_graph(g)
     assert trace.start_s[1] == trace.start_s[2] == 3.0
     assert trace.end_s[1] == trace.end_s[2] == 3.5
+
+
+# ----------------------------------------------------------------------------- fast paths, same results
+def test_small_max_min_equals_numpy_bit_for_bit() -> None:
+    # The engine's re-shares of a few jobs run in plain Python (simdist.engine.jobs._weighted_max_min_small):
+    # the same rates as the numpy progressive filling, to the last bit (ties, caps, 0-byte entries included).
+    import random
+
+    import numpy as np
+
+    from simdist.engine.jobs import _weighted_max_min, _weighted_max_min_small
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        num_links, num_jobs = rng.randint(1, 10), rng.randint(1, 10)
+        capacity = {link: rng.choice([1.0, 2.0, 1e9, rng.uniform(0.5, 5)]) for link in range(num_links)}
+        demands = [{link: rng.choice([0.0, 1.0, 2.0, rng.uniform(0, 3), rng.uniform(0, 1e-3)])
+                    for link in rng.sample(range(num_links), rng.randint(0, num_links))} for _ in range(num_jobs)]
+        caps = [rng.choice([float("inf"), 1.0, 0.5, rng.uniform(0.1, 10)]) for _ in range(num_jobs)]
+        arrays = [(np.array(list(d), dtype=np.int64), np.array(list(d.values()), dtype=float)) for d in demands]
+        table = np.array([capacity[link] for link in range(num_links)])
+        assert _weighted_max_min_small(demands, capacity, caps) == \
+            _weighted_max_min(arrays, table, np.asarray(caps, dtype=float)).tolist()
+
+
+def test_unique_inverse_is_numpy_unique() -> None:
+    import numpy as np
+
+    from simdist.engine.jobs import unique_inverse
+
+    rng = np.random.default_rng(3)
+    for n, top in ((0, 5), (1, 1), (50, 10), (1000, 10**5), (100, 10**9)):
+        values = rng.integers(0, top, n)
+        ids, inverse = unique_inverse(values)
+        want_ids, want_inverse = np.unique(values, return_inverse=True)
+        assert ids.tolist() == want_ids.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
+
+
+def test_translates_array_and_peer_order() -> None:
+    import numpy as np
+
+    mesh = Mesh(tp=4, dp=8, pp=2)
+    for group in (mesh.group("tp", 32), mesh.group("dp", 1), (3, 35), (35, 3)):
+        for axes in (("tp",), ("dp",), ("tp", "dp")):
+            images = mesh.translates_array(group, axes)
+            assert [tuple(row) for row in images.tolist()] == mesh.translates(group, axes)
+            # the images of a group in another peer order are the same images, columns permuted
+            order = np.argsort(group)
+            assert (mesh.translates_array(tuple(np.asarray(group)[order].tolist()), axes)
+                    == images[:, order]).all()
+
+
+def test_capacity_of_is_the_links_effective_bandwidth(tmp_path: Path) -> None:
+    from simdist.predict.price import capacity_of
+
+    for name in LAYOUTS:
+        topology = load(tmp_path, LAYOUTS[name]).topology
+        capacity = capacity_of(topology)
+        assert all(capacity(link) == topology.link(link).effective_bandwidth_Bps for link in range(topology.num_links))
+        with pytest.raises(IndexError):
+            capacity(topology.num_links)
+
+
+def test_price_graph_batches_like_price_comm(tmp_path: Path) -> None:
+    # price_graph resolves every collective's translates in one batch of routes; each collective priced alone
+    # (price_comm with the same translates) gives the same loads, bit for bit.
+    from simdist.plan.model_presets import resolve_model
+    from simdist.plan.step import build_step
+    from simdist.predict.price import price_comm, price_graph
+    from simdist.predict.step import step_config
+
+    s = load(tmp_path, LAYOUTS["h100-64-fat-tree-oversubscribed"])
+    cfg = step_config(s.spec, s.topology, resolve_model(s.spec.model))
+    plan = build_step(cfg)
+    priced = price_graph(plan.graph, s.topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes)
+    comms = {(c.op, c.ranks, c.nbytes, c.axis): c for op in plan.graph.ops if (c := op.comm) is not None}
+    assert any(p.num_translates > 1 for p in priced.values())
+    for key, c in comms.items():
+        axes = tuple(a for a in plan.reduced_axes if a != c.axis)
+        alone = price_comm(s.topology, c, translates=cfg.mesh.translates(c.ranks, axes) if axes else None)
+        assert alone == priced[key]

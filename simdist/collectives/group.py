@@ -20,6 +20,9 @@ _ROUTE_BATCHES: dict[tuple[int, bytes, bytes], tuple[Topology, batch.RouteBatch]
 """Vectorised routes by (topology, sources, destinations): every protocol priced asks for the same edges."""
 _RING_ORDERS: dict[tuple[int, tuple[int, ...], int], tuple[Topology, tuple[tuple[int, ...], ...]]] = {}
 """Ring orders by (topology, ranks, channels): groups are rebuilt for every protocol priced (bounded memo)."""
+_BY_NODE: dict[tuple[int, tuple[int, ...]], tuple[Topology, tuple[tuple[int, tuple[int, ...]], ...], int]] = {}
+"""Peers by node and default channels by (topology, ranks): asked for by every algorithm and protocol priced
+(bounded memo; an entry holds its topology, so the id in its key stays that topology's)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -33,8 +36,10 @@ class Group:
     def __post_init__(self) -> None:
         if len(set(self.ranks)) != len(self.ranks):
             raise SimdistError("a group lists the same GPU twice", field="--ranks", fix="give distinct ranks")
+        n = self.topology.num_gpus
         for r in self.ranks:
-            self.topology.locate(r)
+            if not 0 <= r < n:
+                self.topology.locate(r)  # raises the TopologyError
 
     @classmethod
     def first(cls, topology: Topology, num_peers: int) -> Group:
@@ -130,14 +135,28 @@ class Group:
 
     def nodes(self) -> list[int]:
         """Node of each peer."""
-        return [self.topology.locate(r)[0] for r in self.ranks]
+        gpn = self.topology.gpus_per_node  # the ranks are checked: GPU r is on node r // gpus_per_node
+        return [r // gpn for r in self.ranks]
 
     def by_node(self) -> dict[int, list[int]]:
         """Peers grouped by node, in peer order."""
+        return {node: list(peers) for node, peers in self._placement()[0]}
+
+    def _placement(self) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
+        """((node, its peers) in order of first peer, default channels), memoised by (topology, ranks)."""
+        key = (id(self.topology), tuple(self.ranks))
+        hit = _BY_NODE.get(key)
+        if hit is not None and hit[0] is self.topology:
+            return hit[1], hit[2]
         out: dict[int, list[int]] = {}
         for peer, node in enumerate(self.nodes()):
             out.setdefault(node, []).append(peer)
-        return out
+        placement = tuple((node, tuple(peers)) for node, peers in out.items())
+        channels = self._default_channels(out)
+        if len(_BY_NODE) > 4096:
+            _BY_NODE.clear()
+        _BY_NODE[key] = (self.topology, placement, channels)
+        return placement, channels
 
     def ring_orders(self, channels: int) -> list[list[int]]:
         """One ring order per channel, NCCL-like: inside a node the ring visits the node's peers, and
@@ -168,12 +187,16 @@ class Group:
         groups = list(self.by_node().values())
         if len(groups) == 1:
             return [list(range(self.size)) for _ in range(channels)]
+        if all(len(peers) == 1 for peers in groups):
+            # one peer per node (a data-parallel group across nodes): every channel visits the nodes in order
+            return [[peers[0] for peers in groups] for _ in range(channels)]
         nic_of = [self.topology.node.nic_of_gpu[self.topology.locate(r)[1]] for r in self.ranks]
+        node_nics = [sorted({nic_of[p] for p in peers if nic_of[p] is not None}) for peers in groups]
         orders: list[list[int]] = []
         for c in range(channels):
             order: list[int] = []
             for n, peers in enumerate(groups):
-                nics = sorted({nic_of[p] for p in peers if nic_of[p] is not None})
+                nics = node_nics[n]
                 near = [p for p in peers if nics and nic_of[p] == nics[c % len(nics)]]
                 if len(near) >= 2:
                     rest = [p for p in peers if p not in (near[0], near[1])]
@@ -191,8 +214,10 @@ class Group:
         # Assumption: multi-node rings use one channel per NIC of the node (NCCL typically opens
         # 2 channels per NIC; the data split is what matters here and is the same).
         """
-        groups = self.by_node()
-        if len(groups) == 1:
+        return self._placement()[1]
+
+    def _default_channels(self, groups: dict[int, list[int]]) -> int:
+        if len(groups) <= 1:
             return 1
         t = self.topology
         nics = {t.node.nic_of_gpu[t.locate(self.ranks[p])[1]] for p in next(iter(groups.values()))}

@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import simpy
 
-from simdist.engine.jobs import JobNetwork
+from simdist.engine.jobs import JobNetwork, unique_inverse
 from simdist.errors import SimdistError
 from simdist.plan.opgraph import Job, OpGraph
 
@@ -69,12 +71,103 @@ class _Instance:
     """Transfer time alone, with the links only its own track uses folded in (NaN: job.bandwidth_s)."""
 
 
-def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None) -> GraphTrace:
+def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
+                   capacities: Callable[[np.ndarray], np.ndarray] | None = None
+                   ) -> tuple[list[float], dict[tuple[int, int, str], tuple[dict[int, float], float]]]:
+    """Which links of the jobs only one track loads (ops of its own, none a collective instance): such links
+    bound that track's job alone, so they fold into its uncontended transfer time.
+
+    Returns per op the duration of a job none of whose links another track loads (NaN otherwise, and for ops
+    without a job or of an instance), and per (job, rank, stream) of the others: (the demand on its links
+    another track may load, the transfer time alone with the links only its own track loads folded in).
+    Per link arithmetic in numpy: a data-parallel collective of a large cluster loads hundreds of links.
+    """
+    n = len(ops)
+    solo_duration = [math.nan] * n
+    split_of_job: dict[tuple[int, int, str], tuple[dict[int, float], float]] = {}
+    arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(job) -> (links, bytes)
+    tracks: dict[tuple[int, str], int] = {}
+    seen: set[tuple[int, int, str, bool]] = set()
+    entries: list[np.ndarray] = []
+    codes: list[np.ndarray] = []
+    for op in ops:
+        job = op.job
+        if job is None:
+            continue
+        ident = (id(job), op.rank, op.stream, op.sync >= 0)
+        if ident in seen:  # the same job object on the same track: its links are already recorded
+            continue
+        seen.add(ident)
+        arr = arrays.get(id(job))
+        if arr is None:
+            table = np.fromiter(chain.from_iterable(job.demand), dtype=float, count=2 * len(job.demand)).reshape(-1, 2)
+            arr = arrays[id(job)] = (table[:, 0].astype(np.int64), table[:, 1])
+        code = -1 if op.sync >= 0 else tracks.setdefault((op.rank, op.stream), len(tracks))
+        entries.append(arr[0])
+        codes.append(np.full(len(arr[0]), code, dtype=np.int64))
+    if not arrays:
+        return solo_duration, split_of_job
+    links, inverse = unique_inverse(np.concatenate(entries))
+    code = np.concatenate(codes)
+    lo = np.full(len(links), len(tracks), dtype=np.int64)
+    hi = np.full(len(links), -1, dtype=np.int64)
+    np.minimum.at(lo, inverse, code)
+    np.maximum.at(hi, inverse, code)
+    shared_link = (lo < 0) | (lo != hi)  # an instance's op loads it, or two tracks do
+    capacity = np.full(len(links), np.nan)
+
+    def own_rate(job: Job, where: np.ndarray, nbytes: np.ndarray) -> float:
+        """The job's rate alone over the links ``where`` (indices into ``links``) carrying ``nbytes``."""
+        rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
+        loaded = nbytes > 0
+        if loaded.any():
+            where, nbytes = where[loaded], nbytes[loaded]
+            todo = where[np.isnan(capacity[where])]
+            if len(todo):
+                todo = np.unique(todo)
+                if capacities is not None:
+                    capacity[todo] = capacities(links[todo])
+                else:
+                    capacity[todo] = [capacity_of(link) for link in links[todo].tolist()]  # type: ignore[misc]
+            rate = min(rate, float((capacity[where] / nbytes).min()))
+        return rate
+
+    solo_of_job: dict[int, float] = {}
+    for i, op in enumerate(ops):
+        job = op.job
+        if job is None or op.sync >= 0:
+            continue
+        d = solo_of_job.get(id(job))
+        if d is None:
+            d = math.nan
+            job_links, nbytes = arrays[id(job)]
+            where = np.searchsorted(links, job_links)
+            if not shared_link[where].any():
+                rate = own_rate(job, where, nbytes)
+                d = job.latency_s + (1.0 / rate if job.bandwidth_s > 0 else 0.0)
+            solo_of_job[id(job)] = d
+        solo_duration[i] = d
+        if math.isnan(d):
+            key = (id(job), op.rank, op.stream)
+            if key not in split_of_job:
+                # the links only this track loads are this job's own (it is on this track)
+                job_links, nbytes = arrays[id(job)]
+                where = np.searchsorted(links, job_links)
+                mine = ~shared_link[where]
+                rate = own_rate(job, where[mine], nbytes[mine])
+                shared = dict(zip(job_links[~mine].tolist(), nbytes[~mine].tolist(), strict=True))
+                split_of_job[key] = (shared, 1.0 / rate if job.bandwidth_s > 0 else 0.0)
+    return solo_duration, split_of_job
+
+
+def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
+              capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
     Ops carrying a ``job`` (priced collectives) run on a shared ``JobNetwork`` over links of capacity
     ``capacity_of(link)`` (bytes/s; required when a job has a demand); ops with the same ``sync`` id form one
-    collective instance that starts when all its member ops are ready.
+    collective instance that starts when all its member ops are ready. ``capacities``: optionally the same
+    for an array of link ids at once (the links only one track loads are thousands on a large cluster).
     """
     _check(graph)
     ops = graph.ops
@@ -97,44 +190,9 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None)
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
     # it runs as a plain timeout of its uncontended duration, without the network (same time, fewer events).
-    link_track: dict[int, tuple[int, str] | None] = {}
-    seen_jobs: set[tuple[int, int, str, bool]] = set()
-    for op in ops:
-        job = op.job
-        if job is None:
-            continue
-        key = (op.rank, op.stream)
-        ident = (id(job), op.rank, op.stream, op.sync >= 0)
-        if ident in seen_jobs:  # the same job object on the same track: its links are already recorded
-            continue
-        seen_jobs.add(ident)
-        for link, _ in job.demand:
-            seen = link_track.get(link, key)
-            link_track[link] = key if seen == key and op.sync < 0 else None
-    solo_duration = [math.nan] * n
-    capacity: dict[int, float] = {}
-    solo_of_job: dict[int, float] = {}
-    for i, op in enumerate(ops):
-        job = op.job
-        if job is None or op.sync >= 0:
-            continue
-        d = solo_of_job.get(id(job))
-        if d is None:
-            d = math.nan
-            if not any(link_track[link] is None for link, _ in job.demand):
-                rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
-                for link, b in job.demand:
-                    if b > 0:
-                        c = capacity.get(link)
-                        if c is None:
-                            c = capacity[link] = capacity_of(link)  # type: ignore[misc]
-                        rate = min(rate, c / b)
-                d = job.latency_s + (1.0 / rate if job.bandwidth_s > 0 else 0.0)
-            solo_of_job[id(job)] = d
-        solo_duration[i] = d
+    solo_duration, split_of_job = _private_links(ops, capacity_of, capacities)
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
-    split_of_job: dict[tuple[int, int, str], tuple[dict[int, float], float]] = {}
     for i, op in enumerate(ops):
         if op.job is None or not math.isnan(solo_duration[i]):
             continue
@@ -148,23 +206,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None)
             # Links only this track uses cannot be shared: they bound the job's own rate only, so they fold
             # into its uncontended transfer time and the network sees the shared links alone (same rates,
             # far fewer entries per re-share).
-            key = (id(op.job), op.rank, op.stream)
-            split = split_of_job.get(key)
-            if split is None:
-                job = op.job
-                rate = 1.0 / job.bandwidth_s if job.bandwidth_s > 0 else math.inf
-                shared: dict[int, float] = {}
-                for link, b in job.demand:
-                    if link_track[link] == (op.rank, op.stream):
-                        if b > 0:
-                            c = capacity.get(link)
-                            if c is None:
-                                c = capacity[link] = capacity_of(link)  # type: ignore[misc]
-                            rate = min(rate, c / b)
-                    else:
-                        shared[link] = b
-                split = split_of_job[key] = (shared, 1.0 / rate if job.bandwidth_s > 0 else 0.0)
-            inst.demand, inst.bandwidth_s = split
+            inst.demand, inst.bandwidth_s = split_of_job[(id(op.job), op.rank, op.stream)]
         instance_of[i] = inst
 
     def run_instance(inst: _Instance):

@@ -18,12 +18,35 @@ wherever nothing contends.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
 _REL = 1e-12
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` (inverse flat) for non-negative integers such as link ids.
+
+    Where the largest value is not far beyond the count, by a table indexed by value (linear) instead of a
+    stable sort: the distinct links of a large cluster's collectives number thousands, their ids hundreds
+    of thousands.
+    """
+    values = np.asarray(values, dtype=np.int64).reshape(-1)
+    if not len(values):
+        return values.copy(), np.zeros(0, dtype=np.int64)
+    top = int(values.max())
+    if int(values.min()) < 0 or top > 64 * len(values) + 4096:
+        ids, inverse = np.unique(values, return_inverse=True)
+        return ids, inverse.reshape(-1)
+    present = np.zeros(top + 1, dtype=bool)
+    present[values] = True
+    ids = np.flatnonzero(present)
+    index = np.empty(top + 1, dtype=np.int64)
+    index[ids] = np.arange(len(ids), dtype=np.int64)
+    return ids, index[values]
 
 
 def weighted_max_min(demands: list[dict[int, float]], capacity: dict[int, float], caps: list[float]) -> list[float]:
@@ -73,6 +96,61 @@ def _weighted_max_min(demands: list[tuple[np.ndarray, np.ndarray]], capacity: np
         freeze = active & ((caps <= x * (1 + _REL)) | on_tight)
         rates[freeze] = x
         active &= ~freeze
+    return rates
+
+
+SMALL_SHARE = 512
+"""Re-shares with at most this many (job, link) entries run `_weighted_max_min_small` (plain Python): a step's
+re-shares are thousands of small problems, where numpy's per-call cost dominates."""
+
+
+def _weighted_max_min_small(demands: list[dict[int, float]], capacity: dict[int, float],
+                            caps: list[float]) -> list[float]:
+    """`_weighted_max_min` in plain Python, with the same arithmetic in the same order (the same rates, bit for
+    bit): each link's load sums its live entries job by job, and every comparison and update is the same.
+
+    Each round visits the links the active jobs still load only: a link's load only falls as jobs freeze, and
+    a link without load neither bounds the level nor changes its remaining capacity. Entries of 0 bytes add
+    nothing and freeze nothing, so they are left out.
+    """
+    n = len(demands)
+    rates = [0.0] * n
+    remaining: dict[int, float] = {}
+    entries: list[list[tuple[int, float]]] = []
+    for demand in demands:
+        row = []
+        for link, b in demand.items():
+            if b > 0:
+                if link not in remaining:
+                    remaining[link] = float(capacity[link])
+                row.append((link, b))
+        entries.append(row)
+    active = list(range(n))
+    level = 0.0
+    while active:
+        load: dict[int, float] = {}
+        for j in active:
+            for link, b in entries[j]:
+                load[link] = load.get(link, 0.0) + b
+        link_level = {link: level + remaining[link] / w for link, w in load.items()}
+        x = min(min(link_level.values(), default=math.inf), min(caps[j] for j in active))
+        if not math.isfinite(x):  # jobs with no links and no cap: unbounded (instantaneous)
+            for j in active:
+                rates[j] = math.inf
+            break
+        step = x - level
+        for link, w in load.items():
+            remaining[link] -= step * w
+        level = x
+        bound = x * (1 + _REL)
+        tight = {link for link, t in link_level.items() if t <= bound}
+        still = []
+        for j in active:
+            if caps[j] <= bound or any(link in tight for link, _ in entries[j]):
+                rates[j] = x
+            else:
+                still.append(j)
+        active = still
     return rates
 
 
@@ -156,9 +234,14 @@ class JobNetwork:
     def _reshare(self) -> None:
         if not self._jobs:
             return
-        rates = _weighted_max_min([j.arrays for j in self._jobs], self._table,
-                                  np.fromiter((j.cap for j in self._jobs), dtype=float, count=len(self._jobs)))
-        for j, r in zip(self._jobs, rates.tolist(), strict=True):
+        if sum(len(j.demand) for j in self._jobs) <= SMALL_SHARE:
+            rates = _weighted_max_min_small([j.demand for j in self._jobs], self._capacity,
+                                            [j.cap for j in self._jobs])
+        else:
+            rates = _weighted_max_min([j.arrays for j in self._jobs], self._table,
+                                      np.fromiter((j.cap for j in self._jobs), dtype=float,
+                                                  count=len(self._jobs))).tolist()
+        for j, r in zip(self._jobs, rates, strict=True):
             j.rate = r
 
     def _run(self):

@@ -89,6 +89,10 @@ class Mesh:
         offsets (mod the axis sizes): the equivalent groups of a homogeneous layout. The group itself comes
         first; images with the same set of ranks (a shift along the group's own axis) appear once.
         """
+        return list(map(tuple, self.translates_array(ranks, axes).tolist()))
+
+    def translates_array(self, ranks: tuple[int, ...], axes: tuple[str, ...]) -> np.ndarray:
+        """`translates` as an (images, members) int64 array, row by row in the same order."""
         members = np.asarray(ranks, dtype=np.int64)
         images = members[None, :]
         for axis in axes:
@@ -97,13 +101,13 @@ class Mesh:
                 continue
             coord = (images // stride) % size  # (n_images, n_members)
             base = images - coord * stride
-            shifted = [base + ((coord + k) % size) * stride for k in range(size)]
-            images = np.concatenate(shifted, axis=0)
-        out: list[tuple[int, ...]] = []
-        seen: set[frozenset[int]] = set()
-        for row in images.tolist():
-            key = frozenset(row)
-            if key not in seen:
-                seen.add(key)
-                out.append(tuple(row))
-        return out
+            shift = np.arange(size, dtype=np.int64)[:, None, None]  # every offset k, offset-major
+            images = (base[None] + ((coord[None] + shift) % size) * stride).reshape(-1, images.shape[1])
+        if len(images) == 1:
+            return images
+        # the first image of every set of ranks (a row's members are distinct: sorted rows compare as sets),
+        # each sorted row compared as one opaque value (far cheaper than np.unique over axis 0)
+        rows = np.ascontiguousarray(np.sort(images, axis=1))
+        _, first = np.unique(rows.view(np.dtype((np.void, rows.itemsize * rows.shape[1]))).ravel(),
+                             return_index=True)
+        return images[np.sort(first)]

@@ -18,16 +18,17 @@ symmetric (each sees the same bottleneck), which `class_symmetric` checks per co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from simdist.analytic.select import evaluate, priced_request, rank_choices
+from simdist.analytic.select import Choice, evaluate, priced_request, rank_choices
 from simdist.collectives.group import Group
 from simdist.collectives.plan import SWITCH
 from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
+from simdist.engine.jobs import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh
@@ -73,6 +74,18 @@ def _plan_links(topology: Topology, request: Request, choice) -> list[tuple[int,
 
 
 def _loads(topology: Topology, ranks: tuple[int, ...], transfers: list[tuple[int, int, float]]) -> dict[int, float]:
+    """Bytes per directed link of ``transfers`` on the group ``ranks`` (links in order of first use)."""
+    if transfers and not any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
+        # numpy: the same sums, added in the same order (transfer by transfer, link by link)
+        peers = np.asarray(ranks, dtype=np.int64)
+        src = np.fromiter((t[0] for t in transfers), dtype=np.int64, count=len(transfers))
+        dst = np.fromiter((t[1] for t in transfers), dtype=np.int64, count=len(transfers))
+        nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
+        routes = batch.routes(topology, peers[src], peers[dst])
+        ids, first, inverse = np.unique(routes.links, return_index=True, return_inverse=True)
+        sums = np.bincount(inverse.reshape(-1), weights=np.repeat(nbytes, routes.hops), minlength=len(ids))
+        order = np.argsort(first, kind="stable")
+        return dict(zip(ids[order].tolist(), sums[order].tolist(), strict=True))
     group = Group(topology, ranks)
     out: dict[int, float] = {}
     for src, dst, nbytes in transfers:
@@ -81,18 +94,41 @@ def _loads(topology: Topology, ranks: tuple[int, ...], transfers: list[tuple[int
     return out
 
 
-def _capacity(topology: Topology, link: int, _cache: dict = {}) -> float:  # noqa: B006 - a deliberate memo
-    key = (id(topology), link)
-    c = _cache.get(key)
-    if c is None:
-        if len(_cache) > 1 << 20:
-            _cache.clear()
-        c = _cache[key] = topology.link(link).effective_bandwidth_Bps
-    return c
+def _capacities(topology: Topology, links: dict[int, float]) -> np.ndarray:
+    """Effective capacities of the links (keys) of ``links``, in its order."""
+    return batch.link_capacities(topology, np.fromiter(links, dtype=np.int64, count=len(links)))
 
 
-def _bottleneck(topology: Topology, links, load: dict[int, float]) -> float:
-    return max((load[link] / _capacity(topology, link) for link in links), default=0.0)
+def capacity_of(topology: Topology) -> Callable[[int], float]:
+    """link id -> effective bytes/s, as ``topology.link(id).effective_bandwidth_Bps`` but without building a
+    Link per call: link ids are dense by class (simdist.hardware.topology), and every link of a class (a node's
+    local link t, a NIC link, a leaf-spine link) has the capacity ``batch.link_capacities`` gives it."""
+    t = topology.node.num_links
+    node_end = topology.num_node_links
+    local = batch.link_capacities(topology, np.arange(min(t, node_end), dtype=np.int64)).tolist()
+    fabric = topology.fabric
+    nic_end = node_end + 2 * fabric.num_nics if fabric is not None else node_end
+    end = topology.num_links
+    nic_cap, up_cap = batch.link_capacities(topology, np.asarray([min(node_end, end - 1), min(nic_end, end - 1)],
+                                                                 dtype=np.int64)).tolist() if end else (0.0, 0.0)
+
+    def capacity(link: int) -> float:
+        if 0 <= link < node_end:
+            return local[link % t]
+        if node_end <= link < nic_end:
+            return nic_cap
+        if nic_end <= link < end:
+            return up_cap
+        return topology.link(link).effective_bandwidth_Bps  # raises IndexError
+
+    return capacity
+
+
+def _bottleneck(topology: Topology, load: dict[int, float]) -> float:
+    """max over the links of ``load`` of bytes / capacity (0 without links)."""
+    if not load:
+        return 0.0
+    return float((np.fromiter(load.values(), dtype=float, count=len(load)) / _capacities(topology, load)).max())
 
 
 def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: list[tuple[int, int, float]]
@@ -104,39 +140,133 @@ def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: l
     for load in per_group:
         for link, b in load.items():
             total[link] = total.get(link, 0.0) + b
-    necks = [_bottleneck(topology, load, total) for load in per_group]
+    necks = [_bottleneck(topology, {link: total[link] for link in load}) for load in per_group]
     symmetric = max(necks) <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300
     return own, {link: total[link] for link in own}, symmetric
 
 
-def _class_loads_batched(topology: Topology, groups: list[tuple[int, ...]], transfers: list[tuple[int, int, float]]
-                         ) -> tuple[dict[int, float], dict[int, float], bool]:
-    """`_class_loads` for many translates at once: every translate's routes in one numpy batch."""
-    ranks = np.asarray(groups, dtype=np.int64)  # (G, P)
-    src = np.fromiter((t[0] for t in transfers), dtype=np.int64, count=len(transfers))
-    dst = np.fromiter((t[1] for t in transfers), dtype=np.int64, count=len(transfers))
-    nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
-    routes = batch.routes(topology, ranks[:, src].reshape(-1), ranks[:, dst].reshape(-1))
-    owner = routes.owners() // len(transfers)  # group of every (route, link) entry
-    weights = np.repeat(np.tile(nbytes, len(groups)), routes.hops)
-    ids, compact = np.unique(routes.links, return_inverse=True)
-    compact = compact.reshape(-1)
-    total = np.bincount(compact, weights=weights, minlength=len(ids))
-    ratio = (total / batch.link_capacities(topology, ids))[compact]
-    necks = np.zeros(len(groups))
-    np.maximum.at(necks, owner, ratio)
-    symmetric = bool(necks.max() <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300)
+@dataclass(frozen=True, slots=True, eq=False)
+class _Layout:
+    """Where a plan's transfers land for a set of translates: it depends on the ranks and the (src, dst) peer
+    pairs only, not on the bytes, so collectives on the same groups with the same pairs share it."""
+
+    hops: np.ndarray
+    """Links of every (translate, transfer) route, translate-major."""
+    compact: np.ndarray
+    """Index into ``ids`` of every (route, link) entry."""
+    ids: np.ndarray
+    """The distinct links of all translates, ascending."""
+    capacity: np.ndarray
+    """Their effective capacities."""
+    owner: np.ndarray
+    """Translate of every entry."""
+    mine: np.ndarray
+    """Entries of the first translate (the group itself)."""
+    own_ids: np.ndarray
+    """The links of the first translate, ascending."""
+    own_compact: np.ndarray
+    """Index into ``own_ids`` of every entry of the first translate."""
+    own_in_class: np.ndarray
+    """Index into ``ids`` of every own link."""
+
+
+def _layout_of(topology: Topology, links: np.ndarray, hops: np.ndarray, per_group: int) -> _Layout:
+    """The `_Layout` of routes given as their links (CSR, ``hops`` per route), ``per_group`` routes a translate."""
+    owner = np.repeat(np.arange(len(hops), dtype=np.int64), hops) // per_group  # translate of every entry
+    ids, compact = unique_inverse(links)
     mine = owner == 0
-    own_ids, own_compact = np.unique(routes.links[mine], return_inverse=True)
-    own_bytes = np.bincount(own_compact.reshape(-1), weights=weights[mine], minlength=len(own_ids))
-    class_bytes = total[np.searchsorted(ids, own_ids)]
-    own = dict(zip(own_ids.tolist(), own_bytes.tolist(), strict=True))
-    return own, dict(zip(own_ids.tolist(), class_bytes.tolist(), strict=True)), symmetric
+    own_in_class, own_compact = unique_inverse(compact[mine])  # ids ascending: so are the own links'
+    return _Layout(hops, compact, ids, batch.link_capacities(topology, ids), owner, mine, ids[own_in_class],
+                   own_compact, own_in_class)
 
 
-def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ...]] | None = None,
-               with_links: bool = True, adjust: Adjust | None = None) -> PricedComm:
-    """Price one run of ``comm`` (count ignored); ``translates``: the equivalent groups (first = comm.ranks)."""
+def _layout(topology: Topology, groups: np.ndarray, src: np.ndarray, dst: np.ndarray) -> _Layout:
+    """The `_Layout` of transfers from peer ``src[i]`` to ``dst[i]`` in every group (row) of ``groups``."""
+    ranks = np.asarray(groups, dtype=np.int64)  # (G, P)
+    routes = batch.routes(topology, ranks[:, src].reshape(-1), ranks[:, dst].reshape(-1))
+    return _layout_of(topology, routes.links, routes.hops, len(src))
+
+
+_BATCH_PAIRS = 1 << 17
+"""Most (translate, transfer) routes `_layouts` resolves in one `batch.routes` call (bounds its memory: ~10^6
+link entries)."""
+
+
+def _layouts(topology: Topology, items: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> list[_Layout]:
+    """`_layout` of many (groups, src, dst) at once: one `batch.routes` call for all their routes (its cost is
+    mostly per call and per class of GPU pair, not per route); items with the same groups and pairs share one."""
+    keys = [(groups.shape, groups.tobytes(), src.tobytes(), dst.tobytes()) for groups, src, dst in items]
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    todo = list(first.values())
+    done: dict[int, _Layout] = {}
+    start = 0
+    while start < len(todo):
+        stop, pairs = start, 0
+        while stop < len(todo) and (stop == start or pairs + len(items[todo[stop]][0]) * len(items[todo[stop]][1])
+                                     <= _BATCH_PAIRS):
+            pairs += len(items[todo[stop]][0]) * len(items[todo[stop]][1])
+            stop += 1
+        chunk = todo[start:stop]
+        srcs = [items[i][0][:, items[i][1]].reshape(-1) for i in chunk]
+        dsts = [items[i][0][:, items[i][2]].reshape(-1) for i in chunk]
+        routes = batch.routes(topology, np.concatenate(srcs), np.concatenate(dsts))
+        hops = routes.hops
+        lo = 0
+        for i, a in zip(chunk, srcs, strict=True):
+            hi = lo + len(a)
+            done[i] = _layout_of(topology, routes.links[routes.indptr[lo]:routes.indptr[hi]], hops[lo:hi],
+                                 len(items[i][1]))
+            lo = hi
+        start = stop
+    return [done[first[key]] for key in keys]
+
+
+def _pairs(transfers: list[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(src peers, dst peers) of the transfers."""
+    return (np.fromiter((t[0] for t in transfers), dtype=np.int64, count=len(transfers)),
+            np.fromiter((t[1] for t in transfers), dtype=np.int64, count=len(transfers)))
+
+
+def _class_loads_batched(topology: Topology, groups: np.ndarray, transfers: list[tuple[int, int, float]],
+                         layout: _Layout | None = None) -> tuple[dict[int, float], dict[int, float], bool]:
+    """`_class_loads` for many translates at once: every translate's routes in one numpy batch (``layout``:
+    theirs, if already resolved)."""
+    nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
+    lay = layout if layout is not None else _layout(topology, groups, *_pairs(transfers))
+    weights = np.repeat(np.tile(nbytes, len(groups)), lay.hops)
+    total = np.bincount(lay.compact, weights=weights, minlength=len(lay.ids))
+    ratio = (total / lay.capacity)[lay.compact]
+    necks = np.zeros(len(groups))
+    np.maximum.at(necks, lay.owner, ratio)
+    symmetric = bool(necks.max() <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300)
+    own_bytes = np.bincount(lay.own_compact, weights=weights[lay.mine], minlength=len(lay.own_ids))
+    class_bytes = total[lay.own_in_class]
+    own_ids = lay.own_ids.tolist()
+    own = dict(zip(own_ids, own_bytes.tolist(), strict=True))
+    return own, dict(zip(own_ids, class_bytes.tolist(), strict=True)), symmetric
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A collective priced alone, its link loads still to come (`_finish`)."""
+
+    comm: Comm
+    choice: Choice
+    time_s: float
+    latency_s: float
+    transfers: list[tuple[int, int, float]] | None = None
+    """(src peer, dst peer, wire bytes) of its plan; None: priced without links."""
+    groups: np.ndarray | None = None
+    """The translates that share links with it, itself first."""
+    batched: bool = False
+    """Its class loads come from one numpy batch of every translate's routes (`_class_loads_batched`)."""
+
+
+def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...]] | np.ndarray | None,
+             with_links: bool, adjust: Adjust | None) -> _Pending:
+    """`price_comm` up to its link loads: the choice, the times, the plan's transfers and the translates."""
     request = Request(comm.op, Group(topology, comm.ranks), comm.nbytes)
     choice = rank_choices(request)[0]
     time_s = choice.predicted_s
@@ -147,25 +277,45 @@ def price_comm(topology: Topology, comm: Comm, *, translates: list[tuple[int, ..
         latency_s *= adjusted / time_s if time_s > 0 else 1.0
         time_s = adjusted
     if not with_links:
-        return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
-                          time_s, latency_s)
+        return _Pending(comm, choice, time_s, latency_s)
     transfers = _plan_links(topology, request, choice)
-    groups = translates or [comm.ranks]
-    own = _loads(topology, comm.ranks, transfers)
-    if len(groups) > 1 and all(link < topology.num_node_links for link in own):
-        # The plan stays inside its nodes: a translate on other nodes shares no link with it, and its own
-        # bottleneck is the same (every node is built alike), so only translates on the same nodes matter.
-        gpn = topology.gpus_per_node
-        nodes = {r // gpn for r in comm.ranks}
-        groups = [groups[0]] + [g for g in groups[1:] if nodes & {r // gpn for r in g}]
+    groups = np.asarray(translates if translates is not None and len(translates) else [comm.ranks], dtype=np.int64)
+    gpn = topology.gpus_per_node
+    if len(groups) > 1 and all(src == SWITCH or dst == SWITCH or comm.ranks[src] // gpn == comm.ranks[dst] // gpn
+                               for src, dst, _ in transfers):
+        # The plan stays inside its nodes (a route between GPUs of one node, or to its NVSwitch, crosses node
+        # links only): a translate on other nodes shares no link with it, and its own bottleneck is the same
+        # (every node is built alike), so only translates on the same nodes matter.
+        shares = np.isin(groups // gpn, np.asarray(comm.ranks, dtype=np.int64) // gpn).any(axis=1)
+        shares[0] = True
+        groups = groups[shares]
+    switch = any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers)
+    return _Pending(comm, choice, time_s, latency_s, transfers, groups, len(groups) > 1 and not switch)
+
+
+def _finish(topology: Topology, p: _Pending, layout: _Layout | None = None) -> PricedComm:
+    """`price_comm` from its `_prepare`: the loads on the links (``layout``: its translates' routes, resolved)."""
+    comm, choice = p.comm, p.choice
+    if p.transfers is None or p.groups is None:
+        return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
+                          p.time_s, p.latency_s)
+    transfers, groups = p.transfers, p.groups
     if len(groups) == 1:
+        own = _loads(topology, comm.ranks, transfers)
         class_load, symmetric = own, True
-    elif any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
-        own, class_load, symmetric = _class_loads(topology, groups, transfers)
+    elif not p.batched:
+        own, class_load, symmetric = _class_loads(topology, list(map(tuple, groups.tolist())), transfers)
     else:
-        own, class_load, symmetric = _class_loads_batched(topology, groups, transfers)
+        own, class_load, symmetric = _class_loads_batched(topology, groups, transfers, layout)
     return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
-                      time_s, latency_s, own, class_load, len(groups), symmetric)
+                      p.time_s, p.latency_s, own, class_load, len(groups), symmetric)
+
+
+def price_comm(topology: Topology, comm: Comm, *, translates: Sequence[tuple[int, ...]] | np.ndarray | None = None,
+               with_links: bool = True, adjust: Adjust | None = None) -> PricedComm:
+    """Price one run of ``comm`` (count ignored); ``translates``: the equivalent groups (first = comm.ranks),
+    as tuples or as one (groups, ranks) array (simdist.plan.mesh.Mesh.translates_array)."""
+    return _finish(topology, _prepare(topology, comm, translates, with_links, adjust))
 
 
 def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0.0) -> Job:
@@ -178,9 +328,13 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
     protocol pipelining); the class's extra load on shared links then stretches it in proportion.
     """
     transfer_s = max(priced.time_s - priced.latency_s, 0.0)
-    own_neck = _bottleneck(topology, priced.link_bytes, priced.link_bytes)
+    own_neck = _bottleneck(topology, priced.link_bytes)
     scale = transfer_s / own_neck if own_neck > transfer_s and own_neck > 0 else 1.0
-    demand = tuple((link, b * scale * count) for link, b in sorted(priced.class_bytes.items()))
+    n = len(priced.class_bytes)
+    links = np.fromiter(priced.class_bytes.keys(), dtype=np.int64, count=n)
+    order = np.argsort(links, kind="stable")
+    nbytes = np.fromiter(priced.class_bytes.values(), dtype=float, count=n)[order] * scale * count
+    demand = tuple(zip(links[order].tolist(), nbytes.tolist(), strict=True))  # by link id
     return Job(latency_s=(priced.latency_s + host_s) * count, bandwidth_s=transfer_s * count, demand=demand)
 
 
@@ -192,22 +346,38 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     each collective's translates along the reduced axes (other than its own) load the links with it.
     ``adjust`` (a calibration, see simdist.calibrate) corrects each collective's predicted time.
     """
-    cache: dict[tuple, PricedComm] = {}
+    pending: dict[tuple, _Pending] = {}
+    images: dict[tuple, np.ndarray] = {}  # translates by (group, axes): shared by its collectives
+    for op in graph.ops:
+        c = op.comm
+        if c is None:
+            continue
+        key = (c.op, c.ranks, c.nbytes, c.axis)
+        if key not in pending:
+            translates = None
+            if mesh is not None and with_links:
+                axes = tuple(a for a in reduced_axes if a != c.axis)
+                if axes:
+                    # a group's images do not depend on its peer order (a send and its reply share them)
+                    order = sorted(range(len(c.ranks)), key=c.ranks.__getitem__)
+                    members = tuple(c.ranks[i] for i in order)
+                    canonical = images.get((members, axes))
+                    if canonical is None:
+                        canonical = images[(members, axes)] = mesh.translates_array(members, axes)
+                    translates = canonical[:, np.argsort(order)]
+            pending[key] = _prepare(topology, c, translates, with_links, adjust)
+    # the routes of every translate of every collective priced over its class, resolved in one batch
+    batched = {key: p for key, p in pending.items() if p.batched}
+    items = [(p.groups, *_pairs(p.transfers)) for p in batched.values()]
+    layouts = dict(zip(batched, _layouts(topology, items), strict=True))  # type: ignore[arg-type]
+    cache = {key: _finish(topology, p, layouts.get(key)) for key, p in pending.items()}
     jobs: dict[tuple, Job] = {}
     for op in graph.ops:
         c = op.comm
         if c is None:
             continue
         key = (c.op, c.ranks, c.nbytes, c.axis)
-        priced = cache.get(key)
-        if priced is None:
-            translates = None
-            if mesh is not None and with_links:
-                axes = tuple(a for a in reduced_axes if a != c.axis)
-                if axes:
-                    translates = mesh.translates(c.ranks, axes)
-            priced = cache[key] = price_comm(topology, c, translates=translates, with_links=with_links,
-                                             adjust=adjust)
+        priced = cache[key]
         op.duration_s = (priced.time_s + c.host_s) * c.count
         if with_links:
             job = jobs.get((key, c.count, c.host_s))
