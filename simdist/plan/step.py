@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.plan.layer_cost import Kernel, bytes_per_element
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
@@ -333,14 +332,7 @@ def build_step(cfg: StepConfig, *, full: bool = False) -> StepPlan:
     """
     mesh, model = cfg.mesh, cfg.model
     K = mesh.pp
-    if cfg.zero3_fetch == "per_parameter" and cfg.zero_stage != 3:
-        raise LayoutError(f"training.zero3_fetch: per_parameter describes ZeRO-3's parameter traffic, but "
-                          f"zero_stage is {cfg.zero_stage}", field="training.zero3_fetch",
-                          fix="set parallel.zero_stage: 3, or drop zero3_fetch")
-    if cfg.dp_batch_split is not None and cfg.zero_stage >= 2 and len(set(cfg.dp_batch_split)) > 1:
-        raise LayoutError(
-            "unequal local batches with ZeRO-2/3: ranks would issue different numbers of per-micro-batch "
-            "collectives", field="training.dp_batch_split", fix="use zero_stage 0 or 1, or equal local batches")
+    cfg.check()
     dp_indices = tuple(range(mesh.dp)) if (full or cfg.dp_batch_split is not None) else (0,)
     peers = [(t, c) for t in range(mesh.tp) for c in range(mesh.cp)] if full else [(0, 0)]
     costs: dict[tuple[int, int], ChunkCost] = {}

@@ -51,6 +51,17 @@ class StepConfig:
     def num_stages(self) -> int:
         return self.mesh.pp
 
+    def check(self) -> None:
+        """Settings that cannot go together (one clear error naming the field)."""
+        if self.zero3_fetch == "per_parameter" and self.zero_stage != 3:
+            raise LayoutError(f"training.zero3_fetch: per_parameter describes ZeRO-3's parameter traffic, but "
+                              f"zero_stage is {self.zero_stage}", field="training.zero3_fetch",
+                              fix="set parallel.zero_stage: 3, or drop zero3_fetch")
+        if self.dp_batch_split is not None and self.zero_stage >= 2 and len(set(self.dp_batch_split)) > 1:
+            raise LayoutError(
+                "unequal local batches with ZeRO-2/3: ranks would issue different numbers of per-micro-batch "
+                "collectives", field="training.dp_batch_split", fix="use zero_stage 0 or 1, or equal local batches")
+
     def microbatches(self, dp_index: int) -> int:
         if self.dp_batch_split is None:
             return self.global_batch_size // (self.micro_batch_size * self.mesh.dp)
