@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
 from simdist.collectives.request import Request
-from simdist.hardware.compute import compute_efficiency, kernels_time_s
+from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.topology import Topology
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
@@ -194,7 +194,7 @@ def _chunk(cfg: StepConfig, pricer: CommPricer, cost: ChunkCost, groups: dict[st
     gbytes = cost.num_params * grad_bytes_per_element(cfg.precision)
     if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter" and dp[1] >= 2:
         # simdist.plan.step._Emitter._per_parameter: one collective per tensor, each with dp host copies.
-        n, host = cost.num_tensors, dp[1] * _host_op_s(cfg)
+        n, host = cost.num_tensors, dp[1] * cfg.host_op_s
         gather = n * (pricer.shape_time_s("all_gather", *dp, pbytes / n) + host)
         scatter = n * (pricer.shape_time_s("reduce_scatter", *dp, gbytes / n) + host)
     else:
@@ -220,10 +220,6 @@ def _chunk(cfg: StepConfig, pricer: CommPricer, cost: ChunkCost, groups: dict[st
                   comm_s=fwd_comm + rec_comm + exposed + (0.0 if cfg.schedule != "zb_h1" else ovl)
                   + max(0.0, ovl - cost.backward_s) * (cfg.schedule != "zb_h1"),
                   flops=cost.model_flops_forward + cost.model_flops_backward, params=cost.num_params)
-
-
-def _host_op_s(cfg: StepConfig) -> float:
-    return (cfg.compute_efficiency or compute_efficiency(cfg.gpu)).host_op_s
 
 
 def _gathers(c: _Chunk) -> int:

@@ -133,6 +133,7 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
         return rate
 
     solo_of_job: dict[int, float] = {}
+    where_of_job: dict[int, np.ndarray] = {}  # id(job) -> its links' indices into ``links``
     for i, op in enumerate(ops):
         job = op.job
         if job is None or op.sync >= 0:
@@ -141,7 +142,7 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
         if d is None:
             d = math.nan
             job_links, nbytes = arrays[id(job)]
-            where = np.searchsorted(links, job_links)
+            where = where_of_job[id(job)] = np.searchsorted(links, job_links)
             if not shared_link[where].any():
                 rate = own_rate(job, where, nbytes)
                 d = job.latency_s + (1.0 / rate if job.bandwidth_s > 0 else 0.0)
@@ -152,7 +153,7 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
             if key not in split_of_job:
                 # the links only this track loads are this job's own (it is on this track)
                 job_links, nbytes = arrays[id(job)]
-                where = np.searchsorted(links, job_links)
+                where = where_of_job[id(job)]
                 mine = ~shared_link[where]
                 rate = own_rate(job, where[mine], nbytes[mine])
                 shared = dict(zip(job_links[~mine].tolist(), nbytes[~mine].tolist(), strict=True))

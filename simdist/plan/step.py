@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from simdist.hardware.compute import compute_efficiency, kernels_time_s
+from simdist.hardware.compute import kernels_time_s
 from simdist.plan.layer_cost import Kernel, bytes_per_element
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
@@ -79,7 +79,6 @@ class _Emitter:
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> last backward/W op
         self.dp_ops: dict[int, list[int]] = {}   # stage -> its gradient-reduction ops
         self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
-        self.host_op_s = (cfg.compute_efficiency or compute_efficiency(cfg.gpu)).host_op_s
 
     # -- helpers
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
@@ -134,7 +133,7 @@ class _Emitter:
         # Assumption: equal-sized tensors (the chunk's bytes / its tensors); small tensors are latency-bound
         # either way, and above a few MB a collective's time is linear in its size.
         n = self.costs[(stage, step.chunk)].num_tensors
-        host_s = self.cfg.mesh.dp * self.host_op_s
+        host_s = self.cfg.mesh.dp * self.cfg.host_op_s
         return self._dp_comm(graph, stage, step, op, nbytes / n, n, deps, f"{label} per parameter x{n}", host_s)
 
     # -- PipelineEmitter

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from simdist.errors import LayoutError
-from simdist.hardware.compute import ComputeEfficiency, kernels_time_s
+from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernels_time_s
 from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
@@ -50,6 +50,11 @@ class StepConfig:
     @property
     def num_stages(self) -> int:
         return self.mesh.pp
+
+    @property
+    def host_op_s(self) -> float:
+        """Host time of one eager framework op (simdist.hardware.compute.ComputeEfficiency.host_op_s)."""
+        return (self.compute_efficiency or compute_efficiency(self.gpu)).host_op_s
 
     def check(self) -> None:
         """Settings that cannot go together (one clear error naming the field)."""
