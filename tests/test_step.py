@@ -12,7 +12,7 @@ import pytest
 
 from simdist import api
 from simdist.errors import LayoutError
-from simdist.hardware.compute import kernels_time_s
+from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.presets import load_topology
 from simdist.plan.layer_cost import head_work, layer_work, optimizer_kernels
@@ -200,7 +200,8 @@ def test_zero3_per_parameter_blocks_per_tensor(tmp_path: Path) -> None:
             runs[c["op"]] = runs.get(c["op"], 0) + c["count"]
     layers = 4
     assert runs == {"all_gather": 2 * 2 * layers, "reduce_scatter": 2 * layers}
-    host = 8 * 5e-6  # dp views copied per collective x compute_efficiency.csv's host_op_s
+    # dp views copied per collective x compute_efficiency.csv's host time per op
+    host = 8 * compute_efficiency(api.load_scenario(base).topology.gpu).host_op_s
     assert slow["step_time_s"] >= fast["step_time_s"] + 3 * 2 * layers * host
 
 
