@@ -15,7 +15,7 @@ from typing import Protocol
 
 from simdist.errors import SpecError
 from simdist.plan.opgraph import Comm, Op, OpGraph
-from simdist.plan.schedule import Step, check_schedule, model_part, schedule_order
+from simdist.plan.schedule import WEIGHT_GRAD_SHARE, Step, check_schedule, model_part, schedule_order
 
 __all__ = ["PipelineEmitter", "UniformCosts", "UniformEmitter", "build_pipeline", "pipeline_graph"]
 
@@ -109,8 +109,8 @@ class UniformCosts:
     """Input and weight gradients together (zb_h1 splits it by ``weight_grad_share``)."""
     p2p_s: float = 0.0
     """Time of one activation or gradient send between stages."""
-    weight_grad_share: float = 0.5
-    """zb_h1: the share of B that is W (Qi et al. 2023 sec. 2.1 measure T_W close to T_B)."""
+    weight_grad_share: float = WEIGHT_GRAD_SHARE
+    """zb_h1: the share of B that is W (simdist.plan.schedule.WEIGHT_GRAD_SHARE)."""
 
     @classmethod
     def uniform(cls, num_stages: int, forward_s: float = 1.0, backward_s: float = 2.0, **kw: float) -> UniformCosts:

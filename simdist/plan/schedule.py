@@ -26,10 +26,14 @@ from dataclasses import dataclass
 
 from simdist.errors import SpecError
 
-__all__ = ["SCHEDULES", "Step", "bubble_formula", "bubble_formula_text", "model_part", "schedule_order"]
+__all__ = ["SCHEDULES", "WEIGHT_GRAD_SHARE", "Step", "bubble_formula", "bubble_formula_text", "model_part",
+           "schedule_order"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 STEP_KINDS = ("F", "B", "W")
+# Assumption: zb_h1's weight-gradient pass W is half of the backward (2 of its 4 GEMM passes: Qi et al. 2023 sec 2.1
+# measure T_W close to T_B, the input-gradient pass); the training step and `simdist bubble` both use this share.
+WEIGHT_GRAD_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)

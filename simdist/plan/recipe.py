@@ -1,0 +1,309 @@
+"""The one step model: what each pipeline step of a model chunk emits, and what a stage does after its last one.
+
+Both fidelities read this module and nothing else about a training step's structure: the op-graph builder
+(simdist.plan.step) instantiates a recipe once per scheduled step on every simulated rank, and the closed form
+(simdist.analytic.step) times the same pieces without building a graph. A rule (what ZeRO-3 gathers, where a
+gradient bucket goes, how many bytes cross a pipeline boundary, what the optimizer updates) is decided here once.
+
+A `Recipe` is a small DAG of `Piece`s on the streams of one rank (compute, tp, cp, dp): compute pieces carry
+their duration, communication pieces a `CommItem` (op, nbytes, axis: the group is resolved by the consumer, on
+the real mesh or by shape). ``deps`` name earlier pieces of the same recipe, or `PREV` (the end of the stage's
+previous step, i.e. program order through the step's chain). The piece marked ``needs_input`` also waits for the
+activation (F) or gradient (B) from the neighbouring stage. ``end`` is the piece that ends the step: the next
+step on the stage follows it, and the send to the neighbouring stage leaves after it (``send``).
+
+Per representative rank, in program order (the rules, with their sources):
+- F (forward of micro-batch m on chunk c): [ZeRO-3 all_gather of the chunk's parameters on the dp stream: issued
+  ahead, with no dependency (prefetch, as PyTorch FSDP); or, ``zero3_fetch: per_parameter``, one blocking
+  all_gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021: `_per_parameter`)] -> forward compute -> the
+  forward's exposed TP/CP collectives (Megatron-LM runs them between the GEMMs, Shoeybi et al. 2019 sec 3;
+  counted back to back here).
+- B: [ZeRO-3 all_gather] -> recompute (the recompute mode's forward, with its collectives) -> [per_parameter:
+  the all_gathers again, as the recompute's forward released them] -> backward compute (cut into the chunk's
+  gradient buckets on the last micro-batch when the reduction overlaps it), with the overlappable collectives
+  (Megatron's asynchronous input-gradient all-reduce, hidden behind the weight-gradient GEMM) on the tp stream
+  beside it -> the exposed backward collectives -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on
+  the dp stream; per_parameter: one per tensor, blocking].
+- W (zb_h1 only): the weight-gradient share of the backward; zb_h1's B is the input-gradient share, with every
+  backward collective exposed.
+- after the stage's last backwards: its gradient reduction on the dp stream (all_reduce, or reduce_scatter
+  under ZeRO-1 = Megatron's distributed optimizer), per parameter or in buckets, unless overlapped; then the
+  optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`).
+- between stages: the activation (F) or its gradient (B) as a send_recv on the sender's pp stream (`send`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simdist.hardware.compute import kernels_time_s
+from simdist.plan.layer_cost import bytes_per_element
+from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
+from simdist.plan.schedule import WEIGHT_GRAD_SHARE
+from simdist.plan.step_config import ChunkCost, StepConfig, grad_bytes_per_element
+
+__all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "p2p_bytes", "send", "step_recipe", "tail"]
+
+PREV = -1
+"""A dependency on the end of the stage's previous step (program order)."""
+LAST_BACKWARDS = -2
+"""(tail only) A dependency on the end of every chunk's last backward of the stage."""
+DP_DONE = -3
+"""(tail only) A dependency on every data-parallel collective the stage issued before (the dp stream's last op)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommItem:
+    """A collective a piece runs: ``count`` back-to-back runs of ``op`` over ``nbytes`` (the nccl-tests size) on
+    the piece's rank's group along ``axis``; ``host_s`` host time each run adds (list collectives' copies)."""
+
+    op: str
+    nbytes: float
+    axis: str
+    count: int = 1
+    host_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    stream: str
+    """compute | tp | cp | dp (the rank's track it runs on)."""
+    kind: str
+    """forward | backward | weight_grad | recompute | wait | optimizer | comm."""
+    label: str
+    duration_s: float = 0.0
+    """Compute pieces; a comm piece's duration comes from pricing its ``comm``."""
+    comm: CommItem | None = None
+    deps: tuple[int, ...] = ()
+    """Earlier pieces of the recipe, or PREV (LAST_BACKWARDS, DP_DONE in a stage tail)."""
+    needs_input: bool = False
+    """Waits for the neighbouring stage's activation (F) or gradient (B) too."""
+    per_step: bool = False
+    """Belongs to the step, not to its micro-batch (gradient buckets): not pipeline work for the bubble."""
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+
+    @property
+    def work(self) -> bool:
+        """Pipeline work (simdist.plan.accounting): the step's compute and the collectives it issues per
+        micro-batch; not the zero-length wait, not per-step gradient buckets."""
+        return not self.per_step and self.kind != "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    pieces: tuple[Piece, ...]
+    end: int
+    """Index of the piece that ends the step."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageTail:
+    """What a stage runs after its last pipeline step (deps may be LAST_BACKWARDS and DP_DONE)."""
+
+    pieces: tuple[Piece, ...]
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = []
+
+    def add(self, piece: Piece) -> int:
+        self.pieces.append(piece)
+        return len(self.pieces) - 1
+
+    def chain(self, items: tuple, after: tuple[int, ...], label: str, groups: dict[str, int]) -> list[int]:
+        """One comm piece per item, back to back after ``after``; axes whose group has < 2 ranks are skipped."""
+        ids: list[int] = []
+        deps = after
+        for op, nbytes, axis, count in items:
+            if groups.get(axis, 1) < 2:
+                continue
+            i = self.add(Piece(axis, "comm", f"{label} {op} x{count}", comm=CommItem(op, nbytes, axis, count),
+                               deps=deps))
+            ids.append(i)
+            deps = (i,)
+        return ids
+
+
+def _groups(cfg: StepConfig) -> dict[str, int]:
+    return {a: cfg.mesh.size(a) for a in ("tp", "cp", "dp", "pp")}
+
+
+def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, deps: tuple[int, ...], label: str,
+                   ) -> Piece:
+    """ZeRO-3 ``per_parameter``: one blocking ``op`` per parameter tensor of the chunk (``nbytes`` in all).
+
+    DeepSpeed's ZeRO-3 of 2021 gathered each parameter with ``torch.distributed.all_gather`` into a list of dp
+    views, one per rank, and reduce-scattered each gradient from such a list (deepspeed/runtime/zero/
+    partition_parameters.py, ``_allgather_param`` and ``_reduce_scatter_gradient``, v0.3); the fetch of a module
+    waits for its gathers before the module runs, and the gradient hook waits for its scatters. PyTorch's list
+    collectives copy every rank's view to (from) one flat buffer, one eager op per rank (ProcessGroupNCCL::
+    allgather / reduce_scatter with tensor lists), so each run also costs dp host ops.
+    # Assumption: equal-sized tensors (the chunk's bytes / its tensors); small tensors are latency-bound either
+    # way, and above a few MB a collective's time is linear in its size.
+    """
+    n = cost.num_tensors
+    return Piece("dp", "comm", f"{label} per parameter x{n}",
+                 comm=CommItem(op, nbytes / n, "dp", n, cfg.mesh.dp * cfg.host_op_s), deps=deps)
+
+
+def num_buckets(cfg: StepConfig, cost: ChunkCost) -> int:
+    """Gradient buckets of a chunk: its gradient bytes / the bucket size (one per chunk when unset: Megatron-LM's
+    contiguous gradient buffer, reduced at once)."""
+    b = cfg.grad_bucket_bytes
+    return 1 if b is None else max(1, math.ceil(cost.num_params * grad_bytes_per_element(cfg.precision) / b))
+
+
+def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
+    """The chunk's last backward (zb_h1: its last W), with overlapped reduction: its buckets go out as it runs."""
+    final = last and (kind == "W" or cfg.schedule != "zb_h1")
+    return cfg.grad_reduce == "overlapped" and final and cfg.zero_stage < 2 and kind != "F"
+
+
+def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False) -> Recipe:
+    """The pieces of one ``kind`` ("F", "B", "W") step of a chunk of cost ``cost``; ``last``: its last
+    micro-batch (where an overlapped gradient reduction goes out)."""
+    groups = _groups(cfg)
+    dp = groups["dp"]
+    b = _Builder()
+    per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
+    pbytes = cost.num_params * bytes_per_element(cfg.precision)
+    prev: tuple[int, ...] = (PREV,)
+    if cfg.zero_stage == 3 and kind in ("F", "B") and dp >= 2 and pbytes > 0:
+        # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3); the
+        # nccl-tests size of an all_gather is the gathered output, the chunk's full (tp-sharded) parameters.
+        if per_parameter:
+            # blocking, tensor by tensor, after the previous step (no prefetch)
+            prev = (b.add(_per_parameter(cfg, cost, "all_gather", pbytes, prev, "params all_gather")),)
+        else:
+            # the dp stream runs ahead: the gather of the next step prefetches behind this step's compute
+            prev = (*prev, b.add(Piece("dp", "comm", "params all_gather",
+                                       comm=CommItem("all_gather", pbytes, "dp"))))
+    if kind == "F":
+        c = b.add(Piece("compute", "forward", "", cost.forward_s, deps=prev, needs_input=True,
+                        model_flops=cost.model_flops_forward, hardware_flops=cost.model_flops_forward))
+        chain = [c, *b.chain(cost.forward_comm, (c,), "", groups)]
+        return Recipe(tuple(b.pieces), chain[-1])
+    chain: list[int] = []
+    deps = prev
+    needs_input = True
+    if cost.recompute_s > 0 and kind == "B":
+        r = b.add(Piece("compute", "recompute", "recompute", cost.recompute_s, deps=deps, needs_input=True,
+                        hardware_flops=cost.recompute_flops))
+        needs_input = False
+        chain += [r, *b.chain(cost.recompute_comm, (r,), "recompute", groups)]
+        deps = (chain[-1],)
+        if per_parameter and dp >= 2 and pbytes > 0:
+            # DeepSpeed releases a module's gathered parameters after its forward, so the backward gathers them
+            # again after the recompute's forward used them.
+            again = b.add(_per_parameter(cfg, cost, "all_gather", pbytes, deps, "params all_gather again"))
+            chain.append(again)
+            deps = (again,)
+    split = cfg.schedule == "zb_h1"
+    if kind == "W":
+        b_s, flops = cost.backward_s * WEIGHT_GRAD_SHARE, cost.model_flops_backward * WEIGHT_GRAD_SHARE
+    elif split:
+        b_s, flops = cost.backward_s * (1 - WEIGHT_GRAD_SHARE), cost.model_flops_backward * (1 - WEIGHT_GRAD_SHARE)
+    else:
+        b_s, flops = cost.backward_s, cost.model_flops_backward
+    compute_kind = "weight_grad" if kind == "W" else "backward"
+    overlapped: list[int] = []
+    comm_items: tuple = ()
+    if kind == "B":
+        comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
+        if not split:
+            overlapped = b.chain(cost.backward_overlapped_comm, deps, "overlapped", groups)
+    overlapping = overlaps_reduction(cfg, kind, last)
+    buckets = num_buckets(cfg, cost) if overlapping else 1
+    reduce_op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
+    gbytes = cost.num_params * grad_bytes_per_element(cfg.precision)
+    last_compute = -1
+    for k in range(buckets):
+        last_compute = b.add(Piece("compute", compute_kind, "" if buckets == 1 else f"/{k}", b_s / buckets,
+                                   deps=deps if last_compute < 0 else (last_compute,),
+                                   needs_input=needs_input and last_compute < 0,
+                                   model_flops=flops / buckets, hardware_flops=flops / buckets))
+        chain.append(last_compute)
+        if overlapping and dp >= 2 and gbytes > 0:
+            # Megatron-LM --overlap-grad-reduce: a bucket's reduction starts once its gradients are ready.
+            b.add(Piece("dp", "comm", f"grads bucket {k} {reduce_op}",
+                        comm=CommItem(reduce_op, gbytes / buckets, "dp"), deps=(last_compute,), per_step=True))
+    chain += overlapped
+    if kind == "B":
+        exposed = b.chain(comm_items, (last_compute, *overlapped[-1:]), "", groups)
+        if overlapped and not exposed:
+            # The step ends when both its compute and its overlapped collectives are done (Megatron waits on
+            # the asynchronous handle before leaving the layer's backward).
+            exposed = [b.add(Piece("compute", "wait", "wait", 0.0, deps=(last_compute, overlapped[-1])))]
+        chain += exposed
+    if cfg.zero_stage >= 2 and (kind == "W" or not split) and dp >= 2 and gbytes > 0:
+        # ZeRO-2/3 reduce-scatter each micro-batch's gradients (Rajbhandari et al. 2020 sec 5.2); the nccl-tests
+        # size of a reduce_scatter is the full input, every gradient of the chunk.
+        if per_parameter:
+            chain.append(b.add(_per_parameter(cfg, cost, "reduce_scatter", gbytes, (chain[-1],),
+                                              "grads reduce_scatter")))  # blocking: the next step waits for it
+        else:
+            b.add(Piece("dp", "comm", "grads reduce_scatter", comm=CommItem("reduce_scatter", gbytes, "dp"),
+                        deps=(last_compute,)))
+    return Recipe(tuple(b.pieces), chain[-1])
+
+
+def p2p_bytes(cfg: StepConfig) -> float:
+    """Bytes one rank sends across a pipeline boundary per micro-batch (activation forward, its gradient back).
+
+    One micro-batch's boundary activation is b x s x h elements (Narayanan et al. 2021 sec 3.2: "bsh" per
+    micro-batch between stages), s / cp of the sequence per context-parallel rank; with Megatron's scatter/gather
+    (sec 4.1) or sequence parallelism (Korthikanti et al. 2022 sec 4.2.2) each of the tp peers sends 1/tp of it.
+    """
+    m = cfg.model
+    seq = m.seq_length if m.kind == "decoder" else 1
+    nbytes = cfg.micro_batch_size * seq / cfg.mesh.cp * m.hidden_size * bytes_per_element(cfg.precision)
+    if cfg.scatter_gather or cfg.sequence_parallel:
+        nbytes /= cfg.mesh.tp
+    return nbytes
+
+
+def send(cfg: StepConfig) -> CommItem:
+    """The send_recv a pipeline step's output crosses to the neighbouring stage with (sender's pp stream)."""
+    return CommItem("send_recv", p2p_bytes(cfg), "pp")
+
+
+def optimizer_params(cfg: StepConfig, params: float) -> float:
+    """Parameters one GPU's optimizer updates: its shard of the stage's ``params`` under ZeRO-1+
+    (Rajbhandari et al. 2020 sec 5.1: each data-parallel rank updates 1/N_d of the states)."""
+    return params / cfg.mesh.dp if cfg.zero_stage >= 1 else params
+
+
+def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
+    """What a stage with these chunks runs after its last backwards.
+
+    Gradient reduction (unless overlapped or ZeRO-2/3, which reduce as they go): as Megatron-LM without
+    --overlap-grad-reduce (and the lecture's data parallelism), it starts once the stage's whole backward is done
+    (Korthikanti et al. 2022 sec 6.3 ran 530B this way); per parameter (the lecture: one all_reduce per tensor) or
+    per bucket. all_reduce and reduce_scatter both take the whole gradient buffer as their nccl-tests size (for a
+    reduce_scatter, the full input each rank contributes; each keeps 1/dp of the reduced result). Then the
+    optimizer after every data-parallel collective of the stage (collectives end together on all members), and
+    under ZeRO-1/2 the all_gather of the updated parameter shards (Megatron's distributed optimizer / ZeRO-1,2).
+    """
+    b = _Builder()
+    dp = cfg.mesh.dp
+    op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
+    if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2 and dp >= 2:
+        for c, cost in enumerate(chunk_costs):
+            total = cost.num_params * grad_bytes_per_element(cfg.precision)
+            if total <= 0:
+                continue
+            n = cost.num_tensors if cfg.grad_reduce == "per_parameter" else num_buckets(cfg, cost)
+            label = f"grads {op} per parameter x{n}" if cfg.grad_reduce == "per_parameter" else f"grads {op} x{n}"
+            b.add(Piece("dp", "comm", label + (f" chunk {c}" if len(chunk_costs) > 1 else ""),
+                        comm=CommItem(op, total / n, "dp", n), deps=(LAST_BACKWARDS,), per_step=True))
+    params = sum(c.num_params for c in chunk_costs)
+    shard = optimizer_params(cfg, params)
+    t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision, cfg.compute_efficiency)
+    opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
+    if cfg.zero_stage in (1, 2) and dp >= 2 and params > 0:
+        b.add(Piece("dp", "comm", "params all_gather", comm=CommItem("all_gather", params * bytes_per_element(
+            cfg.precision), "dp"), deps=(opt,), per_step=True))
+    return StageTail(tuple(b.pieces))
