@@ -151,7 +151,8 @@ def test_breakdown_adds_up_to_the_step_time() -> None:
     out = api.run(Path("scenarios/default.yaml"))
     r = out.result
     b = r["breakdown"]
-    total = b["compute_s"] + b["recompute_s"] + sum(b["exposed_comm_s"].values()) + b["bubble_s"] + b["optimizer_s"]
+    total = (b["compute_s"] + b["recompute_s"] + sum(b["exposed_comm_s"].values()) + b["bubble_s"] + b["optimizer_s"]
+             + b["idle_s"])
     assert total == pytest.approx(r["step_time_s"], rel=1e-9)
     assert 0 < r["bubble_fraction"] < 0.2
     assert r["hardware_tflops_per_gpu"] >= r["model_tflops_per_gpu"] > 0

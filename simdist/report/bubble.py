@@ -1,15 +1,16 @@
-"""The pipeline bubble read off a simulated timeline.
+"""The pipeline bubble read off a simulated timeline (`simdist bubble`).
 
-bubble_fraction = idle / total stage-time over the pipeline span = 1 - sum(busy compute time of every stage)
-/ (K x makespan) (Narayanan et al. 2021, arXiv:2104.04473 sec. 2.2: the bubble is the idle share of the
-pipeline's devices during a batch). Only ``compute``-stream ops count as busy: a send overlaps compute on
-its own stream and does not fill a bubble.
+bubble_fraction is simdist.plan.accounting's one definition, the same as `simdist run` reports: the share of
+stage-time inside the pipeline phase in which a stage does no pipeline work (Narayanan et al. 2021,
+arXiv:2104.04473 sec. 2.2: the bubble is the idle share of the pipeline's devices during a batch). A bare
+pipeline's work is its compute ops; a send runs on its own stream and does not fill a bubble.
 """
 
 from __future__ import annotations
 
 from simdist.engine.graph import GraphTrace
 from simdist.plan.opgraph import OpGraph
+from simdist.report.step_metrics import bubble_fraction
 
 __all__ = ["busy_time_s", "simulated_bubble"]
 
@@ -23,9 +24,9 @@ def busy_time_s(graph: OpGraph, trace: GraphTrace, *, stream: str = "compute") -
     return busy
 
 
-def simulated_bubble(graph: OpGraph, trace: GraphTrace, *, stream: str = "compute") -> float:
-    """1 - busy / (ranks x makespan) over the ranks that run ``stream`` ops; 0 for an empty timeline."""
-    busy = busy_time_s(graph, trace, stream=stream)
-    if not busy or trace.makespan_s <= 0:
+def simulated_bubble(graph: OpGraph, trace: GraphTrace) -> float:
+    """The bubble fraction over every rank that computes (one per stage); 0 for an empty timeline."""
+    ranks = sorted({op.rank for op in graph.ops if op.stream == "compute"})
+    if not ranks or trace.makespan_s <= 0:
         return 0.0
-    return 1.0 - sum(busy.values()) / (len(busy) * trace.makespan_s)
+    return bubble_fraction(graph, trace, ranks)

@@ -1,30 +1,23 @@
 """Metrics of a simulated training step, read off its timeline.
 
-Every figure here is measured on the simulated trace of the representative ranks, not computed from a
-formula: the breakdown partitions each representative rank's step into what its GPU was doing at each
-instant, so its parts add up to the step time exactly.
+Every figure here is measured on the simulated trace of the representative ranks (one per pipeline stage, of the
+first data-parallel replica), not computed from a formula. What counts as bubble, compute or exposed
+communication is simdist.plan.accounting's one definition (the closed form uses it too): the breakdown
+partitions each representative rank's step, so its parts add up to the step time exactly.
 
-- compute / recompute / optimizer: time the compute stream runs that kind of op.
-- exposed comm per axis: time some collective of that axis runs while the compute stream is idle (when
-  several axes overlap, the time goes to the first of tp, cp, pp, dp).
-- bubble: the rest, the GPU waiting (pipeline fill and drain, waits on other stages).
-Averaged over the representative ranks of the first data-parallel replica (one per pipeline stage).
-
-bubble_fraction: over the pipeline phase (first forward to last backward), 1 - sum over stages of the time
-a stage is busy with its forward/backward work (compute, its TP/CP collectives, or its per-micro-batch ZeRO-2/3
-data-parallel collectives) / (stages x span). With
-uniform stages and free communication this is (K-1)/(M+K-1) for GPipe and 1F1B (Huang et al. 2019;
-Narayanan et al. 2021 sec 2.2.1) and (K-1)/(V*M+K-1) interleaved (Narayanan et al. 2021 sec 2.2.2).
+`observables` returns the additive quantities (seconds, FLOPs) a step's metrics derive from, so that a step
+simulated on fewer micro-batches can be extended by its repeating steady state (simdist.predict.fastforward)
+before `metrics` turns them into step time, throughput, MFU, bubble and breakdown.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from simdist.plan.accounting import Interval, account, category_of, is_work
 from simdist.plan.opgraph import OpGraph
 
-PIPELINE_KINDS = ("forward", "backward", "weight_grad", "recompute")
-PRIORITY = ("compute", "recompute", "optimizer", "tp", "cp", "pp", "dp")
+__all__ = ["bubble_fraction", "metrics", "observables", "stage_intervals", "step_metrics"]
 
 
 class TraceLike(Protocol):
@@ -33,87 +26,45 @@ class TraceLike(Protocol):
     makespan_s: float
 
 
-def _category(graph: OpGraph, i: int) -> str:
-    op = graph.ops[i]
-    if op.comm is not None:
-        return op.comm.axis
-    if op.kind == "recompute":
-        return "recompute"
-    if op.kind == "optimizer":
-        return "optimizer"
-    return "compute"
-
-
-def rank_breakdown(graph: OpGraph, trace: TraceLike, rank: int, ids: list[int]) -> dict[str, float]:
-    """Partition [0, makespan] of one rank into categories by priority (see the module docstring)."""
-    events: list[tuple[float, int, str]] = []
-    for i in ids:
-        s, e = trace.start_s[i], trace.end_s[i]
-        if e > s:
-            cat = _category(graph, i)
-            events.append((s, 1, cat))
-            events.append((e, -1, cat))
-    events.sort(key=lambda x: (x[0], x[1]))
-    active = dict.fromkeys(PRIORITY, 0)
-    out = dict.fromkeys((*PRIORITY, "bubble"), 0.0)
-    t = 0.0
-    for time, delta, cat in events:
-        if time > t:
-            top = next((c for c in PRIORITY if active[c] > 0), "bubble")
-            out[top] += time - t
-            t = time
-        active[cat] += delta
-    if trace.makespan_s > t:
-        out["bubble"] += trace.makespan_s - t
-    return out
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
+def stage_intervals(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> list[list[Interval]]:
+    """Per rank of ``ranks`` (one per stage), its ops as (start, end, category, pipeline work) intervals."""
+    by_rank: dict[int, list[Interval]] = {r: [] for r in ranks}
+    for i, op in enumerate(graph.ops):
+        mine = by_rank.get(op.rank)
+        if mine is None:
             continue
-        total += e - max(s, end)
-        end = e
-    return total
+        axis = op.comm.axis if op.comm is not None else None
+        mine.append((trace.start_s[i], trace.end_s[i], category_of(op.kind, axis), is_work(op.kind, axis,
+                                                                                          op.microbatch)))
+    return [by_rank[r] for r in ranks]
 
 
 def bubble_fraction(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> float:
-    """1 - busy / (stages x span) over the pipeline phase of ``ranks`` (one per stage)."""
-    by_rank: dict[int, list[tuple[float, float]]] = {r: [] for r in ranks}
-    lo, hi = float("inf"), float("-inf")
-    for i, op in enumerate(graph.ops):
-        if op.rank not in by_rank or op.microbatch < 0:
-            continue
-        if op.comm is not None and op.comm.axis not in ("tp", "cp", "dp"):
-            continue  # dp: only per-micro-batch ZeRO-2/3 collectives get here (step-level ones have microbatch -1)
-        if op.comm is None and op.kind not in PIPELINE_KINDS:
-            continue
-        s, e = trace.start_s[i], trace.end_s[i]
-        by_rank[op.rank].append((s, e))
-        lo, hi = min(lo, s), max(hi, e)
-    if hi <= lo:
-        return 0.0
-    busy = sum(_union_length(iv) for iv in by_rank.values())
-    return 1.0 - busy / (len(ranks) * (hi - lo))
+    """simdist.plan.accounting's bubble fraction of ``ranks`` (one per stage)."""
+    return account(stage_intervals(graph, trace, ranks), trace.makespan_s).bubble_fraction
 
 
-def step_metrics(graph: OpGraph, trace: TraceLike, *, ranks: list[int], tokens_per_step: float,
-                 peak_flops: float) -> dict[str, Any]:
-    """Step time, throughput, FLOP/s per GPU, MFU/HFU, bubble and breakdown for ``ranks`` (one per stage)."""
-    step = trace.makespan_s
-    tracks: dict[int, list[int]] = {r: [] for r in ranks}
+def observables(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> dict[str, float]:
+    """The additive quantities of a step (mean over ``ranks`` where a per-GPU share is meant)."""
+    acct = account(stage_intervals(graph, trace, ranks), trace.makespan_s)
+    n = len(ranks)
+    wanted = set(ranks)
     model = hardware = 0.0
-    for i, op in enumerate(graph.ops):
-        if op.rank in tracks:
-            tracks[op.rank].append(i)
+    for op in graph.ops:
+        if op.rank in wanted:
             model += op.model_flops
             hardware += op.hardware_flops
-    n = len(ranks)
-    parts = [rank_breakdown(graph, trace, r, tracks[r]) for r in ranks]
-    mean = {k: sum(p[k] for p in parts) / n for k in parts[0]}
-    model_per_gpu = model / n / step if step > 0 else 0.0
-    hardware_per_gpu = hardware / n / step if step > 0 else 0.0
+    mean = acct.mean()
+    return {"step_s": trace.makespan_s, "phase_s": acct.phase_s, "model_flops": model / n,
+            "hardware_flops": hardware / n, **{f"{k}_s": v for k, v in mean.items()}}
+
+
+def metrics(obs: dict[str, float], *, tokens_per_step: float, peak_flops: float) -> dict[str, Any]:
+    """Step time, throughput, FLOP/s per GPU, MFU/HFU, bubble and breakdown from `observables`."""
+    step = obs["step_s"]
+    model_per_gpu = obs["model_flops"] / step if step > 0 else 0.0
+    hardware_per_gpu = obs["hardware_flops"] / step if step > 0 else 0.0
+    phase = obs["phase_s"]
     return {
         "step_time_s": step,
         "tokens_per_s": tokens_per_step / step if step > 0 else 0.0,
@@ -121,12 +72,21 @@ def step_metrics(graph: OpGraph, trace: TraceLike, *, ranks: list[int], tokens_p
         "hardware_tflops_per_gpu": hardware_per_gpu / 1e12,
         "mfu": model_per_gpu / peak_flops,
         "hfu": hardware_per_gpu / peak_flops,
-        "bubble_fraction": bubble_fraction(graph, trace, ranks),
+        "bubble_fraction": max(obs["bubble_s"] / phase, 0.0) if phase > 0 else 0.0,
+        "pipeline_phase_s": phase,
         "breakdown": {
-            "compute_s": mean["compute"],
-            "recompute_s": mean["recompute"],
-            "exposed_comm_s": {a: mean[a] for a in ("tp", "cp", "pp", "dp")},
-            "bubble_s": mean["bubble"],
-            "optimizer_s": mean["optimizer"],
+            "compute_s": obs["compute_s"],
+            "recompute_s": obs["recompute_s"],
+            "exposed_comm_s": {a: obs[f"{a}_s"] for a in ("tp", "cp", "pp", "dp")},
+            "bubble_s": obs["bubble_s"],
+            "optimizer_s": obs["optimizer_s"],
+            "idle_s": obs["idle_s"],
         },
     }
+
+
+def step_metrics(graph: OpGraph, trace: TraceLike, *, ranks: list[int], tokens_per_step: float,
+                 peak_flops: float) -> dict[str, Any]:
+    """`metrics` of the simulated step of ``ranks`` (one per stage)."""
+    return metrics(observables(graph, trace, ranks), tokens_per_step=tokens_per_step, peak_flops=peak_flops)
+

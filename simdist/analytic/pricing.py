@@ -1,0 +1,176 @@
+"""Prices for the closed-form step: collectives by group shape, chunk costs, and the recipes' piece durations.
+
+Collective prices are cached across configurations by a key that captures what decides them (op, group size,
+stride between peers, the first peer's position inside its node, bytes): the group is re-placed on the cluster's
+first node(s) to price it (`CommPricer`). Chunk costs and recipes (simdist.plan.recipe) are cached by everything
+they read, so a search pays for each distinct one once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simdist.analytic.select import rank_choices
+from simdist.collectives.group import Group
+from simdist.collectives.request import Request
+from simdist.hardware.topology import Topology
+from simdist.plan.accounting import category_of
+from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
+from simdist.plan.step_config import ChunkCost, StepConfig, chunk_cost
+
+__all__ = ["STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
+
+Adjust = Callable[[str, int, float, float], float]
+
+STREAMS = ("compute", "tp", "cp", "dp", "pp")
+STREAM_CODE = {s: i for i, s in enumerate(STREAMS)}
+
+
+class CommPricer:
+    """Seconds of one collective on a group, cached by (op, group size, stride, position in node, bytes).
+
+    # Assumption: a collective's time depends on its group's shape (size, rank stride, where its first
+    # peer sits inside its node), not on which nodes it lands on: the group is priced re-placed on the first
+    # node(s) of the cluster. On the bundled presets every node has the same NICs and leaf switch links, so
+    # only groups that straddle leaf boundaries differently can differ (the engine path prices the real group).
+    """
+
+    def __init__(self, topology: Topology, adjust: Adjust | None = None) -> None:
+        self.topology = topology
+        self.adjust = adjust
+        self._cache: dict[tuple, float] = {}
+        self._priced: dict[tuple, PricedPieces] = {}
+        self.misses = 0
+
+    def key(self, op: str, ranks: tuple[int, ...], nbytes: float) -> tuple:
+        n = len(ranks)
+        stride = ranks[1] - ranks[0] if n > 1 else 0
+        regular = all(ranks[i + 1] - ranks[i] == stride for i in range(n - 1)) and stride > 0
+        if not regular:
+            return (op, ranks, float(nbytes))
+        return (op, ranks[0] % self.topology.gpus_per_node, n, stride, float(nbytes))
+
+    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float:
+        if len(ranks) < 2 or nbytes <= 0:
+            return 0.0
+        return self._price(self.key(op, ranks, nbytes))
+
+    def shape_time_s(self, op: str, first: int, size: int, stride: int, nbytes: float) -> float:
+        """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks."""
+        if size < 2 or nbytes <= 0:
+            return 0.0
+        key = (op, first % self.topology.gpus_per_node, size, stride, float(nbytes))
+        hit = self._cache.get(key)
+        return hit if hit is not None else self._price(key)
+
+    def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]]) -> PricedPieces:
+        """`price_pieces`, cached by the pieces and their groups' shapes (alike stages share it)."""
+        gpn = self.topology.gpus_per_node
+        key = (pieces, end, tuple((a, g[0] % gpn, g[1], g[2]) for a, g in sorted(groups.items())))
+        hit = self._priced.get(key)
+        if hit is None:
+            if len(self._priced) >= _CACHE_MAX:
+                self._priced.clear()
+            hit = self._priced[key] = price_pieces(self, pieces, end, groups)
+        return hit
+
+    def _price(self, key: tuple) -> float:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        self.misses += 1
+        op, nbytes = key[0], key[-1]
+        placed = key[1] if len(key) == 3 else tuple(key[1] + i * key[3] for i in range(key[2]))
+        t = rank_choices(Request(op, Group(self.topology, placed), nbytes))[0].predicted_s
+        if self.adjust is not None:
+            t = self.adjust(op, len(placed), nbytes, t)
+        self._cache[key] = t
+        return t
+
+
+_CACHE_MAX = 200_000
+_CHUNK_CACHE: dict[tuple, ChunkCost] = {}
+_RECIPE_CACHE: dict[tuple, Recipe | StageTail] = {}
+
+
+def cached_chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
+    """`simdist.plan.step_config.chunk_cost`, cached by every field it reads."""
+    key = (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
+           cfg.attention, cfg.precision, cfg.tp_style, cfg.compute_efficiency, num_layers, first_part, last_part)
+    hit = _CHUNK_CACHE.get(key)
+    if hit is None:
+        if len(_CHUNK_CACHE) >= _CACHE_MAX:
+            _CHUNK_CACHE.clear()
+        hit = _CHUNK_CACHE[key] = chunk_cost(cfg, num_layers, first_part, last_part)
+    return hit
+
+
+def _recipe_key(cfg: StepConfig) -> tuple:
+    """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
+    return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
+            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency)
+
+
+def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool) -> Recipe:
+    key = ("step", _recipe_key(cfg), cost, kind, last)
+    hit = _RECIPE_CACHE.get(key)
+    if hit is None:
+        if len(_RECIPE_CACHE) >= _CACHE_MAX:
+            _RECIPE_CACHE.clear()
+        hit = _RECIPE_CACHE[key] = step_recipe(cfg, cost, kind, last=last)
+    return hit  # type: ignore[return-value]
+
+
+def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...]) -> StageTail:
+    key = ("tail", _recipe_key(cfg), costs)
+    hit = _RECIPE_CACHE.get(key)
+    if hit is None:
+        if len(_RECIPE_CACHE) >= _CACHE_MAX:
+            _RECIPE_CACHE.clear()
+        hit = _RECIPE_CACHE[key] = tail(cfg, list(costs))
+    return hit  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class PricedPieces:
+    """A recipe's (or tail's) pieces as flat tuples, with each piece's duration on its stage's groups."""
+
+    streams: tuple[int, ...]
+    """STREAM_CODE of each piece."""
+    durations: tuple[float, ...]
+    deps: tuple[tuple[int, ...], ...]
+    needs_input: int
+    """Index of the piece that waits for the neighbouring stage (-1: none)."""
+    end: int
+    categories: tuple[str, ...]
+    work: tuple[bool, ...]
+    model_flops: float
+    hardware_flops: float
+
+
+def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, tuple[int, int, int]]) -> float:
+    c: CommItem | None = piece.comm
+    if c is None:
+        return piece.duration_s
+    first, size, stride = groups[c.axis]
+    if size < 2 or c.nbytes <= 0:
+        return 0.0
+    # simdist.predict.price.price_graph: count back-to-back runs, each with its host time.
+    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes) + c.host_s) * c.count
+
+
+def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,
+                 groups: dict[str, tuple[int, int, int]]) -> PricedPieces:
+    """``pieces`` timed on the mesh groups ``groups`` (axis -> (first rank, size, stride))."""
+    return PricedPieces(
+        streams=tuple(STREAM_CODE[p.stream] for p in pieces),
+        durations=tuple(_duration(pricer, p, groups) for p in pieces),
+        deps=tuple(p.deps for p in pieces),
+        needs_input=next((i for i, p in enumerate(pieces) if p.needs_input), -1),
+        end=end,
+        categories=tuple(category_of(p.kind, p.comm.axis if p.comm is not None else None) for p in pieces),
+        work=tuple(p.work for p in pieces),
+        model_flops=sum(p.model_flops for p in pieces),
+        hardware_flops=sum(p.hardware_flops for p in pieces),
+    )

@@ -1,0 +1,81 @@
+"""An op graph's timeline without link sharing: every op takes its own (uncontended) ``duration_s``.
+
+The same execution rules as `simdist.engine.graph.run_graph` (an op starts when the op before it on its (rank,
+stream) track and every op in its ``deps`` have finished; ops with one ``sync`` id start together, when all of
+them are ready), but no collective slows another down: a longest-path pass over the graph, no SimPy. The engine's
+step minus this one is what contention added (simdist.predict reports it), and the closed form
+(simdist.analytic.step) must equal it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+from simdist.engine.graph import GraphTrace, _check, _deadlock
+from simdist.plan.opgraph import OpGraph
+
+__all__ = ["uncontended"]
+
+
+def uncontended(graph: OpGraph) -> GraphTrace:
+    """Start and end of every op with uncontended durations (see the module docstring)."""
+    _check(graph)
+    ops = graph.ops
+    n = len(ops)
+    if n == 0:
+        return GraphTrace((), (), 0.0)
+    tracks = graph.tracks()
+    # predecessors: the deps, plus the op before on the track; members of a sync group wait for each other
+    waiting = [len(op.deps) for op in ops]
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    for i, op in enumerate(ops):
+        for d in op.deps:
+            dependents[d].append(i)
+    after: list[int] = [-1] * n  # the next op on the same track
+    for ids in tracks.values():
+        for a, b in pairwise(ids):
+            after[a] = b
+            waiting[b] += 1
+    groups: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if op.sync >= 0:
+            groups.setdefault(op.sync, []).append(i)
+    ready = [0.0] * n
+    start = [math.nan] * n
+    end = [math.nan] * n
+    arrived: dict[int, int] = {}
+    todo = [i for i in range(n) if waiting[i] == 0]
+    while todo:
+        i = todo.pop()
+        op = ops[i]
+        members = [i]
+        if op.sync >= 0:
+            arrived[op.sync] = arrived.get(op.sync, 0) + 1
+            if arrived[op.sync] < len(groups[op.sync]):
+                continue
+            members = groups[op.sync]
+        t0 = max(ready[j] for j in members)
+        for j in members:
+            start[j] = t0
+            end[j] = t0 + ops[j].duration_s
+            for k in dependents[j]:
+                ready[k] = max(ready[k], end[j])
+                waiting[k] -= 1
+                if waiting[k] == 0:
+                    todo.append(k)
+            k = after[j]
+            if k >= 0:
+                ready[k] = max(ready[k], end[j])
+                waiting[k] -= 1
+                if waiting[k] == 0:
+                    todo.append(k)
+    if any(math.isnan(e) for e in end):
+        position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
+                    for key, ids in tracks.items()}
+        stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
+        raise _deadlock(graph, stuck, end)
+    return GraphTrace(tuple(start), tuple(end), max(end))
+
+
+
