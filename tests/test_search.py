@@ -79,7 +79,7 @@ def test_korthikanti_selective_sp_beats_full_recompute(name):
     # recompute without SP for every model (scenarios/published/korthikanti2022-*.yaml).
     from simdist.analytic.step import CommPricer, analytic_step
     from simdist.plan.model_presets import resolve_model
-    from simdist.predict.step import step_config
+    from simdist.plan.layout import step_config_of as step_config
 
     times = []
     for extra in ([], ["training.recompute=full", "parallel.sequence_parallel=false"]):

@@ -223,7 +223,7 @@ def test_price_graph_batches_like_price_comm(tmp_path: Path) -> None:
     from simdist.plan.model_presets import resolve_model
     from simdist.plan.step import build_step
     from simdist.predict.price import price_comm, price_graph
-    from simdist.predict.step import step_config
+    from simdist.plan.layout import step_config_of as step_config
 
     s = load(tmp_path, LAYOUTS["h100-64-fat-tree-oversubscribed"])
     cfg = step_config(s.spec, s.topology, resolve_model(s.spec.model))

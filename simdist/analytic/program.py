@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from simdist.errors import SpecError
-from simdist.plan.schedule import model_part, schedule_order
+from simdist.plan.schedule import schedule_order
 
 __all__ = ["KIND_INDEX", "Program", "program", "recipe_code"]
 
@@ -40,53 +40,63 @@ class Program:
         return len(self.stage)
 
 
-def _neighbour(stage: int, kind: str, chunk: int, k: int, num_parts: int) -> tuple[int, int] | None:
-    part = model_part(stage, chunk, k)
-    if kind == "F" and part + 1 < num_parts:
-        nxt = part + 1
-    elif kind == "B" and part > 0:
-        nxt = part - 1
-    else:
-        return None
-    return nxt % k, nxt // k
-
-
 @lru_cache(maxsize=512)
 def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> Program:
-    k, v = num_stages, vpp
-    order = schedule_order(schedule, num_stages=k, num_microbatches=num_microbatches, vpp=v)
+    k, v, M = num_stages, vpp, num_microbatches
+    order = schedule_order(schedule, num_stages=k, num_microbatches=M, vpp=v)
     num_parts = k * v
+    kinds = {"F": 0, "B": 1, "W": 2}
+    # each stage's steps as (kind index, micro-batch, chunk, upstream key or -1, downstream stage or -1, code)
+    rows: list[list[tuple]] = []
+    for s in range(k):
+        row = []
+        for st in order[s]:
+            kind = kinds[st.kind]
+            part = st.chunk * k + s  # simdist.plan.schedule.model_part
+            up = down = -1
+            if kind == 0:
+                if part > 0:
+                    up = ((((part - 1) % k) * 3) * M + st.microbatch) * v + (part - 1) // k
+                if part + 1 < num_parts and (part + 1) % k != s:
+                    down = (part + 1) % k
+            elif kind == 1:
+                if part + 1 < num_parts:
+                    up = ((((part + 1) % k) * 3 + 1) * M + st.microbatch) * v + (part + 1) // k
+                if part > 0 and (part - 1) % k != s:
+                    down = (part - 1) % k
+            code = (st.chunk * 3 + kind) * 2 + (st.microbatch == M - 1)  # recipe_code
+            row.append((st.kind, st.microbatch, st.chunk, up, down, code, ((s * 3 + kind) * M + st.microbatch) * v
+                         + st.chunk))
+        rows.append(row)
     position = [0] * k
-    done: dict[tuple[int, str, int, int], int] = {}
+    done: dict[int, int] = {}
     stage, kind, mb, chunk, upstream, down, code = [], [], [], [], [], [], []
-    total = sum(len(o) for o in order)
+    total = sum(len(r) for r in rows)
     while len(stage) < total:
         progressed = False
         for s in range(k):
-            steps = order[s]
-            while position[s] < len(steps):
-                st = steps[position[s]]
-                up = -1
-                if st.kind in ("F", "B"):
-                    part = model_part(s, st.chunk, k)
-                    src = part - 1 if st.kind == "F" else part + 1
-                    if 0 <= src < num_parts:
-                        key = (src % k, st.kind, st.microbatch, src // k)
-                        if key not in done:
-                            break
-                        up = done[key]
-                done[(s, st.kind, st.microbatch, st.chunk)] = len(stage)
-                nb = _neighbour(s, st.kind, st.chunk, k, num_parts)
+            row = rows[s]
+            p = position[s]
+            while p < len(row):
+                kd, m, c, up_key, dn, cd, key = row[p]
+                if up_key >= 0:
+                    up = done.get(up_key, -2)
+                    if up == -2:
+                        break
+                else:
+                    up = -1
+                done[key] = len(stage)
                 stage.append(s)
-                kind.append(st.kind)
-                mb.append(st.microbatch)
-                chunk.append(st.chunk)
+                kind.append(kd)
+                mb.append(m)
+                chunk.append(c)
                 upstream.append(up)
-                down.append(nb[0] if nb is not None and nb[0] != s else -1)
-                code.append(recipe_code(st.chunk, st.kind, st.microbatch == num_microbatches - 1))
-                position[s] += 1
+                down.append(dn)
+                code.append(cd)
+                p += 1
                 progressed = True
+            position[s] = p
         if not progressed:  # pragma: no cover - the bundled schedules never deadlock
-            raise SpecError(f"schedule {schedule} deadlocks on {k} stages and {num_microbatches} micro-batches",
+            raise SpecError(f"schedule {schedule} deadlocks on {k} stages and {M} micro-batches",
                             field="schedule", fix="use one of the bundled schedules")
     return Program(tuple(stage), tuple(kind), tuple(mb), tuple(chunk), tuple(upstream), tuple(down), tuple(code))

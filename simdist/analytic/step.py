@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from simdist.analytic.pricing import CommPricer, PricedPieces, cached_chunk_cost, cached_recipe, cached_tail
 from simdist.analytic.program import KIND_INDEX, program, recipe_code
 from simdist.plan.accounting import Block, Interval, account, partition_pieces
-from simdist.plan.fastforward import extrapolate, next_counts, sample_counts
+from simdist.plan.fastforward import FastForward, extrapolate
+from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
 from simdist.plan.step_config import StepConfig, chunk_layers
 
-__all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost"]
+__all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
+           "fast_forward_plan"]
 
 _PP = 4  # STREAMS indices of the pp and dp streams (simdist.analytic.pricing)
 _DP = 3
@@ -33,36 +35,48 @@ _DP = 3
 
 @dataclass(frozen=True, slots=True)
 class _Simple:
-    """A recipe whose pieces, started with its compute, tp and cp streams free, follow each other without a gap
-    from its first piece (the step's input) to its end, on those streams only: its timeline relative to its start
-    is fixed, so the step costs one addition and is accounted as a `Block`."""
+    """A recipe whose pieces on the compute, tp and cp streams, started with those streams free, follow each other
+    without a gap from its first piece (the step's input) to its end: their timeline relative to its start is
+    fixed, so the step costs one addition and is accounted as a `Block`. Pieces on the dp stream that only wait
+    for those (ZeRO-2/3 reduce-scatters, overlapped gradient buckets) queue on the dp stream behind it."""
 
     duration_s: float
     frees: tuple[float, float, float]
     """When the compute, tp and cp streams are free again, relative to the start (-1: not used)."""
     parts: dict[str, float]
+    behind: tuple[tuple[float, float, str, bool], ...]
+    """dp pieces: (ready relative to the start, duration, category, pipeline work), in program order."""
     model_flops: float
     hardware_flops: float
 
 
 def _simple(r: PricedPieces) -> _Simple | None:
-    if r.needs_input != 0 or r.deps[0] != (PREV,) or any(code > 2 for code in r.streams):
+    if r.needs_input != 0 or r.deps[0] != (PREV,) or r.streams[0] > 2:
         return None
-    if any(PREV in d or any(x < 0 for x in d) for d in r.deps[1:]):
+    core = [j for j, code in enumerate(r.streams) if code <= 2]
+    behind = [j for j, code in enumerate(r.streams) if code > 2]
+    if any(code != _DP for j, code in enumerate(r.streams) if code > 2):
+        return None
+    if any(PREV in r.deps[j] or any(x < 0 or x in behind for x in r.deps[j]) for j in core[1:]):
+        return None  # a core piece waits for the previous step again, or for a dp piece
+    if any(not r.deps[j] or any(x < 0 or x in behind for x in r.deps[j]) for j in behind):
+        return None  # a dp piece issued ahead (a prefetch) or after another dp piece
+    if r.end not in core:
         return None
     free = [0.0, 0.0, 0.0]
-    ends: list[float] = []
+    ends: dict[int, float] = {}
     used = [False, False, False]
     intervals: list[Interval] = []
-    for j, code in enumerate(r.streams):
+    for j in core:
+        code = r.streams[j]
         t = max([free[code], *(ends[d] for d in r.deps[j] if d >= 0)])
         e = t + r.durations[j]
         free[code] = e
         used[code] = True
-        ends.append(e)
+        ends[j] = e
         intervals.append((t, e, r.categories[j], r.work[j]))
     duration = ends[r.end]
-    if max(ends) > duration:
+    if max(ends.values()) > duration:
         return None
     # gapless: the work pieces cover [0, duration]
     covered = 0.0
@@ -74,7 +88,8 @@ def _simple(r: PricedPieces) -> _Simple | None:
     if covered < duration:
         return None
     frees = tuple(free[k] if used[k] else -1.0 for k in range(3))
-    return _Simple(duration, frees, partition_pieces(intervals, duration),  # type: ignore[arg-type]
+    queued = tuple((max(ends[d] for d in r.deps[j]), r.durations[j], r.categories[j], r.work[j]) for j in behind)
+    return _Simple(duration, frees, partition_pieces(intervals, duration), queued,  # type: ignore[arg-type]
                    r.model_flops, r.hardware_flops)
 
 
@@ -120,9 +135,10 @@ def _stages(cfg: StepConfig, pricer: CommPricer) -> list[_Stage]:
     return out
 
 
-def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int
+def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None
               ) -> tuple[float, list[list[Interval]], list[list[Block]], float, float]:
-    """(step end, per-stage intervals and blocks, model and hardware FLOPs per GPU) of ``num_microbatches``."""
+    """(step end, per-stage intervals and blocks, model and hardware FLOPs per GPU) of ``num_microbatches``;
+    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
@@ -146,6 +162,8 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int
         t0 = prev[s] if prev[s] > f[0] else f[0]
         if recv > t0:
             t0 = recv
+        if starts is not None:
+            starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
         simple = st.simple[code]
         if simple is not None and f[1] <= t0 and f[2] <= t0:
             end = t0 + simple.duration_s
@@ -157,6 +175,12 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int
             if fr[2] >= 0:
                 f[2] = t0 + fr[2]
             blocks[s].append((t0, end, simple.parts))
+            for ready, duration, category, work in simple.behind:
+                t = t0 + ready
+                if f[_DP] > t:
+                    t = f[_DP]
+                f[_DP] = t + duration
+                intervals[s].append((t, f[_DP], category, work))
             model += simple.model_flops
             hardware += simple.hardware_flops
         else:
@@ -224,20 +248,46 @@ def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -
             **{f"{k}_s": v for k, v in mean.items()}}
 
 
+def _starts(cfg: StepConfig, stages: list[_Stage]):
+    def timeline(m: int) -> tuple[dict[tuple, list[float]], float]:
+        starts: dict[tuple, list[float]] = {}
+        step = _timeline(cfg, stages, m, starts)[0]
+        return starts, step
+
+    return timeline
+
+
+def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool = False
+                      ) -> tuple[int, int, int, int] | None:
+    """(cycle, M1, M2, M3) to sample instead of every micro-batch (simdist.plan.fastforward.plan), the cycle read
+    off the closed form's timeline; None: time every micro-batch."""
+    return _plan(cfg, _stages(cfg, pricer), for_engine)
+
+
+def _plan(cfg: StepConfig, stages: list[_Stage], for_engine: bool) -> tuple[int, int, int, int] | None:
+    if cfg.dp_batch_split is not None:
+        return None
+    return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), _starts(cfg, stages), vpp=cfg.vpp,
+                   count_detection=not for_engine)
+
+
+def _num_microbatches(cfg: StepConfig) -> int:
+    return max(cfg.microbatches(d) for d in (range(cfg.mesh.dp) if cfg.dp_batch_split is not None else (0,)))
+
+
 def analytic_observables(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = True
-                         ) -> tuple[dict[str, float], str]:
+                         ) -> tuple[dict[str, float], FastForward | None]:
     """The step's additive quantities (as simdist.report.step_metrics.observables measures them on a trace) and
-    how its micro-batches were timed ("all", or "fast-forward from M1, M2, M3")."""
+    how its micro-batches were fast-forwarded (None: every one was timed)."""
     stages = _stages(cfg, pricer)
-    M = max(cfg.microbatches(d) for d in (range(cfg.mesh.dp) if cfg.dp_batch_split is not None else (0,)))
-    counts = sample_counts(cfg.schedule, cfg.mesh.pp, M) if fast_forward and cfg.dp_batch_split is None else None
-    while counts is not None:
-        samples = [(m, _observables(cfg, stages, m)) for m in counts]
-        obs = extrapolate(samples, M)
+    M = _num_microbatches(cfg)
+    found = _plan(cfg, stages, False) if fast_forward else None
+    if found is not None:
+        cycle, *counts = found
+        obs = extrapolate([(m, _observables(cfg, stages, m)) for m in counts], M)
         if obs is not None:
-            return obs, f"fast-forward from {counts[0]}, {counts[1]}, {counts[2]} micro-batches"
-        counts = next_counts(cfg.schedule, cfg.mesh.pp, M, counts)
-    return _observables(cfg, stages, M), "all"
+            return obs, FastForward(cycle, tuple(counts), M)  # type: ignore[arg-type]
+    return _observables(cfg, stages, M), None
 
 
 @dataclass(frozen=True, slots=True)

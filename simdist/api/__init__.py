@@ -36,6 +36,7 @@ __all__ = [
     "bubble_sweep",
     "bundled_scenarios",
     "calibrate",
+    "cluster_of",
     "collective",
     "collective_chart",
     "collective_curves",
@@ -51,6 +52,7 @@ __all__ = [
     "measurement_file",
     "microbatch_range",
     "pipeline_timeline",
+    "predict",
     "rank_values_chart",
     "read_measurement_files",
     "read_step_measurements",
@@ -148,6 +150,14 @@ def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Sce
         where = doc.where(tuple(field.split(".")))
         raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
     _check_layout(spec, topology, doc)
+    from simdist.plan.layout import check_layout
+    from simdist.plan.model_presets import resolve_model
+
+    try:
+        check_layout(spec, resolve_model(spec.model, base_dir=Path(path).parent))
+    except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file
+        where = doc.where(tuple((err.field or "parallel").split(".")))
+        raise type(err)(err.problem, field=err.field, source=where, fix=err.fix) from None
     return Scenario(spec=spec, topology=topology, source=str(path))
 
 
@@ -175,25 +185,62 @@ class RunOutput:
     """Ops in the simulated op graph (its size drives the simulation's cost)."""
 
 
+def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: str = "engine",
+            simulate: str = "auto", base_dir: str | Path | None = None, source: str = "",
+            calibration: Any = None, timeline: bool = False) -> Any:
+    """One step of a validated scenario (`simdist.spec.ScenarioSpec`): the one path from a scenario to a number.
+
+    ``topology``: its cluster, built from ``spec.cluster`` when not given (a search builds it once for all its
+    candidates, each a ``spec.model_copy(update=...)``). ``fidelity``: ``engine`` or ``closed_form``.
+    ``calibration``: a loaded calibration (`calibrate`) to apply. Returns a `simdist.predict.step.StepPrediction`.
+    """
+    from simdist.api.calibration import _calibration_hooks
+    from simdist.predict.step import predict_step
+
+    if topology is None:
+        topology = cluster_of(spec, base_dir=base_dir)
+    return predict_step(spec, topology, source=source, base_dir=Path(base_dir) if base_dir is not None else None,
+                        simulate=simulate, fidelity=fidelity, timeline=timeline,
+                        **_calibration_hooks(calibration, topology))
+
+
+def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Topology:
+    """The cluster a validated scenario names: its preset or file, with the scenario's overrides."""
+    c = spec.cluster
+    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file")}
+    if c.file is not None:
+        target: str | Path = c.file if Path(c.file).is_absolute() or base_dir is None else Path(base_dir) / c.file
+    elif c.preset is not None:
+        target = c.preset
+    else:
+        raise SpecError("no cluster given", field="cluster",
+                        fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
+    try:
+        return load_topology(target, overrides=Document(data=overrides, source="scenario", lines={}))
+    except SimdistError as err:
+        raise err.located(field_prefix="cluster") from None
+
+
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
-        strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto") -> RunOutput:
+        strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto",
+        fidelity: str = "engine") -> RunOutput:
     """Predict one training step of a scenario file (``simdist run``).
 
     Writes ``report.json``, ``trace.json`` (Chrome/Perfetto) and ``report.html`` into ``out_dir`` when
     given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a layout that
     does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
     ``calibration``: a calibration file (`calibrate`), else the scenario's ``calibration:`` field, if any.
-    ``simulate``: auto | representatives | full (simdist.predict.step.predict_step).
+    ``simulate``: auto | representatives | full (simdist.predict.step.predict_step); ``fidelity``: engine or
+    closed_form (the same JSON).
     """
-    from simdist.api.calibration import _calibration_hooks, _scenario_calibration
-    from simdist.predict.step import link_counters, predict_step
+    from simdist.api.calibration import _scenario_calibration
+    from simdist.predict.step import link_counters
     from simdist.report.step_table import render_text
 
     cal, cal_assignments = _scenario_calibration(path, assignments, calibration)
     scenario = load_scenario(path, [*cal_assignments, *(assignments or [])])
-    prediction = predict_step(scenario.spec, scenario.topology, source=str(path), base_dir=Path(path).parent,
-                              simulate=simulate,
-                              **_calibration_hooks(cal, scenario.topology))
+    prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
+                         base_dir=Path(path).parent, source=str(path), calibration=cal, timeline=out_dir is not None)
     result = prediction.result
     if strict and not result["fits_in_memory"]:
         worst = max(result["memory"], key=lambda m: m["total_bytes"])
@@ -226,7 +273,8 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(out / name)
             files[name] = out / name
-    return RunOutput(result=result, files=files, text=render_text(result), num_ops=len(prediction.plan.graph.ops))
+    num_ops = len(prediction.plan.graph.ops) if prediction.plan is not None else 0
+    return RunOutput(result=result, files=files, text=render_text(result), num_ops=num_ops)
 
 
 def assumptions() -> list[dict[str, Any]]:

@@ -130,11 +130,15 @@ def run_cmd(
     calibration: CalibrationOption = None,
     simulate: Annotated[str, typer.Option(
         "--simulate", help="auto | representatives (one rank per stage, the others' traffic folded onto shared "
-                           "links) | full (every rank)")] = "auto",
+                           "links; a long steady state fast-forwarded) | full (every rank, every micro-batch)"
+    )] = "auto",
+    fidelity: Annotated[str, typer.Option(
+        "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
+                           "what search ranks by)")] = "engine",
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
     output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,
-                     simulate=simulate)
+                     simulate=simulate, fidelity=fidelity)
     if as_json:
         _print_json(output.result)
         return

@@ -1,55 +1,159 @@
 """Fast-forwarding a pipeline's repeating steady state: cost that grows with distinct work, not with repetition.
 
 A training step's micro-batches cost the same, so once a schedule's warm-up is over its timeline repeats: every
-``period`` micro-batches (1 for GPipe, 1F1B and ZB-H1; the stage count K for interleaved 1F1B, which runs
-micro-batches in groups of K) every op of the steady state happens again, shifted by the same time, and the
-cool-down that follows is the same whatever came before. A step of M micro-batches then equals a step of M1
-micro-batches with (M - M1) / period periods inserted, and every additive quantity of it (step time, pipeline
-phase, seconds per breakdown category, FLOPs, bytes, collective counts) is affine in M:
-x(M) = x(M1) + (M - M1) / period * (x(M1 + period) - x(M1)).
+``c`` micro-batches every step of the steady state happens again, shifted by the same time, and the cool-down
+that follows is the same whatever came before. (A pipeline is a max-plus linear system; ``c`` is the cyclicity of
+its critical circuits, Baccelli et al. 1992, "Synchronization and Linearity", sec 3.7: 1 for uniform stages, but
+e.g. K - 1 for 1F1B on K stages whose end stages are a layer lighter, and a multiple of K for interleaved 1F1B,
+which runs micro-batches in groups of K.) A step of M micro-batches then equals a step of M1 micro-batches with
+(M - M1) / c periods inserted (M1 = M mod c), so every additive quantity of it (step time, pipeline phase,
+seconds per breakdown category, FLOPs) is affine in M along that residue:
+x(M) = x(M1) + (M - M1) / c * (x(M1 + c) - x(M1)).
 
-`sample_counts` picks M1, M1 + period, M1 + 2 period (or None: simulate every micro-batch, when that is not much
-dearer); a caller simulates those, and `extrapolate` checks that the three are collinear in every quantity
-(within 1e-9 of the step time: the steady state was reached, with or without contention) before extending them
-to M. When they are not, the caller doubles M1 (`next_counts`) or simulates every micro-batch.
+`plan` reads ``c`` off a timeline (the start of every step, per stage, kind and chunk, against its micro-batch:
+`find_cycle`) and picks M1, M1 + c, M1 + 2c past the transient (`sample_counts`); `extrapolate` checks that the
+three samples are collinear in every quantity (within 1e-9 of the step time) before extending them to M. When no
+cycle is found, when the samples are not collinear, or when M is too small to gain, every micro-batch is
+simulated.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["extrapolate", "next_counts", "period_of", "sample_counts"]
+__all__ = ["FastForward", "detection_microbatches", "extrapolate", "find_cycle", "group_of", "plan", "sample_counts",
+           "warmup_of"]
 
 REL_TOLERANCE = 1e-9
-"""Collinearity tolerance, relative to the largest step time sampled."""
+"""Collinearity and periodicity tolerance, relative to the largest step time sampled."""
+SAVING = 1.25
+"""Fast-forward only when simulating every micro-batch would cost at least this many times the samples."""
 
 
-def period_of(schedule: str, num_stages: int) -> int:
-    """Micro-batches after which a schedule's steady state repeats (interleaved: groups of K, Megatron-LM)."""
+@dataclass(frozen=True, slots=True)
+class FastForward:
+    """How a step's micro-batches were simulated: ``counts`` sampled, ``cycle`` apart, extended to ``total``."""
+
+    cycle: int
+    counts: tuple[int, int, int]
+    total: int
+
+    def describe(self, verb: str = "simulated") -> str:
+        return (f"fast-forward: the steady state repeats every {self.cycle} micro-batch(es); {verb} "
+                f"{self.counts[0]}, {self.counts[1]}, {self.counts[2]} and extended to {self.total}")
+
+
+def group_of(schedule: str, num_stages: int) -> int:
+    """Micro-batch counts a schedule accepts are multiples of this (interleaved: groups of K, Megatron-LM)."""
     return num_stages if schedule == "interleaved_1f1b" else 1
 
 
-def sample_counts(schedule: str, num_stages: int, num_microbatches: int, *, first: int | None = None,
-                  saving: float = 1.25) -> tuple[int, int, int] | None:
-    """(M1, M1 + p, M1 + 2p) to simulate instead of M, or None when simulating M costs less than ``saving`` x the
-    samples. M1 defaults to just past every stage's warm-up: K + 2 for GPipe, 1F1B and ZB-H1 (stage s warms up
-    with K - s - 1 forwards), 2K interleaved (2(K - s - 1) + (V - 1)K chunk-forwards, under 2K micro-batches)."""
-    p = period_of(schedule, num_stages)
-    m1 = first if first is not None else (2 * num_stages if p > 1 else num_stages + 2)
-    m1 = p * math.ceil(m1 / p)
-    counts = (m1, m1 + p, m1 + 2 * p)
-    if num_microbatches < counts[-1] or saving * sum(counts) > num_microbatches:
+def warmup_of(schedule: str, num_stages: int, vpp: int = 1) -> int:
+    """Micro-batches past every stage's warm-up: K + 2 (stage s warms up with K - s - 1 forwards in 1F1B and
+    ZB-H1; GPipe fills in K); interleaved, stage 0's 2(K - 1) + (V - 1)K chunk-forwards of V chunks each, + 2."""
+    if schedule == "interleaved_1f1b":
+        return math.ceil((2 * (num_stages - 1) + (vpp - 1) * num_stages) / vpp) + 2
+    return num_stages + 2
+
+
+def _max_cycle(schedule: str, num_stages: int) -> int:
+    return 2 * num_stages if schedule == "interleaved_1f1b" else num_stages
+
+
+def _cooldown_margin(schedule: str, num_stages: int, vpp: int) -> int:
+    """Micro-batches at a timeline's end that the cool-down may shift: the backwards after the last forward, K - 1
+    in 1F1B; interleaved, the last 2(K - 1) + (V - 1)K chunk-backwards, among which chunk 0's lag its forward
+    position by another (V - 1)K chunk-steps."""
+    if schedule == "interleaved_1f1b":
+        return math.ceil((2 * (num_stages - 1) + 2 * (vpp - 1) * num_stages) / vpp) + 2
+    return num_stages + 2
+
+
+def detection_microbatches(schedule: str, num_stages: int, vpp: int = 1) -> int:
+    """Micro-batches of the first timeline `find_cycle` reads: warm-up, two of the longest cycles looked for, and a
+    cool-down margin that is not read."""
+    g = group_of(schedule, num_stages)
+    m = (warmup_of(schedule, num_stages, vpp) + 2 * _max_cycle(schedule, num_stages)
+         + _cooldown_margin(schedule, num_stages, vpp))
+    return g * math.ceil(m / g)
+
+
+def find_cycle(schedule: str, num_stages: int, starts: Mapping[tuple, Sequence[float]], step_s: float,
+               total: int, vpp: int = 1) -> tuple[int, int] | None:
+    """(c, a): the smallest c (a multiple of `group_of`, at most K, 2K interleaved) such that each sequence of
+    ``starts`` (a step's start time against its micro-batch, one per stage, kind and chunk, from a timeline of
+    ``total`` micro-batches) advances by a constant time every c micro-batches over a window before the cool-down
+    margin (two of the longest cycles looked for, whatever c), and from micro-batch a on; None if there is none.
+    A max-plus system's transient can be long where two circuits have nearly the same mean (ZB-H1 on uneven
+    stages: tens of micro-batches), so the caller looks again on a longer timeline; `extrapolate` then checks the
+    samples are collinear."""
+    g = group_of(schedule, num_stages)
+    end = total - _cooldown_margin(schedule, num_stages, vpp)
+    tol = REL_TOLERANCE * max(step_s, 1e-300)
+    longest = _max_cycle(schedule, num_stages)
+    a = end - 2 * longest  # every candidate is checked over the same window: two of the longest cycles
+    if a < 0:
         return None
-    if (num_microbatches - m1) % p:
+    for c in range(g, longest + 1, g):
+        ok = True
+        shifts = []
+        for seq in starts.values():
+            if len(seq) < end:
+                return None
+            shift = seq[a + c] - seq[a]  # each its own: GPipe's stages run their forwards at their own pace
+            if any(abs(seq[m + c] - seq[m] - shift) > tol for m in range(a + 1, end - c)):
+                ok = False
+                break
+            shifts.append(shift)
+        if ok:
+            # back to where the cycle began: the earliest micro-batch from which every sequence keeps its shift
+            seqs = list(starts.values())
+            start = a
+            while start > 0 and all(abs(seq[start - 1 + c] - seq[start - 1] - d) <= tol
+                                    for seq, d in zip(seqs, shifts, strict=True)):
+                start -= 1
+            return c, start
+    return None
+
+
+def plan(schedule: str, num_stages: int, num_microbatches: int,
+         timeline: Callable[[int], tuple[Mapping[tuple, Sequence[float]], float]], *, vpp: int = 1,
+         count_detection: bool = True) -> tuple[int, int, int, int] | None:
+    """(cycle, M1, M1 + c, M1 + 2c) to sample, or None (simulate every micro-batch). ``timeline(m)`` times m
+    micro-batches and returns each step's start (see `find_cycle`) and the step time; it is called on longer and
+    longer schedules while that stays cheaper than M. ``count_detection``: those timelines cost as much as the
+    samples (the closed form detecting its own cycle), else nothing (the closed form detecting the engine's)."""
+    g = group_of(schedule, num_stages)
+    total = detection_microbatches(schedule, num_stages, vpp)
+    spent = 0
+    while SAVING * ((spent + total) if count_detection else total) < num_microbatches:
+        starts, step_s = timeline(total)
+        spent += total
+        found = find_cycle(schedule, num_stages, starts, step_s, total, vpp)
+        if found is not None:
+            cycle, start = found
+            # the timelines read so far are spent: the samples only have to cost less than the rest
+            counts = sample_counts(schedule, num_stages, num_microbatches, cycle, start=start, vpp=vpp)
+            return None if counts is None else (cycle, *counts)
+        total = g * math.ceil(2 * total / g)
+    return None
+
+
+def sample_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: int, *, start: int = 0,
+                  overhead: int = 0, vpp: int = 1) -> tuple[int, int, int] | None:
+    """(M1, M1 + c, M1 + 2c) whose steady states reach past micro-batch ``start`` (where the cycle was seen) by a
+    cycle, with M1 = M (mod c), or None when simulating all M micro-batches costs less than SAVING x the samples
+    (plus ``overhead`` micro-batches already spent)."""
+    m1 = max(warmup_of(schedule, num_stages, vpp), start) + _cooldown_margin(schedule, num_stages, vpp) + cycle
+    g = group_of(schedule, num_stages)
+    m1 = g * math.ceil(m1 / g)
+    m1 += (num_microbatches - m1) % cycle
+    counts = (m1, m1 + cycle, m1 + 2 * cycle)
+    if num_microbatches < counts[-1] or SAVING * (sum(counts) + overhead) > num_microbatches:
         return None
     return counts
-
-
-def next_counts(schedule: str, num_stages: int, num_microbatches: int, counts: tuple[int, int, int]
-                ) -> tuple[int, int, int] | None:
-    """The next try after ``counts`` failed to be collinear: M1 doubled (None once that stops paying off)."""
-    return sample_counts(schedule, num_stages, num_microbatches, first=2 * counts[0])
 
 
 def extrapolate(samples: list[tuple[int, Mapping[str, float]]], num_microbatches: int,
@@ -58,8 +162,8 @@ def extrapolate(samples: list[tuple[int, Mapping[str, float]]], num_microbatches
     collinear (within REL_TOLERANCE of the largest ``scale_key``) in some quantity."""
     (m1, a), (m2, b), (m3, c) = samples
     step = m2 - m1
-    if step <= 0 or m3 - m2 != step:
-        raise ValueError("extrapolate: samples must be equally spaced and increasing")
+    if step <= 0 or m3 - m2 != step or (num_microbatches - m1) % step:
+        raise ValueError("extrapolate: samples must be equally spaced, increasing, and on M's residue")
     scale = max(abs(a.get(scale_key, 0.0)), abs(b.get(scale_key, 0.0)), abs(c.get(scale_key, 0.0)), 1e-300)
     out: dict[str, float] = {}
     k = (num_microbatches - m1) / step

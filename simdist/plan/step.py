@@ -152,22 +152,37 @@ def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
     return costs
 
 
-def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:
-    """Memory per GPU of each pipeline stage at its activation peak (simdist.plan.memory.stage_memory)."""
+def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
     mesh, K = cfg.mesh, cfg.mesh.pp
     replicas = range(mesh.dp) if cfg.dp_batch_split is not None else (0,)
     most = max(cfg.microbatches(d) for d in replicas)
-    return [
-        stage_memory(
-            cfg.model, layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
-            tp=mesh.tp, pp=K, dp=mesh.dp, cp=mesh.cp, vpp=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
-            zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
-            precision=cfg.precision,
-            in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most,
-                                                          vpp=cfg.vpp, stage=s),
-            capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
-        for s in range(K)
-    ]
+    return stage_memory(
+        cfg.model, layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
+        tp=mesh.tp, pp=K, dp=mesh.dp, cp=mesh.cp, vpp=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
+        zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
+        precision=cfg.precision,
+        in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most, vpp=cfg.vpp,
+                                                      stage=s),
+        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
+
+
+def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:
+    """Memory per GPU of each pipeline stage at its activation peak (simdist.plan.memory.stage_memory)."""
+    return [_stage_memory(cfg, s) for s in range(cfg.mesh.pp)]
+
+
+def peak_memory_bytes(cfg: StepConfig) -> float:
+    """The largest `step_memory` total over the stages, computing only the stages that can hold it: the first and
+    the last, and for each other layer count the earliest stage with it (a schedule's in-flight micro-batches
+    never grow with the stage index, simdist.plan.memory.in_flight_microbatches)."""
+    K = cfg.mesh.pp
+    wanted = {0, K - 1}
+    seen: set[int] = set()
+    for s in range(1, K - 1):
+        if cfg.layers_per_stage[s] not in seen:
+            seen.add(cfg.layers_per_stage[s])
+            wanted.add(s)
+    return max(_stage_memory(cfg, s).total_bytes for s in sorted(wanted))
 
 
 def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | None = None) -> StepPlan:
@@ -182,7 +197,6 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
     """
     mesh = cfg.mesh
     K = mesh.pp
-    cfg.check()
     if num_microbatches is not None and cfg.dp_batch_split is not None:
         raise ValueError("build_step: num_microbatches with unequal local batches")
     dp_indices = tuple(range(mesh.dp)) if (full or cfg.dp_batch_split is not None) else (0,)
@@ -228,6 +242,48 @@ def _link_instances(graph: OpGraph) -> None:
             next_id += 1
 
 
+
+
+def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
+    """(op, ranks, nbytes, axis) -> runs of that collective in one step by the representative ranks of data-parallel
+    replica ``dp_index`` (tp and cp coordinate 0), counted from the recipes over the whole micro-batch count (the
+    same runs the op graph holds, without building it)."""
+    mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
+    M = cfg.microbatches(dp_index)
+    costs = chunk_costs_of(cfg)
+    recipes = recipes_of(cfg, costs)
+    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
+    p2p = send(cfg)
+    runs: dict[tuple, int] = {}
+
+    def add(key: tuple, n: int) -> None:
+        if n:
+            runs[key] = runs.get(key, 0) + n
+
+    def pieces(stage: int, items: tuple[Piece, ...], times: int) -> None:
+        rank = mesh.rank(pp=stage, dp=dp_index)
+        for p in items:
+            c = p.comm
+            if c is not None:
+                group = mesh.group(c.axis, rank)
+                if len(group) >= 2 and c.nbytes > 0:
+                    add((c.op, group, c.nbytes, c.axis), c.count * times)
+
+    for s in range(K):
+        rank = mesh.rank(pp=s, dp=dp_index)
+        for c in range(V):
+            for kind in kinds:
+                pieces(s, recipes[(s, c, kind, False)].pieces, M - 1)
+                pieces(s, recipes[(s, c, kind, True)].pieces, 1)
+            for step in (1, -1):  # F sends down, B back
+                part = c * K + s + step
+                if 0 <= part < K * V and part % K != s:
+                    add((p2p.op, (rank, mesh.rank(pp=part % K, dp=dp_index)), p2p.nbytes, p2p.axis), M * p2p.count)
+        pieces(s, tail(cfg, [costs[(s, c)] for c in range(V)]).pieces, 1)
+    return runs
+
+
 # Re-exported: what callers (simdist.predict, simdist.analytic.step, the tests) import from here.
 __all__ = ["ChunkCost", "Kernel", "StepConfig", "StepPlan", "build_step", "chunk_cost", "chunk_costs_of",
-           "chunk_layers", "grad_bytes_per_element", "recipes_of", "split_layers", "step_memory"]
+           "chunk_layers", "collective_runs", "grad_bytes_per_element", "peak_memory_bytes", "recipes_of",
+           "split_layers", "step_memory"]

@@ -56,17 +56,6 @@ class StepConfig:
         """Host time of one eager framework op (simdist.hardware.compute.ComputeEfficiency.host_op_s)."""
         return (self.compute_efficiency or compute_efficiency(self.gpu)).host_op_s
 
-    def check(self) -> None:
-        """Settings that cannot go together (one clear error naming the field)."""
-        if self.zero3_fetch == "per_parameter" and self.zero_stage != 3:
-            raise LayoutError(f"training.zero3_fetch: per_parameter describes ZeRO-3's parameter traffic, but "
-                              f"zero_stage is {self.zero_stage}", field="training.zero3_fetch",
-                              fix="set parallel.zero_stage: 3, or drop zero3_fetch")
-        if self.dp_batch_split is not None and self.zero_stage >= 2 and len(set(self.dp_batch_split)) > 1:
-            raise LayoutError(
-                "unequal local batches with ZeRO-2/3: ranks would issue different numbers of per-micro-batch "
-                "collectives", field="training.dp_batch_split", fix="use zero_stage 0 or 1, or equal local batches")
-
     def microbatches(self, dp_index: int) -> int:
         if self.dp_batch_split is None:
             return self.global_batch_size // (self.micro_batch_size * self.mesh.dp)

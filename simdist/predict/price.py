@@ -387,6 +387,17 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     return cache
 
 
+def price_runs(runs: dict[tuple, int], topology: Topology, *, adjust: Adjust | None = None
+               ) -> dict[tuple, PricedComm]:
+    """Each (op, ranks, nbytes, axis) of ``runs`` (simdist.plan.step.collective_runs) priced alone with the bytes
+    it puts on its own group's links."""
+    out: dict[tuple, PricedComm] = {}
+    for key in runs:
+        op, ranks, nbytes, axis = key
+        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis), adjust=adjust)
+    return out
+
+
 def class_symmetric(priced: dict[tuple, PricedComm]) -> bool:
     """True when every priced collective's translates meet the same bottleneck (the reduction is exact)."""
     return all(p.symmetric for p in priced.values())

@@ -1,4 +1,12 @@
-"""Predict one training step of a scenario: plan it, price its communication, simulate it, measure it."""
+"""Predict one training step of a scenario: plan it, price its communication, simulate it, measure it.
+
+One path from a scenario to a number: `predict_step` takes a validated `ScenarioSpec` and its cluster, builds the
+step's configuration with simdist.plan.layout.step_config_of (its one validity check), and answers with either
+fidelity in one JSON: the engine (collectives share links; a long steady state fast-forwarded) or the closed form
+(simdist.analytic.step, the same step without contention). The engine's JSON says how much contention added
+(``contention_s``: the step minus the same op graph with every collective alone) and how it was simulated
+(``simulation``).
+"""
 
 from __future__ import annotations
 
@@ -12,78 +20,37 @@ from typing import Any
 
 import numpy as np
 
+from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.jobs import unique_inverse
+from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
 from simdist.hardware import batch
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
-from simdist.plan.mesh import Mesh, parse_order
-from simdist.plan.model import Model
+from simdist.plan.fastforward import FastForward, extrapolate
+from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.step import StepConfig, StepPlan, build_step, split_layers
-from simdist.predict.price import Adjust, PricedComm, capacity_of, class_symmetric, price_graph
-from simdist.report.step_metrics import step_metrics
+from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
+from simdist.predict.price import Adjust, PricedComm, capacity_of, class_symmetric, price_graph, price_runs
+from simdist.report.step_metrics import metrics as step_metrics_from
+from simdist.report.step_metrics import observables
 from simdist.spec.scenario import ScenarioSpec
 
 
 @dataclass(slots=True)
 class StepPrediction:
     result: dict[str, Any]
-    plan: StepPlan
-    trace: GraphTrace
+    plan: StepPlan | None
+    """The simulated op graph (None for the closed form)."""
+    trace: GraphTrace | None
     priced: dict[tuple, PricedComm]
     topology: Topology
 
 
-def check_layout(model: Model, spec: ScenarioSpec, topology: Topology) -> None:
-    """Layout rules Megatron-LM enforces (megatron/training/arguments.py), one clear error each."""
-    p = spec.parallel
-    if model.kind == "decoder":
-        if model.num_attention_heads % p.tp:
-            raise LayoutError(
-                f"{model.num_attention_heads} attention heads do not split over tp = {p.tp}",
-                field="parallel.tp", fix=f"choose tp dividing {model.num_attention_heads}")
-        if model.num_query_groups % p.tp and p.tp % model.num_query_groups:
-            raise LayoutError(
-                f"{model.num_query_groups} key/value heads do not split over tp = {p.tp}",
-                field="parallel.tp", fix=f"choose tp dividing {model.num_query_groups}")
-        if model.seq_length % (2 * p.cp if p.cp > 1 else 1):
-            raise LayoutError(
-                f"sequence length {model.seq_length} does not split into 2 x cp = {2 * p.cp} chunks",
-                field="parallel.cp", fix="choose cp with seq_length divisible by 2 x cp (Megatron's load balancing)")
-    elif p.tp > 1 and model.hidden_size % p.tp:
-        raise LayoutError(f"width {model.hidden_size} does not split over tp = {p.tp}", field="parallel.tp",
-                          fix=f"choose tp dividing {model.hidden_size}")
-    if p.cp > 1 and model.kind == "mlp":
-        raise LayoutError("context parallelism needs a sequence; the mlp model has none", field="parallel.cp",
-                          fix="set parallel.cp: 1")
-
-
-def step_config(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
-    p, t = spec.parallel, spec.training
-    mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
-    how: Any = tuple(p.layers_per_stage) if p.layers_per_stage is not None else p.pipeline_split
-    layers = split_layers(model.num_layers, p.pp, how, p.vpp)
-    return StepConfig(
-        model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
-        global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
-        precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
-        tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
-        zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
-        dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
-        capacity_bytes=topology.gpu.hbm_capacity,
-    )
-
-
-def _links(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, step_s: float,
-           ranks: set[int], top: int = 12) -> list[dict[str, Any]]:
-    runs: dict[tuple, int] = {}
-    for op in plan.graph.ops:
-        c = op.comm
-        if c is not None and op.rank in ranks:
-            key = (c.op, c.ranks, c.nbytes, c.axis)
-            runs[key] = runs.get(key, 0) + c.count
+def _links(runs: dict[tuple, int], priced: dict[tuple, PricedComm], topology: Topology, step_s: float,
+           top: int = 12) -> list[dict[str, Any]]:
+    """The busiest links: bytes the step's collectives (``runs``: simdist.plan.step.collective_runs) put on each."""
     if not runs:
         return []
     # bytes per link, summed collective by collective in order (numpy: the same sums in the same order)
@@ -91,6 +58,8 @@ def _links(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, 
                                       count=len(priced[key].link_bytes)) for key in runs])
     each = np.concatenate([np.fromiter(priced[key].link_bytes.values(), dtype=float,
                                        count=len(priced[key].link_bytes)) * count for key, count in runs.items()])
+    if not len(ids):
+        return []
     links, inverse = unique_inverse(ids)
     load = np.bincount(inverse, weights=each, minlength=len(links))
     first = np.full(len(links), len(ids), dtype=np.int64)
@@ -136,24 +105,24 @@ def link_counters(prediction: StepPrediction, *, top: int = 8) -> list[dict[str,
     return out
 
 
-def _collectives(plan: StepPlan, priced: dict[tuple, PricedComm], ranks: set[int]) -> list[dict[str, Any]]:
-    """The collectives of the simulated ranks, one row per (axis, op, size, group size, algorithm)."""
+def _collectives(runs: dict[tuple, int], priced: dict[tuple, PricedComm]) -> list[dict[str, Any]]:
+    """The step's collectives, one row per (axis, op, size, group size, algorithm)."""
     rows: dict[tuple, dict[str, Any]] = {}
-    for op in plan.graph.ops:
-        c = op.comm
-        if c is None or op.rank not in ranks:
-            continue
-        pc = priced[(c.op, c.ranks, c.nbytes, c.axis)]
-        key = (pc.axis, pc.op, pc.nbytes, pc.num_ranks, pc.algorithm, pc.protocol, round(pc.time_s, 15))
-        row = rows.setdefault(key, {"axis": pc.axis, "op": pc.op, "nbytes": pc.nbytes, "num_ranks": pc.num_ranks,
-                                    "algorithm": pc.algorithm, "protocol": pc.protocol, "time_s": pc.time_s,
-                                    "count": 0})
-        row["count"] += c.count
+    for key, count in runs.items():
+        pc = priced[key]
+        row_key = (pc.axis, pc.op, pc.nbytes, pc.num_ranks, pc.algorithm, pc.protocol, round(pc.time_s, 15))
+        row = rows.setdefault(row_key, {"axis": pc.axis, "op": pc.op, "nbytes": pc.nbytes, "num_ranks": pc.num_ranks,
+                                        "algorithm": pc.algorithm, "protocol": pc.protocol, "time_s": pc.time_s,
+                                        "count": 0})
+        row["count"] += count
     order = {"tp": 0, "cp": 1, "pp": 2, "dp": 3}
     return sorted(rows.values(), key=lambda r: (order.get(r["axis"], 9), r["op"], -r["nbytes"], r["time_s"]))
 
 
 SIMULATE = ("auto", "representatives", "full")
+FIDELITIES = ("engine", "closed_form")
+FAST_FORWARD_MIN_OPS = 20_000
+"""A step whose whole op graph would hold fewer ops than this is simulated whole (a fraction of a second)."""
 FULL_AUTO_MAX_OPS = 100_000
 """`simulate="auto"` falls back to every rank where the reduction would not be exact, if the full graph would
 hold at most this many ops (about a second or two of simulation)."""
@@ -178,76 +147,165 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _simulate(cfg, topology: Topology, adjust: Adjust | None, full: bool):
+def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
+    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all)."""
     with _collector_paused():
-        plan = build_step(cfg, full=full)
+        plan = build_step(cfg, full=full, num_microbatches=num_microbatches)
         priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust)
         trace = run_graph(plan.graph, capacity_of=capacity_of(topology),
                           capacities=lambda links: batch.link_capacities(topology, links))
-    return plan, priced, trace
+        alone = uncontended(plan.graph)
+    return plan, priced, trace, alone
+
+
+@dataclass(slots=True)
+class _Engine:
+    plan: StepPlan
+    priced: dict[tuple, PricedComm]
+    trace: GraphTrace
+    observables: dict[str, float]
+    uncontended_step_s: float
+    micro_batches: str
+    """"all", or how the steady state was fast-forwarded."""
+    simulated_microbatches: int
+
+
+def _first_replica(plan: StepPlan) -> list[int]:
+    d0 = min(d for _, d in plan.stage_ranks)
+    return sorted(r for (_, d), r in plan.stage_ranks.items() if d == d0)
+
+
+def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool) -> _Engine:
+    """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
+    the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run."""
+    M = cfg.microbatches(0)
+    found = fast_forward_plan(cfg, CommPricer(topology, adjust), for_engine=True) if fast_forward else None
+    if found is not None:
+        counts = found[1:]
+        first = _engine_run(cfg, topology, adjust, full, counts[0])
+        if len(first[0].graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
+            runs = [first, *(_engine_run(cfg, topology, adjust, full, m) for m in counts[1:])]
+            samples = []
+            for m, (plan, _, trace, alone) in zip(counts, runs, strict=True):
+                obs = observables(plan.graph, trace, _first_replica(plan))
+                obs["uncontended_s"] = alone.makespan_s
+                samples.append((m, obs))
+            ext = extrapolate(samples, M)
+            if ext is not None:
+                plan, priced, trace, _ = runs[-1]
+                how = FastForward(counts[1] - counts[0], counts, M).describe()
+                return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1])
+    plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None)
+    return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
+                   "all", M)
 
 
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
                  compute_efficiency: ComputeEfficiency | None = None, adjust: Adjust | None = None,
-                 simulate: str = "auto") -> StepPrediction:
+                 simulate: str = "auto", fidelity: str = "engine", timeline: bool = False) -> StepPrediction:
     """Predict one step; ``compute_efficiency`` and ``adjust`` apply a calibration (simdist calibrate).
 
-    ``simulate``: ``representatives`` simulates one rank per pipeline stage (and per data-parallel replica
-    where replicas differ), the others' traffic folded onto the shared links (simdist.predict.price);
-    ``full`` every rank; ``auto`` representatives, switching to full (up to FULL_AUTO_MAX_OPS ops) where
-    a collective's equivalent groups would not see the same bottleneck.
+    ``fidelity``: ``engine`` (the SimPy engine: collectives share links) or ``closed_form`` (simdist.analytic.step:
+    the same step without contention), reported in the same JSON. ``simulate`` (engine): ``representatives``
+    simulates one rank per pipeline stage (and per data-parallel replica where replicas differ), the others' traffic
+    folded onto the shared links (simdist.predict.price), and fast-forwards a long steady state; ``full`` every rank
+    and every micro-batch; ``auto`` representatives, switching to every rank (up to FULL_AUTO_MAX_OPS ops) where a
+    collective's equivalent groups would not see the same bottleneck. ``timeline`` (closed form): also build the
+    op graph and its uncontended timeline (simdist.engine.uncontended: equal to the closed form's, tests) for the
+    trace and HTML report.
     """
     if simulate not in SIMULATE:
         raise LayoutError(f"unknown simulate mode '{simulate}'", field="--simulate",
                           fix=f"use one of: {', '.join(SIMULATE)}")
+    if fidelity not in FIDELITIES:
+        raise LayoutError(f"unknown fidelity '{fidelity}'", field="--fidelity",
+                          fix=f"use one of: {', '.join(FIDELITIES)}")
     model = resolve_model(spec.model, base_dir=base_dir)
-    check_layout(model, spec, topology)
-    cfg = step_config(spec, topology, model)
+    cfg = step_config_of(spec, topology, model)
     if compute_efficiency is not None:
         cfg = dataclasses.replace(cfg, compute_efficiency=compute_efficiency)
-    plan, priced, trace = _simulate(cfg, topology, adjust, full=simulate == "full")
-    exact = class_symmetric(priced)
-    full_ops = len(plan.graph.ops) * topology.num_gpus / max(1, len(plan.graph.ranks()))
-    if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
-        plan, priced, trace = _simulate(cfg, topology, adjust, full=True)
-        exact = True
-    mode = "full" if plan.reduced_axes == () and topology.num_gpus > len(plan.representative_ranks) else "reduced"
-    first_replica = sorted(r for (s, d), r in plan.stage_ranks.items() if d == min(d for _, d in plan.stage_ranks))
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
-    metrics = step_metrics(plan.graph, trace, ranks=first_replica, tokens_per_step=tokens,
-                           peak_flops=topology.gpu.peak_flops(spec.training.precision))
-    memory = [{"stage": s, "rank": plan.stage_ranks[(s, min(d for _, d in plan.stage_ranks))], **m.as_dict()}
-              for s, m in enumerate(plan.memory)]
-    peak = max(m.total_bytes for m in plan.memory)
+    peak = topology.gpu.peak_flops(spec.training.precision)
+    runs = collective_runs(cfg)
+    plan = trace = None
+    engine = None
+    if fidelity == "closed_form":
+        obs, ff = analytic_observables(cfg, CommPricer(topology, adjust))
+        how = ff.describe("timed") if ff is not None else "all"
+        priced = price_runs(runs, topology, adjust=adjust)
+        simulation: dict[str, Any] = {"fidelity": "closed_form", "ranks": "one per stage (by group shape)",
+                                      "micro_batches": how, "exact": True,
+                                      "note": "no contention: every collective alone on its links"}
+        contention = None
+        if timeline:
+            plan = build_step(cfg, num_microbatches=ff.counts[-1] if ff is not None else None)
+            price_graph(plan.graph, topology, with_links=False, adjust=adjust)
+            trace = uncontended(plan.graph)
+    else:
+        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full")
+        exact = class_symmetric(engine.priced)
+        full_ops = len(engine.plan.graph.ops) * topology.num_gpus / max(1, len(engine.plan.graph.ranks()))
+        if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
+            engine = _engine(cfg, topology, adjust, True, True)
+            exact = True
+        plan, trace, obs = engine.plan, engine.trace, engine.observables
+        priced = {**engine.priced, **price_runs({k: v for k, v in runs.items() if k not in engine.priced}, topology,
+                                                adjust=adjust)}
+        contention = obs["step_s"] - engine.uncontended_step_s
+        simulation = _simulation_note(plan, topology, spec, exact, engine)
+    metrics = step_metrics_from(obs, tokens_per_step=tokens, peak_flops=peak)
+    memory_parts = step_memory(cfg)
+    stage_rank = {s: cfg.mesh.rank(pp=s) for s in range(cfg.mesh.pp)}
+    memory = [{"stage": s, "rank": stage_rank[s], **m.as_dict()} for s, m in enumerate(memory_parts)]
     p = spec.parallel
-    reps = plan.representative_ranks
+    result: dict[str, Any] = {
+        "name": spec.name,
+        "scenario": source,
+        **metrics,
+        "contention_s": contention,
+        "memory_per_gpu_bytes": max(m.total_bytes for m in memory_parts),
+        "fits_in_memory": all(m.fits for m in memory_parts),
+        "memory": memory,
+        "links": _links(runs, priced, topology, metrics["step_time_s"]),
+        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp, "num_gpus": topology.num_gpus,
+                   "num_microbatches": cfg.microbatches(0), "schedule": spec.schedule,
+                   "layers_per_stage": list(cfg.layers_per_stage), "order": "-".join(cfg.mesh.order),
+                   **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
+        "simulation": simulation,
+        "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
+                  "num_layers": model.num_layers, "hidden_size": model.hidden_size},
+        "collectives": _collectives(runs, priced),
+    }
+    return StepPrediction(result, plan, trace, engine.priced if engine is not None else priced, topology)
+
+
+def _layout_simulation(plan: StepPlan, topology: Topology, simulation: dict[str, Any]) -> dict[str, Any]:
+    """The layout's simulation fields of earlier releases (kept: reports and tests read them)."""
+    mode = "full" if plan.reduced_axes == () and topology.num_gpus > len(plan.representative_ranks) else "reduced"
+    return {"representative_ranks": plan.representative_ranks, "simulated_ranks": len(plan.graph.ranks()),
+            "simulation": mode, "reduction_exact": simulation["exact"], "note": simulation["note"]}
+
+
+def _simulation_note(plan: StepPlan, topology: Topology, spec: ScenarioSpec, exact: bool, engine: _Engine
+                     ) -> dict[str, Any]:
+    """How the engine simulated the step, and why (the JSON's ``simulation``)."""
+    first = _first_replica(plan)
     simulated = len(plan.graph.ranks())
-    if mode == "full":
-        note = (f"simulated all {simulated} ranks; shown: the {len(first_replica)} rank(s) of data-parallel "
+    full = plan.reduced_axes == () and topology.num_gpus > len(plan.representative_ranks)
+    if full:
+        note = (f"simulated all {simulated} ranks; shown: the {len(first)} rank(s) of data-parallel "
                 "replica 0 with tensor/context-parallel coordinate 0")
     else:
         note = (f"simulated {simulated} representative rank(s) of {topology.num_gpus}: one per pipeline stage"
-                + (" and data-parallel replica" if "dp" not in plan.reduced_axes and p.dp > 1 else "")
+                + (" and data-parallel replica" if "dp" not in plan.reduced_axes and spec.parallel.dp > 1 else "")
                 + (f"; the other ranks along {'/'.join(plan.reduced_axes)} run the same ops at the same times and "
                    "their traffic shares the links with them" if plan.reduced_axes else ""))
         if not exact:
             note += ("; their equivalent groups do not all meet the same bottleneck (e.g. ECMP onto unequal "
                      "spines), so the reduction is approximate (simulate full to check)")
-    result: dict[str, Any] = {
-        "name": spec.name,
-        "scenario": source,
-        **metrics,
-        "memory_per_gpu_bytes": peak,
-        "fits_in_memory": all(m.fits for m in plan.memory),
-        "memory": memory,
-        "links": _links(plan, priced, topology, trace.makespan_s, set(first_replica)),
-        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp, "num_gpus": topology.num_gpus,
-                   "num_microbatches": cfg.microbatches(0), "schedule": spec.schedule,
-                   "layers_per_stage": list(cfg.layers_per_stage), "order": "-".join(cfg.mesh.order),
-                   "representative_ranks": reps, "simulated_ranks": simulated, "simulation": mode,
-                   "reduction_exact": exact, "note": note},
-        "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
-                  "num_layers": model.num_layers, "hidden_size": model.hidden_size},
-        "collectives": _collectives(plan, priced, set(first_replica)),
-    }
-    return StepPrediction(result, plan, trace, priced, topology)
+    if engine.micro_batches != "all":
+        note += f"; micro-batches: {engine.micro_batches} (the timeline shows {engine.simulated_microbatches})"
+    return {"fidelity": "engine", "ranks": "full" if full else "representatives",
+            "micro_batches": engine.micro_batches, "exact": exact, "note": note,
+            "uncontended_step_time_s": engine.uncontended_step_s}

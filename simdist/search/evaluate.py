@@ -1,27 +1,30 @@
 """Evaluate candidates with the closed form (simdist.analytic.step): the function every executor runs.
 
-A worker builds the problem's cluster, model and collective-price cache once (``context``) and keeps them for
-every batch of the same problem, so the prices computed for one layout serve the next. Prices are keyed by
-group shape (simdist.analytic.step.CommPricer), never by evaluation order, so a result does not depend on
-which worker computed it or what it computed before.
+A candidate is the problem's base scenario with its layout set (`candidate_spec`: a ``model_copy`` of one
+validated `ScenarioSpec`), and it goes through the same builder and validity check as `simdist run`
+(simdist.plan.layout.step_config_of), for the closed form here and for the engine in simdist.search.rank. A worker
+builds the problem's cluster, model and collective-price cache once (``context``) and keeps them for every batch
+of the same problem, so the prices computed for one layout serve the next. Prices are keyed by group shape
+(simdist.analytic.pricing.CommPricer), never by evaluation order, so a result does not depend on which worker
+computed it or what it computed before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from simdist.analytic.step import CommPricer, analytic_step
 from simdist.errors import SimdistError
 from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
-from simdist.plan.mesh import Mesh
+from simdist.plan.layout import step_config_of
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.step import StepConfig
-from simdist.search.prune import peak_memory_bytes
+from simdist.plan.step import StepConfig, peak_memory_bytes
 from simdist.search.space import Candidate, SearchProblem
-from simdist.spec.scenario import ModelSpec
+from simdist.spec.scenario import ModelSpec, ScenarioSpec
 
 ATTENTION = "flash"
 
@@ -31,6 +34,8 @@ class Context:
     topology: Topology
     model: Model
     pricer: CommPricer
+    base: ScenarioSpec
+    """The problem as a scenario; every candidate is a copy with its layout set."""
 
 
 _CONTEXTS: dict[SearchProblem, Context] = {}
@@ -45,33 +50,53 @@ def resolve_problem_model(problem: SearchProblem) -> Model:
         raise type(err)(err.problem, field="--model", fix=err.fix) from None
 
 
+def base_spec(problem: SearchProblem) -> ScenarioSpec:
+    """The scenario a search varies the layout of (validated once)."""
+    model: dict[str, Any] = {"preset": problem.model}
+    if problem.seq_length:
+        model["seq_length"] = problem.seq_length
+    cluster_key = "file" if Path(problem.cluster).suffix in (".yaml", ".yml") else "preset"
+    return ScenarioSpec.model_validate({
+        "name": f"{problem.model} on {problem.num_nodes} x {problem.cluster}",
+        "cluster": {cluster_key: problem.cluster, "num_nodes": problem.num_nodes},
+        "model": model,
+        "training": {"global_batch_size": problem.global_batch_size, "precision": problem.precision,
+                     "attention": ATTENTION},
+    })
+
+
+def candidate_spec(problem: SearchProblem, base: ScenarioSpec, c: Candidate) -> ScenarioSpec:
+    """``base`` with the candidate's layout, schedule and training settings (a copy; no file, no re-parse)."""
+    parallel = base.parallel.model_copy(update={"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "vpp": c.vpp,
+                                                "sequence_parallel": c.sequence_parallel,
+                                                "zero_stage": c.zero_stage})
+    training = base.training.model_copy(update={
+        "micro_batch_size": c.micro_batch_size, "recompute": c.recompute,
+        "zero3_fetch": problem.zero3_fetch if c.zero_stage == 3 else "prefetch"})
+    return base.model_copy(update={"name": f"{problem.model} {c.key} on {problem.num_nodes} x {problem.cluster}",
+                                   "parallel": parallel, "training": training, "schedule": c.schedule})
+
+
 def context(problem: SearchProblem) -> Context:
     ctx = _CONTEXTS.get(problem)
     if ctx is None:
         if len(_CONTEXTS) > 8:
             _CONTEXTS.clear()
         topology = load_topology(problem.cluster, num_nodes=problem.num_nodes)
-        ctx = _CONTEXTS[problem] = Context(topology, resolve_problem_model(problem), CommPricer(topology))
+        ctx = _CONTEXTS[problem] = Context(topology, resolve_problem_model(problem), CommPricer(topology),
+                                           base_spec(problem))
     return ctx
 
 
 def step_config(problem: SearchProblem, c: Candidate, ctx: Context) -> StepConfig:
-    """The StepConfig simdist.predict.step.step_config builds from the equivalent scenario (even layer split)."""
-    model, gpu = ctx.model, ctx.topology.gpu
-    return StepConfig(
-        model=model, gpu=gpu, mesh=Mesh(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp), schedule=c.schedule,
-        micro_batch_size=c.micro_batch_size, global_batch_size=problem.global_batch_size,
-        layers_per_stage=(model.num_layers // c.pp,) * c.pp, vpp=c.vpp, recompute=c.recompute,
-        precision=problem.precision, sequence_parallel=c.sequence_parallel, zero_stage=c.zero_stage,
-        attention=ATTENTION, zero3_fetch=problem.zero3_fetch if c.zero_stage == 3 else "prefetch",
-        capacity_bytes=gpu.hbm_capacity)
+    """The candidate's StepConfig, built (and checked) as `simdist run` builds a scenario's."""
+    return step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
 
 
 def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str, Any]:
-    step = analytic_step(step_config(problem, c, ctx), ctx.pricer)
-    memory = peak_memory_bytes(c, ctx.model, global_batch_size=problem.global_batch_size,
-                               precision=problem.precision, attention=ATTENTION)
-    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": memory, **step.as_dict()}
+    cfg = step_config(problem, c, ctx)
+    step = analytic_step(cfg, ctx.pricer)
+    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg), **step.as_dict()}
 
 
 def evaluate_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:

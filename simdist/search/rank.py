@@ -15,12 +15,11 @@ from typing import Any
 
 from simdist.errors import LayoutError, SimdistError
 from simdist.predict.step import StepPrediction, predict_step
-from simdist.search.evaluate import ATTENTION, context, evaluate_batch
+from simdist.search.evaluate import candidate_spec, context, evaluate_batch
 from simdist.search.executors import Executor
 from simdist.search.prune import RULES, Pruned, why_pruned
 from simdist.search.results import ResultsWriter, read_results
 from simdist.search.space import Candidate, SearchProblem, raw_candidates
-from simdist.spec.scenario import ScenarioSpec
 
 BATCH = 64
 
@@ -75,7 +74,7 @@ def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pr
     for c in raw_candidates(problem, num_gpus=topo.num_gpus, gpus_per_node=topo.gpus_per_node,
                             num_layers=model.num_layers):
         n += 1
-        why = why_pruned(c, model, topo.gpu, global_batch_size=problem.global_batch_size, precision=problem.precision)
+        why = why_pruned(problem, c, ctx)
         if why is None:
             feasible.append(c)
         else:
@@ -126,25 +125,6 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
     return done, interrupted, new, resumed
 
 
-def scenario_spec(problem: SearchProblem, c: Candidate) -> ScenarioSpec:
-    """The scenario of a candidate, for the engine path (simdist run would read the same from YAML)."""
-    model: dict[str, Any] = {"preset": problem.model}
-    if problem.seq_length:
-        model["seq_length"] = problem.seq_length
-    cluster_key = "file" if Path(problem.cluster).suffix in (".yaml", ".yml") else "preset"
-    return ScenarioSpec.model_validate({
-        "name": f"{problem.model} {c.key} on {problem.num_nodes} x {problem.cluster}",
-        "cluster": {cluster_key: problem.cluster, "num_nodes": problem.num_nodes},
-        "model": model,
-        "parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "vpp": c.vpp,
-                     "sequence_parallel": c.sequence_parallel, "zero_stage": c.zero_stage},
-        "training": {"micro_batch_size": c.micro_batch_size, "global_batch_size": problem.global_batch_size,
-                     "recompute": c.recompute, "precision": problem.precision, "attention": ATTENTION,
-                     **({"zero3_fetch": problem.zero3_fetch} if c.zero_stage == 3 else {})},
-        "schedule": c.schedule,
-    })
-
-
 def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, Any], StepPrediction | None]:
     """The engine path (simdist.predict.step.predict_step) on a ranked row; its figures beside the closed form."""
     c = Candidate.from_dict(row["layout"])
@@ -152,7 +132,7 @@ def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, A
     out: dict[str, Any] = {"key": c.key, "layout": row["layout"], "closed_form_step_time_s": row["step_time_s"],
                            "closed_form_tokens_per_s": row["tokens_per_s"]}
     try:
-        prediction = predict_step(scenario_spec(problem, c), ctx.topology)
+        prediction = predict_step(candidate_spec(problem, ctx.base, c), ctx.topology)
     except SimdistError as err:
         out["engine_error"] = err.one_line()
         return out, None

@@ -139,24 +139,3 @@ class ScenarioSpec(Spec):
     schedule: Schedule = "1f1b"
     calibration: Path | None = Field(
         default=None, description="a calibration file (simdist calibrate), relative to this scenario file")
-
-    @model_validator(mode="after")
-    def _batch_divides(self) -> ScenarioSpec:
-        p, t = self.parallel, self.training
-        if t.dp_batch_split is not None:
-            if len(t.dp_batch_split) != p.dp or sum(t.dp_batch_split) != t.global_batch_size:
-                raise ValueError(
-                    f"training.dp_batch_split {t.dp_batch_split} must list dp = {p.dp} local batches summing to "
-                    f"global_batch_size = {t.global_batch_size}")
-            bad = [b for b in t.dp_batch_split if b % t.micro_batch_size]
-            if bad:
-                raise ValueError(f"training.dp_batch_split entry {bad[0]} is not a multiple of micro_batch_size "
-                                 f"{t.micro_batch_size}")
-        elif t.global_batch_size % (t.micro_batch_size * p.dp):
-            raise ValueError(
-                f"training.global_batch_size ({t.global_batch_size}) must be a multiple of "
-                f"training.micro_batch_size x parallel.dp ({t.micro_batch_size} x {p.dp})"
-            )
-        if p.vpp > 1 and self.schedule != "interleaved_1f1b":
-            raise ValueError(f"parallel.vpp = {p.vpp} needs schedule: interleaved_1f1b (got {self.schedule})")
-        return self

@@ -1,0 +1,130 @@
+"""One validity check of a parallel layout, and the one function that builds a step's `StepConfig` from a scenario.
+
+`simdist run`, `simdist check` and `simdist search` (both fidelities) go through `step_config_of`, which checks
+the layout with `check_layout` first: a layout is valid for one command exactly when it is valid for the others.
+Each rule raises a `LayoutRuleError` naming the field, the fix and the rule (search counts pruned layouts by rule).
+
+The rules are those Megatron-LM enforces (megatron/training/arguments.py and its schedules):
+- heads / kv-heads: tensor parallelism splits the attention heads and the key/value heads (or replicates them);
+- sequence: context parallelism splits the sequence into 2 x cp chunks (Megatron's causal load balancing);
+  the lecture's MLP has no sequence; width: the MLP's width splits over tp;
+- batch: the global batch is micro-batch x dp x (number of micro-batches), or the explicit local batches of
+  ``training.dp_batch_split`` add up to it in multiples of the micro-batch;
+- interleaving: vpp > 1 needs the interleaved schedule, whose micro-batches come in groups of pp (Megatron's
+  interleaved schedule asserted it), and every stage holds at least vpp layers;
+- layers: the layers split over the pipeline stages (simdist.plan.step_config.split_layers);
+- zero: ``zero3_fetch: per_parameter`` describes ZeRO-3; unequal local batches cannot combine with ZeRO-2/3
+  (ranks would issue different numbers of per-micro-batch collectives).
+ZeRO-2/3 with pipeline parallelism is allowed: FSDP with pipeline stages is what torchtitan runs and what
+Llama 3 405B trained with (Dubey et al. 2024 sec 3.3.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simdist.errors import LayoutError, SpecError
+from simdist.hardware.topology import Topology
+from simdist.plan.mesh import Mesh, parse_order
+from simdist.plan.model import Model
+from simdist.plan.schedule import check_schedule
+from simdist.plan.step_config import StepConfig, split_layers
+from simdist.spec.scenario import ScenarioSpec
+
+__all__ = ["RULES", "LayoutRuleError", "check_layout", "step_config_of"]
+
+RULES = ("heads", "kv-heads", "sequence", "width", "batch", "interleaving", "layers", "zero", "memory")
+"""Rule names, in the order they are checked (``memory`` is search's filter: `simdist run` reports it)."""
+
+
+class LayoutRuleError(LayoutError):
+    """A layout breaks one of `RULES` (``rule``)."""
+
+    def __init__(self, problem: str, *, rule: str = "layout", field: str | None = None, source: str | None = None,
+                 fix: str | None = None) -> None:
+        self.rule = rule
+        super().__init__(problem, field=field, source=source, fix=fix)
+
+
+def _fail(rule: str, problem: str, field: str, fix: str) -> LayoutRuleError:
+    return LayoutRuleError(problem, rule=rule, field=field, fix=fix)
+
+
+def check_layout(spec: ScenarioSpec, model: Model) -> tuple[int, ...]:
+    """Raise a LayoutRuleError unless ``spec``'s layout can run ``model``; returns the layers per stage."""
+    p, t = spec.parallel, spec.training
+    if model.kind == "decoder":
+        if model.num_attention_heads % p.tp:
+            raise _fail("heads", f"{model.num_attention_heads} attention heads do not split over tp = {p.tp}",
+                        "parallel.tp", f"choose tp dividing {model.num_attention_heads}")
+        if model.num_query_groups % p.tp and p.tp % model.num_query_groups:
+            raise _fail("kv-heads", f"{model.num_query_groups} key/value heads do not split over tp = {p.tp}",
+                        "parallel.tp", f"choose tp dividing {model.num_query_groups}")
+        if p.cp > 1 and model.seq_length % (2 * p.cp):
+            raise _fail("sequence", f"sequence length {model.seq_length} does not split into 2 x cp = {2 * p.cp} "
+                        "chunks", "parallel.cp",
+                        "choose cp with seq_length divisible by 2 x cp (Megatron's load balancing)")
+    else:
+        if p.cp > 1:
+            raise _fail("sequence", "context parallelism needs a sequence; the mlp model has none", "parallel.cp",
+                        "set parallel.cp: 1")
+        if p.tp > 1 and model.hidden_size % p.tp:
+            raise _fail("width", f"width {model.hidden_size} does not split over tp = {p.tp}", "parallel.tp",
+                        f"choose tp dividing {model.hidden_size}")
+    if t.dp_batch_split is not None:
+        if len(t.dp_batch_split) != p.dp or sum(t.dp_batch_split) != t.global_batch_size:
+            raise _fail("batch", f"dp_batch_split {list(t.dp_batch_split)} must list dp = {p.dp} local batches "
+                        f"summing to global_batch_size = {t.global_batch_size}", "training.dp_batch_split",
+                        f"give {p.dp} local batches that add up to {t.global_batch_size}")
+        bad = [b for b in t.dp_batch_split if b % t.micro_batch_size]
+        if bad:
+            raise _fail("batch", f"dp_batch_split entry {bad[0]} is not a multiple of micro_batch_size "
+                        f"{t.micro_batch_size}", "training.dp_batch_split",
+                        "make every local batch a multiple of micro_batch_size")
+        counts = [b // t.micro_batch_size for b in t.dp_batch_split]
+    elif t.global_batch_size % (t.micro_batch_size * p.dp):
+        raise _fail("batch", f"global_batch_size ({t.global_batch_size}) is not a multiple of micro_batch_size x "
+                    f"dp ({t.micro_batch_size} x {p.dp})", "training.global_batch_size",
+                    f"use a multiple of {t.micro_batch_size * p.dp}, or change micro_batch_size or dp")
+    else:
+        counts = [t.global_batch_size // (t.micro_batch_size * p.dp)]
+    if p.vpp > 1 and spec.schedule != "interleaved_1f1b":
+        raise _fail("interleaving", f"vpp = {p.vpp} needs schedule: interleaved_1f1b (got {spec.schedule})",
+                    "parallel.vpp", "set parallel.vpp: 1, or schedule: interleaved_1f1b")
+    for m in sorted(set(counts)):
+        try:
+            check_schedule(spec.schedule, num_stages=p.pp, num_microbatches=m, vpp=p.vpp)
+        except SpecError as err:
+            raise _fail("interleaving", err.problem, err.field or "schedule", err.fix or "") from None
+    how: Any = tuple(p.layers_per_stage) if p.layers_per_stage is not None else p.pipeline_split
+    try:
+        layers = split_layers(model.num_layers, p.pp, how, p.vpp)
+    except LayoutError as err:
+        rule = "interleaving" if err.field == "parallel.vpp" else "layers"
+        raise _fail(rule, err.problem, err.field or "parallel.pp", err.fix or "") from None
+    if t.zero3_fetch == "per_parameter" and p.zero_stage != 3:
+        raise _fail("zero", f"training.zero3_fetch: per_parameter describes ZeRO-3's parameter traffic, but "
+                    f"zero_stage is {p.zero_stage}", "training.zero3_fetch",
+                    "set parallel.zero_stage: 3, or drop zero3_fetch")
+    if t.dp_batch_split is not None and p.zero_stage >= 2 and len(set(t.dp_batch_split)) > 1:
+        raise _fail("zero", "unequal local batches with ZeRO-2/3: ranks would issue different numbers of "
+                    "per-micro-batch collectives", "training.dp_batch_split",
+                    "use zero_stage 0 or 1, or equal local batches")
+    return layers
+
+
+def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
+    """The step configuration of a scenario on its cluster (after `check_layout`): the one place a StepConfig is
+    built from a scenario."""
+    layers = check_layout(spec, model)
+    p, t = spec.parallel, spec.training
+    mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
+    return StepConfig(
+        model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
+        global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
+        precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
+        tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
+        zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
+        dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
+        capacity_bytes=topology.gpu.hbm_capacity,
+    )
