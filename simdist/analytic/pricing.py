@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
@@ -41,6 +42,7 @@ class CommPricer:
         self.adjust = adjust
         self._cache: dict[tuple, float] = {}
         self._priced: dict[tuple, PricedPieces] = {}
+        self._memo: dict[tuple, Any] = {}
         self.misses = 0
 
     def key(self, op: str, ranks: tuple[int, ...], nbytes: float) -> tuple:
@@ -64,10 +66,23 @@ class CommPricer:
         hit = self._cache.get(key)
         return hit if hit is not None else self._price(key)
 
+    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, cached under ``key`` for this pricer's cluster (what only prices and shapes decide)."""
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= _CACHE_MAX:
+                self._memo.clear()
+            hit = self._memo[key] = make()
+        return hit
+
+    def shape_key(self, groups: dict[str, tuple[int, int, int]]) -> tuple:
+        """What decides a piece's price on ``groups`` (axis -> (first rank, size, stride)): their shapes."""
+        gpn = self.topology.gpus_per_node
+        return tuple((a, g[0] % gpn, g[1], g[2]) for a, g in sorted(groups.items()))
+
     def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]]) -> PricedPieces:
         """`price_pieces`, cached by the pieces and their groups' shapes (alike stages share it)."""
-        gpn = self.topology.gpus_per_node
-        key = (pieces, end, tuple((a, g[0] % gpn, g[1], g[2]) for a, g in sorted(groups.items())))
+        key = (pieces, end, self.shape_key(groups))
         hit = self._priced.get(key)
         if hit is None:
             if len(self._priced) >= _CACHE_MAX:
@@ -96,8 +111,7 @@ _RECIPE_CACHE: dict[tuple, Recipe | StageTail] = {}
 
 def cached_chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
     """`simdist.plan.step_config.chunk_cost`, cached by every field it reads."""
-    key = (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
-           cfg.attention, cfg.precision, cfg.tp_style, cfg.compute_efficiency, num_layers, first_part, last_part)
+    key = (*chunk_cost_key(cfg), num_layers, first_part, last_part)
     hit = _CHUNK_CACHE.get(key)
     if hit is None:
         if len(_CHUNK_CACHE) >= _CACHE_MAX:
@@ -106,14 +120,20 @@ def cached_chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_p
     return hit
 
 
-def _recipe_key(cfg: StepConfig) -> tuple:
+def chunk_cost_key(cfg: StepConfig) -> tuple:
+    """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
+    return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
+            cfg.attention, cfg.precision, cfg.tp_style, cfg.compute_efficiency)
+
+
+def recipe_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency)
 
 
 def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool) -> Recipe:
-    key = ("step", _recipe_key(cfg), cost, kind, last)
+    key = ("step", recipe_key(cfg), cost, kind, last)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:
@@ -123,7 +143,7 @@ def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool) -> Re
 
 
 def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...]) -> StageTail:
-    key = ("tail", _recipe_key(cfg), costs)
+    key = ("tail", recipe_key(cfg), costs)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:

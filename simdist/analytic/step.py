@@ -18,7 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.analytic.pricing import CommPricer, PricedPieces, cached_chunk_cost, cached_recipe, cached_tail
+from simdist.analytic.pricing import (
+    CommPricer,
+    PricedPieces,
+    cached_chunk_cost,
+    cached_recipe,
+    cached_tail,
+    chunk_cost_key,
+    recipe_key,
+)
 from simdist.analytic.program import KIND_INDEX, program, recipe_code
 from simdist.plan.accounting import Block, Interval, account, partition_pieces
 from simdist.plan.fastforward import FastForward, extrapolate
@@ -37,39 +45,48 @@ _DP = 3
 class _Simple:
     """A recipe whose pieces on the compute, tp and cp streams, started with those streams free, follow each other
     without a gap from its first piece (the step's input) to its end: their timeline relative to its start is
-    fixed, so the step costs one addition and is accounted as a `Block`. Pieces on the dp stream that only wait
-    for those (ZeRO-2/3 reduce-scatters, overlapped gradient buckets) queue on the dp stream behind it."""
+    fixed, so the step costs one addition and is accounted as a `Block`. Pieces on the dp stream run around it:
+    ``ahead`` ones the first piece waits for (ZeRO-3's prefetched parameter gathers, issued with nothing to wait
+    for), ``behind`` ones that only wait for it (ZeRO-2/3 reduce-scatters, overlapped gradient buckets)."""
 
     duration_s: float
     frees: tuple[float, float, float]
     """When the compute, tp and cp streams are free again, relative to the start (-1: not used)."""
     parts: dict[str, float]
+    ahead: tuple[tuple[float, str, bool], ...]
+    """dp pieces issued ahead: (duration, category, pipeline work), in program order."""
     behind: tuple[tuple[float, float, str, bool], ...]
-    """dp pieces: (ready relative to the start, duration, category, pipeline work), in program order."""
+    """dp pieces behind: (ready relative to the start, duration, category, pipeline work), in program order."""
     model_flops: float
     hardware_flops: float
 
 
 def _simple(r: PricedPieces) -> _Simple | None:
-    if r.needs_input != 0 or r.deps[0] != (PREV,) or r.streams[0] > 2:
+    streams = r.streams
+    dp = [j for j, code in enumerate(streams) if code > 2]
+    if any(streams[j] != _DP for j in dp):
         return None
-    core = [j for j, code in enumerate(r.streams) if code <= 2]
-    behind = [j for j, code in enumerate(r.streams) if code > 2]
-    if any(code != _DP for j, code in enumerate(r.streams) if code > 2):
+    ahead = [j for j in dp if not r.deps[j]]
+    behind = [j for j in dp if r.deps[j]]
+    core = [j for j, code in enumerate(streams) if code <= 2]
+    if not core or r.needs_input != core[0] or r.end not in core:
         return None
-    if any(PREV in r.deps[j] or any(x < 0 or x in behind for x in r.deps[j]) for j in core[1:]):
-        return None  # a core piece waits for the previous step again, or for a dp piece
-    if any(not r.deps[j] or any(x < 0 or x in behind for x in r.deps[j]) for j in behind):
-        return None  # a dp piece issued ahead (a prefetch) or after another dp piece
-    if r.end not in core:
+    entry = core[0]
+    if PREV not in r.deps[entry] or any(d >= 0 and d not in ahead for d in r.deps[entry]):
+        return None  # the first piece waits for the previous step and (only) the gathers issued ahead
+    if any(PREV in r.deps[j] or any(x < 0 or x not in core for x in r.deps[j]) for j in core[1:]):
+        return None  # a later core piece waits for the previous step again, or for a dp piece
+    if any(any(x < 0 or x not in core for x in r.deps[j]) for j in behind):
+        return None  # a dp piece waits for another dp piece
+    if any(j > entry for j in ahead) or any(j in r.deps[k] for j in ahead for k in core[1:]):
         return None
     free = [0.0, 0.0, 0.0]
     ends: dict[int, float] = {}
     used = [False, False, False]
     intervals: list[Interval] = []
     for j in core:
-        code = r.streams[j]
-        t = max([free[code], *(ends[d] for d in r.deps[j] if d >= 0)])
+        code = streams[j]
+        t = max([free[code], *(ends[d] for d in r.deps[j] if d >= 0 and d in ends)])
         e = t + r.durations[j]
         free[code] = e
         used[code] = True
@@ -88,8 +105,10 @@ def _simple(r: PricedPieces) -> _Simple | None:
     if covered < duration:
         return None
     frees = tuple(free[k] if used[k] else -1.0 for k in range(3))
-    queued = tuple((max(ends[d] for d in r.deps[j]), r.durations[j], r.categories[j], r.work[j]) for j in behind)
-    return _Simple(duration, frees, partition_pieces(intervals, duration), queued,  # type: ignore[arg-type]
+    return _Simple(duration, frees, partition_pieces(intervals, duration),  # type: ignore[arg-type]
+                   tuple((r.durations[j], r.categories[j], r.work[j]) for j in ahead),
+                   tuple((max(ends[d] for d in r.deps[j]), r.durations[j], r.categories[j], r.work[j])
+                         for j in behind),
                    r.model_flops, r.hardware_flops)
 
 
@@ -104,24 +123,40 @@ class _Stage:
     tail: PricedPieces
 
 
+def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[int, bool, bool], ...],
+           groups: dict[str, tuple[int, int, int]]) -> tuple[list, list, PricedPieces]:
+    """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
+    ``chunks`` (layers, first model part, last model part) on the mesh groups ``groups``."""
+    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
+    costs = []
+    recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
+    for c, (n, first, last_part) in enumerate(chunks):
+        cost = cached_chunk_cost(cfg, n, first, last_part)
+        costs.append(cost)
+        for kind in kinds:
+            for last in (False, True):
+                r = cached_recipe(cfg, cost, kind, last)
+                recipes[recipe_code(c, kind, last)] = pricer.priced(r.pieces, r.end, groups)
+    t = cached_tail(cfg, tuple(costs))
+    return (recipes, [None if r is None else _simple(r) for r in recipes],
+            pricer.priced(t.pieces, len(t.pieces) - 1, groups))
+
+
 def _stages(cfg: StepConfig, pricer: CommPricer) -> list[_Stage]:
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
-    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     p2p = send(cfg)
+    config = (chunk_cost_key(cfg), recipe_key(cfg))
     out: list[_Stage] = []
     for s in range(K):
         rank = mesh.rank(pp=s)
         groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in ("tp", "cp", "dp")}
-        costs = []
-        recipes: list[PricedPieces | None] = [None] * (V * 6)
-        for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], V)):
-            part = c * K + s  # Megatron's interleaved layout (simdist.plan.step.chunk_costs_of)
-            cost = cached_chunk_cost(cfg, n, part == 0, part == K * V - 1)
-            costs.append(cost)
-            for kind in kinds:
-                for last in (False, True):
-                    r = cached_recipe(cfg, cost, kind, last)
-                    recipes[recipe_code(c, kind, last)] = pricer.priced(r.pieces, r.end, groups)
+        # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
+        chunks = tuple((n, c * K + s == 0, c * K + s == K * V - 1)
+                       for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], V)))
+        # alike stages (same layers, positions and group shapes) share their priced recipes
+        recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups)),
+                                                  lambda chunks=chunks, groups=groups: _stage(cfg, pricer, chunks,
+                                                                                              groups))
         sends = [0.0] * (V * 3)
         for c in range(V):
             for kind, step in (("F", 1), ("B", -1)):
@@ -129,9 +164,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer) -> list[_Stage]:
                 if 0 <= part < K * V and part % K != s:
                     dst = mesh.rank(pp=part % K)
                     sends[c * 3 + KIND_INDEX[kind]] = pricer.time_s(p2p.op, (rank, dst), p2p.nbytes) * p2p.count
-        t = cached_tail(cfg, tuple(costs))
-        out.append(_Stage(recipes, [None if r is None else _simple(r) for r in recipes], sends,
-                          pricer.priced(t.pieces, len(t.pieces) - 1, groups)))
+        out.append(_Stage(recipes, simple, sends, stage_tail))
     return out
 
 
@@ -162,10 +195,26 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
         t0 = prev[s] if prev[s] > f[0] else f[0]
         if recv > t0:
             t0 = recv
+        simple = st.simple[code]
+        if simple is not None:
+            if simple.ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
+                t_dp = f[_DP]
+                ahead = []
+                for duration, category, work in simple.ahead:
+                    ahead.append((t_dp, t_dp + duration, category, work))
+                    t_dp += duration
+                start = t_dp if t_dp > t0 else t0
+                if f[1] <= start and f[2] <= start:
+                    f[_DP] = t_dp
+                    intervals[s].extend(ahead)
+                    t0 = start
+                else:
+                    simple = None
+            elif f[1] > t0 or f[2] > t0:
+                simple = None
         if starts is not None:
             starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-        simple = st.simple[code]
-        if simple is not None and f[1] <= t0 and f[2] <= t0:
+        if simple is not None:
             end = t0 + simple.duration_s
             fr = simple.frees
             if fr[0] >= 0:

@@ -25,9 +25,9 @@ pipeline send, a gradient bucket or reduction, the optimizer and a zero-length w
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 __all__ = ["CATEGORIES", "PIPELINE_KINDS", "Account", "Block", "Interval", "account", "category_of", "is_work",
            "partition_pieces"]
@@ -84,98 +84,82 @@ class Account:
         return {k: sum(s[k] for s in self.stages) / n for k in keys} if n else dict.fromkeys(keys, 0.0)
 
 
-def phase_of(stages: Iterable[Iterable[Interval]], blocks: Iterable[Iterable[Block]] = ()) -> tuple[float, float]:
-    """(start, end) of the pipeline phase: the first and last pipeline work over all stages."""
-    lo, hi = float("inf"), float("-inf")
-    for intervals in stages:
-        for s, e, _, work in intervals:
-            if work:
-                lo = min(lo, s)
-                hi = max(hi, e)
-    for bl in blocks:
-        for s, e, _ in bl:
-            lo = min(lo, s)
-            hi = max(hi, e)
-    return (lo, hi) if hi >= lo else (0.0, 0.0)
+_INSIDE_IDX = np.array([_INDEX[c] for c in _INSIDE], dtype=np.int64)
+_OUTSIDE_IDX = np.arange(len(CATEGORIES), dtype=np.int64)
 
 
-class _Coverage:
-    """How much of [a, b] a stage's blocks (disjoint, in time order) cover, by bisection on their prefix sums."""
-
-    def __init__(self, blocks: list[Block]) -> None:
-        self.starts = [s for s, _, _ in blocks]
-        self.ends = [e for _, e, _ in blocks]
-        self.before = [0.0]
-        for s, e, _ in blocks:
-            self.before.append(self.before[-1] + (e - s))
-
-    def covered(self, a: float, b: float) -> float:
-        if not self.starts or b <= a:
-            return 0.0
-        i = bisect_right(self.ends, a)  # first block ending after a
-        j = bisect_left(self.starts, b)  # blocks i..j-1 start before b
-        if j <= i:
-            return 0.0
-        total = self.before[j] - self.before[i]
-        total -= max(0.0, a - self.starts[i])
-        total -= max(0.0, self.ends[j - 1] - b)
-        return max(total, 0.0)
+def _covered(blocks: list[Block], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How much of each [a, b] a stage's blocks (disjoint, in time order) cover (prefix sums and bisection)."""
+    starts = np.fromiter((x[0] for x in blocks), dtype=float, count=len(blocks))
+    ends = np.fromiter((x[1] for x in blocks), dtype=float, count=len(blocks))
+    before = np.concatenate(([0.0], np.cumsum(ends - starts)))
+    i = np.searchsorted(ends, a, side="right")  # first block ending after a
+    j = np.searchsorted(starts, b, side="left")  # blocks i..j-1 start before b
+    some = j > i
+    total = np.zeros(len(a))
+    ii, jj = i[some], j[some]
+    total[some] = (before[jj] - before[ii] - np.maximum(0.0, a[some] - starts[ii])
+                   - np.maximum(0.0, ends[jj - 1] - b[some]))
+    return np.maximum(total, 0.0)
 
 
-def _partition(intervals: list[Interval], lo: float, hi: float, step_s: float,
+def _table(intervals: list[Interval]) -> np.ndarray:
+    """(start, end, category index, counts inside the phase, pipeline work) of the intervals that last."""
+    live = [(s, e, _INDEX[cat], work or cat == "optimizer", work) for s, e, cat, work in intervals if e > s]
+    return np.array(live, dtype=float).reshape(-1, 5)
+
+
+def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
                blocks: list[Block] | None = None) -> dict[str, float]:
     """Seconds per category, bubble and idle of one stage (the module docstring's rules); blocks are charged by
-    their own parts, and what overlaps them by nothing."""
-    events: list[tuple[float, int, int, bool]] = []
-    for s, e, cat, work in intervals:
-        if e > s:
-            c = _INDEX[cat]
-            inside = work or cat == "optimizer"
-            events.append((s, 1, c, inside))
-            events.append((e, -1, c, inside))
-    events.sort(key=lambda x: (x[0], x[1]))
-    any_active = [0] * len(CATEGORIES)
-    in_active = [0] * len(CATEGORIES)
+    their own parts, and what overlaps them by nothing. A sweep over the stage's interval ends, in numpy."""
     out = dict.fromkeys((*CATEGORIES, "bubble", "idle"), 0.0)
-    inside_order = [_INDEX[c] for c in _INSIDE]
-    outside_order = range(len(CATEGORIES))
-    bounds = [t for t in (lo, hi) if 0.0 < t < step_s]
-    cover = _Coverage(blocks) if blocks else None
-
-    def charge(t0: float, t1: float) -> None:
-        if t1 <= t0:
-            return
-        length = t1 - t0 - (cover.covered(t0, t1) if cover is not None else 0.0)
-        if length <= 0:
-            return
-        if lo <= t0 and t1 <= hi and hi > lo:
-            top = next((CATEGORIES[c] for c in inside_order if in_active[c]), "bubble")
-        else:
-            top = next((CATEGORIES[c] for c in outside_order if any_active[c]), "idle")
-        out[top] += length
-
-    t = 0.0
-    b = 0
-    for time, delta, c, inside in events:
-        while b < len(bounds) and bounds[b] < time:
-            charge(t, bounds[b])
-            t = max(t, bounds[b])
-            b += 1
-        if time > t:
-            charge(t, time)
-            t = time
-        any_active[c] += delta
-        if inside:
-            in_active[c] += delta
-    while b < len(bounds):
-        charge(t, bounds[b])
-        t = max(t, bounds[b])
-        b += 1
-    if step_s > t:
-        charge(t, step_s)
-    for _, _, parts in blocks or ():
-        for cat, seconds in parts.items():
-            out[cat] += seconds
+    n = len(table)
+    marks = np.array(sorted({0.0, step_s, *(t for t in (lo, hi) if 0.0 < t < step_s)}), dtype=float)
+    if n:
+        times = np.concatenate((table[:, 0], table[:, 1], marks))
+        delta = np.concatenate((np.ones(n), -np.ones(n), np.zeros(len(marks))))
+        cat = np.concatenate((table[:, 2], table[:, 2], np.zeros(len(marks)))).astype(np.int64)
+        inside_flag = np.concatenate((table[:, 3], table[:, 3], np.zeros(len(marks))))
+    else:
+        times, delta, cat, inside_flag = marks, np.zeros(len(marks)), np.zeros(len(marks), dtype=np.int64), \
+            np.zeros(len(marks))
+    order = np.lexsort((delta, times))  # by time; at one instant ends (-1) before starts (+1)
+    times, delta, cat, inside_flag = times[order], delta[order], cat[order], inside_flag[order]
+    change = np.zeros((len(times), len(CATEGORIES)))
+    change[np.arange(len(times)), cat] = delta
+    any_active = np.cumsum(change, axis=0)[:-1] > 0.5
+    in_active = np.cumsum(change * inside_flag[:, None], axis=0)[:-1] > 0.5
+    t0, t1 = times[:-1], times[1:]
+    length = t1 - t0
+    if blocks:
+        length = length - _covered(blocks, t0, t1)
+    use = length > 0
+    if use.any():
+        t0, t1, length, any_active, in_active = t0[use], t1[use], length[use], any_active[use], in_active[use]
+        inside = (lo <= t0) & (t1 <= hi) & (hi > lo)
+        top_in = in_active[:, _INSIDE_IDX]
+        top_out = any_active[:, _OUTSIDE_IDX]
+        busy_in = top_in.any(axis=1)
+        busy_out = top_out.any(axis=1)
+        which = np.where(inside, _INSIDE_IDX[np.argmax(top_in, axis=1)], _OUTSIDE_IDX[np.argmax(top_out, axis=1)])
+        busy = np.where(inside, busy_in, busy_out)
+        sums = np.bincount(which[busy], weights=length[busy], minlength=len(CATEGORIES))
+        for k, c in enumerate(CATEGORIES):
+            out[c] += float(sums[k])
+        out["bubble"] += float(length[inside & ~busy].sum())
+        out["idle"] += float(length[~inside & ~busy].sum())
+    if blocks:
+        counts: dict[int, list] = {}
+        for _, _, parts in blocks:
+            entry = counts.get(id(parts))
+            if entry is None:
+                counts[id(parts)] = [parts, 1]
+            else:
+                entry[1] += 1
+        for parts, k in counts.values():
+            for c, seconds in parts.items():
+                out[c] += seconds * k
     return out
 
 
@@ -184,8 +168,18 @@ def account(stages: list[list[Interval]], step_s: float, blocks: list[list[Block
     per stage, stretches of pipeline work already partitioned) and which ended at ``step_s`` (see the module
     docstring)."""
     blocks = blocks if blocks is not None else [[] for _ in stages]
-    lo, hi = phase_of(stages, blocks)
-    parts = tuple(_partition(iv, lo, hi, step_s, bl) for iv, bl in zip(stages, blocks, strict=True))
+    tables = [_table(iv) for iv in stages]
+    lo, hi = float("inf"), float("-inf")
+    for t in tables:
+        work = t[t[:, 4] > 0.5]
+        if len(work):
+            lo, hi = min(lo, float(work[:, 0].min())), max(hi, float(work[:, 1].max()))
+    for bl in blocks:
+        if bl:  # a stage's blocks are in time order
+            lo, hi = min(lo, bl[0][0]), max(hi, bl[-1][1])
+    if hi < lo:
+        lo = hi = 0.0
+    parts = tuple(_partition(t, lo, hi, step_s, bl) for t, bl in zip(tables, blocks, strict=True))
     phase = hi - lo
     fraction = sum(p["bubble"] for p in parts) / (len(parts) * phase) if parts and phase > 0 else 0.0
     return Account(step_s, lo, hi, max(fraction, 0.0), parts)
@@ -193,5 +187,5 @@ def account(stages: list[list[Interval]], step_s: float, blocks: list[list[Block
 
 def partition_pieces(intervals: list[Interval], duration_s: float) -> dict[str, float]:
     """Seconds per category of pieces that cover [0, duration_s] without a gap (a `Block`'s parts)."""
-    out = _partition(intervals, 0.0, duration_s, duration_s)
+    out = _partition(_table(intervals), 0.0, duration_s, duration_s)
     return {c: out[c] for c in CATEGORIES if out[c] > 0}
