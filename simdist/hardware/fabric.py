@@ -1,7 +1,8 @@
 """The inter-node fabric: NICs on leaf switches, leaves joined by a spine layer, in closed form.
 
-Nothing here is materialised per NIC: a 16,384-NIC fabric is a handful of integers, and the leaf of
-a NIC, the spine an ECMP hash picks and the id of every fabric link are arithmetic.
+Nothing here is materialised per NIC: a 16,384-NIC fabric is a handful of integers, and the id of a NIC,
+its leaf and the spine an ECMP hash picks are arithmetic, written once for ints and numpy arrays alike (the
+ids of the fabric's links: `simdist.hardware.layout`).
 
 Two shapes (DESIGN.md ``inter_node.fabric``):
 - ``fat_tree``: NICs are cabled to leaves in order (node-major), ``down_ports`` per leaf.
@@ -64,7 +65,7 @@ class Fabric:
     def leaf_of(self, nic: IntOrArray) -> IntOrArray:
         """Leaf switch of global NIC ``nic`` (see the module docstring for the two shapes)."""
         if self.shape == "rail_optimized":
-            node, local = self.nic_location(nic)
+            node, local = divmod(nic, self.nics_per_node)  # nic_location, inline: Topology.route's hot path
             return (node // self.down_ports) * self.nics_per_node + local
         return nic // self.down_ports
 
@@ -76,17 +77,20 @@ class Fabric:
         """ECMP: a stable spine for a NIC pair (a fixed integer hash, not Python's salted hash)."""
         # Assumption: static per-flow ECMP hashing; adaptive routing would spread a flow's packets.
         spine = fmix64((_uint64(src_nic) << 32) | _uint64(dst_nic)) % self.num_spines
-        return spine.astype(np.int64) if isinstance(spine, np.ndarray) else spine
+        return spine if type(spine) is int else spine.astype(np.int64)
 
 
 _C1 = 0xFF51AFD7ED558CCD
 _C2 = 0xC4CEB9FE1A85EC53
 _MASK64 = (1 << 64) - 1
+_SCALARS = (int, np.integer)
 
 
 def _uint64(x: IntOrArray) -> IntOrArray:
     """A Python int for a scalar (exact at any width), a fresh uint64 array for an array (wraps modulo 2^64)."""
-    if isinstance(x, int | np.integer):
+    if type(x) is int:  # Topology.route's hot path: no conversion
+        return x
+    if isinstance(x, _SCALARS):
         return int(x)
     return np.asarray(x).astype(np.uint64)
 
@@ -95,10 +99,9 @@ def fmix64(key: IntOrArray) -> IntOrArray:
     """MurmurHash3's 64-bit finaliser (Appleby, MurmurHash3.cpp ``fmix64``): every input bit affects every
     output bit. ``key``: a Python int in [0, 2^64) or a uint64 array (not modified); the same steps for both:
     a Python int is masked to 64 bits after each product, a uint64 array wraps there by itself."""
-    if isinstance(key, np.ndarray):
-        key = key.astype(np.uint64)  # a copy: the steps below work in place on arrays
-    elif isinstance(key, np.integer):
-        key = int(key)
+    if type(key) is not int:
+        # a copy of an array (the steps below work in place on arrays), a numpy scalar as an int
+        key = key.astype(np.uint64) if isinstance(key, np.ndarray) else int(key)
     key ^= key >> 33
     key *= _C1
     key &= _MASK64

@@ -41,7 +41,6 @@ class LinkLayout:
     nic_capacity_Bps: float
     uplink_capacity_Bps: float
     _local_capacity: np.ndarray
-    _bounds: np.ndarray
 
     @classmethod
     def of(cls, num_nodes: int, node: NodeGraph, fabric: Fabric | None) -> LinkLayout:
@@ -54,15 +53,13 @@ class LinkLayout:
         local = tuple(lk.bandwidth_Bps * lk.efficiency for lk in node.links)
         array = np.array(local, dtype=float)
         array.setflags(write=False)
-        bounds = np.array([node_end, nic_end], dtype=np.int64)
-        bounds.setflags(write=False)
         return cls(
             num_nodes=num_nodes, links_per_node=t, num_nics=nics, num_leaves=leaves, num_spines=spines,
             node_links_end=node_end, nic_links_end=nic_end, num_links=nic_end + 2 * leaves * spines,
             local_capacity_Bps=local,
             nic_capacity_Bps=fabric.nic_bandwidth_Bps * fabric.efficiency if fabric is not None else 0.0,
             uplink_capacity_Bps=fabric.uplink_bandwidth_Bps * fabric.efficiency if fabric is not None else 0.0,
-            _local_capacity=array, _bounds=bounds,
+            _local_capacity=array,
         )
 
     @property
@@ -102,7 +99,8 @@ class LinkLayout:
     def locate(self, link: int) -> tuple[int, int, int, int]:
         """(class, a, b, down) of link id ``link``: (NODE, node, local link, 0), (NIC, global NIC, 0, down) or
         (SPINE, leaf, spine, down), ``down`` 1 for the direction towards the NIC (NIC) or the leaf (SPINE)."""
-        self.check(link)
+        if link < 0 or link >= self.num_links:
+            self.check(link)  # raises
         if link < self.node_links_end:
             node, local = divmod(link, self.links_per_node)
             return NODE, node, local, 0
@@ -127,7 +125,8 @@ class LinkLayout:
     # ----------------------------------------------------------------- many ids
     def link_classes(self, links: np.ndarray) -> np.ndarray:
         """NODE, NIC or SPINE for each id of ``links`` (ids are assumed in range; see `capacities_Bps`)."""
-        return np.searchsorted(self._bounds, np.asarray(links, dtype=np.int64), side="right")
+        ids = np.asarray(links, dtype=np.int64)
+        return (ids >= self.node_links_end).astype(np.int64) + (ids >= self.nic_links_end)
 
     def capacities_Bps(self, links: np.ndarray) -> np.ndarray:
         """`capacity_Bps` of each id of ``links``, as a float array (the same floats). IndexError for the first
@@ -135,10 +134,9 @@ class LinkLayout:
         ids = np.asarray(links, dtype=np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= self.num_links):
             self.check(int(ids[(ids < 0) | (ids >= self.num_links)][0]))
-        classes = self.link_classes(ids)
         out = np.empty(len(ids))
-        in_node = classes == NODE
+        in_node = ids < self.node_links_end
         out[in_node] = self._local_capacity[ids[in_node] % self.links_per_node]
-        out[classes == NIC] = self.nic_capacity_Bps
-        out[classes == SPINE] = self.uplink_capacity_Bps
+        out[~in_node & (ids < self.nic_links_end)] = self.nic_capacity_Bps
+        out[ids >= self.nic_links_end] = self.uplink_capacity_Bps
         return out
