@@ -341,7 +341,7 @@ def test_fast_all_to_all_preserves_nic_and_node_link_bytes():
     assert fast.bytes_sent() == pytest.approx(detailed.bytes_sent())
     assert fast.bytes_received() == pytest.approx(detailed.bytes_received())
     fast_run, detailed_run = (simulate([(p, group)])[0] for p in (fast, detailed))
-    spine_links = t.num_nodes * t.node.num_links + 2 * t.fabric.num_nics
+    spine_links = t.layout.nic_links_end  # leaf <-> spine link ids start here
     for link in set(fast_run.link_bytes) | set(detailed_run.link_bytes):
         if link < spine_links:  # node links and NIC <-> leaf links
             assert fast_run.link_bytes.get(link, 0.0) == pytest.approx(detailed_run.link_bytes.get(link, 0.0))

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 import numpy as np
 
 from simdist.collectives.group import Group
-from simdist.hardware import batch
 from simdist.hardware.batch import RouteBatch
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
@@ -35,23 +34,13 @@ def drain_time_s(topology: Topology, flows: Iterable[tuple[Route, float]], rate_
     return max(b / (topology.link(link).effective_bandwidth_Bps * rate_factor) for link, b in load.items())
 
 
-_LINK_INDEX: dict[int, tuple[np.ndarray, Topology, np.ndarray, np.ndarray]] = {}
-"""By id of a route batch's links array: (that array, its topology, each entry's index among the distinct links,
-their capacities). Groups are rebuilt for every protocol priced but share their route batches
-(simdist.collectives.group), so every protocol and size of a collective sums over the same links (bounded; an
-entry holds its array, so the id in its key stays that array's)."""
-
-
 def batch_drain_time_s(group: Group, routes: RouteBatch, nbytes: np.ndarray, rate_factor: float = 1.0) -> float:
     """drain_time_s for a vectorised batch of routes (simdist.hardware.batch), same arithmetic."""
-    hit = _LINK_INDEX.get(id(routes.links))
-    if hit is None or hit[0] is not routes.links or hit[1] is not group.topology:
-        ids, compact = np.unique(routes.links, return_inverse=True)  # as batch.link_loads
-        if len(_LINK_INDEX) > 1024:
-            _LINK_INDEX.clear()
-        hit = _LINK_INDEX[id(routes.links)] = (routes.links, group.topology, compact.reshape(-1),
-                                               batch.link_capacities(group.topology, ids))
-    _, _, compact, capacity = hit
+    # each distinct link and its capacity, computed once per route batch (RouteBatch.link_index): groups are
+    # rebuilt for every protocol priced but share their route batches (Topology.route_batches), so every protocol
+    # and size of a collective sums over the same links
+    _, compact = routes.link_index()
+    capacity = routes.distinct_capacities_Bps(group.topology.layout)
     if not len(capacity):
         return 0.0
     weights = np.repeat(np.asarray(nbytes, dtype=float), routes.hops)

@@ -16,14 +16,6 @@ from simdist.hardware import batch
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
 
-_ROUTE_BATCHES: dict[tuple[int, bytes, bytes], tuple[Topology, batch.RouteBatch]] = {}
-"""Vectorised routes by (topology, sources, destinations): every protocol priced asks for the same edges."""
-_RING_ORDERS: dict[tuple[int, tuple[int, ...], int], tuple[Topology, tuple[tuple[int, ...], ...]]] = {}
-"""Ring orders by (topology, ranks, channels): groups are rebuilt for every protocol priced (bounded memo)."""
-_BY_NODE: dict[tuple[int, tuple[int, ...]], tuple[Topology, tuple[tuple[int, tuple[int, ...]], ...], int]] = {}
-"""Peers by node and default channels by (topology, ranks): asked for by every algorithm and protocol priced
-(bounded memo; an entry holds its topology, so the id in its key stays that topology's)."""
-
 
 @dataclass(eq=False, slots=True)
 class Group:
@@ -100,15 +92,11 @@ class Group:
         ranks = np.asarray(self.ranks, dtype=np.int64)
         plain = ~switch
         a, b = ranks[src[plain]], ranks[dst[plain]]
-        key = (id(self.topology), a.tobytes(), b.tobytes())
-        hit = _ROUTE_BATCHES.get(key)
-        if hit is not None and hit[0] is self.topology:
-            out = hit[1]
-        else:
-            out = batch.routes(self.topology, a, b)
-            if len(_ROUTE_BATCHES) > 1024:
-                _ROUTE_BATCHES.clear()
-            _ROUTE_BATCHES[key] = (self.topology, out)
+        # every protocol priced asks for the same edges: memoised by the topology (Topology.route_batches)
+        key = (a.tobytes(), b.tobytes())
+        out = self.topology.route_batches.get(key)
+        if out is None:
+            out = self.topology.route_batches.put(key, batch.routes(self.topology, a, b))
         if self.extra_latency_by_class:
             bits = batch.KIND_BIT
             net = bits["infiniband"] | bits["roce"] | bits["ethernet"]
@@ -143,20 +131,18 @@ class Group:
         return {node: list(peers) for node, peers in self._placement()[0]}
 
     def _placement(self) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
-        """((node, its peers) in order of first peer, default channels), memoised by (topology, ranks)."""
-        key = (id(self.topology), tuple(self.ranks))
-        hit = _BY_NODE.get(key)
-        if hit is not None and hit[0] is self.topology:
-            return hit[1], hit[2]
+        """((node, its peers) in order of first peer, default channels), memoised by the topology (by ranks):
+        asked for by every algorithm and protocol priced."""
+        key = tuple(self.ranks)
+        hit = self.topology.placements.get(key)
+        if hit is not None:
+            return hit
         out: dict[int, list[int]] = {}
         for peer, node in enumerate(self.nodes()):
             out.setdefault(node, []).append(peer)
         placement = tuple((node, tuple(peers)) for node, peers in out.items())
         channels = self._default_channels(out)
-        if len(_BY_NODE) > 4096:
-            _BY_NODE.clear()
-        _BY_NODE[key] = (self.topology, placement, channels)
-        return placement, channels
+        return self.topology.placements.put(key, (placement, channels))
 
     def ring_orders(self, channels: int) -> list[list[int]]:
         """One ring order per channel, NCCL-like: inside a node the ring visits the node's peers, and
@@ -173,14 +159,13 @@ class Group:
         # Assumption: NCCL's ring search finds rail-aligned rings on rail-optimized fabrics (it does
         # with PXN); the snake reproduces that without modelling PXN forwarding.
         """
-        key = (id(self.topology), self.ranks, channels)
-        cached = _RING_ORDERS.get(key)
-        if cached is not None and cached[0] is self.topology:
-            return [list(o) for o in cached[1]]
+        # groups are rebuilt for every protocol priced: memoised by the topology (by ranks and channels)
+        key = (self.ranks, channels)
+        cached = self.topology.ring_orders.get(key)
+        if cached is not None:
+            return [list(o) for o in cached]
         orders = self._ring_orders(channels)
-        if len(_RING_ORDERS) > 4096:
-            _RING_ORDERS.clear()
-        _RING_ORDERS[key] = (self.topology, tuple(tuple(o) for o in orders))
+        self.topology.ring_orders.put(key, tuple(tuple(o) for o in orders))
         return orders
 
     def _ring_orders(self, channels: int) -> list[list[int]]:

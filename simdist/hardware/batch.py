@@ -5,20 +5,21 @@ an all_to_all a million pairs. Every route is a node-local shape placed by arith
 (simdist.hardware.topology), so pairs that share (source local GPU, destination local GPU, same node
 or not, same leaf or not) share everything but their offsets: one template per such class (computed
 by `Topology.route` itself, so bandwidths and latencies are bit-for-bit the same floats) and numpy
-arithmetic for the link ids of every member. The spine of a leaf-crossing pair is the fabric's ECMP
-hash (MurmurHash3's finaliser) in uint64 arithmetic, which wraps modulo 2^64 as the scalar version's
-mask does.
+arithmetic for the link ids of every member. Link ids, NIC ids, leaves and the ECMP spine of a leaf-crossing
+pair come from the same functions `Topology.route` uses (`Topology.layout`, `Fabric.nic_id`, `Fabric.leaf_of`,
+`Fabric.spine_for`), applied to arrays.
 
 `RouteBatch` stores routes as CSR: route ``i`` crosses ``links[indptr[i]:indptr[i + 1]]`` in order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import get_args
 
 import numpy as np
 
+from simdist.hardware.layout import LinkLayout
 from simdist.hardware.link import Route
 from simdist.hardware.topology import Topology
 from simdist.spec.topology import LinkKind
@@ -26,12 +27,6 @@ from simdist.spec.topology import LinkKind
 LINK_KINDS: tuple[str, ...] = get_args(LinkKind)
 """Bit ``k`` of `RouteBatch.kind_mask` is set when a route crosses a link of kind ``LINK_KINDS[k]``."""
 KIND_BIT = {kind: 1 << k for k, kind in enumerate(LINK_KINDS)}
-
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-_S32 = np.uint64(32)
-
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RouteBatch:
@@ -46,6 +41,8 @@ class RouteBatch:
     latency_s: np.ndarray
     kind_mask: np.ndarray
     """Bit mask of the link kinds each route crosses (bits: `KIND_BIT`)."""
+    _derived: dict = field(default_factory=dict, repr=False)
+    """What `link_index` and `distinct_capacities_Bps` computed, shared with the `with_latency` copies (same links)."""
 
     def __len__(self) -> int:
         return len(self.src)
@@ -66,7 +63,32 @@ class RouteBatch:
 
     def with_latency(self, latency_s: np.ndarray) -> RouteBatch:
         return RouteBatch(self.src, self.dst, self.indptr, self.links, self.bandwidth_Bps,
-                          self.effective_bandwidth_Bps, latency_s, self.kind_mask)
+                          self.effective_bandwidth_Bps, latency_s, self.kind_mask, self._derived)
+
+    def link_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct link ids, ascending; the index of each entry of ``links`` among them), as ``np.unique``
+        with ``return_inverse`` gives them; computed once per batch."""
+        hit = self._derived.get("index")
+        if hit is None:
+            ids, compact = np.unique(self.links, return_inverse=True)
+            hit = self._derived["index"] = (ids, compact.reshape(-1))
+        return hit
+
+    def distinct_capacities_Bps(self, layout: LinkLayout) -> np.ndarray:
+        """Effective capacity of each of ``link_index()[0]`` on ``layout`` (the topology the batch was routed on);
+        computed once per batch."""
+        hit = self._derived.get("capacities")
+        if hit is None or hit[0] is not layout:
+            hit = self._derived["capacities"] = (layout, layout.capacities_Bps(self.link_index()[0]))
+        return hit[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its arrays hold, plus the most `link_index` and `distinct_capacities_Bps` hold once computed
+        (one int64 per entry of ``links``, and at most as many distinct ids and capacities)."""
+        arrays = (self.src, self.dst, self.indptr, self.links, self.bandwidth_Bps, self.effective_bandwidth_Bps,
+                  self.latency_s, self.kind_mask)
+        return sum(int(a.nbytes) for a in arrays) + 3 * int(self.links.nbytes)
 
     @classmethod
     def from_routes(cls, routes: list[Route], kind_mask: np.ndarray) -> RouteBatch:
@@ -117,33 +139,13 @@ def interleave(mask: np.ndarray, unmasked: RouteBatch, masked: RouteBatch) -> Ro
                       merge(unmasked.latency_s, masked.latency_s), merge(unmasked.kind_mask, masked.kind_mask))
 
 
-def fmix64(key: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finaliser over uint64 arrays (as `simdist.hardware.fabric._fmix64`)."""
-    key = np.asarray(key, dtype=np.uint64).copy()
-    key ^= key >> _S33
-    key *= _C1
-    key ^= key >> _S33
-    key *= _C2
-    key ^= key >> _S33
-    return key
-
-
-def leaves_of(topology: Topology, nic: np.ndarray) -> np.ndarray:
-    """Leaf of each global NIC (as `Fabric.leaf_of`)."""
-    f = topology.fabric
-    assert f is not None
-    node, local = np.divmod(nic, f.nics_per_node)
-    if f.shape == "rail_optimized":
-        return (node // f.down_ports) * f.nics_per_node + local
-    return nic // f.down_ports
-
-
-def spines_for(topology: Topology, src_nic: np.ndarray, dst_nic: np.ndarray) -> np.ndarray:
-    """ECMP spine of each NIC pair (as `Fabric.spine_for`)."""
-    f = topology.fabric
-    assert f is not None
-    key = (np.asarray(src_nic).astype(np.uint64) << _S32) | np.asarray(dst_nic).astype(np.uint64)
-    return (fmix64(key) % np.uint64(f.num_spines)).astype(np.int64)
+def _gpu_nics(topology: Topology, node: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """Global NIC of GPU ``gpu`` of node ``node`` (`NodeGraph.nic_of_gpu`), -1 where the GPU has none."""
+    fabric = topology.fabric
+    assert fabric is not None
+    nic_of = np.array([-1 if x is None else x for x in topology.node.nic_of_gpu], dtype=np.int64)
+    local = nic_of[gpu]
+    return np.where(local >= 0, fabric.nic_id(node, local), -1)
 
 
 def _kind_mask(topology: Topology, links: tuple[int, ...]) -> int:
@@ -165,7 +167,7 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
         topology.locate(int(both[outside][0]))  # raises the TopologyError
     g = topology.gpus_per_node
     node = topology.node
-    t = node.num_links
+    layout = topology.layout
     src_node, src_gpu = np.divmod(src, g)
     dst_node, dst_gpu = np.divmod(dst, g)
     inter = src_node != dst_node
@@ -173,13 +175,11 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
     cross = np.zeros(n, dtype=bool)
     src_nic = dst_nic = np.zeros(n, dtype=np.int64)
     if fabric is not None and inter.any():
-        nic_of = np.array([-1 if x is None else x for x in node.nic_of_gpu], dtype=np.int64)
-        if (nic_of[src_gpu[inter]] < 0).any() or (nic_of[dst_gpu[inter]] < 0).any():
-            k = int(np.flatnonzero(inter & ((nic_of[src_gpu] < 0) | (nic_of[dst_gpu] < 0)))[0])
+        src_nic, dst_nic = _gpu_nics(topology, src_node, src_gpu), _gpu_nics(topology, dst_node, dst_gpu)
+        if (src_nic[inter] < 0).any() or (dst_nic[inter] < 0).any():
+            k = int(np.flatnonzero(inter & ((src_nic < 0) | (dst_nic < 0)))[0])
             topology.route(int(src[k]), int(dst[k]))  # raises the TopologyError
-        src_nic = src_node * fabric.nics_per_node + nic_of[src_gpu]
-        dst_nic = dst_node * fabric.nics_per_node + nic_of[dst_gpu]
-        cross = inter & (leaves_of(topology, src_nic) != leaves_of(topology, dst_nic))
+        cross = inter & (fabric.leaf_of(src_nic) != fabric.leaf_of(dst_nic))
     # class of a pair: (local source GPU, local destination GPU, inter-node, crosses the spine layer)
     code = ((src_gpu * g + dst_gpu) * 2 + inter) * 2 + cross
     classes, first, inverse = np.unique(code, return_index=True, return_inverse=True)
@@ -201,8 +201,6 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
     links = np.empty(int(indptr[-1]), dtype=np.int64)
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(num + 1))
-    node_end = topology.num_nodes * t
-    nic_end = node_end + 2 * (fabric.num_nics if fabric else 0)
     for c in range(num):
         members = order[bounds[c]:bounds[c + 1]]
         h = int(hops[c])
@@ -211,55 +209,39 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
         rep = first[c]
         placed = np.asarray(templates[c].links, dtype=np.int64)
         if not inter[rep]:
-            block = placed[None, :] + ((src_node[members] - src_node[rep]) * t)[:, None]
+            # the template's links moved from its node to each member's (same local links)
+            block = layout.node_link((src_node[members] - src_node[rep])[:, None], placed[None, :])
         else:
             assert fabric is not None
             up = node.path(node.gpus[int(src_gpu[rep])], node.nics[node.nic_of_gpu[int(src_gpu[rep])]])
             down = node.path(node.nics[node.nic_of_gpu[int(dst_gpu[rep])]], node.gpus[int(dst_gpu[rep])])
             u, d = len(up.links), len(down.links)
             block = np.empty((len(members), h), dtype=np.int64)
-            block[:, :u] = np.asarray(up.links, dtype=np.int64)[None, :] + (src_node[members] * t)[:, None]
-            block[:, u] = node_end + 2 * src_nic[members]
+            block[:, :u] = layout.node_link(src_node[members][:, None], np.asarray(up.links, dtype=np.int64)[None, :])
+            block[:, u] = layout.nic_up(src_nic[members])
             if cross[rep]:
                 s_nic, d_nic = src_nic[members], dst_nic[members]
-                spine = spines_for(topology, s_nic, d_nic)
-                s_leaf, d_leaf = leaves_of(topology, s_nic), leaves_of(topology, d_nic)
-                block[:, u + 1] = nic_end + 2 * (s_leaf * fabric.num_spines + spine)
-                block[:, u + 2] = nic_end + 2 * (d_leaf * fabric.num_spines + spine) + 1
-            block[:, h - d - 1] = node_end + 2 * dst_nic[members] + 1
-            block[:, h - d:] = np.asarray(down.links, dtype=np.int64)[None, :] + (dst_node[members] * t)[:, None]
+                spine = fabric.spine_for(s_nic, d_nic)
+                block[:, u + 1] = layout.spine_up(fabric.leaf_of(s_nic), spine)
+                block[:, u + 2] = layout.spine_down(fabric.leaf_of(d_nic), spine)
+            block[:, h - d - 1] = layout.nic_down(dst_nic[members])
+            block[:, h - d:] = layout.node_link(dst_node[members][:, None],
+                                                np.asarray(down.links, dtype=np.int64)[None, :])
         links[segment_positions(indptr[members], np.full(len(members), h))] = block.reshape(-1)
     return RouteBatch(src, dst, indptr, links, bw[inverse], eff[inverse], lat[inverse], kind[inverse])
 
 
 def link_capacities(topology: Topology, link_ids: np.ndarray) -> np.ndarray:
-    """Effective bandwidth (bytes/s) of each link id: ``topology.link(i).effective_bandwidth_Bps``."""
-    ids = np.asarray(link_ids, dtype=np.int64)
-    if len(ids) and (ids.min() < 0 or ids.max() >= topology.num_links):
-        bad = int(ids[(ids < 0) | (ids >= topology.num_links)][0])
-        topology.link(bad)  # raises IndexError
-    node = topology.node
-    t = node.num_links
-    local = np.array([lk.bandwidth_Bps for lk in node.links], dtype=float) * \
-        np.array([lk.efficiency for lk in node.links], dtype=float)
-    node_end = topology.num_nodes * t
-    out = np.empty(len(ids))
-    in_node = ids < node_end
-    out[in_node] = local[ids[in_node] % t]
-    fabric = topology.fabric
-    if fabric is not None:
-        nic_end = node_end + 2 * fabric.num_nics
-        is_nic = ~in_node & (ids < nic_end)
-        out[is_nic] = fabric.nic_bandwidth_Bps * fabric.efficiency
-        out[ids >= nic_end] = fabric.uplink_bandwidth_Bps * fabric.efficiency
-    return out
+    """Effective bandwidth (bytes/s) of each link id: ``topology.link(i).effective_bandwidth_Bps``
+    (`LinkLayout.capacities_Bps`; IndexError for an id outside the topology)."""
+    return topology.layout.capacities_Bps(link_ids)
 
 
 def link_loads(batch: RouteBatch, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(link ids, bytes) crossing each link used by routes carrying ``nbytes[i]`` each, ids ascending."""
-    ids, compact = np.unique(batch.links, return_inverse=True)
+    ids, compact = batch.link_index()
     weights = np.repeat(np.asarray(nbytes, dtype=float), batch.hops)
-    return ids, np.bincount(compact.reshape(-1), weights=weights, minlength=len(ids))
+    return ids, np.bincount(compact, weights=weights, minlength=len(ids))
 
 
 def fabric_hops(topology: Topology, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -274,15 +256,13 @@ def fabric_hops(topology: Topology, src: np.ndarray, dst: np.ndarray) -> tuple[n
     if f is None or f.num_spines == 0:
         return none, none.copy()
     g = topology.gpus_per_node
-    nic_of = np.array([-1 if x is None else x for x in topology.node.nic_of_gpu], dtype=np.int64)
     src_node, src_gpu = np.divmod(src, g)
     dst_node, dst_gpu = np.divmod(dst, g)
-    src_nic = src_node * f.nics_per_node + nic_of[src_gpu]
-    dst_nic = dst_node * f.nics_per_node + nic_of[dst_gpu]
-    src_leaf, dst_leaf = leaves_of(topology, src_nic), leaves_of(topology, dst_nic)
-    climbs = (src_node != dst_node) & (src_leaf != dst_leaf) & (nic_of[src_gpu] >= 0) & (nic_of[dst_gpu] >= 0)
-    spine = spines_for(topology, np.where(climbs, src_nic, 0), np.where(climbs, dst_nic, 0))
-    base = topology.num_nodes * topology.node.num_links + 2 * f.num_nics
-    up = np.where(climbs, base + 2 * (src_leaf * f.num_spines + spine), -1)
-    down = np.where(climbs, base + 2 * (dst_leaf * f.num_spines + spine) + 1, -1)
+    src_nic, dst_nic = _gpu_nics(topology, src_node, src_gpu), _gpu_nics(topology, dst_node, dst_gpu)
+    src_leaf, dst_leaf = f.leaf_of(src_nic), f.leaf_of(dst_nic)
+    climbs = (src_node != dst_node) & (src_leaf != dst_leaf) & (src_nic >= 0) & (dst_nic >= 0)
+    spine = f.spine_for(np.where(climbs, src_nic, 0), np.where(climbs, dst_nic, 0))
+    layout = topology.layout
+    up = np.where(climbs, layout.spine_up(src_leaf, spine), -1)
+    down = np.where(climbs, layout.spine_down(dst_leaf, spine), -1)
     return up, down

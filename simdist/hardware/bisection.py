@@ -18,7 +18,6 @@ one node, and the figure is reported with the cut it used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from weakref import WeakKeyDictionary
 
 import networkx as nx
 import numpy as np
@@ -43,31 +42,6 @@ def _node_flow(topology: Topology, sources: list[str], sinks: list[str]) -> floa
     return float(nx.maximum_flow_value(g, "_source", "_sink"))
 
 
-_INJECTION: WeakKeyDictionary[Topology, float] = WeakKeyDictionary()
-
-
-def _node_injection(topology: Topology) -> float:
-    """How much a node can push out of all its NICs at once (GPUs -> NICs -> fabric); cached."""
-    cached = _INJECTION.get(topology)
-    if cached is None:
-        cached = _INJECTION[topology] = _node_injection_flow(topology)
-    return cached
-
-
-def _node_injection_flow(topology: Topology) -> float:
-    fabric = topology.fabric
-    assert fabric is not None
-    node = topology.node
-    g = nx.DiGraph()
-    for lk in node.links:
-        g.add_edge(lk.src, lk.dst, capacity=lk.bandwidth_Bps)
-    for gpu in node.gpus:
-        g.add_edge("_source", gpu)
-    for nic in node.nics:
-        g.add_edge(nic, "_sink", capacity=fabric.nic_bandwidth_Bps)
-    return float(nx.maximum_flow_value(g, "_source", "_sink"))
-
-
 def bisection(topology: Topology) -> Bisection:
     """Bisection bandwidth of ``topology`` (see the module docstring for the definition)."""
     if topology.num_nodes == 1:
@@ -80,7 +54,7 @@ def bisection(topology: Topology) -> Bisection:
     fabric = topology.fabric
     assert fabric is not None
     n_half = topology.num_nodes // 2
-    per_nic = min(fabric.nic_bandwidth_Bps, _node_injection(topology) / fabric.nics_per_node)
+    per_nic = min(fabric.nic_bandwidth_Bps, topology.node_injection_Bps / fabric.nics_per_node)
     leaves = fabric.leaf_of_all()
     first = np.zeros(fabric.num_nics, dtype=bool)
     first[: n_half * fabric.nics_per_node] = True

@@ -1,7 +1,8 @@
 """The inter-node fabric: NICs on leaf switches, leaves joined by a spine layer, in closed form.
 
-Nothing here is materialised per NIC: a 16,384-NIC fabric is a handful of integers, and the leaf of
-a NIC, the spine an ECMP hash picks and the id of every fabric link are arithmetic.
+Nothing here is materialised per NIC: a 16,384-NIC fabric is a handful of integers, and the id of a NIC,
+its leaf and the spine an ECMP hash picks are arithmetic, written once for ints and numpy arrays alike (the
+ids of the fabric's links: `simdist.hardware.layout`).
 
 Two shapes (DESIGN.md ``inter_node.fabric``):
 - ``fat_tree``: NICs are cabled to leaves in order (node-major), ``down_ports`` per leaf.
@@ -21,11 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from simdist.hardware.link_defaults import LINK_DEFAULTS
 from simdist.spec.topology import FabricKind, FabricShape, InterNodeSpec
+
+IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
+"""A Python int or a numpy integer array: the fabric's and the link layout's arithmetic is written once for both."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,36 +52,62 @@ class Fabric:
     def num_nics(self) -> int:
         return self.num_nodes * self.nics_per_node
 
-    def leaf_of(self, nic: int) -> int:
-        """Leaf switch of global NIC ``nic`` (= node x nics_per_node + local NIC)."""
-        node, local = divmod(nic, self.nics_per_node)
+    # Each method below takes Python ints or numpy integer arrays (elementwise) and returns the same kind:
+    # the one formula of each fact, for `Topology.route` and for `simdist.hardware.batch` alike.
+    def nic_id(self, node: IntOrArray, local: IntOrArray) -> IntOrArray:
+        """Global NIC id of local NIC ``local`` of node ``node``: NICs are numbered node-major."""
+        return node * self.nics_per_node + local
+
+    def nic_location(self, nic: IntOrArray) -> tuple[IntOrArray, IntOrArray]:
+        """(node, local NIC) of global NIC ``nic`` (the inverse of `nic_id`)."""
+        return divmod(nic, self.nics_per_node)
+
+    def leaf_of(self, nic: IntOrArray) -> IntOrArray:
+        """Leaf switch of global NIC ``nic`` (see the module docstring for the two shapes)."""
         if self.shape == "rail_optimized":
+            node, local = divmod(nic, self.nics_per_node)  # nic_location, inline: Topology.route's hot path
             return (node // self.down_ports) * self.nics_per_node + local
         return nic // self.down_ports
 
     def leaf_of_all(self) -> np.ndarray:
         """Leaf of every NIC, as an array (for bisection and load summaries)."""
-        nic = np.arange(self.num_nics)
-        node, local = np.divmod(nic, self.nics_per_node)
-        if self.shape == "rail_optimized":
-            return (node // self.down_ports) * self.nics_per_node + local
-        return nic // self.down_ports
+        return self.leaf_of(np.arange(self.num_nics, dtype=np.int64))
 
-    def spine_for(self, src_nic: int, dst_nic: int) -> int:
+    def spine_for(self, src_nic: IntOrArray, dst_nic: IntOrArray) -> IntOrArray:
         """ECMP: a stable spine for a NIC pair (a fixed integer hash, not Python's salted hash)."""
         # Assumption: static per-flow ECMP hashing; adaptive routing would spread a flow's packets.
-        return _fmix64((src_nic << 32) | dst_nic) % self.num_spines
+        spine = fmix64((_uint64(src_nic) << 32) | _uint64(dst_nic)) % self.num_spines
+        return spine if type(spine) is int else spine.astype(np.int64)
 
 
+_C1 = 0xFF51AFD7ED558CCD
+_C2 = 0xC4CEB9FE1A85EC53
 _MASK64 = (1 << 64) - 1
+_SCALARS = (int, np.integer)
 
 
-def _fmix64(key: int) -> int:
-    """MurmurHash3's 64-bit finaliser: every input bit affects every output bit."""
+def _uint64(x: IntOrArray) -> IntOrArray:
+    """A Python int for a scalar (exact at any width), a fresh uint64 array for an array (wraps modulo 2^64)."""
+    if type(x) is int:  # Topology.route's hot path: no conversion
+        return x
+    if isinstance(x, _SCALARS):
+        return int(x)
+    return np.asarray(x).astype(np.uint64)
+
+
+def fmix64(key: IntOrArray) -> IntOrArray:
+    """MurmurHash3's 64-bit finaliser (Appleby, MurmurHash3.cpp ``fmix64``): every input bit affects every
+    output bit. ``key``: a Python int in [0, 2^64) or a uint64 array (not modified); the same steps for both:
+    a Python int is masked to 64 bits after each product, a uint64 array wraps there by itself."""
+    if type(key) is not int:
+        # a copy of an array (the steps below work in place on arrays), a numpy scalar as an int
+        key = key.astype(np.uint64) if isinstance(key, np.ndarray) else int(key)
     key ^= key >> 33
-    key = (key * 0xFF51AFD7ED558CCD) & _MASK64
+    key *= _C1
+    key &= _MASK64
     key ^= key >> 33
-    key = (key * 0xC4CEB9FE1A85EC53) & _MASK64
+    key *= _C2
+    key &= _MASK64
     key ^= key >> 33
     return key
 

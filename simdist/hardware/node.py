@@ -211,3 +211,16 @@ def _widest_shortest_path(node: NodeGraph, src: str, dst: str) -> PathShape:
                 sum(lk.latency_s for lk in links),
             )
     raise TopologyError(f"no path from {src} to {dst} inside a node", fix="check the topology's host and scale_up")
+
+
+def injection_flow_Bps(node: NodeGraph, nic_bandwidth_Bps: float) -> float:
+    """How much the node can push out of all its NICs at once: max flow from every GPU through the node's links
+    to its NICs, each NIC carrying at most ``nic_bandwidth_Bps`` (nominal bandwidths)."""
+    g = nx.DiGraph()
+    for lk in node.links:
+        g.add_edge(lk.src, lk.dst, capacity=lk.bandwidth_Bps)
+    for gpu in node.gpus:
+        g.add_edge("_source", gpu)  # no capacity attribute = unbounded
+    for nic in node.nics:
+        g.add_edge(nic, "_sink", capacity=nic_bandwidth_Bps)
+    return float(nx.maximum_flow_value(g, "_source", "_sink"))

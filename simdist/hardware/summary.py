@@ -25,9 +25,9 @@ def _links_by_kind(topology: Topology) -> dict[str, dict[str, Any]]:
         add(lk.kind, topology.num_nodes, lk.bandwidth_Bps)
     fabric = topology.fabric
     if fabric is not None:
-        add(fabric.kind, 2 * fabric.num_nics, fabric.nic_bandwidth_Bps)
-        if fabric.num_spines:
-            add(fabric.kind, 2 * fabric.num_leaves * fabric.num_spines, fabric.uplink_bandwidth_Bps)
+        add(fabric.kind, topology.layout.num_nic_links, fabric.nic_bandwidth_Bps)
+        if topology.layout.num_spine_links:
+            add(fabric.kind, topology.layout.num_spine_links, fabric.uplink_bandwidth_Bps)
     return {k: {"count": v["count"], "bandwidths_Bps": sorted(v["bandwidths_Bps"])} for k, v in sorted(out.items())}
 
 

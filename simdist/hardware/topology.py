@@ -1,31 +1,45 @@
 """The cluster as a graph: one node graph placed ``num_nodes`` times, plus the fabric, plus routes.
 
-Global link ids are dense and computed, never stored per link:
-  [0, N x T)                node links: node n, local link t -> n x T + t
-  [N x T, + 2 x NICs)       NIC <-> leaf: NIC g up (to leaf) 2g, down (to NIC) 2g + 1
-  [.., + 2 x L x S)         leaf <-> spine: leaf l, spine s up 2(l S + s), down 2(l S + s) + 1
+Global link ids are dense and computed, never stored per link (`simdist.hardware.layout`, `Topology.layout`):
+node links first, then NIC <-> leaf links, then leaf <-> spine links.
 Vertex names: ``n{node}/{local}`` inside nodes (``n3/gpu5``, ``n3/h0/pcie1``, ``n3/nvswitch``),
 ``leaf{i}`` and ``spine{j}`` in the fabric. GPU ``rank`` r lives on node r // gpus_per_node.
+
+A topology owns the memo tables of values derived from it alone (`simdist.hardware.memo`): routes here, route
+batches, ring orders and peer placements for `simdist.collectives.group`. Each is bounded (see the constants).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
 from simdist.errors import TopologyError
 from simdist.hardware.fabric import Fabric, build_fabric
 from simdist.hardware.gpus import gpu_preset
+from simdist.hardware.layout import NIC, NODE, LinkLayout
 from simdist.hardware.link import Link, PathShape, Route, join
-from simdist.hardware.node import NodeGraph, build_node
+from simdist.hardware.memo import Memo
+from simdist.hardware.node import NodeGraph, build_node, injection_flow_Bps
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.topology import TopologySpec
 
-ROUTE_CACHE_ENTRIES = 1 << 18
-"""Routes kept per topology before the cache is emptied (~150 MiB at the limit)."""
+if TYPE_CHECKING:
+    from simdist.hardware.batch import RouteBatch
 
+ROUTE_CACHE_ENTRIES = 1 << 18
+"""Routes kept per topology before the cache is emptied (~150 MiB at the limit: ~600 B a route,
+benchmarks/topology.py). A plain dict, not a `Memo`: a cached route is the hot path (one dict lookup)."""
+ROUTE_BATCH_MEMO = (1024, 2**30)
+"""(entries, bytes) kept of `route_batches`: vectorised routes by (sources, destinations). A 16,384-rank ring's
+8 channels charge 19 MiB, a 512-rank all_to_all's fast plan 80 MiB (`RouteBatch.nbytes`)."""
+RING_ORDER_MEMO = (4096, 128 * 2**20)
+"""(entries, bytes) kept of `ring_orders`: ring orders by (ranks, channels); 16,384 ranks x 8 channels charge 5 MiB."""
+PLACEMENT_MEMO = (4096, 128 * 2**20)
+"""(entries, bytes) kept of `placements`: peers by node and default channels by ranks; 16,384 ranks charge 1.4 MiB."""
 
 class Topology:
     """A built cluster. Cheap to build at any size; routes are computed on demand and cached."""
@@ -47,18 +61,24 @@ class Topology:
                     "or use num_nodes: 1",
                 )
             self.fabric = build_fabric(spec.inter_node, spec.num_nodes)
-        t = self.node.num_links
-        self._node_links_end = self.num_nodes * t
-        nics = self.fabric.num_nics if self.fabric else 0
-        self._nic_links_end = self._node_links_end + 2 * nics
-        fabric_pairs = self.fabric.num_leaves * self.fabric.num_spines if self.fabric else 0
-        self.num_links = self._nic_links_end + 2 * fabric_pairs
+        self.layout = LinkLayout.of(self.num_nodes, self.node, self.fabric)
+        """Where every link sits among the global ids, and its capacity by id."""
+        self.num_links = self.layout.num_links
         self._routes: dict[tuple[int, int], Route] = {}
+        # Memo tables that simdist.collectives.group fills: values derived from this topology alone, keyed by ranks
+        # (never by an object's id), freed with the topology.
+        self.route_batches: Memo[tuple[bytes, bytes], RouteBatch] = Memo("route_batches", *ROUTE_BATCH_MEMO)
+        """Vectorised routes (`simdist.hardware.batch.routes`) by (sources, destinations) as int64 bytes."""
+        self.ring_orders: Memo[tuple[tuple[int, ...], int], tuple[tuple[int, ...], ...]] = Memo(
+            "ring_orders", *RING_ORDER_MEMO)
+        """Ring orders by (group ranks, channels) (`simdist.collectives.group.Group.ring_orders`)."""
+        self.placements: Memo[tuple[int, ...], tuple[tuple[tuple[int, tuple[int, ...]], ...], int]] = Memo(
+            "placements", *PLACEMENT_MEMO)
+        """(node, its peers) in order and default channels by group ranks (`Group.by_node`)."""
         if self.fabric is not None:
             f = self.fabric
-            self._nic_shape = PathShape((), f.nic_bandwidth_Bps, f.nic_bandwidth_Bps * f.efficiency, f.latency_s)
-            self._uplink_shape = PathShape((), f.uplink_bandwidth_Bps, f.uplink_bandwidth_Bps * f.efficiency,
-                                           f.latency_s)
+            self._nic_shape = PathShape((), f.nic_bandwidth_Bps, self.layout.nic_capacity_Bps, f.latency_s)
+            self._uplink_shape = PathShape((), f.uplink_bandwidth_Bps, self.layout.uplink_capacity_Bps, f.latency_s)
 
     # ----------------------------------------------------------------- placement
     def locate(self, rank: int) -> tuple[int, int]:
@@ -73,7 +93,7 @@ class Topology:
     @property
     def num_node_links(self) -> int:
         """Links inside the nodes have ids below this (NIC-to-leaf and fabric links come after)."""
-        return self._node_links_end
+        return self.layout.node_links_end
 
     @property
     def nvlink_domain_size(self) -> int:
@@ -83,24 +103,19 @@ class Topology:
     # ----------------------------------------------------------------- links
     def link(self, link_id: int) -> Link:
         """The directed link with global id ``link_id``."""
-        if link_id < 0 or link_id >= self.num_links:
-            raise IndexError(f"link id {link_id} out of range [0, {self.num_links})")
-        if link_id < self._node_links_end:
-            node, t = divmod(link_id, self.node.num_links)
-            lk = self.node.links[t]
+        link_class, a_index, b_index, down = self.layout.locate(link_id)  # IndexError outside the ids
+        if link_class == NODE:
+            node, lk = a_index, self.node.links[b_index]
             return Link(link_id, f"n{node}/{lk.src}", f"n{node}/{lk.dst}", lk.kind, lk.bandwidth_Bps,
                         lk.latency_s, lk.efficiency)
         fabric = self.fabric
         assert fabric is not None
-        if link_id < self._nic_links_end:
-            nic, down = divmod(link_id - self._node_links_end, 2)
-            node, local = divmod(nic, fabric.nics_per_node)
-            a, b = f"n{node}/nic{local}", f"leaf{fabric.leaf_of(nic)}"
+        if link_class == NIC:
+            node, local = fabric.nic_location(a_index)
+            a, b = f"n{node}/nic{local}", f"leaf{fabric.leaf_of(a_index)}"
             src, dst = (b, a) if down else (a, b)
             return Link(link_id, src, dst, fabric.kind, fabric.nic_bandwidth_Bps, fabric.latency_s, fabric.efficiency)
-        pair, down = divmod(link_id - self._nic_links_end, 2)
-        leaf, spine = divmod(pair, fabric.num_spines)
-        a, b = f"leaf{leaf}", f"spine{spine}"
+        a, b = f"leaf{a_index}", f"spine{b_index}"
         src, dst = (b, a) if down else (a, b)
         return Link(link_id, src, dst, fabric.kind, fabric.uplink_bandwidth_Bps, fabric.latency_s, fabric.efficiency)
 
@@ -126,7 +141,7 @@ class Topology:
         node = self.node
         if src_node == dst_node:
             shape = node.path(node.gpus[src_gpu], node.gpus[dst_gpu])
-            route = join(src, dst, [(shape.shifted(src_node * node.num_links), shape)])
+            route = join(src, dst, [(shape.shifted(self.layout.node_link(src_node, 0)), shape)])
         else:
             route = self._inter_node_route(src, dst, src_node, src_gpu, dst_node, dst_gpu)
         if len(self._routes) >= ROUTE_CACHE_ENTRIES:
@@ -147,25 +162,24 @@ class Topology:
                 field="inter_node.nics_per_node",
                 fix="give every host at least one NIC",
             )
-        src_nic = src_node * fabric.nics_per_node + src_nic_local
-        dst_nic = dst_node * fabric.nics_per_node + dst_nic_local
-        t = node.num_links
+        src_nic = fabric.nic_id(src_node, src_nic_local)
+        dst_nic = fabric.nic_id(dst_node, dst_nic_local)
+        layout = self.layout
         up = node.path(node.gpus[src_gpu], node.nics[src_nic_local])
         down = node.path(node.nics[dst_nic_local], node.gpus[dst_gpu])
         nic_link = self._nic_shape
         parts = [
-            (up.shifted(src_node * t), up),
-            ((self._node_links_end + 2 * src_nic,), nic_link),
+            (up.shifted(layout.node_link(src_node, 0)), up),
+            ((layout.nic_up(src_nic),), nic_link),
         ]
         src_leaf, dst_leaf = fabric.leaf_of(src_nic), fabric.leaf_of(dst_nic)
         if src_leaf != dst_leaf:
             spine = fabric.spine_for(src_nic, dst_nic)
             uplink = self._uplink_shape
-            base = self._nic_links_end
-            parts.append(((base + 2 * (src_leaf * fabric.num_spines + spine),), uplink))
-            parts.append(((base + 2 * (dst_leaf * fabric.num_spines + spine) + 1,), uplink))
-        parts.append(((self._node_links_end + 2 * dst_nic + 1,), nic_link))
-        parts.append((down.shifted(dst_node * t), down))
+            parts.append(((layout.spine_up(src_leaf, spine),), uplink))
+            parts.append(((layout.spine_down(dst_leaf, spine),), uplink))
+        parts.append(((layout.nic_down(dst_nic),), nic_link))
+        parts.append((down.shifted(layout.node_link(dst_node, 0)), down))
         return join(src, dst, parts)
 
     def nvswitch_ports(self, rank: int) -> tuple[int, int]:
@@ -173,9 +187,9 @@ class Topology:
         if self.spec.scale_up is None:
             raise TopologyError(f"{self.spec.name} has no NVSwitch", fix="use a preset with scale_up")
         node, gpu = self.locate(rank)
-        base = node * self.node.num_links
         name = self.node.gpus[gpu]
-        return base + self.node.link_index(name, "nvswitch"), base + self.node.link_index("nvswitch", name)
+        return (self.layout.node_link(node, self.node.link_index(name, "nvswitch")),
+                self.layout.node_link(node, self.node.link_index("nvswitch", name)))
 
     def route_vertices(self, route: Route) -> list[str]:
         """Vertex names along a route, source GPU first."""
@@ -184,6 +198,13 @@ class Topology:
             return [f"n{node}/{self.node.gpus[gpu]}"]
         links = [self.link(i) for i in route.links]
         return [links[0].src, *(lk.dst for lk in links)]
+
+    @cached_property
+    def node_injection_Bps(self) -> float:
+        """How much one node can push out of all its NICs at once (max flow GPUs -> NICs -> fabric), nominal."""
+        if self.fabric is None:
+            raise TopologyError(f"{self.spec.name} has one node and no fabric", fix="use num_nodes >= 2")
+        return injection_flow_Bps(self.node, self.fabric.nic_bandwidth_Bps)
 
     # ----------------------------------------------------------------- whole graph
     @cached_property

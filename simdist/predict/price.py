@@ -101,27 +101,9 @@ def _capacities(topology: Topology, links: dict[int, float]) -> np.ndarray:
 
 def capacity_of(topology: Topology) -> Callable[[int], float]:
     """link id -> effective bytes/s, as ``topology.link(id).effective_bandwidth_Bps`` but without building a
-    Link per call: link ids are dense by class (simdist.hardware.topology), and every link of a class (a node's
-    local link t, a NIC link, a leaf-spine link) has the capacity ``batch.link_capacities`` gives it."""
-    t = topology.node.num_links
-    node_end = topology.num_node_links
-    local = batch.link_capacities(topology, np.arange(min(t, node_end), dtype=np.int64)).tolist()
-    fabric = topology.fabric
-    nic_end = node_end + 2 * fabric.num_nics if fabric is not None else node_end
-    end = topology.num_links
-    nic_cap, up_cap = batch.link_capacities(topology, np.asarray([min(node_end, end - 1), min(nic_end, end - 1)],
-                                                                 dtype=np.int64)).tolist() if end else (0.0, 0.0)
-
-    def capacity(link: int) -> float:
-        if 0 <= link < node_end:
-            return local[link % t]
-        if node_end <= link < nic_end:
-            return nic_cap
-        if nic_end <= link < end:
-            return up_cap
-        return topology.link(link).effective_bandwidth_Bps  # raises IndexError
-
-    return capacity
+    Link per call (`LinkLayout.capacity_Bps`: link ids are dense by class, and every link of a class has its
+    class's capacity; IndexError outside the ids)."""
+    return topology.layout.capacity_Bps
 
 
 def _bottleneck(topology: Topology, load: dict[int, float]) -> float:
