@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 import simpy
 
-from simdist.engine.jobs import JobNetwork, unique_inverse
+from simdist.engine.links import SharedLinks, job_flows, unique_inverse
 from simdist.errors import SimdistError
 from simdist.plan.opgraph import Job, OpGraph
 
@@ -65,26 +65,26 @@ class _Instance:
     done: simpy.Event
     arrived: int = 0
     start: float = math.nan
-    demand: dict[int, float] | None = None
-    """The links the job may share with other tracks (None: all of job.demand)."""
+    links: tuple[int, ...] | None = None
+    """The links the job may share with other tracks (None: all of job.demand's)."""
     bandwidth_s: float = math.nan
     """Transfer time alone, with the links only its own track uses folded in (NaN: job.bandwidth_s)."""
 
 
 def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
                    capacities: Callable[[np.ndarray], np.ndarray] | None = None
-                   ) -> tuple[list[float], dict[tuple[int, int, str], tuple[dict[int, float], float]]]:
+                   ) -> tuple[list[float], dict[tuple[int, int, str], tuple[tuple[int, ...], float]]]:
     """Which links of the jobs only one track loads (ops of its own, none a collective instance): such links
     bound that track's job alone, so they fold into its uncontended transfer time.
 
     Returns per op the duration of a job none of whose links another track loads (NaN otherwise, and for ops
-    without a job or of an instance), and per (job, rank, stream) of the others: (the demand on its links
-    another track may load, the transfer time alone with the links only its own track loads folded in).
+    without a job or of an instance), and per (job, rank, stream) of the others: (its links another track
+    may load, the transfer time alone with the links only its own track loads folded in).
     Per link arithmetic in numpy: a data-parallel collective of a large cluster loads hundreds of links.
     """
     n = len(ops)
     solo_duration = [math.nan] * n
-    split_of_job: dict[tuple[int, int, str], tuple[dict[int, float], float]] = {}
+    split_of_job: dict[tuple[int, int, str], tuple[tuple[int, ...], float]] = {}
     arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(job) -> (links, bytes)
     tracks: dict[tuple[int, str], int] = {}
     seen: set[tuple[int, int, str, bool]] = set()
@@ -100,7 +100,7 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
         seen.add(ident)
         arr = arrays.get(id(job))
         if arr is None:
-            table = np.fromiter(chain.from_iterable(job.demand), dtype=float, count=2 * len(job.demand)).reshape(-1, 2)
+            table = np.fromiter(chain.from_iterable(job.demand), dtype=float, count=3 * len(job.demand)).reshape(-1, 3)
             arr = arrays[id(job)] = (table[:, 0].astype(np.int64), table[:, 1])
         code = -1 if op.sync >= 0 else tracks.setdefault((op.rank, op.stream), len(tracks))
         entries.append(arr[0])
@@ -156,8 +156,7 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
                 where = where_of_job[id(job)]
                 mine = ~shared_link[where]
                 rate = own_rate(job, where[mine], nbytes[mine])
-                shared = dict(zip(job_links[~mine].tolist(), nbytes[~mine].tolist(), strict=True))
-                split_of_job[key] = (shared, 1.0 / rate if job.bandwidth_s > 0 else 0.0)
+                split_of_job[key] = (tuple(job_links[~mine].tolist()), 1.0 / rate if job.bandwidth_s > 0 else 0.0)
     return solo_duration, split_of_job
 
 
@@ -165,7 +164,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
               capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
-    Ops carrying a ``job`` (priced collectives) run on a shared ``JobNetwork`` over links of capacity
+    Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
     ``capacity_of(link)`` (bytes/s; required when a job has a demand); ops with the same ``sync`` id form one
     collective instance that starts when all its member ops are ready. ``capacities``: optionally the same
     for an array of link ids at once (the links only one track loads are thousands on a large cluster).
@@ -186,7 +185,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     tracks = graph.tracks()
     position: dict[tuple[int, str], int] = dict.fromkeys(tracks, 0)
     env = simpy.Environment()
-    net = JobNetwork(env, capacity_of) if any(op.job is not None and op.job.demand for op in ops) else None
+    net = SharedLinks(env, capacity_of) if any(op.job is not None and op.job.demand for op in ops) else None
     if net is not None and capacity_of is None:
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
@@ -207,8 +206,10 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             # Links only this track uses cannot be shared: they bound the job's own rate only, so they fold
             # into its uncontended transfer time and the network sees the shared links alone (same rates,
             # far fewer entries per re-share).
-            inst.demand, inst.bandwidth_s = split_of_job[(id(op.job), op.rank, op.stream)]
+            inst.links, inst.bandwidth_s = split_of_job[(id(op.job), op.rank, op.stream)]
         instance_of[i] = inst
+
+    flows_of_job: dict[int, tuple[float, dict[int, float]]] = {}  # id(job) -> job_flows(job.demand)
 
     def run_instance(inst: _Instance):
         inst.start = env.now
@@ -216,10 +217,15 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         if job.latency_s > 0:
             yield env.timeout(job.latency_s)
         bandwidth_s = job.bandwidth_s if math.isnan(inst.bandwidth_s) else inst.bandwidth_s
-        demand = dict(job.demand) if inst.demand is None else inst.demand
         if bandwidth_s > 0:
-            if demand and net is not None:
-                yield net.transfer(demand, bandwidth_s)
+            flows = flows_of_job.get(id(job))
+            if flows is None:
+                flows = flows_of_job[id(job)] = job_flows(job.demand)
+            size, weight = flows
+            links = [link for link in (weight if inst.links is None else inst.links) if link in weight]
+            if links and net is not None:
+                # its flows move size bytes each, at most at its uncontended speed (alone: bandwidth_s)
+                yield net.transfer(links, size, size / bandwidth_s, [weight[link] for link in links])
             else:
                 yield env.timeout(bandwidth_s)
         inst.done.succeed()

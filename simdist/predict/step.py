@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from simdist.engine.graph import GraphTrace, run_graph
-from simdist.engine.jobs import unique_inverse
+from simdist.engine.links import unique_inverse
 from simdist.errors import LayoutError
 from simdist.hardware import batch
 from simdist.hardware.compute import ComputeEfficiency
