@@ -63,6 +63,7 @@ def test_translates_add_their_flows_on_shared_nics():
     for link in nics:
         assert priced.class_flows[link] == 2 * priced.link_flows[link]
         assert priced.class_bytes[link] == pytest.approx(2 * priced.link_bytes[link], rel=1e-12)
+    assert list(priced.class_flows) == list(priced.class_bytes) and list(priced.link_flows) == list(priced.link_bytes)
     job = job_of(t, priced, count=3)
     assert [(link, flows) for link, _, flows in job.demand] == sorted(priced.class_flows.items())
 

@@ -108,9 +108,10 @@ def test_step_send_next_to_a_large_transfer_takes_twice_its_alone_time():
 def test_job_flows_weights_are_flows_where_they_carry_equal_bytes():
     # A ring's flows carry equal bytes: weights = flows. A flow carrying half as much moves at half the
     # rate (coupled), so it counts half.
-    assert job_flows(((3, 8.0, 4), (5, 2.0, 1))) == (2.0, {3: 4.0, 5: 1.0})
-    assert job_flows(((3, 8.0, 4), (5, 1.0, 1))) == (2.0, {3: 4.0, 5: 0.5})
-    assert job_flows(((3, 0.0, 2),)) == (0.0, {})
+    for nbytes, flows, size, weights in (([8.0, 2.0], [4, 1], 2.0, [4.0, 1.0]), ([8.0, 1.0], [4, 1], 2.0, [4.0, 0.5]),
+                                         ([0.0, 3.0], [2, 1], 3.0, [0.0, 1.0]), ([0.0], [2], 0.0, [0.0])):
+        got_size, got_weights = job_flows(np.array(nbytes), np.array(flows))
+        assert (got_size, got_weights.tolist()) == (size, weights)
 
 
 def test_capped_flows_leave_the_rest_to_the_others():

@@ -56,23 +56,26 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids, index[values]
 
 
-def job_flows(demand: Sequence[tuple[int, float, int]]) -> tuple[float, dict[int, float]]:
-    """(size, weight per link) of a job that puts ``demand`` = (link, bytes, flows) on its links.
+def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
+    """(size, weights) of a job that puts ``nbytes[i]`` bytes and ``flows[i]`` flows on its i-th link.
 
     # Assumption: a job's flows are coupled: they progress together, each moving the same fraction of its
     # bytes per second (a ring's hops move at its channel's bottleneck rate, and the collective ends when
     # its last flow does). The job's rate is then that of its heaviest flows, whose bytes are its size
     # (max over links of bytes / flows), and a flow carrying f times their bytes moves at f x that rate:
-    # on link l the job uses bytes_l / size x rate, i.e. its weight there is bytes_l / size, which is its
-    # flows on the link where they carry equal bytes (a fast ring's flows do). Fairness then compares jobs
-    # by the rate of their flows, per flow: a 10 MB send (one flow) next to a 4 GB transfer of one flow gets
-    # half the link, a collective of 8 channels next to one of 2 gets 80 %.
-    A link of flows but no bytes gets weight 0 (it takes no bandwidth); size 0: no bytes anywhere.
+    # on link i the job uses nbytes[i] / size x rate, i.e. its weight there is nbytes[i] / size, which is
+    # its flows on the link where they carry equal bytes (a fast ring's flows do). Fairness then compares
+    # jobs by the rate of their flows, per flow: a 10 MB send (one flow) next to a 4 GB transfer of one flow
+    # gets half the link, a collective of 8 channels next to one of 2 gets 80 %.
+    A link without bytes gets weight 0 (it takes no bandwidth); size 0: no bytes anywhere.
     """
-    size = max((b / f for _, b, f in demand if b > 0 and f > 0), default=0.0)
-    if size <= 0:
-        return 0.0, {}
-    return size, {link: b / size for link, b, _ in demand if b > 0}
+    nbytes = np.asarray(nbytes, dtype=float)
+    flows = np.asarray(flows, dtype=float)
+    loaded = (nbytes > 0) & (flows > 0)
+    if not loaded.any():
+        return 0.0, np.zeros(len(nbytes))
+    size = float((nbytes[loaded] / flows[loaded]).max())
+    return size, np.where(nbytes > 0, nbytes / size, 0.0)
 
 
 @dataclass(slots=True)
@@ -106,19 +109,24 @@ class _Transfer:
 class SharedLinks:
     """Directed links of given effective capacities (bytes/s), shared by the transfers crossing them."""
 
-    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float]) -> None:
+    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True
+                 ) -> None:
+        """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded)."""
         self.env = env
         self._capacity_of = capacity_of  # link id -> effective bytes/s
         self._active: list[_Transfer] = []
         self._users: dict[int, int] = {}
         """Active transfers per link: one whose links no other transfer uses is rated alone."""
+        self._capacity: dict[int, float] = {}
+        """Capacities of the links seen so far."""
         self._table = np.zeros(0)
-        """Capacities indexed by link id (NaN: not seen yet)."""
+        """The same indexed by link id, for re-shares (NaN: not seen yet)."""
         self._weighted = 0  # active transfers with weights
         self._dirty = False
         self._last = 0.0
         self._wakeup: simpy.Event = env.event()
         self.load = LinkLoad()
+        self._record = record_load
         env.process(self._run())
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
@@ -133,14 +141,15 @@ class SharedLinks:
         self._advance()
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
-        table = self._table
-        shared = False
+        capacity = self._capacity
         users = self._users
+        shared = False
         for link in links:
-            if link >= len(table) or math.isnan(table[link]):
-                table = self._learn(link)
+            if link not in capacity:
+                self._learn(link)
             n = users.get(link, 0)
-            shared |= n > 0
+            if n:
+                shared = True
             users[link] = n + 1
         t = _Transfer(links, weights, size, size, cap, done)
         if weights is not None:
@@ -149,33 +158,37 @@ class SharedLinks:
             self._dirty = True
         else:
             t.rate = self._alone(t)
-        self.load.add(links, size, weights)
+        if self._record:
+            self.load.add(links, size, weights)
         self._active.append(t)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
         return done
 
-    def _learn(self, link: int) -> np.ndarray:
-        """Record ``link``'s capacity in the table (grown as needed); the table."""
+    def _learn(self, link: int) -> None:
+        """Record ``link``'s capacity (the table grown as needed)."""
         table = self._table
         if link >= len(table):
             grown = np.full(max(link + 1, 2 * len(table)), np.nan)
             grown[:len(table)] = table
             table = self._table = grown
-        table[link] = self._capacity_of(link)
-        return table
+        table[link] = self._capacity[link] = float(self._capacity_of(link))
 
     def _alone(self, t: _Transfer) -> float:
         """Rate of a transfer sharing none of its links (the arithmetic of `max_min_rates` for it alone)."""
         rate = t.cap
-        table = self._table
+        capacity = self._capacity
         if t.weights is None:
             for link in t.links:
-                rate = min(rate, float(table[link]))
+                c = capacity[link]
+                if c < rate:
+                    rate = c
         else:
             for link, w in zip(t.links, t.weights, strict=True):
                 if w > 0:
-                    rate = min(rate, float(table[link]) / w)
+                    c = capacity[link] / w
+                    if c < rate:
+                        rate = c
         return rate
 
     def _advance(self) -> None:

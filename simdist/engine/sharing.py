@@ -52,36 +52,44 @@ def max_min_rates(entries: np.ndarray, lengths: np.ndarray, capacity: np.ndarray
     entries = np.asarray(entries, dtype=np.int64)
     remaining = np.array(capacity, dtype=float)
     num_links = len(remaining)
-    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
     if weights is None:
         w = np.ones(len(entries))
+        runs = lengths
     else:
         w = np.asarray(weights, dtype=float)
         used = w > 0
         if not used.all():
-            entries, owner, w = entries[used], owner[used], w[used]
-    crossing = np.zeros(n, dtype=bool)
-    crossing[owner] = True
+            entries, w = entries[used], w[used]
+            runs = np.bincount(np.repeat(np.arange(n), lengths)[used], minlength=n)
+        else:
+            runs = lengths
+    crossing = runs > 0
     rates[~crossing] = caps[~crossing]
-    while entries.size:
-        # entries stay grouped by transfer (CSR order): each transfer's run starts where the owner changes
-        first = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
-        live = owner[first]
-        runs = np.diff(np.append(first, len(owner)))
-        with np.errstate(divide="ignore", invalid="ignore"):
+    live = np.flatnonzero(crossing)  # transfers still unfrozen, in order; runs: their entries each
+    runs = runs[live]
+    caps = caps[live]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while live.size:
             offer = remaining / np.bincount(entries, weights=w, minlength=num_links)  # per unit of weight
-        bound = np.minimum(np.minimum.reduceat(offer[entries], first), caps[live])
-        per_entry = np.repeat(bound, runs)
-        least = np.full(num_links, np.inf)
-        np.minimum.at(least, entries, per_entry)
-        tightest = offer <= least * (1.0 + _REL)  # the tightest link of every transfer crossing it
-        freeze = np.logical_or.reduceat(tightest[entries], first) | (caps[live] <= bound)
-        if not freeze.any():  # only where a capacity is NaN: end rather than loop
-            freeze[:] = True
-        rates[live[freeze]] = bound[freeze]
-        hit = np.repeat(freeze, runs)
-        remaining = np.maximum(remaining - np.bincount(entries[hit], weights=w[hit] * per_entry[hit],
-                                                       minlength=num_links), 0.0)
-        keep = ~hit
-        entries, owner, w = entries[keep], owner[keep], w[keep]
+            at = offer[entries]
+            starts = np.cumsum(runs) - runs
+            bound = np.minimum(np.minimum.reduceat(at, starts), caps)
+            each = np.repeat(bound, runs)
+            # a link is the tightest of every transfer crossing it unless one of them is bound lower elsewhere
+            loose = np.zeros(num_links, dtype=bool)
+            loose[entries[each < at * (1.0 - _REL)]] = True
+            freeze = ~np.logical_and.reduceat(loose[entries], starts) | (caps <= bound)
+            if freeze.all():
+                rates[live] = bound
+                break
+            if not freeze.any():  # only where a capacity is NaN: end rather than loop
+                freeze[:] = True
+            rates[live[freeze]] = bound[freeze]
+            hit = np.repeat(freeze, runs)
+            remaining = np.maximum(remaining - np.bincount(entries[hit], weights=w[hit] * each[hit],
+                                                           minlength=num_links), 0.0)
+            keep = ~hit
+            entries, w = entries[keep], w[keep]
+            stay = ~freeze
+            live, runs, caps = live[stay], runs[stay], caps[stay]
     return rates

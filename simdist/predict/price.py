@@ -72,7 +72,8 @@ class PricedComm:
     link_flows: dict[int, int] = field(default_factory=dict)
     """Flows one run drives across each link of link_bytes (see the module docstring)."""
     class_flows: dict[int, int] = field(default_factory=dict)
-    """Flows the group and its translates drive across each link of class_bytes (== link_flows alone)."""
+    """Flows the group and its translates drive across each link of class_bytes, in its order (== link_flows
+    alone)."""
 
 
 Adjust = Callable[[str, int, float, float], float]
@@ -415,7 +416,7 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
     links = np.fromiter(priced.class_bytes.keys(), dtype=np.int64, count=n)
     order = np.argsort(links, kind="stable")
     nbytes = np.fromiter(priced.class_bytes.values(), dtype=float, count=n)[order] * scale * count
-    flows = np.fromiter((priced.class_flows[link] for link in priced.class_bytes), dtype=np.int64, count=n)[order]
+    flows = np.fromiter(priced.class_flows.values(), dtype=np.int64, count=n)[order]  # same links, same order
     demand = tuple(zip(links[order].tolist(), nbytes.tolist(), flows.tolist(), strict=True))  # by link id
     return Job(latency_s=(priced.latency_s + host_s) * count, bandwidth_s=transfer_s * count, demand=demand)
 
