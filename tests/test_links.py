@@ -25,6 +25,7 @@ from simdist.engine.graph import run_graph
 from simdist.engine.links import SharedLinks, job_flows
 from simdist.engine.sharing import max_min_rates
 from simdist.hardware import load_topology
+from simdist.hardware.link import Route
 from simdist.plan.opgraph import Comm, Job, Op, OpGraph
 from simdist.predict.price import price_graph
 from tests.sharing_oracle import progressive_filling
@@ -53,14 +54,23 @@ def finish_times(transfers: list[tuple[float, tuple[int, ...], float, float, tup
 
 # ----------------------------------------------------------------------------- stories by hand
 def test_small_flow_next_to_a_large_one_gets_half_the_link():
-    # One 100 GB/s link, two flows from t = 0: 10 MB and 4 GB. Per flow: 50 GB/s each, so the 10 MB flow
-    # ends at 10e6 / 50e9 = 0.2 ms. The 4 GB flow has then moved 10 MB; its 3.99 GB left take 39.9 ms at the
-    # full 100 GB/s: it ends at 0.2 + 39.9 = 40.1 ms. (Fair in progress, the old rule, the 10 MB flow got
-    # 10/4010 of the link and ended at 40.1 ms too.)
+    # A plan of two transfers from peer 0 to peer 1 over one 100 GB/s link of 2 us latency: 10 MB and 4 GB.
+    # Both pay the latency, then share the link per flow: 50 GB/s each, so the 10 MB flow ends at
+    # 2 us + 10e6 / 50e9 = 2 us + 0.2 ms. The 4 GB flow has then moved 10 MB; its 3.99 GB left take 39.9 ms at
+    # the full 100 GB/s: it ends at 2 us + 0.2 + 39.9 = 2 us + 40.1 ms. (Fair in progress, the old rule, the
+    # 10 MB flow got 10/4010 of the link and ended at 2 us + 40.1 ms too.)
+    route = Route(0, 1, (0,), LINK_Bps, LINK_Bps, 2e-6)
+    plan = Plan(op="send_recv", algorithm="test", num_peers=2, nbytes=1.0, num_chunks=0, verifiable=False,
+                transfers=(Transfer(0, 1, 10 * MB, -1), Transfer(0, 1, 4 * GB, -1)))
+    env = simpy.Environment()
+    trace = Trace()
+    env.process(run_plan(env, SharedLinks(env, {0: LINK_Bps}.__getitem__), plan, lambda src, dst: route, trace))
+    env.run()
+    assert trace.ends == pytest.approx([2e-6 + 0.2e-3, 2e-6 + 40.1e-3], rel=1e-12)
+    # the resource alone, without latency: the same split
     small, large = finish_times([(0.0, (0,), 10 * MB, math.inf, None), (0.0, (0,), 4 * GB, math.inf, None)],
                                 {0: LINK_Bps})
-    assert small == pytest.approx(0.2e-3, rel=1e-12)
-    assert large == pytest.approx(40.1e-3, rel=1e-12)
+    assert (small, large) == pytest.approx((0.2e-3, 40.1e-3), rel=1e-12)
 
 
 def test_eight_channels_against_two_split_the_link_80_20():

@@ -9,12 +9,12 @@ flows across a link counts ``w`` times there.
 A transfer here is anything whose flows move together at one rate ``r`` (bytes/s of each of its flows): a
 plain transfer of a detailed plan is one flow on every link of its route (weight 1); a collective of a
 training step drives several flows (one per channel and route) and crosses link ``l`` with weight
-``w[l]`` = its flows there (see `simdist.engine.links` for how a job's weights come from its demand). On
+``w[l]`` = its flows there (where its flows carry equal bytes; `simdist.engine.links.job_flows`). On
 every link the transfers crossing it use ``sum w[l] r <= capacity[l]``; each transfer may carry a cap of
 its own (its uncontended speed, or a protocol's rate bound).
 
-Max-min fair: no transfer can go faster without slowing one that goes no faster than it per flow on a
-link both saturate. Computed by bottlenecks (`max_min_rates`): each round, every link offers its remaining
+Max-min fair: no transfer can go faster without slowing another whose rate per flow is no larger, on a
+link both cross. Computed by bottlenecks (`max_min_rates`): each round, every link offers its remaining
 capacity per unit of weight still unfrozen there; a transfer's bound is the least offer among its links
 (or its cap); a link whose offer is no larger than the bound of every transfer crossing it is the tightest
 link of all of them, and since offers only grow as transfers freeze below them, those transfers freeze at
