@@ -18,8 +18,7 @@ from simdist.collectives.request import Request
 from simdist.collectives.ring import ring_fast
 from simdist.engine.executor import Trace, run_plan
 from simdist.engine.fluid import fluid_applicable, fluid_finish_times, run_fluid
-from simdist.engine.network import FlowNetwork
-from simdist.engine.sharing import max_min_rates, max_min_rates_csr, max_min_rates_local
+from simdist.engine.links import SharedLinks
 from simdist.engine.simulate import simulate
 from simdist.hardware import load_topology
 from simdist.hardware.batch import link_capacities, link_loads, routes
@@ -29,7 +28,7 @@ def simpy_run(plan: Plan, group: Group) -> tuple[float, dict[int, float], Trace]
     """The SimPy engine, as `simulate` runs it for several plans (never the fluid shortcut)."""
     topology = group.topology
     env = simpy.Environment()
-    net = FlowNetwork(env, lambda link: topology.link(link).effective_bandwidth_Bps)
+    net = SharedLinks(env, lambda link: topology.link(link).effective_bandwidth_Bps)
     trace = Trace()
     proc = env.process(run_plan(env, net, plan, group.path, trace))
     env.run(until=proc)
@@ -83,31 +82,6 @@ def test_out_of_range_ranks_raise_like_topology():
     t = load_topology("dgx-h100", num_nodes=2)
     with pytest.raises(Exception, match="outside this cluster"):
         routes(t, np.array([0, 99]), np.array([1, 2]))
-
-
-# ----------------------------------------------------------------------------- sharing
-def test_array_max_min_variants_equal_list_version_and_are_max_min_fair():
-    rng = random.Random(4)
-    for _ in range(300):
-        num_links, n = rng.randint(1, 12), rng.randint(1, 30)
-        flows = [tuple(rng.sample(range(num_links), rng.randint(0, min(num_links, 4)))) for _ in range(n)]
-        capacity = np.array([rng.choice([1.0, 2.5, 10.0, rng.random() * 5]) for _ in range(num_links)])
-        caps = np.array([rng.choice([np.inf, np.inf, 0.7, rng.random()]) for _ in range(n)])
-        rates = max_min_rates(flows, capacity, caps)
-        lengths = np.array([len(f) for f in flows])
-        entries = np.array([x for f in flows for x in f], dtype=np.int64)
-        assert np.array_equal(rates, max_min_rates_csr(entries, lengths, capacity, caps))
-        assert max_min_rates_local(entries, lengths, capacity, caps) == pytest.approx(rates, rel=1e-12)
-        # feasible, and every flow is held by its cap or by a saturated link where it is among the largest
-        load = np.zeros(num_links)
-        for f, r in zip(flows, rates, strict=True):
-            load[list(f)] += r
-        assert (load <= capacity * (1 + 1e-9)).all()
-        for f, r, cap in zip(flows, rates, caps, strict=True):
-            if not f or r >= cap * (1 - 1e-9):
-                continue
-            assert any(load[x] >= capacity[x] * (1 - 1e-9)
-                       and all(r >= rates[g] * (1 - 1e-9) for g, h in enumerate(flows) if x in h) for x in f)
 
 
 # ----------------------------------------------------------------------------- fluid == SimPy

@@ -13,7 +13,6 @@ import pytest
 
 from simdist import api
 from simdist.engine.graph import run_graph
-from simdist.engine.jobs import weighted_max_min
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Job, Op, OpGraph
 from simdist.predict.step import predict_step
@@ -117,18 +116,7 @@ def test_mesh_translates() -> None:
     assert sorted(mesh.translates((0, 4), ("tp", "dp"))) == [(0, 4), (1, 5), (2, 6), (3, 7)]
 
 
-# ----------------------------------------------------------------------------- the job network
-def test_weighted_max_min_by_hand() -> None:
-    # Link 0 (capacity 10) carries job A (demand 4) and job B (demand 1); B also crosses link 1 (capacity 1).
-    # B is held by link 1 at rate 1; A then gets (10 - 1) / 4.
-    rates = weighted_max_min([{0: 4.0}, {0: 1.0, 1: 1.0}], {0: 10.0, 1: 1.0}, [float("inf")] * 2)
-    assert rates == pytest.approx([9 / 4, 1.0])
-    # Equal demands on one link: equal progress, split capacity.
-    assert weighted_max_min([{0: 2.0}, {0: 2.0}], {0: 8.0}, [10.0, 10.0]) == pytest.approx([2.0, 2.0])
-    # A cap below the fair share frees capacity for the other.
-    assert weighted_max_min([{0: 1.0}, {0: 1.0}], {0: 8.0}, [1.0, 10.0]) == pytest.approx([1.0, 7.0])
-
-
+# ----------------------------------------------------------------------------- jobs on shared links
 def test_engine_equals_closed_form_alone_and_is_slower_when_sharing() -> None:
     # Two collectives on different tracks, each alone: latency 1 + transfer 2. Sharing link 0 they both need
     # all of it (demand x rate = capacity), so each transfer takes twice as long.
@@ -136,7 +124,7 @@ def test_engine_equals_closed_form_alone_and_is_slower_when_sharing() -> None:
         g = OpGraph()
         for rank in (0, 1):
             link = 0 if shared else rank
-            g.add(Op(f"c{rank}", rank, "dp", "comm", job=Job(1.0, 2.0, ((link, 10.0),))))
+            g.add(Op(f"c{rank}", rank, "dp", "comm", job=Job(1.0, 2.0, ((link, 10.0, 1),))))
         return g
 
     capacity = {0: 5.0, 1: 5.0}
@@ -157,32 +145,10 @@ def test_collective_members_start_together() -> None:
 
 
 # ----------------------------------------------------------------------------- fast paths, same results
-def test_small_max_min_equals_numpy_bit_for_bit() -> None:
-    # The engine's re-shares of a few jobs run in plain Python (simdist.engine.jobs._weighted_max_min_small):
-    # the same rates as the numpy progressive filling, to the last bit (ties, caps, 0-byte entries included).
-    import random
-
-    import numpy as np
-
-    from simdist.engine.jobs import _weighted_max_min, _weighted_max_min_small
-
-    rng = random.Random(7)
-    for _ in range(2000):
-        num_links, num_jobs = rng.randint(1, 10), rng.randint(1, 10)
-        capacity = {link: rng.choice([1.0, 2.0, 1e9, rng.uniform(0.5, 5)]) for link in range(num_links)}
-        demands = [{link: rng.choice([0.0, 1.0, 2.0, rng.uniform(0, 3), rng.uniform(0, 1e-3)])
-                    for link in rng.sample(range(num_links), rng.randint(0, num_links))} for _ in range(num_jobs)]
-        caps = [rng.choice([float("inf"), 1.0, 0.5, rng.uniform(0.1, 10)]) for _ in range(num_jobs)]
-        arrays = [(np.array(list(d), dtype=np.int64), np.array(list(d.values()), dtype=float)) for d in demands]
-        table = np.array([capacity[link] for link in range(num_links)])
-        assert _weighted_max_min_small(demands, capacity, caps) == \
-            _weighted_max_min(arrays, table, np.asarray(caps, dtype=float)).tolist()
-
-
 def test_unique_inverse_is_numpy_unique() -> None:
     import numpy as np
 
-    from simdist.engine.jobs import unique_inverse
+    from simdist.engine.links import unique_inverse
 
     rng = np.random.default_rng(3)
     for n, top in ((0, 5), (1, 1), (50, 10), (1000, 10**5), (100, 10**9)):

@@ -1,6 +1,6 @@
 """Execute a plan: each transfer waits for its dependencies, pays its latency, then moves its bytes.
 
-The bytes move as a flow sharing its links max-min fairly with the others (simdist.engine.network).
+The bytes move as one flow sharing its links max-min fairly with the others (simdist.engine.links).
 A transfer may also carry (simdist.collectives.ring.RingHop) a rate bound of its own,
 ``max_rate_Bps`` (a ring hop moves at its channel's bottleneck rate), and ``after``, the transfer
 before it on the same connection: its bytes join the wire once that one's have arrived (in-order
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from simdist.collectives.plan import Plan, Transfer
-from simdist.engine.network import FlowNetwork
+from simdist.engine.links import SharedLinks
 from simdist.hardware.link import Route
 
 
@@ -44,7 +44,7 @@ def wire_predecessor(transfer: Transfer) -> int:
     return getattr(transfer, "after", -1)
 
 
-def run_plan(env: simpy.Environment, net: FlowNetwork, plan: Plan,
+def run_plan(env: simpy.Environment, net: SharedLinks, plan: Plan,
              path: Callable[[int, int], Route], trace: Trace | None = None):
     """SimPy process running ``plan``; ``path(src_peer, dst_peer)`` resolves routes."""
     issued = env.now
@@ -86,7 +86,7 @@ def run_plan(env: simpy.Environment, net: FlowNetwork, plan: Plan,
     def flow(i: int) -> None:
         t = transfers[i]
         # A protocol that carries less payload per wire byte puts nbytes / factor bytes on the wire.
-        net.flow(path(t.src, t.dst).links, t.nbytes / factor, rate_bound_Bps(t)).callbacks.append(
+        net.transfer(path(t.src, t.dst).links, t.nbytes / factor, rate_bound_Bps(t)).callbacks.append(
             lambda _ev, i=i: finish(i))
 
     def begin_flow(i: int) -> None:

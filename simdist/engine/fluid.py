@@ -1,21 +1,20 @@
-"""Vectorised fluid solver for plans without dependencies (fast-fidelity plans, one-step direct plans).
+"""The fast path of the engine's link-sharing mechanism for plans without dependencies (fast-fidelity plans,
+one-step direct plans): the same model and times as `simdist.engine.links.SharedLinks` under
+`simdist.engine.executor.run_plan`, computed with numpy instead of one callback per transfer.
 
-Same model as the SimPy engine (simdist.engine.executor + simdist.engine.network), computed with
-numpy instead of one callback per transfer: every transfer pays its latency first, then joins the
-network as a flow of ``nbytes / rate_factor`` wire bytes; whenever flows join or finish, rates are
-re-shared max-min fairly (the allocation FlowNetwork computes; `simdist.engine.sharing`); a flow is
-complete when what remains of it falls below the same fraction of its size
-(``network._DONE_FRACTION``) or would take less time than the clock resolves. Flow -> link
-incidence is built once, as CSR arrays, from the group's vectorised routes (`Group.paths`).
+Declared equal (tests/test_links.py checks both on random dependency-free plans): every transfer pays its
+latency first, then joins as one flow (weight 1 on every link of its route, no cap of its own) of
+``nbytes / rate_factor`` wire bytes; whenever flows join or finish, rates are re-shared by the engine's one
+solver (`simdist.engine.sharing.max_min_rates`); a flow is complete when what remains of it falls below
+the same fraction of its size (``links.DONE_FRACTION``) or would take less time than the clock resolves.
+Flow -> link incidence is built once, as CSR arrays, from the group's vectorised routes (`Group.paths`).
 
 Same arithmetic as the engine: begin = base latency + (route latency + protocol latency + extra
 latency); flows starting at one instant join before one re-share; the next event is the earliest
-join or finish. Differences are rounding only (tests: within 1e-9 relative of the SimPy path):
-bytes left are computed from the last rate change (not decremented at every event), re-shares
-after departures restart from where the leaving flows froze (see `fluid_finish_times`), and rates
-come from `max_min_rates_local` (the same allocation, several levels per round). Per-link byte
-counts are summed in the order flows join the network, as `LinkLoad` does, and the dict lists
-links in that order.
+join or finish. Differences are rounding only (within 1e-9 relative of the SimPy path): bytes left are
+computed from the last rate change (not decremented at every event), and re-shares after departures
+restart from where the leaving flows froze (see `fluid_finish_times`). Per-link byte counts are summed
+in the order flows join the network, as `LinkLoad` does, and the dict lists links in that order.
 
 Cost: one re-share per distinct event instant, over the flows at or above the lowest leaving
 rate; a fast ring has one start instant and a handful of finish instants whatever its size.
@@ -28,8 +27,8 @@ import numpy as np
 from simdist.collectives.group import Group
 from simdist.collectives.plan import Plan
 from simdist.engine.executor import Trace
-from simdist.engine.network import _DONE_FRACTION
-from simdist.engine.sharing import max_min_rates_local
+from simdist.engine.links import DONE_FRACTION
+from simdist.engine.sharing import max_min_rates
 from simdist.hardware.batch import link_capacities, segment_positions
 
 
@@ -65,7 +64,7 @@ def fluid_finish_times(begin: np.ndarray, nbytes: np.ndarray, indptr: np.ndarray
     joins = moving[np.argsort(begin[moving], kind="stable")]
     join_times, join_starts = np.unique(begin[joins], return_index=True)
     join_bounds = np.append(join_starts, len(joins))
-    threshold = nbytes * _DONE_FRACTION
+    threshold = nbytes * DONE_FRACTION
     # A flow's bytes left at time t: left_at_ref - rate x (t - ref), from the last time its rate changed
     ref = np.zeros(n)
     left_at_ref = nbytes.copy()
@@ -87,7 +86,7 @@ def fluid_finish_times(begin: np.ndarray, nbytes: np.ndarray, indptr: np.ndarray
             new = joins[join_bounds[k]:join_bounds[k + 1]]
             k += 1
         # flows whose bytes left are within the done threshold or would take less time than the
-        # clock resolves at ``now`` (as FlowNetwork); infinite rates finish at once
+        # clock resolves at ``now`` (as SharedLinks); infinite rates finish at once
         near = np.flatnonzero(settle <= now + 1e-9 * abs(now))
         left = left_at_ref[near] - rate[near] * (now - ref[near])
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -144,7 +143,7 @@ class _Sharing:
         """Max-min rates of ``flows`` (crossing ``links``) over links with ``free`` capacity left by the others."""
         present = np.bincount(links, minlength=len(self.capacity)) > 0
         compact = (np.cumsum(present) - 1)[links]  # links renumbered densely, in id order
-        self.rate[flows] = max_min_rates_local(compact, self.hops[flows], free[present], self.caps[flows])
+        self.rate[flows] = max_min_rates(compact, self.hops[flows], free[present], self.caps[flows])
 
     def share_all(self, active: np.ndarray, gone: np.ndarray) -> None:
         """From scratch (flows joined); ``gone`` left the network."""

@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 import simpy
 
-from simdist.engine.jobs import JobNetwork, unique_inverse
+from simdist.engine.links import SharedLinks, job_flows, unique_inverse
 from simdist.errors import SimdistError
 from simdist.plan.opgraph import Job, OpGraph
 
@@ -56,6 +56,20 @@ def _check(graph: OpGraph) -> None:
                                    field=f"ops[{i}].deps", fix=f"use op ids 0..{n - 1}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """What the shared links see of a job on one track, or of a collective instance."""
+
+    links: tuple[int, ...]
+    """The links it loads that another track may load too."""
+    weights: tuple[float, ...]
+    """Its weight on each (simdist.engine.links.job_flows)."""
+    size: float
+    """Bytes of each of its heaviest flows."""
+    bandwidth_s: float
+    """Transfer time alone, with the links only its own track loads folded in."""
+
+
 @dataclass(slots=True, eq=False)
 class _Instance:
     """One collective: its member ops (one per rank, same sync id) start together once all are ready."""
@@ -63,29 +77,27 @@ class _Instance:
     size: int
     job: Job
     done: simpy.Event
+    share: _Share
     arrived: int = 0
     start: float = math.nan
-    demand: dict[int, float] | None = None
-    """The links the job may share with other tracks (None: all of job.demand)."""
-    bandwidth_s: float = math.nan
-    """Transfer time alone, with the links only its own track uses folded in (NaN: job.bandwidth_s)."""
 
 
 def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
                    capacities: Callable[[np.ndarray], np.ndarray] | None = None
-                   ) -> tuple[list[float], dict[tuple[int, int, str], tuple[dict[int, float], float]]]:
+                   ) -> tuple[list[float], dict[tuple[int, int, str], _Share]]:
     """Which links of the jobs only one track loads (ops of its own, none a collective instance): such links
     bound that track's job alone, so they fold into its uncontended transfer time.
 
     Returns per op the duration of a job none of whose links another track loads (NaN otherwise, and for ops
-    without a job or of an instance), and per (job, rank, stream) of the others: (the demand on its links
-    another track may load, the transfer time alone with the links only its own track loads folded in).
+    without a job or of an instance), and the `_Share` of the others: per (id(job), rank, stream) of an op
+    outside instances, per (id(job), -1, "") of a job of instances (all its links).
     Per link arithmetic in numpy: a data-parallel collective of a large cluster loads hundreds of links.
     """
     n = len(ops)
     solo_duration = [math.nan] * n
-    split_of_job: dict[tuple[int, int, str], tuple[dict[int, float], float]] = {}
-    arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(job) -> (links, bytes)
+    share_of: dict[tuple[int, int, str], _Share] = {}
+    arrays: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # id(job) -> (links, bytes, weights)
+    size_of: dict[int, float] = {}  # id(job) -> bytes of its heaviest flows
     tracks: dict[tuple[int, str], int] = {}
     seen: set[tuple[int, int, str, bool]] = set()
     entries: list[np.ndarray] = []
@@ -100,13 +112,18 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
         seen.add(ident)
         arr = arrays.get(id(job))
         if arr is None:
-            table = np.fromiter(chain.from_iterable(job.demand), dtype=float, count=2 * len(job.demand)).reshape(-1, 2)
-            arr = arrays[id(job)] = (table[:, 0].astype(np.int64), table[:, 1])
+            table = np.fromiter(chain.from_iterable(job.demand), dtype=float, count=3 * len(job.demand)).reshape(-1, 3)
+            size_of[id(job)], weights = job_flows(table[:, 1], table[:, 2])
+            arr = arrays[id(job)] = (table[:, 0].astype(np.int64), table[:, 1], weights)
         code = -1 if op.sync >= 0 else tracks.setdefault((op.rank, op.stream), len(tracks))
         entries.append(arr[0])
         codes.append(np.full(len(arr[0]), code, dtype=np.int64))
+        if op.sync >= 0 and (id(job), -1, "") not in share_of:
+            weighted = arr[2] > 0
+            share_of[(id(job), -1, "")] = _Share(tuple(arr[0][weighted].tolist()), tuple(arr[2][weighted].tolist()),
+                                                 size_of[id(job)], job.bandwidth_s)
     if not arrays:
-        return solo_duration, split_of_job
+        return solo_duration, share_of
     links, inverse = unique_inverse(np.concatenate(entries))
     code = np.concatenate(codes)
     lo = np.full(len(links), len(tracks), dtype=np.int64)
@@ -141,7 +158,7 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
         d = solo_of_job.get(id(job))
         if d is None:
             d = math.nan
-            job_links, nbytes = arrays[id(job)]
+            job_links, nbytes, _ = arrays[id(job)]
             where = where_of_job[id(job)] = np.searchsorted(links, job_links)
             if not shared_link[where].any():
                 rate = own_rate(job, where, nbytes)
@@ -150,22 +167,23 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
         solo_duration[i] = d
         if math.isnan(d):
             key = (id(job), op.rank, op.stream)
-            if key not in split_of_job:
+            if key not in share_of:
                 # the links only this track loads are this job's own (it is on this track)
-                job_links, nbytes = arrays[id(job)]
+                job_links, nbytes, weights = arrays[id(job)]
                 where = where_of_job[id(job)]
                 mine = ~shared_link[where]
                 rate = own_rate(job, where[mine], nbytes[mine])
-                shared = dict(zip(job_links[~mine].tolist(), nbytes[~mine].tolist(), strict=True))
-                split_of_job[key] = (shared, 1.0 / rate if job.bandwidth_s > 0 else 0.0)
-    return solo_duration, split_of_job
+                other = ~mine & (weights > 0)
+                share_of[key] = _Share(tuple(job_links[other].tolist()), tuple(weights[other].tolist()),
+                                       size_of[id(job)], 1.0 / rate if job.bandwidth_s > 0 else 0.0)
+    return solo_duration, share_of
 
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
               capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
-    Ops carrying a ``job`` (priced collectives) run on a shared ``JobNetwork`` over links of capacity
+    Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
     ``capacity_of(link)`` (bytes/s; required when a job has a demand); ops with the same ``sync`` id form one
     collective instance that starts when all its member ops are ready. ``capacities``: optionally the same
     for an array of link ids at once (the links only one track loads are thousands on a large cluster).
@@ -186,12 +204,13 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     tracks = graph.tracks()
     position: dict[tuple[int, str], int] = dict.fromkeys(tracks, 0)
     env = simpy.Environment()
-    net = JobNetwork(env, capacity_of) if any(op.job is not None and op.job.demand for op in ops) else None
+    net = (SharedLinks(env, capacity_of, record_load=False)  # type: ignore[arg-type]  # checked below
+           if any(op.job is not None and op.job.demand for op in ops) else None)
     if net is not None and capacity_of is None:
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
     # it runs as a plain timeout of its uncontended duration, without the network (same time, fewer events).
-    solo_duration, split_of_job = _private_links(ops, capacity_of, capacities)
+    solo_duration, share_of = _private_links(ops, capacity_of, capacities)
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
     for i, op in enumerate(ops):
@@ -200,28 +219,26 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         if op.sync >= 0:
             inst = instances.get(op.sync)
             if inst is None:
-                inst = instances[op.sync] = _Instance(0, op.job, env.event())
+                inst = instances[op.sync] = _Instance(0, op.job, env.event(), share_of[(id(op.job), -1, "")])
             inst.size += 1
         else:
-            inst = _Instance(1, op.job, env.event())
             # Links only this track uses cannot be shared: they bound the job's own rate only, so they fold
             # into its uncontended transfer time and the network sees the shared links alone (same rates,
             # far fewer entries per re-share).
-            inst.demand, inst.bandwidth_s = split_of_job[(id(op.job), op.rank, op.stream)]
+            inst = _Instance(1, op.job, env.event(), share_of[(id(op.job), op.rank, op.stream)])
         instance_of[i] = inst
 
     def run_instance(inst: _Instance):
         inst.start = env.now
-        job = inst.job
+        job, share = inst.job, inst.share
         if job.latency_s > 0:
             yield env.timeout(job.latency_s)
-        bandwidth_s = job.bandwidth_s if math.isnan(inst.bandwidth_s) else inst.bandwidth_s
-        demand = dict(job.demand) if inst.demand is None else inst.demand
-        if bandwidth_s > 0:
-            if demand and net is not None:
-                yield net.transfer(demand, bandwidth_s)
+        if share.bandwidth_s > 0:
+            if share.links and net is not None:
+                # its flows move size bytes each, at most at its uncontended speed (alone: bandwidth_s)
+                yield net.transfer(share.links, share.size, share.size / share.bandwidth_s, share.weights)
             else:
-                yield env.timeout(bandwidth_s)
+                yield env.timeout(share.bandwidth_s)
         inst.done.succeed()
 
     def track(key: tuple[int, str], ids: list[int]):

@@ -1,171 +1,95 @@
-"""Bandwidth sharing between concurrent flows: max-min fairness by progressive filling.
+"""Bandwidth sharing between concurrent transfers: weighted max-min fairness, the engine's one solver.
 
-The sharing model of the engine (stated once, used everywhere): every active flow crossing a
-directed link gets an equal share of that link's effective capacity (bandwidth x efficiency) unless
-it is held lower elsewhere, in which case the others split what it leaves (max-min fair; Bertsekas
-& Gallager, "Data Networks", sec. 6.5.2, progressive filling). A flow may also carry its own rate cap
-(a protocol that moves less payload per byte on the wire).
+The sharing model of the engine (stated once, used by `simdist.engine.links` for collectives and for the
+collectives of a training step, and by its fast path `simdist.engine.fluid`): a link's effective capacity
+(bandwidth x efficiency) is shared max-min fairly *per flow, in bandwidth* (Bertsekas & Gallager, "Data
+Networks", sec. 6.5.2, max-min fairness and progressive filling), weighted: a transfer that drives ``w``
+flows across a link counts ``w`` times there.
+
+A transfer here is anything whose flows move together at one rate ``r`` (bytes/s of each of its flows): a
+plain transfer of a detailed plan is one flow on every link of its route (weight 1); a collective of a
+training step drives several flows (one per channel and route) and crosses link ``l`` with weight
+``w[l]`` = its flows there (where its flows carry equal bytes; `simdist.engine.links.job_flows`). On
+every link the transfers crossing it use ``sum w[l] r <= capacity[l]``; each transfer may carry a cap of
+its own (its uncontended speed, or a protocol's rate bound).
+
+Max-min fair: no transfer can go faster without slowing another whose rate per flow is no larger, on a
+link both cross. Computed by bottlenecks (`max_min_rates`): each round, every link offers its remaining
+capacity per unit of weight still unfrozen there; a transfer's bound is the least offer among its links
+(or its cap); a link whose offer is no larger than the bound of every transfer crossing it is the tightest
+link of all of them, and since offers only grow as transfers freeze below them, those transfers freeze at
+their bounds for good. Every round freezes at least the transfers of the globally tightest link (or the
+lowest cap), so rounds follow the chain of bottlenecks, not the number of transfers.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+_REL = 1e-12
+"""Offers within this relative distance of a transfer's bound count as equal (rounding of the divisions)."""
 
-def max_min_rates(
-    flow_links: list[tuple[int, ...]],
-    capacity: np.ndarray,
-    caps: np.ndarray | None = None,
-) -> np.ndarray:
-    """Rates (bytes/s) of flows crossing links ``flow_links[f]`` of capacities ``capacity[link]``.
 
-    ``capacity`` is indexed by the link ids appearing in ``flow_links`` (compact ids, see callers);
-    ``caps`` are optional per-flow upper bounds (inf for none).
+def max_min_rates(entries: np.ndarray, lengths: np.ndarray, capacity: np.ndarray, caps: np.ndarray | None = None,
+                  weights: np.ndarray | None = None) -> np.ndarray:
+    """Per-flow rates (bytes/s) of transfers sharing links max-min fairly.
+
+    Transfer ``t`` crosses the ``lengths[t]`` links that follow transfer t-1's in ``entries`` (compact ids
+    indexing ``capacity``, bytes/s), each with the weight in ``weights`` at the same position (its flows on
+    that link; None: 1 each). ``caps``: per-transfer rate bounds (None or inf: none). A transfer crossing no
+    link of positive weight gets its cap. An entry of weight 0 neither uses nor bounds its link.
+
+    Cost: O(entries) numpy work per round; rounds <= the length of the longest chain of bottlenecks
+    (each round freezes the transfers of every link that is the tightest of all its transfers), at most
+    the number of distinct rates. Within a relative 1e-12 two offers are one (rounding).
     """
-    n = len(flow_links)
-    lengths = np.fromiter((len(links) for links in flow_links), dtype=np.int64, count=n)
-    entries = np.fromiter((link for links in flow_links for link in links), dtype=np.int64, count=int(lengths.sum()))
-    return max_min_rates_csr(entries, lengths, capacity, caps)
-
-
-def _inputs(entries, lengths, capacity, caps):
-    """Normalised arrays shared by both solvers: entries, lengths, caps (inf: none), remaining link
-    capacity (a copy), and zero rates."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    caps = np.full(len(lengths), np.inf) if caps is None else np.asarray(caps, dtype=float)
-    return (np.asarray(entries, dtype=np.int64), lengths, caps, np.asarray(capacity, dtype=float).copy(),
-            np.zeros(len(lengths)))
-
-
-def max_min_rates_csr(
-    entries: np.ndarray,
-    lengths: np.ndarray,
-    capacity: np.ndarray,
-    caps: np.ndarray | None = None,
-) -> np.ndarray:
-    """`max_min_rates` with the flows' links as arrays: flow f crosses the ``lengths[f]`` links that
-    follow flow f-1's in ``entries`` (CSR without its index array).
-
-    Progressive filling: every round, each link offers its remaining capacity split equally among
-    the unfrozen flows crossing it; the flows whose bound (smallest offer, or their cap) is the
-    lowest, within a relative 1e-12, freeze at that level and their links give it up. A round
-    touches only the links at the level and the links of the flows it freezes (plus a scan of the
-    links still offering), so thousands of distinct levels cost thousands of small rounds.
-    """
-    entries, lengths, caps, remaining, rates = _inputs(entries, lengths, capacity, caps)
-    n, num_links = len(lengths), len(remaining)
+    n = len(lengths)
+    caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
+    rates = np.zeros(n)
     if n == 0:
         return rates
-    indptr = np.concatenate(([0], np.cumsum(lengths)))
-    # a flow without links (same GPU) is limited only by its cap
-    frozen = lengths == 0
-    rates[frozen] = caps[frozen]
-    left = n - int(frozen.sum())
-    # link -> flows crossing it (CSC), and how many unfrozen flows cross each link
-    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    by_link = owner[np.argsort(entries, kind="stable")]
-    crossing = np.bincount(entries, minlength=num_links)
-    link_ptr = np.concatenate(([0], np.cumsum(crossing)))
-    counts = crossing.copy()
-    repeats = len(np.unique(owner * num_links + entries)) < len(entries)  # a flow lists a link twice
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
-    offering = np.flatnonzero(counts > 0)  # links that may still hold unfrozen flows
-    capped = np.flatnonzero(~frozen & (caps < np.inf))
-    capped = capped[np.argsort(caps[capped], kind="stable")]
-    c = 0  # capped[c:] are the capped flows possibly unfrozen, by cap
-    while left:
-        offers = share[offering]
-        level = offers.min() if offers.size else np.inf
-        while c < len(capped) and frozen[capped[c]]:
-            c += 1
-        if c < len(capped):
-            level = min(level, caps[capped[c]])
-        limit = level * (1.0 + 1e-12)
-        tight = offering[offers <= limit]
-        if len(tight) == 1:
-            newly = by_link[link_ptr[tight[0]]:link_ptr[tight[0] + 1]]
+    entries = np.asarray(entries, dtype=np.int64)
+    remaining = np.array(capacity, dtype=float)
+    num_links = len(remaining)
+    if weights is None:
+        w = np.ones(len(entries))
+        runs = lengths
+    else:
+        w = np.asarray(weights, dtype=float)
+        used = w > 0
+        if not used.all():
+            entries, w = entries[used], w[used]
+            runs = np.bincount(np.repeat(np.arange(n), lengths)[used], minlength=n)
         else:
-            newly = by_link[_segments(link_ptr[tight], crossing[tight])]
-        if c < len(capped):
-            stop = int(np.searchsorted(caps[capped], limit, side="right"))
-            newly = np.concatenate((newly, capped[c:max(c, stop)]))
-        newly = newly[~frozen[newly]]
-        if len(tight) > 1 or repeats or c < len(capped):  # a flow may be listed more than once
-            newly = np.unique(newly)
-        rates[newly] = level
-        frozen[newly] = True
-        left -= len(newly)
-        links = entries[_segments(indptr[newly], lengths[newly])]
-        given = np.full(len(links), level)
-        if 16 * len(links) < num_links:  # few links touched: work on those only
-            touched, where = np.unique(links, return_inverse=True)
-            where = where.reshape(-1)
-            counts[touched] -= np.bincount(where, minlength=len(touched))
-            remaining[touched] = np.maximum(remaining[touched] - np.bincount(where, weights=given,
-                                                                             minlength=len(touched)), 0.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share[touched] = np.where(counts[touched] > 0, remaining[touched] / np.maximum(counts[touched], 1),
-                                          np.inf)
-        else:  # the same arithmetic over every link (untouched ones lose 0)
-            counts -= np.bincount(links, minlength=num_links)
-            remaining = np.maximum(remaining - np.bincount(links, weights=given, minlength=num_links), 0.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
-        if 2 * int((counts[offering] == 0).sum()) > len(offering):
-            offering = offering[counts[offering] > 0]
-    return rates
-
-
-def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + n)`` for every (s, n) of (starts, lengths)."""
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
-
-
-def max_min_rates_local(
-    entries: np.ndarray,
-    lengths: np.ndarray,
-    capacity: np.ndarray,
-    caps: np.ndarray | None = None,
-) -> np.ndarray:
-    """The max-min fair rates of `max_min_rates_csr`, freezing many levels per round.
-
-    A link whose fair share is no larger than the bound of any unfrozen flow crossing it (it is the
-    tightest link of all its flows) keeps that share to the end: shares only grow as flows freeze at
-    levels below them, and every flow that could freeze elsewhere first crosses a link at least as
-    loose. So every round freezes the flows of all such links at once (each flow at its own bound),
-    not only those at the lowest level: rounds follow chains of bottlenecks, not distinct levels.
-    Same allocation as progressive filling; values may differ in the last bits and, where two bounds
-    lie within a relative 1e-12, by that much (progressive filling merges such levels).
-    """
-    entries, lengths, caps, remaining, rates = _inputs(entries, lengths, capacity, caps)
-    n, num_links = len(lengths), len(remaining)
-    if n == 0:
-        return rates
-    linkless = lengths == 0
-    rates[linkless] = caps[linkless]
-    live = np.flatnonzero(~linkless)
-    lens = lengths[live]
-    owner = np.repeat(np.arange(len(live), dtype=np.int64), lens)  # position in live
-    while live.size:
-        counts = np.bincount(entries, minlength=num_links)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
-        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-        entry_share = share[entries]
-        bound = np.minimum(np.minimum.reduceat(entry_share, starts), caps[live])
-        # tightest link of all its flows: its share is within 1e-12 of every crossing flow's bound
-        least = np.full(num_links, np.inf)
-        np.minimum.at(least, entries, bound[owner])
-        settled = share <= least * (1.0 + 1e-12)
-        freeze = (np.add.reduceat(settled[entries].astype(np.int64), starts) > 0) | (caps[live] <= bound)
-        rates[live[freeze]] = bound[freeze]
-        hit = freeze[owner]
-        remaining = np.maximum(remaining - np.bincount(entries[hit], weights=bound[owner[hit]], minlength=num_links),
-                               0.0)
-        keep = ~hit
-        entries, live, lens = entries[keep], live[~freeze], lens[~freeze]
-        owner = np.repeat(np.arange(len(live), dtype=np.int64), lens)
+            runs = lengths
+    crossing = runs > 0
+    rates[~crossing] = caps[~crossing]
+    live = np.flatnonzero(crossing)  # transfers still unfrozen, in order; runs: their entries each
+    runs = runs[live]
+    caps = caps[live]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while live.size:
+            offer = remaining / np.bincount(entries, weights=w, minlength=num_links)  # per unit of weight
+            at = offer[entries]
+            starts = np.cumsum(runs) - runs
+            bound = np.minimum(np.minimum.reduceat(at, starts), caps)
+            each = np.repeat(bound, runs)
+            # a link is the tightest of every transfer crossing it unless one of them is bound lower elsewhere
+            loose = np.zeros(num_links, dtype=bool)
+            loose[entries[each < at * (1.0 - _REL)]] = True
+            freeze = ~np.logical_and.reduceat(loose[entries], starts) | (caps <= bound)
+            if freeze.all():
+                rates[live] = bound
+                break
+            if not freeze.any():  # only where a capacity is NaN: end rather than loop
+                freeze[:] = True
+            rates[live[freeze]] = bound[freeze]
+            hit = np.repeat(freeze, runs)
+            remaining = np.maximum(remaining - np.bincount(entries[hit], weights=w[hit] * each[hit],
+                                                           minlength=num_links), 0.0)
+            keep = ~hit
+            entries, w = entries[keep], w[keep]
+            stay = ~freeze
+            live, runs, caps = live[stay], runs[stay], caps[stay]
     return rates

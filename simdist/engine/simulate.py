@@ -10,7 +10,7 @@ from simdist.collectives.group import Group
 from simdist.collectives.plan import Plan
 from simdist.engine.executor import Trace, run_plan
 from simdist.engine.fluid import fluid_applicable, run_fluid
-from simdist.engine.network import FlowNetwork
+from simdist.engine.links import SharedLinks
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ def simulate(runs: list[tuple[Plan, Group]]) -> list[CollectiveRun]:
         return [CollectiveRun(time_s, link_bytes, trace)]
     topology = runs[0][1].topology
     env = simpy.Environment()
-    net = FlowNetwork(env, lambda link: topology.link(link).effective_bandwidth_Bps)
+    net = SharedLinks(env, lambda link: topology.link(link).effective_bandwidth_Bps)
     traces = [Trace() for _ in runs]
     procs = [env.process(run_plan(env, net, plan, group.path, trace))
              for (plan, group), trace in zip(runs, traces, strict=True)]

@@ -39,14 +39,16 @@ class Comm:
 class Job:
     """A priced collective as the engine runs it: a fixed latency, then a fluid transfer.
 
-    Alone, the op takes ``latency_s + bandwidth_s`` (its closed-form time). ``demand`` lists the bytes the op
-    puts on each directed link it loads: when concurrent ops share a link, each progresses at the rate the
-    links' capacities allow (simdist.engine.jobs), so contention stretches the transfer part only.
+    Alone, the op takes ``latency_s + bandwidth_s`` (its closed-form time). ``demand`` lists, for each directed
+    link the op loads, (link id, bytes it puts there, flows it drives across it): the flows of its plan (one
+    per channel and route for a ring) that cross the link at once. When concurrent ops share a link, they
+    share its bandwidth max-min fairly per flow (simdist.engine.links), so contention stretches the transfer
+    part only.
     """
 
     latency_s: float
     bandwidth_s: float
-    demand: tuple[tuple[int, float], ...] = ()
+    demand: tuple[tuple[int, float, int], ...] = ()
 
 
 @dataclass(slots=True)

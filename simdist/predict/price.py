@@ -5,13 +5,24 @@ Each distinct (op, group, size) is priced once: the algorithm and protocol NCCL'
 timed by its closed form on the group's real placement (NVLink inside a node, the NICs and fabric between
 nodes). That time splits into a latency part (the same closed form for a one-byte message) and a transfer
 part; the transfer part's bytes on every directed link come from the algorithm's plan over the group's
-routes. The engine (simdist.engine.jobs) then runs each op as a job on the shared links, so collectives
-that overlap in time and share links slow each other down; alone, each takes its closed-form time.
+routes, and so do the flows it drives across each link (links share their bandwidth per flow). The engine
+(simdist.engine.links) then runs each op as a job on the shared links, so collectives that overlap in time
+and share links slow each other down; alone, each takes its closed-form time.
+
+Flows of a plan on a link: the most of its transfers that cross the link within one dependency level
+(`_levels`: transfers whose longest chain of dependencies, connection order included, has the same length
+run at the same time uncontended). A fast plan's transfers wait for nothing, so each is one flow: one per
+channel and ring edge for the fast ring, one per (peer, node) pair for the fast all_to_all. In a pipelined
+tree or NVLS plan a connection's successive pieces are successive levels, i.e. one flow.
+# Assumption: each transfer of a level is a flow of its own. Detailed plans that split one message into
+# transfers travelling together (halving-doubling's and hierarchical's chunks) would count each; the
+# algorithms the tuner picks (simdist.analytic.select: ring, tree, nvls, direct) do not split messages.
 
 Symmetry: a reduced graph simulates one rank of each class of equivalent ranks (simdist.plan.step). The
 ranks it leaves out run the same collectives at the same instants on their own groups, the *translates* of
-the simulated group (simdist.plan.mesh.Mesh.translates). Their bytes on links the simulated group also
-uses are added to its demand, so the shared links (NICs shared by GPUs, leaf uplinks, spines, NVSwitch
+the simulated group (simdist.plan.mesh.Mesh.translates). Their bytes and flows on links the simulated group
+also uses are added to its demand (flows: the most of the class's transfers on the link in one level, the
+translates running in lockstep), so the shared links (NICs shared by GPUs, leaf uplinks, spines, NVSwitch
 ports) carry the whole class's traffic; this equals simulating every rank when the translates are
 symmetric (each sees the same bottleneck), which `class_symmetric` checks per collective.
 """
@@ -20,15 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
 from simdist.analytic.select import Choice, evaluate, priced_request, rank_choices
 from simdist.collectives.group import Group
-from simdist.collectives.plan import SWITCH
+from simdist.collectives.plan import SWITCH, Transfer
 from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
-from simdist.engine.jobs import unique_inverse
+from simdist.engine.executor import wire_predecessor
+from simdist.engine.links import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh
@@ -56,42 +69,86 @@ class PricedComm:
     num_translates: int = 1
     symmetric: bool = True
     """Every translate meets the same bottleneck (the reduction is exact for this collective)."""
+    link_flows: dict[int, int] = field(default_factory=dict)
+    """Flows one run drives across each link of link_bytes (see the module docstring)."""
+    class_flows: dict[int, int] = field(default_factory=dict)
+    """Flows the group and its translates drive across each link of class_bytes, in its order (== link_flows
+    alone)."""
 
 
 Adjust = Callable[[str, int, float, float], float]
 """(op, num_ranks, nbytes, predicted_s) -> seconds: a calibration's correction of a collective's time."""
 
 
-def _plan_links(topology: Topology, request: Request, choice) -> list[tuple[int, int, float]]:
-    """(src peer, dst peer, wire bytes) of the chosen algorithm's plan."""
+def _plan_links(topology: Topology, request: Request, choice) -> tuple[list[tuple[int, int, float]], np.ndarray | None]:
+    """(src peer, dst peer, wire bytes) of the chosen algorithm's plan (its fast plan where it has one), and
+    the dependency level of each (`_levels`)."""
     algo = algorithm_for(choice.algorithm, request)
     priced = priced_request(request, choice.priced)
     builder = algo.build_fast if algo.build_fast is not None else algo.build
     plan = builder(priced)
     rate = choice.priced.cost.rate_factor
     wire = 1.0 / rate if rate else 1.0  # bytes on the wire per payload byte (simdist.engine.executor)
-    return [(t.src, t.dst, t.nbytes * wire) for t in plan.transfers]
+    return [(t.src, t.dst, t.nbytes * wire) for t in plan.transfers], _levels(plan.transfers)
 
 
-def _loads(topology: Topology, ranks: tuple[int, ...], transfers: list[tuple[int, int, float]]) -> dict[int, float]:
-    """Bytes per directed link of ``transfers`` on the group ``ranks`` (links in order of first use)."""
-    if transfers and not any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
-        # numpy: the same sums, added in the same order (transfer by transfer, link by link)
-        peers = np.asarray(ranks, dtype=np.int64)
-        src = np.fromiter((t[0] for t in transfers), dtype=np.int64, count=len(transfers))
-        dst = np.fromiter((t[1] for t in transfers), dtype=np.int64, count=len(transfers))
-        nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
-        routes = batch.routes(topology, peers[src], peers[dst])
-        ids, first, inverse = np.unique(routes.links, return_index=True, return_inverse=True)
-        sums = np.bincount(inverse.reshape(-1), weights=np.repeat(nbytes, routes.hops), minlength=len(ids))
-        order = np.argsort(first, kind="stable")
-        return dict(zip(ids[order].tolist(), sums[order].tolist(), strict=True))
-    group = Group(topology, ranks)
-    out: dict[int, float] = {}
-    for src, dst, nbytes in transfers:
-        for link in group.path(src, dst).links:
-            out[link] = out.get(link, 0.0) + nbytes
+def _levels(transfers: Sequence[Transfer]) -> np.ndarray | None:
+    """Per transfer, the length of its longest chain of predecessors: its dependencies and the transfer its
+    bytes follow on their connection (``after``, simdist.engine.executor.wire_predecessor). None: every
+    transfer is at level 0 (none waits for another). Plans list transfers in a dependency-respecting order."""
+    if all(not t.deps and wire_predecessor(t) < 0 for t in transfers):
+        return None
+    level = [0] * len(transfers)
+    for i, t in enumerate(transfers):
+        before = wire_predecessor(t)
+        deepest = level[before] if before >= 0 else -1
+        for d in t.deps:
+            if level[d] > deepest:
+                deepest = level[d]
+        level[i] = deepest + 1
+    return np.asarray(level, dtype=np.int64)
+
+
+def _peak_flows(compact: np.ndarray, num_ids: int, levels: np.ndarray | None) -> np.ndarray:
+    """Per link (``compact``: the link of every entry, an index below ``num_ids``) the most entries of one
+    level (``levels``: the level of every entry; None: all one level)."""
+    if levels is None:
+        return np.bincount(compact, minlength=num_ids)
+    keys, counts = np.unique(levels * num_ids + compact, return_counts=True)
+    out = np.zeros(num_ids, dtype=np.int64)
+    np.maximum.at(out, keys % num_ids, counts)
     return out
+
+
+def _routes(topology: Topology, ranks: tuple[int, ...], transfers: list[tuple[int, int, float]]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(links of every route, hops per transfer) of ``transfers`` on the group ``ranks``."""
+    if not any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
+        peers = np.asarray(ranks, dtype=np.int64)
+        src, dst = _pairs(transfers)
+        routes = batch.routes(topology, peers[src], peers[dst])
+        return routes.links, routes.hops
+    group = Group(topology, ranks)
+    paths = [group.path(src, dst).links for src, dst, _ in transfers]
+    hops = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+    return np.fromiter(chain.from_iterable(paths), dtype=np.int64, count=int(hops.sum())), hops
+
+
+def _loads(topology: Topology, ranks: tuple[int, ...], transfers: list[tuple[int, int, float]],
+           levels: np.ndarray | None) -> tuple[dict[int, float], dict[int, int]]:
+    """(bytes, flows) per directed link of ``transfers`` on the group ``ranks`` (links in order of first use;
+    bytes summed transfer by transfer, link by link)."""
+    if not transfers:
+        return {}, {}
+    links, hops = _routes(topology, ranks, transfers)
+    nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
+    ids, first, inverse = np.unique(links, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sums = np.bincount(inverse, weights=np.repeat(nbytes, hops), minlength=len(ids))
+    flows = _peak_flows(inverse, len(ids), None if levels is None else np.repeat(levels, hops))
+    order = np.argsort(first, kind="stable")
+    keys = ids[order].tolist()
+    return dict(zip(keys, sums[order].tolist(), strict=True)), dict(zip(keys, flows[order].tolist(), strict=True))
 
 
 def _capacities(topology: Topology, links: dict[int, float]) -> np.ndarray:
@@ -113,10 +170,12 @@ def _bottleneck(topology: Topology, load: dict[int, float]) -> float:
     return float((np.fromiter(load.values(), dtype=float, count=len(load)) / _capacities(topology, load)).max())
 
 
-def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: list[tuple[int, int, float]]
-                 ) -> tuple[dict[int, float], dict[int, float], bool]:
-    """(own loads, the class's total loads on the own links, symmetric) — one group at a time."""
-    per_group = [_loads(topology, g, transfers) for g in groups]
+def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: list[tuple[int, int, float]],
+                 levels: np.ndarray | None) -> tuple[dict[int, float], dict[int, float], bool, dict[int, int],
+                                                     dict[int, int]]:
+    """(own bytes, the class's total bytes on the own links, symmetric, own flows, the class's flows on the own
+    links) — one group at a time."""
+    per_group = [_loads(topology, g, transfers, levels)[0] for g in groups]
     own = per_group[0]
     total: dict[int, float] = {}
     for load in per_group:
@@ -124,7 +183,18 @@ def _class_loads(topology: Topology, groups: list[tuple[int, ...]], transfers: l
             total[link] = total.get(link, 0.0) + b
     necks = [_bottleneck(topology, {link: total[link] for link in load}) for load in per_group]
     symmetric = max(necks) <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300
-    return own, {link: total[link] for link in own}, symmetric
+    routes = [_routes(topology, g, transfers) for g in groups]
+    links = np.concatenate([r[0] for r in routes])
+    ids, compact = unique_inverse(links)
+    entry_levels = None if levels is None else np.concatenate([np.repeat(levels, r[1]) for r in routes])
+    flows = _peak_flows(compact, len(ids), entry_levels)
+    own_ids, own_compact = unique_inverse(routes[0][0])
+    own_flows = _peak_flows(own_compact, len(own_ids), None if entry_levels is None else
+                            entry_levels[:len(routes[0][0])])
+    own_flow = dict(zip(own_ids.tolist(), own_flows.tolist(), strict=True))
+    class_flow = dict(zip(ids.tolist(), flows.tolist(), strict=True))
+    return (own, {link: total[link] for link in own}, symmetric, {link: own_flow[link] for link in own},
+            {link: class_flow[link] for link in own})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -212,7 +282,8 @@ def _pairs(transfers: list[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndar
 
 
 def _class_loads_batched(topology: Topology, groups: np.ndarray, transfers: list[tuple[int, int, float]],
-                         layout: _Layout | None = None) -> tuple[dict[int, float], dict[int, float], bool]:
+                         levels: np.ndarray | None, layout: _Layout | None = None
+                         ) -> tuple[dict[int, float], dict[int, float], bool, dict[int, int], dict[int, int]]:
     """`_class_loads` for many translates at once: every translate's routes in one numpy batch (``layout``:
     theirs, if already resolved)."""
     nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
@@ -225,9 +296,15 @@ def _class_loads_batched(topology: Topology, groups: np.ndarray, transfers: list
     symmetric = bool(necks.max() <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300)
     own_bytes = np.bincount(lay.own_compact, weights=weights[lay.mine], minlength=len(lay.own_ids))
     class_bytes = total[lay.own_in_class]
+    entry_levels = None
+    if levels is not None:  # the level of every entry: of its transfer (routes are translate-major)
+        entry_levels = np.repeat(np.tile(levels, len(groups)), lay.hops)
+    class_flows = _peak_flows(lay.compact, len(lay.ids), entry_levels)[lay.own_in_class]
+    own_flows = _peak_flows(lay.own_compact, len(lay.own_ids), None if entry_levels is None else entry_levels[lay.mine])
     own_ids = lay.own_ids.tolist()
     own = dict(zip(own_ids, own_bytes.tolist(), strict=True))
-    return own, dict(zip(own_ids, class_bytes.tolist(), strict=True)), symmetric
+    return (own, dict(zip(own_ids, class_bytes.tolist(), strict=True)), symmetric,
+            dict(zip(own_ids, own_flows.tolist(), strict=True)), dict(zip(own_ids, class_flows.tolist(), strict=True)))
 
 
 @dataclass(slots=True)
@@ -240,6 +317,8 @@ class _Pending:
     latency_s: float
     transfers: list[tuple[int, int, float]] | None = None
     """(src peer, dst peer, wire bytes) of its plan; None: priced without links."""
+    levels: np.ndarray | None = None
+    """The dependency level of each transfer (`_levels`; None: all 0)."""
     groups: np.ndarray | None = None
     """The translates that share links with it, itself first."""
     batched: bool = False
@@ -260,7 +339,7 @@ def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...
         time_s = adjusted
     if not with_links:
         return _Pending(comm, choice, time_s, latency_s)
-    transfers = _plan_links(topology, request, choice)
+    transfers, levels = _plan_links(topology, request, choice)
     groups = np.asarray(translates if translates is not None and len(translates) else [comm.ranks], dtype=np.int64)
     gpn = topology.gpus_per_node
     if len(groups) > 1 and all(src == SWITCH or dst == SWITCH or comm.ranks[src] // gpn == comm.ranks[dst] // gpn
@@ -272,7 +351,7 @@ def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...
         shares[0] = True
         groups = groups[shares]
     switch = any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers)
-    return _Pending(comm, choice, time_s, latency_s, transfers, groups, len(groups) > 1 and not switch)
+    return _Pending(comm, choice, time_s, latency_s, transfers, levels, groups, len(groups) > 1 and not switch)
 
 
 def _finish(topology: Topology, p: _Pending, layout: _Layout | None = None) -> PricedComm:
@@ -283,14 +362,16 @@ def _finish(topology: Topology, p: _Pending, layout: _Layout | None = None) -> P
                           p.time_s, p.latency_s)
     transfers, groups = p.transfers, p.groups
     if len(groups) == 1:
-        own = _loads(topology, comm.ranks, transfers)
-        class_load, symmetric = own, True
+        own, own_flows = _loads(topology, comm.ranks, transfers, p.levels)
+        class_load, symmetric, class_flows = own, True, own_flows
     elif not p.batched:
-        own, class_load, symmetric = _class_loads(topology, list(map(tuple, groups.tolist())), transfers)
+        own, class_load, symmetric, own_flows, class_flows = _class_loads(
+            topology, list(map(tuple, groups.tolist())), transfers, p.levels)
     else:
-        own, class_load, symmetric = _class_loads_batched(topology, groups, transfers, layout)
+        own, class_load, symmetric, own_flows, class_flows = _class_loads_batched(topology, groups, transfers,
+                                                                                  p.levels, layout)
     return PricedComm(comm.op, comm.axis, comm.nbytes, len(comm.ranks), choice.algorithm, choice.protocol,
-                      p.time_s, p.latency_s, own, class_load, len(groups), symmetric)
+                      p.time_s, p.latency_s, own, class_load, len(groups), symmetric, own_flows, class_flows)
 
 
 def price_comm(topology: Topology, comm: Comm, *, translates: Sequence[tuple[int, ...]] | np.ndarray | None = None,
@@ -307,7 +388,8 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
 
     The demand is scaled so that the group's own bottleneck drains in exactly the transfer part of the
     closed form (they differ where the closed form's bandwidth term is not the plan's most loaded link, e.g.
-    protocol pipelining); the class's extra load on shared links then stretches it in proportion.
+    protocol pipelining); the class's extra load on shared links then stretches it in proportion. Its flows
+    per link are the class's (``class_flows``): one run's, as the runs follow one another.
     """
     transfer_s = max(priced.time_s - priced.latency_s, 0.0)
     own_neck = _bottleneck(topology, priced.link_bytes)
@@ -316,7 +398,8 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
     links = np.fromiter(priced.class_bytes.keys(), dtype=np.int64, count=n)
     order = np.argsort(links, kind="stable")
     nbytes = np.fromiter(priced.class_bytes.values(), dtype=float, count=n)[order] * scale * count
-    demand = tuple(zip(links[order].tolist(), nbytes.tolist(), strict=True))  # by link id
+    flows = np.fromiter(priced.class_flows.values(), dtype=np.int64, count=n)[order]  # same links, same order
+    demand = tuple(zip(links[order].tolist(), nbytes.tolist(), flows.tolist(), strict=True))  # by link id
     return Job(latency_s=(priced.latency_s + host_s) * count, bandwidth_s=transfer_s * count, demand=demand)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
 from simdist.engine.graph import GraphTrace, run_graph
-from simdist.engine.jobs import unique_inverse
+from simdist.engine.links import unique_inverse
 from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
 from simdist.hardware import batch

@@ -1,0 +1,250 @@
+"""Links shared by concurrent transfers, as a SimPy resource: transfers join, share bandwidth, and finish.
+
+The engine's one link-sharing mechanism. Its users:
+- the transfers of a collective's plan (`simdist.engine.executor.run_plan`, hence ``simdist collective``):
+  a plain transfer is one flow on every link of its route (weight 1), its size its wire bytes, its cap a
+  rate bound of its own (a ring hop's channel rate);
+- the collectives of a training step (`simdist.engine.graph.run_graph`, hence ``simdist run``): a priced
+  collective (`simdist.plan.opgraph.Job`) is one transfer driving the flows of its plan, see `job_flows`.
+
+Whenever a transfer that shares a link with another joins or leaves, rates are re-shared max-min fairly in
+bandwidth per flow (`simdist.engine.sharing.max_min_rates`, the one solver), once per instant, after every
+transfer joining at that instant has joined (the driver process wakes after them). A transfer sharing none
+of its links is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
+
+Alone, a transfer of size S and cap R on links of capacity C_l and weight w_l takes S / min(R, C_l / w_l):
+a plain transfer of S bytes over a route of bottleneck B takes S / B after its latency (the alpha-beta model
+of the closed forms), and a job, whose cap is its closed-form speed (`job_flows`), takes its bandwidth_s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain, repeat
+
+import numpy as np
+import simpy
+
+from simdist.engine.sharing import max_min_rates
+
+DONE_FRACTION = 1e-12
+"""A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
+of rate x time in floating point)."""
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` (inverse flat) for non-negative integers such as link ids.
+
+    Where the largest value is not far beyond the count, by a table indexed by value (linear) instead of a
+    stable sort: the distinct links of a large cluster's collectives number thousands, their ids hundreds
+    of thousands.
+    """
+    values = np.asarray(values, dtype=np.int64).reshape(-1)
+    if not len(values):
+        return values.copy(), np.zeros(0, dtype=np.int64)
+    top = int(values.max())
+    if int(values.min()) < 0 or top > 64 * len(values) + 4096:
+        ids, inverse = np.unique(values, return_inverse=True)
+        return ids, inverse.reshape(-1)
+    present = np.zeros(top + 1, dtype=bool)
+    present[values] = True
+    ids = np.flatnonzero(present)
+    index = np.empty(top + 1, dtype=np.int64)
+    index[ids] = np.arange(len(ids), dtype=np.int64)
+    return ids, index[values]
+
+
+def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
+    """(size, weights) of a job that puts ``nbytes[i]`` bytes and ``flows[i]`` flows on its i-th link.
+
+    # Assumption: a job's flows are coupled: they progress together, each moving the same fraction of its
+    # bytes per second (a ring's hops move at its channel's bottleneck rate, and the collective ends when
+    # its last flow does). The job's rate is then that of its heaviest flows, whose bytes are its size
+    # (max over links of bytes / flows), and a flow carrying f times their bytes moves at f x that rate:
+    # on link i the job uses nbytes[i] / size x rate, i.e. its weight there is nbytes[i] / size, which is
+    # its flows on the link where they carry equal bytes (a fast ring's flows do). Fairness then compares
+    # jobs by the rate of their flows, per flow: a 10 MB send (one flow) next to a 4 GB transfer of one flow
+    # gets half the link, a collective of 8 channels next to one of 2 gets 80 %.
+    A link without bytes gets weight 0 (it takes no bandwidth); size 0: no bytes anywhere.
+    """
+    nbytes = np.asarray(nbytes, dtype=float)
+    flows = np.asarray(flows, dtype=float)
+    loaded = (nbytes > 0) & (flows > 0)
+    if not loaded.any():
+        return 0.0, np.zeros(len(nbytes))
+    size = float((nbytes[loaded] / flows[loaded]).max())
+    return size, np.where(nbytes > 0, nbytes / size, 0.0)
+
+
+@dataclass(slots=True)
+class LinkLoad:
+    """Bytes carried per directed link over a simulation (for per-link load reports), in order of first use."""
+
+    bytes_by_link: dict[int, float] = field(default_factory=dict)
+
+    def add(self, links: Sequence[int], nbytes: float, weights: Sequence[float] | None = None) -> None:
+        out = self.bytes_by_link
+        if weights is None:
+            for link in links:
+                out[link] = out.get(link, 0.0) + nbytes
+        else:
+            for link, w in zip(links, weights, strict=True):
+                out[link] = out.get(link, 0.0) + nbytes * w
+
+
+@dataclass(slots=True, eq=False)
+class _Transfer:
+    links: tuple[int, ...]
+    weights: tuple[float, ...] | None
+    """Flows per link (None: one on each)."""
+    size: float
+    remaining: float
+    cap: float
+    done: simpy.Event
+    rate: float = 0.0
+
+
+class SharedLinks:
+    """Directed links of given effective capacities (bytes/s), shared by the transfers crossing them."""
+
+    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True
+                 ) -> None:
+        """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded)."""
+        self.env = env
+        self._capacity_of = capacity_of  # link id -> effective bytes/s
+        self._active: list[_Transfer] = []
+        self._users: dict[int, int] = {}
+        """Active transfers per link: one whose links no other transfer uses is rated alone."""
+        self._capacity: dict[int, float] = {}
+        """Capacities of the links seen so far."""
+        self._table = np.zeros(0)
+        """The same indexed by link id, for re-shares (NaN: not seen yet)."""
+        self._weighted = 0  # active transfers with weights
+        self._dirty = False
+        self._last = 0.0
+        self._wakeup: simpy.Event = env.event()
+        self.load = LinkLoad()
+        self._record = record_load
+        env.process(self._run())
+
+    def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
+                 weights: Sequence[float] | None = None) -> simpy.Event:
+        """Start moving a transfer now: ``size`` bytes per flow (of its heaviest flows) over ``links``, each
+        crossed by ``weights`` of its flows (None: one), at most ``cap`` bytes/s per flow. The event fires
+        when it completes."""
+        done = self.env.event()
+        if size <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        links = tuple(links)
+        weights = None if weights is None else tuple(weights)
+        capacity = self._capacity
+        users = self._users
+        shared = False
+        for link in links:
+            if link not in capacity:
+                self._learn(link)
+            n = users.get(link, 0)
+            if n:
+                shared = True
+            users[link] = n + 1
+        t = _Transfer(links, weights, size, size, cap, done)
+        if weights is not None:
+            self._weighted += 1
+        if shared:
+            self._dirty = True
+        else:
+            t.rate = self._alone(t)
+        if self._record:
+            self.load.add(links, size, weights)
+        self._active.append(t)
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+        return done
+
+    def _learn(self, link: int) -> None:
+        """Record ``link``'s capacity (the table grown as needed)."""
+        table = self._table
+        if link >= len(table):
+            grown = np.full(max(link + 1, 2 * len(table)), np.nan)
+            grown[:len(table)] = table
+            table = self._table = grown
+        table[link] = self._capacity[link] = float(self._capacity_of(link))
+
+    def _alone(self, t: _Transfer) -> float:
+        """Rate of a transfer sharing none of its links (the arithmetic of `max_min_rates` for it alone)."""
+        rate = t.cap
+        capacity = self._capacity
+        if t.weights is None:
+            for link in t.links:
+                c = capacity[link]
+                if c < rate:
+                    rate = c
+        else:
+            for link, w in zip(t.links, t.weights, strict=True):
+                if w > 0:
+                    c = capacity[link] / w
+                    if c < rate:
+                        rate = c
+        return rate
+
+    def _advance(self) -> None:
+        elapsed = self.env.now - self._last
+        if elapsed > 0:
+            for t in self._active:
+                t.remaining -= t.rate * elapsed
+        self._last = self.env.now
+
+    def _reshare(self) -> None:
+        active = self._active
+        if not active:
+            return
+        n = len(active)
+        lengths = np.fromiter((len(t.links) for t in active), dtype=np.int64, count=n)
+        total = int(lengths.sum())
+        entries = np.fromiter(chain.from_iterable(t.links for t in active), dtype=np.int64, count=total)
+        weights = None
+        if self._weighted:
+            weights = np.fromiter(chain.from_iterable(t.weights if t.weights is not None else repeat(1.0, len(t.links))
+                                                      for t in active), dtype=float, count=total)
+        caps = np.fromiter((t.cap for t in active), dtype=float, count=n)
+        ids, compact = unique_inverse(entries)
+        rates = max_min_rates(compact, lengths, self._table[ids], caps, weights)
+        for t, r in zip(active, rates.tolist(), strict=True):
+            t.rate = r
+
+    def _run(self):
+        env = self.env
+        while True:
+            self._wakeup = env.event()
+            horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
+            if horizon < math.inf:
+                yield env.timeout(max(horizon, 0.0)) | self._wakeup
+            else:
+                yield self._wakeup
+            self._advance()
+            now = env.now
+            finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
+                        or (t.rate > 0 and now + t.remaining / t.rate <= now)]
+            if finished:
+                gone = set(map(id, finished))
+                self._active = [t for t in self._active if id(t) not in gone]
+                users = self._users
+                for t in finished:
+                    if t.weights is not None:
+                        self._weighted -= 1
+                    for link in t.links:
+                        n = users[link] - 1
+                        if n:
+                            users[link] = n
+                            self._dirty = True  # a transfer that shared this link may now go faster
+                        else:
+                            del users[link]
+            if self._dirty:
+                self._reshare()
+                self._dirty = False
+            for t in finished:
+                t.done.succeed()
