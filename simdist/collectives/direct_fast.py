@@ -287,7 +287,8 @@ def all_pairs_fast(req: Request, steps: int, reduce_first: bool) -> Plan:
     block = req.nbytes / p
     proto = req.protocol
     extra_net = group.extra_latency_by_class.get("net", 0.0) + proto.per_transfer_latency_s
-    if p * (p - 1) <= FAST_FLOWS:  # a flow per block: the detailed plan's blocks
+    per_block = p * (p - 1) <= FAST_FLOWS
+    if per_block:  # a flow per block: the detailed plan's blocks
         src, dst = np.nonzero(pairs.node[:, None] != pairs.node[None, :])
         carried = np.ones(len(src))
     else:
@@ -310,7 +311,10 @@ def all_pairs_fast(req: Request, steps: int, reduce_first: bool) -> Plan:
         end, ready = step_lands(pairs, group, block, None if step == 0 else start, proto.per_transfer_latency_s,
                                 proto.rate_factor)
         if len(src):
-            # every inter-node flow lands when the step's last block does
+            # every inter-node flow lands when the step's last block does; in a step another follows,
+            # when its own blocks do (their links free up for the next step's blocks as in the detailed plan)
+            if step + 1 < steps:
+                end = _own_lands(pairs, block, start, extra_net, proto.rate_factor, src, dst, per_block)
             begin = start[src] + _pair_latency(pairs, src, dst) + extra_net
             wire = carried * block / proto.rate_factor
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -326,6 +330,19 @@ def all_pairs_fast(req: Request, steps: int, reduce_first: bool) -> Plan:
             start = ready
     return Plan(op=req.op, algorithm="direct", num_peers=p, nbytes=req.nbytes, transfers=tuple(transfers),
                 num_chunks=0, verifiable=False)
+
+
+def _own_lands(pairs: AllPairs, block: float, start: np.ndarray, extra_s: float, rate_factor: float, src: np.ndarray,
+               dst: np.ndarray, per_block: bool) -> np.ndarray:
+    """When the blocks each flow stands for land in the detailed plan: its block's landing (a flow per
+    block), or the last landing of its source's blocks to its node block."""
+    if not per_block:
+        return start[src] + pairs.flow_lands(block, extra_s, rate_factor)[src, pairs.node_block[dst]]
+    out = np.empty(len(src))
+    for rows, lands in pairs.inter_landings(block, start, extra_s, rate_factor):
+        mine = (src >= rows.start) & (src < rows.stop)
+        out[mine] = lands[src[mine] - rows.start, dst[mine]]
+    return out
 
 
 def _pair_latency(pairs: AllPairs, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

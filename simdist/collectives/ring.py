@@ -73,7 +73,12 @@ def channel_rates(group: Group, orders: list[list[int]]) -> np.ndarray:
     """
     channels, p = len(orders), len(orders[0])
     src = np.array(orders, dtype=np.int64).reshape(channels, p)
-    return edge_shares(group, src.reshape(-1), np.roll(src, -1, axis=1).reshape(-1)).reshape(channels, p).min(axis=1)
+    key = ("channel_rates", src.tobytes(), src.shape)
+    hit = group.memo.get(key)  # rates depend on the placement alone: shared by every protocol and size
+    if hit is None:
+        shares = edge_shares(group, src.reshape(-1), np.roll(src, -1, axis=1).reshape(-1))
+        hit = group.memo[key] = shares.reshape(channels, p).min(axis=1)
+    return hit
 
 
 def pipeline_pieces(nbytes: float, chunk_bytes: float = PIPELINE_CHUNK_BYTES) -> int:
@@ -233,7 +238,9 @@ def ring_fast(req: Request) -> Plan:
     dst = np.roll(src, -1, axis=1)
     steps = ring_steps(req.op, p)
     piece = req.nbytes / (p * channels)
-    lat = group.paths(src.reshape(-1), dst.reshape(-1)).latency_s.reshape(channels, p)
+    # a hop's latency, the protocol's per-transfer latency included: paid at every step of the chain
+    lat = group.paths(src.reshape(-1), dst.reshape(-1)).latency_s.reshape(channels, p) + \
+        req.protocol.per_transfer_latency_s
     extra = chain_latency_s(lat, steps)[:, None] - lat
     rates = np.repeat(channel_rates(group, orders), p)
     n = channels * p

@@ -227,7 +227,14 @@ def tree_schedule(req: Request) -> TreeSchedule:
     proto = req.protocol
     with np.errstate(invalid="ignore"):
         d = np.where(size > 0, size / proto.rate_factor / rates, 0.0)
-    flat = np.where(parents >= 0, parents + np.arange(trees)[:, None] * p, -1).reshape(-1)
+    key = ("tree_levels", parents.tobytes(), parents.shape)
+    shape = req.group.memo.get(key)
+    if shape is None:  # the trees' shape: shared by every protocol and size
+        flat = np.where(parents >= 0, parents + np.arange(trees)[:, None] * p, -1).reshape(-1)
+        depth = _depths(flat)
+        levels = [np.flatnonzero(depth == level) for level in range(int(depth.max()) + 1)]
+        shape = req.group.memo[key] = (flat, depth, levels)
+    flat, depth, levels = shape
     child = np.flatnonzero(flat >= 0)
     ranks_src = child % p
     ranks_dst = flat[child] % p
@@ -239,8 +246,6 @@ def tree_schedule(req: Request) -> TreeSchedule:
     if down:
         lat_down[child] = req.group.paths(ranks_dst, ranks_src).latency_s + extra
     hop_d = np.repeat(d, p)
-    depth = _depths(flat)
-    levels = [np.flatnonzero(depth == level) for level in range(int(depth.max()) + 1)]
     first_up = np.full(trees * p, np.nan)  # when c's first piece reaches its parent
     if up:
         best = np.zeros(trees * p)  # latest first piece into c from its children
