@@ -3,8 +3,14 @@
 NCCL runs all_to_all (and scatter, gather, send_recv) as a group of concurrent ncclSend/ncclRecv
 calls, one per partner (NCCL docs, "Point-to-point communication": all-to-all = ncclGroupStart, a
 send and a recv per peer, ncclGroupEnd). Here every such block is one transfer and they all start
-together, sharing links max-min fairly in the engine, so contention (a NIC shared by a rank's
-inter-node blocks) shows up as it happens.
+together, each at its planned rate: its share of the busiest link of its route in proportion to its
+bytes (simdist.collectives.pacing.proportional_rates), so the blocks on a link (a NIC shared by a rank's
+inter-node blocks) drain together in the least time the link allows, and next to other traffic they
+share links in the engine.
+# Assumption: blocks of a step are paced to their proportional share, not left to take what other
+# blocks leave: a step's last block lands when its busiest link drains, as with max-min sharing whenever
+# a link's blocks start together and are held there (every even all_to_all); with uneven blocks the
+# small ones land later than under max-min, the step's time is the same or shorter.
 
 Sizes follow nccl-tests (simdist.collectives.ops): all_to_all ``nbytes`` = what each rank sends,
 ``nbytes / P`` per destination, the self block staying local; uneven all_to_all takes
