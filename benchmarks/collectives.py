@@ -1,9 +1,21 @@
-"""Benchmark of collective simulation across scales: ring all_reduce and all_to_all on dgx-h100.
+"""Benchmark of collective simulation: the whole-process targets, fast-plan agreement, and scaling.
 
 Run from the repository root with the project's virtualenv active:
 
     python benchmarks/collectives.py [--repeat N] [--max-ranks N] [--detailed-max N] [--api-max-ranks N]
-                                     [--protocol P] [--json]
+                                     [--protocol P] [--no-targets] [--no-agreement] [--no-scaling] [--json]
+
+Targets (issue 13, whole process: `simdist collective ...` in a fresh interpreter under /usr/bin/time):
+wall seconds, CPU seconds (user + sys) and peak resident memory, medians of --repeat runs, for
+- auto all_reduce over 1,440 ranks of 20 gb200-nvl72 racks, six sizes 512M..16G (target <= 10 s);
+- auto all_reduce and --algorithm tree over 16,384 ranks of 2,048 dgx-h100 (target <= 5 s);
+- all_to_all of 1M over 4,096 ranks of 512 dgx-h100 (target <= 5 s and < 1 GB).
+The machine this was written on has 2 cores shared with other jobs: CPU seconds are the steadier
+figure; wall seconds include waiting for a core.
+
+Agreement: per algorithm and op, a group's fast plan alone in the engine / the closed form, and the
+detailed plan's / the closed form where it runs (1.000000 = equal; both must be >= 1 and equal where the
+detailed run is uncontended).
 
 Points: ring all_reduce of 1 GiB at 8, 16, ..., 16384 ranks and all_to_all of 1 GiB at 8 .. 1024 ranks,
 dgx-h100 with num_nodes = ranks / 8; fast fidelity at every size, detailed up to --detailed-max ranks
@@ -32,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -153,6 +166,126 @@ def render(doc: dict) -> str:
     return "\n".join(lines)
 
 
+TARGETS = [  # name, CLI arguments, target wall seconds, target peak MB (None: none)
+    ("auto all_reduce, 1440 ranks (20 gb200-nvl72), 512M..16G",
+     ["--cluster", "gb200-nvl72", "--num-nodes", "20", "--op", "all_reduce", "--ranks", "1440",
+      "--bytes", "512M,1G,2G,4G,8G,16G"], 10.0, None),
+    ("auto all_reduce, 16384 ranks (2048 dgx-h100), 1G",
+     ["--cluster", "dgx-h100", "--num-nodes", "2048", "--op", "all_reduce", "--ranks", "16384", "--bytes", "1G"],
+     5.0, None),
+    ("tree all_reduce, 16384 ranks (2048 dgx-h100), 1G",
+     ["--cluster", "dgx-h100", "--num-nodes", "2048", "--op", "all_reduce", "--ranks", "16384", "--bytes", "1G",
+      "--algorithm", "tree"], 5.0, None),
+    ("all_to_all, 4096 ranks (512 dgx-h100), 1M",
+     ["--cluster", "dgx-h100", "--num-nodes", "512", "--op", "all_to_all", "--ranks", "4096", "--bytes", "1M"],
+     5.0, 1000.0),
+]
+
+
+def run_target(args: list[str]) -> dict:
+    """One whole-process run of ``simdist collective ARGS --json``: wall, CPU seconds, peak MB, rows."""
+    cmd = [sys.executable, "-m", "simdist", "collective", *args, "--json"]
+    timer = shutil.which("time") if sys.platform.startswith("linux") else None
+    timer = "/usr/bin/time" if timer is None and shutil.which("/usr/bin/time") else timer
+    start = time.perf_counter()
+    if timer:
+        out = subprocess.run([timer, "-f", "%U %S %M", *cmd], capture_output=True, text=True, check=True)
+        user, system, kb = out.stderr.strip().splitlines()[-1].split()
+        cpu, peak_mb = float(user) + float(system), float(kb) / 1e3
+    else:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        cpu, peak_mb = float("nan"), float("nan")
+    wall = time.perf_counter() - start
+    doc = json.loads(out.stdout)
+    rows = doc["rows"] if isinstance(doc, dict) and "rows" in doc else doc
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mb": peak_mb, "rows": rows}
+
+
+def bench_targets(repeat: int) -> list[dict]:
+    out = []
+    for name, args, target_s, target_mb in TARGETS:
+        runs = [run_target(args) for _ in range(repeat)]
+        row = {"name": name, "command": "simdist collective " + " ".join(args),
+               "wall_s": statistics.median(r["wall_s"] for r in runs),
+               "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+               "peak_mb": statistics.median(r["peak_mb"] for r in runs), "target_s": target_s,
+               "target_mb": target_mb,
+               "picked": sorted({f"{r['algorithm']}/{r['protocol']}/{r['fidelity']}" for r in runs[0]["rows"]}),
+               "engine_over_closed_form": max(r["time_s"] / r["closed_form_s"] for r in runs[0]["rows"])}
+        out.append(row)
+        print(f"  {name}: {row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU", file=sys.stderr, flush=True)
+    return out
+
+
+AGREEMENT = [  # preset, nodes, ranks, op, algorithm, bytes, detailed too
+    ("dgx-h100", 1, 8, "all_reduce", "nvls", 2**30, True),
+    ("gb200-nvl72", 1, 72, "all_reduce", "nvls", 2**30, False),
+    ("dgx-h100", 4, 32, "all_reduce", "ring", 2**28, True),
+    ("dgx-h100", 4, 32, "broadcast", "ring", 2**26, True),
+    ("dgx-h100", 4, 32, "all_reduce", "tree", 2**24, True),
+    ("dgx-h100", 2048, 16384, "all_reduce", "tree", 2**30, False),
+    ("dgx-h100", 4, 32, "all_reduce", "halving_doubling", 2**26, True),
+    ("dgx-h100", 128, 1024, "all_reduce", "halving_doubling", 2**30, False),
+    ("dgx-h100", 4, 32, "all_reduce", "hierarchical", 2**28, True),
+    ("dgx-h100", 128, 1024, "all_reduce", "hierarchical", 2**30, False),
+    ("dgx-h100", 4, 32, "all_to_all", "direct", 2**28, True),
+    ("dgx-h100", 4, 32, "all_gather", "direct", 2**26, True),
+    ("dgx-h100", 128, 1024, "all_to_all", "direct", 2**30, False),
+    ("dgx-h100", 512, 4096, "all_to_all", "direct", 2**20, False),
+]
+
+
+def bench_agreement() -> list[dict]:
+    """Fast (and detailed) engine time / closed form, each plan alone, protocol Simple."""
+    from simdist.analytic.registry import closed_form
+    from simdist.collectives.group import Group
+    from simdist.collectives.protocols import SIMPLE
+    from simdist.collectives.registry import algorithm_for
+    from simdist.collectives.request import Request
+    from simdist.engine.simulate import simulate
+    from simdist.hardware import load_topology
+
+    out = []
+    for preset, nodes, ranks, op, name, nbytes, detailed in AGREEMENT:
+        group = Group.first(load_topology(preset, num_nodes=nodes), ranks)
+        request = Request(op, group, nbytes)
+        algo = algorithm_for(name, request)
+        closed = closed_form(name)(request, SIMPLE)
+        start = time.perf_counter()
+        fast = algo.build_fast(request)
+        fast_s = simulate([(fast, group)])[0].time_s
+        row = {"case": f"{name} {op} {ranks} ranks ({nodes} {preset}) {nbytes / 2**20:g} MiB",
+               "fast_flows": fast.num_transfers, "fast_ratio": fast_s / closed,
+               "fast_wall_s": time.perf_counter() - start, "detailed_ratio": None}
+        if detailed:
+            row["detailed_ratio"] = simulate([(algo.build(request), group)])[0].time_s / closed
+        out.append(row)
+        print(f"  {row['case']}: fast/closed {row['fast_ratio']:.6f}", file=sys.stderr, flush=True)
+    return out
+
+
+def render_targets(rows: list[dict], repeat: int) -> str:
+    lines = [f"Targets (whole process, medians of {repeat}; CPU = user + sys):"]
+    for r in rows:
+        mark = "ok" if r["wall_s"] <= r["target_s"] and (r["target_mb"] is None or r["peak_mb"] < r["target_mb"]) \
+            else "OVER (wall; see CPU)"
+        mem = f", target < {r['target_mb']:.0f} MB" if r["target_mb"] else ""
+        lines.append(f"  {r['name']}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU, {r['peak_mb']:.0f} MB peak "
+                     f"(target <= {r['target_s']:.0f} s{mem}) {mark}; picked {', '.join(r['picked'])}; "
+                     f"engine / closed form <= {r['engine_over_closed_form']:.9f}")
+        lines.append(f"    {r['command']}")
+    return "\n".join(lines)
+
+
+def render_agreement(rows: list[dict]) -> str:
+    lines = ["Fast plan alone / closed form (and detailed / closed form), protocol Simple:"]
+    for r in rows:
+        det = "-" if r["detailed_ratio"] is None else f"{r['detailed_ratio']:.9f}"
+        lines.append(f"  {r['case']}: fast {r['fast_ratio']:.9f} ({r['fast_flows']} flows, "
+                     f"{r['fast_wall_s']:.2f} s), detailed {det}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per timed figure (median reported)")
@@ -162,7 +295,18 @@ def main() -> None:
                         help="largest size timed through simdist.api.collective (default 1024 ring, 128 all_to_all)")
     parser.add_argument("--protocol", default="LL128", help="protocol pricing the engine runs (LL, LL128, Simple)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--no-targets", action="store_true", help="skip the whole-process target runs")
+    parser.add_argument("--no-agreement", action="store_true", help="skip fast-plan / closed-form agreement")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
     args = parser.parse_args()
+    targets = [] if args.no_targets else bench_targets(args.repeat)
+    agreement = [] if args.no_agreement else bench_agreement()
+    if args.no_scaling:
+        doc = {"targets": targets, "agreement": agreement}
+        print(json.dumps(doc, indent=2) if args.json else
+              "\n\n".join(x for x in (render_targets(targets, args.repeat) if targets else "",
+                                       render_agreement(agreement) if agreement else "") if x))
+        return
     fits = lambda r: args.max_ranks is None or r <= args.max_ranks  # noqa: E731
     points = [("all_reduce", r, f) for r in RING_RANKS if fits(r)
               for f in (("detailed", "fast") if r <= args.detailed_max else ("fast",))]
@@ -180,8 +324,13 @@ def main() -> None:
         ratios["fast ring simulate time 16384 / 1024 ranks"] = b["sim_s"] / a["sim_s"]
         ratios["fast ring engine memory 16384 / 1024 ranks"] = b["engine_peak_mib"] / a["engine_peak_mib"]
     meta = {"python": sys.version.split()[0], "repeat": args.repeat, "protocol": args.protocol, "bytes": NBYTES}
-    doc = {"meta": meta, "rows": rows, "ratios": ratios}
-    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    doc = {"meta": meta, "rows": rows, "ratios": ratios, "targets": targets, "agreement": agreement}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    parts = [render_targets(targets, args.repeat) if targets else "",
+             render_agreement(agreement) if agreement else "", render(doc)]
+    print("\n\n".join(x for x in parts if x))
 
 
 if __name__ == "__main__":

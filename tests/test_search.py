@@ -78,8 +78,8 @@ def test_korthikanti_selective_sp_beats_full_recompute(name):
     # Korthikanti et al. 2022 Table 5: sequence parallelism + selective recompute is faster than full
     # recompute without SP for every model (scenarios/published/korthikanti2022-*.yaml).
     from simdist.analytic.step import CommPricer, analytic_step
-    from simdist.plan.model_presets import resolve_model
     from simdist.plan.layout import step_config_of as step_config
+    from simdist.plan.model_presets import resolve_model
 
     times = []
     for extra in ([], ["training.recompute=full", "parallel.sequence_parallel=false"]):

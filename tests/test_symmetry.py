@@ -186,10 +186,10 @@ def test_capacity_of_is_the_links_effective_bandwidth(tmp_path: Path) -> None:
 def test_price_graph_batches_like_price_comm(tmp_path: Path) -> None:
     # price_graph resolves every collective's translates in one batch of routes; each collective priced alone
     # (price_comm with the same translates) gives the same loads, bit for bit.
+    from simdist.plan.layout import step_config_of as step_config
     from simdist.plan.model_presets import resolve_model
     from simdist.plan.step import build_step
     from simdist.predict.price import price_comm, price_graph
-    from simdist.plan.layout import step_config_of as step_config
 
     s = load(tmp_path, LAYOUTS["h100-64-fat-tree-oversubscribed"])
     cfg = step_config(s.spec, s.topology, resolve_model(s.spec.model))

@@ -475,7 +475,7 @@ KNOWN_DEVIATIONS: dict[str, Deviation] = {
         "Ethernet fabric; the RoCE link latency is used) and PyTorch's host overhead. The measured ~360-390 us "
         "from 256 KiB to 2 MiB matches NCCL's own Ring/Simple latency for 32 ranks on 4 nodes (tuning.cc: 8.4 + "
         "54 x 3.4 + 8 x 14 = 304 us, x 1.4 'plateau effect of ring' = 426 us), what a tuner keeping Ring/Simple "
-        "gets; simdist's NCCL-like tuner takes Tree/LL128 and Ring/LL128 there (ring/Simple forced: line below "
+        "gets; simdist's NCCL-like tuner takes Ring/LL and Ring/LL128 there (ring/Simple forced: line below "
         "the table). Below 256 KiB the "
         "times (6.3 ms at 32 KiB) include first-call connection setup. From 512 MiB within 5.5 %.",
         frozenset({"1MiB", "2MiB", "4MiB", "8MiB", "16MiB", "32MiB", "64MiB", "128MiB", "256MiB"}), 3.40),

@@ -21,34 +21,11 @@ any one NVSwitch node; otherwise tau is the slowest port's, an upper bound.
 from __future__ import annotations
 
 from simdist.analytic.registry import register_closed_form
-from simdist.collectives.group import Group
-from simdist.collectives.nvls import nvls_pieces
-from simdist.collectives.plan import SWITCH
+from simdist.collectives.nvls import nvls_chain_length, nvls_pieces, nvls_time_s
 from simdist.collectives.protocols import ProtocolCost
 from simdist.collectives.request import Request
 
-
-def nvls_chain_length(op: str, num_peers: int, pieces: int) -> int:
-    """L: transfers on the longest dependency chain of the NVLS plan (see the module docstring)."""
-    p, k = num_peers, pieces
-    if p < 2:
-        return 0
-    if op in ("reduce_scatter", "all_gather"):
-        return k * p + 1
-    return 2 * p + 2 if k == 1 else k * (p + 1) + 2 * p - 1
-
-
-def nvls_time_s(group: Group, op: str, nbytes: float, pieces: int,
-                per_transfer_latency_s: float = 0.0, rate_factor: float = 1.0) -> float:
-    """Time of the NVLS plan of ``op`` with ``pieces`` pipeline pieces on ``group`` (one NVSwitch)."""
-    p = group.size
-    if p < 2:
-        return 0.0
-    s = nbytes / (pieces * p)
-    ports = [group.path(i, SWITCH) for i in range(p)] + [group.path(SWITCH, i) for i in range(p)]
-    # the engine puts s / rate_factor bytes on the wire (simdist.engine.executor)
-    tau = max(r.latency_s + per_transfer_latency_s + s / (r.effective_bandwidth_Bps * rate_factor) for r in ports)
-    return nvls_chain_length(op, p, pieces) * tau
+__all__ = ["nvls_chain_length", "nvls_closed_form", "nvls_time_s"]
 
 
 def nvls_closed_form(req: Request, proto: ProtocolCost) -> float:

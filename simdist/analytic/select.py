@@ -25,8 +25,8 @@ class Choice:
 
 
 def priced_request(request: Request, priced: PricedProtocol) -> Request:
-    """The request with its group's paths carrying the protocol's extra latency."""
-    return dataclasses.replace(request, group=request.group.priced(priced.latency_by_class_s))
+    """The request with its group's paths carrying the protocol's extra latency, and the protocol."""
+    return dataclasses.replace(request, group=request.group.priced(priced.latency_by_class_s), protocol=priced.cost)
 
 
 def evaluate(request: Request, algorithm: str, protocol: str) -> Choice:

@@ -13,9 +13,11 @@ from simdist.hardware import Topology, load_topology
 
 # --------------------------------------------------------------------------- collectives
 FIDELITIES = ("auto", "detailed", "fast")
-# Assumption: above this many peers the detailed plan (one transfer per chunk per step) is replaced
-# by the fast one where the algorithm has it; both agree where both run (tests).
+# Assumption: above this many peers, or this many transfers in the detailed plan (one transfer per chunk
+# per step), the detailed plan is replaced by the fast one; alone on the network both take the closed
+# form's time (tests/test_fast_fidelity.py), so the choice changes only how contention is simulated.
 DETAILED_MAX_PEERS = 64
+DETAILED_MAX_TRANSFERS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +112,17 @@ def collective(
                                 fix="use --protocol auto")
             choice = min((evaluate(request, algorithm, p) for p in usable), key=lambda c: c.predicted_s)
         algo = algorithm_for(choice.algorithm, request)
-        priced = priced_request(request, choice.priced)
-        use_fast = fidelity == "fast" or (fidelity == "auto" and group.size > DETAILED_MAX_PEERS)
-        builder = algo.build_fast if use_fast and algo.build_fast is not None else algo.build
-        plan = builder(priced)
         cost = choice.priced.cost
-        plan = dataclasses.replace(plan, base_latency_s=plan.base_latency_s + cost.base_latency_s,
-                                   rate_factor=cost.rate_factor, protocol=cost.name)
         correction = cal.correction(op) if cal is not None else None
         if correction is not None:  # t = latency + t_model / rate: simdist.calibrate.calibration.Correction
-            plan = dataclasses.replace(plan, base_latency_s=plan.base_latency_s + correction.latency_s,
-                                       rate_factor=plan.rate_factor * correction.rate(nbytes))
+            cost = dataclasses.replace(cost, base_latency_s=cost.base_latency_s + correction.latency_s,
+                                       rate_factor=cost.rate_factor * correction.rate(nbytes))
+        priced = dataclasses.replace(priced_request(request, choice.priced), protocol=cost)
+        builder = algo.build_fast if algo.build_fast is not None and _fast(fidelity, algo, priced) else algo.build
+        plan = builder(priced)
+        plan = dataclasses.replace(plan, base_latency_s=plan.base_latency_s + cost.base_latency_s,
+                                   per_transfer_latency_s=cost.per_transfer_latency_s,
+                                   rate_factor=cost.rate_factor, protocol=cost.name)
         run = simulate([(plan, priced.group)])[0]
         sent, received = plan.bytes_sent(), plan.bytes_received()
         busiest = sorted(run.link_bytes.items(), key=lambda kv: -kv[1])[:5]
@@ -134,6 +136,16 @@ def collective(
             busiest_links=tuple(_link_load(topology, link, b, run.time_s) for link, b in busiest),
         ))
     return rows
+
+
+def _fast(fidelity: str, algo: Any, request: Any) -> bool:
+    """Whether to run the fast plan: asked for, or (auto) the detailed one would be large."""
+    if fidelity != "auto":
+        return fidelity == "fast"
+    if request.num_peers > DETAILED_MAX_PEERS:
+        return True
+    size = algo.detailed_size(request) if algo.detailed_size is not None else request.num_peers ** 2
+    return size > DETAILED_MAX_TRANSFERS
 
 
 def _link_load(topology: Topology, link_id: int, nbytes: float, time_s: float) -> dict[str, Any]:

@@ -3,8 +3,14 @@
 NCCL runs all_to_all (and scatter, gather, send_recv) as a group of concurrent ncclSend/ncclRecv
 calls, one per partner (NCCL docs, "Point-to-point communication": all-to-all = ncclGroupStart, a
 send and a recv per peer, ncclGroupEnd). Here every such block is one transfer and they all start
-together, sharing links max-min fairly in the engine, so contention (a NIC shared by a rank's
-inter-node blocks) shows up as it happens.
+together, each at its planned rate: its share of the busiest link of its route in proportion to its
+bytes (simdist.collectives.pacing.proportional_rates), so the blocks on a link (a NIC shared by a rank's
+inter-node blocks) drain together in the least time the link allows, and next to other traffic they
+share links in the engine.
+# Assumption: blocks of a step are paced to their proportional share, not left to take what other
+# blocks leave: a step's last block lands when its busiest link drains, as with max-min sharing whenever
+# a link's blocks start together and are held there (every even all_to_all); with uneven blocks the
+# small ones land later than under max-min, the step's time is the same or shorter.
 
 Sizes follow nccl-tests (simdist.collectives.ops): all_to_all ``nbytes`` = what each rank sends,
 ``nbytes / P`` per destination, the self block staying local; uneven all_to_all takes
@@ -23,32 +29,41 @@ small sizes is therefore not modelled; two-shot pays two.
 from __future__ import annotations
 
 import math
-from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
 
+from simdist.collectives.direct_fast import all_pairs_fast
+from simdist.collectives.group import Group
 from simdist.collectives.ops import op_info
+from simdist.collectives.pacing import proportional_rates
 from simdist.collectives.plan import Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 from simdist.errors import SimdistError
-from simdist.hardware import batch
 
 DIRECT_OPS = frozenset({"all_to_all", "scatter", "gather", "send_recv", "broadcast", "reduce", "all_gather",
                         "reduce_scatter", "all_reduce", "barrier"})
 
 Matrix = tuple[tuple[float, ...], ...]
 
+ALL_PAIRS_STEPS = {"all_to_all": 1, "all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "barrier": 2}
+"""Ops whose steps move one equal block between every ordered pair of peers (all_to_all without a
+matrix), and how many such steps (simdist.collectives.all_pairs prices them from the route structure)."""
 
-class Move(NamedTuple):
-    """One block of a direct step: ``src`` sends ``nbytes`` of ``chunk`` to ``dst``."""
 
-    src: int
-    dst: int
-    nbytes: float
-    chunk: int
+class Step(NamedTuple):
+    """Concurrent blocks of one direct step, as arrays: block i sends ``nbytes[i]`` of ``chunk[i]``
+    from ``src[i]`` to ``dst[i]`` (``reduce``: combined into the receiver's copy)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    chunk: np.ndarray
     reduce: bool = False
+
+    def __len__(self) -> int:
+        return len(self.src)
 
 
 def validate_matrix(matrix, num_peers: int) -> Matrix:
@@ -77,8 +92,13 @@ def validate_matrix(matrix, num_peers: int) -> Matrix:
     return tuple(out)
 
 
-def direct_steps(op: str, num_peers: int, nbytes: float, root: int = 0,
-                 matrix: Matrix | None = None) -> list[list[Move]]:
+def _pairs(p: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every ordered pair (i, j), i != j, row-major."""
+    i, j = np.nonzero(~np.eye(p, dtype=bool))
+    return i.astype(np.int64), j.astype(np.int64)
+
+
+def direct_steps(op: str, num_peers: int, nbytes: float, root: int = 0, matrix: Matrix | None = None) -> list[Step]:
     """The direct algorithm as steps of concurrent blocks (shared by the plan and the closed form).
 
     Blocks of one step start together; a block of the second step (two-shot all_reduce) waits for
@@ -87,28 +107,41 @@ def direct_steps(op: str, num_peers: int, nbytes: float, root: int = 0,
     p = num_peers
     if p < 2:
         return []
+    others = np.array([j for j in range(p) if j != root], dtype=np.int64)
+    at_root = np.full(p - 1, root, dtype=np.int64)
     if op == "all_to_all":
-        if matrix is None:
-            return [[Move(i, j, nbytes / p, i * p + j) for i in range(p) for j in range(p) if i != j]]
-        return [[Move(i, j, matrix[i][j], i * p + j) for i in range(p) for j in range(p) if i != j]]
+        i, j = _pairs(p)
+        sizes = np.full(len(i), nbytes / p) if matrix is None else np.asarray(matrix, dtype=float)[i, j]
+        return [Step(i, j, sizes, i * p + j)]
     if op == "scatter":
-        return [[Move(root, j, nbytes / p, j) for j in range(p) if j != root]]
+        return [Step(at_root, others, np.full(p - 1, nbytes / p), others)]
     if op == "gather":
-        return [[Move(i, root, nbytes / p, i) for i in range(p) if i != root]]
+        return [Step(others, at_root, np.full(p - 1, nbytes / p), others)]
     if op == "send_recv":
-        return [[Move(0, 1, nbytes, 0)]]
+        return [Step(np.array([0]), np.array([1]), np.array([float(nbytes)]), np.array([0]))]
     if op == "broadcast":
-        return [[Move(root, j, nbytes, 0) for j in range(p) if j != root]]
+        return [Step(at_root, others, np.full(p - 1, float(nbytes)), np.zeros(p - 1, dtype=np.int64))]
     if op == "reduce":
-        return [[Move(i, root, nbytes, 0, True) for i in range(p) if i != root]]
+        return [Step(others, at_root, np.full(p - 1, float(nbytes)), np.zeros(p - 1, dtype=np.int64), True)]
+    i, j = _pairs(p)
+    block = np.full(len(i), nbytes / p)
     if op == "all_gather":
-        return [[Move(i, j, nbytes / p, i) for i in range(p) for j in range(p) if i != j]]
+        return [Step(i, j, block, i)]
     if op == "reduce_scatter":
-        return [[Move(i, j, nbytes / p, j, True) for i in range(p) for j in range(p) if i != j]]
+        return [Step(i, j, block, j, True)]
     if op in ("all_reduce", "barrier"):
         # two-shot: reduce-scatter, then every owner sends its reduced segment to all
-        return [*direct_steps("reduce_scatter", p, nbytes), direct_steps("all_gather", p, nbytes)[0]]
+        return [Step(i, j, block, j, True), Step(i, j, block, i)]
     raise ValueError(f"direct does not implement {op}")
+
+
+def step_rates(group: Group | None, step: Step) -> np.ndarray:
+    """Planned rates of a step's blocks: each its share of its busiest link in proportion to its bytes
+    (simdist.collectives.pacing.proportional_rates), so a link's blocks drain together; inf without a
+    group (a plan to verify, not to time)."""
+    if group is None:
+        return np.full(len(step), math.inf)
+    return proportional_rates(group, step.src, step.dst, step.nbytes)
 
 
 def _num_chunks(op: str, p: int) -> int:
@@ -117,25 +150,28 @@ def _num_chunks(op: str, p: int) -> int:
     return 1 if op in ("broadcast", "reduce", "send_recv") else p
 
 
-def direct_plan(op: str, num_peers: int, nbytes: float, root: int = 0, matrix: Matrix | None = None) -> Plan:
+def direct_plan(op: str, num_peers: int, nbytes: float, root: int = 0, matrix: Matrix | None = None,
+                group: Group | None = None) -> Plan:
     """Detailed plan: one transfer per block; a block depends on the blocks that wrote what it sends
-    and on those that read or wrote what it overwrites (the verifier's race rules)."""
+    and on those that read or wrote what it overwrites (the verifier's race rules). With ``group`` the
+    blocks carry their planned rates (`step_rates`)."""
     p = num_peers
     transfers: list[Transfer] = []
     writes: dict[tuple[int, int], list[int]] = {}  # (peer, chunk) -> transfers that wrote it
     reads: dict[tuple[int, int], list[int]] = {}  # (peer, chunk) -> transfers that read it
     for step in direct_steps(op, p, nbytes, root, matrix):
-        new: list[tuple[Move, int]] = []
-        for mv in step:
-            src_key, dst_key = (mv.src, mv.chunk), (mv.dst, mv.chunk)
-            deps = {*writes.get(src_key, ()), *writes.get(dst_key, ()), *reads.get(dst_key, ())}
-            transfers.append(Transfer(mv.src, mv.dst, mv.nbytes, mv.chunk, mv.reduce, tuple(sorted(deps))))
-            new.append((mv, len(transfers) - 1))
+        new: list[tuple[int, int, int, int]] = []
+        rates = step_rates(group, step).tolist()
+        for src, dst, size, chunk, rate in zip(step.src.tolist(), step.dst.tolist(), step.nbytes.tolist(),
+                                               step.chunk.tolist(), rates, strict=True):
+            deps = {*writes.get((src, chunk), ()), *writes.get((dst, chunk), ()), *reads.get((dst, chunk), ())}
+            transfers.append(Transfer(src, dst, size, chunk, step.reduce, tuple(sorted(deps)), max_rate_Bps=rate))
+            new.append((src, dst, chunk, len(transfers) - 1))
         # recorded after the step: a step's blocks never read what another block of it writes, and
         # its concurrent writes into one buffer are all reductions (they commute)
-        for mv, i in new:
-            reads.setdefault((mv.src, mv.chunk), []).append(i)
-            writes.setdefault((mv.dst, mv.chunk), []).append(i)
+        for src, dst, chunk, i in new:
+            reads.setdefault((src, chunk), []).append(i)
+            writes.setdefault((dst, chunk), []).append(i)
     if matrix is not None:
         # Assumption: the plan's size is the mean bytes a rank sends, self block included (nccl-tests)
         nbytes = sum(map(sum, matrix)) / p
@@ -164,80 +200,28 @@ def check_direct(req: Request) -> None:
 def _build(req: Request) -> Plan:
     check_direct(req)
     matrix = validate_matrix(req.matrix, req.num_peers) if req.op == "all_to_all" and req.matrix else None
-    return direct_plan(req.op, req.num_peers, req.nbytes, req.root, matrix)
+    return direct_plan(req.op, req.num_peers, req.nbytes, req.root, matrix, req.group)
 
 
 def direct_fast(req: Request) -> Plan:
-    """Fast fidelity of the even all_to_all: one flow per (source peer, destination node).
-
-    With G peers on every node, the a-th peer of node n sends its G blocks for node m as one flow of
-    G S/P bytes to the ((a + k) mod G)-th peer of m; blocks between peers of one node stay one flow
-    each. The shift k of each node pair is chosen greedily (node pairs taken by distance m - n, in
-    small batches) so that the bytes on every leaf -> spine and spine -> leaf link track what the
-    detailed plan puts there, computed exactly from the per-pair routes (`batch.fabric_hops`): a
-    flow follows the route of one of the blocks it stands for, and picking which one steers it.
-    # Assumption: aggregated blocks share one route. Preserved exactly (every node holding G peers):
-    # bytes on every link inside nodes and on every NIC up- and down-link (each peer sends N-1
-    # flows and, the shift being a bijection, receives one from every other node) and route
-    # latencies. Approximated: bytes per leaf-spine link, within one or two flows (G blocks each) of
-    # the detailed plan's, so the busiest one comes out a little busier (simulated time against the
-    # detailed plan: +1.4 % at 512 ranks, +8.5 % at 256, +11 % at 128, and +1.9 % at 1,024 ranks by
-    # the busiest link's drain; below 128 ranks a link carries fewer blocks than a flow, and
-    # ``--fidelity auto`` runs the detailed plan up to 64 ranks), and sharing among N-1 flows per NIC
-    # instead of (N-1) G.
-    Other ops, uneven matrices, single nodes and groups whose nodes hold different numbers of peers
-    get the detailed plan.
-    """
-    nodes = list(req.group.by_node().values())
-    g = len(nodes[0])
-    if req.op != "all_to_all" or req.matrix is not None or len(nodes) < 2 or any(len(v) != g for v in nodes):
+    """Fast fidelity: the all-pairs steps (all_to_all without a matrix, all_gather, reduce_scatter,
+    all_reduce, barrier) as few paced flows (simdist.collectives.direct_fast); the others, whose
+    detailed plans have a transfer per peer (rooted ops, send_recv) or per given block (uneven
+    all_to_all), as their detailed plan."""
+    steps = ALL_PAIRS_STEPS.get(req.op) if req.matrix is None else None
+    if not steps or req.num_peers < 2:
         return _build(req)
     check_direct(req)
-    p, num_nodes = req.num_peers, len(nodes)
-    block = req.nbytes / p
-    flow = g * block
-    peers = np.array(nodes, dtype=np.int64)  # [node, local position] -> peer
-    ranks = np.asarray(req.group.ranks, dtype=np.int64)
-    n_idx, m_idx = np.nonzero(~np.eye(num_nodes, dtype=bool))  # node pairs n -> m
-    a = np.arange(g)
-    # candidate flow (pair, a, k): peer (n, a) -> peer (m, (a + k) mod G), i.e. every inter-node block
-    cand_src = np.broadcast_to(peers[n_idx][:, :, None], (len(n_idx), g, g))
-    cand_dst = peers[m_idx][:, (a[:, None] + a[None, :]) % g]
-    up, down = (x.reshape(len(n_idx), g, g) for x in
-                batch.fabric_hops(req.group.topology, ranks[cand_src.reshape(-1)], ranks[cand_dst.reshape(-1)]))
-    hops = np.concatenate((up[up >= 0], down[down >= 0]))
-    top = int(hops.max()) + 1 if hops.size else 1
-    target = np.bincount(hops, minlength=top) * block  # the detailed plan's bytes per fabric link
-    placed = np.zeros(top)
-    shift = np.zeros(len(n_idx), dtype=np.int64)
-    distance = (m_idx - n_idx) % num_nodes
-    batches = min(4, num_nodes)
-    for d in range(1, num_nodes):
-        for r in range(batches):
-            idx = np.flatnonzero((distance == d) & (n_idx % batches == r))
-            if not idx.size:
-                continue
-            u, v = up[idx], down[idx]
-            # change of sum((placed - target)^2) if the flows of shift k land: flow (2 (placed - target) + flow)
-            score = sum(np.where(x >= 0, 2 * (placed[np.maximum(x, 0)] - target[np.maximum(x, 0)]) + flow, 0.0)
-                        .sum(axis=1) for x in (u, v))
-            k = score.argmin(axis=1)
-            shift[idx] = k
-            rows = np.arange(len(idx))
-            chosen = np.concatenate((u[rows, :, k].reshape(-1), v[rows, :, k].reshape(-1)))
-            placed += np.bincount(chosen[chosen >= 0], minlength=top) * flow
-    src = peers[n_idx][:, a]
-    dst = peers[m_idx[:, None], (a[None, :] + shift[:, None]) % g]
-    # intra-node: every ordered pair of one node's peers
-    i_idx, j_idx = np.nonzero(~np.eye(g, dtype=bool))
-    src = np.concatenate((src.reshape(-1), peers[:, i_idx].reshape(-1)))
-    dst = np.concatenate((dst.reshape(-1), peers[:, j_idx].reshape(-1)))
-    inter = num_nodes * (num_nodes - 1) * g
-    nbytes = [flow] * inter + [block] * (len(src) - inter)
-    n = len(src)
-    transfers = tuple(map(Transfer, src.tolist(), dst.tolist(), nbytes, repeat(-1, n)))
-    return Plan(op="all_to_all", algorithm="direct", num_peers=p, nbytes=req.nbytes, transfers=transfers,
-                num_chunks=0, verifiable=False)
+    return all_pairs_fast(req, steps, reduce_first=req.op in ("reduce_scatter", "all_reduce", "barrier"))
+
+
+def detailed_size(req: Request) -> int:
+    """Transfers of the detailed plan (one per block)."""
+    p = req.num_peers
+    steps = ALL_PAIRS_STEPS.get(req.op) if req.matrix is None else None
+    if steps:
+        return steps * p * (p - 1)
+    return p * p if req.op == "all_to_all" else p
 
 
 register(Algorithm(
@@ -246,6 +230,7 @@ register(Algorithm(
     build=_build,
     check=check_direct,
     build_fast=direct_fast,
+    detailed_size=detailed_size,
     summary="every peer sends straight to its partners, all at once (NCCL's all_to_all and p2p; "
             "two-shot all_reduce)",
 ))

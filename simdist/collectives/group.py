@@ -24,6 +24,9 @@ class Group:
     extra_latency_by_class: dict[str, float] = field(default_factory=dict)
     """Latency added to every path by its class (nvlink, pcie, net): a protocol's cost beyond the wire."""
     _paths: dict[tuple[int, int], Route] = field(default_factory=dict)
+    memo: dict = field(default_factory=dict)
+    """What algorithms derive from the peers' placement alone (tree shapes, planned rates), shared by
+    the copies `priced` makes: the closed form of every protocol and size of one group reuses it."""
 
     def __post_init__(self) -> None:
         if len(set(self.ranks)) != len(self.ranks):
@@ -55,7 +58,7 @@ class Group:
 
     def priced(self, extra_latency_by_class: dict[str, float]) -> Group:
         """The same peers with a protocol's extra latency on every path (see collectives.nccl_model)."""
-        return Group(self.topology, self.ranks, dict(extra_latency_by_class))
+        return Group(self.topology, self.ranks, dict(extra_latency_by_class), memo=self.memo)
 
     def subgroup(self, peers: list[int]) -> Group:
         """The group of some of these peers (in the given order), keeping the protocol pricing."""
@@ -98,18 +101,24 @@ class Group:
         if out is None:
             out = self.topology.route_batches.put(key, batch.routes(self.topology, a, b))
         if self.extra_latency_by_class:
-            bits = batch.KIND_BIT
-            net = bits["infiniband"] | bits["roce"] | bits["ethernet"]
-            pcie = bits["pcie"] | bits["cpu_interconnect"]
-            extra = self.extra_latency_by_class
-            add = np.where(out.kind_mask & net, extra.get("net", 0.0),
-                           np.where(out.kind_mask & pcie, extra.get("pcie", 0.0), extra.get("nvlink", 0.0)))
-            out = out.with_latency(out.latency_s + add)
+            out = out.with_latency(out.latency_s + self.extra_latency(out.kind_mask))
         if not switch.any():
             return out
         routes = [self.path(int(s), int(d)) for s, d in zip(src[switch], dst[switch], strict=True)]
         masks = [batch.KIND_BIT[self.topology.link(r.links[0]).kind] if r.links else 0 for r in routes]
         return batch.interleave(switch, out, batch.RouteBatch.from_routes(routes, np.asarray(masks)))
+
+    def extra_latency(self, kind_mask: np.ndarray) -> np.ndarray:
+        """The protocol latency added to routes of these kind masks (`batch.KIND_BIT`): by the slowest
+        kind of link crossed, as `path_class` names it."""
+        extra = self.extra_latency_by_class
+        if not extra:
+            return np.zeros(len(kind_mask))
+        bits = batch.KIND_BIT
+        net = bits["infiniband"] | bits["roce"] | bits["ethernet"]
+        pcie = bits["pcie"] | bits["cpu_interconnect"]
+        return np.where(kind_mask & net, extra.get("net", 0.0),
+                        np.where(kind_mask & pcie, extra.get("pcie", 0.0), extra.get("nvlink", 0.0)))
 
     def _resolve(self, src: int, dst: int) -> Route:
         t = self.topology

@@ -22,8 +22,15 @@ segments 2i and 2i+1, the others for one, so its blocks are uneven when P is not
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from itertools import repeat
+from typing import NamedTuple
 
+import numpy as np
+
+from simdist.collectives.group import Group
+from simdist.collectives.pacing import proportional_rates
 from simdist.collectives.plan import Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
@@ -91,12 +98,122 @@ def schedule(op: str, num_peers: int) -> tuple[list[list[Exchange]], int, tuple[
     return steps, num_chunks, segment
 
 
-def halving_doubling_plan(op: str, num_peers: int, nbytes: float) -> Plan:
+class Step(NamedTuple):
+    """A step's exchanges as arrays: ``src[e]`` sends ``chunks[e]`` chunks to ``dst[e]``."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    chunks: np.ndarray
+    reduce: bool
+
+
+def step_arrays(op: str, num_peers: int) -> tuple[list[Step], int]:
+    """(steps, num_chunks) of ``op`` as `schedule` lays them out, without listing chunks: the same
+    exchanges, each with its chunk count (O(P log P) for any P)."""
+    p = num_peers
+    p2, r, _ = fold(p)
+    peer_of = np.concatenate((2 * np.arange(r) + 1, np.arange(2 * r, p))).astype(np.int64)
+    segmented = op in ("reduce_scatter", "all_gather")
+    block = np.where(np.arange(p2) < r, 2, 1) if segmented else np.ones(p2, dtype=np.int64)
+    num_chunks = p if segmented else p2
+    ranks = np.arange(p2)
+
+    def congruent(rank: np.ndarray, modulus: int) -> np.ndarray:
+        """Chunks of the new ranks congruent to each ``rank`` modulo ``modulus``."""
+        per_class = np.bincount(ranks % modulus, weights=block, minlength=modulus)
+        return per_class[rank % modulus].astype(np.int64)
+
+    folded = 2 * np.arange(r)
+    steps: list[Step] = []
+    if r and op != "all_gather":
+        steps.append(Step(folded, folded + 1, np.full(r, num_chunks), True))
+    if r and op == "all_gather":
+        steps.append(Step(folded, folded + 1, np.ones(r, dtype=np.int64), False))
+    if op != "all_gather":
+        d = 1
+        while d < p2:
+            steps.append(Step(peer_of, peer_of[ranks ^ d], congruent(ranks ^ d, 2 * d), True))
+            d *= 2
+    if op != "reduce_scatter":
+        d = p2 // 2
+        while d >= 1:
+            steps.append(Step(peer_of, peer_of[ranks ^ d], congruent(ranks, 2 * d), False))
+            d //= 2
+    if r and op == "reduce_scatter":
+        steps.append(Step(folded + 1, folded, np.ones(r, dtype=np.int64), False))
+    elif r:
+        steps.append(Step(folded + 1, folded, np.full(r, num_chunks - (1 if segmented else 0)), False))
+    return steps, num_chunks
+
+
+def exchange_rates(group: Group | None, step: list[Exchange] | Step, size: float) -> np.ndarray:
+    """Planned rate of each exchange's transfers (one per chunk, ``size`` bytes each): a transfer's share
+    of the busiest link of its route among the step's transfers, in proportion to its bytes
+    (simdist.collectives.pacing.proportional_rates); inf without a group (a plan to verify)."""
+    if isinstance(step, Step):
+        src, dst, count = step.src, step.dst, step.chunks.astype(float)
+    else:
+        src = np.fromiter((ex.src for ex in step), dtype=np.int64, count=len(step))
+        dst = np.fromiter((ex.dst for ex in step), dtype=np.int64, count=len(step))
+        count = np.fromiter((len(ex.chunks) for ex in step), dtype=float, count=len(step))
+    if group is None:
+        return np.full(len(src), math.inf)
+    # an exchange's chunks share its route: its rate split evenly among them
+    return proportional_rates(group, src, dst, count * size) / np.maximum(count, 1.0)
+
+
+def halving_doubling_schedule(req: Request) -> list[tuple[Step, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per step, uncontended: (the step, when each exchange starts, its latency (protocol's included),
+    its transfers' rate). An exchange starts once both its peers finished their previous step and lands
+    after its latency plus one chunk's wire time at its rate (its chunks travel together)."""
+    group, proto = req.group, req.protocol
+    steps, num_chunks = step_arrays(req.op, group.size)
+    size = req.nbytes / num_chunks
+    ready = np.zeros(group.size)  # when each peer finished its last step
+    out = []
+    for step in steps:
+        rates = exchange_rates(group, step, size)
+        latency = group.paths(step.src, step.dst).latency_s + proto.per_transfer_latency_s
+        start = np.maximum(ready[step.src], ready[step.dst])
+        wire_s = size / proto.rate_factor / rates if size > 0 else np.zeros(len(step.src))
+        end = start + latency + wire_s
+        ready = ready.copy()
+        np.maximum.at(ready, step.src, end)
+        np.maximum.at(ready, step.dst, end)
+        out.append((step, start, latency, rates))
+    return out
+
+
+def halving_doubling_fast(req: Request) -> Plan:
+    """Fast fidelity: one flow per exchange carrying its chunks, starting when the exchange does
+    uncontended (`halving_doubling_schedule`, with the request's protocol: an extra latency) at the
+    exchange's rate, so it lands when the exchange does and alone the plan takes the detailed plan's
+    time; next to other traffic the flows share links as the exchanges do, without holding up the
+    steps after them. O(P log P) flows."""
+    num_chunks = step_arrays(req.op, req.num_peers)[1]
+    size = req.nbytes / num_chunks
+    transfers: list[Transfer] = []
+    for step, start, _, rates in halving_doubling_schedule(req):
+        n = len(step.src)
+        transfers.extend(map(Transfer, step.src.tolist(), step.dst.tolist(), (step.chunks * size).tolist(),
+                             repeat(-1, n), repeat(step.reduce, n), repeat((), n), start.tolist(),
+                             (rates * step.chunks).tolist()))
+    return Plan(op=req.op, algorithm="halving_doubling", num_peers=req.num_peers, nbytes=req.nbytes,
+                transfers=tuple(transfers), num_chunks=0, verifiable=False)
+
+
+def detailed_size(req: Request) -> int:
+    """Transfers of the detailed plan (one per chunk of every exchange)."""
+    return int(sum(step.chunks.sum() for step in step_arrays(req.op, req.num_peers)[0]))
+
+
+def halving_doubling_plan(op: str, num_peers: int, nbytes: float, group: Group | None = None) -> Plan:
     """The plan of ``op`` (all_reduce, barrier, reduce_scatter, all_gather) over ``num_peers`` peers.
 
     An exchange starts once both its peers have finished their previous step (its transfers depend on
     every transfer of that step touching either peer), as MPI's blocking sendrecv does; all of an
-    exchange's chunks travel together, sharing the route like one message.
+    exchange's chunks travel together, sharing the route like one message. With ``group`` every
+    transfer carries its planned rate (`exchange_rates`).
     """
     steps, num_chunks, segment = schedule(op, num_peers)
     size = nbytes / num_chunks
@@ -104,10 +221,11 @@ def halving_doubling_plan(op: str, num_peers: int, nbytes: float) -> Plan:
     last: dict[int, list[int]] = {}  # peer -> transfers of the last step it took part in
     for step in steps:
         touched: dict[int, list[int]] = {}
-        for ex in step:
+        rates = exchange_rates(group, step, size).tolist()
+        for ex, rate in zip(step, rates, strict=True):
             deps = tuple(sorted(set(last.get(ex.src, ())) | set(last.get(ex.dst, ()))))
             for chunk in ex.chunks:
-                transfers.append(Transfer(ex.src, ex.dst, size, chunk, ex.reduce, deps))
+                transfers.append(Transfer(ex.src, ex.dst, size, chunk, ex.reduce, deps, max_rate_Bps=rate))
                 touched.setdefault(ex.src, []).append(len(transfers) - 1)
                 touched.setdefault(ex.dst, []).append(len(transfers) - 1)
         last.update(touched)
@@ -116,12 +234,14 @@ def halving_doubling_plan(op: str, num_peers: int, nbytes: float) -> Plan:
 
 
 def _build(req: Request) -> Plan:
-    return halving_doubling_plan(req.op, req.num_peers, req.nbytes)
+    return halving_doubling_plan(req.op, req.num_peers, req.nbytes, req.group)
 
 
 register(Algorithm(
     name="halving_doubling",
     ops=frozenset({"all_reduce", "reduce_scatter", "all_gather", "barrier"}),
     build=_build,
+    build_fast=halving_doubling_fast,
+    detailed_size=detailed_size,
     summary="Rabenseifner: recursive-halving reduce-scatter, recursive-doubling all-gather (log2 P steps)",
 ))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+from simdist.collectives.group import Group
 from simdist.collectives.nccl_model import bandwidth_caps
 from simdist.collectives.plan import SWITCH, Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
@@ -155,6 +156,71 @@ def nvls_plan(op: str, num_peers: int, nbytes: float, pieces: int | None = None)
                 num_chunks=k * p, chunk_segment=tuple(c % p for c in range(k * p)))
 
 
+def nvls_chain_length(op: str, num_peers: int, pieces: int) -> int:
+    """L: transfers on the longest dependency chain of the NVLS plan (simdist.analytic.nvls)."""
+    p, k = num_peers, pieces
+    if p < 2:
+        return 0
+    if op in ("reduce_scatter", "all_gather"):
+        return k * p + 1
+    return 2 * p + 2 if k == 1 else k * (p + 1) + 2 * p - 1
+
+
+def nvls_time_s(group: Group, op: str, nbytes: float, pieces: int,
+                per_transfer_latency_s: float = 0.0, rate_factor: float = 1.0) -> float:
+    """Time of the NVLS plan of ``op`` with ``pieces`` pipeline pieces on ``group`` (one NVSwitch):
+    L x tau, tau = a transfer's latency + s / (port bandwidth x rate factor) at the slowest port."""
+    p = group.size
+    if p < 2:
+        return 0.0
+    s = nbytes / (pieces * p)
+    ports = [group.path(i, SWITCH) for i in range(p)] + [group.path(SWITCH, i) for i in range(p)]
+    # the engine puts s / rate_factor bytes on the wire (simdist.engine.executor)
+    tau = max(r.latency_s + per_transfer_latency_s + s / (r.effective_bandwidth_Bps * rate_factor) for r in ports)
+    return nvls_chain_length(op, p, pieces) * tau
+
+
+def port_transfers(op: str, num_peers: int, pieces: int) -> tuple[int, int]:
+    """Transfers of ``op``'s plan through each GPU's (uplink, downlink): per piece P pushes and a store up,
+    a reduced segment and P multicast segments down (all_reduce); one half each for the halves."""
+    p, k = num_peers, pieces
+    if op == "reduce_scatter":
+        return k * p, k
+    if op == "all_gather":
+        return k, k * p
+    return k * (p + 1), k * (p + 1)
+
+
+def nvls_fast(req: Request) -> Plan:
+    """Fast fidelity: one flow per GPU port (up to the switch, down from it) carrying all the port's
+    segments, from the end of its latency at the steady rate that lands it when the detailed plan ends
+    (`nvls_time_s`, with the request's protocol). A port serves one flow, as it serves one transfer at
+    a time, so alone the plan takes the detailed plan's time; next to other traffic each port's bytes
+    are spread over the whole collective."""
+    check_nvls(req)
+    p, proto = req.num_peers, req.protocol
+    k = nvls_pieces(req.op, p, req.nbytes)
+    end = nvls_time_s(req.group, req.op, req.nbytes, k, proto.per_transfer_latency_s, proto.rate_factor)
+    s = req.nbytes / (k * p)
+    transfers = []
+    for count, upward in zip(port_transfers(req.op, p, k), (True, False), strict=True):
+        for i in range(p):
+            a, b = (i, SWITCH) if upward else (SWITCH, i)
+            latency = req.group.path(a, b).latency_s + proto.per_transfer_latency_s
+            wire = count * s / proto.rate_factor
+            rate = wire / (end - latency) if wire > 0 and end > latency else math.inf
+            extra = 0.0 if wire > 0 else max(end - latency, 0.0)
+            transfers.append(Transfer(a, b, count * s, -1, a != SWITCH and req.op != "all_gather", (), extra, rate))
+    return Plan(op=req.op, algorithm="nvls", num_peers=p, nbytes=req.nbytes, transfers=tuple(transfers),
+                num_chunks=0, verifiable=False)
+
+
+def detailed_size(req: Request) -> int:
+    """Transfers of the detailed plan (per piece and port, as `port_transfers` counts them)."""
+    up, down = port_transfers(req.op, req.num_peers, nvls_pieces(req.op, req.num_peers, req.nbytes))
+    return req.num_peers * (up + down)
+
+
 def check_nvls(req: Request) -> None:
     """NVLS needs NVSwitch gen3+ with NVLink SHARP and a group inside one NVLink domain."""
     t = req.group.topology
@@ -183,5 +249,7 @@ register(Algorithm(
     ops=NVLS_OPS,
     build=_build,
     check=check_nvls,
+    build_fast=nvls_fast,
+    detailed_size=detailed_size,
     summary="NVLink SHARP: the NVSwitch reduces and multicasts (one NVLink domain, NVSwitch gen3+)",
 ))

@@ -12,6 +12,7 @@ multicast engine (NVLS): it accumulates what GPUs push to it and sends results b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 SWITCH = -1
@@ -29,6 +30,16 @@ class Transfer:
     """Indices (into Plan.transfers) of transfers that must finish before this one starts."""
     extra_latency_s: float = 0.0
     """Latency paid on top of the route's (fast-fidelity flows that stand for several steps)."""
+    max_rate_Bps: float = math.inf
+    """The transfer's planned rate (wire bytes/s): its bytes move no faster, whatever its links allow.
+    Plans set it to the transfer's share of the links it meets the plan's other transfers on
+    (simdist.collectives.pacing), so that alone on the network every transfer moves at exactly this
+    rate and the closed form of the same plan is exact; next to other traffic a transfer moves slower
+    (link sharing), never faster. inf: as fast as its links allow."""
+    after: int = -1
+    """Index (into Plan.transfers) of the transfer before this one on the same connection: its bytes
+    join the wire once that one's have landed (in-order delivery), its latency overlapping them; -1:
+    none. The engine (simdist.engine.executor) enforces it and ``max_rate_Bps``."""
 
 
 @dataclass(frozen=True, slots=True)

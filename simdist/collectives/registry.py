@@ -24,6 +24,8 @@ class Algorithm:
     summary: str = ""
     build_fast: Callable[[Request], Plan] | None = None
     """Fast fidelity: a few long flows standing for many steps (not verifiable); None: none."""
+    detailed_size: Callable[[Request], int] | None = None
+    """Transfers the detailed plan of a request would hold, without building it; None: P^2 or less."""
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

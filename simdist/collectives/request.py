@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simdist.collectives.group import Group
+from simdist.collectives.protocols import SIMPLE, ProtocolCost
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -18,6 +19,10 @@ class Request:
     """Rings/trees run in parallel; None: what NCCL would use (Group.default_channels)."""
     matrix: tuple[tuple[float, ...], ...] | None = None
     """all_to_all with uneven splits: matrix[i][j] = bytes peer i sends to peer j (nbytes ignored)."""
+    protocol: ProtocolCost = SIMPLE
+    """The protocol the plan will run with (its rate factor and per-transfer latency): fast plans whose
+    flows are timed to land when the detailed plan's transfers do need it (simdist.analytic.select.
+    priced_request sets it; the plan itself carries no protocol until the caller sets it)."""
 
     @property
     def num_peers(self) -> int:

@@ -8,7 +8,7 @@ moving S/(P C) bytes per peer per channel. Uncontended it takes 2(P-1)(alpha + S
 ring edge's bandwidth and alpha its latency.
 
 Where a ring's edges differ (NVLink inside nodes, the network between them), every hop of a
-channel moves at the channel's bottleneck rate (rate coupling: `RingHop`, `channel_rates`), each
+channel moves at the channel's bottleneck rate (rate coupling: `channel_rates`, `Transfer.max_rate_Bps`), each
 step's piece store-and-forward, and a connection sends its steps in order. Each ring edge then
 carries one step at a time (uncontended the coupling alone ensures it; the order keeps it so when
 other traffic slows a hop below its cap), and the time is the longest chain's latencies (2(P-1)
@@ -36,16 +36,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import repeat
 
 import numpy as np
 
 from simdist.collectives.group import Group
+from simdist.collectives.pacing import edge_shares
 from simdist.collectives.plan import Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
-from simdist.hardware.batch import link_capacities
 
 # NCCL's Simple protocol moves a connection's buffer in NCCL_STEPS = 8 slots of DEFAULT_BUFFSIZE / 8:
 # 4 MiB / 8 = 512 KiB per pipeline step (src/include/device.h, src/init.cc;
@@ -53,52 +52,33 @@ from simdist.hardware.batch import link_capacities
 PIPELINE_CHUNK_BYTES = 4 * 2**20 / 8
 
 
-@dataclass(frozen=True, slots=True)
-class RingHop(Transfer):
-    """A ring step's transfer on its connection (ring edge of one channel): its bytes move no faster
-    than ``max_rate_Bps`` (wire bytes/s), its channel's bottleneck rate, and go on the wire only after
-    those of transfer ``after``, the connection's previous step; the engine (simdist.engine.executor)
-    enforces both.
+def channel_rates(group: Group, orders: list[list[int]]) -> np.ndarray:
+    """Each channel's bottleneck rate (wire bytes/s): over the links of its ring edges, the least of
+    capacity / (ring edges of all channels crossing the link), i.e. a step's fair share there
+    (simdist.collectives.pacing.edge_shares).
 
     Rate coupling: NCCL's ring primitives forward a step slice by slice as it arrives
     (recvReduceSend, src/device/prims_simple.h) through connection buffers of NCCL_STEPS slots, so no
     hop of a channel runs ahead of the hop feeding it, and NCCL prices every hop of a ring channel at
     one bandwidth, its graph's bottleneck (src/graph/search.cc bwIntra/bwInter; tuning.cc busBw =
     nChannels x bw). In order: a connection is one FIFO of those slots, sent in order by the GPU (or
-    its network proxy), so a step does not share the wire with the connection's previous one; its
-    latency (posting, flags, the wire) overlaps the previous step's bytes.
+    its network proxy), so a step does not share the wire with the connection's previous one
+    (`Transfer.after`); its latency (posting, flags, the wire) overlaps the previous step's bytes.
     # Assumption: the whole step's piece moves at that rate, store-and-forward per step (a hop starts
     # once its data has arrived), not cut through slice by slice; with the coupling this is what makes
     # the step latencies add up as NCCL's model does (see the module docstring).
-    """
-
-    max_rate_Bps: float = math.inf
-    after: int = -1
-    """Index (into Plan.transfers) of the connection's previous transfer; -1: the first."""
-
-
-def channel_rates(group: Group, orders: list[list[int]]) -> np.ndarray:
-    """Each channel's bottleneck rate (wire bytes/s): over the links of its ring edges, the least of
-    capacity / (ring edges of all channels crossing the link), i.e. a step's fair share there.
-
     # Assumption: the share is taken with every channel's edges present, as in the detailed plan's
     # steps uncontended (channels of one ring progress together); traffic of other collectives
     # slows the flows further through link sharing but does not lower this cap.
     """
     channels, p = len(orders), len(orders[0])
     src = np.array(orders, dtype=np.int64).reshape(channels, p)
-    routes = group.paths(src.reshape(-1), np.roll(src, -1, axis=1).reshape(-1))
-    ids, compact = np.unique(routes.links, return_inverse=True)
-    compact = compact.reshape(-1)
-    if not len(ids):
-        return np.full(channels, math.inf)
-    share = link_capacities(group.topology, ids) / np.bincount(compact, minlength=len(ids))
-    per_entry = share[compact]
-    hops = routes.hops
-    edge = np.full(len(hops), math.inf)
-    nonempty = hops > 0
-    edge[nonempty] = np.minimum.reduceat(per_entry, routes.indptr[:-1][nonempty])
-    return edge.reshape(channels, p).min(axis=1)
+    key = ("channel_rates", src.tobytes(), src.shape)
+    hit = group.memo.get(key)  # rates depend on the placement alone: shared by every protocol and size
+    if hit is None:
+        shares = edge_shares(group, src.reshape(-1), np.roll(src, -1, axis=1).reshape(-1))
+        hit = group.memo[key] = shares.reshape(channels, p).min(axis=1)
+    return hit
 
 
 def pipeline_pieces(nbytes: float, chunk_bytes: float = PIPELINE_CHUNK_BYTES) -> int:
@@ -120,9 +100,9 @@ def ring_all_reduce(num_peers: int, nbytes: float, channels: int = 1, orders: li
     """Ring reduce-scatter then all-gather; ``phases`` selects either half (reduce_scatter, all_gather).
 
     Each step's transfer on a ring edge waits for the transfer that delivered its data (store and
-    forward per step). ``rates``: per channel, the rate its transfers move at most (`channel_rates`);
-    the transfers are then `RingHop`s, also sent in order on their connection. None: plain transfers,
-    as fast as their links allow and free to share them with the connection's other steps.
+    forward per step). ``rates``: per channel, the rate its transfers move at most (`channel_rates`),
+    each also sent in order on its connection (`Transfer.after`). None: plain transfers, as fast as
+    their links allow and free to share them with the connection's other steps (a plan to verify).
     """
     p = num_peers
     rings = _orders(p, channels, orders)
@@ -136,7 +116,7 @@ def ring_all_reduce(num_peers: int, nbytes: float, channels: int = 1, orders: li
         src, dst = order[i], order[(i + 1) % p]
         if rate is None:
             return Transfer(src, dst, piece, chunk, reduce, deps)
-        out = RingHop(src, dst, piece, chunk, reduce, deps, max_rate_Bps=rate, after=sent[i])
+        out = Transfer(src, dst, piece, chunk, reduce, deps, max_rate_Bps=rate, after=sent[i])
         sent[i] = len(transfers)
         return out
 
@@ -210,13 +190,10 @@ def ring_chain(op: str, num_peers: int, nbytes: float, root: int = 0, pieces: in
 def _build(req: Request) -> Plan:
     p, n = req.num_peers, req.nbytes
     if req.op in ("broadcast", "reduce"):
-        order = req.group.ring_orders(1)[0]
-        return ring_chain(req.op, p, n, req.root, order=order)
+        return ring_chain(req.op, p, n, req.root, order=req.group.ring_orders(1)[0])
     channels = req.num_channels()
     orders = req.group.ring_orders(channels)
-    # A single step (reduce_scatter / all_gather of 2 peers) forwards nothing: no coupling, and the
-    # plan, free of dependencies, runs in the fluid solver (simdist.engine.fluid), which takes no bounds.
-    rates = channel_rates(req.group, orders) if p > 2 or req.op not in ("reduce_scatter", "all_gather") else None
+    rates = channel_rates(req.group, orders)
     if req.op == "reduce_scatter":
         return ring_all_reduce(p, n, channels, orders, phases=(True, False), op="reduce_scatter", rates=rates)
     if req.op == "all_gather":
@@ -224,38 +201,105 @@ def _build(req: Request) -> Plan:
     return ring_all_reduce(p, n, channels, orders, op=req.op, rates=rates)  # all_reduce, barrier
 
 
+def chain_latency_s(lat: np.ndarray, steps: int) -> np.ndarray:
+    """Per channel (row of ``lat``, its ring edges' latencies in ring order), the longest latency of
+    ``steps`` consecutive edges: a chunk's dependency chain crosses edges j, j+1, ..., j+steps-1 (mod P),
+    whole laps plus a window of r = steps mod P edges, summed from prefix sums twice around (O(P))."""
+    channels, p = lat.shape
+    laps, r = divmod(steps, p)
+    prefix = np.concatenate((np.zeros((channels, 1)), np.cumsum(np.concatenate((lat, lat), axis=1), axis=1)), axis=1)
+    return (laps * prefix[:, p:p + 1] + (prefix[:, r:r + p] - prefix[:, :p])).max(axis=1)
+
+
+def ring_steps(op: str, num_peers: int) -> int:
+    """Ring steps of the ring phases: 2(P-1) for all_reduce (and barrier), P-1 for either half."""
+    return num_peers - 1 if op in ("reduce_scatter", "all_gather") else 2 * (num_peers - 1)
+
+
 def ring_fast(req: Request) -> Plan:
     """Fast fidelity of the ring phases: one flow per ring edge and channel carrying all its steps.
 
-    Each flow moves steps x S/(P C) bytes; its extra latency makes every flow pay the latency of the
-    slowest dependency chain of its channel (steps consecutive edges), as the detailed plan's critical
-    path does: there every hop moves at the channel's bottleneck rate, in order on its connection, so
-    the chain's latencies add to steps x the bottleneck's step time (NCCL's lat + size / bw).
-    Uncontended and with channels alike this equals the detailed plan's time (tests: to 1e-9 on 2-4
-    DGX H100 nodes, PCIe boxes sharing NICs, oversubscribed fabrics); the flows share links as the
-    detailed steps' transfers do. Edge latencies come from the group's vectorised routes
-    (`Group.paths`) and chain sums from prefix sums, so building costs O(P C).
+    Each flow moves steps x S/(P C) bytes at its channel's rate (`channel_rates`, as the detailed hops);
+    its extra latency makes it pay the latency of the slowest dependency chain of its channel (steps
+    consecutive edges, `chain_latency_s`), as the detailed plan's critical path does: there every hop
+    moves at the channel's bottleneck rate, in order on its connection, so the chain's latencies add to
+    steps x the bottleneck's step time (NCCL's lat + size / bw). Uncontended this equals the detailed
+    plan's time per channel, hence overall (tests: to 1e-9 on 2-4 DGX H100 nodes, PCIe boxes sharing
+    NICs, oversubscribed fabrics, channels of different rates); the flows share links as the detailed
+    steps' transfers do. Edge latencies come from the group's vectorised routes (`Group.paths`), so
+    building costs O(P C). Broadcast and reduce: `chain_fast`.
     """
     p, group = req.num_peers, req.group
     if req.op in ("broadcast", "reduce"):
-        return _build(req)
+        return chain_fast(req)
     channels = req.num_channels()
-    src = np.array(group.ring_orders(channels), dtype=np.int64).reshape(channels, p)
+    orders = group.ring_orders(channels)
+    src = np.array(orders, dtype=np.int64).reshape(channels, p)
     dst = np.roll(src, -1, axis=1)
-    steps = {"reduce_scatter": p - 1, "all_gather": p - 1}.get(req.op, 2 * (p - 1))
+    steps = ring_steps(req.op, p)
     piece = req.nbytes / (p * channels)
-    lat = group.paths(src.reshape(-1), dst.reshape(-1)).latency_s.reshape(channels, p)
-    # the chain starting at position j crosses edges j, j+1, ..., j+steps-1 (mod P): whole laps plus
-    # a window of r = steps mod P edges, summed from prefix sums of the edges twice around
-    laps, r = divmod(steps, p)
-    prefix = np.concatenate((np.zeros((channels, 1)), np.cumsum(np.concatenate((lat, lat), axis=1), axis=1)), axis=1)
-    window = laps * prefix[:, p:p + 1] + (prefix[:, r:r + p] - prefix[:, :p])
-    extra = window.max(axis=1, keepdims=True) - lat
+    # a hop's latency, the protocol's per-transfer latency included: paid at every step of the chain
+    lat = group.paths(src.reshape(-1), dst.reshape(-1)).latency_s.reshape(channels, p) + \
+        req.protocol.per_transfer_latency_s
+    extra = chain_latency_s(lat, steps)[:, None] - lat
+    rates = np.repeat(channel_rates(group, orders), p)
     n = channels * p
     transfers = tuple(map(Transfer, src.reshape(-1).tolist(), dst.reshape(-1).tolist(), repeat(steps * piece, n),
-                          repeat(-1, n), repeat(False, n), repeat((), n), extra.reshape(-1).tolist()))
+                          repeat(-1, n), repeat(False, n), repeat((), n), extra.reshape(-1).tolist(), rates.tolist()))
     return Plan(op=req.op, algorithm="ring", num_peers=p, nbytes=req.nbytes, transfers=transfers,
                 num_chunks=0, channels=channels, verifiable=False)
+
+
+def chain_order(req: Request) -> list[int]:
+    """The pipelined chain of broadcast (from the root) or reduce (to the root) over the ring order."""
+    p = req.num_peers
+    order = req.group.ring_orders(1)[0]
+    start = order.index(req.root)
+    chain = [order[(start + i) % p] for i in range(p)]
+    return chain[::-1] if req.op == "reduce" else chain
+
+
+def chain_hop_ends_s(hop_s: np.ndarray, pieces: int) -> np.ndarray:
+    """When hop i of a pipelined chain delivers its last piece, each hop taking ``hop_s[i]`` per piece and
+    waiting for the piece to arrive and for its own previous piece: the sum of the hop times up to i plus
+    (pieces - 1) x the slowest of them (a tandem of constant-time stages; Hockney model of a pipelined
+    chain, Thakur, Rabenseifner & Gropp 2005 sec. 4.2)."""
+    return np.cumsum(hop_s) + (pieces - 1) * np.maximum.accumulate(hop_s)
+
+
+def chain_fast(req: Request) -> Plan:
+    """Fast fidelity of the pipelined chain (broadcast, reduce): one flow per hop carrying all pieces.
+
+    A hop's flow moves from the end of its latency at a steady rate that lands it when the chain's last
+    piece does in the detailed plan (`chain_hop_ends_s`, with the request's protocol): its bytes over
+    (that end - its latency), below its route's bottleneck, so alone every flow holds its rate and the
+    plan takes the detailed plan's time; next to other traffic the flow shares links as the pieces do,
+    spread over the whole collective, without holding up the hops after it. (Without bytes a flow
+    waits out the chain's time as extra latency.)
+    """
+    chain = chain_order(req)
+    k = pipeline_pieces(req.nbytes)
+    proto = req.protocol
+    src, dst = np.asarray(chain[:-1], dtype=np.int64), np.asarray(chain[1:], dtype=np.int64)
+    routes = req.group.paths(src, dst)
+    latency = routes.latency_s + proto.per_transfer_latency_s
+    wire = req.nbytes / proto.rate_factor
+    end = float(chain_hop_ends_s(latency + wire / k / routes.effective_bandwidth_Bps, k)[-1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where((wire > 0) & (end > latency), wire / (end - latency), math.inf)
+    extra = np.zeros(len(src)) if wire > 0 else np.maximum(end - latency, 0.0)
+    n = len(src)
+    transfers = tuple(map(Transfer, src.tolist(), dst.tolist(), repeat(req.nbytes, n), repeat(-1, n),
+                          repeat(req.op == "reduce", n), repeat((), n), extra.tolist(), rate.tolist()))
+    return Plan(op=req.op, algorithm="ring", num_peers=req.num_peers, nbytes=req.nbytes, transfers=transfers,
+                num_chunks=0, root=req.root, verifiable=False)
+
+
+def detailed_size(req: Request) -> int:
+    """Transfers of the detailed plan: channels x P x steps (the chain: P - 1 hops x pieces)."""
+    if req.op in ("broadcast", "reduce"):
+        return (req.num_peers - 1) * pipeline_pieces(req.nbytes)
+    return req.num_channels() * req.num_peers * ring_steps(req.op, req.num_peers)
 
 
 register(Algorithm(
@@ -263,5 +307,6 @@ register(Algorithm(
     ops=frozenset({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"}),
     build=_build,
     build_fast=ring_fast,
+    detailed_size=detailed_size,
     summary="ring over all peers, one ring per channel (NCCL's default for large messages)",
 ))

@@ -1,7 +1,7 @@
 """Execute a plan: each transfer waits for its dependencies, pays its latency, then moves its bytes.
 
 The bytes move as one flow sharing its links max-min fairly with the others (simdist.engine.links).
-A transfer may also carry (simdist.collectives.ring.RingHop) a rate bound of its own,
+A transfer may also carry (simdist.collectives.plan.Transfer) a rate bound of its own,
 ``max_rate_Bps`` (a ring hop moves at its channel's bottleneck rate), and ``after``, the transfer
 before it on the same connection: its bytes join the wire once that one's have arrived (in-order
 delivery), its latency overlapping them.
@@ -14,7 +14,6 @@ driven by event callbacks rather than one SimPy process each, so a plan of 10^5 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,12 +35,12 @@ class Trace:
 
 def rate_bound_Bps(transfer: Transfer) -> float:
     """The wire rate a transfer moves at most whatever its links allow (inf: none of its own)."""
-    return getattr(transfer, "max_rate_Bps", math.inf)
+    return transfer.max_rate_Bps
 
 
 def wire_predecessor(transfer: Transfer) -> int:
     """Index of the transfer whose bytes this one's follow on their connection (-1: none)."""
-    return getattr(transfer, "after", -1)
+    return transfer.after
 
 
 def run_plan(env: simpy.Environment, net: SharedLinks, plan: Plan,

@@ -10,7 +10,8 @@ the same fraction of its size (``links.DONE_FRACTION``) or would take less time 
 Flow -> link incidence is built once, as CSR arrays, from the group's vectorised routes (`Group.paths`).
 
 Same arithmetic as the engine: begin = base latency + (route latency + protocol latency + extra
-latency); flows starting at one instant join before one re-share; the next event is the earliest
+latency); a flow moves no faster than its transfer's ``max_rate_Bps``; flows starting at one instant
+join before one re-share; the next event is the earliest
 join or finish. Differences are rounding only (within 1e-9 relative of the SimPy path): bytes left are
 computed from the last rate change (not decremented at every event), and re-shares after departures
 restart from where the leaving flows froze (see `fluid_finish_times`). Per-link byte counts are summed
@@ -33,8 +34,9 @@ from simdist.hardware.batch import link_capacities, segment_positions
 
 
 def fluid_applicable(plan: Plan) -> bool:
-    """Whether ``plan`` can run in the fluid solver: no transfer waits for another."""
-    return all(not t.deps for t in plan.transfers)
+    """Whether ``plan`` can run in the fluid solver: no transfer waits for another (dependencies or a
+    predecessor on its connection)."""
+    return all(not t.deps and t.after < 0 for t in plan.transfers)
 
 
 def fluid_finish_times(begin: np.ndarray, nbytes: np.ndarray, indptr: np.ndarray, entries: np.ndarray,
@@ -192,7 +194,8 @@ def run_fluid(plan: Plan, group: Group) -> tuple[float, dict[int, float], Trace]
     link_ids, compact = np.unique(routes.links, return_inverse=True)
     compact = compact.reshape(-1)
     capacity = link_capacities(group.topology, link_ids)
-    ends = fluid_finish_times(begin, wire, routes.indptr, compact, capacity)
+    caps = np.fromiter((t.max_rate_Bps for t in transfers), dtype=float, count=n)  # as the engine's flow caps
+    ends = fluid_finish_times(begin, wire, routes.indptr, compact, capacity, caps)
     trace.ends = ends.tolist()
     trace.makespan_s = float(ends.max())
     return trace.makespan_s, _link_bytes(begin, latency > 0, wire, routes.indptr, routes.links), trace
