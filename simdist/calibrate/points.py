@@ -3,29 +3,39 @@
 Each point is one (op, rank count, nodes, size) with the median of its measured times; its group is placed
 on the first GPUs of the cluster (``num_nodes`` spreads it over that many nodes) and sorted into a link tier
 (simdist.calibrate.calibration uses the tiers and predictions to fit a calibration).
+
+`predict_details` also says how *bandwidth-bound* the model is at each point: share = beta S / t(S), where
+beta is the op's time per byte at its plateau (the model's fastest choice at `PLATEAU_PROBE_BYTES`, as
+(t(2B) - t(B)) / B: for t = alpha + beta S that is beta exactly) and t(S) the predicted time. Where the share is
+at least `PLATEAU_SHARE`, the latency, protocol and pipeline-fill terms are under 2 % of the time: the point
+measures the link's bandwidth, and only such points may change a link efficiency or a plateau factor
+(simdist.calibrate.calibration, simdist.calibrate.correction_fit). Below it, beta S / (measured time - latency)
+is the fraction of the plateau rate the measurement reached.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from simdist.analytic.select import rank_choices
+from simdist.analytic.select import evaluate, rank_choices
 from simdist.calibrate.measurements import Measurement
 from simdist.collectives.group import Group
 from simdist.collectives.registry import ALGORITHMS
 from simdist.collectives.request import Request
-from simdist.errors import SimdistError, SpecError
+from simdist.errors import SimdistError, SimdistWarning, SpecError
 from simdist.hardware.presets import load_topology, topology_document
 from simdist.hardware.topology import Topology
 from simdist.spec.load import Document
 
 HOLDOUTS = ("none", "sizes", "large", "ranks")
-MAX_KNOTS = 24
+PLATEAU_SHARE = 0.98
+PLATEAU_PROBE_BYTES = 2.0**36  # 64 GiB: past every preset's knee (NVLink and network alike reach it by ~1 GiB)
 TIER_FIELD = {"scale_up": ("scale_up",), "pcie": ("host", "pcie"), "inter_node": ("inter_node",)}
 _TIER_KINDS = {"scale_up": {"nvlink"}, "pcie": {"pcie"}}
 
@@ -50,12 +60,22 @@ class Point:
 
 
 def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
-    """Median time per (op, ranks, nodes, size, algorithm): robust to warm-up spikes of single samples."""
+    """Median time per (op, ranks, nodes, size, algorithm): robust to warm-up spikes of single samples.
+
+    Barrier and 0-byte rows have no size to fit a bandwidth to: they are skipped with a `SimdistWarning`
+    (an error when nothing else is left)."""
+    sized = [m for m in measurements if m.op != "barrier" and m.nbytes > 0]
+    if measurements and not sized:
+        m = measurements[0]
+        raise SpecError(f"a {m.op} of {m.nbytes} bytes has no size to fit a bandwidth to, and no other rows are left",
+                        source=m.source, fix="measure collectives of one size or more (e.g. --bytes 1K:16M:x4)")
+    skipped = len(measurements) - len(sized)
+    if skipped:
+        where = sorted({m.source for m in measurements if m.op == "barrier" or m.nbytes <= 0})
+        warnings.warn(SimdistWarning(f"skipped {skipped} barrier or 0-byte row(s) of {', '.join(where)}: they have "
+                                     "no size to fit a bandwidth to"), stacklevel=2)
     groups: dict[tuple, list[Measurement]] = {}
-    for m in measurements:
-        if m.op == "barrier" or m.nbytes <= 0:
-            raise SpecError(f"a {m.op} of {m.nbytes} bytes has no size to fit a bandwidth to", source=m.source,
-                            fix="remove barrier and 0-byte rows from the measurements")
+    for m in sized:
         algo = (m.algorithm or "").lower() or None
         algo = algo if algo in ALGORITHMS else None  # e.g. NCCL_ALGO=CollnetDirect: priced as NCCL's choice
         nodes = m.num_nodes if m.num_nodes and m.num_nodes > 1 else None
@@ -141,7 +161,13 @@ def _tier_efficiency(topology: Topology, tier: str) -> float:
 def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
     """simdist's closed-form time of each point: the (algorithm, protocol) NCCL's tuner would take, or the
     measured algorithm where the file names one (simdist.analytic.select.rank_choices)."""
-    cache: dict[tuple, float] = {}
+    return predict_details(topology, points)[0]
+
+
+def predict_details(topology: Topology, points: Sequence[Point]) -> tuple[np.ndarray, np.ndarray]:
+    """(`predict_points`, the share of each predicted time that its bytes account for; module doc)."""
+    cache: dict[tuple, tuple[float, float]] = {}
+    per_byte: dict[tuple, float] = {}
     out = []
     for p in points:
         key = (p.op, p.num_ranks, p.num_nodes, p.nbytes, p.algorithm)
@@ -158,6 +184,14 @@ def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
             if not choices:
                 raise SpecError(f"no algorithm runs {p.op} on {p.num_ranks} ranks of {topology.spec.name}",
                                 source=p.source, fix="remove these rows or calibrate another topology")
-            cache[key] = choices[0].predicted_s
+            series = (p.op, p.num_ranks, p.num_nodes, p.algorithm)
+            if series not in per_byte:
+                big = rank_choices(Request(p.op, group, PLATEAU_PROBE_BYTES),
+                                   algorithms=[p.algorithm] if p.algorithm else None)[0]
+                doubled = evaluate(Request(p.op, group, 2.0 * PLATEAU_PROBE_BYTES), big.algorithm, big.protocol)
+                per_byte[series] = max(0.0, (doubled.predicted_s - big.predicted_s) / PLATEAU_PROBE_BYTES)
+            t = choices[0].predicted_s
+            cache[key] = (t, min(1.0, per_byte[series] * p.nbytes / t) if t > 0 else 0.0)
         out.append(cache[key])
-    return np.asarray(out, dtype=float)
+    arr = np.asarray(out, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
