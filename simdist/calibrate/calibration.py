@@ -68,6 +68,7 @@ from simdist.calibrate.points import (
     _tier_efficiency,
     aggregate,
     build_cluster,
+    lower_envelope,
     predict_details,
     predict_points,
     split_holdout,
@@ -365,13 +366,14 @@ def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_n
     device = measured_device(measurements)
     if (mismatch := check_device(device, base)) is not None:
         notes.append(mismatch)
-    uncal, share = predict_details(base, train)
-    overrides, tiers, tier_notes = _tier_fits(base, train, uncal, share, seed)
+    fit_on = lower_envelope(train)  # interference spikes out (points.lower_envelope); the errors use `train`
+    uncal, share = predict_details(base, fit_on)
+    overrides, tiers, tier_notes = _tier_fits(base, fit_on, uncal, share, seed)
     tuned = build_cluster(topology, points, num_nodes=num_nodes, overrides=overrides) if overrides else base
-    predicted, tuned_share = predict_details(tuned, train)
+    predicted, tuned_share = predict_details(tuned, fit_on)
     # Assumption: on a CPU host the achieved bandwidth may fall with size (caches); elsewhere it never does.
     monotone = (device_family(base.gpu.name) or ("",))[0] != "CPU"
-    collectives, infos, op_notes = _collective_fits(train, predicted, tuned_share, uncal, monotone=monotone,
+    collectives, infos, op_notes = _collective_fits(fit_on, predicted, tuned_share, uncal, monotone=monotone,
                                                     seed=seed) if train else ({}, {}, [])
     notes += tier_notes + op_notes
     compute, compute_info = fit_compute(steps, base.gpu, seed=seed) if steps else (None, None)
