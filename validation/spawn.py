@@ -10,35 +10,66 @@ rank and returns what rank 0 returned. Two ways in:
   process joins the group and ``launch`` returns this rank's own result (``world_size`` must match).
 
 On the NCCL path every process binds to GPU ``LOCAL_RANK`` (``torch.cuda.set_device``) before the group
-starts. A child that raises, dies or outlives ``timeout_s`` ends the run: every child is terminated
-(then killed) and `HarnessError` carries one line naming the rank and the cause. Collectives that never
-complete time out through the process group's own ``timeout`` (``init_timeout_s``), so no rank hangs.
+starts.
+
+Faults never hang a spawned run, and every message names the rank and what it was doing (`doing`):
+
+- a rank that raises, dies (a signal, ``os._exit``) or stays stopped (SIGSTOP/SIGTSTP) for
+  `STOPPED_GRACE_S`, or a run that outlives ``timeout_s``, ends the run: every child is terminated (then
+  killed) and `HarnessError` carries one line naming the rank, how it failed and what it was doing; a rank
+  whose collective failed because a peer died or stopped is not blamed, the peer is. Collectives that never
+  complete also time out through the process group's own ``timeout`` (``init_timeout_s``).
+- the ranks are tied to this process: each child watches its parent (the ``multiprocessing`` parent
+  sentinel, a pipe that reads EOF when the parent dies, however it dies) from a watchdog thread and exits
+  with one ``error: rank R: ...`` line when it goes. On Linux ``prctl(PR_SET_PDEATHSIG, SIGCONT)`` makes the
+  kernel resume a rank that was stopped when the parent died, so that its watchdog runs too (a SIGKILLed
+  ``python -m validation.collectives`` leaves no orphan, stopped or not).
+- results so far are kept: rank 0 hands each finished result to the parent as it goes (`report`); the
+  `HarnessError` of a failed run carries them (``items``), and when the parent itself dies, rank 0's
+  watchdog calls the ``salvage`` function given to `launch` with them, so the harness CLIs write what was
+  measured to a ``*.partial.csv`` file (see `partial_path`) instead of losing it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import math
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-__all__ = ["HarnessError", "cli_guard", "cpu_model", "device_name", "free_port", "is_torchrun", "launch",
-           "run_metadata"]
+__all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "cli_guard", "cpu_model", "device_name",
+           "doing", "free_port", "is_torchrun", "launch", "partial_path", "report", "run_metadata"]
 
 BACKENDS = ("gloo", "nccl")
+MAX_SPAWNED_RANKS = 64
+"""Most ranks `launch` spawns on one host (a bound on the processes one command line can start)."""
+STOPPED_GRACE_S = 3.0
+"""Seconds a spawned rank may stay stopped (SIGSTOP/SIGTSTP) before the run is ended."""
+_ACTIVITY_BYTES = 240
+_REPORTED_EXIT = 1  # a rank that raised queues its message, then exits with this status (_child)
+_PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15  # linux/prctl.h
 
 
 class HarnessError(RuntimeError):
-    """A failed harness run, as one line (a rank that raised, died or hung; bad arguments)."""
+    """A failed harness run, as one line (a rank that raised, died, stopped or hung; bad arguments).
 
-    def __init__(self, message: str) -> None:
+    ``items``: what rank 0 handed over with `report` before the failure (results so far), in order.
+    """
+
+    def __init__(self, message: str, items: list[Any] | None = None) -> None:
         super().__init__(" ".join(message.split()))
+        self.items: list[Any] = list(items or [])
 
 
 def free_port() -> int:
@@ -53,6 +84,78 @@ def is_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def partial_path(out: str | Path) -> Path:
+    """Where a failed run keeps its results so far: ``m.csv`` -> ``m.partial.csv`` (never the target itself)."""
+    p = Path(out)
+    return p.with_name(f"{p.stem}.partial{p.suffix or '.csv'}")
+
+
+# --------------------------------------------------------------------------- inside a rank
+class _RankState:
+    """What this process knows about itself as a spawned rank (module state of the child; None in a parent)."""
+
+    rank: ClassVar[int | None] = None
+    activity: ClassVar[Any] = None  # a shared ctypes char array the parent reads
+    results: ClassVar[Any] = None  # the queue to the parent
+    items: ClassVar[list[Any]] = []
+
+
+def doing(what: str) -> None:
+    """Record what this rank is doing now, as a phrase that follows "while": "running all_reduce of 1048576 B,
+    timed iteration 3 of 20"; failure messages name it. Cheap (a copy into shared memory); a no-op outside a
+    spawned rank."""
+    slot = _RankState.activity
+    if slot is not None:
+        slot.value = what.encode("utf-8", "replace")[: _ACTIVITY_BYTES - 1]
+
+
+def report(item: Any) -> None:
+    """Hand one finished result to the parent now (rank 0 only is kept): it survives a later failure."""
+    _RankState.items.append(item)
+    if _RankState.results is not None and _RankState.rank == 0:
+        _RankState.results.put((0, "item", item))
+
+
+def _read(slot: Any) -> str:
+    return slot.value.decode("utf-8", "replace") or "starting"
+
+
+def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+    """Exit with one line when the parent dies (see the module doc); resume if stopped at that moment."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+            libc.prctl(_PR_SET_NAME, f"simdist-rank{rank}".encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - not glibc: the watchdog alone
+            pass
+    parent = mp.parent_process()
+    parent_pid = os.getppid()
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        if parent is not None and parent.sentinel is not None:
+            wait([parent.sentinel])
+        else:  # pragma: no cover - multiprocessing always gives a sentinel on POSIX
+            while os.getppid() == parent_pid:
+                time.sleep(0.2)
+        what = _read(_RankState.activity) if _RankState.activity is not None else "running"
+        message = f"error: rank {rank}: the harness process (pid {parent_pid}) died while this rank was {what}"
+        if salvage is not None and rank == 0:
+            reason = f"the harness process died while rank 0 was {what}"
+            try:
+                message += f"; {salvage[0](list(_RankState.items), reason, *salvage[1])}"
+            except Exception as exc:  # a failed salvage must not keep the orphan alive
+                message += f"; results so far lost ({type(exc).__name__}: {exc})"
+        message += f"; rank {rank} exits"
+        print(" ".join(message.split()), file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="simdist-parent-watchdog", daemon=True).start()
+
+
+# --------------------------------------------------------------------------- the parent
 def launch(
     fn: Callable[..., Any],
     *,
@@ -61,12 +164,20 @@ def launch(
     args: tuple[Any, ...] = (),
     timeout_s: float = 300.0,
     init_timeout_s: float = 60.0,
+    on_item: Callable[[Any], None] | None = None,
+    salvage: tuple[Callable[..., str], tuple[Any, ...]] | None = None,
 ) -> Any:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return rank 0's result (see module doc)."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return rank 0's result (see module doc).
+
+    ``on_item(item)`` is called in this process for each item rank 0 `report`s; ``salvage = (fn, args)``:
+    ``fn(items, reason, *args) -> note`` runs in rank 0 if this process dies mid-run (module doc).
+    """
     if backend not in BACKENDS:
         raise HarnessError(f"unknown backend '{backend}' (fix: use one of {', '.join(BACKENDS)})")
     if world_size < 1:
         raise HarnessError(f"--ranks must be at least 1, got {world_size}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise HarnessError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
     if is_torchrun():
         launched = int(os.environ["WORLD_SIZE"])
         if launched != world_size:
@@ -77,9 +188,12 @@ def launch(
             return fn(rank, world_size, *args)
         finally:
             _destroy()
+    if world_size > MAX_SPAWNED_RANKS:
+        raise HarnessError(f"--ranks {world_size} exceeds the {MAX_SPAWNED_RANKS} ranks one host may spawn "
+                           f"(fix: use at most {MAX_SPAWNED_RANKS}, or torchrun across hosts)")
     if backend == "nccl":
         _check_gpus(world_size)
-    return _spawn(fn, world_size, backend, args, timeout_s, init_timeout_s)
+    return _spawn(fn, world_size, backend, args, timeout_s, init_timeout_s, on_item, salvage)
 
 
 def cli_guard(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
@@ -129,7 +243,11 @@ def _destroy() -> None:
 
 
 def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, args: tuple[Any, ...],
-           port: int, init_timeout_s: float, results: Any) -> None:
+           port: int, init_timeout_s: float, results: Any, activity: Any,
+           salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+    _RankState.rank, _RankState.activity, _RankState.results, _RankState.items = rank, activity, results, []
+    doing("starting (init_process_group)")
+    _tie_to_parent(rank, salvage)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     try:
@@ -138,7 +256,9 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, arg
         # Assumption: N ranks share this host's cores; one intra-op thread each avoids oversubscription.
         torch.set_num_threads(1)
         _init(backend, rank, world_size, init_timeout_s)
+        doing(f"running {getattr(fn, '__name__', 'the harness')}")
         value = fn(rank, world_size, *args)
+        doing("finishing (destroy_process_group)")
         results.put((rank, "ok", value if rank == 0 else None))
         _destroy()
     except BaseException as exc:  # report every failure (even SystemExit) to the parent as one line
@@ -148,45 +268,101 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, arg
         results.close()
         results.join_thread()  # flush the queue's feeder thread before the hard exit
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(_REPORTED_EXIT)
+
+
+def _state(pid: int | None) -> str:
+    """The process state letter from /proc (R, S, D, T = stopped, t = traced, Z ...); '' where unknown."""
+    if pid is None:
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class _Watch:
+    """The parent's view of its ranks: exit codes, stopped ranks, what each is doing."""
+
+    def __init__(self, procs: list[Any], activity: list[Any]) -> None:
+        self.procs, self.activity = procs, activity
+        self.stopped_since: dict[int, float] = {}
+
+    def doing(self, rank: int) -> str:
+        return _read(self.activity[rank])
+
+    def dead(self, done: dict[int, Any]) -> list[tuple[int, int]]:
+        return [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode not in (None, 0) and r not in done]
+
+    def stopped(self, now: float) -> list[int]:
+        """Ranks stopped now; those stopped for STOPPED_GRACE_S or longer first."""
+        out = []
+        for r, p in enumerate(self.procs):
+            if p.exitcode is None and _state(p.pid) == "T":
+                out.append(r)
+                self.stopped_since.setdefault(r, now)
+            else:
+                self.stopped_since.pop(r, None)
+        return out
+
+    def overdue(self, now: float) -> list[int]:
+        self.stopped(now)
+        return [r for r, t in sorted(self.stopped_since.items()) if now - t >= STOPPED_GRACE_S]
+
+    def culprit(self, done: dict[int, Any], exclude: int | None = None) -> str | None:
+        """One line on a rank that died without saying why (a signal, os._exit) or is stopped (not ``exclude``);
+        None when there is none (a rank that raised reported its own error, and may be a consequence)."""
+        for r, code in self.dead(done):
+            if r != exclude and code != _REPORTED_EXIT:
+                return f"rank {r} {_how_it_ended(code)} while {self.doing(r)}"
+        for r in self.stopped(time.monotonic()):
+            if r != exclude:
+                return f"rank {r} was stopped (SIGSTOP or SIGTSTP) while {self.doing(r)}"
+        return None
 
 
 def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[Any, ...],
-           timeout_s: float, init_timeout_s: float) -> Any:
+           timeout_s: float, init_timeout_s: float, on_item: Callable[[Any], None] | None,
+           salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> Any:
     import torch.distributed  # noqa: F401 - imported once here, forked children inherit it (seconds saved per rank)
 
     ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, port, init_timeout_s, results),
-                         name=f"simdist-rank{r}", daemon=True) for r in range(world_size)]
+    activity = [ctx.Array("c", _ACTIVITY_BYTES, lock=False) for _ in range(world_size)]
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, port, init_timeout_s, results,
+                                              activity[r], salvage), name=f"simdist-rank{r}", daemon=True)
+             for r in range(world_size)]
     for p in procs:
         p.start()
+    watch = _Watch(procs, activity)
     deadline = time.monotonic() + timeout_s
     done: dict[int, Any] = {}
+    items: list[Any] = []
     failure: str | None = None
     try:
         while len(done) < world_size and failure is None:
             try:
-                rank, status, value = results.get(timeout=0.05)
+                rank, status, value = results.get(timeout=0.1)
             except queue.Empty:
-                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-                if dead:
-                    try:  # a child that raised has queued its message just before exiting: read it
-                        rank, status, value = results.get(timeout=0.5)
-                    except queue.Empty:
-                        r, code = dead[0]
-                        failure = f"rank {r} died with exit code {code}"
-                        break
-                elif time.monotonic() > deadline:
-                    late = [r for r in range(world_size) if r not in done]
-                    failure = (f"timed out after {timeout_s:g} s waiting for rank(s) {', '.join(map(str, late))}; "
-                               f"every process was terminated")
-                    break
-                else:
-                    continue
-            if status == "error":
-                failure = f"rank {rank} failed: {value}"
+                failure = _check(watch, done, deadline, timeout_s, results, items, on_item)
+                continue
+            if status == "item":
+                items.append(value)
+                if on_item is not None:
+                    on_item(value)
+            elif status == "error":
+                failure = _blame(watch, done, rank, value)
             else:
                 done[rank] = value
         if failure is None:
@@ -196,14 +372,66 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
         _reap(procs)
         results.close()
     if failure is not None:
-        raise HarnessError(failure)
+        raise HarnessError(failure, items)
     return done[0]
+
+
+def _check(watch: _Watch, done: dict[int, Any], deadline: float, timeout_s: float, results: Any,
+           items: list[Any], on_item: Callable[[Any], None] | None) -> str | None:
+    """The failure to end the run with when no message came: a dead, long-stopped or late rank; else None."""
+    dead = watch.dead(done)
+    if dead:
+        # A child that raised has queued its message just before exiting: read what is queued first.
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            try:
+                rank, status, value = results.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if status == "item":
+                items.append(value)
+                if on_item is not None:
+                    on_item(value)
+            elif status == "error":
+                return _blame(watch, done, rank, value)
+            else:
+                done[rank] = value
+        r, code = dead[0]
+        return f"rank {r} {_how_it_ended(code)} while {watch.doing(r)}; every process was terminated"
+    now = time.monotonic()
+    overdue = watch.overdue(now)
+    if overdue:
+        r = overdue[0]
+        return (f"rank {r} was stopped (SIGSTOP or SIGTSTP) for {STOPPED_GRACE_S:g} s while {watch.doing(r)}; "
+                "every process was terminated")
+    if now > deadline:
+        late = [r for r in range(len(watch.procs)) if r not in done]
+        what = "; ".join(f"rank {r} was {watch.doing(r)}" + (" (stopped)" if _state(watch.procs[r].pid) == "T"
+                                                             else "") for r in late[:4])
+        return (f"timed out after {timeout_s:g} s waiting for rank(s) {', '.join(map(str, late))} ({what}); "
+                "every process was terminated")
+    return None
+
+
+def _blame(watch: _Watch, done: dict[int, Any], rank: int, message: str) -> str:
+    """One line for rank ``rank`` raising ``message``: a peer that died or stopped is named as the cause."""
+    what = watch.doing(rank)
+    end = time.monotonic() + 1.0
+    while True:  # a peer killed a moment ago: its exit code appears within milliseconds
+        cause = watch.culprit(done, exclude=rank)
+        if cause is not None:
+            return f"{cause}; rank {rank} then failed while {what}: {message}"
+        if time.monotonic() > end:
+            return f"rank {rank} failed while {what}: {message}"
+        time.sleep(0.05)
 
 
 def _reap(procs: list[Any]) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            if _state(p.pid) == "T":
+                os.kill(p.pid, signal.SIGKILL)  # a stopped process keeps SIGTERM pending forever
     for p in procs:
         p.join(timeout=2.0)
         if p.is_alive():
