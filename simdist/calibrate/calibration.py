@@ -12,6 +12,12 @@ Building (`fit_calibration`), in three stages, each parameter fitted only from t
    whose sweeps stop before that regime keeps the preset's efficiency. (Fitting a line t = alpha + S / busbw
    through the whole sweep instead, as before, mixed the knee of one op's protocol switches into the links
    of every op: see `TierFit` and the module doc of simdist.calibrate.correction_fit.)
+   The links are also told apart from the in-switch reduction: where the model prices a plateau point with
+   NVLS (NVLink SHARP: the switch reduces, so the GPUs' links carry half the bytes of a ring) and the
+   measurement names no algorithm, the point is priced without NVLS too (NCCL's fallback when the switch
+   has no SHARP or NCCL_NVLS_ENABLE=0), and the links take the larger efficiency of the two that does not
+   exceed 1: a measurement no faster than the links alone allow is no evidence that the switch reduced
+   anything, and blaming the links for a reduction that did not happen would slow every ring on them.
 2. **Collectives.** With those overrides applied, per op the measured time is fitted as
    t = latency + t_model / (bandwidth_factor x efficiency(S)) (t_model: simdist's closed-form prediction, the
    collective NCCL's tuner would pick, simdist.analytic.select), regularised: few knots, efficiency <= 1, the
@@ -71,6 +77,7 @@ from simdist.calibrate.points import (
     lower_envelope,
     predict_details,
     predict_points,
+    predict_without_nvls,
     split_holdout,
     tier_of,
 )
@@ -262,8 +269,21 @@ def _tier_fits(topology: Topology, points: Sequence[Point], predicted: np.ndarra
         if not bound:
             after[tier] = before
             continue
-        ratio = float(np.median(predicted[bound] / measured[bound]))
-        wanted = before * ratio
+        implied = []
+        ring = predict_without_nvls(topology, [points[i] for i in bound])
+        for i, t_ring in zip(bound, ring, strict=True):
+            options = [before * predicted[i] / measured[i]]
+            if t_ring is not None:
+                options.append(before * t_ring / measured[i])
+            feasible = [e for e in options if e <= 1.0]
+            implied.append(max(feasible) if feasible else min(options))
+        switched = [points[i].op for i, t, e in zip(bound, ring, implied, strict=True)
+                    if t is not None and e != before * predicted[i] / measured[i]]
+        if switched:
+            notes.append(f"{tier}: the plateau of {', '.join(sorted(set(switched)))} is no faster than the links "
+                         "allow without NVLS, so the links were fitted to NCCL's non-NVLS algorithm (a GPU or switch "
+                         "without NVLink SHARP, or NCCL_NVLS_ENABLE=0?)")
+        wanted = float(np.median(implied))
         if wanted > 1.0:
             notes.append(f"{tier}: the measurements move bytes {wanted / before:.2f} x faster than the preset "
                          f"predicts, beyond the links' nominal bandwidth (efficiency {before:g} -> {wanted:.3g} > 1; "

@@ -181,6 +181,29 @@ def _tier_efficiency(topology: Topology, tier: str) -> float:
     return next(lk.efficiency for lk in topology.node.links if lk.kind in _TIER_KINDS[tier])
 
 
+def predict_without_nvls(topology: Topology, points: Sequence[Point]) -> list[float | None]:
+    """Each point's time priced as NCCL runs it without NVLink SHARP (its best other algorithm), where the
+    tuner's choice is NVLS and the measurement names no algorithm; None elsewhere (simdist.calibrate.calibration
+    uses it to tell the links from the in-switch reduction)."""
+    from simdist.collectives.nccl_model import nccl_algorithms
+
+    out: list[float | None] = []
+    for p in points:
+        if p.algorithm is not None:
+            out.append(None)
+            continue
+        group = _group(topology, p)
+        request = Request(p.op, group, p.nbytes)
+        choices = rank_choices(request)
+        if not choices or choices[0].algorithm != "nvls":
+            out.append(None)
+            continue
+        others = [a for a in (nccl_algorithms(p.op) or ()) if a != "nvls"]
+        rest = rank_choices(request, algorithms=others) if others else []
+        out.append(rest[0].predicted_s if rest else None)
+    return out
+
+
 def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
     """simdist's closed-form time of each point: the (algorithm, protocol) NCCL's tuner would take, or the
     measured algorithm where the file names one (simdist.analytic.select.rank_choices)."""
