@@ -22,8 +22,9 @@ from simdist.calibrate.measurements import read_measurements  # noqa: E402
 from simdist.calibrate.steps import read_csv_metadata, read_step_measurements  # noqa: E402
 from simdist.collectives.ops import op_info  # noqa: E402
 from validation import collectives  # noqa: E402
+from validation.machine import cpu_model  # noqa: E402
 from validation.mlp import ALL_CUTS, MLPConfig, StepConfig, run_steps, weighted_gradient_sum_  # noqa: E402
-from validation.spawn import HarnessError, cli_guard, cpu_model, free_port, launch  # noqa: E402
+from validation.spawn import HarnessError, cli_guard, free_port, launch  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = MLPConfig(num_layers=4, width=64, batch=16, lr=0.1)
@@ -205,7 +206,7 @@ def _measuring(tmp_path: Path) -> tuple[subprocess.Popen, dict[int, int], Path]:
     proc = subprocess.Popen([sys.executable, "-m", "validation.collectives", "--ranks", "2", "--ops", "all_reduce",
                              "--bytes", f"1K,{BIG}", "--warmup", "1", "--iters", "200", "--out", str(out)],
                             stdout=log, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO)
-    end = time.monotonic() + 60
+    end = time.monotonic() + 120  # a hang guard: a loaded 2-core machine takes seconds to import torch twice
     while "1024 B on 2 ranks" not in (tmp_path / "stdout.txt").read_text():
         assert proc.poll() is None and time.monotonic() < end, (tmp_path / "stderr.txt").read_text()
         time.sleep(0.1)

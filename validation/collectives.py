@@ -56,7 +56,8 @@ from simdist.calibrate.measurements import Measurement, _metadata_lines, write_m
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError
 from simdist.units import parse_size_list
-from validation.spawn import HarnessError, cli_guard, device_name, doing, launch, partial_path, report, run_metadata
+from validation.machine import device_name, run_metadata
+from validation.spawn import HarnessError, cli_guard, doing, launch, partial_path, report
 
 __all__ = ["BENCH_OPS", "DEFAULT_OPS", "BenchConfig", "Sample", "benchmark", "host_memory_bytes", "keep_partial",
            "main", "parse_sizes"]

@@ -48,16 +48,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-__all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "cli_guard", "cpu_model", "device_name",
-           "doing", "free_port", "is_torchrun", "launch", "partial_path", "report", "run_metadata"]
+from validation.supervise import REPORTED_EXIT, STOPPED_GRACE_S, Watch, blame, check, read_activity, reap
+
+__all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "cli_guard", "doing", "free_port", "is_torchrun",
+           "launch", "partial_path", "report"]
 
 BACKENDS = ("gloo", "nccl")
 MAX_SPAWNED_RANKS = 64
 """Most ranks `launch` spawns on one host (a bound on the processes one command line can start)."""
-STOPPED_GRACE_S = 3.0
-"""Seconds a spawned rank may stay stopped (SIGSTOP/SIGTSTP) before the run is ended."""
 _ACTIVITY_BYTES = 240
-_REPORTED_EXIT = 1  # a rank that raised queues its message, then exits with this status (_child)
 _PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15  # linux/prctl.h
 
 
@@ -116,10 +115,6 @@ def report(item: Any) -> None:
         _RankState.results.put((0, "item", item))
 
 
-def _read(slot: Any) -> str:
-    return slot.value.decode("utf-8", "replace") or "starting"
-
-
 def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
     """Exit with one line when the parent dies (see the module doc); resume if stopped at that moment."""
     if sys.platform.startswith("linux"):
@@ -140,7 +135,7 @@ def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]
         else:  # pragma: no cover - multiprocessing always gives a sentinel on POSIX
             while os.getppid() == parent_pid:
                 time.sleep(0.2)
-        what = _read(_RankState.activity) if _RankState.activity is not None else "running"
+        what = read_activity(_RankState.activity) if _RankState.activity is not None else "running"
         message = f"error: rank {rank}: the harness process (pid {parent_pid}) died while this rank was {what}"
         if salvage is not None and rank == 0:
             reason = f"the harness process died while rank 0 was {what}"
@@ -268,67 +263,7 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, arg
         results.close()
         results.join_thread()  # flush the queue's feeder thread before the hard exit
         sys.stderr.flush()
-        os._exit(_REPORTED_EXIT)
-
-
-def _state(pid: int | None) -> str:
-    """The process state letter from /proc (R, S, D, T = stopped, t = traced, Z ...); '' where unknown."""
-    if pid is None:
-        return ""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def _how_it_ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-class _Watch:
-    """The parent's view of its ranks: exit codes, stopped ranks, what each is doing."""
-
-    def __init__(self, procs: list[Any], activity: list[Any]) -> None:
-        self.procs, self.activity = procs, activity
-        self.stopped_since: dict[int, float] = {}
-
-    def doing(self, rank: int) -> str:
-        return _read(self.activity[rank])
-
-    def dead(self, done: dict[int, Any]) -> list[tuple[int, int]]:
-        return [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode not in (None, 0) and r not in done]
-
-    def stopped(self, now: float) -> list[int]:
-        """Ranks stopped now; those stopped for STOPPED_GRACE_S or longer first."""
-        out = []
-        for r, p in enumerate(self.procs):
-            if p.exitcode is None and _state(p.pid) == "T":
-                out.append(r)
-                self.stopped_since.setdefault(r, now)
-            else:
-                self.stopped_since.pop(r, None)
-        return out
-
-    def overdue(self, now: float) -> list[int]:
-        self.stopped(now)
-        return [r for r, t in sorted(self.stopped_since.items()) if now - t >= STOPPED_GRACE_S]
-
-    def culprit(self, done: dict[int, Any], exclude: int | None = None) -> str | None:
-        """One line on a rank that died without saying why (a signal, os._exit) or is stopped (not ``exclude``);
-        None when there is none (a rank that raised reported its own error, and may be a consequence)."""
-        for r, code in self.dead(done):
-            if r != exclude and code != _REPORTED_EXIT:
-                return f"rank {r} {_how_it_ended(code)} while {self.doing(r)}"
-        for r in self.stopped(time.monotonic()):
-            if r != exclude:
-                return f"rank {r} was stopped (SIGSTOP or SIGTSTP) while {self.doing(r)}"
-        return None
+        os._exit(REPORTED_EXIT)
 
 
 def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[Any, ...],
@@ -345,7 +280,7 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
              for r in range(world_size)]
     for p in procs:
         p.start()
-    watch = _Watch(procs, activity)
+    watch = Watch(procs, activity)
     deadline = time.monotonic() + timeout_s
     done: dict[int, Any] = {}
     items: list[Any] = []
@@ -355,141 +290,22 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
             try:
                 rank, status, value = results.get(timeout=0.1)
             except queue.Empty:
-                failure = _check(watch, done, deadline, timeout_s, results, items, on_item)
+                failure = check(watch, done, deadline, timeout_s, results, items, on_item)
                 continue
             if status == "item":
                 items.append(value)
                 if on_item is not None:
                     on_item(value)
             elif status == "error":
-                failure = _blame(watch, done, rank, value)
+                failure = blame(watch, done, rank, value)
             else:
                 done[rank] = value
         if failure is None:
             for p in procs:
                 p.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        _reap(procs)
+        reap(procs)
         results.close()
     if failure is not None:
         raise HarnessError(failure, items)
     return done[0]
-
-
-def _check(watch: _Watch, done: dict[int, Any], deadline: float, timeout_s: float, results: Any,
-           items: list[Any], on_item: Callable[[Any], None] | None) -> str | None:
-    """The failure to end the run with when no message came: a dead, long-stopped or late rank; else None."""
-    dead = watch.dead(done)
-    if dead:
-        # A child that raised has queued its message just before exiting: read what is queued first.
-        end = time.monotonic() + 0.5
-        while time.monotonic() < end:
-            try:
-                rank, status, value = results.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if status == "item":
-                items.append(value)
-                if on_item is not None:
-                    on_item(value)
-            elif status == "error":
-                return _blame(watch, done, rank, value)
-            else:
-                done[rank] = value
-        r, code = dead[0]
-        return f"rank {r} {_how_it_ended(code)} while {watch.doing(r)}; every process was terminated"
-    now = time.monotonic()
-    overdue = watch.overdue(now)
-    if overdue:
-        r = overdue[0]
-        return (f"rank {r} was stopped (SIGSTOP or SIGTSTP) for {STOPPED_GRACE_S:g} s while {watch.doing(r)}; "
-                "every process was terminated")
-    if now > deadline:
-        late = [r for r in range(len(watch.procs)) if r not in done]
-        what = "; ".join(f"rank {r} was {watch.doing(r)}" + (" (stopped)" if _state(watch.procs[r].pid) == "T"
-                                                             else "") for r in late[:4])
-        return (f"timed out after {timeout_s:g} s waiting for rank(s) {', '.join(map(str, late))} ({what}); "
-                "every process was terminated")
-    return None
-
-
-def _blame(watch: _Watch, done: dict[int, Any], rank: int, message: str) -> str:
-    """One line for rank ``rank`` raising ``message``: a peer that died or stopped is named as the cause."""
-    what = watch.doing(rank)
-    end = time.monotonic() + 1.0
-    while True:  # a peer killed a moment ago: its exit code appears within milliseconds
-        cause = watch.culprit(done, exclude=rank)
-        if cause is not None:
-            return f"{cause}; rank {rank} then failed while {what}: {message}"
-        if time.monotonic() > end:
-            return f"rank {rank} failed while {what}: {message}"
-        time.sleep(0.05)
-
-
-def _reap(procs: list[Any]) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-            if _state(p.pid) == "T":
-                os.kill(p.pid, signal.SIGKILL)  # a stopped process keeps SIGTERM pending forever
-    for p in procs:
-        p.join(timeout=2.0)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=2.0)
-
-
-def run_metadata(backend: str, world_size: int, command: str) -> dict[str, str]:
-    """What a measurement CSV records about its run (call on a rank, after the group started)."""
-    import platform
-    import shutil
-    import subprocess
-
-    import torch
-
-    meta = {"command": command, "torch_version": torch.__version__, "backend": backend,
-            "world_size": str(world_size), "python": platform.python_version(),
-            "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    meta["host_count"] = str(max(1, world_size // max(1, local)))
-    meta["launcher"] = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "validation.spawn"
-    meta["cpu_model"] = cpu_model()
-    meta["cpu_count"] = str(os.cpu_count())
-    if hasattr(os, "getloadavg"):  # other work on the host skews CPU timings: record how busy it was
-        meta["load_average_1m"] = f"{os.getloadavg()[0]:.2f}"
-    if torch.cuda.is_available():
-        meta["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
-        meta["cuda_version"] = str(torch.version.cuda)
-        nccl = torch.cuda.nccl.version()
-        meta["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-    if shutil.which("nvidia-smi"):
-        try:
-            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
-            if topo.returncode == 0 and topo.stdout.strip():
-                meta["nvidia_smi_topo_m"] = topo.stdout.rstrip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return meta
-
-
-def device_name(backend: str) -> str:
-    """The GPU name on the NCCL path, else the CPU model."""
-    import torch
-
-    if backend == "nccl" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.cuda.current_device())
-    return cpu_model()
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"

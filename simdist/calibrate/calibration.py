@@ -12,12 +12,7 @@ Building (`fit_calibration`), in three stages, each parameter fitted only from t
    whose sweeps stop before that regime keeps the preset's efficiency. (Fitting a line t = alpha + S / busbw
    through the whole sweep instead, as before, mixed the knee of one op's protocol switches into the links
    of every op: see `TierFit` and the module doc of simdist.calibrate.correction_fit.)
-   The links are also told apart from the in-switch reduction: where the model prices a plateau point with
-   NVLS (NVLink SHARP: the switch reduces, so the GPUs' links carry half the bytes of a ring) and the
-   measurement names no algorithm, the point is priced without NVLS too (NCCL's fallback when the switch
-   has no SHARP or NCCL_NVLS_ENABLE=0), and the links take the larger efficiency of the two that does not
-   exceed 1: a measurement no faster than the links alone allow is no evidence that the switch reduced
-   anything, and blaming the links for a reduction that did not happen would slow every ring on them.
+   The links are also told apart from the in-switch reduction (NVLS): simdist.calibrate.tiers.
 2. **Collectives.** With those overrides applied, per op the measured time is fitted as
    t = latency + t_model / (bandwidth_factor x efficiency(S)) (t_model: simdist's closed-form prediction, the
    collective NCCL's tuner would pick, simdist.analytic.select), regularised: few knots, efficiency <= 1, the
@@ -44,11 +39,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simdist.calibrate.correction_fit import LATENCY_SHARE, MIN_SIZES, fit_correction
+from simdist.calibrate.correction_fit import MIN_SIZES, fit_correction
 from simdist.calibrate.devices import device_family, same_device
 from simdist.calibrate.fit import mape_pct
 from simdist.calibrate.measurements import Measurement
-from simdist.collectives.ops import OPS, op_info
+from simdist.collectives.ops import OPS
 from simdist.errors import SimdistWarning, SpecError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.topology import Topology
@@ -58,7 +53,6 @@ from simdist.spec.calibration import (
     CollectiveCalibration,
     CollectiveFit,
     FitInfo,
-    TierFit,
 )
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.load import Document, read_yaml, validate
@@ -68,19 +62,16 @@ __all__ = ["Calibration", "Correction", "Point", "aggregate", "build_cluster", "
 
 from simdist.calibrate.points import (
     PLATEAU_SHARE,
-    TIER_FIELD,
     Point,
-    _group,
-    _tier_efficiency,
     aggregate,
     build_cluster,
     lower_envelope,
     predict_details,
     predict_points,
-    predict_without_nvls,
     split_holdout,
     tier_of,
 )
+from simdist.calibrate.tiers import fit_tiers
 
 
 # --------------------------------------------------------------------------- applying a calibration
@@ -235,90 +226,8 @@ def _us(seconds: float) -> str:
     return f"{seconds / 1e-6:.12g} us"
 
 
-def _gbps(bps: float) -> str:
-    return f"{bps / 1e9:.12g} GB/s"
-
-
-def _median_ci(values: np.ndarray, seed: int, resamples: int = 200) -> tuple[float, float, float]:
-    """(median, 2.5 %, 97.5 % bootstrap percentiles of the median): finite for finite values."""
-    med = float(np.median(values))
-    if len(values) < 2:
-        return med, med, med
-    rng = np.random.default_rng(seed)
-    boot = [float(np.median(values[rng.integers(0, len(values), size=len(values))])) for _ in range(resamples)]
-    return med, min(med, float(np.percentile(boot, 2.5))), max(med, float(np.percentile(boot, 97.5)))
-
-
-def _tier_fits(topology: Topology, points: Sequence[Point], predicted: np.ndarray, share: np.ndarray, seed: int
-               ) -> tuple[dict[str, Any], list[TierFit], list[str]]:
-    """Tier efficiency overrides from the bandwidth-bound points of each tier (module doc), and the per-series
-    record of what was measured there."""
-    tiers: dict[str, list[int]] = {}
-    series: dict[tuple[str, str, int], list[int]] = {}
-    for i, p in enumerate(points):
-        tier = tier_of(topology, _group(topology, p))
-        tiers.setdefault(tier, []).append(i)
-        series.setdefault((tier, p.op, p.num_ranks), []).append(i)
-    measured = np.array([p.time_s for p in points])
-    overrides: dict[str, Any] = {}
-    notes: list[str] = []
-    after: dict[str, float] = {}
-    for tier, idx in sorted(tiers.items()):
-        bound = [i for i in idx if share[i] >= PLATEAU_SHARE]
-        before = _tier_efficiency(topology, tier)
-        if not bound:
-            after[tier] = before
-            continue
-        implied = []
-        ring = predict_without_nvls(topology, [points[i] for i in bound])
-        for i, t_ring in zip(bound, ring, strict=True):
-            options = [before * predicted[i] / measured[i]]
-            if t_ring is not None:
-                options.append(before * t_ring / measured[i])
-            feasible = [e for e in options if e <= 1.0]
-            implied.append(max(feasible) if feasible else min(options))
-        switched = [points[i].op for i, t, e in zip(bound, ring, implied, strict=True)
-                    if t is not None and e != before * predicted[i] / measured[i]]
-        if switched:
-            notes.append(f"{tier}: the plateau of {', '.join(sorted(set(switched)))} is no faster than the links "
-                         "allow without NVLS, so the links were fitted to NCCL's non-NVLS algorithm (a GPU or switch "
-                         "without NVLink SHARP, or NCCL_NVLS_ENABLE=0?)")
-        wanted = float(np.median(implied))
-        if wanted > 1.0:
-            notes.append(f"{tier}: the measurements move bytes {wanted / before:.2f} x faster than the preset "
-                         f"predicts, beyond the links' nominal bandwidth (efficiency {before:g} -> {wanted:.3g} > 1; "
-                         f"kept at 1): is '{topology.spec.name}' the machine they ran on?")
-        after[tier] = round(min(1.0, max(0.01, wanted)), 4)
-        node = overrides
-        for key in TIER_FIELD[tier]:
-            node = node.setdefault(key, {})
-        node["efficiency"] = after[tier]
-    fits: list[TierFit] = []
-    for (tier, op, n), idx in sorted(series.items()):
-        pts = [points[i] for i in idx]
-        factor = op_info(op).busbw_factor(n)
-        busbw = np.array([factor * p.nbytes / p.time_s for p in pts])
-        model_busbw = np.array([factor * p.nbytes / predicted[i] for p, i in zip(pts, idx, strict=True)])
-        bound = np.array([share[i] >= PLATEAU_SHARE for i in idx])
-        if bound.any():
-            bw, lo, hi = _median_ci(busbw[bound], seed)
-            model = float(np.median(model_busbw[bound]))
-        else:  # the plateau was not reached: the largest measured busbw is a lower bound on it
-            bw = lo = hi = float(np.max(busbw))
-            model = float(model_busbw[int(np.argmax(busbw))])
-        times = np.array([p.time_s for p in pts])
-        small = np.array([share[i] < LATENCY_SHARE for i in idx])
-        alpha, a_lo, a_hi = _median_ci(times[small], seed) if small.any() else (float(times.min()),) * 3
-        fits.append(TierFit(tier=tier, op=op, num_ranks=n, points=len(pts), alpha=_us(alpha),
-                            alpha_ci=[_us(a_lo), _us(a_hi)], busbw=_gbps(bw),
-                            busbw_ci=[_gbps(lo), _gbps(hi)], model_busbw=_gbps(model), plateau_points=int(bound.sum()),
-                            efficiency_before=_tier_efficiency(topology, tier), efficiency_after=after[tier],
-                            mape_pct=mape_pct(predicted[idx], times)))
-    return overrides, fits, notes
-
-
 def _collective_fits(points: Sequence[Point], predicted: np.ndarray, share: np.ndarray, uncalibrated: np.ndarray,
-                     *, monotone: bool, seed: int
+                     measured: Sequence[Point], *, monotone: bool, seed: int
                      ) -> tuple[dict[str, CollectiveCalibration], dict[str, CollectiveFit], list[str]]:
     cals: dict[str, CollectiveCalibration] = {}
     infos: dict[str, CollectiveFit] = {}
@@ -327,7 +236,8 @@ def _collective_fits(points: Sequence[Point], predicted: np.ndarray, share: np.n
         idx = [i for i, p in enumerate(points) if p.op == op]
         pts = [points[i] for i in idx]
         sizes = [p.nbytes for p in pts]
-        y = np.array([p.time_s for p in pts])
+        y = np.array([p.time_s for p in pts])  # the sweep's lower envelope (fitted)
+        raw = np.array([measured[i].time_s for i in idx])  # as measured (the errors)
         fit = fit_correction(sizes, predicted[idx], y, share[idx], [p.num_ranks for p in pts], monotone=monotone,
                              seed=seed)
         distinct = len(set(sizes))
@@ -345,8 +255,8 @@ def _collective_fits(points: Sequence[Point], predicted: np.ndarray, share: np.n
         cals[op] = cal
         infos[op] = CollectiveFit(points=len(pts), latency_ci=[_us(v) for v in fit.latency_ci],
                                   bandwidth_factor_ci=_interval(*fit.bandwidth_factor_ci),
-                                  mape_pct=mape_pct(calibrated, y),
-                                  mape_uncalibrated_pct=mape_pct(uncalibrated[idx], y))
+                                  mape_pct=mape_pct(calibrated, raw),
+                                  mape_uncalibrated_pct=mape_pct(uncalibrated[idx], raw))
     return cals, infos, notes
 
 
@@ -388,12 +298,12 @@ def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_n
         notes.append(mismatch)
     fit_on = lower_envelope(train)  # interference spikes out (points.lower_envelope); the errors use `train`
     uncal, share = predict_details(base, fit_on)
-    overrides, tiers, tier_notes = _tier_fits(base, fit_on, uncal, share, seed)
+    overrides, tiers, tier_notes = fit_tiers(base, fit_on, uncal, share, seed)
     tuned = build_cluster(topology, points, num_nodes=num_nodes, overrides=overrides) if overrides else base
     predicted, tuned_share = predict_details(tuned, fit_on)
     # Assumption: on a CPU host the achieved bandwidth may fall with size (caches); elsewhere it never does.
     monotone = (device_family(base.gpu.name) or ("",))[0] != "CPU"
-    collectives, infos, op_notes = _collective_fits(fit_on, predicted, tuned_share, uncal, monotone=monotone,
+    collectives, infos, op_notes = _collective_fits(fit_on, predicted, tuned_share, uncal, train, monotone=monotone,
                                                     seed=seed) if train else ({}, {}, [])
     notes += tier_notes + op_notes
     compute, compute_info = fit_compute(steps, base.gpu, seed=seed) if steps else (None, None)
@@ -404,7 +314,7 @@ def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_n
         "date": datetime.date.today().isoformat(), "tiers": tiers, "collectives": infos, "compute": compute_info,
         "method": "tiers: efficiency x median t_model / t_measured over the points where the model is bandwidth-"
                   f"bound (share >= {PLATEAU_SHARE}); collectives: t = latency + t_model / (bandwidth_factor x "
-                  "efficiency(S)) inside the measured sizes (knots <= sizes / 3, efficiency <= 1, the achieved rate "
+                  "efficiency(S)) inside the measured sizes (knots <= sizes / 2, efficiency <= 1, the achieved rate "
                   "<= the plateau and non-decreasing on GPU links), t = latency + t_model / above_range_factor above; "
                   f"95 % CIs: seeded bootstrap over points (seed {seed}); compute: cut 'single' only",
     }

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from simdist.calibrate.steps import StepMeasurement, write_step_measurements_csv
+from validation.machine import device_name, run_metadata
 from validation.mlp.cuts import DDP_BUCKET_BYTES, Cut, build_cut
 from validation.mlp.model import MLPConfig, reference_step
-from validation.spawn import device_name, doing, launch, partial_path, report, run_metadata
+from validation.spawn import doing, launch, partial_path, report
 
 __all__ = ["ALL_CUTS", "CheckResult", "StepConfig", "keep_partial", "run_steps"]
 
