@@ -10,6 +10,12 @@ from __future__ import annotations
 EXIT_USAGE = 2
 
 
+class SimdistWarning(UserWarning):
+    """Something a user should know about a result that is still given (a calibration used outside what it was
+    fitted on, too few points, ...). Raised with `warnings.warn`; the CLI prints ``warning: <one line>`` on
+    stderr, once per message."""
+
+
 class SimdistError(Exception):
     """Base class of errors caused by user input.
 

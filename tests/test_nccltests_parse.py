@@ -7,12 +7,13 @@ out-of-place columns are the mle_a100_node_nccltests rows of the reference CSV; 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from simdist.calibrate import Measurement, parse_nccltests_text, read_measurements, write_measurements_csv
-from simdist.calibrate.nccltests import op_from_binary
+from simdist.calibrate.nccltests import op_from_binary, op_from_row
 from simdist.errors import SimdistError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -193,3 +194,63 @@ def test_text_without_op_or_ranks_is_an_error():
 )
 def test_op_from_binary(name, op):
     assert op_from_binary(name) == op
+
+
+# --------------------------------------------------------------------------- recognised by content (issue 17)
+def _without(text: str, word: str) -> str:
+    return "\n".join(line for line in text.splitlines() if word not in line) + "\n"
+
+
+def test_a_log_under_any_name_is_read_by_its_content(tmp_path):
+    # The A100 sample with every mention of its binary removed (old nccl-tests print none), saved as node17.log.
+    log = tmp_path / "node17.log"
+    log.write_text(_without(AR_TEXT.read_text(), "all_reduce_perf"))
+    assert "all_reduce" not in log.read_text()
+    rows = read_measurements(log)
+    assert len(rows) == 40 and {(m.op, m.num_ranks, m.device) for m in rows} == {
+        ("all_reduce", 8, "NVIDIA A100-SXM4-80GB")}
+    assert [m.time_s for m in rows] == [m.time_s for m in read_measurements(AR_TEXT)]
+    # the -J file, its args gone, under a name that is neither .json nor a binary's
+    data = json.loads(AR_JSON.read_text())
+    data["args"] = []
+    blob = tmp_path / "results.out"
+    blob.write_text(json.dumps(data))
+    rows = read_measurements(blob)
+    assert len(rows) == 40 and {(m.op, m.device) for m in rows} == {("all_reduce", "NVIDIA A100-SXM4-80GB")}
+
+
+@pytest.mark.parametrize(("size", "count", "dtype", "redop", "root", "ranks", "alg", "bus", "ops"), [
+    # nccl-tests src/*.cu: count x element size = size for the whole-buffer tests, = size / ranks otherwise
+    (1048576, 262144, "float", "sum", "-1", 8, 10.29, 18.00, ("all_reduce",)),  # busbw / algbw = 2 x 7/8
+    (1048576, 262144, "float", "sum", "-1", 8, 10.00, 10.00, ("send_recv",)),  # busbw / algbw = 1
+    (1048576, 262144, "float", "sum", "-1", 2, 10.00, 10.00, ("all_reduce", "send_recv")),  # 2 ranks: both 1
+    (1048576, 262144, "float", "none", "0", 8, 10.0, 10.0, ("broadcast",)),
+    (1048576, 262144, "float", "sum", "0", 8, 10.0, 10.0, ("reduce",)),
+    (1048576, 32768, "float", "none", "-1", 8, 10.0, 8.75, ("all_gather", "all_to_all")),
+    (1048576, 32768, "float", "sum", "-1", 8, 10.0, 8.75, ("reduce_scatter",)),
+    (1048576, 32768, "float", "none", "0", 8, 10.0, 8.75, ("scatter", "gather")),
+    (1048576, 131072, "bfloat16", "sum", "-1", 4, 10.0, 15.0, ("reduce_scatter",)),  # 2-byte elements, 4 ranks
+    (1048576, 1000, "float", "sum", "-1", 8, 10.0, 10.0, ()),  # neither rule: cannot tell
+    (1048576, 262144, "float", "sum", "-1", 1, 10.0, 10.0, ()),  # one rank: whole = share
+])
+def test_the_op_of_a_row(size, count, dtype, redop, root, ranks, alg, bus, ops):
+    assert op_from_row(size, count, dtype, redop, root, ranks, alg, bus) == ops
+
+
+def test_rows_that_print_alike_need_the_test_line(tmp_path):
+    text = _without(AG_TEXT.read_text(), "all_gather_perf")  # all_gather rows read as all_to_all rows do
+    log = tmp_path / "node03.log"
+    log.write_text(text)
+    message = _error(read_measurements, log)
+    assert "all_gather or all_to_all" in message and "Collective test starting: all_gather_perf" in message
+    named = tmp_path / "all_gather_perf_node03.log"  # the name may break a tie the content leaves ...
+    named.write_text(text)
+    assert {m.op for m in read_measurements(named)} == {"all_gather"}
+    wrong = tmp_path / "broadcast_perf.log"  # ... but never overrules it
+    wrong.write_text(text)
+    assert "all_gather or all_to_all" in _error(read_measurements, wrong)
+
+
+def test_devices_are_read_from_the_rank_lines():
+    assert {m.device for m in read_measurements(AG_TEXT)} == {"NVIDIA H200"}
+    assert {m.device for m in read_measurements(AR_JSON)} == {"NVIDIA A100-SXM4-80GB"}

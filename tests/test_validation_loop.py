@@ -4,7 +4,7 @@ Tolerances, for a noisy shared 2-core CI machine (2 gloo ranks plus whatever els
 held-out sizes (every other size of 1K:1M:x2, 30 points) must be predicted by the calibration fitted on the
 others with a *median* absolute error below 40 % and at most half the uncalibrated preset's median error (the
 preset's 20 us / 2 GB/s priors describe an idle host; measured here: ~150-300 us latency, calibrated medians
-of 5-15 %). Mean errors (MAPE) are not asserted tightly: single sizes hit scheduler stalls of ~4 ms (a CFS
+of 10-25 %). Mean errors (MAPE) are not asserted tightly: single sizes hit scheduler stalls of ~4 ms (a CFS
 time slice) in some runs, a 10-20x outlier no alpha-beta model predicts; the MAPE must only stay below 150 %.
 The MLP gradient checks must pass at 1e-5 relative (fp32, other summation order: ~1e-7).
 """

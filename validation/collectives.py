@@ -10,9 +10,10 @@ Usage (spawns the ranks itself, or runs under torchrun when launched by it)::
 Ops (simdist names): broadcast, reduce, all_gather (``all_gather_into_tensor``, ``all_gather_single`` since
 torch 2.13), reduce_scatter (``reduce_scatter_tensor`` / ``reduce_scatter_single``), all_reduce, all_to_all
 (``all_to_all_single``), send_recv (each rank sends to rank+1 and receives from rank-1 at once, nccl-tests
-sendrecv_perf), barrier (measured once, 0 bytes),
-scatter, gather; gloo in torch 2.13 offers all of them. Sizes use nccl-tests syntax (``8:8G:x2``,
-``1M:4M:+1M``, ``1M,64M``; simdist.units.parse_size_list) and its conventions
+sendrecv_perf), scatter, gather, and barrier (measured once, 0 bytes; only when ``--ops`` names it: it has no
+size, so `simdist calibrate` skips it); gloo in torch 2.13 offers all of them. ``--ops all`` (the default) is
+every sized op, so the default output calibrates as it is (``simdist calibrate m.csv --topology cpu-loopback``).
+Sizes use nccl-tests syntax (``8:8G:x2``, ``1M:4M:+1M``, ``1M,64M``; simdist.units.parse_size_list) and its conventions
 (simdist.collectives.ops): the size is the full buffer for all_reduce / broadcast / reduce, the full
 output for all_gather, the full input for reduce_scatter, the root's full buffer for scatter / gather,
 what each rank sends in total for all_to_all. Elements are fp32; as nccl-tests does, a size is rounded
@@ -24,7 +25,15 @@ closed by ``torch.cuda.synchronize()``. The per-rank times are reduced by two al
 over ranks) per size; ``time_s`` in the CSV is the median over iterations of the per-iteration maximum,
 algbw = size / time_s and busbw = algbw x the op's nccl-tests factor. ``--samples`` keeps every
 iteration (max and mean over ranks). Both files open with ``# key: value`` metadata lines (command,
-torch / NCCL versions, backend, CPU or GPU model, host count, ``nvidia-smi topo -m``).
+torch / NCCL versions, backend, CPU or GPU model, host count, ``nvidia-smi topo -m``); each row names the
+device it ran on (``device``: the GPU, or the CPU model on gloo), which `simdist calibrate` compares with the
+topology's GPU.
+
+Faults (validation.spawn): a rank that raises, dies or stays stopped ends the run within seconds, and the
+killed ``python -m validation.collectives`` process itself takes its ranks with it; the one-line message
+names the rank and what it was doing (op, size, iteration), and the sizes measured so far are kept in
+``OUT.partial.csv`` (``coll.csv`` -> ``coll.partial.csv``; ``--out`` itself is only ever written whole).
+Each finished size is printed as it completes.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
+import os
 import shlex
 import statistics
 import sys
@@ -43,13 +54,18 @@ from typing import Any
 
 from simdist.calibrate.measurements import Measurement, _metadata_lines, write_measurements_csv, write_text_atomic
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
+from simdist.errors import SimdistError
 from simdist.units import parse_size_list
-from validation.spawn import HarnessError, cli_guard, launch, run_metadata
+from validation.machine import device_name, run_metadata
+from validation.spawn import HarnessError, cli_guard, doing, launch, partial_path, report
 
-__all__ = ["BENCH_OPS", "BenchConfig", "Sample", "benchmark", "main"]
+__all__ = ["BENCH_OPS", "DEFAULT_OPS", "BenchConfig", "Sample", "benchmark", "host_memory_bytes", "keep_partial",
+           "main", "parse_sizes"]
 
 BENCH_OPS: tuple[str, ...] = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
                               "send_recv", "barrier", "scatter", "gather")
+DEFAULT_OPS: tuple[str, ...] = tuple(op for op in BENCH_OPS if op != "barrier")
+"""``--ops all``: every op with a size (barrier has none to fit a bandwidth to)."""
 _SEGMENTED = ("all_gather", "reduce_scatter", "all_to_all", "scatter", "gather")
 _ELEMENT_BYTES = 4  # fp32
 
@@ -76,16 +92,50 @@ class Sample:
     time_mean_s: float
 
 
-def benchmark(config: BenchConfig, world_size: int, *, timeout_s: float | None = None
+def benchmark(config: BenchConfig, world_size: int, *, timeout_s: float | None = None,
+              partial: str | Path | None = None, progress: bool = False
               ) -> tuple[list[Measurement], list[Sample], dict[str, str]]:
     """Run the sweep on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's rows, samples, metadata.
 
     ``timeout_s``: seconds before every rank is stopped (`HarnessError`); default 600 s plus 2 s per timed or
-    warm-up iteration of the sweep.
+    warm-up iteration of the sweep. A failed run's `HarnessError` carries the sizes finished so far (``items``,
+    see `keep_partial`); ``partial``: where rank 0 keeps them itself if this process dies. ``progress``: print
+    each finished size.
     """
     if timeout_s is None:
         timeout_s = 600.0 + 2.0 * len(config.sizes) * len(config.ops) * (config.warmup + config.iters)
-    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,), timeout_s=timeout_s)
+    salvage = (_salvage, (str(partial),)) if partial is not None else None
+    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,), timeout_s=timeout_s,
+                  on_item=_print_item if progress else None, salvage=salvage)
+
+
+def _print_item(item: Any) -> None:
+    if item[0] == "row":
+        m = item[1]
+        print(f"{m.op:15s} {m.nbytes:>12d} B on {m.num_ranks} ranks: {m.time_s * 1e6:12.1f} us, "
+              f"busbw {m.busbw_Bps / 1e9:8.3f} GB/s", flush=True)
+
+
+def _unpack(items: list[Any]) -> tuple[list[Measurement], list[Sample], dict[str, str]]:
+    rows = [it[1] for it in items if it[0] == "row"]
+    samples = [s for it in items if it[0] == "row" for s in it[2]]
+    meta = next((dict(it[1]) for it in items if it[0] == "meta"), {})
+    return rows, samples, meta
+
+
+def keep_partial(items: list[Any], reason: str, out: str | Path) -> str:
+    """Write the measurements a failed run finished (`benchmark`'s ``items``) to ``partial_path(out)``, its
+    ``# incomplete:`` line saying why; returns a note for the error message."""
+    rows, _, meta = _unpack(items)
+    if not rows:
+        return "no size had finished"
+    path = partial_path(out)
+    write_measurements_csv(rows, path, metadata={**meta, "incomplete": reason})
+    return f"the {len(rows)} measurement(s) finished so far are in {path}"
+
+
+def _salvage(items: list[Any], reason: str, out: str) -> str:
+    return keep_partial(items, reason, out)
 
 
 def element_count(op: str, nbytes: int, world_size: int) -> int:
@@ -160,26 +210,35 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
 
     rows: list[Measurement] = []
     samples: list[Sample] = []
+    doing("collecting the run's metadata")
     meta = run_metadata(config.backend, world_size, config.command) if rank == 0 else {}
     hosts = int(meta.get("host_count", "1")) if rank == 0 else 1
+    device_label = device_name(config.backend) if rank == 0 else ""
+    if rank == 0:
+        report(("meta", meta))
     for op in config.ops:
         if op == "send_recv" and world_size < 2:
             continue
         sizes = (0,) if op == "barrier" else tuple(dict.fromkeys(
             element_count(op, s, world_size) * _ELEMENT_BYTES for s in config.sizes))
         for nbytes in sizes:
+            what = f"{op} of {nbytes} B"
+            doing(f"allocating the buffers of {what}")
             run = _make_op(op, max(1, nbytes // _ELEMENT_BYTES), rank, world_size, device)
-            for _ in range(config.warmup):
+            for i in range(config.warmup):
+                doing(f"running {what}, warm-up iteration {i + 1} of {config.warmup}")
                 run()
             sync()
             times: list[float] = []
-            for _ in range(config.iters):
+            for i in range(config.iters):
+                doing(f"running {what}, timed iteration {i + 1} of {config.iters}")
                 sync()
                 dist.barrier()
                 start = time.perf_counter()
                 run()
                 sync()
                 times.append(time.perf_counter() - start)
+            doing(f"reducing the timings of {what} over the ranks")
             # Per-rank times reduced over ranks (nccl-tests reports the max over ranks by default).
             t_max = torch.tensor(times, dtype=torch.float64, device=device)
             t_sum = t_max.clone()
@@ -190,13 +249,16 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
             maxima, means = t_max.cpu().tolist(), (t_sum / world_size).cpu().tolist()
             # Assumption: the median of per-iteration maxima is robust to the scheduler spikes of a shared host.
             time_s = statistics.median(maxima)
-            rows.append(Measurement(
+            row = Measurement(
                 op=op, nbytes=nbytes, num_ranks=world_size, time_s=time_s, algbw_Bps=algbw_Bps(nbytes, time_s),
                 busbw_Bps=busbw_Bps(op, world_size, nbytes, time_s), source="validation.collectives",
                 dtype="float32", algorithm=None, in_place=False, num_nodes=hosts,
-                label=f"{config.backend} median of {config.iters}", nccl_version=meta.get("nccl_version")))
-            samples += [Sample(op, nbytes, world_size, i, a, b) for i, (a, b) in enumerate(zip(maxima, means,
-                                                                                             strict=True))]
+                label=f"{config.backend} median of {config.iters}", nccl_version=meta.get("nccl_version"),
+                device=device_label)
+            mine = [Sample(op, nbytes, world_size, i, a, b) for i, (a, b) in enumerate(zip(maxima, means, strict=True))]
+            rows.append(row)
+            samples += mine
+            report(("row", row, mine))
     return rows, samples, meta
 
 
@@ -216,7 +278,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--bytes", default="1K:1M:x4", help="nccl-tests sizes: 8:8G:x2, 1M:4M:+1M or 1M,64M")
-    parser.add_argument("--ops", default="all", help=f"comma list of {','.join(BENCH_OPS)} (or all)")
+    parser.add_argument("--ops", default="all",
+                        help=f"comma list of {','.join(BENCH_OPS)} (default all: every op but barrier)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="collectives.csv")
@@ -226,28 +289,73 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def parse_sizes(text: str, flag: str = "--bytes") -> tuple[int, ...]:
+    """nccl-tests sizes of a flag as whole bytes; a bad value is one `HarnessError` line (exit 2)."""
+    try:
+        sizes = tuple(int(s) for s in parse_size_list(text))
+    except SimdistError as exc:
+        raise HarnessError(f"{flag}: {exc}") from None
+    except (ValueError, OverflowError):
+        raise HarnessError(f"{flag} '{text}' is not a size list (fix: e.g. 1K:16M:x4, 1M:4M:+1M or 1M,64M)") from None
+    if not sizes or min(sizes) < 1:
+        raise HarnessError(f"{flag} '{text}': every size must be at least 1 byte (fix: e.g. 1K:16M:x4)")
+    return sizes
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(sizes: tuple[int, ...], ranks: int, backend: str) -> None:
+    """Refuse a gloo sweep whose buffers cannot fit this host's memory (before spawning anything)."""
+    memory = host_memory_bytes()
+    if backend != "gloo" or memory is None:
+        return
+    # Assumption: the widest op holds about three buffers of the size per rank (all_to_all: in and out;
+    # scatter's root: the chunks, the input and the output).
+    need = 3 * max(sizes) * ranks
+    if need > memory // 2:
+        raise HarnessError(f"--bytes up to {max(sizes)} B on {ranks} gloo ranks needs ~{need / 2**30:.1f} GiB of "
+                           f"buffers, more than half of this host's {memory / 2**30:.1f} GiB "
+                           f"(fix: lower the largest size or --ranks)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    ops = BENCH_OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    ops = DEFAULT_OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
     unknown = [o for o in ops if o not in BENCH_OPS]
-    if unknown:
-        raise HarnessError(f"--ops: unknown op(s) {', '.join(unknown)} (fix: use {','.join(BENCH_OPS)} or all)")
+    if unknown or not ops:
+        raise HarnessError(f"--ops: unknown op(s) {', '.join(unknown) or '(none)'} "
+                           f"(fix: use {','.join(BENCH_OPS)} or all)")
     if args.warmup < 0 or args.iters < 1:
         raise HarnessError("--warmup must be >= 0 and --iters >= 1")
-    if args.timeout is not None and args.timeout <= 0:
-        raise HarnessError(f"--timeout must be positive, got {args.timeout:g}")
-    sizes = tuple(int(s) for s in parse_size_list(args.bytes))
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise HarnessError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.ranks < 1:
+        raise HarnessError(f"--ranks must be at least 1, got {args.ranks}")
+    sizes = parse_sizes(args.bytes)
+    _check_memory(sizes, args.ranks, args.backend)
+    out = Path(args.out)
+    if out.is_dir():
+        raise HarnessError(f"--out {out} is a folder (fix: name a file, e.g. {out / 'collectives.csv'})")
     command = "python -m validation.collectives " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = BenchConfig(ops=ops, sizes=sizes, warmup=args.warmup, iters=args.iters, backend=args.backend,
                          command=command)
-    result = benchmark(config, args.ranks, timeout_s=args.timeout)
+    try:
+        result = benchmark(config, args.ranks, timeout_s=args.timeout, partial=out, progress=True)
+    except HarnessError as exc:
+        raise HarnessError(f"{exc}; {keep_partial(exc.items, str(exc), out)}") from None
     if result is None or not result[2]:
         return 0  # a torchrun rank other than 0: rank 0 writes the files
     rows, samples, meta = result
-    write_measurements_csv(rows, args.out, metadata=meta)
+    write_measurements_csv(rows, out, metadata=meta)
     if args.samples:
         write_samples_csv(samples, args.samples, meta)
-    print(f"wrote {len(rows)} measurements to {args.out}" + (f", samples to {args.samples}" if args.samples else ""))
+    print(f"wrote {len(rows)} measurements to {out}" + (f", samples to {args.samples}" if args.samples else ""))
     return 0
 
 

@@ -46,7 +46,7 @@ from simdist.calibrate.measurements import Measurement, write_measurements_csv, 
 from simdist.calibrate.steps import StepMeasurement, write_step_measurements_csv
 from simdist.hardware.presets import topology_document
 from simdist.units import parse_size_list
-from validation.collectives import BENCH_OPS, BenchConfig, benchmark
+from validation.collectives import BENCH_OPS, BenchConfig, benchmark, parse_sizes
 from validation.mlp.harness import ALL_CUTS, CheckResult, StepConfig, run_steps
 from validation.mlp.model import MLPConfig
 from validation.spawn import HarnessError, cli_guard
@@ -95,8 +95,13 @@ class Outcome:
     checks_ok: bool
 
 
-def measure(config: LoopConfig) -> Measured:
-    """Run the collective sweep and the MLP cuts on every rank count of ``config`` (spawned gloo/NCCL ranks)."""
+def measure(config: LoopConfig, partial_dir: Path | None = None) -> Measured:
+    """Run the collective sweep and the MLP cuts on every rank count of ``config`` (spawned gloo/NCCL ranks).
+
+    A failed run raises `HarnessError`; with ``partial_dir``, what was measured before it (earlier rank counts
+    and the sizes or cuts the failed run finished) is first kept in ``collectives.partial.csv`` and
+    ``steps.partial.csv`` there (validation.spawn.partial_path).
+    """
     rows: list[Measurement] = []
     steps: list[StepMeasurement] = []
     checks: list[tuple[int, CheckResult]] = []
@@ -105,16 +110,42 @@ def measure(config: LoopConfig) -> Measured:
                         backend=config.backend, command=config.command)
     step_config = StepConfig(mlp=config.mlp, cuts=ALL_CUTS, backend=config.backend, warmup=config.mlp_warmup,
                              iters=config.mlp_iters, num_microbatches=0, check=True, command=config.command)
+    coll_out = partial_dir / "collectives.csv" if partial_dir is not None else None
+    steps_out = partial_dir / "steps.csv" if partial_dir is not None else None
     for n in config.ranks:
-        got, _, run_meta = benchmark(bench, n, timeout_s=config.timeout_s)
+        try:
+            got, _, run_meta = benchmark(bench, n, timeout_s=config.timeout_s, partial=coll_out)
+        except HarnessError as exc:
+            raise _kept(exc, rows, steps, meta, coll_out, steps_out, coll_items=exc.items) from None
         rows += got
+        meta = meta or dict(run_meta)
         micro = min(config.mlp.batch, 2 * n)  # as python -m validation.mlp: 2 micro-batches per stage
-        cut_rows, cut_checks, _ = run_steps(_with_micro(step_config, micro), n, timeout_s=config.timeout_s)
+        try:
+            cut_rows, cut_checks, _ = run_steps(_with_micro(step_config, micro), n, timeout_s=config.timeout_s,
+                                                partial=steps_out)
+        except HarnessError as exc:
+            raise _kept(exc, rows, steps, meta, coll_out, steps_out, step_items=exc.items) from None
         steps += cut_rows
         checks += [(n, c) for c in cut_checks]
-        meta = meta or dict(run_meta)
     meta.update(world_size=",".join(map(str, config.ranks)), command=config.command)
     return Measured(tuple(rows), tuple(steps), tuple(checks), meta)
+
+
+def _kept(exc: HarnessError, rows: list[Measurement], steps: list[StepMeasurement], meta: dict[str, str],
+          coll_out: Path | None, steps_out: Path | None, *, coll_items: Sequence[Any] = (),
+          step_items: Sequence[Any] = ()) -> HarnessError:
+    """The failure, with the measurements taken before it kept beside the outputs (when a folder is given)."""
+    from validation.collectives import keep_partial as keep_collectives
+    from validation.mlp.harness import keep_partial as keep_steps
+
+    if coll_out is None or steps_out is None:
+        return exc
+    coll_out.parent.mkdir(parents=True, exist_ok=True)
+    head = [("meta", meta)] if meta else []
+    notes = [keep_collectives([*head, *(("row", r, []) for r in rows), *coll_items], str(exc), coll_out)]
+    if steps or step_items:
+        notes.append(keep_steps([*head, *(("row", s) for s in steps), *step_items], str(exc), steps_out))
+    return HarnessError(f"{exc}; {'; '.join(notes)}")
 
 
 def _with_micro(config: StepConfig, micro: int) -> StepConfig:
@@ -218,6 +249,8 @@ def report_markdown(measured: Measured, validations: dict[str, dict[str, Any]], 
         out += [f"| **all** | **{_pct(cal['all'])}** | **{_pct(unc['all'])}** | "
                 f"**{_pct(median_abs_error(doc['rows']))}** | "
                 f"**{_pct(median_abs_error(doc['rows'], 'uncalibrated_error_pct'))}** |", ""]
+        if doc.get("warnings"):
+            out += ["Warnings of `simdist validate`:", "", *(f"- {w}" for w in doc["warnings"]), ""]
     out += ["## Compute (MLP `single` cut)", "",
             f"gemm_peak_efficiency {compute.get('gemm_peak_efficiency', 'n/a')} "
             f"(95 % CI {compute_fit.get('gemm_peak_efficiency_ci', 'n/a')}), launch overhead "
@@ -241,9 +274,10 @@ def report_markdown(measured: Measured, validations: dict[str, dict[str, Any]], 
     if cores and max(config.ranks) > cores:
         out += ["", f"**Ranks outnumber cores** ({max(config.ranks)} ranks on {cores} cores): a collective step "
                 "waits until its peer is scheduled, so times at those rank counts are scheduler time slices "
-                "(milliseconds) rather than loopback latency and bandwidth; the calibration (one latency and "
-                "bandwidth factor per op over all rank counts) cannot represent that, and the errors at those "
-                "rank counts, and of the rank-count hold-out, say so."]
+                "(milliseconds) rather than loopback latency and bandwidth. The calibration fits a latency per op "
+                "and rank count, but one bandwidth shape per op over all rank counts, and a rank count it has not "
+                "measured takes the op's latency: the errors at those rank counts, and of the rank-count hold-out, "
+                "say so."]
     return "\n".join(out) + "\n"
 
 
@@ -281,13 +315,14 @@ def config_from_args(args: argparse.Namespace, command: str) -> LoopConfig:
         raise HarnessError(f"--ranks {max(ranks)} exceeds the {gpn} ranks of the cpu-loopback preset "
                            f"(fix: use at most {gpn} ranks)")
     iters = args.iters if args.iters is not None else (5 if args.quick else 20)
-    if iters < 1 or args.timeout <= 0:
-        raise HarnessError("--iters must be >= 1 and --timeout positive")
+    if iters < 1 or not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise HarnessError(f"--iters must be >= 1 and --timeout a positive number of seconds, got {iters} and "
+                           f"{args.timeout:g}")
     sizes = args.bytes or ("1K:1M:x4" if args.quick else "1K:16M:x4")
     mlp = MLPConfig(num_layers=4, width=256, batch=32) if args.quick else MLPConfig(num_layers=4, width=1024,
                                                                                     batch=128)
     return LoopConfig(ranks=ranks, backend=args.backend, topology=args.topology, ops=ops,
-                      sizes=tuple(int(s) for s in parse_size_list(sizes)), warmup=2 if args.quick else 5,
+                      sizes=parse_sizes(sizes), warmup=2 if args.quick else 5,
                       iters=iters, mlp=mlp, mlp_warmup=1 if args.quick else 2, mlp_iters=3 if args.quick else 10,
                       timeout_s=args.timeout, command=command)
 
@@ -301,13 +336,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise HarnessError(f"--out-dir {out_dir} is a file (fix: name a folder)")
     print(f"measuring {len(config.ops)} collectives x {len(config.sizes)} sizes and the MLP cuts on "
           f"{', '.join(map(str, config.ranks))} {config.backend} ranks ...", flush=True)
-    measured = measure(config)
+    measured = measure(config, partial_dir=out_dir)
     outcome = fit_and_report(measured, out_dir, config)
     for holdout, doc in outcome.validations.items():
         print(f"held out: {holdout} ({doc['predicted_points']} points predicted from {doc['fit_points']})")
         print("\n".join(mape_lines(doc)))
         print(f"  {'all ops':16s} median |error| {_pct(median_abs_error(doc['rows'])):>9}   uncalibrated "
               f"{_pct(median_abs_error(doc['rows'], 'uncalibrated_error_pct')):>9}")
+    for line in dict.fromkeys(w for doc in outcome.validations.values() for w in doc.get("warnings", [])):
+        print(f"warning: {line}", file=sys.stderr)  # what simdist validate could not vouch for (validation.md too)
     failed = [f"{c.cut} on {n} ranks" for n, c in measured.checks if c.grad_rel_err > GRAD_TOLERANCE]
     print(f"MLP gradient checks: {len(measured.checks) - len(failed)} of {len(measured.checks)} passed")
     print("wrote " + ", ".join(str(p) for p in outcome.files.values()))

@@ -10,35 +10,65 @@ rank and returns what rank 0 returned. Two ways in:
   process joins the group and ``launch`` returns this rank's own result (``world_size`` must match).
 
 On the NCCL path every process binds to GPU ``LOCAL_RANK`` (``torch.cuda.set_device``) before the group
-starts. A child that raises, dies or outlives ``timeout_s`` ends the run: every child is terminated
-(then killed) and `HarnessError` carries one line naming the rank and the cause. Collectives that never
-complete time out through the process group's own ``timeout`` (``init_timeout_s``), so no rank hangs.
+starts.
+
+Faults never hang a spawned run, and every message names the rank and what it was doing (`doing`):
+
+- a rank that raises, dies (a signal, ``os._exit``) or stays stopped (SIGSTOP/SIGTSTP) for
+  `STOPPED_GRACE_S`, or a run that outlives ``timeout_s``, ends the run: every child is terminated (then
+  killed) and `HarnessError` carries one line naming the rank, how it failed and what it was doing; a rank
+  whose collective failed because a peer died or stopped is not blamed, the peer is. Collectives that never
+  complete also time out through the process group's own ``timeout`` (``init_timeout_s``).
+- the ranks are tied to this process: each child watches its parent (the ``multiprocessing`` parent
+  sentinel, a pipe that reads EOF when the parent dies, however it dies) from a watchdog thread and exits
+  with one ``error: rank R: ...`` line when it goes. On Linux ``prctl(PR_SET_PDEATHSIG, SIGCONT)`` makes the
+  kernel resume a rank that was stopped when the parent died, so that its watchdog runs too (a SIGKILLed
+  ``python -m validation.collectives`` leaves no orphan, stopped or not).
+- results so far are kept: rank 0 hands each finished result to the parent as it goes (`report`); the
+  `HarnessError` of a failed run carries them (``items``), and when the parent itself dies, rank 0's
+  watchdog calls the ``salvage`` function given to `launch` with them, so the harness CLIs write what was
+  measured to a ``*.partial.csv`` file (see `partial_path`) instead of losing it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import math
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-__all__ = ["HarnessError", "cli_guard", "cpu_model", "device_name", "free_port", "is_torchrun", "launch",
-           "run_metadata"]
+from validation.supervise import REPORTED_EXIT, STOPPED_GRACE_S, Watch, blame, check, read_activity, reap
+
+__all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "cli_guard", "doing", "free_port", "is_torchrun",
+           "launch", "partial_path", "report"]
 
 BACKENDS = ("gloo", "nccl")
+MAX_SPAWNED_RANKS = 64
+"""Most ranks `launch` spawns on one host (a bound on the processes one command line can start)."""
+_ACTIVITY_BYTES = 240
+_PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15  # linux/prctl.h
 
 
 class HarnessError(RuntimeError):
-    """A failed harness run, as one line (a rank that raised, died or hung; bad arguments)."""
+    """A failed harness run, as one line (a rank that raised, died, stopped or hung; bad arguments).
 
-    def __init__(self, message: str) -> None:
+    ``items``: what rank 0 handed over with `report` before the failure (results so far), in order.
+    """
+
+    def __init__(self, message: str, items: list[Any] | None = None) -> None:
         super().__init__(" ".join(message.split()))
+        self.items: list[Any] = list(items or [])
 
 
 def free_port() -> int:
@@ -53,6 +83,74 @@ def is_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def partial_path(out: str | Path) -> Path:
+    """Where a failed run keeps its results so far: ``m.csv`` -> ``m.partial.csv`` (never the target itself)."""
+    p = Path(out)
+    return p.with_name(f"{p.stem}.partial{p.suffix or '.csv'}")
+
+
+# --------------------------------------------------------------------------- inside a rank
+class _RankState:
+    """What this process knows about itself as a spawned rank (module state of the child; None in a parent)."""
+
+    rank: ClassVar[int | None] = None
+    activity: ClassVar[Any] = None  # a shared ctypes char array the parent reads
+    results: ClassVar[Any] = None  # the queue to the parent
+    items: ClassVar[list[Any]] = []
+
+
+def doing(what: str) -> None:
+    """Record what this rank is doing now, as a phrase that follows "while": "running all_reduce of 1048576 B,
+    timed iteration 3 of 20"; failure messages name it. Cheap (a copy into shared memory); a no-op outside a
+    spawned rank."""
+    slot = _RankState.activity
+    if slot is not None:
+        slot.value = what.encode("utf-8", "replace")[: _ACTIVITY_BYTES - 1]
+
+
+def report(item: Any) -> None:
+    """Hand one finished result to the parent now (rank 0 only is kept): it survives a later failure."""
+    _RankState.items.append(item)
+    if _RankState.results is not None and _RankState.rank == 0:
+        _RankState.results.put((0, "item", item))
+
+
+def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+    """Exit with one line when the parent dies (see the module doc); resume if stopped at that moment."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+            libc.prctl(_PR_SET_NAME, f"simdist-rank{rank}".encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - not glibc: the watchdog alone
+            pass
+    parent = mp.parent_process()
+    parent_pid = os.getppid()
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        if parent is not None and parent.sentinel is not None:
+            wait([parent.sentinel])
+        else:  # pragma: no cover - multiprocessing always gives a sentinel on POSIX
+            while os.getppid() == parent_pid:
+                time.sleep(0.2)
+        what = read_activity(_RankState.activity) if _RankState.activity is not None else "running"
+        message = f"error: rank {rank}: the harness process (pid {parent_pid}) died while this rank was {what}"
+        if salvage is not None and rank == 0:
+            reason = f"the harness process died while rank 0 was {what}"
+            try:
+                message += f"; {salvage[0](list(_RankState.items), reason, *salvage[1])}"
+            except Exception as exc:  # a failed salvage must not keep the orphan alive
+                message += f"; results so far lost ({type(exc).__name__}: {exc})"
+        message += f"; rank {rank} exits"
+        print(" ".join(message.split()), file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="simdist-parent-watchdog", daemon=True).start()
+
+
+# --------------------------------------------------------------------------- the parent
 def launch(
     fn: Callable[..., Any],
     *,
@@ -61,12 +159,20 @@ def launch(
     args: tuple[Any, ...] = (),
     timeout_s: float = 300.0,
     init_timeout_s: float = 60.0,
+    on_item: Callable[[Any], None] | None = None,
+    salvage: tuple[Callable[..., str], tuple[Any, ...]] | None = None,
 ) -> Any:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return rank 0's result (see module doc)."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return rank 0's result (see module doc).
+
+    ``on_item(item)`` is called in this process for each item rank 0 `report`s; ``salvage = (fn, args)``:
+    ``fn(items, reason, *args) -> note`` runs in rank 0 if this process dies mid-run (module doc).
+    """
     if backend not in BACKENDS:
         raise HarnessError(f"unknown backend '{backend}' (fix: use one of {', '.join(BACKENDS)})")
     if world_size < 1:
         raise HarnessError(f"--ranks must be at least 1, got {world_size}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise HarnessError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
     if is_torchrun():
         launched = int(os.environ["WORLD_SIZE"])
         if launched != world_size:
@@ -77,9 +183,12 @@ def launch(
             return fn(rank, world_size, *args)
         finally:
             _destroy()
+    if world_size > MAX_SPAWNED_RANKS:
+        raise HarnessError(f"--ranks {world_size} exceeds the {MAX_SPAWNED_RANKS} ranks one host may spawn "
+                           f"(fix: use at most {MAX_SPAWNED_RANKS}, or torchrun across hosts)")
     if backend == "nccl":
         _check_gpus(world_size)
-    return _spawn(fn, world_size, backend, args, timeout_s, init_timeout_s)
+    return _spawn(fn, world_size, backend, args, timeout_s, init_timeout_s, on_item, salvage)
 
 
 def cli_guard(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
@@ -129,7 +238,11 @@ def _destroy() -> None:
 
 
 def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, args: tuple[Any, ...],
-           port: int, init_timeout_s: float, results: Any) -> None:
+           port: int, init_timeout_s: float, results: Any, activity: Any,
+           salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+    _RankState.rank, _RankState.activity, _RankState.results, _RankState.items = rank, activity, results, []
+    doing("starting (init_process_group)")
+    _tie_to_parent(rank, salvage)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     try:
@@ -138,7 +251,9 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, arg
         # Assumption: N ranks share this host's cores; one intra-op thread each avoids oversubscription.
         torch.set_num_threads(1)
         _init(backend, rank, world_size, init_timeout_s)
+        doing(f"running {getattr(fn, '__name__', 'the harness')}")
         value = fn(rank, world_size, *args)
+        doing("finishing (destroy_process_group)")
         results.put((rank, "ok", value if rank == 0 else None))
         _destroy()
     except BaseException as exc:  # report every failure (even SystemExit) to the parent as one line
@@ -148,120 +263,49 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, arg
         results.close()
         results.join_thread()  # flush the queue's feeder thread before the hard exit
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(REPORTED_EXIT)
 
 
 def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[Any, ...],
-           timeout_s: float, init_timeout_s: float) -> Any:
+           timeout_s: float, init_timeout_s: float, on_item: Callable[[Any], None] | None,
+           salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> Any:
     import torch.distributed  # noqa: F401 - imported once here, forked children inherit it (seconds saved per rank)
 
     ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, port, init_timeout_s, results),
-                         name=f"simdist-rank{r}", daemon=True) for r in range(world_size)]
+    activity = [ctx.Array("c", _ACTIVITY_BYTES, lock=False) for _ in range(world_size)]
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, port, init_timeout_s, results,
+                                              activity[r], salvage), name=f"simdist-rank{r}", daemon=True)
+             for r in range(world_size)]
     for p in procs:
         p.start()
+    watch = Watch(procs, activity)
     deadline = time.monotonic() + timeout_s
     done: dict[int, Any] = {}
+    items: list[Any] = []
     failure: str | None = None
     try:
         while len(done) < world_size and failure is None:
             try:
-                rank, status, value = results.get(timeout=0.05)
+                rank, status, value = results.get(timeout=0.1)
             except queue.Empty:
-                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-                if dead:
-                    try:  # a child that raised has queued its message just before exiting: read it
-                        rank, status, value = results.get(timeout=0.5)
-                    except queue.Empty:
-                        r, code = dead[0]
-                        failure = f"rank {r} died with exit code {code}"
-                        break
-                elif time.monotonic() > deadline:
-                    late = [r for r in range(world_size) if r not in done]
-                    failure = (f"timed out after {timeout_s:g} s waiting for rank(s) {', '.join(map(str, late))}; "
-                               f"every process was terminated")
-                    break
-                else:
-                    continue
-            if status == "error":
-                failure = f"rank {rank} failed: {value}"
+                failure = check(watch, done, deadline, timeout_s, results, items, on_item)
+                continue
+            if status == "item":
+                items.append(value)
+                if on_item is not None:
+                    on_item(value)
+            elif status == "error":
+                failure = blame(watch, done, rank, value)
             else:
                 done[rank] = value
         if failure is None:
             for p in procs:
                 p.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        _reap(procs)
+        reap(procs)
         results.close()
     if failure is not None:
-        raise HarnessError(failure)
+        raise HarnessError(failure, items)
     return done[0]
-
-
-def _reap(procs: list[Any]) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=2.0)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=2.0)
-
-
-def run_metadata(backend: str, world_size: int, command: str) -> dict[str, str]:
-    """What a measurement CSV records about its run (call on a rank, after the group started)."""
-    import platform
-    import shutil
-    import subprocess
-
-    import torch
-
-    meta = {"command": command, "torch_version": torch.__version__, "backend": backend,
-            "world_size": str(world_size), "python": platform.python_version(),
-            "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    meta["host_count"] = str(max(1, world_size // max(1, local)))
-    meta["launcher"] = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "validation.spawn"
-    meta["cpu_model"] = cpu_model()
-    meta["cpu_count"] = str(os.cpu_count())
-    if hasattr(os, "getloadavg"):  # other work on the host skews CPU timings: record how busy it was
-        meta["load_average_1m"] = f"{os.getloadavg()[0]:.2f}"
-    if torch.cuda.is_available():
-        meta["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
-        meta["cuda_version"] = str(torch.version.cuda)
-        nccl = torch.cuda.nccl.version()
-        meta["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-    if shutil.which("nvidia-smi"):
-        try:
-            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
-            if topo.returncode == 0 and topo.stdout.strip():
-                meta["nvidia_smi_topo_m"] = topo.stdout.rstrip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return meta
-
-
-def device_name(backend: str) -> str:
-    """The GPU name on the NCCL path, else the CPU model."""
-    import torch
-
-    if backend == "nccl" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.cuda.current_device())
-    return cpu_model()
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"

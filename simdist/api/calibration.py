@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import SpecError
+from simdist.errors import SimdistWarning, SpecError
 from simdist.hardware import Topology
 from simdist.hardware.presets import topology_document
 from simdist.spec.load import read_yaml
@@ -16,15 +18,42 @@ HOLDOUT_HELP = "sizes (every other size of each sweep), large (the largest third
 
 
 def _cluster_calibration(calibration: str | Path | None, cluster: str | Path, *, field: str = "--cluster") -> Any:
-    """The calibration file loaded and checked against the cluster's topology name (None: no calibration)."""
+    """The calibration file loaded and checked against the cluster's topology name (an error) and GPU (a
+    `SimdistWarning` naming both); None: no calibration."""
     if calibration is None:
         return None
     from simdist.calibrate.calibration import load_calibration
 
     cal = load_calibration(calibration)
-    name = topology_document(cluster).data.get("name", str(cluster))
-    cal.check_topology(str(name), field=field)
+    data = topology_document(cluster).data
+    cal.check_topology(str(data.get("name", str(cluster))), field=field, gpu=_gpu_of(data))
     return cal
+
+
+def _gpu_of(topology_data: dict[str, Any]) -> Any:
+    """The GpuSpec a topology document names (a preset or inline), or None when it cannot be read here."""
+    from simdist.errors import SimdistError
+    from simdist.hardware.gpus import gpu_preset
+    from simdist.spec.gpu import GpuSpec
+
+    gpu = topology_data.get("gpu")
+    try:
+        return gpu_preset(gpu) if isinstance(gpu, str) else GpuSpec.model_validate(gpu) if gpu else None
+    except (SimdistError, ValueError):
+        return None  # the topology's own loading reports a bad GPU
+
+
+def _recording(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()``'s document with the `SimdistWarning`s raised meanwhile as ``warnings`` (each once, in order)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SimdistWarning)
+        doc = fn()
+    lines = [" ".join(str(w.message).split()) for w in caught if issubclass(w.category, SimdistWarning)]
+    for w in caught:  # anything else is passed on as it came
+        if not issubclass(w.category, SimdistWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    doc["warnings"] = list(dict.fromkeys(lines))
+    return doc
 
 
 def _scenario_calibration(path: str | Path, assignments: list[str] | None,
@@ -89,19 +118,24 @@ def calibrate(paths: list[str | Path], topology: str, *, num_nodes: int | None =
               holdout: str = "none", seed: int = 0) -> dict[str, Any]:
     """Fit a calibration of ``topology`` to measurement files (`simdist calibrate`); write it to ``out`` (YAML).
 
-    Returns ``{"calibration": the file's content as JSON, "yaml": its text, "out": the path or None}``.
+    Returns ``{"calibration": the file's content as JSON, "yaml": its text, "out": the path or None,
+    "warnings": [one line each: few points, measurements of another GPU, ...]}``.
     """
     from simdist.calibrate.calibration import fit_calibration, to_yaml
 
     topology_document(topology)  # an unknown preset: one clear error before reading anything
-    measurements, steps = read_measurement_files(paths)
-    spec = fit_calibration(measurements, topology, num_nodes=num_nodes, steps=steps, holdout=holdout, seed=seed,
-                           sources=[str(p) for p in paths])
-    text = to_yaml(spec)
-    if out is not None:
-        _write_text(Path(out), text, field="--out")
-    return {"calibration": spec.model_dump(mode="json", exclude_none=True), "yaml": text,
-            "out": str(out) if out is not None else None}
+
+    def run() -> dict[str, Any]:
+        measurements, steps = read_measurement_files(paths)
+        spec = fit_calibration(measurements, topology, num_nodes=num_nodes, steps=steps, holdout=holdout, seed=seed,
+                               sources=[str(p) for p in paths])
+        text = to_yaml(spec)
+        if out is not None:
+            _write_text(Path(out), text, field="--out")
+        return {"calibration": spec.model_dump(mode="json", exclude_none=True), "yaml": text,
+                "out": str(out) if out is not None else None}
+
+    return _recording(run)
 
 
 def _write_text(path: Path, text: str, *, field: str) -> None:
@@ -129,11 +163,16 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
     The topology is the calibration file's. ``holdout`` (see `HOLDOUT_HELP`) selects the points to predict;
     they are predicted by a calibration fitted on the others (``predicted_s``), by the preset uncalibrated
     (``uncalibrated_s``) and by the given file (``file_s``). With ``none`` every point is predicted by the file.
+    ``warnings`` says what the figures cannot vouch for: a calibrated prediction worse than the uncalibrated one
+    on the held-out points, points above the fitted sizes, measurements of another GPU than the calibration's
+    or the topology's, too few points.
     """
-    import math
+    return _recording(lambda: _validate(paths, calibration, holdout=holdout, html=html))
 
+
+def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str, html: str | Path | None
+              ) -> dict[str, Any]:
     from simdist.calibrate import calibration as cb
-    from simdist.calibrate.fit import mape_pct
 
     cal = cb.load_calibration(calibration)
     measurements, _ = read_measurement_files(paths)
@@ -143,11 +182,15 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
     name = cal.spec.topology
     points = cb.aggregate(measurements)
     train, test = cb.split_holdout(points, holdout)
+    base = cb.build_cluster(name, points)
+    device = cb.measured_device(measurements)
+    line = _device_mismatch(device, cal.spec.gpu, str(calibration)) or cb.check_device(device, base)
+    if line is not None:
+        warnings.warn(SimdistWarning(line), stacklevel=2)
     if holdout == "none":
         fitted, test = cal, points
     else:
         fitted = cb.Calibration.of(cb.fit_calibration(measurements, name, holdout=holdout))
-    base = cb.build_cluster(name, points)
     tuned = cb.build_cluster(name, points, overrides=fitted.spec.overrides)
     as_file = cb.build_cluster(name, points, overrides=cal.spec.overrides)
     predicted = cb.calibrated_times(fitted, tuned, test)
@@ -165,10 +208,58 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
         "mape_pct": _mapes(rows, "predicted_s"), "uncalibrated_mape_pct": _mapes(rows, "uncalibrated_s"),
         "calibration_file_mape_pct": _mapes(rows, "file_s"),
     }
+    _warn_if_worse(result, holdout)
     if html is not None:
-        from simdist.report.validate_html import ValidateSeries, validate_figure_html
+        from simdist.report.validate_html import validate_figure_html
 
-        series = []
+        series = _chart_series(cb, points, test if holdout != "none" else [], fitted, tuned, base)
+        mape, unc = result["mape_pct"]["all"], result["uncalibrated_mape_pct"]["all"]
+        title = (f"{name}: measured vs calibrated prediction (holdout {holdout}; MAPE {mape:.1f} %, "
+                 f"uncalibrated {unc:.1f} %)")
+        _write_text(Path(html), validate_figure_html(series, title=title), field="--html")
+        result["html"] = str(html)
+    return result
+
+
+def _device_mismatch(measured: str | None, fitted_on: str | None, source: str) -> str | None:
+    """A warning line when measurements of one GPU are validated against a calibration fitted on another."""
+    from simdist.calibrate.devices import device_family
+
+    if not measured or not fitted_on:
+        return None
+    mine, theirs = device_family(measured), device_family(fitted_on)
+    if mine is None or theirs is None or mine[0] == theirs[0]:
+        return None
+    return (f"the measurements ran on {measured}, but calibration {source} was fitted on {fitted_on}: its figures "
+            "describe the other GPU")
+
+
+def _warn_if_worse(result: dict[str, Any], holdout: str) -> None:
+    """A `SimdistWarning` when the calibrated prediction misses the held-out points by more than the preset."""
+    if holdout == "none" or not result["rows"]:
+        return
+    cal, unc = result["mape_pct"], result["uncalibrated_mape_pct"]
+    worse = [op for op, v in cal["per_op"].items() if v > unc["per_op"][op]]
+    if cal["all"] > unc["all"] or worse:
+        ops = ", ".join(f"{op} {cal['per_op'][op]:.1f} % vs {unc['per_op'][op]:.1f} %" for op in worse)
+        warnings.warn(SimdistWarning(
+            f"on the {len(result['rows'])} held-out points (--holdout {holdout}) the calibrated prediction is worse "
+            f"than the uncalibrated preset" + (f" for {ops}" if ops else "") +
+            f" (all: MAPE {cal['all']:.1f} % vs {unc['all']:.1f} %): measure over the range you predict, or use the "
+            "preset"), stacklevel=3)
+
+
+def _chart_series(cb: Any, points: list[Any], held_out: list[Any], fitted: Any, tuned: Any, base: Any) -> list[Any]:
+    """One `ValidateSeries` per measured sweep: points, the calibrated curve and its fit band, the preset."""
+    import dataclasses
+    import math
+
+    from simdist.report.validate_html import ValidateSeries
+
+    held = {id(p) for p in held_out}
+    series = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimdistWarning)  # the curve spans the measured sizes; rows already warned
         for key in sorted({p.series for p in points}, key=str):
             pts = sorted((p for p in points if p.series == key), key=lambda p: p.nbytes)
             lo, hi = math.log2(pts[0].nbytes), math.log2(pts[-1].nbytes)
@@ -179,11 +270,15 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
             curve = cb.calibrated_times(fitted, tuned, grid)
             band_lo, band_hi = curve, curve
             if corr is not None and info is not None:
-                fast = cb.Correction(info.latency_ci[0], info.bandwidth_factor_ci[1], corr.knots_log2, corr.values)
-                slow = cb.Correction(info.latency_ci[1], info.bandwidth_factor_ci[0], corr.knots_log2, corr.values)
-                band_lo = [fast.time_s(float(m), g.nbytes) for m, g in zip(model, grid, strict=True)]
-                band_hi = [slow.time_s(float(m), g.nbytes) for m, g in zip(model, grid, strict=True)]
-            held = {id(p) for p in test} if holdout != "none" else set()
+                def moved(latency: float, factor: float, c: Any = corr) -> Any:
+                    shift = latency - c.latency_s
+                    return dataclasses.replace(c, latency_s=latency, bandwidth_factor=factor,
+                                               latency_by_ranks=tuple((n, max(0.0, v + shift))
+                                                                      for n, v in c.latency_by_ranks))
+                fast = moved(info.latency_ci[0], info.bandwidth_factor_ci[1])
+                slow = moved(info.latency_ci[1], info.bandwidth_factor_ci[0])
+                band_lo = [fast.time_s(float(m), g.nbytes, g.num_ranks) for m, g in zip(model, grid, strict=True)]
+                band_hi = [slow.time_s(float(m), g.nbytes, g.num_ranks) for m, g in zip(model, grid, strict=True)]
             sizes = [g.nbytes for g in grid]
             series.append(ValidateSeries(
                 label=f"{key[0]}, {key[1]} ranks" + (f" on {key[2]} nodes" if key[2] else ""),
@@ -193,9 +288,4 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
                 band_low=tuple(zip(sizes, map(float, band_lo), strict=True)),
                 band_high=tuple(zip(sizes, map(float, band_hi), strict=True)),
                 uncalibrated=tuple(zip(sizes, map(float, cb.predict_points(base, grid)), strict=True))))
-        mape = result["mape_pct"]["all"]
-        title = (f"{name}: measured vs calibrated prediction (holdout {holdout}; MAPE {mape:.1f} %, "
-                 f"uncalibrated {mape_pct(uncal, [p.time_s for p in test]):.1f} %)")
-        _write_text(Path(html), validate_figure_html(series, title=title), field="--html")
-        result["html"] = str(html)
-    return result
+    return series

@@ -1,29 +1,36 @@
 """Build a calibration from measurements and a topology preset, and apply one to predictions.
 
-Building (`fit_calibration`), in three stages:
+Building (`fit_calibration`), in three stages, each parameter fitted only from the points that identify it:
 
 1. **Link tiers.** Each measured point's group is placed on the cluster (the first GPUs; ``num_nodes``
    of the measurement spreads them over that many nodes) and sorted into a tier: every rank in one node
    -> ``scale_up`` (NVLink) or, without NVLink, ``pcie``; ranks on several nodes -> ``inter_node``.
-   Per tier and (op, rank count) the alpha-beta model t(S) = alpha + factor x S / busbw is fitted
-   robustly (simdist.calibrate.fit; factor = the op's busbw factor, nccl-tests doc/PERFORMANCE.md, so
-   the ring all_reduce reads t = alpha + 2(n-1)/n x S / B) to the measured and to simdist's predicted
-   times. The series with the most points sets the tier's efficiency override:
-   efficiency x measured busbw / predicted busbw (capped at 1).
+   A tier's efficiency (achieved / nominal bandwidth of its links) is a statement about bandwidth, so it is
+   set only from the points where the model is bandwidth-bound (simdist.calibrate.points.PLATEAU_SHARE:
+   latency, protocol and pipeline terms under 2 % of the time), of every op on the tier: efficiency x the
+   median of t_model / t_measured there, at most 1 (a link never beats its nominal bandwidth). A tier
+   whose sweeps stop before that regime keeps the preset's efficiency. (Fitting a line t = alpha + S / busbw
+   through the whole sweep instead, as before, mixed the knee of one op's protocol switches into the links
+   of every op: see `TierFit` and the module doc of simdist.calibrate.correction_fit.)
+   The links are also told apart from the in-switch reduction (NVLS): simdist.calibrate.tiers.
 2. **Collectives.** With those overrides applied, per op the measured time is fitted as
-   t = latency + t_model / bandwidth_factor (t_model: simdist's closed-form prediction, the collective
-   NCCL's tuner would pick, simdist.analytic.select), then a size-dependent efficiency
-   e(S) = t_model / (bandwidth_factor x (t - latency)) is tabulated at up to 24 log-spaced knots
-   (medians), so that t = latency + t_model / (bandwidth_factor x e(S)).
+   t = latency + t_model / (bandwidth_factor x efficiency(S)) (t_model: simdist's closed-form prediction, the
+   collective NCCL's tuner would pick, simdist.analytic.select), regularised: few knots, efficiency <= 1, the
+   achieved rate bounded by the plateau and, on GPU interconnects, non-decreasing with size; above the largest
+   measured size the physical model (simdist.calibrate.correction_fit).
 3. **Compute.** The roofline's gemm_peak_efficiency and launch overhead are fitted to the measured
    single-GPU MLP training steps (cut ``single`` only: no communication to subtract), see `fit_compute`.
+
+What a calibration cannot vouch for is said with a `SimdistWarning` (recorded in ``fit.warnings`` too): an op
+fitted from fewer than `MIN_SIZES` sizes, measurements of another GPU than the topology's, a link measured
+faster than its nominal bandwidth, and (when applied) sizes above the measured range.
 """
 
 from __future__ import annotations
 
 import datetime
-import itertools
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +39,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simdist.calibrate.fit import fit_line, mape_pct
+from simdist.calibrate.correction_fit import MIN_SIZES, fit_correction
+from simdist.calibrate.devices import device_family, same_device
+from simdist.calibrate.fit import mape_pct
 from simdist.calibrate.measurements import Measurement
-from simdist.collectives.ops import OPS, op_info
-from simdist.errors import SpecError
+from simdist.collectives.ops import OPS
+from simdist.errors import SimdistWarning, SpecError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.topology import Topology
 from simdist.predict.price import Adjust
@@ -44,54 +53,79 @@ from simdist.spec.calibration import (
     CollectiveCalibration,
     CollectiveFit,
     FitInfo,
-    TierFit,
 )
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.load import Document, read_yaml, validate
 
-__all__ = ["Calibration", "Correction", "Point", "aggregate", "build_cluster", "fit_calibration",
+__all__ = ["Calibration", "Correction", "Point", "aggregate", "build_cluster", "check_device", "fit_calibration",
            "load_calibration", "predict_points", "split_holdout", "tier_of", "to_yaml"]
 
 from simdist.calibrate.points import (
-    MAX_KNOTS,
-    TIER_FIELD,
+    PLATEAU_SHARE,
     Point,
-    _group,
-    _tier_efficiency,
     aggregate,
     build_cluster,
+    lower_envelope,
+    predict_details,
     predict_points,
     split_holdout,
     tier_of,
 )
+from simdist.calibrate.tiers import fit_tiers
 
 
 # --------------------------------------------------------------------------- applying a calibration
 @dataclass(frozen=True, slots=True)
 class Correction:
-    """t = latency_s + t_model / (bandwidth_factor x efficiency(S)) for one op."""
+    """t = latency_s + t_model / (bandwidth_factor x efficiency(S)) for one op, within ``size_range``;
+    above it t = latency_s + t_model / above_range_factor (the physical model), with a `SimdistWarning`."""
 
     latency_s: float
     bandwidth_factor: float
     knots_log2: tuple[float, ...] = ()
     values: tuple[float, ...] = ()
+    size_range: tuple[float, float] = (0.0, math.inf)
+    above_range_factor: float = 1.0
+    op: str = "this op"
+    latency_by_ranks: tuple[tuple[int, float], ...] = ()
+
+    def latency_for(self, num_ranks: int | None) -> float:
+        """The extra latency per call of a group of ``num_ranks`` (`latency_s` where not measured)."""
+        return dict(self.latency_by_ranks).get(num_ranks, self.latency_s) if num_ranks else self.latency_s
 
     def efficiency(self, nbytes: float) -> float:
         if not self.knots_log2 or nbytes <= 0:
             return 1.0
-        return float(np.interp(math.log2(nbytes), self.knots_log2, self.values))  # flat beyond the ends
+        return float(np.interp(math.log2(nbytes), self.knots_log2, self.values))  # flat beyond the end knots
 
     def rate(self, nbytes: float) -> float:
         """The multiplier on the predicted bandwidth at this size."""
+        if nbytes > self.size_range[1] * (1 + 1e-9):
+            lo, hi = self.size_range
+            warnings.warn(SimdistWarning(
+                f"{self.op}: sizes above the largest calibrated one ({_bytes(hi)}; fitted on {_bytes(lo)} .. "
+                f"{_bytes(hi)}) are predicted by the physical model plus the fitted latency, not extrapolated"),
+                stacklevel=3)
+            return self.above_range_factor
         return self.bandwidth_factor * self.efficiency(nbytes)
 
-    def time_s(self, predicted_s: float, nbytes: float) -> float:
-        return self.latency_s + predicted_s / self.rate(nbytes)
+    def time_s(self, predicted_s: float, nbytes: float, num_ranks: int | None = None) -> float:
+        return self.latency_for(num_ranks) + predicted_s / self.rate(nbytes)
 
     @classmethod
-    def of(cls, c: CollectiveCalibration) -> Correction:
+    def of(cls, c: CollectiveCalibration, op: str = "this op") -> Correction:
         knots = tuple(math.log2(s) for s in c.efficiency_sizes or ())
-        return cls(c.latency, c.bandwidth_factor, knots, tuple(c.efficiency or ()))
+        span = (float(c.size_range[0]), float(c.size_range[1])) if c.size_range else (0.0, math.inf)
+        by_ranks = tuple(sorted((int(n), float(v)) for n, v in (c.latency_by_ranks or {}).items()))
+        return cls(c.latency, c.bandwidth_factor, knots, tuple(c.efficiency or ()), span, c.above_range_factor, op,
+                   by_ranks)
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.0f} B"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +138,7 @@ class Calibration:
 
     @classmethod
     def of(cls, spec: CalibrationSpec, source: str = "calibration") -> Calibration:
-        return cls(spec, source, {op: Correction.of(c) for op, c in spec.collectives.items()})
+        return cls(spec, source, {op: Correction.of(c, op) for op, c in spec.collectives.items()})
 
     def overrides_document(self) -> Document | None:
         return Document(data=self.spec.overrides, source=self.source) if self.spec.overrides else None
@@ -120,7 +154,7 @@ class Calibration:
 
         def adjust(op: str, num_ranks: int, nbytes: float, predicted_s: float) -> float:
             c = corrections.get(op)
-            return predicted_s if c is None else c.time_s(predicted_s, nbytes)
+            return predicted_s if c is None else c.time_s(predicted_s, nbytes, num_ranks)
 
         return adjust
 
@@ -136,13 +170,18 @@ class Calibration:
             launch_overhead_s=c.launch_overhead if c.launch_overhead is not None else base.launch_overhead_s,
             host_op_s=base.host_op_s)
 
-    def check_topology(self, name: str, *, field: str = "--cluster") -> None:
-        """One clear error when this calibration is used on another topology than it was fitted for."""
+    def check_topology(self, name: str, *, field: str = "--cluster", gpu: GpuSpec | None = None) -> None:
+        """One clear error when this calibration is used on another topology than it was fitted for; a
+        `SimdistWarning` naming both when the cluster's ``gpu`` is not the one the measurements ran on."""
         if name != self.spec.topology:
             raise SpecError(f"calibration {self.source} was fitted for topology '{self.spec.topology}', not "
                             f"'{name}'", field=field,
                             fix=f"use a calibration fitted on {name} (simdist calibrate ... --topology {name}) "
                                 f"or the cluster {self.spec.topology}")
+        if gpu is not None and same_device(self.spec.gpu, gpu) is False:
+            warnings.warn(SimdistWarning(
+                f"calibration {self.source} was fitted on measurements of {self.spec.gpu}, but the cluster's GPU is "
+                f"{gpu.name}: its corrections describe the other GPU's links"), stacklevel=2)
 
     def assignments(self, prefix: str, keep: dict[str, Any] | None = None) -> list[str]:
         """The overrides as ``prefix.a.b=value`` assignments, except fields already set in ``keep``."""
@@ -187,100 +226,54 @@ def _us(seconds: float) -> str:
     return f"{seconds / 1e-6:.12g} us"
 
 
-def _gbps(bps: float) -> str:
-    return f"{bps / 1e9:.12g} GB/s"
-
-
-def _tier_fits(topology: Topology, points: Sequence[Point], predicted: np.ndarray, seed: int
-               ) -> tuple[dict[str, Any], list[TierFit]]:
-    series: dict[tuple[str, str, int], list[int]] = {}
-    for i, p in enumerate(points):
-        series.setdefault((tier_of(topology, _group(topology, p)), p.op, p.num_ranks), []).append(i)
-    fits: list[TierFit] = []
-    best: dict[str, tuple[tuple, TierFit]] = {}
-    for (tier, op, n), idx in sorted(series.items()):
-        pts = [points[i] for i in idx]
-        if len({p.nbytes for p in pts}) < 3:
-            continue
-        factor = op_info(op).busbw_factor(n)
-        x = np.array([factor * p.nbytes for p in pts])
-        measured = fit_line(x, [p.time_s for p in pts], seed=seed)
-        model = fit_line(x, predicted[idx], resamples=0)
-        if measured.slope <= 0 or model.slope <= 0:
-            continue
-        before = _tier_efficiency(topology, tier)
-        after = min(1.0, max(0.01, before * model.slope / measured.slope))
-        fit = TierFit(tier=tier, op=op, num_ranks=n, points=len(pts), alpha=_us(measured.intercept),
-                      alpha_ci=[_us(v) for v in measured.intercept_ci], busbw=_gbps(1.0 / measured.slope),
-                      busbw_ci=[_gbps(v) for v in _interval(1.0 / max(measured.slope_ci[1], 1e-300),
-                                                             1.0 / max(measured.slope_ci[0], 1e-300))],
-                      model_busbw=_gbps(1.0 / model.slope), efficiency_before=before, efficiency_after=round(after, 4),
-                      mape_pct=measured.mape_pct)
-        fits.append(fit)
-        rank = (len(pts), op == "all_reduce", n)
-        if tier not in best or rank > best[tier][0]:
-            best[tier] = (rank, fit)
-    overrides: dict[str, Any] = {}
-    for tier, (_, fit) in sorted(best.items()):
-        node = overrides
-        for key in TIER_FIELD[tier]:
-            node = node.setdefault(key, {})
-        node["efficiency"] = fit.efficiency_after
-    return overrides, fits
-
-
-def _knots(points: Sequence[Point], x: np.ndarray, latency: float, factor: float) -> tuple[list[float], list[float]]:
-    """Size-dependent efficiency at up to MAX_KNOTS log-spaced sizes (medians of the points near each)."""
-    logs = np.log2([p.nbytes for p in points])
-    y = np.array([p.time_s for p in points])
-    bw_part = y - latency
-    usable = bw_part > 0.1 * y  # a point almost all latency says nothing about bandwidth
-    eff = np.where(usable, x / (factor * np.maximum(bw_part, 1e-300)), np.nan)
-    distinct = np.unique(logs)
-    if len(distinct) < 4:
-        return [], []
-    edges = np.linspace(distinct[0], distinct[-1], min(MAX_KNOTS, len(distinct)) + 1)
-    sizes, values = [], []
-    for lo, hi in itertools.pairwise(edges):
-        inside = (logs >= lo) & ((logs <= hi) if hi == edges[-1] else (logs < hi))
-        if not inside.any():
-            continue
-        vals = eff[inside & usable]
-        sizes.append(float(2.0 ** np.median(logs[inside])))
-        values.append(float(np.clip(np.median(vals), 0.05, 10.0)) if len(vals) else 1.0)
-    return sizes, values
-
-
-def _collective_fits(points: Sequence[Point], predicted: np.ndarray, uncalibrated: np.ndarray, seed: int
-                     ) -> tuple[dict[str, CollectiveCalibration], dict[str, CollectiveFit]]:
+def _collective_fits(points: Sequence[Point], predicted: np.ndarray, share: np.ndarray, uncalibrated: np.ndarray,
+                     measured: Sequence[Point], *, monotone: bool, seed: int
+                     ) -> tuple[dict[str, CollectiveCalibration], dict[str, CollectiveFit], list[str]]:
     cals: dict[str, CollectiveCalibration] = {}
     infos: dict[str, CollectiveFit] = {}
+    notes: list[str] = []
     for op in sorted({p.op for p in points}):
         idx = [i for i, p in enumerate(points) if p.op == op]
         pts = [points[i] for i in idx]
-        x, y = predicted[idx], np.array([p.time_s for p in pts])
-        line = fit_line(x, y, seed=seed)
-        if line.slope <= 0:  # Assumption: no size trend to fit: keep the model's bandwidth, fit the latency only
-            latency, factor = max(float(np.median(y - x)), 0.0), 1.0
-            slope_ci = (1.0, 1.0)
-        else:
-            latency, factor = max(line.intercept, 0.0), 1.0 / line.slope
-            slope_ci = (1.0 / max(line.slope_ci[1], 1e-300), 1.0 / max(line.slope_ci[0], 1e-300))
-        sizes, values = _knots(pts, x, latency, factor)
-        if values:  # the largest size's efficiency is 1: bandwidth_factor then scales the plateau
-            scale = values[-1]
-            factor, values = factor * scale, [min(v / scale, 10.0) for v in values]
-            slope_ci = (slope_ci[0] * scale, slope_ci[1] * scale)
-        cal = CollectiveCalibration(latency=_us(latency), bandwidth_factor=factor,
-                                    efficiency_sizes=[f"{round(v)} B" for v in sizes] or None,
-                                    efficiency=[round(v, 4) for v in values] or None)
-        corr = Correction.of(cal)
-        calibrated = [corr.time_s(xi, p.nbytes) for xi, p in zip(x, pts, strict=True)]
+        sizes = [p.nbytes for p in pts]
+        y = np.array([p.time_s for p in pts])  # the sweep's lower envelope (fitted)
+        raw = np.array([measured[i].time_s for i in idx])  # as measured (the errors)
+        fit = fit_correction(sizes, predicted[idx], y, share[idx], [p.num_ranks for p in pts], monotone=monotone,
+                             seed=seed)
+        distinct = len(set(sizes))
+        if distinct < MIN_SIZES:
+            notes.append(f"{op}: calibrated from {distinct} size(s) ({len(pts)} point(s)); {MIN_SIZES} or more are "
+                         "needed to tell a latency from a bandwidth: treat its correction as a rough one")
+        cal = CollectiveCalibration(
+            latency=_us(fit.latency_s), bandwidth_factor=fit.bandwidth_factor,
+            latency_by_ranks={n: _us(v) for n, v in sorted(fit.latency_by_ranks.items())} or None,
+            efficiency_sizes=[f"{round(v)} B" for v in fit.knot_sizes] or None,
+            efficiency=list(fit.knot_values) or None,
+            size_range=[f"{round(v)} B" for v in fit.size_range], above_range_factor=fit.above_range_factor)
+        corr = Correction.of(cal, op)
+        calibrated = [corr.time_s(xi, p.nbytes, p.num_ranks) for xi, p in zip(predicted[idx], pts, strict=True)]
         cals[op] = cal
-        infos[op] = CollectiveFit(points=len(pts), latency_ci=[_us(max(v, 0.0)) for v in line.intercept_ci],
-                                  bandwidth_factor_ci=_interval(*slope_ci), mape_pct=mape_pct(calibrated, y),
-                                  mape_uncalibrated_pct=mape_pct(uncalibrated[idx], y))
-    return cals, infos
+        infos[op] = CollectiveFit(points=len(pts), latency_ci=[_us(v) for v in fit.latency_ci],
+                                  bandwidth_factor_ci=_interval(*fit.bandwidth_factor_ci),
+                                  mape_pct=mape_pct(calibrated, raw),
+                                  mape_uncalibrated_pct=mape_pct(uncalibrated[idx], raw))
+    return cals, infos, notes
+
+
+def measured_device(measurements: Sequence[Measurement]) -> str | None:
+    """The device(s) the measurements name, joined with ' + ' (None when none does)."""
+    names = sorted({m.device for m in measurements if m.device})
+    return " + ".join(names) if names else None
+
+
+def check_device(device: str | None, topology: Topology, *, what: str = "the measurements") -> str | None:
+    """A warning line when ``device`` (measured) is not ``topology``'s GPU, else None."""
+    if device is None or same_device(device, topology.gpu) is not False:
+        return None
+    family = device_family(device)
+    return (f"{what} ran on {device}, but topology '{topology.spec.name}' has {topology.gpu.name}: a calibration "
+            f"fitted across GPUs describes neither (fix: calibrate a topology of the "
+            f"{family[0] if family else 'measured'} GPU)")
 
 
 def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_nodes: int | None = None,
@@ -288,7 +281,8 @@ def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_n
                     sources: Sequence[str] = ()) -> CalibrationSpec:
     """Fit a calibration of ``topology`` to collective ``measurements`` (and MLP ``steps``), see the module doc.
 
-    ``holdout``: fit on part of the points (`split_holdout`) and report the held-out error in ``fit``.
+    ``holdout``: fit on part of the points (`split_holdout`) and report the held-out error in ``fit``. Warnings
+    (module doc) are raised as `SimdistWarning` and recorded in ``fit.warnings``.
     """
     from simdist.calibrate.compute_fit import fit_compute
 
@@ -298,30 +292,45 @@ def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_n
     points = aggregate(measurements)
     train, test = split_holdout(points, holdout) if points else ([], [])
     base = build_cluster(topology, points, num_nodes=num_nodes)
-    uncal = predict_points(base, train)
-    overrides, tiers = _tier_fits(base, train, uncal, seed)
+    notes: list[str] = []
+    device = measured_device(measurements)
+    if (mismatch := check_device(device, base)) is not None:
+        notes.append(mismatch)
+    fit_on = lower_envelope(train)  # interference spikes out (points.lower_envelope); the errors use `train`
+    uncal, share = predict_details(base, fit_on)
+    overrides, tiers, tier_notes = fit_tiers(base, fit_on, uncal, share, seed)
     tuned = build_cluster(topology, points, num_nodes=num_nodes, overrides=overrides) if overrides else base
-    predicted = predict_points(tuned, train)
-    collectives, infos = _collective_fits(train, predicted, uncal, seed)
+    predicted, tuned_share = predict_details(tuned, fit_on)
+    # Assumption: on a CPU host the achieved bandwidth may fall with size (caches); elsewhere it never does.
+    monotone = (device_family(base.gpu.name) or ("",))[0] != "CPU"
+    collectives, infos, op_notes = _collective_fits(fit_on, predicted, tuned_share, uncal, train, monotone=monotone,
+                                                    seed=seed) if train else ({}, {}, [])
+    notes += tier_notes + op_notes
     compute, compute_info = fit_compute(steps, base.gpu, seed=seed) if steps else (None, None)
-    spec = CalibrationSpec(topology=topology, num_nodes=base.num_nodes, overrides=overrides,
+    spec = CalibrationSpec(topology=topology, gpu=device, num_nodes=base.num_nodes, overrides=overrides,
                            collectives=collectives, compute=compute)
     info: dict[str, Any] = {
         "points": len(train), "holdout": holdout, "sources": sorted(set(sources) or {p.source for p in points}),
         "date": datetime.date.today().isoformat(), "tiers": tiers, "collectives": infos, "compute": compute_info,
-        "method": "tiers: Huber/biweight IRLS of t = alpha + factor x S / busbw on relative residuals; collectives:"
-                  " t = latency + t_model / (bandwidth_factor x efficiency(S)); 95 % CIs: seeded bootstrap over "
-                  f"points (seed {seed}); compute: cut 'single' only",
+        "method": "tiers: efficiency x median t_model / t_measured over the points where the model is bandwidth-"
+                  f"bound (share >= {PLATEAU_SHARE}); collectives: t = latency + t_model / (bandwidth_factor x "
+                  "efficiency(S)) inside the measured sizes (knots <= sizes / 2, efficiency <= 1, the achieved rate "
+                  "<= the plateau and non-decreasing on GPU links), t = latency + t_model / above_range_factor above; "
+                  f"95 % CIs: seeded bootstrap over points (seed {seed}); compute: cut 'single' only",
     }
-    if train:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimdistWarning)  # the held-out sizes above the range: validate says so
         cal = Calibration.of(spec)
-        info["mape_pct"] = mape_pct(calibrated_times(cal, tuned, train), [p.time_s for p in train])
-        info["mape_uncalibrated_pct"] = mape_pct(uncal, [p.time_s for p in train])
-    if test:
-        cal = Calibration.of(spec)
-        info["heldout_points"] = len(test)
-        info["heldout_mape_pct"] = mape_pct(calibrated_times(cal, tuned, test), [p.time_s for p in test])
-        info["heldout_mape_uncalibrated_pct"] = mape_pct(predict_points(base, test), [p.time_s for p in test])
+        if train:
+            info["mape_pct"] = mape_pct(calibrated_times(cal, tuned, train), [p.time_s for p in train])
+            info["mape_uncalibrated_pct"] = mape_pct(uncal, [p.time_s for p in train])
+        if test:
+            info["heldout_points"] = len(test)
+            info["heldout_mape_pct"] = mape_pct(calibrated_times(cal, tuned, test), [p.time_s for p in test])
+            info["heldout_mape_uncalibrated_pct"] = mape_pct(predict_points(base, test), [p.time_s for p in test])
+    for note in notes:
+        warnings.warn(SimdistWarning(note), stacklevel=2)
+    info["warnings"] = notes
     return spec.model_copy(update={"fit": FitInfo(**info)})
 
 
@@ -331,5 +340,5 @@ def calibrated_times(cal: Calibration, tuned: Topology, points: Sequence[Point])
     out = []
     for t, p in zip(model, points, strict=True):
         c = cal.correction(p.op)
-        out.append(t if c is None else c.time_s(float(t), p.nbytes))
+        out.append(t if c is None else c.time_s(float(t), p.nbytes, p.num_ranks))
     return np.asarray(out, dtype=float)

@@ -12,11 +12,17 @@ means per op), algbw = nbytes / time and busbw = algbw x the op's factor (2(n-1)
     ``num_ranks`` (ranks in the communicator), ``time_s`` (seconds, > 0).
     Optional columns: ``algbw_Bps`` and ``busbw_Bps`` (bytes/s; computed from the above when absent
     or blank), ``dtype``, ``algorithm`` (e.g. ring, tree, nvls; blank = NCCL's own choice),
-    ``in_place`` (true/false, default false), ``num_nodes``, ``label``, ``nccl_version`` and ``source``
-    (where the point came from; defaults to the CSV's own path). Other columns are ignored, as are
+    ``in_place`` (true/false, default false), ``num_nodes``, ``label``, ``nccl_version``, ``device`` (the GPU
+    or CPU it ran on; blank: the file's ``# gpu:`` metadata line, else ``# cpu_model:`` on a gloo run) and
+    ``source`` (where the point came from; defaults to the CSV's own path). Other columns are ignored, as are
     blank lines and lines starting with ``#``. `write_measurements_csv` writes every column.
 (b) the text nccl-tests prints (``all_reduce_perf -b 8 -e 8G -f 2 -g 8 > out.txt``);
 (c) the JSON file of nccl-tests ``-J out.json``. (b) and (c): see simdist.calibrate.nccltests.
+
+The format is told by content alone, never by the file's name: a JSON document (first character ``{`` or
+``[``) is read as nccl-tests ``-J`` output, text with an nccl-tests header, column header or footer line as
+nccl-tests stdout (so ``node17.log`` is read as well as ``all_reduce_perf.txt``), and a first data line with
+commas as our CSV.
 
 Every problem with a file is a one-line `SpecError` naming the file (and line) and the fix.
 """
@@ -27,7 +33,7 @@ import csv
 import io
 import math
 import os
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 from pathlib import Path
 
 from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps
@@ -54,6 +60,7 @@ class Measurement:
     num_nodes: int | None = None
     label: str | None = None
     nccl_version: str | None = None
+    device: str | None = None  # the GPU (or CPU, for gloo) it ran on, as the tool names it: "NVIDIA A100-SXM4-80GB"
 
 
 CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Measurement))
@@ -72,7 +79,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     if _first_data_line(text) is None:
         raise SpecError("measurement file is empty (no header, no rows)", source=str(p),
                         fix="pass a file with measurements; a run that failed before writing them leaves none")
-    if text.lstrip().startswith(("{", "[")) or p.suffix.lower() == ".json":
+    if text.lstrip().startswith(("{", "[")):
         return nccltests.parse_nccltests_json(text, source=str(p))
     if nccltests.looks_like_nccltests_text(text):
         return nccltests.parse_nccltests_text(text, source=str(p))
@@ -166,10 +173,31 @@ def read_csv_rows(text: str, source: str, required: tuple[str, ...], convert, *,
 
 
 def _read_csv(text: str, source: str) -> list[Measurement]:
-    return read_csv_rows(
+    rows = read_csv_rows(
         text, source, REQUIRED_COLUMNS, _row_to_measurement, what="CSV",
         header_fix=f"the header must name at least {','.join(REQUIRED_COLUMNS)} (columns: {','.join(CSV_COLUMNS)})",
         rows_fix="add one row per measurement")
+    device = _metadata_device(text)
+    if device is None:
+        return rows
+    return [m if m.device else replace(m, device=device) for m in rows]
+
+
+def _metadata_device(text: str) -> str | None:
+    """The device a harness CSV's ``# key: value`` head names: ``gpu``, else ``cpu_model`` of a gloo run."""
+    meta: dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        key, sep, value = stripped.lstrip("#").strip().partition(":")
+        if sep and key.strip() not in meta:
+            meta[key.strip()] = value.strip()
+    if meta.get("gpu"):
+        return meta["gpu"]
+    if meta.get("backend") == "gloo" and meta.get("cpu_model"):
+        return meta["cpu_model"]
+    return None
 
 
 def _number(row: dict[str, str], column: str, *, integer: bool = False, positive: bool = False) -> float:
@@ -224,4 +252,5 @@ def _row_to_measurement(row: dict[str, str], source: str) -> Measurement:
         num_nodes=nodes,
         label=row.get("label") or None,
         nccl_version=row.get("nccl_version") or None,
+        device=row.get("device") or None,
     )

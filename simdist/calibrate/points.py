@@ -3,29 +3,39 @@
 Each point is one (op, rank count, nodes, size) with the median of its measured times; its group is placed
 on the first GPUs of the cluster (``num_nodes`` spreads it over that many nodes) and sorted into a link tier
 (simdist.calibrate.calibration uses the tiers and predictions to fit a calibration).
+
+`predict_details` also says how *bandwidth-bound* the model is at each point: share = beta S / t(S), where
+beta is the op's time per byte at its plateau (the model's fastest choice at `PLATEAU_PROBE_BYTES`, as
+(t(2B) - t(B)) / B: for t = alpha + beta S that is beta exactly) and t(S) the predicted time. Where the share is
+at least `PLATEAU_SHARE`, the latency, protocol and pipeline-fill terms are under 2 % of the time: the point
+measures the link's bandwidth, and only such points may change a link efficiency or a plateau factor
+(simdist.calibrate.calibration, simdist.calibrate.correction_fit). Below it, beta S / (measured time - latency)
+is the fraction of the plateau rate the measurement reached.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from simdist.analytic.select import rank_choices
+from simdist.analytic.select import evaluate, rank_choices
 from simdist.calibrate.measurements import Measurement
 from simdist.collectives.group import Group
 from simdist.collectives.registry import ALGORITHMS
 from simdist.collectives.request import Request
-from simdist.errors import SimdistError, SpecError
+from simdist.errors import SimdistError, SimdistWarning, SpecError
 from simdist.hardware.presets import load_topology, topology_document
 from simdist.hardware.topology import Topology
 from simdist.spec.load import Document
 
 HOLDOUTS = ("none", "sizes", "large", "ranks")
-MAX_KNOTS = 24
+PLATEAU_SHARE = 0.98
+PLATEAU_PROBE_BYTES = 2.0**36  # 64 GiB: past every preset's knee (NVLink and network alike reach it by ~1 GiB)
 TIER_FIELD = {"scale_up": ("scale_up",), "pcie": ("host", "pcie"), "inter_node": ("inter_node",)}
 _TIER_KINDS = {"scale_up": {"nvlink"}, "pcie": {"pcie"}}
 
@@ -50,12 +60,22 @@ class Point:
 
 
 def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
-    """Median time per (op, ranks, nodes, size, algorithm): robust to warm-up spikes of single samples."""
+    """Median time per (op, ranks, nodes, size, algorithm): robust to warm-up spikes of single samples.
+
+    Barrier and 0-byte rows have no size to fit a bandwidth to: they are skipped with a `SimdistWarning`
+    (an error when nothing else is left)."""
+    sized = [m for m in measurements if m.op != "barrier" and m.nbytes > 0]
+    if measurements and not sized:
+        m = measurements[0]
+        raise SpecError(f"a {m.op} of {m.nbytes} bytes has no size to fit a bandwidth to, and no other rows are left",
+                        source=m.source, fix="measure collectives of one size or more (e.g. --bytes 1K:16M:x4)")
+    skipped = len(measurements) - len(sized)
+    if skipped:
+        where = sorted({m.source for m in measurements if m.op == "barrier" or m.nbytes <= 0})
+        warnings.warn(SimdistWarning(f"skipped {skipped} barrier or 0-byte row(s) of {', '.join(where)}: they have "
+                                     "no size to fit a bandwidth to"), stacklevel=2)
     groups: dict[tuple, list[Measurement]] = {}
-    for m in measurements:
-        if m.op == "barrier" or m.nbytes <= 0:
-            raise SpecError(f"a {m.op} of {m.nbytes} bytes has no size to fit a bandwidth to", source=m.source,
-                            fix="remove barrier and 0-byte rows from the measurements")
+    for m in sized:
         algo = (m.algorithm or "").lower() or None
         algo = algo if algo in ALGORITHMS else None  # e.g. NCCL_ALGO=CollnetDirect: priced as NCCL's choice
         nodes = m.num_nodes if m.num_nodes and m.num_nodes > 1 else None
@@ -63,6 +83,29 @@ def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
     order = sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, str(k[4]), k[3]))
     return [Point(op, n, nodes, size, float(np.median([m.time_s for m in groups[key]])), algo,
                   groups[key][0].source, len(groups[key])) for key in order for (op, n, nodes, size, algo) in [key]]
+
+
+def lower_envelope(points: Sequence[Point]) -> list[Point]:
+    """Each point's time lowered to the least time of its sweep at its size or above (same order as given).
+
+    Physics: a collective of more bytes never takes less time (NCCL's choice is the fastest of per-algorithm
+    times that each grow with size; gloo's likewise). A measured time above that of a larger size is
+    interference, which on a shared host only ever adds time: the envelope removes such spikes (a stalled
+    rank, a descheduled proxy: 3-8 ms on gloo sweeps whose latency is 0.1-0.3 ms) and leaves a clean sweep as
+    it is (the A100 sample: 1 MiB 102.2 us -> 100.7 us, the time of 2 MiB, and nothing else).
+    """
+    # Assumption: measurement noise is one-sided (interference adds time, never removes it).
+    out = list(points)
+    series: dict[tuple, list[int]] = {}
+    for i, p in enumerate(points):
+        series.setdefault(p.series, []).append(i)
+    for idx in series.values():
+        floor = math.inf
+        for i in sorted(idx, key=lambda i: points[i].nbytes, reverse=True):
+            floor = min(floor, points[i].time_s)
+            if floor < points[i].time_s:
+                out[i] = replace(points[i], time_s=floor)
+    return out
 
 
 def split_holdout(points: Sequence[Point], holdout: str) -> tuple[list[Point], list[Point]]:
@@ -138,10 +181,39 @@ def _tier_efficiency(topology: Topology, tier: str) -> float:
     return next(lk.efficiency for lk in topology.node.links if lk.kind in _TIER_KINDS[tier])
 
 
+def predict_without_nvls(topology: Topology, points: Sequence[Point]) -> list[float | None]:
+    """Each point's time priced as NCCL runs it without NVLink SHARP (its best other algorithm), where the
+    tuner's choice is NVLS and the measurement names no algorithm; None elsewhere (simdist.calibrate.calibration
+    uses it to tell the links from the in-switch reduction)."""
+    from simdist.collectives.nccl_model import nccl_algorithms
+
+    out: list[float | None] = []
+    for p in points:
+        if p.algorithm is not None:
+            out.append(None)
+            continue
+        group = _group(topology, p)
+        request = Request(p.op, group, p.nbytes)
+        choices = rank_choices(request)
+        if not choices or choices[0].algorithm != "nvls":
+            out.append(None)
+            continue
+        others = [a for a in (nccl_algorithms(p.op) or ()) if a != "nvls"]
+        rest = rank_choices(request, algorithms=others) if others else []
+        out.append(rest[0].predicted_s if rest else None)
+    return out
+
+
 def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
     """simdist's closed-form time of each point: the (algorithm, protocol) NCCL's tuner would take, or the
     measured algorithm where the file names one (simdist.analytic.select.rank_choices)."""
-    cache: dict[tuple, float] = {}
+    return predict_details(topology, points)[0]
+
+
+def predict_details(topology: Topology, points: Sequence[Point]) -> tuple[np.ndarray, np.ndarray]:
+    """(`predict_points`, the share of each predicted time that its bytes account for; module doc)."""
+    cache: dict[tuple, tuple[float, float]] = {}
+    per_byte: dict[tuple, float] = {}
     out = []
     for p in points:
         key = (p.op, p.num_ranks, p.num_nodes, p.nbytes, p.algorithm)
@@ -158,6 +230,14 @@ def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
             if not choices:
                 raise SpecError(f"no algorithm runs {p.op} on {p.num_ranks} ranks of {topology.spec.name}",
                                 source=p.source, fix="remove these rows or calibrate another topology")
-            cache[key] = choices[0].predicted_s
+            series = (p.op, p.num_ranks, p.num_nodes, p.algorithm)
+            if series not in per_byte:
+                big = rank_choices(Request(p.op, group, PLATEAU_PROBE_BYTES),
+                                   algorithms=[p.algorithm] if p.algorithm else None)[0]
+                doubled = evaluate(Request(p.op, group, 2.0 * PLATEAU_PROBE_BYTES), big.algorithm, big.protocol)
+                per_byte[series] = max(0.0, (doubled.predicted_s - big.predicted_s) / PLATEAU_PROBE_BYTES)
+            t = choices[0].predicted_s
+            cache[key] = (t, min(1.0, per_byte[series] * p.nbytes / t) if t > 0 else 0.0)
         out.append(cache[key])
-    return np.asarray(out, dtype=float)
+    arr = np.asarray(out, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,7 +23,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from simdist import api  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
-from simdist.errors import EXIT_USAGE, SimdistError
+from simdist.errors import EXIT_USAGE, SimdistError, SimdistWarning
 
 # Exit and Abort live in typer itself in recent releases (typer.Exit, typer.Abort), in click's exceptions before.
 _EXIT = tuple({getattr(typer, "Exit", None), getattr(click_exceptions, "Exit", None)} - {None})
@@ -73,8 +74,23 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
+def _warning_line(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    """A `SimdistWarning` as ``warning: <one line>`` on stderr (others as Python prints them)."""
+    if issubclass(category, SimdistWarning):
+        sys.stderr.write("warning: " + " ".join(str(message).split()) + "\n")
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``simdist`` console script and ``python -m simdist``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", SimdistWarning)  # each message once
+        warnings.showwarning = _warning_line
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         code = app(args=argv, prog_name="simdist", standalone_mode=False)
     except SimdistError as err:

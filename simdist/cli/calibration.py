@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,6 +27,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} %"
 
 
+def _warn(doc: dict[str, Any]) -> None:
+    """The document's warnings as ``warning: <one line>`` on stderr (stdout stays the result, or the JSON)."""
+    for line in doc.get("warnings", []):
+        sys.stderr.write(f"warning: {line}\n")
+
+
 @app.command("calibrate")
 def calibrate_cmd(
     measurements: MeasurementsArgument = None,
@@ -41,6 +48,7 @@ def calibrate_cmd(
     if not topology:
         raise SimdistError("no topology given", field="--topology", fix="add --topology dgx-h100 (simdist topo list)")
     doc = api.calibrate(list(measurements or []), topology, num_nodes=num_nodes, out=out, holdout=holdout, seed=seed)
+    _warn(doc)
     if as_json:
         _print_json(doc)
         return
@@ -51,8 +59,10 @@ def calibrate_cmd(
     for key, value in cal.get("overrides", {}).items():
         typer.echo(f"  override {key}: {value}")
     for op, c in cal.get("collectives", {}).items():
+        above = c.get("above_range_factor", 1.0)
         typer.echo(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
-                   + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else ""))
+                   + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else "")
+                   + (f"; above {c['size_range'][1]}: the physical model x {above:.3f}" if c.get("size_range") else ""))
     if cal.get("compute"):
         typer.echo(f"  compute         {cal['compute']}")
     if fit.get("heldout_points"):
@@ -74,6 +84,7 @@ def validate_cmd(
         raise SimdistError("no calibration given", field="--calibration",
                            fix="add --calibration cal.yaml (from simdist calibrate)")
     doc = api.validate(list(measurements or []), calibration, holdout=holdout, html=html)
+    _warn(doc)
     if as_json:
         _print_json(doc)
         return

@@ -6,7 +6,9 @@ prediction as a curve with its fit band (the curve at the confidence-interval en
 bandwidth factor, simdist.calibrate.calibration), and the uncalibrated prediction dashed; beside it the
 error of each prediction at the measured points, (predicted - measured) / measured in percent.
 
-Plain data in (`ValidateSeries`), no simdist.calibrate import (report sits below calibrate).
+Plain data in (`ValidateSeries`), no simdist.calibrate import (report sits below calibrate). The band is drawn
+within a factor `BAND_SPAN` of the curve and only where finite, so that a degenerate interval can never stretch
+the time axis over hundreds of decades (it is the fit's uncertainty, not a second prediction).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["ValidateSeries", "validate_figure", "validate_figure_html"]
+__all__ = ["BAND_SPAN", "ValidateSeries", "validate_figure", "validate_figure_html"]
 
 Pairs = tuple[tuple[float, float], ...]
+BAND_SPAN = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,16 @@ def _at(pairs: Pairs, sizes: Sequence[float]) -> np.ndarray:
     return 2.0 ** np.interp(np.log2(np.asarray(sizes, dtype=float)), x, y)
 
 
+def _bounded(band: Pairs, curve: Pairs, towards: float) -> list[float]:
+    """The band's times, finite and within a factor BAND_SPAN of the curve (``towards`` < 1: the lower edge)."""
+    out = []
+    for (_, b), (_, c) in zip(band, curve, strict=True):
+        limit = c * (BAND_SPAN ** (-1 if towards < 1 else 1))
+        ok = np.isfinite(b) and b > 0
+        out.append(float(min(max(b, limit), c) if towards < 1 else max(min(b, limit), c)) if ok else c)
+    return out
+
+
 def validate_figure(series: Sequence[ValidateSeries], title: str = "Calibration: predicted vs measured") -> go.Figure:
     rows = max(len(series), 1)
     names = [n for s in series for n in (f"{s.label}: time", f"{s.label}: error of the prediction")]
@@ -54,7 +67,8 @@ def validate_figure(series: Sequence[ValidateSeries], title: str = "Calibration:
     for i, s in enumerate(series, start=1):
         legend = i == 1
         xs = [p[0] for p in s.curve]
-        fig.add_trace(go.Scatter(x=xs + xs[::-1], y=[p[1] for p in s.band_high] + [p[1] for p in s.band_low][::-1],
+        high, low = _bounded(s.band_high, s.curve, 2.0), _bounded(s.band_low, s.curve, 0.5)
+        fig.add_trace(go.Scatter(x=xs + xs[::-1], y=high + low[::-1],
                                  fill="toself", fillcolor="rgba(31,119,180,0.18)", line={"width": 0},
                                  name="fit band (95 % CI)", legendgroup="band", showlegend=legend,
                                  hoverinfo="skip"), row=i, col=1)

@@ -3,6 +3,7 @@
 A calibration file is YAML with these sections (``simdist schema calibration`` prints the JSON schema)::
 
     topology: dgx-h100                 # the preset it was fitted for; using it on another cluster is an error
+    gpu: NVIDIA H100 80GB HBM3         # the device the measurements ran on; another GPU warns, naming both
     num_nodes: 1                       # nodes of the fitted cluster (informational)
     overrides:                         # topology fields laid over the preset (units as in topologies/*.yaml)
       scale_up: {efficiency: 0.81}     #   one efficiency per link tier the measurements crossed:
@@ -10,9 +11,12 @@ A calibration file is YAML with these sections (``simdist schema calibration`` p
     collectives:                       # per op, a correction of simdist's prediction t_model (seconds):
       all_reduce:                      #   t = latency + t_model / (bandwidth_factor x efficiency(size))
         latency: 12.5 us               #   latency the model misses (host launch, proxy threads)
+        latency_by_ranks: {2: 0.3 ms, 4: 6 ms}   # optional: per measured rank count (gloo ranks sharing cores)
         bandwidth_factor: 0.93         #   multiplier on the predicted bandwidth
         efficiency_sizes: [1048576 B, 16777216 B]   # optional size-dependent efficiency: knots (bytes) ...
-        efficiency: [0.71, 0.97]       #   ... and values, linear in log2(size) between knots, flat beyond
+        efficiency: [0.71, 0.97]       #   ... and values in (0, 1], linear in log2(size) between knots
+        size_range: [32768 B, 268435456 B]   # the sizes measured: below, the smallest size's correction holds;
+        above_range_factor: 1.0        #   above, t = latency + t_model / above_range_factor (the physical model)
     compute:                           # roofline constants of simdist.hardware.compute (absent: the defaults)
       gemm_peak_efficiency: 0.64
       launch_overhead: 4 us
@@ -38,12 +42,22 @@ class CollectiveCalibration(Spec):
     """Correction of one collective op: t = latency + t_model / (bandwidth_factor x efficiency(size))."""
 
     latency: Duration = Field(description="extra latency per call, added to the predicted time")
+    latency_by_ranks: dict[int, Duration] | None = Field(
+        default=None, description="extra latency per call at each measured rank count (ranks that are processes "
+                                  "sharing cores pay more per call in larger groups); other counts take `latency`")
     bandwidth_factor: float = Field(gt=0.0, description="multiplier on the predicted bandwidth (1 = as predicted)")
     efficiency_sizes: list[ByteSize] | None = Field(
         default=None, description="sizes (nccl-tests bytes, increasing) of the size-dependent efficiency knots")
     efficiency: list[float] | None = Field(
-        default=None, description="efficiency at each knot (share of the fitted bandwidth reached); linear in "
-                                  "log2(size) between knots, the end value beyond them")
+        default=None, description="efficiency at each knot, in (0, 1]: the share of bandwidth_factor x the predicted "
+                                  "bandwidth reached at that size; linear in log2(size) between knots, the end value "
+                                  "beyond them (within size_range)")
+    size_range: list[ByteSize] | None = Field(
+        default=None, description="[smallest, largest] size measured: above the largest the correction falls back to "
+                                  "the physical model (latency + t_model / above_range_factor), with a warning")
+    above_range_factor: float = Field(
+        default=1.0, gt=0.0, description="multiplier on the predicted bandwidth above size_range: the measured "
+                                         "plateau's when the sweep reached the bandwidth-bound regime, else 1")
 
     @model_validator(mode="after")
     def _knots(self) -> CollectiveCalibration:
@@ -55,8 +69,12 @@ class CollectiveCalibration(Spec):
                 raise ValueError(f"{len(sizes)} efficiency_sizes but {len(values)} efficiency values")
             if any(b <= a for a, b in itertools.pairwise(sizes)) or sizes[0] <= 0:
                 raise ValueError("efficiency_sizes must be positive and increasing")
-            if any(not 0.0 < v <= 10.0 for v in values):
-                raise ValueError("efficiency values must be in (0, 10]")
+            if any(not 0.0 < v <= 1.0 for v in values):
+                raise ValueError("efficiency values must be in (0, 1] (a file from an older simdist: fit it again "
+                                 "with simdist calibrate)")
+        if self.size_range is not None and (len(self.size_range) != 2 or not 0 < self.size_range[0]
+                                            <= self.size_range[1]):
+            raise ValueError("size_range must be [smallest, largest] measured size, both positive")
         return self
 
 
@@ -70,7 +88,9 @@ class ComputeCalibration(Spec):
 
 
 class TierFit(Spec):
-    """The alpha-beta fit t = alpha + factor x size / busbw of one op on one link tier (informational)."""
+    """One op on one link tier (informational): its latency alpha (the median measured time where the model is
+    latency-bound: its bytes under 10 % of its time), the busbw measured where the model is bandwidth-bound,
+    which sets the tier's efficiency, and the uncalibrated prediction's error on the series (mape_pct)."""
 
     tier: str
     op: str
@@ -78,9 +98,12 @@ class TierFit(Spec):
     points: Count
     alpha: Duration
     alpha_ci: list[Duration]
-    busbw: Bandwidth
+    busbw: Bandwidth = Field(description="measured busbw where the model is bandwidth-bound (median over "
+                                         "plateau_points), else the largest measured busbw (a lower bound)")
     busbw_ci: list[Bandwidth]
-    model_busbw: Bandwidth = Field(description="the same fit to the uncalibrated prediction")
+    model_busbw: Bandwidth = Field(description="the uncalibrated prediction's busbw at the same points")
+    plateau_points: int = Field(default=0, ge=0, description="points where the model is bandwidth-bound (latency, "
+                                                             "protocol and pipeline terms under 2 %); 0: none measured")
     efficiency_before: Fraction | None = None
     efficiency_after: Fraction | None = None
     mape_pct: float
@@ -122,12 +145,16 @@ class FitInfo(Spec):
     tiers: list[TierFit] = Field(default_factory=list)
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict)
     compute: ComputeFit | None = None
+    warnings: list[str] = Field(default_factory=list, description="what the fit warned about (few points, another "
+                                                                  "GPU than the topology's, ...)")
 
 
 class CalibrationSpec(Spec):
     """A calibration of a topology preset, fitted to measurements (``simdist calibrate``)."""
 
     topology: str = Field(description="the topology preset (name) the calibration was fitted for")
+    gpu: str | None = Field(default=None, description="the device the measurements ran on, as they name it (e.g. "
+                                                      "'NVIDIA A100-SXM4-80GB'); None where they do not say")
     num_nodes: Count | None = None
     overrides: dict[str, Any] = Field(default_factory=dict,
                                       description="topology fields laid over the preset (deep merge)")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
+from pathlib import Path
 
 from simdist.calibrate.steps import write_step_measurements_csv
+from validation.collectives import host_memory_bytes
 from validation.mlp.cuts import DDP_BUCKET_BYTES
-from validation.mlp.harness import ALL_CUTS, StepConfig, run_steps
+from validation.mlp.harness import ALL_CUTS, StepConfig, keep_partial, run_steps
 from validation.mlp.model import MLPConfig
 from validation.spawn import HarnessError, cli_guard
 
@@ -36,18 +39,47 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _positive(value: float, flag: str, *, zero: bool = False) -> None:
+    """A finite number above 0 (or at least 0 with ``zero``), else one `HarnessError` line (exit 2)."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        bound = "0 or more" if zero else "above 0"
+        raise HarnessError(f"{flag} must be a finite number {bound}, got {value:g}")
+
+
+def _check_memory(args: argparse.Namespace) -> None:
+    """Refuse a model whose weights and activations cannot fit this host (before spawning anything)."""
+    memory = host_memory_bytes()
+    # Assumption: per rank, ~6 copies of the weights (weights, gradients, the reference's weights, gradients and
+    # update, a cut's own) and ~4 of the activations (forward, saved, gradients), fp32.
+    need = 4 * args.ranks * (6 * args.layers * args.width**2 + 4 * args.layers * args.batch * args.width)
+    if memory is not None and need > memory // 2:
+        raise HarnessError(f"--layers {args.layers} x --width {args.width} (batch {args.batch}) on {args.ranks} ranks "
+                           f"needs ~{need / 2**30:.1f} GiB, more than half of this host's {memory / 2**30:.1f} GiB "
+                           f"(fix: lower --width, --layers, --batch or --ranks)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     cuts = ALL_CUTS if args.cuts == "all" else tuple(c.strip() for c in args.cuts.split(",") if c.strip())
     unknown = [c for c in cuts if c not in ALL_CUTS]
-    if unknown:
-        raise HarnessError(f"--cuts: unknown cut(s) {', '.join(unknown)} (fix: use {','.join(ALL_CUTS)} or all)")
+    if unknown or not cuts:
+        raise HarnessError(f"--cuts: unknown cut(s) {', '.join(unknown) or '(none)'} "
+                           f"(fix: use {','.join(ALL_CUTS)} or all)")
     if min(args.width, args.layers, args.batch, args.ranks, args.iters) < 1 or args.warmup < 0:
         raise HarnessError("--width, --layers, --batch, --ranks and --iters must be >= 1, --warmup >= 0")
+    if args.microbatches < 0 or args.seed < 0:
+        raise HarnessError("--microbatches and --seed must be >= 0 (--microbatches 0: 2 per rank)")
+    _positive(args.tolerance, "--tolerance", zero=True)
+    _positive(args.lr, "--lr")
+    _positive(args.bucket_mb, "--bucket-mb")
+    _positive(args.timeout, "--timeout")
+    _check_memory(args)
     try:
         split = tuple(int(v) for v in args.batch_split.split(",")) if args.batch_split else None
     except ValueError:
         raise HarnessError(f"--batch-split '{args.batch_split}' is not a comma list of integers (e.g. 1,3)") from None
+    if args.out is not None and Path(args.out).is_dir():
+        raise HarnessError(f"--out {args.out} is a folder (fix: name a file, e.g. {Path(args.out) / 'steps.csv'})")
     command = "python -m validation.mlp " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = StepConfig(
         mlp=MLPConfig(num_layers=args.layers, width=args.width, batch=args.batch, seed=args.seed, lr=args.lr),
@@ -55,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         num_microbatches=args.microbatches or min(args.batch, 2 * args.ranks), batch_split=split,
         bucket_bytes=max(1, int(args.bucket_mb * 2**20)), check=args.check,
         command=command)
-    rows, checks, meta = run_steps(config, args.ranks, timeout_s=args.timeout)
+    try:
+        rows, checks, meta = run_steps(config, args.ranks, timeout_s=args.timeout, partial=args.out)
+    except HarnessError as exc:
+        if args.out is None:
+            raise
+        raise HarnessError(f"{exc}; {keep_partial(exc.items, str(exc), args.out)}") from None
     if not meta:
         return 0  # a torchrun rank other than 0
     for r in rows:

@@ -14,6 +14,10 @@ Timing (the lecture and nccl-tests): ``warmup`` untimed steps, then ``iters`` st
 SUM all_reduces. ``time_s`` = median over iterations of the max over ranks, ``time_mean_s`` = the mean over
 iterations and ranks. The ``single`` cut (the whole batch on one process) runs on rank 0 while the other
 ranks wait at a barrier, and is recorded with world_size 1.
+
+Each rank says what it is doing (validation.spawn.doing: the cut, check or timed step i of n), so a fault names
+it; rank 0 hands each timed cut to the parent as it finishes (validation.spawn.report), so a failed run keeps
+the cuts timed so far (`keep_partial`).
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from simdist.calibrate.steps import StepMeasurement
+from simdist.calibrate.steps import StepMeasurement, write_step_measurements_csv
+from validation.machine import device_name, run_metadata
 from validation.mlp.cuts import DDP_BUCKET_BYTES, Cut, build_cut
 from validation.mlp.model import MLPConfig, reference_step
-from validation.spawn import device_name, launch, run_metadata
+from validation.spawn import doing, launch, partial_path, report
 
-__all__ = ["ALL_CUTS", "CheckResult", "StepConfig", "run_steps"]
+__all__ = ["ALL_CUTS", "CheckResult", "StepConfig", "keep_partial", "run_steps"]
 
 ALL_CUTS: tuple[str, ...] = ("single", "data_parallel", "data_parallel_bucketed", "tensor_parallel",
                              "pipeline_gpipe", "pipeline_1f1b")
@@ -58,10 +64,32 @@ class CheckResult:
     grad_ref_max: float
 
 
-def run_steps(config: StepConfig, world_size: int, *, timeout_s: float = 600.0
+def run_steps(config: StepConfig, world_size: int, *, timeout_s: float = 600.0, partial: str | Path | None = None
               ) -> tuple[list[StepMeasurement], list[CheckResult], dict[str, str]]:
-    """Run the checks and timings on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's results."""
-    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,), timeout_s=timeout_s)
+    """Run the checks and timings on ``world_size`` ranks (spawned, or this torchrun rank); rank 0's results.
+
+    A failed run's `HarnessError` carries the cuts timed so far (``items``, see `keep_partial`); ``partial``:
+    where rank 0 keeps them itself if this process dies mid-run.
+    """
+    salvage = (_salvage, (str(partial),)) if partial is not None else None
+    return launch(_worker, world_size=world_size, backend=config.backend, args=(config,), timeout_s=timeout_s,
+                  salvage=salvage)
+
+
+def keep_partial(items: list[Any], reason: str, out: str | Path) -> str:
+    """Write the steps a failed run timed (`run_steps`'s ``items``) to ``partial_path(out)``, its
+    ``# incomplete:`` line saying why; returns a note for the error message."""
+    rows = [it[1] for it in items if it[0] == "row"]
+    meta = next((dict(it[1]) for it in items if it[0] == "meta"), {})
+    if not rows:
+        return "no cut had been timed"
+    path = partial_path(out)
+    write_step_measurements_csv(rows, path, metadata={**meta, "incomplete": reason})
+    return f"the {len(rows)} step measurement(s) finished so far are in {path}"
+
+
+def _salvage(items: list[Any], reason: str, out: str) -> str:
+    return keep_partial(items, reason, out)
 
 
 def _worker(rank: int, world: int, config: StepConfig) -> Any:
@@ -69,12 +97,17 @@ def _worker(rank: int, world: int, config: StepConfig) -> Any:
 
     gpu = config.backend == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    doing("collecting the run's metadata")
     meta = run_metadata(config.backend, world, config.command) if rank == 0 else {}
+    if rank == 0:
+        report(("meta", meta))
+    doing("computing the single-process reference step")
     reference = reference_step(config.mlp, device) if config.check else None
     rows: list[StepMeasurement] = []
     checks: list[CheckResult] = []
     for name in config.cuts:
         if config.check and name != "single":
+            doing(f"checking cut {name} against the reference")
             cut = _build(name, config, rank, world, device)
             cut.step()
             checks.append(_compare(cut, reference, device))
@@ -82,6 +115,7 @@ def _worker(rank: int, world: int, config: StepConfig) -> Any:
             row = _time_cut(name, config, rank, world, device)
             if row is not None:
                 rows.append(row)
+                report(("row", row))
     return rows, checks, meta
 
 
@@ -121,10 +155,13 @@ def _time_cut(name: str, config: StepConfig, rank: int, world: int, device: Any)
     times: list[float] = []
     cut = None
     if not single or rank == 0:
+        doing(f"building cut {name}")
         cut = _build(name, config, rank, world, device)
-        for _ in range(config.warmup):
+        for i in range(config.warmup):
+            doing(f"timing cut {name}, warm-up step {i + 1} of {config.warmup}")
             cut.step()
-        for _ in range(config.iters):
+        for i in range(config.iters):
+            doing(f"timing cut {name}, timed step {i + 1} of {config.iters}")
             sync()
             if not single:
                 dist.barrier()
@@ -132,6 +169,7 @@ def _time_cut(name: str, config: StepConfig, rank: int, world: int, device: Any)
             cut.step()
             sync()
             times.append(time.perf_counter() - start)
+    doing(f"waiting for every rank at the barrier after timing cut {name}")
     dist.barrier()
     if single:
         if rank != 0:
