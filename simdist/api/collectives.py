@@ -115,7 +115,7 @@ def collective(
         cost = choice.priced.cost
         correction = cal.correction(op) if cal is not None else None
         if correction is not None:  # t = latency + t_model / rate: simdist.calibrate.calibration.Correction
-            cost = dataclasses.replace(cost, base_latency_s=cost.base_latency_s + correction.latency_s,
+            cost = dataclasses.replace(cost, base_latency_s=cost.base_latency_s + correction.latency_for(num_ranks),
                                        rate_factor=cost.rate_factor * correction.rate(nbytes))
         priced = dataclasses.replace(priced_request(request, choice.priced), protocol=cost)
         builder = algo.build_fast if algo.build_fast is not None and _fast(fidelity, algo, priced) else algo.build
@@ -129,7 +129,8 @@ def collective(
         rows.append(CollectiveRow(
             op=op, nbytes=nbytes, num_ranks=num_ranks, algorithm=choice.algorithm, protocol=choice.protocol,
             fidelity="fast" if builder is algo.build_fast else "detailed", time_s=run.time_s,
-            closed_form_s=correction.time_s(choice.predicted_s, nbytes) if correction else choice.predicted_s,
+            closed_form_s=(correction.time_s(choice.predicted_s, nbytes, num_ranks) if correction
+                           else choice.predicted_s),
             algbw_GBps=(nbytes / run.time_s / 1e9) if run.time_s > 0 else 0.0,
             busbw_GBps=(busbw_Bps(op, num_ranks, nbytes, run.time_s) / 1e9) if run.time_s > 0 else 0.0,
             max_bytes_sent_per_rank=max(sent), max_bytes_received_per_rank=max(received),
