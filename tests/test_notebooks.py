@@ -9,7 +9,6 @@ import importlib.util
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -18,7 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 120
-NOTEBOOK_BUDGET_S = 60  # each notebook is meant to run in well under 30 s
 
 
 def _build_module():
@@ -78,10 +76,7 @@ def test_notebook_executes(path, kernel_dir, tmp_path):
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=False,
                             resources={"metadata": {"path": str(tmp_path)}})
-    start = time.perf_counter()
     client.execute()  # raises CellExecutionError on the first failing cell
-    elapsed = time.perf_counter() - start
-    assert elapsed < NOTEBOOK_BUDGET_S, f"{path.name} took {elapsed:.0f} s"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code)
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]

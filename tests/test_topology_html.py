@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from itertools import pairwise
 
@@ -132,10 +131,7 @@ def test_summary_view_at_16k_gpus_does_not_materialise(monkeypatch):
 
     monkeypatch.setattr(Topology, "to_networkx", forbidden)
     monkeypatch.setattr(Topology, "links", forbidden)
-    start = time.perf_counter()
     fig = topology_figure(topo)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0
     title = fig.layout.title.text
     assert "summary view" in title and "16,384 GPUs" in title and "2,048 nodes" in title
     counts = _vertex_counts(fig)
