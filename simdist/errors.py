@@ -71,3 +71,22 @@ class TopologyError(SimdistError):
 
 class LayoutError(SimdistError):
     """A parallel layout that cannot be placed on the cluster."""
+
+
+class LimitError(SimdistError):
+    """An input that asks for more work or memory than `simdist.limits` allows (the message gives the numbers)."""
+
+
+class OutputError(SimdistError):
+    """A file that cannot be written (the message names the target and the reason)."""
+
+
+class SimdistWarning(UserWarning):
+    """Something a user should know that is not an error (a dropped torn line, a measurement ignored)."""
+
+
+def note(message: str) -> None:
+    """Tell the user something (``note: ...`` on stderr from the CLI; a `SimdistWarning` for library callers)."""
+    import warnings
+
+    warnings.warn(" ".join(message.split()), SimdistWarning, stacklevel=2)
