@@ -43,6 +43,7 @@ from typing import Any
 
 from simdist.calibrate.measurements import Measurement, _metadata_lines, write_measurements_csv, write_text_atomic
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
+from simdist.errors import SimdistError
 from simdist.units import parse_size_list
 from validation.spawn import HarnessError, cli_guard, launch, run_metadata
 
@@ -236,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         raise HarnessError("--warmup must be >= 0 and --iters >= 1")
     if args.timeout is not None and args.timeout <= 0:
         raise HarnessError(f"--timeout must be positive, got {args.timeout:g}")
-    sizes = tuple(int(s) for s in parse_size_list(args.bytes))
+    try:  # simdist's own parser: the same syntax, bounds and one-line errors as `simdist collective --bytes`
+        sizes = tuple(int(s) for s in parse_size_list(args.bytes))
+    except SimdistError as err:
+        raise err.located(field_prefix="--bytes") from None
     command = "python -m validation.collectives " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = BenchConfig(ops=ops, sizes=sizes, warmup=args.warmup, iters=args.iters, backend=args.backend,
                          command=command)
