@@ -22,16 +22,19 @@ import errno
 import json
 import math
 import os
+import signal
 import stat
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
 from simdist.errors import OutputError, SpecError
 from simdist.limits import INPUT_BYTES, Limit
 
-__all__ = ["check_target", "json_text", "open_append", "read_bytes", "read_text", "write_files", "write_text"]
+__all__ = ["check_target", "json_text", "open_append", "read_bytes", "read_text", "sigint_held", "write_files",
+           "write_text"]
 
 _KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -103,6 +106,30 @@ def read_text(path: str | Path, *, field: str | None = None, limit: Limit = INPU
 
 
 # --------------------------------------------------------------------------- writing
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold a SIGINT back until the block is done, then act on it as the handler before would have.
+
+    The Python-level handler is swapped (masking the signal would not do: the kernel may hand a process-directed
+    signal to another thread, whose C handler still trips the main thread's KeyboardInterrupt). Outside the main
+    thread (where handlers cannot be set) the block runs as is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if pending and old is not signal.SIG_IGN:
+        if callable(old):
+            old(signal.SIGINT, None)
+        else:
+            raise KeyboardInterrupt
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -127,7 +154,7 @@ def check_target(path: str | Path, *, field: str | None = None) -> Path:
         raise OutputError(f"cannot write {target}: {_reason(err)}", field=field, fix="give a writable path") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(f"cannot write {target}: it is a folder", field=field,
-                          fix=f"give a file name, e.g. {target / 'report.html'}")
+                          fix="give the path of a file (in that folder or elsewhere)")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OutputError(f"cannot write {target}: it exists as {_kind(st.st_mode)}", field=field,
                           fix="remove it or give another file name")
@@ -216,14 +243,15 @@ def write_files(files: Mapping[str | Path, str | bytes], *, field: str | None = 
                 raise OutputError(f"cannot write {target}: {_reason(err)}", field=where,
                                   fix="free space or give another path") from None
             staged.append((tmp, real, where))
-        for tmp, real, where in staged:
-            try:
-                os.replace(tmp, real)
-            except OSError as err:
-                raise OutputError(f"cannot write {real}: {_reason(err)}", field=where,
-                                  fix="give a writable path") from None
-            temps.remove(tmp)
-            done.append(real)
+        with sigint_held():  # a Ctrl-C lands after the renames: all targets are replaced, or none
+            for tmp, real, where in staged:
+                try:
+                    os.replace(tmp, real)
+                except OSError as err:
+                    raise OutputError(f"cannot write {real}: {_reason(err)}", field=where,
+                                      fix="give a writable path") from None
+                temps.remove(tmp)
+                done.append(real)
     except BaseException:
         _cleanup(temps, created if not done else [])
         raise

@@ -137,7 +137,7 @@ SWEEP_TRANSFERS = _limit(
     "one `simdist collective` sweep of one algorithm: its plans' transfers plus 170 per size (choosing the "
     "algorithm and protocol of a size costs about as much as simulating 170 transfers): about 15 s of CPU")
 SEARCH_CANDIDATES = _limit(
-    "search_candidates", 1_000_000, "layouts",
+    "search_candidates", 250_000, "layouts",
     "layouts `simdist search` enumerates and prunes (the closed form ranks about 5,000 a second)")
 TOP_K = _limit("top_k", 64, "layouts", "each re-simulated layout is a full engine run")
 WORKERS = _limit("workers", 256, "processes", "local worker processes of a sweep")
@@ -174,11 +174,15 @@ def check_work(amount: float, limit: Limit, *, what: str, field: str | None = No
 # recompute, their tensor/context-parallel collectives, p2p sends); measured 9-10 on the bundled scenarios
 # (simdist run ... num_ops), so the estimate errs high.
 OPS_PER_CHUNK_MICROBATCH = 12
+# Assumption: an overlapped gradient bucket costs the engine about 10 ordinary ops: every bucket's collective is
+# in flight at once on the same data-parallel links (measured: 14,000 bucket ops of GPT-3 175B took 5.5 s, about
+# ten times an ordinary op's 45 us).
+BUCKET_OP_WEIGHT = 10
 
 
 def step_ops_estimate(spec: Any, num_gpus: int, *, simulate: str = "auto", num_params: float | None = None
-                      ) -> tuple[int, str]:
-    """(ops the engine would simulate for one step of a ScenarioSpec, how the estimate was made).
+                      ) -> tuple[int, str, int]:
+    """(ops the engine would simulate for one step of a ScenarioSpec, how the estimate was made, of which buckets).
 
     Simulated ranks: one per pipeline stage (per replica too with unequal ``dp_batch_split``), every GPU with
     ``simulate="full"``. ``num_params``: the model's parameters, for overlapped gradient buckets (each bucket
@@ -193,22 +197,27 @@ def step_ops_estimate(spec: Any, num_gpus: int, *, simulate: str = "auto", num_p
     ops = OPS_PER_CHUNK_MICROBATCH * ranks * max(1, microbatches) * p.vpp
     how = (f"{ranks:,} simulated rank(s) x {microbatches:,} micro-batch(es) x {p.vpp} chunk(s) x "
            f"~{OPS_PER_CHUNK_MICROBATCH} ops")
+    bucket_ops = 0
     if num_params and t.grad_reduce == "overlapped" and t.grad_bucket_size and p.zero_stage < 2:
         buckets = math.ceil(4.0 * num_params / (p.tp * p.pp * p.vpp) / max(t.grad_bucket_size, BUCKET_MIN.value))
-        ops += ranks * p.vpp * buckets
-        how += f" + {ranks * p.vpp * buckets:,} gradient-bucket ops"
-    return ops, how
+        bucket_ops = BUCKET_OP_WEIGHT * ranks * p.vpp * buckets
+        ops += bucket_ops
+        how += f" + {ranks * p.vpp * buckets:,} gradient buckets x {BUCKET_OP_WEIGHT}"
+    return ops, how, bucket_ops
 
 
 def check_step_work(spec: Any, num_gpus: int, *, simulate: str = "auto", num_params: float | None = None,
                     source: str | None = None) -> None:
     """Refuse a step whose simulation would exceed `STEP_OPS`, before anything is built."""
-    ops, how = step_ops_estimate(spec, num_gpus, simulate=simulate, num_params=num_params)
-    fix = "raise training.micro_batch_size or parallel.dp, or lower training.global_batch_size"
-    if simulate == "full":
-        fix += ", or use --simulate representatives"
-    check_work(ops, STEP_OPS, what=f"simulating this step ({how})", field="training.global_batch_size",
-               source=source, fix=fix)
+    ops, how, bucket_ops = step_ops_estimate(spec, num_gpus, simulate=simulate, num_params=num_params)
+    if 2 * bucket_ops > ops:
+        field, fix = "training.grad_bucket_size", "use larger gradient buckets (or none: one per model chunk)"
+    else:
+        field = "training.global_batch_size"
+        fix = "raise training.micro_batch_size or parallel.dp, or lower training.global_batch_size"
+        if simulate == "full":
+            fix += ", or use --simulate representatives"
+    check_work(ops, STEP_OPS, what=f"simulating this step ({how})", field=field, source=source, fix=fix)
 
 
 def limits_table() -> str:

@@ -472,3 +472,30 @@ def test_docs_limits_md_is_generated_from_simdist_limits():
 
 def test_limit_errors_are_simdist_errors():
     assert issubclass(LimitError, SimdistError) and issubclass(SpecError, SimdistError)
+
+
+def test_every_limit_is_enforced_somewhere():
+    import re
+
+    from simdist import limits
+
+    names = [k for k, v in vars(limits).items() if isinstance(v, limits.Limit)]
+    sources = "\n".join(p.read_text() for p in (REPO / "simdist").rglob("*.py") if p.name != "limits.py")
+    sources += (REPO / "simdist" / "limits.py").read_text().split("def check_work")[1]
+    unused = [n for n in names if not re.search(rf"\b{n}\b", sources)]
+    assert unused == [] and len(names) == len(LIMITS)
+
+
+@pytest.mark.parametrize("redirect, code", [(">&-", 0), ("2>&-", 2), (">&- 2>&-", 2)])
+def test_closed_standard_streams(redirect, code):
+    command = "topo list" if code == 0 else "topo show nope"
+    proc = subprocess.run(f"{sys.executable} -m simdist {command} {redirect}", shell=True, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_narrow_output_encoding_escapes_instead_of_failing(tmp_path):
+    (tmp_path / "s.yaml").write_text(SCENARIO.replace("name: tiny", "name: ünï"), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "simdist", "check", tmp_path / "s.yaml"], capture_output=True,
+                          cwd=REPO, timeout=120, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0 and b"\\xfcn\\xef" in proc.stdout, proc.stderr

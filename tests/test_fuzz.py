@@ -186,117 +186,146 @@ def test_fuzz_topology_schema(tmp_path_factory, mutations):
 
 
 # --------------------------------------------------------------------------- every command's arguments
-def _flag(name: str, values: st.SearchStrategy, *, required: bool = False) -> st.SearchStrategy:
-    given_ = values.map(lambda v: [name, str(v)])
-    # a required flag is given three times in four, so that most cases get past the usage check
-    return st.one_of(given_, given_, given_, st.just([])) if required else st.one_of(st.just([]), given_)
-
-
 NUM = st.one_of(INTS, FLOATS, TEXT).map(str)
-SIZES = st.one_of(st.sampled_from(["8:8G:x2", "1M", "1M,1G", "1:1G:+1", "8:8G:xabc", "8:8G:x", "1:4096:+1", "",
-                                   "-1", "1e400", "8:4:x2", "1K:1M:x1.5", "0", "1T", "1:2", ",,"]), TEXT)
-FILES = st.sampled_from(["missing.yaml", ".", "/dev/null", "/dev/zero", str(REPO / "scenarios" / "default.yaml"),
-                         str(REPO / "topologies" / "dgx-h100.yaml"), "in.yaml"])
-OUT = st.sampled_from(["out.html", "sub/dir/out.html", ".", "in.yaml/x.html", "out"])
-PRESETS = st.sampled_from(["dgx-a100", "dgx-h100", "gb200-nvl72", "pcie-gen4-8gpu", "cpu-loopback", "nope", ""])
-SETS = st.lists(st.builds(lambda p, v: f"{'.'.join(p)}={v}", st.sampled_from([p for p, _ in TOPOLOGY_LEAVES]),
-                          st.one_of(NUM, UNIT_STRINGS)), max_size=2)
+SIZES = st.one_of(st.sampled_from(["1:1G:+1", "8:8G:xabc", "8:8G:x", "1:4096:+1", "", "-1", "1e400", "8:4:x2", "0",
+                                   "1T", "1:2", ",,"]), TEXT)
+FILES = st.sampled_from(["missing.yaml", ".", "/dev/null", "/dev/zero", "in.yaml", "bad.yaml",
+                         str(REPO / "topologies" / "dgx-h100.yaml")])
+OUT = st.sampled_from(["out.html", "sub/dir/out.html", ".", "in.yaml/x.html", "out", "fifo"])
+BAD_OUT = st.sampled_from([".", "in.yaml/x.html", "fifo", "in.yaml"])
+PRESETS = st.sampled_from(["dgx-a100", "dgx-h100", "gb200-nvl72", "pcie-gen4-8gpu", "hgx-h200", "dgx-b200"])
+SETS = st.builds(lambda p, v: f"{'.'.join(p)}={v}", st.sampled_from([p for p, _ in TOPOLOGY_LEAVES]),
+                 st.one_of(NUM, UNIT_STRINGS))
+JSON = st.sampled_from(["--json", None])
 
 
-SCHEDULES = st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "x"])
-MICROBATCHES = st.one_of(st.sampled_from(["1", "4", "8", "16", "100000000"]), NUM)
-GRID_MICROBATCHES = st.one_of(st.sampled_from(["1", "4", "8", "10000"]), NUM)
-GPUS = st.one_of(st.sampled_from(["8", "16", "0", "7", "10000000"]), NUM)
-BATCH = st.one_of(st.sampled_from(["8", "16", "0", "1e9"]), NUM)
-CLUSTERS = st.sampled_from(["dgx-h100", "dgx-h100,dgx-a100", "", "nope", ","])
-TOKENS = st.one_of(st.sampled_from(["1e9", "nan", "inf", "0", "-1", "1e400"]), NUM)
+def _c(*values: object) -> st.SearchStrategy:
+    return st.sampled_from([str(v) for v in values])
 
 
-def _sets(assignments: list[str]) -> list[str]:
-    return [x for a in assignments for x in ("--set", a)]
-
-
-COMMANDS = {
-    "topo show": st.tuples(st.one_of(PRESETS, FILES).map(lambda n: ["topo", "show", n]),
-                           _flag("--num-nodes", st.one_of(st.sampled_from(["1", "2", "0", "-1", "1000000000", "1e3",
-                                                                           "x", "131072"]), NUM)),
-                           SETS.map(_sets), _flag("--html", OUT), st.sampled_from([["--json"], []])),
-    "bubble": st.tuples(st.just(["bubble"]),
-                        _flag("--schedule", SCHEDULES, required=True),
-                        _flag("--stages", st.one_of(st.sampled_from(["1", "2", "4", "8"]), NUM), required=True),
-                        _flag("--microbatches", MICROBATCHES, required=True),
-                        _flag("--virtual", st.one_of(st.sampled_from(["1", "2"]), NUM)),
-                        _flag("--forward-time", NUM), _flag("--backward-time", NUM), _flag("--p2p-time", NUM),
-                        _flag("--stage-times", st.one_of(st.sampled_from(["1,1,1,1", "1,nan", "1,,2", "a"]), TEXT)),
-                        _flag("--sweep-microbatches", st.sampled_from(["1:8", "1:100000000", "8:1", "1,2,x", "0:4",
-                                                                       "1:8:0", "4:64:4", "a:b", ""])),
-                        _flag("--html", OUT), st.sampled_from([["--json"], []])),
-    "schedule": st.tuples(st.just(["schedule"]),
-                          _flag("--schedule", SCHEDULES, required=True),
-                          _flag("--stages", st.one_of(st.sampled_from(["1", "2", "4", "100000"]), NUM), required=True),
-                          _flag("--microbatches", GRID_MICROBATCHES, required=True),
-                          _flag("--virtual", NUM)),
-    "collective": st.tuples(st.just(["collective"]), _flag("--cluster", PRESETS, required=True),
-                            _flag("--op", st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                                           "all_to_all", "send_recv", "barrier", "nope"]),
-                                  required=True),
-                            _flag("--ranks", st.one_of(st.sampled_from(["1", "2", "8", "16", "64", "0", "-8",
-                                                                        "1000000000"]), NUM), required=True),
-                            _flag("--bytes", SIZES),
-                            _flag("--algorithm", st.sampled_from(["auto", "ring", "tree", "direct", "nvls",
-                                                                  "halving_doubling", "hierarchical", "ring,tree",
-                                                                  "", ",", "nope"])),
-                            _flag("--protocol", st.sampled_from(["auto", "LL", "LL128", "Simple", "x"])),
-                            _flag("--fidelity", st.sampled_from(["auto", "detailed", "fast", "x"])),
-                            _flag("--num-nodes", st.sampled_from(["1", "2", "8", "0", "-1", "1000000000000"])),
-                            _flag("--root", st.one_of(st.sampled_from(["0", "1", "7", "-1", "8"]), NUM)),
-                            _flag("--compare", st.sampled_from([str(REPO / "tests" / "data" /
-                                                                    "all_reduce_perf_a100x8.txt"), "missing.csv",
-                                                                "in.yaml", "/dev/null"])),
-                            _flag("--html", OUT), st.sampled_from([["--json"], []])),
-    "search": st.tuples(st.just(["search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--top", "0"]),
-                        _flag("--gpus", GPUS, required=True),
-                        _flag("--global-batch", BATCH, required=True),
-                        _flag("--seq", st.one_of(st.sampled_from(["0", "2048", "-1", "1000000000"]), NUM)),
-                        _flag("--max-tp", NUM), _flag("--max-pp", NUM), _flag("--max-vpp", NUM),
-                        _flag("--max-cp", st.sampled_from(["1", "2", "0", "1000000"])),
-                        _flag("--max-micro-batch", st.sampled_from(["1", "2", "0", "1000000000"])),
-                        _flag("--schedules", st.sampled_from(["1f1b", "gpipe,zb_h1", "", "x"])),
-                        _flag("--workers", st.sampled_from(["1", "0", "-1", "100000"])),
-                        _flag("--rows", NUM), _flag("--out", OUT), _flag("--html", OUT),
-                        st.sampled_from([["--json"], []])),
-    "compare": st.tuples(st.just(["compare", "--model", "llama3-8b", "--global-batch", "8"]),
-                         _flag("--clusters", CLUSTERS, required=True),
-                         _flag("--gpus", st.one_of(st.sampled_from(["8", "0", "-8"]), NUM), required=True),
-                         _flag("--tokens", TOKENS, required=True),
-                         _flag("--pue", NUM),
-                         _flag("--price", st.sampled_from(["dgx-h100=2.5", "dgx-h100=nan", "x=1", "dgx-h100", "=",
-                                                           "dgx-h100=-1", "dgx-h100=1e400"])),
-                         _flag("--html", OUT), st.sampled_from([["--json"], []])),
-    "check/run": st.tuples(st.sampled_from([["check"], ["run"]]), FILES.map(lambda f: [f]), SETS.map(_sets),
-                           _flag("--simulate", st.sampled_from(["auto", "full", "representatives", "x"])),
-                           _flag("--out", OUT), st.sampled_from([["--json"], []])),
-    "schema/assumptions/topo": st.sampled_from([["schema", "scenario"], ["schema", "x"], ["schema"],
-                                                ["assumptions", "--json"], ["topo", "list"], ["topo", "gpus", "--json"],
-                                                ["topo"], [], ["--help"], ["nope"], ["run", "--nope"]]).map(
-        lambda a: (a,)),
-    "calibrate/validate": st.tuples(st.sampled_from([["calibrate"], ["validate"]]),
-                                    st.lists(FILES, max_size=2),
-                                    _flag("--topology", PRESETS, required=True), _flag("--calibration", FILES),
-                                    _flag("--holdout", st.sampled_from(["sizes", "large", "ranks", "none", "x"])),
-                                    _flag("--num-nodes", NUM), _flag("--out", OUT),
-                                    st.sampled_from([["--json"], []])),
+# Each command: its base arguments (valid), and per option a strategy of valid values and one of hostile ones.
+# A case gives some options valid values and at most two hostile ones, so that cases reach past the first check.
+COMMANDS: dict[str, tuple[list[str], dict[str, tuple[st.SearchStrategy, st.SearchStrategy]]]] = {
+    "topo show": (["topo", "show", "dgx-h100"], {
+        "--num-nodes": (_c(1, 2, 16, 131072), st.one_of(_c(0, -1, 1000000000, "1e3", "x", 131073), NUM)),
+        "--set": (_c("inter_node.kind=roce", "inter_node.oversubscription=2", "inter_node.fabric=fat_tree"), SETS),
+        "--html": (_c("out.html", "sub/dir/t.html"), BAD_OUT), "--json": (JSON, JSON)}),
+    "topo show FILE": (["topo", "show", "dgx-a100"], {
+        "": (st.sampled_from([str(REPO / "topologies" / f"{n}.yaml") for n in ("dgx-a100", "pcie-gen5-8gpu")]),
+             st.one_of(FILES, PRESETS.map(lambda n: n + "x"))), "--json": (JSON, JSON)}),
+    "bubble": (["bubble", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8"], {
+        "--schedule": (_c("gpipe", "1f1b", "zb_h1"), _c("x", "", "interleaved_1f1b")),
+        "--stages": (_c(1, 2, 4, 8), st.one_of(_c(0, -1, 100000, 4097), NUM)),
+        "--microbatches": (_c(1, 4, 8, 16, 100000000), st.one_of(_c(0, -3, 2**40 + 1, 10**30), NUM)),
+        "--virtual": (_c(1), st.one_of(_c(0, 2, 5000), NUM)),
+        "--forward-time": (_c(0.5, 1, 2), NUM), "--backward-time": (_c(1, 2, 3), NUM), "--p2p-time": (_c(0, 0.1), NUM),
+        "--sweep-microbatches": (_c("1:8", "2,4,8", "4:64:4"),
+                                 _c("1:100000000", "8:1", "1,2,x", "0:4", "1:8:0", "a:b", "", "1:3000")),
+        "--html": (_c("b.html"), BAD_OUT), "--json": (JSON, JSON)}),
+    "bubble interleaved": (["bubble", "--schedule", "interleaved_1f1b", "--stages", "4", "--microbatches", "8",
+                            "--virtual", "2"], {
+        "--stages": (_c(2, 4), NUM), "--microbatches": (_c(8, 16, 100000000), NUM), "--virtual": (_c(2, 3), NUM),
+        "--stage-times": (_c("1,1,1,1", "1,2"), st.one_of(_c("1,nan", "1,,2", "a", "0,1", "1e400,1"), TEXT)),
+        "--json": (JSON, JSON)}),
+    "schedule": (["schedule", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8"], {
+        "--schedule": (_c("gpipe", "1f1b", "zb_h1"), _c("x", "")), "--stages": (_c(1, 2, 4), _c(0, 100000, "x")),
+        "--microbatches": (_c(1, 4, 8), _c(0, 10000, -1, "1.5")), "--virtual": (_c(1), NUM)}),
+    "collective": (["collective", "--cluster", "dgx-h100", "--op", "all_reduce", "--ranks", "8", "--bytes", "1M"], {
+        "--cluster": (PRESETS, st.one_of(_c("nope", "", "in.yaml", "/dev/zero"), TEXT)),
+        "--op": (_c("all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv", "barrier", "reduce"),
+                 _c("nope", "", "ALL_REDUCE")),
+        "--ranks": (_c(2, 4, 8, 16), st.one_of(_c(0, 1, -8, 1000000000, 9, "1e3"), NUM)),
+        "--bytes": (_c("1M", "1K:1M:x4", "8,1G", "1M:4M:+1M"), SIZES),
+        "--algorithm": (_c("auto", "ring", "tree", "direct", "ring,auto"), _c("", ",", "nope", "nvls", "hierarchical")),
+        "--protocol": (_c("auto", "LL", "LL128", "Simple"), _c("x", "ll")),
+        "--fidelity": (_c("auto", "detailed", "fast"), _c("x", "")),
+        "--num-nodes": (_c(1, 2), _c(0, -1, 10**12, 200000, "x")), "--root": (_c(0, 1), st.one_of(_c(-1, 64), NUM)),
+        "--compare": (_c(REPO / "tests" / "data" / "all_reduce_perf_a100x8.txt"),
+                      _c("missing.csv", "in.yaml", "/dev/null", ".")),
+        "--calibration": (FILES, FILES),
+        "--html": (_c("c.html"), BAD_OUT), "--json": (JSON, JSON)}),
+    "search": (["search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"], {
+        "--gpus": (_c(8, 16), st.one_of(_c(0, 7, 10000000, -8), NUM)),
+        "--global-batch": (_c(8, 16, 64), st.one_of(_c(0, "1e9", 16777217), NUM)),
+        "--seq": (_c(1024, 4096), st.one_of(_c(0, -1, 10**9), NUM)),
+        "--max-tp": (_c(1, 2, 8), NUM), "--max-pp": (_c(1, 4), NUM), "--max-vpp": (_c(2, 3), st.one_of(_c(5000), NUM)),
+        "--max-cp": (_c(1, 2), _c(0, 10**7)), "--max-micro-batch": (_c(1, 4), _c(0, 10**9)),
+        "--schedules": (_c("1f1b", "gpipe,zb_h1", "interleaved_1f1b"), _c("", "x", ",")),
+        "--zero3-fetch": (_c("prefetch", "per_parameter"), _c("x")),
+        "--top": (_c(0, 1), st.one_of(_c(-1, 65, 10**6), NUM)), "--workers": (_c(1), _c(0, -1, 100000)),
+        "--rows": (_c(0, 3), NUM), "--out": (_c("r.jsonl"), BAD_OUT), "--resume": (_c("r.jsonl"), FILES),
+        "--html": (_c("s.html"), BAD_OUT), "--precision": (_c("bf16", "fp8"), _c("fp4", "")),
+        "--explain-pruned": (_c(None), _c(None)), "--json": (JSON, JSON)}),
+    "compare": (["compare", "--model", "llama3-8b", "--clusters", "dgx-h100", "--gpus", "8", "--tokens", "1e9",
+                 "--global-batch", "8"], {
+        "--clusters": (_c("dgx-h100,dgx-a100", "gb200-nvl72"), _c("", "nope", ",", "cpu-loopback")),
+        "--gpus": (_c(8, 16), st.one_of(_c(0, -8), NUM)),
+        "--tokens": (_c("1e9", "300e9", "1e-300"), st.one_of(_c("nan", "inf", "0", "-1", "1e400", "1e19"), NUM)),
+        "--pue": (_c(1, 1.2), NUM), "--price": (_c("dgx-h100=2.5"), _c("dgx-h100=nan", "x=1", "dgx-h100", "=",
+                                                                       "dgx-h100=-1", "dgx-h100=1e400")),
+        "--html": (_c("c.html"), BAD_OUT), "--json": (JSON, JSON)}),
+    "check/run": (["run", "in.yaml"], {
+        "": (_c("in.yaml"), FILES), "--set": (_c("training.global_batch_size=16", "parallel.order=tp-dp-cp-pp",
+                                                 "schedule=gpipe", "training.recompute=full"),
+                                              st.builds(lambda p, v: f"{'.'.join(p)}={v}",
+                                                        st.sampled_from([p for p, _ in SCENARIO_LEAVES]),
+                                                        st.one_of(NUM, UNIT_STRINGS))),
+        "--simulate": (_c("auto", "full", "representatives"), _c("x", "")),
+        "--out": (_c("out", "sub/out"), BAD_OUT), "--strict": (_c(None), _c(None)), "--json": (JSON, JSON)}),
+    "calibrate": (["calibrate", str(REPO / "tests" / "data" / "all_reduce_perf_a100x8.txt"), "--topology",
+                   "dgx-a100"], {
+        "": (_c(REPO / "tests" / "data" / "all_reduce_perf_a100x8.json"), FILES),
+        "--topology": (_c("dgx-a100"), st.one_of(_c("nope", ""), TEXT)), "--holdout": (_c("sizes", "large", "none"),
+                                                                                      _c("x", "")),
+        "--num-nodes": (_c(1), _c(0, -1, 10**12)), "--seed": (_c(0, 7), _c(-1, "x", 10**400)),
+        "--out": (_c("cal.yaml"), BAD_OUT), "--json": (JSON, JSON)}),
+    "other": (["schema", "scenario"], {"": (_c("topology", "calibration"), _c("x", "", "Scenario")),
+                                       "--json": (_c(None), _c("--nope"))}),
 }
+OTHER = [["assumptions", "--json"], ["topo", "list"], ["topo", "gpus", "--json"], ["topo"], [], ["--help"], ["nope"],
+         ["run", "--nope"], ["validate", "x.csv"], ["check"], ["topo", "show"], ["schema"]]
+
+
+POSITIONAL = {"topo show FILE": 2, "check/run": 1, "calibrate": 1, "other": 1}
+
+
+@st.composite
+def command_case(draw) -> tuple[str, list[str]]:
+    name = draw(st.sampled_from(sorted(COMMANDS)))
+    base, options = COMMANDS[name]
+    names = sorted(options)
+    given_ = draw(st.lists(st.sampled_from(names), unique=True, max_size=4))
+    hostile = set(draw(st.lists(st.sampled_from(names), unique=True, max_size=2)))
+    argv = list(base)
+    for option in sorted(set(given_) | hostile):
+        valid, bad = options[option]
+        value = draw(bad if option in hostile else valid)
+        if option == "":  # a positional: replaces the base's
+            argv[POSITIONAL[name]] = value
+        elif value in (None, "None"):
+            argv.append(option) if option not in ("--json",) else None
+        elif option == "--json":
+            argv.append("--json")
+        else:
+            if option in argv:  # replace the base's value
+                i = argv.index(option)
+                del argv[i:i + 2]
+            argv += [option, value]
+    if name == "check/run" and draw(st.booleans()):
+        argv[0] = "check"
+    return name, argv
 
 
 @_settings(260)
-@given(case=st.sampled_from(sorted(COMMANDS)).flatmap(lambda name: st.tuples(st.just(name), COMMANDS[name])))
+@given(case=st.one_of(command_case(), command_case(), command_case(),
+                      st.sampled_from(OTHER).map(lambda a: ("misc", a))))
 def test_fuzz_command_arguments(tmp_path_factory, case):
-    name, parts = case
-    argv = [x for part in parts for x in part]
+    name, argv = case
     folder = _fresh(tmp_path_factory)
     (folder / "in.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
-    _check(argv, folder, inputs={"in.yaml"}, name=f"cli {name}")
+    (folder / "bad.yaml").write_text("a: &a [1, 2]\nb: [*a, *a]\na: 3\n", encoding="utf-8")
+    os.mkfifo(folder / "fifo")
+    _check(argv, folder, inputs={"in.yaml", "bad.yaml", "fifo"}, name=f"cli {name}")
 
 
 # --------------------------------------------------------------------------- determinism

@@ -105,7 +105,7 @@ def compare(model: str, clusters: list[str], gpus: int, tokens: float, *, global
             workers: int = 1, dask: Any = None) -> dict[str, Any]:
     """Best layout per cluster, time, cost and energy to train ``tokens`` tokens (``simdist compare``)."""
     from simdist.api.checks import number
-    from simdist.limits import PUE, TOKENS
+    from simdist.limits import PRICE, PUE, TOKENS
     from simdist.search.compare import compare_clusters, parse_prices
     from simdist.search.executors import make_executor
 
@@ -116,6 +116,8 @@ def compare(model: str, clusters: list[str], gpus: int, tokens: float, *, global
     if not names:
         raise SpecError("no cluster given", field="--clusters", fix="give e.g. dgx-a100,dgx-h100,gb200-nvl72")
     price_map = parse_prices(prices or [], names)
+    for name, usd in price_map.items():
+        number(usd, f"--price {name}", high=PRICE, example="2.5")
     with make_executor(workers=workers, dask=dask) as executor:
         rows = compare_clusters(model, names, gpus=gpus, tokens=tokens, global_batch_size=global_batch_size,
                                 prices=price_map, executor=executor, pue=pue, seq_length=seq_length,

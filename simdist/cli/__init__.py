@@ -6,7 +6,6 @@ Bad input never prints a traceback: a `SimdistError` or a usage error becomes on
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from simdist import api  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
-from simdist.cli.streams import OutputClosed, _silence_stdout, emit, notes_to_stderr, print_json
+from simdist.cli.streams import OutputClosed, _silence_stdout, emit, notes_to_stderr, print_json, to_stderr
 from simdist.errors import EXIT_USAGE, SimdistError
 from simdist.files import check_target, write_text
 
@@ -60,8 +59,7 @@ def write_atomically(path: Path, text: str, *, field: str = "--html") -> None:
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write("error: " + " ".join(message.split()) + "\n")
+    to_stderr("error: " + message)
     sys.exit(code)
 
 
@@ -87,11 +85,12 @@ def _main(argv: list[str] | None) -> None:
     except _EXIT as err:
         sys.exit(getattr(err, "exit_code", 0))
     except (*_ABORT, KeyboardInterrupt):
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write("interrupted\n")
+        to_stderr("interrupted")
         sys.exit(130)
-    except (OutputClosed, BrokenPipeError):
+    except (OutputClosed, BrokenPipeError) as err:
         _silence_stdout()
+        if isinstance(err, OutputClosed) and str(err):  # a write error other than a closed pipe
+            _fail(f"cannot write the output: {err}")
         sys.exit(0)
     except MemoryError:
         _fail("ran out of memory (an input asks for more than this machine has; simdist.limits bounds the known "

@@ -44,6 +44,8 @@ def calibrate_cmd(
         raise SimdistError("no topology given", field="--topology", fix="add --topology dgx-h100 (simdist topo list)")
     if out is not None:
         check_target(out, field="--out")
+    if seed < 0:
+        raise SimdistError(f"--seed {seed} must be at least 0", field="--seed", fix="give e.g. 0")
     doc = api.calibrate(list(measurements or []), topology, num_nodes=num_nodes, out=out, holdout=holdout, seed=seed)
     if as_json:
         _print_json(doc)

@@ -22,8 +22,8 @@ from simdist.errors import SimdistError, note
 
 
 @app.command("schema")
-def schema_cmd(kind: Annotated[str, typer.Argument(help="topology or scenario")]) -> None:
-    """Print the JSON schema of a topology or scenario file."""
+def schema_cmd(kind: Annotated[str, typer.Argument(help="topology, scenario or calibration")]) -> None:
+    """Print the JSON schema of a topology, scenario or calibration file (every field described)."""
     _print_json(api.schema(kind))
 
 

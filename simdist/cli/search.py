@@ -17,6 +17,7 @@ from simdist.cli import (
     emit,
     write_atomically,
 )
+from simdist.cli.streams import to_stderr
 from simdist.errors import SimdistError, note
 
 # --------------------------------------------------------------------------- layout search and hardware comparison
@@ -98,6 +99,8 @@ def search_cmd(
         raise SimdistError("--resume and --out name different files", field="--out",
                            fix="give one file: --resume appends to it")
     results = resume or out
+    if results is not None:  # refused now, not after the sweep
+        check_target(results, field="--resume" if resume is not None else "--out")
     how = (f"run the same command with --resume {results} to continue" if results is not None else
            "add --out results.jsonl to keep results as they arrive, so that an interrupted search can --resume")
     on_total, on_progress, stop = _progress(as_json)
@@ -110,7 +113,7 @@ def search_cmd(
                             zero3_fetch=zero3_fetch)
     except KeyboardInterrupt:
         stop()
-        sys.stderr.write(f"interrupted before any layout was ranked; {how}\n")
+        to_stderr(f"interrupted before any layout was ranked; {how}")
         sys.exit(130)
     finally:
         stop()
@@ -150,8 +153,8 @@ def compare_cmd(
         doc = api.compare(model, clusters.split(","), gpus, tokens, global_batch_size=global_batch,
                           prices=price or [], pue=pue, seq_length=seq, precision=precision, workers=workers, dask=dask)
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted: compare prints its table once every cluster is searched (nothing to keep); "
-                         "run it again, or `simdist search --out FILE` per cluster to resume\n")
+        to_stderr("interrupted: compare prints its table once every cluster is searched (nothing to keep); "
+                  "run it again, or `simdist search --out FILE` per cluster to resume")
         sys.exit(130)
     from simdist.report.search_table import compare_text
 

@@ -14,42 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
-import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from simdist.errors import SimdistWarning
-from simdist.files import json_text
+from simdist.files import json_text, sigint_held
 
 
 class OutputClosed(Exception):
     """stdout's reader went away (a closed pipe): stop quietly."""
-
-
-@contextlib.contextmanager
-def _sigint_held() -> Iterator[None]:
-    """Hold a SIGINT back until the block is done, then act on it as the handler before would have.
-
-    The Python-level handler is swapped (masking the signal would not do: the kernel may hand a process-directed
-    signal to another thread, whose C handler still trips the main thread's KeyboardInterrupt).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-    if pending and old is not signal.SIG_IGN:
-        if callable(old):
-            old(signal.SIGINT, None)
-        else:
-            raise KeyboardInterrupt
 
 
 def _silence_stdout() -> None:
@@ -64,16 +39,24 @@ def _silence_stdout() -> None:
 def emit(text: str, *, stream: Any = None) -> None:
     """Write ``text`` (plus a newline if it lacks one) as one block: complete, or not at all."""
     out = stream if stream is not None else sys.stdout
+    if out is None:  # stdout closed at start (`simdist ... >&-`): nobody reads it
+        return
     if text and not text.endswith("\n"):
         text += "\n"
-    with _sigint_held():
+    with sigint_held():
         try:
-            out.write(text)
+            try:
+                out.write(text)
+            except UnicodeEncodeError:  # e.g. PYTHONIOENCODING=ascii: escape what the stream cannot carry
+                encoding = getattr(out, "encoding", None) or "ascii"
+                out.write(text.encode(encoding, errors="backslashreplace").decode(encoding))
             out.flush()
         except BrokenPipeError:
             if out is sys.stdout:
                 _silence_stdout()
             raise OutputClosed from None
+        except OSError as err:  # e.g. a full disk behind a redirect: one line, not a traceback
+            raise OutputClosed(str(err)) from None
 
 
 def print_json(doc: Any) -> None:
@@ -81,12 +64,16 @@ def print_json(doc: Any) -> None:
     emit(json_text(doc))
 
 
+def to_stderr(text: str) -> None:
+    """One line on stderr, if there is a stderr to write to (it may be closed: ``2>&-``)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(" ".join(text.split()) + "\n")
+        sys.stderr.flush()
+
+
 def _one_line(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
     label = "note" if issubclass(category, SimdistWarning) else "warning"
-    text = " ".join(str(message).split())
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"{label}: {text}\n")
-        sys.stderr.flush()
+    to_stderr(f"{label}: {message}")
 
 
 @contextlib.contextmanager

@@ -58,9 +58,10 @@ def _unit_field(parse: Callable[[object], float], what: str, low: Limit | None,
 def _quantity(parse: Callable[[object], float], unit: str, scale: float, example: str, what: str, *,
               low: Limit | None = None, high: Limit | None = None) -> Any:
     schema: dict[str, Any] = {"type": "string", "description": f"{what} with a unit", "examples": [example]}
-    if low is not None or high is not None:
-        schema["description"] += "; " + ", ".join(
+    if low is not None or high is not None:  # "x-bounds": a field's own description replaces the type's
+        schema["x-bounds"] = ", ".join(
             f"{name} {lim.text()}" for name, lim in (("at least", low), ("at most", high)) if lim is not None)
+        schema["description"] += f"; {schema['x-bounds']}"
     return Annotated[
         float,
         BeforeValidator(_unit_field(parse, what.split(",")[0], low, high)),

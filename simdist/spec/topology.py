@@ -150,16 +150,20 @@ class TopologySpec(Spec):
         nics = self.inter_node.nics_per_node if self.inter_node is not None else 0
         if self.num_gpus > GPUS.value:
             table_gib = 8 * self.num_nodes * (self.gpus_per_node + nics) // 2**30
+            memory = f": its per-GPU and per-NIC tables alone would need ~{table_gib:,} GiB" if table_gib else ""
             raise FieldProblem(("num_nodes",), (
                 f"{self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {self.num_gpus:,} GPUs, above the limit of "
-                f"{GPUS.text()}: its per-GPU and per-NIC tables alone would need ~{table_gib:,} GiB "
+                f"{GPUS.text()}{memory} "
                 f"(fix: use at most {int(GPUS.value) // self.gpus_per_node:,} nodes)"))
         h = self.host
         components = (self.gpus_per_node + nics + self.hosts_per_node * h.cpu_sockets
                       * (1 + h.pcie_switches_per_socket) + (self.scale_up.num_switches if self.scale_up else 0))
         work = self.gpus_per_node * components
         if components > NODE_COMPONENTS.value or work > NODE_ROUTE_WORK.value:
-            raise FieldProblem(("gpus_per_node",), (
+            parts = {("gpus_per_node",): self.gpus_per_node, ("inter_node", "nics_per_node"): nics,
+                     ("host", "pcie_switches_per_socket"): self.hosts_per_node * h.cpu_sockets
+                     * h.pcie_switches_per_socket, ("hosts_per_node",): self.hosts_per_node * h.cpu_sockets}
+            raise FieldProblem(max(parts, key=parts.get), (
                 f"a node of {self.gpus_per_node} GPUs and {components:,} components in all (GPUs, NICs, PCIe "
                 f"switches, sockets, NVSwitches) needs {work:,} route-search visits; the limits are "
                 f"{NODE_COMPONENTS.text()} and {NODE_ROUTE_WORK.text()} ({NODE_ROUTE_WORK.reason}) "
