@@ -136,9 +136,18 @@ SWEEP_TRANSFERS = _limit(
     "sweep_transfers", 500_000, "transfer-equivalents",
     "one `simdist collective` sweep of one algorithm: its plans' transfers plus 170 per size (choosing the "
     "algorithm and protocol of a size costs about as much as simulating 170 transfers): about 15 s of CPU")
+TREE_PRICING = _limit(
+    "tree_pricing", 16_384, "rank-sizes",
+    "ranks x sizes of a `simdist collective` sweep that prices the tree algorithm (--algorithm auto or tree): "
+    "its closed form walks every rank's hops, about 10 ms per rank and size on a 2-core machine today")
+SEARCH_GPUS = _limit(
+    "search_gpus", 65_536, "GPUs",
+    "`simdist search` and `compare` price each distinct collective group in closed form, at a cost that grows "
+    "with its size: 131,072 GPUs take about 30 s")
 SEARCH_CANDIDATES = _limit(
     "search_candidates", 250_000, "layouts",
     "layouts `simdist search` enumerates and prunes (the closed form ranks about 5,000 a second)")
+COMPARE_CLUSTERS = _limit("compare_clusters", 16, "clusters", "each cluster compared is a whole layout search")
 TOP_K = _limit("top_k", 64, "layouts", "each re-simulated layout is a full engine run")
 WORKERS = _limit("workers", 256, "processes", "local worker processes of a sweep")
 TOKENS = _limit("tokens", 1e18, "tokens", "10^5 times the largest training runs (15T tokens)")

@@ -499,3 +499,23 @@ def test_a_narrow_output_encoding_escapes_instead_of_failing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "simdist", "check", tmp_path / "s.yaml"], capture_output=True,
                           cwd=REPO, timeout=120, env={**os.environ, "PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 0 and b"\\xfcn\\xef" in proc.stdout, proc.stderr
+
+
+def test_search_and_collective_work_bounds():
+    r = run_cli([*SEARCH, "--gpus", "1048576"])
+    assert r.one_line_error() and "65,536 GPUs" in r.err, r.err
+    r = run_cli(["collective", "--cluster", "dgx-h100", "--num-nodes", "128", "--op", "all_reduce", "--ranks", "1024"])
+    assert r.one_line_error() and "31,744 rank-sizes" in r.err and "--algorithm ring" in r.err, r.err
+    r = run_cli(["compare", "--model", "llama3-8b", "--clusters", ",".join(["dgx-h100", "dgx-a100"] * 10),
+                 "--gpus", "8",
+                 "--tokens", "1e9", "--json"])
+    assert r.code == 0 and [row["cluster"] for row in _strict_json(r.out)["rows"]] == ["dgx-h100", "dgx-a100"], r.err
+    r = run_cli(["compare", "--model", "llama3-8b", "--clusters", ",".join(f"c{i}" for i in range(17)), "--gpus", "8",
+                 "--tokens", "1e9"])
+    assert r.one_line_error() and "17 clusters" in r.err, r.err
+
+
+def test_duplicate_schedules_are_searched_once():
+    once = _strict_json(run_cli([*SEARCH, "--schedules", "1f1b"]).out)
+    twice = _strict_json(run_cli([*SEARCH, "--schedules", "1f1b,1f1b"]).out)
+    assert once["candidates"] == twice["candidates"] and once["ranked"] == twice["ranked"]

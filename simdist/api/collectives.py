@@ -10,7 +10,7 @@ from typing import Any
 from simdist.api.calibration import _cluster_calibration
 from simdist.errors import SpecError
 from simdist.hardware import Topology, load_topology
-from simdist.limits import PLAN_TRANSFERS, SWEEP_TRANSFERS, check_work
+from simdist.limits import PLAN_TRANSFERS, SWEEP_TRANSFERS, TREE_PRICING, check_work
 
 # Plans whose transfers grow as ranks^2 (one per peer pair, or per pair and channel for the detailed ring),
 # estimated before they are built; every other plan is counted once built (simdist.limits.PLAN_TRANSFERS).
@@ -103,6 +103,9 @@ def collective(
     if info.rooted and not 0 <= root < num_ranks:
         raise SpecError(f"root {root} is not one of the {num_ranks} ranks", field="--root",
                         fix=f"use a root in 0..{num_ranks - 1}")
+    if algorithm in ("auto", "tree"):
+        check_work(num_ranks * len(sizes), TREE_PRICING, what=f"{num_ranks:,} ranks x {len(sizes)} sizes",
+                   field="--ranks", fix="sweep fewer sizes or ranks, or name an algorithm (e.g. --algorithm ring)")
     rows: list[CollectiveRow] = []
     swept = 0
     for nbytes in sizes:

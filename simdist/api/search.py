@@ -63,7 +63,8 @@ def search(model: str, cluster: str, gpus: int, global_batch_size: int, *, seq_l
     problem = SearchProblem(model=model, cluster=cluster, num_nodes=size.num_nodes,
                             global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                             max_tp=max_tp, max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp,
-                            max_micro_batch=max_micro_batch, schedules=tuple(schedules), zero3_fetch=zero3_fetch)
+                            max_micro_batch=max_micro_batch, schedules=tuple(dict.fromkeys(schedules)),
+                            zero3_fetch=zero3_fetch)
     with make_executor(workers=workers, dask=dask) as executor:
         outcome = run_search(problem, executor, top_k=top_k,
                              results_file=Path(results_file) if results_file is not None else None,
@@ -89,9 +90,9 @@ def _check_search_args(*, gpus: int, global_batch_size: int, seq_length: int | N
                        workers: int = 1, rows: int = 1) -> None:
     """The numbers of `search` / `compare` (SearchProblem.check bounds the rest of the space)."""
     from simdist.api.checks import whole
-    from simdist.limits import GLOBAL_BATCH, GPUS, SEQ_LENGTH, TOP_K, WORKERS
+    from simdist.limits import GLOBAL_BATCH, SEARCH_GPUS, SEQ_LENGTH, TOP_K, WORKERS
 
-    whole(gpus, "--gpus", limit=GPUS, example="1024")
+    whole(gpus, "--gpus", limit=SEARCH_GPUS, example="1024")
     whole(global_batch_size, "--global-batch", limit=GLOBAL_BATCH, example="1536")
     if seq_length is not None:
         whole(seq_length, "--seq", limit=SEQ_LENGTH, example="2048")
@@ -105,14 +106,17 @@ def compare(model: str, clusters: list[str], gpus: int, tokens: float, *, global
             workers: int = 1, dask: Any = None) -> dict[str, Any]:
     """Best layout per cluster, time, cost and energy to train ``tokens`` tokens (``simdist compare``)."""
     from simdist.api.checks import number
-    from simdist.limits import PRICE, PUE, TOKENS
+    from simdist.limits import COMPARE_CLUSTERS, PRICE, PUE, TOKENS
     from simdist.search.compare import compare_clusters, parse_prices
     from simdist.search.executors import make_executor
 
     number(tokens, "--tokens", low=0.0, low_inclusive=False, high=TOKENS, example="300e9")
     number(pue, "--pue", low=1.0, high=PUE, example="1.2")
     _check_search_args(gpus=gpus, global_batch_size=global_batch_size, seq_length=seq_length, workers=workers)
-    names = [c.strip() for c in clusters if c.strip()]
+    names = list(dict.fromkeys(c.strip() for c in clusters if c.strip()))  # each once: each is a whole search
+    if len(names) > COMPARE_CLUSTERS.value:
+        raise SpecError(f"{len(names)} clusters to compare, above the limit of {COMPARE_CLUSTERS.text()} "
+                        f"({COMPARE_CLUSTERS.reason})", field="--clusters", fix="compare fewer clusters at once")
     if not names:
         raise SpecError("no cluster given", field="--clusters", fix="give e.g. dgx-a100,dgx-h100,gb200-nvl72")
     price_map = parse_prices(prices or [], names)
