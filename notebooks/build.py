@@ -659,7 +659,9 @@ def main(argv: list[str]) -> int:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 stale.append(name)
         else:
-            path.write_text(text, encoding="utf-8")
+            from simdist.files import write_text  # atomic: a notebook is never half written
+
+            write_text(path, text)
     if stale:
         print(f"out of date: {', '.join(stale)} (run python notebooks/build.py)", file=sys.stderr)
         return 1

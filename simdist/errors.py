@@ -77,3 +77,23 @@ class TopologyError(SimdistError):
 
 class LayoutError(SimdistError):
     """A parallel layout that cannot be placed on the cluster."""
+
+
+class LimitError(SimdistError):
+    """An input that asks for more work or memory than `simdist.limits` allows (the message gives the numbers)."""
+
+
+class OutputError(SimdistError):
+    """A file that cannot be written (the message names the target and the reason)."""
+
+
+class SimdistNote(SimdistWarning):
+    """Something a user should know that does not put the result in doubt (a dropped torn line, a measurement
+    ignored); the CLI prints ``note: <one line>``."""
+
+
+def note(message: str) -> None:
+    """Tell the user something (``note: ...`` on stderr from the CLI; a `SimdistNote` for library callers)."""
+    import warnings
+
+    warnings.warn(" ".join(message.split()), SimdistNote, stacklevel=2)

@@ -14,6 +14,7 @@ import math
 import re
 
 from simdist.errors import UnitError
+from simdist.limits import MESSAGE_MAX, SWEEP_POINTS
 
 __all__ = [
     "GB",
@@ -144,6 +145,7 @@ def format_time(seconds: float) -> str:
 
 _NCCL_SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _NCCL_SIZE_RE = re.compile(r"^(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGT]?)$", re.IGNORECASE)
+_FACTOR_RE = re.compile(r"^(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 
 
 def parse_size(text: str) -> float:
@@ -154,40 +156,64 @@ def parse_size(text: str) -> float:
     value = float(m["number"]) * _NCCL_SUFFIX[m["suffix"].upper()] if m else parse_bytes(raw)
     if value <= 0:
         raise UnitError(f"size '{raw}' must be positive", fix="write e.g. 8M or '8 MiB'")
+    if value > MESSAGE_MAX.value:
+        raise UnitError(f"size '{raw}' is above {MESSAGE_MAX.text()} ({MESSAGE_MAX.reason})", fix="write e.g. 8G")
     return value
 
 
-def parse_size_list(text: str) -> list[float]:
+def _range_count(begin: float, end: float, step: str, part: str) -> tuple[str, float, int]:
+    """(kind 'x' or '+', factor or increment, number of sizes) of ``begin:end:step``, counted, not listed."""
+    kind, rest = step[:1], step[1:].strip()
+    if kind == "x":
+        if not _FACTOR_RE.match(rest):
+            raise UnitError(f"cannot read size range factor '{step}' in '{part}'",
+                            fix="write x and a number above 1, e.g. 8:8G:x2")
+        factor = float(rest)
+        if not factor > 1 or not math.isfinite(factor):
+            raise UnitError(f"size range factor '{step}' must exceed 1", fix="write e.g. x2")
+        count = math.floor(math.log(end * (1 + 1e-12) / begin) / math.log(factor)) + 1
+        return kind, factor, count
+    if kind == "+":
+        try:
+            increment = parse_size(rest)
+        except UnitError:
+            raise UnitError(f"cannot read size range increment '{step}' in '{part}'",
+                            fix="write + and a size, e.g. 1M:4M:+1M") from None
+        return kind, increment, math.floor((end * (1 + 1e-12) - begin) / increment) + 1
+    raise UnitError(f"cannot read size step '{step}'", fix="write xFACTOR (e.g. x2) or +INCREMENT (e.g. +1M)")
+
+
+def parse_size_list(text: str, *, max_sizes: int = int(SWEEP_POINTS.value)) -> list[float]:
     """``8:8G:x2`` (nccl-tests -b/-e/-f: from 8 B to 8 GiB doubling), ``1M:4M:+1M`` (additive steps),
-    or a comma list ``1M,64M,1G``."""
-    sizes: list[float] = []
+    or a comma list ``1M,64M,1G``; at most ``max_sizes`` sizes, counted before any is listed."""
+    if not isinstance(text, str) or not text.strip():
+        raise UnitError("no sizes given", fix="write e.g. 8:8G:x2 or 1M,64M")
+    ranges: list[tuple[float, float, str, float, int]] = []
+    total = 0
     for part in text.split(","):
         part = part.strip()
         if ":" not in part:
-            sizes.append(parse_size(part))
-            continue
-        pieces = part.split(":")
-        if len(pieces) != 3:
-            raise UnitError(f"cannot read size range '{part}'", fix="write begin:end:xFACTOR, e.g. 8:8G:x2")
-        begin, end, step = parse_size(pieces[0]), parse_size(pieces[1]), pieces[2].strip()
-        if end < begin:
-            raise UnitError(f"size range '{part}' ends before it begins", fix="write begin:end with begin <= end")
-        if step.startswith("x"):
-            factor = float(step[1:])
-            if factor <= 1:
-                raise UnitError(f"size range factor '{step}' must exceed 1", fix="write e.g. x2")
-            size = begin
-            while size <= end * (1 + 1e-12):
-                sizes.append(size)
-                size *= factor
-        elif step.startswith("+"):
-            increment = parse_size(step[1:])
-            size = begin
-            while size <= end * (1 + 1e-12):
-                sizes.append(size)
-                size += increment
+            value = parse_size(part)
+            ranges.append((value, value, "+", 1.0, 1))
+            total += 1
         else:
-            raise UnitError(f"cannot read size step '{step}'", fix="write xFACTOR (e.g. x2) or +INCREMENT (e.g. +1M)")
-    if len(sizes) > 4096:
-        raise UnitError(f"{len(sizes)} sizes is too many for one sweep", fix="use a larger factor or a shorter range")
+            pieces = part.split(":")
+            if len(pieces) != 3:
+                raise UnitError(f"cannot read size range '{part}'", fix="write begin:end:xFACTOR, e.g. 8:8G:x2")
+            begin, end = parse_size(pieces[0]), parse_size(pieces[1])
+            if end < begin:
+                raise UnitError(f"size range '{part}' ends before it begins", fix="write begin:end with begin <= end")
+            kind, step, count = _range_count(begin, end, pieces[2].strip(), part)
+            ranges.append((begin, end, kind, step, count))
+            total += count
+        if total > max_sizes:
+            raise UnitError(f"'{text}' names {total:,}+ sizes, above the limit of {max_sizes:,} for one sweep",
+                            fix="use a larger factor or a shorter range, e.g. 8:8G:x2 (31 sizes)")
+    sizes: list[float] = []
+    for begin, end, kind, step, count in ranges:
+        size, n = begin, 0
+        while n < count + 1 and size <= end * (1 + 1e-12):  # the count guards the loop; the end decides
+            sizes.append(size)
+            size = size * step if kind == "x" else size + step
+            n += 1
     return sizes

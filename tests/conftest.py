@@ -24,3 +24,13 @@ def cli(capsys):
         return code, out, err
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz tests' case counts (tests/test_fuzz.py), when they ran."""
+    import sys
+
+    fuzz = sys.modules.get("tests.test_fuzz")
+    if fuzz is not None and fuzz.CASES:
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(fuzz.CASES.items()))
+        terminalreporter.write_line(f"fuzz cases: {sum(fuzz.CASES.values())} ({counts})")

@@ -698,8 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = render()
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
+        from simdist.files import write_text  # atomic, creates the folder, one-line errors
+
+        write_text(args.out, text, field="--out")
     else:
         print(text)
     return 0

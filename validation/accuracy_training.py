@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = report([predict(r) for r in rows()])
     if args.out:
-        args.out.write_text(text)
+        from simdist.files import write_text  # atomic, creates the folder, one-line errors
+
+        write_text(args.out, text, field="--out")
     else:
         sys.stdout.write(text)
     return 0

@@ -6,7 +6,6 @@ plain values; every input problem raises a `simdist.errors.SimdistError` with a 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +125,14 @@ def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Sce
     if assignments:
         doc = doc.with_assignments(assignments)
     spec = validate_spec(ScenarioSpec, doc)
+    if spec.model.hf_config is not None:
+        from simdist.spec.hf_config import check_hf_config
+
+        hf = spec.model.hf_config if spec.model.hf_config.is_absolute() else Path(path).parent / spec.model.hf_config
+        try:
+            check_hf_config(hf)
+        except SpecError as err:
+            raise err.located(source=doc.where(("model", "hf_config"))) from None
     cluster = doc.sub("cluster")
     overrides = Document(
         data={k: v for k, v in cluster.data.items() if k not in ("preset", "file")},
@@ -234,11 +241,20 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     closed_form (the same JSON).
     """
     from simdist.api.calibration import _scenario_calibration
+    from simdist.api.checks import check_step_work
+    from simdist.files import check_target, json_text, write_files
     from simdist.predict.step import link_counters
     from simdist.report.step_table import render_text
 
+    names = ("report.json", "trace.json", "report.html")
+    if out_dir is not None:  # refuse an unwritable target now, not after the simulation
+        for name in names:
+            check_target(Path(out_dir) / name, field="--out")
     cal, cal_assignments = _scenario_calibration(path, assignments, calibration)
     scenario = load_scenario(path, [*cal_assignments, *(assignments or [])])
+    if fidelity != "closed_form":
+        check_step_work(scenario.spec, scenario.topology.num_gpus, simulate=simulate, source=str(path),
+                        base_dir=Path(path).parent)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
                          base_dir=Path(path).parent, source=str(path), calibration=cal, timeline=out_dir is not None)
     result = prediction.result
@@ -258,21 +274,13 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
         graph, trace = prediction.plan.graph, prediction.trace
         labels = {r: f"rank {r} (stage {s}, dp {d})" for (s, d), r in prediction.plan.stage_ranks.items()}
         rendered = {
-            "report.json": json.dumps(result, indent=2, sort_keys=False) + "\n",
-            "trace.json": json.dumps(chrome_trace(graph, trace, rank_labels=labels,
-                                                  link_counters=link_counters(prediction))),
+            "report.json": json_text(result),
+            "trace.json": json_text(chrome_trace(graph, trace, rank_labels=labels,
+                                                 link_counters=link_counters(prediction)), compact=True),
             "report.html": step_report_html(graph, trace, result),
         }
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise SpecError(f"cannot create output directory {out}: {err.strerror}", field="--out",
-                            fix="give a writable directory") from None
-        for name, text in rendered.items():
-            tmp = out / f".{name}.tmp"
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(out / name)
-            files[name] = out / name
+        write_files({out / name: rendered[name] for name in names}, field="--out")
+        files = {name: out / name for name in names}
     num_ops = len(prediction.plan.graph.ops) if prediction.plan is not None else 0
     return RunOutput(result=result, files=files, text=render_text(result), num_ops=num_ops)
 

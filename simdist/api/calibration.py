@@ -139,12 +139,9 @@ def calibrate(paths: list[str | Path], topology: str, *, num_nodes: int | None =
 
 
 def _write_text(path: Path, text: str, *, field: str) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise SpecError(f"folder {directory} does not exist", field=field, fix="create it or pick another path")
-    tmp = directory / f".{path.name}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from simdist.files import write_text
+
+    write_text(path, text, field=field)
 
 
 def _mapes(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:

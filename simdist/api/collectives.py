@@ -10,6 +10,14 @@ from typing import Any
 from simdist.api.calibration import _cluster_calibration
 from simdist.errors import SpecError
 from simdist.hardware import Topology, load_topology
+from simdist.limits import PLAN_TRANSFERS, SWEEP_TRANSFERS, TREE_PRICING, check_work
+
+# Plans whose transfers grow as ranks^2 (one per peer pair, or per pair and channel for the detailed ring),
+# estimated before they are built; every other plan is counted once built (simdist.limits.PLAN_TRANSFERS).
+_QUADRATIC = ("direct", "halving_doubling", "hierarchical")
+_RING_CHANNELS_MAX = 16
+_PER_SIZE = 170
+"""Transfer-equivalents of choosing a size's algorithm and protocol (simdist.limits.SWEEP_TRANSFERS)."""
 
 # --------------------------------------------------------------------------- collectives
 FIDELITIES = ("auto", "detailed", "fast")
@@ -70,6 +78,7 @@ def collective(
     file fitted for this cluster (`calibrate`): its overrides, latency and bandwidth corrections apply.
     """
     from simdist.analytic.select import evaluate, priced_request, rank_choices
+    from simdist.api.checks import whole
     from simdist.collectives.group import Group
     from simdist.collectives.nccl_model import PROTOCOLS, supports
     from simdist.collectives.ops import busbw_Bps, op_info
@@ -78,6 +87,9 @@ def collective(
     from simdist.engine.simulate import simulate
 
     info = op_info(op)
+    whole(num_ranks, "--ranks", example="8")
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise SpecError(f"--root {root!r} is not a whole number", field="--root", fix="give e.g. 0")
     if fidelity not in FIDELITIES:
         raise SpecError(f"unknown fidelity '{fidelity}'", field="--fidelity",
                         fix=f"use one of: {', '.join(FIDELITIES)}")
@@ -93,7 +105,11 @@ def collective(
     if info.rooted and not 0 <= root < num_ranks:
         raise SpecError(f"root {root} is not one of the {num_ranks} ranks", field="--root",
                         fix=f"use a root in 0..{num_ranks - 1}")
+    if algorithm in ("auto", "tree"):
+        check_work(num_ranks * len(sizes), TREE_PRICING, what=f"{num_ranks:,} ranks x {len(sizes)} sizes",
+                   field="--ranks", fix="sweep fewer sizes or ranks, or name an algorithm (e.g. --algorithm ring)")
     rows: list[CollectiveRow] = []
+    swept = 0
     for nbytes in sizes:
         if nbytes < 0 or (nbytes == 0 and op != "barrier"):
             raise SpecError(f"size {nbytes:g} must be positive", field="--bytes", fix="give sizes such as 8:8G:x2")
@@ -119,7 +135,22 @@ def collective(
                                        rate_factor=cost.rate_factor * correction.rate(nbytes))
         priced = dataclasses.replace(priced_request(request, choice.priced), protocol=cost)
         builder = algo.build_fast if algo.build_fast is not None and _fast(fidelity, algo, priced) else algo.build
+        fast = builder is algo.build_fast
+        if not fast:  # a fast plan's flows are bounded by construction; a detailed plan grows with its steps
+            where = f"{choice.algorithm} {op} on {num_ranks:,} ranks (detailed plan)"
+            fix = "use fewer ranks, --fidelity fast or auto, or another algorithm"
+            if op == "all_to_all" or choice.algorithm in _QUADRATIC or choice.algorithm == "ring":
+                per_pair = 1 if op == "all_to_all" else 2 * (_RING_CHANNELS_MAX if choice.algorithm == "ring" else 1)
+                pairs = per_pair * num_ranks * (num_ranks - 1)
+                check_work(pairs, PLAN_TRANSFERS, what=f"the plan of {where}, estimated,", field="--ranks", fix=fix)
         plan = builder(priced)
+        if not fast:
+            check_work(plan.num_transfers, PLAN_TRANSFERS, what=f"the plan of {where}", field="--ranks", fix=fix)
+            swept += plan.num_transfers + _PER_SIZE
+            left = len(sizes) - len(rows) - 1  # projected from this size's plan: refuse early, not after minutes
+            check_work(swept + left * (plan.num_transfers + _PER_SIZE), SWEEP_TRANSFERS,
+                       what=f"the sweep of {len(sizes)} sizes ({choice.algorithm}, {num_ranks:,} ranks), estimated,",
+                       field="--bytes", fix="sweep fewer sizes (e.g. a larger factor: 8:8G:x4) or fewer ranks")
         plan = dataclasses.replace(plan, base_latency_s=plan.base_latency_s + cost.base_latency_s,
                                    per_transfer_latency_s=cost.per_transfer_latency_s,
                                    rate_factor=cost.rate_factor, protocol=cost.name)

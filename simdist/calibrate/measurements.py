@@ -32,8 +32,12 @@ from __future__ import annotations
 import csv
 import io
 import math
+<<<<<<< HEAD
 import os
 from dataclasses import astuple, dataclass, fields, replace
+=======
+from dataclasses import astuple, dataclass, fields
+>>>>>>> robust
 from pathlib import Path
 
 from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps
@@ -114,14 +118,9 @@ def write_measurements_csv(
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: a hidden temporary file beside it, then a rename
     (POSIX rename(2) replaces the target atomically), so a crash or a full disk never leaves half a file."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8", newline="")
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from simdist.files import write_text  # one atomic writer for every file simdist writes
+
+    write_text(path, text)
 
 
 def _metadata_lines(metadata: dict[str, str] | None) -> str:

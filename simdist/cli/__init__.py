@@ -7,11 +7,7 @@ Bad input never prints a traceback: a `SimdistError` or a usage error becomes on
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import sys
-import tempfile
-import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,7 +19,11 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from simdist import api  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
-from simdist.errors import EXIT_USAGE, SimdistError, SimdistWarning
+from simdist.cli.streams import OutputClosed, _silence_stdout, emit, notes_to_stderr, print_json, to_stderr
+from simdist.errors import EXIT_USAGE, SimdistError
+from simdist.files import check_target, write_text
+
+__all__ = ["app", "check_target", "emit", "main", "print_json", "topo_app", "write_atomically"]
 
 # Exit and Abort live in typer itself in recent releases (typer.Exit, typer.Abort), in click's exceptions before.
 _EXIT = tuple({getattr(typer, "Exit", None), getattr(click_exceptions, "Exit", None)} - {None})
@@ -50,43 +50,22 @@ CalibrationOption = Annotated[Path | None, typer.Option(
 
 
 def _print_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    print_json(doc)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename: never half a file."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise SimdistError(f"folder {directory} does not exist", field="--html", fix="create it or pick another path")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_atomically(path: Path, text: str, *, field: str = "--html") -> None:
+    """Write ``text`` to ``path`` atomically (simdist.files.write_text): never half a file, one-line errors."""
+    write_text(path, text, field=field)
 
 
-def _fail(message: str) -> None:
-    sys.stderr.write("error: " + " ".join(message.split()) + "\n")
-    sys.exit(EXIT_USAGE)
-
-
-def _warning_line(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-    """A `SimdistWarning` as ``warning: <one line>`` on stderr (others as Python prints them)."""
-    if issubclass(category, SimdistWarning):
-        sys.stderr.write("warning: " + " ".join(str(message).split()) + "\n")
-    else:
-        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
+    to_stderr("error: " + message)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``simdist`` console script and ``python -m simdist``."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("default", SimdistWarning)  # each message once
-        warnings.showwarning = _warning_line
+    with notes_to_stderr():
         _main(argv)
 
 
@@ -105,14 +84,20 @@ def _main(argv: list[str] | None) -> None:
         _fail(err.format_message())
     except _EXIT as err:
         sys.exit(getattr(err, "exit_code", 0))
-    except _ABORT:
-        sys.stderr.write("aborted\n")
+    except (*_ABORT, KeyboardInterrupt):
+        to_stderr("interrupted")
         sys.exit(130)
-    except BrokenPipeError:
+    except (OutputClosed, BrokenPipeError) as err:
+        _silence_stdout()
+        if isinstance(err, OutputClosed) and str(err):  # a write error other than a closed pipe
+            _fail(f"cannot write the output: {err}")
         sys.exit(0)
+    except MemoryError:
+        _fail("ran out of memory (an input asks for more than this machine has; simdist.limits bounds the known "
+              "cases) (fix: give a smaller cluster, fewer micro-batches or fewer sizes)")
+    except RecursionError:
+        _fail("an input is nested too deeply to process (fix: simplify it)")
     sys.exit(code if isinstance(code, int) else 0)
-
-
 
 
 # The commands, one module per family; imported last because they register on `app` and use the options above,

@@ -12,6 +12,8 @@ from simdist.cli import (
     JsonOption,
     _print_json,
     app,
+    check_target,
+    emit,
     write_atomically,
 )
 from simdist.errors import SimdistError
@@ -31,6 +33,8 @@ P2POption = Annotated[float, typer.Option("--p2p-time", help="Time of one activa
 def _stage_times(text: str | None) -> list[float] | None:
     if text is None:
         return None
+    if text.count(",") >= 4096:
+        raise SimdistError("more than 4096 stage times", field="--stage-times", fix="give one time per stage")
     try:
         return [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -57,6 +61,8 @@ def bubble_cmd(
              "p2p_s": p2p_time}
     if sweep is None and html is not None:
         raise SimdistError("--html draws a sweep", field="--html", fix="add --sweep-microbatches, e.g. 1:64")
+    if html is not None:
+        check_target(html, field="--html")
     if sweep is not None:
         rows = api.bubble_sweep(schedule, num_stages=stages, microbatches=api.microbatch_range(sweep), vpp=virtual,
                                 **costs)
@@ -68,13 +74,15 @@ def bubble_cmd(
         if as_json:
             _print_json({"schedule": schedule, "stages": stages, "virtual": virtual, "rows": rows})
             return
-        typer.echo(f"# {schedule}, K={stages} stages, V={virtual}; formula {rows[0]['formula_text']}")
-        typer.echo(f"# {'M':>5} {'simulated':>10} {'formula':>10} {'utilization':>12} {'makespan(s)':>12}")
+        lines = [f"# {schedule}, K={stages} stages, V={virtual}; formula {rows[0]['formula_text']}",
+                 f"# {'M':>5} {'simulated':>10} {'formula':>10} {'utilization':>12} {'makespan(s)':>12}"]
         for r in rows:
-            typer.echo(f"  {r['microbatches']:>5} {r['bubble_fraction']:>10.2%} {r['formula']:>10.2%} "
-                       f"{r['utilization']:>12.2%} {r['makespan_s']:>12.6g}")
+            lines.append(f"  {r['microbatches']:>5} {r['bubble_fraction']:>10.2%} {r['formula']:>10.2%} "
+                         f"{r['utilization']:>12.2%} {r['makespan_s']:>12.6g}"
+                         + ("  (closed form)" if r.get("simulated") is False else ""))
         if html is not None:
-            typer.echo(f"wrote {html}")
+            lines.append(f"wrote {html}")
+        emit("\n".join(lines))
         return
     if microbatches is None:
         raise SimdistError("no micro-batch count given", field="--microbatches",
@@ -83,11 +91,15 @@ def bubble_cmd(
     if as_json:
         _print_json(doc)
         return
-    typer.echo(f"# {schedule}, K={stages} stages, M={microbatches} micro-batches, V={virtual}")
-    typer.echo(f"  simulated bubble  {doc['bubble_fraction']:>8.2%}")
-    typer.echo(f"  formula           {doc['formula']:>8.2%}   {doc['formula_text']}")
-    typer.echo(f"  utilization       {doc['utilization']:>8.2%}")
-    typer.echo(f"  makespan          {doc['makespan_s']:>8.6g} s")
+    closed = doc.get("simulated") is False
+    emit("\n".join([
+        f"# {schedule}, K={stages} stages, M={microbatches} micro-batches, V={virtual}",
+        f"  {'closed-form bubble' if closed else 'simulated bubble  '}{doc['bubble_fraction']:>8.2%}",
+        f"  formula           {doc['formula']:>8.2%}   {doc['formula_text']}",
+        f"  utilization       {doc['utilization']:>8.2%}",
+        f"  makespan          {doc['makespan_s']:>8.6g} s",
+        *([f"# {doc['note']}"] if closed else []),
+    ]))
 
 
 @app.command("schedule")
@@ -102,6 +114,6 @@ def schedule_cmd(
     p2p_time: P2POption = 0.0,
 ) -> None:
     """Print a pipeline schedule's simulated timeline: stages x time slots (F3, B3, W3, F3.1 = chunk 1)."""
-    typer.echo(api.schedule_grid(schedule, num_stages=stages, num_microbatches=microbatches, vpp=virtual,
+    emit(api.schedule_grid(schedule, num_stages=stages, num_microbatches=microbatches, vpp=virtual,
                                  forward_s=forward_time, backward_s=backward_time,
                                  stage_times=_stage_times(stage_times), p2p_s=p2p_time))

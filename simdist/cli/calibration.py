@@ -13,6 +13,8 @@ from simdist.cli import (
     JsonOption,
     _print_json,
     app,
+    check_target,
+    emit,
 )
 from simdist.errors import SimdistError
 
@@ -47,6 +49,10 @@ def calibrate_cmd(
     """Fit link-tier efficiencies, per-collective latency/bandwidth and compute constants to measurements."""
     if not topology:
         raise SimdistError("no topology given", field="--topology", fix="add --topology dgx-h100 (simdist topo list)")
+    if out is not None:
+        check_target(out, field="--out")
+    if seed < 0:
+        raise SimdistError(f"--seed {seed} must be at least 0", field="--seed", fix="give e.g. 0")
     doc = api.calibrate(list(measurements or []), topology, num_nodes=num_nodes, out=out, holdout=holdout, seed=seed)
     _warn(doc)
     if as_json:
@@ -54,21 +60,28 @@ def calibrate_cmd(
         return
     cal = doc["calibration"]
     fit = cal.get("fit", {})
-    typer.echo(f"# calibration of {topology} from {fit.get('points', 0)} points "
-               f"(MAPE {_pct(fit.get('mape_pct'))}, uncalibrated {_pct(fit.get('mape_uncalibrated_pct'))})")
+    lines = [f"# calibration of {topology} from {fit.get('points', 0)} points "
+             f"(MAPE {_pct(fit.get('mape_pct'))}, uncalibrated {_pct(fit.get('mape_uncalibrated_pct'))})"]
     for key, value in cal.get("overrides", {}).items():
-        typer.echo(f"  override {key}: {value}")
+        lines.append(f"  override {key}: {value}")
     for op, c in cal.get("collectives", {}).items():
+<<<<<<< HEAD
         above = c.get("above_range_factor", 1.0)
         typer.echo(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
                    + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else "")
                    + (f"; above {c['size_range'][1]}: the physical model x {above:.3f}" if c.get("size_range") else ""))
+=======
+        lines.append(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
+                     + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else ""))
+>>>>>>> robust
     if cal.get("compute"):
-        typer.echo(f"  compute         {cal['compute']}")
+        lines.append(f"  compute         {cal['compute']}")
     if fit.get("heldout_points"):
-        typer.echo(f"# held out ({holdout}): {fit['heldout_points']} points, MAPE {_pct(fit.get('heldout_mape_pct'))}"
-                   f", uncalibrated {_pct(fit.get('heldout_mape_uncalibrated_pct'))}")
-    typer.echo(f"wrote {out}" if out is not None else doc["yaml"].rstrip())
+        lines.append(f"# held out ({holdout}): {fit['heldout_points']} points, MAPE "
+                     f"{_pct(fit.get('heldout_mape_pct'))}, "
+                     f"uncalibrated {_pct(fit.get('heldout_mape_uncalibrated_pct'))}")
+    lines.append(f"wrote {out}" if out is not None else doc["yaml"].rstrip())
+    emit("\n".join(lines))
 
 
 @app.command("validate")
@@ -83,23 +96,26 @@ def validate_cmd(
     if calibration is None:
         raise SimdistError("no calibration given", field="--calibration",
                            fix="add --calibration cal.yaml (from simdist calibrate)")
+    if html is not None:
+        check_target(html, field="--html")
     doc = api.validate(list(measurements or []), calibration, holdout=holdout, html=html)
     _warn(doc)
     if as_json:
         _print_json(doc)
         return
-    typer.echo(f"# {doc['topology']}: {doc['predicted_points']} points predicted (holdout {holdout}; fitted on "
-               f"{doc['fit_points']})")
-    typer.echo(f"# {'op':<15} {'ranks':>5} {'size':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8} "
-               f"{'uncalibrated(us)':>17} {'error':>8}")
+    lines = [f"# {doc['topology']}: {doc['predicted_points']} points predicted (holdout {holdout}; fitted on "
+             f"{doc['fit_points']})",
+             f"# {'op':<15} {'ranks':>5} {'size':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8} "
+             f"{'uncalibrated(us)':>17} {'error':>8}"]
     for r in doc["rows"]:
-        typer.echo(f"  {r['op']:<15} {r['num_ranks']:>5} {int(r['nbytes']):>12} {r['measured_s'] * 1e6:>13.2f} "
-                   f"{r['predicted_s'] * 1e6:>14.2f} {r['error_pct']:>+7.1f}% {r['uncalibrated_s'] * 1e6:>17.2f} "
-                   f"{r['uncalibrated_error_pct']:>+7.1f}%")
+        lines.append(f"  {r['op']:<15} {r['num_ranks']:>5} {int(r['nbytes']):>12} {r['measured_s'] * 1e6:>13.2f} "
+                     f"{r['predicted_s'] * 1e6:>14.2f} {r['error_pct']:>+7.1f}% {r['uncalibrated_s'] * 1e6:>17.2f} "
+                     f"{r['uncalibrated_error_pct']:>+7.1f}%")
     for label, key in (("calibrated (held-out fit)", "mape_pct"), ("uncalibrated", "uncalibrated_mape_pct"),
                        ("calibration file", "calibration_file_mape_pct")):
         m = doc[key]
         per_op = ", ".join(f"{op} {_pct(v)}" for op, v in m["per_op"].items())
-        typer.echo(f"MAPE {label}: {_pct(m['all'])} ({per_op})")
+        lines.append(f"MAPE {label}: {_pct(m['all'])} ({per_op})")
     if html is not None:
-        typer.echo(f"wrote {html}")
+        lines.append(f"wrote {html}")
+    emit("\n".join(lines))

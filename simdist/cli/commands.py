@@ -14,14 +14,16 @@ from simdist.cli import (
     SetOption,
     _print_json,
     app,
+    check_target,
+    emit,
     write_atomically,
 )
-from simdist.errors import SimdistError
+from simdist.errors import SimdistError, note
 
 
 @app.command("schema")
-def schema_cmd(kind: Annotated[str, typer.Argument(help="topology or scenario")]) -> None:
-    """Print the JSON schema of a topology or scenario file."""
+def schema_cmd(kind: Annotated[str, typer.Argument(help="topology, scenario or calibration")]) -> None:
+    """Print the JSON schema of a topology, scenario or calibration file (every field described)."""
     _print_json(api.schema(kind))
 
 
@@ -45,10 +47,8 @@ def check(
     if as_json:
         _print_json(result)
     else:
-        typer.echo(
-            f"{scenario}: ok - {loaded.spec.name or 'unnamed'}: tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} on "
-            f"{loaded.topology.num_gpus} GPUs of {loaded.topology.spec.name}"
-        )
+        emit(f"{scenario}: ok - {loaded.spec.name or 'unnamed'}: tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} on "
+             f"{loaded.topology.num_gpus} GPUs of {loaded.topology.spec.name}")
 
 
 @app.command("collective")
@@ -77,14 +77,16 @@ def collective_cmd(
         size_list = parse_size_list(sizes)
     except SimdistError as err:
         raise err.located(field_prefix="--bytes") from None
-    names = [a.strip() for a in algorithm.split(",") if a.strip()]
+    names = list(dict.fromkeys(a.strip() for a in algorithm.split(",") if a.strip()))
     if not names:
         raise SimdistError("no algorithm given", field="--algorithm", fix="use auto or e.g. ring")
+    if html is not None:
+        check_target(html, field="--html")
     measured = None
     if compare is not None:
         from simdist.calibrate.measurements import read_measurements
 
-        measured = read_measurements(compare)
+        measured = _matching(read_measurements(compare), op, ranks, compare)
     series = {name: api.collective(cluster, op, ranks, size_list, algorithm=name, protocol=protocol,
                                    num_nodes=num_nodes, assignments=assignments or [], fidelity=fidelity,
                                    root=root, calibration=calibration)
@@ -105,19 +107,35 @@ def collective_cmd(
             doc["compare"] = api.compare_rows(series, measured)
         _print_json(doc)
         return
-    typer.echo(f"# {op} on {ranks} ranks of {cluster}" + (f" ({num_nodes} nodes)" if num_nodes else ""))
-    typer.echo(f"# {'size':>12} {'algorithm':>16} {'proto':>6} {'time(us)':>11} {'algbw(GB/s)':>12} "
-               f"{'busbw(GB/s)':>12}  fidelity")
+    lines = [f"# {op} on {ranks} ranks of {cluster}" + (f" ({num_nodes} nodes)" if num_nodes else ""),
+             f"# {'size':>12} {'algorithm':>16} {'proto':>6} {'time(us)':>11} {'algbw(GB/s)':>12} "
+             f"{'busbw(GB/s)':>12}  fidelity"]
     for rows in series.values():
         for r in rows:
-            typer.echo(f"  {int(r.nbytes):>12} {r.algorithm:>16} {r.protocol:>6} {r.time_s * 1e6:>11.2f} "
-                       f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}  {r.fidelity}")
+            lines.append(f"  {int(r.nbytes):>12} {r.algorithm:>16} {r.protocol:>6} {r.time_s * 1e6:>11.2f} "
+                         f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}  {r.fidelity}")
     if measured is not None:
         for line in api.compare_rows(series, measured):
-            typer.echo(f"  measured {int(line['bytes']):>12} {line['measured_busbw_GBps']:>8.2f} GB/s busbw, "
-                       f"predicted {line['predicted_busbw_GBps']:>8.2f} ({line['error_pct']:+.1f}%)")
+            lines.append(f"  measured {int(line['bytes']):>12} {line['measured_busbw_GBps']:>8.2f} GB/s busbw, "
+                         f"predicted {line['predicted_busbw_GBps']:>8.2f} ({line['error_pct']:+.1f}%)")
     if html is not None:
-        typer.echo(f"wrote {html}")
+        lines.append(f"wrote {html}")
+    emit("\n".join(lines))
+
+
+def _matching(measured: list[Any], op: str, ranks: int, path: Path) -> list[Any]:
+    """The measurements of ``op`` on ``ranks`` ranks; none is an error naming what the file holds, some others a
+    note (a comparison with another op or rank count would be meaningless)."""
+    keep = [m for m in measured if m.op == op and m.num_ranks == ranks]
+    series = sorted({(m.op, m.num_ranks) for m in measured})
+    held = ", ".join(f"{o} on {n} ranks" for o, n in series[:6]) + (", ..." if len(series) > 6 else "")
+    if not keep:
+        raise SimdistError(f"{path} holds {held}, not {op} on {ranks} ranks", field="--compare",
+                           fix="compare with a measurement of the same op and rank count, or change --op/--ranks")
+    if len(keep) < len(measured):
+        note(f"--compare: using the {len(keep)} measurements of {op} on {ranks} ranks in {path}; ignoring "
+             f"{len(measured) - len(keep)} of other ops or rank counts ({held})")
+    return keep
 
 
 @app.command("run")
@@ -142,10 +160,11 @@ def run_cmd(
     if as_json:
         _print_json(output.result)
         return
-    typer.echo(output.text.rstrip())
+    text = output.text.rstrip()
     if output.files:
-        typer.echo(f"report: {output.files['report.html']}  (trace: {output.files['trace.json']}, "
-                   f"json: {output.files['report.json']})")
+        text += (f"\nreport: {output.files['report.html']}  (trace: {output.files['trace.json']}, "
+                 f"json: {output.files['report.json']})")
+    emit(text)
 
 
 @app.command("assumptions")
@@ -155,5 +174,4 @@ def assumptions_cmd(as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(found)
         return
-    for item in found:
-        typer.echo(f"{item['file']}:{item['line']}: {item['text']}")
+    emit("\n".join(f"{item['file']}:{item['line']}: {item['text']}" for item in found))

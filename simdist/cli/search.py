@@ -13,9 +13,12 @@ from simdist.cli import (
     JsonOption,
     _print_json,
     app,
+    check_target,
+    emit,
     write_atomically,
 )
-from simdist.errors import SimdistError
+from simdist.cli.streams import to_stderr
+from simdist.errors import SimdistError, note
 
 # --------------------------------------------------------------------------- layout search and hardware comparison
 # (issue 7: `simdist search`, `simdist compare`; keep this section contiguous)
@@ -95,22 +98,33 @@ def search_cmd(
     if resume is not None and out is not None and resume != out:
         raise SimdistError("--resume and --out name different files", field="--out",
                            fix="give one file: --resume appends to it")
+    results = resume or out
+    if results is not None:  # refused now, not after the sweep
+        check_target(results, field="--resume" if resume is not None else "--out")
+    how = (f"run the same command with --resume {results} to continue" if results is not None else
+           "add --out results.jsonl to keep results as they arrive, so that an interrupted search can --resume")
     on_total, on_progress, stop = _progress(as_json)
     try:
         output = api.search(model, cluster, gpus, global_batch, seq_length=seq, precision=precision, max_tp=max_tp,
                             max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp, max_micro_batch=max_mbs,
                             schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
-                            workers=workers, dask=dask, results_file=resume or out, html=html,
+                            workers=workers, dask=dask, results_file=results, html=html,
                             explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress,
                             zero3_fetch=zero3_fetch)
+    except KeyboardInterrupt:
+        stop()
+        to_stderr(f"interrupted before any layout was ranked; {how}")
+        sys.exit(130)
     finally:
         stop()
+    if output.interrupted:
+        d = output.doc
+        note(f"interrupted: {d['evaluated']:,} of {d['feasible']:,} layouts evaluated"
+             + ("" if d["engine"] else ", none re-simulated") + f" (shown); {how}")
     if as_json:
         _print_json(output.doc)
     else:
-        typer.echo(output.text.rstrip())
-        if output.files:
-            typer.echo(f"wrote {output.files['html']}")
+        emit(output.text.rstrip() + (f"\nwrote {output.files['html']}" if output.files else ""))
     if output.interrupted:
         sys.exit(130)
 
@@ -133,8 +147,15 @@ def compare_cmd(
     html: Annotated[Path | None, typer.Option("--html", help="Write the comparison chart.")] = None,
 ) -> None:
     """Compare clusters: best layout on each, time, cost and energy to train --tokens tokens."""
-    doc = api.compare(model, clusters.split(","), gpus, tokens, global_batch_size=global_batch, prices=price or [],
-                      pue=pue, seq_length=seq, precision=precision, workers=workers, dask=dask)
+    if html is not None:
+        check_target(html, field="--html")
+    try:
+        doc = api.compare(model, clusters.split(","), gpus, tokens, global_batch_size=global_batch,
+                          prices=price or [], pue=pue, seq_length=seq, precision=precision, workers=workers, dask=dask)
+    except KeyboardInterrupt:
+        to_stderr("interrupted: compare prints its table once every cluster is searched (nothing to keep); "
+                  "run it again, or `simdist search --out FILE` per cluster to resume")
+        sys.exit(130)
     from simdist.report.search_table import compare_text
 
     text = compare_text(doc["rows"], tokens=tokens, pue=pue)
@@ -145,6 +166,4 @@ def compare_cmd(
     if as_json:
         _print_json(doc)
         return
-    typer.echo(text.rstrip())
-    if html is not None:
-        typer.echo(f"wrote {html}")
+    emit(text.rstrip() + (f"\nwrote {html}" if html is not None else ""))

@@ -12,6 +12,8 @@ from simdist.cli import (
     JsonOption,
     SetOption,
     _print_json,
+    check_target,
+    emit,
     topo_app,
     write_atomically,
 )
@@ -25,8 +27,7 @@ def topo_list(as_json: JsonOption = False) -> None:
         _print_json(presets)
         return
     width = max(len(p["name"]) for p in presets)
-    for p in presets:
-        typer.echo(f"{p['name']:<{width}}  {p['gpus_per_node']:>3} GPUs/node  {p['description']}")
+    emit("\n".join(f"{p['name']:<{width}}  {p['gpus_per_node']:>3} GPUs/node  {p['description']}" for p in presets))
 
 
 @topo_app.command("gpus")
@@ -36,14 +37,16 @@ def topo_gpus(as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(gpus)
         return
+    lines = []
     for name, g in gpus.items():
         peak = g["peak"]
         fp8 = f"{peak['fp8'] / 1e12:g}" if peak["fp8"] else "-"
-        typer.echo(
+        lines.append(
             f"{name:<14} {g['name']:<22} bf16 {peak['bf16'] / 1e12:>6g}  fp8 {fp8:>6}  tf32 {peak['tf32'] / 1e12:>6g}  "
             f"fp32 {peak['fp32'] / 1e12:>5g} TFLOP/s  "
             f"{g['hbm_capacity'] / 2**30:g} GiB at {g['hbm_bandwidth'] / 1e12:g} TB/s"
         )
+    emit("\n".join(lines))
 
 
 @topo_app.command("show")
@@ -57,6 +60,8 @@ def topo_show(
     html: Annotated[Path | None, typer.Option("--html", help="Write an interactive plotly drawing to FILE.")] = None,
 ) -> None:
     """Describe a cluster: GPUs, links by kind, per-GPU bandwidth per tier, bisection, example routes."""
+    if html is not None:
+        check_target(html, field="--html")
     topology, summary = api.topology_summary(name, num_nodes=num_nodes, assignments=assignments or [])
     if html is not None:
         from simdist.report.topology_html import topology_figure_html
@@ -67,6 +72,4 @@ def topo_show(
         return
     from simdist.report.topology_text import render_topology
 
-    typer.echo(render_topology(summary))
-    if html is not None:
-        typer.echo(f"wrote {html}")
+    emit(render_topology(summary).rstrip() + (f"\nwrote {html}" if html is not None else ""))

@@ -19,7 +19,6 @@ simdist.engine.graph.GraphTrace; nothing here imports the engine.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -161,8 +160,7 @@ def write_chrome_trace(
     link_counters: list[dict] | None = None,
 ) -> Path:
     """Write `chrome_trace` to ``path`` (strict JSON, no NaN) and return the path."""
+    from simdist.files import json_text, write_text
+
     doc = chrome_trace(graph, trace, rank_labels=rank_labels, link_counters=link_counters)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, allow_nan=False, separators=(",", ":")))
-    return out
+    return write_text(path, json_text(doc, compact=True))

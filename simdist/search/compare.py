@@ -105,6 +105,8 @@ def compare_clusters(model: str, clusters: list[str], *, gpus: int, tokens: floa
                                 global_batch_size=global_batch_size, seq_length=seq_length, precision=precision)
         try:
             outcome = run_search(problem, executor, top_k=top_k)
+            if outcome.interrupted:  # Ctrl-C: a partial sweep's best is not this cluster's best
+                raise KeyboardInterrupt
         except LayoutError as err:  # this cluster has no feasible layout: say so in its row, compare the rest
             rows.append({"cluster": size.cluster, "num_gpus": size.num_gpus, "note": size.note,
                          "error": err.problem})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simdist.errors import LayoutError, SimdistError
+from simdist.limits import check_step_work
 from simdist.predict.step import StepPrediction, predict_step
 from simdist.search.evaluate import candidate_spec, context, evaluate_batch
 from simdist.search.executors import Executor
@@ -132,7 +133,13 @@ def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, A
     out: dict[str, Any] = {"key": c.key, "layout": row["layout"], "closed_form_step_time_s": row["step_time_s"],
                            "closed_form_tokens_per_s": row["tokens_per_s"]}
     try:
+<<<<<<< HEAD
         prediction = predict_step(candidate_spec(problem, ctx.base, c), ctx.topology)
+=======
+        spec = scenario_spec(problem, c)
+        check_step_work(spec, ctx.topology.num_gpus, num_params=ctx.model.num_params)  # bounded work
+        prediction = predict_step(spec, ctx.topology)
+>>>>>>> robust
     except SimdistError as err:
         out["engine_error"] = err.one_line()
         return out, None
@@ -161,10 +168,13 @@ def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, re
     if interrupted:
         return outcome  # Ctrl-C: report what finished, skip the engine
     t1 = time.perf_counter()
-    for i, row in enumerate(ranked[:top_k]):
-        summary, prediction = resimulate(problem, row)
-        outcome.engine.append(summary)
-        if i == 0:
-            outcome.winner = prediction
+    try:
+        for i, row in enumerate(ranked[:top_k]):
+            summary, prediction = resimulate(problem, row)
+            outcome.engine.append(summary)
+            if i == 0:
+                outcome.winner = prediction
+    except KeyboardInterrupt:  # Ctrl-C while re-simulating: keep the sweep and what was re-simulated
+        outcome.interrupted = True
     outcome.engine_s = time.perf_counter() - t1
     return outcome

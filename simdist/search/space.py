@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 
 from simdist.errors import SpecError
+from simdist.limits import GLOBAL_BATCH, GPUS, SEARCH_CANDIDATES, SEQ_LENGTH, VPP, check_work
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -53,6 +54,22 @@ class SearchProblem:
         return cls(**kw)
 
     def check(self) -> None:
+        """The problem's own bounds (flags of `simdist search` / `compare`): one clear error each."""
+        for flag, value, minimum, limit in (
+                ("--global-batch", self.global_batch_size, 1, GLOBAL_BATCH), ("--seq", self.seq_length, 1, SEQ_LENGTH),
+                ("--max-tp", self.max_tp, 1, GPUS), ("--max-pp", self.max_pp, 1, GPUS),
+                ("--max-cp", self.max_cp, 1, GPUS), ("--max-vpp", self.max_vpp, 1, VPP),
+                ("--max-micro-batch", self.max_micro_batch, 1, GLOBAL_BATCH), ("--num-nodes", self.num_nodes, 1, GPUS)):
+            if value is None and flag in ("--seq", "--max-tp"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise SpecError(f"{flag} {value!r} must be a whole number >= {minimum}", field=flag,
+                                fix=f"give e.g. {max(minimum, 2)}")
+            if value > limit.value:
+                raise SpecError(f"{flag} {value:,} is above the limit of {limit.text()} ({limit.reason})",
+                                field=flag, fix=f"give at most {limit.text()}")
+        if not self.schedules:
+            raise SpecError("no schedule given", field="--schedules", fix="give e.g. 1f1b,interleaved_1f1b")
         bad = [s for s in self.schedules if s not in SEARCH_SCHEDULES]
         if bad:
             raise SpecError(f"unknown schedule '{bad[0]}'", field="--schedules",
@@ -103,6 +120,35 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def _axes(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int
+          ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The values of tp, cp, pp and micro-batch the space takes (see `raw_candidates`)."""
+    max_tp = problem.max_tp or gpus_per_node
+    tps = [t for t in _divisors(min(gpus_per_node, num_gpus)) if t <= max_tp]
+    if problem.max_tp and problem.max_tp > gpus_per_node:
+        tps += [t for t in _divisors(num_gpus) if gpus_per_node < t <= problem.max_tp and t % gpus_per_node == 0]
+    pps = [p for p in _divisors(num_layers) if p <= problem.max_pp]
+    return tps, _powers_of_two(problem.max_cp), pps, _powers_of_two(problem.max_micro_batch)
+
+
+def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int) -> int:
+    """How many candidates `raw_candidates` yields, counted without enumerating them (bounded work)."""
+    tps, cps, pps, mbss = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
+    per_layout = len(mbss) * len(problem.zero_stages) * len(problem.recompute)
+    total = 0
+    for tp in tps:
+        for cp in cps:
+            for pp in pps:
+                if num_gpus % (tp * cp * pp):
+                    continue
+                for schedule in problem.schedules:
+                    if pp == 1 and schedule != "1f1b":
+                        continue
+                    vpps = max(0, problem.max_vpp - 1) if schedule == "interleaved_1f1b" else 1
+                    total += vpps * per_layout * (2 if tp > 1 else 1)
+    return total
+
+
 def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int
                    ) -> Iterator[Candidate]:
     """Every combination of the axes' values before pruning (tp x cp x pp filling the GPUs; dp the rest).
@@ -110,13 +156,10 @@ def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int,
     tp: divisors of the node's GPU count up to max_tp; pp: divisors of the layer count up to max_pp (even
     split, as Megatron-LM requires without an explicit layout); cp, micro-batch: powers of two.
     """
-    max_tp = problem.max_tp or gpus_per_node
-    tps = [t for t in _divisors(min(gpus_per_node, num_gpus)) if t <= max_tp]
-    if problem.max_tp and problem.max_tp > gpus_per_node:
-        tps += [t for t in _divisors(num_gpus) if gpus_per_node < t <= problem.max_tp and t % gpus_per_node == 0]
-    pps = [p for p in _divisors(num_layers) if p <= problem.max_pp]
-    cps = _powers_of_two(problem.max_cp)
-    mbss = _powers_of_two(problem.max_micro_batch)
+    tps, cps, pps, mbss = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
+    check_work(count_candidates(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers),
+               SEARCH_CANDIDATES, what="the search space",
+               fix="lower --max-vpp, --max-pp, --max-cp or --max-micro-batch, or try fewer --schedules")
     for tp in tps:
         for cp in cps:
             for pp in pps:

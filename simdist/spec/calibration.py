@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from simdist.spec.base import Bandwidth, ByteSize, Count, Duration, Fraction, Spec
+from simdist.spec.base import AnyBandwidth, ByteSize, Count, Duration, Fraction, Spec
 from simdist.spec.topology import TopologySpec
 
 
@@ -81,9 +81,10 @@ class CollectiveCalibration(Spec):
 class ComputeCalibration(Spec):
     """Roofline constants (simdist.hardware.compute.ComputeEfficiency); absent ones keep the GPU's defaults."""
 
-    gemm_peak_efficiency: Fraction
+    gemm_peak_efficiency: Fraction = Field(description="share of the dense peak large GEMMs reach (the plateau)")
     gemm_knee_dim: float | None = Field(default=None, gt=0.0, description="GEMM dimension at half the plateau")
-    memory_efficiency: Fraction | None = None
+    memory_efficiency: Fraction | None = Field(default=None, description="share of the HBM bandwidth "
+                                                                        "memory-bound kernels reach")
     launch_overhead: Duration | None = Field(default=None, description="per kernel launch and tail")
 
 
@@ -92,6 +93,7 @@ class TierFit(Spec):
     latency-bound: its bytes under 10 % of its time), the busbw measured where the model is bandwidth-bound,
     which sets the tier's efficiency, and the uncalibrated prediction's error on the series (mape_pct)."""
 
+<<<<<<< HEAD
     tier: str
     op: str
     num_ranks: Count
@@ -107,30 +109,47 @@ class TierFit(Spec):
     efficiency_before: Fraction | None = None
     efficiency_after: Fraction | None = None
     mape_pct: float
+=======
+    tier: str = Field(description="the link tier: scale_up, pcie or inter_node")
+    op: str = Field(description="the collective op fitted")
+    num_ranks: Count = Field(description="ranks of the fitted measurements")
+    points: Count = Field(description="measured points fitted")
+    alpha: Duration = Field(description="fitted latency")
+    alpha_ci: list[Duration] = Field(description="its confidence interval [low, high]")
+    busbw: AnyBandwidth = Field(description="fitted bus bandwidth")
+    busbw_ci: list[AnyBandwidth] = Field(description="its confidence interval [low, high]")
+    model_busbw: AnyBandwidth = Field(description="the same fit to the uncalibrated prediction")
+    efficiency_before: Fraction | None = Field(default=None, description="the tier's efficiency in the preset")
+    efficiency_after: Fraction | None = Field(default=None, description="the tier's fitted efficiency")
+    mape_pct: float = Field(description="mean absolute percentage error of the fit, %")
+>>>>>>> robust
 
 
 class CollectiveFit(Spec):
     """How one op's correction was fitted (informational)."""
 
-    points: Count
-    latency_ci: list[Duration]
-    bandwidth_factor_ci: list[float]
+    points: Count = Field(description="measured points fitted")
+    latency_ci: list[Duration] = Field(description="confidence interval [low, high] of the latency")
+    bandwidth_factor_ci: list[float] = Field(description="confidence interval [low, high] of the bandwidth factor")
     mape_pct: float = Field(description="calibrated prediction vs the fitted points, %")
     mape_uncalibrated_pct: float = Field(description="the preset's prediction vs the same points, %")
 
 
 class ComputeFit(Spec):
-    points: Count
+    """How the compute constants were fitted (informational)."""
+
+    points: Count = Field(description="measured training steps fitted")
     cut: str = Field(description="which measured training steps were fitted")
-    gemm_peak_efficiency_ci: list[float]
-    launch_overhead_ci: list[Duration]
-    mape_pct: float
-    mape_uncalibrated_pct: float
+    gemm_peak_efficiency_ci: list[float] = Field(description="confidence interval [low, high]")
+    launch_overhead_ci: list[Duration] = Field(description="confidence interval [low, high]")
+    mape_pct: float = Field(description="calibrated prediction vs the fitted steps, %")
+    mape_uncalibrated_pct: float = Field(description="uncalibrated prediction vs the same steps, %")
 
 
 class FitInfo(Spec):
     """Where a calibration came from and how well it fits (not used when applying it)."""
 
+<<<<<<< HEAD
     points: int = 0
     mape_pct: float | None = None
     mape_uncalibrated_pct: float | None = None
@@ -147,20 +166,44 @@ class FitInfo(Spec):
     compute: ComputeFit | None = None
     warnings: list[str] = Field(default_factory=list, description="what the fit warned about (few points, another "
                                                                   "GPU than the topology's, ...)")
+=======
+    points: int = Field(default=0, description="measured points fitted")
+    mape_pct: float | None = Field(default=None, description="calibrated prediction vs the fitted points, %")
+    mape_uncalibrated_pct: float | None = Field(default=None, description="uncalibrated, the same points, %")
+    holdout: str = Field(default="none", description="which points were held out of the fit")
+    heldout_points: int = Field(default=0, description="points held out")
+    heldout_mape_pct: float | None = Field(default=None, description="calibrated prediction vs the held-out "
+                                                                     "points, %")
+    heldout_mape_uncalibrated_pct: float | None = Field(default=None, description="uncalibrated, the held-out "
+                                                                                  "points, %")
+    confidence: float = Field(default=0.95, description="confidence level of the intervals")
+    sources: list[str] = Field(default_factory=list, description="the measurement files")
+    date: str = Field(default="", description="when the fit was made")
+    method: str = Field(default="", description="how the fit was made")
+    tiers: list[TierFit] = Field(default_factory=list, description="the alpha-beta fit per tier and op")
+    collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="the fit per collective op")
+    compute: ComputeFit | None = Field(default=None, description="the compute fit, if steps were measured")
+>>>>>>> robust
 
 
 class CalibrationSpec(Spec):
     """A calibration of a topology preset, fitted to measurements (``simdist calibrate``)."""
 
     topology: str = Field(description="the topology preset (name) the calibration was fitted for")
+<<<<<<< HEAD
     gpu: str | None = Field(default=None, description="the device the measurements ran on, as they name it (e.g. "
                                                       "'NVIDIA A100-SXM4-80GB'); None where they do not say")
     num_nodes: Count | None = None
+=======
+    num_nodes: Count | None = Field(default=None, description="nodes of the fitted cluster (informational)")
+>>>>>>> robust
     overrides: dict[str, Any] = Field(default_factory=dict,
                                       description="topology fields laid over the preset (deep merge)")
-    collectives: dict[str, CollectiveCalibration] = Field(default_factory=dict)
-    compute: ComputeCalibration | None = None
-    fit: FitInfo = Field(default_factory=FitInfo)
+    collectives: dict[str, CollectiveCalibration] = Field(default_factory=dict,
+                                                          description="the correction of each collective op")
+    compute: ComputeCalibration | None = Field(default=None, description="roofline constants; absent: the "
+                                                                         "GPU's defaults")
+    fit: FitInfo = Field(default_factory=FitInfo, description="how the calibration was fitted (informational)")
 
     @field_validator("overrides")
     @classmethod

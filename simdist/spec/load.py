@@ -17,6 +17,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from simdist.errors import SpecError
+from simdist.files import read_text
+from simdist.limits import YAML_BYTES, YAML_DEPTH, YAML_NODES
+from simdist.spec.base import FieldProblem
 
 M = TypeVar("M", bound=BaseModel)
 Path_ = tuple[str | int, ...]
@@ -78,16 +81,93 @@ def _line_map(node: yaml.Node, path: Path_, source: str, out: dict[Path_, str]) 
             _line_map(item, (*path, i), source, out)
 
 
-def parse_yaml(text: str, source: str) -> Document:
-    """Parse YAML text; a syntax error names the file and line."""
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_duplicates(node: yaml.MappingNode, source: str) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = (key_node.tag, key_node.value)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise SpecError(f"key '{key_node.value}' is given twice (lines {seen[key]} and {line})",
+                            source=f"{source}:{line}", fix="keep one of them")
+        seen[key] = line
+
+
+def _check_tree(root: yaml.Node, source: str) -> None:
+    """Refuse duplicate keys, recursive aliases, nesting beyond YAML_DEPTH and documents whose aliases expand
+    them beyond YAML_NODES values (billion laughs): one pass, each distinct node once."""
+    size: dict[int, int] = {}
+    visiting: set[int] = set()
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 0, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        nid = id(node)
+        if done:
+            visiting.discard(nid)
+            size[nid] = total = 1 + sum(size[id(c)] for c in _children(node))
+            if total > YAML_NODES.value:
+                raise SpecError(
+                    f"aliases expand this document to {total:,}+ values, above the limit of {YAML_NODES.text()}",
+                    source=f"{source}:{node.start_mark.line + 1}",
+                    fix="write the values out instead of nesting aliases (is this a billion-laughs file?)")
+            continue
+        if nid in size:
+            continue
+        if depth > YAML_DEPTH.value:
+            raise SpecError(f"nested deeper than {YAML_DEPTH.text()}", source=f"{source}:{node.start_mark.line + 1}",
+                            fix="see `simdist schema` for the fields and their nesting")
+        if isinstance(node, yaml.MappingNode):
+            _check_duplicates(node, source)
+        visiting.add(nid)
+        stack.append((node, depth, True))
+        for child in _children(node):
+            if id(child) in visiting:
+                raise SpecError("an alias refers to a value that contains it (a recursive alias)",
+                                source=f"{source}:{child.start_mark.line + 1}", fix="remove the alias")
+            if id(child) not in size:
+                stack.append((child, depth + 1, False))
+
+
+_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load(text: str, source: str) -> tuple[yaml.Node | None, Any]:
+    """(node tree, data) of YAML text through the checks of `_check_tree`; a problem is one SpecError."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=_COMPOSER)
+        if node is None:
+            return None, None
+        _check_tree(node, source)
+        constructor = yaml.SafeLoader("")
+        try:
+            data = constructor.construct_document(node)
+        finally:
+            constructor.dispose()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(err, "problem", None) or str(err)
         raise SpecError(f"malformed YAML: {problem}", source=where, fix="check indentation and quoting") from None
+    except RecursionError:
+        raise SpecError(f"nested deeper than {YAML_DEPTH.text()}", source=source,
+                        fix="see `simdist schema` for the fields and their nesting") from None
+    except (TypeError, ValueError) as err:  # e.g. a mapping used as a key, a bad !!binary or timestamp
+        raise SpecError(f"malformed YAML: {err}", source=source, fix="check the value's syntax") from None
+    return node, data
+
+
+def parse_yaml(text: str, source: str) -> Document:
+    """Parse YAML text safely (see `_check_tree`); a syntax error names the file and line."""
+    node, data = _load(text, source)
     lines: dict[Path_, str] = {}
     if node is not None:
         _line_map(node, (), source, lines)
@@ -97,13 +177,7 @@ def parse_yaml(text: str, source: str) -> Document:
 def read_yaml(path: str | Path) -> Document:
     """Read a YAML file that must hold a mapping."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"file not found: {p}", fix="check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise SpecError(f"cannot read {p}: {err.__class__.__name__}", fix="give a readable YAML file") from None
-    doc = parse_yaml(text, str(p))
+    doc = parse_yaml(read_text(p, limit=YAML_BYTES), str(p))
     if not isinstance(doc.data, dict):
         raise SpecError("expected a mapping of fields at the top level", source=str(p), fix="see `simdist schema`")
     return doc
@@ -127,8 +201,10 @@ def parse_assignment(text: str) -> tuple[list[str], Any]:
     if not sep or not all(keys):
         raise SpecError(f"cannot read override '{text}'", source="--set", fix="write key=value, e.g. num_nodes=4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+        value = _load(raw, "--set")[1] if raw.strip() else None
+    except SpecError as err:
+        if "malformed YAML" not in err.problem:
+            raise  # an alias bomb or a duplicate key: refused, not taken as text
         value = raw
     return keys, value
 
@@ -212,7 +288,9 @@ def spec_error(err: ValidationError, doc: Document, model: type[BaseModel], pref
     # Prefer errors that point at a real field over union-branch noise; then the deepest one.
     ranked = sorted(errors, key=lambda e: (e["type"] == "model_type", -len(e["loc"])))
     first = ranked[0]
-    path = _clean_loc(tuple(first["loc"]), doc.data)
+    cause = (first.get("ctx") or {}).get("error")
+    loc = tuple(first["loc"]) + (tuple(cause.path) if isinstance(cause, FieldProblem) else ())
+    path = _clean_loc(loc, doc.data)
     kind = first["type"]
     message = str(first["msg"])
     if message.startswith("Value error, "):

@@ -13,7 +13,18 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, create_model, model_validator
 
-from simdist.spec.base import ByteSize, Count, Spec
+from simdist.limits import (
+    FFN_HIDDEN_SIZE,
+    GLOBAL_BATCH,
+    GPUS,
+    HIDDEN_SIZE,
+    NUM_HEADS,
+    NUM_LAYERS,
+    SEQ_LENGTH,
+    VOCAB_SIZE,
+    VPP,
+)
+from simdist.spec.base import BucketSize, Spec, count
 from simdist.spec.topology import TopologySpec
 
 
@@ -24,34 +35,52 @@ def _alias(*names: str) -> AliasChoices:
 # A cluster is a topology preset (or file) plus overrides of any topology field. The override fields
 # mirror TopologySpec's own, so that a typo is refused here with the field named; their values are
 # validated when merged into the preset (simdist.spec.load.resolve_cluster).
+class _OneTopology(Spec):
+    @model_validator(mode="after")
+    def _preset_or_file(self) -> _OneTopology:
+        if getattr(self, "preset", None) is not None and getattr(self, "file", None) is not None:
+            raise ValueError("give the cluster's preset or its file, not both")
+        return self
+
+
 ClusterSpec = create_model(
     "ClusterSpec",
-    __base__=Spec,
+    __base__=_OneTopology,
     __doc__="A topology preset or file, with any of its fields overridden (deep merge).",
     preset=(str | None, Field(default=None, description="a name from `simdist topo list`")),
-    file=(Path | None, Field(default=None, description="a topology YAML file instead of a preset")),
-    **{name: (Any, None) for name in TopologySpec.model_fields if name != "name"},
+    file=(Path | None, Field(default=None, description="a topology YAML file instead of a preset (relative to "
+                                                       "the scenario file)")),
+    **{name: (Any, Field(default=None, description=f"overrides the topology's {name} (simdist schema topology)"))
+       for name in TopologySpec.model_fields if name != "name"},
 )
 
 
 class ModelSpec(Spec):
     """A model preset, an inline description, or a Hugging Face config.json (exactly one)."""
 
-    preset: str | None = None
-    hf_config: Path | None = None
-    num_layers: Count | None = None
-    hidden_size: Count | None = None
-    num_attention_heads: Count | None = None
-    num_query_groups: Count | None = Field(default=None, validation_alias=_alias("num_query_groups", "num_kv_heads"))
-    ffn_hidden_size: Count | None = None
-    seq_length: Count | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"))
-    vocab_size: Count | None = Field(default=None, validation_alias=_alias("vocab_size", "padded_vocab_size"))
-    swiglu: bool | None = None
+    preset: str | None = Field(default=None, description="a model preset (gpt3-175b, llama3-405b, ...); fields "
+                                                         "given beside it override the preset's")
+    hf_config: Path | None = Field(default=None, description="a Hugging Face config.json of a dense decoder "
+                                                             "(relative to the scenario file)")
+    num_layers: count(NUM_LAYERS) | None = Field(default=None, description="transformer layers (or MLP layers)")
+    hidden_size: count(HIDDEN_SIZE) | None = Field(default=None, description="model width h")
+    num_attention_heads: count(NUM_HEADS) | None = Field(default=None, description="attention heads a")
+    num_query_groups: count(NUM_HEADS) | None = Field(
+        default=None, validation_alias=_alias("num_query_groups", "num_kv_heads"),
+        description="key/value heads (grouped-query attention); default: num_attention_heads")
+    ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(default=None, description="MLP width; default 4 h")
+    seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"),
+                                                description="tokens per sequence s; default 2048")
+    vocab_size: count(VOCAB_SIZE) | None = Field(
+        default=None, validation_alias=_alias("vocab_size", "padded_vocab_size"),
+        description="vocabulary (padded, as Megatron-LM pads it); default 51200")
+    swiglu: bool | None = Field(default=None, description="SwiGLU MLP (three matrices) instead of GeLU (two)")
     kind: Literal["decoder", "mlp"] | None = Field(
         default=None, description="decoder (GPT/Llama transformer, the default) or mlp (the CS336 lecture's MLP)"
     )
     tied_embeddings: bool | None = Field(
-        default=None, validation_alias=_alias("tied_embeddings", "tie_word_embeddings")
+        default=None, validation_alias=_alias("tied_embeddings", "tie_word_embeddings"),
+        description="input and output embeddings share one matrix (default true)"
     )
 
     @model_validator(mode="after")
@@ -76,19 +105,28 @@ class ModelSpec(Spec):
 class ParallelSpec(Spec):
     """Parallel layout; axis sizes multiply to the number of GPUs used (tp innermost)."""
 
-    tp: Count = Field(default=1, validation_alias=_alias("tp", "tensor_model_parallel_size"))
-    pp: Count = Field(default=1, validation_alias=_alias("pp", "pipeline_model_parallel_size"))
-    dp: Count = Field(default=1, validation_alias=_alias("dp", "data_parallel_size"))
-    vpp: Count = Field(default=1, validation_alias=_alias("vpp", "virtual_pipeline_model_parallel_size"))
-    cp: Count = Field(default=1, validation_alias=_alias("cp", "context_parallel_size"))
-    sequence_parallel: bool = False
-    zero_stage: Literal[0, 1, 2, 3] = 0
+    tp: count(GPUS) = Field(default=1, validation_alias=_alias("tp", "tensor_model_parallel_size"),
+                            description="tensor-parallel size (alias tensor_model_parallel_size)")
+    pp: count(GPUS) = Field(default=1, validation_alias=_alias("pp", "pipeline_model_parallel_size"),
+                            description="pipeline stages (alias pipeline_model_parallel_size)")
+    dp: count(GPUS) = Field(default=1, validation_alias=_alias("dp", "data_parallel_size"),
+                            description="data-parallel replicas (alias data_parallel_size)")
+    vpp: count(VPP) = Field(default=1, validation_alias=_alias("vpp", "virtual_pipeline_model_parallel_size"),
+                            description="model chunks per stage, interleaved_1f1b only (alias "
+                                        "virtual_pipeline_model_parallel_size)")
+    cp: count(GPUS) = Field(default=1, validation_alias=_alias("cp", "context_parallel_size"),
+                            description="context-parallel size (alias context_parallel_size)")
+    sequence_parallel: bool = Field(default=False, description="Megatron's sequence parallelism (tp > 1): norms "
+                                                               "and dropout split along the sequence")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO stage: 1 optimizer state, 2 also "
+                                                                   "gradients, 3 also parameters sharded over dp")
     order: str = Field(default="tp-cp-dp-pp",
                        description="mesh axes innermost first (Megatron-LM's RankGenerator order); rank r runs on "
                                    "GPU r, so tp innermost keeps tensor-parallel groups inside a node")
     pipeline_split: Literal["even", "lighter_ends"] = Field(
         default="even", description="layers per stage: even, or one fewer on the first and last stage (Llama 3)")
-    layers_per_stage: list[Count] | None = Field(default=None, description="explicit layers per pipeline stage")
+    layers_per_stage: list[count(NUM_LAYERS)] | None = Field(default=None,
+                                                           description="explicit layers per pipeline stage")
     tp_style: Literal["megatron", "column"] = Field(
         default="megatron", description="megatron: column+row parallel pairs (all-reduce); column: the CS336 "
                                         "lecture's column-parallel layers (all-gather forward, reduce-scatter "
@@ -102,26 +140,31 @@ class ParallelSpec(Spec):
 
 
 class TrainingSpec(Spec):
-    micro_batch_size: Count = 1
-    global_batch_size: Count
+    """Training settings: batch, recompute, precision, kernels and gradient reduction."""
+
+    micro_batch_size: count(GLOBAL_BATCH) = Field(default=1, description="sequences per micro-batch")
+    global_batch_size: count(GLOBAL_BATCH) = Field(description="sequences per step (all replicas)")
     recompute: Literal["none", "selective", "full"] = Field(
-        default="none", validation_alias=_alias("recompute", "recompute_granularity")
+        default="none", validation_alias=_alias("recompute", "recompute_granularity"),
+        description="activation recompute: none, selective (attention, Korthikanti et al. 2022) or full "
+                    "(alias recompute_granularity)"
     )
-    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = "bf16"
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = Field(
+        default="bf16", description="the dtype of the matrix multiplications (its dense peak is used)")
     attention: Literal["flash", "materialized"] = Field(
         default="flash", description="attention kernel: flash (scores never stored, Dao et al. 2022) or "
                                      "materialized (the a x s x s scores in memory, as Megatron-LM in 2021-22)")
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
                                         "(the lecture), buckets after the backward, or buckets overlapped with it")
-    grad_bucket_size: ByteSize | None = Field(
-        default=None, description="gradient bucket size; default one bucket per model chunk")
+    grad_bucket_size: BucketSize | None = Field(
+        default=None, description="gradient bucket size (at least 1 MB); default one bucket per model chunk")
     zero3_fetch: Literal["prefetch", "per_parameter"] = Field(
         default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
                                         "ahead of the compute, as PyTorch FSDP) or per_parameter (each tensor "
                                         "gathered before each use and its gradient reduce-scattered, blocking, "
                                         "through list collectives: DeepSpeed ZeRO-3 as of 2021)")
-    dp_batch_split: list[Count] | None = Field(
+    dp_batch_split: list[count(GLOBAL_BATCH)] | None = Field(
         default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
 
 
@@ -131,11 +174,13 @@ Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
 class ScenarioSpec(Spec):
     """One training step to predict: cluster x model x layout x training settings x schedule."""
 
-    name: str = ""
-    cluster: ClusterSpec  # type: ignore[valid-type]
-    model: ModelSpec
-    parallel: ParallelSpec = ParallelSpec()
-    training: TrainingSpec
-    schedule: Schedule = "1f1b"
+    name: str = Field(default="", description="a title for reports")
+    cluster: ClusterSpec = Field(description="a topology preset or file, with any of its fields "  # type: ignore[valid-type]
+                                             "overridden")
+    model: ModelSpec = Field(description="a model preset, inline fields, or a Hugging Face config.json")
+    parallel: ParallelSpec = Field(default=ParallelSpec(), description="the parallel layout")
+    training: TrainingSpec = Field(description="batch, recompute, precision and gradient reduction")
+    schedule: Schedule = Field(default="1f1b", description="pipeline schedule: gpipe, 1f1b, interleaved_1f1b or "
+                                                           "zb_h1")
     calibration: Path | None = Field(
         default=None, description="a calibration file (simdist calibrate), relative to this scenario file")

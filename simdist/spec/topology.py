@@ -13,42 +13,60 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from simdist.spec.base import Bandwidth, Count, Duration, Fraction, NonNegativeCount, Spec
+from simdist.limits import (
+    CPU_SOCKETS,
+    GPUS,
+    GPUS_PER_NODE,
+    HOSTS_PER_NODE,
+    NICS_PER_NODE,
+    NODE_COMPONENTS,
+    NODE_ROUTE_WORK,
+    NUM_NODES,
+    NVSWITCHES,
+    OVERSUBSCRIPTION,
+    PCIE_SWITCHES,
+    SWITCH_RADIX,
+)
+from simdist.spec.base import Bandwidth, FieldProblem, Fraction, Latency, Spec, count
 from simdist.spec.gpu import GpuSpec
 
 LinkKind = Literal["nvlink", "pcie", "infiniband", "roce", "ethernet", "cpu_interconnect"]
 FabricKind = Literal["infiniband", "roce", "ethernet"]
 FabricShape = Literal["fat_tree", "rail_optimized"]
 
+_EFFICIENCY = "achieved / nominal bandwidth in (0, 1]; default by link kind (simdist/hardware/link_defaults.py)"
+
 
 class PcieSpec(Spec):
     """PCIe links between GPUs/NICs, PCIe switches and CPU root complexes (per direction)."""
 
-    generation: Literal[3, 4, 5, 6]
-    lanes: Literal[1, 2, 4, 8, 16] = 16
-    bandwidth: Bandwidth | None = Field(default=None, description="default: from generation and lanes")
-    latency: Duration | None = Field(default=None, description="per link; default in hardware/link_defaults")
-    efficiency: Fraction | None = None
+    generation: Literal[3, 4, 5, 6] = Field(description="PCIe generation (3-6): sets the per-lane rate")
+    lanes: Literal[1, 2, 4, 8, 16] = Field(default=16, description="lanes per link (x16 for GPUs and NICs)")
+    bandwidth: Bandwidth | None = Field(default=None, description="per link per direction; default: from "
+                                                                  "generation and lanes")
+    latency: Latency | None = Field(default=None, description="per link; default in hardware/link_defaults")
+    efficiency: Fraction | None = Field(default=None, description=_EFFICIENCY)
 
 
 class CpuInterconnectSpec(Spec):
     """The link between CPU sockets (UPI, xGMI, ...), crossed by GPU traffic between sockets."""
 
-    bandwidth: Bandwidth
-    latency: Duration | None = None
-    efficiency: Fraction | None = None
+    bandwidth: Bandwidth = Field(description="per direction between two sockets, e.g. '22 GB/s' for UPI")
+    latency: Latency | None = Field(default=None, description="per crossing; default in hardware/link_defaults")
+    efficiency: Fraction | None = Field(default=None, description=_EFFICIENCY)
 
 
 class HostSpec(Spec):
     """One server (or compute tray): sockets, PCIe switches per socket; GPUs and NICs spread evenly."""
 
-    cpu_sockets: Count = 2
-    pcie_switches_per_socket: NonNegativeCount = Field(
-        default=2, description="0: GPUs and NICs attach straight to the CPU root complex"
+    cpu_sockets: count(CPU_SOCKETS) = Field(default=2, description="CPU sockets (root complexes) per host")
+    pcie_switches_per_socket: count(PCIE_SWITCHES, minimum=0) = Field(
+        default=2, description="PCIe switches under each socket; 0: GPUs and NICs attach straight to the CPU root "
+                               "complex"
     )
-    pcie: PcieSpec
+    pcie: PcieSpec = Field(description="the PCIe links of the host")
     cpu_interconnect: CpuInterconnectSpec | None = Field(
-        default=None, description="required with more than one socket"
+        default=None, description="the link between sockets; required with more than one socket"
     )
 
     @model_validator(mode="after")
@@ -64,40 +82,45 @@ class HostSpec(Spec):
 class ScaleUpSpec(Spec):
     """The NVLink domain of a node: every GPU to every other through NVSwitch (non-blocking crossbar)."""
 
-    kind: Literal["nvswitch"] = "nvswitch"
-    nvlink_generation: Literal[3, 4, 5]
+    kind: Literal["nvswitch"] = Field(default="nvswitch", description="the scale-up fabric (NVSwitch crossbar)")
+    nvlink_generation: Literal[3, 4, 5] = Field(description="NVLink generation (3: A100, 4: H100/H200, 5: B200)")
     bandwidth: Bandwidth = Field(description="per GPU per direction, e.g. '450 GB/s' for NVLink4")
-    num_switches: Count = Field(description="NVSwitch chips; traffic is striped across all of them")
-    latency: Duration | None = None
-    efficiency: Fraction | None = None
+    num_switches: count(NVSWITCHES) = Field(description="NVSwitch chips; traffic is striped across all of them")
+    latency: Latency | None = Field(default=None, description="per NVLink hop; default in hardware/link_defaults")
+    efficiency: Fraction | None = Field(default=None, description=_EFFICIENCY)
     nvls: bool = Field(default=False, description="NVLink SHARP in-switch reduction (NVSwitch gen3+)")
 
 
 class InterNodeSpec(Spec):
     """The scale-out fabric: NICs per node, their speed, and the switch fabric that joins them."""
 
-    kind: FabricKind = "infiniband"
-    nics_per_node: NonNegativeCount
+    kind: FabricKind = Field(default="infiniband", description="infiniband, roce or ethernet")
+    nics_per_node: count(NICS_PER_NODE, minimum=0) = Field(description="NICs per node (spread evenly over its "
+                                                                       "hosts and PCIe switches)")
     nic_bandwidth: Bandwidth = Field(description="per NIC per direction, e.g. '400 Gb/s'")
-    fabric: FabricShape = "rail_optimized"
+    fabric: FabricShape = Field(default="rail_optimized", description="rail_optimized (NIC i of every node on "
+                                                                      "leaf i) or fat_tree")
     oversubscription: float = Field(
-        default=1.0, ge=1.0, description="leaf downlink / uplink capacity; 1 = non-blocking"
+        default=1.0, ge=1.0, le=OVERSUBSCRIPTION.value, description="leaf downlink / uplink capacity; 1 = "
+                                                                    "non-blocking"
     )
-    switch_radix: Count = Field(default=64, ge=2, description="ports per leaf switch (64 for NDR Quantum-2)")
-    latency: Duration | None = Field(default=None, description="per fabric link; default by kind")
+    switch_radix: count(SWITCH_RADIX, minimum=2) = Field(default=64, description="ports per leaf switch (64 for NDR "
+                                                                               "Quantum-2); at least 2")
+    latency: Latency | None = Field(default=None, description="per fabric link; default by kind")
     efficiency: Fraction | None = Field(default=None, description="achieved/nominal; default by kind")
 
 
 class TopologySpec(Spec):
     """A cluster: GPU model, node anatomy, and how nodes are joined."""
 
-    name: str
-    description: str = ""
+    name: str = Field(description="the topology's name (a preset's file name)")
+    description: str = Field(default="", description="one line shown by `simdist topo list`")
     gpu: str | GpuSpec = Field(description="a GPU preset name (see `simdist topo gpus`) or an inline GPU")
-    num_nodes: Count = 1
-    gpus_per_node: Count
-    hosts_per_node: Count = 1
-    host: HostSpec
+    num_nodes: count(NUM_NODES) = Field(default=1, description="nodes in the cluster (a node is a server, or a rack "
+                                                          "for gb200-nvl72)")
+    gpus_per_node: count(GPUS_PER_NODE) = Field(description="GPUs per node")
+    hosts_per_node: count(HOSTS_PER_NODE) = Field(default=1, description="servers or compute trays per node")
+    host: HostSpec = Field(description="the anatomy of each host")
     scale_up: ScaleUpSpec | None = Field(default=None, description="absent: no NVLink (PCIe-only boxes)")
     inter_node: InterNodeSpec | None = Field(default=None, description="absent: a single node")
 
@@ -119,7 +142,32 @@ class TopologySpec(Spec):
                 f"inter_node.nics_per_node ({self.inter_node.nics_per_node}) must be a multiple of "
                 f"hosts_per_node ({self.hosts_per_node})"
             )
+        self._check_size()
         return self
+
+    def _check_size(self) -> None:
+        """Bounded work (simdist.limits): the cluster's GPUs, and the components routing searches in a node."""
+        nics = self.inter_node.nics_per_node if self.inter_node is not None else 0
+        if self.num_gpus > GPUS.value:
+            table_gib = 8 * self.num_nodes * (self.gpus_per_node + nics) // 2**30
+            memory = f": its per-GPU and per-NIC tables alone would need ~{table_gib:,} GiB" if table_gib else ""
+            raise FieldProblem(("num_nodes",), (
+                f"{self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {self.num_gpus:,} GPUs, above the limit of "
+                f"{GPUS.text()}{memory} "
+                f"(fix: use at most {int(GPUS.value) // self.gpus_per_node:,} nodes)"))
+        h = self.host
+        components = (self.gpus_per_node + nics + self.hosts_per_node * h.cpu_sockets
+                      * (1 + h.pcie_switches_per_socket) + (self.scale_up.num_switches if self.scale_up else 0))
+        work = self.gpus_per_node * components
+        if components > NODE_COMPONENTS.value or work > NODE_ROUTE_WORK.value:
+            parts = {("gpus_per_node",): self.gpus_per_node, ("inter_node", "nics_per_node"): nics,
+                     ("host", "pcie_switches_per_socket"): self.hosts_per_node * h.cpu_sockets
+                     * h.pcie_switches_per_socket, ("hosts_per_node",): self.hosts_per_node * h.cpu_sockets}
+            raise FieldProblem(max(parts, key=parts.get), (
+                f"a node of {self.gpus_per_node} GPUs and {components:,} components in all (GPUs, NICs, PCIe "
+                f"switches, sockets, NVSwitches) needs {work:,} route-search visits; the limits are "
+                f"{NODE_COMPONENTS.text()} and {NODE_ROUTE_WORK.text()} ({NODE_ROUTE_WORK.reason}) "
+                "(fix: describe a smaller node: fewer GPUs, NICs or PCIe switches per node)"))
 
     @property
     def gpus_per_host(self) -> int:
