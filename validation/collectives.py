@@ -333,7 +333,6 @@ def main(argv: list[str] | None = None) -> int:
                            f"(fix: use {','.join(BENCH_OPS)} or all)")
     if args.warmup < 0 or args.iters < 1:
         raise HarnessError("--warmup must be >= 0 and --iters >= 1")
-<<<<<<< HEAD
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise HarnessError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if args.ranks < 1:
@@ -343,14 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise HarnessError(f"--out {out} is a folder (fix: name a file, e.g. {out / 'collectives.csv'})")
-=======
-    if args.timeout is not None and args.timeout <= 0:
-        raise HarnessError(f"--timeout must be positive, got {args.timeout:g}")
-    try:  # simdist's own parser: the same syntax, bounds and one-line errors as `simdist collective --bytes`
-        sizes = tuple(int(s) for s in parse_size_list(args.bytes))
-    except SimdistError as err:
-        raise err.located(field_prefix="--bytes") from None
->>>>>>> robust
     command = "python -m validation.collectives " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = BenchConfig(ops=ops, sizes=sizes, warmup=args.warmup, iters=args.iters, backend=args.backend,
                          command=command)

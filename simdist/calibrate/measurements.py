@@ -32,12 +32,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-<<<<<<< HEAD
-import os
 from dataclasses import astuple, dataclass, fields, replace
-=======
-from dataclasses import astuple, dataclass, fields
->>>>>>> robust
 from pathlib import Path
 
 from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps

@@ -65,15 +65,11 @@ def calibrate_cmd(
     for key, value in cal.get("overrides", {}).items():
         lines.append(f"  override {key}: {value}")
     for op, c in cal.get("collectives", {}).items():
-<<<<<<< HEAD
         above = c.get("above_range_factor", 1.0)
-        typer.echo(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
-                   + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else "")
-                   + (f"; above {c['size_range'][1]}: the physical model x {above:.3f}" if c.get("size_range") else ""))
-=======
         lines.append(f"  {op:<15} latency +{c['latency']}, bandwidth x {c['bandwidth_factor']:.3f}"
-                     + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else ""))
->>>>>>> robust
+                     + (f", {len(c['efficiency'])} efficiency knots" if c.get("efficiency") else "")
+                     + (f"; above {c['size_range'][1]}: the physical model x {above:.3f}" if c.get("size_range")
+                        else ""))
     if cal.get("compute"):
         lines.append(f"  compute         {cal['compute']}")
     if fit.get("heldout_points"):

@@ -133,13 +133,9 @@ def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, A
     out: dict[str, Any] = {"key": c.key, "layout": row["layout"], "closed_form_step_time_s": row["step_time_s"],
                            "closed_form_tokens_per_s": row["tokens_per_s"]}
     try:
-<<<<<<< HEAD
-        prediction = predict_step(candidate_spec(problem, ctx.base, c), ctx.topology)
-=======
-        spec = scenario_spec(problem, c)
+        spec = candidate_spec(problem, ctx.base, c)
         check_step_work(spec, ctx.topology.num_gpus, num_params=ctx.model.num_params)  # bounded work
         prediction = predict_step(spec, ctx.topology)
->>>>>>> robust
     except SimdistError as err:
         out["engine_error"] = err.one_line()
         return out, None

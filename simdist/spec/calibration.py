@@ -93,36 +93,21 @@ class TierFit(Spec):
     latency-bound: its bytes under 10 % of its time), the busbw measured where the model is bandwidth-bound,
     which sets the tier's efficiency, and the uncalibrated prediction's error on the series (mape_pct)."""
 
-<<<<<<< HEAD
-    tier: str
-    op: str
-    num_ranks: Count
-    points: Count
-    alpha: Duration
-    alpha_ci: list[Duration]
-    busbw: Bandwidth = Field(description="measured busbw where the model is bandwidth-bound (median over "
-                                         "plateau_points), else the largest measured busbw (a lower bound)")
-    busbw_ci: list[Bandwidth]
-    model_busbw: Bandwidth = Field(description="the uncalibrated prediction's busbw at the same points")
-    plateau_points: int = Field(default=0, ge=0, description="points where the model is bandwidth-bound (latency, "
-                                                             "protocol and pipeline terms under 2 %); 0: none measured")
-    efficiency_before: Fraction | None = None
-    efficiency_after: Fraction | None = None
-    mape_pct: float
-=======
     tier: str = Field(description="the link tier: scale_up, pcie or inter_node")
     op: str = Field(description="the collective op fitted")
     num_ranks: Count = Field(description="ranks of the fitted measurements")
     points: Count = Field(description="measured points fitted")
     alpha: Duration = Field(description="fitted latency")
     alpha_ci: list[Duration] = Field(description="its confidence interval [low, high]")
-    busbw: AnyBandwidth = Field(description="fitted bus bandwidth")
+    busbw: AnyBandwidth = Field(description="measured busbw where the model is bandwidth-bound (median over "
+                                            "plateau_points), else the largest measured busbw (a lower bound)")
     busbw_ci: list[AnyBandwidth] = Field(description="its confidence interval [low, high]")
-    model_busbw: AnyBandwidth = Field(description="the same fit to the uncalibrated prediction")
+    model_busbw: AnyBandwidth = Field(description="the uncalibrated prediction's busbw at the same points")
+    plateau_points: int = Field(default=0, ge=0, description="points where the model is bandwidth-bound (latency, "
+                                                             "protocol and pipeline terms under 2 %); 0: none measured")
     efficiency_before: Fraction | None = Field(default=None, description="the tier's efficiency in the preset")
     efficiency_after: Fraction | None = Field(default=None, description="the tier's fitted efficiency")
     mape_pct: float = Field(description="mean absolute percentage error of the fit, %")
->>>>>>> robust
 
 
 class CollectiveFit(Spec):
@@ -149,24 +134,6 @@ class ComputeFit(Spec):
 class FitInfo(Spec):
     """Where a calibration came from and how well it fits (not used when applying it)."""
 
-<<<<<<< HEAD
-    points: int = 0
-    mape_pct: float | None = None
-    mape_uncalibrated_pct: float | None = None
-    holdout: str = "none"
-    heldout_points: int = 0
-    heldout_mape_pct: float | None = None
-    heldout_mape_uncalibrated_pct: float | None = None
-    confidence: float = 0.95
-    sources: list[str] = Field(default_factory=list)
-    date: str = ""
-    method: str = ""
-    tiers: list[TierFit] = Field(default_factory=list)
-    collectives: dict[str, CollectiveFit] = Field(default_factory=dict)
-    compute: ComputeFit | None = None
-    warnings: list[str] = Field(default_factory=list, description="what the fit warned about (few points, another "
-                                                                  "GPU than the topology's, ...)")
-=======
     points: int = Field(default=0, description="measured points fitted")
     mape_pct: float | None = Field(default=None, description="calibrated prediction vs the fitted points, %")
     mape_uncalibrated_pct: float | None = Field(default=None, description="uncalibrated, the same points, %")
@@ -183,20 +150,17 @@ class FitInfo(Spec):
     tiers: list[TierFit] = Field(default_factory=list, description="the alpha-beta fit per tier and op")
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="the fit per collective op")
     compute: ComputeFit | None = Field(default=None, description="the compute fit, if steps were measured")
->>>>>>> robust
+    warnings: list[str] = Field(default_factory=list, description="what the fit warned about (few points, another "
+                                                                  "GPU than the topology's, ...)")
 
 
 class CalibrationSpec(Spec):
     """A calibration of a topology preset, fitted to measurements (``simdist calibrate``)."""
 
     topology: str = Field(description="the topology preset (name) the calibration was fitted for")
-<<<<<<< HEAD
     gpu: str | None = Field(default=None, description="the device the measurements ran on, as they name it (e.g. "
                                                       "'NVIDIA A100-SXM4-80GB'); None where they do not say")
-    num_nodes: Count | None = None
-=======
     num_nodes: Count | None = Field(default=None, description="nodes of the fitted cluster (informational)")
->>>>>>> robust
     overrides: dict[str, Any] = Field(default_factory=dict,
                                       description="topology fields laid over the preset (deep merge)")
     collectives: dict[str, CollectiveCalibration] = Field(default_factory=dict,
