@@ -130,11 +130,11 @@ def test_equals_the_engine_where_nothing_contends(assignments):
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
 def test_fast_forward_equals_every_micro_batch(schedule, vpp):
-    # 192 micro-batches (interleaved: 4 x 48) on 4 stages with uneven stages and chunks (14 layers: 3 + 4 + 4 + 3)
+    # 192 micro-batches (interleaved: 4 x 100) on 4 stages with uneven stages and chunks (14 layers: 3 + 4 + 4 + 3)
     # and the LM head on the last: the steady state repeats, and three short schedules extended give the answer.
     spec = _spec({"tp": 2, "pp": 4, "dp": 2, "cp": 1, "vpp": vpp, "zero_stage": 1, "recompute": "selective",
                   "schedule": schedule, "grad_reduce": "overlapped", "bucket": "20 MB",
-                  "microbatches": 48 if vpp > 1 else 192,
+                  "microbatches": 100 if vpp > 1 else 192,
                   "mbs": 1, "sp": True, "per_parameter": False})
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"num_layers": 14}),
                                    "parallel": spec.parallel.model_copy(update={"pipeline_split": "lighter_ends"})})

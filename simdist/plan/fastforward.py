@@ -127,8 +127,10 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
     samples (the closed form detecting its own cycle), else nothing (the closed form detecting the engine's)."""
     g = group_of(schedule, num_stages)
     total = detection_microbatches(schedule, num_stages, vpp)
+    # the cheapest samples there can be (the shortest cycle, no transient): when even they do not pay, do not look
+    least = 3 * (warmup_of(schedule, num_stages, vpp) + _cooldown_margin(schedule, num_stages, vpp) + g) + 3 * g
     spent = 0
-    while SAVING * ((spent + total) if count_detection else total) < num_microbatches:
+    while SAVING * (least + ((spent + total) if count_detection else 0)) < num_microbatches:
         starts, step_s = timeline(total)
         spent += total
         found = find_cycle(schedule, num_stages, starts, step_s, total, vpp)

@@ -19,10 +19,11 @@ Per representative rank, in program order (the rules, with their sources):
   forward's exposed TP/CP collectives (Megatron-LM runs them between the GEMMs, Shoeybi et al. 2019 sec 3;
   counted back to back here).
 - B: [ZeRO-3 all_gather] -> recompute (the recompute mode's forward, with its collectives) -> [per_parameter:
-  the all_gathers again, as the recompute's forward released them] -> backward compute (cut into the chunk's
-  gradient buckets on the last micro-batch when the reduction overlaps it), with the overlappable collectives
-  (Megatron's asynchronous input-gradient all-reduce, hidden behind the weight-gradient GEMM) on the tp stream
-  beside it -> the exposed backward collectives -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on
+  the all_gathers again, as the recompute's forward released them] -> backward compute: the input gradients
+  (dgrad), then the weight gradients (wgrad; cut into the chunk's gradient buckets on the last micro-batch when
+  the reduction overlaps it) with the overlappable collectives (Megatron's asynchronous input-gradient
+  all-reduce, launched after dgrad and hidden behind wgrad) on the tp stream beside it -> the exposed backward
+  collectives -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on
   the dp stream; per_parameter: one per tensor, blocking].
 - W (zb_h1 only): the weight-gradient share of the backward; zb_h1's B is the input-gradient share, with every
   backward collective exposed.
@@ -213,16 +214,28 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     comm_items: tuple = ()
     if kind == "B":
         comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
-        if not split:
-            overlapped = b.chain(cost.backward_overlapped_comm, deps, "overlapped", groups)
+        if not split and any(groups.get(axis, 1) >= 2 for _, _, axis, _ in cost.backward_overlapped_comm):
+            # Megatron's asynchronous input-gradient all-reduce (Shoeybi et al. 2019 sec 3; megatron/core/
+            # tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication): each layer's input
+            # gradient (dgrad) is computed first, its all-reduce launched, and the weight gradient (wgrad) computed
+            # while it runs. Per chunk: dgrad, then the collectives beside wgrad (summed over identical layers,
+            # sum_l dgrad + max(wgrad, comm) = dgrad + max(sum wgrad, sum comm)).
+            dgrad = b.add(Piece("compute", "backward", "dgrad", b_s * (1 - WEIGHT_GRAD_SHARE), deps=deps,
+                                needs_input=needs_input, model_flops=flops * (1 - WEIGHT_GRAD_SHARE),
+                                hardware_flops=flops * (1 - WEIGHT_GRAD_SHARE)))
+            chain.append(dgrad)
+            overlapped = b.chain(cost.backward_overlapped_comm, (dgrad,), "overlapped", groups)
+            deps, needs_input = (dgrad,), False
+            b_s, flops = b_s * WEIGHT_GRAD_SHARE, flops * WEIGHT_GRAD_SHARE
     overlapping = overlaps_reduction(cfg, kind, last)
     buckets = num_buckets(cfg, cost) if overlapping else 1
     reduce_op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
     gbytes = cost.num_params * grad_bytes_per_element(cfg.precision)
     last_compute = -1
+    label = "wgrad" if overlapped else ""
     for k in range(buckets):
-        last_compute = b.add(Piece("compute", compute_kind, "" if buckets == 1 else f"/{k}", b_s / buckets,
-                                   deps=deps if last_compute < 0 else (last_compute,),
+        last_compute = b.add(Piece("compute", compute_kind, label if buckets == 1 else f"{label}/{k}",
+                                   b_s / buckets, deps=deps if last_compute < 0 else (last_compute,),
                                    needs_input=needs_input and last_compute < 0,
                                    model_flops=flops / buckets, hardware_flops=flops / buckets))
         chain.append(last_compute)
