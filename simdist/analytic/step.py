@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from simdist.analytic.pricing import (
     CommPricer,
     PricedPieces,
@@ -28,7 +30,7 @@ from simdist.analytic.pricing import (
     recipe_key,
 )
 from simdist.analytic.program import KIND_INDEX, program, recipe_code
-from simdist.plan.accounting import Block, Interval, account, partition_pieces
+from simdist.plan.accounting import Block, BlockSummary, Interval, account, partition_pieces
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
@@ -289,8 +291,133 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
     return step, intervals, blocks, model / K, hardware / K
 
 
+def _fast(stages: list[_Stage]) -> bool:
+    """Every recipe is simple: `_timeline_fast`."""
+    return all(r is None or sm is not None for st in stages for r, sm in zip(st.recipes, st.simple, strict=True))
+
+
+def _overlapping_work(stages: list[_Stage]) -> bool:
+    """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3)."""
+    return any(sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind))
+               for st in stages for sm in st.simple)
+
+
+def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None
+                   ) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
+    """`_timeline` where `_fast` holds: each step is one addition, and a stage's blocks are summed (their spans
+    kept only where dp pipeline work may overlap them: simdist.plan.accounting.BlockSummary). A step's compute,
+    tp and cp streams are free when it starts: every simple recipe ends after its last piece on them."""
+    K = cfg.mesh.pp
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
+    n = len(prog)
+    f0 = [0.0] * K
+    f1 = [0.0] * K
+    f2 = [0.0] * K
+    fdp = [0.0] * K
+    fpp = [0.0] * K
+    prev = [-1.0] * K
+    first = [-1.0] * K
+    out = [0.0] * n
+    last_bwd = [0.0] * K
+    used = [[0] * len(st.simple) for st in stages]
+    intervals: list[list[Interval]] = [[] for _ in range(K)]
+    cover = _overlapping_work(stages)
+    spans: list[list[float]] = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
+    simple = [st.simple for st in stages]
+    sends = [st.sends for st in stages]
+    zb = cfg.schedule == "zb_h1"
+    p_stage, p_kind, p_chunk, p_up, p_down, p_code = (prog.stage, prog.kind, prog.chunk, prog.upstream,
+                                                      prog.downstream_stage, prog.code)
+    for i in range(n):
+        s = p_stage[i]
+        code = p_code[i]
+        t0 = prev[s]
+        if f0[s] > t0:
+            t0 = f0[s]
+        up = p_up[i]
+        if up >= 0 and out[up] > t0:
+            t0 = out[up]
+        sm = simple[s][code]
+        if sm.ahead:  # type: ignore[union-attr]  # the gathers issued ahead queue on the dp stream
+            for duration, category, work in sm.ahead:  # type: ignore[union-attr]
+                t = fdp[s]
+                fdp[s] = t + duration
+                intervals[s].append((t, fdp[s], category, work))
+            if fdp[s] > t0:
+                t0 = fdp[s]
+        if first[s] < 0:
+            first[s] = t0
+        if starts is not None:
+            starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+        end = t0 + sm.duration_s  # type: ignore[union-attr]
+        if cover:
+            spans[s] += (t0, end)
+        fr = sm.frees  # type: ignore[union-attr]
+        if fr[0] >= 0:
+            f0[s] = t0 + fr[0]
+        if fr[1] >= 0:
+            f1[s] = t0 + fr[1]
+        if fr[2] >= 0:
+            f2[s] = t0 + fr[2]
+        used[s][code] += 1
+        if sm.behind:  # type: ignore[union-attr]
+            for ready, duration, category, work in sm.behind:  # type: ignore[union-attr]
+                t = t0 + ready
+                if fdp[s] > t:
+                    t = fdp[s]
+                fdp[s] = t + duration
+                intervals[s].append((t, fdp[s], category, work))
+        prev[s] = end
+        kind = p_kind[i]
+        if (kind == "W" or (kind == "B" and not zb)) and end > last_bwd[s]:
+            last_bwd[s] = end
+        if p_down[i] >= 0:
+            t = fpp[s] if fpp[s] > end else end
+            out[i] = fpp[s] = t + sends[s][p_chunk[i] * 3 + KIND_INDEX[kind]]
+        else:
+            out[i] = end
+    step = max(prev, default=0.0)
+    model = hardware = 0.0
+    summaries: list[BlockSummary] = []
+    for s in range(K):
+        total = 0.0
+        parts: dict[str, float] = {}
+        for code, count in enumerate(used[s]):
+            if count:
+                sm = simple[s][code]
+                total += count * sm.duration_s  # type: ignore[union-attr]
+                model += count * sm.model_flops  # type: ignore[union-attr]
+                hardware += count * sm.hardware_flops  # type: ignore[union-attr]
+                for c, seconds in sm.parts.items():  # type: ignore[union-attr]
+                    parts[c] = parts.get(c, 0.0) + count * seconds
+        span = np.asarray(spans[s], dtype=float).reshape(-1, 2) if cover else None
+        summaries.append(BlockSummary(total, first[s], prev[s], parts, *((span[:, 0], span[:, 1]) if cover
+                                                                          else (None, None))))
+        r = stages[s].tail
+        f = [f0[s], f1[s], f2[s], fdp[s], fpp[s]]
+        ends: list[float] = []
+        for j, sc in enumerate(r.streams):
+            t = f[sc]
+            for d in r.deps[j]:
+                if d >= 0:
+                    t = max(t, ends[d])
+                elif d == LAST_BACKWARDS:
+                    t = max(t, last_bwd[s])
+                elif d == DP_DONE:
+                    t = max(t, f[_DP])
+            e = t + r.durations[j]
+            f[sc] = e
+            ends.append(e)
+            intervals[s].append((t, e, r.categories[j], r.work[j]))
+        model += r.model_flops
+        hardware += r.hardware_flops
+        step = max(step, *f)
+    return step, intervals, summaries, model / K, hardware / K
+
+
 def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> dict[str, float]:
-    step, intervals, blocks, model, hardware = _timeline(cfg, stages, num_microbatches)
+    timeline = _timeline_fast if _fast(stages) else _timeline
+    step, intervals, blocks, model, hardware = timeline(cfg, stages, num_microbatches)  # type: ignore[operator]
     acct = account(intervals, step, blocks)
     mean = acct.mean()
     return {"step_s": step, "phase_s": acct.phase_s, "model_flops": model, "hardware_flops": hardware,
@@ -298,9 +425,11 @@ def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -
 
 
 def _starts(cfg: StepConfig, stages: list[_Stage]):
+    fast = _fast(stages)
+
     def timeline(m: int) -> tuple[dict[tuple, list[float]], float]:
         starts: dict[tuple, list[float]] = {}
-        step = _timeline(cfg, stages, m, starts)[0]
+        step = (_timeline_fast if fast else _timeline)(cfg, stages, m, starts)[0]
         return starts, step
 
     return timeline

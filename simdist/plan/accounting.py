@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CATEGORIES", "PIPELINE_KINDS", "Account", "Block", "Interval", "account", "category_of", "is_work",
-           "partition_pieces"]
+__all__ = ["CATEGORIES", "PIPELINE_KINDS", "Account", "Block", "BlockSummary", "Interval", "account", "category_of",
+           "is_work", "partition_pieces"]
 
 CATEGORIES = ("compute", "recompute", "optimizer", "tp", "cp", "pp", "dp")
 PIPELINE_KINDS = ("forward", "backward", "weight_grad", "recompute")
@@ -84,14 +84,32 @@ class Account:
         return {k: sum(s[k] for s in self.stages) / n for k in keys} if n else dict.fromkeys(keys, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class BlockSummary:
+    """A stage's blocks when nothing else it runs is pipeline work: only their total, span and parts matter
+    (the accounting then needs no coverage: while a block runs no other interval could be charged)."""
+
+    total_s: float
+    start_s: float
+    end_s: float
+    parts: dict[str, float]
+    starts: np.ndarray | None = None
+    """Every block's start and end, in time order, where other pipeline work may overlap them (None: none may)."""
+    ends: np.ndarray | None = None
+
+
 _INSIDE_IDX = np.array([_INDEX[c] for c in _INSIDE], dtype=np.int64)
 _OUTSIDE_IDX = np.arange(len(CATEGORIES), dtype=np.int64)
 
 
-def _covered(blocks: list[Block], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _covered(blocks: list[Block] | BlockSummary, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """How much of each [a, b] a stage's blocks (disjoint, in time order) cover (prefix sums and bisection)."""
-    starts = np.fromiter((x[0] for x in blocks), dtype=float, count=len(blocks))
-    ends = np.fromiter((x[1] for x in blocks), dtype=float, count=len(blocks))
+    if isinstance(blocks, BlockSummary):
+        starts, ends = blocks.starts, blocks.ends
+        assert starts is not None and ends is not None
+    else:
+        starts = np.fromiter((x[0] for x in blocks), dtype=float, count=len(blocks))
+        ends = np.fromiter((x[1] for x in blocks), dtype=float, count=len(blocks))
     before = np.concatenate(([0.0], np.cumsum(ends - starts)))
     i = np.searchsorted(ends, a, side="right")  # first block ending after a
     j = np.searchsorted(starts, b, side="left")  # blocks i..j-1 start before b
@@ -110,7 +128,7 @@ def _table(intervals: list[Interval]) -> np.ndarray:
 
 
 def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
-               blocks: list[Block] | None = None) -> dict[str, float]:
+               blocks: list[Block] | BlockSummary | None = None) -> dict[str, float]:
     """Seconds per category, bubble and idle of one stage (the module docstring's rules); blocks are charged by
     their own parts, and what overlaps them by nothing. A sweep over the stage's interval ends, in numpy."""
     out = dict.fromkeys((*CATEGORIES, "bubble", "idle"), 0.0)
@@ -132,7 +150,9 @@ def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
     in_active = np.cumsum(change * inside_flag[:, None], axis=0)[:-1] > 0.5
     t0, t1 = times[:-1], times[1:]
     length = t1 - t0
-    if blocks:
+    summary = blocks if isinstance(blocks, BlockSummary) else None
+    covered = summary is None or summary.starts is not None
+    if blocks and covered and (summary is None or summary.total_s > 0):
         length = length - _covered(blocks, t0, t1)
     use = length > 0
     if use.any():
@@ -149,7 +169,14 @@ def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
             out[c] += float(sums[k])
         out["bubble"] += float(length[inside & ~busy].sum())
         out["idle"] += float(length[~inside & ~busy].sum())
-    if blocks:
+    if summary is not None:
+        if not covered:
+            # the sweep saw nothing running during the blocks (no other pipeline work, the optimizer after them),
+            # so it charged their whole time to the bubble: it is the blocks' own
+            out["bubble"] -= summary.total_s
+        for c, seconds in summary.parts.items():
+            out[c] += seconds
+    elif blocks:
         counts: dict[int, list] = {}
         for _, _, parts in blocks:
             entry = counts.get(id(parts))
@@ -163,7 +190,8 @@ def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
     return out
 
 
-def account(stages: list[list[Interval]], step_s: float, blocks: list[list[Block]] | None = None) -> Account:
+def account(stages: list[list[Interval]], step_s: float,
+            blocks: list[list[Block] | BlockSummary] | None = None) -> Account:
     """The bubble and breakdown of a step whose stages ran ``stages`` (one interval list per stage; ``blocks``:
     per stage, stretches of pipeline work already partitioned) and which ended at ``step_s`` (see the module
     docstring)."""
@@ -175,7 +203,10 @@ def account(stages: list[list[Interval]], step_s: float, blocks: list[list[Block
         if len(work):
             lo, hi = min(lo, float(work[:, 0].min())), max(hi, float(work[:, 1].max()))
     for bl in blocks:
-        if bl:  # a stage's blocks are in time order
+        if isinstance(bl, BlockSummary):
+            if bl.total_s > 0:
+                lo, hi = min(lo, bl.start_s), max(hi, bl.end_s)
+        elif bl:  # a stage's blocks are in time order
             lo, hi = min(lo, bl[0][0]), max(hi, bl[-1][1])
     if hi < lo:
         lo = hi = 0.0
