@@ -76,9 +76,9 @@ def test_every_other_size_held_out(tmp_path, cli):
     code, out, err = cli("validate", str(A100), "--calibration", str(cal), "--holdout", "sizes", "--json")
     doc = json.loads(out)
     assert code == 0
-    # Measured: 29.5 % uncalibrated, 8.5 % calibrated (16 GiB, held out above the 8 GiB fitted, by the physics)
-    assert doc["uncalibrated_mape_pct"]["all"] == pytest.approx(29.5, abs=0.05)
-    assert doc["mape_pct"]["all"] == pytest.approx(8.5, abs=0.05)
+    # Measured: 29.3 % uncalibrated, 8.6 % calibrated (16 GiB, held out above the 8 GiB fitted, by the physics)
+    assert doc["uncalibrated_mape_pct"]["all"] == pytest.approx(29.3, abs=0.05)
+    assert doc["mape_pct"]["all"] == pytest.approx(8.6, abs=0.05)
     assert "above the largest calibrated one (8 GiB" in err
 
 

@@ -12,7 +12,7 @@ import pytest
 from simdist.collectives.group import Group
 from simdist.collectives.plan import Transfer
 from simdist.collectives.request import Request
-from simdist.collectives.ring import RingHop, pipeline_pieces, ring_fast
+from simdist.collectives.ring import pipeline_pieces, ring_fast
 from simdist.hardware import load_topology
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Comm
@@ -22,7 +22,7 @@ from simdist.predict.price import job_of, price_comm
 
 def test_levels_follow_dependencies_and_connection_order():
     transfers = [Transfer(0, 1, 1.0, 0), Transfer(1, 2, 1.0, 0, deps=(0,)), Transfer(2, 3, 1.0, 0, deps=(1,)),
-                 Transfer(3, 0, 1.0, 0, deps=(0,)), RingHop(0, 1, 1.0, 0, after=2)]
+                 Transfer(3, 0, 1.0, 0, deps=(0,)), Transfer(0, 1, 1.0, 0, after=2)]
     assert price._levels(transfers).tolist() == [0, 1, 2, 1, 3]
     assert price._levels([transfers[0], Transfer(2, 3, 1.0, 0)]) is None  # nothing waits: all level 0
 

@@ -66,10 +66,16 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
 
 
 def test_batch_must_divide():
+    # a layout rule (simdist.plan.layout, the one validity check), not a field's: the spec parses, the layout fails
+    from simdist.plan.layout import LayoutRuleError, check_layout
+    from simdist.plan.model_presets import resolve_model
+
     doc = parse_yaml(MINIMAL_SCENARIO.replace("global_batch_size: 8", "global_batch_size: 9, micro_batch_size: 2"),
                      "s.yaml")
-    with pytest.raises(SpecError, match="multiple of"):
-        validate(ScenarioSpec, doc)
+    spec = validate(ScenarioSpec, doc)
+    with pytest.raises(LayoutRuleError, match="multiple of") as err:
+        check_layout(spec, resolve_model(spec.model))
+    assert err.value.rule == "batch" and err.value.field == "training.global_batch_size"
 
 
 def test_model_needs_exactly_one_source():

@@ -41,7 +41,7 @@ class CommPricer:
         self.topology = topology
         self.adjust = adjust
         self._cache: dict[tuple, float] = {}
-        self._priced: dict[tuple, PricedPieces] = {}
+        self._priced: dict[tuple, tuple[PricedPieces, Any]] = {}
         self._memo: dict[tuple, Any] = {}
         self.misses = 0
 
@@ -80,14 +80,17 @@ class CommPricer:
         gpn = self.topology.gpus_per_node
         return tuple((a, g[0] % gpn, g[1], g[2]) for a, g in sorted(groups.items()))
 
-    def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]]) -> PricedPieces:
-        """`price_pieces`, cached by the pieces and their groups' shapes (alike stages share it)."""
-        key = (pieces, end, self.shape_key(groups))
+    def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]], *,
+               compile: Callable[[PricedPieces], Any] | None = None) -> tuple[PricedPieces, Any]:
+        """(`price_pieces`, ``compile`` of it or None), cached by the pieces and their groups' shapes (alike stages
+        share them)."""
+        key = (pieces, end, self.shape_key(groups), compile)
         hit = self._priced.get(key)
         if hit is None:
             if len(self._priced) >= _CACHE_MAX:
                 self._priced.clear()
-            hit = self._priced[key] = price_pieces(self, pieces, end, groups)
+            priced = price_pieces(self, pieces, end, groups)
+            hit = self._priced[key] = (priced, compile(priced) if compile is not None else None)
         return hit
 
     def _price(self, key: tuple) -> float:
@@ -132,8 +135,9 @@ def recipe_key(cfg: StepConfig) -> tuple:
             cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency)
 
 
-def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool) -> Recipe:
-    key = ("step", recipe_key(cfg), cost, kind, last)
+def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:
+    """`simdist.plan.recipe.step_recipe`, cached; ``config``: `recipe_key` of ``cfg``, if already computed."""
+    key = ("step", recipe_key(cfg) if config is None else config, cost, kind, last)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:
@@ -142,8 +146,8 @@ def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool) -> Re
     return hit  # type: ignore[return-value]
 
 
-def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...]) -> StageTail:
-    key = ("tail", recipe_key(cfg), costs)
+def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...], config: tuple | None = None) -> StageTail:
+    key = ("tail", recipe_key(cfg) if config is None else config, costs)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:

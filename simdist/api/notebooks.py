@@ -195,7 +195,7 @@ def search_heatmap(out: SearchOutput) -> Any:
     """The search report's tp x pp heatmap (plotly) of the best closed-form tokens/s of a `search`."""
     from simdist.report.search_html import heatmap_figure
 
-    return heatmap_figure(out.doc["ranked"])
+    return heatmap_figure(out.doc["ranked"], out.doc.get("bounded", []))
 
 
 def search_pareto(out: SearchOutput) -> Any:

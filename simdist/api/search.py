@@ -30,10 +30,12 @@ def search(model: str, cluster: str, gpus: int, global_batch_size: int, *, seq_l
            max_micro_batch: int = 8, schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b"), top_k: int = 3,
            workers: int = 1, dask: Any = None, results_file: str | Path | None = None,
            html: str | Path | None = None, explain_pruned: bool = False, rows: int = 10,
-           on_total: Any = None, on_progress: Any = None, zero3_fetch: str = "prefetch") -> SearchOutput:
+           on_total: Any = None, on_progress: Any = None, zero3_fetch: str = "prefetch",
+           zero_with_pp: bool = True) -> SearchOutput:
     """Rank every feasible layout of ``model`` on ``gpus`` GPUs of ``cluster`` (``simdist search``).
 
     ``zero3_fetch``: how ZeRO-3 layouts move parameters (training.zero3_fetch): prefetch or per_parameter.
+    ``zero_with_pp``: also try ZeRO-2/3 with pipeline stages (simdist.search.space.SearchProblem.zero_with_pp).
 
     The closed form (simdist.analytic.step) ranks them; the engine re-simulates the ``top_k``. ``dask``: a
     scheduler address (or a distributed.Client) to evaluate on; ``results_file``: JSON lines written as results
@@ -64,11 +66,11 @@ def search(model: str, cluster: str, gpus: int, global_batch_size: int, *, seq_l
                             global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                             max_tp=max_tp, max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp,
                             max_micro_batch=max_micro_batch, schedules=tuple(dict.fromkeys(schedules)),
-                            zero3_fetch=zero3_fetch)
+                            zero3_fetch=zero3_fetch, zero_with_pp=zero_with_pp)
     with make_executor(workers=workers, dask=dask) as executor:
         outcome = run_search(problem, executor, top_k=top_k,
                              results_file=Path(results_file) if results_file is not None else None,
-                             on_total=on_total, on_progress=on_progress)
+                             on_total=on_total, on_progress=on_progress, exact_top=rows)
     doc = outcome.to_dict(explain_pruned=explain_pruned)
     text = search_text(doc, top=rows, explain_pruned=explain_pruned)
     files: dict[str, Path] = {}

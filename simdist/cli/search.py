@@ -82,6 +82,9 @@ def search_cmd(
     zero3_fetch: Annotated[str, typer.Option("--zero3-fetch", help="ZeRO-3 parameter traffic: prefetch (FSDP-style) "
                                                                    "or per_parameter (DeepSpeed 2021).")
                            ] = "prefetch",
+    zero_with_pp: Annotated[bool, typer.Option("--zero-with-pp/--no-zero-with-pp",
+                                               help="Try ZeRO-2/3 with pipeline stages too (a large part of the "
+                                                    "space)")] = True,
     top: Annotated[int, typer.Option("--top", help="Re-simulate the best K with the engine.")] = 3,
     rows: Annotated[int, typer.Option("--rows", help="Rows of the ranked table.")] = 10,
     explain_pruned: Annotated[bool, typer.Option("--explain-pruned", help="List every pruned layout and why.")] = False,
@@ -110,7 +113,7 @@ def search_cmd(
                             schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
                             workers=workers, dask=dask, results_file=results, html=html,
                             explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress,
-                            zero3_fetch=zero3_fetch)
+                            zero3_fetch=zero3_fetch, zero_with_pp=zero_with_pp)
     except KeyboardInterrupt:
         stop()
         to_stderr(f"interrupted before any layout was ranked; {how}")

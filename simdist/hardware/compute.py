@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Protocol
 
@@ -71,6 +71,7 @@ def _table() -> dict[str, dict[str, float]]:
     return out
 
 
+@lru_cache(maxsize=64)
 def compute_efficiency(gpu: GpuSpec) -> ComputeEfficiency:
     """The GPU's own rows of compute_efficiency.csv, each missing parameter taken from the ``default`` rows."""
     table = _table()

@@ -216,7 +216,32 @@ def account(stages: list[list[Interval]], step_s: float,
     return Account(step_s, lo, hi, max(fraction, 0.0), parts)
 
 
+def _partition_small(intervals: list[Interval], duration_s: float) -> dict[str, float]:
+    """`_partition` of a few pieces inside [0, duration_s] taken as the phase (no blocks), in plain Python: a
+    recipe's pieces number a handful, where numpy's per-call cost would dominate."""
+    events: list[tuple[float, int, int, bool]] = []
+    for s, e, cat, work in intervals:
+        if e > s:
+            events.append((s, 1, _INDEX[cat], work or cat == "optimizer"))
+            events.append((e, -1, _INDEX[cat], work or cat == "optimizer"))
+    events.sort(key=lambda x: (x[0], x[1]))
+    active = [0] * len(CATEGORIES)
+    out = dict.fromkeys((*CATEGORIES, "bubble", "idle"), 0.0)
+    inside = [_INDEX[c] for c in _INSIDE]
+    t = 0.0
+    for time, delta, c, counts in events:
+        if time > t:
+            top = next((CATEGORIES[k] for k in inside if active[k]), "bubble")
+            out[top] += time - t
+            t = time
+        if counts:
+            active[c] += delta
+    if duration_s > t:
+        out["bubble"] += duration_s - t
+    return out
+
+
 def partition_pieces(intervals: list[Interval], duration_s: float) -> dict[str, float]:
     """Seconds per category of pieces that cover [0, duration_s] without a gap (a `Block`'s parts)."""
-    out = _partition(_table(intervals), 0.0, duration_s, duration_s)
+    out = _partition_small(intervals, duration_s)
     return {c: out[c] for c in CATEGORIES if out[c] > 0}

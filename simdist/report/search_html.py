@@ -15,17 +15,26 @@ from simdist.report.step_html import STYLE, breakdown_figure, timeline_figure
 GIB = 2**30
 
 
-def heatmap_figure(ranked: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Best tokens/s for each (tp, pp); empty cells: no feasible layout."""
+def heatmap_figure(ranked: Sequence[Mapping[str, Any]], bounded: Sequence[Mapping[str, Any]] = ()) -> go.Figure:
+    """Best tokens/s for each (tp, pp); a cell of layouts all ruled out by their bound shows the bound ("at
+    most"); empty cells: no feasible layout."""
     best: dict[tuple[int, int], float] = {}
     for r in ranked:
         k = (r["layout"]["tp"], r["layout"]["pp"])
         best[k] = max(best.get(k, 0.0), r["tokens_per_s"])
-    tps = sorted({k[0] for k in best})
-    pps = sorted({k[1] for k in best})
-    z = [[best.get((t, p)) for p in pps] for t in tps]
+    at_most: dict[tuple[int, int], float] = {}
+    for r in bounded:
+        k = (r["layout"]["tp"], r["layout"]["pp"])
+        if k not in best:
+            at_most[k] = max(at_most.get(k, 0.0), r["tokens_per_s_upper_bound"])
+    cells = {**best, **at_most}
+    tps = sorted({k[0] for k in cells})
+    pps = sorted({k[1] for k in cells})
+    z = [[cells.get((t, p)) for p in pps] for t in tps]
+    text = [["at most " if (t, p) in at_most else "" for p in pps] for t in tps]
     fig = go.Figure(go.Heatmap(z=z, x=[str(p) for p in pps], y=[str(t) for t in tps], colorscale="Viridis",
-                               colorbar={"title": "tokens/s"}, hovertemplate="tp %{y}, pp %{x}: %{z:,.0f} tokens/s"))
+                               text=text, colorbar={"title": "tokens/s"},
+                               hovertemplate="tp %{y}, pp %{x}: %{text}%{z:,.0f} tokens/s"))
     fig.update_layout(title="best throughput per tp x pp (closed form)", xaxis_title="pp", yaxis_title="tp",
                       height=420)
     return fig
@@ -64,7 +73,7 @@ def search_report_html(doc: Mapping[str, Any], *, winner_graph: OpGraph | None =
     title = f"Layout search: {p['model']} on {doc['num_gpus']} GPUs of {p['cluster']}"
     figures = []
     if doc["ranked"]:
-        figures += [heatmap_figure(doc["ranked"]), pareto_figure(doc["ranked"])]
+        figures += [heatmap_figure(doc["ranked"], doc.get("bounded", [])), pareto_figure(doc["ranked"])]
     if winner_graph is not None and winner_trace is not None:
         key = doc["engine"][0]["key"] if doc.get("engine") else ""
         figures.append(timeline_figure(winner_graph, winner_trace, title=f"the winner's timeline ({key}, engine)"))

@@ -44,6 +44,9 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
     counts = ", ".join(f"{k} {v}" for k, v in doc["pruned_counts"].items()) or "none"
     lines = [f"{doc['candidates']} layouts enumerated, {doc['feasible']} feasible, {doc['evaluated']} evaluated by "
              f"the closed form in {doc['sweep_s']:.2f} s on {doc['executor']}; pruned: {counts}"]
+    if doc.get("bounded_count"):
+        lines.append(f"{doc['bounded_count']} feasible layouts ruled out by a lower bound of their step: slower than "
+                     f"#{min(len(doc['ranked']), top)} and off the memory-throughput Pareto front")
     if doc.get("engine"):
         lines.append(f"top {len(doc['engine'])} re-simulated by the engine in {doc['engine_s']:.2f} s")
         for e in doc["engine"]:

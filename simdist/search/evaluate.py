@@ -1,4 +1,5 @@
-"""Evaluate candidates with the closed form (simdist.analytic.step): the function every executor runs.
+"""Evaluate candidates with the closed form (simdist.analytic.step): the functions every executor runs
+(`screen_batch`: a lower bound of each step; `evaluate_batch`: the exact closed form).
 
 A candidate is the problem's base scenario with its layout set (`candidate_spec`: a ``model_copy`` of one
 validated `ScenarioSpec`), and it goes through the same builder and validity check as `simdist run`
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simdist.analytic.step import CommPricer, analytic_step
+from simdist.analytic.step import CommPricer, analytic_step, lower_bound_s
 from simdist.errors import SimdistError
 from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
@@ -97,6 +98,21 @@ def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str
     cfg = step_config(problem, c, ctx)
     step = analytic_step(cfg, ctx.pricer)
     return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg), **step.as_dict()}
+
+
+def screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:
+    """A lower bound of each candidate's step (simdist.analytic.step.lower_bound_s, O(stages x chunks)), its
+    memory, and the upper bound of its throughput, in ``batch``'s order."""
+    ctx = context(problem)
+    tokens = problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
+    out = []
+    for c in batch:
+        cfg = step_config(problem, c, ctx)
+        bound = lower_bound_s(cfg, ctx.pricer)
+        out.append({"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg),
+                    "step_time_lower_bound_s": bound, "tokens_per_s_upper_bound": tokens / bound if bound > 0
+                    else 0.0})
+    return out
 
 
 def evaluate_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ class ProcessExecutor(Executor):
 
     def __init__(self, workers: int) -> None:
         self.name = f"{workers} local processes"
+        self.workers = workers
         self._pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
         self._pending: list[Future] = []
 

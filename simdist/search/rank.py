@@ -16,7 +16,7 @@ from typing import Any
 from simdist.errors import LayoutError, SimdistError
 from simdist.limits import check_step_work
 from simdist.predict.step import StepPrediction, predict_step
-from simdist.search.evaluate import candidate_spec, context, evaluate_batch
+from simdist.search.evaluate import candidate_spec, context, evaluate_batch, screen_batch
 from simdist.search.executors import Executor
 from simdist.search.prune import RULES, Pruned, why_pruned
 from simdist.search.results import ResultsWriter, read_results
@@ -36,6 +36,9 @@ class SearchOutcome:
     pruned: list[Pruned]
     ranked: list[dict[str, Any]]
     """Closed-form results, best first."""
+    bounded: list[dict[str, Any]] = field(default_factory=list)
+    """Layouts a lower bound rules out of the top (slower than the last ranked one shown, and dominated on
+    memory and throughput): their bound, not their closed form (simdist.search.rank.sweep)."""
     engine: list[dict[str, Any]] = field(default_factory=list)
     """The top k re-simulated by the engine: closed form and engine side by side."""
     interrupted: bool = False
@@ -55,9 +58,10 @@ class SearchOutcome:
     def to_dict(self, *, explain_pruned: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "problem": self.problem.as_dict(), "num_gpus": self.num_gpus, "candidates": self.candidates,
-            "feasible": self.feasible, "evaluated": len(self.ranked), "interrupted": self.interrupted,
+            "feasible": self.feasible, "evaluated": len(self.ranked), "bounded_count": len(self.bounded),
+            "interrupted": self.interrupted,
             "pruned_counts": self.pruned_counts(), "executor": self.executor, "sweep_s": self.sweep_s,
-            "engine_s": self.engine_s, "ranked": self.ranked, "engine": self.engine,
+            "engine_s": self.engine_s, "ranked": self.ranked, "bounded": self.bounded, "engine": self.engine,
         }
         if explain_pruned:
             out["pruned"] = [{"key": p.candidate.key, "rule": p.rule, "reason": p.reason} for p in self.pruned]
@@ -94,23 +98,69 @@ def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pr
     return feasible, pruned, n, topo.num_gpus, topo.gpus_per_node
 
 
+ROUND = 4 * BATCH
+"""Candidates evaluated per round of the branch and bound (fixed: the same rounds on every executor)."""
+
+
+def _kth(values: list[float], k: int) -> float:
+    """The k-th smallest of ``values`` (inf when fewer)."""
+    return sorted(values)[k - 1] if len(values) >= k else float("inf")
+
+
+def _optimistic_front(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(memory, tokens/s) of the exact rows' Pareto front, by increasing memory."""
+    front: list[tuple[float, float]] = []
+    best = -1.0
+    for r in sorted(rows, key=lambda r: (r["memory_per_gpu_bytes"], -r["tokens_per_s"])):
+        if r["tokens_per_s"] > best:
+            front.append((r["memory_per_gpu_bytes"], r["tokens_per_s"]))
+            best = r["tokens_per_s"]
+    return front
+
+
+def _dominated(memory: float, tokens: float, front: list[tuple[float, float]]) -> bool:
+    """Some exact layout needs no more memory and is at least as fast (``front`` by increasing memory)."""
+    return any(m <= memory and t >= tokens for m, t in front)
+
+
 def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executor, *,
-          results_file: Path | None = None, on_progress: Callable[[int], None] | None = None
-          ) -> tuple[dict[str, dict[str, Any]], bool, int, int]:
-    """Closed-form results by key (resumed from ``results_file`` and new); (results, interrupted, new, resumed)."""
+          results_file: Path | None = None, on_progress: Callable[[int], None] | None = None, exact_top: int = 10
+          ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], bool, int, int]:
+    """(exact closed-form results by key, bounded rows by key, interrupted, new, resumed).
+
+    Branch and bound: every candidate gets a lower bound of its step first (`screen_batch`, cheap); candidates
+    are then evaluated exactly in order of their bound while the bound is no more than the ``exact_top``-th best
+    exact step so far, so the top ``exact_top`` are exactly the closed form's; then every candidate whose
+    optimistic point (its memory, its throughput bound) no exact layout dominates is evaluated too, so the
+    memory-throughput Pareto front is exact. The rest are reported with their bound: each is slower than the
+    ``exact_top``-th best and dominated on memory and throughput.
+    """
     done = read_results(results_file, problem) if results_file is not None else {}
     wanted = {c.key for c in candidates}
     done = {k: v for k, v in done.items() if k in wanted}
     resumed = len(done)
-    todo = [c for c in candidates if c.key not in done]
     if on_progress and resumed:
         on_progress(resumed)
+    todo = [c for c in candidates if c.key not in done]
     writer = ResultsWriter(results_file, problem) if results_file is not None else None
-    jobs = [(problem, todo[i:i + BATCH]) for i in range(0, len(todo), BATCH)]
     interrupted = False
     new = 0
+    bounds: dict[str, dict[str, Any]] = {}
+    position = {c.key: i for i, c in enumerate(candidates)}
+    lower: dict[str, float] = {}
+
+    def run(fn: Callable, batch: list[Candidate], sink: Callable[[list[dict[str, Any]]], None]) -> None:
+        """``fn`` over ``batch`` in jobs of BATCH, each job's rows to ``sink`` as it arrives (Ctrl-C keeps them)."""
+        for _, rows in executor.run(fn, [(problem, batch[i:i + BATCH]) for i in range(0, len(batch), BATCH)]):
+            sink(rows)
+
     try:
-        for _, rows in executor.run(evaluate_batch, jobs):
+        run(screen_batch, candidates, lambda rows: bounds.update((r["key"], r) for r in rows))
+        lower = {k: r["step_time_lower_bound_s"] for k, r in bounds.items()}
+        left = sorted(todo, key=lambda c: (lower[c.key], position[c.key]))
+
+        def keep(rows: list[dict[str, Any]]) -> None:
+            nonlocal new
             for row in rows:
                 done[row["key"]] = row
             new += len(rows)
@@ -118,12 +168,43 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
                 writer.write(rows)
             if on_progress:
                 on_progress(len(rows))
+
+        def evaluate(batch: list[Candidate]) -> None:
+            run(evaluate_batch, batch, keep)
+
+        while left:  # the top: in order of the bound, while it is no more than the exact_top-th best so far
+            threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
+            batch = [c for c in left[:ROUND] if lower[c.key] <= threshold]
+            if not batch:
+                break
+            evaluate(batch)
+            left = left[len(batch):]
+        while left:  # the Pareto front: what no exact layout dominates even at its bound
+            front = _optimistic_front(list(done.values()))
+            batch = [c for c in left if not _dominated(bounds[c.key]["memory_per_gpu_bytes"],
+                                                       bounds[c.key]["tokens_per_s_upper_bound"], front)][:ROUND]
+            if not batch:
+                break
+            evaluate(batch)
+            taken = {c.key for c in batch}
+            left = [c for c in left if c.key not in taken]
+        if on_progress and left:
+            on_progress(len(left))
     except KeyboardInterrupt:
         interrupted = True
     finally:
         if writer is not None:
             writer.close()
-    return done, interrupted, new, resumed
+    if not interrupted:
+        # Report what does not depend on how the work was batched (or resumed): every layout whose bound is within
+        # the exact_top-th best step (the same T whichever rounds found it), and the exact Pareto front; others
+        # evaluated on the way are reported by their bound, as the ones never evaluated.
+        threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
+        front = {(m, t) for m, t in _optimistic_front(list(done.values()))}
+        done = {k: r for k, r in done.items() if lower[k] <= threshold
+                or (r["memory_per_gpu_bytes"], r["tokens_per_s"]) in front}
+    bounded = {k: v for k, v in bounds.items() if k not in done}
+    return done, bounded, interrupted, new, resumed
 
 
 def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, Any], StepPrediction | None]:
@@ -148,18 +229,22 @@ def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, A
 
 
 def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, results_file: Path | None = None,
-               on_total: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None
-               ) -> SearchOutcome:
+               on_total: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
+               exact_top: int = 10) -> SearchOutcome:
+    """Enumerate, prune, rank by the closed form (`sweep`: the best ``max(exact_top, top_k)`` exactly, the
+    rest bounded), re-simulate the top k with the engine."""
     feasible, pruned, n, num_gpus, gpn = enumerate_feasible(problem)
     if on_total:
         on_total(len(feasible))
     t0 = time.perf_counter()
-    done, interrupted, new, resumed = sweep(problem, feasible, executor, results_file=results_file,
-                                            on_progress=on_progress)
+    done, bounded, interrupted, new, resumed = sweep(problem, feasible, executor, results_file=results_file,
+                                                     on_progress=on_progress, exact_top=max(exact_top, top_k, 1))
     sweep_s = time.perf_counter() - t0
     order = {c.key: i for i, c in enumerate(feasible)}
     ranked = sorted(done.values(), key=lambda r: (-r["tokens_per_s"], order[r["key"]]))
-    outcome = SearchOutcome(problem, num_gpus, gpn, n, len(feasible), pruned, ranked, interrupted=interrupted,
+    rest = sorted(bounded.values(), key=lambda r: (r["step_time_lower_bound_s"], order[r["key"]]))
+    outcome = SearchOutcome(problem, num_gpus, gpn, n, len(feasible), pruned, ranked, bounded=rest,
+                            interrupted=interrupted,
                             evaluated_now=new, resumed=resumed, sweep_s=sweep_s, executor=executor.name)
     if interrupted:
         return outcome  # Ctrl-C: report what finished, skip the engine
