@@ -97,6 +97,8 @@ class _RankState:
     activity: ClassVar[Any] = None  # a shared ctypes char array the parent reads
     results: ClassVar[Any] = None  # the queue to the parent
     items: ClassVar[list[Any]] = []
+    parent_pid: ClassVar[int] = 0
+    salvage: ClassVar[Any] = None
 
 
 def doing(what: str) -> None:
@@ -115,26 +117,9 @@ def report(item: Any) -> None:
         _RankState.results.put((0, "item", item))
 
 
-def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
-    """Exit with one line when the parent dies (see the module doc); resume if stopped at that moment."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
-            libc.prctl(_PR_SET_NAME, f"simdist-rank{rank}".encode()[:15], 0, 0, 0)
-        except (OSError, AttributeError):  # pragma: no cover - not glibc: the watchdog alone
-            pass
-    parent = mp.parent_process()
-    parent_pid = os.getppid()
-
-    def watch() -> None:
-        from multiprocessing.connection import wait
-
-        if parent is not None and parent.sentinel is not None:
-            wait([parent.sentinel])
-        else:  # pragma: no cover - multiprocessing always gives a sentinel on POSIX
-            while os.getppid() == parent_pid:
-                time.sleep(0.2)
+def _orphaned(rank: int, parent_pid: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+    """One line saying the parent died and what this rank was doing (results so far kept by rank 0); exit."""
+    with _ORPHAN_LOCK:  # the watchdog and a collective failing because a peer left may both get here
         what = read_activity(_RankState.activity) if _RankState.activity is not None else "running"
         message = f"error: rank {rank}: the harness process (pid {parent_pid}) died while this rank was {what}"
         if salvage is not None and rank == 0:
@@ -147,6 +132,34 @@ def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]
         print(" ".join(message.split()), file=sys.stderr, flush=True)
         os._exit(3)
 
+
+_ORPHAN_LOCK = threading.Lock()
+
+
+def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+    """Exit with one line when the parent dies (see the module doc); resume if stopped at that moment."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+            libc.prctl(_PR_SET_NAME, f"simdist-rank{rank}".encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - not glibc: the watchdog alone
+            pass
+    parent = mp.parent_process()
+    parent_pid = os.getppid()
+    _RankState.parent_pid = parent_pid
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        if parent is not None and parent.sentinel is not None:
+            wait([parent.sentinel])
+        else:  # pragma: no cover - multiprocessing always gives a sentinel on POSIX
+            while os.getppid() == parent_pid:
+                time.sleep(0.2)
+        _orphaned(rank, parent_pid, salvage)
+
+    _RankState.salvage = salvage
     threading.Thread(target=watch, name="simdist-parent-watchdog", daemon=True).start()
 
 
@@ -257,6 +270,9 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, arg
         results.put((rank, "ok", value if rank == 0 else None))
         _destroy()
     except BaseException as exc:  # report every failure (even SystemExit) to the parent as one line
+        if _RankState.parent_pid and os.getppid() != _RankState.parent_pid:
+            # the parent is gone (a peer that saw it go may have broken this rank's collective first): say so
+            _orphaned(rank, _RankState.parent_pid, _RankState.salvage)
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         where = f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
         results.put((rank, "error", f"{type(exc).__name__}: {exc}{where}"))

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from simdist.analytic.step import CommPricer, analytic_step, lower_bound_s
-from simdist.errors import SimdistError
+from simdist.errors import SimdistError, SpecError
 from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
 from simdist.plan.layout import step_config_of
@@ -57,6 +59,18 @@ def base_spec(problem: SearchProblem) -> ScenarioSpec:
     if problem.seq_length:
         model["seq_length"] = problem.seq_length
     cluster_key = "file" if Path(problem.cluster).suffix in (".yaml", ".yml") else "preset"
+    flags = {"training.precision": "--precision", "model.seq_length": "--seq",
+             "training.global_batch_size": "--global-batch", "cluster": "--cluster", "model": "--model"}
+    try:
+        return _base_spec(problem, model, cluster_key)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        flag = next((f for k, f in flags.items() if where.startswith(k)), "--model")
+        raise SpecError(f"{where}: {first['msg']}", field=flag, fix="see simdist search --help") from None
+
+
+def _base_spec(problem: SearchProblem, model: dict[str, Any], cluster_key: str) -> ScenarioSpec:
     return ScenarioSpec.model_validate({
         "name": f"{problem.model} on {problem.num_nodes} x {problem.cluster}",
         "cluster": {cluster_key: problem.cluster, "num_nodes": problem.num_nodes},
