@@ -189,19 +189,23 @@ OPS_PER_CHUNK_MICROBATCH = 12
 BUCKET_OP_WEIGHT = 10
 
 
-def step_ops_estimate(spec: Any, num_gpus: int, *, simulate: str = "auto", num_params: float | None = None
-                      ) -> tuple[int, str, int]:
+def step_ops_estimate(spec: Any, num_gpus: int, *, simulate: str = "auto", num_params: float | None = None,
+                      num_microbatches: int | None = None) -> tuple[int, str, int]:
     """(ops the engine would simulate for one step of a ScenarioSpec, how the estimate was made, of which buckets).
 
     Simulated ranks: one per pipeline stage (per replica too with unequal ``dp_batch_split``), every GPU with
     ``simulate="full"``. ``num_params``: the model's parameters, for overlapped gradient buckets (each bucket
-    of the last backward is its own op: fp32 gradients of a chunk / bucket size).
+    of the last backward is its own op: fp32 gradients of a chunk / bucket size). ``num_microbatches``: the
+    micro-batches the engine will really simulate when the steady state is fast-forwarded
+    (simdist.plan.fastforward: a few periods stand for all), else the spec's count.
     """
     p, t = spec.parallel, spec.training
     if t.dp_batch_split is not None:
         microbatches, replicas = max(t.dp_batch_split) // t.micro_batch_size, p.dp
     else:
         microbatches, replicas = t.global_batch_size // (t.micro_batch_size * p.dp), 1
+    if num_microbatches is not None:
+        microbatches = min(microbatches, num_microbatches)
     ranks = num_gpus if simulate == "full" else p.pp * replicas
     ops = OPS_PER_CHUNK_MICROBATCH * ranks * max(1, microbatches) * p.vpp
     how = (f"{ranks:,} simulated rank(s) x {microbatches:,} micro-batch(es) x {p.vpp} chunk(s) x "
@@ -216,9 +220,11 @@ def step_ops_estimate(spec: Any, num_gpus: int, *, simulate: str = "auto", num_p
 
 
 def check_step_work(spec: Any, num_gpus: int, *, simulate: str = "auto", num_params: float | None = None,
-                    source: str | None = None) -> None:
-    """Refuse a step whose simulation would exceed `STEP_OPS`, before anything is built."""
-    ops, how, bucket_ops = step_ops_estimate(spec, num_gpus, simulate=simulate, num_params=num_params)
+                    num_microbatches: int | None = None, source: str | None = None) -> None:
+    """Refuse a step whose simulation would exceed `STEP_OPS`, before anything is built (``num_microbatches``:
+    see `step_ops_estimate`)."""
+    ops, how, bucket_ops = step_ops_estimate(spec, num_gpus, simulate=simulate, num_params=num_params,
+                                             num_microbatches=num_microbatches)
     if 2 * bucket_ops > ops:
         field, fix = "training.grad_bucket_size", "use larger gradient buckets (or none: one per model chunk)"
     else:

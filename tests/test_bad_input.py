@@ -111,10 +111,17 @@ def test_hidden_size_1e30_is_refused(tmp_path):
     assert r.one_line_error() and "model.hidden_size" in r.err and "s.yaml:3" in r.err, r.err
 
 
-def test_a_step_with_too_many_micro_batches_is_refused_before_simulating(tmp_path):
+def test_a_step_with_too_many_micro_batches_is_fast_forwarded_or_refused_before_simulating(tmp_path):
     (tmp_path / "s.yaml").write_text(SCENARIO.replace("global_batch_size: 8", "global_batch_size: 16000000"))
-    r = run_cli(["run", tmp_path / "s.yaml"])
+    # Representatives: the steady state repeats, so a few micro-batches are simulated and the rest fast-forwarded.
+    r = run_cli(["run", tmp_path / "s.yaml", "--json"])
+    assert r.code == 0, r.err
+    sim = json.loads(r.out)["simulation"]
+    assert "fast-forward" in sim["micro_batches"] and "extended to 8000000" in sim["micro_batches"], sim
+    # Every rank and every micro-batch: 768 million ops, refused before anything is built.
+    r = run_cli(["run", tmp_path / "s.yaml", "--simulate", "full"])
     assert r.one_line_error() and "8,000,000 micro-batch" in r.err and "2,500,000 ops" in r.err, r.err
+    assert "768,000,000 ops" in r.err, r.err
 
 
 def test_physical_bounds_on_topology_fields():

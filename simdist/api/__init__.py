@@ -241,7 +241,6 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     closed_form (the same JSON).
     """
     from simdist.api.calibration import _scenario_calibration
-    from simdist.api.checks import check_step_work
     from simdist.files import check_target, json_text, write_files
     from simdist.predict.step import link_counters
     from simdist.report.step_table import render_text
@@ -252,9 +251,6 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
             check_target(Path(out_dir) / name, field="--out")
     cal, cal_assignments = _scenario_calibration(path, assignments, calibration)
     scenario = load_scenario(path, [*cal_assignments, *(assignments or [])])
-    if fidelity != "closed_form":
-        check_step_work(scenario.spec, scenario.topology.num_gpus, simulate=simulate, source=str(path),
-                        base_dir=Path(path).parent)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
                          base_dir=Path(path).parent, source=str(path), calibration=cal, timeline=out_dir is not None)
     result = prediction.result

@@ -7,7 +7,6 @@ A flag value that is negative, zero where a count is needed, not finite, or beyo
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from simdist.errors import SpecError
@@ -44,17 +43,3 @@ def number(value: Any, flag: str, *, low: float | None = None, high: Limit | flo
         why = f" ({high.reason})" if isinstance(high, Limit) else ""
         raise SpecError(f"{flag} {v:g} is above the limit of {top:g}{why}", field=flag, fix=f"give e.g. {example}")
     return v
-
-
-def check_step_work(spec: Any, num_gpus: int, *, simulate: str = "auto", source: str | None = None,
-                    base_dir: Path | None = None) -> None:
-    """Refuse a step whose simulation would exceed `simdist.limits.STEP_OPS` (before building anything)."""
-    from simdist.limits import check_step_work as check
-
-    num_params = None
-    t = spec.training
-    if t.grad_reduce == "overlapped" and t.grad_bucket_size is not None and spec.parallel.zero_stage < 2:
-        from simdist.plan.model_presets import resolve_model
-
-        num_params = resolve_model(spec.model, base_dir=base_dir).num_params
-    check(spec, num_gpus, simulate=simulate, num_params=num_params, source=source)

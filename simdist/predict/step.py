@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from simdist.errors import LayoutError
 from simdist.hardware import batch
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
+from simdist.limits import check_step_work
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
@@ -176,13 +177,16 @@ def _first_replica(plan: StepPlan) -> list[int]:
     return sorted(r for (_, d), r in plan.stage_ranks.items() if d == d0)
 
 
-def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool) -> _Engine:
+def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
+            check: Callable[[int], None] = lambda m: None) -> _Engine:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
-    the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run."""
+    the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
+    ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits)."""
     M = cfg.microbatches(0)
     found = fast_forward_plan(cfg, CommPricer(topology, adjust), for_engine=True) if fast_forward else None
     if found is not None:
         counts = found[1:]
+        check(max(counts))
         first = _engine_run(cfg, topology, adjust, full, counts[0])
         if len(first[0].graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
             runs = [first, *(_engine_run(cfg, topology, adjust, full, m) for m in counts[1:])]
@@ -196,6 +200,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
                 plan, priced, trace, _ = runs[-1]
                 how = FastForward(counts[1] - counts[0], counts, M).describe()
                 return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1])
+    check(M)
     plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None)
     return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
                    "all", M)
@@ -243,11 +248,15 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             price_graph(plan.graph, topology, with_links=False, adjust=adjust)
             trace = uncontended(plan.graph)
     else:
-        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full")
+        def check(mode: str) -> Callable[[int], None]:
+            return lambda m: check_step_work(spec, topology.num_gpus, simulate=mode, num_params=model.num_params,
+                                             num_microbatches=m, source=source or None)
+
+        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate))
         exact = class_symmetric(engine.priced)
         full_ops = len(engine.plan.graph.ops) * topology.num_gpus / max(1, len(engine.plan.graph.ranks()))
         if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
-            engine = _engine(cfg, topology, adjust, True, True)
+            engine = _engine(cfg, topology, adjust, True, True, check("full"))
             exact = True
         plan, trace, obs = engine.plan, engine.trace, engine.observables
         priced = {**engine.priced, **price_runs({k: v for k, v in runs.items() if k not in engine.priced}, topology,

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from simdist.errors import LayoutError, SimdistError
-from simdist.limits import check_step_work
 from simdist.predict.step import StepPrediction, predict_step
 from simdist.search.evaluate import candidate_spec, context, evaluate_batch, screen_batch
 from simdist.search.executors import Executor
@@ -215,7 +214,6 @@ def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, A
                            "closed_form_tokens_per_s": row["tokens_per_s"]}
     try:
         spec = candidate_spec(problem, ctx.base, c)
-        check_step_work(spec, ctx.topology.num_gpus, num_params=ctx.model.num_params)  # bounded work
         prediction = predict_step(spec, ctx.topology)
     except SimdistError as err:
         out["engine_error"] = err.one_line()
