@@ -27,7 +27,7 @@ from itertools import chain, repeat
 import numpy as np
 import simpy
 
-from simdist.engine.sharing import max_min_rates
+from simdist.engine.sharing import SMALL_ENTRIES, max_min_rates, max_min_rates_small
 
 DONE_FRACTION = 1e-12
 """A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
@@ -103,6 +103,8 @@ class _Transfer:
     remaining: float
     cap: float
     done: simpy.Event
+    seq: int = 0
+    """Order of joining (re-shares list transfers in this order)."""
     rate: float = 0.0
 
 
@@ -115,14 +117,19 @@ class SharedLinks:
         self.env = env
         self._capacity_of = capacity_of  # link id -> effective bytes/s
         self._active: list[_Transfer] = []
-        self._users: dict[int, int] = {}
+        self._on: dict[int, list[_Transfer]] = {}
         """Active transfers per link: one whose links no other transfer uses is rated alone."""
+        self._joined = 0
         self._capacity: dict[int, float] = {}
         """Capacities of the links seen so far."""
         self._table = np.zeros(0)
         """The same indexed by link id, for re-shares (NaN: not seen yet)."""
+        self._finite = True
+        """Every capacity seen and every cap is finite or inf, none NaN (else re-shares take numpy's path)."""
+        self._entries = 0  # (transfer, link) entries of the active transfers
         self._weighted = 0  # active transfers with weights
-        self._dirty = False
+        self._dirty: set[int] = set()
+        """Links whose transfers changed since the last re-share (one joined, or one left beside others)."""
         self._last = 0.0
         self._wakeup: simpy.Event = env.event()
         self.load = LinkLoad()
@@ -142,20 +149,26 @@ class SharedLinks:
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
         capacity = self._capacity
-        users = self._users
+        on = self._on
+        self._joined += 1
+        t = _Transfer(links, weights, size, size, cap, done, self._joined)
         shared = False
         for link in links:
             if link not in capacity:
                 self._learn(link)
-            n = users.get(link, 0)
-            if n:
+            there = on.get(link)
+            if there:
                 shared = True
-            users[link] = n + 1
-        t = _Transfer(links, weights, size, size, cap, done)
+                there.append(t)
+            else:
+                on[link] = [t]
+        self._entries += len(links)
+        if cap != cap:
+            self._finite = False
         if weights is not None:
             self._weighted += 1
         if shared:
-            self._dirty = True
+            self._dirty.update(links)
         else:
             t.rate = self._alone(t)
         if self._record:
@@ -172,7 +185,9 @@ class SharedLinks:
             grown = np.full(max(link + 1, 2 * len(table)), np.nan)
             grown[:len(table)] = table
             table = self._table = grown
-        table[link] = self._capacity[link] = float(self._capacity_of(link))
+        c = table[link] = self._capacity[link] = float(self._capacity_of(link))
+        if not math.isfinite(c):
+            self._finite = False
 
     def _alone(self, t: _Transfer) -> float:
         """Rate of a transfer sharing none of its links (the arithmetic of `max_min_rates` for it alone)."""
@@ -201,6 +216,30 @@ class SharedLinks:
     def _reshare(self) -> None:
         active = self._active
         if not active:
+            return
+        if self._entries <= SMALL_ENTRIES and self._finite:
+            # Few transfers: re-share only those linked (through links they share, transitively) to the links
+            # that changed, in plain Python. Max-min rates are computed component by component: every round of
+            # `max_min_rates` freezes a transfer, or lowers a link's remaining capacity, from the transfers that
+            # share its links only, so a component's rates do not depend on the others, which keep theirs.
+            # Listed in joining order, as in ``_active``: the same sums in the same order, the same rates.
+            on = self._on
+            todo = [link for link in self._dirty if link in on]
+            seen_links = set(todo)
+            part: dict[int, _Transfer] = {}
+            while todo:
+                for t in on[todo.pop()]:
+                    if t.seq not in part:
+                        part[t.seq] = t
+                        for link in t.links:
+                            if link not in seen_links:
+                                seen_links.add(link)
+                                todo.append(link)
+            group = [part[k] for k in sorted(part)]
+            rates = max_min_rates_small([t.links for t in group], [t.weights for t in group],
+                                        [t.cap for t in group], self._capacity)
+            for t, r in zip(group, rates, strict=True):
+                t.rate = r
             return
         n = len(active)
         lengths = np.fromiter((len(t.links) for t in active), dtype=np.int64, count=n)
@@ -232,19 +271,20 @@ class SharedLinks:
             if finished:
                 gone = set(map(id, finished))
                 self._active = [t for t in self._active if id(t) not in gone]
-                users = self._users
+                on = self._on
                 for t in finished:
+                    self._entries -= len(t.links)
                     if t.weights is not None:
                         self._weighted -= 1
                     for link in t.links:
-                        n = users[link] - 1
-                        if n:
-                            users[link] = n
-                            self._dirty = True  # a transfer that shared this link may now go faster
+                        there = on[link]
+                        if len(there) > 1:
+                            there.remove(t)
+                            self._dirty.add(link)  # a transfer that shared this link may now go faster
                         else:
-                            del users[link]
+                            del on[link]
             if self._dirty:
                 self._reshare()
-                self._dirty = False
+                self._dirty.clear()
             for t in finished:
                 t.done.succeed()

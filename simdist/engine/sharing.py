@@ -93,3 +93,72 @@ def max_min_rates(entries: np.ndarray, lengths: np.ndarray, capacity: np.ndarray
             stay = ~freeze
             live, runs, caps = live[stay], runs[stay], caps[stay]
     return rates
+
+
+SMALL_ENTRIES = 256
+"""`SharedLinks` re-shares with `max_min_rates_small` up to this many (transfer, link) entries: below it numpy's
+per-call overhead on tiny arrays costs more than the arithmetic."""
+
+
+def max_min_rates_small(links: list[tuple[int, ...]], weights: list[tuple[float, ...] | None], caps: list[float],
+                        capacity: dict[int, float]) -> list[float]:
+    """`max_min_rates` in plain Python, for a few transfers: the same rounds and the same floating-point
+    operations in the same order (sums of weights and of frozen loads accumulated link by link in transfer order,
+    as ``np.bincount`` does), hence the same rates, bit for bit (tests/test_links.py checks it with hypothesis).
+
+    Transfer ``t`` crosses ``links[t]`` (link ids, keys of ``capacity``, bytes/s, finite) with ``weights[t]``
+    (None: 1 each; an entry of weight 0 neither uses nor bounds its link), at most ``caps[t]`` bytes/s.
+    """
+    n = len(links)
+    rates = [0.0] * n
+    live: list[tuple[int, list[int], list[float], float]] = []  # (transfer, its loaded links, their weights, cap)
+    for t in range(n):
+        w = weights[t]
+        if w is None:
+            mine, ws = list(links[t]), [1.0] * len(links[t])
+        else:
+            mine = [link for link, x in zip(links[t], w, strict=True) if x > 0]
+            ws = [x for x in w if x > 0]
+        if mine:
+            live.append((t, mine, ws, caps[t]))
+        else:
+            rates[t] = caps[t]
+    remaining = {link: capacity[link] for _, mine, _, _ in live for link in mine}
+    cut = 1.0 - _REL
+    while live:
+        total: dict[int, float] = {}
+        for _, mine, ws, _ in live:
+            for link, x in zip(mine, ws, strict=True):
+                total[link] = total.get(link, 0.0) + x
+        offer = {link: remaining[link] / s for link, s in total.items()}
+        bounds = []
+        loose: set[int] = set()
+        for _, mine, _, cap in live:
+            b = min(offer[link] for link in mine)
+            if cap < b:
+                b = cap
+            bounds.append(b)
+            for link in mine:
+                if b < offer[link] * cut:
+                    loose.add(link)
+        freeze = [cap <= b or not all(link in loose for link in mine)
+                  for (_, mine, _, cap), b in zip(live, bounds, strict=True)]
+        if all(freeze) or not any(freeze):  # none: only where a capacity is NaN (as max_min_rates)
+            for (t, _, _, _), b in zip(live, bounds, strict=True):
+                rates[t] = b
+            break
+        used: dict[int, float] = {}
+        stay = []
+        for item, b, f in zip(live, bounds, freeze, strict=True):
+            if not f:
+                stay.append(item)
+                continue
+            t, mine, ws, _ = item
+            rates[t] = b
+            for link, x in zip(mine, ws, strict=True):
+                used[link] = used.get(link, 0.0) + x * b
+        for link, u in used.items():
+            left = remaining[link] - u
+            remaining[link] = left if left > 0.0 else 0.0
+        live = stay
+    return rates
