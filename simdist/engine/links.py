@@ -9,7 +9,8 @@ The engine's one link-sharing mechanism. Its users:
 
 Whenever a transfer that shares a link with another joins or leaves, rates are re-shared max-min fairly in
 bandwidth per flow (`simdist.engine.sharing.max_min_rates`, the one solver), once per instant, after every
-transfer joining at that instant has joined (the driver process wakes after them). A transfer sharing none
+transfer joining at that instant has joined (the first schedules the re-share, a zero-delay timeout whose
+callback runs after them). A transfer sharing none
 of its links is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
 
 Alone, a transfer of size S and cap R on links of capacity C_l and weight w_l takes S / min(R, C_l / w_l):
@@ -131,10 +132,12 @@ class SharedLinks:
         self._dirty: set[int] = set()
         """Links whose transfers changed since the last re-share (one joined, or one left beside others)."""
         self._last = 0.0
-        self._wakeup: simpy.Event = env.event()
+        self._woken = False
+        """A re-share is scheduled at this instant (after the transfers joining at it)."""
+        self._horizon = 0
+        """Generation of the next-finish timeout: one set before the last re-share is stale."""
         self.load = LinkLoad()
         self._record = record_load
-        env.process(self._run())
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
                  weights: Sequence[float] | None = None) -> simpy.Event:
@@ -174,8 +177,9 @@ class SharedLinks:
         if self._record:
             self.load.add(links, size, weights)
         self._active.append(t)
-        if not self._wakeup.triggered:
-            self._wakeup.succeed()
+        if not self._woken:
+            self._woken = True
+            self.env.timeout(0).callbacks.append(self._on_wake)
         return done
 
     def _learn(self, link: int) -> None:
@@ -255,36 +259,43 @@ class SharedLinks:
         for t, r in zip(active, rates.tolist(), strict=True):
             t.rate = r
 
-    def _run(self):
+    def _on_wake(self, _event: simpy.Event) -> None:
+        self._woken = False
+        self._step()
+
+    def _on_horizon(self, event: simpy.Event) -> None:
+        if event.value == self._horizon:
+            self._step()
+
+    def _step(self) -> None:
+        """At an event (a join, or the earliest finish): advance every transfer, retire the finished ones,
+        re-share if needed, and set a timeout for the next finish (event callbacks, not a SimPy process)."""
         env = self.env
-        while True:
-            self._wakeup = env.event()
-            horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
-            if horizon < math.inf:
-                yield env.timeout(max(horizon, 0.0)) | self._wakeup
-            else:
-                yield self._wakeup
-            self._advance()
-            now = env.now
-            finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
-                        or (t.rate > 0 and now + t.remaining / t.rate <= now)]
-            if finished:
-                gone = set(map(id, finished))
-                self._active = [t for t in self._active if id(t) not in gone]
-                on = self._on
-                for t in finished:
-                    self._entries -= len(t.links)
-                    if t.weights is not None:
-                        self._weighted -= 1
-                    for link in t.links:
-                        there = on[link]
-                        if len(there) > 1:
-                            there.remove(t)
-                            self._dirty.add(link)  # a transfer that shared this link may now go faster
-                        else:
-                            del on[link]
-            if self._dirty:
-                self._reshare()
-                self._dirty.clear()
+        self._advance()
+        now = env.now
+        finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
+                    or (t.rate > 0 and now + t.remaining / t.rate <= now)]
+        if finished:
+            gone = set(map(id, finished))
+            self._active = [t for t in self._active if id(t) not in gone]
+            on = self._on
             for t in finished:
-                t.done.succeed()
+                self._entries -= len(t.links)
+                if t.weights is not None:
+                    self._weighted -= 1
+                for link in t.links:
+                    there = on[link]
+                    if len(there) > 1:
+                        there.remove(t)
+                        self._dirty.add(link)  # a transfer that shared this link may now go faster
+                    else:
+                        del on[link]
+        if self._dirty:
+            self._reshare()
+            self._dirty.clear()
+        for t in finished:
+            t.done.succeed()
+        self._horizon += 1
+        horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
+        if horizon < math.inf:
+            env.timeout(max(horizon, 0.0), self._horizon).callbacks.append(self._on_horizon)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
+from simdist.engine.contention import contention_free
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.links import unique_inverse
 from simdist.engine.uncontended import uncontended
@@ -148,14 +149,27 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
-                num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
-    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all)."""
+def _priced_plan(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                 num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm]]:
+    """The step's op graph on ``num_microbatches`` (None: all), priced."""
     with _collector_paused():
         plan = build_step(cfg, full=full, num_microbatches=num_microbatches)
         priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust)
-        trace = run_graph(plan.graph, capacity_of=capacity_of(topology),
-                          capacities=lambda links: batch.link_capacities(topology, links))
+    return plan, priced
+
+
+def _engine_trace(plan: StepPlan, topology: Topology) -> GraphTrace:
+    with _collector_paused():
+        return run_graph(plan.graph, capacity_of=capacity_of(topology),
+                         capacities=lambda links: batch.link_capacities(topology, links))
+
+
+def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
+    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all)."""
+    plan, priced = _priced_plan(cfg, topology, adjust, full, num_microbatches)
+    trace = _engine_trace(plan, topology)
+    with _collector_paused():
         alone = uncontended(plan.graph)
     return plan, priced, trace, alone
 
@@ -183,12 +197,31 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
     ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits)."""
     M = cfg.microbatches(0)
-    found = fast_forward_plan(cfg, CommPricer(topology, adjust), for_engine=True) if fast_forward else None
+    pricer = CommPricer(topology, adjust)
+    found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
     if found is not None:
         counts = found[1:]
         check(max(counts))
-        first = _engine_run(cfg, topology, adjust, full, counts[0])
-        if len(first[0].graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
+        plan, priced = _priced_plan(cfg, topology, adjust, full, counts[0])
+        if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
+            with _collector_paused():
+                alone = uncontended(plan.graph)
+                free = contention_free(plan.graph, alone, capacity_of(topology),
+                                       lambda links: batch.link_capacities(topology, links))
+            if free:
+                # No collective of the smallest sample ever meets another on a shared link (and each runs alone
+                # in its uncontended time): the engine's timeline of it is its uncontended timeline
+                # (simdist.engine.contention). The larger samples and the whole step insert periods of the same
+                # steady state (simdist.plan.fastforward: the premise the three engine samples would test), each
+                # a time-shifted copy of one this sample holds, so their transfers meet no more than these do, and
+                # the engine's answer is the uncontended step's: the closed form's, which equals it exactly
+                # (tests/test_analytic_step.py), with its own fast-forward.
+                obs, ff = analytic_observables(cfg, pricer)
+                how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
+                       + f" by the closed form: no contention (the engine's timeline of {counts[0]} micro-batches "
+                       "is the uncontended one: no two collectives on a shared link at once)")
+                return _Engine(plan, priced, alone, obs, obs["step_s"], how, counts[0])
+            first = (plan, priced, _engine_trace(plan, topology), alone)
             runs = [first, *(_engine_run(cfg, topology, adjust, full, m) for m in counts[1:])]
             samples = []
             for m, (plan, _, trace, alone) in zip(counts, runs, strict=True):
