@@ -111,40 +111,51 @@ def max_min_rates_small(links: list[tuple[int, ...]], weights: list[tuple[float,
     """
     n = len(links)
     rates = [0.0] * n
-    live: list[tuple[int, list[int], list[float], float]] = []  # (transfer, its loaded links, their weights, cap)
+    live: list[tuple[int, list[tuple[int, float]], float]] = []  # (transfer, its (link, weight > 0), cap)
     for t in range(n):
         w = weights[t]
         if w is None:
-            mine, ws = list(links[t]), [1.0] * len(links[t])
+            pairs = [(link, 1.0) for link in links[t]]
         else:
-            mine = [link for link, x in zip(links[t], w, strict=True) if x > 0]
-            ws = [x for x in w if x > 0]
-        if mine:
-            live.append((t, mine, ws, caps[t]))
+            pairs = [(link, x) for link, x in zip(links[t], w, strict=True) if x > 0]
+        if pairs:
+            live.append((t, pairs, caps[t]))
         else:
             rates[t] = caps[t]
-    remaining = {link: capacity[link] for _, mine, _, _ in live for link in mine}
+    remaining: dict[int, float] = {}
+    for _, pairs, _ in live:
+        for link, _ in pairs:
+            remaining[link] = capacity[link]
     cut = 1.0 - _REL
     while live:
-        total: dict[int, float] = {}
-        for _, mine, ws, _ in live:
-            for link, x in zip(mine, ws, strict=True):
-                total[link] = total.get(link, 0.0) + x
-        offer = {link: remaining[link] / s for link, s in total.items()}
-        bounds = []
+        total = dict.fromkeys(remaining, 0.0)  # weights still unfrozen per link, summed in transfer order
+        for _, pairs, _ in live:
+            for link, x in pairs:
+                total[link] += x
+        offer = {link: remaining[link] / s for link, s in total.items() if s}
         loose: set[int] = set()
-        for _, mine, _, cap in live:
-            b = min(offer[link] for link in mine)
-            if cap < b:
-                b = cap
+        bounds = []
+        for _, pairs, cap in live:
+            b = cap
+            for link, _ in pairs:
+                o = offer[link]
+                if o < b:
+                    b = o
             bounds.append(b)
-            for link in mine:
+            for link, _ in pairs:
                 if b < offer[link] * cut:
                     loose.add(link)
-        freeze = [cap <= b or not all(link in loose for link in mine)
-                  for (_, mine, _, cap), b in zip(live, bounds, strict=True)]
+        freeze = []
+        for (_, pairs, cap), b in zip(live, bounds, strict=True):
+            f = cap <= b
+            if not f:
+                for link, _ in pairs:
+                    if link not in loose:
+                        f = True
+                        break
+            freeze.append(f)
         if all(freeze) or not any(freeze):  # none: only where a capacity is NaN (as max_min_rates)
-            for (t, _, _, _), b in zip(live, bounds, strict=True):
+            for (t, _, _), b in zip(live, bounds, strict=True):
                 rates[t] = b
             break
         used: dict[int, float] = {}
@@ -153,9 +164,8 @@ def max_min_rates_small(links: list[tuple[int, ...]], weights: list[tuple[float,
             if not f:
                 stay.append(item)
                 continue
-            t, mine, ws, _ = item
-            rates[t] = b
-            for link, x in zip(mine, ws, strict=True):
+            rates[item[0]] = b
+            for link, x in item[1]:
                 used[link] = used.get(link, 0.0) + x * b
         for link, u in used.items():
             left = remaining[link] - u
