@@ -11,9 +11,10 @@ Cases: every bundled scenario (``scenarios/*.yaml``), and the Llama 3 405B layou
     simdist run scenarios/llama3-405b-16k.yaml --set parallel.dp=D --set cluster.num_nodes=$((16*D)) \
         --set schedule=1f1b      (or: --set schedule=interleaved_1f1b --set parallel.vpp=7)
 
-Figures per case: wall seconds of the whole process (interpreter start-up, imports, the run, the JSON) and its
-peak resident memory (MB = 1e6 bytes, the kernel's ru_maxrss of that process), medians of --repeat runs, and PASS
-when both are within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one.
+Figures per case: wall seconds of the whole process (interpreter start-up, imports, the run, the JSON), its CPU
+seconds (user + system: less sensitive to a loaded machine than wall time), and its peak resident memory (MB = 1e6
+bytes, the kernel's ru_maxrss of that process), medians of --repeat runs, and PASS when wall time and memory are
+within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one.
 
 ``--save DIR`` keeps each case's ``--json`` output; ``--compare DIR`` checks every number in it against the output
 saved before (relative 1e-9, strings equal), for changes that must not move the results.
@@ -55,6 +56,7 @@ class _Popen(subprocess.Popen):
     """A Popen that keeps the child's peak resident memory (wait4's rusage, KiB on Linux) when it reaps it."""
 
     peak_kib = math.nan
+    cpu_s = math.nan
 
     def _try_wait(self, wait_flags):  # the hook CPython's Popen.wait reaps the child through
         try:
@@ -63,11 +65,12 @@ class _Popen(subprocess.Popen):
             return self.pid, 0
         if pid:
             self.peak_kib = usage.ru_maxrss
+            self.cpu_s = usage.ru_utime + usage.ru_stime
         return pid, sts
 
 
-def run_once(args: list[str]) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB, stdout) of one `simdist run ... --json` in a fresh interpreter."""
+def run_once(args: list[str]) -> tuple[float, float, float, str]:
+    """(wall s, peak RSS MB, CPU s, stdout) of one `simdist run ... --json` in a fresh interpreter."""
     t0 = time.perf_counter()
     proc = _Popen([sys.executable, "-m", "simdist", "run", *args, "--json"], cwd=ROOT,
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -75,7 +78,7 @@ def run_once(args: list[str]) -> tuple[float, float, str]:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"simdist run {' '.join(args)} failed ({proc.returncode}): {err.strip()}")
-    return wall, proc.peak_kib * 1024 / 1e6, out
+    return wall, proc.peak_kib * 1024 / 1e6, proc.cpu_s, out
 
 
 def numbers_differ(a, b, path: str = "") -> list[str]:
@@ -109,19 +112,22 @@ def main(argv: list[str] | None = None) -> int:
         args.save.mkdir(parents=True, exist_ok=True)
     ignore = {f".{p}" for p in args.ignore.split(",") if p}
     failed = mismatched = 0
-    print(f"{'case':24s} {'wall s':>7s} {'peak MB':>8s}  {'step s':>10s}  target {TARGET_S:g} s / {TARGET_MB:g} MB")
+    print(f"{'case':24s} {'wall s':>7s} {'cpu s':>6s} {'peak MB':>8s}  {'step s':>10s}  "
+          f"target {TARGET_S:g} s / {TARGET_MB:g} MB (wall)")
     for name, run_args in cases():
         if args.only not in name:
             continue
         runs = [run_once(run_args) for _ in range(args.repeat)]
         wall = statistics.median(r[0] for r in runs)
         peak = statistics.median(r[1] for r in runs)
-        result = json.loads(runs[0][2])
+        cpu = statistics.median(r[2] for r in runs)
+        result = json.loads(runs[0][3])
         ok = wall <= TARGET_S and peak < TARGET_MB
         failed += not ok
-        line = f"{name:24s} {wall:7.2f} {peak:8.1f}  {result['step_time_s']:10.4f}  {'PASS' if ok else 'FAIL'}"
+        line = (f"{name:24s} {wall:7.2f} {cpu:6.2f} {peak:8.1f}  {result['step_time_s']:10.4f}  "
+                f"{'PASS' if ok else 'FAIL'}")
         if args.save:
-            (args.save / f"{name}.json").write_text(runs[0][2])
+            (args.save / f"{name}.json").write_text(runs[0][3])
         if args.compare:
             before = json.loads((args.compare / f"{name}.json").read_text())
             diffs = [d for d in numbers_differ(before, result) if d.split(":")[0] not in ignore]
