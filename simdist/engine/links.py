@@ -136,6 +136,8 @@ class SharedLinks:
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
         self._horizon = 0
         """Generation of the next-finish timeout: one set before the last re-share is stale."""
+        self._horizon_at = math.inf
+        """When the next-finish timeout fires."""
         self.load = LinkLoad()
         self._record = record_load
 
@@ -177,9 +179,16 @@ class SharedLinks:
         if self._record:
             self.load.add(links, size, weights)
         self._active.append(t)
-        if not self._woken:
+        if self._woken:
+            return done
+        if shared:
             self._woken = True
             self.env.timeout(0).callbacks.append(self._on_wake)
+        elif t.rate > 0:
+            # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
+            delay = t.remaining / t.rate
+            if self.env.now + delay < self._horizon_at:
+                self._schedule(delay)
         return done
 
     def _learn(self, link: int) -> None:
@@ -295,7 +304,16 @@ class SharedLinks:
             self._dirty.clear()
         for t in finished:
             t.done.succeed()
-        self._horizon += 1
         horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
         if horizon < math.inf:
-            env.timeout(max(horizon, 0.0), self._horizon).callbacks.append(self._on_horizon)
+            self._schedule(horizon)
+        else:
+            self._horizon += 1
+            self._horizon_at = math.inf
+
+    def _schedule(self, delay: float) -> None:
+        """The next finish is ``delay`` from now (any timeout set before is stale)."""
+        self._horizon += 1
+        delay = max(delay, 0.0)
+        self._horizon_at = self.env.now + delay
+        self.env.timeout(delay, self._horizon).callbacks.append(self._on_horizon)
