@@ -1,5 +1,5 @@
 """The teaching notebooks (notebooks/*.ipynb) execute without error, are committed without outputs, match
-what notebooks/build.py generates, and import the public API only.
+what notebooks/build.py generates, and import the public API (and its notebook helpers) only.
 
 The kernel is this interpreter's (the test venv's) ipykernel, from a kernelspec written into a temporary
 directory, so a user-level 'python3' kernelspec pointing at another Python cannot be picked up.
@@ -47,7 +47,7 @@ def test_notebook_imports_the_public_api_only(path):
     nb = nbformat.read(path, as_version=4)
     imports = [line.strip() for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines()
                if re.match(r"\s*(import|from)\s", line)]
-    assert imports == ["from simdist import api"]
+    assert imports == ["from simdist import api", "from simdist import notebooks as nb"]
     assert not any(re.match(r"\s*def\s", line) for c in nb.cells if c.cell_type == "code"
                    for line in c.source.splitlines()), "notebooks define no functions of their own"
 

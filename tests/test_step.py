@@ -293,3 +293,30 @@ def test_step_config_carries_the_scenario(tmp_path: Path) -> None:
     plan = build_step(cfg)
     kinds = [op.kind for op in plan.graph.ops if op.rank == 0 and op.stream == "compute"]
     assert kinds == ["forward"] * 4 + ["backward"] * 4 + ["optimizer"]
+
+
+P2P_SCENARIO = """\
+name: p2p
+cluster: {preset: dgx-a100, num_nodes: 1}
+model: {num_layers: 4, hidden_size: 256, num_attention_heads: 4, seq_length: 128, vocab_size: 1024}
+parallel: {tp: 2, pp: 2, dp: 2}
+training: {global_batch_size: 8, micro_batch_size: 1}
+"""
+
+
+@pytest.mark.parametrize(("sets", "nbytes"), [
+    # b x s x h x 2 bytes (bf16) = 1 x 128 x 256 x 2 = 65,536 per micro-batch (Narayanan et al. 2021 sec 3.2),
+    # of which each tp peer sends 1/tp with Megatron's scatter/gather (sec 4.1, on by default)
+    ([], 32768.0),
+    (["parallel.scatter_gather=false"], 65536.0),
+    (["parallel.scatter_gather=false", "training.micro_batch_size=2", "training.global_batch_size=16"], 131072.0),
+    (["parallel.scatter_gather=false", "model.seq_length=256"], 131072.0),
+    (["parallel.scatter_gather=false", "parallel.sequence_parallel=true"], 32768.0),
+])
+def test_pipeline_sends_carry_one_micro_batch_of_boundary_activations(tmp_path: Path, sets, nbytes) -> None:
+    path = scenario_file(tmp_path, P2P_SCENARIO)
+    r = api.run(path, sets).result
+    sends = [c for c in r["collectives"] if c["axis"] == "pp"]
+    assert [(c["op"], c["nbytes"], c["num_ranks"]) for c in sends] == [("send_recv", nbytes, 2)]
+    # one boundary (pp 2): each of the M micro-batches crosses it forward and its gradient back
+    assert sends[0]["count"] == 2 * r["layout"]["num_microbatches"]
