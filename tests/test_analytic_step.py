@@ -59,6 +59,8 @@ layouts = st.fixed_dictionaries({
     "mbs": st.sampled_from([1, 2]),
     "sp": st.booleans(),
     "per_parameter": st.booleans(),
+    # host costs (simdist.hardware.host): defaults, no step gap, or a slow host whose dispatch bounds the kernels
+    "host": st.sampled_from([None, {"step_gap": "0 us"}, {"step_gap": "50 us", "dispatch": "200 us"}]),
 })
 
 
@@ -75,7 +77,8 @@ def _spec(x: dict) -> ScenarioSpec:
         "training": {"micro_batch_size": x["mbs"], "global_batch_size": m * x["mbs"] * x["dp"],
                      "recompute": x["recompute"], "grad_reduce": x["grad_reduce"],
                      "grad_bucket_size": x["bucket"],
-                     "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch"},
+                     "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch",
+                     **({"host_overhead": x["host"]} if x.get("host") else {})},
         "schedule": x["schedule"],
     })
 
@@ -135,7 +138,9 @@ def test_fast_forward_equals_every_micro_batch(schedule, vpp):
     spec = _spec({"tp": 2, "pp": 4, "dp": 2, "cp": 1, "vpp": vpp, "zero_stage": 1, "recompute": "selective",
                   "schedule": schedule, "grad_reduce": "overlapped", "bucket": "20 MB",
                   "microbatches": 100 if vpp > 1 else 192,
-                  "mbs": 1, "sp": True, "per_parameter": False})
+                  "mbs": 1, "sp": True, "per_parameter": False,
+                  # GPU-bound: without host costs, which bound this small model's kernels (simdist.hardware.host)
+                  "host": {"step_gap": "0 us", "dispatch": "0 us", "launch": "0 us"}})
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"num_layers": 14}),
                                    "parallel": spec.parallel.model_copy(update={"pipeline_split": "lighter_ends"})})
     topology = api.cluster_of(spec)

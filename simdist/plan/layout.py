@@ -24,11 +24,13 @@ from __future__ import annotations
 from typing import Any
 
 from simdist.errors import LayoutError, SpecError
+from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.schedule import check_schedule
 from simdist.plan.step_config import StepConfig, split_layers
+from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
 
 __all__ = ["RULES", "LayoutRuleError", "check_layout", "step_config_of"]
@@ -113,6 +115,17 @@ def check_layout(spec: ScenarioSpec, model: Model) -> tuple[int, ...]:
     return layers
 
 
+def _host_of(spec: ScenarioSpec, gpu: GpuSpec) -> HostOverhead | None:
+    """The scenario's host costs over the data file's defaults (None: all defaults)."""
+    given = spec.training.host_overhead
+    if given.launch is None and given.dispatch is None and given.step_gap is None:
+        return None
+    base = host_overhead(gpu)
+    return HostOverhead(launch_s=base.launch_s if given.launch is None else given.launch,
+                        dispatch_s=base.dispatch_s if given.dispatch is None else given.dispatch,
+                        step_gap_s=base.step_gap_s if given.step_gap is None else given.step_gap)
+
+
 def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
     """The step configuration of a scenario on its cluster (after `check_layout`): the one place a StepConfig is
     built from a scenario."""
@@ -126,5 +139,5 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
         zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
-        capacity_bytes=topology.gpu.hbm_capacity,
+        capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),
     )

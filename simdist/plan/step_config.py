@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernels_time_s
+from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
@@ -46,10 +47,16 @@ class StepConfig:
     capacity_bytes: float = math.inf
     compute_efficiency: ComputeEfficiency | None = None
     """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
+    host: HostOverhead | None = None
+    """Host-side costs per op and per pipeline step (simdist.hardware.host); None: its data file's defaults."""
 
     @property
     def num_stages(self) -> int:
         return self.mesh.pp
+
+    @property
+    def host_overhead(self) -> HostOverhead:
+        return self.host or host_overhead(self.gpu)
 
     @property
     def host_op_s(self) -> float:
@@ -81,6 +88,8 @@ class ChunkCost:
     """Parameters this chunk holds on one GPU (its tp shard)."""
     num_tensors: int
     """Parameter tensors (weights and biases), for per-parameter gradient reduction."""
+    first_part: bool = False
+    """The chunk is model part 0 (pipeline rank 0's first chunk): where Megatron-LM cuts gradients into buckets."""
 
 
 # ----------------------------------------------------------------------------- layer split
@@ -172,8 +181,14 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
     if last_part:
         parts.append((head_work(m, **kw), 1))
 
+    host = cfg.host_overhead
+
     def total(kernels_of) -> float:
-        return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency) * n for w, n in parts)
+        # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
+        # (simdist.hardware.host: one eager op per modelled kernel).
+        # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
+        return sum(host.kernels_time_s(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency),
+                                       len(kernels_of(w))) * n for w, n in parts)
 
     def comm(phase: str, overlappable: bool) -> tuple:
         out: dict[tuple[str, float, str], int] = {}
@@ -205,6 +220,7 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
         num_params=params,
         num_tensors=_tensors_per_layer(m) * num_layers
         + ((1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0) if m.kind == "decoder" else 0),
+        first_part=first_part,
     )
 
 

@@ -24,12 +24,35 @@ from simdist.limits import (
     VOCAB_SIZE,
     VPP,
 )
-from simdist.spec.base import BucketSize, Spec, count
+from simdist.spec.base import BucketSize, Duration, FieldProblem, Spec, count
 from simdist.spec.topology import TopologySpec
 
 
 def _alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
+
+
+def _megatron_switch(data: Any, switch: str, field: str, on: Any, off: Any) -> Any:
+    """Translate Megatron-LM's boolean argument ``switch`` (e.g. ``overlap_grad_reduce: true``) into simdist's
+    ``field`` (``on`` when true, ``off`` when false; ``off`` None: false leaves the default), refusing a
+    contradiction with ``field`` given too."""
+    if not isinstance(data, dict) or switch not in data:
+        return data
+    value = data[switch]
+    if not isinstance(value, bool):
+        raise FieldProblem((switch,), f"{switch} is a Megatron-LM switch: write true or false (fix: "
+                                      f"write {switch}: true, or set {field} instead)")
+    out = {k: v for k, v in data.items() if k != switch}
+    wanted = on if value else off
+    if wanted is None:
+        if field in out and out[field] == on:
+            raise FieldProblem((switch,), f"{switch}: false contradicts {field}: {on} (fix: drop one of them)")
+        return out
+    if field in out and out[field] != wanted:
+        raise FieldProblem((switch,), f"{switch}: {str(value).lower()} contradicts {field}: {out[field]} "
+                                      "(fix: drop one of them)")
+    out[field] = wanted
+    return out
 
 
 # A cluster is a topology preset (or file) plus overrides of any topology field. The override fields
@@ -134,9 +157,27 @@ class ParallelSpec(Spec):
     scatter_gather: bool = Field(default=True, description="Megatron's pipeline scatter/gather: each tp peer "
                                                            "sends 1/tp of the activation between stages")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_names(cls, data: Any) -> Any:
+        # Megatron-LM's --use-distributed-optimizer is ZeRO-1 (optimizer state sharded over data parallelism).
+        return _megatron_switch(data, "use_distributed_optimizer", "zero_stage", 1, None)
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+
+class HostOverheadSpec(Spec):
+    """Host-side costs of the eager framework (simdist.hardware.host); each unset one keeps its default from
+    simdist/hardware/data/host_overhead.csv."""
+
+    launch: Duration | None = Field(default=None, description="CPU time of one kernel launch (default 5 us)")
+    dispatch: Duration | None = Field(default=None, description="framework time of one eager op before its launch "
+                                                                "(default 3.3 us)")
+    step_gap: Duration | None = Field(default=None, description="GPU idle time at the start of each pipeline step, "
+                                                                "after Megatron's synchronize following the send/recv "
+                                                                "(default 20 us); 0 for none")
 
 
 class TrainingSpec(Spec):
@@ -156,9 +197,12 @@ class TrainingSpec(Spec):
                                      "materialized (the a x s x s scores in memory, as Megatron-LM in 2021-22)")
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
-                                        "(the lecture), buckets after the backward, or buckets overlapped with it")
+                                        "(the lecture), buckets after the backward, or buckets overlapped with it "
+                                        "(Megatron-LM's overlap_grad_reduce: true is accepted for overlapped)")
     grad_bucket_size: BucketSize | None = Field(
-        default=None, description="gradient bucket size (at least 1 MB); default one bucket per model chunk")
+        default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
+                                  "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
+                                  "max(40M, 1M x dp) parameters on pipeline rank 0's first chunk")
     zero3_fetch: Literal["prefetch", "per_parameter"] = Field(
         default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
                                         "ahead of the compute, as PyTorch FSDP) or per_parameter (each tensor "
@@ -166,6 +210,15 @@ class TrainingSpec(Spec):
                                         "through list collectives: DeepSpeed ZeRO-3 as of 2021)")
     dp_batch_split: list[count(GLOBAL_BATCH)] | None = Field(
         default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
+    host_overhead: HostOverheadSpec = Field(
+        default=HostOverheadSpec(), description="host costs per kernel launch, per eager op and per pipeline step "
+                                                "(defaults from published measurements)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_names(cls, data: Any) -> Any:
+        # Megatron-LM's --overlap-grad-reduce: the gradient buckets reduce while the backward runs.
+        return _megatron_switch(data, "overlap_grad_reduce", "grad_reduce", "overlapped", None)
 
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
