@@ -1,6 +1,7 @@
 """Kernel costs from mechanism: tile/wave quantization, fused-attention curves, FP8 recipes (issue 14 items 1-3)."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from simdist.hardware.gemm import architecture, quantization
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.plan.layer_cost import Kernel, layer_work
 from simdist.plan.model import Model
+from tests.cli_harness import run_cli
 
 A100, H100, B200 = GPU_PRESETS["a100-sxm-80gb"], GPU_PRESETS["h100-sxm"], GPU_PRESETS["b200"]
 
@@ -129,3 +131,20 @@ def test_gpus_without_fp8_refuse_it():
         kernel_time_s(A100, k, "fp8")
     assert err.value.field == "training.precision"
     assert kernel_time_s(B200, k, "fp8") > 0
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("scenario", "setting", "field"), [
+    ("scenarios/published/korthikanti2022-22b.yaml", "training.precision=fp8", "training.precision"),  # A100
+    ("scenarios/llama3-405b-16k.yaml", "training.precision=fp8", None),  # H100: runs
+])
+def test_fp8_on_a_gpu_without_fp8_exits_2_with_one_line(scenario, setting, field):
+    if field is None:  # the H100 scenario accepts fp8, but mxfp8 needs Blackwell
+        r = run_cli(["check", ROOT / scenario, "--set", setting, "--set", "training.fp8_recipe=mxfp8"])
+        field = "training.fp8_recipe"
+    else:
+        r = run_cli(["run", ROOT / scenario, "--set", setting])
+    assert r.one_line_error(), r.err
+    assert r.err.strip().splitlines()[-1].startswith(f"error: {field}")

@@ -32,7 +32,7 @@ from simdist.plan.schedule import check_schedule
 from simdist.plan.step_config import StepConfig, split_layers
 from simdist.spec.scenario import ScenarioSpec
 
-__all__ = ["RULES", "LayoutRuleError", "check_layout", "step_config_of"]
+__all__ = ["RULES", "LayoutRuleError", "check_fp8", "check_layout", "step_config_of"]
 
 RULES = ("heads", "kv-heads", "sequence", "width", "batch", "interleaving", "layers", "zero", "memory")
 """Rule names, in the order they are checked (``memory`` is search's filter: `simdist run` reports it)."""
@@ -114,7 +114,7 @@ def check_layout(spec: ScenarioSpec, model: Model) -> tuple[int, ...]:
     return layers
 
 
-def _check_fp8(spec: ScenarioSpec, topology: Topology) -> None:
+def check_fp8(spec: ScenarioSpec, topology: Topology) -> None:
     """FP8 needs fp8 tensor cores; MXFP8 needs Blackwell's block-scaled MMA (Transformer Engine MXFP8BlockScaling:
     compute capability 10.0+); the fp8 parameter all-gather needs fp8 training and a sharded optimizer state."""
     t, gpu = spec.training, topology.gpu
@@ -134,7 +134,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
     built from a scenario."""
     layers = check_layout(spec, model)
     p, t = spec.parallel, spec.training
-    _check_fp8(spec, topology)
+    check_fp8(spec, topology)
     mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
     return StepConfig(
         model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
