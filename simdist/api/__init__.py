@@ -166,9 +166,10 @@ def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = 
         where = doc.where(tuple(field.split(".")))
         raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
     _check_layout(spec, topology, doc)
-    from simdist.plan.layout import check_layout
+    from simdist.plan.layout import check_fp8, check_layout
     from simdist.plan.model_presets import resolve_model
 
+    check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
     try:
         check_layout(spec, resolve_model(spec.model, base_dir=base))
     except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file

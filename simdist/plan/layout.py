@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from simdist.errors import LayoutError, SpecError
+from simdist.hardware.gemm import architecture
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh, parse_order
@@ -33,7 +34,7 @@ from simdist.plan.step_config import StepConfig, split_layers
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
 
-__all__ = ["RULES", "LayoutRuleError", "check_layout", "step_config_of"]
+__all__ = ["RULES", "LayoutRuleError", "check_fp8", "check_layout", "step_config_of"]
 
 RULES = ("heads", "kv-heads", "sequence", "width", "batch", "interleaving", "layers", "zero", "memory")
 """Rule names, in the order they are checked (``memory`` is search's filter: `simdist run` reports it)."""
@@ -126,17 +127,34 @@ def _host_of(spec: ScenarioSpec, gpu: GpuSpec) -> HostOverhead | None:
                         step_gap_s=base.step_gap_s if given.step_gap is None else given.step_gap)
 
 
+def check_fp8(spec: ScenarioSpec, topology: Topology) -> None:
+    """FP8 needs fp8 tensor cores; MXFP8 needs Blackwell's block-scaled MMA (Transformer Engine MXFP8BlockScaling:
+    compute capability 10.0+); the fp8 parameter all-gather needs fp8 training and a sharded optimizer state."""
+    t, gpu = spec.training, topology.gpu
+    if t.precision == "fp8":
+        gpu.peak_flops("fp8")  # one line naming training.precision where the GPU has no fp8 tensor cores
+        if t.fp8_recipe == "mxfp8" and architecture(gpu).name != "blackwell":
+            raise SpecError(f"fp8_recipe mxfp8 needs Blackwell block-scaled tensor cores; {gpu.name} has none",
+                            field="training.fp8_recipe", fix="use delayed, tensorwise or blockwise on this GPU")
+    if t.fp8_param_gather and (t.precision != "fp8" or spec.parallel.zero_stage < 1):
+        raise SpecError("fp8_param_gather gathers fp8 parameters of fp8 training with the distributed optimizer "
+                        "or ZeRO", field="training.fp8_param_gather",
+                        fix="set precision: fp8 and parallel.zero_stage >= 1, or drop fp8_param_gather")
+
+
 def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
     """The step configuration of a scenario on its cluster (after `check_layout`): the one place a StepConfig is
     built from a scenario."""
     layers = check_layout(spec, model)
     p, t = spec.parallel, spec.training
+    check_fp8(spec, topology)
     mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
     return StepConfig(
         model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
         global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
         precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
-        tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
+        tp_style=p.tp_style, attention=t.attention, attention_mask=t.attention_mask, fp8_recipe=t.fp8_recipe,
+        fp8_param_gather=t.fp8_param_gather, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
         zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
         capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),

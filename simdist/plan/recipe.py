@@ -163,6 +163,14 @@ def megatron_bucket_params(dp: int) -> int:
     return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp)
 
 
+def param_bytes_per_element(cfg: StepConfig) -> int:
+    """Bytes per parameter element of the data-parallel parameter all-gathers (ZeRO-3's fetch, the distributed
+    optimizer's / ZeRO-1,2's gather of updated shards): the 16-bit copy, or 1 B with ``fp8_param_gather``
+    (Megatron-LM --fp8-param-gather: parameters kept and gathered in fp8 under fp8 training). Activations, TP
+    collectives and pipeline messages stay bf16 under fp8 (simdist.plan.layer_cost._BYTES)."""
+    return 1 if cfg.fp8_param_gather and cfg.precision == "fp8" else bytes_per_element(cfg.precision)
+
+
 def num_buckets(cfg: StepConfig, cost: ChunkCost) -> int:
     """Gradient buckets of a chunk.
 
@@ -195,7 +203,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     dp = groups["dp"]
     b = _Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
-    pbytes = cost.num_params * bytes_per_element(cfg.precision)
+    pbytes = cost.num_params * param_bytes_per_element(cfg)
     prev: tuple[int, ...] = (PREV,)
     if cfg.zero_stage == 3 and kind in ("F", "B") and dp >= 2 and pbytes > 0:
         # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3); the
@@ -347,6 +355,7 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision, cfg.compute_efficiency)
     opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
     if cfg.zero_stage in (1, 2) and dp >= 2 and params > 0:
-        b.add(Piece("dp", "comm", "params all_gather", comm=CommItem("all_gather", params * bytes_per_element(
-            cfg.precision), "dp"), deps=(opt,), per_step=True))
+        gathered = params * param_bytes_per_element(cfg)
+        b.add(Piece("dp", "comm", "params all_gather", comm=CommItem("all_gather", gathered, "dp"), deps=(opt,),
+                    per_step=True))
     return StageTail(tuple(b.pieces))

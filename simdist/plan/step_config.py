@@ -35,6 +35,12 @@ class StepConfig:
     zero_stage: int = 0
     tp_style: str = "megatron"
     attention: str = "flash"
+    attention_mask: str = "causal"
+    """causal | full (simdist.plan.layer_cost.layer_work)."""
+    fp8_recipe: str = "delayed"
+    """Which ops run in fp8 and how they are scaled, under precision fp8 (simdist.plan.layer_cost.FP8_RECIPES)."""
+    fp8_param_gather: bool = False
+    """Megatron-LM --fp8-param-gather: the distributed optimizer's / ZeRO's parameter all-gather moves fp8 (1 B)."""
     grad_reduce: str = "bucketed"
     grad_bucket_bytes: float | None = None
     """None: one bucket per model chunk (Megatron-LM's contiguous gradient buffer, reduced at once)."""
@@ -175,7 +181,8 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
     kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
               micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
     parts: list[tuple[Work, int]] = [(layer_work(m, recompute=cfg.recompute, tp_style=cfg.tp_style,
-                                                attention=cfg.attention, **kw), num_layers)]
+                                                attention=cfg.attention, attention_mask=cfg.attention_mask,
+                                                fp8_recipe=cfg.fp8_recipe, **kw), num_layers)]
     if first_part and m.kind == "decoder":
         parts.append((embedding_work(m, **kw), 1))
     if last_part:
@@ -197,8 +204,9 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
                 out[(op, nbytes, axis)] = out.get((op, nbytes, axis), 0) + k
         return tuple((op, nb, ax, k) for (op, nb, ax), k in out.items())
 
-    fwd_model = sum(sum(k.flops for k in w.forward) * n for w, n in parts)
-    bwd_model = sum(sum(k.flops for k in w.backward) * n for w, n in parts)
+    # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted).
+    fwd_model = sum(sum(k.model_flops for k in w.forward) * n for w, n in parts)
+    bwd_model = sum(sum(k.model_flops for k in w.backward) * n for w, n in parts)
     rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
     # Parameters this chunk holds on one GPU: its layers' share of tp, the embedding on the first part and
     # the output projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding).

@@ -30,6 +30,7 @@ from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.limits import check_step_work
 from simdist.plan.fastforward import FastForward, extrapolate
+from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
@@ -264,6 +265,15 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         contention = obs["step_s"] - engine.uncontended_step_s
         simulation = _simulation_note(plan, topology, spec, exact, engine)
     metrics = step_metrics_from(obs, tokens_per_step=tokens, peak_flops=peak)
+    # FLOP conventions: model FLOPs (model_tflops_per_gpu, mfu) count the causal half of the attention scores under
+    # a causal mask (Megatron-LM today); mfu_full_attention counts every score (Narayanan et al. 2021 eq. (3), PaLM,
+    # torchtitan). Both are against the dense peak of training.precision; hfu counts what the kernels execute.
+    causal = spec.training.attention_mask == "causal" and model.kind == "decoder"
+    full_ratio = (model_flops_per_sequence(model, "full") / model_flops_per_sequence(model, "causal")
+                  if causal else 1.0)
+    metrics["mfu_full_attention"] = metrics["mfu"] * full_ratio
+    metrics["flop_convention"] = ("model FLOPs with the causal half of the attention scores (mfu); every score "
+                                  "(mfu_full_attention)" if causal else "model FLOPs, every attention score")
     memory_parts = step_memory(cfg)
     stage_rank = {s: cfg.mesh.rank(pp=s) for s in range(cfg.mesh.pp)}
     memory = [{"stage": s, "rank": stage_rank[s], **m.as_dict()} for s, m in enumerate(memory_parts)]

@@ -99,6 +99,8 @@ def metrics_table(result: Mapping[str, Any]) -> Table:
     table.add_row("model TFLOP/s per GPU", _number(result.get("model_tflops_per_gpu"), ".1f", "TFLOP/s"))
     table.add_row("hardware TFLOP/s per GPU", _number(result.get("hardware_tflops_per_gpu"), ".1f", "TFLOP/s"))
     table.add_row("MFU", format_percent(result.get("mfu")))
+    if result.get("mfu_full_attention") not in (None, result.get("mfu")):
+        table.add_row("MFU (every attention score)", format_percent(result.get("mfu_full_attention")))
     if "hfu" in result:
         table.add_row("HFU", format_percent(result.get("hfu")))
     table.add_row("pipeline bubble", format_percent(result.get("bubble_fraction")))

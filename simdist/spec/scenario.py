@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, create_model, model_validator
+from pydantic import AliasChoices, Field, create_model, field_validator, model_validator
 
 from simdist.limits import (
     FFN_HIDDEN_SIZE,
@@ -192,9 +192,31 @@ class TrainingSpec(Spec):
     )
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = Field(
         default="bf16", description="the dtype of the matrix multiplications (its dense peak is used)")
-    attention: Literal["flash", "materialized"] = Field(
-        default="flash", description="attention kernel: flash (scores never stored, Dao et al. 2022) or "
+    attention: Literal["flash", "flash2", "flash3", "cudnn", "materialized"] = Field(
+        default="flash", description="attention kernel: flash = flash2 (FlashAttention-2, scores never stored), "
+                                     "flash3 (FlashAttention-3, Hopper), cudnn (cuDNN fused attention, as Transformer "
+                                     "Engine runs on Hopper), each priced from its published benchmark figures; or "
                                      "materialized (the a x s x s scores in memory, as Megatron-LM in 2021-22)")
+    attention_mask: Literal["causal", "full"] = Field(
+        default="causal", validation_alias=_alias("attention_mask", "attn_mask_type"),
+        description="causal (decoder LMs: fused kernels skip the masked half, model FLOPs count half the scores) or "
+                    "full (no mask) (alias attn_mask_type)")
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = Field(
+        default="delayed", description="under precision fp8, how the linear layers' GEMMs are scaled (Megatron-LM "
+                                       "--fp8-recipe): delayed (TE DelayedScaling), tensorwise (current scaling), "
+                                       "mxfp8 (Blackwell block scaling), blockwise (1x128 blocks); attention, norms "
+                                       "and communication stay bf16")
+    fp8_param_gather: bool = Field(
+        default=False, description="under precision fp8 with the distributed optimizer or ZeRO, gather parameters "
+                                   "in fp8 (Megatron-LM --fp8-param-gather)")
+
+    @field_validator("fp8_recipe", mode="before")
+    @classmethod
+    def _fp8_recipe_names(cls, value: object) -> object:
+        """Transformer Engine's recipe class names are accepted for Megatron-LM's --fp8-recipe names."""
+        names = {"delayedscaling": "delayed", "float8currentscaling": "tensorwise", "current": "tensorwise",
+                 "mxfp8blockscaling": "mxfp8", "float8blockscaling": "blockwise"}
+        return names.get(str(value).lower(), value) if isinstance(value, str) else value
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
                                         "(the lecture), buckets after the backward, or buckets overlapped with it "
