@@ -45,6 +45,18 @@ class CommPricer:
         self._memo: dict[tuple, Any] = {}
         self.misses = 0
 
+    def scaled(self, factor_of_bytes: Callable[[float], float]) -> CommPricer:
+        """A pricer of the same cluster whose every collective takes ``factor_of_bytes(nbytes)`` x as long (a
+        perturbed link efficiency, simdist.predict.bands), its cache the prices already made, scaled."""
+        base = self.adjust
+
+        def adjust(op: str, n: int, nbytes: float, t: float) -> float:
+            return (base(op, n, nbytes, t) if base is not None else t) * factor_of_bytes(nbytes)
+
+        out = CommPricer(self.topology, adjust)
+        out._cache = {key: t * factor_of_bytes(key[-1]) for key, t in self._cache.items()}
+        return out
+
     def key(self, op: str, ranks: tuple[int, ...], nbytes: float) -> tuple:
         n = len(ranks)
         stride = ranks[1] - ranks[0] if n > 1 else 0

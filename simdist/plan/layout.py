@@ -149,7 +149,14 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
     p, t = spec.parallel, spec.training
     check_fp8(spec, topology)
     mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
+    slow = []
+    for i, st in enumerate(spec.faults.stragglers):
+        if st.rank >= mesh.num_ranks:
+            raise LayoutError(f"straggler rank {st.rank} is outside the layout's {mesh.num_ranks} ranks",
+                              field=f"faults.stragglers.{i}.rank", fix=f"use a rank in 0..{mesh.num_ranks - 1}")
+        slow.append((st.rank, 1.0 + st.slower_by))
     return StepConfig(
+        compute_slowdown=tuple(slow),
         model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
         global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
         precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,

@@ -50,6 +50,9 @@ class StepConfig:
     """Megatron's pipeline scatter/gather (Narayanan et al. 2021 sec 4.1): each tp peer sends 1/tp."""
     dp_batch_split: tuple[int, ...] | None = None
     """Local batch of each data-parallel rank (sums to the global batch); None: equal shares."""
+    compute_slowdown: tuple[tuple[int, float], ...] = ()
+    """(rank, time factor) of straggler GPUs whose compute kernels take ``factor`` x as long (scenario
+    ``faults.stragglers``); data-parallel replicas are then simulated one by one, as with ``dp_batch_split``."""
     capacity_bytes: float = math.inf
     compute_efficiency: ComputeEfficiency | None = None
     """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
@@ -68,6 +71,29 @@ class StepConfig:
     def host_op_s(self) -> float:
         """Host time of one eager framework op (simdist.hardware.compute.ComputeEfficiency.host_op_s)."""
         return (self.compute_efficiency or compute_efficiency(self.gpu)).host_op_s
+
+    @property
+    def replicas_differ(self) -> bool:
+        """Data-parallel replicas do not all run the same timeline (unequal batches, a straggler)."""
+        return self.dp_batch_split is not None or bool(self.compute_slowdown)
+
+    def compute_factor(self, stage: int, dp_index: int) -> float:
+        """Time factor of the compute kernels of the representative of ``stage`` in replica ``dp_index`` (1: every
+        GPU healthy): its slowest tensor/context-parallel peer's.
+
+        # Assumption: a straggler slows its whole tensor/context-parallel group: the peers meet at a collective
+        # after every forward and backward compute of a chunk (simdist.plan.recipe), so each waits for the slowest.
+        """
+        f = 1.0
+        for rank, x in self.compute_slowdown:
+            c = self.mesh.coords(rank)
+            if c["pp"] == stage and c["dp"] == dp_index:
+                f = max(f, x)
+        return f
+
+    def rank_factor(self, rank: int) -> float:
+        """Time factor of the compute kernels of GPU ``rank`` itself (1: healthy)."""
+        return max([1.0, *(x for r, x in self.compute_slowdown if r == rank)])
 
     def microbatches(self, dp_index: int) -> int:
         if self.dp_batch_split is None:

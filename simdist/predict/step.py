@@ -34,6 +34,9 @@ from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
+from simdist.predict.bands import step_band
+from simdist.predict.faults import degraded_links, faults_report, scaled_capacities
+from simdist.predict.goodput import goodput
 from simdist.predict.price import Adjust, PricedComm, capacity_of, class_symmetric, price_graph, price_runs
 from simdist.report.step_metrics import metrics as step_metrics_from
 from simdist.report.step_metrics import observables
@@ -150,13 +153,19 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
-                num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
-    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all)."""
+                num_microbatches: int | None, degraded: dict[int, float] | None = None
+                ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
+    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all);
+    ``degraded``: link id -> fraction of its capacity left (scenario ``faults.degraded_links``)."""
     with _collector_paused():
         plan = build_step(cfg, full=full, num_microbatches=num_microbatches)
         priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust)
-        trace = run_graph(plan.graph, capacity_of=capacity_of(topology),
-                          capacities=lambda links: batch.link_capacities(topology, links))
+        if degraded:
+            one, many = scaled_capacities(topology, degraded)
+            trace = run_graph(plan.graph, capacity_of=one, capacities=many)
+        else:
+            trace = run_graph(plan.graph, capacity_of=capacity_of(topology),
+                              capacities=lambda links: batch.link_capacities(topology, links))
         alone = uncontended(plan.graph)
     return plan, priced, trace, alone
 
@@ -179,7 +188,7 @@ def _first_replica(plan: StepPlan) -> list[int]:
 
 
 def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
-            check: Callable[[int], None] = lambda m: None) -> _Engine:
+            check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None) -> _Engine:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
     ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits)."""
@@ -188,9 +197,9 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
     if found is not None:
         counts = found[1:]
         check(max(counts))
-        first = _engine_run(cfg, topology, adjust, full, counts[0])
+        first = _engine_run(cfg, topology, adjust, full, counts[0], degraded)
         if len(first[0].graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
-            runs = [first, *(_engine_run(cfg, topology, adjust, full, m) for m in counts[1:])]
+            runs = [first, *(_engine_run(cfg, topology, adjust, full, m, degraded) for m in counts[1:])]
             samples = []
             for m, (plan, _, trace, alone) in zip(counts, runs, strict=True):
                 obs = observables(plan.graph, trace, _first_replica(plan))
@@ -202,7 +211,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
                 how = FastForward(counts[1] - counts[0], counts, M).describe()
                 return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1])
     check(M)
-    plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None)
+    plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None, degraded)
     return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
                    "all", M)
 
@@ -229,6 +238,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                           fix=f"use one of: {', '.join(FIDELITIES)}")
     model = resolve_model(spec.model, base_dir=base_dir)
     cfg = step_config_of(spec, topology, model)
+    degraded = degraded_links(spec.faults, topology)
     if compute_efficiency is not None:
         cfg = dataclasses.replace(cfg, compute_efficiency=compute_efficiency)
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
@@ -253,11 +263,13 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             return lambda m: check_step_work(spec, topology.num_gpus, simulate=mode, num_params=model.num_params,
                                              num_microbatches=m, source=source or None)
 
-        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate))
-        exact = class_symmetric(engine.priced)
+        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded)
+        # a degraded link breaks the symmetry of the translates that cross it (their traffic is folded onto the
+        # simulated group's links only where they share them): simulate every rank where that is affordable
+        exact = class_symmetric(engine.priced) and not degraded
         full_ops = len(engine.plan.graph.ops) * topology.num_gpus / max(1, len(engine.plan.graph.ranks()))
         if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
-            engine = _engine(cfg, topology, adjust, True, True, check("full"))
+            engine = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
             exact = True
         plan, trace, obs = engine.plan, engine.trace, engine.observables
         priced = {**engine.priced, **price_runs({k: v for k, v in runs.items() if k not in engine.priced}, topology,
@@ -296,6 +308,15 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
+    result["step_time_band_s"], result["step_time_band_how"] = step_band(cfg, CommPricer(topology, adjust),
+                                                                         metrics["step_time_s"])
+    inter = topology.spec.inter_node
+    result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
+                                num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
+                                num_params=model.num_params, checkpoint=spec.faults.checkpoint)
+    faults = faults_report(cfg, spec.faults, topology, degraded, plan, trace, fidelity)
+    if faults is not None:
+        result["faults"] = faults
     return StepPrediction(result, plan, trace, engine.priced if engine is not None else priced, topology)
 
 

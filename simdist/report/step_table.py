@@ -95,6 +95,10 @@ def metrics_table(result: Mapping[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("step time", format_seconds(result.get("step_time_s")))
+    band = result.get("step_time_band_s")
+    if band:
+        table.add_row("step time band p10 / p50 / p90",
+                      " / ".join(format_seconds(band[k]) for k in ("p10", "p50", "p90")))
     table.add_row("tokens/s", _number(result.get("tokens_per_s"), ",.0f", "tokens/s"))
     table.add_row("model TFLOP/s per GPU", _number(result.get("model_tflops_per_gpu"), ".1f", "TFLOP/s"))
     table.add_row("hardware TFLOP/s per GPU", _number(result.get("hardware_tflops_per_gpu"), ".1f", "TFLOP/s"))
@@ -106,6 +110,9 @@ def metrics_table(result: Mapping[str, Any]) -> Table:
     table.add_row("pipeline bubble", format_percent(result.get("bubble_fraction")))
     table.add_row("memory per GPU", format_gib(result.get("memory_per_gpu_bytes")))
     table.add_row("fits in memory", _yes_no(fits))
+    good = result.get("goodput")
+    if good:
+        table.add_row("goodput (failures, checkpoints)", format_percent(good.get("fraction")))
     return table
 
 
@@ -168,6 +175,25 @@ def step_tables(result: Mapping[str, Any]) -> list[Table]:
     return tables
 
 
+def fault_lines(faults: Mapping[str, Any] | None) -> list[str]:
+    """The what-ifs of a run (simdist.predict.faults: its ``faults``): the stragglers, degraded links, and who
+    waited for whom at the data-parallel collectives."""
+    if not faults:
+        return []
+    lines = []
+    for st in faults.get("stragglers", []):
+        lines.append(f"straggler: rank {st['rank']} (stage {st['stage']}, replica {st['dp']}) computes "
+                     f"{st['compute_time_factor']:.3g} x slower")
+    for d in faults.get("degraded_links", []):
+        lines.append(f"degraded link: {d['src']} -> {d['dst']} at {d['bandwidth_fraction']:.3g} of its bandwidth")
+    for w in faults.get("waits", [])[:8]:
+        lines.append(f"rank {w['rank']} (stage {w['stage']}, replica {w['dp']}) waited {w['wait_s'] * 1e3:.3f} ms at "
+                     f"data-parallel collectives for rank(s) {', '.join(map(str, w['waits_for'][:4]))}")
+    if faults.get("seen_by"):
+        lines.append(f"faults seen by the {faults['seen_by']}")
+    return lines
+
+
 def render_text(result: Mapping[str, Any]) -> str:
     """`step_tables` as plain text (no colour codes), 120 columns wide: the step's name, the tables, the layout note."""
     buf = StringIO()
@@ -180,4 +206,6 @@ def render_text(result: Mapping[str, Any]) -> str:
     note = (result.get("layout") or {}).get("note")
     if note:
         console.print(note, markup=False)
+    for line in fault_lines(result.get("faults")):
+        console.print(line, markup=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

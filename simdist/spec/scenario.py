@@ -25,6 +25,7 @@ from simdist.limits import (
     VPP,
 )
 from simdist.spec.base import BucketSize, Duration, FieldProblem, Spec, count
+from simdist.spec.faults import FaultsSpec
 from simdist.spec.topology import TopologySpec
 
 
@@ -259,3 +260,5 @@ class ScenarioSpec(Spec):
                                                            "zb_h1")
     calibration: Path | None = Field(
         default=None, description="a calibration file (simdist calibrate), relative to this scenario file")
+    faults: FaultsSpec = Field(default_factory=FaultsSpec, description="what-ifs: slow GPUs, degraded links, and "
+                                                                       "the checkpoint/restart costs of goodput")
