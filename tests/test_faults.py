@@ -17,7 +17,8 @@ MLP = Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024)
 
 
 def scenario(tmp_path: Path, *, dp: int, tp: int = 1, faults: str = "", batch: int = 128, name: str = "s") -> Path:
-    """The lecture's MLP on ``dp`` x ``tp`` GPUs of one cut-down DGX H100 node (one micro-batch per replica)."""
+    """The lecture's MLP on ``dp`` x ``tp`` GPUs of one cut-down DGX H100 node (one micro-batch per replica);
+    no host costs (simdist.hardware.host), so the hand calculations are the GPU roofline alone."""
     n = dp * tp
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"""
@@ -25,7 +26,8 @@ cluster: {{preset: dgx-h100, gpus_per_node: {n}, host: {{cpu_sockets: 1, pcie_sw
           inter_node: {{nics_per_node: {n}}}}}
 model: {{preset: cs336-mlp}}
 parallel: {{tp: {tp}, dp: {dp}, tp_style: column}}
-training: {{micro_batch_size: {batch // dp}, global_batch_size: {batch}, precision: fp32}}
+training: {{micro_batch_size: {batch // dp}, global_batch_size: {batch}, precision: fp32,
+           host_overhead: {{launch: 0 s, dispatch: 0 s}}}}
 {faults}
 """)
     return path
