@@ -15,7 +15,6 @@ from tests.conftest import REPO
 from validation import accuracy_training as acc
 
 DOC = REPO / "docs" / "accuracy-training.md"
-SHARED = REPO.parent / "shared" / "reference"
 
 
 @functools.cache
@@ -55,11 +54,3 @@ def test_narayanan_eq3_reproduces_table2_training_days() -> None:
 def test_report_is_up_to_date() -> None:
     expected = acc.report(list(results().values()))
     assert DOC.read_text() == expected, "regenerate: python -m validation.accuracy_training --out " + str(DOC)
-
-
-@pytest.mark.parametrize("name", ["korthikanti2022_table5_iteration_time.csv", "megatron2021_table2_zero3_vs_ptdp.csv",
-                                  "korthikanti2022_table4_layer_time_22B.csv", "korthikanti2022_table3_configs.csv"])
-def test_reference_copies_are_unchanged(name: str) -> None:
-    if not (SHARED / name).exists():
-        pytest.skip("../shared/reference not present")
-    assert (acc.REFERENCE / name).read_bytes() == (SHARED / name).read_bytes()

@@ -48,7 +48,7 @@ from simdist.collectives.request import Request
 
 # NCCL's Simple protocol moves a connection's buffer in NCCL_STEPS = 8 slots of DEFAULT_BUFFSIZE / 8:
 # 4 MiB / 8 = 512 KiB per pipeline step (src/include/device.h, src/init.cc;
-# ../shared/reference/nccl_topology_link_constants.csv).
+# validation/reference/nccl_topology_link_constants.csv).
 PIPELINE_CHUNK_BYTES = 4 * 2**20 / 8
 
 
