@@ -123,3 +123,12 @@ def test_the_wheel_ships_every_preset_folder():
     for kind in BUNDLED_KINDS:
         assert force[kind] == f"simdist/_bundled/{kind}"
         assert any(bundled_dir(kind).glob("*.yaml"))
+
+
+def test_the_toy_fixtures_are_one_gpu():
+    """tests/fixtures: the toy topology inlines the toy GPU, so mechanism tests can use either."""
+    from simdist.hardware import load_topology
+    from tests.conftest import TOY_TOPOLOGY, toy_gpu
+
+    topology = load_topology(TOY_TOPOLOGY)
+    assert topology.gpu == toy_gpu() and topology.gpu.peak.bf16 == 100e12 and topology.num_gpus == 8
