@@ -22,6 +22,7 @@ def results() -> dict[str, acc.Result]:
     return {r.row.label: r for r in (acc.predict(row) for row in acc.rows())}
 
 
+@pytest.mark.slow  # the first row predicts all of them (functools.cache)
 @pytest.mark.parametrize("label", [r.label for r in acc.rows()])
 def test_iteration_time_within_bound(label: str) -> None:
     r = results()[label]
@@ -51,6 +52,7 @@ def test_narayanan_eq3_reproduces_table2_training_days() -> None:
             assert days == pytest.approx(float(r["training_days_300B_tokens"]), abs=1.0)
 
 
+@pytest.mark.slow
 def test_report_is_up_to_date() -> None:
     expected = acc.report(list(results().values()))
     assert DOC.read_text() == expected, "regenerate: python -m validation.accuracy_training --out " + str(DOC)
