@@ -14,8 +14,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-pytestmark = pytest.mark.slow  # each notebook runs a kernel: seconds to a minute on 2 cores
-
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 120
@@ -67,6 +65,7 @@ def kernel_dir(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # each notebook runs a kernel: seconds to a minute and a half on 2 cores
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path, kernel_dir, tmp_path):
     from jupyter_client.kernelspec import KernelSpecManager
