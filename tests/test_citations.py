@@ -8,7 +8,6 @@ docs/architecture.md, the published tables are copied into validation/reference/
 
 from __future__ import annotations
 
-import ast
 import io
 import re
 import tokenize
@@ -44,11 +43,14 @@ def _files() -> list[Path]:
 
 
 def _python_prose(text: str) -> list[str]:
-    """Comments and docstrings of a Python source: what cites, as opposed to what a test writes to tmp_path."""
-    prose = [tok.string for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT]
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            prose.append(ast.get_docstring(node, clean=False) or "")
+    """Comments and docstrings of a Python source (strings that stand as statements): what cites, as opposed
+    to the paths a test writes to tmp_path. One tokenize pass."""
+    prose, at_statement = [], True
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and at_statement):
+            prose.append(tok.string)
+        if tok.type not in (tokenize.COMMENT, tokenize.NL):
+            at_statement = tok.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
     return prose
 
 
