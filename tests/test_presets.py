@@ -46,7 +46,7 @@ def test_gpu_presets_match_reference_csv(preset, row):
         assert gpu.peak.fp8 is None
     else:
         assert gpu.peak.fp8 == pytest.approx(float(fp8) * 1e12)
-    # capacities are binary (see gpus.py), bandwidths decimal
+    # capacities are binary (the Assumption in gpus/a100-sxm-80gb.yaml), bandwidths decimal
     assert gpu.hbm_capacity == pytest.approx(float(ref["hbm_gb"]) * 2**30)
     assert gpu.hbm_bandwidth == pytest.approx(float(ref["hbm_bw_TBps"]) * 1e12)
     assert gpu.tdp_w == pytest.approx(float(ref["max_power_W"]))
@@ -54,7 +54,7 @@ def test_gpu_presets_match_reference_csv(preset, row):
 
 def test_gpu_dtype_ordering_is_physical():
     for name, gpu in GPU_PRESETS.items():
-        if name in CPU_PRESETS:  # a CPU core: no tensor cores, every dtype at the fp32 rate (gpus.py)
+        if name in CPU_PRESETS:  # a CPU core: no tensor cores, every dtype at the fp32 rate (gpus/cpu-core.yaml)
             assert gpu.peak.fp32 == gpu.peak.tf32 == gpu.peak.bf16 == gpu.peak.fp16 and gpu.peak.fp8 is None
             continue
         assert gpu.peak.fp32 < gpu.peak.tf32 < gpu.peak.bf16 == gpu.peak.fp16

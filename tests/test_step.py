@@ -13,7 +13,6 @@ import pytest
 from simdist import api
 from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
-from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.host import host_overhead
 from simdist.hardware.presets import load_topology
 from simdist.plan.layer_cost import head_work, layer_work, optimizer_kernels
@@ -23,6 +22,7 @@ from simdist.plan.step import StepConfig, build_step, split_layers
 from simdist.predict.step import predict_step
 from simdist.spec.load import Document, validate
 from simdist.spec.scenario import ScenarioSpec
+from tests.conftest import TOY_TOPOLOGY, toy_gpu
 
 KIB = 1024
 MLP = Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024)
@@ -136,10 +136,18 @@ def test_unequal_local_batches_make_the_larger_rank_the_straggler(tmp_path: Path
 def test_single_gpu_step_is_the_sum_of_its_kernels(tmp_path: Path) -> None:
     # One GPU, one micro-batch: forward, backward, optimizer run back to back; the simulated step is exactly
     # the sum of their roofline times (nothing overlaps, nothing waits), each run of kernels at least the host's
-    # time to issue them (simdist.hardware.host: these small kernels are host-bound).
-    path = mlp_scenario(tmp_path)
+    # time to issue them (simdist.hardware.host).
+    path = scenario_file(tmp_path, f"""
+name: lecture MLP on one toy GPU
+cluster: {{file: {TOY_TOPOLOGY}, num_nodes: 1, gpus_per_node: 1, inter_node: {{nics_per_node: 1}}}}
+model: {{preset: cs336-mlp}}
+parallel: {{tp: 1, pp: 1, dp: 1, tp_style: column}}
+training: {{micro_batch_size: 128, global_batch_size: 128, precision: fp32}}
+schedule: 1f1b
+""")
     result = api.run(path).result
-    gpu = GPU_PRESETS["h100-sxm"]
+    gpu = toy_gpu()
+    assert result["layout"] and gpu.peak.fp32 == 10e12  # the fixture's round numbers, not a preset's
     host = host_overhead(gpu)
     layer = layer_work(MLP, micro_batch_size=128, precision="fp32", tp_style="column")
     head = head_work(MLP, tp=1, micro_batch_size=128, precision="fp32")
@@ -148,7 +156,6 @@ def test_single_gpu_step_is_the_sum_of_its_kernels(tmp_path: Path) -> None:
         return host.kernels_time_s(kernels_time_s(gpu, kernels, "fp32"), len(kernels))
 
     per_layer = issued(layer.forward) + issued(layer.backward)
-    assert issued(head.backward) > kernels_time_s(gpu, head.backward, "fp32")  # the head's backward is host-bound
     expected = (MLP.num_layers * per_layer + issued(head.forward) + issued(head.backward)
                 + kernels_time_s(gpu, optimizer_kernels(MLP.num_params, precision="fp32"), "fp32"))
     assert result["step_time_s"] == pytest.approx(expected, rel=1e-9)
@@ -286,6 +293,7 @@ def test_cli_run_json_and_out_dir(tmp_path: Path) -> None:
     assert math.isfinite(doc["step_time_s"])
 
 
+@pytest.mark.slow
 def test_cli_run_prints_table_and_report_path(tmp_path: Path) -> None:
     proc = run_cli("run", "scenarios/default.yaml", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -294,7 +302,7 @@ def test_cli_run_prints_table_and_report_path(tmp_path: Path) -> None:
 
 
 def test_step_config_carries_the_scenario(tmp_path: Path) -> None:
-    cfg = StepConfig(model=MLP, gpu=GPU_PRESETS["h100-sxm"], mesh=Mesh(pp=2), schedule="gpipe",
+    cfg = StepConfig(model=MLP, gpu=toy_gpu(), mesh=Mesh(pp=2), schedule="gpipe",
                      micro_batch_size=32, global_batch_size=128, layers_per_stage=(2, 2), precision="fp32",
                      tp_style="column")
     plan = build_step(cfg)

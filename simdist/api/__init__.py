@@ -324,7 +324,7 @@ def assumptions() -> list[dict[str, Any]]:
 
     tag = "# " + "Assumption:"  # split so that this line is not itself a match
     marker = re.compile(r"(?<![\"'`])" + re.escape(tag) + r"\s*(.*)")
-    roots = [Path(simdist.__file__).parent, bundled_dir("topologies")]
+    roots = [Path(simdist.__file__).parent, *(bundled_dir(kind) for kind in ("topologies", "gpus", "models"))]
     found: list[dict[str, Any]] = []
     for root in roots:
         for path in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):

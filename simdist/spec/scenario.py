@@ -1,4 +1,4 @@
-"""Scenario files (``scenarios/*.yaml``): the external contract of DESIGN.md.
+"""Scenario files (``scenarios/*.yaml``): the external contract (docs/architecture.md, "External contract").
 
 Hardware, model and execution are separate inputs (as in Calculon): ``cluster`` names a topology preset
 and overrides any of its fields, ``model`` names a model preset or describes one inline, ``parallel``,

@@ -1,7 +1,7 @@
 """Topology files (``topologies/*.yaml``): what a cluster is made of.
 
 A cluster is ``num_nodes`` identical *nodes* joined by an inter-node fabric. A node is the unit that
-Megatron-LM and DESIGN.md count with ``num_nodes``: one server for DGX/HGX/PCIe boxes, one rack
+Megatron-LM and docs/architecture.md count with ``num_nodes``: one server for DGX/HGX/PCIe boxes, one rack
 (an NVLink domain of 72 GPUs in 18 compute trays) for ``gb200-nvl72``. A node holds
 ``hosts_per_node`` hosts (servers or trays); each host has CPU sockets, PCIe switches under them,
 GPUs and NICs under the PCIe switches. GPUs of a node may also share a scale-up NVLink/NVSwitch domain.
