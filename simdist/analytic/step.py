@@ -1,4 +1,4 @@
-"""Closed-form step time: the "analytic" fidelity of a training step (DESIGN.md, "Fidelity and speed").
+"""Closed-form step time: the "analytic" fidelity of a training step (docs/architecture.md).
 
 It reads the one step model (simdist.plan.recipe) the op-graph builder reads, prices each recipe's collectives
 alone by group shape (simdist.analytic.pricing.CommPricer), and times the schedule step by step without building
