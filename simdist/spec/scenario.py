@@ -123,10 +123,29 @@ class ParallelSpec(Spec):
     order: str = Field(default="tp-cp-dp-pp",
                        description="mesh axes innermost first (Megatron-LM's RankGenerator order); rank r runs on "
                                    "GPU r, so tp innermost keeps tensor-parallel groups inside a node")
-    pipeline_split: Literal["even", "lighter_ends"] = Field(
-        default="even", description="layers per stage: even, or one fewer on the first and last stage (Llama 3)")
-    layers_per_stage: list[count(NUM_LAYERS)] | None = Field(default=None,
-                                                           description="explicit layers per pipeline stage")
+    pipeline_split: Literal["auto", "even", "lighter_ends"] = Field(
+        default="auto", description="layers per stage: auto (what Megatron-LM runs: even where the layers divide by "
+                                    "pp x vpp, else the embedding and/or the loss in a layer's place, else a layout "
+                                    "spreading them evenly; the split chosen is printed), even, or lighter_ends (one "
+                                    "layer fewer on the first and last stage, Llama 3)")
+    layers_per_stage: list[count(NUM_LAYERS) | list[count(NUM_LAYERS, minimum=0)]] | None = Field(
+        default=None, description="explicit decoder layers per pipeline stage; an entry may list the stage's vpp "
+                                  "chunks, e.g. [0, 1, 1, 1] (a chunk of 0 holds only the embedding or the loss)")
+    pipeline_layout: str | None = Field(
+        default=None, validation_alias=_alias("pipeline_layout", "pipeline_model_parallel_layout"),
+        description="Megatron-LM's --pipeline-model-parallel-layout: parts (chunk c of stage s is part c x pp + s) "
+                    "separated by '|', E embedding, t decoder layer, L loss, (...)*n and x*n repeat, e.g. "
+                    "'E|(t|)*126,L' (alias pipeline_model_parallel_layout)")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        default=False, description="Megatron-LM's flag: the embedding takes a decoder layer's place in the first "
+                                   "chunk")
+    account_for_loss_in_pipeline_split: bool = Field(
+        default=False, description="Megatron-LM's flag: the loss (output layer) takes a decoder layer's place in the "
+                                   "last chunk")
+    partition_method: str | None = Field(
+        default=None, validation_alias=_alias("partition_method", "pp_partition_method"),
+        description="DeepSpeed PipelineModule's partition (Megatron-DeepSpeed, vpp 1): uniform, parameters or "
+                    "type:REGEX over its layer classes, e.g. type:transformer (alias pp_partition_method)")
     tp_style: Literal["megatron", "column"] = Field(
         default="megatron", description="megatron: column+row parallel pairs (all-reduce); column: the CS336 "
                                         "lecture's column-parallel layers (all-gather forward, reduce-scatter "
