@@ -70,6 +70,29 @@ GPU_PRESETS: dict[str, GpuSpec] = {
          "fp8": "5000 TFLOP/s"},
         "186 GiB", "8.0 TB/s", 1200,
     ),
+    # B300 (Blackwell Ultra, HGX/DGX B300 SXM). bf16 2250 dense, fp8 4500 dense, 288 GB HBM3e at 8.0 TB/s,
+    # 1000 W: _CSV (B300 SXM row). NVIDIA's HGX B300 table as compiled by verda.com/blog/gb300-nvl72-architecture
+    # (per GPU, sparsity halved) agrees on bf16 2.25 PF and fp8 4.5 PF and gives fp32 75 and tf32 1100 dense (used
+    # here), but 7.7 TB/s and 1.1 kW; the CSV's 8.0 TB/s and 1000 W are kept and the conflict flagged.
+    # glennklockwood.com/garden/processors/B300 (HGX B300): fp32 75, tf32 1125 dense, bf16 2250, fp8 4500.
+    "b300": _gpu(
+        "B300-SXM-288GB", "sxm",
+        {"fp32": "75 TFLOP/s", "tf32": "1100 TFLOP/s", "bf16": "2250 TFLOP/s", "fp16": "2250 TFLOP/s",
+         "fp8": "4500 TFLOP/s"},
+        "288 GiB", "8.0 TB/s", 1000,
+    ),
+    # GB300 (one Blackwell Ultra GPU of a GB300 NVL72 rack). NVIDIA GB300 NVL72 specifications (rack / 72 GPUs,
+    # sparse figures halved): fp8 720 PF sparse -> 5000 dense, fp16/bf16 360 PF -> 2500, tf32 180 PF -> 1250;
+    # 20.7 TB HBM3e (288 GB per GPU) at 576 TB/s -> 8.0 TB/s; as tabulated per GPU by verda.com/blog/
+    # gb300-nvl72-architecture (also fp32 80 TF, 1.4 kW) and glennklockwood.com/garden/processors/B300 (360 PF fp8
+    # dense per rack, 20 TB at 576 TB/s, 1400 W). Not in the reference CSV. 288 GB -> 288 GiB by the binary-size
+    # assumption above (drivers report ~279 GB usable, verda.com).
+    "gb300": _gpu(
+        "GB300-Blackwell-288GB", "superchip",
+        {"fp32": "80 TFLOP/s", "tf32": "1250 TFLOP/s", "bf16": "2500 TFLOP/s", "fp16": "2500 TFLOP/s",
+         "fp8": "5000 TFLOP/s"},
+        "288 GiB", "8.0 TB/s", 1400,
+    ),
     # L40S (Ada, PCIe Gen4 x16 card, no NVLink). NVIDIA L40S datasheet: fp32 91.6, tf32 183 dense
     # (366 sparse), bf16/fp16 362.05 dense (733 sparse), fp8 733 dense (1466 sparse); 48 GB GDDR6 at
     # 864 GB/s; 350 W. Not in the reference CSV.

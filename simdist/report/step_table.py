@@ -29,6 +29,7 @@ __all__ = [
     "format_gib",
     "format_percent",
     "format_seconds",
+    "placement_line",
     "render_text",
     "split_line",
     "step_tables",
@@ -184,6 +185,17 @@ def split_line(result: Mapping[str, Any]) -> str:
     return text
 
 
+def placement_line(result: Mapping[str, Any]) -> str:
+    """A job on part of the cluster: the GPUs it uses and those left idle (empty for a whole-cluster job)."""
+    layout = result.get("layout") or {}
+    idle = layout.get("idle_gpus") or 0
+    if not idle:
+        return ""
+    where = layout.get("placement") or {}
+    return (f"partial job: {layout.get('num_gpus')} of the cluster's {layout.get('cluster_gpus')} GPUs "
+            f"({where.get('num_nodes')} node(s) x {where.get('gpus_per_node')} GPUs), {idle} GPUs idle")
+
+
 def step_tables(result: Mapping[str, Any]) -> list[Table]:
     """Metrics, breakdown, memory per stage and busiest links (and collectives when the result lists any)."""
     tables = [metrics_table(result), breakdown_table(result), memory_table(result), links_table(result)]
@@ -199,9 +211,9 @@ def render_text(result: Mapping[str, Any]) -> str:
     console = Console(file=buf, force_jupyter=False, width=TEXT_WIDTH, color_system=None, force_terminal=False,
                       record=False, highlight=False, emoji=False)
     console.print(str(result.get("name") or result.get("scenario") or "training step"), markup=False)
-    split = split_line(result)
-    if split:
-        console.print(split, markup=False)
+    for line in (placement_line(result), split_line(result)):
+        if line:
+            console.print(line, markup=False)
     for table in step_tables(result):
         console.print(table)
     note = (result.get("layout") or {}).get("note")

@@ -17,9 +17,11 @@ from simdist.limits import (
     FFN_HIDDEN_SIZE,
     GLOBAL_BATCH,
     GPUS,
+    GPUS_PER_NODE,
     HIDDEN_SIZE,
     NUM_HEADS,
     NUM_LAYERS,
+    NUM_NODES,
     SEQ_LENGTH,
     VOCAB_SIZE,
     VPP,
@@ -43,11 +45,24 @@ class _OneTopology(Spec):
         return self
 
 
+class PlacementSpec(Spec):
+    """The GPUs a job uses when it uses part of the cluster: the first gpus_per_node GPUs (whole hosts) of each of
+    the first num_nodes nodes; the rest stay idle (simdist.hardware.placement)."""
+
+    num_nodes: count(NUM_NODES) | None = Field(default=None, description="nodes the job uses; default all")
+    gpus_per_node: count(GPUS_PER_NODE) | None = Field(
+        default=None, description="GPUs the job uses on each of its nodes (whole hosts: a multiple of the GPUs per "
+                                  "server or tray); default all")
+
+
 ClusterSpec = create_model(
     "ClusterSpec",
     __base__=_OneTopology,
     __doc__="A topology preset or file, with any of its fields overridden (deep merge).",
     preset=(str | None, Field(default=None, description="a name from `simdist topo list`")),
+    placement=(PlacementSpec | None, Field(
+        default=None, description="a job on part of the cluster, e.g. {num_nodes: 4, gpus_per_node: 64} on "
+                                  "gb300-nvl72 racks; without it the layout must use every GPU")),
     file=(Path | None, Field(default=None, description="a topology YAML file instead of a preset (relative to "
                                                        "the scenario file)")),
     **{name: (Any, Field(default=None, description=f"overrides the topology's {name} (simdist schema topology)"))
@@ -68,6 +83,10 @@ class ModelSpec(Spec):
     num_query_groups: count(NUM_HEADS) | None = Field(
         default=None, validation_alias=_alias("num_query_groups", "num_kv_heads"),
         description="key/value heads (grouped-query attention); default: num_attention_heads")
+    kv_channels: count(HIDDEN_SIZE) | None = Field(
+        default=None, validation_alias=_alias("kv_channels", "head_dim"),
+        description="width of one attention head (Megatron-LM's kv_channels, alias head_dim); default hidden_size / "
+                    "num_attention_heads; Qwen3 and GPT-OSS shapes differ")
     ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(default=None, description="MLP width; default 4 h")
     seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"),
                                                 description="tokens per sequence s; default 2048")
