@@ -155,3 +155,15 @@ def test_hf_config_head_dim_is_read(tmp_path: Path) -> None:
     path.write_text(json.dumps(config))
     m = resolve_model(ModelSpec(hf_config=path, seq_length=4096))
     assert m.head_dim == 128 and m.q_hidden_size == 2048 and m.swiglu
+
+
+def test_nvls_on_an_nvlink3_switch_exits_2_with_one_line(tmp_path: Path) -> None:
+    # NCCL's nvlsEfficiency is 0 before Hopper: NVLS on a DGX A100 used to divide by zero in `simdist run`.
+    path = tmp_path / "nvls.yaml"
+    path.write_text(INLINE_GPU.replace("  gpu: {name: H100-SXM5-80GB, form_factor: sxm, hbm_capacity: 80 GiB, "
+                                       "hbm_bandwidth: 3.35 TB/s,\n        peak: {fp32: 0 TFLOP/s, tf32: 494.7 "
+                                       "TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s}}\n", "")
+                    .replace("preset: dgx-h100", "{preset: dgx-a100, scale_up: {nvls: true}}")
+                    .replace("cluster:\n  {", "cluster: {"))
+    proc = _cli("run", str(path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cluster.scale_up.nvls" in proc.stderr
