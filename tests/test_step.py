@@ -266,7 +266,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["parallel.dp=2"], "tp x pp x dp x cp = 8 x 8 x 2 x 1 = 128"),
     (["training.global_batch_size=63"], "global_batch_size"),
     (["schedule=zigzag"], "schedule"),
-    (["parallel.vpp=13"], "parallel.vpp"),  # 12 layers per stage cannot make 13 chunks
+    (["parallel.vpp=13", "parallel.pipeline_split=even"], "parallel.vpp"),  # 12 layers per stage, 13 even chunks
+    (["parallel.pipeline_layout=E|t*96|L"], "parallel.pipeline_layout"),  # 3 parts, not a multiple of pp = 8
 ])
 def test_cli_bad_layouts_exit_2_with_one_line(sets: list[str], needle: str) -> None:
     args = ["run", "scenarios/default.yaml"]

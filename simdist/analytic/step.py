@@ -37,7 +37,7 @@ from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
 from simdist.plan.schedule import schedule_order
-from simdist.plan.step_config import StepConfig, chunk_layers
+from simdist.plan.step_config import StepConfig
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
            "fast_forward_plan", "lower_bound_s"]
@@ -176,7 +176,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
         groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in ("tp", "cp", "dp")}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
         chunks = tuple((n, c * K + s == 0, c * K + s == K * V - 1)
-                       for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], V)))
+                       for c, n in enumerate(cfg.stage_chunks(s)))
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups), factor),

@@ -87,7 +87,7 @@ def bandwidth_caps() -> dict[tuple[str, str, str], float]:
 def gpu_arch(gpu_name: str) -> str:
     """NCCL's architecture bucket of a GPU name."""
     name = gpu_name.upper()
-    if name.startswith(("B200", "GB200", "B300")):
+    if name.startswith(("B200", "GB200", "B300", "GB300")):
         return "Blackwell"
     if name.startswith(("H100", "H200", "GH200")):
         return "Hopper"

@@ -67,7 +67,7 @@ def _preset(name: str) -> tuple[Model, str]:
 
 
 _INLINE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings")
+                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings", "kv_channels")
 
 
 def _written(spec: ModelSpec) -> dict[str, Any]:
@@ -110,6 +110,7 @@ def _inline(spec: ModelSpec) -> Model:
         vocab_size=given.get("vocab_size", 51200),
         swiglu=given.get("swiglu", False),
         tied_embeddings=given.get("tied_embeddings", True),
+        kv_channels=given.get("kv_channels", 0),
     )
 
 
@@ -119,11 +120,11 @@ def _checked(model: Model) -> Model:
         return replace(model, num_attention_heads=0, num_query_groups=0, ffn_hidden_size=0, seq_length=1,
                        vocab_size=0, swiglu=False, tied_embeddings=False)
     a, g, h = model.num_attention_heads, model.num_query_groups, model.hidden_size
-    if a < 1 or h % a:
+    if a < 1 or (h % a and not model.kv_channels):  # Megatron-LM asserts it only where kv_channels is derived
         raise SpecError(
             f"hidden_size {h} is not divisible by num_attention_heads {a}",
             field="model.num_attention_heads",
-            fix="choose a head count that divides hidden_size",
+            fix="choose a head count that divides hidden_size, or give model.kv_channels (the head dim)",
         )
     if g < 1 or a % g:
         raise SpecError(
@@ -177,4 +178,6 @@ def _from_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
         swiglu=swiglu,
         # transformers' PretrainedConfig default: tie_word_embeddings = True.
         tied_embeddings=bool(doc.get("tie_word_embeddings", True)),
+        # Qwen3 / GPT-OSS configs give head_dim (LlamaConfig too, = hidden_size / heads when absent)
+        kv_channels=need("head_dim") if doc.get("head_dim") is not None else 0,
     )

@@ -156,7 +156,7 @@ def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
     num_parts = K * cfg.vpp
     costs: dict[tuple[int, int], ChunkCost] = {}
     for s in range(K):
-        for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], cfg.vpp)):
+        for c, n in enumerate(cfg.stage_chunks(s)):
             part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
             costs[(s, c)] = chunk_cost(cfg, n, part == 0, part == num_parts - 1)
     return costs

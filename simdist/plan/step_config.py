@@ -14,6 +14,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernels_time_s
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work
+from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.spec.gpu import GpuSpec
@@ -58,6 +59,33 @@ class StepConfig:
     """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
     host: HostOverhead | None = None
     """Host-side costs per op and per pipeline step (simdist.hardware.host); None: its data file's defaults."""
+    layers_per_part: tuple[int, ...] | None = None
+    """Decoder layers of every model part (part c * pp + s: chunk c of stage s; simdist.plan.layer_split), summing
+    per stage to layers_per_stage; None: each stage's layers over its chunks by layer_split.chunk_layers."""
+    split_method: str = ""
+    """How the layer split was chosen (reports)."""
+
+    def __post_init__(self) -> None:
+        parts = self.layers_per_part
+        if parts is not None:
+            K = self.mesh.pp
+            if len(parts) != K * self.vpp or any(sum(parts[c * K + s] for c in range(self.vpp)) != n
+                                                 for s, n in enumerate(self.layers_per_stage)):
+                raise LayoutError(f"layers_per_part {list(parts)} does not match layers_per_stage "
+                                  f"{list(self.layers_per_stage)} with vpp = {self.vpp}", field="parallel.vpp",
+                                  fix="give pp x vpp part counts summing per stage to layers_per_stage")
+
+    def stage_chunks(self, stage: int) -> tuple[int, ...]:
+        """Decoder layers of each of ``stage``'s vpp model chunks."""
+        if self.layers_per_part is not None:
+            K = self.mesh.pp
+            return tuple(self.layers_per_part[c * K + stage] for c in range(self.vpp))
+        return tuple(chunk_layers(self.layers_per_stage[stage], self.vpp))
+
+    def model_parts(self) -> tuple[int, ...]:
+        """Decoder layers of every model part in model order (part c * pp + s: chunk c of stage s)."""
+        K = self.mesh.pp
+        return tuple(self.stage_chunks(p % K)[p // K] for p in range(K * self.vpp))
 
     @property
     def num_stages(self) -> int:
@@ -127,61 +155,19 @@ class ChunkCost:
 # ----------------------------------------------------------------------------- layer split
 def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = "even", vpp: int = 1
                  ) -> tuple[int, ...]:
-    """Layers per pipeline stage.
+    """Layers per pipeline stage (simdist.plan.layer_split.choose_split with a per-stage list or a
+    ``pipeline_split`` name: auto, even, lighter_ends).
 
-    even: num_layers / num_stages (must divide). lighter_ends: as even as possible with the first and the
-    last stage one layer lighter where the count does not divide, as Llama 3 405B ran 126 layers on 16 stages
-    (Dubey et al. 2024, arXiv:2407.21783 sec 3.3.2: "we reduce one Transformer layer each from the first and
-    the last stages"): 7 + 14 x 8 + 7. An explicit list is taken as given.
+    lighter_ends: as even as possible with the first and the last stage one layer lighter where the count does not
+    divide, as Llama 3 405B ran 126 layers on 16 stages (Dubey et al. 2024, arXiv:2407.21783 sec 3.3.2: "we reduce
+    one Transformer layer each from the first and the last stages"): 7 + 14 x 8 + 7.
     """
+    model = Model(name="split", kind="mlp", num_layers=num_layers, hidden_size=1)
     if isinstance(how, tuple | list):
-        split = tuple(int(x) for x in how)
-        if len(split) != num_stages or sum(split) != num_layers or min(split) < 1:
-            raise LayoutError(
-                f"layers_per_stage {list(split)} must list {num_stages} positive counts summing to {num_layers}",
-                field="parallel.layers_per_stage", fix=f"give {num_stages} counts that add up to {num_layers}")
-    elif how == "even":
-        if num_layers % num_stages:
-            raise LayoutError(
-                f"{num_layers} layers do not split evenly over pp = {num_stages} stages",
-                field="parallel.pp",
-                fix="choose pp dividing the layer count, or set parallel.pipeline_split: lighter_ends, "
-                    "or list parallel.layers_per_stage")
-        split = (num_layers // num_stages,) * num_stages
-    elif how == "lighter_ends":
-        per = -(-num_layers // num_stages)
-        missing = per * num_stages - num_layers
-        if num_stages == 1 or missing > 2 or per - 1 < 1:
-            raise LayoutError(
-                f"{num_layers} layers on {num_stages} stages cannot be split with only the first and last "
-                "stage lighter", field="parallel.pipeline_split", fix="list parallel.layers_per_stage")
-        split_list = [per] * num_stages
-        if missing >= 1:
-            split_list[0] -= 1
-        if missing == 2:
-            split_list[-1] -= 1
-        split = tuple(split_list)
+        split = choose_split(model, pp=num_stages, vpp=vpp, layers_per_stage=list(how))
     else:
-        raise LayoutError(f"unknown pipeline_split '{how}'", field="parallel.pipeline_split",
-                          fix="use even or lighter_ends, or list parallel.layers_per_stage")
-    if vpp > 1:
-        bad = [n for n in split if n < vpp]
-        if bad:
-            raise LayoutError(
-                f"a stage of {bad[0]} layers cannot hold vpp = {vpp} model chunks",
-                field="parallel.vpp", fix=f"choose vpp of at most {min(split)}")
-    return split
-
-
-def chunk_layers(num_layers: int, vpp: int) -> list[int]:
-    """Layers of each of a stage's vpp model chunks: equal, or the first chunks one layer heavier.
-
-    # Assumption: a stage whose layers do not divide by vpp (e.g. Llama 3's 7-layer end stages) splits them as
-    # evenly as possible, the earlier chunks taking the extra layer (Megatron-core allows uneven virtual
-    # stages through its pipeline-layout option).
-    """
-    base, extra = divmod(num_layers, vpp)
-    return [base + (1 if c < extra else 0) for c in range(vpp)]
+        split = choose_split(model, pp=num_stages, vpp=vpp, pipeline_split=how)
+    return split.layers_per_stage
 
 
 # ----------------------------------------------------------------------------- costs

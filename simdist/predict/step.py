@@ -31,6 +31,7 @@ from simdist.hardware.topology import Topology
 from simdist.limits import check_step_work
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.layer_cost import model_flops_per_sequence
+from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
@@ -300,8 +301,15 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         "memory": memory,
         "links": _links(runs, priced, topology, metrics["step_time_s"]),
         "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp, "num_gpus": topology.num_gpus,
+                   "cluster_gpus": topology.cluster_num_gpus,
+                   "idle_gpus": topology.cluster_num_gpus - topology.num_gpus,
+                   "placement": {"num_nodes": topology.num_nodes, "gpus_per_node": topology.gpus_per_node},
                    "num_microbatches": cfg.microbatches(0), "schedule": spec.schedule,
-                   "layers_per_stage": list(cfg.layers_per_stage), "order": "-".join(cfg.mesh.order),
+                   "layers_per_stage": list(cfg.layers_per_stage),
+                   "layers_per_chunk": [list(cfg.stage_chunks(s)) for s in range(cfg.mesh.pp)],
+                   "pipeline_split": cfg.split_method,
+                   "pipeline_layout": layout_string(cfg.model_parts()),
+                   "order": "-".join(cfg.mesh.order),
                    **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
         "simulation": simulation,
         "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,

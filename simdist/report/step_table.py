@@ -29,7 +29,9 @@ __all__ = [
     "format_gib",
     "format_percent",
     "format_seconds",
+    "placement_line",
     "render_text",
+    "split_line",
     "step_tables",
 ]
 
@@ -167,6 +169,42 @@ def collectives_table(result: Mapping[str, Any]) -> Table:
     return table
 
 
+def _runs(values: list[int]) -> str:
+    """[7, 8, 8, 8, 7] -> '7, 8 x 3, 7'."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        out.append(f"{values[i]} x {j - i + 1}" if j > i else str(values[i]))
+        i = j + 1
+    return ", ".join(out)
+
+
+def split_line(result: Mapping[str, Any]) -> str:
+    """The pipeline's layer split in one line: how it was chosen, layers per stage, Megatron-LM's layout string."""
+    layout = result.get("layout") or {}
+    stages = layout.get("layers_per_stage")
+    if not stages or (len(stages) < 2 and layout.get("vpp", 1) == 1):
+        return ""
+    text = f"pipeline split: {layout.get('pipeline_split') or 'given'}; layers per stage {_runs(list(stages))}"
+    if layout.get("pipeline_layout"):
+        text += f"; layout {layout['pipeline_layout']}"
+    return text
+
+
+def placement_line(result: Mapping[str, Any]) -> str:
+    """A job on part of the cluster: the GPUs it uses and those left idle (empty for a whole-cluster job)."""
+    layout = result.get("layout") or {}
+    idle = layout.get("idle_gpus") or 0
+    if not idle:
+        return ""
+    where = layout.get("placement") or {}
+    return (f"partial job: {layout.get('num_gpus')} of the cluster's {layout.get('cluster_gpus')} GPUs "
+            f"({where.get('num_nodes')} node(s) x {where.get('gpus_per_node')} GPUs), {idle} GPUs idle")
+
+
 def step_tables(result: Mapping[str, Any]) -> list[Table]:
     """Metrics, breakdown, memory per stage and busiest links (and collectives when the result lists any)."""
     tables = [metrics_table(result), breakdown_table(result), memory_table(result), links_table(result)]
@@ -201,6 +239,9 @@ def render_text(result: Mapping[str, Any]) -> str:
     console = Console(file=buf, force_jupyter=False, width=TEXT_WIDTH, color_system=None, force_terminal=False,
                       record=False, highlight=False, emoji=False)
     console.print(str(result.get("name") or result.get("scenario") or "training step"), markup=False)
+    for line in (placement_line(result), split_line(result)):
+        if line:
+            console.print(line, markup=False)
     for table in step_tables(result):
         console.print(table)
     note = (result.get("layout") or {}).get("note")

@@ -17,9 +17,11 @@ from simdist.limits import (
     FFN_HIDDEN_SIZE,
     GLOBAL_BATCH,
     GPUS,
+    GPUS_PER_NODE,
     HIDDEN_SIZE,
     NUM_HEADS,
     NUM_LAYERS,
+    NUM_NODES,
     SEQ_LENGTH,
     VOCAB_SIZE,
     VPP,
@@ -67,11 +69,24 @@ class _OneTopology(Spec):
         return self
 
 
+class PlacementSpec(Spec):
+    """The GPUs a job uses when it uses part of the cluster: the first gpus_per_node GPUs (whole hosts) of each of
+    the first num_nodes nodes; the rest stay idle (simdist.hardware.placement)."""
+
+    num_nodes: count(NUM_NODES) | None = Field(default=None, description="nodes the job uses; default all")
+    gpus_per_node: count(GPUS_PER_NODE) | None = Field(
+        default=None, description="GPUs the job uses on each of its nodes (whole hosts: a multiple of the GPUs per "
+                                  "server or tray); default all")
+
+
 ClusterSpec = create_model(
     "ClusterSpec",
     __base__=_OneTopology,
     __doc__="A topology preset or file, with any of its fields overridden (deep merge).",
     preset=(str | None, Field(default=None, description="a name from `simdist topo list`")),
+    placement=(PlacementSpec | None, Field(
+        default=None, description="a job on part of the cluster, e.g. {num_nodes: 4, gpus_per_node: 64} on "
+                                  "gb300-nvl72 racks; without it the layout must use every GPU")),
     file=(Path | None, Field(default=None, description="a topology YAML file instead of a preset (relative to "
                                                        "the scenario file)")),
     **{name: (Any, Field(default=None, description=f"overrides the topology's {name} (simdist schema topology)"))
@@ -92,6 +107,10 @@ class ModelSpec(Spec):
     num_query_groups: count(NUM_HEADS) | None = Field(
         default=None, validation_alias=_alias("num_query_groups", "num_kv_heads"),
         description="key/value heads (grouped-query attention); default: num_attention_heads")
+    kv_channels: count(HIDDEN_SIZE) | None = Field(
+        default=None, validation_alias=_alias("kv_channels", "head_dim"),
+        description="width of one attention head (Megatron-LM's kv_channels, alias head_dim); default hidden_size / "
+                    "num_attention_heads; Qwen3 and GPT-OSS shapes differ")
     ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(default=None, description="MLP width; default 4 h")
     seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"),
                                                 description="tokens per sequence s; default 2048")
@@ -147,10 +166,29 @@ class ParallelSpec(Spec):
     order: str = Field(default="tp-cp-dp-pp",
                        description="mesh axes innermost first (Megatron-LM's RankGenerator order); rank r runs on "
                                    "GPU r, so tp innermost keeps tensor-parallel groups inside a node")
-    pipeline_split: Literal["even", "lighter_ends"] = Field(
-        default="even", description="layers per stage: even, or one fewer on the first and last stage (Llama 3)")
-    layers_per_stage: list[count(NUM_LAYERS)] | None = Field(default=None,
-                                                           description="explicit layers per pipeline stage")
+    pipeline_split: Literal["auto", "even", "lighter_ends"] = Field(
+        default="auto", description="layers per stage: auto (what Megatron-LM runs: even where the layers divide by "
+                                    "pp x vpp, else the embedding and/or the loss in a layer's place, else a layout "
+                                    "spreading them evenly; the split chosen is printed), even, or lighter_ends (one "
+                                    "layer fewer on the first and last stage, Llama 3)")
+    layers_per_stage: list[count(NUM_LAYERS) | list[count(NUM_LAYERS, minimum=0)]] | None = Field(
+        default=None, description="explicit decoder layers per pipeline stage; an entry may list the stage's vpp "
+                                  "chunks, e.g. [0, 1, 1, 1] (a chunk of 0 holds only the embedding or the loss)")
+    pipeline_layout: str | None = Field(
+        default=None, validation_alias=_alias("pipeline_layout", "pipeline_model_parallel_layout"),
+        description="Megatron-LM's --pipeline-model-parallel-layout: parts (chunk c of stage s is part c x pp + s) "
+                    "separated by '|', E embedding, t decoder layer, L loss, (...)*n and x*n repeat, e.g. "
+                    "'E|(t|)*126,L' (alias pipeline_model_parallel_layout)")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        default=False, description="Megatron-LM's flag: the embedding takes a decoder layer's place in the first "
+                                   "chunk")
+    account_for_loss_in_pipeline_split: bool = Field(
+        default=False, description="Megatron-LM's flag: the loss (output layer) takes a decoder layer's place in the "
+                                   "last chunk")
+    partition_method: str | None = Field(
+        default=None, validation_alias=_alias("partition_method", "pp_partition_method"),
+        description="DeepSpeed PipelineModule's partition (Megatron-DeepSpeed, vpp 1): uniform, parameters or "
+                    "type:REGEX over its layer classes, e.g. type:transformer (alias pp_partition_method)")
     tp_style: Literal["megatron", "column"] = Field(
         default="megatron", description="megatron: column+row parallel pairs (all-reduce); column: the CS336 "
                                         "lecture's column-parallel layers (all-gather forward, reduce-scatter "

@@ -90,6 +90,15 @@ class ScaleUpSpec(Spec):
     efficiency: Fraction | None = Field(default=None, description=_EFFICIENCY)
     nvls: bool = Field(default=False, description="NVLink SHARP in-switch reduction (NVSwitch gen3+)")
 
+    @model_validator(mode="after")
+    def _nvls_needs_nvswitch_gen3(self) -> ScaleUpSpec:
+        # NVLink SHARP came with the third-generation NVSwitch of NVLink 4 (H100) systems; NCCL's nvlsEfficiency is
+        # 0 for Volta and Ampere (src/graph/tuning.cc), which would make every NVLS transfer a division by zero.
+        if self.nvls and self.nvlink_generation < 4:
+            raise FieldProblem(("nvls",), f"nvls needs NVLink 4 or later (NVSwitch gen3, H100 and newer), but "
+                                          f"nvlink_generation is {self.nvlink_generation} (fix: set nvls: false)")
+        return self
+
 
 class InterNodeSpec(Spec):
     """The scale-out fabric: NICs per node, their speed, and the switch fabric that joins them."""
