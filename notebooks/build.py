@@ -24,7 +24,8 @@ Stanford CS336's parallelism lectures start from the primitives every distribute
 (to see *what it costs*). Change any number and re-run.
 
 Vocabulary: a *rank* is one process on one GPU; the *world size* P is how many ranks take part."""),
-    (CODE, """from simdist import api"""),
+    (CODE, """from simdist import api
+from simdist import notebooks as nb"""),
     (MD, """## The lecture's four-rank example
 
 Four ranks each hold a four-element tensor: `v0 = [0,1,2,3]`, `v1 = [1,2,3,4]`, `v2 = [2,3,4,5]`,
@@ -33,14 +34,14 @@ Four ranks each hold a four-element tensor: `v0 = [0,1,2,3]`, `v1 = [1,2,3,4]`, 
 * **reduce-scatter** sums the tensors and leaves one shard of the sum on each rank: rank r gets element r.
 * **all-gather** gives every rank every shard.
 
-`api.run_collective_on_data` runs the very plan the simulator times (here NCCL's ring) on these numbers:
+`nb.run_collective_on_data` runs the very plan the simulator times (here NCCL's ring) on these numbers:
 every transfer of the plan moves (or adds) the values."""),
     (CODE, """v = [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6]]
-shards = api.run_collective_on_data("reduce_scatter", v)
-gathered = api.run_collective_on_data("all_gather", shards)
+shards = nb.run_collective_on_data("reduce_scatter", v)
+gathered = nb.run_collective_on_data("all_gather", shards)
 for rank, (shard, full) in enumerate(zip(shards, gathered, strict=True)):
     print(f"rank {rank}: reduce_scatter -> {shard}   all_gather -> {full}")"""),
-    (CODE, """api.rank_values_chart({"inputs v0..v3": v, "after reduce_scatter": shards, "after all_gather": gathered},
+    (CODE, """nb.rank_values_chart({"inputs v0..v3": v, "after reduce_scatter": shards, "after all_gather": gathered},
                       title="reduce-scatter, then all-gather, on four ranks")"""),
     (MD, """## all-reduce = all-gather after reduce-scatter
 
@@ -49,16 +50,16 @@ contributions (reduce-scatter), then replicate the result (all-gather). ZeRO and
 they keep only the shard after the reduce-scatter and gather parameters when they need them.
 
 Every algorithm simdist knows computes the same answer; they differ only in *how* the bytes travel."""),
-    (CODE, """print("all_reduce directly:     ", api.run_collective_on_data("all_reduce", v)[0])
+    (CODE, """print("all_reduce directly:     ", nb.run_collective_on_data("all_reduce", v)[0])
 print("reduce_scatter+all_gather:", gathered[0])
 for algorithm in ["ring", "tree", "direct", "halving_doubling", "nvls"]:
-    print(f"{algorithm:>17}: every rank holds", api.run_collective_on_data("all_reduce", v, algorithm)[0])"""),
+    print(f"{algorithm:>17}: every rank holds", nb.run_collective_on_data("all_reduce", v, algorithm)[0])"""),
     (MD, """### The other primitives on the same data
 
 Rooted operations have a *root* (rank 0 here); a rank that receives nothing shows `[]`.
 all-to-all sends block j of every rank to rank j: with equal blocks it is a transpose."""),
     (CODE, """for op in ["broadcast", "reduce", "scatter", "gather", "all_to_all"]:
-    print(f"{op:>10}:", api.run_collective_on_data(op, v, "direct"))"""),
+    print(f"{op:>10}:", nb.run_collective_on_data(op, v, "direct"))"""),
     (MD, """## Timing: algbw versus busbw
 
 nccl-tests reports two bandwidths. The *algorithm bandwidth* is `algbw = S / t` for the collective's size S.
@@ -88,7 +89,7 @@ curve flattens into a *plateau*. The chart shades the three regions of the ring 
 decides whether bucketing small gradients into larger messages pays."""),
     (CODE, """sizes = [2.0**k for k in range(10, 31, 2)]  # 1 KiB .. 1 GiB in powers of four
 curves = api.collective_curves("dgx-h100", "all_reduce", 8, sizes, skip={"direct", "halving_doubling"})
-api.collective_chart(curves, title="all_reduce on one DGX H100 (8 GPUs)")"""),
+nb.collective_chart(curves, title="all_reduce on one DGX H100 (8 GPUs)")"""),
     (CODE, """ring = curves["ring"]
 print("   size      time     busbw")
 for row in ring:
@@ -110,7 +111,7 @@ The same all-reduce on four kinds of path:
 }
 for name, rows in paths.items():
     print(f"{name:>30}: 1 GiB in {rows[-1].time_s * 1e3:7.2f} ms, busbw {rows[-1].busbw_GBps:6.1f} GB/s")
-api.collective_chart(paths, title="all_reduce: PCIe vs NVLink vs NVLS vs InfiniBand")"""),
+nb.collective_chart(paths, title="all_reduce: PCIe vs NVLink vs NVLS vs InfiniBand")"""),
     (MD, """## Try it
 
 * Change the world size (2, 4, 8) in the curve above: where does the knee move?
@@ -129,17 +130,18 @@ The lecture's toy model: an MLP of **4 layers**, hidden size **1024**, GELU betw
 * by **depth** (pipeline parallel): every rank holds a run of consecutive layers.
 
 Each cut decides what a rank owns and what has to cross the boundary between ranks. simdist simulates one
-training step of each on a DGX H100 cut down to the number of ranks (`api.lecture_mlp_spec` builds the
-scenario; `api.run_spec` predicts it)."""),
+training step of each on a DGX H100 cut down to the number of ranks (`nb.lecture_mlp_spec` builds the
+scenario; `nb.run_spec` predicts it)."""),
     (CODE, """from simdist import api
+from simdist import notebooks as nb
 
 cuts = {
-    "one GPU": api.lecture_mlp_spec(),
-    "data parallel (dp=4)": api.lecture_mlp_spec(dp=4),
-    "tensor parallel (tp=4)": api.lecture_mlp_spec(tp=4),
-    "pipeline parallel (pp=4, 4 micro-batches)": api.lecture_mlp_spec(pp=4, microbatches=4, schedule="gpipe"),
+    "one GPU": nb.lecture_mlp_spec(),
+    "data parallel (dp=4)": nb.lecture_mlp_spec(dp=4),
+    "tensor parallel (tp=4)": nb.lecture_mlp_spec(tp=4),
+    "pipeline parallel (pp=4, 4 micro-batches)": nb.lecture_mlp_spec(pp=4, microbatches=4, schedule="gpipe"),
 }
-results = {name: api.run_spec(spec).result for name, spec in cuts.items()}
+results = {name: nb.run_spec(spec).result for name, spec in cuts.items()}
 print(cuts["tensor parallel (tp=4)"])"""),
     (MD, """## What each rank owns
 
@@ -186,7 +188,7 @@ parts = {
 }
 for name, r in results.items():
     print(f"{name:>42}: step {r['step_time_s'] * 1e6:7.1f} us, bubble {r['bubble_fraction']:.0%}")
-api.bar_chart(names, parts, title="one training step of the lecture's MLP", y_title="time (us)", stacked=True)"""),
+nb.bar_chart(names, parts, title="one training step of the lecture's MLP", y_title="time (us)", stacked=True)"""),
     (MD, """## As the width grows
 
 Compute grows with the square of the width, the tensor-parallel all-gathers only linearly, the data-parallel
@@ -194,19 +196,19 @@ gradient all-reduce with the square too. Watch which cut wins as the layers get 
     (CODE, """widths = [512, 1024, 2048, 4096, 8192]
 layouts = {"data parallel": {"dp": 4}, "tensor parallel": {"tp": 4},
            "pipeline parallel": {"pp": 4, "microbatches": 4, "schedule": "gpipe"}}
-by_width = {name: [api.run_spec(api.lecture_mlp_spec(hidden=h, **kw)).result["step_time_s"] * 1e3 for h in widths]
+by_width = {name: [nb.run_spec(nb.lecture_mlp_spec(hidden=h, **kw)).result["step_time_s"] * 1e3 for h in widths]
             for name, kw in layouts.items()}
-by_width["one GPU"] = [api.run_spec(api.lecture_mlp_spec(hidden=h)).result["step_time_s"] * 1e3 for h in widths]
-api.line_chart(widths, by_width, title="step time vs hidden size (4 ranks, batch 128)", x_title="hidden size",
+by_width["one GPU"] = [nb.run_spec(nb.lecture_mlp_spec(hidden=h)).result["step_time_s"] * 1e3 for h in widths]
+nb.line_chart(widths, by_width, title="step time vs hidden size (4 ranks, batch 128)", x_title="hidden size",
                y_title="step time (ms)", log_x=True, log_y=True)"""),
     (MD, """## As the batch grows
 
 Data parallelism splits the batch; the gradient all-reduce does not depend on it, so a larger batch hides it
 behind more compute. Tensor parallel all-gathers grow with the batch (they move activations)."""),
     (CODE, """batches = [32, 128, 512, 2048]
-by_batch = {name: [api.run_spec(api.lecture_mlp_spec(batch=b, **kw)).result["step_time_s"] * 1e3 for b in batches]
+by_batch = {name: [nb.run_spec(nb.lecture_mlp_spec(batch=b, **kw)).result["step_time_s"] * 1e3 for b in batches]
             for name, kw in layouts.items()}
-api.line_chart(batches, by_batch, title="step time vs global batch (4 ranks, hidden 1024)", x_title="batch (rows)",
+nb.line_chart(batches, by_batch, title="step time vs global batch (4 ranks, hidden 1024)", x_title="batch (rows)",
                y_title="step time (ms)", log_x=True, log_y=True)"""),
     (MD, """## As the number of ranks grows
 
@@ -215,20 +217,20 @@ tensor slabs with the same gathered size, more pipeline stages and a larger bubb
 The width is 4096 so that there is work to split."""),
     (CODE, """ranks = [1, 2, 4, 8]
 scaling = {
-    "data parallel": [api.run_spec(api.lecture_mlp_spec(dp=p, hidden=4096)).result["step_time_s"] * 1e3
+    "data parallel": [nb.run_spec(nb.lecture_mlp_spec(dp=p, hidden=4096)).result["step_time_s"] * 1e3
                       for p in ranks],
-    "tensor parallel": [api.run_spec(api.lecture_mlp_spec(tp=p, hidden=4096)).result["step_time_s"] * 1e3
+    "tensor parallel": [nb.run_spec(nb.lecture_mlp_spec(tp=p, hidden=4096)).result["step_time_s"] * 1e3
                         for p in ranks],
-    "pipeline parallel": [api.run_spec(api.lecture_mlp_spec(pp=p, hidden=4096, layers=8, microbatches=8,
+    "pipeline parallel": [nb.run_spec(nb.lecture_mlp_spec(pp=p, hidden=4096, layers=8, microbatches=8,
                                                             schedule="gpipe")).result["step_time_s"] * 1e3
                           for p in ranks],
 }
-api.line_chart(ranks, scaling, title="step time vs ranks (hidden 4096, batch 128)", x_title="ranks",
+nb.line_chart(ranks, scaling, title="step time vs ranks (hidden 4096, batch 128)", x_title="ranks",
                y_title="step time (ms)")"""),
     (MD, """## Try it
 
 * Give the tensor-parallel cut `precision="bf16"`: the all-gathers halve.
-* Combine cuts: `api.lecture_mlp_spec(tp=2, dp=2)`.
+* Combine cuts: `nb.lecture_mlp_spec(tp=2, dp=2)`.
 * Choosing the cut, the lecture's rule of thumb: data parallel when a replica fits, tensor parallel inside the
   fastest links when a layer must be split, pipeline parallel across slower links, paying for the bubble
   (next notebook)."""),
@@ -247,6 +249,7 @@ With K = 4 and M = 4: U = 4/7 = 57.1 % (16 of 28 stage-slots busy); with M = 16:
 simdist simulates the schedule on a timeline and measures the bubble there, so we can put the formula next to
 what really happens, including where the formula's assumptions break."""),
     (CODE, """from simdist import api
+from simdist import notebooks as nb
 
 for m in (4, 16):
     r = api.bubble("gpipe", num_stages=4, num_microbatches=m)
@@ -267,7 +270,7 @@ micro-batch 3, `B3` its backward, `.` is idle: the bubble.
     print(api.schedule_grid(schedule, num_stages=4, num_microbatches=8, vpp=vpp))
     r = api.bubble(schedule, num_stages=4, num_microbatches=8, vpp=vpp)
     print(f"bubble: simulated {r['bubble_fraction']:.1%}, formula {r['formula_text']} = {r['formula']:.1%}\\n")"""),
-    (CODE, """api.pipeline_timeline("1f1b", num_stages=4, num_microbatches=8,
+    (CODE, """nb.pipeline_timeline("1f1b", num_stages=4, num_microbatches=8,
                       title="1F1B, 4 stages, 8 micro-batches")"""),
     (MD, """## Micro-batch sweeps
 
@@ -279,9 +282,9 @@ for schedule, vpp in [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)]:
     rows = api.bubble_sweep(schedule, num_stages=4, microbatches=counts, vpp=vpp)
     sweep[f"{schedule} simulated"] = [r["bubble_fraction"] for r in rows]
     sweep[f"{schedule} formula"] = [r["formula"] for r in rows]
-api.line_chart(counts, sweep, title="bubble vs micro-batches (K = 4)", x_title="micro-batches M",
+nb.line_chart(counts, sweep, title="bubble vs micro-batches (K = 4)", x_title="micro-batches M",
                y_title="bubble fraction", y_format=".0%", dashed=[k for k in sweep if k.endswith("formula")])"""),
-    (CODE, """api.bubble_chart(api.bubble_sweep("1f1b", num_stages=8, microbatches=list(range(1, 33))),
+    (CODE, """nb.bubble_chart(api.bubble_sweep("1f1b", num_stages=8, microbatches=list(range(1, 33))),
                  title="1F1B with K = 8 stages: simulated bubble and (K-1)/(M+K-1)")"""),
     (MD, """## When the formula breaks: unequal stages
 
@@ -296,7 +299,7 @@ for s in slow:
     imbalance["formula (mean stage)"].append(r["formula"])
     print(f"stage 2 at {s:.2f}x: simulated {r['bubble_fraction']:.1%}, formula {r['formula']:.1%}")
 print(api.schedule_grid("1f1b", num_stages=4, num_microbatches=8, stage_times=[1.0, 1.0, 1.5, 1.0]))
-api.line_chart(slow, imbalance, title="1F1B, K=4, M=8: one slow stage", x_title="slow stage time / others",
+nb.line_chart(slow, imbalance, title="1F1B, K=4, M=8: one slow stage", x_title="slow stage time / others",
                y_title="bubble fraction", y_format=".0%", dashed=["formula (mean stage)"])"""),
     (MD, """## When the formula breaks: communication
 
@@ -308,7 +311,7 @@ for t in p2p:
     r = api.bubble("1f1b", num_stages=4, num_microbatches=8, p2p_s=t)
     comm["simulated"].append(r["bubble_fraction"])
     comm["formula"].append(r["formula"])
-api.line_chart(p2p, comm, title="1F1B, K=4, M=8: send time between stages", x_title="p2p time / forward time",
+nb.line_chart(p2p, comm, title="1F1B, K=4, M=8: send time between stages", x_title="p2p time / forward time",
                y_title="bubble fraction", y_format=".0%", dashed=["formula"])"""),
     (MD, """## A real step: the bubble is not the whole story
 
@@ -317,19 +320,19 @@ well. Here is the lecture's MLP (8 layers, hidden 4096) on 4 pipeline stages wit
 simulated end to end: the bubble falls steadily as M grows, but the step time falls only at first, then
 rises again as the micro-batches get too small to keep an H100 busy."""),
     (CODE, """ms = [1, 2, 4, 8, 16, 32]
-steps = [api.run_spec(api.lecture_mlp_spec(pp=4, layers=8, hidden=4096, batch=512, microbatches=m)).result
+steps = [nb.run_spec(nb.lecture_mlp_spec(pp=4, layers=8, hidden=4096, batch=512, microbatches=m)).result
          for m in ms]
 for m, r in zip(ms, steps, strict=True):
     print(f"M={m:2d}: micro-batch {512 // m:3d} rows, step {r['step_time_s'] * 1e3:6.2f} ms, "
           f"bubble {r['bubble_fraction']:.1%}")
-api.line_chart(ms, {"step time (ms)": [r["step_time_s"] * 1e3 for r in steps]},
+nb.line_chart(ms, {"step time (ms)": [r["step_time_s"] * 1e3 for r in steps]},
                title="1F1B, 4 stages, global batch 512: step time vs micro-batches", x_title="micro-batches M",
                y_title="step time (ms)", log_x=True)"""),
     (MD, """## Try it
 
 * Set `num_stages=8` in the sweeps: how many micro-batches keep the bubble under 10 %?
 * Try `schedule="zb_h1"` (zero-bubble H1): it splits the backward into input and weight gradients.
-* Compare GPipe and 1F1B memory in a real scenario with `api.run_spec(...).result["memory"]`."""),
+* Compare GPipe and 1F1B memory in a real scenario with `nb.run_spec(...).result["memory"]`."""),
 ]
 
 NB04 = [
@@ -348,6 +351,7 @@ The running example is **Llama 3 70B** (80 layers, hidden 8192, 64 heads with 8 
 Dubey et al. 2024) on **1024 H100s** (128 DGX H100 nodes), with a global batch of 1024 sequences, i.e.
 1024 x 8192 = 8.4 M tokens per step."""),
     (CODE, """from simdist import api
+from simdist import notebooks as nb
 
 MODEL, CLUSTER, GPUS, BATCH = "llama3-70b", "dgx-h100", 1024, 1024
 print(f"{BATCH} sequences x 8192 tokens = {BATCH * 8192 / 1e6:.1f} M tokens per step on {GPUS} GPUs")"""),
@@ -384,13 +388,13 @@ Each cell is the best throughput over everything else (dp follows from tp and pp
 recompute, sequence parallelism vary inside the cell); an empty cell has no layout that fits. Small tp x pp
 leaves each GPU holding too large a share of the 70 B parameters and their optimizer state; large tp pays for
 activation all-reduces on every layer, large pp for a bigger pipeline bubble."""),
-    (CODE, """api.search_heatmap(search)"""),
+    (CODE, """nb.search_heatmap(search)"""),
     (MD, """## Memory against speed: the Pareto front
 
 Every feasible layout is a point. The *Pareto front* holds the layouts no other layout beats on both memory
 (less) and throughput (more). A layout right at the memory limit is fragile (a longer sequence or a framework's
 extra buffers and it no longer fits); a point on the front a little to the left may be worth the few percent."""),
-    (CODE, """api.search_pareto(search)"""),
+    (CODE, """nb.search_pareto(search)"""),
     (MD, """## What the winner's layout means
 
 Take the closed form's first row apart. The step time is the sum of compute, the communication of each
@@ -442,7 +446,7 @@ parts = {name: [r[key] for r in top] for name, key in [("compute", "compute_s"),
                                                         ("pp communication", "pp_comm_s"),
                                                         ("exposed dp communication", "dp_exposed_s"),
                                                         ("bubble", "bubble_s")]}
-api.bar_chart(keys, parts, title=f"{MODEL} on {GPUS} H100s: where the step goes", y_title="seconds per step",
+nb.bar_chart(keys, parts, title=f"{MODEL} on {GPUS} H100s: where the step goes", y_title="seconds per step",
               stacked=True)"""),
     (MD, """## Which hardware, and what it costs
 
@@ -466,7 +470,7 @@ for r in comparison["rows"]:
         continue
     print(f"{r['cluster']:>12} {r['layout']:>58} {r['tokens_per_s']:10,.0f} {r['mfu']:6.1%} "
           f"{r['time_to_train_days']:6.0f} {r['cost_usd'] / 1e6:6.2f} {r['energy_kwh'] / 1e6:5.2f}")"""),
-    (CODE, """api.compare_chart(comparison)"""),
+    (CODE, """nb.compare_chart(comparison)"""),
     (MD, """How to read it:
 
 * **Time** follows peak FLOP/s times MFU; newer GPUs finish in a fraction of the days.
@@ -501,8 +505,9 @@ NVSwitch), 32 KiB to 16 GiB, from Stas Bekman's *ml-engineering* (the same rows 
 format nccl-tests prints. Its out-of-place columns are the published ones; the in-place columns of this test
 sample are synthetic (within about 1 % of them, see the file header), and the fit takes the median of both."""),
     (CODE, """from simdist import api
+from simdist import notebooks as nb
 
-sweep = api.measurement_file("all_reduce_perf_a100x8.txt")
+sweep = nb.measurement_file("all_reduce_perf_a100x8.txt")
 measured, _ = api.read_measurement_files([sweep])
 measured = [m for m in measured if not m.in_place]
 print(f"{len(measured)} out-of-place points from {sweep.name}")
@@ -518,7 +523,7 @@ preset = api.collective("dgx-a100", "all_reduce", 8, sizes)
 for m, p in list(zip(measured, preset, strict=True))[::3]:
     print(f"{m.nbytes:12,d} B: measured {m.time_s * 1e6:9.1f} us, preset {p.time_s * 1e6:9.1f} us "
           f"({100 * (p.time_s - m.time_s) / m.time_s:+5.1f} %)")
-api.line_chart(sizes, {"measured (nccl-tests, 8 x A100)": [m.busbw_Bps / 1e9 for m in measured],
+nb.line_chart(sizes, {"measured (nccl-tests, 8 x A100)": [m.busbw_Bps / 1e9 for m in measured],
                        "dgx-a100 preset, uncalibrated": [p.busbw_GBps for p in preset]},
                title="all_reduce busbw on one A100 node: measured vs the preset", x_title="size (bytes)",
                y_title="busbw (GB/s)", log_x=True, dashed=["dgx-a100 preset, uncalibrated"])"""),
@@ -559,7 +564,7 @@ for r in check["rows"]:
           f"{r['error_pct']:+6.1f}% {r['uncalibrated_s'] * 1e6:8.1f} us {r['uncalibrated_error_pct']:+6.1f}%")
 print(f"MAPE on held-out sizes: calibrated {check['mape_pct']['all']:.1f} %, "
       f"uncalibrated {check['uncalibrated_mape_pct']['all']:.1f} %")"""),
-    (CODE, """api.validation_chart(check)"""),
+    (CODE, """nb.validation_chart(check)"""),
     (MD, """The remaining errors sit where the measured curve is bumpy (1 MiB and 16 MiB, where NCCL switches between
 its LL, LL128 and Simple protocols and the number of channels): interpolating between neighbours cannot know
 about a step that only the missing point shows.
@@ -591,12 +596,12 @@ fp32) for real with torch.distributed on **4 gloo ranks on one 2-core CPU host**
 cut, checking the gradients against the single-process run. These are real step times, but of a CPU box: no
 GPU preset describes it, so they are not for calibrating a DGX (fitting `dgx-h100` to loopback gloo would give
 a topology that is neither). What they show is the lecture's point in miniature:"""),
-    (CODE, """steps = api.read_step_measurements(api.measurement_file("gloo_cpu_mlp_steps.csv"))
+    (CODE, """steps = nb.read_step_measurements(nb.measurement_file("gloo_cpu_mlp_steps.csv"))
 single = next(s["time_s"] for s in steps if s["cut"] == "single")
 for s in steps:
     print(f"{s['cut']:>23} on {s['world_size']} rank(s), {s['num_microbatches']} micro-batch(es): "
           f"{s['time_s'] * 1e3:6.1f} ms ({s['time_s'] / single:.2f} x single)")
-api.bar_chart([s["cut"] for s in steps], {"measured step (ms)": [s["time_s"] * 1e3 for s in steps]},
+nb.bar_chart([s["cut"] for s in steps], {"measured step (ms)": [s["time_s"] * 1e3 for s in steps]},
               title="the lecture's MLP, one training step, gloo on a 2-core CPU (measured)", y_title="ms")"""),
     (MD, """What they mean:
 
@@ -609,14 +614,14 @@ api.bar_chart([s["cut"] for s in steps], {"measured step (ms)": [s["time_s"] * 1
 * **Tensor parallel** moves activations (the 128 x 1024 layer inputs, 512 KiB each) instead of gradients.
 * **Pipeline** cuts pay the bubble: 4 stages and 8 micro-batches give (K-1)/(M+K-1) = 3/11 = 27 % idle in
   GPipe, and 1F1B, with the same bubble, keeps fewer activations alive."""),
-    (CODE, """gloo, _ = api.read_measurement_files([api.measurement_file("gloo_cpu_collectives.csv")])
+    (CODE, """gloo, _ = api.read_measurement_files([nb.measurement_file("gloo_cpu_collectives.csv")])
 ar16 = next(m for m in gloo if m.op == "all_reduce" and m.nbytes == 16 * 2**20)
 dp = next(s["time_s"] for s in steps if s["cut"] == "data_parallel")
 print(f"data parallel - single = {(dp - single) * 1e3:.1f} ms; measured all_reduce of 16 MiB on the same host: "
       f"{ar16.time_s * 1e3:.1f} ms")"""),
     (MD, """## Try it
 
-* Calibrate `hgx-h200` with the H200 all-gather sweep: `api.measurement_file("all_gather_perf_h200x8.txt")`.
+* Calibrate `hgx-h200` with the H200 all-gather sweep: `nb.measurement_file("all_gather_perf_h200x8.txt")`.
 * Calibrate `dgx-h100` with the A100 sweep (as `tests/test_calibrate.py` does) and look at the NVLink efficiency
   it needs: about half, because an A100's NVLink is two thirds of an H100's and the preset uses NVLS.
 * Point `api.calibrate` at your own `all_reduce_perf -b 8 -e 8G -f 2 -g 8` output, then pass the YAML to

@@ -266,7 +266,11 @@ def test_a_torn_last_line_is_dropped_with_a_note_and_the_search_continues(result
     r = run_cli([*SEARCH, "--resume", torn])
     assert r.code == 0 and "note: " in r.err and "r.jsonl:6: dropped the incomplete last line" in r.err, r.err
     assert _strict_json(r.out)["ranked"] == full["ranked"]
-    assert torn.read_text() == path.read_text()  # truncated, then completed: a valid file again
+    # truncated, then completed: a valid file again, with every row of the uninterrupted run (branch and bound
+    # may evaluate a few more exactly when it resumes from other rows; the reported result is the same)
+    completed = torn.read_text().splitlines()
+    assert all(json.loads(line) for line in completed)
+    assert set(path.read_text().splitlines()) <= set(completed)
     r = run_cli([*SEARCH, "--resume", torn])
     assert r.code == 0 and "note" not in r.err
 
@@ -278,7 +282,9 @@ def test_a_complete_last_line_without_its_newline_is_kept(results, tmp_path):
     cut.write_text(text[: text.index("\n", text.index("\n") + 1)])  # line 2 complete, no newline
     r = run_cli([*SEARCH, "--resume", cut])
     assert r.code == 0 and "note" not in r.err and _strict_json(r.out)["ranked"] == full["ranked"]
-    assert cut.read_text() == text
+    completed = cut.read_text().splitlines()
+    assert completed[:2] == text.splitlines()[:2]  # the kept line, then a newline before the new rows
+    assert set(text.splitlines()) <= set(completed)
 
 
 @pytest.mark.parametrize("damage, needle", [
@@ -508,6 +514,7 @@ def test_a_narrow_output_encoding_escapes_instead_of_failing(tmp_path):
     assert proc.returncode == 0 and b"\\xfcn\\xef" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_search_and_collective_work_bounds():
     r = run_cli([*SEARCH, "--gpus", "1048576"])
     assert r.one_line_error() and "65,536 GPUs" in r.err, r.err

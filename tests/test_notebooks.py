@@ -1,5 +1,5 @@
 """The teaching notebooks (notebooks/*.ipynb) execute without error, are committed without outputs, match
-what notebooks/build.py generates, and import the public API only.
+what notebooks/build.py generates, and import the public API (and its notebook helpers) only.
 
 The kernel is this interpreter's (the test venv's) ipykernel, from a kernelspec written into a temporary
 directory, so a user-level 'python3' kernelspec pointing at another Python cannot be picked up.
@@ -47,7 +47,7 @@ def test_notebook_imports_the_public_api_only(path):
     nb = nbformat.read(path, as_version=4)
     imports = [line.strip() for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines()
                if re.match(r"\s*(import|from)\s", line)]
-    assert imports == ["from simdist import api"]
+    assert imports == ["from simdist import api", "from simdist import notebooks as nb"]
     assert not any(re.match(r"\s*def\s", line) for c in nb.cells if c.cell_type == "code"
                    for line in c.source.splitlines()), "notebooks define no functions of their own"
 
@@ -65,6 +65,7 @@ def kernel_dir(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # each notebook runs a kernel: seconds to a minute and a half on 2 cores
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path, kernel_dir, tmp_path):
     from jupyter_client.kernelspec import KernelSpecManager

@@ -1,10 +1,11 @@
-"""Plans run on real numbers (simdist.collectives.numeric via api.run_collective_on_data) give what numpy
+"""Plans run on real numbers (simdist.collectives.numeric via nb.run_collective_on_data) give what numpy
 computes for every op, algorithm and peer count from 2 to 9, and the lecture's four-rank example."""
 
 import numpy as np
 import pytest
 
 from simdist import api
+from simdist import notebooks as nb
 from simdist.collectives.numeric import chunk_indices, run_plan
 from simdist.collectives.ring import ring_all_reduce
 from simdist.errors import SimdistError, SpecError
@@ -45,7 +46,7 @@ def check(op: str, algorithm: str, p: int, rng: np.random.Generator, *, root: in
     per_rank = 2 * p if op in ("reduce_scatter", "scatter", "all_to_all") else 5
     xs = [rng.integers(-50, 50, per_rank).astype(float) for _ in range(p)]
     try:
-        got = api.run_collective_on_data(op, [x.tolist() for x in xs], algorithm, root=root, **where)
+        got = nb.run_collective_on_data(op, [x.tolist() for x in xs], algorithm, root=root, **where)
     except SimdistError as err:
         assert "does not implement" in err.problem, err  # only an op the algorithm lacks may be refused
         return False
@@ -86,10 +87,10 @@ def test_hierarchical_on_equal_nodes_equals_numpy(p, per_node):
 
 
 def test_lecture_example_reduce_scatter_then_all_gather():
-    pieces = api.run_collective_on_data("reduce_scatter", LECTURE)
+    pieces = nb.run_collective_on_data("reduce_scatter", LECTURE)
     assert pieces == [[6.0], [10.0], [14.0], [18.0]]
-    assert api.run_collective_on_data("all_gather", pieces) == [[6.0, 10.0, 14.0, 18.0]] * 4
-    assert api.run_collective_on_data("all_reduce", LECTURE) == [[6.0, 10.0, 14.0, 18.0]] * 4
+    assert nb.run_collective_on_data("all_gather", pieces) == [[6.0, 10.0, 14.0, 18.0]] * 4
+    assert nb.run_collective_on_data("all_reduce", LECTURE) == [[6.0, 10.0, 14.0, 18.0]] * 4
 
 
 def test_chunks_partition_the_buffer_and_spare_chunks_are_empty():
@@ -110,22 +111,22 @@ def test_chunks_partition_the_buffer_and_spare_chunks_are_empty():
 ])
 def test_bad_inputs_are_user_errors(op, inputs, field):
     with pytest.raises(SpecError) as err:
-        api.run_collective_on_data(op, inputs)
+        nb.run_collective_on_data(op, inputs)
     assert err.value.field == field and err.value.fix
 
 
 def test_unknown_op_and_inapplicable_algorithm_are_user_errors():
     with pytest.raises(SimdistError, match="unknown collective"):
-        api.run_collective_on_data("all_sum", LECTURE)
+        nb.run_collective_on_data("all_sum", LECTURE)
     with pytest.raises(SimdistError, match="nvls"):
-        api.run_collective_on_data("all_reduce", LECTURE, "nvls", cluster="dgx-a100")
+        nb.run_collective_on_data("all_reduce", LECTURE, "nvls", cluster="dgx-a100")
 
 
 def test_lecture_mlp_spec_runs_and_shows_the_384_kib_all_gather():
-    out = api.run_spec(api.lecture_mlp_spec(tp=4))
+    out = nb.run_spec(nb.lecture_mlp_spec(tp=4))
     gathers = [c for c in out.result["collectives"] if c["op"] == "all_gather"]
     # column-parallel TP: one all-gather of the 128 x 1024 fp32 activation (512 KiB) per layer forward;
-    # a ring rank sends 3/4 of it: 384 KiB (LECTURE.md, tensor parallel)
+    # a ring rank sends 3/4 of it: 384 KiB (Stanford CS336 Spring 2025 lecture 8, lecture_08.py, tensor parallelism)
     assert gathers and gathers[0]["nbytes"] == 128 * 1024 * 4 and gathers[0]["count"] == 4
     row = api.collective("dgx-h100", "all_gather", 4, [gathers[0]["nbytes"]], algorithm="ring")[0]
     assert row.max_bytes_sent_per_rank == 384 * 2**10
@@ -134,10 +135,10 @@ def test_lecture_mlp_spec_runs_and_shows_the_384_kib_all_gather():
 
 def test_lecture_mlp_spec_bad_split_and_run_spec_bad_input():
     with pytest.raises(SpecError, match="does not split"):
-        api.lecture_mlp_spec(dp=3)
+        nb.lecture_mlp_spec(dp=3)
     with pytest.raises(SpecError):
-        api.run_spec(["not", "a", "dict"])  # type: ignore[arg-type]
-    spec = api.lecture_mlp_spec(dp=2)
+        nb.run_spec(["not", "a", "dict"])  # type: ignore[arg-type]
+    spec = nb.lecture_mlp_spec(dp=2)
     spec["parallel"]["dp"] = 4  # 4 ranks on a 2-GPU cluster
     with pytest.raises(SimdistError, match="parallel"):
-        api.run_spec(spec)
+        nb.run_spec(spec)

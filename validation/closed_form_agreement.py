@@ -127,6 +127,13 @@ def summary(table: list[dict[str, Any]]) -> dict[str, Any]:
             else 0.0}
 
 
+def _group_line(group: str, table: list[dict[str, Any]]) -> str:
+    free = [abs(r["error"]) for r in table if r["contention_share"] <= CONTENTION_REL]
+    shares = [r["contention_share"] for r in table if r["contention_share"] > CONTENTION_REL]
+    return (f"| {group} | {len(table)} | {len(free)} | {100 * max(free, default=0.0):.4f} % | {len(shares)} | "
+            f"{100 * (statistics.median(shares) if shares else 0.0):.2f} % | {100 * max(shares, default=0.0):.2f} % |")
+
+
 def render(table: list[dict[str, Any]]) -> str:
     s = summary(table)
     lines = [
@@ -142,6 +149,16 @@ def render(table: list[dict[str, Any]]) -> str:
         f"{100 * AGREE_MEDIAN:.0f} % and {100 * AGREE_MAX:.0f} %).",
         f"- {s['contended']} rows with contention: median share of the step it added "
         f"{100 * s['median_contention_share']:.2f} %.",
+        "",
+        "| group | rows | uncontended | max abs error uncontended | contended | median contention | max contention |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *(_group_line(g, [r for r in table if r["group"] == g]) for g in dict.fromkeys(r["group"] for r in table)),
+        "",
+        "Contention is the engine's finding, not a disagreement: on the PCIe boxes two GPUs share each NIC and "
+        "four share a PCIe switch uplink, so collectives running at the same time (the groups of neighbouring "
+        "GPUs, tensor- beside data- and context-parallel traffic) share those links, which the closed form "
+        "(every collective alone on its links) does not see; `simdist search` re-simulates its top layouts "
+        "with the engine.",
         "",
         "| group | layout | engine s | closed form s | closed form / engine - 1 | contention | bubble engine "
         "| bubble closed form |",

@@ -23,50 +23,37 @@ __all__ = [
     "DETAILED_MAX_PEERS",
     "FIDELITIES",
     "HOLDOUT_HELP",
-    "MEASUREMENT_DIRS",
     "CollectiveRow",
     "RunOutput",
     "Scenario",
     "SearchOutput",
     "assumptions",
-    "bar_chart",
     "bubble",
-    "bubble_chart",
     "bubble_sweep",
     "bundled_scenarios",
     "calibrate",
     "cluster_of",
     "collective",
-    "collective_chart",
     "collective_curves",
     "compare",
-    "compare_chart",
     "compare_rows",
     "curves_for_report",
     "gpu_presets",
-    "lecture_mlp_spec",
-    "line_chart",
     "load_scenario",
     "load_topology",
-    "measurement_file",
     "microbatch_range",
-    "pipeline_timeline",
     "predict",
-    "rank_values_chart",
     "read_measurement_files",
-    "read_step_measurements",
     "run",
-    "run_collective_on_data",
-    "run_spec",
+    "run_document",
+    "scenario_document",
+    "scenario_of",
     "schedule_grid",
     "schema",
     "search",
-    "search_heatmap",
-    "search_pareto",
     "topology_presets",
     "topology_summary",
     "validate",
-    "validation_chart",
 ]
 
 
@@ -120,36 +107,58 @@ class Scenario:
 
 
 def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Scenario:
-    """Read, override, validate a scenario and build its cluster; check the layout fits the cluster."""
+    """Read, override, validate a scenario file and build its cluster; check the layout fits the cluster."""
     doc = read_yaml(path)
     if assignments:
         doc = doc.with_assignments(assignments)
+    return scenario_of(doc, base_dir=Path(path).parent, source=str(path))
+
+
+def scenario_document(data: Any, source: str = "") -> Document:
+    """A scenario given as a Python dict, as a `Document` (no line numbers) for `scenario_of` and `run_document`."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a scenario (a dict of its fields) is needed, got {type(data).__name__}", field="spec",
+                        fix="pass a dict such as {'cluster': {...}, 'model': {...}, 'parallel': {...}, ...}")
+    return Document(data=data, source=source or "scenario", lines={})
+
+
+def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
+                base_dir: str | Path | None = None, source: str = "") -> Scenario:
+    """Validate a scenario given as data (a `Document` keeps the file's line numbers for errors; a plain dict
+    is a scenario written in Python), build its cluster and check its layout: what `load_scenario` does after
+    reading the file. ``base_dir``: where relative paths in it (cluster file, hf_config) start (default: here).
+    """
+    if not isinstance(doc, Document):
+        doc = scenario_document(doc, source)
+    if assignments:
+        doc = doc.with_assignments(assignments)
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
     spec = validate_spec(ScenarioSpec, doc)
     if spec.model.hf_config is not None:
         from simdist.spec.hf_config import check_hf_config
 
-        hf = spec.model.hf_config if spec.model.hf_config.is_absolute() else Path(path).parent / spec.model.hf_config
+        hf = spec.model.hf_config if spec.model.hf_config.is_absolute() else base / spec.model.hf_config
         try:
             check_hf_config(hf)
         except SpecError as err:
             raise err.located(source=doc.where(("model", "hf_config"))) from None
     cluster = doc.sub("cluster")
     overrides = Document(
-        data={k: v for k, v in cluster.data.items() if k not in ("preset", "file")},
+        data={k: v for k, v in cluster.data.items() if k not in ("preset", "file", "placement")},
         source=cluster.source,
         lines=cluster.lines,
     )
     if spec.cluster.file is not None:
         target: str | Path = spec.cluster.file
         if not Path(target).is_absolute():
-            target = Path(path).parent / target
+            target = base / target
     elif spec.cluster.preset is not None:
         target = spec.cluster.preset
     else:
         raise SpecError("no cluster given", field="cluster", source=doc.where(("cluster",)),
                         fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
     try:
-        topology = load_topology(target, overrides=overrides)
+        topology = _placed(load_topology(target, overrides=overrides), spec)
     except SpecError as err:  # located in the scenario or the topology file; name the scenario field
         raise err.located(field_prefix="cluster") from None
     except SimdistError as err:  # unknown preset, disconnected cluster: name the scenario's field
@@ -157,15 +166,16 @@ def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Sce
         where = doc.where(tuple(field.split(".")))
         raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
     _check_layout(spec, topology, doc)
-    from simdist.plan.layout import check_layout
+    from simdist.plan.layout import check_fp8, check_layout
     from simdist.plan.model_presets import resolve_model
 
+    check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
     try:
-        check_layout(spec, resolve_model(spec.model, base_dir=Path(path).parent))
+        check_layout(spec, resolve_model(spec.model, base_dir=base))
     except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file
         where = doc.where(tuple((err.field or "parallel").split(".")))
         raise type(err)(err.problem, field=err.field, source=where, fix=err.fix) from None
-    return Scenario(spec=spec, topology=topology, source=str(path))
+    return Scenario(spec=spec, topology=topology, source=source)
 
 
 def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None:
@@ -174,9 +184,13 @@ def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None
         others = p.tp * p.pp * p.cp
         hint = (f"set parallel.dp to {topology.num_gpus // others}" if topology.num_gpus % others == 0
                 else f"make tp x pp x dp x cp equal {topology.num_gpus}, or change cluster.num_nodes")
+        if p.world_size < topology.num_gpus:
+            hint += ", or run on part of the cluster with cluster.placement: {num_nodes: N, gpus_per_node: G}"
         raise LayoutError(
             f"tp x pp x dp x cp = {p.tp} x {p.pp} x {p.dp} x {p.cp} = {p.world_size} GPUs, "
-            f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})",
+            + (f"but cluster.placement uses {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"
+               if topology.cluster_num_gpus > topology.num_gpus else
+               f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"),
             field="parallel", source=doc.where(("parallel",)), fix=hint,
         )
 
@@ -214,7 +228,7 @@ def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: s
 def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Topology:
     """The cluster a validated scenario names: its preset or file, with the scenario's overrides."""
     c = spec.cluster
-    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file")}
+    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file", "placement")}
     if c.file is not None:
         target: str | Path = c.file if Path(c.file).is_absolute() or base_dir is None else Path(base_dir) / c.file
     elif c.preset is not None:
@@ -223,9 +237,19 @@ def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Top
         raise SpecError("no cluster given", field="cluster",
                         fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
     try:
-        return load_topology(target, overrides=Document(data=overrides, source="scenario", lines={}))
+        return _placed(load_topology(target, overrides=Document(data=overrides, source="scenario", lines={})), spec)
     except SimdistError as err:
         raise err.located(field_prefix="cluster") from None
+
+
+def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
+    """The part of the cluster the scenario's job uses (``cluster.placement``), or the whole cluster."""
+    placement = spec.cluster.placement
+    if placement is None:
+        return topology
+    from simdist.hardware.placement import job_topology
+
+    return job_topology(topology, num_nodes=placement.num_nodes, gpus_per_node=placement.gpus_per_node)
 
 
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
@@ -240,26 +264,50 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     ``simulate``: auto | representatives | full (simdist.predict.step.predict_step); ``fidelity``: engine or
     closed_form (the same JSON).
     """
+    from simdist.files import check_target
+
+    if out_dir is not None:  # refuse an unwritable target before reading anything
+        for name in RUN_FILES:
+            check_target(Path(out_dir) / name, field="--out")
+    return run_document(read_yaml(path), assignments, base_dir=Path(path).parent, source=str(path),
+                        out_dir=out_dir, strict=strict, calibration=calibration, simulate=simulate,
+                        fidelity=fidelity)
+
+
+RUN_FILES = ("report.json", "trace.json", "report.html")
+
+
+def run_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
+                 base_dir: str | Path | None = None, source: str = "", out_dir: str | Path | None = None,
+                 strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto",
+                 fidelity: str = "engine") -> RunOutput:
+    """`run` of a scenario given as data (a `Document` read from a file, or a plain dict): no file is written
+    but the reports in ``out_dir``. ``base_dir``: where the scenario's relative paths start (default: here)."""
     from simdist.api.calibration import _scenario_calibration
     from simdist.files import check_target, json_text, write_files
     from simdist.predict.step import link_counters
     from simdist.report.step_table import render_text
 
-    names = ("report.json", "trace.json", "report.html")
+    names = RUN_FILES
     if out_dir is not None:  # refuse an unwritable target now, not after the simulation
         for name in names:
             check_target(Path(out_dir) / name, field="--out")
-    cal, cal_assignments = _scenario_calibration(path, assignments, calibration)
-    scenario = load_scenario(path, [*cal_assignments, *(assignments or [])])
+    if not isinstance(doc, Document):
+        doc = scenario_document(doc, source)
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    cal, cal_assignments = _scenario_calibration(doc.with_assignments(assignments) if assignments else doc, base,
+                                                 calibration)
+    every = [*cal_assignments, *(assignments or [])]
+    scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
-                         base_dir=Path(path).parent, source=str(path), calibration=cal, timeline=out_dir is not None)
+                         base_dir=base, source=source, calibration=cal, timeline=out_dir is not None)
     result = prediction.result
     if strict and not result["fits_in_memory"]:
         worst = max(result["memory"], key=lambda m: m["total_bytes"])
         raise LayoutError(
             f"stage {worst['stage']} needs {worst['total_bytes'] / 2**30:.1f} GiB per GPU but the GPU has "
             f"{worst['capacity_bytes'] / 2**30:.1f} GiB",
-            field="parallel", source=str(path),
+            field="parallel", source=source or None,
             fix="raise tp or pp, enable recompute or sequence_parallel, or use a ZeRO stage")
     files: dict[str, Path] = {}
     if out_dir is not None:
@@ -290,7 +338,7 @@ def assumptions() -> list[dict[str, Any]]:
 
     tag = "# " + "Assumption:"  # split so that this line is not itself a match
     marker = re.compile(r"(?<![\"'`])" + re.escape(tag) + r"\s*(.*)")
-    roots = [Path(simdist.__file__).parent, bundled_dir("topologies")]
+    roots = [Path(simdist.__file__).parent, *(bundled_dir(kind) for kind in ("topologies", "gpus", "models"))]
     found: list[dict[str, Any]] = []
     for root in roots:
         for path in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):
@@ -323,23 +371,5 @@ from simdist.api.collectives import (  # noqa: E402
     collective_curves,
     compare_rows,
     curves_for_report,
-)
-from simdist.api.notebooks import (  # noqa: E402
-    MEASUREMENT_DIRS,
-    bar_chart,
-    bubble_chart,
-    collective_chart,
-    compare_chart,
-    lecture_mlp_spec,
-    line_chart,
-    measurement_file,
-    pipeline_timeline,
-    rank_values_chart,
-    read_step_measurements,
-    run_collective_on_data,
-    run_spec,
-    search_heatmap,
-    search_pareto,
-    validation_chart,
 )
 from simdist.api.search import SearchOutput, compare, search  # noqa: E402

@@ -10,7 +10,7 @@ from typing import Any
 from simdist.errors import SimdistWarning, SpecError
 from simdist.hardware import Topology
 from simdist.hardware.presets import topology_document
-from simdist.spec.load import read_yaml
+from simdist.spec.load import Document
 
 # --------------------------------------------------------------------------- calibration and validation
 # (issue 5 parts 3-4: `simdist calibrate`, `simdist validate`, `--calibration`; keep this section contiguous)
@@ -56,27 +56,24 @@ def _recording(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return doc
 
 
-def _scenario_calibration(path: str | Path, assignments: list[str] | None,
-                          calibration: str | Path | None) -> tuple[Any, list[str]]:
-    """(calibration, its overrides as ``cluster.*`` assignments) of a scenario: ``calibration`` if given, else the
-    scenario's ``calibration:`` field (relative to the scenario file). The scenario's own cluster fields win."""
-    doc = read_yaml(path)
-    if assignments:
-        doc = doc.with_assignments(assignments)
-    data = doc.data
+def _scenario_calibration(doc: Document, base_dir: Path, calibration: str | Path | None) -> tuple[Any, list[str]]:
+    """(calibration, its overrides as ``cluster.*`` assignments) of a scenario (``doc``, its overrides applied):
+    ``calibration`` if given, else the scenario's ``calibration:`` field (relative to ``base_dir``, the scenario
+    file's folder). The scenario's own cluster fields win."""
+    data = doc.data if isinstance(doc.data, dict) else {}
     if calibration is None and data.get("calibration"):
         calibration = Path(str(data["calibration"]))
         if not calibration.is_absolute():
-            calibration = Path(path).parent / calibration
+            calibration = base_dir / calibration
     if calibration is None:
         return None, []
     cluster = data.get("cluster") if isinstance(data.get("cluster"), dict) else {}
     target: str | Path | None = cluster.get("preset")
     if cluster.get("file"):
         target = Path(str(cluster["file"]))
-        target = target if target.is_absolute() else Path(path).parent / target
+        target = target if target.is_absolute() else base_dir / target
     if target is None:
-        return None, []  # load_scenario reports the missing cluster
+        return None, []  # scenario_of reports the missing cluster
     cal = _cluster_calibration(calibration, target, field="cluster.preset")
     return cal, cal.assignments("cluster", keep=cluster)
 

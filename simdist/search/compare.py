@@ -67,8 +67,10 @@ def parse_prices(items: list[str], clusters: list[str]) -> dict[str, float]:
     return prices
 
 
-def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, price: float | None, pue: float
-                ) -> dict[str, Any]:
+def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, price: float | None, pue: float,
+                num_params: float | None = None) -> dict[str, Any]:
+    """One cluster's row; ``num_params`` (the model's): also goodput (simdist.predict.goodput: failures and
+    checkpoints at the data file's defaults) and the days to train with it."""
     from simdist.hardware import load_topology
 
     best = outcome.ranked[0]
@@ -78,8 +80,21 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
     step_s = engine.get("engine_step_time_s") or best["step_time_s"]
     train_s = tokens / tokens_per_s
     gpu_hours = size.num_gpus * train_s / SECONDS_PER_HOUR
-    tdp = load_topology(size.cluster, num_nodes=1).gpu.tdp_w
+    node = load_topology(size.cluster, num_nodes=1)
+    tdp = node.gpu.tdp_w
     energy = size.num_gpus * tdp * train_s * pue / JOULES_PER_KWH if tdp else None
+    extra: dict[str, Any] = {}
+    if num_params is not None:
+        from simdist.predict.goodput import goodput
+        from simdist.spec.faults import CheckpointSpec
+
+        inter = node.spec.inter_node
+        good = goodput(num_gpus=size.num_gpus, num_hosts=size.num_nodes,
+                       num_nics=(inter.nics_per_node if inter is not None else 0) * size.num_nodes,
+                       num_params=num_params, checkpoint=CheckpointSpec())
+        extra = {"goodput": good["fraction"], "mtbf_s": good["mtbf_s"],
+                 "time_to_train_with_failures_days": train_s / 86400.0 / good["fraction"] if good["fraction"] > 0
+                 else None}
     return {
         "cluster": size.cluster, "gpus_per_node": size.gpus_per_node, "num_nodes": size.num_nodes,
         "num_gpus": size.num_gpus, "note": size.note, "layout": best["key"], "step_time_s": step_s,
@@ -88,6 +103,7 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
         "time_to_train_days": train_s / 86400.0, "gpu_hours": gpu_hours, "gpu_tdp_w": tdp,
         "energy_kwh": energy, "usd_per_gpu_hour": price,
         "cost_usd": gpu_hours * price if price is not None else None,
+        **extra,
     }
 
 
@@ -111,5 +127,13 @@ def compare_clusters(model: str, clusters: list[str], *, gpus: int, tokens: floa
             rows.append({"cluster": size.cluster, "num_gpus": size.num_gpus, "note": size.note,
                          "error": err.problem})
             continue
-        rows.append(compare_row(size, outcome, tokens=tokens, price=prices.get(size.cluster), pue=pue))
+        rows.append(compare_row(size, outcome, tokens=tokens, price=prices.get(size.cluster), pue=pue,
+                                num_params=_num_params(model, seq_length)))
     return rows
+
+
+def _num_params(model: str, seq_length: int | None) -> float:
+    from simdist.plan.model_presets import resolve_model
+    from simdist.spec.scenario import ModelSpec
+
+    return resolve_model(ModelSpec(preset=model, seq_length=seq_length)).num_params

@@ -1,4 +1,10 @@
-"""Notebook helpers: numeric collectives, lecture scenarios, figure wrappers, committed measurements."""
+"""What the teaching notebooks (notebooks/*.ipynb) call beside `simdist.api`: numeric collectives, lecture
+scenarios written as dicts, figure wrappers (plotly), committed measurements.
+
+Kept out of the core API: ``from simdist import notebooks as nb``. Everything here is a thin layer over
+`simdist.api` (a scenario dict goes through `api.run_document`, the path every scenario file takes) and the
+report module's figures.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from simdist.api import RunOutput, run
+from simdist.api import RunOutput, run_document
 from simdist.api.bubble import _pipeline_run
 from simdist.api.collectives import CollectiveRow, curves_for_report
 from simdist.api.search import SearchOutput
@@ -14,8 +20,6 @@ from simdist.errors import SpecError
 from simdist.hardware import load_topology
 
 
-# --------------------------------------------------------------------------- notebook helpers
-# (issue 8: what the teaching notebooks under notebooks/ call; keep this section contiguous)
 def run_collective_on_data(op: str, inputs: list[list[float]], algorithm: str = "ring", *, cluster: str = "dgx-h100",
                            num_nodes: int | None = None, assignments: list[str] | None = None,
                            root: int = 0) -> list[list[float]]:
@@ -96,18 +100,9 @@ def lecture_mlp_spec(*, tp: int = 1, dp: int = 1, pp: int = 1, batch: int = 128,
 
 def run_spec(spec: dict[str, Any], assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
              strict: bool = False) -> RunOutput:
-    """`run` on a scenario given as a dict (written to a temporary YAML file, then read like any file)."""
-    import tempfile
-
-    import yaml
-
-    if not isinstance(spec, dict):
-        raise SpecError(f"a scenario dict is needed, got {type(spec).__name__}", field="spec",
-                        fix="pass a dict such as lecture_mlp_spec(tp=4)")
-    with tempfile.TemporaryDirectory(prefix="simdist-spec-") as tmp:
-        path = Path(tmp) / "scenario.yaml"
-        path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-        return run(path, assignments, out_dir=out_dir, strict=strict)
+    """`api.run` on a scenario given as a dict (validated like a file's contents, with the same errors; relative
+    paths in it start at the working directory)."""
+    return run_document(spec, assignments, out_dir=out_dir, strict=strict)
 
 
 def collective_chart(series: dict[str, list[CollectiveRow]], title: str = "Collective cost vs size") -> Any:
@@ -172,7 +167,7 @@ def measurement_file(name: str) -> Path:
     from importlib import resources
 
     bundled = Path(str(resources.files("simdist"))) / "_bundled" / "measurements"
-    root = bundled if bundled.is_dir() else Path(__file__).resolve().parents[2]
+    root = bundled if bundled.is_dir() else Path(__file__).resolve().parents[1]
     for folder in MEASUREMENT_DIRS:
         path = root / folder / name
         if path.is_file():

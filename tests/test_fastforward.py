@@ -1,0 +1,57 @@
+"""The engine's fast-forward (simdist.plan.fastforward via simdist.predict.step): three simulated micro-batch
+counts a period apart, extended along the repeating steady state, equal the simulation of every micro-batch,
+with contention (collectives sharing links) and without."""
+
+from __future__ import annotations
+
+import pytest
+
+from simdist import api
+from simdist.plan.layout import step_config_of
+from simdist.plan.model_presets import resolve_model
+from simdist.predict import step as predict_step_module
+
+BASE = """\
+name: ff
+cluster: {{preset: dgx-h100, num_nodes: {nodes}}}
+model: {{num_layers: 8, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024, vocab_size: 32000}}
+parallel: {{tp: {tp}, pp: {pp}, dp: {dp}, vpp: {vpp}}}
+training: {{global_batch_size: {batch}, micro_batch_size: 1, grad_reduce: {reduce}, grad_bucket_size: 4 MB}}
+schedule: {schedule}
+"""
+
+CASES = {
+    # dp gradient buckets overlap the pipeline sends on the NICs: the engine finds contention
+    "1f1b contended": dict(nodes=4, tp=8, pp=2, dp=2, vpp=1, batch=256, reduce="overlapped", schedule="1f1b"),
+    # one node, no reduction during the pipeline: nothing contends
+    "1f1b alone": dict(nodes=1, tp=2, pp=4, dp=1, vpp=1, batch=96, reduce="bucketed", schedule="1f1b"),
+    "interleaved contended": dict(nodes=4, tp=8, pp=2, dp=2, vpp=2, batch=256, reduce="overlapped",
+                                  schedule="interleaved_1f1b"),
+    "zb_h1 alone": dict(nodes=1, tp=2, pp=4, dp=1, vpp=1, batch=96, reduce="bucketed", schedule="zb_h1"),
+}
+
+
+def _cfg(tmp_path, case):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE.format(**case))
+    sc = api.load_scenario(path)
+    return step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fast_forward_equals_every_micro_batch(tmp_path, monkeypatch, name):
+    cfg, topology = _cfg(tmp_path, CASES[name])
+    full = predict_step_module._engine(cfg, topology, None, False, False)
+    monkeypatch.setattr(predict_step_module, "FAST_FORWARD_MIN_OPS", 0)  # fast-forward even a small step
+    fast = predict_step_module._engine(cfg, topology, None, False, True)
+    assert full.micro_batches == "all" and fast.micro_batches.startswith("fast-forward"), fast.micro_batches
+    assert fast.simulated_microbatches < full.simulated_microbatches
+    contention = full.observables["step_s"] - full.uncontended_step_s
+    if "contended" in name:
+        assert contention > 1e-9 * full.observables["step_s"]  # the case does exercise link sharing
+    else:
+        assert contention == pytest.approx(0.0, abs=1e-12)
+    assert fast.uncontended_step_s == pytest.approx(full.uncontended_step_s, rel=1e-9)
+    assert set(fast.observables) == set(full.observables)
+    for key, value in full.observables.items():
+        assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
