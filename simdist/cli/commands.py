@@ -140,19 +140,21 @@ def _matching(measured: list[Any], op: str, ranks: int, path: Path) -> list[Any]
 
 @app.command("run")
 def run_cmd(
-    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file (see scenarios/).")],
+    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file (see scenarios/), or a report.json of "
+                                                  "`simdist run --out` to run its resolved scenario again.")],
     assignments: SetOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write report.json, trace.json, report.html here.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if the layout does not fit in memory.")] = False,
     as_json: JsonOption = False,
     calibration: CalibrationOption = None,
-    simulate: Annotated[str, typer.Option(
+    simulate: Annotated[str | None, typer.Option(
         "--simulate", help="auto | representatives (one rank per stage, the others' traffic folded onto shared "
-                           "links; a long steady state fast-forwarded) | full (every rank, every micro-batch)"
-    )] = "auto",
-    fidelity: Annotated[str, typer.Option(
+                           "links; a long steady state fast-forwarded) | full (every rank, every micro-batch); "
+                           "default auto (a report.json: the one it recorded)"
+    )] = None,
+    fidelity: Annotated[str | None, typer.Option(
         "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
-                           "what search ranks by)")] = "engine",
+                           "what search ranks by); default engine (a report.json: the one it recorded)")] = None,
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
     output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,

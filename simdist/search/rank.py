@@ -19,7 +19,7 @@ from simdist.search.evaluate import candidate_spec, context, evaluate_batch, scr
 from simdist.search.executors import Executor
 from simdist.search.prune import RULES, Pruned, why_pruned
 from simdist.search.results import ResultsWriter, read_results
-from simdist.search.space import Candidate, SearchProblem, raw_candidates
+from simdist.search.space import Candidate, SearchProblem, base_order, raw_candidates
 
 BATCH = 64
 
@@ -47,6 +47,8 @@ class SearchOutcome:
     engine_s: float = 0.0
     executor: str = ""
     winner: StepPrediction | None = None
+    placement: dict[str, Any] | None = None
+    """Where the mesh axis order is searched: the winner against the same layout in the base scenario's order."""
 
     def pruned_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(RULES, 0)
@@ -64,7 +66,23 @@ class SearchOutcome:
         }
         if explain_pruned:
             out["pruned"] = [{"key": p.candidate.key, "rule": p.rule, "reason": p.reason} for p in self.pruned]
+        if self.placement is not None:
+            out["placement"] = self.placement
+        out["infeasible_cells"] = self.infeasible_cells()
         return out
+
+    def infeasible_cells(self) -> dict[str, str]:
+        """"tp,pp" -> why no layout of that (tp, pp) is feasible: the rule that pruned most of them, with the count
+        (the search heatmap's grey cells)."""
+        feasible = {(r["layout"]["tp"], r["layout"]["pp"]) for r in (*self.ranked, *self.bounded)}
+        rules: dict[tuple[int, int], dict[str, int]] = {}
+        for p in self.pruned:
+            cell = (p.candidate.tp, p.candidate.pp)
+            if cell not in feasible:
+                counts = rules.setdefault(cell, {})
+                counts[p.rule] = counts.get(p.rule, 0) + 1
+        return {f"{t},{pp}": ", ".join(f"{rule} {n}" for rule, n in sorted(c.items(), key=lambda kv: -kv[1]))
+                for (t, pp), c in sorted(rules.items())}
 
 
 def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pruned], int, int, int]:
@@ -255,5 +273,36 @@ def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, re
                 outcome.winner = prediction
     except KeyboardInterrupt:  # Ctrl-C while re-simulating: keep the sweep and what was re-simulated
         outcome.interrupted = True
+    if problem.placement and ranked and not outcome.interrupted:
+        try:
+            outcome.placement = placement_gain(problem, ranked[0], done, engine=outcome.engine[0] if outcome.engine
+                                               else None)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
     outcome.engine_s = time.perf_counter() - t1
     return outcome
+
+
+def placement_gain(problem: SearchProblem, winner: dict[str, Any], done: dict[str, dict[str, Any]], *,
+                   engine: dict[str, Any] | None) -> dict[str, Any]:
+    """The winner's step against the same layout in the base scenario's axis order (the default placement): by
+    the closed form, and by the engine where the winner was re-simulated (its order then re-simulated too)."""
+    c = Candidate.from_dict(winner["layout"])
+    default = Candidate.from_dict({**winner["layout"], "order": ""})
+    order = c.order or "-".join(base_order(problem))
+    out: dict[str, Any] = {"order": order, "default_order": "-".join(base_order(problem)),
+                           "step_time_s": winner["step_time_s"]}
+    if not c.order:
+        out.update({"default_step_time_s": winner["step_time_s"], "gain": 0.0,
+                    "note": "the default order is the best placement of the winning layout"})
+        return out
+    row = done.get(default.key) or evaluate_batch(problem, [default])[0]
+    out["default_step_time_s"] = row["step_time_s"]
+    out["gain"] = row["step_time_s"] / winner["step_time_s"] - 1 if winner["step_time_s"] > 0 else 0.0
+    if engine is not None and "engine_step_time_s" in engine:
+        summary, _ = resimulate(problem, row)
+        if "engine_step_time_s" in summary:
+            out["engine_step_time_s"] = engine["engine_step_time_s"]
+            out["default_engine_step_time_s"] = summary["engine_step_time_s"]
+            out["engine_gain"] = summary["engine_step_time_s"] / engine["engine_step_time_s"] - 1
+    return out
