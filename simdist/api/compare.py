@@ -21,6 +21,11 @@ DEADLINE_MAX_DOUBLINGS = 12
 """A deadline sizes a cluster by doubling its nodes from one: at most 2**12 nodes (each size is a search)."""
 
 
+BUDGET_STEPS_DOWN = 8
+"""Under a budget, a cluster whose affordable node count has no feasible layout (e.g. the global batch does not
+split over it) tries up to this many fewer nodes."""
+
+
 def parse_cluster_items(items: list[str]) -> list[tuple[str, int | None]]:
     """``NAME_OR_FILE[:GPUS]`` items of ``--cluster``."""
     out = []
@@ -204,6 +209,15 @@ def _compare_rows(entries: list[tuple[str, int | None]], base: dict[str, Any], b
                 gpus = nodes * gpn
             size, problem = _problem(name, gpus, base, rounded=True)
             row = compare_problems([(size, problem)], tokens=tokens, prices=prices, executor=executor, pue=pue)[0]
+            if how:  # a budget: the most nodes within it that have a feasible layout (the batch may not split)
+                gpn = size.gpus_per_node
+                for fewer in range(size.num_nodes - 1, max(0, size.num_nodes - BUDGET_STEPS_DOWN), -1):
+                    if "error" not in row:
+                        break
+                    size, problem = _problem(name, fewer * gpn, base, rounded=True)
+                    row = compare_problems([(size, problem)], tokens=tokens, prices=prices, executor=executor,
+                                           pue=pue)[0]
+                    how += f"; {fewer + 1} nodes have no feasible layout, using {fewer}"
             row["label"] = f"{name} x {size.num_gpus}"
             row["global_batch_size"] = problem.global_batch_size
             if how:
