@@ -1,4 +1,4 @@
-"""Search and compare over a base scenario (grids, placement, budgets) and reports that reproduce (issue 16: 1, 2, 6)."""
+"""Search and compare over a base scenario (grids, placement, budgets); reports that reproduce (issue 16: 1, 2, 6)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_grid_varies_any_field_and_resizes(cli, tmp_path):
                          "--grid", "cluster.num_nodes=1,2", "--top", "0", "--no-placement", *SMALL, "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["grid"] == {"cluster.inter_node.nic_bandwidth": ["100 Gb/s", "400 Gb/s"], "cluster.num_nodes": ["1", "2"]}
+    assert doc["grid"] == {"cluster.inter_node.nic_bandwidth": ["100 Gb/s", "400 Gb/s"],
+                           "cluster.num_nodes": ["1", "2"]}
     assert [p["values"] for p in doc["points"]] == [
         {"cluster.inter_node.nic_bandwidth": b, "cluster.num_nodes": n}
         for b in ("100 Gb/s", "400 Gb/s") for n in ("1", "2")]
@@ -112,9 +113,9 @@ def test_search_scenario_bad_input_is_one_line(cli, tmp_path):
             (["--grid", "cluster.inter_node.kind=roce,token_ring"], "--grid"),
             (["--model", "llama3-8b"], "--model"),
             (["--gpus", "12"], "--gpus")):
-        code, out, err = cli("search", str(scenario), *args, "--top", "0", *SMALL)
+        code, _, err = cli("search", str(scenario), *args, "--top", "0", *SMALL)
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    code, out, err = cli("search", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "8")
+    code, _, err = cli("search", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "8")
     assert code == 2 and "--cluster" in err
 
 
@@ -148,10 +149,11 @@ def test_explain_pruned_counts_by_reason_first(cli):
     lines = out.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("pruned layouts:"))
     each = next(i for i, ln in enumerate(lines) if ln == "each pruned layout:")
-    counts = [int(ln.split(": ")[1]) for ln in lines[head + 1:each] if ln.startswith("  ") and not ln.startswith("    ")]
+    counts = [int(ln.split(": ")[1]) for ln in lines[head + 1:each]
+              if ln.startswith("  ") and not ln.startswith("    ")]
     assert counts and counts == sorted(counts, reverse=True)
-    assert sum(counts) == int(lines[head].split(": ")[1].split(",")[0]) == len(lines) - each - 1 - sum(
-        1 for ln in lines[each + 1:] if not ln.startswith("  "))
+    listed = [ln for ln in lines[each + 1:] if ln.startswith("  ")]
+    assert sum(counts) == int(lines[head].split(": ")[1].split(",")[0]) == len(listed)
 
 
 def test_heatmap_labels_infeasible_cells(cli, tmp_path):
@@ -209,8 +211,8 @@ def test_compare_equal_budget_sizes_by_hand(cli):
         api.compare("llama3-8b", None, None, 1e9, sized=["dgx-a100"], budget_usd_per_hour=60)
     with pytest.raises(SpecError, match="no GPU count"):
         api.compare("llama3-8b", None, None, 1e9, sized=["dgx-a100"])
-    code, out, err = cli("compare", "--model", "llama3-8b", "--cluster", "dgx-a100:8", "--tokens", "1e9",
-                         "--budget-kw", "9", "--days", "3")
+    code, _, err = cli("compare", "--model", "llama3-8b", "--cluster", "dgx-a100:8", "--tokens", "1e9",
+                       "--budget-kw", "9", "--days", "3")
     assert code == 2 and "together" in err and len(err.strip().splitlines()) == 1
 
 
@@ -269,3 +271,39 @@ def test_version(cli):
     code, out, _ = cli("--version")
     assert code == 0 and out.strip() == f"simdist {simdist.__version__}"
     assert math.isfinite(float(simdist.__version__.split(".")[0]))
+
+
+def test_ctrl_c_in_the_engine_phase_keeps_the_ranking(cli, tmp_path, monkeypatch):
+    """Ctrl-C while the engine re-simulates: the closed-form ranking is printed, exit 130, and how to resume."""
+    import simdist.search.rank as rank
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rank, "resimulate", interrupted)
+    results = tmp_path / "r.jsonl"
+    code, out, err = cli("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch",
+                         "16", "--top", "1", "--no-placement", *SMALL, "--out", str(results))
+    assert code == 130 and "tokens/s" in out and f"--resume {results}" in err
+
+
+def test_ctrl_c_in_a_grid_keeps_the_points_that_finished(cli, tmp_path, monkeypatch):
+    import sys
+
+    search = sys.modules["simdist.api.search"]  # the module (simdist.api.search is also the function's name)
+    real = search._search_one
+    calls = []
+
+    def second_interrupted(problem, **kwargs):
+        calls.append(problem)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(problem, **kwargs)
+
+    monkeypatch.setattr(search, "_search_one", second_interrupted)
+    code, out, err = cli("search", str(_scenario(tmp_path)), "--grid", "cluster.inter_node.oversubscription=1,2,4",
+                         "--top", "0", "--no-placement", *SMALL, "--json")
+    assert code == 130 and "1 of 3 grid points" in err and "--out" in err
+    doc = json.loads(out)
+    assert doc["interrupted"] and len(doc["points"]) == 1 and doc["points"][0]["values"] == {
+        "cluster.inter_node.oversubscription": "1"}
