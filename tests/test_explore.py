@@ -307,3 +307,26 @@ def test_ctrl_c_in_a_grid_keeps_the_points_that_finished(cli, tmp_path, monkeypa
     doc = json.loads(out)
     assert doc["interrupted"] and len(doc["points"]) == 1 and doc["points"][0]["values"] == {
         "cluster.inter_node.oversubscription": "1"}
+
+
+def test_search_an_hf_config_model_from_another_folder(cli, tmp_path, monkeypatch):
+    """A scenario naming a Hugging Face config.json next to it searches from any working directory (its path is
+    made absolute in the resolved base), and ranks as the preset of the same model does."""
+    from tests.test_model_presets import LLAMA3_8B_CONFIG
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
+    scenario = _scenario(folder)
+    data = yaml.safe_load(scenario.read_text())
+    data["model"] = {"hf_config": "config.json"}
+    scenario.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("search", str(scenario), "--gpus", "8", "--top", "0", "--no-placement", *SMALL, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["scenario_resolved"]["model"]["hf_config"] == str((folder / "config.json").resolve())
+    code, out, err = cli("search", str(_scenario(tmp_path)), "--gpus", "8", "--top", "0", "--no-placement", *SMALL,
+                         "--json")
+    preset = json.loads(out)
+    assert [r["step_time_s"] for r in doc["ranked"]] == [r["step_time_s"] for r in preset["ranked"]]

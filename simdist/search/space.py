@@ -148,7 +148,7 @@ def placement_orders(sizes: dict[str, int], default: tuple[str, ...]) -> list[st
     order) decide which of them share a host and a leaf switch.
     """
     def placed(order: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(a for a in order if sizes[a] > 1)
+        return tuple(a for a in order if sizes.get(a, 1) > 1)
 
     seen = {placed(default)}
     out = [""]
