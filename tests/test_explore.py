@@ -121,25 +121,31 @@ def test_search_scenario_bad_input_is_one_line(cli, tmp_path):
 
 def test_placement_search_reports_its_gain(cli, tmp_path):
     """With the axis order searched the winner is never slower than without (the default order is a candidate),
-    and the report gives the winner's step in the default order."""
+    and the report gives every order of the winning layout, the best chosen by the engine when it runs."""
     scenario = _scenario(tmp_path, inter_node={"fabric": "fat_tree", "oversubscription": 4, "switch_radix": 4})
-    args = ["search", str(scenario), "--gpus", "32", "--set", "training.global_batch_size=64", "--top", "0", *SMALL,
-            "--json"]
-    code, out, err = cli(*args, "--no-placement")
+    args = ["search", str(scenario), "--gpus", "32", "--set", "training.global_batch_size=64", *SMALL, "--json"]
+    code, out, err = cli(*args, "--top", "0", "--no-placement")
     assert code == 0, err
     plain = json.loads(out)
-    code, out, err = cli(*args)
+    code, out, err = cli(*args, "--top", "0")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["ranked"][0]["step_time_s"] <= plain["ranked"][0]["step_time_s"]
     p = doc["placement"]
-    assert p["default_order"] == "tp-cp-dp-pp" and p["gain"] >= 0
+    assert p["default_order"] == "tp-cp-dp-pp" and p["chosen_by"] == "closed_form" and p["gain"] >= 0
+    assert p["orders"][0]["order"] == "tp-cp-dp-pp" and p["default_step_time_s"] == p["orders"][0]["step_time_s"]
+    assert p["step_time_s"] == min(o["step_time_s"] for o in p["orders"])
     assert p["gain"] == pytest.approx(p["default_step_time_s"] / p["step_time_s"] - 1)
-    default_key = doc["ranked"][0]["key"].removesuffix("-" + doc["ranked"][0]["layout"].get("order", "")) \
-        if doc["ranked"][0]["layout"].get("order") else doc["ranked"][0]["key"]
-    same = {r["key"]: r for r in plain["ranked"]}
-    if default_key in same:  # the default order's row of the same layout, as the search without placement has it
-        assert p["default_step_time_s"] == same[default_key]["step_time_s"]
+    same = {r["key"]: r["step_time_s"] for r in plain["ranked"]}
+    default_key = p["orders"][0]["key"]
+    if default_key in same:  # the default order's row, as the search without placement has it
+        assert p["default_step_time_s"] == same[default_key]
+    code, out, err = cli(*args, "--top", "1")
+    assert code == 0, err
+    p = json.loads(out)["placement"]
+    assert p["chosen_by"] == "engine" and all("engine_step_time_s" in o for o in p["orders"])
+    assert p["engine_step_time_s"] == min(o["engine_step_time_s"] for o in p["orders"])
+    assert p["engine_gain"] == pytest.approx(p["default_engine_step_time_s"] / p["engine_step_time_s"] - 1)
 
 
 def test_explain_pruned_counts_by_reason_first(cli):

@@ -68,13 +68,19 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
 
 
 def placement_line(placement: Mapping[str, Any]) -> str:
-    """How much the winner's placement (mesh axis order) gains over the base scenario's order."""
-    text = (f"placement: the winner in order {placement['order']} takes {placement['step_time_s']:.3f} s by the closed "
-            f"form; in the default order {placement['default_order']}, {placement['default_step_time_s']:.3f} s "
-            f"({placement['gain']:+.1%})")
+    """The winner's placements (mesh axis orders): the best against the base scenario's order."""
     if "engine_gain" in placement:
-        text += (f"; by the engine {placement['engine_step_time_s']:.3f} s against "
-                 f"{placement['default_engine_step_time_s']:.3f} s ({placement['engine_gain']:+.1%})")
+        text = (f"placement (by the engine, {len(placement['orders'])} orders of the winning layout): best "
+                f"{placement['order']} {placement['engine_step_time_s']:.3f} s, default {placement['default_order']} "
+                f"{placement['default_engine_step_time_s']:.3f} s ({placement['engine_gain']:+.1%}); "
+                f"closed form {placement['step_time_s']:.3f} s vs {placement['default_step_time_s']:.3f} s")
+    else:
+        text = (f"placement (by the closed form, {len(placement['orders'])} orders of the winning layout): best "
+                f"{placement['order']} {placement['step_time_s']:.3f} s, default {placement['default_order']} "
+                f"{placement['default_step_time_s']:.3f} s ({placement['gain']:+.1%})")
+    if len(placement["orders"]) > 2 or "engine_gain" in placement:
+        figure = "engine_step_time_s" if "engine_gain" in placement else "step_time_s"
+        text += "; " + ", ".join(f"{o['order']} {o[figure]:.3f} s" for o in placement["orders"])
     if placement.get("note"):
         text += f" ({placement['note']})"
     return text
@@ -107,7 +113,8 @@ def grid_text(doc: Mapping[str, Any]) -> str:
         if "error" in row:
             table.add_row(*cells, row["error"], *[""] * 7)
             continue
-        gain = row.get("placement", {}).get("gain")
+        placed = row.get("placement", {})
+        gain = placed.get("engine_gain", placed.get("gain"))
         table.add_row(*cells, row["layout"], f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
                       f"{row['mfu']:.1%}", f"{row['memory_per_gpu_bytes'] / GIB:.1f}",
                       f"{row['engine_step_time_s']:.3f}" if row.get("engine_step_time_s") else "",
