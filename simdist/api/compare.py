@@ -208,16 +208,12 @@ def _compare_rows(entries: list[tuple[str, int | None]], base: dict[str, Any], b
                     continue
                 gpus = nodes * gpn
             size, problem = _problem(name, gpus, base, rounded=True)
-            row = compare_problems([(size, problem)], tokens=tokens, prices=prices, executor=executor, pue=pue)[0]
-            if how:  # a budget: the most nodes within it that have a feasible layout (the batch may not split)
-                gpn = size.gpus_per_node
-                for fewer in range(size.num_nodes - 1, max(0, size.num_nodes - BUDGET_STEPS_DOWN), -1):
-                    if "error" not in row:
-                        break
-                    size, problem = _problem(name, fewer * gpn, base, rounded=True)
-                    row = compare_problems([(size, problem)], tokens=tokens, prices=prices, executor=executor,
-                                           pue=pue)[0]
-                    how += f"; {fewer + 1} nodes have no feasible layout, using {fewer}"
+            if how:  # a budget: the most nodes within it whose GPUs split the global batch (and fit)
+                size, problem, row, how = _within_budget(name, size, problem, base, how, tokens=tokens, prices=prices,
+                                                         pue=pue, executor=executor)
+            else:
+                row = compare_problems([(size, problem)], tokens=tokens, prices=prices, executor=executor,
+                                       pue=pue)[0]
             row["label"] = f"{name} x {size.num_gpus}"
             row["global_batch_size"] = problem.global_batch_size
             if how:
@@ -226,6 +222,37 @@ def _compare_rows(entries: list[tuple[str, int | None]], base: dict[str, Any], b
                 row["meets_deadline"] = row["time_to_train_days"] <= budget["days"]
             rows.append(row)
     return rows
+
+
+def _within_budget(name: str, size: Any, problem: Any, base: dict[str, Any], how: str, *, tokens: float,
+                   prices: dict[str, float], pue: float, executor: Any) -> tuple[Any, Any, dict[str, Any], str]:
+    """The most nodes (at most ``size``'s) with a feasible layout: counts whose GPUs no tp x cp x pp of the space
+    splits the global batch over are skipped by arithmetic (simdist.search.space.splits_the_batch), and up to
+    BUDGET_STEPS_DOWN searched counts that still have none (memory) step down further."""
+    from simdist.search.compare import compare_problems
+    from simdist.search.evaluate import context
+    from simdist.search.space import splits_the_batch
+
+    gpn, afford = size.gpus_per_node, size.num_nodes
+    layers = context(problem).model.num_layers
+    row: dict[str, Any] = {"cluster": name, "num_gpus": 0, "note": "", "error": "no node count within the budget "
+                           "has a feasible layout"}
+    searched = 0
+    for nodes in range(afford, 0, -1):
+        if searched >= BUDGET_STEPS_DOWN:
+            break
+        if nodes != afford:
+            size, problem = _problem(name, nodes * gpn, base, rounded=True)
+        if not splits_the_batch(problem, num_gpus=nodes * gpn, gpus_per_node=gpn, num_layers=layers):
+            continue
+        searched += 1
+        row = compare_problems([(size, problem)], tokens=tokens, prices=prices, executor=executor, pue=pue)[0]
+        if "error" not in row:
+            if nodes != afford:
+                how += (f"; using {nodes}, the most with a feasible layout (global batch "
+                        f"{problem.global_batch_size} over data-parallel replicas)")
+            break
+    return size, problem, row, how
 
 
 def _deadline_row(name: str, base: dict[str, Any], *, tokens: float, days: float, prices: dict[str, float],

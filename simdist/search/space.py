@@ -184,6 +184,14 @@ def _axes(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_laye
     return tps, _powers_of_two(problem.max_cp), pps, _powers_of_two(problem.max_micro_batch)
 
 
+def splits_the_batch(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int) -> bool:
+    """Some tp x cp x pp of the space leaves a dp that divides the global batch (the batch rule of
+    simdist.plan.layout, checked without enumerating): a GPU count a budget may buy."""
+    tps, cps, pps, _ = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
+    return any(num_gpus % (tp * cp * pp) == 0 and problem.global_batch_size % (num_gpus // (tp * cp * pp)) == 0
+               for tp in tps for cp in cps for pp in pps)
+
+
 def base_order(problem: SearchProblem) -> tuple[str, ...]:
     """The mesh axis order of the base scenario (parallel.order; Megatron-LM's default without one)."""
     order = json.loads(problem.base).get("parallel", {}).get("order") if problem.base else None
