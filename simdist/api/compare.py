@@ -124,8 +124,8 @@ def compare(model: str | None = None, clusters: list[str] | None = None, gpus: i
     from simdist.api.provenance import version
 
     doc: dict[str, Any] = {"model": model if model is not None else str(scenario), "gpus": gpus, "tokens": tokens,
-                           "global_batch_size": global_batch_size if scenario is None or global_batch_size
-                           else _scenario_batch(rows),
+                           "global_batch_size": global_batch_size or (_scenario_batch(rows) if scenario is not None
+                                                                      else 1536),
                            "pue": pue, "energy_assumption": "every GPU at its TDP for the whole run, times the PUE "
                                                             "(1.0: GPUs only)",
                            "rows": rows, "simdist_version": version()}
