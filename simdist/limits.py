@@ -88,8 +88,14 @@ BANDWIDTH_MAX = _limit("bandwidth_max", 1e15, "B/s",
                        "100 times HBM3e (8 TB/s) and 1,000 times NVLink5 (0.9 TB/s per direction)", "1 PB/s")
 LATENCY_MAX = _limit("latency_max", 1.0, "s",
                      "a link or call latency of a second is not a latency (Ethernet RTTs are microseconds)")
+FLOPS_MIN = _limit("flops_min", 1e9, "FLOP/s",
+                   "slower than any device simdist models (one CPU core, the cpu-core preset, is 96 GFLOP/s); a zero "
+                   "rate would divide by zero in every kernel's time", "1 GFLOP/s")
 FLOPS_MAX = _limit("flops_max", 1e18, "FLOP/s",
                    "200 times a B200's dense fp8 peak (4.5 PFLOP/s)", "1 EFLOP/s")
+MEMORY_MIN = _limit("memory_min", 2.0**20, "B",
+                    "a device memory smaller than 1 MiB holds no model layer (and zero would make every memory "
+                    "fraction a division by zero)", "1 MiB")
 MEMORY_MAX = _limit("memory_max", 2.0**46, "B",
                     "300 times a B200's HBM (192 GB); a host's RAM as a 'device' fits too", "64 TiB")
 BUCKET_MIN = _limit("bucket_min", 1e6, "B",

@@ -7,6 +7,22 @@ import pytest
 from simdist.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+"""Tiny hand-checkable inputs for tests of mechanisms (the shipped presets are for tests about presets)."""
+TOY_TOPOLOGY = FIXTURES / "toy-nvswitch.yaml"
+
+
+def toy_gpu():
+    """The GpuSpec of tests/fixtures/toy-gpu.yaml: 100 TFLOP/s bf16, 10 fp32, 1 TB/s HBM, 16 GiB."""
+    from simdist.spec.gpu import GpuSpec
+    from simdist.spec.load import read_yaml, validate
+
+    return validate(GpuSpec, read_yaml(FIXTURES / "toy-gpu.yaml"))
+
+
+@pytest.fixture
+def toy_gpu_spec():
+    return toy_gpu()
 
 
 @pytest.fixture

@@ -9,14 +9,12 @@ achieves instead, and fails once the point meets the requirement, so that the li
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
 from validation import accuracy_collectives as acc
 
-SHARED = REPO.parent / "shared" / "reference"
 DOC = REPO / "docs" / "accuracy-collectives.md"
 
 
@@ -97,11 +95,3 @@ def test_auto_takes_only_algorithms_nccl_runs():
     for rec in acc.records():
         if rec.mapping.algorithm == "auto":
             assert rec.prediction.algorithm in nccl_algorithms(rec.measurement.op)
-
-
-@pytest.mark.parametrize("name", [acc.MLE, acc.GTC, acc.CS336, acc.REPORTS])
-def test_reference_copies_are_unchanged(name):
-    shared = SHARED / name
-    if not shared.is_file():
-        pytest.skip(f"{shared} not present in this checkout")
-    assert (acc.REFERENCE / name).read_bytes() == Path(shared).read_bytes()

@@ -15,7 +15,6 @@ from tests.conftest import REPO
 from validation import accuracy_training as acc
 
 DOC = REPO / "docs" / "accuracy-training.md"
-SHARED = REPO.parent / "shared" / "reference"
 
 
 @functools.cache
@@ -23,6 +22,7 @@ def results() -> dict[str, acc.Result]:
     return {r.row.label: r for r in (acc.predict(row) for row in acc.rows())}
 
 
+@pytest.mark.slow  # the first row predicts all of them (functools.cache)
 @pytest.mark.parametrize("label", [r.label for r in acc.rows()])
 def test_iteration_time_within_bound(label: str) -> None:
     r = results()[label]
@@ -52,14 +52,7 @@ def test_narayanan_eq3_reproduces_table2_training_days() -> None:
             assert days == pytest.approx(float(r["training_days_300B_tokens"]), abs=1.0)
 
 
+@pytest.mark.slow
 def test_report_is_up_to_date() -> None:
     expected = acc.report(list(results().values()))
     assert DOC.read_text() == expected, "regenerate: python -m validation.accuracy_training --out " + str(DOC)
-
-
-@pytest.mark.parametrize("name", ["korthikanti2022_table5_iteration_time.csv", "megatron2021_table2_zero3_vs_ptdp.csv",
-                                  "korthikanti2022_table4_layer_time_22B.csv", "korthikanti2022_table3_configs.csv"])
-def test_reference_copies_are_unchanged(name: str) -> None:
-    if not (SHARED / name).exists():
-        pytest.skip("../shared/reference not present")
-    assert (acc.REFERENCE / name).read_bytes() == (SHARED / name).read_bytes()

@@ -7,6 +7,8 @@ observable by observable; and where no collective shares a link with another, th
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -59,7 +61,31 @@ layouts = st.fixed_dictionaries({
     "mbs": st.sampled_from([1, 2]),
     "sp": st.booleans(),
     "per_parameter": st.booleans(),
+    # host costs (simdist.hardware.host): defaults, no step gap, or a slow host whose dispatch bounds the kernels
+    "host": st.sampled_from([None, {"step_gap": "0 us"}, {"step_gap": "50 us", "dispatch": "200 us"}]),
+    # uneven pipelines: layer counts that pp x vpp do not divide, each way of splitting them, and random per-chunk
+    # lists with chunks that hold only the embedding, only the loss, or nothing
+    "num_layers": st.sampled_from([6, 12, 13, 14]),
+    "split": st.sampled_from(["auto", "lighter_ends", "chunks", "uniform", "parameters", "account_for_loss"]),
+    "chunk_seed": st.integers(0, 2**16),
 })
+
+
+def _split_fields(x: dict, vpp: int) -> dict:
+    """The scenario's parallel fields that pick the layer split ``x["split"]``."""
+    split, n, parts = x["split"], x["num_layers"], x["pp"] * vpp
+    if split == "chunks":  # a random composition of the layers over the parts, zeros allowed
+        rng = random.Random(x["chunk_seed"])
+        counts = [0] * parts
+        ends = parts > 2 and x["chunk_seed"] % 2 == 0  # the embedding and the loss alone in their chunks
+        for _ in range(n):
+            counts[rng.randrange(1, parts - 1) if ends else rng.randrange(parts)] += 1
+        return {"layers_per_stage": [[counts[c * x["pp"] + s] for c in range(vpp)] for s in range(x["pp"])]}
+    if split in ("uniform", "parameters"):
+        return {"partition_method": split} if vpp == 1 else {}
+    if split == "account_for_loss":
+        return {"account_for_loss_in_pipeline_split": True}
+    return {"pipeline_split": split}
 
 
 def _spec(x: dict) -> ScenarioSpec:
@@ -69,13 +95,15 @@ def _spec(x: dict) -> ScenarioSpec:
     return ScenarioSpec.model_validate({
         "cluster": {"preset": "dgx-h100", "num_nodes": x["pp"] * x["dp"], "gpus_per_node": gpn,
                     "host": {"cpu_sockets": 1, "pcie_switches_per_socket": 1}, "inter_node": {"nics_per_node": gpn}},
-        "model": SMALL,
+        "model": {**SMALL, "num_layers": x.get("num_layers", SMALL["num_layers"])},
         "parallel": {"tp": x["tp"], "pp": x["pp"], "dp": x["dp"], "cp": x["cp"], "vpp": vpp,
-                     "zero_stage": x["zero_stage"], "sequence_parallel": x["sp"] and x["tp"] > 1},
+                     "zero_stage": x["zero_stage"], "sequence_parallel": x["sp"] and x["tp"] > 1,
+                     **(_split_fields(x, vpp) if "split" in x else {})},
         "training": {"micro_batch_size": x["mbs"], "global_batch_size": m * x["mbs"] * x["dp"],
                      "recompute": x["recompute"], "grad_reduce": x["grad_reduce"],
                      "grad_bucket_size": x["bucket"],
-                     "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch"},
+                     "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch",
+                     **({"host_overhead": x["host"]} if x.get("host") else {})},
         "schedule": x["schedule"],
     })
 
@@ -84,7 +112,8 @@ def _spec(x: dict) -> ScenarioSpec:
 @given(layouts)
 def test_closed_form_is_the_uncontended_op_graph(x):
     # Every piece of every step of every layout (ZeRO 0-3 with prefetch or per-parameter traffic, buckets,
-    # recompute, zb_h1's split backward, interleaved chunks of uneven layers) times the same in both: the graph
+    # recompute, zb_h1's split backward, interleaved chunks of uneven layers, chunks holding only the embedding,
+    # only the loss, or nothing) times the same in both: the graph
     # here is priced on its real groups, the closed form by group shape, which agree on one leaf of dgx-h100.
     spec = _spec(x)
     topology = api.cluster_of(spec)
@@ -135,7 +164,9 @@ def test_fast_forward_equals_every_micro_batch(schedule, vpp):
     spec = _spec({"tp": 2, "pp": 4, "dp": 2, "cp": 1, "vpp": vpp, "zero_stage": 1, "recompute": "selective",
                   "schedule": schedule, "grad_reduce": "overlapped", "bucket": "20 MB",
                   "microbatches": 100 if vpp > 1 else 192,
-                  "mbs": 1, "sp": True, "per_parameter": False})
+                  "mbs": 1, "sp": True, "per_parameter": False,
+                  # GPU-bound: without host costs, which bound this small model's kernels (simdist.hardware.host)
+                  "host": {"step_gap": "0 us", "dispatch": "0 us", "launch": "0 us"}})
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"num_layers": 14}),
                                    "parallel": spec.parallel.model_copy(update={"pipeline_split": "lighter_ends"})})
     topology = api.cluster_of(spec)
@@ -143,7 +174,9 @@ def test_fast_forward_equals_every_micro_batch(schedule, vpp):
     full, how_full = analytic_observables(cfg, CommPricer(topology), fast_forward=False)
     fast, how_fast = analytic_observables(cfg, CommPricer(topology))
     assert how_full is None and how_fast is not None
-    assert how_fast.cycle == (3 if schedule == "1f1b" else how_fast.cycle)  # 1F1B with lighter end stages: K - 1
+    # 1F1B with lighter end stages: K - 1 = 3, or 1 where the kernel costs make one stage the bottleneck each
+    # micro-batch (H100 with tile/wave quantization and FlashAttention-2's measured curve: the head's stage).
+    assert how_fast.cycle in ((1, 3) if schedule == "1f1b" else (how_fast.cycle,))
     _agree(full, fast, 1e-9)
 
 

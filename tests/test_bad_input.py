@@ -514,6 +514,7 @@ def test_a_narrow_output_encoding_escapes_instead_of_failing(tmp_path):
     assert proc.returncode == 0 and b"\\xfcn\\xef" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_search_and_collective_work_bounds():
     r = run_cli([*SEARCH, "--gpus", "1048576"])
     assert r.one_line_error() and "65,536 GPUs" in r.err, r.err

@@ -19,8 +19,8 @@ from simdist.calibrate.measurements import Measurement, read_measurements
 from simdist.cli import main
 from simdist.errors import SimdistWarning
 from simdist.hardware.compute import compute_efficiency, kernel_time_s
-from simdist.hardware.gpus import gpu_preset
 from simdist.spec.calibration import CalibrationSpec
+from tests.conftest import toy_gpu
 
 DATA = Path(__file__).parent / "data"
 A100 = DATA / "all_reduce_perf_a100x8.txt"  # ml-engineering's nccl-tests A100 sweep, in nccl-tests' format
@@ -150,7 +150,7 @@ class Step:
 
 
 def test_compute_fit_recovers_gemm_efficiency_and_launch_overhead() -> None:
-    gpu = gpu_preset("h100-sxm")
+    gpu = toy_gpu()  # a mechanism: any GPU's roofline, the fixture's round numbers
     truth = compute_efficiency(gpu).__class__(0.55, compute_efficiency(gpu).gemm_knee_dim,
                                               compute_efficiency(gpu).memory_efficiency, 5e-6)
     steps = []

@@ -195,6 +195,7 @@ def test_assumptions_are_listed_from_code_and_presets(cli):
     assert code == 0
     files = {item["file"] for item in items}
     assert "simdist/hardware/node.py" in files and "topologies/dgx-h100.yaml" in files
+    assert {"gpus/a100-sxm-80gb.yaml", "gpus/cpu-core.yaml"} <= files  # the GPU presets are data too
     # the scanner does not match its own pattern (nor the quoted marker in docstrings)
     assert all(item["text"] and "(.*)" not in item["text"] and not item["text"].startswith("``") for item in items)
     crossbar = [i for i in items if "non-blocking crossbar" in i["text"]]

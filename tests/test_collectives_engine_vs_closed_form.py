@@ -1,4 +1,4 @@
-"""The engine is never faster than the closed form, and equals it uncontended (DESIGN.md).
+"""The engine is never faster than the closed form, and equals it uncontended (docs/architecture.md).
 
 Over random collectives (every op and every algorithm that can run it, 2-64 peers, random sizes, roots,
 channels and protocols) on a few topologies (bundled presets with a few nodes, and two tiny fixtures in

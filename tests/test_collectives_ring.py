@@ -11,6 +11,7 @@ from simdist.collectives.ring import pipeline_pieces, ring_all_gather, ring_all_
 from simdist.collectives.verify import PlanError, verify
 from simdist.engine.simulate import simulate
 from simdist.hardware import load_topology
+from tests.conftest import TOY_TOPOLOGY
 
 
 @pytest.mark.parametrize("peers", range(2, 18))
@@ -63,22 +64,22 @@ def test_engine_equals_closed_form_on_one_node(preset, peers):
 
 
 def test_textbook_ring_formula_on_nvswitch():
-    group = Group.first(load_topology("dgx-h100"), 8)
-    p, size = 8, 1e9
-    alpha, bw = 0.6e-6, 450e9 * 0.82
+    group = Group.first(load_topology(TOY_TOPOLOGY, num_nodes=1), 4)
+    p, size = 4, 1e9
+    alpha, bw = 2e-6, 100e9  # the toy NVSwitch: two 1 us hops, 100 GB/s per port at efficiency 1
     engine = simulate([(ring_all_reduce(p, size), group)])[0].time_s
     assert engine == pytest.approx(2 * (p - 1) * (alpha + size / (p * bw)), rel=1e-9)
 
 
 def test_pipelined_broadcast_chain():
-    group = Group.first(load_topology("dgx-h100"), 8)
+    group = Group.first(load_topology(TOY_TOPOLOGY, num_nodes=1), 4)
     size = 64e6
     k = pipeline_pieces(size)
     assert k == 123  # 64e6 / 512 KiB, rounded up
-    engine = simulate([(ring_chain("broadcast", 8, size, 0), group)])[0].time_s
-    assert engine == pytest.approx(chain_time_s(group, size, list(range(8)), k), rel=1e-9)
-    alpha, bw = 0.6e-6, 450e9 * 0.82
-    assert engine == pytest.approx((8 - 2 + k) * (alpha + size / k / bw), rel=1e-9)
+    engine = simulate([(ring_chain("broadcast", 4, size, 0), group)])[0].time_s
+    assert engine == pytest.approx(chain_time_s(group, size, list(range(4)), k), rel=1e-9)
+    alpha, bw = 2e-6, 100e9  # the toy NVSwitch
+    assert engine == pytest.approx((4 - 2 + k) * (alpha + size / k / bw), rel=1e-9)
 
 
 def test_two_all_reduces_through_one_nic_contend():

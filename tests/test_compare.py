@@ -10,6 +10,7 @@ from simdist import api
 from simdist.errors import PresetError, SpecError
 
 
+@pytest.mark.slow
 def test_compare_time_cost_energy(cli, tmp_path):
     page = tmp_path / "c.html"
     code, out, err = cli("compare", "--model", "llama3-8b", "--clusters", "dgx-a100,dgx-h100,gb200-nvl72",

@@ -24,6 +24,7 @@ from simdist.engine.links import SharedLinks
 from simdist.engine.simulate import simulate
 from simdist.hardware import load_topology
 from simdist.hardware.batch import link_capacities, link_loads, routes
+from tests.conftest import TOY_TOPOLOGY
 
 
 def simpy_run(plan: Plan, group: Group) -> tuple[float, dict[int, float], Trace]:
@@ -147,16 +148,16 @@ def test_fluid_solver_by_hand():
 
 
 def test_simulate_keeps_simpy_for_dependencies_and_several_plans():
-    t = load_topology("dgx-h100")
-    group = Group.first(t, 8)
-    plan = Plan(op="x", algorithm="t", num_peers=8, nbytes=1.0, num_chunks=0, verifiable=False,
+    t = load_topology(TOY_TOPOLOGY, num_nodes=1)  # two 1 us hops, 100 GB/s per port at efficiency 1
+    group = Group.first(t, 4)
+    plan = Plan(op="x", algorithm="t", num_peers=4, nbytes=1.0, num_chunks=0, verifiable=False,
                 transfers=(Transfer(0, 1, 1e6, -1), Transfer(1, 2, 1e6, -1, deps=(0,))))
     assert not fluid_applicable(plan)
     (run,) = simulate([(plan, group)])
-    assert run.time_s == pytest.approx(2 * (0.6e-6 + 1e6 / (450e9 * 0.82)), rel=1e-9)
+    assert run.time_s == pytest.approx(2 * (2e-6 + 1e6 / 100e9), rel=1e-9)
     one = dataclasses.replace(plan, transfers=plan.transfers[:1])
     a, _ = simulate([(one, group), (one, group)])  # both on link 0 -> 1: each at half rate
-    assert a.time_s == pytest.approx(0.6e-6 + 2e6 / (450e9 * 0.82), rel=1e-9)
+    assert a.time_s == pytest.approx(2e-6 + 2e6 / 100e9, rel=1e-9)
 
 
 def test_tiny_blocks_next_to_large_ones_finish():

@@ -317,6 +317,7 @@ def command_case(draw) -> tuple[str, list[str]]:
 
 
 @_settings(260)
+@pytest.mark.slow
 @given(case=st.one_of(command_case(), command_case(), command_case(),
                       st.sampled_from(OTHER).map(lambda a: ("misc", a))))
 def test_fuzz_command_arguments(tmp_path_factory, case):

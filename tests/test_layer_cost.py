@@ -48,15 +48,60 @@ def test_gpt_layer_forward_is_24bsh2_plus_4bs2h(tp, cp, b):
     assert matmul_flops(work.forward) == pytest.approx(expected, rel=1e-12)
     # Backward: input and weight gradients, twice the forward GEMM FLOPs (ibid.).
     assert matmul_flops(work.backward) == pytest.approx(2 * expected, rel=1e-12)
-    assert work.model_flops == pytest.approx(3 * expected, rel=1e-12)
-    assert work.hardware_flops == work.model_flops
+    # Eq. (3) counts every score: the full-mask convention.
+    full = layer_work(GPT3, tp=tp, cp=cp, micro_batch_size=b, attention_mask="full")
+    assert full.model_flops == pytest.approx(3 * expected, rel=1e-12)
+    assert full.hardware_flops == full.model_flops
+    # Causal (the default): the model FLOPs drop the masked half of 4 b s^2 h per pass; the materialized kernels
+    # still execute it (batched GEMMs, then a masked softmax).
+    assert work.model_flops == pytest.approx(3 * expected - 3 * 2 * b * s * s * h / (tp * cp), rel=1e-12)
+    assert work.hardware_flops == full.hardware_flops
+
+
+ATTENTION_CORE = ("attention_scores", "attention_over_values", "flash_attention")
+
+
+@pytest.mark.parametrize("attention", ["materialized", "flash", "flash3", "cudnn"])
+@pytest.mark.parametrize(("tp", "cp"), [(1, 1), (8, 1), (4, 4)])
+def test_causal_attention_halves_the_attention_flops_exactly(attention, tp, cp):
+    def attention_flops(work, executed):
+        return sum(k.flops if executed else k.model_flops for k in work.forward if k.name in ATTENTION_CORE)
+
+    kw = dict(tp=tp, cp=cp, micro_batch_size=2, attention=attention)
+    causal, full = layer_work(LLAMA70, **kw), layer_work(LLAMA70, attention_mask="full", **kw)
+    assert attention_flops(causal, False) == 0.5 * attention_flops(full, False)
+    # 4 b s^2 h / (tp cp) with the full mask (Narayanan eq. (3)'s attention term, per GPU).
+    s, h = LLAMA70.seq_length, LLAMA70.hidden_size
+    assert attention_flops(full, False) == pytest.approx(4 * 2 * s * s * h / (tp * cp), rel=1e-12)
+    # A fused kernel skips the masked blocks; the materialized path executes them.
+    assert attention_flops(causal, True) == (attention_flops(full, True) if attention == "materialized"
+                                             else 0.5 * attention_flops(full, True))
+    # Everything outside the attention core is the same.
+    # Everything outside the attention core is the same: the model FLOPs differ by half the core's three passes.
+    assert full.model_flops - causal.model_flops == pytest.approx(3 * 0.5 * attention_flops(full, False), rel=1e-12)
+
+
+def test_context_parallel_zigzag_balances_causal_work():
+    # Megatron's 2 x cp chunks: rank r holds chunks r and 2cp-1-r; in chunk units each rank's causal area is
+    # (r + 1/2) + (2cp - 1 - r + 1/2) = 2cp: exactly 1/cp of the causal total s^2 / 2, for every rank.
+    for cp in (2, 4, 8, 16):
+        areas = {r + 0.5 + (2 * cp - 1 - r) + 0.5 for r in range(cp)}
+        assert areas == {2.0 * cp}
+        assert 2.0 * cp * cp == pytest.approx((2 * cp) ** 2 / 2)
+    one = layer_work(LLAMA70, tp=8, micro_batch_size=1, attention="flash")
+    four = layer_work(LLAMA70, tp=8, cp=4, micro_batch_size=1, attention="flash")
+    f1 = next(k for k in one.forward if k.name == "flash_attention")
+    f4 = next(k for k in four.forward if k.name == "flash_attention")
+    assert f4.flops == pytest.approx(f1.flops / 4, rel=1e-12)
+    # One causal ring step of four, three unmasked half blocks (Transformer Engine's CP attention).
+    assert [(share, causal) for share, causal, _ in f4.attention.parts] == [(0.25, True), (0.75, False)]
 
 
 def test_full_recompute_over_a_model_is_narayanan_eq3():
     # F = 96 B s l h^2 (1 + s/6h + V/16lh): four forward passes of every layer plus 3x the logits GEMM.
     b, s, h, layers, v = 1, GPT3.seq_length, GPT3.hidden_size, GPT3.num_layers, GPT3.vocab_size
     eq3 = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-    layer = layer_work(GPT3, micro_batch_size=b, recompute="full")
+    layer = layer_work(GPT3, micro_batch_size=b, recompute="full", attention_mask="full")
     total = layers * layer.hardware_flops + head_work(GPT3, tp=1, micro_batch_size=b).hardware_flops
     assert total == pytest.approx(eq3, rel=1e-12)
     assert layer.hardware_flops == pytest.approx(4 / 3 * layer.model_flops, rel=1e-12)
@@ -65,7 +110,7 @@ def test_full_recompute_over_a_model_is_narayanan_eq3():
 def test_selective_recompute_redoes_the_attention_core():
     # Korthikanti sec. 5: QK^T, softmax, dropout, attention over V; their matmuls are 4 b s^2 h / t.
     b, s, h, t = 4, GPT22B.seq_length, GPT22B.hidden_size, 8
-    work = layer_work(GPT22B, tp=t, micro_batch_size=b, recompute="selective")
+    work = layer_work(GPT22B, tp=t, micro_batch_size=b, recompute="selective", attention_mask="full")
     assert [k.name for k in work.recompute] == ["attention_scores", "softmax", "dropout", "attention_over_values"]
     assert work.hardware_flops - work.model_flops == pytest.approx(4 * b * s * s * h / t, rel=1e-12)
     # The scores are materialised: b a s^2 / t elements, read and written by softmax in 16 bits.
@@ -142,7 +187,8 @@ def test_flash_attention_counts_its_backward_recompute_as_hardware_flops():
     mat = layer_work(LLAMA70, tp=8, micro_batch_size=b)
     flash = layer_work(LLAMA70, tp=8, micro_batch_size=b, attention="flash")
     assert flash.model_flops == pytest.approx(mat.model_flops, rel=1e-12)
-    assert flash.hardware_flops - flash.model_flops == pytest.approx(2 * b * s * s * h / 8, rel=1e-12)
+    # Its recomputed QK^T: 2 b s^2 h / t with the full mask, half of it under the (default) causal mask.
+    assert flash.hardware_flops - flash.model_flops == pytest.approx(0.5 * 2 * b * s * s * h / 8, rel=1e-12)
     # No b a s^2 tensor in HBM: far fewer bytes.
     assert sum(k.hbm_bytes for k in flash.forward) < 0.5 * sum(k.hbm_bytes for k in mat.forward)
 
@@ -152,7 +198,8 @@ def test_optimizer_and_precision():
     (adam,) = optimizer_kernels(1e9)
     assert (adam.kind, adam.hbm_bytes) == ("memory", 30e9)
     assert optimizer_kernels(1e9, precision="fp32")[0].hbm_bytes == 28e9
-    assert [bytes_per_element(p) for p in ("fp32", "bf16", "fp8")] == [4, 2, 1]
+    # fp8 training keeps activations (and so TP / pipeline messages) in bf16: only GEMM operands are 1 byte.
+    assert [bytes_per_element(p) for p in ("fp32", "bf16", "fp8")] == [4, 2, 2]
     with pytest.raises(SpecError) as err:
         bytes_per_element("int4")
     assert err.value.field == "training.precision"
@@ -246,12 +293,13 @@ TABLE4_MS = {
 
 
 @pytest.mark.parametrize("experiment", list(TABLE4_MS))
-def test_korthikanti_table4_layer_times_within_10_percent(experiment):
+def test_korthikanti_table4_layer_times_within_3_percent(experiment):
+    # Largest error 3.02 % (forward of the non-SP rows; the fit balances it against the baseline backward, -3.02 %).
     sp, recompute = VARIANTS[experiment]
     forward_ms, backward_ms = predict_table4_ms(sp, recompute)
     measured_forward, measured_backward = TABLE4_MS[experiment]
-    assert forward_ms == pytest.approx(measured_forward, rel=0.10)
-    assert backward_ms == pytest.approx(measured_backward, rel=0.10)
+    assert forward_ms == pytest.approx(measured_forward, rel=0.031)
+    assert backward_ms == pytest.approx(measured_backward, rel=0.031)
 
 
 def test_table4_numbers_match_the_reference_csv():

@@ -1,4 +1,4 @@
-"""DESIGN.md's one-way data flow, enforced: import-linter contracts from pyproject.toml.
+"""The one-way data flow of docs/architecture.md, enforced: import-linter contracts from pyproject.toml.
 
 The contract can only fail for what import-linter sees: a directory without ``__init__.py`` is never analysed, a
 layer in parentheses is optional (a package missing from the tree, or misnamed in the contract, passes silently) and

@@ -23,7 +23,7 @@ from simdist.engine.executor import Trace, run_plan
 from simdist.engine.fluid import fluid_applicable, run_fluid
 from simdist.engine.graph import run_graph
 from simdist.engine.links import SharedLinks, job_flows
-from simdist.engine.sharing import max_min_rates
+from simdist.engine.sharing import max_min_rates, max_min_rates_small
 from simdist.hardware import load_topology
 from simdist.hardware.link import Route
 from simdist.plan.opgraph import Comm, Job, Op, OpGraph
@@ -180,6 +180,25 @@ def test_solver_is_feasible_max_min_fair_and_equals_progressive_filling(problem)
                            if any(y == x and v > 0 for y, v in zip(links[u], weights[u], strict=True)))
                    for x, wx in zip(mine, ws, strict=True) if wx > 0), t
     assert rates.tolist() == pytest.approx(progressive_filling(links, weights, capacity, caps), rel=1e-9)
+
+
+@settings(max_examples=400, deadline=None)
+@given(sharing_problems(), st.booleans())
+def test_small_solver_gives_the_solvers_rates_bit_for_bit(problem, unweighted):
+    # The plain-Python solver SharedLinks re-shares few transfers with is the same algorithm, not an
+    # approximation: identical rates (==, not approx), weighted or not, on links given by id (sparse ids here).
+    links, weights, capacity, caps = problem
+    if unweighted:
+        weights = [[1.0] * len(mine) for mine in links]
+    entries = np.array([x for mine in links for x in mine], dtype=np.int64)
+    w = np.array([x for mine in weights for x in mine], dtype=float)
+    rates = max_min_rates(entries, np.array([len(m) for m in links]), np.array(capacity), np.array(caps),
+                          None if unweighted else w)
+    ids = {x: 1000 + 7 * x for x in range(len(capacity))}
+    small = max_min_rates_small([tuple(ids[x] for x in mine) for mine in links],
+                                [None if unweighted else tuple(ws) for ws in weights], list(caps),
+                                {ids[x]: c for x, c in enumerate(capacity)})
+    assert small == rates.tolist()
 
 
 # ----------------------------------------------------------------------------- fluid == SimPy

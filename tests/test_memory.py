@@ -23,7 +23,7 @@ GIB = 2**30
 GB = 1e9
 
 # Korthikanti et al. 2022 (arXiv:2205.05198) Table 3, copied from
-# /work/shared/reference/korthikanti2022_table3_configs.csv (source column: "paper text, Table 3"):
+# validation/reference/korthikanti2022_table3_configs.csv (source column: "paper text, Table 3"):
 # name: (attention heads a, hidden h, layers L, tp, pp, global batch, micro-batch, interleaving v); s = 2048,
 # vocabulary 51200, data parallel 1. "interleaved, 3 stages" is read as v = 3.
 KORTHIKANTI_TABLE3 = {

@@ -65,6 +65,7 @@ def kernel_dir(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # each notebook runs a kernel: seconds to a minute and a half on 2 cores
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path, kernel_dir, tmp_path):
     from jupyter_client.kernelspec import KernelSpecManager

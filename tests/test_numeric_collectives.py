@@ -126,7 +126,7 @@ def test_lecture_mlp_spec_runs_and_shows_the_384_kib_all_gather():
     out = nb.run_spec(nb.lecture_mlp_spec(tp=4))
     gathers = [c for c in out.result["collectives"] if c["op"] == "all_gather"]
     # column-parallel TP: one all-gather of the 128 x 1024 fp32 activation (512 KiB) per layer forward;
-    # a ring rank sends 3/4 of it: 384 KiB (LECTURE.md, tensor parallel)
+    # a ring rank sends 3/4 of it: 384 KiB (Stanford CS336 Spring 2025 lecture 8, lecture_08.py, tensor parallelism)
     assert gathers and gathers[0]["nbytes"] == 128 * 1024 * 4 and gathers[0]["count"] == 4
     row = api.collective("dgx-h100", "all_gather", 4, [gathers[0]["nbytes"]], algorithm="ring")[0]
     assert row.max_bytes_sent_per_rank == 384 * 2**10

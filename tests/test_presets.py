@@ -13,7 +13,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "validation" / "reference"
 
 EXPECTED_PRESETS = {
     "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-gen4-8gpu", "pcie-gen5-8gpu",
-    "cpu-loopback",
+    "cpu-loopback", "dgx-b300", "gb300-nvl72",
 }
 
 
@@ -34,6 +34,7 @@ def test_all_presets_present():
         ("h200-sxm", "H200 SXM"),
         ("b200", "B200 SXM"),
         ("gb200", "GB200 (per Blackwell GPU)"),
+        ("b300", "B300 SXM"),
     ],
 )
 def test_gpu_presets_match_reference_csv(preset, row):
@@ -46,7 +47,7 @@ def test_gpu_presets_match_reference_csv(preset, row):
         assert gpu.peak.fp8 is None
     else:
         assert gpu.peak.fp8 == pytest.approx(float(fp8) * 1e12)
-    # capacities are binary (see gpus.py), bandwidths decimal
+    # capacities are binary (the Assumption in gpus/a100-sxm-80gb.yaml), bandwidths decimal
     assert gpu.hbm_capacity == pytest.approx(float(ref["hbm_gb"]) * 2**30)
     assert gpu.hbm_bandwidth == pytest.approx(float(ref["hbm_bw_TBps"]) * 1e12)
     assert gpu.tdp_w == pytest.approx(float(ref["max_power_W"]))
@@ -54,7 +55,7 @@ def test_gpu_presets_match_reference_csv(preset, row):
 
 def test_gpu_dtype_ordering_is_physical():
     for name, gpu in GPU_PRESETS.items():
-        if name in CPU_PRESETS:  # a CPU core: no tensor cores, every dtype at the fp32 rate (gpus.py)
+        if name in CPU_PRESETS:  # a CPU core: no tensor cores, every dtype at the fp32 rate (gpus/cpu-core.yaml)
             assert gpu.peak.fp32 == gpu.peak.tf32 == gpu.peak.bf16 == gpu.peak.fp16 and gpu.peak.fp8 is None
             continue
         assert gpu.peak.fp32 < gpu.peak.tf32 < gpu.peak.bf16 == gpu.peak.fp16
@@ -71,6 +72,8 @@ def test_gpu_dtype_ordering_is_physical():
         ("hgx-h200", 450, 8, 50, 8),
         ("dgx-b200", 900, 8, 50, 8),
         ("gb200-nvl72", 900, 72, 50, 72),
+        ("dgx-b300", 900, 8, 100, 8),
+        ("gb300-nvl72", 900, 72, 100, 72),
         ("pcie-gen4-8gpu", None, 4, 25, 1),
         ("pcie-gen5-8gpu", None, 4, 50, 1),
     ],
@@ -92,7 +95,8 @@ def test_nvlink_generation_bandwidth_matches_interconnect_csv():
     with open(REFERENCE / "hardware_interconnect_specs.csv", newline="") as fh:
         rows = {r["generation"]: r for r in csv.DictReader(fh) if r["family"] == "NVLink"}
     for preset, gen in [("dgx-a100", "NVLink 3 (A100)"), ("dgx-h100", "NVLink 4 (H100/H200/GH200)"),
-                        ("dgx-b200", "NVLink 5 (B200/GB200/B300)")]:
+                        ("dgx-b200", "NVLink 5 (B200/GB200/B300)"), ("dgx-b300", "NVLink 5 (B200/GB200/B300)"),
+                        ("gb300-nvl72", "NVLink 5 (B200/GB200/B300)")]:
         spec = load_topology(preset).spec
         assert spec.scale_up.bandwidth == float(rows[gen]["unidir_per_gpu_or_port"]) * 1e9
 
@@ -114,7 +118,8 @@ def test_nvls_only_where_the_switch_has_it():
     assert {n: bool(load_topology(n).spec.scale_up and load_topology(n).spec.scale_up.nvls)
             for n in preset_names()} == {
         "dgx-a100": False, "dgx-h100": True, "hgx-h200": True, "dgx-b200": True, "gb200-nvl72": True,
-        "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False, "cpu-loopback": False,
+        "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False, "cpu-loopback": False, "dgx-b300": True,
+        "gb300-nvl72": True,
     }
 
 

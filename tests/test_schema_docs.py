@@ -39,3 +39,50 @@ def test_bounds_are_in_the_schema():
 def test_simdist_schema_prints_them():
     r = run_cli(["schema", "calibration"])
     assert r.code == 0 and "description" in json.loads(r.out)["properties"]["topology"]
+
+
+def _models() -> list[type]:
+    """Every pydantic model defined in simdist (each module imported; ``__main__`` would run the CLI)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from pydantic import BaseModel
+
+    import simdist
+
+    found = {}
+    for info in pkgutil.walk_packages(simdist.__path__, "simdist."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseModel) and cls.__module__ == module.__name__:
+                found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return [found[k] for k in sorted(found)]
+
+
+def _fields_without_description(models) -> list[str]:
+    return [f"{m.__module__}.{m.__qualname__}.{name}" for m in models for name, info in m.model_fields.items()
+            if not (info.description or "").strip()]
+
+
+def test_every_field_of_every_spec_model_has_a_description():
+    models = _models()
+    specs = [m for m in models if m.__name__.endswith("Spec")]
+    assert {"ScenarioSpec", "TopologySpec", "GpuSpec", "ModelSpec", "CalibrationSpec"} <= {m.__name__ for m in specs}
+    assert _fields_without_description(models) == []
+
+
+def test_a_model_field_without_a_description_is_named():
+    from pydantic import Field
+
+    from simdist.spec.base import Spec
+
+    class ToySpec(Spec):
+        documented: int = Field(description="a count")
+        bare: int = 0
+        blank: int = Field(default=0, description=" ")
+
+    prefix = f"{__name__}.{ToySpec.__qualname__}"
+    assert _fields_without_description([ToySpec]) == [f"{prefix}.bare", f"{prefix}.blank"]

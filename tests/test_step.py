@@ -13,7 +13,7 @@ import pytest
 from simdist import api
 from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
-from simdist.hardware.gpus import GPU_PRESETS
+from simdist.hardware.host import host_overhead
 from simdist.hardware.presets import load_topology
 from simdist.plan.layer_cost import head_work, layer_work, optimizer_kernels
 from simdist.plan.mesh import Mesh, parse_order
@@ -22,6 +22,7 @@ from simdist.plan.step import StepConfig, build_step, split_layers
 from simdist.predict.step import predict_step
 from simdist.spec.load import Document, validate
 from simdist.spec.scenario import ScenarioSpec
+from tests.conftest import TOY_TOPOLOGY, toy_gpu
 
 KIB = 1024
 MLP = Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024)
@@ -134,15 +135,28 @@ def test_unequal_local_batches_make_the_larger_rank_the_straggler(tmp_path: Path
 # ----------------------------------------------------------------------------- exact composition
 def test_single_gpu_step_is_the_sum_of_its_kernels(tmp_path: Path) -> None:
     # One GPU, one micro-batch: forward, backward, optimizer run back to back; the simulated step is exactly
-    # the sum of their roofline times (nothing overlaps, nothing waits).
-    path = mlp_scenario(tmp_path)
+    # the sum of their roofline times (nothing overlaps, nothing waits), each run of kernels at least the host's
+    # time to issue them (simdist.hardware.host).
+    path = scenario_file(tmp_path, f"""
+name: lecture MLP on one toy GPU
+cluster: {{file: {TOY_TOPOLOGY}, num_nodes: 1, gpus_per_node: 1, inter_node: {{nics_per_node: 1}}}}
+model: {{preset: cs336-mlp}}
+parallel: {{tp: 1, pp: 1, dp: 1, tp_style: column}}
+training: {{micro_batch_size: 128, global_batch_size: 128, precision: fp32}}
+schedule: 1f1b
+""")
     result = api.run(path).result
-    gpu = GPU_PRESETS["h100-sxm"]
+    gpu = toy_gpu()
+    assert result["layout"] and gpu.peak.fp32 == 10e12  # the fixture's round numbers, not a preset's
+    host = host_overhead(gpu)
     layer = layer_work(MLP, micro_batch_size=128, precision="fp32", tp_style="column")
     head = head_work(MLP, tp=1, micro_batch_size=128, precision="fp32")
-    per_layer = kernels_time_s(gpu, layer.forward, "fp32") + kernels_time_s(gpu, layer.backward, "fp32")
-    expected = (MLP.num_layers * per_layer
-                + kernels_time_s(gpu, head.forward, "fp32") + kernels_time_s(gpu, head.backward, "fp32")
+
+    def issued(kernels) -> float:
+        return host.kernels_time_s(kernels_time_s(gpu, kernels, "fp32"), len(kernels))
+
+    per_layer = issued(layer.forward) + issued(layer.backward)
+    expected = (MLP.num_layers * per_layer + issued(head.forward) + issued(head.backward)
                 + kernels_time_s(gpu, optimizer_kernels(MLP.num_params, precision="fp32"), "fp32"))
     assert result["step_time_s"] == pytest.approx(expected, rel=1e-9)
 
@@ -252,7 +266,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["parallel.dp=2"], "tp x pp x dp x cp = 8 x 8 x 2 x 1 = 128"),
     (["training.global_batch_size=63"], "global_batch_size"),
     (["schedule=zigzag"], "schedule"),
-    (["parallel.vpp=13"], "parallel.vpp"),  # 12 layers per stage cannot make 13 chunks
+    (["parallel.vpp=13", "parallel.pipeline_split=even"], "parallel.vpp"),  # 12 layers per stage, 13 even chunks
+    (["parallel.pipeline_layout=E|t*96|L"], "parallel.pipeline_layout"),  # 3 parts, not a multiple of pp = 8
 ])
 def test_cli_bad_layouts_exit_2_with_one_line(sets: list[str], needle: str) -> None:
     args = ["run", "scenarios/default.yaml"]
@@ -279,6 +294,7 @@ def test_cli_run_json_and_out_dir(tmp_path: Path) -> None:
     assert math.isfinite(doc["step_time_s"])
 
 
+@pytest.mark.slow
 def test_cli_run_prints_table_and_report_path(tmp_path: Path) -> None:
     proc = run_cli("run", "scenarios/default.yaml", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -287,7 +303,7 @@ def test_cli_run_prints_table_and_report_path(tmp_path: Path) -> None:
 
 
 def test_step_config_carries_the_scenario(tmp_path: Path) -> None:
-    cfg = StepConfig(model=MLP, gpu=GPU_PRESETS["h100-sxm"], mesh=Mesh(pp=2), schedule="gpipe",
+    cfg = StepConfig(model=MLP, gpu=toy_gpu(), mesh=Mesh(pp=2), schedule="gpipe",
                      micro_batch_size=32, global_batch_size=128, layers_per_stage=(2, 2), precision="fp32",
                      tp_style="column")
     plan = build_step(cfg)

@@ -26,6 +26,8 @@ from validation.machine import cpu_model  # noqa: E402
 from validation.mlp import ALL_CUTS, MLPConfig, StepConfig, run_steps, weighted_gradient_sum_  # noqa: E402
 from validation.spawn import HarnessError, cli_guard, free_port, launch  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test spawns torch.distributed ranks
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = MLPConfig(num_layers=4, width=64, batch=16, lr=0.1)
 

@@ -25,6 +25,8 @@ from simdist.calibrate.steps import read_step_measurements
 from simdist.errors import SpecError
 from validation import loop
 
+pytestmark = pytest.mark.slow  # torch.distributed runs on gloo in subprocesses
+
 REPO = Path(__file__).resolve().parents[1]
 FILES = {"collectives.csv", "steps.csv", "calibration.yaml", "validation.md", "validation.html"}
 

@@ -2,8 +2,8 @@
 
     python -m validation.accuracy_collectives [--out docs/accuracy-collectives.md]
 
-Every usable measured point of the reference tables in validation/reference/ (copied unchanged from
-../shared/reference/, source columns kept) becomes a `Measurement` and is predicted with
+Every usable measured point of the reference tables in validation/reference/ (published tables copied
+unchanged, source columns kept) becomes a `Measurement` and is predicted with
 `simdist.api.collective` on the preset, rank count, node count, overrides and algorithm that its dataset
 in `datasets()` states, each with the reason. `records()` returns one `Record` (dataset, measurement,
 prediction) per point, which tests/test_accuracy_collectives.py reuses; `render()` writes the markdown

@@ -15,9 +15,7 @@ blocks of reduce_scatter/all_gather on 2^m + r peers a peer with a light step ma
 
 Exact (engine = this form) whenever the planned rates hold: alone on the network, except where peers
 that drift apart (folded pairs, routes of different latencies) run messages of different steps on one
-link at once; the engine is never faster. (Before the messages carried planned rates, a message that
-met its step's others on a link at different times ran faster than its share there: the engine was
-up to 4 % faster than this form, on PCIe boxes and across nodes.)
+link at once; the engine is never faster (what it was before the planned rates: docs/validation-history.md).
 """
 
 from __future__ import annotations

@@ -45,6 +45,18 @@ class CommPricer:
         self._memo: dict[tuple, Any] = {}
         self.misses = 0
 
+    def scaled(self, factor_of_bytes: Callable[[float], float]) -> CommPricer:
+        """A pricer of the same cluster whose every collective takes ``factor_of_bytes(nbytes)`` x as long (a
+        perturbed link efficiency, simdist.predict.bands), its cache the prices already made, scaled."""
+        base = self.adjust
+
+        def adjust(op: str, n: int, nbytes: float, t: float) -> float:
+            return (base(op, n, nbytes, t) if base is not None else t) * factor_of_bytes(nbytes)
+
+        out = CommPricer(self.topology, adjust)
+        out._cache = {key: t * factor_of_bytes(key[-1]) for key, t in self._cache.items()}
+        return out
+
     def key(self, op: str, ranks: tuple[int, ...], nbytes: float) -> tuple:
         n = len(ranks)
         stride = ranks[1] - ranks[0] if n > 1 else 0
@@ -126,13 +138,16 @@ def cached_chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_p
 def chunk_cost_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
-            cfg.attention, cfg.precision, cfg.tp_style, cfg.compute_efficiency)
+            cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
+            cfg.host_overhead)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
-            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency)
+            cfg.fp8_param_gather,
+            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency,
+            cfg.host_overhead)
 
 
 def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:

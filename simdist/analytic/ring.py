@@ -10,10 +10,9 @@ a channel at the channel's rate, in order on its connection (`Transfer.max_rate_
 no step's latency hides behind another's bytes, and the fast plan's flows pay the chain latency
 before their bytes; the collective ends with its slowest channel, and both plans equal this form
 uncontended. (Channels of different rates, e.g. where two of them share a NIC, end at different
-times: the slowest channel's rate and another channel's longer chain do not add, which the earlier
-form, the busiest link's step time plus the longest chain over all channels, assumed: up to 4 %
-slower than the engine.) It is NCCL's cost model, time = lat + nBytes / bw with lat summing the chain's intra-
-and inter-node hop latencies (src/graph/tuning.cc), which the multi-node measurements support
+times: the slowest channel's rate and another channel's longer chain do not add; the earlier form that
+added them: docs/validation-history.md.) It is NCCL's cost model, time = lat + nBytes / bw with lat summing the
+chain's intra- and inter-node hop latencies (src/graph/tuning.cc), which the multi-node measurements support
 (simdist.collectives.ring). With identical edges this is the textbook 2(P-1)(alpha + S/(P B)).
 reduce_scatter and all_gather are one phase: (P-1) steps.
 Pipelined broadcast/reduce along a chain, k pieces: (P - 2 + k) (alpha + S/(k B)) (Hockney model

@@ -1,4 +1,4 @@
-"""Closed-form step time: the "analytic" fidelity of a training step (DESIGN.md, "Fidelity and speed").
+"""Closed-form step time: the "analytic" fidelity of a training step (docs/architecture.md).
 
 It reads the one step model (simdist.plan.recipe) the op-graph builder reads, prices each recipe's collectives
 alone by group shape (simdist.analytic.pricing.CommPricer), and times the schedule step by step without building
@@ -16,6 +16,7 @@ Cost grows with the schedule's distinct work: a large micro-batch count is fast-
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -36,7 +37,7 @@ from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
 from simdist.plan.schedule import schedule_order
-from simdist.plan.step_config import StepConfig, chunk_layers
+from simdist.plan.step_config import StepConfig
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
            "fast_forward_plan", "lower_bound_s"]
@@ -127,10 +128,21 @@ class _Stage:
     tail: PricedPieces
 
 
+def _slowed(r: PricedPieces, factor: float) -> PricedPieces:
+    """``r`` on a straggler GPU: its kernels (compute, recompute, optimizer pieces) ``factor`` x as long, the same
+    pieces simdist.plan.step slows (SLOWED_KINDS; a zero-length wait stays zero)."""
+    return dataclasses.replace(r, durations=tuple(d * factor if c in _SLOWED else d
+                                                  for d, c in zip(r.durations, r.categories, strict=True)))
+
+
+_SLOWED = frozenset({"compute", "recompute", "optimizer"})
+
+
 def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[int, bool, bool], ...],
-           groups: dict[str, tuple[int, int, int]]) -> tuple[list, list, PricedPieces]:
+           groups: dict[str, tuple[int, int, int]], factor: float = 1.0) -> tuple[list, list, PricedPieces]:
     """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
-    ``chunks`` (layers, first model part, last model part) on the mesh groups ``groups``."""
+    ``chunks`` (layers, first model part, last model part) on the mesh groups ``groups``; ``factor``: the time
+    factor of its compute (a straggler, StepConfig.compute_factor)."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     config = recipe_key(cfg)
     costs = []
@@ -145,12 +157,16 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[int, bool, b
                 # a recipe's simple form depends on its priced pieces only: made once per priced recipe
                 code = recipe_code(c, kind, last)
                 recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple)
+                if factor != 1.0:
+                    recipes[code] = _slowed(recipes[code], factor)  # type: ignore[arg-type]
+                    simple[code] = _simple(recipes[code])  # type: ignore[arg-type]
     t = cached_tail(cfg, tuple(costs), config)
-    return (recipes, simple,
-            pricer.priced(t.pieces, len(t.pieces) - 1, groups)[0])
+    priced_tail = pricer.priced(t.pieces, len(t.pieces) - 1, groups)[0]
+    return (recipes, simple, _slowed(priced_tail, factor) if factor != 1.0 else priced_tail)
 
 
-def _stages(cfg: StepConfig, pricer: CommPricer) -> list[_Stage]:
+def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Stage]:
+    """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute)."""
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     p2p = send(cfg)
     config = (chunk_cost_key(cfg), recipe_key(cfg))
@@ -160,11 +176,12 @@ def _stages(cfg: StepConfig, pricer: CommPricer) -> list[_Stage]:
         groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in ("tp", "cp", "dp")}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
         chunks = tuple((n, c * K + s == 0, c * K + s == K * V - 1)
-                       for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], V)))
-        # alike stages (same layers, positions and group shapes) share their priced recipes
-        recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups)),
-                                                  lambda chunks=chunks, groups=groups: _stage(cfg, pricer, chunks,
-                                                                                              groups))
+                       for c, n in enumerate(cfg.stage_chunks(s)))
+        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
+        # alike stages (same layers, positions, group shapes and speed) share their priced recipes
+        recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups), factor),
+                                                  lambda chunks=chunks, groups=groups, factor=factor: _stage(
+                                                      cfg, pricer, chunks, groups, factor))
         sends = [0.0] * (V * 3)
         for c in range(V):
             for kind, step in (("F", 1), ("B", -1)):
@@ -449,8 +466,8 @@ def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool =
 
 
 def _plan(cfg: StepConfig, stages: list[_Stage], for_engine: bool) -> tuple[int, int, int, int] | None:
-    if cfg.dp_batch_split is not None:
-        return None
+    if cfg.dp_batch_split is not None or (for_engine and cfg.compute_slowdown):
+        return None  # the engine simulates unequal replicas whole
     return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), _starts(cfg, stages), vpp=cfg.vpp,
                    count_detection=not for_engine)
 
@@ -536,8 +553,27 @@ def _num_microbatches(cfg: StepConfig) -> int:
 def analytic_observables(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = True
                          ) -> tuple[dict[str, float], FastForward | None]:
     """The step's additive quantities (as simdist.report.step_metrics.observables measures them on a trace) and
-    how its micro-batches were fast-forwarded (None: every one was timed)."""
-    stages = _stages(cfg, pricer)
+    how its micro-batches were fast-forwarded (None: every one was timed).
+
+    With a straggler (``cfg.compute_slowdown``) each distinct replica is timed and the slowest one's answer
+    returned: the data-parallel collectives at the step's end wait for it.
+    # Assumption: the closed form of a step with a straggler is its slowest replica's timeline, exact where one
+    # replica is slowed and the data-parallel collectives run after the backward (the default bucketed
+    # reduction); where replicas meet mid-step (overlapped buckets, ZeRO-2/3's per-micro-batch collectives) or
+    # stragglers sit in several replicas at different stages, only the engine sees the waits compound.
+    """
+    if cfg.compute_slowdown:
+        replicas = sorted({cfg.mesh.coords(r)["dp"] for r, _ in cfg.compute_slowdown})
+        if len(replicas) < cfg.mesh.dp:
+            replicas.append(next(d for d in range(cfg.mesh.dp) if d not in replicas))  # a healthy one
+        timed = [_replica_observables(cfg, pricer, d, fast_forward) for d in replicas]
+        return max(timed, key=lambda t: t[0]["step_s"])
+    return _replica_observables(cfg, pricer, 0, fast_forward)
+
+
+def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int, fast_forward: bool
+                         ) -> tuple[dict[str, float], FastForward | None]:
+    stages = _stages(cfg, pricer, dp_index)
     M = _num_microbatches(cfg)
     found = _plan(cfg, stages, False) if fast_forward else None
     if found is not None:

@@ -23,9 +23,8 @@ intraLat + log2i(nNodes) * interLat)"), with the pipeline's fill; Sanders, Speck
 with it), vectorised over the trees and their levels.
 
 Exact (engine = this form) alone on the network: the planned rates hold since every connection carries
-one piece at a time; the engine is never faster. (Before the hops carried the tree's rate, the plan's
-first and last pieces moved faster than its steady-state share, and this form, built from that share,
-was an estimate: the engine was up to 5 % faster, and up to 22 % slower.)
+one piece at a time; the engine is never faster (before the hops carried the tree's rate:
+docs/validation-history.md).
 """
 
 from __future__ import annotations

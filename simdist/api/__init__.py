@@ -135,9 +135,10 @@ def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = 
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     spec, topology = scenario_cluster(doc, base)
     _check_layout(spec, topology, doc)
-    from simdist.plan.layout import check_layout
+    from simdist.plan.layout import check_fp8, check_layout
     from simdist.plan.model_presets import resolve_model
 
+    check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
     try:
         check_layout(spec, resolve_model(spec.model, base_dir=base))
     except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file
@@ -176,7 +177,7 @@ def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]
             raise err.located(source=doc.where(("model", "hf_config"))) from None
     cluster = doc.sub("cluster")
     overrides = Document(
-        data={k: v for k, v in cluster.data.items() if k not in ("preset", "file")},
+        data={k: v for k, v in cluster.data.items() if k not in ("preset", "file", "placement")},
         source=cluster.source,
         lines=cluster.lines,
     )
@@ -190,7 +191,7 @@ def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]
         raise SpecError("no cluster given", field="cluster", source=doc.where(("cluster",)),
                         fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
     try:
-        topology = load_topology(target, overrides=overrides)
+        topology = _placed(load_topology(target, overrides=overrides), spec)
     except SpecError as err:  # located in the scenario or the topology file; name the scenario field
         raise err.located(field_prefix="cluster") from None
     except SimdistError as err:  # unknown preset, disconnected cluster: name the scenario's field
@@ -206,9 +207,13 @@ def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None
         others = p.tp * p.pp * p.cp
         hint = (f"set parallel.dp to {topology.num_gpus // others}" if topology.num_gpus % others == 0
                 else f"make tp x pp x dp x cp equal {topology.num_gpus}, or change cluster.num_nodes")
+        if p.world_size < topology.num_gpus:
+            hint += ", or run on part of the cluster with cluster.placement: {num_nodes: N, gpus_per_node: G}"
         raise LayoutError(
             f"tp x pp x dp x cp = {p.tp} x {p.pp} x {p.dp} x {p.cp} = {p.world_size} GPUs, "
-            f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})",
+            + (f"but cluster.placement uses {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"
+               if topology.cluster_num_gpus > topology.num_gpus else
+               f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"),
             field="parallel", source=doc.where(("parallel",)), fix=hint,
         )
 
@@ -246,7 +251,7 @@ def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: s
 def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Topology:
     """The cluster a validated scenario names: its preset or file, with the scenario's overrides."""
     c = spec.cluster
-    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file")}
+    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file", "placement")}
     if c.file is not None:
         target: str | Path = c.file if Path(c.file).is_absolute() or base_dir is None else Path(base_dir) / c.file
     elif c.preset is not None:
@@ -255,9 +260,19 @@ def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Top
         raise SpecError("no cluster given", field="cluster",
                         fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
     try:
-        return load_topology(target, overrides=Document(data=overrides, source="scenario", lines={}))
+        return _placed(load_topology(target, overrides=Document(data=overrides, source="scenario", lines={})), spec)
     except SimdistError as err:
         raise err.located(field_prefix="cluster") from None
+
+
+def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
+    """The part of the cluster the scenario's job uses (``cluster.placement``), or the whole cluster."""
+    placement = spec.cluster.placement
+    if placement is None:
+        return topology
+    from simdist.hardware.placement import job_topology
+
+    return job_topology(topology, num_nodes=placement.num_nodes, gpus_per_node=placement.gpus_per_node)
 
 
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
@@ -399,7 +414,7 @@ def assumptions() -> list[dict[str, Any]]:
 
     tag = "# " + "Assumption:"  # split so that this line is not itself a match
     marker = re.compile(r"(?<![\"'`])" + re.escape(tag) + r"\s*(.*)")
-    roots = [Path(simdist.__file__).parent, bundled_dir("topologies")]
+    roots = [Path(simdist.__file__).parent, *(bundled_dir(kind) for kind in ("topologies", "gpus", "models"))]
     found: list[dict[str, Any]] = []
     for root in roots:
         for path in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):

@@ -168,7 +168,7 @@ class Calibration:
             gemm_knee_dim=c.gemm_knee_dim if c.gemm_knee_dim is not None else base.gemm_knee_dim,
             memory_efficiency=c.memory_efficiency if c.memory_efficiency is not None else base.memory_efficiency,
             launch_overhead_s=c.launch_overhead if c.launch_overhead is not None else base.launch_overhead_s,
-            host_op_s=base.host_op_s)
+            host_op_s=base.host_op_s, fp8_gemm_efficiency_ratio=base.fp8_gemm_efficiency_ratio)
 
     def check_topology(self, name: str, *, field: str = "--cluster", gpu: GpuSpec | None = None) -> None:
         """One clear error when this calibration is used on another topology than it was fitted for; a

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from simdist.errors import SpecError
-from simdist.hardware.compute import compute_efficiency, gemm_efficiency
+from simdist.hardware.compute import compute_efficiency, gemm_rate
 from simdist.plan.layer_cost import layer_work
 from simdist.plan.model_presets import resolve_model
 from simdist.spec.calibration import ComputeCalibration, ComputeFit
@@ -67,7 +67,7 @@ def _components(steps: Sequence[Any], gpu: GpuSpec, knee: float, mem_eff: float
     """Per step: GEMM compute seconds at gemm_peak_efficiency 1, other compute, memory seconds; kernel counts."""
     gemm_s, other_s, memory_s, counts = [], [], [], []
     probe = compute_efficiency(gpu)
-    unit = type(probe)(1.0, knee, mem_eff, 0.0)
+    unit = type(probe)(1.0, knee, mem_eff, 0.0, fp8_gemm_efficiency_ratio=probe.fp8_gemm_efficiency_ratio)
     for step in steps:
         kernels, precision, micro = step_kernels(step)
         g, o, m = [], [], []
@@ -77,7 +77,7 @@ def _components(steps: Sequence[Any], gpu: GpuSpec, knee: float, mem_eff: float
                 g.append(0.0)
                 o.append(k.flops / gpu.peak_flops("fp32"))
             else:
-                g.append(k.flops / (gpu.peak_flops(precision) * gemm_efficiency(unit, k.gemm_mnk)))
+                g.append(k.flops / gemm_rate(gpu, k, precision, unit))
                 o.append(0.0)
             m.append(mem)
         gemm_s.append(np.array(g) * micro)

@@ -51,9 +51,7 @@ __all__ = ["LATENCY_QUANTILE", "LATENCY_SHARE", "MAX_KNOTS", "MIN_SIZES", "POINT
 
 MAX_KNOTS = 8
 # At least two sizes behind every knot, never one knot per point (which interpolates every point and predicts
-# nothing). Every other size held out, the bundled sweeps' calibrated MAPE is A100 8.5 %, H200 5.3 %, gloo
-# loop 25.4 % with 2 sizes per knot; 9.4, 5.8 and 26.8 % with 3 (simdist validate FILE --calibration C
-# --holdout sizes on tests/data/*_a100x8.txt, *_h200x8.txt and validation/reference/gloo_cpu_loop_collectives.csv).
+# nothing); 2 held out better than 3 on the bundled sweeps (docs/validation-history.md).
 POINTS_PER_KNOT = 2
 MIN_SIZES = 4  # fewer distinct sizes than this cannot tell a latency from a bandwidth and a knee: warn
 LATENCY_SHARE = 0.1  # the model's bytes under 10 % of its time: the point measures latency

@@ -8,9 +8,8 @@ efficiency x the median over them of t_model / t_measured, at most 1 (a link nev
 bandwidth; a measurement that would need more says so in a warning). A tier whose sweeps stop before that
 regime keeps the preset's efficiency: the sizes below the plateau are the per-op corrections' business
 (simdist.calibrate.correction_fit), and letting their protocol knee set the links' efficiency would change
-every other op on those links, which the per-op corrections do not see. (Before issue 17 the efficiency came
-from straight lines t = alpha + S / busbw through whole sweeps; on the A100 sample that set NVLink to 0.742
-where the plateau says 0.774, slowing the TP all-gathers of every step by 3.8 %.)
+every other op on those links, which the per-op corrections do not see (what straight lines through whole
+sweeps did instead: docs/validation-history.md).
 
 The links are also told apart from the in-switch reduction: where the model prices a plateau point with NVLS
 (NVLink SHARP, simdist.collectives.nvls: the switch reduces, so the GPUs' links carry half the bytes of a
@@ -18,8 +17,7 @@ ring) and the measurement names no algorithm, the point is also priced as NCCL r
 other algorithm: the fallback when the switch has no SHARP or NCCL_NVLS_ENABLE=0), and the links take the
 larger implied efficiency of the two that does not exceed 1. A measurement no faster than the links alone
 allow is no evidence that the switch reduced anything; blaming the links for a reduction that did not happen
-would slow every ring on them (the A100 sample fitted to dgx-h100: NVLink 0.41 instead of 0.52, TP
-all-gathers priced at 189 GB/s, 19 % under the 235 GB/s those links moved).
+would slow every ring on them (measured on the A100 sample: docs/validation-history.md).
 
 The per-series record (`TierFit`, informational): latency alpha (median time at the latency-bound sizes),
 the busbw measured where the model is bandwidth-bound (bootstrap CI of the median: finite), the model's.

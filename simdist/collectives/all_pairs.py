@@ -21,7 +21,7 @@ pair, `Fabric.spine_for`), the destination NIC's downlink and its segment to the
 group), reduced per (source peer, block of destination nodes, latency class) to the largest drain: the
 closed form of a one-step op, and the landing targets of the fast plan's flows (which stand for the
 blocks from one peer to one block of nodes, simdist.collectives.direct_fast), are then O(P x blocks).
-The results equal the per-route computation (tests/test_collectives_all_pairs.py) at O(P^2) numpy work,
+The results equal the per-route computation (tests/test_fast_fidelity.py) at O(P^2) numpy work,
 one pass of ECMP hashes, and O(P^2) bytes of memory.
 """
 

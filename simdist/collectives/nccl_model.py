@@ -1,7 +1,7 @@
 """NCCL's own cost constants as priors: protocol latencies and bandwidth limits (src/graph/tuning.cc).
 
 Data: ``simdist/collectives/data/nccl_tuning_*.csv`` (NCCL v2.30.7-1 rows of
-``../shared/reference/nccl_tuning_*.csv``, source column kept). NCCL predicts a collective as
+``validation/reference/nccl_tuning_*.csv``, source column kept). NCCL predicts a collective as
 ``baseLat + steps x hwLat + bytes / bw`` per (algorithm, protocol); simdist keeps the wire latency in
 the topology's links (set to NCCL's LL figures, see simdist.hardware.link_defaults) and adds here what a
 protocol costs beyond the wire:
@@ -87,7 +87,7 @@ def bandwidth_caps() -> dict[tuple[str, str, str], float]:
 def gpu_arch(gpu_name: str) -> str:
     """NCCL's architecture bucket of a GPU name."""
     name = gpu_name.upper()
-    if name.startswith(("B200", "GB200", "B300")):
+    if name.startswith(("B200", "GB200", "B300", "GB300")):
         return "Blackwell"
     if name.startswith(("H100", "H200", "GH200")):
         return "Hopper"

@@ -6,7 +6,7 @@ transfers add up to at most the link's capacity. Alone on the network every tran
 exactly its bound (max-min sharing with feasible bounds gives every flow its bound), so the plan's time
 is the longest path through its dependencies with every transfer taking latency + wire bytes / bound:
 the closed forms (simdist.analytic) compute that path. Next to other traffic a transfer gets less, never
-more, so the engine is never faster than the closed form (DESIGN.md, "one shared-link mechanism").
+more, so the engine is never faster than the closed form (docs/architecture.md, "One shared-link mechanism").
 
 Two sharing rules, by what the transfers are:
 - pipelined hops (ring and tree channels, NCCL's primitives): each connection carries one step at a time

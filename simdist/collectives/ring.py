@@ -20,13 +20,9 @@ compute the same, so uncontended the three agree to rounding; next to other coll
 links the fast plan is slower by at most its chain latency, since its flows cannot move in the
 others' latency gaps (tests/test_fast_fidelity.py).
 
-Without the coupling the fast hops ran ahead, a network edge carried several steps at once, and
-later steps' latency hid behind earlier steps' bytes: on 2-4 DGX H100 nodes from 16 MiB to 1 GiB the
-detailed plan took 25 % less to 2.8 % more time than NCCL's model (more where steps sharing a link
-slowed the critical one). The multi-node measurements side with NCCL's model: 4 x 8 B200 with the
-ring forced (validation/reference, mle_p6b200_4node, ring/Simple) measure slower than it (predicted
-busbw +29 % at 64 MiB, +5.5 % at 512 MiB, +0.4 % at 1 GiB), and the overlapping accounting was
-further off (+98 %, +15 %, +3.3 %).
+Without the coupling the fast hops ran ahead, a network edge carried several steps at once, and later steps'
+latency hid behind earlier steps' bytes; the multi-node measurements side with NCCL's model (the figures:
+docs/validation-history.md).
 
 Broadcast and reduce run as a pipelined chain from (to) the root: the buffer is cut into k pieces
 that stream down the chain, taking (P - 1 + k - 1)(alpha + S/(k B)).
@@ -48,7 +44,7 @@ from simdist.collectives.request import Request
 
 # NCCL's Simple protocol moves a connection's buffer in NCCL_STEPS = 8 slots of DEFAULT_BUFFSIZE / 8:
 # 4 MiB / 8 = 512 KiB per pipeline step (src/include/device.h, src/init.cc;
-# ../shared/reference/nccl_topology_link_constants.csv).
+# validation/reference/nccl_topology_link_constants.csv).
 PIPELINE_CHUNK_BYTES = 4 * 2**20 / 8
 
 

@@ -228,18 +228,25 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             inst = _Instance(1, op.job, env.event(), share_of[(id(op.job), op.rank, op.stream)])
         instance_of[i] = inst
 
-    def run_instance(inst: _Instance):
+    # A collective instance runs by event callbacks (no SimPy process of its own): its latency, then its transfer.
+    def run_instance(inst: _Instance) -> None:
         inst.start = env.now
-        job, share = inst.job, inst.share
-        if job.latency_s > 0:
-            yield env.timeout(job.latency_s)
+        if inst.job.latency_s > 0:
+            env.timeout(inst.job.latency_s).callbacks.append(lambda _ev: move(inst))
+        else:
+            move(inst)
+
+    def move(inst: _Instance) -> None:
+        share = inst.share
         if share.bandwidth_s > 0:
             if share.links and net is not None:
                 # its flows move size bytes each, at most at its uncontended speed (alone: bandwidth_s)
-                yield net.transfer(share.links, share.size, share.size / share.bandwidth_s, share.weights)
+                ev = net.transfer(share.links, share.size, share.size / share.bandwidth_s, share.weights)
             else:
-                yield env.timeout(share.bandwidth_s)
-        inst.done.succeed()
+                ev = env.timeout(share.bandwidth_s)
+            ev.callbacks.append(lambda _ev: inst.done.succeed())
+        else:
+            inst.done.succeed()
 
     def track(key: tuple[int, str], ids: list[int]):
         timeout = env.timeout
@@ -252,7 +259,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             if inst is not None:
                 inst.arrived += 1
                 if inst.arrived == inst.size:
-                    env.process(run_instance(inst))
+                    run_instance(inst)
                 yield inst.done
                 start[i] = inst.start
             else:

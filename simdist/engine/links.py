@@ -9,7 +9,8 @@ The engine's one link-sharing mechanism. Its users:
 
 Whenever a transfer that shares a link with another joins or leaves, rates are re-shared max-min fairly in
 bandwidth per flow (`simdist.engine.sharing.max_min_rates`, the one solver), once per instant, after every
-transfer joining at that instant has joined (the driver process wakes after them). A transfer sharing none
+transfer joining at that instant has joined (the first schedules the re-share, a zero-delay timeout whose
+callback runs after them). A transfer sharing none
 of its links is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
 
 Alone, a transfer of size S and cap R on links of capacity C_l and weight w_l takes S / min(R, C_l / w_l):
@@ -27,7 +28,7 @@ from itertools import chain, repeat
 import numpy as np
 import simpy
 
-from simdist.engine.sharing import max_min_rates
+from simdist.engine.sharing import SMALL_ENTRIES, max_min_rates, max_min_rates_small
 
 DONE_FRACTION = 1e-12
 """A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
@@ -103,6 +104,8 @@ class _Transfer:
     remaining: float
     cap: float
     done: simpy.Event
+    seq: int = 0
+    """Order of joining (re-shares list transfers in this order)."""
     rate: float = 0.0
 
 
@@ -115,19 +118,28 @@ class SharedLinks:
         self.env = env
         self._capacity_of = capacity_of  # link id -> effective bytes/s
         self._active: list[_Transfer] = []
-        self._users: dict[int, int] = {}
+        self._on: dict[int, list[_Transfer]] = {}
         """Active transfers per link: one whose links no other transfer uses is rated alone."""
+        self._joined = 0
         self._capacity: dict[int, float] = {}
         """Capacities of the links seen so far."""
         self._table = np.zeros(0)
         """The same indexed by link id, for re-shares (NaN: not seen yet)."""
+        self._finite = True
+        """Every capacity seen and every cap is finite or inf, none NaN (else re-shares take numpy's path)."""
+        self._entries = 0  # (transfer, link) entries of the active transfers
         self._weighted = 0  # active transfers with weights
-        self._dirty = False
+        self._dirty: set[int] = set()
+        """Links whose transfers changed since the last re-share (one joined, or one left beside others)."""
         self._last = 0.0
-        self._wakeup: simpy.Event = env.event()
+        self._woken = False
+        """A re-share is scheduled at this instant (after the transfers joining at it)."""
+        self._horizon = 0
+        """Generation of the next-finish timeout: one set before the last re-share is stale."""
+        self._horizon_at = math.inf
+        """When the next-finish timeout fires."""
         self.load = LinkLoad()
         self._record = record_load
-        env.process(self._run())
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
                  weights: Sequence[float] | None = None) -> simpy.Event:
@@ -142,27 +154,41 @@ class SharedLinks:
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
         capacity = self._capacity
-        users = self._users
+        on = self._on
+        self._joined += 1
+        t = _Transfer(links, weights, size, size, cap, done, self._joined)
         shared = False
         for link in links:
             if link not in capacity:
                 self._learn(link)
-            n = users.get(link, 0)
-            if n:
+            there = on.get(link)
+            if there:
                 shared = True
-            users[link] = n + 1
-        t = _Transfer(links, weights, size, size, cap, done)
+                there.append(t)
+            else:
+                on[link] = [t]
+        self._entries += len(links)
+        if cap != cap:
+            self._finite = False
         if weights is not None:
             self._weighted += 1
         if shared:
-            self._dirty = True
+            self._dirty.update(links)
         else:
             t.rate = self._alone(t)
         if self._record:
             self.load.add(links, size, weights)
         self._active.append(t)
-        if not self._wakeup.triggered:
-            self._wakeup.succeed()
+        if self._woken:
+            return done
+        if shared:
+            self._woken = True
+            self.env.timeout(0).callbacks.append(self._on_wake)
+        elif t.rate > 0:
+            # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
+            delay = t.remaining / t.rate
+            if self.env.now + delay < self._horizon_at:
+                self._schedule(delay)
         return done
 
     def _learn(self, link: int) -> None:
@@ -172,7 +198,9 @@ class SharedLinks:
             grown = np.full(max(link + 1, 2 * len(table)), np.nan)
             grown[:len(table)] = table
             table = self._table = grown
-        table[link] = self._capacity[link] = float(self._capacity_of(link))
+        c = table[link] = self._capacity[link] = float(self._capacity_of(link))
+        if not math.isfinite(c):
+            self._finite = False
 
     def _alone(self, t: _Transfer) -> float:
         """Rate of a transfer sharing none of its links (the arithmetic of `max_min_rates` for it alone)."""
@@ -202,6 +230,30 @@ class SharedLinks:
         active = self._active
         if not active:
             return
+        if self._entries <= SMALL_ENTRIES and self._finite:
+            # Few transfers: re-share only those linked (through links they share, transitively) to the links
+            # that changed, in plain Python. Max-min rates are computed component by component: every round of
+            # `max_min_rates` freezes a transfer, or lowers a link's remaining capacity, from the transfers that
+            # share its links only, so a component's rates do not depend on the others, which keep theirs.
+            # Listed in joining order, as in ``_active``: the same sums in the same order, the same rates.
+            on = self._on
+            todo = [link for link in self._dirty if link in on]
+            seen_links = set(todo)
+            part: dict[int, _Transfer] = {}
+            while todo:
+                for t in on[todo.pop()]:
+                    if t.seq not in part:
+                        part[t.seq] = t
+                        for link in t.links:
+                            if link not in seen_links:
+                                seen_links.add(link)
+                                todo.append(link)
+            group = [part[k] for k in sorted(part)]
+            rates = max_min_rates_small([t.links for t in group], [t.weights for t in group],
+                                        [t.cap for t in group], self._capacity)
+            for t, r in zip(group, rates, strict=True):
+                t.rate = r
+            return
         n = len(active)
         lengths = np.fromiter((len(t.links) for t in active), dtype=np.int64, count=n)
         total = int(lengths.sum())
@@ -216,35 +268,52 @@ class SharedLinks:
         for t, r in zip(active, rates.tolist(), strict=True):
             t.rate = r
 
-    def _run(self):
+    def _on_wake(self, _event: simpy.Event) -> None:
+        self._woken = False
+        self._step()
+
+    def _on_horizon(self, event: simpy.Event) -> None:
+        if event.value == self._horizon:
+            self._step()
+
+    def _step(self) -> None:
+        """At an event (a join, or the earliest finish): advance every transfer, retire the finished ones,
+        re-share if needed, and set a timeout for the next finish (event callbacks, not a SimPy process)."""
         env = self.env
-        while True:
-            self._wakeup = env.event()
-            horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
-            if horizon < math.inf:
-                yield env.timeout(max(horizon, 0.0)) | self._wakeup
-            else:
-                yield self._wakeup
-            self._advance()
-            now = env.now
-            finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
-                        or (t.rate > 0 and now + t.remaining / t.rate <= now)]
-            if finished:
-                gone = set(map(id, finished))
-                self._active = [t for t in self._active if id(t) not in gone]
-                users = self._users
-                for t in finished:
-                    if t.weights is not None:
-                        self._weighted -= 1
-                    for link in t.links:
-                        n = users[link] - 1
-                        if n:
-                            users[link] = n
-                            self._dirty = True  # a transfer that shared this link may now go faster
-                        else:
-                            del users[link]
-            if self._dirty:
-                self._reshare()
-                self._dirty = False
+        self._advance()
+        now = env.now
+        finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
+                    or (t.rate > 0 and now + t.remaining / t.rate <= now)]
+        if finished:
+            gone = set(map(id, finished))
+            self._active = [t for t in self._active if id(t) not in gone]
+            on = self._on
             for t in finished:
-                t.done.succeed()
+                self._entries -= len(t.links)
+                if t.weights is not None:
+                    self._weighted -= 1
+                for link in t.links:
+                    there = on[link]
+                    if len(there) > 1:
+                        there.remove(t)
+                        self._dirty.add(link)  # a transfer that shared this link may now go faster
+                    else:
+                        del on[link]
+        if self._dirty:
+            self._reshare()
+            self._dirty.clear()
+        for t in finished:
+            t.done.succeed()
+        horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
+        if horizon < math.inf:
+            self._schedule(horizon)
+        else:
+            self._horizon += 1
+            self._horizon_at = math.inf
+
+    def _schedule(self, delay: float) -> None:
+        """The next finish is ``delay`` from now (any timeout set before is stale)."""
+        self._horizon += 1
+        delay = max(delay, 0.0)
+        self._horizon_at = self.env.now + delay
+        self.env.timeout(delay, self._horizon).callbacks.append(self._on_horizon)

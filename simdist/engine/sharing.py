@@ -93,3 +93,82 @@ def max_min_rates(entries: np.ndarray, lengths: np.ndarray, capacity: np.ndarray
             stay = ~freeze
             live, runs, caps = live[stay], runs[stay], caps[stay]
     return rates
+
+
+SMALL_ENTRIES = 256
+"""`SharedLinks` re-shares with `max_min_rates_small` up to this many (transfer, link) entries: below it numpy's
+per-call overhead on tiny arrays costs more than the arithmetic."""
+
+
+def max_min_rates_small(links: list[tuple[int, ...]], weights: list[tuple[float, ...] | None], caps: list[float],
+                        capacity: dict[int, float]) -> list[float]:
+    """`max_min_rates` in plain Python, for a few transfers: the same rounds and the same floating-point
+    operations in the same order (sums of weights and of frozen loads accumulated link by link in transfer order,
+    as ``np.bincount`` does), hence the same rates, bit for bit (tests/test_links.py checks it with hypothesis).
+
+    Transfer ``t`` crosses ``links[t]`` (link ids, keys of ``capacity``, bytes/s, finite) with ``weights[t]``
+    (None: 1 each; an entry of weight 0 neither uses nor bounds its link), at most ``caps[t]`` bytes/s.
+    """
+    n = len(links)
+    rates = [0.0] * n
+    live: list[tuple[int, list[tuple[int, float]], float]] = []  # (transfer, its (link, weight > 0), cap)
+    for t in range(n):
+        w = weights[t]
+        if w is None:
+            pairs = [(link, 1.0) for link in links[t]]
+        else:
+            pairs = [(link, x) for link, x in zip(links[t], w, strict=True) if x > 0]
+        if pairs:
+            live.append((t, pairs, caps[t]))
+        else:
+            rates[t] = caps[t]
+    remaining: dict[int, float] = {}
+    for _, pairs, _ in live:
+        for link, _ in pairs:
+            remaining[link] = capacity[link]
+    cut = 1.0 - _REL
+    while live:
+        total = dict.fromkeys(remaining, 0.0)  # weights still unfrozen per link, summed in transfer order
+        for _, pairs, _ in live:
+            for link, x in pairs:
+                total[link] += x
+        offer = {link: remaining[link] / s for link, s in total.items() if s}
+        loose: set[int] = set()
+        bounds = []
+        for _, pairs, cap in live:
+            b = cap
+            for link, _ in pairs:
+                o = offer[link]
+                if o < b:
+                    b = o
+            bounds.append(b)
+            for link, _ in pairs:
+                if b < offer[link] * cut:
+                    loose.add(link)
+        freeze = []
+        for (_, pairs, cap), b in zip(live, bounds, strict=True):
+            f = cap <= b
+            if not f:
+                for link, _ in pairs:
+                    if link not in loose:
+                        f = True
+                        break
+            freeze.append(f)
+        if all(freeze) or not any(freeze):  # none: only where a capacity is NaN (as max_min_rates)
+            for (t, _, _), b in zip(live, bounds, strict=True):
+                rates[t] = b
+            break
+        used: dict[int, float] = {}
+        stay = []
+        for item, b, f in zip(live, bounds, freeze, strict=True):
+            if not f:
+                stay.append(item)
+                continue
+            rates[item[0]] = b
+            for link, x in item[1]:
+                used[link] = used.get(link, 0.0) + x * b
+        for link, u in used.items():
+            left = remaining[link] - u
+            remaining[link] = left if left > 0.0 else 0.0
+        live = stay
+    return rates

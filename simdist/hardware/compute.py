@@ -1,16 +1,24 @@
 """Roofline time of compute kernels on a GPU.
 
-    time = max(flops / (peak(precision) x gemm_efficiency(m, n, k)), hbm_bytes / (hbm_bandwidth x memory_eff))
-           + launch_overhead
+    time = max(flops / (peak(dtype) x gemm_efficiency(m, n, k) x quantization), hbm_bytes / (hbm_bandwidth x
+           memory_eff)) + launch_overhead
 
 (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)). GEMM efficiency depends on size: a GEMM
-whose smallest dimension x is small cannot fill the tensor cores (too few output tiles per SM, too short a
-k loop to amortise loading the tiles), so
+whose smallest dimension x is small cannot fill the tensor cores (too short a k loop to amortise loading the
+tiles, too few tiles per SM), so
 
     gemm_efficiency = gemm_peak_efficiency x x / (x + gemm_knee_dim),   x = min(m, n, k)
 
-a saturating function reaching half its plateau at ``gemm_knee_dim``. Element-wise ("memory") kernels
-run on the CUDA cores (fp32 vector rate) and are bandwidth-bound in practice.
+a saturating function reaching half its plateau at ``gemm_knee_dim``; and work is done in whole tiles and whole
+waves of tiles (``quantization``, simdist.hardware.gemm: NVIDIA's matrix-multiplication performance guide), which
+makes shapes that do not divide into the GPU's tiles and SMs slower per FLOP than their neighbours. FP8 GEMMs run
+at the fp8 peak times ``fp8_gemm_efficiency_ratio`` (FP8 GEMMs reach a smaller share of their peak than 16-bit
+ones, from measured maximum-achievable matmul rates). Fused attention kernels (FlashAttention-2/3, cuDNN) have
+their own measured curves (simdist.hardware.attention). Element-wise ("memory") kernels run on the CUDA cores
+(fp32 vector rate) and are bandwidth-bound in practice.
+
+Only kernels marked ``dtype="fp8"`` run at the fp8 rate: under ``precision: fp8`` every other kernel (attention,
+norms, the logits GEMM) is a bf16 kernel (Transformer Engine's FP8 recipes cast only the linear layers' GEMMs).
 
 The constants are data: ``data/compute_efficiency.csv`` (one row per GPU name and parameter, with a source
 and what it was fitted on). A GPU without rows of its own uses the ``default`` rows.
@@ -26,6 +34,8 @@ from importlib import resources
 from typing import Protocol
 
 from simdist.errors import SpecError
+from simdist.hardware.attention import attention_efficiency, has_attention_data, padded_head_dim
+from simdist.hardware.gemm import quantization
 from simdist.spec.gpu import GpuSpec
 
 _PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -43,6 +53,9 @@ class KernelLike(Protocol):
     @property
     def gemm_mnk(self) -> tuple[int, int, int] | None: ...
 
+# Optional attributes read with getattr: ``dtype`` (None: the step's compute dtype), ``attention``
+# (simdist.plan.layer_cost.AttentionShape: a fused attention kernel's family, direction, head dim and parts).
+
 
 @dataclass(frozen=True, slots=True)
 class ComputeEfficiency:
@@ -57,9 +70,12 @@ class ComputeEfficiency:
     host_op_s: float = 5e-6
     """Host time to dispatch one eager framework op (PyTorch's dispatcher + cudaLaunchKernel); what a loop of
     small ops costs when the host, not the GPU, sets the pace."""
+    fp8_gemm_efficiency_ratio: float = 0.914
+    """Share of the fp8 peak a large FP8 GEMM reaches, relative to the bf16 GEMM's share of the bf16 peak."""
 
 
-_FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s")
+_FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
+           "fp8_gemm_efficiency_ratio")
 
 
 @cache
@@ -86,18 +102,53 @@ def gemm_efficiency(eff: ComputeEfficiency, mnk: tuple[int, int, int] | None) ->
     return eff.gemm_peak_efficiency * x / (x + eff.gemm_knee_dim)
 
 
+def compute_dtype(precision: str) -> str:
+    """The dtype of a step's matrix kernels that are not marked otherwise: fp8 training computes in bf16 except
+    the GEMMs its recipe casts (Transformer Engine: te.Linear / LayerNormLinear / LayerNormMLP under fp8_autocast)."""
+    return "bf16" if precision == "fp8" else precision
+
+
+def gemm_rate(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: ComputeEfficiency) -> float:
+    """FLOP/s of a tensor-core (GEMM-like) kernel: peak x size efficiency x tile/wave quantization (x the fp8
+    ratio for an fp8 GEMM)."""
+    dtype = getattr(kernel, "dtype", None) or compute_dtype(precision)
+    mnk = kernel.gemm_mnk
+    rate = gpu.peak_flops(dtype) * gemm_efficiency(eff, mnk)  # type: ignore[arg-type]
+    if dtype == "fp8":
+        rate *= eff.fp8_gemm_efficiency_ratio
+    if mnk is not None and kernel.flops:
+        # Batched GEMMs (attention per head) carry one GEMM's (m, n, k): the batch is flops / 2mnk.
+        batch = max(1, round(kernel.flops / (2.0 * mnk[0] * mnk[1] * mnk[2])))
+        rate *= quantization(gpu, mnk, dtype, batch)
+    return rate
+
+
+def _attention_s(gpu: GpuSpec, kernel: KernelLike, shape) -> float:
+    """A fused attention kernel from its measured curve: each part (share of the FLOPs, causal, sequence length)
+    at its efficiency; the head dimension padded to the kernel's (tile quantization in the head dimension)."""
+    padded = padded_head_dim(shape.kernel, shape.head_dim) / shape.head_dim
+    peak = gpu.peak_flops("bf16")
+    return sum(kernel.flops * share * padded / (peak * attention_efficiency(gpu, shape.kernel, shape.direction,
+                                                                             causal, seq))
+               for share, causal, seq in shape.parts)
+
+
 def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: ComputeEfficiency | None = None) -> float:
     """Roofline seconds of one kernel, plus its launch overhead."""
     eff = eff or compute_efficiency(gpu)
     if precision not in _PRECISIONS:
         raise SpecError(f"unknown precision {precision!r}", field="training.precision",
                         fix=f"write one of {', '.join(_PRECISIONS)}")
+    if precision == "fp8":
+        gpu.peak_flops("fp8")  # a GPU without fp8 tensor cores refuses fp8 training (one line, exit 2)
+    shape = getattr(kernel, "attention", None)
     if kernel.kind == "memory":
         # Element-wise work runs on the CUDA cores at the fp32 vector rate.
-        flop_rate = gpu.peak_flops("fp32")
+        compute_s = kernel.flops / gpu.peak_flops("fp32") if kernel.flops else 0.0
+    elif shape is not None and has_attention_data(gpu):
+        compute_s = _attention_s(gpu, kernel, shape)
     else:
-        flop_rate = gpu.peak_flops(precision) * gemm_efficiency(eff, kernel.gemm_mnk)  # type: ignore[arg-type]
-    compute_s = kernel.flops / flop_rate if kernel.flops else 0.0
+        compute_s = kernel.flops / gemm_rate(gpu, kernel, precision, eff) if kernel.flops else 0.0
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency)
     return max(compute_s, memory_s) + eff.launch_overhead_s
 

@@ -4,7 +4,7 @@ Nothing here is materialised per NIC: a 16,384-NIC fabric is a handful of intege
 its leaf and the spine an ECMP hash picks are arithmetic, written once for ints and numpy arrays alike (the
 ids of the fabric's links: `simdist.hardware.layout`).
 
-Two shapes (DESIGN.md ``inter_node.fabric``):
+Two shapes (``inter_node.fabric``, docs/architecture.md):
 - ``fat_tree``: NICs are cabled to leaves in order (node-major), ``down_ports`` per leaf.
 - ``rail_optimized``: NIC i of every node in a group of ``down_ports`` nodes sits on rail switch i of
   that group, so same-rail traffic stays one switch away and cross-rail traffic climbs to a spine.

@@ -7,7 +7,7 @@ traversal, NIC processing), so that a route's latency is the sum over its links.
 
 The latency split per link is chosen so that a route's sum equals NCCL's own per-step estimate for
 that path (NCCL src/graph/tuning.cc hwLat, LL protocol, the closest to raw hardware latency; copied in
-``../shared/reference/nccl_tuning_latency_constants.csv``):
+``validation/reference/nccl_tuning_latency_constants.csv``):
   NVLink GPU->NVSwitch->GPU: 2 links x 0.3 us = 0.6 us = hwLat[NVLINK][Ring][LL]
   PCIe   GPU->switch->GPU:    2 links x 0.5 us = 1.0 us = hwLat[PCI][Ring][LL]
   network GPU->PCIe->NIC->leaf->NIC->PCIe->GPU: 4 x 0.5 + 2 x 0.35 = 2.7 us = hwLat[NET][Ring][LL]

@@ -6,22 +6,17 @@ A preset is a topology file; a cluster is a preset (or a file) with overrides la
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from simdist.errors import PresetError, SimdistError
 from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.topology import Topology
 from simdist.spec.load import Document, read_yaml, validate
+from simdist.spec.preset_file import bundled_dir
 from simdist.spec.topology import TopologySpec
 
-
-def bundled_dir(kind: str) -> Path:
-    """Folder of bundled ``topologies`` or ``scenarios``: inside the wheel, else the source checkout."""
-    packaged = Path(str(resources.files("simdist"))) / "_bundled" / kind
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parents[2] / kind
+__all__ = ["bundled_dir", "load_topology", "preset_names", "preset_path", "resolve_topology_spec",
+           "topology_document"]
 
 
 def preset_names() -> list[str]:

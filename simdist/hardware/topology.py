@@ -44,8 +44,10 @@ PLACEMENT_MEMO = (4096, 128 * 2**20)
 class Topology:
     """A built cluster. Cheap to build at any size; routes are computed on demand and cached."""
 
-    def __init__(self, spec: TopologySpec) -> None:
+    def __init__(self, spec: TopologySpec, *, cluster_num_gpus: int | None = None) -> None:
         self.spec = spec
+        self.cluster_num_gpus = spec.num_gpus if cluster_num_gpus is None else cluster_num_gpus
+        """GPUs of the whole cluster; more than num_gpus for a job on part of it (simdist.hardware.placement)."""
         self.gpu: GpuSpec = gpu_preset(spec.gpu) if isinstance(spec.gpu, str) else spec.gpu
         self.num_nodes = spec.num_nodes
         self.gpus_per_node = spec.gpus_per_node

@@ -39,6 +39,28 @@ class Kernel:
     """gemm | attention | memory (bandwidth-bound element-wise)."""
     gemm_mnk: tuple[int, int, int] | None = None
     """(m, n, k) of one GEMM (per head for batched attention GEMMs), for size-dependent efficiency."""
+    dtype: str | None = None
+    """``fp8``: a GEMM the FP8 recipe casts; None: the step's compute dtype (bf16 under fp8 training)."""
+    attention: AttentionShape | None = None
+    """A fused attention kernel's family and shape (simdist.hardware.attention prices it from measured curves)."""
+    useful_flops: float | None = None
+    """Model FLOPs of the kernel where they differ from ``flops`` (what it executes): a materialized attention
+    GEMM computes the masked half of the scores too, which the causal convention does not count."""
+
+    @property
+    def model_flops(self) -> float:
+        return self.flops if self.useful_flops is None else self.useful_flops
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    kernel: str
+    """flash2 | flash3 | cudnn."""
+    direction: str
+    """forward | backward."""
+    head_dim: int
+    parts: tuple[tuple[float, bool, float], ...]
+    """(share of the kernel's FLOPs, causal, sequence length) of each piece of work it does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +90,22 @@ class Work:
     hardware_flops: float
 
 
-_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-# Assumption: fp8 training stores GEMM operands in 1 byte (Transformer Engine); the model does not track
-# which activations stay in bf16 under fp8.
+_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+# fp8 training (Transformer Engine / Megatron-LM --fp8-format) keeps activations, their collectives (TP all-reduce /
+# all-gather / reduce-scatter) and pipeline messages in bf16: only the linear layers' GEMM operands are cast to
+# 1-byte fp8 (their casts are kernels of their own, `_cast`), and the GEMMs write bf16.
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+"""Megatron-LM --fp8-recipe names (megatron/training/arguments.py): delayed = TE DelayedScaling, tensorwise = TE
+Float8CurrentScaling, mxfp8 = TE MXFP8BlockScaling (Blackwell), blockwise = TE Float8BlockScaling (1x128 / 128x128
+blocks, DeepSeek-V3 style)."""
+# Bytes per element one cast kernel moves: reads the bf16 tensor (2 B) and writes the fp8 copy the GEMM reads plus
+# the transposed fp8 copy the backward GEMM reads (Transformer Engine's cast_transpose: 2 x 1 B), with its scales.
+_CAST_BYTES = {
+    "delayed": 2 + 2 * 1.0,  # amax recorded in the same pass; the scale comes from the amax history
+    "tensorwise": 2 + 2 + 2 * 1.0,  # current scaling: an amax pass over the input before the cast
+    "mxfp8": 2 + 2 * (1 + 1 / 32),  # OCP MX: one E8M0 scale per 32 elements, row-wise and column-wise copies
+    "blockwise": 2 + 2 * (1 + 4 / 128),  # one fp32 scale per 128 elements (1x128 activations)
+}
 
 # Assumption: Adam keeps fp32 master weights, m and v and reads an fp32 gradient (Megatron-LM's main_grad);
 # per parameter it reads master, m, v, grad (4 x 4 B) and writes master, m, v (3 x 4 B) plus the 16-bit copy
@@ -95,21 +130,39 @@ def optimizer_kernels(num_params: float, *, precision: str = "bf16") -> tuple[Ke
     return (Kernel("adam", _ADAM_FLOPS_PER_PARAM * num_params, per_param * num_params, "memory"),)
 
 
-def _gemm(name: str, m: int, n: int, k: int, bpe: int) -> Kernel:
-    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
-    return Kernel(name, 2.0 * m * n * k, float(m * k + k * n + m * n) * bpe, "gemm", (m, n, k))
+def _gemm(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False) -> Kernel:
+    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C (fp8: 1-byte operands, a bf16 output)."""
+    ib = 1 if fp8 else bpe
+    return Kernel(name, 2.0 * m * n * k, float(m * k + k * n) * ib + float(m * n) * bpe, "gemm", (m, n, k),
+                  dtype="fp8" if fp8 else None)
 
 
-def _gemm_grads(name: str, m: int, n: int, k: int, bpe: int) -> tuple[Kernel, Kernel]:
+def _gemm_grads(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False) -> tuple[Kernel, Kernel]:
     """Input gradient dA = dC B^T (m, k, n) and weight gradient dB = A^T dC (k, n, m).
 
     # Assumption: the weight gradient accumulates into an fp32 buffer (Megatron-LM gradient_accumulation_fusion,
     # main_grad), read and written: 8 bytes per weight.
     """
-    dgrad = Kernel(f"{name}_input_grad", 2.0 * m * n * k, float(m * n + k * n + m * k) * bpe, "gemm", (m, k, n))
-    wgrad = Kernel(f"{name}_weight_grad", 2.0 * m * n * k, float(m * k + m * n) * bpe + 8.0 * k * n, "gemm",
-                   (k, n, m))
+    ib = 1 if fp8 else bpe
+    dt = "fp8" if fp8 else None
+    dgrad = Kernel(f"{name}_input_grad", 2.0 * m * n * k, float(m * n + k * n) * ib + float(m * k) * bpe, "gemm",
+                   (m, k, n), dtype=dt)
+    wgrad = Kernel(f"{name}_weight_grad", 2.0 * m * n * k, float(m * k + m * n) * ib + 8.0 * k * n, "gemm",
+                   (k, n, m), dtype=dt)
     return dgrad, wgrad
+
+
+def _cast(name: str, elements: float, recipe: str | None) -> list[Kernel]:
+    """The fp8 cast of a GEMM operand (Transformer Engine casts each input activation in forward and each output
+    gradient in backward); none without an FP8 recipe.
+
+    # Assumption: weights are cast once per step, not per micro-batch (Megatron passes is_first_microbatch so TE
+    # caches the fp8 weights across the micro-batches of a step), so their casts are not charged here; casts that
+    # TE fuses into a preceding layer norm are charged as separate kernels (an upper bound on their traffic).
+    """
+    if recipe is None:
+        return []
+    return [_mem(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
 
 
 def _mem(name: str, elements: float, bytes_per: float, flops_per: float = 1.0) -> Kernel:
@@ -172,30 +225,76 @@ def _mlp_layer(model: Model, tp: int, b: int, recompute: str, bpe: int) -> Work:
 
 
 def _work(fwd, bwd, redo, comm, extra_hardware: float = 0.0) -> Work:
-    def matmul(ks) -> float:
+    """Model FLOPs: the matmul FLOPs the convention counts (causal half, no recompute); hardware FLOPs: what the
+    kernels execute, recompute included (Korthikanti sec. 6.3's MFU / HFU)."""
+    def executed(ks) -> float:
         return sum(k.flops for k in ks if k.kind != "memory")
 
-    model_flops = matmul(fwd) + matmul(bwd) - extra_hardware
+    def counted(ks) -> float:
+        return sum(k.model_flops for k in ks if k.kind != "memory")
+
+    model_flops = counted(fwd) + counted(bwd) - extra_hardware
     return Work(tuple(fwd), tuple(bwd), tuple(redo), tuple(comm), model_flops,
-                model_flops + extra_hardware + matmul(redo))
+                executed(fwd) + executed(bwd) + executed(redo))
+
+
+ATTENTION_KERNELS = ("materialized", "flash", "flash2", "flash3", "cudnn")
+"""``flash`` is FlashAttention-2 (the name earlier releases used); ``cudnn`` the fused attention Transformer Engine
+runs on Hopper (its figures from the FlashAttention-3 paper's comparison)."""
+
+
+def _attention_parts(causal: bool, cp: int, s_q: int) -> tuple[tuple[float, bool, float], ...]:
+    """(share of the attention FLOPs, causal, sequence length) of one context-parallel rank's attention work.
+
+    Megatron-LM's context parallelism splits the sequence into 2 x cp chunks and gives rank r chunks r and
+    2cp - 1 - r (megatron/core/... get_batch_on_this_cp_rank; Transformer Engine's ring attention), so every rank
+    does the same causal work: with chunk length c, query chunk j attends to c^2 (j + 1/2) keys, and ranks hold
+    c^2 (r + 1/2 + 2cp - 1 - r + 1/2) = 2cp c^2 = s_q s / 2 each, exactly 1/cp of the causal total. Of its cp ring
+    steps one is causal (its own two chunks, s_q x s_q / 2 = 1/cp of its work) and cp - 1 attend without a mask to
+    half a block each (Transformer Engine's AttnFuncWithCPAndKVP2P).
+    """
+    if not causal:
+        return ((1.0, False, float(s_q)),)
+    if cp == 1:
+        return ((1.0, True, float(s_q)),)
+    return ((1.0 / cp, True, float(s_q)), ((cp - 1) / cp, False, float(s_q)))
 
 
 def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False,
                micro_batch_size: int = 1, recompute: str = "none", precision: str = "bf16",
-               tp_style: str = "megatron", attention: str = "materialized") -> Work:
+               tp_style: str = "megatron", attention: str = "materialized", attention_mask: str = "causal",
+               fp8_recipe: str = "delayed") -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
     papers this is calibrated on (Korthikanti 2022 predates flash attention in Megatron): the b*a*s*s scores
-    are written to HBM and softmax / dropout on them are memory-bound. "flash" is FlashAttention-2 (Dao 2023,
-    arXiv:2307.08691): one fused kernel reading Q, K, V and writing O; its backward recomputes the scores
-    (2.5x the forward matmul FLOPs, sec. 3.1.2 there), the extra 0.5x counted as hardware FLOPs only.
+    are written to HBM and softmax / dropout on them are memory-bound. "flash" (= "flash2") is FlashAttention-2
+    (Dao 2023, arXiv:2307.08691), "flash3" FlashAttention-3 (Shah et al. 2024), "cudnn" cuDNN's fused attention:
+    one fused kernel reading Q, K, V and writing O; its backward recomputes the scores (2.5x the forward matmul
+    FLOPs, sec. 3.1.2 there), the extra 0.5x counted as hardware FLOPs only.
+
+    ``attention_mask``: "causal" (decoder LMs) or "full". Model FLOPs follow the causal convention: the masked half
+    of the scores is not counted (Megatron-LM's num_floating_point_operations, FlashAttention's benchmarks). A
+    fused kernel skips the masked blocks, so it also executes half; the materialized path computes every score
+    (batched GEMMs, then a masked softmax), so it executes the full count.
+
+    ``precision: fp8``: the linear layers' GEMMs (QKV, projection, MLP; forward, input and weight gradients) run in
+    fp8 under ``fp8_recipe`` (`FP8_RECIPES`), with a cast kernel per operand; attention, norms, the embedding and
+    the logits GEMM stay bf16 (Megatron-LM's output layer is not a Transformer Engine module).
     """
     _check(model, tp, cp, sequence_parallel, micro_batch_size, recompute, tp_style)
-    if attention not in ("materialized", "flash"):
+    if attention not in ATTENTION_KERNELS:
         raise SpecError(f"unknown attention kernel {attention!r}", field="training.attention",
-                        fix="materialized or flash")
+                        fix=f"write one of {', '.join(ATTENTION_KERNELS)}")
+    if attention_mask not in ("causal", "full"):
+        raise SpecError(f"unknown attention mask {attention_mask!r}", field="training.attention_mask",
+                        fix="write causal or full")
+    if fp8_recipe not in FP8_RECIPES:
+        raise SpecError(f"unknown fp8 recipe {fp8_recipe!r}", field="training.fp8_recipe",
+                        fix=f"write one of {', '.join(FP8_RECIPES)}")
     bpe = bytes_per_element(precision)
+    recipe = fp8_recipe if precision == "fp8" else None
+    fp8 = recipe is not None
     b = micro_batch_size
     if model.kind == "mlp":
         return _mlp_layer(model, tp, b, recompute, bpe)
@@ -211,52 +310,67 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     # Llama-style (SwiGLU) models without dropout (Dubey et al. 2024 use none), but with rotary embeddings.
     dropout = not model.swiglu
     mask = 1 if dropout else 0
-    scores = float(b * a_l * s_q * s_k)  # elements of QK^T on this GPU (non-causal count, as eq. (3))
+    causal = attention_mask == "causal"
+    scores = float(b * a_l * s_q * s_k)  # elements of QK^T on this GPU (the full count, as Narayanan eq. (3))
+    # Model FLOPs count the unmasked half under a causal mask (zig-zag CP keeps every rank at exactly half).
+    counted = 0.5 if causal else 1.0
     f_l = f // tp
 
-    fwd: list[Kernel] = [_mem("layernorm", resid, 2 * bpe, 8.0), _gemm("qkv", m, q_l + 2 * kv_l, h, bpe)]
+    fwd: list[Kernel] = [_mem("layernorm", resid, 2 * bpe, 8.0), *_cast("qkv", m * h, recipe),
+                         _gemm("qkv", m, q_l + 2 * kv_l, h, bpe, fp8)]
     if model.swiglu:
         fwd.append(_mem("rotary", m * (q_l + kv_l), 2 * bpe, 4.0))
     qkv_done = len(fwd)
     core: list[Kernel]
     extra = 0.0
     if attention == "materialized":
+        # cuBLAS batched GEMMs compute every score; the mask is applied in the fused softmax.
         core = [
             Kernel("attention_scores", 2.0 * scores * d, (m * q_l + b * s_k * kv_l + scores) * bpe, "attention",
-                   (s_q, s_k, d)),
+                   (s_q, s_k, d), useful_flops=2.0 * scores * d * counted),
             # Megatron-LM's fused scale-mask-softmax: reads and writes the scores once.
             _mem("softmax", scores, 2 * bpe, 5.0),
         ]
         if dropout:
             core.append(_mem("dropout", scores, 2 * bpe + 1))
         core.append(Kernel("attention_over_values", 2.0 * scores * d, (scores + b * s_k * kv_l + m * q_l) * bpe,
-                           "attention", (s_q, d, s_k)))
+                           "attention", (s_q, d, s_k), useful_flops=2.0 * scores * d * counted))
         core_bwd = [
             Kernel("attention_over_values_grad", 4.0 * scores * d,
-                   (2 * scores + 2 * b * s_k * kv_l + 2 * m * q_l) * bpe, "attention", (s_q, s_k, d)),
+                   (2 * scores + 2 * b * s_k * kv_l + 2 * m * q_l) * bpe, "attention", (s_q, s_k, d),
+                   useful_flops=4.0 * scores * d * counted),
         ]
         if dropout:
             core_bwd.append(_mem("dropout_grad", scores, 2 * bpe + 1))
         core_bwd += [
             _mem("softmax_grad", scores, 3 * bpe, 4.0),
             Kernel("attention_scores_grad", 4.0 * scores * d,
-                   (2 * scores + 2 * m * q_l + 2 * b * s_k * kv_l) * bpe, "attention", (s_q, d, s_k)),
+                   (2 * scores + 2 * m * q_l + 2 * b * s_k * kv_l) * bpe, "attention", (s_q, d, s_k),
+                   useful_flops=4.0 * scores * d * counted),
         ]
     else:
+        family = "flash2" if attention == "flash" else attention
+        parts = _attention_parts(causal, cp, s_q)
+        # Assumption: the fused kernel reads Q, K, V and writes O once (its re-reads of K, V per query block are
+        # served from L2); a causal kernel skips the masked blocks, so it executes the counted FLOPs.
         io = (2 * m * q_l + 2 * b * s_k * kv_l) * bpe  # read Q, K, V; write O
-        core = [Kernel("flash_attention", 4.0 * scores * d, io + 4.0 * m * a_l, "attention", (s_q, s_k, d))]
-        core_bwd = [Kernel("flash_attention_grad", 10.0 * scores * d, 2.0 * io + 4.0 * m * a_l, "attention",
-                           (s_q, s_k, d))]
-        extra = 2.0 * scores * d  # the backward's recomputed QK^T (and P): beyond 2x the forward
+        core = [Kernel("flash_attention", 4.0 * scores * d * counted, io + 4.0 * m * a_l, "attention", (s_q, s_k, d),
+                       attention=AttentionShape(family, "forward", d, parts))]
+        core_bwd = [Kernel("flash_attention_grad", 10.0 * scores * d * counted, 2.0 * io + 4.0 * m * a_l, "attention",
+                           (s_q, s_k, d), attention=AttentionShape(family, "backward", d, parts))]
+        extra = 2.0 * scores * d * counted  # the backward's recomputed QK^T (and P): beyond 2x the forward
     fwd += core
-    fwd.append(_gemm("projection", m, h, q_l, bpe))
+    fwd += _cast("projection", m * q_l, recipe)
+    fwd.append(_gemm("projection", m, h, q_l, bpe, fp8))
     proj_done = len(fwd)
     fwd += [_mem("dropout_residual", resid, 3 * bpe + mask, 2.0), _mem("layernorm", resid, 2 * bpe, 8.0)]
     ln2_done = len(fwd)
     up_n = 2 * f_l if model.swiglu else f_l
-    fwd.append(_gemm("mlp_up", m, up_n, h, bpe))
+    fwd += _cast("mlp_up", m * h, recipe)
+    fwd.append(_gemm("mlp_up", m, up_n, h, bpe, fp8))
     fwd.append(_mem("swiglu", m * f_l, 3 * bpe, 6.0) if model.swiglu else _mem("gelu", m * f_l, 2 * bpe, 8.0))
-    fwd.append(_gemm("mlp_down", m, h, f_l, bpe))
+    fwd += _cast("mlp_down", m * f_l, recipe)
+    fwd.append(_gemm("mlp_down", m, h, f_l, bpe, fp8))
     down_done = len(fwd)
     fwd.append(_mem("dropout_residual", resid, 3 * bpe + mask, 2.0))
 
@@ -264,21 +378,25 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     if dropout:
         bwd.append(_mem("dropout_residual_grad", resid, 2 * bpe + 1))
     top = len(bwd)  # the row-parallel MLP-down backward starts here (SP: after its all-gather)
-    bwd += _gemm_grads("mlp_down", m, h, f_l, bpe)
+    bwd += _cast("mlp_down_grad", m * h, recipe)
+    bwd += _gemm_grads("mlp_down", m, h, f_l, bpe, fp8)
     bwd.append(_mem("swiglu_grad", m * f_l, 5 * bpe, 8.0) if model.swiglu else _mem("gelu_grad", m * f_l, 3 * bpe,
                                                                                      10.0))
-    up_dgrad, up_wgrad = _gemm_grads("mlp_up", m, up_n, h, bpe)
+    bwd += _cast("mlp_up_grad", m * up_n, recipe)
+    up_dgrad, up_wgrad = _gemm_grads("mlp_up", m, up_n, h, bpe, fp8)
     bwd.append(up_dgrad)
     up_dgrad_done = len(bwd)
     bwd += [up_wgrad, _mem("layernorm_grad", resid, 4 * bpe, 10.0)]
     if dropout:
         bwd.append(_mem("dropout_residual_grad", resid, 2 * bpe + 1))
     attn_top = len(bwd)
-    bwd += _gemm_grads("projection", m, h, q_l, bpe)
+    bwd += _cast("projection_grad", m * h, recipe)
+    bwd += _gemm_grads("projection", m, h, q_l, bpe, fp8)
     bwd += core_bwd
     if model.swiglu:
         bwd.append(_mem("rotary_grad", m * (q_l + kv_l), 2 * bpe, 4.0))
-    qkv_dgrad, qkv_wgrad = _gemm_grads("qkv", m, q_l + 2 * kv_l, h, bpe)
+    bwd += _cast("qkv_grad", m * (q_l + 2 * kv_l), recipe)
+    qkv_dgrad, qkv_wgrad = _gemm_grads("qkv", m, q_l + 2 * kv_l, h, bpe, fp8)
     bwd.append(qkv_dgrad)
     qkv_dgrad_done = len(bwd)
     bwd += [qkv_wgrad, _mem("layernorm_grad", resid, 4 * bpe, 10.0)]
@@ -384,3 +502,12 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
         # The cross-entropy's all-reduces of per-token max, sum of exps and target logit (fp32, b x s each).
         comm += [CommWork("all_reduce", 4.0 * m, "forward", False, issued_after=2) for _ in range(3)]
     return _work(fwd, bwd, (), comm)
+
+
+def model_flops_per_sequence(model: Model, attention_mask: str = "causal") -> float:
+    """Model FLOPs of one sequence through the whole model (forward and backward, no recompute) under the
+    ``attention_mask`` convention: "causal" counts the unmasked half of the scores (Megatron-LM's
+    num_floating_point_operations with a causal mask, FlashAttention's benchmarks), "full" every score
+    (Narayanan et al. 2021 eq. (3), PaLM's 6N + 12 L H Q T, torchtitan)."""
+    layers = model.num_layers * layer_work(model, attention_mask=attention_mask).model_flops
+    return layers + embedding_work(model, tp=1).model_flops + head_work(model, tp=1).model_flops

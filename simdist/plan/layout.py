@@ -11,8 +11,9 @@ The rules are those Megatron-LM enforces (megatron/training/arguments.py and its
 - batch: the global batch is micro-batch x dp x (number of micro-batches), or the explicit local batches of
   ``training.dp_batch_split`` add up to it in multiples of the micro-batch;
 - interleaving: vpp > 1 needs the interleaved schedule, whose micro-batches come in groups of pp (Megatron's
-  interleaved schedule asserted it), and every stage holds at least vpp layers;
-- layers: the layers split over the pipeline stages (simdist.plan.step_config.split_layers);
+  interleaved schedule asserted it);
+- layers: the layers split over the pipeline stages and their chunks (simdist.plan.layer_split.choose_split: any
+  layer count on any pp and vpp; a chunk may hold only the embedding, only the loss, or nothing);
 - zero: ``zero3_fetch: per_parameter`` describes ZeRO-3; unequal local batches cannot combine with ZeRO-2/3
   (ranks would issue different numbers of per-micro-batch collectives).
 ZeRO-2/3 with pipeline parallelism is allowed: FSDP with pipeline stages is what torchtitan runs and what
@@ -21,17 +22,19 @@ Llama 3 405B trained with (Dubey et al. 2024 sec 3.3.2).
 
 from __future__ import annotations
 
-from typing import Any
-
 from simdist.errors import LayoutError, SpecError
+from simdist.hardware.gemm import architecture
+from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
+from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.schedule import check_schedule
-from simdist.plan.step_config import StepConfig, split_layers
+from simdist.plan.step_config import StepConfig
+from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
 
-__all__ = ["RULES", "LayoutRuleError", "check_layout", "step_config_of"]
+__all__ = ["RULES", "LayoutRuleError", "check_fp8", "check_layout", "step_config_of"]
 
 RULES = ("heads", "kv-heads", "sequence", "width", "batch", "interleaving", "layers", "zero", "memory")
 """Rule names, in the order they are checked (``memory`` is search's filter: `simdist run` reports it)."""
@@ -50,8 +53,8 @@ def _fail(rule: str, problem: str, field: str, fix: str) -> LayoutRuleError:
     return LayoutRuleError(problem, rule=rule, field=field, fix=fix)
 
 
-def check_layout(spec: ScenarioSpec, model: Model) -> tuple[int, ...]:
-    """Raise a LayoutRuleError unless ``spec``'s layout can run ``model``; returns the layers per stage."""
+def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
+    """Raise a LayoutRuleError unless ``spec``'s layout can run ``model``; returns its layer split."""
     p, t = spec.parallel, spec.training
     if model.kind == "decoder":
         if model.num_attention_heads % p.tp:
@@ -96,9 +99,12 @@ def check_layout(spec: ScenarioSpec, model: Model) -> tuple[int, ...]:
             check_schedule(spec.schedule, num_stages=p.pp, num_microbatches=m, vpp=p.vpp)
         except SpecError as err:
             raise _fail("interleaving", err.problem, err.field or "schedule", err.fix or "") from None
-    how: Any = tuple(p.layers_per_stage) if p.layers_per_stage is not None else p.pipeline_split
     try:
-        layers = split_layers(model.num_layers, p.pp, how, p.vpp)
+        layers = choose_split(model, pp=p.pp, vpp=p.vpp, pipeline_split=p.pipeline_split,
+                              layers_per_stage=p.layers_per_stage, pipeline_layout=p.pipeline_layout,
+                              account_for_embedding=p.account_for_embedding_in_pipeline_split,
+                              account_for_loss=p.account_for_loss_in_pipeline_split,
+                              partition_method=p.partition_method, precision=t.precision)
     except LayoutError as err:
         rule = "interleaving" if err.field == "parallel.vpp" else "layers"
         raise _fail(rule, err.problem, err.field or "parallel.pp", err.fix or "") from None
@@ -113,18 +119,55 @@ def check_layout(spec: ScenarioSpec, model: Model) -> tuple[int, ...]:
     return layers
 
 
+def _host_of(spec: ScenarioSpec, gpu: GpuSpec) -> HostOverhead | None:
+    """The scenario's host costs over the data file's defaults (None: all defaults)."""
+    given = spec.training.host_overhead
+    if given.launch is None and given.dispatch is None and given.step_gap is None:
+        return None
+    base = host_overhead(gpu)
+    return HostOverhead(launch_s=base.launch_s if given.launch is None else given.launch,
+                        dispatch_s=base.dispatch_s if given.dispatch is None else given.dispatch,
+                        step_gap_s=base.step_gap_s if given.step_gap is None else given.step_gap)
+
+
+def check_fp8(spec: ScenarioSpec, topology: Topology) -> None:
+    """FP8 needs fp8 tensor cores; MXFP8 needs Blackwell's block-scaled MMA (Transformer Engine MXFP8BlockScaling:
+    compute capability 10.0+); the fp8 parameter all-gather needs fp8 training and a sharded optimizer state."""
+    t, gpu = spec.training, topology.gpu
+    if t.precision == "fp8":
+        gpu.peak_flops("fp8")  # one line naming training.precision where the GPU has no fp8 tensor cores
+        if t.fp8_recipe == "mxfp8" and architecture(gpu).name != "blackwell":
+            raise SpecError(f"fp8_recipe mxfp8 needs Blackwell block-scaled tensor cores; {gpu.name} has none",
+                            field="training.fp8_recipe", fix="use delayed, tensorwise or blockwise on this GPU")
+    if t.fp8_param_gather and (t.precision != "fp8" or spec.parallel.zero_stage < 1):
+        raise SpecError("fp8_param_gather gathers fp8 parameters of fp8 training with the distributed optimizer "
+                        "or ZeRO", field="training.fp8_param_gather",
+                        fix="set precision: fp8 and parallel.zero_stage >= 1, or drop fp8_param_gather")
+
+
 def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
     """The step configuration of a scenario on its cluster (after `check_layout`): the one place a StepConfig is
     built from a scenario."""
-    layers = check_layout(spec, model)
+    split = check_layout(spec, model)
     p, t = spec.parallel, spec.training
+    check_fp8(spec, topology)
     mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
+    slow = []
+    for i, st in enumerate(spec.faults.stragglers):
+        if st.rank >= mesh.num_ranks:
+            raise LayoutError(f"straggler rank {st.rank} is outside the layout's {mesh.num_ranks} ranks",
+                              field=f"faults.stragglers.{i}.rank", fix=f"use a rank in 0..{mesh.num_ranks - 1}")
+        slow.append((st.rank, 1.0 + st.slower_by))
     return StepConfig(
+        compute_slowdown=tuple(slow),
         model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
-        global_batch_size=t.global_batch_size, layers_per_stage=layers, vpp=p.vpp, recompute=t.recompute,
+        global_batch_size=t.global_batch_size, layers_per_stage=split.layers_per_stage, vpp=p.vpp,
+        recompute=t.recompute,
         precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
-        tp_style=p.tp_style, attention=t.attention, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
+        tp_style=p.tp_style, attention=t.attention, attention_mask=t.attention_mask, fp8_recipe=t.fp8_recipe,
+        fp8_param_gather=t.fp8_param_gather, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
         zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
-        capacity_bytes=topology.gpu.hbm_capacity,
+        capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),
+        layers_per_part=split.parts, split_method=split.method,
     )

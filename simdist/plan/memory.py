@@ -126,10 +126,11 @@ def activation_bytes_per_layer(
     # masks after attention and after the MLP (sbh each).
     replicated = (4 * e + 2 * mask) * sbh
     # Terms split by tensor parallelism ("24 sbh / t"): attention Q and K (4sbh), V (2sbh), the output
-    # projection input (2sbh); with GQA K and V have width kv = g x head_dim instead of h. When t > g each
+    # projection input (2sbh); with GQA K and V have width kv = g x head_dim instead of h, and Q and the
+    # projection input width q = a x head_dim (h unless kv_channels differs). When t > g each
     # rank still holds one whole K/V group (Megatron-LM replicates the groups), hence the max.
     kv_local = max(model.kv_hidden_size / tp, float(model.head_dim))
-    attention_sharded = e * s * b * (2 * h / tp + 2 * kv_local)
+    attention_sharded = e * s * b * (2 * model.q_hidden_size / tp + 2 * kv_local)
     # SwiGLU: Megatron-LM's fused swiglu (megatron/core/fusions/fused_bias_swiglu.py) saves its 2f-wide input
     # (gate and up projections) and recomputes the activation; the down projection keeps its f-wide input:
     # 3 x e x sbf. GeLU (Korthikanti sec. 4.1): GeLU input 8sbh and second matmul input 8sbh for f = 4h,

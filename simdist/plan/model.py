@@ -33,10 +33,22 @@ class Model:
     vocab_size: int = 0
     swiglu: bool = False
     tied_embeddings: bool = False
+    kv_channels: int = 0
+    """Width of one attention head (Megatron-LM's --kv-channels, Hugging Face's head_dim); 0: hidden_size /
+    num_attention_heads, Megatron's default. Qwen3 and GPT-OSS shapes set it (e.g. Qwen3-32B: h 5120, 64 heads of
+    128)."""
 
     @property
     def head_dim(self) -> int:
+        if self.kv_channels:
+            return self.kv_channels
         return self.hidden_size // self.num_attention_heads if self.num_attention_heads else 0
+
+    @property
+    def q_hidden_size(self) -> int:
+        """Width of Q (and of the attention output the projection reads): num_attention_heads x head_dim
+        (Megatron-LM's query_projection_size); hidden_size unless kv_channels says otherwise."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def kv_hidden_size(self) -> int:
@@ -50,19 +62,20 @@ class Model:
         mlp: h x h weights + h biases (the lecture's nn.Linear layers).
         decoder: Narayanan et al. 2021 (arXiv:2104.04473) eq. (2) counts 12h^2 + 13h per GPT layer:
         QKV 3h^2 + 3h, projection h^2 + h, MLP 8h^2 + 5h (two h x 4h matrices), two layer norms 4h.
-        Written out per matrix so GQA (K and V of width kv = g x head_dim) and SwiGLU (three h x f
-        matrices, no biases in Llama) follow from the same arithmetic.
+        Written out per matrix so GQA (K and V of width kv = g x head_dim), a head dim other than h / a (Q of
+        width q = a x head_dim, the projection q x h) and SwiGLU (three h x f matrices, no biases in Llama) follow
+        from the same arithmetic.
         """
         h = self.hidden_size
         if self.kind == "mlp":
             return h * h + h
-        kv = self.kv_hidden_size
+        q, kv = self.q_hidden_size, self.kv_hidden_size
         f = self.ffn_hidden_size
         if self.swiglu:
             # Llama style (Touvron et al. 2023, arXiv:2302.13971 sec. 2.2): no biases, RMSNorm (scale only),
             # SwiGLU MLP with three h x f matrices (gate, up, down).
-            return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
-        attention = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h  # QKV weights + biases, projection + bias
+            return h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h
+        attention = h * (q + 2 * kv) + (q + 2 * kv) + q * h + h  # QKV weights + biases, projection + bias
         mlp = 2 * h * f + f + h  # h x f and f x h with biases
         norms = 4 * h  # two layer norms, scale and shift
         return attention + mlp + norms

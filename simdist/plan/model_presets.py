@@ -1,9 +1,11 @@
 """Model presets and the resolution of a ``ModelSpec`` (preset, inline, or Hugging Face config.json) to a ``Model``.
 
-A preset gives every field; inline fields written beside ``preset`` override it (``{preset: gpt3-175b,
-seq_length: 4096}``). An inline model fills what it omits with the GPT conventions of Megatron-LM
-(``ffn_hidden_size`` = 4 h, ``num_query_groups`` = heads, ``seq_length`` 2048, ``vocab_size`` 51200 as in
-Narayanan et al. 2021). A ``hf_config`` is read with the json module (no transformers import).
+The presets are data: one YAML file per model under ``models/`` at the top of the repository (shipped in the
+wheel beside ``topologies/``), each value cited under the file's ``sources:``. A preset gives every field;
+inline fields written beside ``preset`` override it (``{preset: gpt3-175b, seq_length: 4096}``). An inline model
+fills what it omits with the GPT conventions of Megatron-LM (``ffn_hidden_size`` = 4 h, ``num_query_groups`` =
+heads, ``seq_length`` 2048, ``vocab_size`` 51200 as in Narayanan et al. 2021). A ``hf_config`` is read with the
+json module (no transformers import).
 """
 
 from __future__ import annotations
@@ -15,61 +17,29 @@ from typing import Any
 
 from simdist.errors import PresetError, SpecError
 from simdist.plan.model import Model
+from simdist.spec.preset_file import bundled_dir, read_preset
 from simdist.spec.scenario import ModelSpec
 
-LLAMA3 = "Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 3"
+_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+           "vocab_size", "swiglu", "tied_embeddings")
 
-# name -> (Model, source). Every number is the source's.
-_PRESETS: dict[str, tuple[Model, str]] = {
-    # GPT-3 175B: Brown et al. 2020 (arXiv:2005.14165) Table 2.1: 96 layers, d_model 12288, 96 heads,
-    # context 2048, d_ff = 4 d_model; BPE vocabulary of GPT-2 (50257) padded to 51200 as Megatron-LM does
-    # (Narayanan et al. 2021 sec. 5.1 uses V = 51,200). GELU MLP; input and output embeddings tied (GPT-2).
-    "gpt3-175b": (
-        Model("gpt3-175b", "decoder", num_layers=96, hidden_size=12288, num_attention_heads=96,
-              num_query_groups=96, ffn_hidden_size=4 * 12288, seq_length=2048, vocab_size=51200,
-              tied_embeddings=True),
-        "Brown et al. 2020 (arXiv:2005.14165) Table 2.1; vocab 51200 as Narayanan et al. 2021 sec. 5.1",
-    ),
-    # Megatron 530B: Narayanan et al. 2021 (arXiv:2104.04473) Table 1 and Korthikanti et al. 2022 (arXiv:2205.05198)
-    # Table 3 (105 layers, hidden 20480, 128 heads, seq 2048); vocab 51200 (Narayanan sec. 5.1).
-    "megatron-530b": (
-        Model("megatron-530b", "decoder", num_layers=105, hidden_size=20480, num_attention_heads=128,
-              num_query_groups=128, ffn_hidden_size=4 * 20480, seq_length=2048, vocab_size=51200,
-              tied_embeddings=True),
-        "Narayanan et al. 2021 (arXiv:2104.04473) Table 1; Korthikanti et al. 2022 (arXiv:2205.05198) Table 3",
-    ),
-    # Megatron 1T: Narayanan et al. 2021 (arXiv:2104.04473) Table 1 (128 layers, hidden 25600, 160 heads) and
-    # Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 (same, seq 2048); vocab 51200 (Narayanan sec. 5.1).
-    "megatron-1t": (
-        Model("megatron-1t", "decoder", num_layers=128, hidden_size=25600, num_attention_heads=160,
-              num_query_groups=160, ffn_hidden_size=4 * 25600, seq_length=2048, vocab_size=51200,
-              tied_embeddings=True),
-        "Narayanan et al. 2021 (arXiv:2104.04473) Table 1; Korthikanti et al. 2022 (arXiv:2205.05198) Table 3",
-    ),
-    # Llama 3 (Dubey et al. 2024 Table 3): SwiGLU, 8 KV heads (GQA), vocab 128,000 + 256 reserved = 128256
-    # (the released config.json), untied embeddings, sequence 8192 (the pre-training context, sec. 3.4.1).
-    "llama3-8b": (
-        Model("llama3-8b", "decoder", num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
-              ffn_hidden_size=14336, seq_length=8192, vocab_size=128256, swiglu=True),
-        LLAMA3,
-    ),
-    "llama3-70b": (
-        Model("llama3-70b", "decoder", num_layers=80, hidden_size=8192, num_attention_heads=64, num_query_groups=8,
-              ffn_hidden_size=28672, seq_length=8192, vocab_size=128256, swiglu=True),
-        LLAMA3,
-    ),
-    "llama3-405b": (
-        Model("llama3-405b", "decoder", num_layers=126, hidden_size=16384, num_attention_heads=128,
-              num_query_groups=8, ffn_hidden_size=53248, seq_length=8192, vocab_size=128256, swiglu=True),
-        LLAMA3,
-    ),
-    # The MLP of Stanford CS336 (Spring 2025) lecture 8 (stanford-cs336/spring2025-lectures lecture_08.py,
-    # data/tensor/pipeline parallelism examples): num_layers 4 linear layers of num_dim 1024, GELU after each.
-    "cs336-mlp": (
-        Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024),
-        "Stanford CS336 Spring 2025 lecture 8 (stanford-cs336/spring2025-lectures lecture_08.py)",
-    ),
-}
+
+def _load() -> dict[str, tuple[Model, str]]:
+    """name -> (Model, source) from ``models/*.yaml``: the file name is the preset name, ``source`` its citation
+    and ``sources`` that of every value (simdist.spec.preset_file). Every number is the source's."""
+    presets: dict[str, tuple[Model, str]] = {}
+    for path in sorted(bundled_dir("models").glob("*.yaml")):
+        spec, _, doc = read_preset(path, ModelSpec, keep=("source",))
+        source = doc.data.get("source")
+        if not isinstance(source, str) or not source.strip():
+            raise SpecError("a model preset needs 'source': the citation of its numbers", field="source",
+                            source=str(path), fix="add 'source: <paper, table>'")
+        written = {k: getattr(spec, k) for k in _FIELDS if getattr(spec, k) is not None}
+        presets[path.stem] = (Model(path.stem, spec.kind or "decoder", **written), source)
+    return presets
+
+
+_PRESETS = _load()
 
 # Llama-family Hugging Face model types / architectures whose `silu` MLP is gated (SwiGLU).
 _GATED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "olmo", "phi3")
@@ -97,7 +67,7 @@ def _preset(name: str) -> tuple[Model, str]:
 
 
 _INLINE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings")
+                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings", "kv_channels")
 
 
 def _written(spec: ModelSpec) -> dict[str, Any]:
@@ -140,6 +110,7 @@ def _inline(spec: ModelSpec) -> Model:
         vocab_size=given.get("vocab_size", 51200),
         swiglu=given.get("swiglu", False),
         tied_embeddings=given.get("tied_embeddings", True),
+        kv_channels=given.get("kv_channels", 0),
     )
 
 
@@ -149,11 +120,11 @@ def _checked(model: Model) -> Model:
         return replace(model, num_attention_heads=0, num_query_groups=0, ffn_hidden_size=0, seq_length=1,
                        vocab_size=0, swiglu=False, tied_embeddings=False)
     a, g, h = model.num_attention_heads, model.num_query_groups, model.hidden_size
-    if a < 1 or h % a:
+    if a < 1 or (h % a and not model.kv_channels):  # Megatron-LM asserts it only where kv_channels is derived
         raise SpecError(
             f"hidden_size {h} is not divisible by num_attention_heads {a}",
             field="model.num_attention_heads",
-            fix="choose a head count that divides hidden_size",
+            fix="choose a head count that divides hidden_size, or give model.kv_channels (the head dim)",
         )
     if g < 1 or a % g:
         raise SpecError(
@@ -207,4 +178,6 @@ def _from_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
         swiglu=swiglu,
         # transformers' PretrainedConfig default: tie_word_embeddings = True.
         tied_embeddings=bool(doc.get("tie_word_embeddings", True)),
+        # Qwen3 / GPT-OSS configs give head_dim (LlamaConfig too, = hidden_size / heads when absent)
+        kv_channels=need("head_dim") if doc.get("head_dim") is not None else 0,
     )

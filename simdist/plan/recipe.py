@@ -150,11 +150,44 @@ def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, dep
                  comm=CommItem(op, nbytes / n, "dp", n, cfg.mesh.dp * cfg.host_op_s), deps=deps)
 
 
+MEGATRON_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core's default gradient bucket: max(40,000,000, 1,000,000 x dp) parameters
+(megatron/core/distributed/distributed_data_parallel.py, DistributedDataParallel.__init__, and the bucket_size
+field of distributed_data_parallel_config.py: "larger DP sizes need larger buckets to ensure collectives do not
+become latency-bound")."""
+MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+def megatron_bucket_params(dp: int) -> int:
+    """Parameters per gradient bucket Megatron-Core uses when ``--ddp-bucket-size`` is not given."""
+    return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp)
+
+
+def param_bytes_per_element(cfg: StepConfig) -> int:
+    """Bytes per parameter element of the data-parallel parameter all-gathers (ZeRO-3's fetch, the distributed
+    optimizer's / ZeRO-1,2's gather of updated shards): the 16-bit copy, or 1 B with ``fp8_param_gather``
+    (Megatron-LM --fp8-param-gather: parameters kept and gathered in fp8 under fp8 training). Activations, TP
+    collectives and pipeline messages stay bf16 under fp8 (simdist.plan.layer_cost._BYTES)."""
+    return 1 if cfg.fp8_param_gather and cfg.precision == "fp8" else bytes_per_element(cfg.precision)
+
+
 def num_buckets(cfg: StepConfig, cost: ChunkCost) -> int:
-    """Gradient buckets of a chunk: its gradient bytes / the bucket size (one per chunk when unset: Megatron-LM's
-    contiguous gradient buffer, reduced at once)."""
+    """Gradient buckets of a chunk.
+
+    ``grad_bucket_size`` given: the chunk's gradient bytes / the bucket size, on every chunk (as PyTorch DDP's
+    bucket_cap_mb). Unset: Megatron-Core's defaults. Without overlap one bucket per chunk (its contiguous gradient
+    buffer, reduced at once: bucket_size is set to None unless overlap_grad_reduce). With ``grad_reduce:
+    overlapped`` buckets of `megatron_bucket_params` parameters on model part 0 only (pipeline rank 0's first
+    chunk), one bucket elsewhere: Megatron-Core turns bucketing off on pipeline ranks > 0, "since data-parallel
+    communication on these stages is not on the critical path" (distributed_data_parallel.py), and on model
+    chunks after the first (megatron/training/models/dist_utils.py: disable_bucketing = model_chunk_idx > 0).
+    """
     b = cfg.grad_bucket_bytes
-    return 1 if b is None else max(1, math.ceil(cost.num_params * grad_bytes_per_element(cfg.precision) / b))
+    if b is not None:
+        return max(1, math.ceil(cost.num_params * grad_bytes_per_element(cfg.precision) / b))
+    if cfg.grad_reduce == "overlapped" and cost.first_part:
+        return max(1, math.ceil(cost.num_params / megatron_bucket_params(cfg.mesh.dp)))
+    return 1
 
 
 def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
@@ -170,7 +203,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     dp = groups["dp"]
     b = _Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
-    pbytes = cost.num_params * bytes_per_element(cfg.precision)
+    pbytes = cost.num_params * param_bytes_per_element(cfg)
     prev: tuple[int, ...] = (PREV,)
     if cfg.zero_stage == 3 and kind in ("F", "B") and dp >= 2 and pbytes > 0:
         # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3); the
@@ -182,8 +215,12 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             # the dp stream runs ahead: the gather of the next step prefetches behind this step's compute
             prev = (*prev, b.add(Piece("dp", "comm", "params all_gather",
                                        comm=CommItem("all_gather", pbytes, "dp"))))
+    # Megatron-Core synchronizes the device after each pipeline send/recv: a step of a stage with neighbours starts
+    # on an empty GPU queue, idle until the host's first kernel arrives (simdist.hardware.host). Charged to the
+    # step's first compute piece (zb_h1's W follows its B without a send).
+    gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 and kind != "W" else 0.0
     if kind == "F":
-        c = b.add(Piece("compute", "forward", "", cost.forward_s, deps=prev, needs_input=True,
+        c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=prev, needs_input=True,
                         model_flops=cost.model_flops_forward, hardware_flops=cost.model_flops_forward))
         chain = [c, *b.chain(cost.forward_comm, (c,), "", groups)]
         return Recipe(tuple(b.pieces), chain[-1])
@@ -191,9 +228,9 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     deps = prev
     needs_input = True
     if cost.recompute_s > 0 and kind == "B":
-        r = b.add(Piece("compute", "recompute", "recompute", cost.recompute_s, deps=deps, needs_input=True,
+        r = b.add(Piece("compute", "recompute", "recompute", cost.recompute_s + gap, deps=deps, needs_input=True,
                         hardware_flops=cost.recompute_flops))
-        needs_input = False
+        needs_input, gap = False, 0.0
         chain += [r, *b.chain(cost.recompute_comm, (r,), "recompute", groups)]
         deps = (chain[-1],)
         if per_parameter and dp >= 2 and pbytes > 0:
@@ -220,12 +257,12 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             # gradient (dgrad) is computed first, its all-reduce launched, and the weight gradient (wgrad) computed
             # while it runs. Per chunk: dgrad, then the collectives beside wgrad (summed over identical layers,
             # sum_l dgrad + max(wgrad, comm) = dgrad + max(sum wgrad, sum comm)).
-            dgrad = b.add(Piece("compute", "backward", "dgrad", b_s * (1 - WEIGHT_GRAD_SHARE), deps=deps,
+            dgrad = b.add(Piece("compute", "backward", "dgrad", b_s * (1 - WEIGHT_GRAD_SHARE) + gap, deps=deps,
                                 needs_input=needs_input, model_flops=flops * (1 - WEIGHT_GRAD_SHARE),
                                 hardware_flops=flops * (1 - WEIGHT_GRAD_SHARE)))
             chain.append(dgrad)
             overlapped = b.chain(cost.backward_overlapped_comm, (dgrad,), "overlapped", groups)
-            deps, needs_input = (dgrad,), False
+            deps, needs_input, gap = (dgrad,), False, 0.0
             b_s, flops = b_s * WEIGHT_GRAD_SHARE, flops * WEIGHT_GRAD_SHARE
     overlapping = overlaps_reduction(cfg, kind, last)
     buckets = num_buckets(cfg, cost) if overlapping else 1
@@ -235,7 +272,8 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     label = "wgrad" if overlapped else ""
     for k in range(buckets):
         last_compute = b.add(Piece("compute", compute_kind, label if buckets == 1 else f"{label}/{k}",
-                                   b_s / buckets, deps=deps if last_compute < 0 else (last_compute,),
+                                   b_s / buckets + (gap if k == 0 else 0.0),
+                                   deps=deps if last_compute < 0 else (last_compute,),
                                    needs_input=needs_input and last_compute < 0,
                                    model_flops=flops / buckets, hardware_flops=flops / buckets))
         chain.append(last_compute)
@@ -317,6 +355,7 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision, cfg.compute_efficiency)
     opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
     if cfg.zero_stage in (1, 2) and dp >= 2 and params > 0:
-        b.add(Piece("dp", "comm", "params all_gather", comm=CommItem("all_gather", params * bytes_per_element(
-            cfg.precision), "dp"), deps=(opt,), per_step=True))
+        gathered = params * param_bytes_per_element(cfg)
+        b.add(Piece("dp", "comm", "params all_gather", comm=CommItem("all_gather", gathered, "dp"), deps=(opt,),
+                    per_step=True))
     return StageTail(tuple(b.pieces))

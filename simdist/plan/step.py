@@ -5,7 +5,8 @@ The graph holds one *representative* rank per pipeline stage and simulated data-
 cp coordinate 0): the tensor- and context-parallel peers of a rank run the same ops at the same times, and
 so do the data-parallel replicas of a homogeneous layout. Every communication op still names its whole
 group (its ``Comm.ranks``), so pricing sees the real placement. Replicas are simulated one by one where
-they differ (``StepConfig.dp_batch_split``: unequal local batches, the lecture's straggler example).
+they differ (``StepConfig.dp_batch_split``: unequal local batches, the lecture's straggler example; and
+``StepConfig.compute_slowdown``: a straggler GPU, whose compute pieces take its factor x as long).
 
 What each step emits is simdist.plan.recipe's module docstring; this module wires it: a piece depending on
 ``PREV`` waits for the op that ended the stage's previous step; the piece that ``needs_input`` waits for the
@@ -53,12 +54,18 @@ class StepPlan:
 
 
 # ----------------------------------------------------------------------------- graph
+SLOWED_KINDS = frozenset({"forward", "backward", "weight_grad", "recompute", "optimizer"})
+"""Pieces a straggler GPU runs slower: its kernels (not its waits, not its collectives, which the links time)."""
+
+
 class _Emitter:
     """Instantiates each scheduled step's recipe for one data-parallel replica (a PipelineEmitter)."""
 
     def __init__(self, cfg: StepConfig, recipes: dict[tuple, Recipe], ranks: dict[int, int],
-                 num_microbatches: int) -> None:
+                 num_microbatches: int, factors: dict[int, float] | None = None) -> None:
         self.cfg, self.recipes, self.ranks = cfg, recipes, ranks
+        self.factors = factors or {}
+        """stage -> time factor of its compute pieces (a straggler)."""
         self.num_microbatches = num_microbatches
         self.last: dict[int, int] = {}          # stage -> the op that ended its previous step
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> end of its last backward / W
@@ -77,8 +84,11 @@ class _Emitter:
              chunk: int) -> int:
         c = piece.comm
         comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count, c.host_s)
+        duration = math.nan if c is not None else piece.duration_s
+        if c is None and piece.kind in SLOWED_KINDS:
+            duration *= self.factors.get(stage, 1.0)
         i = graph.add(Op(name=name, rank=self.ranks[stage], stream=piece.stream, kind=piece.kind,
-                         duration_s=math.nan if c is not None else piece.duration_s, deps=deps, stage=stage,
+                         duration_s=duration, deps=deps, stage=stage,
                          microbatch=-1 if piece.per_step else microbatch, chunk=chunk, comm=comm,
                          model_flops=piece.model_flops, hardware_flops=piece.hardware_flops))
         if piece.stream == "dp":
@@ -146,7 +156,7 @@ def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
     num_parts = K * cfg.vpp
     costs: dict[tuple[int, int], ChunkCost] = {}
     for s in range(K):
-        for c, n in enumerate(chunk_layers(cfg.layers_per_stage[s], cfg.vpp)):
+        for c, n in enumerate(cfg.stage_chunks(s)):
             part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
             costs[(s, c)] = chunk_cost(cfg, n, part == 0, part == num_parts - 1)
     return costs
@@ -197,9 +207,9 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
     """
     mesh = cfg.mesh
     K = mesh.pp
-    if num_microbatches is not None and cfg.dp_batch_split is not None:
-        raise ValueError("build_step: num_microbatches with unequal local batches")
-    dp_indices = tuple(range(mesh.dp)) if (full or cfg.dp_batch_split is not None) else (0,)
+    if num_microbatches is not None and cfg.replicas_differ:
+        raise ValueError("build_step: num_microbatches with unequal replicas")
+    dp_indices = tuple(range(mesh.dp)) if (full or cfg.replicas_differ) else (0,)
     peers = [(t, c) for t in range(mesh.tp) for c in range(mesh.cp)] if full else [(0, 0)]
     costs = chunk_costs_of(cfg)
     recipes = recipes_of(cfg, costs)
@@ -214,7 +224,8 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
                 stage_ranks.update({(s, d): r for s, r in ranks.items()})
             m = num_microbatches if num_microbatches is not None else cfg.microbatches(d)
             order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
-            em = _Emitter(cfg, recipes, ranks, m)
+            factors = {s: (cfg.rank_factor(r) if full else cfg.compute_factor(s, d)) for s, r in ranks.items()}
+            em = _Emitter(cfg, recipes, ranks, m, {s: f for s, f in factors.items() if f != 1.0})
             build_pipeline(graph, order, em, vpp=cfg.vpp)
             emitters.append(em)
     for s in range(K):

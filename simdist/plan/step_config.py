@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernels_time_s
+from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work
+from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.spec.gpu import GpuSpec
@@ -34,6 +36,12 @@ class StepConfig:
     zero_stage: int = 0
     tp_style: str = "megatron"
     attention: str = "flash"
+    attention_mask: str = "causal"
+    """causal | full (simdist.plan.layer_cost.layer_work)."""
+    fp8_recipe: str = "delayed"
+    """Which ops run in fp8 and how they are scaled, under precision fp8 (simdist.plan.layer_cost.FP8_RECIPES)."""
+    fp8_param_gather: bool = False
+    """Megatron-LM --fp8-param-gather: the distributed optimizer's / ZeRO's parameter all-gather moves fp8 (1 B)."""
     grad_reduce: str = "bucketed"
     grad_bucket_bytes: float | None = None
     """None: one bucket per model chunk (Megatron-LM's contiguous gradient buffer, reduced at once)."""
@@ -43,18 +51,77 @@ class StepConfig:
     """Megatron's pipeline scatter/gather (Narayanan et al. 2021 sec 4.1): each tp peer sends 1/tp."""
     dp_batch_split: tuple[int, ...] | None = None
     """Local batch of each data-parallel rank (sums to the global batch); None: equal shares."""
+    compute_slowdown: tuple[tuple[int, float], ...] = ()
+    """(rank, time factor) of straggler GPUs whose compute kernels take ``factor`` x as long (scenario
+    ``faults.stragglers``); data-parallel replicas are then simulated one by one, as with ``dp_batch_split``."""
     capacity_bytes: float = math.inf
     compute_efficiency: ComputeEfficiency | None = None
     """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
+    host: HostOverhead | None = None
+    """Host-side costs per op and per pipeline step (simdist.hardware.host); None: its data file's defaults."""
+    layers_per_part: tuple[int, ...] | None = None
+    """Decoder layers of every model part (part c * pp + s: chunk c of stage s; simdist.plan.layer_split), summing
+    per stage to layers_per_stage; None: each stage's layers over its chunks by layer_split.chunk_layers."""
+    split_method: str = ""
+    """How the layer split was chosen (reports)."""
+
+    def __post_init__(self) -> None:
+        parts = self.layers_per_part
+        if parts is not None:
+            K = self.mesh.pp
+            if len(parts) != K * self.vpp or any(sum(parts[c * K + s] for c in range(self.vpp)) != n
+                                                 for s, n in enumerate(self.layers_per_stage)):
+                raise LayoutError(f"layers_per_part {list(parts)} does not match layers_per_stage "
+                                  f"{list(self.layers_per_stage)} with vpp = {self.vpp}", field="parallel.vpp",
+                                  fix="give pp x vpp part counts summing per stage to layers_per_stage")
+
+    def stage_chunks(self, stage: int) -> tuple[int, ...]:
+        """Decoder layers of each of ``stage``'s vpp model chunks."""
+        if self.layers_per_part is not None:
+            K = self.mesh.pp
+            return tuple(self.layers_per_part[c * K + stage] for c in range(self.vpp))
+        return tuple(chunk_layers(self.layers_per_stage[stage], self.vpp))
+
+    def model_parts(self) -> tuple[int, ...]:
+        """Decoder layers of every model part in model order (part c * pp + s: chunk c of stage s)."""
+        K = self.mesh.pp
+        return tuple(self.stage_chunks(p % K)[p // K] for p in range(K * self.vpp))
 
     @property
     def num_stages(self) -> int:
         return self.mesh.pp
 
     @property
+    def host_overhead(self) -> HostOverhead:
+        return self.host or host_overhead(self.gpu)
+
+    @property
     def host_op_s(self) -> float:
         """Host time of one eager framework op (simdist.hardware.compute.ComputeEfficiency.host_op_s)."""
         return (self.compute_efficiency or compute_efficiency(self.gpu)).host_op_s
+
+    @property
+    def replicas_differ(self) -> bool:
+        """Data-parallel replicas do not all run the same timeline (unequal batches, a straggler)."""
+        return self.dp_batch_split is not None or bool(self.compute_slowdown)
+
+    def compute_factor(self, stage: int, dp_index: int) -> float:
+        """Time factor of the compute kernels of the representative of ``stage`` in replica ``dp_index`` (1: every
+        GPU healthy): its slowest tensor/context-parallel peer's.
+
+        # Assumption: a straggler slows its whole tensor/context-parallel group: the peers meet at a collective
+        # after every forward and backward compute of a chunk (simdist.plan.recipe), so each waits for the slowest.
+        """
+        f = 1.0
+        for rank, x in self.compute_slowdown:
+            c = self.mesh.coords(rank)
+            if c["pp"] == stage and c["dp"] == dp_index:
+                f = max(f, x)
+        return f
+
+    def rank_factor(self, rank: int) -> float:
+        """Time factor of the compute kernels of GPU ``rank`` itself (1: healthy)."""
+        return max([1.0, *(x for r, x in self.compute_slowdown if r == rank)])
 
     def microbatches(self, dp_index: int) -> int:
         if self.dp_batch_split is None:
@@ -81,66 +148,26 @@ class ChunkCost:
     """Parameters this chunk holds on one GPU (its tp shard)."""
     num_tensors: int
     """Parameter tensors (weights and biases), for per-parameter gradient reduction."""
+    first_part: bool = False
+    """The chunk is model part 0 (pipeline rank 0's first chunk): where Megatron-LM cuts gradients into buckets."""
 
 
 # ----------------------------------------------------------------------------- layer split
 def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = "even", vpp: int = 1
                  ) -> tuple[int, ...]:
-    """Layers per pipeline stage.
+    """Layers per pipeline stage (simdist.plan.layer_split.choose_split with a per-stage list or a
+    ``pipeline_split`` name: auto, even, lighter_ends).
 
-    even: num_layers / num_stages (must divide). lighter_ends: as even as possible with the first and the
-    last stage one layer lighter where the count does not divide, as Llama 3 405B ran 126 layers on 16 stages
-    (Dubey et al. 2024, arXiv:2407.21783 sec 3.3.2: "we reduce one Transformer layer each from the first and
-    the last stages"): 7 + 14 x 8 + 7. An explicit list is taken as given.
+    lighter_ends: as even as possible with the first and the last stage one layer lighter where the count does not
+    divide, as Llama 3 405B ran 126 layers on 16 stages (Dubey et al. 2024, arXiv:2407.21783 sec 3.3.2: "we reduce
+    one Transformer layer each from the first and the last stages"): 7 + 14 x 8 + 7.
     """
+    model = Model(name="split", kind="mlp", num_layers=num_layers, hidden_size=1)
     if isinstance(how, tuple | list):
-        split = tuple(int(x) for x in how)
-        if len(split) != num_stages or sum(split) != num_layers or min(split) < 1:
-            raise LayoutError(
-                f"layers_per_stage {list(split)} must list {num_stages} positive counts summing to {num_layers}",
-                field="parallel.layers_per_stage", fix=f"give {num_stages} counts that add up to {num_layers}")
-    elif how == "even":
-        if num_layers % num_stages:
-            raise LayoutError(
-                f"{num_layers} layers do not split evenly over pp = {num_stages} stages",
-                field="parallel.pp",
-                fix="choose pp dividing the layer count, or set parallel.pipeline_split: lighter_ends, "
-                    "or list parallel.layers_per_stage")
-        split = (num_layers // num_stages,) * num_stages
-    elif how == "lighter_ends":
-        per = -(-num_layers // num_stages)
-        missing = per * num_stages - num_layers
-        if num_stages == 1 or missing > 2 or per - 1 < 1:
-            raise LayoutError(
-                f"{num_layers} layers on {num_stages} stages cannot be split with only the first and last "
-                "stage lighter", field="parallel.pipeline_split", fix="list parallel.layers_per_stage")
-        split_list = [per] * num_stages
-        if missing >= 1:
-            split_list[0] -= 1
-        if missing == 2:
-            split_list[-1] -= 1
-        split = tuple(split_list)
+        split = choose_split(model, pp=num_stages, vpp=vpp, layers_per_stage=list(how))
     else:
-        raise LayoutError(f"unknown pipeline_split '{how}'", field="parallel.pipeline_split",
-                          fix="use even or lighter_ends, or list parallel.layers_per_stage")
-    if vpp > 1:
-        bad = [n for n in split if n < vpp]
-        if bad:
-            raise LayoutError(
-                f"a stage of {bad[0]} layers cannot hold vpp = {vpp} model chunks",
-                field="parallel.vpp", fix=f"choose vpp of at most {min(split)}")
-    return split
-
-
-def chunk_layers(num_layers: int, vpp: int) -> list[int]:
-    """Layers of each of a stage's vpp model chunks: equal, or the first chunks one layer heavier.
-
-    # Assumption: a stage whose layers do not divide by vpp (e.g. Llama 3's 7-layer end stages) splits them as
-    # evenly as possible, the earlier chunks taking the extra layer (Megatron-core allows uneven virtual
-    # stages through its pipeline-layout option).
-    """
-    base, extra = divmod(num_layers, vpp)
-    return [base + (1 if c < extra else 0) for c in range(vpp)]
+        split = choose_split(model, pp=num_stages, vpp=vpp, pipeline_split=how)
+    return split.layers_per_stage
 
 
 # ----------------------------------------------------------------------------- costs
@@ -166,14 +193,21 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
     kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
               micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
     parts: list[tuple[Work, int]] = [(layer_work(m, recompute=cfg.recompute, tp_style=cfg.tp_style,
-                                                attention=cfg.attention, **kw), num_layers)]
+                                                attention=cfg.attention, attention_mask=cfg.attention_mask,
+                                                fp8_recipe=cfg.fp8_recipe, **kw), num_layers)]
     if first_part and m.kind == "decoder":
         parts.append((embedding_work(m, **kw), 1))
     if last_part:
         parts.append((head_work(m, **kw), 1))
 
+    host = cfg.host_overhead
+
     def total(kernels_of) -> float:
-        return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency) * n for w, n in parts)
+        # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
+        # (simdist.hardware.host: one eager op per modelled kernel).
+        # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
+        return sum(host.kernels_time_s(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency),
+                                       len(kernels_of(w))) * n for w, n in parts)
 
     def comm(phase: str, overlappable: bool) -> tuple:
         out: dict[tuple[str, float, str], int] = {}
@@ -182,8 +216,9 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
                 out[(op, nbytes, axis)] = out.get((op, nbytes, axis), 0) + k
         return tuple((op, nb, ax, k) for (op, nb, ax), k in out.items())
 
-    fwd_model = sum(sum(k.flops for k in w.forward) * n for w, n in parts)
-    bwd_model = sum(sum(k.flops for k in w.backward) * n for w, n in parts)
+    # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted).
+    fwd_model = sum(sum(k.model_flops for k in w.forward) * n for w, n in parts)
+    bwd_model = sum(sum(k.model_flops for k in w.backward) * n for w, n in parts)
     rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
     # Parameters this chunk holds on one GPU: its layers' share of tp, the embedding on the first part and
     # the output projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding).
@@ -205,6 +240,7 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
         num_params=params,
         num_tensors=_tensors_per_layer(m) * num_layers
         + ((1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0) if m.kind == "decoder" else 0),
+        first_part=first_part,
     )
 
 

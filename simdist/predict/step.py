@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
+from simdist.engine.contention import contention_free
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.links import unique_inverse
 from simdist.engine.uncontended import uncontended
@@ -30,9 +31,14 @@ from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.limits import check_step_work
 from simdist.plan.fastforward import FastForward, extrapolate
+from simdist.plan.layer_cost import model_flops_per_sequence
+from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
+from simdist.predict.bands import step_band
+from simdist.predict.faults import degraded_links, faults_report, scaled_capacities
+from simdist.predict.goodput import goodput
 from simdist.predict.price import Adjust, PricedComm, capacity_of, class_symmetric, price_graph, price_runs
 from simdist.report.step_metrics import metrics as step_metrics_from
 from simdist.report.step_metrics import observables
@@ -148,14 +154,37 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
-                num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
-    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all)."""
+def _priced_plan(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                 num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm]]:
+    """The step's op graph on ``num_microbatches`` (None: all), priced."""
     with _collector_paused():
         plan = build_step(cfg, full=full, num_microbatches=num_microbatches)
         priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust)
-        trace = run_graph(plan.graph, capacity_of=capacity_of(topology),
-                          capacities=lambda links: batch.link_capacities(topology, links))
+    return plan, priced
+
+
+def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[Any, Any]:
+    """(capacity of one link, capacities of many) for the engine; ``degraded``: link id -> fraction of its
+    capacity left (scenario ``faults.degraded_links``)."""
+    if degraded:
+        return scaled_capacities(topology, degraded)
+    return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
+
+
+def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None) -> GraphTrace:
+    one, many = _capacities(topology, degraded)
+    with _collector_paused():
+        return run_graph(plan.graph, capacity_of=one, capacities=many)
+
+
+def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                num_microbatches: int | None, degraded: dict[int, float] | None = None
+                ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
+    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all);
+    ``degraded``: link id -> fraction of its capacity left (scenario ``faults.degraded_links``)."""
+    plan, priced = _priced_plan(cfg, topology, adjust, full, num_microbatches)
+    trace = _engine_trace(plan, topology, degraded)
+    with _collector_paused():
         alone = uncontended(plan.graph)
     return plan, priced, trace, alone
 
@@ -178,18 +207,36 @@ def _first_replica(plan: StepPlan) -> list[int]:
 
 
 def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
-            check: Callable[[int], None] = lambda m: None) -> _Engine:
+            check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None) -> _Engine:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
     ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits)."""
     M = cfg.microbatches(0)
-    found = fast_forward_plan(cfg, CommPricer(topology, adjust), for_engine=True) if fast_forward else None
+    pricer = CommPricer(topology, adjust)
+    found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
     if found is not None:
         counts = found[1:]
         check(max(counts))
-        first = _engine_run(cfg, topology, adjust, full, counts[0])
-        if len(first[0].graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
-            runs = [first, *(_engine_run(cfg, topology, adjust, full, m) for m in counts[1:])]
+        plan, priced = _priced_plan(cfg, topology, adjust, full, counts[0])
+        if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
+            with _collector_paused():
+                alone = uncontended(plan.graph)
+                free = contention_free(plan.graph, alone, *_capacities(topology, degraded))
+            if free:
+                # No collective of the smallest sample ever meets another on a shared link (and each runs alone
+                # in its uncontended time): the engine's timeline of it is its uncontended timeline
+                # (simdist.engine.contention). The larger samples and the whole step insert periods of the same
+                # steady state (simdist.plan.fastforward: the premise the three engine samples would test), each
+                # a time-shifted copy of one this sample holds, so their transfers meet no more than these do, and
+                # the engine's answer is the uncontended step's: the closed form's, which equals it exactly
+                # (tests/test_analytic_step.py), with its own fast-forward.
+                obs, ff = analytic_observables(cfg, pricer)
+                how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
+                       + f" by the closed form: no contention (the engine's timeline of {counts[0]} micro-batches "
+                       "is the uncontended one: no two collectives on a shared link at once)")
+                return _Engine(plan, priced, alone, obs, obs["step_s"], how, counts[0])
+            first = (plan, priced, _engine_trace(plan, topology, degraded), alone)
+            runs = [first, *(_engine_run(cfg, topology, adjust, full, m, degraded) for m in counts[1:])]
             samples = []
             for m, (plan, _, trace, alone) in zip(counts, runs, strict=True):
                 obs = observables(plan.graph, trace, _first_replica(plan))
@@ -201,7 +248,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
                 how = FastForward(counts[1] - counts[0], counts, M).describe()
                 return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1])
     check(M)
-    plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None)
+    plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None, degraded)
     return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
                    "all", M)
 
@@ -228,6 +275,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                           fix=f"use one of: {', '.join(FIDELITIES)}")
     model = resolve_model(spec.model, base_dir=base_dir)
     cfg = step_config_of(spec, topology, model)
+    degraded = degraded_links(spec.faults, topology)
     if compute_efficiency is not None:
         cfg = dataclasses.replace(cfg, compute_efficiency=compute_efficiency)
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
@@ -252,11 +300,13 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             return lambda m: check_step_work(spec, topology.num_gpus, simulate=mode, num_params=model.num_params,
                                              num_microbatches=m, source=source or None)
 
-        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate))
-        exact = class_symmetric(engine.priced)
+        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded)
+        # a degraded link breaks the symmetry of the translates that cross it (their traffic is folded onto the
+        # simulated group's links only where they share them): simulate every rank where that is affordable
+        exact = class_symmetric(engine.priced) and not degraded
         full_ops = len(engine.plan.graph.ops) * topology.num_gpus / max(1, len(engine.plan.graph.ranks()))
         if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
-            engine = _engine(cfg, topology, adjust, True, True, check("full"))
+            engine = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
             exact = True
         plan, trace, obs = engine.plan, engine.trace, engine.observables
         priced = {**engine.priced, **price_runs({k: v for k, v in runs.items() if k not in engine.priced}, topology,
@@ -264,6 +314,15 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         contention = obs["step_s"] - engine.uncontended_step_s
         simulation = _simulation_note(plan, topology, spec, exact, engine)
     metrics = step_metrics_from(obs, tokens_per_step=tokens, peak_flops=peak)
+    # FLOP conventions: model FLOPs (model_tflops_per_gpu, mfu) count the causal half of the attention scores under
+    # a causal mask (Megatron-LM today); mfu_full_attention counts every score (Narayanan et al. 2021 eq. (3), PaLM,
+    # torchtitan). Both are against the dense peak of training.precision; hfu counts what the kernels execute.
+    causal = spec.training.attention_mask == "causal" and model.kind == "decoder"
+    full_ratio = (model_flops_per_sequence(model, "full") / model_flops_per_sequence(model, "causal")
+                  if causal else 1.0)
+    metrics["mfu_full_attention"] = metrics["mfu"] * full_ratio
+    metrics["flop_convention"] = ("model FLOPs with the causal half of the attention scores (mfu); every score "
+                                  "(mfu_full_attention)" if causal else "model FLOPs, every attention score")
     memory_parts = step_memory(cfg)
     stage_rank = {s: cfg.mesh.rank(pp=s) for s in range(cfg.mesh.pp)}
     memory = [{"stage": s, "rank": stage_rank[s], **m.as_dict()} for s, m in enumerate(memory_parts)]
@@ -278,14 +337,30 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         "memory": memory,
         "links": _links(runs, priced, topology, metrics["step_time_s"]),
         "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp, "num_gpus": topology.num_gpus,
+                   "cluster_gpus": topology.cluster_num_gpus,
+                   "idle_gpus": topology.cluster_num_gpus - topology.num_gpus,
+                   "placement": {"num_nodes": topology.num_nodes, "gpus_per_node": topology.gpus_per_node},
                    "num_microbatches": cfg.microbatches(0), "schedule": spec.schedule,
-                   "layers_per_stage": list(cfg.layers_per_stage), "order": "-".join(cfg.mesh.order),
+                   "layers_per_stage": list(cfg.layers_per_stage),
+                   "layers_per_chunk": [list(cfg.stage_chunks(s)) for s in range(cfg.mesh.pp)],
+                   "pipeline_split": cfg.split_method,
+                   "pipeline_layout": layout_string(cfg.model_parts()),
+                   "order": "-".join(cfg.mesh.order),
                    **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
         "simulation": simulation,
         "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
+    result["step_time_band_s"], result["step_time_band_how"] = step_band(cfg, CommPricer(topology, adjust),
+                                                                         metrics["step_time_s"])
+    inter = topology.spec.inter_node
+    result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
+                                num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
+                                num_params=model.num_params, checkpoint=spec.faults.checkpoint)
+    faults = faults_report(cfg, spec.faults, topology, degraded, plan, trace, fidelity)
+    if faults is not None:
+        result["faults"] = faults
     return StepPrediction(result, plan, trace, engine.priced if engine is not None else priced, topology)
 
 

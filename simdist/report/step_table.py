@@ -29,7 +29,9 @@ __all__ = [
     "format_gib",
     "format_percent",
     "format_seconds",
+    "placement_line",
     "render_text",
+    "split_line",
     "step_tables",
 ]
 
@@ -95,15 +97,24 @@ def metrics_table(result: Mapping[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("step time", format_seconds(result.get("step_time_s")))
+    band = result.get("step_time_band_s")
+    if band:
+        table.add_row("step time band p10 / p50 / p90",
+                      " / ".join(format_seconds(band[k]) for k in ("p10", "p50", "p90")))
     table.add_row("tokens/s", _number(result.get("tokens_per_s"), ",.0f", "tokens/s"))
     table.add_row("model TFLOP/s per GPU", _number(result.get("model_tflops_per_gpu"), ".1f", "TFLOP/s"))
     table.add_row("hardware TFLOP/s per GPU", _number(result.get("hardware_tflops_per_gpu"), ".1f", "TFLOP/s"))
     table.add_row("MFU", format_percent(result.get("mfu")))
+    if result.get("mfu_full_attention") not in (None, result.get("mfu")):
+        table.add_row("MFU (every attention score)", format_percent(result.get("mfu_full_attention")))
     if "hfu" in result:
         table.add_row("HFU", format_percent(result.get("hfu")))
     table.add_row("pipeline bubble", format_percent(result.get("bubble_fraction")))
     table.add_row("memory per GPU", format_gib(result.get("memory_per_gpu_bytes")))
     table.add_row("fits in memory", _yes_no(fits))
+    good = result.get("goodput")
+    if good:
+        table.add_row("goodput (failures, checkpoints)", format_percent(good.get("fraction")))
     return table
 
 
@@ -158,12 +169,67 @@ def collectives_table(result: Mapping[str, Any]) -> Table:
     return table
 
 
+def _runs(values: list[int]) -> str:
+    """[7, 8, 8, 8, 7] -> '7, 8 x 3, 7'."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        out.append(f"{values[i]} x {j - i + 1}" if j > i else str(values[i]))
+        i = j + 1
+    return ", ".join(out)
+
+
+def split_line(result: Mapping[str, Any]) -> str:
+    """The pipeline's layer split in one line: how it was chosen, layers per stage, Megatron-LM's layout string."""
+    layout = result.get("layout") or {}
+    stages = layout.get("layers_per_stage")
+    if not stages or (len(stages) < 2 and layout.get("vpp", 1) == 1):
+        return ""
+    text = f"pipeline split: {layout.get('pipeline_split') or 'given'}; layers per stage {_runs(list(stages))}"
+    if layout.get("pipeline_layout"):
+        text += f"; layout {layout['pipeline_layout']}"
+    return text
+
+
+def placement_line(result: Mapping[str, Any]) -> str:
+    """A job on part of the cluster: the GPUs it uses and those left idle (empty for a whole-cluster job)."""
+    layout = result.get("layout") or {}
+    idle = layout.get("idle_gpus") or 0
+    if not idle:
+        return ""
+    where = layout.get("placement") or {}
+    return (f"partial job: {layout.get('num_gpus')} of the cluster's {layout.get('cluster_gpus')} GPUs "
+            f"({where.get('num_nodes')} node(s) x {where.get('gpus_per_node')} GPUs), {idle} GPUs idle")
+
+
 def step_tables(result: Mapping[str, Any]) -> list[Table]:
     """Metrics, breakdown, memory per stage and busiest links (and collectives when the result lists any)."""
     tables = [metrics_table(result), breakdown_table(result), memory_table(result), links_table(result)]
     if result.get("collectives"):
         tables.append(collectives_table(result))
     return tables
+
+
+def fault_lines(faults: Mapping[str, Any] | None) -> list[str]:
+    """The what-ifs of a run (simdist.predict.faults: its ``faults``): the stragglers, degraded links, and who
+    waited for whom at the data-parallel collectives."""
+    if not faults:
+        return []
+    lines = []
+    for st in faults.get("stragglers", []):
+        lines.append(f"straggler: rank {st['rank']} (stage {st['stage']}, replica {st['dp']}) computes "
+                     f"{st['compute_time_factor']:.3g} x slower")
+    for d in faults.get("degraded_links", []):
+        lines.append(f"degraded link: {d['src']} -> {d['dst']} at {d['bandwidth_fraction']:.3g} of its bandwidth")
+    for w in faults.get("waits", [])[:8]:
+        lines.append(f"rank {w['rank']} (stage {w['stage']}, replica {w['dp']}) waited {w['wait_s'] * 1e3:.3f} ms at "
+                     f"data-parallel collectives for rank(s) {', '.join(map(str, w['waits_for'][:4]))}")
+    if faults.get("seen_by"):
+        lines.append(f"faults seen by the {faults['seen_by']}")
+    return lines
 
 
 def render_text(result: Mapping[str, Any]) -> str:
@@ -173,9 +239,14 @@ def render_text(result: Mapping[str, Any]) -> str:
     console = Console(file=buf, force_jupyter=False, width=TEXT_WIDTH, color_system=None, force_terminal=False,
                       record=False, highlight=False, emoji=False)
     console.print(str(result.get("name") or result.get("scenario") or "training step"), markup=False)
+    for line in (placement_line(result), split_line(result)):
+        if line:
+            console.print(line, markup=False)
     for table in step_tables(result):
         console.print(table)
     note = (result.get("layout") or {}).get("note")
     if note:
         console.print(note, markup=False)
+    for line in fault_lines(result.get("faults")):
+        console.print(line, markup=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

@@ -75,8 +75,10 @@ def parse_prices(items: list[str], clusters: list[str]) -> dict[str, float]:
     return prices
 
 
-def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, price: float | None, pue: float
-                ) -> dict[str, Any]:
+def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, price: float | None, pue: float,
+                num_params: float | None = None) -> dict[str, Any]:
+    """One cluster's row; ``num_params`` (the model's): also goodput (simdist.predict.goodput: failures and
+    checkpoints at the data file's defaults) and the days to train with it."""
     from simdist.search.evaluate import context
 
     best = outcome.ranked[0]
@@ -89,8 +91,21 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
     mfu = engine["engine_mfu"] if ran else best["mfu"]
     train_s = tokens / tokens_per_s
     gpu_hours = size.num_gpus * train_s / SECONDS_PER_HOUR
-    tdp = context(outcome.problem).topology.gpu.tdp_w
+    ctx_topology = context(outcome.problem).topology
+    tdp = ctx_topology.gpu.tdp_w
     energy = size.num_gpus * tdp * train_s * pue / JOULES_PER_KWH if tdp else None
+    extra: dict[str, Any] = {}
+    if num_params is not None:
+        from simdist.predict.goodput import goodput
+        from simdist.spec.faults import CheckpointSpec
+
+        inter = ctx_topology.spec.inter_node
+        good = goodput(num_gpus=size.num_gpus, num_hosts=size.num_nodes,
+                       num_nics=(inter.nics_per_node if inter is not None else 0) * size.num_nodes,
+                       num_params=num_params, checkpoint=CheckpointSpec())
+        extra = {"goodput": good["fraction"], "mtbf_s": good["mtbf_s"],
+                 "time_to_train_with_failures_days": train_s / 86400.0 / good["fraction"] if good["fraction"] > 0
+                 else None}
     return {
         "cluster": size.cluster, "gpus_per_node": size.gpus_per_node, "num_nodes": size.num_nodes,
         "num_gpus": size.num_gpus, "note": size.note, "layout": best["key"], "step_time_s": step_s,
@@ -102,6 +117,7 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
         "cost_usd": gpu_hours * price if price is not None else None,
         "usd_per_hour": size.num_gpus * price if price is not None else None,
         "power_kw": size.num_gpus * tdp * pue / 1e3 if tdp else None,
+        **extra,
     }
 
 
@@ -123,7 +139,10 @@ def compare_problems(entries: list[tuple[ClusterSize, SearchProblem]], *, tokens
             rows.append({"cluster": size.cluster, "num_gpus": size.num_gpus, "note": size.note,
                          "error": err.problem})
             continue
-        rows.append(compare_row(size, outcome, tokens=tokens, price=prices.get(size.cluster), pue=pue))
+        from simdist.search.evaluate import context
+
+        rows.append(compare_row(size, outcome, tokens=tokens, price=prices.get(size.cluster), pue=pue,
+                                num_params=context(problem).model.num_params))
     return rows
 
 

@@ -21,8 +21,10 @@ from simdist.limits import (
     BUCKET_MAX,
     BUCKET_MIN,
     FLOPS_MAX,
+    FLOPS_MIN,
     LATENCY_MAX,
     MEMORY_MAX,
+    MEMORY_MIN,
     Limit,
 )
 from simdist.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
@@ -77,12 +79,12 @@ Latency = _quantity(parse_time, "us", 1e-6, "2 us", "latency", high=LATENCY_MAX)
 """A latency or per-call overhead the simulation adds (at most a second)."""
 Duration = _quantity(parse_time, "us", 1e-6, "2 us", "duration")
 """Any finite duration (informational fields, e.g. a fit's confidence interval)."""
-Memory = _quantity(parse_bytes, "B", 1.0, "80 GiB", "memory size", high=MEMORY_MAX)
+Memory = _quantity(parse_bytes, "B", 1.0, "80 GiB", "memory size", low=MEMORY_MIN, high=MEMORY_MAX)
 BucketSize = _quantity(parse_bytes, "B", 1.0, "25 MB", "bucket size", low=BUCKET_MIN, high=BUCKET_MAX)
 ByteSize = _quantity(parse_bytes, "B", 1.0, "80 GiB", "size")
 AnyBandwidth = _quantity(parse_bandwidth, "GB/s", 1e9, "450 GB/s", "bandwidth")
 """Any finite bandwidth (informational fields, e.g. a fit's confidence interval)."""
-FlopRate = _quantity(parse_flops, "TFLOP/s", 1e12, "989 TFLOP/s", "compute rate", high=FLOPS_MAX)
+FlopRate = _quantity(parse_flops, "TFLOP/s", 1e12, "989 TFLOP/s", "compute rate", low=FLOPS_MIN, high=FLOPS_MAX)
 
 
 def _at_most(limit: Limit) -> Callable[[int], int]:

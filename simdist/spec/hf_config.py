@@ -26,7 +26,7 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_exp
 _BOUNDS: dict[str, Limit] = {
     "hidden_size": HIDDEN_SIZE, "num_attention_heads": NUM_HEADS, "num_key_value_heads": NUM_HEADS,
     "num_hidden_layers": NUM_LAYERS, "intermediate_size": FFN_HIDDEN_SIZE, "max_position_embeddings": SEQ_LENGTH,
-    "vocab_size": VOCAB_SIZE,
+    "vocab_size": VOCAB_SIZE, "head_dim": HIDDEN_SIZE,
 }
 
 

@@ -1,4 +1,4 @@
-"""Scenario files (``scenarios/*.yaml``): the external contract of DESIGN.md.
+"""Scenario files (``scenarios/*.yaml``): the external contract (docs/architecture.md, "External contract").
 
 Hardware, model and execution are separate inputs (as in Calculon): ``cluster`` names a topology preset
 and overrides any of its fields, ``model`` names a model preset or describes one inline, ``parallel``,
@@ -11,25 +11,51 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, create_model, model_validator
+from pydantic import AliasChoices, Field, create_model, field_validator, model_validator
 
 from simdist.limits import (
     FFN_HIDDEN_SIZE,
     GLOBAL_BATCH,
     GPUS,
+    GPUS_PER_NODE,
     HIDDEN_SIZE,
     NUM_HEADS,
     NUM_LAYERS,
+    NUM_NODES,
     SEQ_LENGTH,
     VOCAB_SIZE,
     VPP,
 )
-from simdist.spec.base import BucketSize, Spec, count
+from simdist.spec.base import BucketSize, Duration, FieldProblem, Spec, count
+from simdist.spec.faults import FaultsSpec
 from simdist.spec.topology import TopologySpec
 
 
 def _alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
+
+
+def _megatron_switch(data: Any, switch: str, field: str, on: Any, off: Any) -> Any:
+    """Translate Megatron-LM's boolean argument ``switch`` (e.g. ``overlap_grad_reduce: true``) into simdist's
+    ``field`` (``on`` when true, ``off`` when false; ``off`` None: false leaves the default), refusing a
+    contradiction with ``field`` given too."""
+    if not isinstance(data, dict) or switch not in data:
+        return data
+    value = data[switch]
+    if not isinstance(value, bool):
+        raise FieldProblem((switch,), f"{switch} is a Megatron-LM switch: write true or false (fix: "
+                                      f"write {switch}: true, or set {field} instead)")
+    out = {k: v for k, v in data.items() if k != switch}
+    wanted = on if value else off
+    if wanted is None:
+        if field in out and out[field] == on:
+            raise FieldProblem((switch,), f"{switch}: false contradicts {field}: {on} (fix: drop one of them)")
+        return out
+    if field in out and out[field] != wanted:
+        raise FieldProblem((switch,), f"{switch}: {str(value).lower()} contradicts {field}: {out[field]} "
+                                      "(fix: drop one of them)")
+    out[field] = wanted
+    return out
 
 
 # A cluster is a topology preset (or file) plus overrides of any topology field. The override fields
@@ -43,11 +69,24 @@ class _OneTopology(Spec):
         return self
 
 
+class PlacementSpec(Spec):
+    """The GPUs a job uses when it uses part of the cluster: the first gpus_per_node GPUs (whole hosts) of each of
+    the first num_nodes nodes; the rest stay idle (simdist.hardware.placement)."""
+
+    num_nodes: count(NUM_NODES) | None = Field(default=None, description="nodes the job uses; default all")
+    gpus_per_node: count(GPUS_PER_NODE) | None = Field(
+        default=None, description="GPUs the job uses on each of its nodes (whole hosts: a multiple of the GPUs per "
+                                  "server or tray); default all")
+
+
 ClusterSpec = create_model(
     "ClusterSpec",
     __base__=_OneTopology,
     __doc__="A topology preset or file, with any of its fields overridden (deep merge).",
     preset=(str | None, Field(default=None, description="a name from `simdist topo list`")),
+    placement=(PlacementSpec | None, Field(
+        default=None, description="a job on part of the cluster, e.g. {num_nodes: 4, gpus_per_node: 64} on "
+                                  "gb300-nvl72 racks; without it the layout must use every GPU")),
     file=(Path | None, Field(default=None, description="a topology YAML file instead of a preset (relative to "
                                                        "the scenario file)")),
     **{name: (Any, Field(default=None, description=f"overrides the topology's {name} (simdist schema topology)"))
@@ -68,6 +107,10 @@ class ModelSpec(Spec):
     num_query_groups: count(NUM_HEADS) | None = Field(
         default=None, validation_alias=_alias("num_query_groups", "num_kv_heads"),
         description="key/value heads (grouped-query attention); default: num_attention_heads")
+    kv_channels: count(HIDDEN_SIZE) | None = Field(
+        default=None, validation_alias=_alias("kv_channels", "head_dim"),
+        description="width of one attention head (Megatron-LM's kv_channels, alias head_dim); default hidden_size / "
+                    "num_attention_heads; Qwen3 and GPT-OSS shapes differ")
     ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(default=None, description="MLP width; default 4 h")
     seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"),
                                                 description="tokens per sequence s; default 2048")
@@ -123,10 +166,29 @@ class ParallelSpec(Spec):
     order: str = Field(default="tp-cp-dp-pp",
                        description="mesh axes innermost first (Megatron-LM's RankGenerator order); rank r runs on "
                                    "GPU r, so tp innermost keeps tensor-parallel groups inside a node")
-    pipeline_split: Literal["even", "lighter_ends"] = Field(
-        default="even", description="layers per stage: even, or one fewer on the first and last stage (Llama 3)")
-    layers_per_stage: list[count(NUM_LAYERS)] | None = Field(default=None,
-                                                           description="explicit layers per pipeline stage")
+    pipeline_split: Literal["auto", "even", "lighter_ends"] = Field(
+        default="auto", description="layers per stage: auto (what Megatron-LM runs: even where the layers divide by "
+                                    "pp x vpp, else the embedding and/or the loss in a layer's place, else a layout "
+                                    "spreading them evenly; the split chosen is printed), even, or lighter_ends (one "
+                                    "layer fewer on the first and last stage, Llama 3)")
+    layers_per_stage: list[count(NUM_LAYERS) | list[count(NUM_LAYERS, minimum=0)]] | None = Field(
+        default=None, description="explicit decoder layers per pipeline stage; an entry may list the stage's vpp "
+                                  "chunks, e.g. [0, 1, 1, 1] (a chunk of 0 holds only the embedding or the loss)")
+    pipeline_layout: str | None = Field(
+        default=None, validation_alias=_alias("pipeline_layout", "pipeline_model_parallel_layout"),
+        description="Megatron-LM's --pipeline-model-parallel-layout: parts (chunk c of stage s is part c x pp + s) "
+                    "separated by '|', E embedding, t decoder layer, L loss, (...)*n and x*n repeat, e.g. "
+                    "'E|(t|)*126,L' (alias pipeline_model_parallel_layout)")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        default=False, description="Megatron-LM's flag: the embedding takes a decoder layer's place in the first "
+                                   "chunk")
+    account_for_loss_in_pipeline_split: bool = Field(
+        default=False, description="Megatron-LM's flag: the loss (output layer) takes a decoder layer's place in the "
+                                   "last chunk")
+    partition_method: str | None = Field(
+        default=None, validation_alias=_alias("partition_method", "pp_partition_method"),
+        description="DeepSpeed PipelineModule's partition (Megatron-DeepSpeed, vpp 1): uniform, parameters or "
+                    "type:REGEX over its layer classes, e.g. type:transformer (alias pp_partition_method)")
     tp_style: Literal["megatron", "column"] = Field(
         default="megatron", description="megatron: column+row parallel pairs (all-reduce); column: the CS336 "
                                         "lecture's column-parallel layers (all-gather forward, reduce-scatter "
@@ -134,9 +196,27 @@ class ParallelSpec(Spec):
     scatter_gather: bool = Field(default=True, description="Megatron's pipeline scatter/gather: each tp peer "
                                                            "sends 1/tp of the activation between stages")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_names(cls, data: Any) -> Any:
+        # Megatron-LM's --use-distributed-optimizer is ZeRO-1 (optimizer state sharded over data parallelism).
+        return _megatron_switch(data, "use_distributed_optimizer", "zero_stage", 1, None)
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+
+class HostOverheadSpec(Spec):
+    """Host-side costs of the eager framework (simdist.hardware.host); each unset one keeps its default from
+    simdist/hardware/data/host_overhead.csv."""
+
+    launch: Duration | None = Field(default=None, description="CPU time of one kernel launch (default 5 us)")
+    dispatch: Duration | None = Field(default=None, description="framework time of one eager op before its launch "
+                                                                "(default 3.3 us)")
+    step_gap: Duration | None = Field(default=None, description="GPU idle time at the start of each pipeline step, "
+                                                                "after Megatron's synchronize following the send/recv "
+                                                                "(default 20 us); 0 for none")
 
 
 class TrainingSpec(Spec):
@@ -151,14 +231,39 @@ class TrainingSpec(Spec):
     )
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = Field(
         default="bf16", description="the dtype of the matrix multiplications (its dense peak is used)")
-    attention: Literal["flash", "materialized"] = Field(
-        default="flash", description="attention kernel: flash (scores never stored, Dao et al. 2022) or "
+    attention: Literal["flash", "flash2", "flash3", "cudnn", "materialized"] = Field(
+        default="flash", description="attention kernel: flash = flash2 (FlashAttention-2, scores never stored), "
+                                     "flash3 (FlashAttention-3, Hopper), cudnn (cuDNN fused attention, as Transformer "
+                                     "Engine runs on Hopper), each priced from its published benchmark figures; or "
                                      "materialized (the a x s x s scores in memory, as Megatron-LM in 2021-22)")
+    attention_mask: Literal["causal", "full"] = Field(
+        default="causal", validation_alias=_alias("attention_mask", "attn_mask_type"),
+        description="causal (decoder LMs: fused kernels skip the masked half, model FLOPs count half the scores) or "
+                    "full (no mask) (alias attn_mask_type)")
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = Field(
+        default="delayed", description="under precision fp8, how the linear layers' GEMMs are scaled (Megatron-LM "
+                                       "--fp8-recipe): delayed (TE DelayedScaling), tensorwise (current scaling), "
+                                       "mxfp8 (Blackwell block scaling), blockwise (1x128 blocks); attention, norms "
+                                       "and communication stay bf16")
+    fp8_param_gather: bool = Field(
+        default=False, description="under precision fp8 with the distributed optimizer or ZeRO, gather parameters "
+                                   "in fp8 (Megatron-LM --fp8-param-gather)")
+
+    @field_validator("fp8_recipe", mode="before")
+    @classmethod
+    def _fp8_recipe_names(cls, value: object) -> object:
+        """Transformer Engine's recipe class names are accepted for Megatron-LM's --fp8-recipe names."""
+        names = {"delayedscaling": "delayed", "float8currentscaling": "tensorwise", "current": "tensorwise",
+                 "mxfp8blockscaling": "mxfp8", "float8blockscaling": "blockwise"}
+        return names.get(str(value).lower(), value) if isinstance(value, str) else value
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
-                                        "(the lecture), buckets after the backward, or buckets overlapped with it")
+                                        "(the lecture), buckets after the backward, or buckets overlapped with it "
+                                        "(Megatron-LM's overlap_grad_reduce: true is accepted for overlapped)")
     grad_bucket_size: BucketSize | None = Field(
-        default=None, description="gradient bucket size (at least 1 MB); default one bucket per model chunk")
+        default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
+                                  "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
+                                  "max(40M, 1M x dp) parameters on pipeline rank 0's first chunk")
     zero3_fetch: Literal["prefetch", "per_parameter"] = Field(
         default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
                                         "ahead of the compute, as PyTorch FSDP) or per_parameter (each tensor "
@@ -166,6 +271,15 @@ class TrainingSpec(Spec):
                                         "through list collectives: DeepSpeed ZeRO-3 as of 2021)")
     dp_batch_split: list[count(GLOBAL_BATCH)] | None = Field(
         default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
+    host_overhead: HostOverheadSpec = Field(
+        default=HostOverheadSpec(), description="host costs per kernel launch, per eager op and per pipeline step "
+                                                "(defaults from published measurements)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_names(cls, data: Any) -> Any:
+        # Megatron-LM's --overlap-grad-reduce: the gradient buckets reduce while the backward runs.
+        return _megatron_switch(data, "overlap_grad_reduce", "grad_reduce", "overlapped", None)
 
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
@@ -184,3 +298,5 @@ class ScenarioSpec(Spec):
                                                            "zb_h1")
     calibration: Path | None = Field(
         default=None, description="a calibration file (simdist calibrate), relative to this scenario file")
+    faults: FaultsSpec = Field(default_factory=FaultsSpec, description="what-ifs: slow GPUs, degraded links, and "
+                                                                       "the checkpoint/restart costs of goodput")

@@ -1,7 +1,7 @@
 """Topology files (``topologies/*.yaml``): what a cluster is made of.
 
 A cluster is ``num_nodes`` identical *nodes* joined by an inter-node fabric. A node is the unit that
-Megatron-LM and DESIGN.md count with ``num_nodes``: one server for DGX/HGX/PCIe boxes, one rack
+Megatron-LM and docs/architecture.md count with ``num_nodes``: one server for DGX/HGX/PCIe boxes, one rack
 (an NVLink domain of 72 GPUs in 18 compute trays) for ``gb200-nvl72``. A node holds
 ``hosts_per_node`` hosts (servers or trays); each host has CPU sockets, PCIe switches under them,
 GPUs and NICs under the PCIe switches. GPUs of a node may also share a scale-up NVLink/NVSwitch domain.
@@ -89,6 +89,15 @@ class ScaleUpSpec(Spec):
     latency: Latency | None = Field(default=None, description="per NVLink hop; default in hardware/link_defaults")
     efficiency: Fraction | None = Field(default=None, description=_EFFICIENCY)
     nvls: bool = Field(default=False, description="NVLink SHARP in-switch reduction (NVSwitch gen3+)")
+
+    @model_validator(mode="after")
+    def _nvls_needs_nvswitch_gen3(self) -> ScaleUpSpec:
+        # NVLink SHARP came with the third-generation NVSwitch of NVLink 4 (H100) systems; NCCL's nvlsEfficiency is
+        # 0 for Volta and Ampere (src/graph/tuning.cc), which would make every NVLS transfer a division by zero.
+        if self.nvls and self.nvlink_generation < 4:
+            raise FieldProblem(("nvls",), f"nvls needs NVLink 4 or later (NVSwitch gen3, H100 and newer), but "
+                                          f"nvlink_generation is {self.nvlink_generation} (fix: set nvls: false)")
+        return self
 
 
 class InterNodeSpec(Spec):

@@ -3,7 +3,7 @@
     python tests/data/make_nccltests_samples.py
 
 - all_reduce_perf_a100x8.txt: out-of-place time/algbw/busbw are the 20 rows of dataset
-  mle_a100_node_nccltests in ../shared/reference/nccl_collectives_ml_engineering.csv (stas00/ml-engineering
+  mle_a100_node_nccltests in validation/reference/nccl_collectives_ml_engineering.csv (stas00/ml-engineering
   @ 744d01e1 network/README.md lines 1218-1241, 8x A100 NVSwitch, all_reduce_perf -b 32k -e 16G -f 2 -g 8
   -n 50). That source printed only those columns, so the in-place block (time x a fixed +-1.5 % wiggle,
   bandwidths recomputed), the header, the device lines and the footer are SYNTHETIC, laid out as the
@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REFERENCE = HERE.parents[2] / "shared" / "reference" / "nccl_collectives_ml_engineering.csv"
+REFERENCE = HERE.parents[1] / "validation" / "reference" / "nccl_collectives_ml_engineering.csv"
 _PRE, _UNITS = ("size", "count", "type", "redop", "root"), ("(B)", "(elements)", "", "", "")
 HEAD = ("# " + " " * 61 + "out-of-place" + " " * 23 + "in-place\n"
         "# " + "  ".join(f"{c:>{w}}" for c, w in zip(_PRE, (10, 12, 8, 6, 6), strict=True))
@@ -65,7 +65,7 @@ def a100_rows() -> list[tuple[int, float, float, float, float, float, float]]:
 
 def write_a100_text(rows) -> str:
     out = ["# Sample for simdist tests. Out-of-place columns: dataset mle_a100_node_nccltests of\n",
-           "# ../shared/reference/nccl_collectives_ml_engineering.csv (stas00/ml-engineering @ 744d01e1\n",
+           "# validation/reference/nccl_collectives_ml_engineering.csv (stas00/ml-engineering @ 744d01e1\n",
            "# network/README.md lines 1218-1241). In-place columns, device lines and footer: SYNTHETIC.\n",
            "# $ ./build/all_reduce_perf -b 32k -e 16G -f 2 -g 8 -n 50\n",
            "# nThread 1 nGpus 8 minBytes 32768 maxBytes 17179869184 step: 2(factor) warmup iters: 5 iters: 50 "
@@ -110,7 +110,7 @@ def write_h200_all_gather() -> str:
     beta = size_max / (t_max - alpha_us * 1e-6)  # algbw asymptote, bytes/s
     out = ["# SYNTHETIC sample for simdist tests: alpha-beta all_gather (14 us + size / B), busbw at 16 GiB =\n",
            "# 361.4 GB/s as dataset mle_h200_collectives_16GiB of\n",
-           "# ../shared/reference/nccl_collectives_ml_engineering.csv\n",
+           "# validation/reference/nccl_collectives_ml_engineering.csv\n",
            "# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703\n",
            "# Collective test starting: all_gather_perf\n",
            "# nThread 1 nGpus 8 minBytes 1024 maxBytes 17179869184 step: 2(factor) warmup iters: 5 iters: 20 "

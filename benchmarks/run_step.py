@@ -1,0 +1,142 @@
+"""Benchmark of `simdist run` as a user runs it: whole process, fresh interpreter per run (issue 13, item 4).
+
+Run from the repository root with the project's virtualenv active:
+
+    python benchmarks/run_step.py [--repeat N] [--only SUBSTRING] [--save DIR] [--compare DIR]
+
+Cases: every bundled scenario (``scenarios/*.yaml``), and the Llama 3 405B layout
+(``scenarios/llama3-405b-16k.yaml``) at DP 1, 2, 4, ..., 128 on 16 x DP nodes, with 1F1B and with interleaved
+1F1B of 7 virtual stages:
+
+    simdist run scenarios/llama3-405b-16k.yaml --set parallel.dp=D --set cluster.num_nodes=$((16*D)) \
+        --set schedule=1f1b      (or: --set schedule=interleaved_1f1b --set parallel.vpp=7)
+
+Figures per case: wall seconds of the whole process (interpreter start-up, imports, the run, the JSON), its CPU
+seconds (user + system: less sensitive to a loaded machine than wall time), and its peak resident memory (MB = 1e6
+bytes, the kernel's ru_maxrss of that process), medians of --repeat runs, and PASS when wall time and memory are
+within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one.
+
+``--save DIR`` keeps each case's ``--json`` output; ``--compare DIR`` checks every number in it against the output
+saved before (relative 1e-9, strings equal), for changes that must not move the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 3.0
+TARGET_MB = 500.0
+REL = 1e-9
+
+
+def cases() -> list[tuple[str, list[str]]]:
+    """(name, simdist run arguments) of every case."""
+    out = [(p.stem, [str(p.relative_to(ROOT))]) for p in sorted((ROOT / "scenarios").glob("*.yaml"))]
+    layout = "scenarios/llama3-405b-16k.yaml"
+    for schedule, extra in (("1f1b", []), ("interleaved_1f1b", ["--set", "parallel.vpp=7"])):
+        dp = 1
+        while dp <= 128:
+            name = f"405b-{'1f1b' if schedule == '1f1b' else 'vpp7'}-dp{dp}"
+            out.append((name, [layout, "--set", f"parallel.dp={dp}", "--set", f"cluster.num_nodes={16 * dp}",
+                               "--set", f"schedule={schedule}", *extra]))
+            dp *= 2
+    return out
+
+
+class _Popen(subprocess.Popen):
+    """A Popen that keeps the child's peak resident memory (wait4's rusage, KiB on Linux) when it reaps it."""
+
+    peak_kib = math.nan
+    cpu_s = math.nan
+
+    def _try_wait(self, wait_flags):  # the hook CPython's Popen.wait reaps the child through
+        try:
+            pid, sts, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return self.pid, 0
+        if pid:
+            self.peak_kib = usage.ru_maxrss
+            self.cpu_s = usage.ru_utime + usage.ru_stime
+        return pid, sts
+
+
+def run_once(args: list[str]) -> tuple[float, float, float, str]:
+    """(wall s, peak RSS MB, CPU s, stdout) of one `simdist run ... --json` in a fresh interpreter."""
+    t0 = time.perf_counter()
+    proc = _Popen([sys.executable, "-m", "simdist", "run", *args, "--json"], cwd=ROOT,
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"simdist run {' '.join(args)} failed ({proc.returncode}): {err.strip()}")
+    return wall, proc.peak_kib * 1024 / 1e6, proc.cpu_s, out
+
+
+def numbers_differ(a, b, path: str = "") -> list[str]:
+    """Where two JSON values differ (numbers beyond REL relative, anything else not equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only in one" for k in set(a) ^ set(b)]
+        for k in a.keys() & b.keys():
+            out += numbers_differ(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} vs {len(b)} items"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in numbers_differ(x, y, f"{path}[{i}]")]
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int | float) or not isinstance(b, int | float):
+        return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+    if a == b or abs(a - b) <= REL * max(abs(a), abs(b)):
+        return []
+    return [f"{path}: {a!r} vs {b!r} ({abs(a - b) / max(abs(a), abs(b)):.2e} relative)"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--save", type=Path, help="keep each case's JSON output in this folder")
+    parser.add_argument("--compare", type=Path, help="compare each case's JSON with the one saved in this folder")
+    parser.add_argument("--ignore", default="simulation.note,simulation.micro_batches,layout.note",
+                        help="comma-separated JSON paths whose text may differ in --compare")
+    args = parser.parse_args(argv)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+    ignore = {f".{p}" for p in args.ignore.split(",") if p}
+    failed = mismatched = 0
+    print(f"{'case':24s} {'wall s':>7s} {'cpu s':>6s} {'peak MB':>8s}  {'step s':>10s}  "
+          f"target {TARGET_S:g} s / {TARGET_MB:g} MB (wall)")
+    for name, run_args in cases():
+        if args.only not in name:
+            continue
+        runs = [run_once(run_args) for _ in range(args.repeat)]
+        wall = statistics.median(r[0] for r in runs)
+        peak = statistics.median(r[1] for r in runs)
+        cpu = statistics.median(r[2] for r in runs)
+        result = json.loads(runs[0][3])
+        ok = wall <= TARGET_S and peak < TARGET_MB
+        failed += not ok
+        line = (f"{name:24s} {wall:7.2f} {cpu:6.2f} {peak:8.1f}  {result['step_time_s']:10.4f}  "
+                f"{'PASS' if ok else 'FAIL'}")
+        if args.save:
+            (args.save / f"{name}.json").write_text(runs[0][3])
+        if args.compare:
+            before = json.loads((args.compare / f"{name}.json").read_text())
+            diffs = [d for d in numbers_differ(before, result) if d.split(":")[0] not in ignore]
+            mismatched += bool(diffs)
+            line += "  same" if not diffs else f"  DIFFERS: {'; '.join(diffs[:3])}"
+        print(line, flush=True)
+    print(f"{failed} case(s) over target" + (f"; {mismatched} differ from {args.compare}" if args.compare else ""))
+    return 1 if mismatched else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Host-side costs of an eager training step: what the CPU spends per framework op and per pipeline step.
+
+A GPU runs kernels asynchronously: while the host enqueues faster than the GPU drains, host time is hidden. Two
+mechanisms expose it (constants: ``data/host_overhead.csv``, each with its source):
+
+- **Host-bound kernels.** Each op costs the host its eager dispatch plus one kernel launch (``op_s`` =
+  ``dispatch_s`` + ``launch_s``). A run of kernels whose GPU time is shorter than the host's time to issue them
+  takes the host's time instead: max(GPU time, kernels x op_s) (the roofline of the host: small micro-batches and
+  small models, where kernels last microseconds).
+- **The step gap.** Megatron-Core synchronizes the device after every batched pipeline send/recv
+  (p2p_communication.py, ``batch_p2p_sync``), so each pipeline step on a stage with neighbours starts on an empty
+  GPU queue: the GPU idles ``step_gap_s`` until the host's first kernel of the step reaches it. It is paid per
+  micro-batch, so it weighs more per sample at small micro-batches.
+
+A CPU core standing in for a device (simdist.hardware.gpus.CPU_PRESETS) runs each op synchronously on the host:
+its dispatch is already part of every kernel's ``launch_overhead_s`` (simdist.hardware.compute) and there is no
+device queue to drain, so it has no host costs of its own here.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from simdist.hardware.gpus import CPU_PRESETS, GPU_PRESETS
+from simdist.spec.gpu import GpuSpec
+
+__all__ = ["NONE", "HostOverhead", "host_overhead"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostOverhead:
+    launch_s: float
+    """CPU time of one kernel submission (cudaLaunchKernel through the driver)."""
+    dispatch_s: float
+    """Framework (PyTorch eager) time of one op before its launch."""
+    step_gap_s: float
+    """GPU idle time at the start of a pipeline step that follows a device synchronize."""
+
+    @property
+    def op_s(self) -> float:
+        """Host time to issue one op: its dispatch and its kernel launch."""
+        return self.dispatch_s + self.launch_s
+
+    def kernels_time_s(self, gpu_s: float, num_kernels: int) -> float:
+        """Time of ``num_kernels`` back-to-back kernels taking ``gpu_s`` on the GPU, when the host issues them."""
+        return max(gpu_s, num_kernels * self.op_s)
+
+
+_FIELDS = ("launch_s", "dispatch_s", "step_gap_s")
+
+
+NONE = HostOverhead(0.0, 0.0, 0.0)
+_CPU_DEVICES = frozenset(GPU_PRESETS[p].name for p in CPU_PRESETS)
+
+
+def host_overhead(gpu: GpuSpec | None = None) -> HostOverhead:
+    """The defaults of ``data/host_overhead.csv`` (`NONE` for a CPU core standing in for ``gpu``)."""
+    if gpu is not None and gpu.name in _CPU_DEVICES:
+        return NONE
+    return _defaults()
+
+
+@cache
+def _defaults() -> HostOverhead:
+    text = (resources.files("simdist.hardware") / "data" / "host_overhead.csv").read_text(encoding="utf-8")
+    rows = {r["parameter"]: float(r["value"])
+            for r in csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))}
+    return HostOverhead(**{k: rows[k] for k in _FIELDS})

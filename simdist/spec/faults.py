@@ -1,0 +1,59 @@
+"""What-if faults of a scenario (``faults:``): stragglers, degraded links, and the checkpoint/restart costs that
+goodput (simdist.predict.goodput) charges for failures.
+
+Both fidelities see a straggler's compute; only the engine sees a degraded link (the closed form prices each
+collective on the nominal link bandwidth: simdist.predict.step says so in its JSON).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from simdist.spec.base import Duration, Spec, count
+
+STRAGGLER_MAX = 100.0
+"""A GPU at most 100 x slower (slower_by 99): beyond that it is a failure, not a straggler."""
+
+
+class StragglerSpec(Spec):
+    """One GPU whose kernels run slower than its peers' (thermal throttling, a bad HBM stack, a noisy host)."""
+
+    rank: count(minimum=0) = Field(description="the global rank of the slow GPU (rank r runs on GPU r)")
+    slower_by: float = Field(gt=0.0, lt=STRAGGLER_MAX, description="fraction by which each compute kernel of "
+                                                                     "the GPU takes longer: 0.2 = every kernel "
+                                                                     "takes 1.2 x as long")
+
+
+class DegradedLinkSpec(Spec):
+    """A directed link (both directions unless ``one_way``) at a fraction of its bandwidth, named by its two
+    vertices as `simdist topo` and the run JSON's ``links`` rows write them (``n0/nic0`` and ``leaf0``,
+    ``leaf0`` and ``spine1``, ``n0/gpu0`` and ``n0/nvswitch``)."""
+
+    src: str = Field(description="one end of the link, e.g. n0/nic0")
+    dst: str = Field(description="the other end, e.g. leaf0")
+    bandwidth_fraction: float = Field(gt=0.0, le=1.0, description="the link's bandwidth as a fraction of its "
+                                                                   "nominal bandwidth (0.5: half)")
+    one_way: bool = Field(default=False, description="degrade only src -> dst (default: both directions)")
+
+
+class CheckpointSpec(Spec):
+    """What a failure costs: writing checkpoints, restarting from the last one (simdist.predict.goodput)."""
+
+    write: Duration | None = Field(default=None, description="time a checkpoint write stalls training, e.g. "
+                                                              "'30 s' (default: simdist/predict/data/"
+                                                              "goodput.yaml)")
+    restart: Duration | None = Field(default=None, description="time from a failure to training again (detect, "
+                                                                "replace, reload), e.g. '10 min' (default: the "
+                                                                "data file)")
+    interval: Duration | None = Field(default=None, description="time between checkpoints (default: the "
+                                                                 "Young/Daly optimum sqrt(2 x write x MTBF))")
+
+
+class FaultsSpec(Spec):
+    """What-ifs the step is simulated under, and the failure costs goodput charges."""
+
+    stragglers: list[StragglerSpec] = Field(default_factory=list, description="slow GPUs")
+    degraded_links: list[DegradedLinkSpec] = Field(default_factory=list, description="links at a fraction of "
+                                                                                      "their bandwidth (engine only)")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="checkpoint write, restart "
+                                                                                   "and interval for goodput")

@@ -1,0 +1,109 @@
+"""The no-contention shortcut (simdist.engine.contention): when it says an op graph's collectives never meet on a
+shared link, the engine's timeline is the uncontended one; when they do, it says so.
+
+Hand-checked stories on one shared link, then a property on random two-rank graphs (hypothesis), then a real step
+where the shortcut answers for the engine (the closed form's numbers) and one where it must not.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simdist import api
+from simdist.engine.contention import contention_free
+from simdist.engine.graph import run_graph
+from simdist.engine.uncontended import uncontended
+from simdist.plan.opgraph import Job, Op, OpGraph
+
+LINK_Bps = 100.0
+SHARED, OWN = 1, 10  # link ids: one both ranks' sends cross, and one of each rank's own (OWN + rank)
+
+
+def send(rank: int, nbytes: float, deps: list[int], latency_s: float = 0.0, capacity_Bps: float = LINK_Bps) -> Op:
+    """A send of ``nbytes`` over the shared link and its rank's own link, priced at the shared link's rate."""
+    bandwidth_s = nbytes / capacity_Bps
+    job = Job(latency_s, bandwidth_s, ((SHARED, nbytes, 1), (OWN + rank, nbytes, 1)))
+    return Op(f"send{rank}", rank, "pp", "comm", duration_s=latency_s + bandwidth_s, deps=deps, job=job)
+
+
+def capacity(link: int) -> float:
+    return LINK_Bps
+
+
+def test_two_sends_one_after_the_other_are_free_and_the_engine_agrees():
+    # rank 0 sends 100 B (1 s), then rank 1, after it, 50 B (0.5 s): never at once on link 1
+    g = OpGraph([send(0, 100.0, []), send(1, 50.0, [0])])
+    alone = uncontended(g)
+    assert contention_free(g, alone, capacity)
+    assert run_graph(g, capacity).end_s == pytest.approx(alone.end_s, rel=1e-12) == (1.0, 1.5)
+
+
+def test_two_sends_at_once_are_not_free_and_the_engine_slows_them():
+    # both at 0 on link 1: 50 B/s each, the 50 B send ends at 1 s, the 100 B one at 1.5 s (not 1 and 0.5)
+    g = OpGraph([send(0, 100.0, []), send(1, 50.0, [])])
+    alone = uncontended(g)
+    assert not contention_free(g, alone, capacity)
+    assert run_graph(g, capacity).end_s == pytest.approx((1.5, 1.0), rel=1e-12)
+    assert alone.end_s == (1.0, 0.5)
+
+
+def test_a_send_priced_faster_than_its_shared_link_is_not_free():
+    # priced at 200 B/s but link 1 carries 100 B/s: the engine takes 1 s alone, not 0.5 s
+    g = OpGraph([send(0, 100.0, [], capacity_Bps=200.0), send(1, 50.0, [0])])
+    assert not contention_free(g, uncontended(g), capacity)
+
+
+def test_touching_transfers_are_free_but_latency_does_not_count_as_transfer():
+    # rank 1's send starts at 0.9 s with 0.1 s of latency: its bytes move from 1 s, when rank 0's have arrived
+    compute = Op("f", 1, "compute", "forward", duration_s=0.9)
+    g = OpGraph([send(0, 100.0, []), compute, send(1, 50.0, [1], latency_s=0.1)])
+    alone = uncontended(g)
+    assert contention_free(g, alone, capacity)
+    assert run_graph(g, capacity).end_s == pytest.approx(alone.end_s, rel=1e-12)
+
+
+@st.composite
+def two_rank_graphs(draw):
+    ops: list[Op] = []
+    for rank in (0, 1):
+        last = -1
+        for _ in range(draw(st.integers(1, 5))):
+            ops.append(Op("f", rank, "compute", "forward", duration_s=draw(st.floats(0.0, 3.0)),
+                          deps=[last] if last >= 0 else []))
+            ops.append(send(rank, draw(st.sampled_from([10.0, 50.0, 100.0]) | st.floats(1.0, 200.0)),
+                            [len(ops) - 1], latency_s=draw(st.sampled_from([0.0, 0.1]))))
+            last = len(ops) - 1
+    return OpGraph(ops)
+
+
+@settings(max_examples=200, deadline=None)
+@given(two_rank_graphs())
+def test_free_means_the_engine_timeline_is_the_uncontended_one(graph):
+    alone = uncontended(graph)
+    engine = run_graph(graph, capacity)
+    if contention_free(graph, alone, capacity):
+        assert engine.start_s == pytest.approx(alone.start_s, rel=1e-9, abs=1e-12)
+        assert engine.end_s == pytest.approx(alone.end_s, rel=1e-9, abs=1e-12)
+    else:  # the shared link is busy with both at once somewhere: some send ends later than alone
+        assert engine.makespan_s >= alone.makespan_s * (1 - 1e-12)
+        assert any(e > a * (1 + 1e-12) for e, a in zip(engine.end_s, alone.end_s, strict=True))
+
+
+def _run(schedule: str, dp: int) -> dict:
+    args = [f"parallel.dp={dp}", f"cluster.num_nodes={16 * dp}", f"schedule={schedule}"]
+    return api.run("scenarios/llama3-405b-16k.yaml", args).result
+
+
+def test_a_pipeline_without_contention_is_answered_by_the_closed_form_and_matches_it():
+    # Llama 3 405B, PP 16, DP 1, 1F1B, 2,048 micro-batches: pipeline sends never meet on a link
+    engine = _run("1f1b", 1)
+    sim = engine["simulation"]
+    assert "no contention" in sim["micro_batches"] and "by the closed form" in sim["micro_batches"], sim
+    assert engine["contention_s"] == 0.0
+    closed = api.run("scenarios/llama3-405b-16k.yaml", ["parallel.dp=1", "cluster.num_nodes=16", "schedule=1f1b"],
+                     fidelity="closed_form").result
+    assert engine["step_time_s"] == pytest.approx(closed["step_time_s"], rel=1e-12)
+    for key in ("pipeline_phase_s", "bubble_fraction", "mfu"):
+        assert engine[key] == pytest.approx(closed[key], rel=1e-9), key

@@ -1,0 +1,124 @@
+"""What-if faults: a straggler GPU and a degraded link on tiny topologies, against hand calculations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simdist import api
+from simdist.errors import SimdistError
+from simdist.hardware.compute import kernels_time_s
+from simdist.hardware.gpus import GPU_PRESETS
+from simdist.plan.layer_cost import head_work, layer_work, optimizer_kernels
+from simdist.plan.model import Model
+
+MLP = Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024)
+
+
+def scenario(tmp_path: Path, *, dp: int, tp: int = 1, faults: str = "", batch: int = 128, name: str = "s") -> Path:
+    """The lecture's MLP on ``dp`` x ``tp`` GPUs of one cut-down DGX H100 node (one micro-batch per replica);
+    no host costs (simdist.hardware.host), so the hand calculations are the GPU roofline alone."""
+    n = dp * tp
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"""
+cluster: {{preset: dgx-h100, gpus_per_node: {n}, host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}},
+          inter_node: {{nics_per_node: {n}}}}}
+model: {{preset: cs336-mlp}}
+parallel: {{tp: {tp}, dp: {dp}, tp_style: column}}
+training: {{micro_batch_size: {batch // dp}, global_batch_size: {batch}, precision: fp32,
+           host_overhead: {{launch: 0 s, dispatch: 0 s}}}}
+{faults}
+""")
+    return path
+
+
+def kernels_s(micro_batch_size: int) -> float:
+    """Seconds of one GPU's kernels in a step of one micro-batch: forward and backward of 4 layers and the head,
+    and the Adam update (the roofline of simdist.hardware.compute, as test_step's single-GPU check)."""
+    gpu = GPU_PRESETS["h100-sxm"]
+    layer = layer_work(MLP, micro_batch_size=micro_batch_size, precision="fp32", tp_style="column")
+    head = head_work(MLP, tp=1, micro_batch_size=micro_batch_size, precision="fp32")
+    return (MLP.num_layers * (kernels_time_s(gpu, layer.forward, "fp32") + kernels_time_s(gpu, layer.backward, "fp32"))
+            + kernels_time_s(gpu, head.forward, "fp32") + kernels_time_s(gpu, head.backward, "fp32")
+            + kernels_time_s(gpu, optimizer_kernels(MLP.num_params, precision="fp32"), "fp32"))
+
+
+def test_straggler_20_percent_slows_a_dp_step_by_the_hand_calculation(tmp_path: Path) -> None:
+    # dp = 4, one micro-batch each: every replica runs forward, backward, the gradient all-reduce, then Adam.
+    # Rank 2 is 20 % slower: it reaches the all-reduce 0.2 x (forward + backward) late, the other three wait
+    # for it there, and its Adam takes 0.2 x longer too. By hand:
+    #   step(straggler) - step(healthy) = 0.2 x (forward + backward + optimizer of one GPU).
+    healthy = api.run(scenario(tmp_path, dp=4, name="healthy")).result
+    slow = api.run(scenario(tmp_path, dp=4, name="slow",
+                            faults="faults: {stragglers: [{rank: 2, slower_by: 0.2}]}")).result
+    delta = 0.2 * kernels_s(32)
+    assert slow["step_time_s"] - healthy["step_time_s"] == pytest.approx(delta, rel=1e-9)
+    f = slow["faults"]
+    assert f["stragglers"] == [{"rank": 2, "stage": 0, "dp": 2, "tp": 0, "cp": 0, "compute_time_factor": 1.2}]
+    # the three healthy replicas wait 0.2 x (forward + backward) for rank 2 at the gradient all-reduce
+    optimizer_s = kernels_time_s(GPU_PRESETS["h100-sxm"], optimizer_kernels(MLP.num_params, precision="fp32"), "fp32")
+    waits = {w["rank"]: w for w in f["waits"]}
+    assert sorted(waits) == [0, 1, 3]
+    for w in waits.values():
+        assert w["waits_for"] == [2]
+        assert w["wait_s"] == pytest.approx(0.2 * (kernels_s(32) - optimizer_s), rel=1e-9)
+    # the closed form sees the straggler's compute too, and agrees where nothing contends
+    closed = api.run(scenario(tmp_path, dp=4, name="slow",
+                              faults="faults: {stragglers: [{rank: 2, slower_by: 0.2}]}"),
+                     fidelity="closed_form").result
+    assert closed["step_time_s"] == pytest.approx(slow["step_time_s"], rel=1e-9)
+    assert closed["faults"]["seen_by"].startswith("closed form")
+
+
+def test_straggler_in_a_tensor_parallel_group_slows_the_group(tmp_path: Path) -> None:
+    # tp = 2 x dp = 2, the straggler at tp coordinate 1: the representatives (tp coordinate 0) stand for it
+    # (its peer waits for it at every tensor-parallel collective); simulating every rank gives the same step.
+    faults = "faults: {stragglers: [{rank: 3, slower_by: 0.5}]}"
+    path = scenario(tmp_path, dp=2, tp=2, faults=faults)
+    reduced = api.run(path, simulate="representatives").result
+    full = api.run(path, simulate="full").result
+    healthy = api.run(scenario(tmp_path, dp=2, tp=2, name="healthy")).result
+    assert reduced["step_time_s"] > healthy["step_time_s"] * 1.2
+    assert reduced["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-6)
+
+
+def test_degraded_nic_slows_the_all_reduce_by_its_transfer_part(tmp_path: Path) -> None:
+    # Two nodes of one GPU each, dp = 2: the gradient all-reduce crosses both NICs. Half the bandwidth on one
+    # NIC's uplink doubles the all-reduce's transfer part (its latency part is unchanged); only the engine sees
+    # it (the closed form prices the nominal bandwidth).
+    def two_nodes(faults: str, name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"""
+cluster: {{preset: dgx-h100, num_nodes: 2, gpus_per_node: 1, host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}},
+          inter_node: {{nics_per_node: 1}}}}
+model: {{preset: cs336-mlp}}
+parallel: {{dp: 2, tp_style: column}}
+training: {{micro_batch_size: 64, global_batch_size: 128, precision: fp32}}
+{faults}
+""")
+        return path
+
+    base = api.run(two_nodes("", "base")).result
+    slow = api.run(two_nodes("faults: {degraded_links: [{src: n0/nic0, dst: leaf0, bandwidth_fraction: 0.5, "
+                             "one_way: true}]}", "slow")).result
+    dp = [c for c in base["collectives"] if c["axis"] == "dp"]
+    assert len(dp) == 1 and dp[0]["count"] == 1
+    (row,) = [r for r in base["links"] if r["src"] == "n0/nic0" and r["dst"] == "leaf0"]
+    nic_Bps = row["bytes"] / (row["utilization"] * base["step_time_s"])  # the link's effective bandwidth
+    extra = row["bytes"] / (0.5 * nic_Bps) - row["bytes"] / nic_Bps  # its bytes at half the bandwidth, minus full
+    assert slow["step_time_s"] - base["step_time_s"] == pytest.approx(extra, rel=1e-6)
+    assert slow["faults"]["degraded_links"][0]["bandwidth_fraction"] == 0.5
+
+
+def test_unknown_link_and_rank_are_refused(tmp_path: Path) -> None:
+    bad_link = scenario(tmp_path, dp=2, faults="faults: {degraded_links: [{src: n0/nic9, dst: leaf0, "
+                                               "bandwidth_fraction: 0.5}]}", name="link")
+    with pytest.raises(SimdistError, match=r"faults\.degraded_links\.0"):
+        api.run(bad_link)
+    bad_rank = scenario(tmp_path, dp=2, faults="faults: {stragglers: [{rank: 7, slower_by: 0.2}]}", name="rank")
+    with pytest.raises(SimdistError, match=r"faults\.stragglers\.0\.rank"):
+        api.run(bad_rank)
+    typo = scenario(tmp_path, dp=2, faults="faults: {stragglers: [{rank: 1, slower: 0.2}]}", name="typo")
+    with pytest.raises(SimdistError, match="slower"):
+        api.run(typo)
