@@ -110,7 +110,7 @@ def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Sce
     """Read, override, validate a scenario file and build its cluster; check the layout fits the cluster."""
     doc = read_yaml(path)
     if assignments:
-        doc = doc.with_assignments(assignments)
+        doc = doc.with_assignments(scenario_assignments(assignments))
     return scenario_of(doc, base_dir=Path(path).parent, source=str(path))
 
 
@@ -131,8 +131,41 @@ def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = 
     if not isinstance(doc, Document):
         doc = scenario_document(doc, source)
     if assignments:
-        doc = doc.with_assignments(assignments)
+        doc = doc.with_assignments(scenario_assignments(assignments))
     base = Path(base_dir) if base_dir is not None else Path.cwd()
+    spec, topology = scenario_cluster(doc, base)
+    _check_layout(spec, topology, doc)
+    from simdist.plan.layout import check_fp8, check_layout
+    from simdist.plan.model_presets import resolve_model
+
+    check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
+    try:
+        check_layout(spec, resolve_model(spec.model, base_dir=base))
+    except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file
+        where = doc.where(tuple((err.field or "parallel").split(".")))
+        raise type(err)(err.problem, field=err.field, source=where, fix=err.fix) from None
+    return Scenario(spec=spec, topology=topology, source=source)
+
+
+def scenario_assignments(assignments: list[str]) -> list[str]:
+    """``--set`` items of a scenario; a topology field without its ``cluster.`` prefix (``inter_node.kind=roce``,
+    as `simdist topo show --set` writes it) is the cluster's: ``cluster.inter_node.kind=roce``."""
+    from simdist.spec.load import parse_assignment
+
+    scenario_fields = set(ScenarioSpec.model_fields)
+    topology_fields = set(TopologySpec.model_fields) - {"name"}
+    out = []
+    for item in assignments:
+        try:
+            head = parse_assignment(item)[0][0]
+        except SimdistError:
+            head = ""  # with_assignments names the problem
+        out.append(f"cluster.{item}" if head in topology_fields and head not in scenario_fields else item)
+    return out
+
+
+def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]:
+    """A scenario document validated and its cluster built, its layout not checked (a search replaces it)."""
     spec = validate_spec(ScenarioSpec, doc)
     if spec.model.hf_config is not None:
         from simdist.spec.hf_config import check_hf_config
@@ -165,17 +198,7 @@ def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = 
         field = f"cluster.{err.field}" if err.field else "cluster.preset"
         where = doc.where(tuple(field.split(".")))
         raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
-    _check_layout(spec, topology, doc)
-    from simdist.plan.layout import check_fp8, check_layout
-    from simdist.plan.model_presets import resolve_model
-
-    check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
-    try:
-        check_layout(spec, resolve_model(spec.model, base_dir=base))
-    except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file
-        where = doc.where(tuple((err.field or "parallel").split(".")))
-        raise type(err)(err.problem, field=err.field, source=where, fix=err.fix) from None
-    return Scenario(spec=spec, topology=topology, source=source)
+    return spec, topology
 
 
 def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None:
@@ -253,8 +276,8 @@ def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
 
 
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
-        strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto",
-        fidelity: str = "engine") -> RunOutput:
+        strict: bool = False, calibration: str | Path | None = None, simulate: str | None = None,
+        fidelity: str | None = None) -> RunOutput:
     """Predict one training step of a scenario file (``simdist run``).
 
     Writes ``report.json``, ``trace.json`` (Chrome/Perfetto) and ``report.html`` into ``out_dir`` when
@@ -262,16 +285,44 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
     ``calibration``: a calibration file (`calibrate`), else the scenario's ``calibration:`` field, if any.
     ``simulate``: auto | representatives | full (simdist.predict.step.predict_step); ``fidelity``: engine or
-    closed_form (the same JSON).
+    closed_form (the same JSON); None: auto and engine.
+
+    ``path`` may also be a ``report.json`` that `run` wrote: its ``scenario_resolved`` runs again, with the
+    simulate and fidelity it recorded unless given (simdist.api.provenance), so the numbers are the same.
     """
+    from simdist.api.provenance import scenario_document_of_report
     from simdist.files import check_target
 
     if out_dir is not None:  # refuse an unwritable target before reading anything
         for name in RUN_FILES:
             check_target(Path(out_dir) / name, field="--out")
-    return run_document(read_yaml(path), assignments, base_dir=Path(path).parent, source=str(path),
-                        out_dir=out_dir, strict=strict, calibration=calibration, simulate=simulate,
-                        fidelity=fidelity)
+    doc, options = None, {}
+    if Path(path).suffix == ".json":
+        report = _read_json(path)
+        doc = scenario_document_of_report(report, str(path))
+        if doc is None:
+            raise SpecError(f"{path} is JSON but not a report of simdist run (no 'scenario_resolved')",
+                            field="SCENARIO", fix="give a scenario YAML file or a report.json of simdist run --out")
+        options = report.get("run_options") if isinstance(report.get("run_options"), dict) else {}
+    if doc is None:
+        doc = read_yaml(path)
+    return run_document(doc, assignments, base_dir=Path(path).parent, source=str(path),
+                        out_dir=out_dir, strict=strict, calibration=calibration,
+                        simulate=simulate or options.get("simulate") or "auto",
+                        fidelity=fidelity or options.get("fidelity") or "engine")
+
+
+def _read_json(path: str | Path) -> Any:
+    import json
+
+    from simdist.files import read_text
+
+    text = read_text(Path(path), field="SCENARIO")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise SpecError(f"{path} is not JSON: {err}", field="SCENARIO",
+                        fix="give a report.json of simdist run") from None
 
 
 RUN_FILES = ("report.json", "trace.json", "report.html")
@@ -295,13 +346,15 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
     if not isinstance(doc, Document):
         doc = scenario_document(doc, source)
     base = Path(base_dir) if base_dir is not None else Path.cwd()
+    assignments = scenario_assignments(assignments or [])
     cal, cal_assignments = _scenario_calibration(doc.with_assignments(assignments) if assignments else doc, base,
                                                  calibration)
-    every = [*cal_assignments, *(assignments or [])]
+    every = [*cal_assignments, *assignments]
     scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
                          base_dir=base, source=source, calibration=cal, timeline=out_dir is not None)
-    result = prediction.result
+    result = _with_provenance(prediction.result, scenario, assignments, base=base, calibration=calibration,
+                              options={"simulate": simulate, "fidelity": fidelity})
     if strict and not result["fits_in_memory"]:
         worst = max(result["memory"], key=lambda m: m["total_bytes"])
         raise LayoutError(
@@ -327,6 +380,29 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
         files = {name: out / name for name in names}
     num_ops = len(prediction.plan.graph.ops) if prediction.plan is not None else 0
     return RunOutput(result=result, files=files, text=render_text(result), num_ops=num_ops)
+
+
+def _with_provenance(result: dict[str, Any], scenario: Scenario, assignments: list[str], *, base: Path,
+                     calibration: str | Path | None, options: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with what reproduces it (simdist.api.provenance), its title following the overrides."""
+    from simdist.api.provenance import inputs_sha256, resolved_scenario, title_after_overrides, version
+
+    resolved = resolved_scenario(scenario.spec, base_dir=base, calibration=calibration)
+    out = dict(result)
+    named = any(a.split("=", 1)[0].strip() == "name" for a in assignments)
+    if assignments and not named:
+        out["scenario_name"] = result.get("name", "")
+        m = result["model"]
+        model = m["name"] if m["name"] != "inline" else f"{m['num_params'] / 1e9:.0f}B-parameter model"
+        out["name"] = title_after_overrides(scenario.spec, scenario.topology, model, assignments)
+        resolved["name"] = out["name"]
+    out["overrides"] = list(assignments)
+    out["run_options"] = options
+    out["simdist_version"] = version()
+    out["inputs_sha256"] = inputs_sha256({k: v for k, v in resolved.items() if k != "name"}, scenario.topology,
+                                         options)
+    out["scenario_resolved"] = resolved
+    return out
 
 
 def assumptions() -> list[dict[str, Any]]:
@@ -372,4 +448,5 @@ from simdist.api.collectives import (  # noqa: E402
     compare_rows,
     curves_for_report,
 )
-from simdist.api.search import SearchOutput, compare, search  # noqa: E402
+from simdist.api.compare import compare  # noqa: E402
+from simdist.api.search import SearchOutput, search  # noqa: E402

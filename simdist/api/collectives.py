@@ -206,8 +206,32 @@ def curves_for_report(series: dict[str, list[CollectiveRow]]) -> list[Any]:
     """Convert sweeps to the report's curve type (keeps report free of api types)."""
     from simdist.report.collective_html import Curve, CurvePoint
 
-    return [Curve.of(name, [CurvePoint(r.nbytes, r.time_s, r.busbw_GBps * 1e9) for r in rows])
+    return [Curve.of(auto_label(rows) if name == "auto" else name,
+                     [CurvePoint(r.nbytes, r.time_s, r.busbw_GBps * 1e9) for r in rows])
             for name, rows in series.items()]
+
+
+def auto_label(rows: list[CollectiveRow]) -> str:
+    """``auto`` with what it chose at each size: "auto (tree to 1 MiB, ring from 2 MiB)"."""
+    from simdist.units import format_bytes
+
+    runs: list[list[Any]] = []  # [algorithm, first size, last size]
+    for r in sorted(rows, key=lambda r: r.nbytes):
+        if runs and runs[-1][0] == r.algorithm:
+            runs[-1][2] = r.nbytes
+        else:
+            runs.append([r.algorithm, r.nbytes, r.nbytes])
+    if len(runs) <= 1:
+        return f"auto ({runs[0][0]})" if runs else "auto"
+    parts = []
+    for i, (algo, first, last) in enumerate(runs):
+        if i == 0:
+            parts.append(f"{algo} to {format_bytes(last)}")
+        elif i == len(runs) - 1:
+            parts.append(f"{algo} from {format_bytes(first)}")
+        else:
+            parts.append(f"{algo} {format_bytes(first)}-{format_bytes(last)}")
+    return f"auto ({', '.join(parts)})"
 
 
 def compare_rows(series: dict[str, list[CollectiveRow]], measured: list[Any]) -> list[dict[str, Any]]:
@@ -223,5 +247,21 @@ def compare_rows(series: dict[str, list[CollectiveRow]], measured: list[Any]) ->
         out.append({
             "bytes": m.nbytes, "measured_busbw_GBps": m.busbw_Bps / 1e9, "predicted_busbw_GBps": best.busbw_GBps,
             "error_pct": 100.0 * (best.busbw_GBps - m.busbw_Bps / 1e9) / (m.busbw_Bps / 1e9) if m.busbw_Bps else 0.0,
+            "in_place": bool(getattr(m, "in_place", False)),
         })
+    return out
+
+
+def compare_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The errors of `compare_rows` per column (nccl-tests' out-of-place and in-place): count, mean absolute
+    percentage error, signed mean and the worst size."""
+    out: dict[str, Any] = {}
+    for name, flag in (("out_of_place", False), ("in_place", True)):
+        errs = [r for r in rows if r["in_place"] == flag]
+        if not errs:
+            continue
+        worst = max(errs, key=lambda r: abs(r["error_pct"]))
+        out[name] = {"num_sizes": len(errs), "mape_pct": sum(abs(r["error_pct"]) for r in errs) / len(errs),
+                     "mean_error_pct": sum(r["error_pct"] for r in errs) / len(errs),
+                     "worst_bytes": worst["bytes"], "worst_error_pct": worst["error_pct"]}
     return out

@@ -38,6 +38,20 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 topo_app = typer.Typer(help="Inspect topology presets and clusters.", no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from simdist import __version__
+
+        sys.stdout.write(f"simdist {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                   help="Print the simdist version and exit.")] = False) -> None:
+    """Discrete-event simulator of distributed-training cost."""
 app.add_typer(topo_app, name="topo")
 
 SetOption = Annotated[

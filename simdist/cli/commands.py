@@ -92,7 +92,9 @@ def collective_cmd(
                                    root=root, calibration=calibration)
               for name in names}
     if html is not None:
-        extra = api.collective_curves(cluster, op, ranks, size_list, num_nodes=num_nodes,
+        # The algorithms asked for; auto alone is drawn with the algorithms it chooses from (the why of its
+        # choice), its label naming what it chose at each size.
+        extra = {} if names != ["auto"] else api.collective_curves(cluster, op, ranks, size_list, num_nodes=num_nodes,
                                       assignments=assignments or [], fidelity=fidelity, root=root,
                                       protocol=protocol, skip=set(series), calibration=calibration)
         from simdist.report.collective_html import collective_figure_html
@@ -105,6 +107,9 @@ def collective_cmd(
                                "rows": [row.to_dict() for rows in series.values() for row in rows]}
         if measured is not None:
             doc["compare"] = api.compare_rows(series, measured)
+            from simdist.api.collectives import compare_summary
+
+            doc["compare_summary"] = compare_summary(doc["compare"])
         _print_json(doc)
         return
     lines = [f"# {op} on {ranks} ranks of {cluster}" + (f" ({num_nodes} nodes)" if num_nodes else ""),
@@ -115,12 +120,37 @@ def collective_cmd(
             lines.append(f"  {int(r.nbytes):>12} {r.algorithm:>16} {r.protocol:>6} {r.time_s * 1e6:>11.2f} "
                          f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}  {r.fidelity}")
     if measured is not None:
-        for line in api.compare_rows(series, measured):
-            lines.append(f"  measured {int(line['bytes']):>12} {line['measured_busbw_GBps']:>8.2f} GB/s busbw, "
-                         f"predicted {line['predicted_busbw_GBps']:>8.2f} ({line['error_pct']:+.1f}%)")
+        lines += _compare_lines(api.compare_rows(series, measured), next(iter(series)))
     if html is not None:
         lines.append(f"wrote {html}")
     emit("\n".join(lines))
+
+
+def _compare_lines(rows: list[dict[str, Any]], algorithm: str) -> list[str]:
+    """Measured against predicted busbw by size, nccl-tests' out-of-place and in-place columns side by side
+    (labelled), then the error summary of each column."""
+    from simdist.api.collectives import compare_summary
+
+    by_size: dict[float, dict[bool, dict[str, Any]]] = {}
+    for r in rows:
+        by_size.setdefault(r["bytes"], {})[r["in_place"]] = r
+    columns = [flag for flag in (False, True) if any(flag in cells for cells in by_size.values())]
+    names = {False: "out-of-place", True: "in-place"}
+    out = [f"# measured vs predicted busbw (GB/s; predicted: {algorithm}), nccl-tests columns side by side",
+           f"# {'size':>12}" + "".join(f" | {names[flag] + ' measured':>21} {'predicted':>9} {'error':>7}"
+                                       for flag in columns)]
+    for nbytes, cells in sorted(by_size.items()):
+        line = f"  {int(nbytes):>12}"
+        for flag in columns:
+            c = cells.get(flag)
+            line += (f" | {c['measured_busbw_GBps']:>21.2f} {c['predicted_busbw_GBps']:>9.2f} {c['error_pct']:>+6.1f}%"
+                     if c else f" | {'-':>21} {'-':>9} {'-':>7}")
+        out.append(line)
+    for name, s in compare_summary(rows).items():
+        out.append(f"error summary, {name.replace('_', '-')}: mean |error| {s['mape_pct']:.1f}% (signed "
+                   f"{s['mean_error_pct']:+.1f}%) over {s['num_sizes']} sizes; worst {s['worst_error_pct']:+.1f}% "
+                   f"at {int(s['worst_bytes'])} bytes")
+    return out
 
 
 def _matching(measured: list[Any], op: str, ranks: int, path: Path) -> list[Any]:
@@ -140,19 +170,21 @@ def _matching(measured: list[Any], op: str, ranks: int, path: Path) -> list[Any]
 
 @app.command("run")
 def run_cmd(
-    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file (see scenarios/).")],
+    scenario: Annotated[Path, typer.Argument(help="A scenario YAML file (see scenarios/), or a report.json of "
+                                                  "`simdist run --out` to run its resolved scenario again.")],
     assignments: SetOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write report.json, trace.json, report.html here.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if the layout does not fit in memory.")] = False,
     as_json: JsonOption = False,
     calibration: CalibrationOption = None,
-    simulate: Annotated[str, typer.Option(
+    simulate: Annotated[str | None, typer.Option(
         "--simulate", help="auto | representatives (one rank per stage, the others' traffic folded onto shared "
-                           "links; a long steady state fast-forwarded) | full (every rank, every micro-batch)"
-    )] = "auto",
-    fidelity: Annotated[str, typer.Option(
+                           "links; a long steady state fast-forwarded) | full (every rank, every micro-batch); "
+                           "default auto (a report.json: the one it recorded)"
+    )] = None,
+    fidelity: Annotated[str | None, typer.Option(
         "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
-                           "what search ranks by)")] = "engine",
+                           "what search ranks by); default engine (a report.json: the one it recorded)")] = None,
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
     output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,

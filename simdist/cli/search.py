@@ -11,6 +11,7 @@ import typer
 from simdist import api
 from simdist.cli import (
     JsonOption,
+    SetOption,
     _print_json,
     app,
     check_target,
@@ -66,10 +67,22 @@ def _progress(as_json: bool):
 
 @app.command("search")
 def search_cmd(
-    model: ModelOption,
-    cluster: Annotated[str, typer.Option("--cluster", help="Topology preset (see `simdist topo list`).")],
-    gpus: GpusOption,
-    global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch in sequences.")],
+    scenario: Annotated[Path | None, typer.Argument(
+        help="A scenario file whose cluster, model and training to keep (its layout is searched); or give "
+             "--model, --cluster, --gpus and --global-batch.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model preset (gpt3-175b, llama3-70b, ...).")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Topology preset (see `simdist topo list`) or "
+                                                                  "topology file.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Number of GPUs (with a scenario: resizes its "
+                                                             "cluster).")] = None,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Global batch in sequences.")] = None,
+    assignments: SetOption = None,
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", help="Vary a scenario field: key=v1,v2,... (dotted path, YAML values; repeatable: every "
+                       "combination is searched), e.g. cluster.inter_node.oversubscription=1,2,4.")] = None,
+    placement: Annotated[bool, typer.Option("--placement/--no-placement",
+                                            help="Also search the mesh axis order (parallel.order: which groups "
+                                                 "share a host or a leaf switch).")] = True,
     seq: SeqOption = None,
     max_tp: Annotated[int | None, typer.Option("--max-tp", help="Largest tp (default: GPUs per node).")] = None,
     max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pp.")] = 64,
@@ -78,10 +91,12 @@ def search_cmd(
     max_mbs: Annotated[int, typer.Option("--max-micro-batch", help="Largest micro-batch (powers of two).")] = 8,
     schedules: Annotated[str, typer.Option("--schedules", help="Schedules to try: 1f1b,interleaved_1f1b,gpipe,"
                                                                "zb_h1.")] = "1f1b,interleaved_1f1b",
-    precision: PrecisionOption = "bf16",
-    zero3_fetch: Annotated[str, typer.Option("--zero3-fetch", help="ZeRO-3 parameter traffic: prefetch (FSDP-style) "
-                                                                   "or per_parameter (DeepSpeed 2021).")
-                           ] = "prefetch",
+    precision: Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp8, tf32 or fp32 (default: "
+                                                                     "bf16, or the scenario's).")] = None,
+    zero3_fetch: Annotated[str | None, typer.Option("--zero3-fetch", help="ZeRO-3 parameter traffic: prefetch "
+                                                                          "(FSDP-style) or per_parameter (DeepSpeed "
+                                                                          "2021); default prefetch, or the "
+                                                                          "scenario's.")] = None,
     zero_with_pp: Annotated[bool, typer.Option("--zero-with-pp/--no-zero-with-pp",
                                                help="Try ZeRO-2/3 with pipeline stages too (a large part of the "
                                                     "space)")] = True,
@@ -108,7 +123,8 @@ def search_cmd(
            "add --out results.jsonl to keep results as they arrive, so that an interrupted search can --resume")
     on_total, on_progress, stop = _progress(as_json)
     try:
-        output = api.search(model, cluster, gpus, global_batch, seq_length=seq, precision=precision, max_tp=max_tp,
+        output = api.search(model, cluster, gpus, global_batch, scenario=scenario, assignments=assignments or [],
+                            grid=grid or [], placement=placement, seq_length=seq, precision=precision, max_tp=max_tp,
                             max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp, max_micro_batch=max_mbs,
                             schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
                             workers=workers, dask=dask, results_file=results, html=html,
@@ -122,8 +138,11 @@ def search_cmd(
         stop()
     if output.interrupted:
         d = output.doc
-        note(f"interrupted: {d['evaluated']:,} of {d['feasible']:,} layouts evaluated"
-             + ("" if d["engine"] else ", none re-simulated") + f" (shown); {how}")
+        if "points" in d:
+            note(f"interrupted: {len(d['points'])} of {d['num_points']} grid points searched (shown); {how}")
+        else:
+            note(f"interrupted: {d['evaluated']:,} of {d['feasible']:,} layouts evaluated"
+                 + ("" if d["engine"] else ", none re-simulated") + f" (shown); {how}")
     if as_json:
         _print_json(output.doc)
     else:
@@ -134,16 +153,34 @@ def search_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    model: ModelOption,
-    clusters: Annotated[str, typer.Option("--clusters", help="Presets to compare: dgx-a100,dgx-h100,gb200-nvl72.")],
-    gpus: GpusOption,
-    tokens: Annotated[float, typer.Option("--tokens", help="Tokens to train, e.g. 300e9.")],
-    global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch in sequences.")] = 1536,
+    scenario: Annotated[Path | None, typer.Argument(
+        help="A scenario file whose model and training to keep (its cluster is replaced by each compared one); "
+             "or give --model.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model preset (gpt3-175b, llama3-70b, ...).")] = None,
+    clusters: Annotated[str | None, typer.Option("--clusters", help="Presets or files to compare at --gpus GPUs "
+                                                                    "each: dgx-a100,dgx-h100,gb200-nvl72.")] = None,
+    cluster: Annotated[list[str] | None, typer.Option(
+        "--cluster", help="A cluster with its own GPU count: PRESET_OR_FILE:GPUS (repeatable), e.g. "
+                          "dgx-a100:1024; without :GPUS a budget sizes it.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs of every --clusters cluster.")] = None,
+    tokens: Annotated[float | None, typer.Option("--tokens", help="Tokens to train, e.g. 300e9.")] = None,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Global batch in sequences (default "
+                                                                            "1536, or the scenario's).")] = None,
+    assignments: SetOption = None,
     price: Annotated[list[str] | None, typer.Option("--price", help="cluster=USD per GPU-hour (repeatable).")
                      ] = None,
+    budget_usd: Annotated[float | None, typer.Option(
+        "--budget-usd-per-hour", help="Equal spend: each cluster gets the whole nodes this buys per hour (needs "
+                                      "--price for each).")] = None,
+    budget_kw: Annotated[float | None, typer.Option(
+        "--budget-kw", help="Equal power: each cluster gets the whole nodes this powers (GPUs at TDP x PUE).")] = None,
+    days: Annotated[float | None, typer.Option(
+        "--days", help="A deadline for --tokens: the cheapest cluster that makes it (a cluster without :GPUS gets "
+                       "the fewest nodes, doubling, that do).")] = None,
     pue: Annotated[float, typer.Option("--pue", help="Facility overhead on the GPUs' TDP energy (1.0: none).")] = 1.0,
     seq: SeqOption = None,
-    precision: PrecisionOption = "bf16",
+    precision: Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp8, tf32 or fp32 (default: "
+                                                                      "bf16, or the scenario's).")] = None,
     workers: WorkersOption = 1,
     dask: DaskOption = None,
     as_json: JsonOption = False,
@@ -153,15 +190,17 @@ def compare_cmd(
     if html is not None:
         check_target(html, field="--html")
     try:
-        doc = api.compare(model, clusters.split(","), gpus, tokens, global_batch_size=global_batch,
-                          prices=price or [], pue=pue, seq_length=seq, precision=precision, workers=workers, dask=dask)
+        doc = api.compare(model, clusters.split(",") if clusters else None, gpus, tokens, sized=cluster or [],
+                          scenario=scenario, assignments=assignments or [], global_batch_size=global_batch,
+                          prices=price or [], pue=pue, seq_length=seq, precision=precision, workers=workers,
+                          dask=dask, budget_usd_per_hour=budget_usd, budget_kw=budget_kw, days=days)
     except KeyboardInterrupt:
         to_stderr("interrupted: compare prints its table once every cluster is searched (nothing to keep); "
                   "run it again, or `simdist search --out FILE` per cluster to resume")
         sys.exit(130)
     from simdist.report.search_table import compare_text
 
-    text = compare_text(doc["rows"], tokens=tokens, pue=pue)
+    text = compare_text(doc["rows"], tokens=doc["tokens"], pue=pue, answer=doc.get("answer"))
     if html is not None:
         from simdist.report.search_html import compare_report_html
 

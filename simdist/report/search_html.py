@@ -15,9 +15,11 @@ from simdist.report.step_html import STYLE, breakdown_figure, timeline_figure
 GIB = 2**30
 
 
-def heatmap_figure(ranked: Sequence[Mapping[str, Any]], bounded: Sequence[Mapping[str, Any]] = ()) -> go.Figure:
+def heatmap_figure(ranked: Sequence[Mapping[str, Any]], bounded: Sequence[Mapping[str, Any]] = (),
+                   infeasible: Mapping[str, str] | None = None) -> go.Figure:
     """Best tokens/s for each (tp, pp); a cell of layouts all ruled out by their bound shows the bound ("at
-    most"); empty cells: no feasible layout."""
+    most"); a cell with no feasible layout is grey and says why (``infeasible``: "tp,pp" -> the reason that
+    pruned most of its layouts, `infeasible_cells`)."""
     best: dict[tuple[int, int], float] = {}
     for r in ranked:
         k = (r["layout"]["tp"], r["layout"]["pp"])
@@ -28,13 +30,21 @@ def heatmap_figure(ranked: Sequence[Mapping[str, Any]], bounded: Sequence[Mappin
         if k not in best:
             at_most[k] = max(at_most.get(k, 0.0), r["tokens_per_s_upper_bound"])
     cells = {**best, **at_most}
-    tps = sorted({k[0] for k in cells})
-    pps = sorted({k[1] for k in cells})
+    why = {tuple(int(v) for v in k.split(",")): reason for k, reason in (infeasible or {}).items()}
+    why = {k: v for k, v in why.items() if k not in cells}
+    tps = sorted({k[0] for k in cells} | {k[0] for k in why})
+    pps = sorted({k[1] for k in cells} | {k[1] for k in why})
     z = [[cells.get((t, p)) for p in pps] for t in tps]
     text = [["at most " if (t, p) in at_most else "" for p in pps] for t in tps]
     fig = go.Figure(go.Heatmap(z=z, x=[str(p) for p in pps], y=[str(t) for t in tps], colorscale="Viridis",
                                text=text, colorbar={"title": "tokens/s"},
-                               hovertemplate="tp %{y}, pp %{x}: %{text}%{z:,.0f} tokens/s"))
+                               hovertemplate="tp %{y}, pp %{x}: %{text}%{z:,.0f} tokens/s<extra></extra>"))
+    if why:  # the infeasible cells: grey, labelled with their reason
+        grey = [[1 if (t, p) in why else None for p in pps] for t in tps]
+        label = [[why.get((t, p), "") for p in pps] for t in tps]
+        fig.add_trace(go.Heatmap(z=grey, x=[str(p) for p in pps], y=[str(t) for t in tps], showscale=False,
+                                 colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]], text=label, texttemplate="%{text}",
+                                 hovertemplate="tp %{y}, pp %{x}: no feasible layout (%{text})<extra></extra>"))
     fig.update_layout(title="best throughput per tp x pp (closed form)", xaxis_title="pp", yaxis_title="tp",
                       height=420)
     return fig
@@ -70,10 +80,11 @@ def pareto_figure(ranked: Sequence[Mapping[str, Any]]) -> go.Figure:
 def search_report_html(doc: Mapping[str, Any], *, winner_graph: OpGraph | None = None, winner_trace: Any = None,
                        winner_result: Mapping[str, Any] | None = None, table_text: str = "") -> str:
     p = doc["problem"]
-    title = f"Layout search: {p['model']} on {doc['num_gpus']} GPUs of {p['cluster']}"
+    title = f"Layout search: {p['model']} on {doc['num_gpus']} GPUs of {doc.get('cluster_title') or p['cluster']}"
     figures = []
     if doc["ranked"]:
-        figures += [heatmap_figure(doc["ranked"], doc.get("bounded", [])), pareto_figure(doc["ranked"])]
+        figures += [heatmap_figure(doc["ranked"], doc.get("bounded", []), doc.get("infeasible_cells")),
+                    pareto_figure(doc["ranked"])]
     if winner_graph is not None and winner_trace is not None:
         key = doc["engine"][0]["key"] if doc.get("engine") else ""
         figures.append(timeline_figure(winner_graph, winner_trace, title=f"the winner's timeline ({key}, engine)"))
@@ -86,17 +97,32 @@ def search_report_html(doc: Mapping[str, Any], *, winner_graph: OpGraph | None =
             f"<pre>{html.escape(table_text)}</pre>" + "".join(divs) + "</body></html>")
 
 
-def compare_report_html(rows: Sequence[Mapping[str, Any]], *, table_text: str = "") -> str:
+def compare_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Days, cost and energy to train, side by side: one panel (and its own axis) each, every bar labelled."""
+    from plotly.subplots import make_subplots
+
     ok = [r for r in rows if "error" not in r]
-    names = [r["cluster"] for r in ok]
-    fig = go.Figure()
-    fig.add_trace(go.Bar(x=names, y=[r["time_to_train_days"] for r in ok], name="days to train"))
+    names = [r.get("label") or f"{r['cluster']} x {r['num_gpus']}" for r in ok]
+    panels = [("days to train", "days", [r["time_to_train_days"] for r in ok], "{:.1f}")]
     if any(r.get("cost_usd") is not None for r in ok):
-        fig.add_trace(go.Bar(x=names, y=[(r.get("cost_usd") or 0) / 1e6 for r in ok], name="cost (M USD)",
-                             yaxis="y2", offsetgroup="cost"))
-        fig.update_layout(yaxis2={"title": "M USD", "overlaying": "y", "side": "right"})
-    fig.update_layout(title="time (and cost) to train, best layout per cluster", yaxis_title="days",
-                      barmode="group", height=460)
+        panels.append(("cost (M USD)", "M USD", [(r["cost_usd"] / 1e6 if r.get("cost_usd") is not None else None)
+                                                  for r in ok], "{:.2f}"))
+    if any(r.get("energy_kwh") is not None for r in ok):
+        panels.append(("energy (MWh)", "MWh", [(r["energy_kwh"] / 1e3 if r.get("energy_kwh") is not None else None)
+                                                for r in ok], "{:,.0f}"))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
+    for i, (name, unit, values, fmt) in enumerate(panels, start=1):
+        fig.add_trace(go.Bar(x=names, y=[v if v is not None else 0 for v in values], name=name, showlegend=False,
+                             text=[fmt.format(v) if v is not None else "n/a" for v in values], textposition="outside",
+                             hovertemplate="%{x}: %{y:,.3g} " + unit + "<extra></extra>"), row=1, col=i)
+        fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=i)
+    fig.update_layout(title="time, cost and energy to train, best layout per cluster", height=480,
+                      width=max(720, 360 * len(panels)), template="plotly_white")
+    return fig
+
+
+def compare_report_html(rows: Sequence[Mapping[str, Any]], *, table_text: str = "") -> str:
+    fig = compare_figure(rows)
     return ('<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Hardware comparison</title>'
             f"<style>{STYLE}</style></head><body><h1>Hardware comparison</h1>"
             f"<pre>{html.escape(table_text)}</pre>"

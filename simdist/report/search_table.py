@@ -29,19 +29,25 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
     """The ranked table (closed form; the engine's figures beside the re-simulated top k)."""
     p = doc["problem"]
     engine = {e["key"]: e for e in doc.get("engine", [])}
-    table = Table(title=f"{p['model']} on {doc['num_gpus']} GPUs ({p['num_nodes']} x {p['cluster']}), global batch "
+    where = doc.get("cluster_title") or f"{p['num_nodes']} x {p['cluster']}"
+    table = Table(title=f"{p['model']} on {doc['num_gpus']} GPUs ({where}), global batch "
                         f"{p['global_batch_size']}", title_justify="left")
-    for name in ("#", "tp", "pp", "dp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "schedule", "step s",
-                 "tokens/s", "MFU", "GiB/GPU", "engine step s", "engine MFU"):
-        table.add_column(name, justify="left" if name in ("recompute", "schedule") else "right")
+    placement = doc.get("placement")
+    default_order = placement["default_order"] if placement else ""
+    orders = placement is not None or any("order" in r["layout"] for r in doc["ranked"][:top])
+    for name in ("#", "tp", "pp", "dp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "schedule",
+                 *(("order",) if orders else ()), "step s", "tokens/s", "MFU", "GiB/GPU", "engine step s",
+                 "engine MFU"):
+        table.add_column(name, justify="left" if name in ("recompute", "schedule", "order") else "right")
     for i, row in enumerate(doc["ranked"][:top], start=1):
         e = engine.get(row["key"], {})
         eng_step = f"{e['engine_step_time_s']:.3f}" if "engine_step_time_s" in e else ("error" if e else "")
         eng_mfu = f"{e['engine_mfu']:.1%}" if "engine_mfu" in e else ""
-        table.add_row(str(i), *_layout_cells(row["layout"]), f"{row['step_time_s']:.3f}",
+        order = [row["layout"].get("order") or default_order or "default"] if orders else []
+        table.add_row(str(i), *_layout_cells(row["layout"]), *order, f"{row['step_time_s']:.3f}",
                       f"{row['tokens_per_s']:,.0f}", f"{row['mfu']:.1%}", f"{row['memory_per_gpu_bytes'] / GIB:.1f}",
                       eng_step, eng_mfu)
-    counts = ", ".join(f"{k} {v}" for k, v in doc["pruned_counts"].items()) or "none"
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(doc["pruned_counts"].items(), key=lambda kv: -kv[1])) or "none"
     lines = [f"{doc['candidates']} layouts enumerated, {doc['feasible']} feasible, {doc['evaluated']} evaluated by "
              f"the closed form in {doc['sweep_s']:.2f} s on {doc['executor']}; pruned: {counts}"]
     if doc.get("bounded_count"):
@@ -52,30 +58,110 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
         for e in doc["engine"]:
             if "engine_error" in e:
                 lines.append(f"  {e['key']}: engine error: {e['engine_error']}")
+    if placement:
+        lines.append(placement_line(placement))
     if doc.get("interrupted"):
         lines.append(f"interrupted: {doc['evaluated']} of {doc['feasible']} feasible layouts evaluated")
     if explain_pruned and doc.get("pruned"):
-        lines.append("pruned layouts:")
-        lines += [f"  {p['key']}: {p['rule']}: {p['reason']}" for p in doc["pruned"]]
+        lines += pruned_lines(doc["pruned"])
     return _render(table) + "\n".join(lines) + "\n"
 
 
-def compare_text(rows: Sequence[Mapping[str, Any]], *, tokens: float, pue: float) -> str:
+def placement_line(placement: Mapping[str, Any]) -> str:
+    """The winner's placements (mesh axis orders): the best against the base scenario's order."""
+    if "engine_gain" in placement:
+        text = (f"placement (by the engine, {len(placement['orders'])} orders of the winning layout): best "
+                f"{placement['order']} {placement['engine_step_time_s']:.3f} s, default {placement['default_order']} "
+                f"{placement['default_engine_step_time_s']:.3f} s ({placement['engine_gain']:+.1%}); "
+                f"closed form {placement['step_time_s']:.3f} s vs {placement['default_step_time_s']:.3f} s")
+    else:
+        text = (f"placement (by the closed form, {len(placement['orders'])} orders of the winning layout): best "
+                f"{placement['order']} {placement['step_time_s']:.3f} s, default {placement['default_order']} "
+                f"{placement['default_step_time_s']:.3f} s ({placement['gain']:+.1%})")
+    if len(placement["orders"]) > 2 or "engine_gain" in placement:
+        figure = "engine_step_time_s" if "engine_gain" in placement else "step_time_s"
+        text += "; " + ", ".join(f"{o['order']} {o[figure]:.3f} s" for o in placement["orders"])
+    if placement.get("note"):
+        text += f" ({placement['note']})"
+    return text
+
+
+def pruned_lines(pruned: Sequence[Mapping[str, Any]], *, examples: int = 3) -> list[str]:
+    """``--explain-pruned``: the counts by reason first (most first, with examples of each), then every layout."""
+    by_rule: dict[str, list[Mapping[str, Any]]] = {}
+    for p in pruned:
+        by_rule.setdefault(p["rule"], []).append(p)
+    lines = [f"pruned layouts: {len(pruned)}, by reason (most first):"]
+    for rule, items in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"  {rule}: {len(items)}")
+        lines += [f"    e.g. {p['key']}: {p['reason']}" for p in items[:examples]]
+    lines.append("each pruned layout:")
+    lines += [f"  {p['key']}: {p['rule']}: {p['reason']}" for p in pruned]
+    return lines
+
+
+def grid_text(doc: Mapping[str, Any]) -> str:
+    """The summary of a grid search: the best layout at each point (closed form; the engine's beside it)."""
+    keys = list(doc["grid"])
+    table = Table(title=f"best layout per grid point ({doc['num_points']} points over {doc['scenario']})",
+                  title_justify="left")
+    for name in (*keys, "best layout", "step s", "tokens/s", "MFU", "GiB/GPU", "engine step s", "engine MFU",
+                 "vs default order"):
+        table.add_column(name, justify="left" if name in (*keys, "best layout") else "right")
+    for row in doc["summary"]:
+        cells = [str(row["values"][k]) for k in keys]
+        if "error" in row:
+            table.add_row(*cells, row["error"], *[""] * 7)
+            continue
+        placed = row.get("placement", {})
+        gain = placed.get("engine_gain", placed.get("gain"))
+        table.add_row(*cells, row["layout"], f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
+                      f"{row['mfu']:.1%}", f"{row['memory_per_gpu_bytes'] / GIB:.1f}",
+                      f"{row['engine_step_time_s']:.3f}" if row.get("engine_step_time_s") else "",
+                      f"{row['engine_mfu']:.1%}" if row.get("engine_mfu") else "",
+                      f"{gain:+.1%}" if gain is not None else "")
+    tail = ""
+    if doc.get("interrupted"):
+        tail = f"interrupted after {len(doc['summary'])} of {doc['num_points']} grid points (shown)\n"
+    return _render(table) + tail
+
+
+def _mwh(kwh: float | None) -> str:
+    if kwh is None:
+        return "-"
+    return f"{kwh / 1e3:,.1f}" if kwh >= 1e4 else f"{kwh / 1e3:.3g}"
+
+
+def compare_text(rows: Sequence[Mapping[str, Any]], *, tokens: float, pue: float,
+                 answer: Mapping[str, Any] | None = None) -> str:
     table = Table(title=f"time and cost to train {tokens:.3g} tokens", title_justify="left")
+    deadline = any("meets_deadline" in r for r in rows)
     for name in ("cluster", "GPUs", "best layout", "step s", "tokens/s", "MFU", "days", "GPU-hours", "energy MWh",
-                 "USD"):
+                 "USD", *(("deadline",) if deadline else ())):
         table.add_column(name, justify="left" if name in ("cluster", "best layout") else "right")
     for r in rows:
         if "error" in r:
-            table.add_row(r["cluster"], str(r.get("num_gpus", "")), "no feasible layout", "", "", "", "", "", "", "")
+            table.add_row(r["cluster"], str(r.get("num_gpus", "")), "no feasible layout", "", "", "", "", "", "", "",
+                          *(("",) if deadline else ()))
             continue
         table.add_row(
             r["cluster"], str(r["num_gpus"]), r["layout"], f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
             f"{r['mfu']:.1%}", f"{r['time_to_train_days']:.2f}", f"{r['gpu_hours']:,.0f}",
-            f"{r['energy_kwh'] / 1e3:,.1f}" if r["energy_kwh"] is not None else "-",
-            f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-")
+            _mwh(r["energy_kwh"]),
+            f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-",
+            *((("yes" if r.get("meets_deadline") else "no"),) if deadline else ()))
     notes = [f"{r['cluster']}: {r['note']}" for r in rows if r.get("note")]
+    notes += [f"{r.get('label', r['cluster'])}: sized by {r['sized_by']}" for r in rows if r.get("sized_by")]
     notes += [f"{r['cluster']}: {r['error']}" for r in rows if "error" in r]
+    fidelities = sorted({r["fidelity"] for r in rows if "fidelity" in r})
+    notes.append(f"step, tokens/s and MFU: {' and '.join(fidelities) or 'engine'} (one fidelity per row)")
     notes.append(f"energy: GPUs at TDP for the whole run x PUE {pue:g} ({'GPUs only' if pue == 1 else 'facility'}); "
                  "cost: GPU-hours x the --price given (none: -)")
+    if answer is not None:
+        if answer.get("cluster") is None:
+            notes.append(f"answer ({answer['question']}): none - {answer.get('reason', '')}")
+        else:
+            extra = f", {answer['cost_usd']:,.0f} USD" if answer.get("cost_usd") is not None else ""
+            notes.append(f"answer ({answer['question']}): {answer['cluster']}, "
+                         f"{answer['time_to_train_days']:.1f} days{extra}")
     return _render(table) + "\n".join(notes) + "\n"

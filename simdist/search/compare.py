@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from simdist.errors import LayoutError, PresetError, SpecError
-from simdist.hardware.presets import preset_names, topology_document
+from simdist.errors import LayoutError, PresetError, SimdistError, SpecError
+from simdist.hardware.presets import preset_names, resolve_topology_spec, topology_document
 from simdist.search.executors import Executor
 from simdist.search.rank import SearchOutcome, run_search
 from simdist.search.space import SearchProblem
@@ -32,12 +33,19 @@ class ClusterSize:
     note: str
 
 
-def size_cluster(cluster: str, gpus: int) -> ClusterSize:
-    """num_nodes = ceil(gpus / gpus_per_node): a gb200-nvl72 node is a 72-GPU rack (README, Concepts)."""
-    if cluster not in preset_names():
-        raise PresetError(f"unknown cluster '{cluster}'", field="--clusters",
-                          fix=f"use presets from: {', '.join(preset_names())}")
-    gpn = int(topology_document(cluster).data["gpus_per_node"])
+def size_cluster(cluster: str, gpus: int, *, field: str = "--clusters") -> ClusterSize:
+    """num_nodes = ceil(gpus / gpus_per_node): a gb200-nvl72 node is a 72-GPU rack (README, Concepts).
+    ``cluster``: a preset name or a topology file."""
+    if cluster in preset_names():
+        gpn = int(topology_document(cluster).data["gpus_per_node"])
+    elif Path(cluster).suffix in (".yaml", ".yml"):
+        try:
+            gpn = resolve_topology_spec(cluster).gpus_per_node
+        except SimdistError as err:
+            raise err.located(field_prefix=field) from None
+    else:
+        raise PresetError(f"unknown cluster '{cluster}'", field=field,
+                          fix=f"use presets from: {', '.join(preset_names())}, or a topology file (.yaml)")
     nodes = math.ceil(gpus / gpn)
     note = "" if nodes * gpn == gpus else (
         f"{gpus} GPUs is not a multiple of {gpn} GPUs per node: using {nodes} nodes = {nodes * gpn} GPUs")
@@ -71,24 +79,27 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
                 num_params: float | None = None) -> dict[str, Any]:
     """One cluster's row; ``num_params`` (the model's): also goodput (simdist.predict.goodput: failures and
     checkpoints at the data file's defaults) and the days to train with it."""
-    from simdist.hardware import load_topology
+    from simdist.search.evaluate import context
 
     best = outcome.ranked[0]
     engine = outcome.engine[0] if outcome.engine else {}
-    # The engine's figure where it ran, else the closed form's.
-    tokens_per_s = engine.get("engine_tokens_per_s") or best["tokens_per_s"]
-    step_s = engine.get("engine_step_time_s") or best["step_time_s"]
+    # Step time, throughput and MFU all from one fidelity: the engine's where it re-simulated the winner, else
+    # the closed form's (the row's "fidelity" says which).
+    ran = "engine_step_time_s" in engine
+    tokens_per_s = engine["engine_tokens_per_s"] if ran else best["tokens_per_s"]
+    step_s = engine["engine_step_time_s"] if ran else best["step_time_s"]
+    mfu = engine["engine_mfu"] if ran else best["mfu"]
     train_s = tokens / tokens_per_s
     gpu_hours = size.num_gpus * train_s / SECONDS_PER_HOUR
-    node = load_topology(size.cluster, num_nodes=1)
-    tdp = node.gpu.tdp_w
+    ctx_topology = context(outcome.problem).topology
+    tdp = ctx_topology.gpu.tdp_w
     energy = size.num_gpus * tdp * train_s * pue / JOULES_PER_KWH if tdp else None
     extra: dict[str, Any] = {}
     if num_params is not None:
         from simdist.predict.goodput import goodput
         from simdist.spec.faults import CheckpointSpec
 
-        inter = node.spec.inter_node
+        inter = ctx_topology.spec.inter_node
         good = goodput(num_gpus=size.num_gpus, num_hosts=size.num_nodes,
                        num_nics=(inter.nics_per_node if inter is not None else 0) * size.num_nodes,
                        num_params=num_params, checkpoint=CheckpointSpec())
@@ -98,27 +109,28 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
     return {
         "cluster": size.cluster, "gpus_per_node": size.gpus_per_node, "num_nodes": size.num_nodes,
         "num_gpus": size.num_gpus, "note": size.note, "layout": best["key"], "step_time_s": step_s,
-        "closed_form_step_time_s": best["step_time_s"], "tokens_per_s": tokens_per_s, "mfu": best["mfu"],
+        "closed_form_step_time_s": best["step_time_s"], "tokens_per_s": tokens_per_s, "mfu": mfu,
+        "closed_form_mfu": best["mfu"], "fidelity": "engine" if ran else "closed_form",
         "memory_per_gpu_bytes": best["memory_per_gpu_bytes"], "time_to_train_s": train_s,
         "time_to_train_days": train_s / 86400.0, "gpu_hours": gpu_hours, "gpu_tdp_w": tdp,
         "energy_kwh": energy, "usd_per_gpu_hour": price,
         "cost_usd": gpu_hours * price if price is not None else None,
+        "usd_per_hour": size.num_gpus * price if price is not None else None,
+        "power_kw": size.num_gpus * tdp * pue / 1e3 if tdp else None,
         **extra,
     }
 
 
-def compare_clusters(model: str, clusters: list[str], *, gpus: int, tokens: float, global_batch_size: int,
-                     prices: dict[str, float], executor: Executor, pue: float = 1.0, seq_length: int | None = None,
-                     precision: str = "bf16", top_k: int = 1) -> list[dict[str, Any]]:
+def compare_problems(entries: list[tuple[ClusterSize, SearchProblem]], *, tokens: float,
+                     prices: dict[str, float], executor: Executor, pue: float = 1.0, top_k: int = 1
+                     ) -> list[dict[str, Any]]:
+    """One row per (cluster, size): its best layout (`run_search`), time, cost and energy to train ``tokens``."""
     if tokens <= 0:
         raise SpecError(f"--tokens {tokens:g} must be positive", field="--tokens", fix="give e.g. 300e9")
     if not pue >= 1.0:
         raise SpecError(f"--pue {pue} must be at least 1", field="--pue", fix="give 1.0 (GPUs only) or e.g. 1.2")
-    sizes = [size_cluster(c, gpus) for c in clusters]
     rows = []
-    for size in sizes:
-        problem = SearchProblem(model=model, cluster=size.cluster, num_nodes=size.num_nodes,
-                                global_batch_size=global_batch_size, seq_length=seq_length, precision=precision)
+    for size, problem in entries:
         try:
             outcome = run_search(problem, executor, top_k=top_k)
             if outcome.interrupted:  # Ctrl-C: a partial sweep's best is not this cluster's best
@@ -127,13 +139,19 @@ def compare_clusters(model: str, clusters: list[str], *, gpus: int, tokens: floa
             rows.append({"cluster": size.cluster, "num_gpus": size.num_gpus, "note": size.note,
                          "error": err.problem})
             continue
+        from simdist.search.evaluate import context
+
         rows.append(compare_row(size, outcome, tokens=tokens, price=prices.get(size.cluster), pue=pue,
-                                num_params=_num_params(model, seq_length)))
+                                num_params=context(problem).model.num_params))
     return rows
 
 
-def _num_params(model: str, seq_length: int | None) -> float:
-    from simdist.plan.model_presets import resolve_model
-    from simdist.spec.scenario import ModelSpec
-
-    return resolve_model(ModelSpec(preset=model, seq_length=seq_length)).num_params
+def compare_clusters(model: str, clusters: list[str], *, gpus: int, tokens: float, global_batch_size: int,
+                     prices: dict[str, float], executor: Executor, pue: float = 1.0, seq_length: int | None = None,
+                     precision: str = "bf16", top_k: int = 1) -> list[dict[str, Any]]:
+    """`compare_problems` of a model preset on ``gpus`` GPUs of each cluster (rounded up to whole nodes)."""
+    sizes = [size_cluster(c, gpus) for c in clusters]
+    entries = [(size, SearchProblem(model=model, cluster=size.cluster, num_nodes=size.num_nodes,
+                                    global_batch_size=global_batch_size, seq_length=seq_length, precision=precision))
+               for size in sizes]
+    return compare_problems(entries, tokens=tokens, prices=prices, executor=executor, pue=pue, top_k=top_k)

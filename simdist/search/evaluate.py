@@ -13,6 +13,7 @@ computed it or what it computed before.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, peak_memory_bytes
 from simdist.search.space import Candidate, SearchProblem
+from simdist.spec.load import Document
 from simdist.spec.scenario import ModelSpec, ScenarioSpec
 
 ATTENTION = "flash"
@@ -45,6 +47,8 @@ _CONTEXTS: dict[SearchProblem, Context] = {}
 
 
 def resolve_problem_model(problem: SearchProblem) -> Model:
+    if problem.base:  # the base scenario's model (a preset, inline fields or an hf_config at an absolute path)
+        return resolve_model(base_spec(problem).model)
     spec = ModelSpec(preset=problem.model, seq_length=problem.seq_length) if problem.seq_length else ModelSpec(
         preset=problem.model)
     try:
@@ -55,6 +59,8 @@ def resolve_problem_model(problem: SearchProblem) -> Model:
 
 def base_spec(problem: SearchProblem) -> ScenarioSpec:
     """The scenario a search varies the layout of (validated once)."""
+    if problem.base:
+        return _scenario_base(problem.base)
     model: dict[str, Any] = {"preset": problem.model}
     if problem.seq_length:
         model["seq_length"] = problem.seq_length
@@ -68,6 +74,22 @@ def base_spec(problem: SearchProblem) -> ScenarioSpec:
         where = ".".join(str(x) for x in first["loc"])
         flag = next((f for k, f in flags.items() if where.startswith(k)), "--model")
         raise SpecError(f"{where}: {first['msg']}", field=flag, fix="see simdist search --help") from None
+
+
+@lru_cache(maxsize=16)
+def _scenario_base(text: str) -> ScenarioSpec:
+    return ScenarioSpec.model_validate_json(text)
+
+
+def cluster_of_spec(spec: ScenarioSpec) -> Topology:
+    """The cluster of a validated scenario whose paths are absolute: its preset or file, with its overrides."""
+    c = spec.cluster
+    overrides = {k: v for k, v in c.model_dump(exclude_none=True, mode="json").items() if k not in ("preset", "file")}
+    target = str(c.file) if c.file is not None else c.preset
+    try:
+        return load_topology(target, overrides=Document(data=overrides, source="scenario", lines={}))
+    except SimdistError as err:
+        raise err.located(field_prefix="cluster") from None
 
 
 def _base_spec(problem: SearchProblem, model: dict[str, Any], cluster_key: str) -> ScenarioSpec:
@@ -84,7 +106,8 @@ def candidate_spec(problem: SearchProblem, base: ScenarioSpec, c: Candidate) -> 
     """``base`` with the candidate's layout, schedule and training settings (a copy; no file, no re-parse)."""
     parallel = base.parallel.model_copy(update={"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "vpp": c.vpp,
                                                 "sequence_parallel": c.sequence_parallel,
-                                                "zero_stage": c.zero_stage})
+                                                "zero_stage": c.zero_stage, **({"order": c.order} if c.order else {}),
+                                                "layers_per_stage": _split(base, c.pp)})
     training = base.training.model_copy(update={
         "micro_batch_size": c.micro_batch_size, "recompute": c.recompute,
         "zero3_fetch": problem.zero3_fetch if c.zero_stage == 3 else "prefetch"})
@@ -92,12 +115,19 @@ def candidate_spec(problem: SearchProblem, base: ScenarioSpec, c: Candidate) -> 
                                    "parallel": parallel, "training": training, "schedule": c.schedule})
 
 
+def _split(base: ScenarioSpec, pp: int) -> list[int] | None:
+    """The base scenario's explicit layers per stage where the candidate keeps its stage count, else none."""
+    split = base.parallel.layers_per_stage
+    return split if split is not None and len(split) == pp else None
+
+
 def context(problem: SearchProblem) -> Context:
     ctx = _CONTEXTS.get(problem)
     if ctx is None:
         if len(_CONTEXTS) > 8:
             _CONTEXTS.clear()
-        topology = load_topology(problem.cluster, num_nodes=problem.num_nodes)
+        topology = (cluster_of_spec(base_spec(problem)) if problem.base else
+                    load_topology(problem.cluster, num_nodes=problem.num_nodes))
         ctx = _CONTEXTS[problem] = Context(topology, resolve_problem_model(problem), CommPricer(topology),
                                            base_spec(problem))
     return ctx

@@ -19,7 +19,7 @@ from simdist.search.evaluate import candidate_spec, context, evaluate_batch, scr
 from simdist.search.executors import Executor
 from simdist.search.prune import RULES, Pruned, why_pruned
 from simdist.search.results import ResultsWriter, read_results
-from simdist.search.space import Candidate, SearchProblem, raw_candidates
+from simdist.search.space import Candidate, SearchProblem, base_order, placement_orders, raw_candidates
 
 BATCH = 64
 
@@ -47,6 +47,8 @@ class SearchOutcome:
     engine_s: float = 0.0
     executor: str = ""
     winner: StepPrediction | None = None
+    placement: dict[str, Any] | None = None
+    """Where the mesh axis order is searched: the winner against the same layout in the base scenario's order."""
 
     def pruned_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(RULES, 0)
@@ -64,7 +66,23 @@ class SearchOutcome:
         }
         if explain_pruned:
             out["pruned"] = [{"key": p.candidate.key, "rule": p.rule, "reason": p.reason} for p in self.pruned]
+        if self.placement is not None:
+            out["placement"] = self.placement
+        out["infeasible_cells"] = self.infeasible_cells()
         return out
+
+    def infeasible_cells(self) -> dict[str, str]:
+        """"tp,pp" -> why no layout of that (tp, pp) is feasible: the rule that pruned most of them, with the count
+        (the search heatmap's grey cells)."""
+        feasible = {(r["layout"]["tp"], r["layout"]["pp"]) for r in (*self.ranked, *self.bounded)}
+        rules: dict[tuple[int, int], dict[str, int]] = {}
+        for p in self.pruned:
+            cell = (p.candidate.tp, p.candidate.pp)
+            if cell not in feasible:
+                counts = rules.setdefault(cell, {})
+                counts[p.rule] = counts.get(p.rule, 0) + 1
+        return {f"{t},{pp}": ", ".join(f"{rule} {n}" for rule, n in sorted(c.items(), key=lambda kv: -kv[1]))
+                for (t, pp), c in sorted(rules.items())}
 
 
 def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pruned], int, int, int]:
@@ -255,5 +273,56 @@ def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, re
                 outcome.winner = prediction
     except KeyboardInterrupt:  # Ctrl-C while re-simulating: keep the sweep and what was re-simulated
         outcome.interrupted = True
+    if problem.placement and ranked and not outcome.interrupted:
+        try:
+            outcome.placement = placement_gain(problem, ranked[0], done, engine=outcome.engine)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
     outcome.engine_s = time.perf_counter() - t1
     return outcome
+
+
+def placement_gain(problem: SearchProblem, winner: dict[str, Any], done: dict[str, dict[str, Any]], *,
+                   engine: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every placement (mesh axis order, `placement_orders`) of the winning layout, and how much the best gains
+    over the base scenario's order (the default placement).
+
+    The closed form prices each collective alone on its links, so it hardly tells orders apart (latency terms);
+    where the placement matters, through links shared by concurrent groups (an oversubscribed fabric, ECMP), only
+    the engine sees it. So with the engine on (``engine``: the re-simulated top k) every order of the winner is
+    re-simulated and the best is chosen by the engine; without it, by the closed form.
+    """
+    c = Candidate.from_dict(winner["layout"])
+    default_order = "-".join(base_order(problem))
+    sizes = {"tp": c.tp, "cp": c.cp, "dp": c.dp, "pp": c.pp}
+    same = [Candidate.from_dict({**winner["layout"], "order": o}) for o in placement_orders(sizes, base_order(problem))]
+    missing = [k for k in same if k.key not in done]
+    rows = {**{k.key: done[k.key] for k in same if k.key in done},
+            **{r["key"]: r for r in (evaluate_batch(problem, missing) if missing else [])}}
+    simulated = {e["key"]: e for e in engine}
+    by_engine = bool(engine)
+    orders = []
+    for k in same:
+        row = rows[k.key]
+        item: dict[str, Any] = {"order": k.order or default_order, "key": k.key, "step_time_s": row["step_time_s"]}
+        if by_engine:
+            e = simulated.get(k.key) or resimulate(problem, row)[0]
+            if "engine_step_time_s" in e:
+                item["engine_step_time_s"] = e["engine_step_time_s"]
+        orders.append(item)
+    figure = "engine_step_time_s" if by_engine and all("engine_step_time_s" in o for o in orders) else "step_time_s"
+    best = min(orders, key=lambda o: o[figure])  # ties: the default order (first)
+    default = orders[0]
+    out: dict[str, Any] = {"order": best["order"], "default_order": default_order, "chosen_by":
+                           "engine" if figure == "engine_step_time_s" else "closed_form",
+                           "step_time_s": best["step_time_s"], "default_step_time_s": default["step_time_s"],
+                           "gain": default["step_time_s"] / best["step_time_s"] - 1 if best["step_time_s"] > 0
+                           else 0.0, "orders": orders}
+    if figure == "engine_step_time_s":
+        out.update({"engine_step_time_s": best[figure], "default_engine_step_time_s": default[figure],
+                    "engine_gain": default[figure] / best[figure] - 1 if best[figure] > 0 else 0.0})
+    if len(orders) == 1:
+        out["note"] = "every order places this layout's ranks alike"
+    elif best is default:
+        out["note"] = "the default order is the best placement of the winning layout"
+    return out

@@ -51,7 +51,7 @@ def _check_row(row: dict[str, Any], path: Path, number: int) -> None:
            or not math.isfinite(row[k]) or row[k] < 0]
     if bad:
         raise _damaged(path, number, f"has {bad[0]} = {row[bad[0]]!r}, not a number >= 0")
-    names = [f.name for f in fields(Candidate)]
+    names = [f.name for f in fields(Candidate) if f.name != "order"]  # order: only where placement is searched
     absent = [n for n in names if n not in row["layout"]]
     if absent:
         raise _damaged(path, number, f"has a layout without {', '.join(absent)}")

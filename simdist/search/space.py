@@ -7,8 +7,10 @@ candidate has a stable text key, so results match whichever executor computed th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
+from itertools import permutations
 
 from simdist.errors import SpecError
 from simdist.limits import GLOBAL_BATCH, GPUS, SEARCH_CANDIDATES, SEQ_LENGTH, VPP, check_work
@@ -43,18 +45,32 @@ class SearchProblem:
     """Combine ZeRO-2/3 with pipeline stages (valid: simdist.plan.layout; FSDP with pipeline stages, as
     torchtitan and Llama 3 run it). False leaves them out of the space: most of it (GPT-3 175B on 1,024 GPUs:
     3,112 of 4,839 feasible layouts), but ZeRO-2's per-micro-batch scatters can rank high."""
+    placement: bool = False
+    """Also search the mesh axis order (parallel.order, `placement_orders`): where the groups land."""
+    base: str = ""
+    """A base scenario (simdist search SCENARIO): the validated ScenarioSpec as canonical JSON (paths absolute,
+    cluster.num_nodes set), whose cluster, model and training every candidate keeps; "" builds one from
+    ``model``/``cluster`` (presets). A string, so that the problem stays hashable and travels to workers."""
 
     def as_dict(self) -> dict:
         out = asdict(self)
         out["schedules"] = list(self.schedules)
         out["zero_stages"] = list(self.zero_stages)
         out["recompute"] = list(self.recompute)
+        if not self.placement:  # the problem line of results files written before placement search
+            del out["placement"]
+        if self.base:
+            out["base"] = json.loads(self.base)
+        else:
+            del out["base"]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> SearchProblem:
         names = {f.name for f in fields(cls)}
         kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
+        if isinstance(kw.get("base"), dict):
+            kw["base"] = canonical_json(kw["base"])
         return cls(**kw)
 
     def check(self) -> None:
@@ -85,6 +101,11 @@ class SearchProblem:
             raise SpecError("the global batch must be at least 1", field="--global-batch", fix="give e.g. 1536")
 
 
+def canonical_json(data: object) -> str:
+    """One text per value (sorted keys, no spaces): a base scenario's form in `SearchProblem.base`."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     tp: int
@@ -97,19 +118,47 @@ class Candidate:
     recompute: str
     sequence_parallel: bool
     schedule: str
+    order: str = ""
+    """The mesh axis order (parallel.order) when the search varies it; "" keeps the base scenario's."""
 
     @property
     def key(self) -> str:
         sp = "sp" if self.sequence_parallel else "nosp"
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.micro_batch_size}-"
-                f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}")
+                f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}" + (f"-{self.order}" if self.order else ""))
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.order:
+            del out["order"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.name != "order"})
+
+
+def placement_orders(sizes: dict[str, int], default: tuple[str, ...]) -> list[str]:
+    """The mesh axis orders worth trying for a layout, ``default``'s first ("" when it is the only one).
+
+    Two orders that list the axes of size > 1 the same way place every rank on the same GPU, so one stands for
+    all (the default's, when it is among them). tp stays innermost: its collectives run on every layer's
+    critical path (Megatron-LM, Narayanan et al. 2021 sec. 3.3: tensor parallelism inside a node), so an order
+    that spreads a tp group over more hosts than the default cannot help; the others (cp, dp, pp in any
+    order) decide which of them share a host and a leaf switch.
+    """
+    def placed(order: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(a for a in order if sizes.get(a, 1) > 1)
+
+    seen = {placed(default)}
+    out = [""]
+    rest = [a for a in default if a != "tp"]
+    for perm in permutations(rest):
+        order = ("tp", *perm)
+        if placed(order) not in seen:
+            seen.add(placed(order))
+            out.append("-".join(order))
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -135,6 +184,26 @@ def _axes(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_laye
     return tps, _powers_of_two(problem.max_cp), pps, _powers_of_two(problem.max_micro_batch)
 
 
+def splits_the_batch(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int) -> bool:
+    """Some tp x cp x pp of the space leaves a dp that divides the global batch (the batch rule of
+    simdist.plan.layout, checked without enumerating): a GPU count a budget may buy."""
+    tps, cps, pps, _ = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
+    return any(num_gpus % (tp * cp * pp) == 0 and problem.global_batch_size % (num_gpus // (tp * cp * pp)) == 0
+               for tp in tps for cp in cps for pp in pps)
+
+
+def base_order(problem: SearchProblem) -> tuple[str, ...]:
+    """The mesh axis order of the base scenario (parallel.order; Megatron-LM's default without one)."""
+    order = json.loads(problem.base).get("parallel", {}).get("order") if problem.base else None
+    return tuple(order.split("-")) if isinstance(order, str) else ("tp", "cp", "dp", "pp")
+
+
+def _orders(problem: SearchProblem, tp: int, cp: int, dp: int, pp: int) -> list[str]:
+    if not problem.placement:
+        return [""]
+    return placement_orders({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, base_order(problem))
+
+
 def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int) -> int:
     """How many candidates `raw_candidates` yields, counted without enumerating them (bounded work)."""
     tps, cps, pps, mbss = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
@@ -145,7 +214,8 @@ def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: in
                 if num_gpus % (tp * cp * pp):
                     continue
                 zeros = [z for z in problem.zero_stages if z < 2 or pp == 1 or problem.zero_with_pp]
-                per_layout = len(mbss) * len(zeros) * len(problem.recompute)
+                orders = _orders(problem, tp, cp, num_gpus // (tp * cp * pp), pp)
+                per_layout = len(mbss) * len(zeros) * len(problem.recompute) * len(orders)
                 for schedule in problem.schedules:
                     if pp == 1 and schedule != "1f1b":
                         continue
@@ -171,6 +241,7 @@ def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int,
                 if num_gpus % (tp * cp * pp):
                     continue
                 dp = num_gpus // (tp * cp * pp)
+                orders = _orders(problem, tp, cp, dp, pp)
                 for schedule in problem.schedules:
                     if pp == 1 and schedule != "1f1b":
                         continue
@@ -182,4 +253,6 @@ def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int,
                                     continue
                                 for rec in problem.recompute:
                                     for sp in ((False, True) if tp > 1 else (False,)):
-                                        yield Candidate(tp, pp, dp, cp, vpp, mbs, zero, rec, sp, schedule)
+                                        for order in orders:
+                                            yield Candidate(tp, pp, dp, cp, vpp, mbs, zero, rec, sp, schedule,
+                                                            order)
