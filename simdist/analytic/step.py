@@ -193,6 +193,26 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
     return out
 
 
+def _run_tail(r: PricedPieces, free: list[float], last_backward_s: float, intervals: list[Interval]) -> None:
+    """Run a stage's tail (gradient reduction, optimizer) after its pipeline work: each piece starts when its
+    stream is free and its dependencies (earlier pieces, the stage's last backwards, the dp stream) are done;
+    ``free`` (per stream) is advanced in place and the pieces are appended to ``intervals``."""
+    ends: list[float] = []
+    for j, sc in enumerate(r.streams):
+        t = free[sc]
+        for d in r.deps[j]:
+            if d >= 0:
+                t = max(t, ends[d])
+            elif d == LAST_BACKWARDS:
+                t = max(t, last_backward_s)
+            elif d == DP_DONE:
+                t = max(t, free[_DP])
+        e = t + r.durations[j]
+        free[sc] = e
+        ends.append(e)
+        intervals.append((t, e, r.categories[j], r.work[j]))
+
+
 def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None
               ) -> tuple[float, list[list[Interval]], list[list[Block]], float, float]:
     """(step end, per-stage intervals and blocks, model and hardware FLOPs per GPU) of ``num_microbatches``;
@@ -294,20 +314,7 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
     for s in range(K):
         r = stages[s].tail
         f = free[s]
-        ends = []
-        for j, sc in enumerate(r.streams):
-            t = f[sc]
-            for d in r.deps[j]:
-                if d >= 0:
-                    t = max(t, ends[d])
-                elif d == LAST_BACKWARDS:
-                    t = max(t, last_bwd[s])
-                elif d == DP_DONE:
-                    t = max(t, f[_DP])
-            e = t + r.durations[j]
-            f[sc] = e
-            ends.append(e)
-            intervals[s].append((t, e, r.categories[j], r.work[j]))
+        _run_tail(r, f, last_bwd[s], intervals[s])
         model += r.model_flops
         hardware += r.hardware_flops
         step = max(step, *f)
@@ -418,20 +425,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                                                                           else (None, None))))
         r = stages[s].tail
         f = [f0[s], f1[s], f2[s], fdp[s], fpp[s]]
-        ends: list[float] = []
-        for j, sc in enumerate(r.streams):
-            t = f[sc]
-            for d in r.deps[j]:
-                if d >= 0:
-                    t = max(t, ends[d])
-                elif d == LAST_BACKWARDS:
-                    t = max(t, last_bwd[s])
-                elif d == DP_DONE:
-                    t = max(t, f[_DP])
-            e = t + r.durations[j]
-            f[sc] = e
-            ends.append(e)
-            intervals[s].append((t, e, r.categories[j], r.work[j]))
+        _run_tail(r, f, last_bwd[s], intervals[s])
         model += r.model_flops
         hardware += r.hardware_flops
         step = max(step, *f)
