@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from validation.supervise import REPORTED_EXIT, STOPPED_GRACE_S, Watch, blame, check, read_activity, reap
+from validation.supervise import REPORTED_EXIT, STOPPED_GRACE_S, Watch, blame, check, read_activity, reap, take
 
 __all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "cli_guard", "doing", "free_port", "is_torchrun",
            "launch", "partial_path", "report"]
@@ -308,14 +308,9 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
             except queue.Empty:
                 failure = check(watch, done, deadline, timeout_s, results, items, on_item)
                 continue
-            if status == "item":
-                items.append(value)
-                if on_item is not None:
-                    on_item(value)
-            elif status == "error":
-                failure = blame(watch, done, rank, value)
-            else:
-                done[rank] = value
+            error = take(status, rank, value, done, items, on_item)
+            if error is not None:
+                failure = blame(watch, done, rank, error)
         if failure is None:
             for p in procs:
                 p.join(timeout=max(1.0, deadline - time.monotonic()))

@@ -86,6 +86,21 @@ class Watch:
         return None
 
 
+def take(status: str, rank: int, value: Any, done: dict[int, Any], items: list[Any],
+         on_item: Callable[[Any], None] | None) -> str | None:
+    """Record one message of a rank: an item (kept, and passed to ``on_item``), its result (``done``), or its
+    error, returned for `blame`."""
+    if status == "item":
+        items.append(value)
+        if on_item is not None:
+            on_item(value)
+        return None
+    if status == "error":
+        return value
+    done[rank] = value
+    return None
+
+
 def check(watch: Watch, done: dict[int, Any], deadline: float, timeout_s: float, results: Any,
            items: list[Any], on_item: Callable[[Any], None] | None) -> str | None:
     """The failure to end the run with when no message came: a dead, long-stopped or late rank; else None."""
@@ -98,14 +113,9 @@ def check(watch: Watch, done: dict[int, Any], deadline: float, timeout_s: float,
                 rank, status, value = results.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if status == "item":
-                items.append(value)
-                if on_item is not None:
-                    on_item(value)
-            elif status == "error":
-                return blame(watch, done, rank, value)
-            else:
-                done[rank] = value
+            error = take(status, rank, value, done, items, on_item)
+            if error is not None:
+                return blame(watch, done, rank, error)
         r, code = dead[0]
         return f"rank {r} {_how_it_ended(code)} while {watch.doing(r)}; every process was terminated"
     now = time.monotonic()
