@@ -11,13 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import LayoutError, SimdistError, SpecError
+from simdist.api.scenario import (
+    Scenario,
+    cluster_of,
+    load_scenario,
+    scenario_assignments,
+    scenario_cluster,
+    scenario_document,
+    scenario_of,
+)
+from simdist.errors import LayoutError, SpecError
 from simdist.hardware import Topology, describe, load_topology, preset_names
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.presets import bundled_dir, topology_document
 from simdist.spec import ScenarioSpec, TopologySpec
 from simdist.spec.load import Document, read_yaml
-from simdist.spec.load import validate as validate_spec  # `validate` is the API's (simdist validate)
 
 __all__ = [
     "DETAILED_MAX_PEERS",
@@ -46,6 +54,8 @@ __all__ = [
     "read_measurement_files",
     "run",
     "run_document",
+    "scenario_assignments",
+    "scenario_cluster",
     "scenario_document",
     "scenario_of",
     "schedule_grid",
@@ -97,127 +107,6 @@ def bundled_scenarios() -> list[Path]:
     return sorted(bundled_dir("scenarios").glob("*.yaml"))
 
 
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    """A validated scenario with its cluster built."""
-
-    spec: ScenarioSpec
-    topology: Topology
-    source: str
-
-
-def load_scenario(path: str | Path, assignments: list[str] | None = None) -> Scenario:
-    """Read, override, validate a scenario file and build its cluster; check the layout fits the cluster."""
-    doc = read_yaml(path)
-    if assignments:
-        doc = doc.with_assignments(scenario_assignments(assignments))
-    return scenario_of(doc, base_dir=Path(path).parent, source=str(path))
-
-
-def scenario_document(data: Any, source: str = "") -> Document:
-    """A scenario given as a Python dict, as a `Document` (no line numbers) for `scenario_of` and `run_document`."""
-    if not isinstance(data, dict):
-        raise SpecError(f"a scenario (a dict of its fields) is needed, got {type(data).__name__}", field="spec",
-                        fix="pass a dict such as {'cluster': {...}, 'model': {...}, 'parallel': {...}, ...}")
-    return Document(data=data, source=source or "scenario", lines={})
-
-
-def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
-                base_dir: str | Path | None = None, source: str = "") -> Scenario:
-    """Validate a scenario given as data (a `Document` keeps the file's line numbers for errors; a plain dict
-    is a scenario written in Python), build its cluster and check its layout: what `load_scenario` does after
-    reading the file. ``base_dir``: where relative paths in it (cluster file, hf_config) start (default: here).
-    """
-    if not isinstance(doc, Document):
-        doc = scenario_document(doc, source)
-    if assignments:
-        doc = doc.with_assignments(scenario_assignments(assignments))
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    spec, topology = scenario_cluster(doc, base)
-    _check_layout(spec, topology, doc)
-    from simdist.plan.layout import check_fp8, check_layout
-    from simdist.plan.model_presets import resolve_model
-
-    check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
-    try:
-        check_layout(spec, resolve_model(spec.model, base_dir=base))
-    except LayoutError as err:  # the one validity check (simdist.plan.layout), located in the file
-        where = doc.where(tuple((err.field or "parallel").split(".")))
-        raise type(err)(err.problem, field=err.field, source=where, fix=err.fix) from None
-    return Scenario(spec=spec, topology=topology, source=source)
-
-
-def scenario_assignments(assignments: list[str]) -> list[str]:
-    """``--set`` items of a scenario; a topology field without its ``cluster.`` prefix (``inter_node.kind=roce``,
-    as `simdist topo show --set` writes it) is the cluster's: ``cluster.inter_node.kind=roce``."""
-    from simdist.spec.load import parse_assignment
-
-    scenario_fields = set(ScenarioSpec.model_fields)
-    topology_fields = set(TopologySpec.model_fields) - {"name"}
-    out = []
-    for item in assignments:
-        try:
-            head = parse_assignment(item)[0][0]
-        except SimdistError:
-            head = ""  # with_assignments names the problem
-        out.append(f"cluster.{item}" if head in topology_fields and head not in scenario_fields else item)
-    return out
-
-
-def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]:
-    """A scenario document validated and its cluster built, its layout not checked (a search replaces it)."""
-    spec = validate_spec(ScenarioSpec, doc)
-    if spec.model.hf_config is not None:
-        from simdist.spec.hf_config import check_hf_config
-
-        hf = spec.model.hf_config if spec.model.hf_config.is_absolute() else base / spec.model.hf_config
-        try:
-            check_hf_config(hf)
-        except SpecError as err:
-            raise err.located(source=doc.where(("model", "hf_config"))) from None
-    cluster = doc.sub("cluster")
-    overrides = Document(
-        data={k: v for k, v in cluster.data.items() if k not in ("preset", "file", "placement")},
-        source=cluster.source,
-        lines=cluster.lines,
-    )
-    if spec.cluster.file is not None:
-        target: str | Path = spec.cluster.file
-        if not Path(target).is_absolute():
-            target = base / target
-    elif spec.cluster.preset is not None:
-        target = spec.cluster.preset
-    else:
-        raise SpecError("no cluster given", field="cluster", source=doc.where(("cluster",)),
-                        fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
-    try:
-        topology = _placed(load_topology(target, overrides=overrides), spec)
-    except SpecError as err:  # located in the scenario or the topology file; name the scenario field
-        raise err.located(field_prefix="cluster") from None
-    except SimdistError as err:  # unknown preset, disconnected cluster: name the scenario's field
-        field = f"cluster.{err.field}" if err.field else "cluster.preset"
-        where = doc.where(tuple(field.split(".")))
-        raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
-    return spec, topology
-
-
-def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None:
-    p = spec.parallel
-    if p.world_size != topology.num_gpus:
-        others = p.tp * p.pp * p.cp
-        hint = (f"set parallel.dp to {topology.num_gpus // others}" if topology.num_gpus % others == 0
-                else f"make tp x pp x dp x cp equal {topology.num_gpus}, or change cluster.num_nodes")
-        if p.world_size < topology.num_gpus:
-            hint += ", or run on part of the cluster with cluster.placement: {num_nodes: N, gpus_per_node: G}"
-        raise LayoutError(
-            f"tp x pp x dp x cp = {p.tp} x {p.pp} x {p.dp} x {p.cp} = {p.world_size} GPUs, "
-            + (f"but cluster.placement uses {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"
-               if topology.cluster_num_gpus > topology.num_gpus else
-               f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"),
-            field="parallel", source=doc.where(("parallel",)), fix=hint,
-        )
-
-
 @dataclass
 class RunOutput:
     """A predicted step: the JSON result and the files written (empty without ``out_dir``)."""
@@ -246,33 +135,6 @@ def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: s
     return predict_step(spec, topology, source=source, base_dir=Path(base_dir) if base_dir is not None else None,
                         simulate=simulate, fidelity=fidelity, timeline=timeline,
                         **_calibration_hooks(calibration, topology))
-
-
-def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Topology:
-    """The cluster a validated scenario names: its preset or file, with the scenario's overrides."""
-    c = spec.cluster
-    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file", "placement")}
-    if c.file is not None:
-        target: str | Path = c.file if Path(c.file).is_absolute() or base_dir is None else Path(base_dir) / c.file
-    elif c.preset is not None:
-        target = c.preset
-    else:
-        raise SpecError("no cluster given", field="cluster",
-                        fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
-    try:
-        return _placed(load_topology(target, overrides=Document(data=overrides, source="scenario", lines={})), spec)
-    except SimdistError as err:
-        raise err.located(field_prefix="cluster") from None
-
-
-def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
-    """The part of the cluster the scenario's job uses (``cluster.placement``), or the whole cluster."""
-    placement = spec.cluster.placement
-    if placement is None:
-        return topology
-    from simdist.hardware.placement import job_topology
-
-    return job_topology(topology, num_nodes=placement.num_nodes, gpus_per_node=placement.gpus_per_node)
 
 
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
