@@ -205,3 +205,22 @@ def test_breakdown_adds_up():
     assert parts == pytest.approx(r.step_time_s, rel=1e-9)
     assert r.tokens_per_s == pytest.approx(16 * 2048 / r.step_time_s)
     assert r.bubble_s == pytest.approx(r.bubble_fraction * r.pipeline_phase_s, rel=1e-9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts)
+def test_search_lower_bound_never_exceeds_the_closed_form(x):
+    # simdist.search.rank's branch and bound rules out a layout whose lower bound is slower than the incumbent: it
+    # is sound only if the bound is a bound of the exact closed form, on every kind of layout.
+    from simdist.analytic.bound import lower_bound_s
+
+    spec = _spec(x)
+    topology = api.cluster_of(spec)
+    try:
+        cfg = step_config_of(spec, topology, resolve_model(spec.model))
+    except LayoutRuleError:
+        return
+    pricer = CommPricer(topology)
+    exact = analytic_step(cfg, pricer).step_time_s
+    bound = lower_bound_s(cfg, pricer)
+    assert 0 < bound <= exact * (1 + 1e-12)

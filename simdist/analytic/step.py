@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -36,11 +35,10 @@ from simdist.plan.accounting import Block, BlockSummary, Interval, account, part
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
-from simdist.plan.schedule import schedule_order
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
-           "fast_forward_plan", "lower_bound_s"]
+           "fast_forward_plan"]
 
 _PP = 4  # STREAMS indices of the pp and dp streams (simdist.analytic.pricing)
 _DP = 3
@@ -464,80 +462,6 @@ def _plan(cfg: StepConfig, stages: list[_Stage], for_engine: bool) -> tuple[int,
         return None  # the engine simulates unequal replicas whole
     return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), _starts(cfg, stages), vpp=cfg.vpp,
                    count_detection=not for_engine)
-
-
-def _span(r: PricedPieces) -> float:
-    """The least time from a step's first compute (its input) to its end: the recipe alone, every stream free."""
-    ends: list[float] = []
-    free = [0.0] * 5
-    for j, sc in enumerate(r.streams):
-        t = max([free[sc], *(ends[d] for d in r.deps[j] if d >= 0)])
-        ends.append(t + r.durations[j])
-        free[sc] = ends[-1]
-    entry = r.needs_input if r.needs_input >= 0 else 0
-    return ends[r.end] - (ends[entry] - r.durations[entry])
-
-
-@lru_cache(maxsize=512)
-def _after_last_backward(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> tuple[tuple, ...]:
-    """Per stage, the (kind, chunk, last) of the steps its order runs after its last chunk-0 backward (ZB-H1's
-    deferred weight gradients; none for the others, whose last step it is)."""
-    if schedule != "zb_h1":  # every other schedule ends each stage with its last chunk-0 backward
-        return ((),) * num_stages
-    out = []
-    for order in schedule_order(schedule, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp):
-        i = max(j for j, st in enumerate(order) if st.kind == "B" and st.chunk == 0)
-        out.append(tuple((st.kind, st.chunk, st.microbatch == num_microbatches - 1) for st in order[i + 1:]))
-    return tuple(out)
-
-
-def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
-    """A lower bound of the closed-form step (and so of the engine's), O(stages x chunks): search ranks by the
-    exact closed form only the layouts this bound cannot rule out (simdist.search.rank).
-
-    Stage s starts no earlier than micro-batch 0's first forward reaches it (each stage before it ran its chunk-0
-    forward, each send crossed); it runs its steps one after the other, each at least its recipe's span alone;
-    after its last chunk-0 backward the gradient still has to cross every stage below it, each running its own
-    last chunk-0 backward; then stage 0's optimizer runs (and stage s's own after its steps); and a stage's dp
-    stream runs its collectives one at a time. For uniform 1F1B
-    stages this is (M + K - 1)(t_f + t_b) (Narayanan et al. 2021 sec 2.2.1) plus the optimizer."""
-    M = _num_microbatches(cfg)
-    K, V = cfg.mesh.pp, cfg.vpp
-    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
-    stages = _stages(cfg, pricer)
-
-    def span(st: _Stage, code: int) -> float:
-        sm = st.simple[code]
-        return sm.duration_s if sm is not None else _span(st.recipes[code])  # type: ignore[arg-type]
-
-    def optimizer(st: _Stage) -> float:
-        return sum(d for d, cat in zip(st.tail.durations, st.tail.categories, strict=True) if cat == "optimizer")
-
-    def dp_time(st: _Stage, code: int) -> float:
-        r = st.recipes[code]
-        return sum(d for d, sc in zip(r.durations, r.streams, strict=True) if sc == _DP) if r is not None else 0.0
-
-    after = _after_last_backward(cfg.schedule, K, M, V)
-    last_b = [span(st, recipe_code(0, "B", True)) for st in stages]
-    fill = drain = 0.0
-    best = 0.0
-    for s, st in enumerate(stages):
-        work = dp = 0.0
-        for c in range(V):
-            for kind in kinds:
-                for last, count in ((False, M - 1), (True, 1)):
-                    if count:
-                        work += count * span(st, recipe_code(c, kind, last))
-                        dp += count * dp_time(st, recipe_code(c, kind, last))
-        dp += sum(d for d, sc in zip(st.tail.durations, st.tail.streams, strict=True) if sc == _DP)
-        tail = sum(span(st, recipe_code(c, kind, last)) for kind, c, last in after[s])
-        # the dp stream runs its collectives one after the other too (ZeRO-3's gathers, ZeRO-2/3's scatters)
-        best = max(best, fill + work + optimizer(st), fill + work - tail + drain + optimizer(stages[0]), dp)
-        # micro-batch 0's chunk-0 forward, then its send, before stage s + 1 can start
-        fill += span(st, recipe_code(0, "F", M == 1)) + st.sends[KIND_INDEX["F"]]
-        # the last chunk-0 backward of stage s + 1 reaches stage 0 through stage s
-        drain += last_b[s] + (stages[s + 1].sends[KIND_INDEX["B"]] if s + 1 < K else 0.0)
-    return best
 
 
 def _num_microbatches(cfg: StepConfig) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simdist.analytic.step import CommPricer, analytic_step, lower_bound_s
+from simdist.analytic.bound import lower_bound_s
+from simdist.analytic.step import CommPricer, analytic_step
 from simdist.errors import SimdistError, SpecError
 from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
@@ -145,7 +146,7 @@ def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str
 
 
 def screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:
-    """A lower bound of each candidate's step (simdist.analytic.step.lower_bound_s, O(stages x chunks)), its
+    """A lower bound of each candidate's step (simdist.analytic.bound.lower_bound_s, O(stages x chunks)), its
     memory, and the upper bound of its throughput, in ``batch``'s order."""
     ctx = context(problem)
     tokens = problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
