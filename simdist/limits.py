@@ -109,6 +109,8 @@ NUM_LAYERS = _limit("num_layers", 4096, "layers", "the largest published dense m
 HIDDEN_SIZE = _limit("hidden_size", 1_048_576, "", "40 times the widest published model (25,600, Megatron 1T)")
 NUM_HEADS = _limit("num_attention_heads", 65_536, "heads", "published models use at most a few hundred heads")
 FFN_HIDDEN_SIZE = _limit("ffn_hidden_size", 4_194_304, "", "4 x the hidden-size limit")
+NUM_EXPERTS = _limit("num_experts", 65_536, "experts", "published MoE models route over at most a few hundred experts "
+                     "per layer (DeepSeek-V3: 256)")
 SEQ_LENGTH = _limit("seq_length", 16_777_216, "tokens", "16M tokens: beyond the longest published context (10M)")
 VOCAB_SIZE = _limit("vocab_size", 16_777_216, "tokens", "64 times the largest published vocabularies (256k)")
 GLOBAL_BATCH = _limit("global_batch_size", 16_777_216, "sequences",

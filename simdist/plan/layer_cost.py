@@ -66,7 +66,7 @@ class AttentionShape:
 @dataclass(frozen=True, slots=True)
 class CommWork:
     op: str
-    """all_reduce | all_gather | reduce_scatter."""
+    """all_reduce | all_gather | reduce_scatter | all_to_all."""
     nbytes: float
     """The nccl-tests size: the full (gathered / unreduced) buffer."""
     phase: str
@@ -78,6 +78,9 @@ class CommWork:
     """Issued once this many kernels of its tuple (forward, backward, or recompute) have run."""
     recompute: bool = False
     """True: repeated by the recompute; ``issued_after`` then indexes ``Work.recompute``."""
+    imbalance: float = 1.0
+    """all_to_all over ep: the busiest peer's bytes / the mean peer's (routing imbalance); ``nbytes`` is a balanced
+    rank's send buffer (the nccl-tests alltoall size)."""
 
 
 @dataclass(frozen=True, slots=True)

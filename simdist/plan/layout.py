@@ -170,4 +170,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
         capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),
         layers_per_part=split.parts, split_method=split.method,
+        ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
+        moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
+        moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
     )

@@ -38,6 +38,40 @@ class Model:
     num_attention_heads, Megatron's default. Qwen3 and GPT-OSS shapes set it (e.g. Qwen3-32B: h 5120, 64 heads of
     128)."""
 
+    # Mixture of experts (Megatron-LM names; simdist.spec.scenario.ModelSpec documents each). 0 experts: dense.
+    num_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    moe_layer_freq: int | tuple[int, ...] = 1
+    """An int k: layer i (0-based) is MoE where i % k == 0 (Megatron-LM's moe_layer_pattern); or one 0/1 per layer."""
+    # Multi-latent attention (DeepSeek-V2/V3).
+    multi_latent_attention: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_head_dim: int = 0
+    qk_pos_emb_head_dim: int = 0
+    v_head_dim: int = 0
+    qk_layernorm: bool = False
+    window_size: int = 0
+    """Sliding-window attention: keys per query; 0 full attention in every layer."""
+    window_attn_skip_freq: int | tuple[int, ...] = 0
+    """Which layers keep full attention under window_size: an int k or one 0/1 per layer (1: full); 0: none."""
+    mtp_num_layers: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def moe_layer_flags(self) -> tuple[bool, ...]:
+        """One flag per layer: True where the layer's MLP is the routed experts (Megatron-LM moe_layer_pattern)."""
+        if not self.is_moe:
+            return (False,) * self.num_layers
+        freq = self.moe_layer_freq
+        if isinstance(freq, tuple):
+            return tuple(bool(x) for x in freq)
+        return tuple(i % freq == 0 for i in range(self.num_layers))
+
     @property
     def head_dim(self) -> int:
         if self.kv_channels:

@@ -20,8 +20,18 @@ from simdist.plan.model import Model
 from simdist.spec.preset_file import bundled_dir, read_preset
 from simdist.spec.scenario import ModelSpec
 
+MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "moe_layer_freq", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+              "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "window_size", "window_attn_skip_freq",
+              "mtp_num_layers")
+"""ModelSpec fields of mixture-of-experts, MLA, QK-norm, sliding-window and MTP models (simdist.plan.model)."""
 _FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
-           "vocab_size", "swiglu", "tied_embeddings")
+           "vocab_size", "swiglu", "tied_embeddings", "kv_channels", *MOE_FIELDS)
+
+
+def _tupled(fields: dict[str, Any]) -> dict[str, Any]:
+    """Per-layer lists as tuples (Model is frozen and hashable)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
 
 
 def _load() -> dict[str, tuple[Model, str]]:
@@ -34,7 +44,7 @@ def _load() -> dict[str, tuple[Model, str]]:
         if not isinstance(source, str) or not source.strip():
             raise SpecError("a model preset needs 'source': the citation of its numbers", field="source",
                             source=str(path), fix="add 'source: <paper, table>'")
-        written = {k: getattr(spec, k) for k in _FIELDS if getattr(spec, k) is not None}
+        written = _tupled({k: getattr(spec, k) for k in _FIELDS if getattr(spec, k) is not None})
         presets[path.stem] = (Model(path.stem, spec.kind or "decoder", **written), source)
     return presets
 
@@ -67,11 +77,11 @@ def _preset(name: str) -> tuple[Model, str]:
 
 
 _INLINE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings", "kv_channels")
+                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings", "kv_channels", *MOE_FIELDS)
 
 
 def _written(spec: ModelSpec) -> dict[str, Any]:
-    return {k: getattr(spec, k) for k in _INLINE_FIELDS if getattr(spec, k) is not None}
+    return _tupled({k: getattr(spec, k) for k in _INLINE_FIELDS if getattr(spec, k) is not None})
 
 
 def resolve_model(spec: ModelSpec, *, base_dir: Path | None = None) -> Model:
@@ -111,6 +121,7 @@ def _inline(spec: ModelSpec) -> Model:
         swiglu=given.get("swiglu", False),
         tied_embeddings=given.get("tied_embeddings", True),
         kv_channels=given.get("kv_channels", 0),
+        **{k: given[k] for k in MOE_FIELDS if k in given},
     )
 
 

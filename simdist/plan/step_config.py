@@ -64,6 +64,20 @@ class StepConfig:
     per stage to layers_per_stage; None: each stage's layers over its chunks by layer_split.chunk_layers."""
     split_method: str = ""
     """How the layer split was chosen (reports)."""
+    # Mixture of experts (scenario parallel.ep / etp and training.moe_*; simdist.plan.model for the model's side).
+    ep: int = 1
+    """Expert-parallel size: each MoE layer's routed experts sharded over ep ranks carved out of dp x cp."""
+    etp: int = 1
+    """Tensor parallelism inside each expert (Megatron-Core expert_tensor_parallel_size)."""
+    moe_dispatcher: str = "alltoall"
+    """alltoall | allgather | flex (Megatron-LM --moe-token-dispatcher-type)."""
+    moe_imbalance: float = 1.0
+    """The busiest expert-parallel rank's routed tokens / the mean."""
+    moe_capacity_factor: float | None = None
+    """Tokens an expert takes / its balanced share; None: dropless."""
+    moe_grouped_gemm: bool = True
+    moe_overlap: bool = False
+    """Megatron-LM --overlap-moe-expert-parallel-comm."""
 
     def __post_init__(self) -> None:
         parts = self.layers_per_part
@@ -150,6 +164,9 @@ class ChunkCost:
     """Parameter tensors (weights and biases), for per-parameter gradient reduction."""
     first_part: bool = False
     """The chunk is model part 0 (pipeline rank 0's first chunk): where Megatron-LM cuts gradients into buckets."""
+    expert_params: float = 0.0
+    """Of ``num_params``, the routed experts' parameters on one GPU (its ep x etp shard): their gradients reduce over
+    the expert-data-parallel group, not dp (Megatron-Core expert_data_parallel group)."""
 
 
 # ----------------------------------------------------------------------------- layer split

@@ -19,6 +19,7 @@ from simdist.limits import (
     GPUS,
     GPUS_PER_NODE,
     HIDDEN_SIZE,
+    NUM_EXPERTS,
     NUM_HEADS,
     NUM_LAYERS,
     NUM_NODES,
@@ -99,8 +100,8 @@ class ModelSpec(Spec):
 
     preset: str | None = Field(default=None, description="a model preset (gpt3-175b, llama3-405b, ...); fields "
                                                          "given beside it override the preset's")
-    hf_config: Path | None = Field(default=None, description="a Hugging Face config.json of a dense decoder "
-                                                             "(relative to the scenario file)")
+    hf_config: Path | None = Field(default=None, description="a Hugging Face config.json of a decoder, dense or "
+                                                             "mixture-of-experts (relative to the scenario file)")
     num_layers: count(NUM_LAYERS) | None = Field(default=None, description="transformer layers (or MLP layers)")
     hidden_size: count(HIDDEN_SIZE) | None = Field(default=None, description="model width h")
     num_attention_heads: count(NUM_HEADS) | None = Field(default=None, description="attention heads a")
@@ -125,6 +126,44 @@ class ModelSpec(Spec):
         default=None, validation_alias=_alias("tied_embeddings", "tie_word_embeddings"),
         description="input and output embeddings share one matrix (default true)"
     )
+    # Mixture of experts (Megatron-LM argument names; simdist.plan.model documents how each is costed).
+    num_experts: count(NUM_EXPERTS) | None = Field(
+        default=None, validation_alias=_alias("num_experts", "num_moe_experts"),
+        description="routed experts per MoE layer (Megatron-LM --num-experts); absent: a dense model")
+    moe_router_topk: count(NUM_EXPERTS) | None = Field(
+        default=None, description="experts each token is routed to (--moe-router-topk; default 2)")
+    moe_ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(
+        default=None, description="one routed expert's FFN width (--moe-ffn-hidden-size; default ffn_hidden_size)")
+    moe_shared_expert_intermediate_size: count(FFN_HIDDEN_SIZE, minimum=0) | None = Field(
+        default=None, description="the shared experts' total FFN width, every token through them "
+                                  "(--moe-shared-expert-intermediate-size); 0 or absent: none")
+    moe_layer_freq: count(NUM_LAYERS) | list[Literal[0, 1]] | None = Field(
+        default=None, description="which layers are MoE (--moe-layer-freq): an int k (every k-th layer, from the "
+                                  "first) or one 0/1 per layer, e.g. [0, 0, 0, 1, 1, ...]; dense layers use "
+                                  "ffn_hidden_size; default 1 (every layer)")
+    # Multi-latent attention (DeepSeek-V2/V3; Megatron-LM --multi-latent-attention and its MLA arguments).
+    multi_latent_attention: bool | None = Field(
+        default=None, description="DeepSeek's multi-latent attention: Q and KV through low-rank latents "
+                                  "(q_lora_rank, kv_lora_rank), heads of qk_head_dim + qk_pos_emb_head_dim for "
+                                  "Q/K and v_head_dim for V")
+    q_lora_rank: count(HIDDEN_SIZE, minimum=0) | None = Field(
+        default=None, description="MLA query latent rank; 0: Q projected directly from the hidden state")
+    kv_lora_rank: count(HIDDEN_SIZE) | None = Field(default=None, description="MLA key/value latent rank")
+    qk_head_dim: count(HIDDEN_SIZE) | None = Field(default=None, description="MLA Q/K head dim without rotary part")
+    qk_pos_emb_head_dim: count(HIDDEN_SIZE, minimum=0) | None = Field(
+        default=None, description="MLA rotary (decoupled) Q/K head dim")
+    v_head_dim: count(HIDDEN_SIZE) | None = Field(default=None, description="MLA value head dim")
+    qk_layernorm: bool | None = Field(
+        default=None, description="a norm on Q and K per head (--qk-layernorm; Qwen3, OLMo 2)")
+    window_size: count(SEQ_LENGTH, minimum=0) | None = Field(
+        default=None, description="sliding-window attention: keys per query (tokens; --window-size); 0 or absent: "
+                                  "full attention")
+    window_attn_skip_freq: count(NUM_LAYERS) | list[Literal[0, 1]] | None = Field(
+        default=None, description="which layers keep full attention under window_size (--window-attn-skip-freq): an "
+                                  "int k (every k-th layer full) or one 0/1 per layer (1: full); default none")
+    mtp_num_layers: count(NUM_LAYERS, minimum=0) | None = Field(
+        default=None, description="multi-token-prediction modules after the last layer (--mtp-num-layers; "
+                                  "DeepSeek-V3 trains with 1); 0 or absent: none")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -159,6 +198,14 @@ class ParallelSpec(Spec):
                                         "virtual_pipeline_model_parallel_size)")
     cp: count(GPUS) = Field(default=1, validation_alias=_alias("cp", "context_parallel_size"),
                             description="context-parallel size (alias context_parallel_size)")
+    ep: count(GPUS) = Field(
+        default=1, validation_alias=_alias("ep", "expert_model_parallel_size"),
+        description="expert-parallel size: each MoE layer's routed experts sharded over ep ranks, carved out of "
+                    "dp x cp as Megatron-Core does (alias expert_model_parallel_size)")
+    etp: count(GPUS) | None = Field(
+        default=None, validation_alias=_alias("etp", "expert_tensor_parallel_size"),
+        description="tensor parallelism inside each expert, separate from attention's tp (alias "
+                    "expert_tensor_parallel_size); default tp, as Megatron-Core")
     sequence_parallel: bool = Field(default=False, description="Megatron's sequence parallelism (tp > 1): norms "
                                                                "and dropout split along the sequence")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO stage: 1 optimizer state, 2 also "
@@ -256,6 +303,25 @@ class TrainingSpec(Spec):
         names = {"delayedscaling": "delayed", "float8currentscaling": "tensorwise", "current": "tensorwise",
                  "mxfp8blockscaling": "mxfp8", "float8blockscaling": "blockwise"}
         return names.get(str(value).lower(), value) if isinstance(value, str) else value
+    moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
+        default="alltoall", description="how MoE layers move tokens to their experts (Megatron-LM "
+                                        "--moe-token-dispatcher-type): alltoall (dispatch and combine all-to-all over "
+                                        "ep), allgather (gather every token, reduce-scatter back), flex (DeepEP-style "
+                                        "fused dispatch)")
+    moe_expert_capacity_factor: float | None = Field(
+        default=None, gt=0.0, le=1024.0,
+        description="tokens an expert takes, as a multiple of its balanced share (--moe-expert-capacity-factor); "
+                    "tokens beyond it are dropped; null: dropless")
+    moe_imbalance: float = Field(
+        default=1.0, ge=1.0, le=1024.0,
+        description="routing imbalance: the busiest expert-parallel rank's routed tokens / the mean (1.0: "
+                    "perfectly balanced); the busiest rank's extra tokens cost compute and all-to-all time")
+    moe_grouped_gemm: bool = Field(
+        default=True, description="the local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm) instead of "
+                                  "one GEMM per expert")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        default=False, description="overlap the MoE all-to-all with another micro-batch's compute "
+                                   "(Megatron-LM --overlap-moe-expert-parallel-comm, the 1F1B A2A overlap)")
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
                                         "(the lecture), buckets after the backward, or buckets overlapped with it "
