@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simdist.analytic.step import CommPricer, analytic_observables
+from simdist.analytic.step import CommPricer
+from simdist.analytic.step_batch import perturbed_step_s
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.plan.step_config import StepConfig
 
@@ -84,17 +85,15 @@ def _comm_factor(z: float):
 
 def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float) -> tuple[dict[str, float], str]:
     """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained)."""
-    base = analytic_observables(cfg, pricer)[0]["step_s"]
-    if not base > 0:
-        return {"p10": step_s, "p50": step_s, "p90": step_s}, "no step time to perturb"
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     crange = compute_range(cfg.gpu.name)
     zc, zn = _samples()
-    ratios = []
-    for a, b in zip(zc.tolist(), zn.tolist(), strict=True):
-        sample = dataclasses.replace(cfg, compute_efficiency=_scaled_efficiency(eff, _factor(a, crange["p10"],
-                                                                                           crange["p90"])))
-        ratios.append(analytic_observables(sample, pricer.scaled(_comm_factor(b)))[0]["step_s"] / base)
+    variants = [(_scaled_efficiency(eff, _factor(a, crange["p10"], crange["p90"])), _comm_factor(b))
+                for a, b in zip(zc.tolist(), zn.tolist(), strict=True)]
+    base, steps = perturbed_step_s(cfg, pricer, variants)  # one timeline pass over every copy where it can
+    if not base > 0:
+        return {"p10": step_s, "p50": step_s, "p90": step_s}, "no step time to perturb"
+    ratios = (steps / base).tolist()
     p10, p50, p90 = np.quantile(np.asarray(ratios), [0.1, 0.5, 0.9]).tolist()
     calibrated = " (around the calibrated constants)" if cfg.compute_efficiency is not None or pricer.adjust else ""
     how = (f"closed form sampled {len(ratios)} times (Latin hypercube, seed {uncertainty()['seed']}) over the stated "

@@ -1,0 +1,204 @@
+"""Many closed-form step times at once: one timeline pass over a batch of perturbed copies of one step.
+
+The prediction band (simdist.predict.bands) times the same step under 32 sets of perturbed costs. Every copy runs
+the same program (the same schedule, stages, recipes and dependencies); only the durations differ. So the
+max-plus recurrence of simdist.analytic.step's `_timeline_fast` is run once with a vector of times per stream, one
+entry per copy: each step is the same few additions and maxima, done on the whole batch, which costs about as much
+as timing one copy in Python. Only the step time is computed (no intervals, no accounting).
+
+The result equals `analytic_observables(copy)["step_s"]` of each copy (tests/test_step_batch.py): the same
+operations in the same order, per copy; where the closed form fast-forwards a long step (simdist.plan.fastforward)
+each copy is extended as it would be alone: its own cycle read off its own column of the batch's timelines, its
+own three samples (usually the same counts for every copy: one batch pass each). Where the batch cannot be timed
+this way (a recipe that is not simple, copies whose recipes differ in shape, unequal replicas), `perturbed_step_s`
+times each copy alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from simdist.analytic.pricing import CommPricer
+from simdist.analytic.program import KIND_INDEX, program
+from simdist.analytic.step import _fast, _num_microbatches, _Stage, _stages, analytic_observables
+from simdist.hardware.compute import ComputeEfficiency
+from simdist.plan.fastforward import extrapolate
+from simdist.plan.fastforward import plan as ff_plan
+from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS
+from simdist.plan.step_config import StepConfig
+
+__all__ = ["perturbed_step_s"]
+
+_DP = 3  # STREAMS index of the dp stream (simdist.analytic.pricing)
+
+
+class _Batch:
+    """The stages of every copy, as arrays over the copies (one per priced quantity)."""
+
+    def __init__(self, copies: list[list[_Stage]]) -> None:
+        first = copies[0]
+        self.num_stages = len(first)
+        self.steps: list[list[tuple | None]] = []
+        self.sends: list[np.ndarray] = []
+        self.tails: list[tuple] = []
+        for s, st in enumerate(first):
+            row: list[tuple | None] = []
+            for code, sm in enumerate(st.simple):
+                if sm is None:
+                    row.append(None)
+                    continue
+                sms = [c[s].simple[code] for c in copies]
+                if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
+                       or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
+                    raise _Mismatch
+                duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
+                frees = tuple(np.array([x.frees[k] for x in sms]) if sm.frees[k] >= 0 else None  # type: ignore
+                              for k in range(3))
+                ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
+                behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
+                               for j in range(len(sm.behind)))  # type: ignore[union-attr]
+                row.append((duration, frees, ahead, behind))
+            self.steps.append(row)
+            self.sends.append(np.array([c[s].sends for c in copies]).T.copy())  # (sends, copies)
+            tails = [c[s].tail for c in copies]
+            t = st.tail
+            if any(x.streams != t.streams or x.deps != t.deps for x in tails):
+                raise _Mismatch
+            self.tails.append((t.streams, t.deps, np.array([x.durations for x in tails]).T.copy()))
+
+
+class _Mismatch(Exception):
+    """The copies' recipes differ in shape: they cannot share one pass."""
+
+
+def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, starts: dict | None = None
+              ) -> np.ndarray:
+    """The step time of every copy for ``num_microbatches`` (`_timeline_fast`'s recurrence, on vectors);
+    ``starts``: filled with each step's start (a vector), by (stage, kind, chunk), in micro-batch order."""
+    K = batch.num_stages
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
+    zero = np.zeros(n)
+    f0 = [zero] * K
+    f1 = [zero] * K
+    f2 = [zero] * K
+    fdp = [zero] * K
+    fpp = [zero] * K
+    prev = [np.full(n, -1.0)] * K
+    last_bwd = [zero] * K
+    out = np.empty((len(prog), n))
+    zb = cfg.schedule == "zb_h1"
+    steps, sends = batch.steps, batch.sends
+    maximum = np.maximum
+    p_stage, p_kind, p_chunk, p_up, p_down, p_code = (prog.stage, prog.kind, prog.chunk, prog.upstream,
+                                                      prog.downstream_stage, prog.code)
+    for i in range(len(prog)):
+        s = p_stage[i]
+        duration, frees, ahead, behind = steps[s][p_code[i]]  # type: ignore[misc]
+        t0 = maximum(prev[s], f0[s])
+        up = p_up[i]
+        if up >= 0:
+            t0 = maximum(t0, out[up])
+        if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
+            t = fdp[s]
+            for d in ahead:
+                t = t + d
+            fdp[s] = t
+            t0 = maximum(t0, t)
+        if starts is not None:
+            starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+        end = t0 + duration
+        if frees[0] is not None:
+            f0[s] = t0 + frees[0]
+        if frees[1] is not None:
+            f1[s] = t0 + frees[1]
+        if frees[2] is not None:
+            f2[s] = t0 + frees[2]
+        for ready, d in behind:
+            fdp[s] = maximum(t0 + ready, fdp[s]) + d
+        prev[s] = end
+        kind = p_kind[i]
+        if kind == "W" or (kind == "B" and not zb):
+            last_bwd[s] = maximum(last_bwd[s], end)
+        if p_down[i] >= 0:
+            t = maximum(fpp[s], end) + sends[s][p_chunk[i] * 3 + KIND_INDEX[kind]]
+            fpp[s] = t
+            out[i] = t
+        else:
+            out[i] = end
+    step = np.full(n, 0.0) if K == 0 else np.max(np.array(prev), axis=0)
+    for s in range(K):
+        streams, deps, durations = batch.tails[s]
+        free = [f0[s], f1[s], f2[s], fdp[s], fpp[s]]
+        ends: list[np.ndarray] = []
+        for j, sc in enumerate(streams):  # simdist.analytic.step._run_tail
+            t = free[sc]
+            for d in deps[j]:
+                if d >= 0:
+                    t = maximum(t, ends[d])
+                elif d == LAST_BACKWARDS:
+                    t = maximum(t, last_bwd[s])
+                elif d == DP_DONE:
+                    t = maximum(t, free[_DP])
+            e = t + durations[j]
+            free[sc] = e
+            ends.append(e)
+        step = maximum(step, np.max(np.array(free), axis=0))
+    return step
+
+
+def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
+                     variants: list[tuple[ComputeEfficiency, Callable[[float], float]]]) -> tuple[float, np.ndarray]:
+    """(the closed-form step time of ``cfg``, that of each variant): ``cfg`` with the compute efficiency given and
+    every collective ``factor(nbytes)`` x as long (CommPricer.scaled). One pass where the copies share their
+    shape (see the module docstring), else each copy's closed form alone (simdist.analytic.step)."""
+    nominal = _stages(cfg, pricer)  # first: the scaled pricers start from the prices it makes
+    copies = [(dataclasses.replace(cfg, compute_efficiency=eff), pricer.scaled(factor)) for eff, factor in variants]
+    steps = _batch_step_s(cfg, nominal, copies)
+    if steps is None:
+        return (analytic_observables(cfg, pricer)[0]["step_s"],
+                np.array([analytic_observables(c, p)[0]["step_s"] for c, p in copies]))
+    return float(steps[0]), steps[1:]
+
+
+def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[StepConfig, CommPricer]]
+                  ) -> np.ndarray | None:
+    """The step time of ``cfg`` (its stages ``nominal``) and of each copy, or None where they cannot share a pass."""
+    if cfg.compute_slowdown or cfg.dp_batch_split is not None:
+        return None
+    staged = [nominal, *(_stages(c, p) for c, p in copies)]
+    if not all(_fast(st) for st in staged):
+        return None
+    try:
+        batch = _Batch(staged)
+    except _Mismatch:
+        return None
+    n = len(staged)
+    M = _num_microbatches(cfg)
+    runs: dict[int, tuple[dict, np.ndarray]] = {}
+
+    def run(m: int) -> tuple[dict, np.ndarray]:
+        """The batch timed over m micro-batches (once per m): each step's starts (micro-batch x copy), steps."""
+        if m not in runs:
+            starts: dict = {}
+            step = _timeline(cfg, batch, m, n, starts)
+            runs[m] = ({key: np.array(seq) for key, seq in starts.items()}, step)
+        return runs[m]
+
+    # Each copy fast-forwarded as the closed form would fast-forward it alone (simdist.analytic.step
+    # _replica_observables): its own cycle, read off its own column of the batch's timelines.
+    out = np.empty(n)
+    for j in range(n):
+        def timeline(m: int, j: int = j) -> tuple[dict, float]:
+            starts, step = run(m)
+            return {key: seq[:, j].tolist() for key, seq in starts.items()}, float(step[j])
+
+        found = ff_plan(cfg.schedule, cfg.mesh.pp, M, timeline, vpp=cfg.vpp, count_detection=True)
+        value = None
+        if found is not None:
+            _, *counts = found
+            value = extrapolate([(m, {"step_s": float(run(m)[1][j])}) for m in counts], M)
+        out[j] = value["step_s"] if value is not None else run(M)[1][j]
+    return out
