@@ -117,6 +117,28 @@ def test_gqa_and_swiglu_coefficients_by_hand() -> None:
     assert t16 == pytest.approx(s * (8 * h / 16 + (2 * 2 * h / 16 + 2 * 2 * 128 + 3 * 2 * f / 16)), rel=1e-12)
 
 
+def test_fp8_keeps_the_linear_layers_inputs_in_fp8() -> None:
+    # Transformer Engine saves each fp8 linear's input as its fp8 cast (1 byte): the QKV and fc1 inputs
+    # (replicated), the out-projection input (h / t) and the down-projection input (f / t); the norms' inputs,
+    # Q, K, V for attention and the swiglu input stay 16-bit. Same shapes as the hand count above.
+    m = Model("llama-ish", "decoder", 32, 4096, 32, 8, 14336, 4096, 128256, swiglu=True)
+    s, h, kv, f, t = 4096, 4096, 1024, 14336, 4
+    fp8 = activation_bytes_per_layer(m, tp=t, recompute="selective", precision="fp8")
+    assert fp8 == pytest.approx(s * ((2 * 2 + 2 * 1) * h + (3 * h + 2 * 2 * kv + 5 * f) / t), rel=1e-12)
+    bf16 = activation_bytes_per_layer(m, tp=t, recompute="selective")
+    assert bf16 - fp8 == pytest.approx(s * (2 * h + (h + f) / t), rel=1e-12)  # one byte less on each of four
+    # full recompute keeps only the 16-bit layer input
+    assert activation_bytes_per_layer(m, tp=t, recompute="full", precision="fp8") == 2 * s * h
+
+
+def test_gradients_in_the_parameters_dtype_halve_their_bytes() -> None:
+    # Megatron-LM --accumulate-allreduce-grads-in-fp32 off (Megatron-Bridge's ddp.grad_reduce_in_fp32: false):
+    # bf16 gradients, 2 + 2 + 12 = 16 bytes per parameter; fp32 training keeps fp32 gradients whatever the switch.
+    assert model_state_bytes(1e9, grad_reduce_in_fp32=False) == (2e9, 2e9, 12e9)
+    assert model_state_bytes(1e9, precision="fp16", grad_reduce_in_fp32=True) == (2e9, 4e9, 12e9)
+    assert model_state_bytes(1e9, precision="fp32", grad_reduce_in_fp32=False) == (4e9, 4e9, 8e9)
+
+
 def test_lecture_mlp_fp32() -> None:
     # CS336 MLP: per layer the matmul input and the GELU input, fp32, batch 128, width 1024.
     m = Model("mlp", "mlp", 4, 1024)
@@ -274,3 +296,28 @@ def test_recompute_ordering(model: Model, layout: dict, tp: int) -> None:
     assert acts[0] > acts[1] > acts[2] > 0, acts
     assert mems[0].total_bytes >= mems[1].total_bytes >= mems[2].total_bytes
     assert all(math.isclose(m.params_bytes, mems[0].params_bytes) for m in mems)
+
+
+def test_gradient_dtype_sets_the_data_parallel_reduction_bytes() -> None:
+    # The bucketed all-reduce after the backward moves the gradient buffer: 4 bytes a parameter by Megatron-LM's
+    # default for bf16, 2 with grad_reduce_in_fp32 false (simdist.plan.recipe.tail).
+    import dataclasses
+
+    from simdist import api
+    from simdist.plan.layout import step_config_of
+    from simdist.plan.model_presets import resolve_model
+    from simdist.plan.recipe import tail
+    from simdist.plan.step_config import chunk_cost
+    from tests.test_analytic_step import _spec
+
+    spec = _spec({"tp": 1, "pp": 1, "dp": 2, "cp": 1, "vpp": 1, "zero_stage": 0, "recompute": "none",
+                  "schedule": "1f1b", "grad_reduce": "bucketed", "bucket": None, "microbatches": 2, "mbs": 1,
+                  "sp": False, "per_parameter": False})
+    cfg = step_config_of(spec, api.cluster_of(spec), resolve_model(spec.model))
+    cost = chunk_cost(cfg, cfg.layers_per_stage[0], True, True)
+
+    def reduced(c) -> float:
+        return sum(p.comm.nbytes * p.comm.count for p in tail(c, [cost]).pieces if p.comm and p.comm.axis == "dp")
+
+    assert reduced(cfg) == pytest.approx(4 * cost.num_params)
+    assert reduced(dataclasses.replace(cfg, grad_reduce_in_fp32=False)) == pytest.approx(2 * cost.num_params)

@@ -9,6 +9,10 @@ Datasets (copied unchanged into validation/reference/, source columns kept):
 - Narayanan et al. 2021 (arXiv:2104.04473) Table 2, PTD-P and ZeRO-3 rows: achieved TFLOP/s per GPU of 175B
   and 530B at three GPU counts each. Their TFLOP/s counts F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs per
   iteration (eq. (3), full recomputation included), so the measured iteration time is F / (GPUs x TFLOP/s).
+- NVIDIA Megatron-Bridge's performance summary (github.com/NVIDIA-NeMo/Megatron-Bridge,
+  docs/performance-summary-archive.md): tokens per second per GPU of Megatron-Core pre-training on DGX H100,
+  DGX B200 and GB200 NVL72 in FP8/MXFP8 (2025-26), each with its layout; the step time is global batch x
+  sequence / (tokens/s/GPU x GPUs). A check of the H100/B200-era step model, never a fit (rows with a scenario).
 
 Each row is predicted by `simdist.api.run` on a scenario file under scenarios/published/ (plus the
 overrides listed). No model constant is fitted to these rows: compute efficiency is calibrated on the 22B
@@ -31,7 +35,12 @@ TOLERANCE = 0.15
 ZERO3_TOLERANCE = 0.25
 """The ZeRO-3 rows of Narayanan 2021 Table 2 measure DeepSpeed's 2021 implementation, modelled by its mechanism
 (training.zero3_fetch: per_parameter): the 530B rows come out 20-22 % fast, so their bound is wider, stated here."""
+BRIDGE_TOLERANCE = 0.25
+"""The Megatron-Bridge rows run Megatron-Core's 2026 optimizations, some of which simdist does not model yet (TP
+communication overlap with userbuffers, parameter-gather overlap with the optimizer step, CUDA graphs): a check with
+a stated bound, reported with its bias, not a calibration target."""
 FULL = ["training.recompute=full", "parallel.sequence_parallel=false"]
+BRIDGE = "megatron_bridge_performance_summary"
 
 
 @dataclass(frozen=True)
@@ -42,9 +51,14 @@ class Row:
     overrides: tuple[str, ...]
     measured_s: float
     source: str
+    fidelity: str | None = None
+    """None: the scenario's default (the engine); "closed_form" where the engine's own run is too slow for the test
+    suite and its contention share was found negligible (stated in the row's scenario file)."""
 
 
 def tolerance(row: Row) -> float:
+    if row.dataset == BRIDGE:
+        return BRIDGE_TOLERANCE
     return ZERO3_TOLERANCE if row.dataset == "megatron2021_table2_zero3" else TOLERANCE
 
 
@@ -80,6 +94,16 @@ def rows() -> list[Row]:
                            f"{model.upper()} {'PTD-P' if ptdp else 'ZeRO-3'} {gpus} GPUs",
                            f"megatron2021-{model}-{scheme}-{gpus}.yaml", (), measured,
                            f"Narayanan 2021 Table 2 ({r['achieved_tflops_per_gpu']} TFLOP/s per GPU)"))
+    with open(REFERENCE / f"{BRIDGE}.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            if not r["scenario"]:
+                continue  # a published run simdist cannot express yet
+            gpus = int(r["num_gpus"])
+            measured = int(r["global_batch_size"]) * int(r["seq_length"]) / (float(r["tokens_per_s_per_gpu"]) * gpus)
+            closed = gpus >= 256  # Assumption: see Row.fidelity; these layouts' engine runs take 6-20 s each
+            out.append(Row(BRIDGE, f"{r['model']} {r['precision']} {gpus}x {r['system']}", r["scenario"], (),
+                           measured, f"Megatron-Bridge performance summary ({r['container']}, "
+                           f"{r['tokens_per_s_per_gpu']} tokens/s/GPU)", "closed_form" if closed else None))
     return out
 
 
@@ -100,7 +124,7 @@ class Result:
 def predict(row: Row) -> Result:
     from simdist.api import run
 
-    out = run(SCENARIOS / row.scenario, list(row.overrides))
+    out = run(SCENARIOS / row.scenario, list(row.overrides), fidelity=row.fidelity)
     r = out.result
     return Result(row, r["step_time_s"], r["mfu"], r["bubble_fraction"], r["memory_per_gpu_bytes"] / 2**30,
                   r["fits_in_memory"])
@@ -124,30 +148,39 @@ def report(results: list[Result]) -> str:
         "copy one view per rank). Korthikanti et al. 2022 (arXiv:2205.05198) "
         "Table 5 gives iteration times; Narayanan et al. 2021 (arXiv:2104.04473) Table 2 gives TFLOP/s per "
         "GPU counted with their eq. (3), F = 96 B s l h^2 (1 + s/6h + V/16lh), so the measured time is "
-        "F / (GPUs x TFLOP/s).",
+        "F / (GPUs x TFLOP/s). The Megatron-Bridge rows (NVIDIA's Megatron-Core performance summary, "
+        "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md) give tokens/s/GPU of FP8 and "
+        "MXFP8 pre-training on DGX H100, DGX B200 and GB200 NVL72, so the measured time is global batch x "
+        f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: Megatron-Core's TP "
+        "communication overlap, parameter-gather overlap and CUDA graphs are not modelled yet, and the rows of "
+        "256 GPUs or more are predicted with the closed form (`--fidelity closed_form`; on these layouts the "
+        "engine's contended step is within 0.3 % of it, and takes 6-20 s a row). bias = mean signed error.",
         "",
         "No constant is fitted to these rows. Compute efficiency comes from the 22B single-layer times of "
         "Korthikanti Table 4 (`simdist/hardware/data/compute_efficiency.csv`), communication from NCCL's cost "
-        "constants and the link specifications of the `dgx-a100` preset (Selene's DGX A100 nodes with 8 HDR "
-        "InfiniBand NICs).",
+        "constants and the link specifications of each row's cluster preset (`dgx-a100`: Selene's DGX A100 nodes "
+        "with 8 HDR InfiniBand NICs; `dgx-h100`, `dgx-b200`, `gb200-nvl72` for the Megatron-Bridge rows).",
         "",
         "## Summary",
         "",
-        "| dataset | rows | MAPE % | max abs error % | within its bound |",
-        "|---|---:|---:|---:|---:|",
+        "| dataset | rows | MAPE % | bias % | max abs error % | within its bound |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     datasets = sorted({r.row.dataset for r in results})
     for ds in [*datasets, None]:
         sel = [r for r in results if ds is None or r.row.dataset == ds]
         errs = [abs(r.error) * 100 for r in sel]
+        bias = sum(r.error for r in sel) / len(sel) * 100  # mean signed error: + the predictions are slow
         name = ds or "**all**"
         ok = sum(abs(r.error) <= tolerance(r.row) for r in sel)
-        lines.append(f"| {name} | {len(sel)} | {sum(errs) / len(errs):.1f} | {max(errs):.1f} | {ok}/{len(sel)} |")
+        lines.append(f"| {name} | {len(sel)} | {sum(errs) / len(errs):.1f} | {bias:+.1f} | {max(errs):.1f} | "
+                     f"{ok}/{len(sel)} |")
     lines += ["", "## Rows", "",
               "| row | scenario | overrides | measured s | predicted s | error % | MFU | bubble | memory GiB | fits |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
-        over = " ".join(f"`--set {o}`" for o in r.row.overrides) or "-"
+        over = " ".join([*(f"`--set {o}`" for o in r.row.overrides),
+                         *([f"`--fidelity {r.row.fidelity}`"] if r.row.fidelity else [])]) or "-"
         flag = "" if abs(r.error) <= tolerance(r.row) else " **!**"
         lines.append(
             f"| {r.row.label} | `{r.row.scenario}` | {over} | {r.row.measured_s:.2f} | {r.predicted_s:.2f} | "

@@ -173,4 +173,5 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
+        grad_reduce_in_fp32=t.grad_reduce_in_fp32,
     )

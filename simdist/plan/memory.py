@@ -89,9 +89,9 @@ def activation_bytes_per_layer(
 ) -> float:
     """Bytes one layer keeps for its backward pass, for one micro-batch, on one GPU.
 
-    ``attention="flash"`` (Dao et al. 2022, arXiv:2205.14135 sec. 3.1): the a x s x s scores are never
-    stored; the backward recomputes them from Q, K, V and the per-row softmax statistics (fp32, a x s per
-    sequence), so "none" keeps what selective recompute keeps plus those statistics.
+    A fused ``attention`` kernel (flash = flash2, flash3, cudnn; Dao et al. 2022, arXiv:2205.14135 sec. 3.1):
+    the a x s x s scores are never stored; the backward recomputes them from Q, K, V and the per-row softmax
+    statistics (fp32, a x s per sequence), so "none" keeps what selective recompute keeps plus those statistics.
 
     Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.1, eq. (1): sbh(34 + 5as/h) without parallelism;
     eq. (2) tensor parallel: sbh(10 + 24/t + 5as/(ht)); eq. (4) tensor + sequence parallel: sbh/t (34 + 5as/h);
@@ -124,21 +124,26 @@ def activation_bytes_per_layer(
     # Korthikanti sec. 4.1, terms not split by tensor parallelism ("10 sbh" in eq. (2)): the two layer-norm
     # inputs (2sbh each), the QKV matmul input (2sbh), the MLP first matmul input (2sbh), the two dropout
     # masks after attention and after the MLP (sbh each).
-    replicated = (4 * e + 2 * mask) * sbh
+    # Assumption: under fp8 training Transformer Engine's linear modules save their input for the weight gradient as
+    # the fp8 copy they cast it to (transformer_engine/pytorch/module/linear.py, layernorm_linear.py: the quantized
+    # input is what ctx saves), 1 byte an element (plus 1 scale per 32 or 128 elements: not counted); norms,
+    # attention and the activation functions keep their 16-bit inputs.
+    lin = 1 if precision == "fp8" else e
+    replicated = (2 * e + 2 * lin + 2 * mask) * sbh
     # Terms split by tensor parallelism ("24 sbh / t"): attention Q and K (4sbh), V (2sbh), the output
     # projection input (2sbh); with GQA K and V have width kv = g x head_dim instead of h, and Q and the
     # projection input width q = a x head_dim (h unless kv_channels differs). When t > g each
     # rank still holds one whole K/V group (Megatron-LM replicates the groups), hence the max.
     kv_local = max(model.kv_hidden_size / tp, float(model.head_dim))
-    attention_sharded = e * s * b * (2 * model.q_hidden_size / tp + 2 * kv_local)
+    attention_sharded = s * b * ((e + lin) * model.q_hidden_size / tp + 2 * e * kv_local)
     # SwiGLU: Megatron-LM's fused swiglu (megatron/core/fusions/fused_bias_swiglu.py) saves its 2f-wide input
     # (gate and up projections) and recomputes the activation; the down projection keeps its f-wide input:
     # 3 x e x sbf. GeLU (Korthikanti sec. 4.1): GeLU input 8sbh and second matmul input 8sbh for f = 4h,
     # i.e. 2 x e x sbf.
-    mlp_tensors = 3 if model.swiglu else 2
-    mlp_sharded = mlp_tensors * e * s * b * model.ffn_hidden_size / tp
+    mlp_bytes = (2 * e if model.swiglu else e) + lin  # activation input(s), 16-bit; the down projection's input
+    mlp_sharded = mlp_bytes * s * b * model.ffn_hidden_size / tp
     total = replicated / replicated_div + attention_sharded + mlp_sharded
-    if recompute == "none" and attention == "flash":
+    if recompute == "none" and attention != "materialized":  # every fused kernel: flash, flash2/3, cudnn
         total += 4 * model.num_attention_heads * s * b / tp  # logsumexp per row, fp32
     elif recompute == "none":
         # Korthikanti sec. 4.1: the a x s x s score terms, softmax output (2as^2b), dropout mask (as^2b) and
@@ -216,7 +221,8 @@ def in_flight_microbatches(
 
 
 def model_state_bytes(
-    num_params: float, *, dp: int = 1, zero_stage: int = 0, precision: str = "bf16"
+    num_params: float, *, dp: int = 1, zero_stage: int = 0, precision: str = "bf16",
+    grad_reduce_in_fp32: bool | None = None,
 ) -> tuple[float, float, float]:
     """(parameter, gradient, optimizer-state) bytes on one GPU holding ``num_params`` parameters.
 
@@ -229,8 +235,9 @@ def model_state_bytes(
     bf16 (and fp8) training: Megatron-LM accumulates gradients in fp32 (main_grad; forced on for bf16 in
     megatron/training/arguments.py), 2 + 4 + 12 = 18 bytes per parameter as Megatron-LM's distributed-optimizer
     guide tabulates (docs/source/api-guide/dist_optimizer.md: "bf16 param, fp32 grads: 18"); fp16 keeps
-    ZeRO's 2-byte gradients. The data-parallel reduction moves the same gradient bytes
-    (simdist.plan.step.grad_bytes_per_element).
+    ZeRO's 2-byte gradients. ``grad_reduce_in_fp32`` (Megatron-LM --accumulate-allreduce-grads-in-fp32,
+    Megatron-Bridge ddp.grad_reduce_in_fp32) overrides that default for 16-bit training. The data-parallel
+    reduction moves the same gradient bytes (simdist.plan.step_config.grad_bytes_per_element).
     """
     _check_choice(precision, PRECISIONS, "training.precision")
     _check_positive(dp, "parallel.dp")
@@ -238,7 +245,10 @@ def model_state_bytes(
         raise SpecError(f"zero_stage = {zero_stage} is not a ZeRO stage", field="parallel.zero_stage",
                         fix="use 0, 1, 2 or 3")
     wide = _ELEMENT_BYTES[precision] == 4
-    param_b, grad_b, optim_b = (4.0, 4.0, 8.0) if wide else (2.0, 4.0 if precision in ("bf16", "fp8") else 2.0, 12.0)
+    from simdist.plan.step_config import grad_bytes_per_element
+
+    param_b, grad_b, optim_b = (4.0, 4.0, 8.0) if wide else (
+        2.0, float(grad_bytes_per_element(precision, grad_reduce_in_fp32)), 12.0)
     params = num_params * param_b / (dp if zero_stage >= 3 else 1)
     grads = num_params * grad_b / (dp if zero_stage >= 2 else 1)
     optim = num_params * optim_b / (dp if zero_stage >= 1 else 1)
@@ -287,6 +297,7 @@ def stage_memory(
     in_flight_microbatches: float = 1.0,
     capacity_bytes: float = float("inf"),
     attention: str = "materialized",
+    grad_reduce_in_fp32: bool | None = None,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
 
@@ -313,7 +324,8 @@ def stage_memory(
     # the data-parallel group with context parallelism (parallel_state.get_data_parallel_group(
     # with_context_parallel=True)): cp ranks hold the same weights, so they share the shards too.
     n = stage_params(model, layers_on_stage=layers_on_stage, first_stage=first_stage, last_stage=last_stage, tp=tp)
-    params, grads, optim = model_state_bytes(n, dp=dp * cp, zero_stage=zero_stage, precision=precision)
+    params, grads, optim = model_state_bytes(n, dp=dp * cp, zero_stage=zero_stage, precision=precision,
+                                             grad_reduce_in_fp32=grad_reduce_in_fp32)
 
     e = _ELEMENT_BYTES[precision]
     sbh = model.seq_length * micro_batch_size * model.hidden_size

@@ -184,7 +184,7 @@ def num_buckets(cfg: StepConfig, cost: ChunkCost) -> int:
     """
     b = cfg.grad_bucket_bytes
     if b is not None:
-        return max(1, math.ceil(cost.num_params * grad_bytes_per_element(cfg.precision) / b))
+        return max(1, math.ceil(cost.num_params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32) / b))
     if cfg.grad_reduce == "overlapped" and cost.first_part:
         return max(1, math.ceil(cost.num_params / megatron_bucket_params(cfg.mesh.dp)))
     return 1
@@ -267,7 +267,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     overlapping = overlaps_reduction(cfg, kind, last)
     buckets = num_buckets(cfg, cost) if overlapping else 1
     reduce_op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
-    gbytes = cost.num_params * grad_bytes_per_element(cfg.precision)
+    gbytes = cost.num_params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
     last_compute = -1
     label = "wgrad" if overlapped else ""
     for k in range(buckets):
@@ -343,7 +343,7 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
     if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2 and dp >= 2:
         for c, cost in enumerate(chunk_costs):
-            total = cost.num_params * grad_bytes_per_element(cfg.precision)
+            total = cost.num_params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
             if total <= 0:
                 continue
             n = cost.num_tensors if cfg.grad_reduce == "per_parameter" else num_buckets(cfg, cost)

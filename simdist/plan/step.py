@@ -173,7 +173,7 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         precision=cfg.precision,
         in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most, vpp=cfg.vpp,
                                                       stage=s),
-        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
+        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, grad_reduce_in_fp32=cfg.grad_reduce_in_fp32)
 
 
 def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:

@@ -78,6 +78,9 @@ class StepConfig:
     moe_grouped_gemm: bool = True
     moe_overlap: bool = False
     """Megatron-LM --overlap-moe-expert-parallel-comm."""
+    grad_reduce_in_fp32: bool | None = None
+    """Gradients of 16-bit training accumulated and reduced in fp32; None: Megatron-LM's default
+    (`grad_bytes_per_element`)."""
 
     def __post_init__(self) -> None:
         parts = self.layers_per_part
@@ -261,11 +264,17 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
     )
 
 
-def grad_bytes_per_element(precision: str) -> int:
-    """Bytes per gradient element the data-parallel reduction moves.
+def grad_bytes_per_element(precision: str, fp32: bool | None = None) -> int:
+    """Bytes per gradient element the data-parallel reduction moves (and the gradient buffer holds).
 
+    ``fp32`` (training.grad_reduce_in_fp32): accumulate and reduce 16-bit training's gradients in fp32 (True) or in
+    the parameters' 16-bit dtype (False); None: Megatron-LM's default.
     # Assumption: as Megatron-LM's defaults: bf16 training accumulates and all-reduces gradients in fp32
     # (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 is forced on for bf16); fp16
     # training reduces fp16 gradients (Narayanan et al. 2021); fp32/tf32 reduce fp32; fp8 as bf16.
     """
-    return {"bf16": 4, "fp8": 4, "fp16": 2, "fp32": 4, "tf32": 4}[precision]
+    if precision in ("fp32", "tf32"):
+        return 4
+    if fp32 is not None:
+        return 4 if fp32 else 2
+    return {"bf16": 4, "fp8": 4, "fp16": 2}[precision]

@@ -326,6 +326,11 @@ class TrainingSpec(Spec):
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
                                         "(the lecture), buckets after the backward, or buckets overlapped with it "
                                         "(Megatron-LM's overlap_grad_reduce: true is accepted for overlapped)")
+    grad_reduce_in_fp32: bool | None = Field(
+        default=None, validation_alias=_alias("grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"),
+        description="16-bit training's gradients accumulated and reduced in fp32 (4 bytes each) or in the parameters' "
+                    "16-bit dtype (false, as Megatron-Bridge's performance recipes run); default as Megatron-LM: fp32 "
+                    "for bf16 and fp8, fp16 for fp16 (alias accumulate_allreduce_grads_in_fp32)")
     grad_bucket_size: BucketSize | None = Field(
         default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
                                   "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
