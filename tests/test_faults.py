@@ -122,3 +122,91 @@ def test_unknown_link_and_rank_are_refused(tmp_path: Path) -> None:
     typo = scenario(tmp_path, dp=2, faults="faults: {stragglers: [{rank: 1, slower: 0.2}]}", name="typo")
     with pytest.raises(SimdistError, match="slower"):
         api.run(typo)
+
+
+def _fabric_scenario(tmp_path: Path, faults: str, name: str, nodes: int = 4) -> Path:
+    """The lecture's MLP, pp 2 x dp 2 on four one-GPU nodes with one NIC each on 4-port leaves: nodes 0, 1 on
+    leaf0 and 2, 3 on leaf1, two spines, each leaf-spine link one NIC's bandwidth (simdist.hardware.fabric)."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"""
+cluster: {{preset: dgx-h100, num_nodes: {nodes}, gpus_per_node: 1,
+          host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}}, inter_node: {{nics_per_node: 1, switch_radix: 4}}}}
+model: {{preset: cs336-mlp}}
+parallel: {{dp: {nodes // 2}, pp: 2, tp_style: column}}
+training: {{micro_batch_size: 64, global_batch_size: {64 * (nodes // 2)}, precision: fp32}}
+{faults}
+""")
+    return path
+
+
+def test_failed_uplink_reroutes_and_its_flows_share_the_other_spine(tmp_path: Path) -> None:
+    # Stage 0 on nodes 0, 1 (leaf0), stage 1 on nodes 2, 3 (leaf1). The ECMP hash sends both forward activations
+    # (0 -> 2, 1 -> 3) over spine1, where they share leaf0 -> spine1 -> leaf1, and the backward gradients 2 -> 0 over
+    # spine1 and 3 -> 1 over spine0, each alone. With leaf1 - spine0 down, leaf1 rehashes over the spines it still
+    # reaches (spine1 only): the backward sends now share leaf1 -> spine1 -> leaf0 as the forward ones share their
+    # path, so by symmetry each takes exactly as long as a forward send, and the step (one micro-batch per replica:
+    # one backward send on its critical path) grows by the difference. Both fidelities route around the link.
+    from simdist.predict.step import predict_step
+
+    def sends(path: Path) -> tuple[dict[tuple[int, int], float], float]:
+        sc = api.load_scenario(path)
+        p = predict_step(sc.spec, sc.topology, simulate="full")
+        times = {op.comm.ranks: p.trace.end_s[i] - p.trace.start_s[i] for i, op in enumerate(p.plan.graph.ops)
+                 if op.comm is not None and op.comm.axis == "pp"}
+        return times, p.result["step_time_s"]
+
+    base_path = _fabric_scenario(tmp_path, "", "base")
+    topology = api.load_scenario(base_path).topology
+    spine = {(a, b): topology.route_vertices(topology.route(a, b))[4] for a, b in ((0, 2), (1, 3), (2, 0), (3, 1))}
+    assert spine == {(0, 2): "spine1", (1, 3): "spine1", (2, 0): "spine1", (3, 1): "spine0"}
+    failed = "faults: {failed_links: [{src: spine0, dst: leaf1}]}"
+    cut = api.load_scenario(_fabric_scenario(tmp_path, failed, "cut")).topology
+    assert [cut.route_vertices(cut.route(a, b))[4] for a, b in spine] == ["spine1"] * 4
+
+    base, base_step = sends(base_path)
+    slow, slow_step = sends(_fabric_scenario(tmp_path, failed, "slow"))
+    forward, backward = base[(0, 2)], base[(2, 0)]
+    assert backward < forward  # alone on its spine in the healthy cluster
+    assert slow[(2, 0)] == pytest.approx(forward, rel=1e-9) and slow[(3, 1)] == pytest.approx(forward, rel=1e-9)
+    assert slow_step - base_step == pytest.approx(forward - backward, rel=1e-6)
+    report = api.run(_fabric_scenario(tmp_path, failed, "report")).result
+    assert report["faults"]["failed_links"] == [{"src": "leaf1", "dst": "spine0"}]
+    closed = api.run(_fabric_scenario(tmp_path, failed, "closed"), fidelity="closed_form").result
+    assert closed["faults"]["failed_links"] == [{"src": "leaf1", "dst": "spine0"}]
+
+
+def test_rehash_moves_only_the_flows_of_leaves_that_lost_an_uplink(tmp_path: Path) -> None:
+    # Three leaves, two spines: leaf0 - spine1 down. Pairs of leaf1 and leaf2 keep the hash's spine; pairs with
+    # leaf0 all cross spine0; the array form (all_pairs, batch routes) agrees with the scalar form (Topology.route).
+    import numpy as np
+
+    from simdist.hardware.fabric import fmix64
+    from simdist.hardware.topology import Topology
+
+    spec = api.load_scenario(_fabric_scenario(tmp_path, "", "six", nodes=6)).topology.spec
+    healthy = Topology(spec).fabric
+    cut = Topology(spec, failed_uplinks=[(0, 1)]).fabric
+    assert (healthy.num_leaves, healthy.num_spines) == (3, 2)
+    nics = np.arange(6)
+    src, dst = np.meshgrid(nics, nics, indexing="ij")
+    many = cut.spine_for(src, dst)
+    for a in range(6):
+        for b in range(6):
+            one = cut.spine_for(a, b)
+            assert one == many[a, b]
+            if 0 in (cut.leaf_of(a), cut.leaf_of(b)):
+                assert one == 0
+            else:
+                assert one == fmix64((a << 32) | b) % 2 == healthy.spine_for(a, b)
+
+
+def test_failed_links_that_cut_the_fabric_or_are_not_leaf_spine_are_refused(tmp_path: Path) -> None:
+    both = "faults: {failed_links: [{src: leaf0, dst: spine0}, {src: leaf0, dst: spine1}]}"
+    with pytest.raises(SimdistError, match=r"faults\.failed_links"):
+        api.run(_fabric_scenario(tmp_path, both, "both"))
+    nic = "faults: {failed_links: [{src: n0/nic0, dst: leaf0}]}"
+    with pytest.raises(SimdistError, match=r"faults\.failed_links\.0"):
+        api.run(_fabric_scenario(tmp_path, nic, "nic"))
+    far = "faults: {failed_links: [{src: leaf0, dst: spine9}]}"
+    with pytest.raises(SimdistError, match=r"spine0\.\.spine1"):
+        api.run(_fabric_scenario(tmp_path, far, "far"))

@@ -35,10 +35,15 @@ class CommPricer:
     # peer sits inside its node), not on which nodes it lands on: the group is priced re-placed on the first
     # node(s) of the cluster. On the bundled presets every node has the same NICs and leaf switch links, so
     # only groups that straddle leaf boundaries differently can differ (the engine path prices the real group).
+    # With failed leaf-spine links (faults.failed_links) every group is priced where it is.
     """
 
     def __init__(self, topology: Topology, adjust: Adjust | None = None) -> None:
         self.topology = topology
+        # Failed leaf-spine links make a group's routes depend on where it sits (faults.failed_links): then a group
+        # is priced where it is, its first rank itself in every key instead of its position inside its node.
+        fabric = topology.fabric
+        self._gpn = 0 if fabric is not None and fabric.failed_uplinks else topology.gpus_per_node
         self.adjust = adjust
         self._cache: dict[tuple, float] = {}
         self._priced: dict[tuple, tuple[PricedPieces, Any]] = {}
@@ -63,7 +68,7 @@ class CommPricer:
         regular = all(ranks[i + 1] - ranks[i] == stride for i in range(n - 1)) and stride > 0
         if not regular:
             return (op, ranks, float(nbytes))
-        return (op, ranks[0] % self.topology.gpus_per_node, n, stride, float(nbytes))
+        return (op, self._position(ranks[0]), n, stride, float(nbytes))
 
     def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float:
         if len(ranks) < 2 or nbytes <= 0:
@@ -74,7 +79,7 @@ class CommPricer:
         """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks."""
         if size < 2 or nbytes <= 0:
             return 0.0
-        key = (op, first % self.topology.gpus_per_node, size, stride, float(nbytes))
+        key = (op, self._position(first), size, stride, float(nbytes))
         hit = self._cache.get(key)
         return hit if hit is not None else self._price(key)
 
@@ -89,8 +94,12 @@ class CommPricer:
 
     def shape_key(self, groups: dict[str, tuple[int, int, int]]) -> tuple:
         """What decides a piece's price on ``groups`` (axis -> (first rank, size, stride)): their shapes."""
-        gpn = self.topology.gpus_per_node
-        return tuple((a, g[0] % gpn, g[1], g[2]) for a, g in sorted(groups.items()))
+        return tuple((a, self._position(g[0]), g[1], g[2]) for a, g in sorted(groups.items()))
+
+    def _position(self, rank: int) -> int:
+        """Where a group's first rank sits, as far as its price goes: its place in its node (the rank itself where
+        failed links make the routes depend on the nodes)."""
+        return rank % self._gpn if self._gpn else rank
 
     def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]], *,
                compile: Callable[[PricedPieces], Any] | None = None) -> tuple[PricedPieces, Any]:

@@ -109,6 +109,11 @@ def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]
         field = f"cluster.{err.field}" if err.field else "cluster.preset"
         where = doc.where(tuple(field.split(".")))
         raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
+    try:
+        topology = _failed(topology, spec)
+    except SimdistError as err:
+        raise type(err)(err.problem, field=err.field, source=doc.where(tuple((err.field or "faults").split("."))),
+                        fix=err.fix) from None
     return spec, topology
 
 
@@ -146,9 +151,11 @@ def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Top
     overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file", "placement")}
     target = _cluster_target(spec, Path(base_dir) if base_dir is not None else None)
     try:
-        return _placed(load_topology(target, overrides=Document(data=overrides, source="scenario", lines={})), spec)
+        topology = _placed(load_topology(target, overrides=Document(data=overrides, source="scenario", lines={})),
+                           spec)
     except SimdistError as err:
         raise err.located(field_prefix="cluster") from None
+    return _failed(topology, spec)
 
 
 def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
@@ -159,3 +166,12 @@ def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
     from simdist.hardware.placement import job_topology
 
     return job_topology(topology, num_nodes=placement.num_nodes, gpus_per_node=placement.gpus_per_node)
+
+
+def _failed(topology: Topology, spec: ScenarioSpec) -> Topology:
+    """The cluster with the leaf-spine links of ``faults.failed_links`` down (ECMP routes around them)."""
+    if not spec.faults.failed_links:
+        return topology
+    from simdist.predict.faults import failed_uplinks
+
+    return topology.with_failed_uplinks(failed_uplinks(spec.faults, topology))

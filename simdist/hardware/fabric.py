@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TypeVar
 
 import numpy as np
@@ -47,6 +48,9 @@ class Fabric:
     num_leaves: int
     num_spines: int
     uplink_bandwidth_Bps: float
+    failed_uplinks: frozenset[tuple[int, int]] = frozenset()
+    """(leaf, spine) pairs whose link is down, both directions (scenario ``faults.failed_links``): ECMP routes
+    around them (`spine_for`)."""
 
     @property
     def num_nics(self) -> int:
@@ -74,10 +78,62 @@ class Fabric:
         return self.leaf_of(np.arange(self.num_nics, dtype=np.int64))
 
     def spine_for(self, src_nic: IntOrArray, dst_nic: IntOrArray) -> IntOrArray:
-        """ECMP: a stable spine for a NIC pair (a fixed integer hash, not Python's salted hash)."""
+        """ECMP: a stable spine for a NIC pair (a fixed integer hash, not Python's salted hash).
+
+        With failed uplinks, a pair whose source or destination leaf lost one hashes over the spines both leaves
+        still reach, in spine order: the routing protocol withdraws the routes through a dead link, the leaf's ECMP
+        group shrinks and its flows are rehashed (pairs of untouched leaves keep their spine)."""
         # Assumption: static per-flow ECMP hashing; adaptive routing would spread a flow's packets.
-        spine = fmix64((_uint64(src_nic) << 32) | _uint64(dst_nic)) % self.num_spines
+        # Assumption: rehashing over the remaining spines is modulo the group's new size (no resilient hashing:
+        # flows of an affected leaf may move even when their spine still works).
+        h = fmix64((_uint64(src_nic) << 32) | _uint64(dst_nic))
+        if self.failed_uplinks:
+            return self._rerouted(src_nic, dst_nic, h)
+        spine = h % self.num_spines
         return spine if type(spine) is int else spine.astype(np.int64)
+
+    def _rerouted(self, src_nic: IntOrArray, dst_nic: IntOrArray, h: IntOrArray) -> IntOrArray:
+        bad, hit = _failure_tables(self.num_leaves, self.num_spines, self.failed_uplinks)
+        S = self.num_spines
+        if type(h) is int:
+            ls, ld = int(self.leaf_of(int(src_nic))), int(self.leaf_of(int(dst_nic)))
+            if not (hit[ls] or hit[ld]):
+                return h % S
+            valid = np.flatnonzero(~(bad[ls] | bad[ld]))
+            return int(valid[h % len(valid)])
+        src, dst = np.broadcast_arrays(np.asarray(src_nic, dtype=np.int64), np.asarray(dst_nic, dtype=np.int64))
+        h = np.broadcast_to(h, src.shape)
+        out = (h % np.uint64(S)).astype(np.int64)
+        ls, ld = self.leaf_of(src), self.leaf_of(dst)
+        moved = hit[ls] | hit[ld]
+        if moved.any():
+            ok = ~(bad[ls[moved]] | bad[ld[moved]])  # (moved pairs, spines): the spines both leaves reach
+            k = ok.sum(axis=1).astype(np.uint64)
+            idx = (h[moved] % k).astype(np.int64)
+            out[moved] = np.argmax(np.cumsum(ok, axis=1) > idx[:, None], axis=1)
+        return out
+
+    def unreachable_pairs(self) -> list[tuple[int, int]]:
+        """Leaf pairs (a <= b) with no spine both still reach: failed uplinks that disconnect the fabric."""
+        bad, hit = _failure_tables(self.num_leaves, self.num_spines, self.failed_uplinks)
+        touched = np.flatnonzero(hit).tolist()
+        out = []
+        for i, a in enumerate(touched):
+            if bad[a].all():
+                out.append((a, a))
+                continue
+            out += [(a, b) for b in touched[i + 1:] if (bad[a] | bad[b]).all()]
+        return out
+
+
+@lru_cache(maxsize=16)
+def _failure_tables(num_leaves: int, num_spines: int, failed: frozenset[tuple[int, int]]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(bad[leaf, spine]: the uplink is down, hit[leaf]: the leaf lost one)."""
+    bad = np.zeros((num_leaves, num_spines), dtype=bool)
+    for leaf, spine in failed:
+        bad[leaf, spine] = True
+    return bad, bad.any(axis=1)
 
 
 _C1 = 0xFF51AFD7ED558CCD

@@ -11,7 +11,8 @@ batches, ring orders and peer placements for `simdist.collectives.group`. Each i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,8 @@ PLACEMENT_MEMO = (4096, 128 * 2**20)
 class Topology:
     """A built cluster. Cheap to build at any size; routes are computed on demand and cached."""
 
-    def __init__(self, spec: TopologySpec, *, cluster_num_gpus: int | None = None) -> None:
+    def __init__(self, spec: TopologySpec, *, cluster_num_gpus: int | None = None,
+                 failed_uplinks: Iterable[tuple[int, int]] = ()) -> None:
         self.spec = spec
         self.cluster_num_gpus = spec.num_gpus if cluster_num_gpus is None else cluster_num_gpus
         """GPUs of the whole cluster; more than num_gpus for a job on part of it (simdist.hardware.placement)."""
@@ -63,6 +65,19 @@ class Topology:
                     "or use num_nodes: 1",
                 )
             self.fabric = build_fabric(spec.inter_node, spec.num_nodes)
+            failed = frozenset((int(a), int(b)) for a, b in failed_uplinks)
+            if failed:
+                self.fabric = dataclasses.replace(self.fabric, failed_uplinks=failed)
+                cut = self.fabric.unreachable_pairs()
+                if cut:
+                    a, b = cut[0]
+                    raise TopologyError(
+                        f"the failed leaf-spine links leave leaf{a} and leaf{b} without a spine both reach",
+                        field="faults.failed_links", fix="fail fewer uplinks: every pair of leaves needs one spine "
+                                                         "they both still reach")
+        elif tuple(failed_uplinks):
+            raise TopologyError("failed leaf-spine links in a cluster of one node", field="faults.failed_links",
+                                fix="drop faults.failed_links: one node has no fabric")
         self.layout = LinkLayout.of(self.num_nodes, self.node, self.fabric)
         """Where every link sits among the global ids, and its capacity by id."""
         self.num_links = self.layout.num_links
@@ -81,6 +96,15 @@ class Topology:
             f = self.fabric
             self._nic_shape = PathShape((), f.nic_bandwidth_Bps, self.layout.nic_capacity_Bps, f.latency_s)
             self._uplink_shape = PathShape((), f.uplink_bandwidth_Bps, self.layout.uplink_capacity_Bps, f.latency_s)
+
+    def with_failed_uplinks(self, failed: Iterable[tuple[int, int]]) -> Topology:
+        """This cluster with the (leaf, spine) links in ``failed`` down: a new Topology (its routes and caches are
+        its own), ECMP routing around them (`simdist.hardware.fabric.Fabric.spine_for`)."""
+        failed = tuple(failed)
+        if not failed:
+            return self
+        prior = self.fabric.failed_uplinks if self.fabric is not None else frozenset()
+        return Topology(self.spec, cluster_num_gpus=self.cluster_num_gpus, failed_uplinks=prior | set(failed))
 
     # ----------------------------------------------------------------- placement
     def locate(self, rank: int) -> tuple[int, int]:

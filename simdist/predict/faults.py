@@ -1,4 +1,5 @@
-"""A scenario's what-if faults on the simulated step: degraded links' capacities, and who waits for whom.
+"""A scenario's what-if faults on the simulated step: degraded links' capacities, failed leaf-spine links, and who
+waits for whom.
 
 Stragglers are part of the step's configuration (simdist.plan.step_config.StepConfig.compute_slowdown: both
 fidelities read it); a degraded link is a capacity the engine's shared links see (simdist.engine.graph.run_graph:
@@ -43,6 +44,25 @@ def degraded_links(faults: FaultsSpec, topology: Topology) -> dict[int, float]:
             raise SpecError(f"no link {d.src} -> {d.dst} in this cluster", field=f"faults.degraded_links.{i}",
                             fix="name a link by its two vertices as `simdist topo` and the run JSON's links "
                                 "rows write them, e.g. src: n0/nic0, dst: leaf0")
+    return out
+
+
+def failed_uplinks(faults: FaultsSpec, topology: Topology) -> list[tuple[int, int]]:
+    """(leaf, spine) of each ``faults.failed_links`` entry (a link that is not leaf-spine: a SpecError)."""
+    out = []
+    f = topology.fabric
+    for i, d in enumerate(faults.failed_links):
+        ends = sorted((d.src, d.dst), key=lambda v: not v.startswith("leaf"))  # the leaf first
+        leaf, spine = ends
+        ok = leaf.startswith("leaf") and spine.startswith("spine") and leaf[4:].isdigit() and spine[5:].isdigit()
+        if not ok or f is None or int(leaf[4:]) >= f.num_leaves or int(spine[5:]) >= f.num_spines:
+            have = (f"leaf0..leaf{f.num_leaves - 1} and spine0..spine{f.num_spines - 1}" if f is not None
+                    and f.num_spines else "no leaf-spine links (one switch or one node)")
+            raise SpecError(f"no leaf-spine link {d.src} - {d.dst} in this cluster ({have})",
+                            field=f"faults.failed_links.{i}",
+                            fix="name a leaf and a spine as `simdist topo` writes them, e.g. src: leaf0, dst: spine1; "
+                                "a NIC or NVLink at reduced speed is a degraded_links entry")
+        out.append((int(leaf[4:]), int(spine[5:])))
     return out
 
 
@@ -121,8 +141,9 @@ def waits(plan: StepPlan, trace: GraphTrace) -> list[dict[str, Any]]:
 
 def faults_report(cfg: StepConfig, faults: FaultsSpec, topology: Topology, links: dict[int, float],
                   plan: StepPlan | None, trace: GraphTrace | None, fidelity: str) -> dict[str, Any] | None:
-    """The run JSON's ``faults`` (None without any straggler or degraded link)."""
-    if not cfg.compute_slowdown and not links:
+    """The run JSON's ``faults`` (None without any straggler, degraded or failed link)."""
+    failed = sorted(topology.fabric.failed_uplinks) if topology.fabric is not None else []
+    if not cfg.compute_slowdown and not links and not failed:
         return None
     stragglers = []
     for rank, factor in cfg.compute_slowdown:
@@ -136,7 +157,11 @@ def faults_report(cfg: StepConfig, faults: FaultsSpec, topology: Topology, links
                          "bandwidth_fraction": fraction})
     seen = "closed form: straggler compute only (degraded links unseen)" if fidelity == "closed_form" else (
         "engine: stragglers' compute and degraded links' capacity")
-    out: dict[str, Any] = {"stragglers": stragglers, "degraded_links": degraded, "seen_by": seen}
+    if failed:
+        seen += "; both: the routes around the failed links"
+    out: dict[str, Any] = {"stragglers": stragglers, "degraded_links": degraded,
+                           "failed_links": [{"src": f"leaf{a}", "dst": f"spine{b}"} for a, b in failed],
+                           "seen_by": seen}
     if plan is not None and trace is not None and fidelity == "engine":
         out["waits"] = waits(plan, trace)
     return out

@@ -301,9 +301,10 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                                              num_microbatches=m, source=source or None)
 
         engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded)
-        # a degraded link breaks the symmetry of the translates that cross it (their traffic is folded onto the
-        # simulated group's links only where they share them): simulate every rank where that is affordable
-        exact = class_symmetric(engine.priced) and not degraded
+        # a degraded or failed link breaks the symmetry of the translates that cross it (their traffic is folded onto
+        # the simulated group's links only where they share them): simulate every rank where that is affordable
+        failed = topology.fabric is not None and bool(topology.fabric.failed_uplinks)
+        exact = class_symmetric(engine.priced) and not degraded and not failed
         full_ops = len(engine.plan.graph.ops) * topology.num_gpus / max(1, len(engine.plan.graph.ranks()))
         if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
             engine = _engine(cfg, topology, adjust, True, True, check("full"), degraded)

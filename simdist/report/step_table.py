@@ -224,6 +224,8 @@ def fault_lines(faults: Mapping[str, Any] | None) -> list[str]:
                      f"{st['compute_time_factor']:.3g} x slower")
     for d in faults.get("degraded_links", []):
         lines.append(f"degraded link: {d['src']} -> {d['dst']} at {d['bandwidth_fraction']:.3g} of its bandwidth")
+    for d in faults.get("failed_links", []):
+        lines.append(f"failed link: {d['src']} - {d['dst']} (ECMP routes around it)")
     for w in faults.get("waits", [])[:8]:
         lines.append(f"rank {w['rank']} (stage {w['stage']}, replica {w['dp']}) waited {w['wait_s'] * 1e3:.3f} ms at "
                      f"data-parallel collectives for rank(s) {', '.join(map(str, w['waits_for'][:4]))}")

@@ -1,7 +1,8 @@
 """What-if faults of a scenario (``faults:``): stragglers, degraded links, and the checkpoint/restart costs that
 goodput (simdist.predict.goodput) charges for failures.
 
-Both fidelities see a straggler's compute; only the engine sees a degraded link (the closed form prices each
+Both fidelities see a straggler's compute and the routes around a failed leaf-spine link (the cluster's ECMP
+routing changes: simdist.hardware.fabric); only the engine sees a degraded link (the closed form prices each
 collective on the nominal link bandwidth: simdist.predict.step says so in its JSON).
 """
 
@@ -36,6 +37,14 @@ class DegradedLinkSpec(Spec):
     one_way: bool = Field(default=False, description="degrade only src -> dst (default: both directions)")
 
 
+class FailedLinkSpec(Spec):
+    """A leaf-spine link that is down (both directions), named by its two vertices as `simdist topo` and the run
+    JSON's ``links`` rows write them (``leaf0`` and ``spine1``, either order): ECMP routes around it."""
+
+    src: str = Field(description="one end of the link, e.g. leaf0")
+    dst: str = Field(description="the other end, e.g. spine1")
+
+
 class CheckpointSpec(Spec):
     """What a failure costs: writing checkpoints, restarting from the last one (simdist.predict.goodput)."""
 
@@ -55,5 +64,8 @@ class FaultsSpec(Spec):
     stragglers: list[StragglerSpec] = Field(default_factory=list, description="slow GPUs")
     degraded_links: list[DegradedLinkSpec] = Field(default_factory=list, description="links at a fraction of "
                                                                                       "their bandwidth (engine only)")
+    failed_links: list[FailedLinkSpec] = Field(
+        default_factory=list, description="leaf-spine links that are down: the flows of their leaves are rehashed "
+                                          "over the spines still reachable (both fidelities route around them)")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="checkpoint write, restart "
                                                                                    "and interval for goodput")
