@@ -15,6 +15,7 @@ from typing import Any
 from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
 from simdist.collectives.request import Request
+from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
@@ -29,7 +30,8 @@ STREAM_CODE = {s: i for i, s in enumerate(STREAMS)}
 
 
 class CommPricer:
-    """Seconds of one collective on a group, cached by (op, group size, stride, position in node, bytes).
+    """Seconds of one collective on a group, cached by (op, group size, stride, position in node, bytes, and an
+    all_to_all's imbalance: simdist.collectives.uneven).
 
     # Assumption: a collective's time depends on its group's shape (size, rank stride, where its first
     # peer sits inside its node), not on which nodes it lands on: the group is priced re-placed on the first
@@ -54,27 +56,28 @@ class CommPricer:
             return (base(op, n, nbytes, t) if base is not None else t) * factor_of_bytes(nbytes)
 
         out = CommPricer(self.topology, adjust)
-        out._cache = {key: t * factor_of_bytes(key[-1]) for key, t in self._cache.items()}
+        out._cache = {key: t * factor_of_bytes(key[-2]) for key, t in self._cache.items()}
         return out
 
-    def key(self, op: str, ranks: tuple[int, ...], nbytes: float) -> tuple:
+    def key(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> tuple:
         n = len(ranks)
         stride = ranks[1] - ranks[0] if n > 1 else 0
         regular = all(ranks[i + 1] - ranks[i] == stride for i in range(n - 1)) and stride > 0
         if not regular:
-            return (op, ranks, float(nbytes))
-        return (op, ranks[0] % self.topology.gpus_per_node, n, stride, float(nbytes))
+            return (op, ranks, float(nbytes), float(imbalance))
+        return (op, ranks[0] % self.topology.gpus_per_node, n, stride, float(nbytes), float(imbalance))
 
-    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float:
+    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> float:
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
-        return self._price(self.key(op, ranks, nbytes))
+        return self._price(self.key(op, ranks, nbytes, imbalance))
 
-    def shape_time_s(self, op: str, first: int, size: int, stride: int, nbytes: float) -> float:
+    def shape_time_s(self, op: str, first: int, size: int, stride: int, nbytes: float, imbalance: float = 1.0
+                     ) -> float:
         """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks."""
         if size < 2 or nbytes <= 0:
             return 0.0
-        key = (op, first % self.topology.gpus_per_node, size, stride, float(nbytes))
+        key = (op, first % self.topology.gpus_per_node, size, stride, float(nbytes), float(imbalance))
         hit = self._cache.get(key)
         return hit if hit is not None else self._price(key)
 
@@ -110,9 +113,15 @@ class CommPricer:
         if hit is not None:
             return hit
         self.misses += 1
-        op, nbytes = key[0], key[-1]
-        placed = key[1] if len(key) == 3 else tuple(key[1] + i * key[3] for i in range(key[2]))
-        t = rank_choices(Request(op, Group(self.topology, placed), nbytes))[0].predicted_s
+        op, nbytes, imbalance = key[0], key[-2], key[-1]
+        placed = key[1] if len(key) == 4 else tuple(key[1] + i * key[3] for i in range(key[2]))
+        group = Group(self.topology, placed)
+        if op == "all_to_all" and imbalance != 1.0:
+            # the uneven all_to_all of routing imbalance, as simdist.predict.price.request_of builds it
+            request = Request(op, group, nbytes, matrix=imbalanced_matrix(len(placed), nbytes, imbalance))
+        else:
+            request = Request(op, group, nbytes)
+        t = rank_choices(request)[0].predicted_s
         if self.adjust is not None:
             t = self.adjust(op, len(placed), nbytes, t)
         self._cache[key] = t
@@ -196,7 +205,7 @@ def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, tuple[int, int
     if size < 2 or c.nbytes <= 0:
         return 0.0
     # simdist.predict.price.price_graph: count back-to-back runs, each with its host time.
-    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes) + c.host_s) * c.count
+    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes, c.imbalance) + c.host_s) * c.count
 
 
 def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,

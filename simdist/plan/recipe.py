@@ -57,19 +57,22 @@ DP_DONE = -3
 @dataclass(frozen=True, slots=True)
 class CommItem:
     """A collective a piece runs: ``count`` back-to-back runs of ``op`` over ``nbytes`` (the nccl-tests size) on
-    the piece's rank's group along ``axis``; ``host_s`` host time each run adds (list collectives' copies)."""
+    the piece's rank's group along ``axis``; ``host_s`` host time each run adds (list collectives' copies);
+    ``imbalance`` (all_to_all): the busiest peer receives that many times the mean, priced as the uneven all_to_all
+    of simdist.collectives.uneven.imbalanced_matrix (1.0: even)."""
 
     op: str
     nbytes: float
     axis: str
     count: int = 1
     host_s: float = 0.0
+    imbalance: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
     stream: str
-    """compute | tp | cp | dp (the rank's track it runs on)."""
+    """compute | tp | cp | dp | pp (the rank's track it runs on; simdist.plan.recipe.stream_of an axis)."""
     kind: str
     """forward | backward | weight_grad | recompute | wait | optimizer | comm."""
     label: str
@@ -106,6 +109,18 @@ class StageTail:
     pieces: tuple[Piece, ...]
 
 
+STREAM_OF_AXIS = {"ep": "tp", "etp": "tp", "edp": "dp"}
+"""The stream a collective of an axis without a stream of its own runs on.
+# Assumption: the expert-parallel all_to_alls and the expert-TP collectives are model-parallel communication in
+# the layer's critical path (Megatron-Core issues them between the layer's kernels and waits for them), run on the
+# tp stream; the expert-data-parallel gradient reductions run on the dp stream beside (after) the dense ones."""
+
+
+def stream_of(axis: str) -> str:
+    """The rank's stream a collective along ``axis`` runs on (`STREAM_OF_AXIS`; else the axis's own)."""
+    return STREAM_OF_AXIS.get(axis, axis)
+
+
 class _Builder:
     def __init__(self) -> None:
         self.pieces: list[Piece] = []
@@ -118,11 +133,11 @@ class _Builder:
         """One comm piece per item, back to back after ``after``; axes whose group has < 2 ranks are skipped."""
         ids: list[int] = []
         deps = after
-        for op, nbytes, axis, count in items:
+        for op, nbytes, axis, count, imbalance in items:
             if groups.get(axis, 1) < 2:
                 continue
-            i = self.add(Piece(axis, "comm", f"{label} {op} x{count}", comm=CommItem(op, nbytes, axis, count),
-                               deps=deps))
+            i = self.add(Piece(stream_of(axis), "comm", f"{label} {op} x{count}",
+                               comm=CommItem(op, nbytes, axis, count, imbalance=imbalance), deps=deps))
             ids.append(i)
             deps = (i,)
         return ids
@@ -251,7 +266,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     comm_items: tuple = ()
     if kind == "B":
         comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
-        if not split and any(groups.get(axis, 1) >= 2 for _, _, axis, _ in cost.backward_overlapped_comm):
+        if not split and any(groups.get(item[2], 1) >= 2 for item in cost.backward_overlapped_comm):
             # Megatron's asynchronous input-gradient all-reduce (Shoeybi et al. 2019 sec 3; megatron/core/
             # tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication): each layer's input
             # gradient (dgrad) is computed first, its all-reduce launched, and the weight gradient (wgrad) computed

@@ -176,11 +176,12 @@ class ChunkCost:
     forward_s: float
     backward_s: float
     recompute_s: float
-    forward_comm: tuple[tuple[str, float, str, int], ...]
-    """(op, nbytes, axis, count) run back to back after the forward compute."""
-    recompute_comm: tuple[tuple[str, float, str, int], ...]
-    backward_overlapped_comm: tuple[tuple[str, float, str, int], ...]
-    backward_comm: tuple[tuple[str, float, str, int], ...]
+    forward_comm: tuple[tuple[str, float, str, int, float], ...]
+    """(op, nbytes, axis, count, imbalance) run back to back after the forward compute; ``imbalance``: an
+    all_to_all's busiest peer's bytes / the mean (simdist.plan.layer_cost.CommWork.imbalance; 1.0: even)."""
+    recompute_comm: tuple[tuple[str, float, str, int, float], ...]
+    backward_overlapped_comm: tuple[tuple[str, float, str, int, float], ...]
+    backward_comm: tuple[tuple[str, float, str, int, float], ...]
     model_flops_forward: float
     model_flops_backward: float
     recompute_flops: float
@@ -215,12 +216,13 @@ def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = 
 
 # ----------------------------------------------------------------------------- costs
 def _comm_groups(work_comm: tuple, phase: str, overlappable: bool, times: int) -> tuple:
-    agg: dict[tuple[str, float, str], int] = {}
+    """(op, nbytes, axis, count, imbalance) of a Work's collectives of one phase, alike ones counted together."""
+    agg: dict[tuple[str, float, str, float], int] = {}
     for c in work_comm:
         if c.phase == phase and c.overlappable == overlappable:
-            key = (c.op, float(c.nbytes), c.axis)
+            key = (c.op, float(c.nbytes), c.axis, float(c.imbalance))
             agg[key] = agg.get(key, 0) + times
-    return tuple((op, nbytes, axis, n) for (op, nbytes, axis), n in agg.items())
+    return tuple((op, nbytes, axis, n, x) for (op, nbytes, axis, x), n in agg.items())
 
 
 LayerKinds = tuple[tuple[int, int], ...]
@@ -287,11 +289,11 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                                        len(kernels_of(w))) * n for w, n in parts)
 
     def comm(phase: str, overlappable: bool) -> tuple:
-        out: dict[tuple[str, float, str], int] = {}
+        out: dict[tuple[str, float, str, float], int] = {}
         for w, n in parts:
-            for op, nbytes, axis, k in _comm_groups(w.comm, phase, overlappable, n):
-                out[(op, nbytes, axis)] = out.get((op, nbytes, axis), 0) + k
-        return tuple((op, nb, ax, k) for (op, nb, ax), k in out.items())
+            for op, nbytes, axis, k, x in _comm_groups(w.comm, phase, overlappable, n):
+                out[(op, nbytes, axis, x)] = out.get((op, nbytes, axis, x), 0) + k
+        return tuple((op, nb, ax, k, x) for (op, nb, ax, x), k in out.items())
 
     # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted; a
     # token's topk experts at the balanced share).

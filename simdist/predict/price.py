@@ -40,6 +40,7 @@ from simdist.collectives.group import Group
 from simdist.collectives.plan import SWITCH, Transfer
 from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
+from simdist.collectives.uneven import imbalanced_matrix
 from simdist.engine.executor import wire_predecessor
 from simdist.engine.links import unique_inverse
 from simdist.hardware import batch
@@ -325,13 +326,24 @@ class _Pending:
     """Its class loads come from one numpy batch of every translate's routes (`_class_loads_batched`)."""
 
 
+def request_of(topology: Topology, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0
+               ) -> Request:
+    """The collectives layer's request for ``op`` over ``ranks``; an all_to_all with ``imbalance`` > 1 is the
+    uneven all_to_all whose busiest peer receives that many times the mean (simdist.collectives.uneven)."""
+    group = Group(topology, ranks)
+    if op == "all_to_all" and imbalance != 1.0:
+        return Request(op, group, nbytes, matrix=imbalanced_matrix(len(ranks), nbytes, imbalance))
+    return Request(op, group, nbytes)
+
+
 def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...]] | np.ndarray | None,
              with_links: bool, adjust: Adjust | None) -> _Pending:
     """`price_comm` up to its link loads: the choice, the times, the plan's transfers and the translates."""
-    request = Request(comm.op, Group(topology, comm.ranks), comm.nbytes)
+    request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance)
     choice = rank_choices(request)[0]
     time_s = choice.predicted_s
-    tiny = evaluate(Request(comm.op, Group(topology, comm.ranks), 1.0), choice.algorithm, choice.protocol)
+    tiny = evaluate(request_of(topology, comm.op, comm.ranks, 1.0, comm.imbalance), choice.algorithm,
+                    choice.protocol)
     latency_s = min(tiny.predicted_s, time_s)
     if adjust is not None:
         adjusted = adjust(comm.op, len(comm.ranks), comm.nbytes, time_s)
@@ -417,7 +429,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         c = op.comm
         if c is None:
             continue
-        key = (c.op, c.ranks, c.nbytes, c.axis)
+        key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
         if key not in pending:
             translates = None
             if mesh is not None and with_links:
@@ -441,7 +453,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         c = op.comm
         if c is None:
             continue
-        key = (c.op, c.ranks, c.nbytes, c.axis)
+        key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
         priced = cache[key]
         op.duration_s = (priced.time_s + c.host_s) * c.count
         if with_links:
@@ -454,12 +466,12 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
 
 def price_runs(runs: dict[tuple, int], topology: Topology, *, adjust: Adjust | None = None
                ) -> dict[tuple, PricedComm]:
-    """Each (op, ranks, nbytes, axis) of ``runs`` (simdist.plan.step.collective_runs) priced alone with the bytes
-    it puts on its own group's links."""
+    """Each (op, ranks, nbytes, axis, imbalance) of ``runs`` (simdist.plan.step.collective_runs) priced alone with
+    the bytes it puts on its own group's links."""
     out: dict[tuple, PricedComm] = {}
     for key in runs:
-        op, ranks, nbytes, axis = key
-        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis), adjust=adjust)
+        op, ranks, nbytes, axis, imbalance = key
+        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis, imbalance=imbalance), adjust=adjust)
     return out
 
 

@@ -95,7 +95,7 @@ def link_counters(prediction: StepPrediction, *, top: int = 8) -> list[dict[str,
         duration = trace.end_s[i] - trace.start_s[i]
         if c is None or duration <= 0:
             continue
-        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis)]
+        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis, c.imbalance)]
         for link, nbytes in pc.link_bytes.items():
             if link in events:
                 rate = nbytes * c.count / duration
