@@ -196,16 +196,16 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     return fwd, bwd
 
 
-def _activation(prefix: str, model: Model, elements: float, bpe: int) -> Kernel:
+def _activation(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
     if model.swiglu:
-        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0)
-    return elementwise(f"{prefix}_gelu", elements, 2 * bpe, 8.0)
+        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0, useful_share=share)
+    return elementwise(f"{prefix}_gelu", elements, 2 * bpe, 8.0, useful_share=share)
 
 
-def _activation_grad(prefix: str, model: Model, elements: float, bpe: int) -> Kernel:
+def _activation_grad(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
     if model.swiglu:
-        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe, 8.0)
-    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe, 10.0)
+        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe, 8.0, useful_share=share)
+    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe, 10.0, useful_share=share)
 
 
 def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r: RoutedTokens) -> tuple[Pass, Pass]:
@@ -222,6 +222,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     # over etp then one over ep: a ring moves (etp ep - 1) T rows per rank either way ((etp - 1) T + (ep - 1) etp T).
     gathers = [(axis, size) for axis, size, n in (("etp", t * etp, etp), ("ep", gathered, ep)) if n > 1]
     sort = kind != "alltoall" or nl > 1  # alltoall sorts by local expert only when a rank holds several
+    even = r.balanced / rows  # of the busiest rank's rows, the share a balanced rank has (counted as model FLOPs)
     fwd, bwd = Pass("forward"), Pass("backward")
 
     # ---- dispatch
@@ -239,7 +240,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if sort:
         # alltoall: permutation 2 (sort_chunks_by_idxs); allgather: the local experts' rows out of every token;
         # flex: a received token expanded to each of its local experts: the busiest rank's rows, read and written
-        fwd.add(elementwise("moe_sort_chunks", rows * h, 2 * bpe, 0.0))
+        fwd.add(elementwise("moe_sort_chunks", rows * h, 2 * bpe, 0.0, useful_share=even))
 
     # ---- the local experts: one grouped GEMM per linear, or one GEMM per expert (each its own waves of tiles)
     f_l = model.moe_ffn_hidden_size // etp
@@ -257,12 +258,12 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         return [*fp8_cast(f"{name}_grad", te * n * batch, recipe),
                 *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
-    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe),
+    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe, even),
             *linear("expert_fc2", h, f_l, useful_down))
 
     # ---- combine
     if sort and kind != "allgather":
-        fwd.add(elementwise("moe_unsort_chunks", rows * h, 2 * bpe, 0.0))
+        fwd.add(elementwise("moe_unsort_chunks", rows * h, 2 * bpe, 0.0, useful_share=even))
     if a2a and etp > 1:
         fwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
     if a2a and ep > 1:
@@ -282,7 +283,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if kind == "allgather":
         for axis, size in gathers:
             bwd.issue("all_gather", size * h * 4.0, axis=axis)
-        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 3 * bpe, 2.0))
+        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 3 * bpe, 2.0, useful_share=even))
     else:
         bwd.add(elementwise("moe_unpermute_grad", r.sent * h, 3 * bpe, 2.0))  # d(row) = p dy; dp = <dy, row>
     if a2a and ep > 1:
@@ -290,11 +291,11 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if a2a and etp > 1:
         bwd.issue("all_gather", rows * h * bpe, axis="etp")
     if sort and kind != "allgather":
-        bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0))
-    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down), _activation_grad("expert", model, rows * f_l, bpe),
+        bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0, useful_share=even))
+    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down), _activation_grad("expert", model, rows * f_l, bpe, even),
             *linear_grads("expert_fc1", up_n, h, useful_up))
     if sort:
-        bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0))
+        bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0, useful_share=even))
     if a2a and etp > 1:
         bwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
     if a2a and ep > 1:
