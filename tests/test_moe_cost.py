@@ -4,6 +4,7 @@ published DeepSeek-V3 figure."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, gemm_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.gemm import architecture, quantization
 from simdist.hardware.gpus import GPU_PRESETS
-from simdist.plan.layer_cost import layer_work, model_flops_per_sequence
+from simdist.plan.layer_cost import embedding_work, head_work, layer_work, model_flops_per_sequence, mtp_work
 from simdist.plan.layout import step_config_of
 from simdist.plan.memory import stage_memory
 from simdist.plan.model import Model
@@ -266,3 +267,34 @@ def test_an_moe_scenario_runs_and_its_mfu_counts_active_parameters(tmp_path):
     model = resolve_model(api.load_scenario(path).spec.model)
     assert one.result["model"]["num_active_params"] == model.num_active_params < model.num_params
     assert math.isfinite(one.result["memory_per_gpu_bytes"])
+
+
+def test_mtp_modules_run_on_the_last_part(tmp_path):
+    plain = _tiny_scenario(tmp_path, ep=4)
+    sc = api.load_scenario(plain, ["model.mtp_num_layers=1"])
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    base = step_config_of(sc.spec, sc.topology, dataclasses.replace(cfg.model, mtp_num_layers=0))
+    with_mtp, without = (chunk_cost(c, c.part_layers(1), False, True) for c in (cfg, base))
+    kw = dict(tp=1, micro_batch_size=1)
+    extra = sum(k.model_flops for w in (layer_work(cfg.model, layer=3, attention=cfg.attention,
+                                                   experts=cfg.expert_parallel),
+                                        mtp_work(cfg.model, **kw), embedding_work(cfg.model, **kw),
+                                        head_work(cfg.model, **kw)) for k in w.forward)
+    assert with_mtp.model_flops_forward == pytest.approx(without.model_flops_forward + extra, rel=1e-12)
+    # its layer (like layer 3: routed experts over ep) and its own norms and 2h x h projection
+    own = 3 * H + 2 * H * H
+    assert with_mtp.num_params - without.num_params == pytest.approx(
+        cfg.model.layer_params(3) - 8 * 3 * H * F + 8 * 3 * H * F / 4 + own, rel=1e-12)
+    assert with_mtp.expert_params - without.expert_params == 8 * 3 * H * F / 4
+    # first part untouched
+    assert chunk_cost(cfg, cfg.part_layers(0), True, False) == chunk_cost(base, base.part_layers(0), True, False)
+
+
+def test_qk_norm_adds_its_kernels_and_keeps_the_flops():
+    qk = Model("qk", "decoder", num_layers=1, hidden_size=256, num_attention_heads=4, num_query_groups=2,
+               ffn_hidden_size=512, seq_length=256, vocab_size=1000, swiglu=True, qk_layernorm=True)
+    plain = Model(**{**{f: getattr(qk, f) for f in qk.__slots__}, "qk_layernorm": False})
+    a, b = layer_work(qk), layer_work(plain)
+    (norm,) = kernels(a, "qk_norm")
+    assert norm.hbm_bytes == 256 * (256 + 128) * 2 * 2  # read and write Q (4 x 64) and K (2 x 64), 2 B each
+    assert a.model_flops == b.model_flops and len(a.forward) == len(b.forward) + 1

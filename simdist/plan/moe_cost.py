@@ -138,6 +138,11 @@ def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> N
 
 
 def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> RoutedTokens:
+    """The token counts of one MoE layer (RoutedTokens).
+
+    # Assumption: the busiest rank's rows are spread evenly over its local experts (one per-expert GEMM size);
+    # routing skew inside a rank would make its grouped GEMM's largest expert slower still.
+    """
     t = shape.local_tokens
     k = model.moe_router_topk
     num_local = model.num_experts // experts.ep
@@ -159,6 +164,9 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
 
     # 1. shared experts: the dense MLP's kernels and TP collectives at their width (Megatron-LM SharedExpertMLP).
+    # Assumption: they run on the main stream before routing (--moe-shared-expert-overlap, which overlaps them with
+    # the dispatch all-to-all, is not modelled); the all-to-alls block the next kernel (overlappable False: their
+    # overlap with another micro-batch, --overlap-moe-expert-parallel-comm, is the step recipe's, not the layer's).
     shared = model.moe_shared_expert_intermediate_size
     shared_bwd = Pass("backward")
     if shared:
@@ -182,6 +190,9 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
 
     # 2. router (Megatron-LM TopKRouter: a plain linear, not an FP8 GEMM), softmax and top-k: reads the bf16 logits,
     # writes the fp32 scores and the top-k probabilities and routing map.
+    # Assumption: the router's auxiliary load-balancing loss and the dispatcher's metadata (the tokens-per-expert
+    # all-gather over tp_ep and its device-to-host sync) cost nothing; the probabilities' own all-to-all (T x topk
+    # fp32, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes.
     fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + _ROUTING_BYTES, 8.0))
 
     # 3-5. dispatch, experts, combine.
