@@ -16,7 +16,7 @@ from simdist.hardware.gemm import architecture, quantization
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.plan.layer_cost import embedding_work, head_work, layer_work, model_flops_per_sequence, mtp_work
 from simdist.plan.layout import step_config_of
-from simdist.plan.memory import stage_memory
+from simdist.plan.memory import activation_bytes_per_layer, stage_memory
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
@@ -298,3 +298,22 @@ def test_qk_norm_adds_its_kernels_and_keeps_the_flops():
     (norm,) = kernels(a, "qk_norm")
     assert norm.hbm_bytes == 256 * (256 + 128) * 2 * 2  # read and write Q (4 x 64) and K (2 x 64), 2 B each
     assert a.model_flops == b.model_flops and len(a.forward) == len(b.forward) + 1
+
+
+def test_activations_of_an_moe_layer_and_of_mla_by_hand():
+    e, s, h = 2, 128, 64
+    common = 4 * e * s * h + 2 * s * (2 * 64 + 2 * 64) + 4 * 4 * s  # norms' and QKV/MLP inputs; Q, K, V, proj; lse
+    rows = 2 * s  # ep 4: T x topk = 256 rows on 2 local experts
+    routed = e * rows * (h + 3 * F) + s * 8 * (4 + 1) + e * s * K * h  # expert tensors, router, unpermute input
+    assert activation_bytes_per_layer(TINY, attention="flash", layer=1, experts=ExpertParallel(ep=4)) == \
+        common + routed
+    assert activation_bytes_per_layer(TINY, attention="flash", layer=0) == common + 3 * e * s * 256
+    hot = activation_bytes_per_layer(TINY, attention="flash", layer=1, experts=ExpertParallel(ep=4, imbalance=2.0))
+    assert hot - (common + routed) == e * rows * (h + 3 * F)  # the busiest rank keeps twice the expert rows
+    # MLA (DeepSeek-V3, tp 8 with sequence parallelism): Q, K of 16 x 192, V and the projection input of 16 x 128,
+    # the two latents' norm and up-projection inputs on the peer's own tokens
+    s, h, t = 4096, 7168, 8
+    mla = activation_bytes_per_layer(DSV3, tp=8, sequence_parallel=True, attention="flash", layer=0)
+    expect = (4 * e * s * h / t + e * s * (2 * 16 * 192 + 2 * 16 * 128) + 2 * e * s * (1536 + 512) / t
+              + 3 * e * s * 18432 / t + 4 * 128 * s / t)
+    assert mla == pytest.approx(expect, rel=1e-12)
