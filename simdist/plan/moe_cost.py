@@ -111,8 +111,9 @@ def expected_destination_ranks(num_experts: int, topk: int, ep: int) -> float:
     return ep * (1.0 - miss)
 
 
-def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> None:
-    """The layout rules an MoE layer's cost relies on (one clear line each)."""
+def check_experts(model: Model, *, tp: int, sequence_parallel: bool, experts: ExpertParallel) -> None:
+    """The layout rules an MoE layer's cost relies on (one clear line each; simdist.plan.layout.check_layout can call
+    this so that search prunes what the cost would refuse)."""
     if experts.dispatcher not in DISPATCHERS:
         raise SpecError(f"unknown MoE token dispatcher {experts.dispatcher!r}",
                         field="training.moe_token_dispatcher_type", fix=f"write one of {', '.join(DISPATCHERS)}")
@@ -124,11 +125,11 @@ def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> N
     if model.moe_ffn_hidden_size % experts.etp:
         raise LayoutError(f"etp {experts.etp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}",
                           field="parallel.etp", fix="choose an etp that divides the expert FFN width")
-    if model.moe_shared_expert_intermediate_size % shape.tp:
-        raise LayoutError(f"tp {shape.tp} does not divide moe_shared_expert_intermediate_size "
+    if model.moe_shared_expert_intermediate_size % tp:
+        raise LayoutError(f"tp {tp} does not divide moe_shared_expert_intermediate_size "
                           f"{model.moe_shared_expert_intermediate_size}", field="parallel.tp",
                           fix="choose a tp that divides the shared experts' width")
-    if shape.tp > 1 and not shape.sequence_parallel:
+    if tp > 1 and not sequence_parallel:
         # Megatron-Core MoELayer.forward raises in training when tp > 1 without sequence parallelism.
         raise LayoutError("an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer)",
                           field="parallel.sequence_parallel", fix="set parallel.sequence_parallel: true, or tp 1")
@@ -154,7 +155,7 @@ def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> R
 
 def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
     """(forward, backward) of one MoE layer's MLP half, from its norm to the combined output (no residual)."""
-    check_experts(model, shape, experts)
+    check_experts(model, tp=shape.tp, sequence_parallel=shape.sequence_parallel, experts=experts)
     h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
     sp = shape.sequence_parallel
     resid = m * h // tp if sp else m * h
