@@ -200,8 +200,8 @@ def test_breakdown_adds_up():
                                  "training.grad_reduce=overlapped", "parallel.zero_stage=1"])
     cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
     r = analytic_step(cfg, CommPricer(sc.topology))
-    parts = (r.compute_s + r.recompute_s + r.tp_comm_s + r.cp_comm_s + r.pp_comm_s + r.dp_exposed_s + r.optimizer_s
-             + r.bubble_s + r.idle_s)
+    parts = (r.compute_s + r.recompute_s + r.tp_comm_s + r.cp_comm_s + r.pp_comm_s + r.dp_exposed_s + r.ep_comm_s
+             + r.etp_comm_s + r.edp_exposed_s + r.optimizer_s + r.bubble_s + r.idle_s)
     assert parts == pytest.approx(r.step_time_s, rel=1e-9)
     assert r.tokens_per_s == pytest.approx(16 * 2048 / r.step_time_s)
     assert r.bubble_s == pytest.approx(r.bubble_fraction * r.pipeline_phase_s, rel=1e-9)

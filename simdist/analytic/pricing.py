@@ -148,15 +148,16 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
-            cfg.host_overhead)
+            cfg.host_overhead, cfg.ep, cfg.etp, cfg.moe_dispatcher, cfg.moe_imbalance, cfg.moe_capacity_factor,
+            cfg.moe_grouped_gemm, cfg.moe_overlap)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.fp8_param_gather,
-            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency,
-            cfg.host_overhead)
+            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp, cfg.mesh.order,
+            cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap)
 
 
 def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:

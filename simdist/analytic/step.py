@@ -34,7 +34,7 @@ from simdist.analytic.program import KIND_INDEX, program, recipe_code
 from simdist.plan.accounting import Block, BlockSummary, Interval, account, partition_pieces
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
-from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
+from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
@@ -171,7 +171,9 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
     out: list[_Stage] = []
     for s in range(K):
         rank = mesh.rank(pp=s)
-        groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in ("tp", "cp", "dp")}
+        # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
+        # of the two generators agree: simdist.plan.layout.check_experts)
+        groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in GROUP_AXES if axis != "pp"}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
         chunks = tuple((n, c * K + s == 0, c * K + s == K * V - 1)
                        for c, n in enumerate(cfg.stage_chunks(s)))
@@ -518,6 +520,11 @@ class AnalyticStep:
     cp_comm_s: float
     pp_comm_s: float
     dp_exposed_s: float
+    ep_comm_s: float
+    """Exposed expert-parallel token all_to_all (dispatch and combine)."""
+    etp_comm_s: float
+    edp_exposed_s: float
+    """Exposed expert-gradient reduction over the expert-data-parallel group."""
     optimizer_s: float
     bubble_s: float
     idle_s: float
@@ -539,5 +546,6 @@ def analytic_step(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = T
         mfu=per_gpu / cfg.gpu.peak_flops(cfg.precision),
         bubble_fraction=max(obs["bubble_s"] / phase, 0.0) if phase > 0 else 0.0, pipeline_phase_s=phase,
         compute_s=obs["compute_s"], recompute_s=obs["recompute_s"], tp_comm_s=obs["tp_s"], cp_comm_s=obs["cp_s"],
-        pp_comm_s=obs["pp_s"], dp_exposed_s=obs["dp_s"], optimizer_s=obs["optimizer_s"], bubble_s=obs["bubble_s"],
+        pp_comm_s=obs["pp_s"], dp_exposed_s=obs["dp_s"], ep_comm_s=obs["ep_s"], etp_comm_s=obs["etp_s"],
+        edp_exposed_s=obs["edp_s"], optimizer_s=obs["optimizer_s"], bubble_s=obs["bubble_s"],
         idle_s=obs["idle_s"], num_microbatches=cfg.microbatches(0))
