@@ -160,7 +160,9 @@ class ModelSpec(Spec):
                                   "full attention")
     window_attn_skip_freq: count(NUM_LAYERS) | list[Literal[0, 1]] | None = Field(
         default=None, description="which layers keep full attention under window_size (--window-attn-skip-freq): an "
-                                  "int k (every k-th layer full) or one 0/1 per layer (1: full); default none")
+                                  "int k (every k-th layer, counting from 1, full; the others windowed) or one 0/1 "
+                                  "per layer (1: sliding window, 0: full, as Megatron-LM); absent: every layer "
+                                  "windowed")
     mtp_num_layers: count(NUM_LAYERS, minimum=0) | None = Field(
         default=None, description="multi-token-prediction modules after the last layer (--mtp-num-layers; "
                                   "DeepSeek-V3 trains with 1); 0 or absent: none")
