@@ -19,7 +19,7 @@ from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
-from simdist.plan.step_config import ChunkCost, StepConfig, chunk_cost
+from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
 __all__ = ["STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
 
@@ -133,14 +133,14 @@ _CHUNK_CACHE: dict[tuple, ChunkCost] = {}
 _RECIPE_CACHE: dict[tuple, Recipe | StageTail] = {}
 
 
-def cached_chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
+def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool) -> ChunkCost:
     """`simdist.plan.step_config.chunk_cost`, cached by every field it reads."""
-    key = (*chunk_cost_key(cfg), num_layers, first_part, last_part)
+    key = (*chunk_cost_key(cfg), layers, first_part, last_part)
     hit = _CHUNK_CACHE.get(key)
     if hit is None:
         if len(_CHUNK_CACHE) >= _CACHE_MAX:
             _CHUNK_CACHE.clear()
-        hit = _CHUNK_CACHE[key] = chunk_cost(cfg, num_layers, first_part, last_part)
+        hit = _CHUNK_CACHE[key] = chunk_cost(cfg, layers, first_part, last_part)
     return hit
 
 
@@ -148,8 +148,7 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
-            cfg.host_overhead, cfg.ep, cfg.etp, cfg.moe_dispatcher, cfg.moe_imbalance, cfg.moe_capacity_factor,
-            cfg.moe_grouped_gemm, cfg.moe_overlap)
+            cfg.host_overhead, cfg.expert_parallel)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:

@@ -35,7 +35,7 @@ from simdist.plan.accounting import Block, BlockSummary, Interval, account, part
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
-from simdist.plan.step_config import StepConfig
+from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
            "fast_forward_plan"]
@@ -136,11 +136,11 @@ def _slowed(r: PricedPieces, factor: float) -> PricedPieces:
 _SLOWED = frozenset({"compute", "recompute", "optimizer"})
 
 
-def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[int, bool, bool], ...],
+def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
            groups: dict[str, tuple[int, int, int]], factor: float = 1.0) -> tuple[list, list, PricedPieces]:
     """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
-    ``chunks`` (layers, first model part, last model part) on the mesh groups ``groups``; ``factor``: the time
-    factor of its compute (a straggler, StepConfig.compute_factor)."""
+    ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
+    ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor)."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     config = recipe_key(cfg)
     costs = []
@@ -175,8 +175,8 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
         # of the two generators agree: simdist.plan.layout.check_experts)
         groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in GROUP_AXES if axis != "pp"}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
-        chunks = tuple((n, c * K + s == 0, c * K + s == K * V - 1)
-                       for c, n in enumerate(cfg.stage_chunks(s)))
+        chunks = tuple((cfg.part_layers(c * K + s), c * K + s == 0, c * K + s == K * V - 1)
+                       for c in range(len(cfg.stage_chunks(s))))
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups), factor),

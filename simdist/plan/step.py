@@ -157,9 +157,9 @@ def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
     num_parts = K * cfg.vpp
     costs: dict[tuple[int, int], ChunkCost] = {}
     for s in range(K):
-        for c, n in enumerate(cfg.stage_chunks(s)):
+        for c in range(len(cfg.stage_chunks(s))):
             part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
-            costs[(s, c)] = chunk_cost(cfg, n, part == 0, part == num_parts - 1)
+            costs[(s, c)] = chunk_cost(cfg, cfg.part_layers(part), part == 0, part == num_parts - 1)
     return costs
 
 
@@ -174,7 +174,8 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         precision=cfg.precision,
         in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most, vpp=cfg.vpp,
                                                       stage=s),
-        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
+        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, layers=cfg.stage_layers(s),
+        experts=cfg.expert_parallel)
 
 
 def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:

@@ -323,6 +323,11 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     metrics["mfu_full_attention"] = metrics["mfu"] * full_ratio
     metrics["flop_convention"] = ("model FLOPs with the causal half of the attention scores (mfu); every score "
                                   "(mfu_full_attention)" if causal else "model FLOPs, every attention score")
+    if model.is_moe:
+        # simdist.plan.moe_cost: model FLOPs count each token's topk routed experts at the balanced share (the active
+        # parameters, Model.num_active_params); the busiest rank's extra tokens (moe_imbalance) are time, not FLOPs.
+        metrics["flop_convention"] += ("; MoE layers: a token's moe_router_topk routed experts and the shared experts "
+                                       "(the active parameters), routing imbalance and dropped tokens not counted")
     memory_parts = step_memory(cfg)
     stage_rank = {s: cfg.mesh.rank(pp=s) for s in range(cfg.mesh.pp)}
     memory = [{"stage": s, "rank": stage_rank[s], **m.as_dict()} for s, m in enumerate(memory_parts)]
@@ -349,6 +354,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                    **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
         "simulation": simulation,
         "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
+                  "num_active_params": model.num_active_params,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
