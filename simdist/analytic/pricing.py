@@ -21,11 +21,13 @@ from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
-__all__ = ["STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
+__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
 
 Adjust = Callable[[str, int, float, float], float]
 
-STREAMS = ("compute", "tp", "cp", "dp", "pp")
+STREAMS = ("compute", "tp", "cp", "ep", "dp", "pp")
+"""The rank's streams: the step's own (compute, tp, cp, ep: `NUM_CORE`) first, then dp and pp."""
+NUM_CORE = 4
 STREAM_CODE = {s: i for i, s in enumerate(STREAMS)}
 
 

@@ -72,7 +72,7 @@ class CommItem:
 @dataclass(frozen=True, slots=True)
 class Piece:
     stream: str
-    """compute | tp | cp | dp | pp (the rank's track it runs on; simdist.plan.recipe.stream_of an axis)."""
+    """compute | tp | cp | ep | dp | pp (the rank's track it runs on; simdist.plan.recipe.stream_of an axis)."""
     kind: str
     """forward | backward | weight_grad | recompute | wait | optimizer | comm."""
     label: str
@@ -109,10 +109,10 @@ class StageTail:
     pieces: tuple[Piece, ...]
 
 
-STREAM_OF_AXIS = {"ep": "tp", "etp": "tp", "edp": "dp"}
-"""The stream a collective of an axis without a stream of its own runs on.
-# Assumption: the expert-parallel all_to_alls and the expert-TP collectives are model-parallel communication in
-# the layer's critical path (Megatron-Core issues them between the layer's kernels and waits for them), run on the
+STREAM_OF_AXIS = {"etp": "tp", "edp": "dp"}
+"""The stream a collective of an axis without a stream of its own runs on (ep has its own: the token all_to_alls,
+which Megatron-Core's 1F1B A2A overlap runs beside the compute).
+# Assumption: the expert-TP collectives are model-parallel communication in the layer's critical path, run on the
 # tp stream; the expert-data-parallel gradient reductions run on the dp stream beside (after) the dense ones."""
 
 
@@ -242,6 +242,25 @@ def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
     return cfg.grad_reduce == "overlapped" and final and cfg.zero_stage < 2 and kind != "F"
 
 
+def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple[tuple, tuple]:
+    """(the token all_to_alls a step runs beside its compute, the collectives it still runs after it).
+
+    Megatron-Core's 1F1B A2A overlap (--overlap-moe-expert-parallel-comm; megatron/core/pipeline_parallel/
+    combined_1f1b.py): the forward of one micro-batch and the backward of another are scheduled layer by layer
+    together, "EP A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice
+    versa", on separate communication streams. Here each step's expert-parallel all_to_alls run on the ep stream
+    from the step's start, beside its compute; the step ends when both are done.
+    # Assumption: a step's all_to_alls hide behind its own compute, where Megatron hides them behind the paired
+    # step's: per 1F1B pair max(F, a_B) + max(B, a_F) against max(F, a_F) + max(B, a_B) here, the same where the
+    # forward and backward all_to_alls move the same bytes (they do: adjoints, same imbalance). The warm-up
+    # forwards and cool-down backwards, which Megatron runs unpaired, are overlapped too (optimistic by their
+    # all_to_alls where they are exposed). The expert-TP collectives stay in the layer's path."""
+    if not cfg.moe_overlap or groups.get("ep", 1) < 2:
+        return (), items
+    hidden = tuple(x for x in items if x[0] == "all_to_all" and x[2] == "ep")
+    return hidden, tuple(x for x in items if not (x[0] == "all_to_all" and x[2] == "ep"))
+
+
 def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False) -> Recipe:
     """The pieces of one ``kind`` ("F", "B", "W") step of a chunk of cost ``cost``; ``last``: its last
     micro-batch (where an overlapped gradient reduction goes out)."""
@@ -266,10 +285,19 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     # on an empty GPU queue, idle until the host's first kernel arrives (simdist.hardware.host). Charged to the
     # step's first compute piece (zb_h1's W follows its B without a send).
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 and kind != "W" else 0.0
+    split = cfg.schedule == "zb_h1"
     if kind == "F":
-        c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=prev, needs_input=True,
-                        model_flops=cost.model_flops_forward, hardware_flops=cost.model_flops_forward))
-        chain = [c, *b.chain(cost.forward_comm, (c,), "", groups)]
+        hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups)
+        entry = -1
+        if hidden_items:
+            entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=prev, needs_input=True))
+        c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=prev if entry < 0 else (entry,),
+                        needs_input=entry < 0, model_flops=cost.model_flops_forward,
+                        hardware_flops=cost.model_flops_forward))
+        hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
+        chain = [c, *b.chain(items, (c,), "", groups)]
+        if hidden:
+            chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
         return Recipe(tuple(b.pieces), chain[-1])
     chain: list[int] = []
     deps = prev
@@ -286,7 +314,6 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             again = b.add(_per_parameter(cfg, cost, "all_gather", n * pbpe, deps, "params all_gather again", axis))
             chain.append(again)
             deps = (again,)
-    split = cfg.schedule == "zb_h1"
     if kind == "W":
         b_s, flops = cost.backward_s * WEIGHT_GRAD_SHARE, cost.model_flops_backward * WEIGHT_GRAD_SHARE
     elif split:
@@ -296,8 +323,14 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     compute_kind = "weight_grad" if kind == "W" else "backward"
     overlapped: list[int] = []
     comm_items: tuple = ()
+    hidden: list[int] = []
     if kind == "B":
         comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
+        hidden_items, comm_items = _a2a_overlap(cfg, comm_items, groups) if not split else ((), comm_items)
+        if hidden_items:
+            entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=deps, needs_input=needs_input))
+            hidden = b.chain(hidden_items, (entry,), "overlapped", groups)
+            deps, needs_input = (entry,), False
         if not split and any(groups.get(item[2], 1) >= 2 for item in cost.backward_overlapped_comm):
             # Megatron's asynchronous input-gradient all-reduce (Shoeybi et al. 2019 sec 3; megatron/core/
             # tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication): each layer's input
@@ -337,10 +370,13 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     chain += overlapped
     if kind == "B":
         exposed = b.chain(comm_items, (last_compute, *overlapped[-1:]), "", groups)
-        if overlapped and not exposed:
+        if (overlapped or hidden) and not exposed:
             # The step ends when both its compute and its overlapped collectives are done (Megatron waits on
             # the asynchronous handle before leaving the layer's backward).
-            exposed = [b.add(Piece("compute", "wait", "wait", 0.0, deps=(last_compute, overlapped[-1])))]
+            exposed = [b.add(Piece("compute", "wait", "wait", 0.0,
+                                   deps=(last_compute, *overlapped[-1:], *hidden[-1:])))]
+        elif hidden:
+            exposed.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(exposed[-1], hidden[-1]))))
         chain += exposed
     for axis, n in shards if cfg.zero_stage >= 2 and (kind == "W" or not split) else ():
         # ZeRO-2/3 reduce-scatter each micro-batch's gradients (Rajbhandari et al. 2020 sec 5.2); the nccl-tests
