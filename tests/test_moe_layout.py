@@ -96,7 +96,8 @@ def test_step_config_carries_the_expert_mesh():
      "training.overlap_moe_expert_parallel_comm", "interleaved_1f1b"),
     ({"dp": 16}, {"overlap_moe_expert_parallel_comm": True}, None, "training.overlap_moe_expert_parallel_comm",
      "needs ep > 1"),
-    ({"tp": 2, "dp": 4, "pp": 2, "ep": 2, "etp": 1, "order": "tp-pp-cp-ep-dp"}, {}, None, "parallel.order",
+    ({"tp": 2, "dp": 4, "pp": 2, "ep": 2, "etp": 1, "order": "tp-pp-cp-ep-dp", "sequence_parallel": True}, {}, None,
+     "parallel.order",
      "pipeline groups"),
 ])
 def test_expert_layout_rules(parallel, training, model, field, match):

@@ -20,8 +20,9 @@ The rules are those Megatron-LM enforces (megatron/training/arguments.py and its
   (megatron/training/arguments.py: "Number of experts should be a multiple of expert model parallel_size"); the
   expert generator's etp x ep divides the stage's tp x cp x dp ranks (Megatron-Core parallel_state.py: world_size
   divisible by etp x ep x pp), so ep need not divide dp x cp alone: with etp < tp it may take ranks of tp too;
-  etp splits each expert's FFN width; the dense and the expert pipeline groups coincide (Megatron-Core asserts
-  it: with pp outer to every other axis they do); the busiest ep rank holds at most every routed token
+  etp splits each expert's FFN width; tp > 1 needs sequence parallelism (Megatron-Core MoELayer) and splits the
+  shared experts' width; the flex dispatcher is modelled with etp 1 (simdist.plan.moe_cost); the dense and the
+  expert pipeline groups coincide (Megatron-Core asserts it: with pp outer to every other axis they do); the busiest ep rank holds at most every routed token
   (moe_imbalance <= ep); --overlap-moe-expert-parallel-comm needs ep > 1, the alltoall or flex dispatcher, no full
   recompute, bf16/fp16, and with pp > 1 the interleaved schedule (megatron/core/transformer/transformer_config.py).
 ZeRO-2/3 with pipeline parallelism is allowed: FSDP with pipeline stages is what torchtitan runs and what
@@ -160,6 +161,16 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
     if etp > 1 and ffn % etp:
         raise _fail("experts", f"expert FFN width {ffn} does not split over etp = {etp}", "parallel.etp",
                     f"choose etp dividing {ffn}")
+    if p.tp > 1 and not p.sequence_parallel:
+        raise _fail("experts", "an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer "
+                    "raises without it)", "parallel.sequence_parallel", "set parallel.sequence_parallel: true, or tp 1")
+    shared = model.moe_shared_expert_intermediate_size
+    if shared % p.tp:
+        raise _fail("experts", f"the shared experts' width {shared} does not split over tp = {p.tp}", "parallel.tp",
+                    f"choose tp dividing {shared}")
+    if t.moe_token_dispatcher_type == "flex" and etp > 1:
+        raise _fail("experts", "the flex (DeepEP) dispatcher is modelled with etp 1 only",
+                    "training.moe_token_dispatcher_type", "use etp 1, or the alltoall dispatcher")
     if not _expert_mesh(spec).pipeline_groups_agree():
         raise _fail("experts", f"axis order {p.order} gives the expert layers other pipeline groups than the dense "
                     "ones (Megatron-Core requires the same)", "parallel.order",
