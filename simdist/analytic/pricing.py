@@ -21,11 +21,13 @@ from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
-__all__ = ["STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
+__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
 
 Adjust = Callable[[str, int, float, float], float]
 
-STREAMS = ("compute", "tp", "cp", "dp", "pp")
+STREAMS = ("compute", "tp", "cp", "ep", "dp", "pp")
+"""The rank's streams: the step's own (compute, tp, cp, ep: `NUM_CORE`) first, then dp and pp."""
+NUM_CORE = 4
 STREAM_CODE = {s: i for i, s in enumerate(STREAMS)}
 
 
@@ -155,8 +157,8 @@ def recipe_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.fp8_param_gather,
-            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency,
-            cfg.host_overhead)
+            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp, cfg.mesh.order,
+            cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap)
 
 
 def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:

@@ -214,8 +214,8 @@ class Model:
             raise IndexError(f"layer {i} of a {self.num_layers}-layer model")
         return i
 
-    def _layer_counts(self, *, active: bool) -> tuple[int, ...]:
-        """layer_params(i) (active: layer_active_params(i)) of every layer, in one pass."""
+    def layer_counts(self, *, active: bool = False) -> tuple[int, ...]:
+        """layer_params(i) of every layer in model order (active: layer_active_params(i)), in one pass."""
         if self.kind == "mlp":
             return (self.dense_mlp_params,) * self.num_layers
         attention, dense = self.attention_params, self.dense_mlp_params
@@ -226,12 +226,12 @@ class Model:
         """Layer i's (0-based) weights and biases: attention + its MLP (the routed experts where moe_layer_flags()[i],
         every expert counted; ffn_hidden_size's dense MLP otherwise). Equal to Narayanan et al. 2021 eq. (2)'s
         12h^2 + 13h for a GPT layer."""
-        return self._layer_counts(active=False)[self._layer_index(i)]
+        return self.layer_counts(active=False)[self._layer_index(i)]
 
     def layer_active_params(self, i: int) -> int:
         """Layer i's parameters one token passes through: as layer_params(i), with moe_router_topk routed experts
         in place of num_experts (a token's forward matmul FLOPs are 2 x this, attention scores aside)."""
-        return self._layer_counts(active=True)[self._layer_index(i)]
+        return self.layer_counts(active=True)[self._layer_index(i)]
 
     @property
     def params_per_layer(self) -> int:
@@ -248,7 +248,7 @@ class Model:
         what a token computes: see layer_active_params). A model whose layers differ (moe_layer_freq other than
         1, DeepSeek-V3's first dense layers) has no one count: ValueError; read layer_params(i).
         """
-        counts = set(self._layer_counts(active=False))
+        counts = set(self.layer_counts(active=False))
         if len(counts) > 1:
             raise ValueError(f"model {self.name!r} has layers of different sizes (moe_layer_freq): "
                              "read layer_params(i), not params_per_layer")
@@ -272,7 +272,7 @@ class Model:
         untied), final norm. Multi-token-prediction modules are NOT counted (see mtp_params): the published totals
         leave them out (DeepSeek-V3's 671B excludes its MTP module; the Hugging Face checkpoint's 685B includes
         it, with its own copies of the embedding and the output head)."""
-        return sum(self._layer_counts(active=False)) + self.embedding_params \
+        return sum(self.layer_counts(active=False)) + self.embedding_params \
             + self.final_norm_params
 
     @property
@@ -285,7 +285,7 @@ class Model:
         too; OpenAI's 5.1B for GPT-OSS-120B (model card Table 1) and DeepSeek's 37B leave it out (a lookup, no
         FLOPs): subtract vocab_size x hidden_size for theirs (tests/test_moe_models.py).
         """
-        return sum(self._layer_counts(active=True)) + self.embedding_params \
+        return sum(self.layer_counts(active=True)) + self.embedding_params \
             + self.final_norm_params
 
     @property

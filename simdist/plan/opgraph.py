@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-STREAMS = ("compute", "tp", "cp", "pp", "dp")
+STREAMS = ("compute", "tp", "cp", "pp", "dp", "ep")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from simdist.engine.executor import wire_predecessor
 from simdist.engine.links import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
-from simdist.plan.mesh import Mesh
+from simdist.plan.mesh import EXPERT_AXES, Mesh
 from simdist.plan.opgraph import Comm, Job, OpGraph
 
 _SYMMETRY_REL = 1e-9
@@ -415,6 +415,17 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
     return Job(latency_s=(priced.latency_s + host_s) * count, bandwidth_s=transfer_s * count, demand=demand)
 
 
+def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes along which a collective on ``axis`` has translates the reduced graph leaves out: the reduced axes
+    but its own; for an expert group (ep, etp, edp: simdist.plan.mesh's expert generator, whose groups cut across
+    the dense ones) the other expert axes, the other expert groups of its stage.
+    # Assumption: where the graph simulates every data-parallel replica but not every tp peer (unequal replicas of
+    # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated."""
+    if axis in EXPERT_AXES:
+        return tuple(a for a in EXPERT_AXES if a != axis) if reduced_axes else ()
+    return tuple(a for a in reduced_axes if a != axis)
+
+
 def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None, reduced_axes: tuple[str, ...] = (),
                 with_links: bool = True, adjust: Adjust | None = None) -> dict[tuple, PricedComm]:
     """Price every comm op: its ``duration_s`` (alone, count x one run) and its engine ``job``.
@@ -433,7 +444,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         if key not in pending:
             translates = None
             if mesh is not None and with_links:
-                axes = tuple(a for a in reduced_axes if a != c.axis)
+                axes = translate_axes(c.axis, reduced_axes)
                 if axes:
                     # a group's images do not depend on its peer order (a send and its reply share them)
                     order = sorted(range(len(c.ranks)), key=c.ranks.__getitem__)

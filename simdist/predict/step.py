@@ -353,6 +353,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                    "order": "-".join(cfg.mesh.order),
                    **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
         "simulation": simulation,
+        # num_params: every parameter (every expert); num_active_params: a token's (simdist.plan.model.Model)
         "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
                   "num_active_params": model.num_active_params,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
