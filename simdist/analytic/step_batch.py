@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from simdist.analytic.pricing import CommPricer
+from simdist.analytic.pricing import NUM_CORE, CommPricer
 from simdist.analytic.program import KIND_INDEX, program
-from simdist.analytic.step import _fast, _num_microbatches, _Stage, _stages, analytic_observables
+from simdist.analytic.step import _DP, _PP, _fast, _num_microbatches, _Stage, _stages, analytic_observables
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
@@ -31,8 +31,6 @@ from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["perturbed_step_s"]
-
-_DP = 3  # STREAMS index of the dp stream (simdist.analytic.pricing)
 
 
 class _Batch:
@@ -56,7 +54,7 @@ class _Batch:
                     raise _Mismatch
                 duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
                 frees = tuple(np.array([x.frees[k] for x in sms]) if sm.frees[k] >= 0 else None  # type: ignore
-                              for k in range(3))
+                              for k in range(NUM_CORE))
                 ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
                 behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
                                for j in range(len(sm.behind)))  # type: ignore[union-attr]
@@ -81,9 +79,8 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     K = batch.num_stages
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     zero = np.zeros(n)
-    f0 = [zero] * K
-    f1 = [zero] * K
-    f2 = [zero] * K
+    core = [[zero] * K for _ in range(NUM_CORE)]  # when each stage's compute, tp, cp and ep streams are free
+    f0 = core[0]
     fdp = [zero] * K
     fpp = [zero] * K
     prev = [np.full(n, -1.0)] * K
@@ -110,12 +107,9 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
         if starts is not None:
             starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
         end = t0 + duration
-        if frees[0] is not None:
-            f0[s] = t0 + frees[0]
-        if frees[1] is not None:
-            f1[s] = t0 + frees[1]
-        if frees[2] is not None:
-            f2[s] = t0 + frees[2]
+        for k, free in enumerate(frees):
+            if free is not None:
+                core[k][s] = t0 + free
         for ready, d in behind:
             fdp[s] = maximum(t0 + ready, fdp[s]) + d
         prev[s] = end
@@ -131,7 +125,8 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     step = np.full(n, 0.0) if K == 0 else np.max(np.array(prev), axis=0)
     for s in range(K):
         streams, deps, durations = batch.tails[s]
-        free = [f0[s], f1[s], f2[s], fdp[s], fpp[s]]
+        free = [*(c[s] for c in core), fdp[s], fpp[s]]  # in STREAMS order: the core streams, dp, pp
+        assert len(free) == _PP + 1
         ends: list[np.ndarray] = []
         for j, sc in enumerate(streams):  # simdist.analytic.step._run_tail
             t = free[sc]
