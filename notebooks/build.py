@@ -628,12 +628,124 @@ print(f"data parallel - single = {(dp - single) * 1e3:.1f} ms; measured all_redu
   `simdist run --calibration`."""),
 ]
 
+NB06 = [
+    (MD, """# 6. Mixture of experts: expert parallelism and the all-to-all
+
+A mixture-of-experts (MoE) layer replaces the one MLP of a transformer layer by many *experts* (MLPs) and a
+*router*: each token goes to the `topk` experts its router scores highest, so the model holds many parameters
+but a token only meets a few of them (DeepSeek-V3: 671 B parameters, 37 B *active* per token).
+
+*Expert parallelism* (ep) puts different experts on different GPUs. A layer then moves every token twice:
+**dispatch**, an all-to-all that sends each token to the ranks holding its experts, and **combine**, the
+all-to-all that brings the results back (the lecture's all-to-all, with unequal pieces when routing is
+unbalanced). This notebook prices both with **simdist**: first the collective alone, then a DeepSeek-V3-style
+training step, and how routing imbalance and the placement of the ep groups (NVLink or fabric) move it."""),
+    (CODE, """from simdist import api
+from simdist import notebooks as nb"""),
+    (MD, """## All-to-all with unequal pieces
+
+Eight GPUs of one DGX H100 node, each sending 8 MB to each of the others: a balanced dispatch. Now let the
+router prefer the experts on GPU 0: every GPU sends it `hot` times its share. On an NVSwitch each GPU has its own
+ports, so the all-to-all ends when the busiest *receiver* has received everything: its time grows with the
+hot rank's bytes, even though the other seven ranks are idle waiting."""),
+    (CODE, """P, PIECE = 8, 8e6
+times = {}
+for hot in (1.0, 1.5, 2.0, 3.0):
+    matrix = [[0.0 if i == j else PIECE * (hot if j == 0 else 1.0) for j in range(P)] for i in range(P)]
+    row = api.collective("dgx-h100", "all_to_all", P, [1.0], matrix=matrix)[0]
+    times[hot] = row.time_s
+    print(f"hot x{hot}: {row.time_s * 1e6:7.1f} us; GPU 0 receives {row.max_bytes_received_per_rank / 1e6:.0f} MB")
+assert times[2.0] > 1.8 * times[1.0]  # the busiest receiver sets the time"""),
+    (CODE, """nb.bar_chart([f"x{h}" for h in times], {"all-to-all time (us)": [t * 1e6 for t in times.values()]},
+             title="8-GPU all-to-all when GPU 0 receives hot x its share", y_title="microseconds")"""),
+    (MD, """The same 8 MB pieces over **two** nodes (16 GPUs): each GPU now sends 15 pieces, 8 of them through its
+node's InfiniBand NICs (50 GB/s each, against 450 GB/s of NVLink per GPU). Per byte sent, the all-to-all is
+several times slower: where the ep group sits matters."""),
+    (CODE, """one = api.collective("dgx-h100", "all_to_all", 8, [8 * PIECE])[0]
+two = api.collective("dgx-h100", "all_to_all", 16, [16 * PIECE], num_nodes=2)[0]
+rate = {}
+for name, row in (("8 GPUs, one node  ", one), ("16 GPUs, two nodes", two)):
+    rate[name] = row.max_bytes_sent_per_rank / row.time_s
+    print(f"{name}: {row.time_s * 1e3:.2f} ms for {row.max_bytes_sent_per_rank / 1e6:.0f} MB sent per GPU, "
+          f"{rate[name] / 1e9:.0f} GB/s per GPU")
+assert rate["8 GPUs, one node  "] > 3 * rate["16 GPUs, two nodes"]"""),
+    (MD, """## A DeepSeek-V3-style step
+
+The `deepseek-v3` preset (61 layers, hidden 7168, multi-latent attention, 256 routed experts of width 2048 with
+the top 8 of them per token plus one shared expert, the first 3 layers dense; DeepSeek-AI 2024) is cut here to
+8 layers (2 dense, 6 MoE) so that the notebook runs in seconds; per layer everything is the real model's. It
+trains on 32 H100s (4 DGX H100 nodes): 2 pipeline stages of 16 GPUs, and in each stage the 256 experts of a
+layer are spread over ep = 8 GPUs (32 experts each), data parallel over the rest, as in DeepSeek's own
+layout (no tensor parallelism)."""),
+    (CODE, """spec = {
+    "cluster": {"preset": "dgx-h100", "num_nodes": 4},
+    "model": {"preset": "deepseek-v3", "num_layers": 8, "moe_layer_freq": [0, 0, 1, 1, 1, 1, 1, 1],
+              "mtp_num_layers": 0, "seq_length": 4096},
+    "parallel": {"pp": 2, "dp": 16, "ep": 8},
+    "training": {"micro_batch_size": 1, "global_batch_size": 64},
+}
+base = nb.run_spec(spec).result
+print(f"step {base['step_time_s']:.3f} s, MFU {base['mfu']:.1%} (model FLOPs from the active parameters)")
+for axis, seconds in base["breakdown"]["exposed_comm_s"].items():
+    if seconds:
+        print(f"  exposed {axis} communication: {seconds * 1e3:.1f} ms")
+assert base["breakdown"]["exposed_comm_s"]["ep"] > 0"""),
+    (MD, """`ep` is the dispatch and combine all-to-alls of the MoE layers (forward and backward), on the critical path
+of every micro-batch: the GPU waits for its tokens before its experts can run. Here each ep group is 8
+consecutive GPUs, one node: the all-to-all stays on NVLink.
+
+## Routing imbalance
+
+`training.moe_imbalance` is the busiest ep rank's routed tokens over the mean. A real router is never perfectly
+balanced (DeepSeek-V3 adds a bias term to keep it near 1); at 2.0 the busiest GPU gets twice its share: its
+expert GEMMs take twice as long and its all-to-all pieces are twice as big, and every other GPU of the layer
+waits for it."""),
+    (CODE, """steps, ep_s = {}, {}
+for imbalance in (1.0, 1.25, 1.5, 2.0):
+    r = nb.run_spec(spec, [f"training.moe_imbalance={imbalance}"]).result
+    steps[imbalance], ep_s[imbalance] = r["step_time_s"], r["breakdown"]["exposed_comm_s"]["ep"]
+    print(f"imbalance {imbalance}: step {r['step_time_s']:.3f} s, exposed ep {ep_s[imbalance] * 1e3:.1f} ms, "
+          f"MFU {r['mfu']:.1%}")
+assert steps[2.0] > steps[1.0] and ep_s[2.0] > 1.5 * ep_s[1.0]"""),
+    (CODE, """nb.line_chart(list(steps), {"step time (s)": list(steps.values())}, title="Routing imbalance slows every GPU",
+              x_title="busiest ep rank's tokens / mean", y_title="seconds")"""),
+    (MD, """## Where the ep groups sit: NVLink or the fabric
+
+`parallel.order` lists the mesh axes innermost first (Megatron-LM's order string). `tp-cp-ep-dp-pp` (the
+default) makes an ep group 8 consecutive GPUs: one node. `tp-cp-dp-ep-pp` puts data parallelism inside: the
+16 GPUs of a stage span 2 nodes, an ep group takes every other GPU of both, and every all-to-all crosses the
+InfiniBand NICs. The expert gradients, reduced over the expert-data-parallel group (`edp`: the GPUs holding the
+same experts), move the other way: onto NVLink."""),
+    (CODE, """across = nb.run_spec(spec, ["parallel.order=tp-cp-dp-ep-pp"]).result
+for name, r in (("ep inside a node", base), ("ep across nodes ", across)):
+    c = r["breakdown"]["exposed_comm_s"]
+    print(f"{name}: step {r['step_time_s']:.3f} s, exposed ep {c['ep'] * 1e3:6.1f} ms, "
+          f"edp {c['edp'] * 1e3:6.1f} ms, dp {c['dp'] * 1e3:5.1f} ms")
+inside_ep, across_ep = base["breakdown"]["exposed_comm_s"]["ep"], across["breakdown"]["exposed_comm_s"]["ep"]
+assert across_ep > 2 * inside_ep
+assert across["breakdown"]["exposed_comm_s"]["edp"] < base["breakdown"]["exposed_comm_s"]["edp"]"""),
+    (MD, """The all-to-all on the fabric costs every micro-batch; the expert-gradient reduction it buys back on NVLink
+is paid once a step. At 64 sequences per step (2 micro-batches per replica) the two nearly tie; with more
+micro-batches per step the in-node ep groups pull ahead:"""),
+    (CODE, """for order in ("tp-cp-ep-dp-pp", "tp-cp-dp-ep-pp"):
+    r = nb.run_spec(spec, ["training.global_batch_size=256", f"parallel.order={order}"]).result
+    print(f"{order}: step {r['step_time_s']:.3f} s for 256 sequences")
+    steps[order] = r["step_time_s"]
+assert steps["tp-cp-dp-ep-pp"] > 1.1 * steps["tp-cp-ep-dp-pp"]"""),
+    (MD, """What would change the answer: a GB200 NVL72 rack keeps ep groups of up to 72 GPUs on NVLink (try
+`cluster.preset=gb200-nvl72`), `training.overlap_moe_expert_parallel_comm: true` hides part of the all-to-all
+behind another micro-batch's compute (Megatron-Core's 1F1B A2A overlap), and `training.moe_token_dispatcher_type`
+switches to the all-gather dispatcher. `scenarios/deepseek-v3-gb200.yaml` is the full model on 256 GB200 GPUs."""),
+]
+
+
 NOTEBOOKS = {
     "01_collectives.ipynb": NB01,
     "02_three_cuts.ipynb": NB02,
     "03_pipeline_bubbles.ipynb": NB03,
     "04_explore_before_buying.ipynb": NB04,
     "05_calibration.ipynb": NB05,
+    "06_moe.ipynb": NB06,
 }
 
 

@@ -70,8 +70,13 @@ def collective(
     fidelity: str = "auto",
     root: int = 0,
     calibration: str | Path | None = None,
+    matrix: list[list[float]] | None = None,
 ) -> list[CollectiveRow]:
     """Simulate ``op`` over the first ``num_ranks`` GPUs of a cluster for every size.
+
+    ``matrix`` (all_to_all only): uneven pieces, ``matrix[i][j]`` bytes from peer i to peer j (MoE token dispatch
+    with unbalanced routing); ``sizes`` is then ignored and one row returned, its ``nbytes`` the mean peer's send
+    buffer (the nccl-tests size of the balanced all-to-all moving the same bytes).
 
     ``algorithm='auto'`` (and ``protocol='auto'``) take, per size, the pair with the least predicted
     time, as NCCL's tuner does; the chosen plan then runs in the engine. ``calibration``: a calibration
@@ -108,12 +113,25 @@ def collective(
     if algorithm in ("auto", "tree"):
         check_work(num_ranks * len(sizes), TREE_PRICING, what=f"{num_ranks:,} ranks x {len(sizes)} sizes",
                    field="--ranks", fix="sweep fewer sizes or ranks, or name an algorithm (e.g. --algorithm ring)")
+    uneven = None
+    if matrix is not None:
+        if op != "all_to_all":
+            raise SpecError(f"a matrix of pieces is for all_to_all, not {op}", field="matrix",
+                            fix="use op all_to_all, or drop the matrix")
+        if len(matrix) != num_ranks or any(len(row) != num_ranks for row in matrix):
+            raise SpecError(f"the matrix must be {num_ranks} x {num_ranks} (one row and column per rank)",
+                            field="matrix", fix=f"give {num_ranks} rows of {num_ranks} byte counts")
+        if any(not (x >= 0) for row in matrix for x in row) or not any(x > 0 for row in matrix for x in row):
+            raise SpecError("the matrix needs byte counts >= 0, some positive", field="matrix",
+                            fix="give bytes per (sender, receiver) pair, e.g. [[0, 1e6], [2e6, 0]]")
+        uneven = tuple(tuple(float(x) for x in row) for row in matrix)
+        sizes = [sum(map(sum, uneven)) / num_ranks]
     rows: list[CollectiveRow] = []
     swept = 0
     for nbytes in sizes:
         if nbytes < 0 or (nbytes == 0 and op != "barrier"):
             raise SpecError(f"size {nbytes:g} must be positive", field="--bytes", fix="give sizes such as 8:8G:x2")
-        request = Request(op, group, 0.0 if op == "barrier" else nbytes, root=root)
+        request = Request(op, group, 0.0 if op == "barrier" else nbytes, root=root, matrix=uneven)
         protocols = PROTOCOLS if protocol == "auto" else (protocol,)
         if algorithm == "auto":
             choices = rank_choices(request, protocols=protocols)
