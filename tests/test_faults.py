@@ -210,3 +210,45 @@ def test_failed_links_that_cut_the_fabric_or_are_not_leaf_spine_are_refused(tmp_
     far = "faults: {failed_links: [{src: leaf0, dst: spine9}]}"
     with pytest.raises(SimdistError, match=r"spine0\.\.spine1"):
         api.run(_fabric_scenario(tmp_path, far, "far"))
+
+
+def test_nodes_of_another_gpu_run_the_kernels_at_its_speed(tmp_path: Path) -> None:
+    # dp = 2 on two one-GPU H100 nodes; node 1 is an A100. Its replica's kernels take f x as long, f = the layer's
+    # forward + backward kernel time on the A100 over the H100 (the kernel model of each GPU); the H100 replica waits
+    # for it at the gradient all-reduce, so the step grows by (f - 1) x (forward + backward + optimizer) of one GPU,
+    # as a straggler slower_by f - 1 would make it.
+    def two(faults: str, name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"""
+cluster: {{preset: dgx-h100, num_nodes: 2, gpus_per_node: 1, host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}},
+          inter_node: {{nics_per_node: 1}}}}
+model: {{preset: cs336-mlp}}
+parallel: {{dp: 2, tp_style: column}}
+training: {{micro_batch_size: 64, global_batch_size: 128, precision: fp32,
+           host_overhead: {{launch: 0 s, dispatch: 0 s}}}}
+{faults}
+""")
+        return path
+
+    a100 = next(name for name in GPU_PRESETS if name.startswith("a100"))
+    layer = layer_work(MLP, micro_batch_size=64, precision="fp32", tp_style="column")
+    head = head_work(MLP, tp=1, micro_batch_size=64, precision="fp32")
+
+    def chunk_s(gpu: str) -> float:  # the first (and only) model part: 4 layers and the head, forward + backward
+        g = GPU_PRESETS[gpu]
+        return (MLP.num_layers * (kernels_time_s(g, layer.forward, "fp32") + kernels_time_s(g, layer.backward, "fp32"))
+                + kernels_time_s(g, head.forward, "fp32") + kernels_time_s(g, head.backward, "fp32"))
+
+    f = chunk_s(a100) / chunk_s("h100-sxm")
+    assert f > 1.5  # an A100 is much slower at fp32 (tf32-less) matmuls of this size
+    healthy = api.run(two("", "healthy")).result
+    mixed = api.run(two(f"faults: {{heterogeneous_nodes: [{{nodes: [1], gpu: {a100}}}]}}", "mixed")).result
+    straggler = api.run(two(f"faults: {{stragglers: [{{rank: 1, slower_by: {f - 1!r}}}]}}", "straggler")).result
+    assert mixed["step_time_s"] == pytest.approx(straggler["step_time_s"], rel=1e-9)
+    assert mixed["step_time_s"] - healthy["step_time_s"] == pytest.approx((f - 1) * kernels_s(64), rel=1e-6)
+    assert mixed["faults"]["heterogeneous_nodes"] == [{"nodes": [1], "gpu": a100}]
+    assert mixed["faults"]["stragglers"][0]["compute_time_factor"] == pytest.approx(f, rel=1e-12)
+    with pytest.raises(SimdistError, match=r"faults\.heterogeneous_nodes\.0\.nodes"):
+        api.run(two(f"faults: {{heterogeneous_nodes: [{{nodes: [5], gpu: {a100}}}]}}", "far"))
+    with pytest.raises(SimdistError, match=r"faults\.heterogeneous_nodes\.0\.gpu"):
+        api.run(two("faults: {heterogeneous_nodes: [{nodes: [1], gpu: v100-typo}]}", "typo"))

@@ -32,15 +32,18 @@ Llama 3 405B trained with (Dubey et al. 2024 sec 3.3.2).
 
 from __future__ import annotations
 
-from simdist.errors import LayoutError, SpecError
+import dataclasses
+
+from simdist.errors import LayoutError, SimdistError, SpecError
 from simdist.hardware.gemm import architecture
+from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
 from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.schedule import check_schedule
-from simdist.plan.step_config import StepConfig
+from simdist.plan.step_config import StepConfig, chunk_cost
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
 
@@ -231,7 +234,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
             raise LayoutError(f"straggler rank {st.rank} is outside the layout's {mesh.num_ranks} ranks",
                               field=f"faults.stragglers.{i}.rank", fix=f"use a rank in 0..{mesh.num_ranks - 1}")
         slow.append((st.rank, 1.0 + st.slower_by))
-    return StepConfig(
+    cfg = StepConfig(
         compute_slowdown=tuple(slow),
         model=model, gpu=topology.gpu, mesh=mesh, schedule=spec.schedule, micro_batch_size=t.micro_batch_size,
         global_batch_size=t.global_batch_size, layers_per_stage=split.layers_per_stage, vpp=p.vpp,
@@ -248,3 +251,47 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32,
     )
+    return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
+
+
+def _with_other_gpus(cfg: StepConfig, spec: ScenarioSpec, topology: Topology) -> StepConfig:
+    """``cfg`` with the GPUs of ``faults.heterogeneous_nodes`` slower (or faster) by their kernel model's time
+    factor, and the smallest GPU memory as the capacity.
+
+    # Assumption: a node of another GPU runs every compute kernel of the step (forward, backward, recompute,
+    # optimizer) f times as long, f = its first model part's forward + backward kernel time on that GPU over the same
+    # on the cluster's (the kernel model: simdist.hardware.compute, tile quantization and efficiency curves of each
+    # GPU); the node keeps the cluster's NVLink, NICs and fabric. Its peers wait for it as for a straggler.
+    # Assumption: a GPU faster than the cluster's is timed as the cluster's (StepConfig.rank_factor is at least 1):
+    # name the faster GPU as the cluster's and list the slower nodes.
+    """
+    factors: dict[int, float] = dict(cfg.compute_slowdown)
+    capacity = cfg.capacity_bytes
+    base = chunk_cost(cfg, cfg.part_layers(0), True, cfg.mesh.pp * cfg.vpp == 1)
+    seen: set[int] = set()
+    gpn = topology.gpus_per_node
+    for i, entry in enumerate(spec.faults.heterogeneous_nodes):
+        field = f"faults.heterogeneous_nodes.{i}"
+        try:
+            gpu = gpu_preset(entry.gpu)
+        except SimdistError as err:
+            raise SpecError(err.problem, field=f"{field}.gpu", fix=err.fix) from None
+        if cfg.precision == "fp8" and gpu.peak_flops("fp8") <= 0:
+            raise SpecError(f"{gpu.name} has no fp8 tensor cores, and the step trains in fp8", field=f"{field}.gpu",
+                            fix="give a GPU with fp8 (Hopper or Blackwell), or train in bf16")
+        # the same host costs (the host is not the GPU), the other GPU's uncalibrated kernel model
+        other = chunk_cost(dataclasses.replace(cfg, gpu=gpu, compute_efficiency=None, host=cfg.host_overhead),
+                           cfg.part_layers(0), True, cfg.mesh.pp * cfg.vpp == 1)
+        f = (other.forward_s + other.backward_s) / (base.forward_s + base.backward_s)
+        capacity = min(capacity, gpu.hbm_capacity)
+        for node in entry.nodes:
+            if node >= topology.num_nodes:
+                raise LayoutError(f"node {node} is outside the cluster's {topology.num_nodes} nodes",
+                                  field=f"{field}.nodes", fix=f"use nodes 0..{topology.num_nodes - 1}")
+            if node in seen:
+                raise LayoutError(f"node {node} is listed twice", field=f"{field}.nodes",
+                                  fix="give each node one GPU model")
+            seen.add(node)
+            for rank in range(node * gpn, min((node + 1) * gpn, cfg.mesh.num_ranks)):
+                factors[rank] = factors.get(rank, 1.0) * f
+    return dataclasses.replace(cfg, compute_slowdown=tuple(sorted(factors.items())), capacity_bytes=capacity)

@@ -159,7 +159,11 @@ def faults_report(cfg: StepConfig, faults: FaultsSpec, topology: Topology, links
         "engine: stragglers' compute and degraded links' capacity")
     if failed:
         seen += "; both: the routes around the failed links"
+    if faults.heterogeneous_nodes:
+        seen += "; both: the other GPUs' kernel times"
     out: dict[str, Any] = {"stragglers": stragglers, "degraded_links": degraded,
+                           "heterogeneous_nodes": [{"nodes": list(h.nodes), "gpu": h.gpu}
+                                                   for h in faults.heterogeneous_nodes],
                            "failed_links": [{"src": f"leaf{a}", "dst": f"spine{b}"} for a, b in failed],
                            "seen_by": seen}
     if plan is not None and trace is not None and fidelity == "engine":

@@ -231,6 +231,9 @@ def fault_lines(faults: Mapping[str, Any] | None) -> list[str]:
                      f"{st['compute_time_factor']:.3g} x slower")
     for d in faults.get("degraded_links", []):
         lines.append(f"degraded link: {d['src']} -> {d['dst']} at {d['bandwidth_fraction']:.3g} of its bandwidth")
+    for h in faults.get("heterogeneous_nodes", []):
+        lines.append(f"nodes {', '.join(map(str, h['nodes']))}: {h['gpu']} GPUs (their ranks are listed as stragglers "
+                     "with the kernel model's time factor)")
     for d in faults.get("failed_links", []):
         lines.append(f"failed link: {d['src']} - {d['dst']} (ECMP routes around it)")
     for w in faults.get("waits", [])[:8]:

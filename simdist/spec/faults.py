@@ -45,6 +45,14 @@ class FailedLinkSpec(Spec):
     dst: str = Field(description="the other end, e.g. spine1")
 
 
+class OtherGpuNodesSpec(Spec):
+    """Nodes of the cluster whose GPUs are another model (a mixed fleet): their kernels run at that GPU's speed."""
+
+    nodes: list[count(minimum=0)] = Field(min_length=1, description="node indices (rank r sits on node r // GPUs "
+                                                                     "per node), e.g. [4, 5, 6, 7]")
+    gpu: str = Field(description="the GPU preset of those nodes (simdist topo gpus), e.g. a100-sxm-80gb")
+
+
 class CheckpointSpec(Spec):
     """What a failure costs: writing checkpoints, restarting from the last one (simdist.predict.goodput)."""
 
@@ -64,6 +72,9 @@ class FaultsSpec(Spec):
     stragglers: list[StragglerSpec] = Field(default_factory=list, description="slow GPUs")
     degraded_links: list[DegradedLinkSpec] = Field(default_factory=list, description="links at a fraction of "
                                                                                       "their bandwidth (engine only)")
+    heterogeneous_nodes: list[OtherGpuNodesSpec] = Field(
+        default_factory=list, description="nodes with another GPU: each of their GPUs runs the step's kernels as "
+                                          "that GPU's kernel model times them (both fidelities)")
     failed_links: list[FailedLinkSpec] = Field(
         default_factory=list, description="leaf-spine links that are down: the flows of their leaves are rehashed "
                                           "over the spines still reachable (both fidelities route around them)")
