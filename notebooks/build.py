@@ -707,8 +707,9 @@ for imbalance in (1.0, 1.25, 1.5, 2.0):
     print(f"imbalance {imbalance}: step {r['step_time_s']:.3f} s, exposed ep {ep_s[imbalance] * 1e3:.1f} ms, "
           f"MFU {r['mfu']:.1%}")
 assert steps[2.0] > steps[1.0] and ep_s[2.0] > 1.5 * ep_s[1.0]"""),
-    (CODE, """nb.line_chart(list(steps), {"step time (s)": list(steps.values())}, title="Routing imbalance slows every GPU",
-              x_title="busiest ep rank's tokens / mean", y_title="seconds")"""),
+    (CODE, """nb.line_chart(list(steps), {"step time (s)": list(steps.values())},
+              title="Routing imbalance slows every GPU", x_title="busiest ep rank's tokens / mean",
+              y_title="seconds")"""),
     (MD, """## Where the ep groups sit: NVLink or the fabric
 
 `parallel.order` lists the mesh axes innermost first (Megatron-LM's order string). `tp-cp-ep-dp-pp` (the
