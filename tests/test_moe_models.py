@@ -247,7 +247,7 @@ def test_an_unmodelled_config_key_is_exit_2_through_simdist_run(tmp_path):
 
 def test_a_run_reports_total_and_active_parameters(tmp_path):
     (tmp_path / "s.yaml").write_text(
-        "cluster: {preset: dgx-a100, num_nodes: 1}\nparallel: {tp: 2, pp: 2, dp: 2}\n"
+        "cluster: {preset: dgx-a100, num_nodes: 1}\nparallel: {tp: 2, pp: 2, dp: 2, sequence_parallel: true}\n"
         "model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 128, vocab_size: 1024, "
         "num_experts: 8, moe_router_topk: 2, swiglu: true}\ntraining: {global_batch_size: 8, micro_batch_size: 1}\n")
     r = run_cli(["run", tmp_path / "s.yaml", "--fidelity", "closed_form", "--json"])
