@@ -221,6 +221,9 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
     q_up, kv_up = a_l * (d + r), a_l * (d + dv)
     norms = model.qk_layernorm
     # forward: down projections (q: through its latent unless q_lora_rank is 0), latent norms, gathers, up projections
+    # Assumption: the duplicated down projections' weight gradients, partial sums over the TP peers' tokens under
+    # sequence parallelism, are all-reduced with the other sequence-parallel weights once per step (Megatron-LM
+    # finalize_model_grads); that small all-reduce is not modelled.
     if qr:
         fwd.add(*fp8_cast("q_down", m_l * h, recipe), gemm("q_down", m_l, qr, h, bpe, fp8))
         if norms:

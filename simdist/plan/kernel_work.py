@@ -161,8 +161,13 @@ def fp8_cast(name: str, elements: float, recipe: str | None) -> list[Kernel]:
     return [elementwise(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
 
 
-def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0) -> Kernel:
-    return Kernel(name, flops_per * elements, bytes_per * elements, "memory")
+def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0, *,
+                useful_share: float | None = None) -> Kernel:
+    """An element-wise (bandwidth-bound) kernel; ``useful_share``: the share of its FLOPs the model counts (the
+    balanced rows of a kernel the busiest MoE rank runs on its extra rows)."""
+    flops = flops_per * elements
+    return Kernel(name, flops, bytes_per * elements, "memory",
+                  useful_flops=None if useful_share is None else flops * useful_share)
 
 
 def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0) -> Work:

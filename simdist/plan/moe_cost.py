@@ -111,8 +111,9 @@ def expected_destination_ranks(num_experts: int, topk: int, ep: int) -> float:
     return ep * (1.0 - miss)
 
 
-def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> None:
-    """The layout rules an MoE layer's cost relies on (one clear line each)."""
+def check_experts(model: Model, *, tp: int, sequence_parallel: bool, experts: ExpertParallel) -> None:
+    """The layout rules an MoE layer's cost relies on (one clear line each; simdist.plan.layout.check_layout can call
+    this so that search prunes what the cost would refuse)."""
     if experts.dispatcher not in DISPATCHERS:
         raise SpecError(f"unknown MoE token dispatcher {experts.dispatcher!r}",
                         field="training.moe_token_dispatcher_type", fix=f"write one of {', '.join(DISPATCHERS)}")
@@ -124,11 +125,11 @@ def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> N
     if model.moe_ffn_hidden_size % experts.etp:
         raise LayoutError(f"etp {experts.etp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}",
                           field="parallel.etp", fix="choose an etp that divides the expert FFN width")
-    if model.moe_shared_expert_intermediate_size % shape.tp:
-        raise LayoutError(f"tp {shape.tp} does not divide moe_shared_expert_intermediate_size "
+    if model.moe_shared_expert_intermediate_size % tp:
+        raise LayoutError(f"tp {tp} does not divide moe_shared_expert_intermediate_size "
                           f"{model.moe_shared_expert_intermediate_size}", field="parallel.tp",
                           fix="choose a tp that divides the shared experts' width")
-    if shape.tp > 1 and not shape.sequence_parallel:
+    if tp > 1 and not sequence_parallel:
         # Megatron-Core MoELayer.forward raises in training when tp > 1 without sequence parallelism.
         raise LayoutError("an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer)",
                           field="parallel.sequence_parallel", fix="set parallel.sequence_parallel: true, or tp 1")
@@ -138,6 +139,11 @@ def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> N
 
 
 def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> RoutedTokens:
+    """The token counts of one MoE layer (RoutedTokens).
+
+    # Assumption: the busiest rank's rows are spread evenly over its local experts (one per-expert GEMM size);
+    # routing skew inside a rank would make its grouped GEMM's largest expert slower still.
+    """
     t = shape.local_tokens
     k = model.moe_router_topk
     num_local = model.num_experts // experts.ep
@@ -149,7 +155,7 @@ def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> R
 
 def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
     """(forward, backward) of one MoE layer's MLP half, from its norm to the combined output (no residual)."""
-    check_experts(model, shape, experts)
+    check_experts(model, tp=shape.tp, sequence_parallel=shape.sequence_parallel, experts=experts)
     h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
     sp = shape.sequence_parallel
     resid = m * h // tp if sp else m * h
@@ -159,6 +165,9 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
 
     # 1. shared experts: the dense MLP's kernels and TP collectives at their width (Megatron-LM SharedExpertMLP).
+    # Assumption: they run on the main stream before routing (--moe-shared-expert-overlap, which overlaps them with
+    # the dispatch all-to-all, is not modelled); the all-to-alls block the next kernel (overlappable False: their
+    # overlap with another micro-batch, --overlap-moe-expert-parallel-comm, is the step recipe's, not the layer's).
     shared = model.moe_shared_expert_intermediate_size
     shared_bwd = Pass("backward")
     if shared:
@@ -182,6 +191,9 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
 
     # 2. router (Megatron-LM TopKRouter: a plain linear, not an FP8 GEMM), softmax and top-k: reads the bf16 logits,
     # writes the fp32 scores and the top-k probabilities and routing map.
+    # Assumption: the router's auxiliary load-balancing loss and the dispatcher's metadata (the tokens-per-expert
+    # all-gather over tp_ep and its device-to-host sync) cost nothing; the probabilities' own all-to-all (T x topk
+    # fp32, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes.
     fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + _ROUTING_BYTES, 8.0))
 
     # 3-5. dispatch, experts, combine.
@@ -196,16 +208,16 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     return fwd, bwd
 
 
-def _activation(prefix: str, model: Model, elements: float, bpe: int) -> Kernel:
+def _activation(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
     if model.swiglu:
-        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0)
-    return elementwise(f"{prefix}_gelu", elements, 2 * bpe, 8.0)
+        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0, useful_share=share)
+    return elementwise(f"{prefix}_gelu", elements, 2 * bpe, 8.0, useful_share=share)
 
 
-def _activation_grad(prefix: str, model: Model, elements: float, bpe: int) -> Kernel:
+def _activation_grad(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
     if model.swiglu:
-        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe, 8.0)
-    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe, 10.0)
+        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe, 8.0, useful_share=share)
+    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe, 10.0, useful_share=share)
 
 
 def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r: RoutedTokens) -> tuple[Pass, Pass]:
@@ -222,6 +234,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     # over etp then one over ep: a ring moves (etp ep - 1) T rows per rank either way ((etp - 1) T + (ep - 1) etp T).
     gathers = [(axis, size) for axis, size, n in (("etp", t * etp, etp), ("ep", gathered, ep)) if n > 1]
     sort = kind != "alltoall" or nl > 1  # alltoall sorts by local expert only when a rank holds several
+    even = r.balanced / rows  # of the busiest rank's rows, the share a balanced rank has (counted as model FLOPs)
     fwd, bwd = Pass("forward"), Pass("backward")
 
     # ---- dispatch
@@ -239,7 +252,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if sort:
         # alltoall: permutation 2 (sort_chunks_by_idxs); allgather: the local experts' rows out of every token;
         # flex: a received token expanded to each of its local experts: the busiest rank's rows, read and written
-        fwd.add(elementwise("moe_sort_chunks", rows * h, 2 * bpe, 0.0))
+        fwd.add(elementwise("moe_sort_chunks", rows * h, 2 * bpe, 0.0, useful_share=even))
 
     # ---- the local experts: one grouped GEMM per linear, or one GEMM per expert (each its own waves of tiles)
     f_l = model.moe_ffn_hidden_size // etp
@@ -257,12 +270,12 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         return [*fp8_cast(f"{name}_grad", te * n * batch, recipe),
                 *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
-    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe),
+    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe, even),
             *linear("expert_fc2", h, f_l, useful_down))
 
     # ---- combine
     if sort and kind != "allgather":
-        fwd.add(elementwise("moe_unsort_chunks", rows * h, 2 * bpe, 0.0))
+        fwd.add(elementwise("moe_unsort_chunks", rows * h, 2 * bpe, 0.0, useful_share=even))
     if a2a and etp > 1:
         fwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
     if a2a and ep > 1:
@@ -282,7 +295,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if kind == "allgather":
         for axis, size in gathers:
             bwd.issue("all_gather", size * h * 4.0, axis=axis)
-        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 3 * bpe, 2.0))
+        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 3 * bpe, 2.0, useful_share=even))
     else:
         bwd.add(elementwise("moe_unpermute_grad", r.sent * h, 3 * bpe, 2.0))  # d(row) = p dy; dp = <dy, row>
     if a2a and ep > 1:
@@ -290,11 +303,11 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if a2a and etp > 1:
         bwd.issue("all_gather", rows * h * bpe, axis="etp")
     if sort and kind != "allgather":
-        bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0))
-    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down), _activation_grad("expert", model, rows * f_l, bpe),
+        bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0, useful_share=even))
+    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down), _activation_grad("expert", model, rows * f_l, bpe, even),
             *linear_grads("expert_fc1", up_n, h, useful_up))
     if sort:
-        bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0))
+        bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0, useful_share=even))
     if a2a and etp > 1:
         bwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
     if a2a and ep > 1:
