@@ -133,3 +133,19 @@ def test_run_reports_all_to_all_time_per_axis(tmp_path):
     assert set(exposed) == {"tp", "cp", "pp", "dp", "ep", "etp", "edp"} and exposed["ep"] > 0
     assert "exposed comm ep" in render_text(result)
     assert any(c["axis"] == "ep" and c["op"] == "all_to_all" for c in result["collectives"])
+
+
+def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute():
+    # --overlap-moe-expert-parallel-comm on pp 1: each step's all_to_alls run beside its compute (simdist.plan.recipe.
+    # _a2a_overlap); where a step's compute outlasts them, the step loses exactly its all_to_all time
+    from simdist.analytic.step import analytic_observables
+
+    model = {"hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
+    obs = {}
+    for overlap in (False, True):
+        cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, {"overlap_moe_expert_parallel_comm": overlap}, model=model)
+        obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+    plain, hidden = obs[False], obs[True]
+    assert plain["ep_s"] > 0 and hidden["ep_s"] == 0.0
+    assert hidden["compute_s"] == pytest.approx(plain["compute_s"], rel=1e-12)
+    assert hidden["step_s"] == pytest.approx(plain["step_s"] - plain["ep_s"], rel=1e-12)
