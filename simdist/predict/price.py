@@ -425,7 +425,8 @@ def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
     but its own; for an expert group (ep, etp, edp: simdist.plan.mesh's expert generator, whose groups cut across
     the dense ones) the other expert axes, the other expert groups of its stage.
     # Assumption: where the graph simulates every data-parallel replica but not every tp peer (unequal replicas of
-    # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated."""
+    # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated.
+    """
     if axis in EXPERT_AXES:
         return tuple(a for a in EXPERT_AXES if a != axis) if reduced_axes else ()
     return tuple(a for a in reduced_axes if a != axis)

@@ -222,7 +222,8 @@ def expert_layouts(problem: SearchProblem, num_experts: int, tp: int, cp: int, d
     dividing the stage's tp x cp x dp ranks, the experts carved out of them as Megatron-Core does
     (simdist.plan.layout.check_experts, which refuses the rest). ep 1 keeps every expert on every rank.
     # Assumption: the space takes etp in {1, tp}: expert tensor parallelism inside attention's tp group or none,
-    # the two Megatron-Core recipes use (etp 1 for fine-grained experts)."""
+    # the two Megatron-Core recipes use (etp 1 for fine-grained experts).
+    """
     if num_experts <= 0:
         return [(1, 0)]
     ranks = tp * cp * dp
