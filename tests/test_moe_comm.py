@@ -59,3 +59,93 @@ def test_uneven_all_to_all_is_the_uneven_request_and_its_transpose_costs_the_sam
     assert CommPricer(TOY).time_s("all_to_all", ranks, S, 2.0) == pytest.approx(dispatch, rel=1e-12)
     assert combine == pytest.approx(dispatch, rel=1e-12)
     assert dispatch > 1.5 * CommPricer(TOY).time_s("all_to_all", ranks, S)
+
+
+# ----------------------------------------------------------------------------- in a step
+def _cfg(parallel: dict, training: dict | None = None, gpus_per_node: int = 4, num_nodes: int = 1,
+         model: dict | None = None):
+    from simdist import api
+    from simdist.plan.layout import step_config_of
+    from simdist.plan.model_presets import resolve_model
+    from tests.test_moe_layout import TINY_MOE, _spec
+
+    spec = _spec(parallel, training, {**TINY_MOE, **(model or {})}, gpus_per_node=gpus_per_node,
+                 num_nodes=num_nodes)
+    topology = api.cluster_of(spec)
+    return step_config_of(spec, topology, resolve_model(spec.model)), topology, spec
+
+
+def test_doubling_the_imbalance_doubles_the_all_to_alls_transfer_in_the_step():
+    # tests/test_moe_layout.TINY_MOE (4 MoE layers, top-2) at h 1024, seq 2048, with ep = dp = 4 on one 4-GPU toy
+    # node, 4 micro-batches of 1: every layer runs 4 all_to_alls per micro-batch (dispatch and combine, forward and
+    # backward), each rank sending S = 2048 tokens x 2 experts x 1024 x 2 B; none overlaps compute (pp 1,
+    # blocking), so the exposed ep time is 64 x t(x), t(x) = latency + x (P - 1) S / (P B) (the busiest port;
+    # Simple protocol at 8 MB): doubling x adds 64 (P - 1) S / (P B).
+    from simdist.analytic.step import analytic_observables
+
+    P, S, runs = 4, 2048 * 2 * 1024 * 2, 4 * 4 * 4
+    ep_s = {}
+    for x in (1.0, 2.0):
+        cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, {"moe_imbalance": x},
+                                model={"hidden_size": 1024, "seq_length": 2048})
+        ep_s[x] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]["ep_s"]
+        assert ep_s[x] == pytest.approx(runs * CommPricer(topology).time_s("all_to_all", (0, 1, 2, 3), S, x),
+                                        rel=1e-12)
+    assert ep_s[2.0] - ep_s[1.0] == pytest.approx(runs * (P - 1) * S / (P * PORT_BPS), rel=1e-9)
+
+
+def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
+    # dp 8, ep 4 on 8 GPUs: edp = 8 / 4 = 2. The stage's dense gradients all-reduce over dp (8 ranks), the routed
+    # experts' over edp (2 ranks: the ranks holding the same experts); ZeRO-1 shards each over its own group.
+    from simdist.plan.recipe import optimizer_params, tail
+    from simdist.plan.step import chunk_costs_of
+
+    cfg, _, _ = _cfg({"dp": 8, "ep": 4}, gpus_per_node=8)
+    (cost,) = chunk_costs_of(cfg).values()
+    assert 0 < cost.expert_params < cost.num_params
+    reductions = {p.comm.axis: p.comm for p in tail(cfg, [cost]).pieces if p.comm is not None}
+    assert reductions["dp"].op == reductions["edp"].op == "all_reduce"
+    assert reductions["dp"].nbytes * reductions["dp"].count == pytest.approx((cost.num_params - cost.expert_params) * 4)
+    assert reductions["edp"].nbytes * reductions["edp"].count == pytest.approx(cost.expert_params * 4)
+    assert cfg.mesh.group("edp", 0) == (0, 4) and cfg.mesh.group("ep", 0) == (0, 1, 2, 3)
+    z1, _, _ = _cfg({"dp": 8, "ep": 4, "zero_stage": 1}, gpus_per_node=8)
+    assert optimizer_params(z1, cost.num_params, cost.expert_params) == pytest.approx(
+        (cost.num_params - cost.expert_params) / 8 + cost.expert_params / 2)
+    shards = {p.comm.axis: p.comm for p in tail(z1, [cost]).pieces if p.comm is not None and p.comm.op == "all_gather"}
+    assert shards["edp"].nbytes == pytest.approx(cost.expert_params * 2)  # bf16 parameters gathered over edp
+
+
+def test_run_reports_all_to_all_time_per_axis(tmp_path):
+    # simdist run's JSON and text breakdown name the expert axes where the step exposes their communication
+    import json
+
+    from simdist import api
+    from simdist.report.step_table import render_text
+    from tests.test_moe_layout import TINY_MOE
+
+    path = tmp_path / "moe.yaml"
+    path.write_text(json.dumps({
+        "cluster": {"file": str(TOY_TOPOLOGY), "num_nodes": 1, "gpus_per_node": 4, "inter_node": {"nics_per_node": 4}},
+        "model": TINY_MOE, "parallel": {"dp": 4, "ep": 4},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8, "moe_imbalance": 2.0}}), encoding="utf-8")
+    result = api.run(path).result
+    exposed = result["breakdown"]["exposed_comm_s"]
+    assert set(exposed) == {"tp", "cp", "pp", "dp", "ep", "etp", "edp"} and exposed["ep"] > 0
+    assert "exposed comm ep" in render_text(result)
+    assert any(c["axis"] == "ep" and c["op"] == "all_to_all" for c in result["collectives"])
+
+
+def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute():
+    # --overlap-moe-expert-parallel-comm on pp 1: each step's all_to_alls run beside its compute (simdist.plan.recipe.
+    # _a2a_overlap); where a step's compute outlasts them, the step loses exactly its all_to_all time
+    from simdist.analytic.step import analytic_observables
+
+    model = {"hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
+    obs = {}
+    for overlap in (False, True):
+        cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, {"overlap_moe_expert_parallel_comm": overlap}, model=model)
+        obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+    plain, hidden = obs[False], obs[True]
+    assert plain["ep_s"] > 0 and hidden["ep_s"] == 0.0
+    assert hidden["compute_s"] == pytest.approx(plain["compute_s"], rel=1e-12)
+    assert hidden["step_s"] == pytest.approx(plain["step_s"] - plain["ep_s"], rel=1e-12)

@@ -52,6 +52,9 @@ class CommPricer:
         self._cache: dict[tuple, float] = {}
         self._priced: dict[tuple, tuple[PricedPieces, Any]] = {}
         self._memo: dict[tuple, Any] = {}
+        self._groups: dict[tuple[int, ...], Group] = {}
+        """Groups by ranks: a group memoises its routes' structure (simdist.collectives.all_pairs), which every
+        size and op priced on it shares."""
         self.misses = 0
 
     def scaled(self, factor_of_bytes: Callable[[float], float]) -> CommPricer:
@@ -64,6 +67,7 @@ class CommPricer:
 
         out = CommPricer(self.topology, adjust)
         out._cache = {key: t * factor_of_bytes(key[-2]) for key, t in self._cache.items()}
+        out._groups = self._groups
         return out
 
     def key(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> tuple:
@@ -126,7 +130,9 @@ class CommPricer:
         self.misses += 1
         op, nbytes, imbalance = key[0], key[-2], key[-1]
         placed = key[1] if len(key) == 4 else tuple(key[1] + i * key[3] for i in range(key[2]))
-        group = Group(self.topology, placed)
+        group = self._groups.get(placed)
+        if group is None:
+            group = self._groups[placed] = Group(self.topology, placed)
         if op == "all_to_all" and imbalance != 1.0:
             # the uneven all_to_all of routing imbalance, as simdist.predict.price.request_of builds it
             request = Request(op, group, nbytes, matrix=imbalanced_matrix(len(placed), nbytes, imbalance))

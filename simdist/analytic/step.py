@@ -37,7 +37,7 @@ from simdist.plan.accounting import Block, BlockSummary, Interval, account, part
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
-from simdist.plan.step_config import LayerKinds, StepConfig
+from simdist.plan.step_config import LayerKinds, StepConfig, layer_kinds
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
            "fast_forward_plan"]
@@ -165,11 +165,28 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     return (recipes, simple, _slowed(priced_tail, factor) if factor != 1.0 else priced_tail)
 
 
+_KINDS_CACHE: dict[tuple, tuple[LayerKinds, ...]] = {}
+
+
+def _part_kinds(cfg: StepConfig) -> tuple[LayerKinds, ...]:
+    """`StepConfig.part_layers` of every model part, in model order, cached by what decides them (a search and the
+    step bands time many configurations of one split)."""
+    key = (cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.mesh.pp, cfg.vpp)
+    hit = _KINDS_CACHE.get(key)
+    if hit is None:
+        if len(_KINDS_CACHE) >= 4096:
+            _KINDS_CACHE.clear()
+        firsts, counts = cfg.part_first_layers(), cfg.model_parts()
+        hit = _KINDS_CACHE[key] = tuple(layer_kinds(cfg.model, f, n) for f, n in zip(firsts, counts, strict=True))
+    return hit
+
+
 def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Stage]:
     """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute)."""
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     p2p = send(cfg)
     config = (chunk_cost_key(cfg), recipe_key(cfg))
+    kinds = _part_kinds(cfg)
     out: list[_Stage] = []
     for s in range(K):
         rank = mesh.rank(pp=s)
@@ -177,7 +194,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
         # of the two generators agree: simdist.plan.layout.check_experts)
         groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in GROUP_AXES if axis != "pp"}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
-        chunks = tuple((cfg.part_layers(c * K + s), c * K + s == 0, c * K + s == K * V - 1)
+        chunks = tuple((kinds[c * K + s], c * K + s == 0, c * K + s == K * V - 1)
                        for c in range(len(cfg.stage_chunks(s))))
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes

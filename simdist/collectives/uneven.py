@@ -20,7 +20,8 @@ BUSIEST_PEER = 0
 """The peer of the group that receives the extra tokens.
 # Assumption: the busiest expert-parallel rank is the group's first peer; on groups whose peers are placed alike
 # (the bundled topologies: every GPU of a node and every node built the same) which one it is does not change the
-# time."""
+# time.
+"""
 
 
 def imbalanced_matrix(num_peers: int, nbytes: float, imbalance: float, *, transpose: bool = False) -> Matrix:

@@ -42,6 +42,8 @@ from simdist.hardware.topology import Topology
 from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
+from simdist.plan.moe_cost import ExpertParallel
+from simdist.plan.moe_cost import check_experts as check_moe_cost
 from simdist.plan.schedule import check_schedule
 from simdist.plan.step_config import StepConfig, chunk_cost
 from simdist.spec.gpu import GpuSpec
@@ -175,6 +177,12 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
     if t.moe_token_dispatcher_type == "flex" and etp > 1:
         raise _fail("experts", "the flex (DeepEP) dispatcher is modelled with etp 1 only",
                     "training.moe_token_dispatcher_type", "use etp 1, or the alltoall dispatcher")
+    try:  # what the MoE layer's cost relies on (simdist.plan.moe_cost), so search prunes what run would refuse
+        check_moe_cost(model, tp=p.tp, sequence_parallel=p.sequence_parallel, experts=ExpertParallel(
+            p.ep, etp, t.moe_token_dispatcher_type, t.moe_imbalance, t.moe_expert_capacity_factor,
+            t.moe_grouped_gemm))
+    except SimdistError as err:
+        raise _fail("experts", err.problem, err.field or "parallel.ep", err.fix or "") from None
     if not _expert_mesh(spec).pipeline_groups_agree():
         raise _fail("experts", f"axis order {p.order} gives the expert layers other pipeline groups than the dense "
                     "ones (Megatron-Core requires the same)", "parallel.order",

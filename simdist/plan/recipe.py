@@ -113,7 +113,8 @@ STREAM_OF_AXIS = {"etp": "tp", "edp": "dp"}
 """The stream a collective of an axis without a stream of its own runs on (ep has its own: the token all_to_alls,
 which Megatron-Core's 1F1B A2A overlap runs beside the compute).
 # Assumption: the expert-TP collectives are model-parallel communication in the layer's critical path, run on the
-# tp stream; the expert-data-parallel gradient reductions run on the dp stream beside (after) the dense ones."""
+# tp stream; the expert-data-parallel gradient reductions run on the dp stream beside (after) the dense ones.
+"""
 
 
 def stream_of(axis: str) -> str:
@@ -254,7 +255,8 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     # step's: per 1F1B pair max(F, a_B) + max(B, a_F) against max(F, a_F) + max(B, a_B) here, the same where the
     # forward and backward all_to_alls move the same bytes (they do: adjoints, same imbalance). The warm-up
     # forwards and cool-down backwards, which Megatron runs unpaired, are overlapped too (optimistic by their
-    # all_to_alls where they are exposed). The expert-TP collectives stay in the layer's path."""
+    # all_to_alls where they are exposed). The expert-TP collectives stay in the layer's path.
+    """
     if not cfg.moe_overlap or groups.get("ep", 1) < 2:
         return (), items
     hidden = tuple(x for x in items if x[0] == "all_to_all" and x[2] == "ep")

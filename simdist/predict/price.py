@@ -326,23 +326,28 @@ class _Pending:
     """Its class loads come from one numpy batch of every translate's routes (`_class_loads_batched`)."""
 
 
-def request_of(topology: Topology, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0
-               ) -> Request:
+def request_of(topology: Topology, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0,
+               groups: dict[tuple[int, ...], Group] | None = None) -> Request:
     """The collectives layer's request for ``op`` over ``ranks``; an all_to_all with ``imbalance`` > 1 is the
-    uneven all_to_all whose busiest peer receives that many times the mean (simdist.collectives.uneven)."""
-    group = Group(topology, ranks)
+    uneven all_to_all whose busiest peer receives that many times the mean (simdist.collectives.uneven).
+    ``groups``: groups already made, by ranks (a group memoises its routes' structure for every op and size)."""
+    group = groups.get(ranks) if groups is not None else None
+    if group is None:
+        group = Group(topology, ranks)
+        if groups is not None:
+            groups[ranks] = group
     if op == "all_to_all" and imbalance != 1.0:
         return Request(op, group, nbytes, matrix=imbalanced_matrix(len(ranks), nbytes, imbalance))
     return Request(op, group, nbytes)
 
 
 def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...]] | np.ndarray | None,
-             with_links: bool, adjust: Adjust | None) -> _Pending:
+             with_links: bool, adjust: Adjust | None, groups: dict[tuple[int, ...], Group] | None = None) -> _Pending:
     """`price_comm` up to its link loads: the choice, the times, the plan's transfers and the translates."""
-    request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance)
+    request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance, groups)
     choice = rank_choices(request)[0]
     time_s = choice.predicted_s
-    tiny = evaluate(request_of(topology, comm.op, comm.ranks, 1.0, comm.imbalance), choice.algorithm,
+    tiny = evaluate(request_of(topology, comm.op, comm.ranks, 1.0, comm.imbalance, groups), choice.algorithm,
                     choice.protocol)
     latency_s = min(tiny.predicted_s, time_s)
     if adjust is not None:
@@ -420,7 +425,8 @@ def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
     but its own; for an expert group (ep, etp, edp: simdist.plan.mesh's expert generator, whose groups cut across
     the dense ones) the other expert axes, the other expert groups of its stage.
     # Assumption: where the graph simulates every data-parallel replica but not every tp peer (unequal replicas of
-    # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated."""
+    # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated.
+    """
     if axis in EXPERT_AXES:
         return tuple(a for a in EXPERT_AXES if a != axis) if reduced_axes else ()
     return tuple(a for a in reduced_axes if a != axis)
@@ -436,6 +442,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     """
     pending: dict[tuple, _Pending] = {}
     images: dict[tuple, np.ndarray] = {}  # translates by (group, axes): shared by its collectives
+    made: dict[tuple[int, ...], Group] = {}  # groups by ranks: shared by the collectives on them
     for op in graph.ops:
         c = op.comm
         if c is None:
@@ -453,7 +460,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
                     if canonical is None:
                         canonical = images[(members, axes)] = mesh.translates_array(members, axes)
                     translates = canonical[:, np.argsort(order)]
-            pending[key] = _prepare(topology, c, translates, with_links, adjust)
+            pending[key] = _prepare(topology, c, translates, with_links, adjust, made)
     # the routes of every translate of every collective priced over its class, resolved in one batch
     batched = {key: p for key, p in pending.items() if p.batched}
     items = [(p.groups, *_pairs(p.transfers)) for p in batched.values()]

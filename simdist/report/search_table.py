@@ -35,8 +35,10 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
     placement = doc.get("placement")
     default_order = placement["default_order"] if placement else ""
     orders = placement is not None or any("order" in r["layout"] for r in doc["ranked"][:top])
+    experts = any("ep" in r["layout"] or "etp" in r["layout"] for r in doc["ranked"][:top])
     for name in ("#", "tp", "pp", "dp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "schedule",
-                 *(("order",) if orders else ()), "step s", "tokens/s", "MFU", "GiB/GPU", "engine step s",
+                 *(("order",) if orders else ()), *(("ep", "etp") if experts else ()), "step s", "tokens/s", "MFU",
+                 "GiB/GPU", "engine step s",
                  "engine MFU"):
         table.add_column(name, justify="left" if name in ("recompute", "schedule", "order") else "right")
     for i, row in enumerate(doc["ranked"][:top], start=1):
@@ -44,6 +46,8 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
         eng_step = f"{e['engine_step_time_s']:.3f}" if "engine_step_time_s" in e else ("error" if e else "")
         eng_mfu = f"{e['engine_mfu']:.1%}" if "engine_mfu" in e else ""
         order = [row["layout"].get("order") or default_order or "default"] if orders else []
+        order += ([str(row["layout"].get("ep", 1)), str(row["layout"].get("etp") or row["layout"]["tp"])] if experts
+                  else [])
         table.add_row(str(i), *_layout_cells(row["layout"]), *order, f"{row['step_time_s']:.3f}",
                       f"{row['tokens_per_s']:,.0f}", f"{row['mfu']:.1%}", f"{row['memory_per_gpu_bytes'] / GIB:.1f}",
                       eng_step, eng_mfu)

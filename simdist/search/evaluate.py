@@ -108,6 +108,7 @@ def candidate_spec(problem: SearchProblem, base: ScenarioSpec, c: Candidate) -> 
     parallel = base.parallel.model_copy(update={"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "vpp": c.vpp,
                                                 "sequence_parallel": c.sequence_parallel,
                                                 "zero_stage": c.zero_stage, **({"order": c.order} if c.order else {}),
+                                                "ep": c.ep, "etp": c.etp or None,
                                                 "layers_per_stage": _split(base, c.pp)})
     training = base.training.model_copy(update={
         "micro_batch_size": c.micro_batch_size, "recompute": c.recompute,

@@ -94,7 +94,7 @@ def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pr
     pruned: list[Pruned] = []
     n = 0
     for c in raw_candidates(problem, num_gpus=topo.num_gpus, gpus_per_node=topo.gpus_per_node,
-                            num_layers=model.num_layers):
+                            num_layers=model.num_layers, num_experts=model.num_experts):
         n += 1
         why = why_pruned(problem, c, ctx)
         if why is None:

@@ -1,7 +1,8 @@
 """The search space: a problem (model, cluster, GPUs, batch) and the candidate layouts it enumerates.
 
 A candidate fixes tp, pp, dp, cp, vpp, micro-batch, ZeRO stage, recompute mode, sequence parallelism and the
-pipeline schedule. Enumeration order is deterministic (nested loops over sorted value lists), and every
+pipeline schedule, and for a mixture-of-experts model the expert-parallel ep and expert-tensor-parallel etp
+(`expert_layouts`). Enumeration order is deterministic (nested loops over sorted value lists), and every
 candidate has a stable text key, so results match whichever executor computed them and a sweep can resume.
 """
 
@@ -47,6 +48,9 @@ class SearchProblem:
     3,112 of 4,839 feasible layouts), but ZeRO-2's per-micro-batch scatters can rank high."""
     placement: bool = False
     """Also search the mesh axis order (parallel.order, `placement_orders`): where the groups land."""
+    max_ep: int | None = None
+    """Largest expert-parallel size a mixture-of-experts model's space takes (None: as many as divide its experts
+    and a stage's ranks)."""
     base: str = ""
     """A base scenario (simdist search SCENARIO): the validated ScenarioSpec as canonical JSON (paths absolute,
     cluster.num_nodes set), whose cluster, model and training every candidate keeps; "" builds one from
@@ -59,6 +63,8 @@ class SearchProblem:
         out["recompute"] = list(self.recompute)
         if not self.placement:  # the problem line of results files written before placement search
             del out["placement"]
+        if self.max_ep is None:  # ... and before expert parallelism
+            del out["max_ep"]
         if self.base:
             out["base"] = json.loads(self.base)
         else:
@@ -79,8 +85,9 @@ class SearchProblem:
                 ("--global-batch", self.global_batch_size, 1, GLOBAL_BATCH), ("--seq", self.seq_length, 1, SEQ_LENGTH),
                 ("--max-tp", self.max_tp, 1, GPUS), ("--max-pp", self.max_pp, 1, GPUS),
                 ("--max-cp", self.max_cp, 1, GPUS), ("--max-vpp", self.max_vpp, 1, VPP),
-                ("--max-micro-batch", self.max_micro_batch, 1, GLOBAL_BATCH), ("--num-nodes", self.num_nodes, 1, GPUS)):
-            if value is None and flag in ("--seq", "--max-tp"):
+                ("--max-micro-batch", self.max_micro_batch, 1, GLOBAL_BATCH), ("--num-nodes", self.num_nodes, 1, GPUS),
+                ("--max-ep", self.max_ep, 1, GPUS)):
+            if value is None and flag in ("--seq", "--max-tp", "--max-ep"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise SpecError(f"{flag} {value!r} must be a whole number >= {minimum}", field=flag,
@@ -120,22 +127,33 @@ class Candidate:
     schedule: str
     order: str = ""
     """The mesh axis order (parallel.order) when the search varies it; "" keeps the base scenario's."""
+    ep: int = 1
+    """Expert parallelism (parallel.ep; 1: a dense model's, or experts unsharded)."""
+    etp: int = 0
+    """Expert tensor parallelism (parallel.etp); 0: tp (Megatron-Core's default, the scenario's etp unset)."""
 
     @property
     def key(self) -> str:
         sp = "sp" if self.sequence_parallel else "nosp"
+        experts = (f"-ep{self.ep}" if self.ep > 1 else "") + (f"-etp{self.etp}" if self.etp else "")
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.micro_batch_size}-"
-                f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}" + (f"-{self.order}" if self.order else ""))
+                f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}" + (f"-{self.order}" if self.order else "")
+                + experts)
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        if not self.order:
-            del out["order"]
+        for name, default in OPTIONAL_FIELDS.items():
+            if out[name] == default:  # the rows of results files written before placement / expert search
+                del out[name]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.name != "order"})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.name not in OPTIONAL_FIELDS})
+
+
+OPTIONAL_FIELDS = {"order": "", "ep": 1, "etp": 0}
+"""Candidate fields left out of its dict (and key) at their default."""
 
 
 def placement_orders(sizes: dict[str, int], default: tuple[str, ...]) -> list[str]:
@@ -198,13 +216,30 @@ def base_order(problem: SearchProblem) -> tuple[str, ...]:
     return tuple(order.split("-")) if isinstance(order, str) else ("tp", "cp", "dp", "pp")
 
 
+def expert_layouts(problem: SearchProblem, num_experts: int, tp: int, cp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) of a layout of a mixture-of-experts model with ``num_experts`` routed experts ([(1, 0)] for a dense
+    model): ep a power of two dividing the experts, up to max_ep; etp 1 or tp (0: the default, tp); etp x ep
+    dividing the stage's tp x cp x dp ranks, the experts carved out of them as Megatron-Core does
+    (simdist.plan.layout.check_experts, which refuses the rest). ep 1 keeps every expert on every rank.
+    # Assumption: the space takes etp in {1, tp}: expert tensor parallelism inside attention's tp group or none,
+    # the two Megatron-Core recipes use (etp 1 for fine-grained experts).
+    """
+    if num_experts <= 0:
+        return [(1, 0)]
+    ranks = tp * cp * dp
+    eps = [e for e in _powers_of_two(min(num_experts, ranks, problem.max_ep or ranks)) if num_experts % e == 0]
+    etps = (0, 1) if tp > 1 else (0,)
+    return [(e, t) for e in eps for t in etps if ranks % (e * (t or tp)) == 0]
+
+
 def _orders(problem: SearchProblem, tp: int, cp: int, dp: int, pp: int) -> list[str]:
     if not problem.placement:
         return [""]
     return placement_orders({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, base_order(problem))
 
 
-def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int) -> int:
+def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int,
+                     num_experts: int = 0) -> int:
     """How many candidates `raw_candidates` yields, counted without enumerating them (bounded work)."""
     tps, cps, pps, mbss = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
     total = 0
@@ -214,8 +249,10 @@ def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: in
                 if num_gpus % (tp * cp * pp):
                     continue
                 zeros = [z for z in problem.zero_stages if z < 2 or pp == 1 or problem.zero_with_pp]
-                orders = _orders(problem, tp, cp, num_gpus // (tp * cp * pp), pp)
-                per_layout = len(mbss) * len(zeros) * len(problem.recompute) * len(orders)
+                dp = num_gpus // (tp * cp * pp)
+                orders = _orders(problem, tp, cp, dp, pp)
+                per_layout = (len(mbss) * len(zeros) * len(problem.recompute) * len(orders)
+                              * len(expert_layouts(problem, num_experts, tp, cp, dp)))
                 for schedule in problem.schedules:
                     if pp == 1 and schedule != "1f1b":
                         continue
@@ -224,15 +261,17 @@ def count_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: in
     return total
 
 
-def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int
-                   ) -> Iterator[Candidate]:
+def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int, num_layers: int,
+                   num_experts: int = 0) -> Iterator[Candidate]:
     """Every combination of the axes' values before pruning (tp x cp x pp filling the GPUs; dp the rest).
 
     tp: divisors of the node's GPU count up to max_tp; pp: divisors of the layer count up to max_pp (even
-    split, as Megatron-LM requires without an explicit layout); cp, micro-batch: powers of two.
+    split, as Megatron-LM requires without an explicit layout); cp, micro-batch: powers of two; ep and etp of a
+    model with ``num_experts`` experts: `expert_layouts`.
     """
     tps, cps, pps, mbss = _axes(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers)
-    check_work(count_candidates(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers),
+    check_work(count_candidates(problem, num_gpus=num_gpus, gpus_per_node=gpus_per_node, num_layers=num_layers,
+                                num_experts=num_experts),
                SEARCH_CANDIDATES, what="the search space",
                fix="lower --max-vpp, --max-pp, --max-cp or --max-micro-batch, or try fewer --schedules")
     for tp in tps:
@@ -242,6 +281,7 @@ def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int,
                     continue
                 dp = num_gpus // (tp * cp * pp)
                 orders = _orders(problem, tp, cp, dp, pp)
+                experts = expert_layouts(problem, num_experts, tp, cp, dp)
                 for schedule in problem.schedules:
                     if pp == 1 and schedule != "1f1b":
                         continue
@@ -254,5 +294,6 @@ def raw_candidates(problem: SearchProblem, *, num_gpus: int, gpus_per_node: int,
                                 for rec in problem.recompute:
                                     for sp in ((False, True) if tp > 1 else (False,)):
                                         for order in orders:
-                                            yield Candidate(tp, pp, dp, cp, vpp, mbs, zero, rec, sp, schedule,
-                                                            order)
+                                            for ep, etp in experts:
+                                                yield Candidate(tp, pp, dp, cp, vpp, mbs, zero, rec, sp, schedule,
+                                                                order, ep, etp)
