@@ -44,9 +44,7 @@ import io
 import math
 import os
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +56,7 @@ from simdist.errors import SimdistError
 from simdist.units import parse_size_list
 from validation.machine import device_name, run_metadata
 from validation.spawn import HarnessError, cli_guard, doing, launch, partial_path, report
+from validation.timing import device_sync, median_s, over_ranks, timed_iterations
 
 __all__ = ["BENCH_OPS", "DEFAULT_OPS", "BenchConfig", "Sample", "benchmark", "host_memory_bytes", "keep_partial",
            "main", "parse_sizes"]
@@ -203,11 +202,7 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
 
     gpu = config.backend == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-
-    def sync() -> None:
-        if gpu:
-            torch.cuda.synchronize()
-
+    sync = device_sync(device)
     rows: list[Measurement] = []
     samples: list[Sample] = []
     doing("collecting the run's metadata")
@@ -225,30 +220,13 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
             what = f"{op} of {nbytes} B"
             doing(f"allocating the buffers of {what}")
             run = _make_op(op, max(1, nbytes // _ELEMENT_BYTES), rank, world_size, device)
-            for i in range(config.warmup):
-                doing(f"running {what}, warm-up iteration {i + 1} of {config.warmup}")
-                run()
-            sync()
-            times: list[float] = []
-            for i in range(config.iters):
-                doing(f"running {what}, timed iteration {i + 1} of {config.iters}")
-                sync()
-                dist.barrier()
-                start = time.perf_counter()
-                run()
-                sync()
-                times.append(time.perf_counter() - start)
+            times = timed_iterations(run, warmup=config.warmup, iters=config.iters, sync=sync, what=what,
+                                     barrier=dist.barrier)
             doing(f"reducing the timings of {what} over the ranks")
-            # Per-rank times reduced over ranks (nccl-tests reports the max over ranks by default).
-            t_max = torch.tensor(times, dtype=torch.float64, device=device)
-            t_sum = t_max.clone()
-            dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
-            dist.all_reduce(t_sum, op=dist.ReduceOp.SUM)
+            maxima, means = over_ranks(times, device)  # nccl-tests reports the max over ranks by default
             if rank != 0:
                 continue
-            maxima, means = t_max.cpu().tolist(), (t_sum / world_size).cpu().tolist()
-            # Assumption: the median of per-iteration maxima is robust to the scheduler spikes of a shared host.
-            time_s = statistics.median(maxima)
+            time_s = median_s(maxima)
             row = Measurement(
                 op=op, nbytes=nbytes, num_ranks=world_size, time_s=time_s, algbw_Bps=algbw_Bps(nbytes, time_s),
                 busbw_Bps=busbw_Bps(op, world_size, nbytes, time_s), source="validation.collectives",
