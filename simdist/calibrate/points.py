@@ -58,7 +58,7 @@ class Point:
 
     @property
     def series(self) -> tuple:
-        return (self.op, self.num_ranks, self.num_nodes, self.algorithm, self.imbalance)
+        return (self.op, self.num_ranks, self.num_nodes, self.algorithm, round(self.imbalance, 1))
 
 
 def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
@@ -81,14 +81,15 @@ def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
         algo = (m.algorithm or "").lower() or None
         algo = algo if algo in ALGORITHMS else None  # e.g. NCCL_ALGO=CollnetDirect: priced as NCCL's choice
         nodes = m.num_nodes if m.num_nodes and m.num_nodes > 1 else None
-        # Assumption: imbalances that agree to 2 decimals are one sweep (the harness realises a target imbalance in
-        # whole tokens, so a sweep's sizes land a little apart).
-        imbalance = round(m.imbalance, 2)
+        # Assumption: imbalances that agree to 1 decimal are one sweep (the harness realises a target imbalance in
+        # whole tokens, and the router's own near-even routing varies a little with the tokens, so a sweep's sizes
+        # land a little apart); each point is priced at its own measured imbalance.
+        imbalance = round(m.imbalance, 1)
         groups.setdefault((m.op, m.num_ranks, nodes, float(m.nbytes), algo, imbalance), []).append(m)
     order = sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, str(k[4]), k[5], k[3]))
     return [Point(op, n, nodes, size, float(np.median([m.time_s for m in groups[key]])), algo,
                   groups[key][0].source, len(groups[key]),
-                  float(np.median([m.imbalance for m in groups[key]])) if imbalance != 1.0 else 1.0)
+                  float(np.median([m.imbalance for m in groups[key]])))
             for key in order for (op, n, nodes, size, algo, imbalance) in [key]]
 
 
