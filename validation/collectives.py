@@ -54,7 +54,7 @@ from simdist.calibrate.measurements import Measurement, _metadata_lines, write_m
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError
 from simdist.units import parse_size_list
-from validation.machine import device_name, run_metadata
+from validation.machine import device_name, start_rank
 from validation.spawn import HarnessError, cli_guard, doing, launch, partial_path, report
 from validation.timing import device_sync, median_s, over_ranks, timed_iterations
 
@@ -197,20 +197,14 @@ def _make_op(op: str, count: int, rank: int, n: int, device: Any) -> Callable[[]
 
 
 def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
-    import torch
     import torch.distributed as dist
 
-    gpu = config.backend == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    device, meta = start_rank(rank, world_size, config.backend, config.command)
     sync = device_sync(device)
     rows: list[Measurement] = []
     samples: list[Sample] = []
-    doing("collecting the run's metadata")
-    meta = run_metadata(config.backend, world_size, config.command) if rank == 0 else {}
     hosts = int(meta.get("host_count", "1")) if rank == 0 else 1
     device_label = device_name(config.backend) if rank == 0 else ""
-    if rank == 0:
-        report(("meta", meta))
     for op in config.ops:
         if op == "send_recv" and world_size < 2:
             continue

@@ -9,7 +9,23 @@ from __future__ import annotations
 import datetime
 import os
 
-__all__ = ["cpu_model", "device_name", "run_metadata"]
+__all__ = ["cpu_model", "device_name", "run_metadata", "start_rank"]
+
+
+def start_rank(rank: int, world_size: int, backend: str, command: str) -> tuple[object, dict[str, str]]:
+    """What every harness rank does first: (its torch device, the run's metadata on rank 0, handed to the parent
+    with validation.spawn.report as ``("meta", meta)``, else {})."""
+    import torch
+
+    from validation.spawn import doing, report
+
+    gpu = backend == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    doing("collecting the run's metadata")
+    meta = run_metadata(backend, world_size, command) if rank == 0 else {}
+    if rank == 0:
+        report(("meta", meta))
+    return device, meta
 
 
 def run_metadata(backend: str, world_size: int, command: str) -> dict[str, str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from simdist.calibrate.steps import StepMeasurement, write_step_measurements_csv
-from validation.machine import device_name, run_metadata
+from validation.machine import device_name, start_rank
 from validation.mlp.cuts import DDP_BUCKET_BYTES, Cut, build_cut
 from validation.mlp.model import MLPConfig, reference_step
 from validation.spawn import doing, launch, partial_path, report
@@ -93,14 +93,7 @@ def _salvage(items: list[Any], reason: str, out: str) -> str:
 
 
 def _worker(rank: int, world: int, config: StepConfig) -> Any:
-    import torch
-
-    gpu = config.backend == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    doing("collecting the run's metadata")
-    meta = run_metadata(config.backend, world, config.command) if rank == 0 else {}
-    if rank == 0:
-        report(("meta", meta))
+    device, meta = start_rank(rank, world, config.backend, config.command)
     doing("computing the single-process reference step")
     reference = reference_step(config.mlp, device) if config.check else None
     rows: list[StepMeasurement] = []

@@ -33,7 +33,7 @@ from typing import Any
 from simdist.calibrate.kernels import KernelMeasurement, write_kernel_measurements_csv
 from simdist.calibrate.measurements import Measurement, write_measurements_csv
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
-from validation.machine import device_name, run_metadata
+from validation.machine import device_name, start_rank
 from validation.moe.layer import (
     MoEConfig,
     global_imbalance,
@@ -123,14 +123,7 @@ def _torch_dtype(name: str) -> Any:
 
 
 def _worker(rank: int, world: int, config: MoERunConfig) -> Any:
-    import torch
-
-    gpu = config.backend == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    doing("collecting the run's metadata")
-    meta = run_metadata(config.backend, world, config.command) if rank == 0 else {}
-    if rank == 0:
-        report(("meta", meta))
+    device, meta = start_rank(rank, world, config.backend, config.command)
     check = _check(rank, world, config, device) if config.check else None
     a2a: list[Measurement] = []
     gemms: list[KernelMeasurement] = []
