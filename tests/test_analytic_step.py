@@ -68,7 +68,17 @@ layouts = st.fixed_dictionaries({
     "num_layers": st.sampled_from([6, 12, 13, 14]),
     "split": st.sampled_from(["auto", "lighter_ends", "chunks", "uniform", "parameters", "account_for_loss"]),
     "chunk_seed": st.integers(0, 2**16),
+    # mixture of experts: ep x etp carved out of tp x cp x dp, uneven all_to_alls, the dispatchers, mixed dense and
+    # MoE layers, the 1F1B A2A overlap (simdist.plan.recipe._a2a_overlap)
+    "moe": st.sampled_from([None, None, {"freq": 1}, {"freq": 2}]),
+    "ep": st.sampled_from([1, 2, 4]),
+    "etp": st.sampled_from([None, 1]),
+    "imbalance": st.sampled_from([1.0, 1.5, 2.0]),
+    "dispatcher": st.sampled_from(["alltoall", "alltoall", "allgather", "flex"]),
+    "a2a_overlap": st.sampled_from([False, False, True]),
 })
+
+MOE = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512}
 
 
 def _split_fields(x: dict, vpp: int) -> dict:
@@ -88,22 +98,35 @@ def _split_fields(x: dict, vpp: int) -> dict:
     return {"pipeline_split": split}
 
 
+def _moe_fields(x: dict) -> tuple[dict, dict, dict]:
+    """The model, parallel and training fields of ``x``'s mixture of experts (none where x["moe"] is None)."""
+    moe = x.get("moe")
+    if moe is None:
+        return {}, {}, {}
+    ep = x["ep"]
+    return ({**MOE, "moe_layer_freq": moe["freq"]},
+            {"ep": ep, **({"etp": x["etp"]} if x["etp"] is not None else {})},
+            {"moe_imbalance": min(x["imbalance"], max(ep, 1)), "moe_token_dispatcher_type": x["dispatcher"],
+             "overlap_moe_expert_parallel_comm": x["a2a_overlap"]})
+
+
 def _spec(x: dict) -> ScenarioSpec:
     gpn = x["tp"] * x["cp"]  # tensor and context peers in one node, data and pipeline ranks across nodes
     vpp = x["vpp"] if x["schedule"] == "interleaved_1f1b" else 1
     m = x["microbatches"] * (x["pp"] if vpp > 1 else 1)
+    moe_model, moe_parallel, moe_training = _moe_fields(x)
     return ScenarioSpec.model_validate({
         "cluster": {"preset": "dgx-h100", "num_nodes": x["pp"] * x["dp"], "gpus_per_node": gpn,
                     "host": {"cpu_sockets": 1, "pcie_switches_per_socket": 1}, "inter_node": {"nics_per_node": gpn}},
-        "model": {**SMALL, "num_layers": x.get("num_layers", SMALL["num_layers"])},
+        "model": {**SMALL, "num_layers": x.get("num_layers", SMALL["num_layers"]), **moe_model},
         "parallel": {"tp": x["tp"], "pp": x["pp"], "dp": x["dp"], "cp": x["cp"], "vpp": vpp,
                      "zero_stage": x["zero_stage"], "sequence_parallel": x["sp"] and x["tp"] > 1,
-                     **(_split_fields(x, vpp) if "split" in x else {})},
+                     **(_split_fields(x, vpp) if "split" in x else {}), **moe_parallel},
         "training": {"micro_batch_size": x["mbs"], "global_batch_size": m * x["mbs"] * x["dp"],
                      "recompute": x["recompute"], "grad_reduce": x["grad_reduce"],
                      "grad_bucket_size": x["bucket"],
                      "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch",
-                     **({"host_overhead": x["host"]} if x.get("host") else {})},
+                     **({"host_overhead": x["host"]} if x.get("host") else {}), **moe_training},
         "schedule": x["schedule"],
     })
 
@@ -200,8 +223,8 @@ def test_breakdown_adds_up():
                                  "training.grad_reduce=overlapped", "parallel.zero_stage=1"])
     cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
     r = analytic_step(cfg, CommPricer(sc.topology))
-    parts = (r.compute_s + r.recompute_s + r.tp_comm_s + r.cp_comm_s + r.pp_comm_s + r.dp_exposed_s + r.optimizer_s
-             + r.bubble_s + r.idle_s)
+    parts = (r.compute_s + r.recompute_s + r.tp_comm_s + r.cp_comm_s + r.pp_comm_s + r.dp_exposed_s + r.ep_comm_s
+             + r.etp_comm_s + r.edp_exposed_s + r.optimizer_s + r.bubble_s + r.idle_s)
     assert parts == pytest.approx(r.step_time_s, rel=1e-9)
     assert r.tokens_per_s == pytest.approx(16 * 2048 / r.step_time_s)
     assert r.bubble_s == pytest.approx(r.bubble_fraction * r.pipeline_phase_s, rel=1e-9)

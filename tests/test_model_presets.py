@@ -16,7 +16,8 @@ def _spec(**fields) -> ModelSpec:
 
 def test_presets_are_listed_and_cited():
     assert set(model_presets()) == {"gpt3-175b", "megatron-530b", "megatron-1t", "llama3-8b", "llama3-70b",
-                                    "llama3-405b", "cs336-mlp"}
+                                    "llama3-405b", "cs336-mlp", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3",
+                                    "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b"}
     for name in model_presets():
         assert preset_source(name)
 
@@ -108,5 +109,5 @@ def test_hf_config_errors_name_the_field_and_key(tmp_path):
     with pytest.raises(SpecError, match="JSON") as err:
         resolve_model(_spec(hf_config=tmp_path / "bad.json"))
     assert err.value.field == "model.hf_config"
-    with pytest.raises(SpecError, match="no such file"):
+    with pytest.raises(SpecError, match="file not found"):
         resolve_model(_spec(hf_config=tmp_path / "missing.json"))

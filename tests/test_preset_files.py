@@ -41,6 +41,17 @@ MODELS = {
     "llama3-70b": (80, 8192, 64, 8, 28672, 8192, 128256, True, False),
     "llama3-405b": (126, 16384, 128, 8, 53248, 8192, 128256, True, False),
     "cs336-mlp": (4, 1024, 0, 0, 0, 1, 0, False, False),
+    "mixtral-8x7b": (32, 4096, 32, 8, 14336, 32768, 32000, True, False),
+    "mixtral-8x22b": (56, 6144, 48, 8, 16384, 65536, 32768, True, False),
+    "deepseek-v3": (61, 7168, 128, 128, 18432, 4096, 129280, True, False),
+    "qwen3-30b-a3b": (48, 2048, 32, 4, 6144, 4096, 151936, True, False),
+    "qwen3-235b-a22b": (94, 4096, 64, 4, 12288, 4096, 151936, True, False),
+    "gpt-oss-120b": (36, 2880, 64, 8, 2880, 4096, 201088, True, False),
+}
+# name: (experts, top-k, expert width, shared width)  (tests/test_moe_models.py checks the parameter counts)
+MOE = {
+    "mixtral-8x7b": (8, 2, 14336, 0), "mixtral-8x22b": (8, 2, 16384, 0), "deepseek-v3": (256, 8, 2048, 2048),
+    "qwen3-30b-a3b": (128, 8, 768, 0), "qwen3-235b-a22b": (128, 8, 1536, 0), "gpt-oss-120b": (128, 4, 2880, 0),
 }
 
 
@@ -61,6 +72,8 @@ def test_model_preset_values(name):
             m.vocab_size, m.swiglu, m.tied_embeddings) == MODELS[name]
     assert m.name == name and m.kind == ("mlp" if name == "cs336-mlp" else "decoder") and source
     assert set(_PRESETS) == set(MODELS) == {p.stem for p in (REPO / "models").glob("*.yaml")}
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size,
+            m.moe_shared_expert_intermediate_size) == MOE.get(name, (0, 0, 0, 0))
 
 
 def test_every_gpu_value_is_cited():

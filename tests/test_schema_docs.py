@@ -86,3 +86,25 @@ def test_a_model_field_without_a_description_is_named():
 
     prefix = f"{__name__}.{ToySpec.__qualname__}"
     assert _fields_without_description([ToySpec]) == [f"{prefix}.bare", f"{prefix}.blank"]
+
+
+def test_the_moe_contract_fields_are_documented_with_their_megatron_names():
+    # issue 15's contract: each field in `simdist schema scenario`, its Megatron-LM flag or alias named
+    defs = api.schema("scenario")["$defs"]
+    model = defs["ModelSpec"]["properties"]
+    for name, flag in [("num_experts", "--num-experts"), ("moe_router_topk", "--moe-router-topk"),
+                       ("moe_ffn_hidden_size", "--moe-ffn-hidden-size"), ("moe_layer_freq", "--moe-layer-freq"),
+                       ("moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size"),
+                       ("q_lora_rank", "--q-lora-rank"), ("kv_lora_rank", "--kv-lora-rank"),
+                       ("qk_head_dim", "--qk-head-dim"), ("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim"),
+                       ("v_head_dim", "--v-head-dim"), ("qk_layernorm", "--qk-layernorm"),
+                       ("window_size", "--window-size"), ("window_attn_skip_freq", "--window-attn-skip-freq"),
+                       ("mtp_num_layers", "--mtp-num-layers")]:
+        assert flag in model[name]["description"], name
+    assert "1: sliding window" in model["window_attn_skip_freq"]["description"]  # Megatron's list meaning
+    assert "multi_latent_attention" in model and "kv_channels" in model
+    parallel, training = defs["ParallelSpec"]["properties"], defs["TrainingSpec"]["properties"]
+    assert "expert_model_parallel_size" in parallel["ep"]["description"]
+    assert "expert_tensor_parallel_size" in parallel["etp"]["description"]
+    for name in ("moe_token_dispatcher_type", "moe_expert_capacity_factor", "moe_imbalance", "moe_grouped_gemm"):
+        assert training[name]["description"], name

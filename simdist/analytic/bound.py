@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from simdist.analytic.pricing import CommPricer, PricedPieces
+from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.analytic.step import _DP, _num_microbatches, _Stage, _stages
 from simdist.plan.schedule import schedule_order
@@ -21,7 +21,7 @@ __all__ = ["lower_bound_s"]
 def _span(r: PricedPieces) -> float:
     """The least time from a step's first compute (its input) to its end: the recipe alone, every stream free."""
     ends: list[float] = []
-    free = [0.0] * 5
+    free = [0.0] * len(STREAMS)
     for j, sc in enumerate(r.streams):
         t = max([free[sc], *(ends[d] for d in r.deps[j] if d >= 0)])
         ends.append(t + r.durations[j])

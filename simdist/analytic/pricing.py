@@ -15,21 +15,25 @@ from typing import Any
 from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
 from simdist.collectives.request import Request
+from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
-from simdist.plan.step_config import ChunkCost, StepConfig, chunk_cost
+from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
-__all__ = ["STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
+__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
 
 Adjust = Callable[[str, int, float, float], float]
 
-STREAMS = ("compute", "tp", "cp", "dp", "pp")
+STREAMS = ("compute", "tp", "cp", "ep", "dp", "pp")
+"""The rank's streams: the step's own (compute, tp, cp, ep: `NUM_CORE`) first, then dp and pp."""
+NUM_CORE = 4
 STREAM_CODE = {s: i for i, s in enumerate(STREAMS)}
 
 
 class CommPricer:
-    """Seconds of one collective on a group, cached by (op, group size, stride, position in node, bytes).
+    """Seconds of one collective on a group, cached by (op, group size, stride, position in node, bytes, and an
+    all_to_all's imbalance: simdist.collectives.uneven).
 
     # Assumption: a collective's time depends on its group's shape (size, rank stride, where its first
     # peer sits inside its node), not on which nodes it lands on: the group is priced re-placed on the first
@@ -54,27 +58,28 @@ class CommPricer:
             return (base(op, n, nbytes, t) if base is not None else t) * factor_of_bytes(nbytes)
 
         out = CommPricer(self.topology, adjust)
-        out._cache = {key: t * factor_of_bytes(key[-1]) for key, t in self._cache.items()}
+        out._cache = {key: t * factor_of_bytes(key[-2]) for key, t in self._cache.items()}
         return out
 
-    def key(self, op: str, ranks: tuple[int, ...], nbytes: float) -> tuple:
+    def key(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> tuple:
         n = len(ranks)
         stride = ranks[1] - ranks[0] if n > 1 else 0
         regular = all(ranks[i + 1] - ranks[i] == stride for i in range(n - 1)) and stride > 0
         if not regular:
-            return (op, ranks, float(nbytes))
-        return (op, ranks[0] % self.topology.gpus_per_node, n, stride, float(nbytes))
+            return (op, ranks, float(nbytes), float(imbalance))
+        return (op, ranks[0] % self.topology.gpus_per_node, n, stride, float(nbytes), float(imbalance))
 
-    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float:
+    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> float:
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
-        return self._price(self.key(op, ranks, nbytes))
+        return self._price(self.key(op, ranks, nbytes, imbalance))
 
-    def shape_time_s(self, op: str, first: int, size: int, stride: int, nbytes: float) -> float:
+    def shape_time_s(self, op: str, first: int, size: int, stride: int, nbytes: float, imbalance: float = 1.0
+                     ) -> float:
         """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks."""
         if size < 2 or nbytes <= 0:
             return 0.0
-        key = (op, first % self.topology.gpus_per_node, size, stride, float(nbytes))
+        key = (op, first % self.topology.gpus_per_node, size, stride, float(nbytes), float(imbalance))
         hit = self._cache.get(key)
         return hit if hit is not None else self._price(key)
 
@@ -110,9 +115,15 @@ class CommPricer:
         if hit is not None:
             return hit
         self.misses += 1
-        op, nbytes = key[0], key[-1]
-        placed = key[1] if len(key) == 3 else tuple(key[1] + i * key[3] for i in range(key[2]))
-        t = rank_choices(Request(op, Group(self.topology, placed), nbytes))[0].predicted_s
+        op, nbytes, imbalance = key[0], key[-2], key[-1]
+        placed = key[1] if len(key) == 4 else tuple(key[1] + i * key[3] for i in range(key[2]))
+        group = Group(self.topology, placed)
+        if op == "all_to_all" and imbalance != 1.0:
+            # the uneven all_to_all of routing imbalance, as simdist.predict.price.request_of builds it
+            request = Request(op, group, nbytes, matrix=imbalanced_matrix(len(placed), nbytes, imbalance))
+        else:
+            request = Request(op, group, nbytes)
+        t = rank_choices(request)[0].predicted_s
         if self.adjust is not None:
             t = self.adjust(op, len(placed), nbytes, t)
         self._cache[key] = t
@@ -124,14 +135,14 @@ _CHUNK_CACHE: dict[tuple, ChunkCost] = {}
 _RECIPE_CACHE: dict[tuple, Recipe | StageTail] = {}
 
 
-def cached_chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
+def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool) -> ChunkCost:
     """`simdist.plan.step_config.chunk_cost`, cached by every field it reads."""
-    key = (*chunk_cost_key(cfg), num_layers, first_part, last_part)
+    key = (*chunk_cost_key(cfg), layers, first_part, last_part)
     hit = _CHUNK_CACHE.get(key)
     if hit is None:
         if len(_CHUNK_CACHE) >= _CACHE_MAX:
             _CHUNK_CACHE.clear()
-        hit = _CHUNK_CACHE[key] = chunk_cost(cfg, num_layers, first_part, last_part)
+        hit = _CHUNK_CACHE[key] = chunk_cost(cfg, layers, first_part, last_part)
     return hit
 
 
@@ -139,15 +150,15 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
-            cfg.host_overhead)
+            cfg.host_overhead, cfg.expert_parallel)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.fp8_param_gather,
-            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.host_op_s, cfg.gpu, cfg.compute_efficiency,
-            cfg.host_overhead)
+            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp, cfg.mesh.order,
+            cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap)
 
 
 def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:
@@ -196,7 +207,7 @@ def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, tuple[int, int
     if size < 2 or c.nbytes <= 0:
         return 0.0
     # simdist.predict.price.price_graph: count back-to-back runs, each with its host time.
-    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes) + c.host_s) * c.count
+    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes, c.imbalance) + c.host_s) * c.count
 
 
 def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simdist.analytic.pricing import (
+    NUM_CORE,
+    STREAMS,
     CommPricer,
     PricedPieces,
     cached_chunk_cost,
@@ -34,14 +36,14 @@ from simdist.analytic.program import KIND_INDEX, program, recipe_code
 from simdist.plan.accounting import Block, BlockSummary, Interval, account, partition_pieces
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
-from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, send
-from simdist.plan.step_config import StepConfig
+from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
+from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
            "fast_forward_plan"]
 
-_PP = 4  # STREAMS indices of the pp and dp streams (simdist.analytic.pricing)
-_DP = 3
+_PP = 5  # STREAMS indices of the pp and dp streams (simdist.analytic.pricing)
+_DP = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +55,8 @@ class _Simple:
     for), ``behind`` ones that only wait for it (ZeRO-2/3 reduce-scatters, overlapped gradient buckets)."""
 
     duration_s: float
-    frees: tuple[float, float, float]
-    """When the compute, tp and cp streams are free again, relative to the start (-1: not used)."""
+    frees: tuple[float, float, float, float]
+    """When the compute, tp, cp and ep streams are free again, relative to the start (-1: not used)."""
     parts: dict[str, float]
     ahead: tuple[tuple[float, str, bool], ...]
     """dp pieces issued ahead: (duration, category, pipeline work), in program order."""
@@ -66,12 +68,12 @@ class _Simple:
 
 def _simple(r: PricedPieces) -> _Simple | None:
     streams = r.streams
-    dp = [j for j, code in enumerate(streams) if code > 2]
+    dp = [j for j, code in enumerate(streams) if code >= NUM_CORE]
     if any(streams[j] != _DP for j in dp):
         return None
     ahead = [j for j in dp if not r.deps[j]]
     behind = [j for j in dp if r.deps[j]]
-    core = [j for j, code in enumerate(streams) if code <= 2]
+    core = [j for j, code in enumerate(streams) if code < NUM_CORE]
     if not core or r.needs_input != core[0] or r.end not in core:
         return None
     entry = core[0]
@@ -83,9 +85,9 @@ def _simple(r: PricedPieces) -> _Simple | None:
         return None  # a dp piece waits for another dp piece
     if any(j > entry for j in ahead) or any(j in r.deps[k] for j in ahead for k in core[1:]):
         return None
-    free = [0.0, 0.0, 0.0]
+    free = [0.0] * NUM_CORE
     ends: dict[int, float] = {}
-    used = [False, False, False]
+    used = [False] * NUM_CORE
     intervals: list[Interval] = []
     for j in core:
         code = streams[j]
@@ -107,7 +109,7 @@ def _simple(r: PricedPieces) -> _Simple | None:
             covered = max(covered, e)
     if covered < duration:
         return None
-    frees = tuple(free[k] if used[k] else -1.0 for k in range(3))
+    frees = tuple(free[k] if used[k] else -1.0 for k in range(NUM_CORE))
     return _Simple(duration, frees, partition_pieces(intervals, duration),  # type: ignore[arg-type]
                    tuple((r.durations[j], r.categories[j], r.work[j]) for j in ahead),
                    tuple((max(ends[d] for d in r.deps[j]), r.durations[j], r.categories[j], r.work[j])
@@ -136,11 +138,11 @@ def _slowed(r: PricedPieces, factor: float) -> PricedPieces:
 _SLOWED = frozenset({"compute", "recompute", "optimizer"})
 
 
-def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[int, bool, bool], ...],
+def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
            groups: dict[str, tuple[int, int, int]], factor: float = 1.0) -> tuple[list, list, PricedPieces]:
     """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
-    ``chunks`` (layers, first model part, last model part) on the mesh groups ``groups``; ``factor``: the time
-    factor of its compute (a straggler, StepConfig.compute_factor)."""
+    ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
+    ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor)."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     config = recipe_key(cfg)
     costs = []
@@ -171,10 +173,12 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
     out: list[_Stage] = []
     for s in range(K):
         rank = mesh.rank(pp=s)
-        groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in ("tp", "cp", "dp")}
+        # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
+        # of the two generators agree: simdist.plan.layout.check_experts)
+        groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in GROUP_AXES if axis != "pp"}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
-        chunks = tuple((n, c * K + s == 0, c * K + s == K * V - 1)
-                       for c, n in enumerate(cfg.stage_chunks(s)))
+        chunks = tuple((cfg.part_layers(c * K + s), c * K + s == 0, c * K + s == K * V - 1)
+                       for c in range(len(cfg.stage_chunks(s))))
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups), factor),
@@ -218,7 +222,7 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
-    free = [[0.0] * 5 for _ in range(K)]
+    free = [[0.0] * len(STREAMS) for _ in range(K)]
     prev = [-1.0] * K  # end of the stage's previous step (-1: none yet)
     out = [0.0] * n  # when the step's output reaches the neighbouring stage
     last_bwd = [0.0] * K
@@ -247,13 +251,13 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
                     ahead.append((t_dp, t_dp + duration, category, work))
                     t_dp += duration
                 start = t_dp if t_dp > t0 else t0
-                if f[1] <= start and f[2] <= start:
+                if f[1] <= start and f[2] <= start and f[3] <= start:
                     f[_DP] = t_dp
                     intervals[s].extend(ahead)
                     t0 = start
                 else:
                     simple = None
-            elif f[1] > t0 or f[2] > t0:
+            elif f[1] > t0 or f[2] > t0 or f[3] > t0:
                 simple = None
         if starts is not None:
             starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
@@ -266,6 +270,8 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
                 f[1] = t0 + fr[1]
             if fr[2] >= 0:
                 f[2] = t0 + fr[2]
+            if fr[3] >= 0:
+                f[3] = t0 + fr[3]
             blocks[s].append((t0, end, simple.parts))
             for ready, duration, category, work in simple.behind:
                 t = t0 + ready
@@ -341,6 +347,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
     f0 = [0.0] * K
     f1 = [0.0] * K
     f2 = [0.0] * K
+    f3 = [0.0] * K
     fdp = [0.0] * K
     fpp = [0.0] * K
     prev = [-1.0] * K
@@ -387,6 +394,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
             f1[s] = t0 + fr[1]
         if fr[2] >= 0:
             f2[s] = t0 + fr[2]
+        if fr[3] >= 0:
+            f3[s] = t0 + fr[3]
         used[s][code] += 1
         if sm.behind:  # type: ignore[union-attr]
             for ready, duration, category, work in sm.behind:  # type: ignore[union-attr]
@@ -422,7 +431,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         summaries.append(BlockSummary(total, first[s], prev[s], parts, *((span[:, 0], span[:, 1]) if cover
                                                                           else (None, None))))
         r = stages[s].tail
-        f = [f0[s], f1[s], f2[s], fdp[s], fpp[s]]
+        f = [f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s]]
         _run_tail(r, f, last_bwd[s], intervals[s])
         model += r.model_flops
         hardware += r.hardware_flops
@@ -518,6 +527,11 @@ class AnalyticStep:
     cp_comm_s: float
     pp_comm_s: float
     dp_exposed_s: float
+    ep_comm_s: float
+    """Exposed expert-parallel token all_to_all (dispatch and combine)."""
+    etp_comm_s: float
+    edp_exposed_s: float
+    """Exposed expert-gradient reduction over the expert-data-parallel group."""
     optimizer_s: float
     bubble_s: float
     idle_s: float
@@ -539,5 +553,6 @@ def analytic_step(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = T
         mfu=per_gpu / cfg.gpu.peak_flops(cfg.precision),
         bubble_fraction=max(obs["bubble_s"] / phase, 0.0) if phase > 0 else 0.0, pipeline_phase_s=phase,
         compute_s=obs["compute_s"], recompute_s=obs["recompute_s"], tp_comm_s=obs["tp_s"], cp_comm_s=obs["cp_s"],
-        pp_comm_s=obs["pp_s"], dp_exposed_s=obs["dp_s"], optimizer_s=obs["optimizer_s"], bubble_s=obs["bubble_s"],
+        pp_comm_s=obs["pp_s"], dp_exposed_s=obs["dp_s"], ep_comm_s=obs["ep_s"], etp_comm_s=obs["etp_s"],
+        edp_exposed_s=obs["edp_s"], optimizer_s=obs["optimizer_s"], bubble_s=obs["bubble_s"],
         idle_s=obs["idle_s"], num_microbatches=cfg.microbatches(0))

@@ -255,7 +255,11 @@ def _with_provenance(result: dict[str, Any], scenario: Scenario, assignments: li
     if assignments and not named:
         out["scenario_name"] = result.get("name", "")
         m = result["model"]
-        model = m["name"] if m["name"] != "inline" else f"{m['num_params'] / 1e9:.0f}B-parameter model"
+        active = m.get("num_active_params", m["num_params"])
+        size = f"{m['num_params'] / 1e9:.0f}B-parameter"
+        if active != m["num_params"]:  # a mixture of experts: also what a token uses
+            size += f" ({active / 1e9:.0f}B active)"
+        model = m["name"] if m["name"] != "inline" else f"{size} model"
         out["name"] = title_after_overrides(scenario.spec, scenario.topology, model, assignments)
         resolved["name"] = out["name"]
     out["overrides"] = list(assignments)

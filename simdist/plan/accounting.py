@@ -4,7 +4,8 @@ Every timeline is accounted for here, whether the engine simulated it (simdist.r
 trace) or the closed form computed it (simdist.analytic.step), and `simdist bubble`'s bare pipelines too, so
 ``bubble_fraction`` means the same in every command and report.
 
-Each op of a stage's rank is an interval of a *category* (compute, recompute, optimizer, tp, cp, pp, dp). Some
+Each op of a stage's rank is an interval of a *category* (compute, recompute, optimizer, tp, cp, ep, etp, pp, dp,
+edp: a collective's category is its axis, the expert generator's ep / etp / edp included). Some
 of it is *pipeline work*: the forward, backward, weight-gradient and recompute compute of the schedule's steps,
 and the collectives those steps issue per micro-batch (tensor/context-parallel, per-micro-batch ZeRO). A
 pipeline send, a gradient bucket or reduction, the optimizer and a zero-length wait are not.
@@ -18,8 +19,9 @@ pipeline send, a gradient bucket or reduction, the optimizer and a zero-length w
   communication it is (K-1)/(M+K-1) for GPipe and 1F1B (Huang et al. 2019; Narayanan et al. 2021 sec 2.2.1),
   (K-1)/(V M+K-1) interleaved (sec 2.2.2).
 - The **breakdown** partitions each stage's [0, step end] by what runs, in priority order: inside the phase
-  compute > recompute > optimizer > tp > cp > dp (pipeline work only) > bubble; outside it compute > recompute >
-  optimizer > tp > cp > pp > dp > idle (idle: waiting for the slowest stage's gradient reduction and optimizer,
+  compute > recompute > optimizer > tp > cp > ep > etp > dp > edp (pipeline work only) > bubble; outside it compute >
+  recompute > optimizer > tp > cp > ep > etp > pp > dp > edp > idle (idle: waiting for the slowest stage's gradient
+  reduction and optimizer,
   or for the step to start). Its ``bubble_s`` (mean over stages) is ``bubble_fraction`` x phase length.
 """
 
@@ -32,9 +34,9 @@ import numpy as np
 __all__ = ["CATEGORIES", "PIPELINE_KINDS", "Account", "Block", "BlockSummary", "Interval", "account", "category_of",
            "is_work", "partition_pieces"]
 
-CATEGORIES = ("compute", "recompute", "optimizer", "tp", "cp", "pp", "dp")
+CATEGORIES = ("compute", "recompute", "optimizer", "tp", "cp", "ep", "etp", "pp", "dp", "edp")
 PIPELINE_KINDS = ("forward", "backward", "weight_grad", "recompute")
-_INSIDE = ("compute", "recompute", "optimizer", "tp", "cp", "dp")
+_INSIDE = ("compute", "recompute", "optimizer", "tp", "cp", "ep", "etp", "dp", "edp")
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 
 Interval = tuple[float, float, str, bool]

@@ -19,157 +19,46 @@ buffer and splits layer norm, dropout and residual work by t. "column" is the CS
 
 Byte counts are what each kernel reads plus writes in HBM, element size ``bytes_per_element(precision)``;
 dropout masks are 1 byte per element (Korthikanti sec. 4.1).
+
+A layer is its attention half (simdist.plan.attention_cost: MHA/GQA or multi-latent attention, QK-norm, full, causal
+or sliding-window attention) and its MLP half: the dense MLP of ffn_hidden_size here, or, in the MoE layers
+(Model.moe_layer_flags), the router, dispatch, experts and combine of simdist.plan.moe_cost. The kernels and
+collectives are the units of simdist.plan.kernel_work, re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 from simdist.errors import LayoutError, SpecError
+from simdist.plan.attention_cost import attention_block
+from simdist.plan.attention_cost import attention_parts as _attention_parts  # noqa: F401  (kept for callers)
+from simdist.plan.kernel_work import (
+    FP8_RECIPES,
+    AttentionShape,
+    CommWork,
+    Kernel,
+    LayerShape,
+    Pass,
+    Work,
+    bytes_per_element,
+    elementwise,
+    fp8_cast,
+    gemm,
+    gemm_grads,
+    optimizer_kernels,
+    work_of,
+)
 from simdist.plan.model import Model
+from simdist.plan.moe_cost import ExpertParallel, moe_mlp_block
 
+__all__ = ["ATTENTION_KERNELS", "FP8_RECIPES", "AttentionShape", "CommWork", "ExpertParallel", "Kernel", "Work",
+           "bytes_per_element", "embedding_work", "head_work", "layer_work", "model_flops_per_sequence", "mtp_work",
+           "optimizer_kernels"]
 
-@dataclass(frozen=True, slots=True)
-class Kernel:
-    name: str
-    flops: float
-    hbm_bytes: float
-    """Bytes read + written in HBM."""
-    kind: str
-    """gemm | attention | memory (bandwidth-bound element-wise)."""
-    gemm_mnk: tuple[int, int, int] | None = None
-    """(m, n, k) of one GEMM (per head for batched attention GEMMs), for size-dependent efficiency."""
-    dtype: str | None = None
-    """``fp8``: a GEMM the FP8 recipe casts; None: the step's compute dtype (bf16 under fp8 training)."""
-    attention: AttentionShape | None = None
-    """A fused attention kernel's family and shape (simdist.hardware.attention prices it from measured curves)."""
-    useful_flops: float | None = None
-    """Model FLOPs of the kernel where they differ from ``flops`` (what it executes): a materialized attention
-    GEMM computes the masked half of the scores too, which the causal convention does not count."""
-
-    @property
-    def model_flops(self) -> float:
-        return self.flops if self.useful_flops is None else self.useful_flops
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionShape:
-    kernel: str
-    """flash2 | flash3 | cudnn."""
-    direction: str
-    """forward | backward."""
-    head_dim: int
-    parts: tuple[tuple[float, bool, float], ...]
-    """(share of the kernel's FLOPs, causal, sequence length) of each piece of work it does."""
-
-
-@dataclass(frozen=True, slots=True)
-class CommWork:
-    op: str
-    """all_reduce | all_gather | reduce_scatter | all_to_all."""
-    nbytes: float
-    """The nccl-tests size: the full (gathered / unreduced) buffer."""
-    phase: str
-    """forward | backward (the recompute's collectives are backward)."""
-    overlappable: bool
-    """True: can run concurrently with the phase's remaining compute; False: the next kernel waits for it."""
-    axis: str = "tp"
-    issued_after: int = 0
-    """Issued once this many kernels of its tuple (forward, backward, or recompute) have run."""
-    recompute: bool = False
-    """True: repeated by the recompute; ``issued_after`` then indexes ``Work.recompute``."""
-    imbalance: float = 1.0
-    """all_to_all over ep: the busiest peer's bytes / the mean peer's (routing imbalance); ``nbytes`` is a balanced
-    rank's send buffer (the nccl-tests alltoall size)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Work:
-    forward: tuple[Kernel, ...]
-    backward: tuple[Kernel, ...]
-    recompute: tuple[Kernel, ...]
-    comm: tuple[CommWork, ...]
-    model_flops: float
-    hardware_flops: float
-
-
-_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
-# fp8 training (Transformer Engine / Megatron-LM --fp8-format) keeps activations, their collectives (TP all-reduce /
-# all-gather / reduce-scatter) and pipeline messages in bf16: only the linear layers' GEMM operands are cast to
-# 1-byte fp8 (their casts are kernels of their own, `_cast`), and the GEMMs write bf16.
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
-"""Megatron-LM --fp8-recipe names (megatron/training/arguments.py): delayed = TE DelayedScaling, tensorwise = TE
-Float8CurrentScaling, mxfp8 = TE MXFP8BlockScaling (Blackwell), blockwise = TE Float8BlockScaling (1x128 / 128x128
-blocks, DeepSeek-V3 style)."""
-# Bytes per element one cast kernel moves: reads the bf16 tensor (2 B) and writes the fp8 copy the GEMM reads plus
-# the transposed fp8 copy the backward GEMM reads (Transformer Engine's cast_transpose: 2 x 1 B), with its scales.
-_CAST_BYTES = {
-    "delayed": 2 + 2 * 1.0,  # amax recorded in the same pass; the scale comes from the amax history
-    "tensorwise": 2 + 2 + 2 * 1.0,  # current scaling: an amax pass over the input before the cast
-    "mxfp8": 2 + 2 * (1 + 1 / 32),  # OCP MX: one E8M0 scale per 32 elements, row-wise and column-wise copies
-    "blockwise": 2 + 2 * (1 + 4 / 128),  # one fp32 scale per 128 elements (1x128 activations)
-}
-
-# Assumption: Adam keeps fp32 master weights, m and v and reads an fp32 gradient (Megatron-LM's main_grad);
-# per parameter it reads master, m, v, grad (4 x 4 B) and writes master, m, v (3 x 4 B) plus the 16-bit copy
-# (2 B). ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054) sec. 3.1 counts the same 4+4+4 B of optimizer state.
-_ADAM_FLOPS_PER_PARAM = 12.0  # Kingma & Ba 2015 Algorithm 1: two moment updates, bias corrections, the step.
-
-
-def bytes_per_element(precision: str) -> int:
-    try:
-        return _BYTES[precision]
-    except KeyError:
-        raise SpecError(f"unknown precision {precision!r}", field="training.precision",
-                        fix=f"write one of {', '.join(_BYTES)}") from None
-
-
-def optimizer_kernels(num_params: float, *, precision: str = "bf16") -> tuple[Kernel, ...]:
-    """The Adam step on ``num_params`` parameters (one fused multi-tensor kernel), memory-bound."""
-    if num_params < 0:
-        raise SpecError("negative parameter count", field="model", fix="check the model size")
-    copy = bytes_per_element(precision) if bytes_per_element(precision) < 4 else 0
-    per_param = 4 * 4 + 3 * 4 + copy
-    return (Kernel("adam", _ADAM_FLOPS_PER_PARAM * num_params, per_param * num_params, "memory"),)
-
-
-def _gemm(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False) -> Kernel:
-    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C (fp8: 1-byte operands, a bf16 output)."""
-    ib = 1 if fp8 else bpe
-    return Kernel(name, 2.0 * m * n * k, float(m * k + k * n) * ib + float(m * n) * bpe, "gemm", (m, n, k),
-                  dtype="fp8" if fp8 else None)
-
-
-def _gemm_grads(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False) -> tuple[Kernel, Kernel]:
-    """Input gradient dA = dC B^T (m, k, n) and weight gradient dB = A^T dC (k, n, m).
-
-    # Assumption: the weight gradient accumulates into an fp32 buffer (Megatron-LM gradient_accumulation_fusion,
-    # main_grad), read and written: 8 bytes per weight.
-    """
-    ib = 1 if fp8 else bpe
-    dt = "fp8" if fp8 else None
-    dgrad = Kernel(f"{name}_input_grad", 2.0 * m * n * k, float(m * n + k * n) * ib + float(m * k) * bpe, "gemm",
-                   (m, k, n), dtype=dt)
-    wgrad = Kernel(f"{name}_weight_grad", 2.0 * m * n * k, float(m * k + m * n) * ib + 8.0 * k * n, "gemm",
-                   (k, n, m), dtype=dt)
-    return dgrad, wgrad
-
-
-def _cast(name: str, elements: float, recipe: str | None) -> list[Kernel]:
-    """The fp8 cast of a GEMM operand (Transformer Engine casts each input activation in forward and each output
-    gradient in backward); none without an FP8 recipe.
-
-    # Assumption: weights are cast once per step, not per micro-batch (Megatron passes is_first_microbatch so TE
-    # caches the fp8 weights across the micro-batches of a step), so their casts are not charged here; casts that
-    # TE fuses into a preceding layer norm are charged as separate kernels (an upper bound on their traffic).
-    """
-    if recipe is None:
-        return []
-    return [_mem(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
-
-
-def _mem(name: str, elements: float, bytes_per: float, flops_per: float = 1.0) -> Kernel:
-    return Kernel(name, flops_per * elements, bytes_per * elements, "memory")
+ATTENTION_KERNELS = ("materialized", "flash", "flash2", "flash3", "cudnn")
+"""``flash`` is FlashAttention-2 (the name earlier releases used); ``cudnn`` the fused attention Transformer Engine
+runs on Hopper (its figures from the FlashAttention-3 paper's comparison)."""
 
 
 def _check(model: Model, tp: int, cp: int, sequence_parallel: bool, micro_batch_size: int, recompute: str,
@@ -195,7 +84,10 @@ def _check(model: Model, tp: int, cp: int, sequence_parallel: bool, micro_batch_
     if tp_style != "megatron":
         raise LayoutError("a decoder uses Megatron-LM's column/row tensor parallelism", field="parallel.tp_style",
                           fix="use tp_style 'megatron' for decoders")
-    a, g, f, s = model.num_attention_heads, model.num_query_groups, model.ffn_hidden_size, model.seq_length
+    a, g, s = model.num_attention_heads, model.num_query_groups, model.seq_length
+    f = model.ffn_hidden_size if not all(model.moe_layer_flags()) else 0  # only dense layers read ffn_hidden_size
+    if model.multi_latent_attention:
+        g = a  # MLA: every head has its own K and V
     # Megatron-LM (megatron/core/transformer/attention.py) divides heads, query groups and ffn by tp.
     if a % tp or f % tp or (g % tp and tp % g):
         raise LayoutError(f"tp {tp} must divide num_attention_heads {a}, ffn_hidden_size {f} and the query "
@@ -211,9 +103,9 @@ def _check(model: Model, tp: int, cp: int, sequence_parallel: bool, micro_batch_
 def _mlp_layer(model: Model, tp: int, b: int, recompute: str, bpe: int) -> Work:
     """One of the lecture's layers, column-parallel: y = gelu(x W[:, slice]); all-gather y (CS336 lecture 8)."""
     h, n = model.hidden_size, model.hidden_size // tp
-    fwd = (_gemm("linear", b, n, h, bpe), _mem("gelu", b * n, 2 * bpe, 8.0))
-    dgrad, wgrad = _gemm_grads("linear", b, n, h, bpe)
-    bwd = (_mem("gelu_grad", b * n, 3 * bpe, 8.0), dgrad, wgrad)
+    fwd = (gemm("linear", b, n, h, bpe), elementwise("gelu", b * n, 2 * bpe, 8.0))
+    dgrad, wgrad = gemm_grads("linear", b, n, h, bpe)
+    bwd = (elementwise("gelu_grad", b * n, 3 * bpe, 8.0), dgrad, wgrad)
     comm: list[CommWork] = []
     if tp > 1:
         full = float(b * h * bpe)  # the gathered activation; each rank contributes full / tp
@@ -224,49 +116,13 @@ def _mlp_layer(model: Model, tp: int, b: int, recompute: str, bpe: int) -> Work:
     redo = fwd if recompute == "full" else ()
     if redo and tp > 1:
         comm.append(CommWork("all_gather", float(b * h * bpe), "backward", False, issued_after=2, recompute=True))
-    return _work(fwd, bwd, redo, comm)
-
-
-def _work(fwd, bwd, redo, comm, extra_hardware: float = 0.0) -> Work:
-    """Model FLOPs: the matmul FLOPs the convention counts (causal half, no recompute); hardware FLOPs: what the
-    kernels execute, recompute included (Korthikanti sec. 6.3's MFU / HFU)."""
-    def executed(ks) -> float:
-        return sum(k.flops for k in ks if k.kind != "memory")
-
-    def counted(ks) -> float:
-        return sum(k.model_flops for k in ks if k.kind != "memory")
-
-    model_flops = counted(fwd) + counted(bwd) - extra_hardware
-    return Work(tuple(fwd), tuple(bwd), tuple(redo), tuple(comm), model_flops,
-                executed(fwd) + executed(bwd) + executed(redo))
-
-
-ATTENTION_KERNELS = ("materialized", "flash", "flash2", "flash3", "cudnn")
-"""``flash`` is FlashAttention-2 (the name earlier releases used); ``cudnn`` the fused attention Transformer Engine
-runs on Hopper (its figures from the FlashAttention-3 paper's comparison)."""
-
-
-def _attention_parts(causal: bool, cp: int, s_q: int) -> tuple[tuple[float, bool, float], ...]:
-    """(share of the attention FLOPs, causal, sequence length) of one context-parallel rank's attention work.
-
-    Megatron-LM's context parallelism splits the sequence into 2 x cp chunks and gives rank r chunks r and
-    2cp - 1 - r (megatron/core/... get_batch_on_this_cp_rank; Transformer Engine's ring attention), so every rank
-    does the same causal work: with chunk length c, query chunk j attends to c^2 (j + 1/2) keys, and ranks hold
-    c^2 (r + 1/2 + 2cp - 1 - r + 1/2) = 2cp c^2 = s_q s / 2 each, exactly 1/cp of the causal total. Of its cp ring
-    steps one is causal (its own two chunks, s_q x s_q / 2 = 1/cp of its work) and cp - 1 attend without a mask to
-    half a block each (Transformer Engine's AttnFuncWithCPAndKVP2P).
-    """
-    if not causal:
-        return ((1.0, False, float(s_q)),)
-    if cp == 1:
-        return ((1.0, True, float(s_q)),)
-    return ((1.0 / cp, True, float(s_q)), ((cp - 1) / cp, False, float(s_q)))
+    return work_of(fwd, bwd, redo, comm)
 
 
 def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False,
                micro_batch_size: int = 1, recompute: str = "none", precision: str = "bf16",
                tp_style: str = "megatron", attention: str = "materialized", attention_mask: str = "causal",
-               fp8_recipe: str = "delayed") -> Work:
+               fp8_recipe: str = "delayed", layer: int = 0, experts: ExpertParallel | None = None) -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
@@ -284,6 +140,10 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     ``precision: fp8``: the linear layers' GEMMs (QKV, projection, MLP; forward, input and weight gradients) run in
     fp8 under ``fp8_recipe`` (`FP8_RECIPES`), with a cast kernel per operand; attention, norms, the embedding and
     the logits GEMM stay bf16 (Megatron-LM's output layer is not a Transformer Engine module).
+
+    ``layer``: the layer's index (0-based) in the model, which says whether its MLP is the routed experts
+    (Model.moe_layer_flags) and whether it attends over a sliding window (Model.window_layer_flags); ``experts``: how
+    the MoE layers run (ep, etp, dispatcher, imbalance, capacity, grouped GEMM; None: one GPU's defaults).
     """
     _check(model, tp, cp, sequence_parallel, micro_batch_size, recompute, tp_style)
     if attention not in ATTENTION_KERNELS:
@@ -297,156 +157,88 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
                         fix=f"write one of {', '.join(FP8_RECIPES)}")
     bpe = bytes_per_element(precision)
     recipe = fp8_recipe if precision == "fp8" else None
-    fp8 = recipe is not None
-    b = micro_batch_size
     if model.kind == "mlp":
-        return _mlp_layer(model, tp, b, recompute, bpe)
-
-    h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_dim
-    s_q, s_k = model.seq_length // cp, model.seq_length  # Assumption: CP ranks see all keys (ring attention)
-    m = b * s_q  # tokens of this GPU's GEMMs (gathered over the TP group under sequence parallelism)
-    a_l = model.num_attention_heads // tp
-    kv_l = max(model.num_query_groups // tp, 1) * d  # KV heads replicated when tp exceeds them
-    q_l = a_l * d
-    resid = m * h // tp if sequence_parallel else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
+        return _mlp_layer(model, tp, micro_batch_size, recompute, bpe)
+    if not 0 <= layer < model.num_layers:
+        raise LayoutError(f"layer {layer} is outside 0..{model.num_layers - 1}", field="model.num_layers",
+                          fix="pass a layer index of the model")
     # Assumption: GPT-style (GELU) models train with Megatron-LM's default dropout 0.1 (hidden and attention);
     # Llama-style (SwiGLU) models without dropout (Dubey et al. 2024 use none), but with rotary embeddings.
-    dropout = not model.swiglu
-    mask = 1 if dropout else 0
-    causal = attention_mask == "causal"
-    scores = float(b * a_l * s_q * s_k)  # elements of QK^T on this GPU (the full count, as Narayanan eq. (3))
-    # Model FLOPs count the unmasked half under a causal mask (zig-zag CP keeps every rank at exactly half).
-    counted = 0.5 if causal else 1.0
-    f_l = f // tp
-
-    fwd: list[Kernel] = [_mem("layernorm", resid, 2 * bpe, 8.0), *_cast("qkv", m * h, recipe),
-                         _gemm("qkv", m, q_l + 2 * kv_l, h, bpe, fp8)]
-    if model.swiglu:
-        fwd.append(_mem("rotary", m * (q_l + kv_l), 2 * bpe, 4.0))
-    qkv_done = len(fwd)
-    core: list[Kernel]
-    extra = 0.0
-    if attention == "materialized":
-        # cuBLAS batched GEMMs compute every score; the mask is applied in the fused softmax.
-        core = [
-            Kernel("attention_scores", 2.0 * scores * d, (m * q_l + b * s_k * kv_l + scores) * bpe, "attention",
-                   (s_q, s_k, d), useful_flops=2.0 * scores * d * counted),
-            # Megatron-LM's fused scale-mask-softmax: reads and writes the scores once.
-            _mem("softmax", scores, 2 * bpe, 5.0),
-        ]
-        if dropout:
-            core.append(_mem("dropout", scores, 2 * bpe + 1))
-        core.append(Kernel("attention_over_values", 2.0 * scores * d, (scores + b * s_k * kv_l + m * q_l) * bpe,
-                           "attention", (s_q, d, s_k), useful_flops=2.0 * scores * d * counted))
-        core_bwd = [
-            Kernel("attention_over_values_grad", 4.0 * scores * d,
-                   (2 * scores + 2 * b * s_k * kv_l + 2 * m * q_l) * bpe, "attention", (s_q, s_k, d),
-                   useful_flops=4.0 * scores * d * counted),
-        ]
-        if dropout:
-            core_bwd.append(_mem("dropout_grad", scores, 2 * bpe + 1))
-        core_bwd += [
-            _mem("softmax_grad", scores, 3 * bpe, 4.0),
-            Kernel("attention_scores_grad", 4.0 * scores * d,
-                   (2 * scores + 2 * m * q_l + 2 * b * s_k * kv_l) * bpe, "attention", (s_q, d, s_k),
-                   useful_flops=4.0 * scores * d * counted),
-        ]
+    shape = LayerShape(micro_batch_size, model.seq_length // cp, model.seq_length, tp, cp, sequence_parallel, bpe,
+                       recipe, dropout=not model.swiglu)
+    h, m = model.hidden_size, shape.tokens
+    resid = m * h // tp if sequence_parallel else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
+    mask = shape.mask_bytes
+    attn = attention_block(model, shape, attention=attention, causal=attention_mask == "causal",
+                           window=model.window_layer_flags()[layer], recompute=recompute)
+    if model.moe_layer_flags()[layer]:
+        mlp_fwd, mlp_bwd = moe_mlp_block(model, shape, experts or ExpertParallel())
     else:
-        family = "flash2" if attention == "flash" else attention
-        parts = _attention_parts(causal, cp, s_q)
-        # Assumption: the fused kernel reads Q, K, V and writes O once (its re-reads of K, V per query block are
-        # served from L2); a causal kernel skips the masked blocks, so it executes the counted FLOPs.
-        io = (2 * m * q_l + 2 * b * s_k * kv_l) * bpe  # read Q, K, V; write O
-        core = [Kernel("flash_attention", 4.0 * scores * d * counted, io + 4.0 * m * a_l, "attention", (s_q, s_k, d),
-                       attention=AttentionShape(family, "forward", d, parts))]
-        core_bwd = [Kernel("flash_attention_grad", 10.0 * scores * d * counted, 2.0 * io + 4.0 * m * a_l, "attention",
-                           (s_q, s_k, d), attention=AttentionShape(family, "backward", d, parts))]
-        extra = 2.0 * scores * d * counted  # the backward's recomputed QK^T (and P): beyond 2x the forward
-    fwd += core
-    fwd += _cast("projection", m * q_l, recipe)
-    fwd.append(_gemm("projection", m, h, q_l, bpe, fp8))
-    proj_done = len(fwd)
-    fwd += [_mem("dropout_residual", resid, 3 * bpe + mask, 2.0), _mem("layernorm", resid, 2 * bpe, 8.0)]
-    ln2_done = len(fwd)
-    up_n = 2 * f_l if model.swiglu else f_l
-    fwd += _cast("mlp_up", m * h, recipe)
-    fwd.append(_gemm("mlp_up", m, up_n, h, bpe, fp8))
-    fwd.append(_mem("swiglu", m * f_l, 3 * bpe, 6.0) if model.swiglu else _mem("gelu", m * f_l, 2 * bpe, 8.0))
-    fwd += _cast("mlp_down", m * f_l, recipe)
-    fwd.append(_gemm("mlp_down", m, h, f_l, bpe, fp8))
-    down_done = len(fwd)
-    fwd.append(_mem("dropout_residual", resid, 3 * bpe + mask, 2.0))
+        mlp_fwd, mlp_bwd = _dense_mlp_block(model, shape)
 
-    bwd: list[Kernel] = []
-    if dropout:
-        bwd.append(_mem("dropout_residual_grad", resid, 2 * bpe + 1))
-    top = len(bwd)  # the row-parallel MLP-down backward starts here (SP: after its all-gather)
-    bwd += _cast("mlp_down_grad", m * h, recipe)
-    bwd += _gemm_grads("mlp_down", m, h, f_l, bpe, fp8)
-    bwd.append(_mem("swiglu_grad", m * f_l, 5 * bpe, 8.0) if model.swiglu else _mem("gelu_grad", m * f_l, 3 * bpe,
-                                                                                     10.0))
-    bwd += _cast("mlp_up_grad", m * up_n, recipe)
-    up_dgrad, up_wgrad = _gemm_grads("mlp_up", m, up_n, h, bpe, fp8)
-    bwd.append(up_dgrad)
-    up_dgrad_done = len(bwd)
-    bwd += [up_wgrad, _mem("layernorm_grad", resid, 4 * bpe, 10.0)]
-    if dropout:
-        bwd.append(_mem("dropout_residual_grad", resid, 2 * bpe + 1))
-    attn_top = len(bwd)
-    bwd += _cast("projection_grad", m * h, recipe)
-    bwd += _gemm_grads("projection", m, h, q_l, bpe, fp8)
-    bwd += core_bwd
-    if model.swiglu:
-        bwd.append(_mem("rotary_grad", m * (q_l + kv_l), 2 * bpe, 4.0))
-    bwd += _cast("qkv_grad", m * (q_l + 2 * kv_l), recipe)
-    qkv_dgrad, qkv_wgrad = _gemm_grads("qkv", m, q_l + 2 * kv_l, h, bpe, fp8)
-    bwd.append(qkv_dgrad)
-    qkv_dgrad_done = len(bwd)
-    bwd += [qkv_wgrad, _mem("layernorm_grad", resid, 4 * bpe, 10.0)]
-
-    comm: list[CommWork] = []
-    if tp > 1:
-        full = float(m * h * bpe)  # b x s x h activation (s / cp under context parallelism)
-        if sequence_parallel:
-            # Korthikanti sec. 4.2.2, Fig. 5: g = all-gather before each column-parallel GEMM, g-bar =
-            # reduce-scatter after each row-parallel GEMM; in backward their adjoints swap.
-            comm += [CommWork("all_gather", full, "forward", False, issued_after=1),
-                     CommWork("reduce_scatter", full, "forward", False, issued_after=proj_done),
-                     CommWork("all_gather", full, "forward", False, issued_after=ln2_done),
-                     CommWork("reduce_scatter", full, "forward", False, issued_after=down_done),
-                     CommWork("all_gather", full, "backward", False, issued_after=top),
-                     CommWork("reduce_scatter", full, "backward", True, issued_after=up_dgrad_done),
-                     CommWork("all_gather", full, "backward", False, issued_after=attn_top),
-                     CommWork("reduce_scatter", full, "backward", True, issued_after=qkv_dgrad_done)]
-            # Assumption: Megatron-LM also re-gathers each column-parallel GEMM's input in backward for its
-            # weight gradient, overlapped with the input-gradient GEMM; that all-gather is not modelled.
-        else:
-            comm += [CommWork("all_reduce", full, "forward", False, issued_after=proj_done),
-                     CommWork("all_reduce", full, "forward", False, issued_after=down_done),
-                     CommWork("all_reduce", full, "backward", True, issued_after=up_dgrad_done),
-                     CommWork("all_reduce", full, "backward", True, issued_after=qkv_dgrad_done)]
-    if cp > 1:
-        # Assumption: context parallelism exchanges K and V around the CP ring while attention runs (Megatron-LM
-        # context parallelism, Liu et al. 2023 Ring Attention); priced as an all-gather of the full K, V
-        # buffer, overlappable, and its adjoint reduce-scatter of dK, dV in backward.
-        kv_full = float(b * s_k * 2 * kv_l * bpe)
-        comm += [CommWork("all_gather", kv_full, "forward", True, axis="cp", issued_after=qkv_done),
-                 CommWork("reduce_scatter", kv_full, "backward", True, axis="cp", issued_after=qkv_dgrad_done - 1)]
+    fwd = Pass("forward").then(attn.forward)
+    fwd.add(elementwise("dropout_residual", resid, 3 * bpe + mask, 2.0))
+    fwd.then(mlp_fwd).add(elementwise("dropout_residual", resid, 3 * bpe + mask, 2.0))
+    bwd = Pass("backward")
+    if shape.dropout:
+        bwd.add(elementwise("dropout_residual_grad", resid, 2 * bpe + 1))
+    bwd.then(mlp_bwd)
+    if shape.dropout:
+        bwd.add(elementwise("dropout_residual_grad", resid, 2 * bpe + 1))
+    bwd.then(attn.backward)
+    comm = fwd.comm + bwd.comm
 
     redo: tuple[Kernel, ...] = ()
     if recompute == "full":
         # Checkpointed layer input, whole forward redone before the backward (Korthikanti sec. 5), including
-        # its collectives.
-        redo = tuple(fwd)
-        comm += [CommWork(c.op, c.nbytes, "backward", c.overlappable, c.axis, c.issued_after, True)
-                 for c in comm if c.phase == "forward"]
+        # its collectives (the expert all-to-alls with their imbalance).
+        redo = tuple(fwd.kernels)
+        comm += [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm]
     elif recompute == "selective":
         # Korthikanti sec. 5: only the attention core (QK^T, softmax, dropout, attention over V) is redone.
-        redo = tuple(core)
+        redo = attn.core
         if cp > 1:
-            comm.append(CommWork("all_gather", float(b * s_k * 2 * kv_l * bpe), "backward", True, axis="cp",
-                                 issued_after=0, recompute=True))
-    return _work(fwd, bwd, redo, comm, extra)
+            comm.append(CommWork("all_gather", attn.kv_gather_bytes, "backward", True, axis="cp", issued_after=0,
+                                 recompute=True))
+    return work_of(fwd.kernels, bwd.kernels, redo, comm, attn.extra_hardware_flops)
+
+
+def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
+    """(forward, backward) of the dense MLP half: its norm, up (SwiGLU: gate and up, h -> 2f), activation, down,
+    with the tensor-parallel collectives (Shoeybi sec. 3; Korthikanti sec. 4.2.2 under sequence parallelism)."""
+    h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
+    sp = shape.sequence_parallel
+    resid = m * h // tp if sp else m * h
+    f_l = model.ffn_hidden_size // tp
+    up_n = 2 * f_l if model.swiglu else f_l
+    full = m * h * bpe  # b x s x h activation (s / cp under context parallelism)
+    fwd, bwd = Pass("forward"), Pass("backward")
+    fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
+    if tp > 1 and sp:
+        fwd.issue("all_gather", full)
+    fwd.add(*fp8_cast("mlp_up", m * h, recipe), gemm("mlp_up", m, up_n, h, bpe, fp8))
+    fwd.add(elementwise("swiglu", m * f_l, 3 * bpe, 6.0) if model.swiglu else elementwise("gelu", m * f_l, 2 * bpe,
+                                                                                          8.0))
+    fwd.add(*fp8_cast("mlp_down", m * f_l, recipe), gemm("mlp_down", m, h, f_l, bpe, fp8))
+    if tp > 1:
+        fwd.issue("reduce_scatter" if sp else "all_reduce", full)
+
+    if tp > 1 and sp:
+        # Korthikanti Fig. 5: in backward the adjoints swap (all-gather before the row-parallel GEMM's backward).
+        bwd.issue("all_gather", full)
+    bwd.add(*fp8_cast("mlp_down_grad", m * h, recipe), *gemm_grads("mlp_down", m, h, f_l, bpe, fp8))
+    bwd.add(elementwise("swiglu_grad", m * f_l, 5 * bpe, 8.0) if model.swiglu
+            else elementwise("gelu_grad", m * f_l, 3 * bpe, 10.0))
+    bwd.add(*fp8_cast("mlp_up_grad", m * up_n, recipe))
+    up_dgrad, up_wgrad = gemm_grads("mlp_up", m, up_n, h, bpe, fp8)
+    bwd.add(up_dgrad)
+    if tp > 1:
+        # issued after the input-gradient GEMM, it overlaps the weight-gradient GEMM
+        # Assumption: Megatron-LM also re-gathers each column-parallel GEMM's input in backward for its
+        # weight gradient, overlapped with the input-gradient GEMM; that all-gather is not modelled.
+        bwd.issue("reduce_scatter" if sp else "all_reduce", full, overlappable=True)
+    bwd.add(up_wgrad, elementwise("layernorm_grad", resid, 4 * bpe, 10.0))
+    return fwd, bwd
 
 
 def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
@@ -460,9 +252,9 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
     # Read each token's row (masked outside this rank's vocabulary slice) and write b x s x h; GPT adds learned
     # positions and embedding dropout (read + write again, mask).
     gpt = not model.swiglu
-    fwd = [_mem("embedding", m * h, 2 * bpe + (3 * bpe + 1 if gpt else 0))]
+    fwd = [elementwise("embedding", m * h, 2 * bpe + (3 * bpe + 1 if gpt else 0))]
     # Backward: scatter-add of the output gradient into the fp32 embedding gradient (read + write 4 B).
-    bwd = [_mem("embedding_grad", m * h, bpe + 8 + (2 * bpe + 1 if gpt else 0))]
+    bwd = [elementwise("embedding_grad", m * h, bpe + 8 + (2 * bpe + 1 if gpt else 0))]
     comm: list[CommWork] = []
     if tp > 1:
         full = float(m * h * bpe)
@@ -473,7 +265,7 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
                              issued_after=1))
         if sequence_parallel:
             comm.append(CommWork("all_gather", full, "backward", False, issued_after=0))
-    return _work(fwd, bwd, (), comm)
+    return work_of(fwd, bwd, (), comm)
 
 
 def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
@@ -484,16 +276,16 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
     h = model.hidden_size
     if model.kind == "mlp":
         # The lecture's loss: x.square().mean() over the (gathered) final activation b x h, and its gradient 2x/N.
-        return _work([_mem("loss", b * h, bpe, 2.0)], [_mem("loss_grad", b * h, 2 * bpe, 2.0)], (), [])
+        return work_of([elementwise("loss", b * h, bpe, 2.0)], [elementwise("loss_grad", b * h, 2 * bpe, 2.0)], (), [])
     m = b * model.seq_length // cp
     v_l = -(-model.vocab_size // tp)  # vocabulary rows per rank (Megatron pads V to a multiple of tp)
     resid = m * h // tp if sequence_parallel else m * h
-    fwd = [_mem("layernorm", resid, 2 * bpe, 8.0), _gemm("logits", m, v_l, h, bpe),
+    fwd = [elementwise("layernorm", resid, 2 * bpe, 8.0), gemm("logits", m, v_l, h, bpe),
            # Megatron-LM vocab_parallel_cross_entropy: reads the logits, keeps exp(logits) in fp32 for backward.
-           _mem("cross_entropy", m * v_l, bpe + 8, 5.0)]
-    dgrad, wgrad = _gemm_grads("logits", m, v_l, h, bpe)
-    bwd = [_mem("cross_entropy_grad", m * v_l, 4 + bpe, 2.0), dgrad, wgrad, _mem("layernorm_grad", resid, 4 * bpe,
-                                                                                 10.0)]
+           elementwise("cross_entropy", m * v_l, bpe + 8, 5.0)]
+    dgrad, wgrad = gemm_grads("logits", m, v_l, h, bpe)
+    bwd = [elementwise("cross_entropy_grad", m * v_l, 4 + bpe, 2.0), dgrad, wgrad,
+           elementwise("layernorm_grad", resid, 4 * bpe, 10.0)]
     comm: list[CommWork] = []
     if tp > 1:
         full = float(m * h * bpe)
@@ -504,13 +296,57 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
             comm.append(CommWork("all_reduce", full, "backward", True, issued_after=2))
         # The cross-entropy's all-reduces of per-token max, sum of exps and target logit (fp32, b x s each).
         comm += [CommWork("all_reduce", 4.0 * m, "forward", False, issued_after=2) for _ in range(3)]
-    return _work(fwd, bwd, (), comm)
+    return work_of(fwd, bwd, (), comm)
+
+
+def mtp_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False, micro_batch_size: int = 1,
+             precision: str = "bf16") -> Work:
+    """One multi-token-prediction module's own kernels besides its transformer layer, embedding lookup and output
+    head (DeepSeek-V3, arXiv:2412.19437 sec. 2.2, eq. (21); Megatron-LM MultiTokenPredictionLayer): RMSNorm of the
+    hidden state (hnorm) and of the next token's embedding (enorm), their concatenation projected 2h -> h by eh_proj
+    (column-parallel; its output gathered over tp and scattered back to the sequence-parallel split)."""
+    bpe = bytes_per_element(precision)
+    h, m = model.hidden_size, micro_batch_size * model.seq_length // cp
+    resid = m * h // tp if sequence_parallel else m * h
+    fwd = Pass("forward").add(elementwise("mtp_hnorm", resid, 2 * bpe, 8.0), elementwise("mtp_enorm", resid, 2 * bpe,
+                                                                                          8.0))
+    bwd = Pass("backward")
+    if tp > 1 and sequence_parallel:
+        fwd.issue("all_gather", m * 2 * h * bpe)
+        bwd.issue("all_gather", m * h * bpe)  # scatter_to_sequence_parallel_region's adjoint
+    fwd.add(gemm("mtp_eh_proj", m, h // tp, 2 * h, bpe))
+    if tp > 1:
+        fwd.issue("all_gather", m * h * bpe)  # gather_from_tensor_model_parallel_region (its adjoint: a split)
+    dgrad, wgrad = gemm_grads("mtp_eh_proj", m, h // tp, 2 * h, bpe)
+    bwd.add(dgrad)
+    if tp > 1:
+        bwd.issue("reduce_scatter" if sequence_parallel else "all_reduce", m * 2 * h * bpe, overlappable=True)
+    bwd.add(wgrad, elementwise("mtp_norms_grad", 2 * resid, 4 * bpe, 10.0))
+    return work_of(fwd.kernels, bwd.kernels, (), fwd.comm + bwd.comm)
 
 
 def model_flops_per_sequence(model: Model, attention_mask: str = "causal") -> float:
     """Model FLOPs of one sequence through the whole model (forward and backward, no recompute) under the
     ``attention_mask`` convention: "causal" counts the unmasked half of the scores (Megatron-LM's
     num_floating_point_operations with a causal mask, FlashAttention's benchmarks), "full" every score
-    (Narayanan et al. 2021 eq. (3), PaLM's 6N + 12 L H Q T, torchtitan)."""
-    layers = model.num_layers * layer_work(model, attention_mask=attention_mask).model_flops
+    (Narayanan et al. 2021 eq. (3), PaLM's 6N + 12 L H Q T, torchtitan). MoE layers count a token's topk routed
+    experts (6 x the active parameters' matmul FLOPs, as Megatron-LM's num_floating_point_operations); a
+    sliding-window layer its band of scores."""
+    if model.kind == "mlp":
+        layers = model.num_layers * layer_work(model, attention_mask=attention_mask).model_flops
+    else:
+        kinds: dict[tuple[bool, bool], int] = {}
+        for i, key in enumerate(zip(model.moe_layer_flags(), model.window_layer_flags(), strict=True)):
+            kinds.setdefault(key, i)
+        count = dict.fromkeys(kinds, 0)
+        for key in zip(model.moe_layer_flags(), model.window_layer_flags(), strict=True):
+            count[key] += 1
+        layers = sum(n * layer_work(model, attention_mask=attention_mask, layer=kinds[key]).model_flops
+                     for key, n in count.items())
+    if model.kind == "decoder" and model.mtp_num_layers:
+        # DeepSeek-V3 sec. 2.2: each MTP module adds a layer built like the last, its projection, an embedding
+        # lookup and the shared output head (Megatron-LM's num_floating_point_operations counts them too).
+        mtp = (layer_work(model, attention_mask=attention_mask, layer=model.num_layers - 1).model_flops
+               + mtp_work(model, tp=1).model_flops + head_work(model, tp=1).model_flops)
+        layers += model.mtp_num_layers * mtp
     return layers + embedding_work(model, tp=1).model_flops + head_work(model, tp=1).model_flops

@@ -164,7 +164,7 @@ def deepspeed_layers(model: Model, precision: str) -> list[tuple[str, int]]:
         layers.append(("_to_float16", 0))
     if model.kind == "decoder":
         layers.append(("EmbeddingPipe", v * h))
-    layers += [("ParallelTransformerLayerPipe", model.params_per_layer)] * model.num_layers
+    layers += [("ParallelTransformerLayerPipe", n) for n in model.layer_counts()]
     if model.kind == "decoder":
         layers.append(("RMSNorm", h) if model.swiglu else ("LayerNorm", 2 * h))
         layers.append(("EmbeddingPipe", v * h) if model.tied_embeddings else ("LMHeadPipe", v * h))

@@ -15,7 +15,17 @@ The rules are those Megatron-LM enforces (megatron/training/arguments.py and its
 - layers: the layers split over the pipeline stages and their chunks (simdist.plan.layer_split.choose_split: any
   layer count on any pp and vpp; a chunk may hold only the embedding, only the loss, or nothing);
 - zero: ``zero3_fetch: per_parameter`` describes ZeRO-3; unequal local batches cannot combine with ZeRO-2/3
-  (ranks would issue different numbers of per-micro-batch collectives).
+  (ranks would issue different numbers of per-micro-batch collectives);
+- experts (`check_experts`): ep and etp > 1 need a model with experts; the routed experts split over ep
+  (megatron/training/arguments.py: "Number of experts should be a multiple of expert model parallel_size"); the
+  expert generator's etp x ep divides the stage's tp x cp x dp ranks (Megatron-Core parallel_state.py: world_size
+  divisible by etp x ep x pp), so ep need not divide dp x cp alone: with etp < tp it may take ranks of tp too;
+  etp splits each expert's FFN width; tp > 1 needs sequence parallelism (Megatron-Core MoELayer) and splits the
+  shared experts' width; the flex dispatcher is modelled with etp 1 (simdist.plan.moe_cost); the dense and the
+  expert pipeline groups coincide (Megatron-Core asserts it: with pp outer to every other axis they do); the
+  busiest ep rank holds at most every routed token (moe_imbalance <= ep); --overlap-moe-expert-parallel-comm needs
+  ep > 1, the alltoall or flex dispatcher, no full recompute, bf16/fp16, and with pp > 1 the interleaved schedule
+  (megatron/core/transformer/transformer_config.py).
 ZeRO-2/3 with pipeline parallelism is allowed: FSDP with pipeline stages is what torchtitan runs and what
 Llama 3 405B trained with (Dubey et al. 2024 sec 3.3.2).
 """
@@ -36,7 +46,7 @@ from simdist.spec.scenario import ScenarioSpec
 
 __all__ = ["RULES", "LayoutRuleError", "check_fp8", "check_layout", "step_config_of"]
 
-RULES = ("heads", "kv-heads", "sequence", "width", "batch", "interleaving", "layers", "zero", "memory")
+RULES = ("heads", "kv-heads", "sequence", "width", "batch", "interleaving", "layers", "zero", "experts", "memory")
 """Rule names, in the order they are checked (``memory`` is search's filter: `simdist run` reports it)."""
 
 
@@ -116,7 +126,70 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
         raise _fail("zero", "unequal local batches with ZeRO-2/3: ranks would issue different numbers of "
                     "per-micro-batch collectives", "training.dp_batch_split",
                     "use zero_stage 0 or 1, or equal local batches")
+    check_experts(spec, model)
     return layers
+
+
+def _expert_mesh(spec: ScenarioSpec) -> Mesh:
+    p = spec.parallel
+    return Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order), ep=p.ep, etp=p.etp)
+
+
+def check_experts(spec: ScenarioSpec, model: Model) -> None:
+    """The ``experts`` rules of the module docstring."""
+    p, t = spec.parallel, spec.training
+    etp = p.tp if p.etp is None else p.etp
+    if not model.is_moe:
+        if p.ep > 1:
+            raise _fail("experts", f"parallel.ep = {p.ep} on a model without experts", "parallel.ep",
+                        "set parallel.ep: 1, or give model.num_experts")
+        if etp != p.tp:
+            raise _fail("experts", f"parallel.etp = {etp} on a model without experts", "parallel.etp",
+                        "drop parallel.etp (it splits experts)")
+        if t.overlap_moe_expert_parallel_comm:
+            raise _fail("experts", "overlap_moe_expert_parallel_comm on a model without experts",
+                        "training.overlap_moe_expert_parallel_comm", "set it to false")
+        return
+    if model.num_experts % p.ep:
+        raise _fail("experts", f"{model.num_experts} experts do not split over ep = {p.ep}", "parallel.ep",
+                    f"choose ep dividing {model.num_experts}")
+    ranks = p.tp * p.cp * p.dp
+    if ranks % (etp * p.ep):
+        raise _fail("experts", f"etp x ep = {etp} x {p.ep} does not divide a stage's tp x cp x dp = {ranks} ranks "
+                    "(Megatron-Core's expert groups are carved out of them)", "parallel.ep",
+                    f"choose ep x etp dividing {ranks}")
+    ffn = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    if etp > 1 and ffn % etp:
+        raise _fail("experts", f"expert FFN width {ffn} does not split over etp = {etp}", "parallel.etp",
+                    f"choose etp dividing {ffn}")
+    if p.tp > 1 and not p.sequence_parallel:
+        raise _fail("experts", "an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer "
+                    "raises without it)", "parallel.sequence_parallel", "set parallel.sequence_parallel: true, or tp 1")
+    shared = model.moe_shared_expert_intermediate_size
+    if shared % p.tp:
+        raise _fail("experts", f"the shared experts' width {shared} does not split over tp = {p.tp}", "parallel.tp",
+                    f"choose tp dividing {shared}")
+    if t.moe_token_dispatcher_type == "flex" and etp > 1:
+        raise _fail("experts", "the flex (DeepEP) dispatcher is modelled with etp 1 only",
+                    "training.moe_token_dispatcher_type", "use etp 1, or the alltoall dispatcher")
+    if not _expert_mesh(spec).pipeline_groups_agree():
+        raise _fail("experts", f"axis order {p.order} gives the expert layers other pipeline groups than the dense "
+                    "ones (Megatron-Core requires the same)", "parallel.order",
+                    "put pp last in parallel.order, e.g. tp-cp-ep-dp-pp")
+    if p.ep > 1 and t.moe_imbalance > p.ep:
+        raise _fail("experts", f"moe_imbalance {t.moe_imbalance} exceeds ep = {p.ep}: the busiest expert-parallel "
+                    "rank cannot receive more than every routed token", "training.moe_imbalance",
+                    f"use a value between 1 and {p.ep}")
+    if t.overlap_moe_expert_parallel_comm:
+        why = ("needs ep > 1" if p.ep == 1 else
+               "needs moe_token_dispatcher_type alltoall or flex" if t.moe_token_dispatcher_type == "allgather" else
+               "does not run with full recompute" if t.recompute == "full" else
+               "needs bf16 or fp16 training" if t.precision not in ("bf16", "fp16") else
+               "needs schedule: interleaved_1f1b with pp > 1" if p.pp > 1 and spec.schedule != "interleaved_1f1b"
+               else "")
+        if why:
+            raise _fail("experts", f"overlap_moe_expert_parallel_comm {why} (Megatron-Core's 1F1B A2A overlap)",
+                        "training.overlap_moe_expert_parallel_comm", "set it to false, or change the layout")
 
 
 def _host_of(spec: ScenarioSpec, gpu: GpuSpec) -> HostOverhead | None:
@@ -151,7 +224,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
     split = check_layout(spec, model)
     p, t = spec.parallel, spec.training
     check_fp8(spec, topology)
-    mesh = Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order))
+    mesh = _expert_mesh(spec)
     slow = []
     for i, st in enumerate(spec.faults.stragglers):
         if st.rank >= mesh.num_ranks:

@@ -2,7 +2,9 @@
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
 (arXiv:2205.05198), sec. 4 and Table 2, generalised term by term (grouped-query attention, SwiGLU, fp32).
-Model state follows Rajbhandari et al. 2020, "ZeRO" (arXiv:1910.02054), sec. 3.1 and Figure 1. How many
+Model state follows Rajbhandari et al. 2020, "ZeRO" (arXiv:1910.02054), sec. 3.1 and Figure 1; a mixture of
+experts' routed experts are split over ep x etp and their state sharded over the expert-data-parallel group
+(Megatron-Core parallel_state: expert_data_parallel_size = world / (etp x ep x pp)). How many
 micro-batches a stage holds at its peak follows the pipeline schedules (Narayanan et al. 2021,
 arXiv:2104.04473, sec. 2.2; Qi et al. 2023, arXiv:2401.10241).
 
@@ -11,10 +13,12 @@ All sizes are bytes (floats); a stage's numbers are those of one GPU of that sta
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from simdist.errors import LayoutError, SpecError
 from simdist.plan.model import Model
+from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
 
 GIB = 2**30
 
@@ -65,6 +69,14 @@ class MemoryBreakdown:
         return out
 
 
+def _activation_kind(model: Model, layer: int) -> int:
+    """The first layer whose activations equal layer ``layer``'s (same MLP kind: MoE or dense)."""
+    if model.kind != "decoder":
+        return 0
+    flags = model.moe_layer_flags()
+    return flags.index(flags[layer])
+
+
 def _check_choice(value: str, valid: tuple[str, ...], field: str) -> None:
     if value not in valid:
         raise SpecError(f"unknown value '{value}'", field=field, fix=f"use one of: {', '.join(valid)}")
@@ -86,8 +98,18 @@ def activation_bytes_per_layer(
     recompute: str = "none",
     precision: str = "bf16",
     attention: str = "materialized",
+    layer: int = 0,
+    experts: ExpertParallel | None = None,
 ) -> float:
-    """Bytes one layer keeps for its backward pass, for one micro-batch, on one GPU.
+    """Bytes one layer (``layer``, 0-based: MoE or dense, by Model.moe_layer_flags) keeps for its backward pass, for
+    one micro-batch, on one GPU.
+
+    An MoE layer keeps, in place of the dense MLP's tensors: the router's fp32 scores and routing map (T x experts),
+    each local expert's fc1 input, fc1 output and fc2 input for the busiest rank's rows (simdist.plan.moe_cost:
+    T x topk x etp x min(imbalance, capacity)), the expert outputs its unpermutation weights (T x topk x h, for the
+    probabilities' gradient), and the shared experts' tensors as a dense MLP of their width. Multi-latent attention
+    keeps Q and K (heads x (qk_head_dim + qk_pos_emb_head_dim)), V and the projection input (heads x v_head_dim), and
+    its two latents' norm and up-projection inputs.
 
     ``attention="flash"`` (Dao et al. 2022, arXiv:2205.14135 sec. 3.1): the a x s x s scores are never
     stored; the backward recomputes them from Q, K, V and the per-row softmax statistics (fp32, a x s per
@@ -131,13 +153,24 @@ def activation_bytes_per_layer(
     # rank still holds one whole K/V group (Megatron-LM replicates the groups), hence the max.
     kv_local = max(model.kv_hidden_size / tp, float(model.head_dim))
     attention_sharded = e * s * b * (2 * model.q_hidden_size / tp + 2 * kv_local)
+    if model.multi_latent_attention:
+        a_l = model.num_attention_heads / tp
+        d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+        latents = model.q_lora_rank + model.kv_lora_rank
+        attention_sharded = e * s * b * (2 * a_l * d_qk + 2 * a_l * d_v) + 2 * e * s * b * latents / replicated_div
+    if model.qk_layernorm and not model.multi_latent_attention:
+        attention_sharded += e * s * b * (model.q_hidden_size / tp + kv_local)  # the QK-norms' inputs
     # SwiGLU: Megatron-LM's fused swiglu (megatron/core/fusions/fused_bias_swiglu.py) saves its 2f-wide input
     # (gate and up projections) and recomputes the activation; the down projection keeps its f-wide input:
     # 3 x e x sbf. GeLU (Korthikanti sec. 4.1): GeLU input 8sbh and second matmul input 8sbh for f = 4h,
     # i.e. 2 x e x sbf.
     mlp_tensors = 3 if model.swiglu else 2
-    mlp_sharded = mlp_tensors * e * s * b * model.ffn_hidden_size / tp
+    moe = model.moe_layer_flags()[layer]
+    mlp_sharded = 0.0 if moe else mlp_tensors * e * s * b * model.ffn_hidden_size / tp
     total = replicated / replicated_div + attention_sharded + mlp_sharded
+    if moe:
+        total += mlp_tensors * e * s * b * model.moe_shared_expert_intermediate_size / tp
+        total += cp * _routed_activation_bytes(model, e, s * b // (cp * replicated_div), experts or ExpertParallel())
     if recompute == "none" and attention == "flash":
         total += 4 * model.num_attention_heads * s * b / tp  # logsumexp per row, fp32
     elif recompute == "none":
@@ -148,6 +181,75 @@ def activation_bytes_per_layer(
         per_score = (2 * e + mask) if dropout else e
         total += per_score * a * s * s * b / tp
     return total / cp
+
+
+def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel) -> float:
+    """What an MoE layer's routing and routed experts keep for backward on the busiest rank (activation_bytes_per_layer;
+    token counts as simdist.plan.moe_cost.routed_tokens)."""
+    k, nl = model.moe_router_topk, model.num_experts // experts.ep
+    rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
+    f_l = model.moe_ffn_hidden_size / experts.etp
+    per_row = model.hidden_size + (3 if model.swiglu else 2) * f_l  # fc1 input; fc1 output (SwiGLU: 2f) + fc2 input
+    router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
+    return e * rows * per_row + router + e * tokens * k * experts.kept_share * model.hidden_size
+
+
+def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, experts: ExpertParallel) -> float:
+    """The token dispatcher's transient buffers for one MoE layer at a time (``tokens``: a TP peer's own tokens):
+    alltoall / flex: the permuted send rows and the busiest rank's received rows; allgather: every gathered token and
+    the fp32 buffer its outputs are reduce-scattered from (simdist.plan.moe_cost)."""
+    e = _ELEMENT_BYTES[precision]
+    h, k = model.hidden_size, model.moe_router_topk
+    nl = model.num_experts // experts.ep
+    rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
+    if experts.dispatcher == "allgather":
+        gathered = tokens * experts.etp * experts.ep
+        return (e + 4) * gathered * h + e * rows * h
+    sent_rows = expected_destination_ranks(model.num_experts, k, experts.ep) if experts.dispatcher == "flex" else k
+    return e * h * (tokens * sent_rows * experts.kept_share + rows)
+
+
+def layer_param_shards(model: Model, layer: int) -> tuple[int, int, int]:
+    """(split over tp, replicated on every tp peer, routed experts) parameters of layer ``layer`` (0-based); together
+    Model.layer_params(layer).
+
+    Replicated: an MoE layer's router (Megatron-Core TopKRouter.weight is not tensor-parallel) and multi-latent
+    attention's down projections and latent norms (TELinear parallel_mode "duplicated", MLASelfAttention); the routed
+    experts are split over ep x etp instead of tp. Assumption: the small norm weights and biases are split over tp
+    with the rest (as stage_params always did).
+    """
+    total = model.layer_params(layer)
+    if model.kind != "decoder":
+        return total, 0, 0
+    replicated = routed = 0
+    if model.moe_layer_flags()[layer]:
+        replicated += model.router_params
+        routed = model.num_experts * model.expert_params
+    if model.multi_latent_attention:
+        h, qr, kvr = model.hidden_size, model.q_lora_rank, model.kv_lora_rank
+        replicated += h * (qr + kvr + model.qk_pos_emb_head_dim)
+        if model.qk_layernorm:
+            norm = 1 if model.swiglu else 2
+            replicated += norm * ((qr if qr else 0) + kvr)
+    return total - replicated - routed, replicated, routed
+
+
+def layer_tensors(model: Model, layer: int, *, ep: int = 1) -> int:
+    """Parameter tensors (weights and biases) of layer ``layer`` on one GPU, for per-parameter gradient reduction."""
+    if model.kind == "mlp":
+        return 2  # weight and bias
+    # Llama: q/k/v (fused qkv counts 1), proj, gate+up, down, 2 norms; GPT: + biases of each linear and norm.
+    per_linear, norm = (1, 1) if model.swiglu else (2, 2)
+    if model.multi_latent_attention:
+        linears = (2 if model.q_lora_rank else 1) + 2 + 1  # q (down, up), kv down, kv up, projection
+        attention = linears * per_linear + norm * (1 + (2 if model.qk_layernorm else 0))
+    else:
+        attention = 2 * per_linear + norm * (3 if model.qk_layernorm else 1)
+    if not model.moe_layer_flags()[layer]:
+        return attention + 2 * per_linear + norm
+    # Transformer Engine's GroupedLinear keeps one weight per local expert (weight0 ... weightN-1)
+    shared = 2 * per_linear if model.moe_shared_expert_intermediate_size else 0
+    return attention + norm + 1 + 2 * per_linear * (model.num_experts // ep) + shared
 
 
 def embedding_activation_bytes(
@@ -245,7 +347,8 @@ def model_state_bytes(
     return params, grads, optim
 
 
-def stage_params(model: Model, *, layers_on_stage: int, first_stage: bool, last_stage: bool, tp: int = 1) -> float:
+def stage_params(model: Model, *, layers_on_stage: int, first_stage: bool, last_stage: bool, tp: int = 1,
+                 layers: tuple[int, ...] | None = None, ep: int = 1, etp: int = 1) -> float:
     """Parameters one GPU of a stage holds (before ZeRO sharding); context parallelism does not split them.
 
     The stage's layers / t (Narayanan et al. 2021 sec. 3: every weight matrix is split over the tensor-parallel
@@ -253,11 +356,37 @@ def stage_params(model: Model, *, layers_on_stage: int, first_stage: bool, last_
     (vocab x h / t, vocabulary-parallel) on the first stage, the output projection on the last. With tied
     embeddings Megatron-LM keeps a copy of the embedding on the last stage, kept in sync by an all-reduce
     (megatron/core/models/common/language_module/language_module.py), so it is counted once per end stage
-    and once in all when one stage is both.
+    and once in all when one stage is both. ``layers``: the stage's layer indices (None: layers_on_stage layers of
+    a model whose layers are all alike); an MoE layer's routed experts are split over ep x etp, its router and MLA's
+    down projections replicated (layer_param_shards); the multi-token-prediction modules on the last stage.
     """
-    n = layers_on_stage * model.params_per_layer / tp
+    return sum(_stage_param_split(model, layers_on_stage=layers_on_stage, first_stage=first_stage,
+                                  last_stage=last_stage, tp=tp, layers=layers, ep=ep, etp=etp))
+
+
+def _stage_param_split(model: Model, *, layers_on_stage: int, first_stage: bool, last_stage: bool, tp: int,
+                       layers: tuple[int, ...] | None, ep: int, etp: int) -> tuple[float, float]:
+    """(parameters reduced over the data-parallel group, routed-expert parameters) one GPU of a stage holds."""
+    if layers is None:
+        if len(set(model.layer_params(i) for i in range(model.num_layers))) > 1:
+            raise LayoutError(f"model {model.name!r} has layers of different sizes: the stage's layer indices are "
+                              "needed", field="model.moe_layer_freq", fix="pass the stage's layers")
+        layers = (0,) * layers_on_stage
+    split = replicated = routed = 0
+    for i in layers:
+        s_i, r_i, e_i = layer_param_shards(model, i)
+        split, replicated, routed = split + s_i, replicated + r_i, routed + e_i
+    mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
+    if mtp:
+        s_i, r_i, e_i = layer_param_shards(model, model.num_layers - 1)
+        own = model.mtp_params // mtp - model.layer_params(model.num_layers - 1)
+        split, replicated, routed = split + (s_i + own) * mtp, replicated + r_i * mtp, routed + e_i * mtp
+    n = split / tp
+    if replicated:
+        n += replicated
+    experts = routed / (ep * etp)
     if model.kind != "decoder":
-        return n
+        return n, experts
     word = model.vocab_size * model.hidden_size / tp
     if first_stage:
         n += word
@@ -265,7 +394,7 @@ def stage_params(model: Model, *, layers_on_stage: int, first_stage: bool, last_
         if not (model.tied_embeddings and first_stage):
             n += word
         n += model.hidden_size if model.swiglu else 2 * model.hidden_size  # final norm (model.num_params)
-    return n
+    return n, experts
 
 
 def stage_memory(
@@ -287,8 +416,13 @@ def stage_memory(
     in_flight_microbatches: float = 1.0,
     capacity_bytes: float = float("inf"),
     attention: str = "materialized",
+    layers: tuple[int, ...] | None = None,
+    experts: ExpertParallel | None = None,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
+
+    ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
+    layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
 
     ``layers_on_stage`` counts all the stage's layers (every chunk when interleaved, vpp > 1);
     ``in_flight_microbatches`` is in units of one micro-batch through all of them (see the function of
@@ -303,17 +437,45 @@ def stage_memory(
         raise LayoutError("in_flight_microbatches is negative", field="schedule", fix="pass a count >= 0")
     kw = {"tp": tp, "cp": cp, "sequence_parallel": sequence_parallel, "micro_batch_size": micro_batch_size,
           "precision": precision}
-    per_layer = activation_bytes_per_layer(model, recompute=recompute, attention=attention, **kw)
+    experts = experts or ExpertParallel()
+    if layers is None:
+        stage_params(model, layers_on_stage=layers_on_stage, first_stage=first_stage, last_stage=last_stage, tp=tp)
+        layers = (0,) * layers_on_stage
+    kinds: dict[int, int] = {}
+    for i in layers:
+        key = _activation_kind(model, i)
+        kinds[key] = kinds.get(key, 0) + 1
+    layer_bytes = sum(n * activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=i,
+                                                     experts=experts, **kw) for i, n in kinds.items())
     outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage, **kw)
+    mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
+    if mtp:
+        # each MTP module: a layer like the last one, its own logits (embedding_activation_bytes' last-stage terms)
+        last = model.num_layers - 1
+        layer_bytes += mtp * activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=last,
+                                                        experts=experts, **kw)
+        outside += mtp * embedding_activation_bytes(model, first_stage=False, last_stage=True, **kw)
     # Assumption: the embedding and output-layer activations are held for as many micro-batches as the stage's
     # layers (Korthikanti sec. 4.3 multiplies the embedding dropout by p on the first 1F1B stage).
-    activations = (per_layer * layers_on_stage + outside) * in_flight_microbatches
+    activations = (layer_bytes + outside) * in_flight_microbatches
 
     # ZeRO shards over the data-parallel group; Megatron-LM's distributed optimizer and gradient reduction use
     # the data-parallel group with context parallelism (parallel_state.get_data_parallel_group(
-    # with_context_parallel=True)): cp ranks hold the same weights, so they share the shards too.
-    n = stage_params(model, layers_on_stage=layers_on_stage, first_stage=first_stage, last_stage=last_stage, tp=tp)
+    # with_context_parallel=True)): cp ranks hold the same weights, so they share the shards too. The routed experts'
+    # state is sharded over the expert-data-parallel group instead: world / (etp x ep x pp) = tp x cp x dp / (etp ep)
+    # ranks hold the same experts (Megatron-Core parallel_state, expert_data_parallel_size; its distributed optimizer
+    # keeps the expert parameters in buffers of their own over that group).
+    n, n_experts = _stage_param_split(model, layers_on_stage=len(layers), first_stage=first_stage,
+                                      last_stage=last_stage, tp=tp, layers=layers, ep=experts.ep, etp=experts.etp)
     params, grads, optim = model_state_bytes(n, dp=dp * cp, zero_stage=zero_stage, precision=precision)
+    if n_experts:
+        ranks = tp * cp * dp
+        if ranks % (experts.ep * experts.etp):
+            raise LayoutError(f"ep x etp = {experts.ep * experts.etp} does not divide tp x cp x dp = {ranks}",
+                              field="parallel.ep", fix="choose ep and etp whose product divides tp x cp x dp")
+        edp = ranks // (experts.ep * experts.etp)
+        p_e, g_e, o_e = model_state_bytes(n_experts, dp=edp, zero_stage=zero_stage, precision=precision)
+        params, grads, optim = params + p_e, grads + g_e, optim + o_e
 
     e = _ELEMENT_BYTES[precision]
     sbh = model.seq_length * micro_batch_size * model.hidden_size
@@ -331,7 +493,14 @@ def stage_memory(
         # ZeRO-3 gathers one layer's full parameters before using it and prefetches the next (Rajbhandari
         # sec. 5.3 "constant size buffers"; Assumption: two layers gathered at once).
         param_bytes = 4 if e == 4 else 2  # model_state_bytes: 16-bit parameters, or fp32 ones
-        other += min(layers_on_stage, 2) * model.params_per_layer / tp * param_bytes
+        biggest = sorted((sum(layer_param_shards(model, i)[:2]) / tp + layer_param_shards(model, i)[2]
+                          / (experts.ep * experts.etp) for i in set(layers)), reverse=True)
+        other += sum((biggest * 2)[:min(len(layers), 2)]) * param_bytes
+    moe_layers = [i for i in set(layers) if model.kind == "decoder" and model.moe_layer_flags()[i]]
+    if moe_layers:
+        # The token dispatcher's send / receive buffers, one MoE layer at a time (transient).
+        other += dispatcher_buffer_bytes(model, tokens=model.seq_length * micro_batch_size // (cp * split),
+                                         precision=precision, experts=experts)
     if last_stage and model.kind == "decoder":
         # The 16-bit logits the output projection returns coexist with their fp32 copy during the loss
         # (Megatron-LM tensor_parallel/cross_entropy.py upcasts them); transient, one micro-batch.

@@ -7,6 +7,18 @@ Axes are listed innermost first (the order in which consecutive ranks vary), as 
 a tensor-parallel group of size <= gpus_per_node stays inside one NVLink domain.
 
 Placement is the identity: mesh rank r runs on GPU r. A different placement is a different axis order.
+
+Experts. Megatron-Core forms the expert groups with a second ``RankGenerator`` over the same ranks
+(megatron/core/parallel_state.py, initialize_model_parallel): tp -> etp (expert_tensor_parallel_size, default
+tp), cp -> 1, ep = expert_model_parallel_size, dp -> edp = world / (etp x ep x pp) (the expert-data-parallel
+group, over which the experts' gradients reduce), in the same order string (default "tp-cp-ep-dp-pp": the dense
+generator takes ep = 1, the expert one cp = 1). So the dense axes tp, cp, dp and the expert axes etp, ep, edp
+are two factorizations of the same tp x cp x dp ranks of each pipeline stage: innermost first
+``etp, ep, edp`` where the order says ``tp, [cp,] ep, dp``. With ``etp = tp`` and ep inner to dp, an ep group of
+size ep x etp <= gpus_per_node stays inside one NVLink domain, and a larger one spans nodes. Megatron requires
+the two generators' pipeline groups to be the same ("Pipeline parallel groups are expected to be the same for
+Non-Expert and Expert part"), which `Mesh.pipeline_groups_agree` checks. An order without ``ep`` places it where
+Megatron's default does: just inside dp.
 """
 
 from __future__ import annotations
@@ -19,17 +31,21 @@ from simdist.errors import LayoutError
 
 AXES = ("tp", "cp", "dp", "pp")
 DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
+EXPERT_AXES = ("etp", "ep", "edp")
+"""The expert generator's axes: expert tensor parallel, expert parallel, expert data parallel (module docstring)."""
+_EXPERT_NAME = {"tp": "etp", "ep": "ep", "dp": "edp", "pp": "pp"}
 
 
 def parse_order(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
-    """'tp-cp-dp-pp' -> ('tp', 'cp', 'dp', 'pp'); a permutation of the four axes, innermost first."""
+    """'tp-cp-dp-pp' -> ('tp', 'cp', 'dp', 'pp'); a permutation of the four axes, or of the four and ep
+    (Megatron's 'tp-cp-ep-dp-pp'), innermost first."""
     if text is None:
         return DEFAULT_ORDER
     axes = tuple(text.split("-")) if isinstance(text, str) else tuple(text)
-    if sorted(axes) != sorted(AXES):
+    if sorted(axes) not in (sorted(AXES), sorted((*AXES, "ep"))):
         raise LayoutError(
-            f"axis order '{'-'.join(axes)}' is not a permutation of {'-'.join(AXES)}",
-            field="parallel.order", fix="write the four axes innermost first, e.g. tp-cp-dp-pp",
+            f"axis order '{'-'.join(axes)}' is not a permutation of {'-'.join(AXES)} (and optionally ep)",
+            field="parallel.order", fix="write the axes innermost first, e.g. tp-cp-dp-pp or tp-cp-ep-dp-pp",
         )
     return axes
 
@@ -41,22 +57,76 @@ class Mesh:
     dp: int = 1
     pp: int = 1
     order: tuple[str, ...] = DEFAULT_ORDER
+    """Innermost first; may name ep (its place in the expert generator; absent: just inside dp)."""
+    ep: int = 1
+    etp: int | None = None
+    """Expert tensor parallelism; None: tp (Megatron-Core's default)."""
 
     def size(self, axis: str) -> int:
+        if axis == "etp":
+            return self.tp if self.etp is None else self.etp
+        if axis == "edp":
+            return self.tp * self.cp * self.dp // (self.size("etp") * self.ep)
         return int(getattr(self, axis))
 
     @property
     def num_ranks(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
+    @property
+    def dense_order(self) -> tuple[str, ...]:
+        """The dense generator's axes, innermost first."""
+        return tuple(a for a in self.order if a != "ep")
+
+    @property
+    def expert_order(self) -> tuple[str, ...]:
+        """The expert generator's axes, innermost first: the order without cp, tp as etp, dp as edp; ep where the
+        order names it, else just inside dp (Megatron's default tp-cp-ep-dp-pp)."""
+        order = self.order if "ep" in self.order else tuple(
+            x for a in self.order for x in (("ep", a) if a == "dp" else (a,)))
+        return tuple(_EXPERT_NAME[a] for a in order if a != "cp")
+
+    def _axes_of(self, axis: str) -> tuple[str, ...]:
+        if axis in EXPERT_AXES:
+            return self.expert_order
+        return self.order if len(self.order) == len(AXES) else self.dense_order
+
     def stride(self, axis: str) -> int:
-        """Rank distance between neighbours along ``axis`` (product of the inner axes' sizes)."""
+        """Rank distance between neighbours along ``axis`` (product of the inner axes' sizes); the expert axes
+        (etp, ep, edp) in the expert generator (module docstring)."""
         s = 1
-        for a in self.order:
+        for a in self._axes_of(axis):
             if a == axis:
                 return s
             s *= self.size(a)
-        raise LayoutError(f"unknown axis '{axis}'", field="parallel.order", fix=f"use {', '.join(AXES)}")
+        raise LayoutError(f"unknown axis '{axis}'", field="parallel.order",
+                          fix=f"use {', '.join((*AXES, *EXPERT_AXES))}")
+
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        """Coordinates of ``rank`` in the expert generator (etp, ep, edp, pp)."""
+        out: dict[str, int] = {}
+        rest = rank
+        for a in self.expert_order:
+            rest, out[a] = divmod(rest, self.size(a))
+        return out
+
+    def pipeline_groups_agree(self) -> bool:
+        """The dense and the expert generators give the same pipeline groups (Megatron-Core asserts it): pp has the
+        same stride in both, and the expert axes factor the dense tp x cp x dp exactly."""
+        inner = self.size("etp") * self.ep
+        if (self.tp * self.cp * self.dp) % inner:
+            return False
+        dense = 1
+        for a in self._axes_of("tp"):
+            if a == "pp":
+                break
+            dense *= self.size(a)
+        expert = 1
+        for a in self.expert_order:
+            if a == "pp":
+                break
+            expert *= self.size(a)
+        return dense == expert
 
     def rank(self, **coords: int) -> int:
         """Global rank of a coordinate (missing axes are 0): rank(tp=1, pp=2)."""
@@ -68,15 +138,17 @@ class Mesh:
         return r
 
     def coords(self, rank: int) -> dict[str, int]:
+        """Coordinates of ``rank`` along the dense axes (tp, cp, dp, pp)."""
         out: dict[str, int] = {}
         rest = rank
-        for a in self.order:
+        for a in self._axes_of("tp"):
             rest, out[a] = divmod(rest, self.size(a))
         return out
 
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
-        """The ranks of ``rank``'s group along ``axis``, in peer order (coordinate 0 first)."""
-        c = self.coords(rank)
+        """The ranks of ``rank``'s group along ``axis``, in peer order (coordinate 0 first); ep, etp and edp
+        from the expert generator."""
+        c = self.expert_coords(rank) if axis in EXPERT_AXES else self.coords(rank)
         base = rank - c[axis] * self.stride(axis)
         return tuple(base + i * self.stride(axis) for i in range(self.size(axis)))
 

@@ -56,8 +56,18 @@ class Model:
     window_size: int = 0
     """Sliding-window attention: keys per query; 0 full attention in every layer."""
     window_attn_skip_freq: int | tuple[int, ...] = 0
-    """Which layers keep full attention under window_size: an int k or one 0/1 per layer (1: full); 0: none."""
+    """Which layers keep full attention under window_size (Megatron-LM --window-attn-skip-freq): an int k (every k-th
+    layer, 1-based, full) or one 0/1 per layer (1: sliding window, 0: full, as Megatron-LM); 0: every layer windowed."""
     mtp_num_layers: int = 0
+
+    def __post_init__(self) -> None:
+        # Megatron-LM's defaults (megatron/training/arguments.py): --moe-router-topk 2, --moe-ffn-hidden-size
+        # = --ffn-hidden-size. Filled here so that every reader of a Model sees the values costed.
+        if self.num_experts > 0:
+            if self.moe_router_topk == 0:
+                object.__setattr__(self, "moe_router_topk", 2)
+            if self.moe_ffn_hidden_size == 0:
+                object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
 
     @property
     def is_moe(self) -> bool:
@@ -71,6 +81,23 @@ class Model:
         if isinstance(freq, tuple):
             return tuple(bool(x) for x in freq)
         return tuple(i % freq == 0 for i in range(self.num_layers))
+
+    def window_layer_flags(self) -> tuple[bool, ...]:
+        """One flag per layer: True where layer i (0-based) attends over a sliding window of window_size keys.
+
+        After Megatron-LM's is_layer_window_attention (megatron/core/transformer/utils.py, layer_number 1-based):
+        no window_size: none; window_attn_skip_freq unset (0 here): every layer; an int k: every layer but each
+        k-th (layer_number % k == 0 keeps full attention); a list: its entry per layer, 1 = sliding window,
+        0 = full (Megatron's TransformerConfig: "[1,1,1,1,0,0,0,0], where 1 represents SWA").
+        """
+        if self.kind != "decoder" or not self.window_size:
+            return (False,) * self.num_layers
+        freq = self.window_attn_skip_freq
+        if isinstance(freq, tuple):
+            return tuple(bool(x) for x in freq)
+        if freq == 0:
+            return (True,) * self.num_layers
+        return tuple((i + 1) % freq != 0 for i in range(self.num_layers))
 
     @property
     def head_dim(self) -> int:
@@ -89,30 +116,143 @@ class Model:
         """Width of K (and of V): num_query_groups x head_dim."""
         return self.num_query_groups * self.head_dim
 
+    # ------------------------------------------------------------------ parameter counts
+    # Conventions (those of the existing dense formulas, Narayanan et al. 2021 eq. (2) and Llama): a SwiGLU model
+    # is Llama-style, no biases and RMSNorm (a scale per channel); a GELU model is GPT-style, biases on every
+    # linear layer and LayerNorm (scale and shift). Every count is unsharded (tensor/expert parallelism split it).
+
+    def _norm(self, width: int) -> int:
+        """One norm over ``width`` channels: RMSNorm (scale) with SwiGLU, LayerNorm (scale, shift) otherwise."""
+        return width if self.swiglu else 2 * width
+
+    def _mlp(self, ffn: int) -> int:
+        """One MLP h -> ffn -> h without its norm: SwiGLU's three h x ffn matrices (gate, up, down; Shazeer 2020),
+        or GELU's two with their biases (ffn + h)."""
+        h = self.hidden_size
+        if ffn == 0:
+            return 0
+        return 3 * h * ffn if self.swiglu else 2 * h * ffn + ffn + h
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's attention with its input norm (0 for ``mlp``).
+
+        MHA/GQA: Q (h x q), K and V (h x kv each), the output projection (q x h), with biases in a GELU model
+        (Narayanan et al. 2021 eq. (2)); with qk_layernorm a norm of one head's width on Q and one on K (Qwen3's
+        q_norm/k_norm, Megatron-LM's q_layernorm/k_layernorm over hidden_size_per_attention_head).
+
+        MLA (DeepSeek-V2, arXiv:2405.04434 sec. 2.1.2-2.1.3, eqs. (9)-(14), (37)-(38); DeepSeek-V3 sec. 2.1.1;
+        Megatron-LM MLASelfAttention): with a = heads, d = qk_head_dim, r = qk_pos_emb_head_dim, dv = v_head_dim,
+        Q through its latent h x q_lora_rank then q_lora_rank x a(d + r) (q_lora_rank 0: h x a(d + r) directly),
+        the KV latent and the shared rotary key h x (kv_lora_rank + r), K's and V's up projection
+        kv_lora_rank x a(d + dv), the output projection a dv x h; no biases. With qk_layernorm a norm on each
+        latent (q_lora_rank, kv_lora_rank), as Megatron-LM's MLA layer spec builds q_layernorm / kv_layernorm
+        only under --qk-layernorm (DeepSeek-V3's q_a_layernorm / kv_a_layernorm).
+        """
+        if self.kind != "decoder":
+            return 0
+        h = self.hidden_size
+        norm = self._norm(h)
+        if self.multi_latent_attention:
+            a, d, r, dv = self.num_attention_heads, self.qk_head_dim, self.qk_pos_emb_head_dim, self.v_head_dim
+            qr, kvr = self.q_lora_rank, self.kv_lora_rank
+            q = h * qr + qr * a * (d + r) if qr else h * a * (d + r)
+            kv = h * (kvr + r) + kvr * a * (d + dv)
+            latent_norms = (self._norm(qr) if qr else 0) + self._norm(kvr) if self.qk_layernorm else 0
+            return q + kv + a * dv * h + latent_norms + norm
+        q, kv = self.q_hidden_size, self.kv_hidden_size
+        weights = h * (q + 2 * kv) + q * h
+        biases = 0 if self.swiglu else (q + 2 * kv) + h
+        qk_norm = 2 * self._norm(self.head_dim) if self.qk_layernorm else 0
+        return weights + biases + qk_norm + norm
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """One dense MLP of ffn_hidden_size with its (pre-MLP) norm; the ``mlp`` kind's layer is h x h + h."""
+        if self.kind == "mlp":
+            return self.hidden_size * self.hidden_size + self.hidden_size
+        return self._mlp(self.ffn_hidden_size) + self._norm(self.hidden_size)
+
+    @property
+    def expert_params(self) -> int:
+        """ONE routed expert: an MLP of moe_ffn_hidden_size (SwiGLU or GELU as the dense MLP), no norm; 0 if dense."""
+        return self._mlp(self.moe_ffn_hidden_size) if self.is_moe else 0
+
+    @property
+    def shared_expert_params(self) -> int:
+        """All shared experts of one MoE layer: one MLP of moe_shared_expert_intermediate_size (Megatron-LM's
+        SharedExpertMLP: DeepSeek's n_shared_experts x moe_intermediate_size as one wider MLP); 0 if none."""
+        return self._mlp(self.moe_shared_expert_intermediate_size) if self.is_moe else 0
+
+    @property
+    def router_params(self) -> int:
+        """One MoE layer's router: the h x num_experts gating matrix (Megatron-LM TopKRouter.weight); 0 if dense.
+
+        # Assumption: the router's bias terms (DeepSeek-V3's e_score_correction_bias, GPT-OSS's router bias:
+        # num_experts each) are left out: under 1e-6 of any preset's parameters."""
+        return self.hidden_size * self.num_experts if self.is_moe else 0
+
+    @property
+    def moe_mlp_params(self) -> int:
+        """One MoE layer's MLP block, every expert counted: the pre-MLP norm, the router, num_experts routed experts
+        and the shared experts."""
+        if not self.is_moe:
+            return 0
+        return (self._norm(self.hidden_size) + self.router_params + self.num_experts * self.expert_params
+                + self.shared_expert_params)
+
+    @property
+    def moe_active_mlp_params(self) -> int:
+        """A token's share of one MoE layer's MLP block: norm, router, moe_router_topk routed experts, shared."""
+        if not self.is_moe:
+            return 0
+        return (self._norm(self.hidden_size) + self.router_params + self.moe_router_topk * self.expert_params
+                + self.shared_expert_params)
+
+    def _layer_index(self, i: int) -> int:
+        if not 0 <= i < self.num_layers:
+            raise IndexError(f"layer {i} of a {self.num_layers}-layer model")
+        return i
+
+    def layer_counts(self, *, active: bool = False) -> tuple[int, ...]:
+        """layer_params(i) of every layer in model order (active: layer_active_params(i)), in one pass."""
+        if self.kind == "mlp":
+            return (self.dense_mlp_params,) * self.num_layers
+        attention, dense = self.attention_params, self.dense_mlp_params
+        moe = self.moe_active_mlp_params if active else self.moe_mlp_params
+        return tuple(attention + (moe if flag else dense) for flag in self.moe_layer_flags())
+
+    def layer_params(self, i: int) -> int:
+        """Layer i's (0-based) weights and biases: attention + its MLP (the routed experts where moe_layer_flags()[i],
+        every expert counted; ffn_hidden_size's dense MLP otherwise). Equal to Narayanan et al. 2021 eq. (2)'s
+        12h^2 + 13h for a GPT layer."""
+        return self.layer_counts(active=False)[self._layer_index(i)]
+
+    def layer_active_params(self, i: int) -> int:
+        """Layer i's parameters one token passes through: as layer_params(i), with moe_router_topk routed experts
+        in place of num_experts (a token's forward matmul FLOPs are 2 x this, attention scores aside)."""
+        return self.layer_counts(active=True)[self._layer_index(i)]
+
     @property
     def params_per_layer(self) -> int:
-        """Weights and biases of one layer.
+        """Weights and biases of one layer, where every layer has the same count (every dense model: unchanged).
 
         mlp: h x h weights + h biases (the lecture's nn.Linear layers).
         decoder: Narayanan et al. 2021 (arXiv:2104.04473) eq. (2) counts 12h^2 + 13h per GPT layer:
         QKV 3h^2 + 3h, projection h^2 + h, MLP 8h^2 + 5h (two h x 4h matrices), two layer norms 4h.
         Written out per matrix so GQA (K and V of width kv = g x head_dim), a head dim other than h / a (Q of
         width q = a x head_dim, the projection q x h) and SwiGLU (three h x f matrices, no biases in Llama) follow
-        from the same arithmetic.
+        from the same arithmetic (attention_params + dense_mlp_params).
+
+        An MoE model whose every layer is MoE gets the count with EVERY expert (the weights a layer holds, not
+        what a token computes: see layer_active_params). A model whose layers differ (moe_layer_freq other than
+        1, DeepSeek-V3's first dense layers) has no one count: ValueError; read layer_params(i).
         """
-        h = self.hidden_size
-        if self.kind == "mlp":
-            return h * h + h
-        q, kv = self.q_hidden_size, self.kv_hidden_size
-        f = self.ffn_hidden_size
-        if self.swiglu:
-            # Llama style (Touvron et al. 2023, arXiv:2302.13971 sec. 2.2): no biases, RMSNorm (scale only),
-            # SwiGLU MLP with three h x f matrices (gate, up, down).
-            return h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h
-        attention = h * (q + 2 * kv) + (q + 2 * kv) + q * h + h  # QKV weights + biases, projection + bias
-        mlp = 2 * h * f + f + h  # h x f and f x h with biases
-        norms = 4 * h  # two layer norms, scale and shift
-        return attention + mlp + norms
+        counts = set(self.layer_counts(active=False))
+        if len(counts) > 1:
+            raise ValueError(f"model {self.name!r} has layers of different sizes (moe_layer_freq): "
+                             "read layer_params(i), not params_per_layer")
+        return counts.pop()
 
     @property
     def embedding_params(self) -> int:
@@ -122,6 +262,41 @@ class Model:
         return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
 
     @property
+    def final_norm_params(self) -> int:
+        """The norm after the last layer (0 for ``mlp``)."""
+        return self._norm(self.hidden_size) if self.kind == "decoder" else 0
+
+    @property
     def num_params(self) -> int:
-        final_norm = (self.hidden_size if self.swiglu else 2 * self.hidden_size) if self.kind == "decoder" else 0
-        return self.num_layers * self.params_per_layer + self.embedding_params + final_norm
+        """Every parameter of the model, every expert counted: layers, embeddings (the output projection again when
+        untied), final norm. Multi-token-prediction modules are NOT counted (see mtp_params): the published totals
+        leave them out (DeepSeek-V3's 671B excludes its MTP module; the Hugging Face checkpoint's 685B includes
+        it, with its own copies of the embedding and the output head)."""
+        return sum(self.layer_counts(active=False)) + self.embedding_params \
+            + self.final_norm_params
+
+    @property
+    def num_active_params(self) -> int:
+        """The parameters one token passes through: num_params with moe_router_topk routed experts per MoE layer
+        in place of num_experts (shared experts, attention, dense layers, both embeddings and the final norm
+        counted in full); equal to num_params for a dense model. MTP modules are not counted (as num_params).
+
+        Convention: Mistral's 12.9B for Mixtral 8x7B and Qwen's 3.3B for Qwen3-30B-A3B count the input embedding
+        too; OpenAI's 5.1B for GPT-OSS-120B (model card Table 1) and DeepSeek's 37B leave it out (a lookup, no
+        FLOPs): subtract vocab_size x hidden_size for theirs (tests/test_moe_models.py).
+        """
+        return sum(self.layer_counts(active=True)) + self.embedding_params \
+            + self.final_norm_params
+
+    @property
+    def mtp_params(self) -> int:
+        """All multi-token-prediction modules (mtp_num_layers of them), not in num_params. One module (DeepSeek-V3
+        sec. 2.2, Megatron-LM MultiTokenPredictionLayer): norms on the hidden state and on the next token's
+        embedding (enorm, hnorm), the 2h x h projection eh_proj, one transformer layer built like the model's last
+        (Megatron-LM get_gpt_mtp_block_spec takes the decoder's last layer spec), its final norm; the embedding and
+        the output head are the main model's, shared, not counted again."""
+        if not self.mtp_num_layers or self.kind != "decoder":
+            return 0
+        h = self.hidden_size
+        one = 2 * self._norm(h) + 2 * h * h + self.layer_params(self.num_layers - 1) + self._norm(h)
+        return self.mtp_num_layers * one

@@ -10,13 +10,14 @@ json module (no transformers import).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import PresetError, SpecError
+from simdist.plan.hf_model import model_of_hf_config
 from simdist.plan.model import Model
+from simdist.plan.model_check import check_model
 from simdist.spec.preset_file import bundled_dir, read_preset
 from simdist.spec.scenario import ModelSpec
 
@@ -50,9 +51,6 @@ def _load() -> dict[str, tuple[Model, str]]:
 
 
 _PRESETS = _load()
-
-# Llama-family Hugging Face model types / architectures whose `silu` MLP is gated (SwiGLU).
-_GATED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "olmo", "phi3")
 
 
 def model_presets() -> list[str]:
@@ -91,7 +89,7 @@ def resolve_model(spec: ModelSpec, *, base_dir: Path | None = None) -> Model:
         model = replace(base, **_written(spec))
     elif spec.hf_config is not None:
         path = spec.hf_config if spec.hf_config.is_absolute() or base_dir is None else base_dir / spec.hf_config
-        model = replace(_from_hf_config(path, seq_length=spec.seq_length), **_written(spec))
+        model = replace(model_of_hf_config(path, seq_length=spec.seq_length), **_written(spec))
     else:
         model = _inline(spec)
     return _checked(model)
@@ -103,7 +101,9 @@ def _inline(spec: ModelSpec) -> Model:
     h = given.get("hidden_size")
     if kind == "mlp":
         # The lecture's MLP: square layers, no attention, one "token" per sample (Model docstring).
-        return Model("inline-mlp", "mlp", num_layers=given["num_layers"], hidden_size=h)
+        # Its decoder fields are kept only for check_model to refuse them.
+        return Model("inline-mlp", "mlp", num_layers=given["num_layers"], hidden_size=h,
+                     **{k: given[k] for k in MOE_FIELDS if k in given})
     heads = given["num_attention_heads"]
     # Assumption: an inline decoder without these fields is a GPT of Megatron-LM's defaults: ffn 4h
     # (Vaswani et al. 2017 sec. 3.3; Brown et al. 2020 Table 2.1), multi-head attention, seq 2048 and the
@@ -126,69 +126,5 @@ def _inline(spec: ModelSpec) -> Model:
 
 
 def _checked(model: Model) -> Model:
-    if model.kind == "mlp":
-        # Model docstring: an mlp has no attention and no vocabulary and sees one token per sample.
-        return replace(model, num_attention_heads=0, num_query_groups=0, ffn_hidden_size=0, seq_length=1,
-                       vocab_size=0, swiglu=False, tied_embeddings=False)
-    a, g, h = model.num_attention_heads, model.num_query_groups, model.hidden_size
-    if a < 1 or (h % a and not model.kv_channels):  # Megatron-LM asserts it only where kv_channels is derived
-        raise SpecError(
-            f"hidden_size {h} is not divisible by num_attention_heads {a}",
-            field="model.num_attention_heads",
-            fix="choose a head count that divides hidden_size, or give model.kv_channels (the head dim)",
-        )
-    if g < 1 or a % g:
-        raise SpecError(
-            f"num_attention_heads {a} is not divisible by num_query_groups {g}",
-            field="model.num_query_groups",
-            fix="choose a query-group (KV head) count that divides num_attention_heads",
-        )
-    return model
-
-
-def _from_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
-    """A Hugging Face ``config.json`` (transformers' PretrainedConfig keys, read with the json module)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"no such file: {path}", field="model.hf_config",
-                        fix="give the path of a config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SpecError(f"cannot read {path} as JSON ({err})", field="model.hf_config",
-                        fix="give a Hugging Face config.json") from None
-    if not isinstance(doc, dict):
-        raise SpecError(f"{path} is not a JSON object", field="model.hf_config", fix="give a Hugging Face config.json")
-
-    def need(key: str) -> int:
-        value = doc.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            what = "missing" if value is None else f"not a positive integer ({value!r})"
-            raise SpecError(f"{path}: key {key!r} is {what}", field=f"model.hf_config.{key}",
-                            fix=f"add \"{key}\" to the config.json, or describe the model inline")
-        return value
-
-    h = need("hidden_size")
-    heads = need("num_attention_heads")
-    kv = need("num_key_value_heads") if doc.get("num_key_value_heads") is not None else heads
-    model_type = str(doc.get("model_type", "")).lower()
-    architectures = " ".join(str(a) for a in doc.get("architectures") or []).lower()
-    act = str(doc.get("hidden_act", doc.get("activation_function", "gelu"))).lower()
-    # transformers' LlamaMLP: down(act(gate(x)) * up(x)) with hidden_act silu = SwiGLU (Shazeer 2020).
-    gated = any(t in model_type or t in architectures for t in _GATED_MODEL_TYPES)
-    swiglu = act in ("silu", "swish") and gated
-    return Model(
-        str(doc.get("_name_or_path") or path.parent.name or "hf-config"),
-        "decoder",
-        num_layers=need("num_hidden_layers"),
-        hidden_size=h,
-        num_attention_heads=heads,
-        num_query_groups=kv,
-        ffn_hidden_size=need("intermediate_size"),
-        seq_length=seq_length or need("max_position_embeddings"),
-        vocab_size=need("vocab_size"),
-        swiglu=swiglu,
-        # transformers' PretrainedConfig default: tie_word_embeddings = True.
-        tied_embeddings=bool(doc.get("tie_word_embeddings", True)),
-        # Qwen3 / GPT-OSS configs give head_dim (LlamaConfig too, = hidden_size / heads when absent)
-        kv_channels=need("head_dim") if doc.get("head_dim") is not None else 0,
-    )
+    """The fields checked against each other (simdist.plan.model_check)."""
+    return check_model(model)

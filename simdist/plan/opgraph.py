@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-STREAMS = ("compute", "tp", "cp", "pp", "dp")
+STREAMS = ("compute", "tp", "cp", "pp", "dp", "ep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +28,13 @@ class Comm:
     nbytes: float
     """The nccl-tests size of the op (the full buffer; see simdist.collectives.ops)."""
     axis: str
-    """The parallel axis it serves: tp, cp, pp or dp."""
+    """The parallel axis it serves: tp, cp, pp, dp, or ep, etp, edp (the expert groups, simdist.plan.mesh)."""
     count: int = 1
     """How many times the op runs back to back (e.g. 2 all_reduces per layer x the chunk's layers)."""
     host_s: float = 0.0
     """Host time each run adds on top of the collective (list collectives' per-rank copies; simdist.plan.step)."""
+    imbalance: float = 1.0
+    """all_to_all: the busiest peer receives this many times the mean (simdist.collectives.uneven; 1.0: even)."""
 
 
 @dataclass(frozen=True, slots=True)

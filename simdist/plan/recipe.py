@@ -57,19 +57,22 @@ DP_DONE = -3
 @dataclass(frozen=True, slots=True)
 class CommItem:
     """A collective a piece runs: ``count`` back-to-back runs of ``op`` over ``nbytes`` (the nccl-tests size) on
-    the piece's rank's group along ``axis``; ``host_s`` host time each run adds (list collectives' copies)."""
+    the piece's rank's group along ``axis``; ``host_s`` host time each run adds (list collectives' copies);
+    ``imbalance`` (all_to_all): the busiest peer receives that many times the mean, priced as the uneven all_to_all
+    of simdist.collectives.uneven.imbalanced_matrix (1.0: even)."""
 
     op: str
     nbytes: float
     axis: str
     count: int = 1
     host_s: float = 0.0
+    imbalance: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
     stream: str
-    """compute | tp | cp | dp (the rank's track it runs on)."""
+    """compute | tp | cp | ep | dp | pp (the rank's track it runs on; simdist.plan.recipe.stream_of an axis)."""
     kind: str
     """forward | backward | weight_grad | recompute | wait | optimizer | comm."""
     label: str
@@ -106,6 +109,18 @@ class StageTail:
     pieces: tuple[Piece, ...]
 
 
+STREAM_OF_AXIS = {"etp": "tp", "edp": "dp"}
+"""The stream a collective of an axis without a stream of its own runs on (ep has its own: the token all_to_alls,
+which Megatron-Core's 1F1B A2A overlap runs beside the compute).
+# Assumption: the expert-TP collectives are model-parallel communication in the layer's critical path, run on the
+# tp stream; the expert-data-parallel gradient reductions run on the dp stream beside (after) the dense ones."""
+
+
+def stream_of(axis: str) -> str:
+    """The rank's stream a collective along ``axis`` runs on (`STREAM_OF_AXIS`; else the axis's own)."""
+    return STREAM_OF_AXIS.get(axis, axis)
+
+
 class _Builder:
     def __init__(self) -> None:
         self.pieces: list[Piece] = []
@@ -118,22 +133,26 @@ class _Builder:
         """One comm piece per item, back to back after ``after``; axes whose group has < 2 ranks are skipped."""
         ids: list[int] = []
         deps = after
-        for op, nbytes, axis, count in items:
+        for op, nbytes, axis, count, imbalance in items:
             if groups.get(axis, 1) < 2:
                 continue
-            i = self.add(Piece(axis, "comm", f"{label} {op} x{count}", comm=CommItem(op, nbytes, axis, count),
-                               deps=deps))
+            i = self.add(Piece(stream_of(axis), "comm", f"{label} {op} x{count}",
+                               comm=CommItem(op, nbytes, axis, count, imbalance=imbalance), deps=deps))
             ids.append(i)
             deps = (i,)
         return ids
 
 
+GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp")
+"""The axes a recipe's collectives run along (simdist.plan.mesh: the dense and the expert generators' groups)."""
+
+
 def _groups(cfg: StepConfig) -> dict[str, int]:
-    return {a: cfg.mesh.size(a) for a in ("tp", "cp", "dp", "pp")}
+    return {a: cfg.mesh.size(a) for a in GROUP_AXES}
 
 
 def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, deps: tuple[int, ...], label: str,
-                   ) -> Piece:
+                   axis: str = "dp") -> Piece:
     """ZeRO-3 ``per_parameter``: one blocking ``op`` per parameter tensor of the chunk (``nbytes`` in all).
 
     DeepSpeed's ZeRO-3 of 2021 gathered each parameter with ``torch.distributed.all_gather`` into a list of dp
@@ -146,8 +165,33 @@ def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, dep
     # way, and above a few MB a collective's time is linear in its size.
     """
     n = cost.num_tensors
-    return Piece("dp", "comm", f"{label} per parameter x{n}",
-                 comm=CommItem(op, nbytes / n, "dp", n, cfg.mesh.dp * cfg.host_op_s), deps=deps)
+    if axis != "dp" or cost.expert_params:
+        # Assumption: the dense and the expert parameters' tensors in proportion to their parameters
+        share = (cost.expert_params if axis == "edp" else cost.num_params - cost.expert_params) / cost.num_params
+        n = max(1, round(n * share))
+    prefix = "expert " if axis == "edp" else ""
+    return Piece("dp", "comm", f"{prefix}{label} per parameter x{n}",
+                 comm=CommItem(op, nbytes / n, axis, n, cfg.mesh.size(axis) * cfg.host_op_s), deps=deps)
+
+
+def data_parallel_groups(cfg: StepConfig, params: float, expert_params: float) -> list[tuple[str, float]]:
+    """(axis, parameters) of each data-parallel group whose gradients, ZeRO shards and distributed-optimizer state
+    the ``params`` of a chunk (``expert_params`` of them routed experts) live over, groups of one rank left out:
+    the dense parameters over dp, the routed experts' over the expert-data-parallel group edp (Megatron-Core
+    DistributedDataParallel: expert parameters in their own buffers, reduced over the expert data-parallel group,
+    megatron/core/distributed/distributed_data_parallel.py ``expert_parallel_buffers``; parallel_state.py
+    ``EXPERT_DATA_PARALLEL_GROUP``)."""
+    out = []
+    dense = params - expert_params
+    if cfg.mesh.dp >= 2 and dense > 0:
+        out.append(("dp", dense))
+    if expert_params > 0 and cfg.mesh.size("edp") >= 2:
+        out.append(("edp", expert_params))
+    return out
+
+
+def _label(axis: str, text: str) -> str:
+    return f"expert {text}" if axis == "edp" else text
 
 
 MEGATRON_BUCKET_PARAMS = 40_000_000
@@ -171,8 +215,9 @@ def param_bytes_per_element(cfg: StepConfig) -> int:
     return 1 if cfg.fp8_param_gather and cfg.precision == "fp8" else bytes_per_element(cfg.precision)
 
 
-def num_buckets(cfg: StepConfig, cost: ChunkCost) -> int:
-    """Gradient buckets of a chunk.
+def num_buckets(cfg: StepConfig, cost: ChunkCost, params: float | None = None) -> int:
+    """Gradient buckets of a chunk (of ``params`` of its parameters: its dense or its expert ones, which
+    Megatron-Core buckets separately with the same bucket size, distributed_data_parallel.py; None: all).
 
     ``grad_bucket_size`` given: the chunk's gradient bytes / the bucket size, on every chunk (as PyTorch DDP's
     bucket_cap_mb). Unset: Megatron-Core's defaults. Without overlap one bucket per chunk (its contiguous gradient
@@ -182,11 +227,12 @@ def num_buckets(cfg: StepConfig, cost: ChunkCost) -> int:
     communication on these stages is not on the critical path" (distributed_data_parallel.py), and on model
     chunks after the first (megatron/training/models/dist_utils.py: disable_bucketing = model_chunk_idx > 0).
     """
+    n = cost.num_params if params is None else params
     b = cfg.grad_bucket_bytes
     if b is not None:
-        return max(1, math.ceil(cost.num_params * grad_bytes_per_element(cfg.precision) / b))
+        return max(1, math.ceil(n * grad_bytes_per_element(cfg.precision) / b))
     if cfg.grad_reduce == "overlapped" and cost.first_part:
-        return max(1, math.ceil(cost.num_params / megatron_bucket_params(cfg.mesh.dp)))
+        return max(1, math.ceil(n / megatron_bucket_params(cfg.mesh.dp)))
     return 1
 
 
@@ -196,33 +242,62 @@ def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
     return cfg.grad_reduce == "overlapped" and final and cfg.zero_stage < 2 and kind != "F"
 
 
+def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple[tuple, tuple]:
+    """(the token all_to_alls a step runs beside its compute, the collectives it still runs after it).
+
+    Megatron-Core's 1F1B A2A overlap (--overlap-moe-expert-parallel-comm; megatron/core/pipeline_parallel/
+    combined_1f1b.py): the forward of one micro-batch and the backward of another are scheduled layer by layer
+    together, "EP A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice
+    versa", on separate communication streams. Here each step's expert-parallel all_to_alls run on the ep stream
+    from the step's start, beside its compute; the step ends when both are done.
+    # Assumption: a step's all_to_alls hide behind its own compute, where Megatron hides them behind the paired
+    # step's: per 1F1B pair max(F, a_B) + max(B, a_F) against max(F, a_F) + max(B, a_B) here, the same where the
+    # forward and backward all_to_alls move the same bytes (they do: adjoints, same imbalance). The warm-up
+    # forwards and cool-down backwards, which Megatron runs unpaired, are overlapped too (optimistic by their
+    # all_to_alls where they are exposed). The expert-TP collectives stay in the layer's path."""
+    if not cfg.moe_overlap or groups.get("ep", 1) < 2:
+        return (), items
+    hidden = tuple(x for x in items if x[0] == "all_to_all" and x[2] == "ep")
+    return hidden, tuple(x for x in items if not (x[0] == "all_to_all" and x[2] == "ep"))
+
+
 def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False) -> Recipe:
     """The pieces of one ``kind`` ("F", "B", "W") step of a chunk of cost ``cost``; ``last``: its last
     micro-batch (where an overlapped gradient reduction goes out)."""
     groups = _groups(cfg)
-    dp = groups["dp"]
     b = _Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
-    pbytes = cost.num_params * param_bytes_per_element(cfg)
+    shards = data_parallel_groups(cfg, cost.num_params, cost.expert_params)
+    pbpe = param_bytes_per_element(cfg)
     prev: tuple[int, ...] = (PREV,)
-    if cfg.zero_stage == 3 and kind in ("F", "B") and dp >= 2 and pbytes > 0:
+    if cfg.zero_stage == 3 and kind in ("F", "B"):
         # ZeRO-3: gather the chunk's parameters before using them (Rajbhandari et al. 2020 sec 5.3); the
         # nccl-tests size of an all_gather is the gathered output, the chunk's full (tp-sharded) parameters.
-        if per_parameter:
-            # blocking, tensor by tensor, after the previous step (no prefetch)
-            prev = (b.add(_per_parameter(cfg, cost, "all_gather", pbytes, prev, "params all_gather")),)
-        else:
-            # the dp stream runs ahead: the gather of the next step prefetches behind this step's compute
-            prev = (*prev, b.add(Piece("dp", "comm", "params all_gather",
-                                       comm=CommItem("all_gather", pbytes, "dp"))))
+        for axis, n in shards:
+            if per_parameter:
+                # blocking, tensor by tensor, after the previous step (no prefetch)
+                prev = (b.add(_per_parameter(cfg, cost, "all_gather", n * pbpe, prev, "params all_gather", axis)),)
+            else:
+                # the dp stream runs ahead: the gather of the next step prefetches behind this step's compute
+                prev = (*prev, b.add(Piece("dp", "comm", _label(axis, "params all_gather"),
+                                           comm=CommItem("all_gather", n * pbpe, axis))))
     # Megatron-Core synchronizes the device after each pipeline send/recv: a step of a stage with neighbours starts
     # on an empty GPU queue, idle until the host's first kernel arrives (simdist.hardware.host). Charged to the
     # step's first compute piece (zb_h1's W follows its B without a send).
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 and kind != "W" else 0.0
+    split = cfg.schedule == "zb_h1"
     if kind == "F":
-        c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=prev, needs_input=True,
-                        model_flops=cost.model_flops_forward, hardware_flops=cost.model_flops_forward))
-        chain = [c, *b.chain(cost.forward_comm, (c,), "", groups)]
+        hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups)
+        entry = -1
+        if hidden_items:
+            entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=prev, needs_input=True))
+        c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=prev if entry < 0 else (entry,),
+                        needs_input=entry < 0, model_flops=cost.model_flops_forward,
+                        hardware_flops=cost.model_flops_forward))
+        hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
+        chain = [c, *b.chain(items, (c,), "", groups)]
+        if hidden:
+            chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
         return Recipe(tuple(b.pieces), chain[-1])
     chain: list[int] = []
     deps = prev
@@ -233,13 +308,12 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
         needs_input, gap = False, 0.0
         chain += [r, *b.chain(cost.recompute_comm, (r,), "recompute", groups)]
         deps = (chain[-1],)
-        if per_parameter and dp >= 2 and pbytes > 0:
+        for axis, n in shards if per_parameter and cfg.zero_stage == 3 else ():
             # DeepSpeed releases a module's gathered parameters after its forward, so the backward gathers them
             # again after the recompute's forward used them.
-            again = b.add(_per_parameter(cfg, cost, "all_gather", pbytes, deps, "params all_gather again"))
+            again = b.add(_per_parameter(cfg, cost, "all_gather", n * pbpe, deps, "params all_gather again", axis))
             chain.append(again)
             deps = (again,)
-    split = cfg.schedule == "zb_h1"
     if kind == "W":
         b_s, flops = cost.backward_s * WEIGHT_GRAD_SHARE, cost.model_flops_backward * WEIGHT_GRAD_SHARE
     elif split:
@@ -249,9 +323,15 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     compute_kind = "weight_grad" if kind == "W" else "backward"
     overlapped: list[int] = []
     comm_items: tuple = ()
+    hidden: list[int] = []
     if kind == "B":
         comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
-        if not split and any(groups.get(axis, 1) >= 2 for _, _, axis, _ in cost.backward_overlapped_comm):
+        hidden_items, comm_items = _a2a_overlap(cfg, comm_items, groups) if not split else ((), comm_items)
+        if hidden_items:
+            entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=deps, needs_input=needs_input))
+            hidden = b.chain(hidden_items, (entry,), "overlapped", groups)
+            deps, needs_input = (entry,), False
+        if not split and any(groups.get(item[2], 1) >= 2 for item in cost.backward_overlapped_comm):
             # Megatron's asynchronous input-gradient all-reduce (Shoeybi et al. 2019 sec 3; megatron/core/
             # tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication): each layer's input
             # gradient (dgrad) is computed first, its all-reduce launched, and the weight gradient (wgrad) computed
@@ -265,9 +345,14 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             deps, needs_input, gap = (dgrad,), False, 0.0
             b_s, flops = b_s * WEIGHT_GRAD_SHARE, flops * WEIGHT_GRAD_SHARE
     overlapping = overlaps_reduction(cfg, kind, last)
-    buckets = num_buckets(cfg, cost) if overlapping else 1
     reduce_op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
-    gbytes = cost.num_params * grad_bytes_per_element(cfg.precision)
+    gbpe = grad_bytes_per_element(cfg.precision)
+    # the buckets of each group in the order their gradients are ready: one compute slice per bucket, the groups'
+    # buckets interleaved in proportion (Megatron-Core fills the dense and the expert buffers as the backward runs
+    # through each layer's MLP and attention)
+    order = sorted(((k + 1) / m, axis, k, n / m) for axis, n in shards
+                   for m in (num_buckets(cfg, cost, n),) for k in range(m)) if overlapping else []
+    buckets = max(1, len(order))
     last_compute = -1
     label = "wgrad" if overlapped else ""
     for k in range(buckets):
@@ -277,27 +362,31 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
                                    needs_input=needs_input and last_compute < 0,
                                    model_flops=flops / buckets, hardware_flops=flops / buckets))
         chain.append(last_compute)
-        if overlapping and dp >= 2 and gbytes > 0:
+        if order:
             # Megatron-LM --overlap-grad-reduce: a bucket's reduction starts once its gradients are ready.
-            b.add(Piece("dp", "comm", f"grads bucket {k} {reduce_op}",
-                        comm=CommItem(reduce_op, gbytes / buckets, "dp"), deps=(last_compute,), per_step=True))
+            _, axis, j, n = order[k]
+            b.add(Piece("dp", "comm", _label(axis, f"grads bucket {j} {reduce_op}"),
+                        comm=CommItem(reduce_op, n * gbpe, axis), deps=(last_compute,), per_step=True))
     chain += overlapped
     if kind == "B":
         exposed = b.chain(comm_items, (last_compute, *overlapped[-1:]), "", groups)
-        if overlapped and not exposed:
+        if (overlapped or hidden) and not exposed:
             # The step ends when both its compute and its overlapped collectives are done (Megatron waits on
             # the asynchronous handle before leaving the layer's backward).
-            exposed = [b.add(Piece("compute", "wait", "wait", 0.0, deps=(last_compute, overlapped[-1])))]
+            exposed = [b.add(Piece("compute", "wait", "wait", 0.0,
+                                   deps=(last_compute, *overlapped[-1:], *hidden[-1:])))]
+        elif hidden:
+            exposed.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(exposed[-1], hidden[-1]))))
         chain += exposed
-    if cfg.zero_stage >= 2 and (kind == "W" or not split) and dp >= 2 and gbytes > 0:
+    for axis, n in shards if cfg.zero_stage >= 2 and (kind == "W" or not split) else ():
         # ZeRO-2/3 reduce-scatter each micro-batch's gradients (Rajbhandari et al. 2020 sec 5.2); the nccl-tests
         # size of a reduce_scatter is the full input, every gradient of the chunk.
         if per_parameter:
-            chain.append(b.add(_per_parameter(cfg, cost, "reduce_scatter", gbytes, (chain[-1],),
-                                              "grads reduce_scatter")))  # blocking: the next step waits for it
+            chain.append(b.add(_per_parameter(cfg, cost, "reduce_scatter", n * gbpe, (chain[-1],),
+                                              "grads reduce_scatter", axis)))  # blocking: the next step waits
         else:
-            b.add(Piece("dp", "comm", "grads reduce_scatter", comm=CommItem("reduce_scatter", gbytes, "dp"),
-                        deps=(last_compute,)))
+            b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter"),
+                        comm=CommItem("reduce_scatter", n * gbpe, axis), deps=(last_compute,)))
     return Recipe(tuple(b.pieces), chain[-1])
 
 
@@ -321,10 +410,14 @@ def send(cfg: StepConfig) -> CommItem:
     return CommItem("send_recv", p2p_bytes(cfg), "pp")
 
 
-def optimizer_params(cfg: StepConfig, params: float) -> float:
+def optimizer_params(cfg: StepConfig, params: float, expert_params: float = 0.0) -> float:
     """Parameters one GPU's optimizer updates: its shard of the stage's ``params`` under ZeRO-1+
-    (Rajbhandari et al. 2020 sec 5.1: each data-parallel rank updates 1/N_d of the states)."""
-    return params / cfg.mesh.dp if cfg.zero_stage >= 1 else params
+    (Rajbhandari et al. 2020 sec 5.1: each data-parallel rank updates 1/N_d of the states), the routed experts'
+    ``expert_params`` of them sharded over the expert-data-parallel group (Megatron-Core's distributed optimizer
+    shards each buffer over its own data-parallel group)."""
+    if cfg.zero_stage < 1:
+        return params
+    return (params - expert_params) / cfg.mesh.dp + expert_params / cfg.mesh.size("edp")
 
 
 def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
@@ -339,23 +432,27 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     under ZeRO-1/2 the all_gather of the updated parameter shards (Megatron's distributed optimizer / ZeRO-1,2).
     """
     b = _Builder()
-    dp = cfg.mesh.dp
     op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
-    if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2 and dp >= 2:
+    if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2:
         for c, cost in enumerate(chunk_costs):
-            total = cost.num_params * grad_bytes_per_element(cfg.precision)
-            if total <= 0:
-                continue
-            n = cost.num_tensors if cfg.grad_reduce == "per_parameter" else num_buckets(cfg, cost)
-            label = f"grads {op} per parameter x{n}" if cfg.grad_reduce == "per_parameter" else f"grads {op} x{n}"
-            b.add(Piece("dp", "comm", label + (f" chunk {c}" if len(chunk_costs) > 1 else ""),
-                        comm=CommItem(op, total / n, "dp", n), deps=(LAST_BACKWARDS,), per_step=True))
+            for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):
+                total = params * grad_bytes_per_element(cfg.precision)
+                if cfg.grad_reduce == "per_parameter":
+                    n = _per_parameter(cfg, cost, op, total, (), "", axis).comm.count  # type: ignore[union-attr]
+                    label = f"grads {op} per parameter x{n}"
+                else:
+                    n = num_buckets(cfg, cost, params)
+                    label = f"grads {op} x{n}"
+                b.add(Piece("dp", "comm", _label(axis, label) + (f" chunk {c}" if len(chunk_costs) > 1 else ""),
+                            comm=CommItem(op, total / n, axis, n), deps=(LAST_BACKWARDS,), per_step=True))
     params = sum(c.num_params for c in chunk_costs)
-    shard = optimizer_params(cfg, params)
+    experts = sum(c.expert_params for c in chunk_costs)
+    shard = optimizer_params(cfg, params, experts)
     t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision, cfg.compute_efficiency)
     opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
-    if cfg.zero_stage in (1, 2) and dp >= 2 and params > 0:
-        gathered = params * param_bytes_per_element(cfg)
-        b.add(Piece("dp", "comm", "params all_gather", comm=CommItem("all_gather", gathered, "dp"), deps=(opt,),
-                    per_step=True))
+    if cfg.zero_stage in (1, 2):
+        for axis, n in data_parallel_groups(cfg, params, experts):
+            b.add(Piece("dp", "comm", _label(axis, "params all_gather"),
+                        comm=CommItem("all_gather", n * param_bytes_per_element(cfg), axis), deps=(opt,),
+                        per_step=True))
     return StageTail(tuple(b.pieces))

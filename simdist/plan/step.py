@@ -83,7 +83,8 @@ class _Emitter:
     def _add(self, graph: OpGraph, stage: int, piece: Piece, name: str, deps: list[int], microbatch: int,
              chunk: int) -> int:
         c = piece.comm
-        comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count, c.host_s)
+        comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count, c.host_s,
+                                           c.imbalance)
         duration = math.nan if c is not None else piece.duration_s
         if c is None and piece.kind in SLOWED_KINDS:
             duration *= self.factors.get(stage, 1.0)
@@ -156,9 +157,9 @@ def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
     num_parts = K * cfg.vpp
     costs: dict[tuple[int, int], ChunkCost] = {}
     for s in range(K):
-        for c, n in enumerate(cfg.stage_chunks(s)):
+        for c in range(len(cfg.stage_chunks(s))):
             part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
-            costs[(s, c)] = chunk_cost(cfg, n, part == 0, part == num_parts - 1)
+            costs[(s, c)] = chunk_cost(cfg, cfg.part_layers(part), part == 0, part == num_parts - 1)
     return costs
 
 
@@ -173,7 +174,8 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         precision=cfg.precision,
         in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most, vpp=cfg.vpp,
                                                       stage=s),
-        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention)
+        capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, layers=cfg.stage_layers(s),
+        experts=cfg.expert_parallel)
 
 
 def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:
@@ -243,7 +245,8 @@ def _link_instances(graph: OpGraph) -> None:
     for i, op in enumerate(graph.ops):
         c = op.comm
         if c is not None and c.op != "send_recv":
-            by_key.setdefault((c.op, c.ranks, c.nbytes, c.count, op.name, op.microbatch, op.chunk, op.stage),
+            by_key.setdefault((c.op, c.ranks, c.nbytes, c.imbalance, c.count, op.name, op.microbatch, op.chunk,
+                               op.stage),
                               []).append(i)
     next_id = 0
     for members in by_key.values():
@@ -256,9 +259,9 @@ def _link_instances(graph: OpGraph) -> None:
 
 
 def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
-    """(op, ranks, nbytes, axis) -> runs of that collective in one step by the representative ranks of data-parallel
-    replica ``dp_index`` (tp and cp coordinate 0), counted from the recipes over the whole micro-batch count (the
-    same runs the op graph holds, without building it)."""
+    """(op, ranks, nbytes, axis, imbalance) -> runs of that collective in one step by the representative ranks of
+    data-parallel replica ``dp_index`` (tp and cp coordinate 0), counted from the recipes over the whole micro-batch
+    count (the same runs the op graph holds, without building it)."""
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     M = cfg.microbatches(dp_index)
     costs = chunk_costs_of(cfg)
@@ -278,7 +281,7 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
             if c is not None:
                 group = mesh.group(c.axis, rank)
                 if len(group) >= 2 and c.nbytes > 0:
-                    add((c.op, group, c.nbytes, c.axis), c.count * times)
+                    add((c.op, group, c.nbytes, c.axis, c.imbalance), c.count * times)
 
     for s in range(K):
         rank = mesh.rank(pp=s, dp=dp_index)
@@ -289,7 +292,8 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
             for step in (1, -1):  # F sends down, B back
                 part = c * K + s + step
                 if 0 <= part < K * V and part % K != s:
-                    add((p2p.op, (rank, mesh.rank(pp=part % K, dp=dp_index)), p2p.nbytes, p2p.axis), M * p2p.count)
+                    add((p2p.op, (rank, mesh.rank(pp=part % K, dp=dp_index)), p2p.nbytes, p2p.axis, p2p.imbalance),
+                        M * p2p.count)
         pieces(s, tail(cfg, [costs[(s, c)] for c in range(V)]).pieces, 1)
     return runs
 

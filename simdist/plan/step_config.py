@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernels_time_s
 from simdist.hardware.host import HostOverhead, host_overhead
-from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work
+from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work, mtp_work
 from simdist.plan.layer_split import choose_split, chunk_layers
+from simdist.plan.memory import layer_param_shards, layer_tensors
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
+from simdist.plan.moe_cost import ExpertParallel
 from simdist.spec.gpu import GpuSpec
 
 
@@ -101,6 +103,30 @@ class StepConfig:
         K = self.mesh.pp
         return tuple(self.stage_chunks(p % K)[p // K] for p in range(K * self.vpp))
 
+    def part_first_layers(self) -> tuple[int, ...]:
+        """Index (0-based, in the model) of the first decoder layer of every model part, in model order."""
+        firsts, n = [], 0
+        for count in self.model_parts():
+            firsts.append(n)
+            n += count
+        return tuple(firsts)
+
+    def part_layers(self, part: int) -> LayerKinds:
+        """The decoder layers of model ``part`` (c * pp + s: chunk c of stage s) as `layer_kinds`."""
+        return layer_kinds(self.model, self.part_first_layers()[part], self.model_parts()[part])
+
+    def stage_layers(self, stage: int) -> tuple[int, ...]:
+        """Indices (0-based) of every decoder layer that pipeline ``stage`` holds, over its vpp chunks."""
+        K, firsts, counts = self.mesh.pp, self.part_first_layers(), self.model_parts()
+        return tuple(i for c in range(self.vpp) for i in range(firsts[c * K + stage],
+                                                                 firsts[c * K + stage] + counts[c * K + stage]))
+
+    @property
+    def expert_parallel(self) -> ExpertParallel:
+        """How this step's MoE layers run (simdist.plan.moe_cost)."""
+        return ExpertParallel(self.ep, self.etp, self.moe_dispatcher, self.moe_imbalance, self.moe_capacity_factor,
+                              self.moe_grouped_gemm)
+
     @property
     def num_stages(self) -> int:
         return self.mesh.pp
@@ -150,11 +176,12 @@ class ChunkCost:
     forward_s: float
     backward_s: float
     recompute_s: float
-    forward_comm: tuple[tuple[str, float, str, int], ...]
-    """(op, nbytes, axis, count) run back to back after the forward compute."""
-    recompute_comm: tuple[tuple[str, float, str, int], ...]
-    backward_overlapped_comm: tuple[tuple[str, float, str, int], ...]
-    backward_comm: tuple[tuple[str, float, str, int], ...]
+    forward_comm: tuple[tuple[str, float, str, int, float], ...]
+    """(op, nbytes, axis, count, imbalance) run back to back after the forward compute; ``imbalance``: an
+    all_to_all's busiest peer's bytes / the mean (simdist.plan.layer_cost.CommWork.imbalance; 1.0: even)."""
+    recompute_comm: tuple[tuple[str, float, str, int, float], ...]
+    backward_overlapped_comm: tuple[tuple[str, float, str, int, float], ...]
+    backward_comm: tuple[tuple[str, float, str, int, float], ...]
     model_flops_forward: float
     model_flops_backward: float
     recompute_flops: float
@@ -189,33 +216,68 @@ def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = 
 
 # ----------------------------------------------------------------------------- costs
 def _comm_groups(work_comm: tuple, phase: str, overlappable: bool, times: int) -> tuple:
-    agg: dict[tuple[str, float, str], int] = {}
+    """(op, nbytes, axis, count, imbalance) of a Work's collectives of one phase, alike ones counted together."""
+    agg: dict[tuple[str, float, str, float], int] = {}
     for c in work_comm:
         if c.phase == phase and c.overlappable == overlappable:
-            key = (c.op, float(c.nbytes), c.axis)
+            key = (c.op, float(c.nbytes), c.axis, float(c.imbalance))
             agg[key] = agg.get(key, 0) + times
-    return tuple((op, nbytes, axis, n) for (op, nbytes, axis), n in agg.items())
+    return tuple((op, nbytes, axis, n, x) for (op, nbytes, axis, x), n in agg.items())
 
 
-def _tensors_per_layer(model: Model) -> int:
-    if model.kind == "mlp":
-        return 2  # weight and bias
-    # Llama: q/k/v (fused qkv counts 1), proj, gate+up, down, 2 norms; GPT: + biases of each linear and norm.
-    return 6 if model.swiglu else 12
+LayerKinds = tuple[tuple[int, int], ...]
+"""A run of decoder layers as (representative layer index, count) per distinct kind of layer (MoE or dense MLP,
+sliding or full attention): the representative is the model's first layer of that kind, so two runs with the same
+mix compare (and cache) equal; a dense model's n layers are ((0, n),)."""
 
 
-def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bool) -> ChunkCost:
-    """Cost of ``num_layers`` layers (+ embedding on the first model part, + head on the last) per micro-batch."""
+def layer_kinds(model: Model, first_layer: int, num_layers: int) -> LayerKinds:
+    """Layers first_layer .. first_layer + num_layers - 1 of ``model`` as `LayerKinds`."""
+    if first_layer < 0 or first_layer + num_layers > model.num_layers:
+        raise LayoutError(f"layers {first_layer}..{first_layer + num_layers - 1} are outside the model's "
+                          f"{model.num_layers}", field="model.num_layers", fix="split the model's own layers")
+    if model.kind != "decoder":
+        return ((0, num_layers),) if num_layers else ()
+    keys = list(zip(model.moe_layer_flags(), model.window_layer_flags(), strict=True))
+    first_of: dict[tuple[bool, bool], int] = {}
+    for i, key in enumerate(keys):
+        first_of.setdefault(key, i)
+    count: dict[int, int] = {}
+    for key in keys[first_layer:first_layer + num_layers]:
+        count[first_of[key]] = count.get(first_of[key], 0) + 1
+    return tuple(sorted(count.items()))
+
+
+def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last_part: bool) -> ChunkCost:
+    """Cost of the decoder ``layers`` of one model part (`StepConfig.part_layers`; an int n: n layers of a model whose
+    layers are all alike) + the embedding on the first model part, + the head (and the multi-token-prediction
+    modules) on the last, per micro-batch."""
     m = cfg.model
+    if isinstance(layers, int):
+        if m.kind == "decoder" and len(set(zip(m.moe_layer_flags(), m.window_layer_flags(), strict=True))) > 1:
+            raise LayoutError(f"model {m.name!r} mixes kinds of layers: a chunk's cost needs its layer indices",
+                              field="model.moe_layer_freq", fix="pass StepConfig.part_layers(part)")
+        layers = ((0, layers),) if layers else ()
     kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
               micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
-    parts: list[tuple[Work, int]] = [(layer_work(m, recompute=cfg.recompute, tp_style=cfg.tp_style,
-                                                attention=cfg.attention, attention_mask=cfg.attention_mask,
-                                                fp8_recipe=cfg.fp8_recipe, **kw), num_layers)]
+    experts = cfg.expert_parallel
+
+    def layer(i: int) -> Work:
+        return layer_work(m, recompute=cfg.recompute, tp_style=cfg.tp_style, attention=cfg.attention,
+                          attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts,
+                          **kw)
+
+    parts: list[tuple[Work, int]] = [(layer(i), n) for i, n in layers]
     if first_part and m.kind == "decoder":
         parts.append((embedding_work(m, **kw), 1))
     if last_part:
         parts.append((head_work(m, **kw), 1))
+    mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
+    if mtp:
+        # DeepSeek-V3 sec. 2.2 / Megatron-LM: the MTP modules run on the last pipeline stage after the main model:
+        # each an embedding lookup, its norms and projection, a layer built like the last one, the shared head.
+        parts += [(layer(m.num_layers - 1), mtp), (mtp_work(m, **kw), mtp), (embedding_work(m, **kw), mtp),
+                  (head_work(m, **kw), mtp)]
 
     host = cfg.host_overhead
 
@@ -227,22 +289,39 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
                                        len(kernels_of(w))) * n for w, n in parts)
 
     def comm(phase: str, overlappable: bool) -> tuple:
-        out: dict[tuple[str, float, str], int] = {}
+        out: dict[tuple[str, float, str, float], int] = {}
         for w, n in parts:
-            for op, nbytes, axis, k in _comm_groups(w.comm, phase, overlappable, n):
-                out[(op, nbytes, axis)] = out.get((op, nbytes, axis), 0) + k
-        return tuple((op, nb, ax, k) for (op, nb, ax), k in out.items())
+            for op, nbytes, axis, k, x in _comm_groups(w.comm, phase, overlappable, n):
+                out[(op, nbytes, axis, x)] = out.get((op, nbytes, axis, x), 0) + k
+        return tuple((op, nb, ax, k, x) for (op, nb, ax, x), k in out.items())
 
-    # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted).
+    # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted; a
+    # token's topk experts at the balanced share).
     fwd_model = sum(sum(k.model_flops for k in w.forward) * n for w, n in parts)
     bwd_model = sum(sum(k.model_flops for k in w.backward) * n for w, n in parts)
     rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
-    # Parameters this chunk holds on one GPU: its layers' share of tp, the embedding on the first part and
-    # the output projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding).
-    params = m.params_per_layer * num_layers / cfg.mesh.tp
+    # Parameters this chunk holds on one GPU: each layer's dense weights over tp and its routed experts over
+    # ep x etp (simdist.plan.memory.layer_param_shards), the embedding on the first part and the output
+    # projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding), the MTP modules there too.
+    tp, experts_gpus = cfg.mesh.tp, cfg.ep * cfg.etp
+    split = replicated = routed = tensors = 0
+    for i, n in layers:
+        s_i, r_i, e_i = layer_param_shards(m, i)
+        split, replicated, routed = split + s_i * n, replicated + r_i * n, routed + e_i * n
+        tensors += layer_tensors(m, i, ep=cfg.ep) * n
+    if mtp:
+        s_i, r_i, e_i = layer_param_shards(m, m.num_layers - 1)
+        own = m.mtp_params // mtp - m.layer_params(m.num_layers - 1)  # its norms and eh_proj, split over tp
+        split, replicated, routed = split + (s_i + own) * mtp, replicated + r_i * mtp, routed + e_i * mtp
+        tensors += mtp * (layer_tensors(m, m.num_layers - 1, ep=cfg.ep) + 4)
+    params = split / tp
     if m.kind == "decoder":
-        emb = m.vocab_size * m.hidden_size / cfg.mesh.tp
+        emb = m.vocab_size * m.hidden_size / tp
         params += emb * (1 if first_part else 0) + emb * (1 if last_part and not m.tied_embeddings else 0)
+        tensors += (1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0)
+    expert_params = routed / experts_gpus
+    if replicated or routed:
+        params += replicated + expert_params
     return ChunkCost(
         forward_s=total(lambda w: w.forward),
         backward_s=total(lambda w: w.backward),
@@ -255,9 +334,9 @@ def chunk_cost(cfg: StepConfig, num_layers: int, first_part: bool, last_part: bo
         model_flops_backward=bwd_model,
         recompute_flops=rec,
         num_params=params,
-        num_tensors=_tensors_per_layer(m) * num_layers
-        + ((1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0) if m.kind == "decoder" else 0),
+        num_tensors=tensors,
         first_part=first_part,
+        expert_params=expert_params,
     )
 
 

@@ -40,11 +40,12 @@ from simdist.collectives.group import Group
 from simdist.collectives.plan import SWITCH, Transfer
 from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
+from simdist.collectives.uneven import imbalanced_matrix
 from simdist.engine.executor import wire_predecessor
 from simdist.engine.links import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
-from simdist.plan.mesh import Mesh
+from simdist.plan.mesh import EXPERT_AXES, Mesh
 from simdist.plan.opgraph import Comm, Job, OpGraph
 
 _SYMMETRY_REL = 1e-9
@@ -325,13 +326,24 @@ class _Pending:
     """Its class loads come from one numpy batch of every translate's routes (`_class_loads_batched`)."""
 
 
+def request_of(topology: Topology, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0
+               ) -> Request:
+    """The collectives layer's request for ``op`` over ``ranks``; an all_to_all with ``imbalance`` > 1 is the
+    uneven all_to_all whose busiest peer receives that many times the mean (simdist.collectives.uneven)."""
+    group = Group(topology, ranks)
+    if op == "all_to_all" and imbalance != 1.0:
+        return Request(op, group, nbytes, matrix=imbalanced_matrix(len(ranks), nbytes, imbalance))
+    return Request(op, group, nbytes)
+
+
 def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...]] | np.ndarray | None,
              with_links: bool, adjust: Adjust | None) -> _Pending:
     """`price_comm` up to its link loads: the choice, the times, the plan's transfers and the translates."""
-    request = Request(comm.op, Group(topology, comm.ranks), comm.nbytes)
+    request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance)
     choice = rank_choices(request)[0]
     time_s = choice.predicted_s
-    tiny = evaluate(Request(comm.op, Group(topology, comm.ranks), 1.0), choice.algorithm, choice.protocol)
+    tiny = evaluate(request_of(topology, comm.op, comm.ranks, 1.0, comm.imbalance), choice.algorithm,
+                    choice.protocol)
     latency_s = min(tiny.predicted_s, time_s)
     if adjust is not None:
         adjusted = adjust(comm.op, len(comm.ranks), comm.nbytes, time_s)
@@ -403,6 +415,17 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
     return Job(latency_s=(priced.latency_s + host_s) * count, bandwidth_s=transfer_s * count, demand=demand)
 
 
+def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes along which a collective on ``axis`` has translates the reduced graph leaves out: the reduced axes
+    but its own; for an expert group (ep, etp, edp: simdist.plan.mesh's expert generator, whose groups cut across
+    the dense ones) the other expert axes, the other expert groups of its stage.
+    # Assumption: where the graph simulates every data-parallel replica but not every tp peer (unequal replicas of
+    # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated."""
+    if axis in EXPERT_AXES:
+        return tuple(a for a in EXPERT_AXES if a != axis) if reduced_axes else ()
+    return tuple(a for a in reduced_axes if a != axis)
+
+
 def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None, reduced_axes: tuple[str, ...] = (),
                 with_links: bool = True, adjust: Adjust | None = None) -> dict[tuple, PricedComm]:
     """Price every comm op: its ``duration_s`` (alone, count x one run) and its engine ``job``.
@@ -417,11 +440,11 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         c = op.comm
         if c is None:
             continue
-        key = (c.op, c.ranks, c.nbytes, c.axis)
+        key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
         if key not in pending:
             translates = None
             if mesh is not None and with_links:
-                axes = tuple(a for a in reduced_axes if a != c.axis)
+                axes = translate_axes(c.axis, reduced_axes)
                 if axes:
                     # a group's images do not depend on its peer order (a send and its reply share them)
                     order = sorted(range(len(c.ranks)), key=c.ranks.__getitem__)
@@ -441,7 +464,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         c = op.comm
         if c is None:
             continue
-        key = (c.op, c.ranks, c.nbytes, c.axis)
+        key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
         priced = cache[key]
         op.duration_s = (priced.time_s + c.host_s) * c.count
         if with_links:
@@ -454,12 +477,12 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
 
 def price_runs(runs: dict[tuple, int], topology: Topology, *, adjust: Adjust | None = None
                ) -> dict[tuple, PricedComm]:
-    """Each (op, ranks, nbytes, axis) of ``runs`` (simdist.plan.step.collective_runs) priced alone with the bytes
-    it puts on its own group's links."""
+    """Each (op, ranks, nbytes, axis, imbalance) of ``runs`` (simdist.plan.step.collective_runs) priced alone with
+    the bytes it puts on its own group's links."""
     out: dict[tuple, PricedComm] = {}
     for key in runs:
-        op, ranks, nbytes, axis = key
-        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis), adjust=adjust)
+        op, ranks, nbytes, axis, imbalance = key
+        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis, imbalance=imbalance), adjust=adjust)
     return out
 
 

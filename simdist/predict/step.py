@@ -95,7 +95,7 @@ def link_counters(prediction: StepPrediction, *, top: int = 8) -> list[dict[str,
         duration = trace.end_s[i] - trace.start_s[i]
         if c is None or duration <= 0:
             continue
-        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis)]
+        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis, c.imbalance)]
         for link, nbytes in pc.link_bytes.items():
             if link in events:
                 rate = nbytes * c.count / duration
@@ -323,6 +323,11 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     metrics["mfu_full_attention"] = metrics["mfu"] * full_ratio
     metrics["flop_convention"] = ("model FLOPs with the causal half of the attention scores (mfu); every score "
                                   "(mfu_full_attention)" if causal else "model FLOPs, every attention score")
+    if model.is_moe:
+        # simdist.plan.moe_cost: model FLOPs count each token's topk routed experts at the balanced share (the active
+        # parameters, Model.num_active_params); the busiest rank's extra tokens (moe_imbalance) are time, not FLOPs.
+        metrics["flop_convention"] += ("; MoE layers: a token's moe_router_topk routed experts and the shared experts "
+                                       "(the active parameters), routing imbalance and dropped tokens not counted")
     memory_parts = step_memory(cfg)
     stage_rank = {s: cfg.mesh.rank(pp=s) for s in range(cfg.mesh.pp)}
     memory = [{"stage": s, "rank": stage_rank[s], **m.as_dict()} for s, m in enumerate(memory_parts)]
@@ -348,7 +353,9 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                    "order": "-".join(cfg.mesh.order),
                    **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
         "simulation": simulation,
+        # num_params: every parameter (every expert); num_active_params: a token's (simdist.plan.model.Model)
         "model": {"name": model.name, "kind": model.kind, "num_params": model.num_params,
+                  "num_active_params": model.num_active_params,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from simdist.plan.accounting import Interval, account, category_of, is_work
 from simdist.plan.opgraph import OpGraph
 
-__all__ = ["bubble_fraction", "metrics", "observables", "stage_intervals", "step_metrics"]
+__all__ = ["bubble_fraction", "exposed_comm", "metrics", "observables", "stage_intervals", "step_metrics"]
 
 
 class TraceLike(Protocol):
@@ -59,6 +59,19 @@ def observables(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> dict[str,
             "hardware_flops": hardware / n, **{f"{k}_s": v for k, v in mean.items()}}
 
 
+DENSE_AXES = ("tp", "cp", "pp", "dp")
+EXPERT_AXES = ("ep", "etp", "edp")
+
+
+def exposed_comm(obs: dict[str, float]) -> dict[str, float]:
+    """Exposed communication per axis: tp, cp, pp, dp, and the expert groups' ep (token all_to_all), etp (expert
+    tensor parallelism) and edp (expert gradients) where the step exposes any of theirs."""
+    out = {a: obs[f"{a}_s"] for a in DENSE_AXES}
+    if any(obs.get(f"{a}_s", 0.0) > 0 for a in EXPERT_AXES):
+        out.update({a: obs.get(f"{a}_s", 0.0) for a in EXPERT_AXES})
+    return out
+
+
 def metrics(obs: dict[str, float], *, tokens_per_step: float, peak_flops: float) -> dict[str, Any]:
     """Step time, throughput, FLOP/s per GPU, MFU/HFU, bubble and breakdown from `observables`."""
     step = obs["step_s"]
@@ -77,7 +90,7 @@ def metrics(obs: dict[str, float], *, tokens_per_step: float, peak_flops: float)
         "breakdown": {
             "compute_s": obs["compute_s"],
             "recompute_s": obs["recompute_s"],
-            "exposed_comm_s": {a: obs[f"{a}_s"] for a in ("tp", "cp", "pp", "dp")},
+            "exposed_comm_s": exposed_comm(obs),
             "bubble_s": obs["bubble_s"],
             "optimizer_s": obs["optimizer_s"],
             "idle_s": obs["idle_s"],

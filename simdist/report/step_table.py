@@ -44,10 +44,14 @@ BREAKDOWN_ROWS = (
     ("exposed comm cp", ("exposed_comm_s", "cp")),
     ("exposed comm pp", ("exposed_comm_s", "pp")),
     ("exposed comm dp", ("exposed_comm_s", "dp")),
+    ("exposed comm ep", ("exposed_comm_s", "ep")),
+    ("exposed comm etp", ("exposed_comm_s", "etp")),
+    ("exposed comm edp", ("exposed_comm_s", "edp")),
     ("bubble", ("bubble_s",)),
     ("optimizer", ("optimizer_s",)),
 )
 NA = "n/a"
+_EXPERT_AXES = ("ep", "etp", "edp")
 
 
 def _missing(value: object) -> bool:
@@ -80,10 +84,13 @@ def _yes_no(value: object) -> str:
 
 
 def breakdown_rows(result: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """(component, seconds) of ``result['breakdown']`` in BREAKDOWN_ROWS order (a missing one is 0)."""
+    """(component, seconds) of ``result['breakdown']`` in BREAKDOWN_ROWS order (a missing one is 0; the expert
+    axes' rows only where the breakdown has them: simdist.report.step_metrics.exposed_comm)."""
     breakdown = result.get("breakdown") or {}
     rows = []
     for label, path in BREAKDOWN_ROWS:
+        if path[-1] in _EXPERT_AXES and path[-1] not in (breakdown.get("exposed_comm_s") or {}):
+            continue
         value: Any = breakdown
         for key in path:
             value = value.get(key, 0.0) if isinstance(value, Mapping) else 0.0

@@ -7,7 +7,7 @@ section) that chrome://tracing and Perfetto (ui.perfetto.dev) open: ``{"traceEve
 - one process per simulated rank (``pid`` = global rank), named by a ``process_name`` metadata event
   ("rank 12 (stage 1)" or a caller-given label) and sorted by rank (``process_sort_index``);
 - one thread per stream (``tid`` = index in `simdist.plan.opgraph.STREAMS`: compute 0, tp 1, cp 2, pp 3,
-  dp 4; an unknown stream gets the next free tid), named by ``thread_name`` metadata;
+  dp 4, ep 5; an unknown stream gets the next free tid), named by ``thread_name`` metadata;
 - one complete event (``"ph": "X"``) per op, ``ts`` and ``dur`` in microseconds (the format's unit),
   with the op's kind, micro-batch, chunk and stage in ``args`` (and, for a communication op, the
   collective, its size, axis and group size);

@@ -101,7 +101,10 @@ class ModelSpec(Spec):
     preset: str | None = Field(default=None, description="a model preset (gpt3-175b, llama3-405b, ...); fields "
                                                          "given beside it override the preset's")
     hf_config: Path | None = Field(default=None, description="a Hugging Face config.json of a decoder, dense or "
-                                                             "mixture-of-experts (relative to the scenario file)")
+                                                             "mixture-of-experts (Mixtral, Qwen3-MoE, DeepSeek-V3 "
+                                                             "with MLA, GPT-OSS; relative to the scenario file); a "
+                                                             "key that changes the cost and is not modelled is an "
+                                                             "error naming it")
     num_layers: count(NUM_LAYERS) | None = Field(default=None, description="transformer layers (or MLP layers)")
     hidden_size: count(HIDDEN_SIZE) | None = Field(default=None, description="model width h")
     num_attention_heads: count(NUM_HEADS) | None = Field(default=None, description="attention heads a")
@@ -111,7 +114,8 @@ class ModelSpec(Spec):
     kv_channels: count(HIDDEN_SIZE) | None = Field(
         default=None, validation_alias=_alias("kv_channels", "head_dim"),
         description="width of one attention head (Megatron-LM's kv_channels, alias head_dim); default hidden_size / "
-                    "num_attention_heads; Qwen3 and GPT-OSS shapes differ")
+                    "num_attention_heads; Qwen3 and GPT-OSS shapes differ; not read under multi_latent_attention "
+                    "(qk_head_dim, qk_pos_emb_head_dim, v_head_dim)")
     ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(default=None, description="MLP width; default 4 h")
     seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"),
                                                 description="tokens per sequence s; default 2048")
@@ -147,23 +151,33 @@ class ModelSpec(Spec):
                                   "(q_lora_rank, kv_lora_rank), heads of qk_head_dim + qk_pos_emb_head_dim for "
                                   "Q/K and v_head_dim for V")
     q_lora_rank: count(HIDDEN_SIZE, minimum=0) | None = Field(
-        default=None, description="MLA query latent rank; 0: Q projected directly from the hidden state")
-    kv_lora_rank: count(HIDDEN_SIZE) | None = Field(default=None, description="MLA key/value latent rank")
-    qk_head_dim: count(HIDDEN_SIZE) | None = Field(default=None, description="MLA Q/K head dim without rotary part")
+        default=None, description="MLA query latent rank (--q-lora-rank); 0 or absent: Q projected directly from "
+                                  "the hidden state")
+    kv_lora_rank: count(HIDDEN_SIZE) | None = Field(
+        default=None, description="MLA key/value latent rank (--kv-lora-rank); needed with multi_latent_attention")
+    qk_head_dim: count(HIDDEN_SIZE) | None = Field(
+        default=None, description="MLA Q/K head dim without the rotary part (--qk-head-dim; Hugging Face "
+                                  "qk_nope_head_dim); needed with multi_latent_attention")
     qk_pos_emb_head_dim: count(HIDDEN_SIZE, minimum=0) | None = Field(
-        default=None, description="MLA rotary (decoupled) Q/K head dim")
-    v_head_dim: count(HIDDEN_SIZE) | None = Field(default=None, description="MLA value head dim")
+        default=None, description="MLA rotary (decoupled) Q/K head dim (--qk-pos-emb-head-dim; Hugging Face "
+                                  "qk_rope_head_dim); 0 or absent: none")
+    v_head_dim: count(HIDDEN_SIZE) | None = Field(
+        default=None, description="MLA value head dim (--v-head-dim); needed with multi_latent_attention")
     qk_layernorm: bool | None = Field(
-        default=None, description="a norm on Q and K per head (--qk-layernorm; Qwen3, OLMo 2)")
+        default=None, description="a norm on Q and K per head (--qk-layernorm; Qwen3, OLMo 2); with "
+                                  "multi_latent_attention a norm on each latent instead (DeepSeek-V3), as Megatron-LM")
     window_size: count(SEQ_LENGTH, minimum=0) | None = Field(
         default=None, description="sliding-window attention: keys per query (tokens; --window-size); 0 or absent: "
                                   "full attention")
     window_attn_skip_freq: count(NUM_LAYERS) | list[Literal[0, 1]] | None = Field(
         default=None, description="which layers keep full attention under window_size (--window-attn-skip-freq): an "
-                                  "int k (every k-th layer full) or one 0/1 per layer (1: full); default none")
+                                  "int k (every k-th layer, counting from 1, full; the others windowed) or one 0/1 "
+                                  "per layer (1: sliding window, 0: full, as Megatron-LM); absent: every layer "
+                                  "windowed")
     mtp_num_layers: count(NUM_LAYERS, minimum=0) | None = Field(
         default=None, description="multi-token-prediction modules after the last layer (--mtp-num-layers; "
-                                  "DeepSeek-V3 trains with 1); 0 or absent: none")
+                                  "DeepSeek-V3 trains with 1), each built like the last layer; 0 or absent: none; "
+                                  "their parameters are not in the reported num_params, as in the published totals")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

@@ -1,0 +1,262 @@
+"""The attention half of a decoder layer on one GPU: its input norm, the Q/K/V projections (multi-head or grouped-
+query attention, or DeepSeek's multi-latent attention), QK-norm, rotary embeddings, the attention core (materialized
+or a fused kernel; full, causal or sliding-window) and the output projection, with their tensor- and context-parallel
+collectives, forward and backward.
+
+Megatron-LM's layer (Shoeybi et al. 2019, arXiv:1909.08053 sec. 3; Korthikanti et al. 2022, arXiv:2205.05198 sec. 4):
+column-parallel QKV, row-parallel projection, the f/g operators (forward all-reduce after the row-parallel GEMM,
+backward all-reduce of the column-parallel GEMM's input gradient, overlapping the weight-gradient GEMM); sequence
+parallelism replaces each all-reduce by an all-gather and a reduce-scatter of the same buffer (Korthikanti sec. 4.2.2).
+
+Multi-latent attention (DeepSeek-V2, arXiv:2405.04434 sec. 2.1.2-2.1.3; DeepSeek-V3, arXiv:2412.19437 sec. 2.1.1;
+Megatron-LM megatron/core/transformer/multi_latent_attention.py, MLASelfAttention): the down projections
+h -> q_lora_rank and h -> kv_lora_rank + qk_pos_emb_head_dim are duplicated on every TP peer (TELinear
+parallel_mode "duplicated") and run on the peer's own tokens (b s / tp under sequence parallelism); their latents are
+RMS-normed (q_layernorm, kv_layernorm), all-gathered over the TP group under sequence parallelism, and projected up
+column-parallel: Q to heads x (qk_head_dim + qk_pos_emb_head_dim), K's and V's no-position part to
+heads x (qk_head_dim + v_head_dim); the rotary part of K is one head wide, shared by every head. Attention runs with
+QK head dim qk_head_dim + qk_pos_emb_head_dim and V head dim v_head_dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.plan.kernel_work import (
+    AttentionShape,
+    CommWork,
+    Kernel,
+    LayerShape,
+    Pass,
+    elementwise,
+    fp8_cast,
+    gemm,
+    gemm_grads,
+)
+from simdist.plan.model import Model
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBlock:
+    forward: Pass
+    backward: Pass
+    core: tuple[Kernel, ...]
+    """The attention core's forward kernels (what selective recompute redoes)."""
+    extra_hardware_flops: float
+    """FLOPs the kernels execute beyond the model-FLOP convention's 2x forward in backward (a fused kernel's
+    recomputed QK^T)."""
+    kv_gather_bytes: float
+    """The K, V buffer the context-parallel ring exchanges (0 without context parallelism)."""
+
+
+def attention_parts(causal: bool, cp: int, s_q: int) -> tuple[tuple[float, bool, float], ...]:
+    """(share of the attention FLOPs, causal, sequence length) of one context-parallel rank's attention work.
+
+    Megatron-LM's context parallelism splits the sequence into 2 x cp chunks and gives rank r chunks r and
+    2cp - 1 - r (megatron/core/... get_batch_on_this_cp_rank; Transformer Engine's ring attention), so every rank
+    does the same causal work: with chunk length c, query chunk j attends to c^2 (j + 1/2) keys, and ranks hold
+    c^2 (r + 1/2 + 2cp - 1 - r + 1/2) = 2cp c^2 = s_q s / 2 each, exactly 1/cp of the causal total. Of its cp ring
+    steps one is causal (its own two chunks, s_q x s_q / 2 = 1/cp of its work) and cp - 1 attend without a mask to
+    half a block each (Transformer Engine's AttnFuncWithCPAndKVP2P).
+    """
+    if not causal:
+        return ((1.0, False, float(s_q)),)
+    if cp == 1:
+        return ((1.0, True, float(s_q)),)
+    return ((1.0 / cp, True, float(s_q)), ((cp - 1) / cp, False, float(s_q)))
+
+
+def window_share(seq_length: int, window: int) -> float:
+    """Share of the s x s score matrix a causal sliding window of ``window`` keys per query computes.
+
+    Query i attends to the min(i, W) keys before it (Megatron-LM --window-size (W, 0), FlashAttention's
+    window_size=(W, 0)); in the continuous form of the causal convention (s^2 / 2 for a full causal mask) the band
+    is s W - W^2 / 2 scores, s^2 / 2 when W reaches s.
+    """
+    s, w = float(seq_length), float(min(window, seq_length))
+    return (s * w - w * w / 2.0) / (s * s)
+
+
+def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: bool, window: bool,
+                    recompute: str) -> AttentionBlock:
+    """The attention half of one layer (its norm, projections, core, output projection; no residual)."""
+    b, s_q, s_k, tp, cp, bpe = shape.micro_batch_size, shape.seq_q, shape.seq_k, shape.tp, shape.cp, shape.bpe
+    h, m = model.hidden_size, shape.tokens
+    recipe, fp8 = shape.recipe, shape.fp8
+    a_l = model.num_attention_heads // tp
+    sp = shape.sequence_parallel
+    resid = m * h // tp if sp else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
+    scores = float(b * a_l * s_q * s_k)  # elements of QK^T on this GPU (the full count, as Narayanan eq. (3))
+    # Model FLOPs count the unmasked half under a causal mask (zig-zag CP keeps every rank at exactly half); a
+    # sliding window counts its band (Assumption: context parallelism splits the band evenly too).
+    counted = (window_share(model.seq_length, model.window_size) if window and causal else 0.5) if causal else 1.0
+    if model.multi_latent_attention:
+        d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+        q_l, k_l, v_l = a_l * d_qk, a_l * d_qk, a_l * d_v  # Q, K, V widths on this GPU (every head has its K, V)
+        out_l = v_l
+    else:
+        d_qk = d_v = model.head_dim
+        kv_l = max(model.num_query_groups // tp, 1) * d_qk  # KV heads replicated when tp exceeds them
+        q_l, k_l, v_l = a_l * d_qk, kv_l, kv_l
+        out_l = q_l
+
+    fwd, bwd = Pass("forward"), Pass("backward")
+    fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
+    bwd_qkv = Pass("backward")  # the projections' backward, run after the core's
+    kv_rs_at = 0
+    if model.multi_latent_attention:
+        _mla_projections(model, shape, fwd, bwd_qkv, a_l)
+    else:
+        if tp > 1 and sp:
+            fwd.issue("all_gather", m * h * bpe)
+        fwd.add(*fp8_cast("qkv", m * h, recipe), gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
+        if model.qk_layernorm:
+            # Qwen3 / OLMo 2: RMSNorm over each head of Q and K (Megatron-LM q_layernorm / k_layernorm).
+            fwd.add(elementwise("qk_norm", m * (q_l + k_l), 2 * bpe, 8.0))
+        if model.swiglu:
+            fwd.add(elementwise("rotary", m * (q_l + k_l), 2 * bpe, 4.0))
+        if model.swiglu:
+            bwd_qkv.add(elementwise("rotary_grad", m * (q_l + k_l), 2 * bpe, 4.0))
+        if model.qk_layernorm:
+            bwd_qkv.add(elementwise("qk_norm_grad", m * (q_l + k_l), 4 * bpe, 10.0))
+        bwd_qkv.add(*fp8_cast("qkv_grad", m * (q_l + 2 * k_l), recipe))
+        kv_rs_at = len(bwd_qkv.kernels)
+        dgrad, wgrad = gemm_grads("qkv", m, q_l + 2 * k_l, h, bpe, fp8)
+        bwd_qkv.add(dgrad)
+        if tp > 1:
+            bwd_qkv.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe, overlappable=True)
+        bwd_qkv.add(wgrad)
+    kv_full = float(b * s_k * (k_l + v_l) * bpe) if cp > 1 else 0.0
+    if cp > 1:
+        # Assumption: context parallelism exchanges K and V around the CP ring while attention runs (Megatron-LM
+        # context parallelism, Liu et al. 2023 Ring Attention); priced as an all-gather of the full K, V
+        # buffer, overlappable, and its adjoint reduce-scatter of dK, dV in backward.
+        fwd.issue("all_gather", kv_full, overlappable=True, axis="cp")
+
+    core, core_bwd, extra = _core(shape, attention, causal, window, counted, scores, d_qk, d_v, q_l, k_l, v_l,
+                                  model.window_size)
+    fwd.add(*core)
+    fwd.add(*fp8_cast("projection", m * out_l, recipe), gemm("projection", m, h, out_l, bpe, fp8))
+    if tp > 1:
+        fwd.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe)
+
+    if tp > 1 and sp:
+        bwd.issue("all_gather", m * h * bpe)
+    bwd.add(*fp8_cast("projection_grad", m * h, recipe), *gemm_grads("projection", m, h, out_l, bpe, fp8))
+    bwd.add(*core_bwd)
+    if cp > 1:
+        # dK, dV go back around the ring before the projections' input-gradient GEMM (MLA: before its backward)
+        bwd_qkv.comm.append(CommWork("reduce_scatter", kv_full, "backward", True, "cp",
+                                     0 if model.multi_latent_attention else kv_rs_at))
+    bwd.then(bwd_qkv)
+    bwd.add(elementwise("layernorm_grad", resid, 4 * bpe, 10.0))
+    return AttentionBlock(fwd, bwd, tuple(core), extra, kv_full)
+
+
+def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted: float, scores: float,
+          d_qk: int, d_v: int, q_l: int, k_l: int, v_l: int, window_size: int
+          ) -> tuple[list[Kernel], list[Kernel], float]:
+    """The attention core's forward and backward kernels and the fused backward's extra (hardware-only) FLOPs.
+
+    QK^T costs 2 x scores x d_qk, the product with V 2 x scores x d_v (equal head dims: 4 x scores x d, Narayanan
+    eq. (3)); a fused kernel's backward computes dV = P^T dO and dP = dO V^T (2 x d_v each), dQ = dS K and
+    dK = dS^T Q (2 x d_qk each) and recomputes QK^T (2 x d_qk): 2 x scores x (3 d_qk + 2 d_v), FlashAttention-2's
+    2.5 x the forward when d_qk = d_v (Dao 2023, arXiv:2307.08691 sec. 3.1.2).
+    """
+    b, s_q, s_k, bpe, m = shape.micro_batch_size, shape.seq_q, shape.seq_k, shape.bpe, shape.tokens
+    dropout = shape.dropout
+    qk, pv = 2.0 * scores * d_qk, 2.0 * scores * d_v
+    if attention == "materialized":
+        # cuBLAS batched GEMMs compute every score; the mask is applied in the fused softmax.
+        core = [
+            Kernel("attention_scores", qk, (m * q_l + b * s_k * k_l + scores) * bpe, "attention",
+                   (s_q, s_k, d_qk), useful_flops=qk * counted),
+            # Megatron-LM's fused scale-mask-softmax: reads and writes the scores once.
+            elementwise("softmax", scores, 2 * bpe, 5.0),
+        ]
+        if dropout:
+            core.append(elementwise("dropout", scores, 2 * bpe + 1))
+        core.append(Kernel("attention_over_values", pv, (scores + b * s_k * v_l + m * q_l) * bpe,
+                           "attention", (s_q, d_v, s_k), useful_flops=pv * counted))
+        core_bwd = [
+            Kernel("attention_over_values_grad", 2.0 * pv, (2 * scores + 2 * b * s_k * v_l + 2 * m * q_l) * bpe,
+                   "attention", (s_q, s_k, d_v), useful_flops=2.0 * pv * counted),
+        ]
+        if dropout:
+            core_bwd.append(elementwise("dropout_grad", scores, 2 * bpe + 1))
+        core_bwd += [
+            elementwise("softmax_grad", scores, 3 * bpe, 4.0),
+            Kernel("attention_scores_grad", 2.0 * qk, (2 * scores + 2 * m * q_l + 2 * b * s_k * k_l) * bpe,
+                   "attention", (s_q, d_qk, s_k), useful_flops=2.0 * qk * counted),
+        ]
+        return core, core_bwd, 0.0
+    family = "flash2" if attention == "flash" else attention
+    if window and causal:
+        # Assumption: a sliding-window kernel runs at the efficiency of a causal kernel over window_size keys
+        # (each query block meets about W keys, masked at both edges of its band).
+        parts: tuple[tuple[float, bool, float], ...] = ((1.0, True, float(min(window_size, s_k))),)
+    else:
+        parts = attention_parts(causal, shape.cp, s_q)
+    # Assumption: the fused kernel reads Q, K, V and writes O once (its re-reads of K, V per query block are
+    # served from L2); a causal kernel skips the masked blocks, so it executes the counted FLOPs.
+    a_l = q_l // d_qk
+    io = (m * q_l + m * a_l * d_v + b * s_k * (k_l + v_l)) * bpe  # read Q, K, V; write O
+    head_dim = max(d_qk, d_v)
+    core = [Kernel("flash_attention", (qk + pv) * counted, io + 4.0 * m * a_l, "attention", (s_q, s_k, head_dim),
+                   attention=AttentionShape(family, "forward", head_dim, parts))]
+    core_bwd = [Kernel("flash_attention_grad", (3.0 * qk + 2.0 * pv) * counted, 2.0 * io + 4.0 * m * a_l,
+                       "attention", (s_q, s_k, head_dim), attention=AttentionShape(family, "backward", head_dim,
+                                                                                   parts))]
+    return core, core_bwd, qk * counted  # the backward's recomputed QK^T (and P): beyond 2x the forward
+
+
+def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l: int) -> None:
+    """MLA's projections after the input norm (forward, appended to ``fwd``) and their backward (``bwd``, in backward
+    order: rotary, up projections, latent norms, down projections)."""
+    h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
+    sp = shape.sequence_parallel
+    m_l = shape.local_tokens  # the duplicated down projections run on this peer's own tokens
+    qr, kvr, r = model.q_lora_rank, model.kv_lora_rank, model.qk_pos_emb_head_dim
+    d, dv = model.qk_head_dim, model.v_head_dim
+    q_up, kv_up = a_l * (d + r), a_l * (d + dv)
+    norms = model.qk_layernorm
+    # forward: down projections (q: through its latent unless q_lora_rank is 0), latent norms, gathers, up projections
+    if qr:
+        fwd.add(*fp8_cast("q_down", m_l * h, recipe), gemm("q_down", m_l, qr, h, bpe, fp8))
+        if norms:
+            fwd.add(elementwise("q_latent_norm", m_l * qr, 2 * bpe, 8.0))
+    fwd.add(*fp8_cast("kv_down", m_l * h, recipe), gemm("kv_down", m_l, kvr + r, h, bpe, fp8))
+    if norms:
+        fwd.add(elementwise("kv_latent_norm", m_l * kvr, 2 * bpe, 8.0))
+    q_in = qr if qr else h  # what the (column-parallel) Q projection reads
+    if tp > 1 and sp:
+        # The column-parallel up projections gather their sequence-parallel inputs (Korthikanti sec. 4.2.2); the
+        # KV latent and the rotary key are gathered as one buffer.
+        # Assumption: Megatron gathers kv_compressed (by linear_kv_up_proj) and k_pos_emb separately; one gather of
+        # the same bytes here.
+        fwd.issue("all_gather", m * q_in * bpe)
+        fwd.issue("all_gather", m * (kvr + r) * bpe)
+    fwd.add(*fp8_cast("q_up", m * q_in, recipe), gemm("q_up" if qr else "q_proj", m, q_up, q_in, bpe, fp8))
+    fwd.add(*fp8_cast("kv_up", m * kvr, recipe), gemm("kv_up", m, kv_up, kvr, bpe, fp8))
+    # RoPE on the rotary parts of Q (every head) and K (one shared head), and the concatenation into the Q and K the
+    # kernel reads (Megatron-LM: torch.cat of the no-position and rotary parts; k_pos_emb expanded over the heads).
+    qk_elems = m * a_l * (d + r) * 2
+    fwd.add(elementwise("mla_rope_concat", qk_elems, 2 * bpe, 1.0))
+
+    bwd.add(elementwise("mla_rope_concat_grad", qk_elems, 2 * bpe, 1.0))
+    for name, n, k in (("kv_up", kv_up, kvr), ("q_up" if qr else "q_proj", q_up, q_in)):
+        bwd.add(*fp8_cast(f"{name}_grad", m * n, recipe))
+        dgrad, wgrad = gemm_grads(name, m, n, k, bpe, fp8)
+        bwd.add(dgrad)
+        if tp > 1:
+            # the column-parallel up projection's input gradient is a partial sum over the TP peers
+            bwd.issue("reduce_scatter" if sp else "all_reduce", m * k * bpe if name != "kv_up" else m * (kvr + r) * bpe,
+                      overlappable=True)
+        bwd.add(wgrad)
+    if norms:
+        bwd.add(elementwise("kv_latent_norm_grad", m_l * kvr, 4 * bpe, 10.0))
+    bwd.add(*fp8_cast("kv_down_grad", m_l * (kvr + r), recipe), *gemm_grads("kv_down", m_l, kvr + r, h, bpe, fp8))
+    if qr:
+        if norms:
+            bwd.add(elementwise("q_latent_norm_grad", m_l * qr, 4 * bpe, 10.0))
+        bwd.add(*fp8_cast("q_down_grad", m_l * qr, recipe), *gemm_grads("q_down", m_l, qr, h, bpe, fp8))

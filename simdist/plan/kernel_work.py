@@ -1,0 +1,245 @@
+"""The units of a layer's cost: kernels (FLOPs and HBM bytes on one GPU), the collectives between them, and the
+per-pass sequence that issues both (simdist.plan.layer_cost and its block modules build layers from these).
+
+A GEMM of (m, n, k) costs 2mnk FLOPs (Narayanan et al. 2021, arXiv:2104.04473 sec. 5.1 footnote); its backward
+computes the input and the weight gradient, twice the forward FLOPs (ibid.). Byte counts are what each kernel reads
+plus writes in HBM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from simdist.errors import SpecError
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    name: str
+    flops: float
+    hbm_bytes: float
+    """Bytes read + written in HBM."""
+    kind: str
+    """gemm | attention | memory (bandwidth-bound element-wise)."""
+    gemm_mnk: tuple[int, int, int] | None = None
+    """(m, n, k) of one GEMM (per head for batched attention GEMMs), for size-dependent efficiency."""
+    dtype: str | None = None
+    """``fp8``: a GEMM the FP8 recipe casts; None: the step's compute dtype (bf16 under fp8 training)."""
+    attention: AttentionShape | None = None
+    """A fused attention kernel's family and shape (simdist.hardware.attention prices it from measured curves)."""
+    useful_flops: float | None = None
+    """Model FLOPs of the kernel where they differ from ``flops`` (what it executes): a materialized attention
+    GEMM computes the masked half of the scores too, which the causal convention does not count."""
+
+    @property
+    def model_flops(self) -> float:
+        return self.flops if self.useful_flops is None else self.useful_flops
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    kernel: str
+    """flash2 | flash3 | cudnn."""
+    direction: str
+    """forward | backward."""
+    head_dim: int
+    parts: tuple[tuple[float, bool, float], ...]
+    """(share of the kernel's FLOPs, causal, sequence length) of each piece of work it does."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommWork:
+    op: str
+    """all_reduce | all_gather | reduce_scatter | all_to_all."""
+    nbytes: float
+    """The nccl-tests size: the full (gathered / unreduced) buffer."""
+    phase: str
+    """forward | backward (the recompute's collectives are backward)."""
+    overlappable: bool
+    """True: can run concurrently with the phase's remaining compute; False: the next kernel waits for it."""
+    axis: str = "tp"
+    issued_after: int = 0
+    """Issued once this many kernels of its tuple (forward, backward, or recompute) have run."""
+    recompute: bool = False
+    """True: repeated by the recompute; ``issued_after`` then indexes ``Work.recompute``."""
+    imbalance: float = 1.0
+    """all_to_all over ep: the busiest peer's bytes / the mean peer's (routing imbalance); ``nbytes`` is a balanced
+    rank's send buffer (the nccl-tests alltoall size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    forward: tuple[Kernel, ...]
+    backward: tuple[Kernel, ...]
+    recompute: tuple[Kernel, ...]
+    comm: tuple[CommWork, ...]
+    model_flops: float
+    hardware_flops: float
+
+
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+# fp8 training (Transformer Engine / Megatron-LM --fp8-format) keeps activations, their collectives (TP all-reduce /
+# all-gather / reduce-scatter) and pipeline messages in bf16: only the linear layers' GEMM operands are cast to
+# 1-byte fp8 (their casts are kernels of their own, `_cast`), and the GEMMs write bf16.
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+"""Megatron-LM --fp8-recipe names (megatron/training/arguments.py): delayed = TE DelayedScaling, tensorwise = TE
+Float8CurrentScaling, mxfp8 = TE MXFP8BlockScaling (Blackwell), blockwise = TE Float8BlockScaling (1x128 / 128x128
+blocks, DeepSeek-V3 style)."""
+# Bytes per element one cast kernel moves: reads the bf16 tensor (2 B) and writes the fp8 copy the GEMM reads plus
+# the transposed fp8 copy the backward GEMM reads (Transformer Engine's cast_transpose: 2 x 1 B), with its scales.
+_CAST_BYTES = {
+    "delayed": 2 + 2 * 1.0,  # amax recorded in the same pass; the scale comes from the amax history
+    "tensorwise": 2 + 2 + 2 * 1.0,  # current scaling: an amax pass over the input before the cast
+    "mxfp8": 2 + 2 * (1 + 1 / 32),  # OCP MX: one E8M0 scale per 32 elements, row-wise and column-wise copies
+    "blockwise": 2 + 2 * (1 + 4 / 128),  # one fp32 scale per 128 elements (1x128 activations)
+}
+
+# Assumption: Adam keeps fp32 master weights, m and v and reads an fp32 gradient (Megatron-LM's main_grad);
+# per parameter it reads master, m, v, grad (4 x 4 B) and writes master, m, v (3 x 4 B) plus the 16-bit copy
+# (2 B). ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054) sec. 3.1 counts the same 4+4+4 B of optimizer state.
+_ADAM_FLOPS_PER_PARAM = 12.0  # Kingma & Ba 2015 Algorithm 1: two moment updates, bias corrections, the step.
+
+
+def bytes_per_element(precision: str) -> int:
+    try:
+        return ELEMENT_BYTES[precision]
+    except KeyError:
+        raise SpecError(f"unknown precision {precision!r}", field="training.precision",
+                        fix=f"write one of {', '.join(ELEMENT_BYTES)}") from None
+
+
+def optimizer_kernels(num_params: float, *, precision: str = "bf16") -> tuple[Kernel, ...]:
+    """The Adam step on ``num_params`` parameters (one fused multi-tensor kernel), memory-bound."""
+    if num_params < 0:
+        raise SpecError("negative parameter count", field="model", fix="check the model size")
+    copy = bytes_per_element(precision) if bytes_per_element(precision) < 4 else 0
+    per_param = 4 * 4 + 3 * 4 + copy
+    return (Kernel("adam", _ADAM_FLOPS_PER_PARAM * num_params, per_param * num_params, "memory"),)
+
+
+def gemm(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False, *, batch: int = 1,
+         useful: float | None = None) -> Kernel:
+    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C (fp8: 1-byte operands, a bf16 output).
+
+    ``batch``: one grouped call of ``batch`` such GEMMs, each with its own B (the local experts' weights; the roofline
+    reads the batch back as flops / 2mnk for tile/wave quantization); ``useful``: model FLOPs where they differ from
+    the executed ones (Kernel.useful_flops)."""
+    ib = 1 if fp8 else bpe
+    return Kernel(name, 2.0 * m * n * k * batch, float(m * k + k * n) * ib * batch + float(m * n) * bpe * batch,
+                  "gemm", (m, n, k), dtype="fp8" if fp8 else None, useful_flops=useful)
+
+
+def gemm_grads(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False, *, batch: int = 1,
+               useful: float | None = None) -> tuple[Kernel, Kernel]:
+    """Input gradient dA = dC B^T (m, k, n) and weight gradient dB = A^T dC (k, n, m) (``batch``, ``useful``: as
+    `gemm`, ``useful`` for each of the two).
+
+    # Assumption: the weight gradient accumulates into an fp32 buffer (Megatron-LM gradient_accumulation_fusion,
+    # main_grad), read and written: 8 bytes per weight.
+    """
+    ib = 1 if fp8 else bpe
+    dt = "fp8" if fp8 else None
+    dgrad = Kernel(f"{name}_input_grad", 2.0 * m * n * k * batch,
+                   (float(m * n + k * n) * ib + float(m * k) * bpe) * batch, "gemm", (m, k, n), dtype=dt,
+                   useful_flops=useful)
+    wgrad = Kernel(f"{name}_weight_grad", 2.0 * m * n * k * batch, (float(m * k + m * n) * ib + 8.0 * k * n) * batch,
+                   "gemm", (k, n, m), dtype=dt, useful_flops=useful)
+    return dgrad, wgrad
+
+
+def fp8_cast(name: str, elements: float, recipe: str | None) -> list[Kernel]:
+    """The fp8 cast of a GEMM operand (Transformer Engine casts each input activation in forward and each output
+    gradient in backward); none without an FP8 recipe.
+
+    # Assumption: weights are cast once per step, not per micro-batch (Megatron passes is_first_microbatch so TE
+    # caches the fp8 weights across the micro-batches of a step), so their casts are not charged here; casts that
+    # TE fuses into a preceding layer norm are charged as separate kernels (an upper bound on their traffic).
+    """
+    if recipe is None:
+        return []
+    return [elementwise(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
+
+
+def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0) -> Kernel:
+    return Kernel(name, flops_per * elements, bytes_per * elements, "memory")
+
+
+def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0) -> Work:
+    """Model FLOPs: the matmul FLOPs the convention counts (causal half, no recompute, a token's topk experts at the
+    balanced share); hardware FLOPs: what the kernels execute, recompute included (Korthikanti et al. 2022,
+    arXiv:2205.05198 sec. 6.3's MFU / HFU)."""
+    def executed(ks) -> float:
+        return sum(k.flops for k in ks if k.kind != "memory")
+
+    def counted(ks) -> float:
+        return sum(k.model_flops for k in ks if k.kind != "memory")
+
+    model_flops = counted(fwd) + counted(bwd) - extra_hardware
+    return Work(tuple(fwd), tuple(bwd), tuple(redo), tuple(comm), model_flops,
+                executed(fwd) + executed(bwd) + executed(redo))
+
+
+@dataclass(slots=True)
+class Pass:
+    """The kernels of one pass (forward or backward) in issue order, and the collectives issued between them: a
+    collective's ``issued_after`` is the number of kernels issued before it."""
+
+    phase: str
+    kernels: list[Kernel] = field(default_factory=list)
+    comm: list[CommWork] = field(default_factory=list)
+
+    def add(self, *kernels: Kernel) -> Pass:
+        self.kernels.extend(kernels)
+        return self
+
+    def issue(self, op: str, nbytes: float, *, overlappable: bool = False, axis: str = "tp",
+              imbalance: float = 1.0) -> Pass:
+        self.comm.append(CommWork(op, float(nbytes), self.phase, overlappable, axis, len(self.kernels),
+                                  imbalance=imbalance))
+        return self
+
+    def then(self, other: Pass) -> Pass:
+        """Append ``other``'s kernels and collectives (its ``issued_after`` shifted past this pass's kernels)."""
+        n = len(self.kernels)
+        self.kernels.extend(other.kernels)
+        self.comm.extend(dataclasses.replace(c, phase=self.phase, issued_after=c.issued_after + n)
+                         for c in other.comm)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """What every block of one decoder layer reads about its GPU's share of a micro-batch."""
+
+    micro_batch_size: int
+    seq_q: int
+    """Queries (tokens) of this GPU's sequence slice: seq_length / cp."""
+    seq_k: int
+    """Keys each query may see: seq_length (Assumption: CP ranks see all keys, ring attention)."""
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    bpe: int
+    recipe: str | None
+    """The FP8 recipe of the linear layers' GEMMs; None: they run in the step's precision."""
+    dropout: bool
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of this GPU's GEMMs (gathered over the TP group under sequence parallelism): b x s / cp."""
+        return self.micro_batch_size * self.seq_q
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens a TP peer holds between the column- and row-parallel regions: b s / (cp tp) under sequence
+        parallelism (Korthikanti sec. 4.2.2), all of them otherwise."""
+        return self.tokens // self.tp if self.sequence_parallel else self.tokens
+
+    @property
+    def fp8(self) -> bool:
+        return self.recipe is not None
+
+    @property
+    def mask_bytes(self) -> int:
+        return 1 if self.dropout else 0

@@ -1,0 +1,307 @@
+"""The MLP half of a mixture-of-experts layer on one GPU: router, token dispatch, the local experts' GEMMs, combine,
+shared experts, forward and backward, with the expert-parallel collectives.
+
+What runs is Megatron-Core's MoELayer (megatron/core/transformer/moe/moe_layer.py, router.py, token_dispatcher.py,
+experts.py, shared_experts.py), forward:
+
+1. the shared experts (a dense MLP of moe_shared_expert_intermediate_size, tensor-parallel over tp like the dense
+   MLP: SharedExpertMLP), computed before routing;
+2. the router: logits = x W (h x num_experts, replicated over tp) on this TP peer's own tokens (b s / (cp tp): MoE
+   with tp > 1 runs under sequence parallelism), softmax / top-k;
+3. ``alltoall`` (MoEAlltoAllTokenDispatcher): permutation 1 gathers each token once per chosen expert, grouped by
+   destination (T x topk rows); all-to-all over the ep group; with etp > 1 an all-gather over the expert-TP group
+   (gather_from_sequence_parallel_region on expt_tp); permutation 2 sorts the received rows by local expert
+   (sort_chunks_by_idxs, when a rank holds more than one expert);
+4. the local experts (num_experts / ep of them): fc1 h -> moe_ffn (x 2 with SwiGLU) / etp, the activation,
+   fc2 -> h; one grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP);
+5. the reverse: unsort, reduce-scatter over etp, all-to-all back (combine), unpermutation (weighting each copy by
+   its router probability and summing a token's copies), plus the shared experts' output.
+
+``allgather`` (MoEAllGatherTokenDispatcher) gathers every token of the expert-TP x EP group (tp_ep group) with its
+routing map and probabilities, permutes out the local experts' rows, and reduce-scatters the unpermuted outputs back
+(in the probabilities' fp32). ``flex`` (MoEFlexTokenDispatcher with DeepEP, DeepSeek-V3 sec. 3.2.2): fused
+dispatch/combine kernels that send a token once per destination rank rather than once per expert (and sum a token's
+local experts' outputs before sending it back), so the all-to-all moves T x (expected distinct destination ranks)
+rows instead of T x topk; the received rows are permuted to the local experts as in ``alltoall``.
+
+Routing imbalance: ``moe_imbalance`` x = the busiest expert-parallel rank's routed tokens / the mean. Every rank
+waits for the busiest at the combine, so the layer runs at the busiest rank's pace: its permutation 2, expert GEMMs
+and activation process x times the mean share (the collectives carry ``imbalance`` x: the busiest peer's receive
+buffer / the mean). A capacity factor c (--moe-expert-capacity-factor) drops the tokens beyond c x an expert's
+balanced share (megatron/core/transformer/moe/moe_utils.py get_capacity: ceil(tokens x topk / num_experts x c)), so
+the busiest rank processes min(x, c) x the mean and every rank at most c x its own. Model FLOPs count a token's topk
+experts at the balanced share (no imbalance, no drops): imbalance is time, not model work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simdist.errors import LayoutError, SpecError
+from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, fp8_cast, gemm, gemm_grads
+from simdist.plan.model import Model
+
+DISPATCHERS = ("alltoall", "allgather", "flex")
+"""Megatron-LM --moe-token-dispatcher-type."""
+_ROUTING_BYTES = 1 + 4  # per token and expert: the routing map (bool) and the router probabilities (fp32)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertParallel:
+    """How a step's MoE layers run (simdist.plan.step_config.StepConfig's ep, etp and moe_* fields)."""
+
+    ep: int = 1
+    etp: int = 1
+    dispatcher: str = "alltoall"
+    imbalance: float = 1.0
+    capacity_factor: float | None = None
+    grouped_gemm: bool = True
+
+    @property
+    def busiest_share(self) -> float:
+        """The busiest rank's routed tokens / a balanced rank's: min(imbalance, capacity factor)."""
+        cap = math.inf if self.capacity_factor is None else self.capacity_factor
+        return min(self.imbalance, cap)
+
+    @property
+    def kept_share(self) -> float:
+        """Of a rank's own routed tokens, the share a balanced routing keeps: min(1, capacity factor)."""
+        cap = math.inf if self.capacity_factor is None else self.capacity_factor
+        return min(1.0, cap)
+
+    @property
+    def a2a_imbalance(self) -> float:
+        """The busiest peer's all-to-all receive bytes / the mean peer's (CommWork.imbalance)."""
+        return self.busiest_share / self.kept_share
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedTokens:
+    """Token counts of one MoE layer on one GPU for one micro-batch."""
+
+    local: int
+    """T: tokens this GPU routes (its TP peer's own tokens under sequence parallelism)."""
+    num_local_experts: int
+    balanced: float
+    """Rows a balanced expert rank's experts process, before drops: T x topk x etp (after the expert-TP gather)."""
+    per_expert: int
+    """Rows each local expert of the busiest rank processes: ceil(balanced x busiest_share / num_local_experts)."""
+    sent: float
+    """Rows this GPU sends in the dispatch all-to-all: T x topk x kept_share (alltoall), T x D x kept_share (flex)."""
+
+    @property
+    def busiest(self) -> int:
+        """Rows the busiest rank's experts process."""
+        return self.per_expert * self.num_local_experts
+
+
+def expected_destination_ranks(num_experts: int, topk: int, ep: int) -> float:
+    """Distinct expert-parallel ranks among a token's topk experts, expected under uniform routing: topk experts
+    drawn without replacement from num_experts, num_experts / ep on each rank, so a rank is missed with probability
+    C(E - E/ep, k) / C(E, k), and D = ep (1 - that).
+
+    # Assumption: uniform routing, without DeepSeek-V3's node-limited routing (at most M nodes per token, sec. 2.1.2),
+    # which would lower D further on multi-node ep groups.
+    """
+    per_rank = num_experts // ep
+    if topk > num_experts - per_rank:
+        return float(ep)
+    miss = math.comb(num_experts - per_rank, topk) / math.comb(num_experts, topk)
+    return ep * (1.0 - miss)
+
+
+def check_experts(model: Model, shape: LayerShape, experts: ExpertParallel) -> None:
+    """The layout rules an MoE layer's cost relies on (one clear line each)."""
+    if experts.dispatcher not in DISPATCHERS:
+        raise SpecError(f"unknown MoE token dispatcher {experts.dispatcher!r}",
+                        field="training.moe_token_dispatcher_type", fix=f"write one of {', '.join(DISPATCHERS)}")
+    if experts.ep < 1 or experts.etp < 1:
+        raise LayoutError("ep and etp must be positive", field="parallel.ep", fix="use 1 or more")
+    if model.num_experts % experts.ep:
+        raise LayoutError(f"ep {experts.ep} does not divide num_experts {model.num_experts}", field="parallel.ep",
+                          fix="choose an ep that divides the expert count")
+    if model.moe_ffn_hidden_size % experts.etp:
+        raise LayoutError(f"etp {experts.etp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}",
+                          field="parallel.etp", fix="choose an etp that divides the expert FFN width")
+    if model.moe_shared_expert_intermediate_size % shape.tp:
+        raise LayoutError(f"tp {shape.tp} does not divide moe_shared_expert_intermediate_size "
+                          f"{model.moe_shared_expert_intermediate_size}", field="parallel.tp",
+                          fix="choose a tp that divides the shared experts' width")
+    if shape.tp > 1 and not shape.sequence_parallel:
+        # Megatron-Core MoELayer.forward raises in training when tp > 1 without sequence parallelism.
+        raise LayoutError("an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer)",
+                          field="parallel.sequence_parallel", fix="set parallel.sequence_parallel: true, or tp 1")
+    if experts.dispatcher == "flex" and experts.etp > 1:
+        raise SpecError("the flex (DeepEP) dispatcher is modelled with etp 1 only",
+                        field="training.moe_token_dispatcher_type", fix="use etp 1, or the alltoall dispatcher")
+
+
+def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> RoutedTokens:
+    t = shape.local_tokens
+    k = model.moe_router_topk
+    num_local = model.num_experts // experts.ep
+    balanced = float(t * k * experts.etp)
+    per_expert = max(1, math.ceil(balanced * experts.busiest_share / num_local - 1e-9))
+    rows = expected_destination_ranks(model.num_experts, k, experts.ep) if experts.dispatcher == "flex" else k
+    return RoutedTokens(t, num_local, balanced, per_expert, t * rows * experts.kept_share)
+
+
+def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
+    """(forward, backward) of one MoE layer's MLP half, from its norm to the combined output (no residual)."""
+    check_experts(model, shape, experts)
+    h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
+    sp = shape.sequence_parallel
+    resid = m * h // tp if sp else m * h
+    r = routed_tokens(model, shape, experts)
+    t, e = r.local, model.num_experts
+    fwd, bwd = Pass("forward"), Pass("backward")
+    fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
+
+    # 1. shared experts: the dense MLP's kernels and TP collectives at their width (Megatron-LM SharedExpertMLP).
+    shared = model.moe_shared_expert_intermediate_size
+    shared_bwd = Pass("backward")
+    if shared:
+        f_l = shared // tp
+        up_n = 2 * f_l if model.swiglu else f_l
+        if tp > 1:
+            fwd.issue("all_gather", m * h * bpe)
+        fwd.add(*fp8_cast("shared_up", m * h, recipe), gemm("shared_up", m, up_n, h, bpe, fp8),
+                _activation("shared", model, m * f_l, bpe), *fp8_cast("shared_down", m * f_l, recipe),
+                gemm("shared_down", m, h, f_l, bpe, fp8))
+        if tp > 1:
+            fwd.issue("reduce_scatter", m * h * bpe)
+            shared_bwd.issue("all_gather", m * h * bpe)
+        shared_bwd.add(*fp8_cast("shared_down_grad", m * h, recipe), *gemm_grads("shared_down", m, h, f_l, bpe, fp8),
+                       _activation_grad("shared", model, m * f_l, bpe), *fp8_cast("shared_up_grad", m * up_n, recipe))
+        dgrad, wgrad = gemm_grads("shared_up", m, up_n, h, bpe, fp8)
+        shared_bwd.add(dgrad)
+        if tp > 1:
+            shared_bwd.issue("reduce_scatter", m * h * bpe, overlappable=True)
+        shared_bwd.add(wgrad)
+
+    # 2. router (Megatron-LM TopKRouter: a plain linear, not an FP8 GEMM), softmax and top-k: reads the bf16 logits,
+    # writes the fp32 scores and the top-k probabilities and routing map.
+    fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + _ROUTING_BYTES, 8.0))
+
+    # 3-5. dispatch, experts, combine.
+    exp_fwd, exp_bwd = _routed_experts(model, shape, experts, r)
+    fwd.then(exp_fwd)
+    if shared:
+        fwd.add(elementwise("shared_expert_add", t * h, 3 * bpe))  # output += shared_expert_output
+    bwd.then(exp_bwd)
+    bwd.add(elementwise("router_topk_grad", t * e, 4 + 4 + bpe, 8.0), *gemm_grads("router", t, e, h, bpe))
+    bwd.then(shared_bwd)
+    bwd.add(elementwise("layernorm_grad", resid, 4 * bpe, 10.0))
+    return fwd, bwd
+
+
+def _activation(prefix: str, model: Model, elements: float, bpe: int) -> Kernel:
+    if model.swiglu:
+        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0)
+    return elementwise(f"{prefix}_gelu", elements, 2 * bpe, 8.0)
+
+
+def _activation_grad(prefix: str, model: Model, elements: float, bpe: int) -> Kernel:
+    if model.swiglu:
+        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe, 8.0)
+    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe, 10.0)
+
+
+def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r: RoutedTokens) -> tuple[Pass, Pass]:
+    """Dispatch, the local experts, combine: forward and backward (backward in reverse order)."""
+    h, bpe, recipe, fp8 = model.hidden_size, shape.bpe, shape.recipe, shape.fp8
+    ep, etp, e = experts.ep, experts.etp, model.num_experts
+    t, nl, rows = r.local, r.num_local_experts, r.busiest
+    imb = experts.a2a_imbalance
+    kind = experts.dispatcher
+    a2a = kind in ("alltoall", "flex")
+    send_bytes = r.sent * h * bpe
+    gathered = t * etp * ep  # allgather: every token of the expert-TP x EP group
+    # (axis, gathered rows) of the allgather dispatcher's one all-gather over the expert-TP x EP group, written as one
+    # over etp then one over ep: a ring moves (etp ep - 1) T rows per rank either way ((etp - 1) T + (ep - 1) etp T).
+    gathers = [(axis, size) for axis, size, n in (("etp", t * etp, etp), ("ep", gathered, ep)) if n > 1]
+    sort = kind != "alltoall" or nl > 1  # alltoall sorts by local expert only when a rank holds several
+    fwd, bwd = Pass("forward"), Pass("backward")
+
+    # ---- dispatch
+    if kind == "alltoall":
+        fwd.add(elementwise("moe_permute", r.sent * h, 2 * bpe, 0.0))  # permutation 1: a row per chosen expert
+    if a2a and ep > 1:
+        fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+    if a2a and etp > 1:
+        # the busiest expert-TP group gathers its peers' received rows (every peer of the group is equally busy)
+        fwd.issue("all_gather", rows * h * bpe, axis="etp")
+    if kind == "allgather":
+        for axis, size in gathers:  # the tokens, then their routing map and probabilities
+            fwd.issue("all_gather", size * h * bpe, axis=axis)
+            fwd.issue("all_gather", size * e * _ROUTING_BYTES, axis=axis)
+    if sort:
+        # alltoall: permutation 2 (sort_chunks_by_idxs); allgather: the local experts' rows out of every token;
+        # flex: a received token expanded to each of its local experts: the busiest rank's rows, read and written
+        fwd.add(elementwise("moe_sort_chunks", rows * h, 2 * bpe, 0.0))
+
+    # ---- the local experts: one grouped GEMM per linear, or one GEMM per expert (each its own waves of tiles)
+    f_l = model.moe_ffn_hidden_size // etp
+    up_n = 2 * f_l if model.swiglu else f_l
+    te = r.per_expert
+    # Model FLOPs of each GEMM: the balanced rows (a token's topk experts, no imbalance, no drops)
+    useful_up, useful_down = 2.0 * r.balanced * up_n * h, 2.0 * r.balanced * h * f_l
+    batch, calls = (nl, 1) if experts.grouped_gemm else (1, nl)
+
+    def linear(name: str, n: int, k: int, useful: float) -> list[Kernel]:
+        return [*fp8_cast(name, te * k * batch, recipe),
+                gemm(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
+
+    def linear_grads(name: str, n: int, k: int, useful: float) -> list[Kernel]:
+        return [*fp8_cast(f"{name}_grad", te * n * batch, recipe),
+                *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
+
+    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe),
+            *linear("expert_fc2", h, f_l, useful_down))
+
+    # ---- combine
+    if sort and kind != "allgather":
+        fwd.add(elementwise("moe_unsort_chunks", rows * h, 2 * bpe, 0.0))
+    if a2a and etp > 1:
+        fwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
+    if a2a and ep > 1:
+        fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+    if kind == "allgather":
+        # the outputs, weighted by their probabilities, scattered into a zero-filled fp32 buffer of every gathered
+        # token and reduce-scattered back in fp32 (token_combine: reduce_scatter_to_sequence_parallel_region on tp_ep)
+        fwd.add(elementwise("moe_unpermute_fill", gathered * h, 4.0 + bpe * rows / gathered, 1.0))
+        for axis, size in reversed(gathers):
+            fwd.issue("reduce_scatter", size * h * 4.0, axis=axis)
+    else:
+        # unpermutation 1 (flex: DeepEP's combine): each returned row weighted by its probability and summed into its
+        # token: the rows read, T x h written
+        fwd.add(elementwise("moe_unpermute", r.sent * h, bpe + bpe * t / r.sent, 2.0))
+
+    # ---- backward, in reverse
+    if kind == "allgather":
+        for axis, size in gathers:
+            bwd.issue("all_gather", size * h * 4.0, axis=axis)
+        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 3 * bpe, 2.0))
+    else:
+        bwd.add(elementwise("moe_unpermute_grad", r.sent * h, 3 * bpe, 2.0))  # d(row) = p dy; dp = <dy, row>
+    if a2a and ep > 1:
+        bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+    if a2a and etp > 1:
+        bwd.issue("all_gather", rows * h * bpe, axis="etp")
+    if sort and kind != "allgather":
+        bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0))
+    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down), _activation_grad("expert", model, rows * f_l, bpe),
+            *linear_grads("expert_fc1", up_n, h, useful_up))
+    if sort:
+        bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0))
+    if a2a and etp > 1:
+        bwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
+    if a2a and ep > 1:
+        bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+    if kind == "allgather":
+        for axis, size in reversed(gathers):
+            bwd.issue("reduce_scatter", size * h * bpe, axis=axis)
+    if kind == "alltoall":
+        bwd.add(elementwise("moe_permute_grad", r.sent * h, 2 * bpe, 1.0))  # scatter-add of a token's rows
+    return fwd, bwd
