@@ -9,19 +9,11 @@ import pytest
 
 from simdist.calibrate.kernels import read_kernel_measurements
 from simdist.calibrate.measurements import read_measurements
-from simdist.calibrate.points import Point, predict_points, uneven_matrix
+from simdist.calibrate.points import Point, predict_points
 from simdist.errors import SpecError
 from simdist.hardware.presets import load_topology
 
 HEADER = "op,nbytes,num_ranks,time_s,imbalance\n"
-
-
-def test_uneven_matrix_keeps_every_send_buffer_and_loads_the_busiest_receiver():
-    m = uneven_matrix(4, 400.0, 2.5)
-    assert [sum(row) for row in m] == [400.0] * 4  # every peer sends its nbytes
-    assert sum(row[0] for row in m) == pytest.approx(2.5 * 400.0)  # peer 0 receives 2.5 x the mean
-    assert all(row[j] == pytest.approx(50.0) for row in m for j in (1, 2, 3))  # (4 - 2.5) / 3 x 100 each
-    assert uneven_matrix(4, 400.0, 1.0) == tuple((100.0,) * 4 for _ in range(4))
 
 
 def test_an_imbalanced_all_to_all_is_priced_slower_by_its_busiest_receiver():

@@ -23,7 +23,7 @@ Building (`fit_calibration`), in three stages, each parameter fitted only from t
    kernels that identify it; simdist.calibrate.kernel_fit), else gemm_peak_efficiency and launch overhead to the
    measured single-GPU MLP training steps (cut ``single`` only: no communication to subtract), see `fit_compute`.
    all_to_all rows with an ``imbalance`` (``python -m validation.moe``: unequal splits) are priced as the uneven
-   all_to_all of simdist.calibrate.points.uneven_matrix and fitted with the op's other rows.
+   all_to_all of simdist.collectives.uneven (as a step prices an MoE dispatch) and fitted with the op's other rows.
 
 What a calibration cannot vouch for is said with a `SimdistWarning` (recorded in ``fit.warnings`` too): an op
 fitted from fewer than `MIN_SIZES` sizes, measurements of another GPU than the topology's, a link measured

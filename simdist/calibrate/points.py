@@ -28,6 +28,7 @@ from simdist.calibrate.measurements import Measurement
 from simdist.collectives.group import Group
 from simdist.collectives.registry import ALGORITHMS
 from simdist.collectives.request import Request
+from simdist.collectives.uneven import imbalanced_matrix
 from simdist.errors import SimdistError, SimdistWarning, SpecError
 from simdist.hardware.presets import load_topology, topology_document
 from simdist.hardware.topology import Topology
@@ -54,7 +55,7 @@ class Point:
     source: str
     samples: int = 1
     imbalance: float = 1.0
-    """all_to_all with unequal splits: the busiest rank's received bytes / the mean (`uneven_matrix`)."""
+    """all_to_all with unequal splits: the busiest rank's received bytes / the mean (simdist.collectives.uneven)."""
 
     @property
     def series(self) -> tuple:
@@ -91,19 +92,6 @@ def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
                   groups[key][0].source, len(groups[key]),
                   float(np.median([m.imbalance for m in groups[key]])))
             for key in order for (op, n, nodes, size, algo, imbalance) in [key]]
-
-
-def uneven_matrix(num_peers: int, nbytes: float, imbalance: float) -> tuple[tuple[float, ...], ...]:
-    """``matrix[i][j]`` (bytes peer i sends peer j) of an all_to_all in which every peer sends ``nbytes`` and peer 0
-    receives ``imbalance`` x the mean, the others equal shares of the rest: the expert-parallel dispatch of routing
-    imbalance (Megatron-Core's MoEAlltoAllTokenDispatcher, all_to_all with input/output splits), the convention of
-    simdist.plan.layer_cost.CommWork.imbalance.
-    # Assumption: one busiest receiver and the others alike; a measured sweep (validation.moe) skews the routing
-    # towards one rank's experts, which is that pattern up to whole tokens."""
-    p = num_peers
-    block = nbytes / p
-    cold = (p - imbalance) / (p - 1) * block if p > 1 else block
-    return tuple(tuple(imbalance * block if j == 0 else cold for j in range(p)) for _ in range(p))
 
 
 def lower_envelope(points: Sequence[Point]) -> list[Point]:
@@ -232,9 +220,12 @@ def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
 
 
 def _request(p: Point, group: Group, nbytes: float) -> Request:
-    """The priced request of a point of ``nbytes``: an uneven all_to_all (`uneven_matrix`) where it has imbalance."""
+    """The priced request of a point of ``nbytes``: the uneven all_to_all of simdist.collectives.uneven where it has
+    an imbalance (the busiest rank receives that many times the mean), as a training step prices an MoE dispatch."""
     if p.op == "all_to_all" and p.imbalance != 1.0:
-        return Request(p.op, group, nbytes, matrix=uneven_matrix(p.num_ranks, nbytes, p.imbalance))
+        # Assumption: one busiest receiver and the others alike (simdist.collectives.uneven, as a step prices an
+        # MoE dispatch); validation.moe skews routing towards one rank's experts, that pattern up to whole tokens.
+        return Request(p.op, group, nbytes, matrix=imbalanced_matrix(p.num_ranks, nbytes, p.imbalance))
     return Request(p.op, group, nbytes)
 
 
