@@ -133,7 +133,7 @@ def test_a_scenarios_layer_gives_its_own_gemm_and_attention_shapes(tmp_path):
     attention = [c for c in cases if c.kind == "attention"]
     assert [(c.direction, c.batch, c.heads, c.seq, c.head_dim, c.causal) for c in attention] == [
         ("forward", 2, 2, 32, 16, True), ("backward", 2, 2, 32, 16, True)]
-    assert "hidden 64, tp 2" in what
+    assert "layer(s) 0 of 2, hidden 64, tp 2" in what
 
 
 torch = pytest.importorskip("torch")

@@ -2,7 +2,9 @@
 
 - **a scenario's layer** (``--scenario``): the GEMMs and the fused attention kernel of one layer's forward and
   backward as simdist costs them (simdist.plan.layer_cost.layer_work on the scenario's step configuration:
-  tensor-parallel shards, micro-batch, sequence length); each distinct (m, n, k, batch) once, named after the
+  tensor-parallel shards, micro-batch, sequence length, expert parallelism; the first layer of each kind: dense,
+  MoE, sliding window), each distinct (m, n, k, batch) once (an MoE layer's grouped expert GEMMs: batch = the
+  local experts, timed as one batched GEMM), named after the
   first kernel of that shape (``qkv``, ``mlp_up_weight_grad``, ...); materialized attention's batched GEMMs are
   timed as batched GEMMs.
 - **a GEMM sweep** (``--gemm-sizes``): square m = n = k GEMMs, and for each size below the largest a skinny one
@@ -124,12 +126,19 @@ def scenario_cases(path: str | Path) -> tuple[list[KernelCase], str]:
     scenario = load_scenario(path)
     model = resolve_model(scenario.spec.model, base_dir=Path(path).parent)
     cfg = step_config_of(scenario.spec, scenario.topology, model)
-    work = layer_work(cfg.model, tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
-                      micro_batch_size=cfg.micro_batch_size, precision=cfg.precision, tp_style=cfg.tp_style,
-                      attention=cfg.attention, attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe)
+    kinds = list(zip(model.moe_layer_flags(), model.window_layer_flags(), strict=True)) if model.kind == "decoder" \
+        else [(False, False)]
+    firsts = [kinds.index(kind) for kind in dict.fromkeys(kinds)]  # the first layer of each kind (dense, MoE, window)
+    kernels = []
+    for i in firsts:
+        work = layer_work(cfg.model, tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
+                          micro_batch_size=cfg.micro_batch_size, precision=cfg.precision, tp_style=cfg.tp_style,
+                          attention=cfg.attention, attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe,
+                          layer=i, experts=cfg.expert_parallel)
+        kernels += [*work.forward, *work.backward]
     cases: list[KernelCase] = []
     seen: set[tuple] = set()
-    for kernel in (*work.forward, *work.backward):
+    for kernel in kernels:
         if kernel.gemm_mnk and kernel.attention is None:  # GEMMs, and materialized attention's batched GEMMs
             m, n, k = kernel.gemm_mnk
             batch = max(1, round(kernel.flops / (2.0 * m * n * k)))
@@ -147,6 +156,7 @@ def scenario_cases(path: str | Path) -> tuple[list[KernelCase], str]:
                 cases.append(KernelCase("attention", kernel.name, batch=cfg.micro_batch_size, heads=heads, seq=seq,
                                         head_dim=shape.head_dim, causal=cfg.attention_mask == "causal",
                                         direction=shape.direction))
-    what = (f"{scenario.source}: one layer of {model.num_layers}, hidden {model.hidden_size}, tp {cfg.mesh.tp}, "
+    what = (f"{scenario.source}: layer(s) {', '.join(map(str, firsts))} of {model.num_layers}, hidden "
+            f"{model.hidden_size}, tp {cfg.mesh.tp}, "
             f"micro-batch {cfg.micro_batch_size}, sequence {model.seq_length}")
     return cases, what
