@@ -53,6 +53,13 @@ def run_metadata(backend: str, world_size: int, command: str) -> dict[str, str]:
         meta["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     if shutil.which("nvidia-smi"):
         try:
+            query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=20)
+            if query.returncode == 0 and query.stdout.strip():
+                meta["driver_version"] = query.stdout.split()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+        try:
             topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
             if topo.returncode == 0 and topo.stdout.strip():
                 meta["nvidia_smi_topo_m"] = topo.stdout.rstrip()
