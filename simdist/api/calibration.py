@@ -173,6 +173,12 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
     ``warnings`` says what the figures cannot vouch for: a calibrated prediction worse than the uncalibrated one
     on the held-out points, points above the fitted sizes, measurements of another GPU than the calibration's
     or the topology's, too few points.
+
+    Kernel CSVs (``python -m validation.kernels``) are validated alike: the held-out kernels
+    (simdist.calibrate.kernel_fit.split_kernel_holdout) predicted by compute constants fitted on the others, by the
+    GPU's defaults and by the file: ``kernel_rows`` (kernel, name, shape, measured_s, predicted_s, uncalibrated_s,
+    file_s, errors) and ``kernel_mape_pct`` / ``kernel_uncalibrated_mape_pct`` / ``kernel_calibration_file_mape_pct``
+    (``all`` and ``per_kernel``). Collective rows carry ``imbalance`` (1 for an even all_to_all).
     """
     return _recording(lambda: _validate(paths, calibration, holdout=holdout, html=html))
 
