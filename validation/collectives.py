@@ -44,9 +44,7 @@ import io
 import math
 import os
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +54,9 @@ from simdist.calibrate.measurements import Measurement, _metadata_lines, write_m
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError
 from simdist.units import parse_size_list
-from validation.machine import device_name, run_metadata
+from validation.machine import device_name, start_rank
 from validation.spawn import HarnessError, cli_guard, doing, launch, partial_path, report
+from validation.timing import device_sync, median_s, over_ranks, timed_iterations
 
 __all__ = ["BENCH_OPS", "DEFAULT_OPS", "BenchConfig", "Sample", "benchmark", "host_memory_bytes", "keep_partial",
            "main", "parse_sizes"]
@@ -198,24 +197,14 @@ def _make_op(op: str, count: int, rank: int, n: int, device: Any) -> Callable[[]
 
 
 def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
-    import torch
     import torch.distributed as dist
 
-    gpu = config.backend == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-
-    def sync() -> None:
-        if gpu:
-            torch.cuda.synchronize()
-
+    device, meta = start_rank(rank, world_size, config.backend, config.command)
+    sync = device_sync(device)
     rows: list[Measurement] = []
     samples: list[Sample] = []
-    doing("collecting the run's metadata")
-    meta = run_metadata(config.backend, world_size, config.command) if rank == 0 else {}
     hosts = int(meta.get("host_count", "1")) if rank == 0 else 1
     device_label = device_name(config.backend) if rank == 0 else ""
-    if rank == 0:
-        report(("meta", meta))
     for op in config.ops:
         if op == "send_recv" and world_size < 2:
             continue
@@ -225,30 +214,13 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> Any:
             what = f"{op} of {nbytes} B"
             doing(f"allocating the buffers of {what}")
             run = _make_op(op, max(1, nbytes // _ELEMENT_BYTES), rank, world_size, device)
-            for i in range(config.warmup):
-                doing(f"running {what}, warm-up iteration {i + 1} of {config.warmup}")
-                run()
-            sync()
-            times: list[float] = []
-            for i in range(config.iters):
-                doing(f"running {what}, timed iteration {i + 1} of {config.iters}")
-                sync()
-                dist.barrier()
-                start = time.perf_counter()
-                run()
-                sync()
-                times.append(time.perf_counter() - start)
+            times = timed_iterations(run, warmup=config.warmup, iters=config.iters, sync=sync, what=what,
+                                     barrier=dist.barrier)
             doing(f"reducing the timings of {what} over the ranks")
-            # Per-rank times reduced over ranks (nccl-tests reports the max over ranks by default).
-            t_max = torch.tensor(times, dtype=torch.float64, device=device)
-            t_sum = t_max.clone()
-            dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
-            dist.all_reduce(t_sum, op=dist.ReduceOp.SUM)
+            maxima, means = over_ranks(times, device)  # nccl-tests reports the max over ranks by default
             if rank != 0:
                 continue
-            maxima, means = t_max.cpu().tolist(), (t_sum / world_size).cpu().tolist()
-            # Assumption: the median of per-iteration maxima is robust to the scheduler spikes of a shared host.
-            time_s = statistics.median(maxima)
+            time_s = median_s(maxima)
             row = Measurement(
                 op=op, nbytes=nbytes, num_ranks=world_size, time_s=time_s, algbw_Bps=algbw_Bps(nbytes, time_s),
                 busbw_Bps=busbw_Bps(op, world_size, nbytes, time_s), source="validation.collectives",

@@ -9,7 +9,23 @@ from __future__ import annotations
 import datetime
 import os
 
-__all__ = ["cpu_model", "device_name", "run_metadata"]
+__all__ = ["cpu_model", "device_name", "run_metadata", "start_rank"]
+
+
+def start_rank(rank: int, world_size: int, backend: str, command: str) -> tuple[object, dict[str, str]]:
+    """What every harness rank does first: (its torch device, the run's metadata on rank 0, handed to the parent
+    with validation.spawn.report as ``("meta", meta)``, else {})."""
+    import torch
+
+    from validation.spawn import doing, report
+
+    gpu = backend == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    doing("collecting the run's metadata")
+    meta = run_metadata(backend, world_size, command) if rank == 0 else {}
+    if rank == 0:
+        report(("meta", meta))
+    return device, meta
 
 
 def run_metadata(backend: str, world_size: int, command: str) -> dict[str, str]:
@@ -36,6 +52,13 @@ def run_metadata(backend: str, world_size: int, command: str) -> dict[str, str]:
         nccl = torch.cuda.nccl.version()
         meta["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     if shutil.which("nvidia-smi"):
+        try:
+            query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=20)
+            if query.returncode == 0 and query.stdout.strip():
+                meta["driver_version"] = query.stdout.split()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
         try:
             topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
             if topo.returncode == 0 and topo.stdout.strip():

@@ -86,17 +86,28 @@ def _calibration_hooks(cal: Any, topology: Topology) -> dict[str, Any]:
 
 
 def read_measurement_files(paths: list[str | Path]) -> tuple[list[Any], list[Any]]:
-    """(collective measurements, MLP step measurements) of the files, each format detected."""
+    """(collective measurements, MLP step measurements) of the files, each format detected (kernel CSVs:
+    `read_measurement_kinds`)."""
+    collectives, steps, _ = read_measurement_kinds(paths)
+    return collectives, steps
+
+
+def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any], list[Any]]:
+    """(collective measurements, MLP step measurements, kernel measurements) of the files, each format detected:
+    a kernel CSV (simdist.calibrate.kernels) and a step CSV by their header, everything else as
+    simdist.calibrate.measurements.read_measurements detects it."""
     import csv
 
+    from simdist.calibrate.kernels import looks_like_kernel_csv, read_kernel_measurements
     from simdist.calibrate.measurements import read_measurements
     from simdist.calibrate.steps import STEP_CSV_COLUMNS, read_step_measurements
 
     if not paths:
         raise SpecError("no measurement files given", field="MEASUREMENTS",
-                        fix="pass our CSV, nccl-tests output (text or -J JSON) or an MLP step CSV")
+                        fix="pass our CSV, nccl-tests output (text or -J JSON), an MLP step CSV or a kernel CSV")
     collectives: list[Any] = []
     steps: list[Any] = []
+    kernels: list[Any] = []
     for path in paths:
         p = Path(path)
         first = ""
@@ -104,11 +115,13 @@ def read_measurement_files(paths: list[str | Path]) -> tuple[list[Any], list[Any
             lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
             first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), "")
         header = {h.strip() for h in next(csv.reader([first]))} if first else set()
-        if {"cut", "world_size"} <= header and set(STEP_CSV_COLUMNS) & header:
+        if looks_like_kernel_csv(header):
+            kernels += read_kernel_measurements(p)
+        elif {"cut", "world_size"} <= header and set(STEP_CSV_COLUMNS) & header:
             steps += read_step_measurements(p)
         else:
             collectives += read_measurements(p)
-    return collectives, steps
+    return collectives, steps, kernels
 
 
 def calibrate(paths: list[str | Path], topology: str, *, num_nodes: int | None = None, out: str | Path | None = None,
@@ -123,9 +136,9 @@ def calibrate(paths: list[str | Path], topology: str, *, num_nodes: int | None =
     topology_document(topology)  # an unknown preset: one clear error before reading anything
 
     def run() -> dict[str, Any]:
-        measurements, steps = read_measurement_files(paths)
+        measurements, steps, kernels = read_measurement_kinds(paths)
         spec = fit_calibration(measurements, topology, num_nodes=num_nodes, steps=steps, holdout=holdout, seed=seed,
-                               sources=[str(p) for p in paths])
+                               sources=[str(p) for p in paths], kernels=kernels)
         text = to_yaml(spec)
         if out is not None:
             _write_text(Path(out), text, field="--out")
@@ -141,13 +154,13 @@ def _write_text(path: Path, text: str, *, field: str) -> None:
     write_text(path, text, field=field)
 
 
-def _mapes(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+def _mapes(rows: list[dict[str, Any]], key: str, by: str = "op") -> dict[str, Any]:
     from simdist.calibrate.fit import mape_pct
 
-    ops = sorted({r["op"] for r in rows})
+    ops = sorted({r[by] for r in rows})
     return {"all": mape_pct([r[key] for r in rows], [r["measured_s"] for r in rows]) if rows else None,
-            "per_op": {op: mape_pct([r[key] for r in rows if r["op"] == op],
-                                    [r["measured_s"] for r in rows if r["op"] == op]) for op in ops}}
+            f"per_{by}": {op: mape_pct([r[key] for r in rows if r[by] == op],
+                                       [r["measured_s"] for r in rows if r[by] == op]) for op in ops}}
 
 
 def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str = "sizes",
@@ -160,6 +173,12 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
     ``warnings`` says what the figures cannot vouch for: a calibrated prediction worse than the uncalibrated one
     on the held-out points, points above the fitted sizes, measurements of another GPU than the calibration's
     or the topology's, too few points.
+
+    Kernel CSVs (``python -m validation.kernels``) are validated alike: the held-out kernels
+    (simdist.calibrate.kernel_fit.split_kernel_holdout) predicted by compute constants fitted on the others, by the
+    GPU's defaults and by the file: ``kernel_rows`` (kernel, name, shape, measured_s, predicted_s, uncalibrated_s,
+    file_s, errors) and ``kernel_mape_pct`` / ``kernel_uncalibrated_mape_pct`` / ``kernel_calibration_file_mape_pct``
+    (``all`` and ``per_kernel``). Collective rows carry ``imbalance`` (1 for an even all_to_all).
     """
     return _recording(lambda: _validate(paths, calibration, holdout=holdout, html=html))
 
@@ -169,18 +188,24 @@ def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str,
     from simdist.calibrate import calibration as cb
 
     cal = cb.load_calibration(calibration)
-    measurements, _ = read_measurement_files(paths)
-    if not measurements:
-        raise SpecError("no collective measurements to validate", field="MEASUREMENTS",
-                        fix="pass our CSV or nccl-tests output")
+    measurements, _, kernels = read_measurement_kinds(paths)
+    if not measurements and not kernels:
+        raise SpecError("no collective or kernel measurements to validate", field="MEASUREMENTS",
+                        fix="pass our CSV, nccl-tests output or a kernel CSV (python -m validation.kernels)")
     name = cal.spec.topology
     points = cb.aggregate(measurements)
-    train, test = cb.split_holdout(points, holdout)
+    train, test = cb.split_holdout(points, holdout) if points else ([], [])
     base = cb.build_cluster(name, points)
-    device = cb.measured_device(measurements)
+    device = cb.measured_device([*measurements, *kernels])
     line = _device_mismatch(device, cal.spec.gpu, str(calibration)) or cb.check_device(device, base)
     if line is not None:
         warnings.warn(SimdistWarning(line), stacklevel=2)
+    kernel_part = _validate_kernels(kernels, cal, base.gpu, holdout) if kernels else {}
+    if not points:
+        empty = _mapes([], "predicted_s")
+        return {"topology": name, "calibration": str(calibration), "holdout": holdout, "fit_points": 0,
+                "predicted_points": 0, "rows": [], "mape_pct": empty, "uncalibrated_mape_pct": empty,
+                "calibration_file_mape_pct": empty, **kernel_part}
     if holdout == "none":
         fitted, test = cal, points
     else:
@@ -193,6 +218,7 @@ def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str,
     rows = []
     for p, t, u, f in zip(test, predicted, uncal, by_file, strict=True):
         rows.append({"op": p.op, "num_ranks": p.num_ranks, "num_nodes": p.num_nodes, "nbytes": p.nbytes,
+                     "imbalance": p.imbalance,
                      "measured_s": p.time_s, "predicted_s": float(t), "uncalibrated_s": float(u), "file_s": float(f),
                      "error_pct": 100.0 * (t - p.time_s) / p.time_s,
                      "uncalibrated_error_pct": 100.0 * (u - p.time_s) / p.time_s})
@@ -200,7 +226,7 @@ def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str,
         "topology": name, "calibration": str(calibration), "holdout": holdout,
         "fit_points": len(train) if holdout != "none" else 0, "predicted_points": len(rows), "rows": rows,
         "mape_pct": _mapes(rows, "predicted_s"), "uncalibrated_mape_pct": _mapes(rows, "uncalibrated_s"),
-        "calibration_file_mape_pct": _mapes(rows, "file_s"),
+        "calibration_file_mape_pct": _mapes(rows, "file_s"), **kernel_part,
     }
     _warn_if_worse(result, holdout)
     if html is not None:
@@ -213,6 +239,35 @@ def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str,
         _write_text(Path(html), validate_figure_html(series, title=title), field="--html")
         result["html"] = str(html)
     return result
+
+
+def _validate_kernels(kernels: list[Any], cal: Any, gpu: Any, holdout: str) -> dict[str, Any]:
+    """The kernel part of `validate`: the held-out kernels predicted by constants fitted on the others, by the GPU's
+    defaults and by the file (``kernel_rows``, ``kernel_mape_pct``, ...)."""
+    from simdist.calibrate.kernel_fit import efficiency_of, fit_kernels, predict_kernels, split_kernel_holdout
+
+    if holdout == "none":
+        fitted, test = cal.spec.compute, list(kernels)
+    else:
+        _, test = split_kernel_holdout(kernels, holdout)
+        fitted = fit_kernels(kernels, gpu, holdout=holdout)[0] if test else None
+        if not test:
+            warnings.warn(SimdistWarning(f"--holdout {holdout} holds no kernel out (kernels have no rank count, and "
+                                         "kinds of fewer than 4 sizes keep every size): no kernel is predicted; use "
+                                         "--holdout sizes or large"), stacklevel=3)
+    predicted = predict_kernels(test, gpu, efficiency_of(gpu, fitted))
+    uncal = predict_kernels(test, gpu)
+    by_file = predict_kernels(test, gpu, efficiency_of(gpu, cal.spec.compute))
+    rows = []
+    for r, t, u, f in zip(test, predicted, uncal, by_file, strict=True):
+        rows.append({"kernel": r.kernel, "name": r.name, "dtype": r.dtype, "m": r.m, "n": r.n, "k": r.k,
+                     "batch": r.batch, "flops": r.flops, "hbm_bytes": r.hbm_bytes, "measured_s": r.time_s,
+                     "predicted_s": float(t), "uncalibrated_s": float(u), "file_s": float(f),
+                     "error_pct": 100.0 * (t - r.time_s) / r.time_s,
+                     "uncalibrated_error_pct": 100.0 * (u - r.time_s) / r.time_s})
+    return {"kernel_rows": rows, "kernel_mape_pct": _mapes(rows, "predicted_s", "kernel"),
+            "kernel_uncalibrated_mape_pct": _mapes(rows, "uncalibrated_s", "kernel"),
+            "kernel_calibration_file_mape_pct": _mapes(rows, "file_s", "kernel")}
 
 
 def _device_mismatch(measured: str | None, fitted_on: str | None, source: str) -> str | None:
@@ -257,8 +312,8 @@ def _chart_series(cb: Any, points: list[Any], held_out: list[Any], fitted: Any, 
         for key in sorted({p.series for p in points}, key=str):
             pts = sorted((p for p in points if p.series == key), key=lambda p: p.nbytes)
             lo, hi = math.log2(pts[0].nbytes), math.log2(pts[-1].nbytes)
-            grid = [cb.Point(key[0], key[1], key[2], 2.0 ** (lo + (hi - lo) * i / 24), 1.0, key[3], "grid")
-                    for i in range(25)]
+            grid = [cb.Point(key[0], key[1], key[2], 2.0 ** (lo + (hi - lo) * i / 24), 1.0, key[3], "grid",
+                             imbalance=key[4]) for i in range(25)]
             model = cb.predict_points(tuned, grid)
             corr, info = fitted.correction(key[0]), fitted.spec.fit.collectives.get(key[0])
             curve = cb.calibrated_times(fitted, tuned, grid)
@@ -275,7 +330,8 @@ def _chart_series(cb: Any, points: list[Any], held_out: list[Any], fitted: Any, 
                 band_hi = [slow.time_s(float(m), g.nbytes, g.num_ranks) for m, g in zip(model, grid, strict=True)]
             sizes = [g.nbytes for g in grid]
             series.append(ValidateSeries(
-                label=f"{key[0]}, {key[1]} ranks" + (f" on {key[2]} nodes" if key[2] else ""),
+                label=f"{key[0]}, {key[1]} ranks" + (f" on {key[2]} nodes" if key[2] else "")
+                + (f", imbalance {key[4]:g}" if key[4] != 1.0 else ""),
                 fitted=tuple((p.nbytes, p.time_s) for p in pts if id(p) not in held),
                 heldout=tuple((p.nbytes, p.time_s) for p in pts if id(p) in held),
                 curve=tuple(zip(sizes, map(float, curve), strict=True)),

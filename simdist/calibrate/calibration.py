@@ -18,8 +18,12 @@ Building (`fit_calibration`), in three stages, each parameter fitted only from t
    collective NCCL's tuner would pick, simdist.analytic.select), regularised: few knots, efficiency <= 1, the
    achieved rate bounded by the plateau and, on GPU interconnects, non-decreasing with size; above the largest
    measured size the physical model (simdist.calibrate.correction_fit).
-3. **Compute.** The roofline's gemm_peak_efficiency and launch overhead are fitted to the measured
-   single-GPU MLP training steps (cut ``single`` only: no communication to subtract), see `fit_compute`.
+3. **Compute.** The roofline's constants are fitted to measured kernels where there are any (``python -m
+   validation.kernels``: gemm_peak_efficiency, gemm_knee_dim, memory_efficiency, launch overhead, each from the
+   kernels that identify it; simdist.calibrate.kernel_fit), else gemm_peak_efficiency and launch overhead to the
+   measured single-GPU MLP training steps (cut ``single`` only: no communication to subtract), see `fit_compute`.
+   all_to_all rows with an ``imbalance`` (``python -m validation.moe``: unequal splits) are priced as the uneven
+   all_to_all of simdist.collectives.uneven (as a step prices an MoE dispatch) and fitted with the op's other rows.
 
 What a calibration cannot vouch for is said with a `SimdistWarning` (recorded in ``fit.warnings`` too): an op
 fitted from fewer than `MIN_SIZES` sizes, measurements of another GPU than the topology's, a link measured
@@ -45,7 +49,7 @@ from simdist.calibrate.fit import mape_pct
 from simdist.calibrate.measurements import Measurement
 from simdist.collectives.ops import OPS
 from simdist.errors import SimdistWarning, SpecError
-from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
+from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.predict.price import Adjust
 from simdist.spec.calibration import (
@@ -159,16 +163,9 @@ class Calibration:
         return adjust
 
     def compute_efficiency(self, gpu: GpuSpec) -> ComputeEfficiency | None:
-        c = self.spec.compute
-        if c is None:
-            return None
-        base = compute_efficiency(gpu)
-        return ComputeEfficiency(
-            gemm_peak_efficiency=c.gemm_peak_efficiency,
-            gemm_knee_dim=c.gemm_knee_dim if c.gemm_knee_dim is not None else base.gemm_knee_dim,
-            memory_efficiency=c.memory_efficiency if c.memory_efficiency is not None else base.memory_efficiency,
-            launch_overhead_s=c.launch_overhead if c.launch_overhead is not None else base.launch_overhead_s,
-            host_op_s=base.host_op_s, fp8_gemm_efficiency_ratio=base.fp8_gemm_efficiency_ratio)
+        from simdist.calibrate.kernel_fit import efficiency_of
+
+        return None if self.spec.compute is None else efficiency_of(gpu, self.spec.compute)
 
     def check_topology(self, name: str, *, field: str = "--cluster", gpu: GpuSpec | None = None) -> None:
         """One clear error when this calibration is used on another topology than it was fitted for; a
@@ -278,22 +275,24 @@ def check_device(device: str | None, topology: Topology, *, what: str = "the mea
 
 def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_nodes: int | None = None,
                     steps: Sequence[Any] = (), holdout: str = "none", seed: int = 0,
-                    sources: Sequence[str] = ()) -> CalibrationSpec:
-    """Fit a calibration of ``topology`` to collective ``measurements`` (and MLP ``steps``), see the module doc.
+                    sources: Sequence[str] = (), kernels: Sequence[Any] = ()) -> CalibrationSpec:
+    """Fit a calibration of ``topology`` to collective ``measurements`` (and MLP ``steps``, measured ``kernels``), see
+    the module doc.
 
-    ``holdout``: fit on part of the points (`split_holdout`) and report the held-out error in ``fit``. Warnings
-    (module doc) are raised as `SimdistWarning` and recorded in ``fit.warnings``.
+    ``holdout``: fit on part of the points (`split_holdout`, for kernels `split_kernel_holdout`) and report the
+    held-out error in ``fit``. Warnings (module doc) are raised as `SimdistWarning` and recorded in ``fit.warnings``.
     """
     from simdist.calibrate.compute_fit import fit_compute
+    from simdist.calibrate.kernel_fit import fit_kernels
 
-    if not measurements and not steps:
+    if not measurements and not steps and not kernels:
         raise SpecError("no measurements to fit", field="MEASUREMENTS",
-                        fix="pass a measurement CSV, nccl-tests output or an MLP step CSV")
+                        fix="pass a measurement CSV, nccl-tests output, an MLP step CSV or a kernel CSV")
     points = aggregate(measurements)
     train, test = split_holdout(points, holdout) if points else ([], [])
     base = build_cluster(topology, points, num_nodes=num_nodes)
     notes: list[str] = []
-    device = measured_device(measurements)
+    device = measured_device([*measurements, *kernels])
     if (mismatch := check_device(device, base)) is not None:
         notes.append(mismatch)
     fit_on = lower_envelope(train)  # interference spikes out (points.lower_envelope); the errors use `train`
@@ -306,17 +305,28 @@ def fit_calibration(measurements: Sequence[Measurement], topology: str, *, num_n
     collectives, infos, op_notes = _collective_fits(fit_on, predicted, tuned_share, uncal, train, monotone=monotone,
                                                     seed=seed) if train else ({}, {}, [])
     notes += tier_notes + op_notes
-    compute, compute_info = fit_compute(steps, base.gpu, seed=seed) if steps else (None, None)
+    kernel_info = None
+    if kernels:
+        compute, kernel_info = fit_kernels(kernels, base.gpu, holdout=holdout, seed=seed)
+        compute_info = None
+        notes += kernel_info.notes
+        if steps:
+            notes.append("compute constants fitted to the measured kernels; the MLP steps were not used for them")
+    else:
+        compute, compute_info = fit_compute(steps, base.gpu, seed=seed) if steps else (None, None)
     spec = CalibrationSpec(topology=topology, gpu=device, num_nodes=base.num_nodes, overrides=overrides,
                            collectives=collectives, compute=compute)
     info: dict[str, Any] = {
-        "points": len(train), "holdout": holdout, "sources": sorted(set(sources) or {p.source for p in points}),
+        "points": len(train), "holdout": holdout,
+        "sources": sorted(set(sources) or {p.source for p in points} | {k.source for k in kernels}),
         "date": datetime.date.today().isoformat(), "tiers": tiers, "collectives": infos, "compute": compute_info,
+        "kernels": kernel_info,
         "method": "tiers: efficiency x median t_model / t_measured over the points where the model is bandwidth-"
                   f"bound (share >= {PLATEAU_SHARE}); collectives: t = latency + t_model / (bandwidth_factor x "
                   "efficiency(S)) inside the measured sizes (knots <= sizes / 2, efficiency <= 1, the achieved rate "
                   "<= the plateau and non-decreasing on GPU links), t = latency + t_model / above_range_factor above; "
-                  f"95 % CIs: seeded bootstrap over points (seed {seed}); compute: cut 'single' only",
+                  f"95 % CIs: seeded bootstrap over points (seed {seed}); compute: "
+                  + ("measured kernels (simdist.calibrate.kernel_fit)" if kernels else "cut 'single' only"),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SimdistWarning)  # the held-out sizes above the range: validate says so

@@ -13,8 +13,11 @@ means per op), algbw = nbytes / time and busbw = algbw x the op's factor (2(n-1)
     Optional columns: ``algbw_Bps`` and ``busbw_Bps`` (bytes/s; computed from the above when absent
     or blank), ``dtype``, ``algorithm`` (e.g. ring, tree, nvls; blank = NCCL's own choice),
     ``in_place`` (true/false, default false), ``num_nodes``, ``label``, ``nccl_version``, ``device`` (the GPU
-    or CPU it ran on; blank: the file's ``# gpu:`` metadata line, else ``# cpu_model:`` on a gloo run) and
-    ``source`` (where the point came from; defaults to the CSV's own path). Other columns are ignored, as are
+    or CPU it ran on; blank: the file's ``# gpu:`` metadata line, else ``# cpu_model:`` on a gloo run),
+    ``source`` (where the point came from; defaults to the CSV's own path) and ``imbalance`` (all_to_all with
+    unequal splits, ``python -m validation.moe``: the busiest rank's received bytes / the mean, between 1 and
+    num_ranks; ``nbytes`` is then each rank's send buffer, as simdist.plan.layer_cost.CommWork counts it;
+    blank or absent: 1, the even all_to_all). Other columns are ignored, as are
     blank lines and lines starting with ``#``. `write_measurements_csv` writes every column.
 (b) the text nccl-tests prints (``all_reduce_perf -b 8 -e 8G -f 2 -g 8 > out.txt``);
 (c) the JSON file of nccl-tests ``-J out.json``. (b) and (c): see simdist.calibrate.nccltests.
@@ -60,6 +63,7 @@ class Measurement:
     label: str | None = None
     nccl_version: str | None = None
     device: str | None = None  # the GPU (or CPU, for gloo) it ran on, as the tool names it: "NVIDIA A100-SXM4-80GB"
+    imbalance: float = 1.0  # all_to_all: busiest rank's received bytes / the mean (1: even splits)
 
 
 CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Measurement))
@@ -232,6 +236,13 @@ def _row_to_measurement(row: dict[str, str], source: str) -> Measurement:
     if in_place_text not in _TRUE | _FALSE:
         raise SpecError(f"'{row['in_place']}' is not a boolean", field="in_place", fix="write true or false")
     nodes = int(_number(row, "num_nodes", integer=True, positive=True)) if row.get("num_nodes") else None
+    imbalance = _number(row, "imbalance") if row.get("imbalance") else 1.0
+    if imbalance != 1.0 and op != "all_to_all":
+        raise SpecError(f"imbalance {row['imbalance']} on a {op} row (only all_to_all has unequal splits)",
+                        field="imbalance", fix="leave imbalance blank (or 1) on rows other than all_to_all")
+    if not 1.0 <= imbalance <= num_ranks:
+        raise SpecError(f"imbalance {row['imbalance']} is outside 1..{num_ranks} (the ranks)", field="imbalance",
+                        fix="write the busiest rank's received bytes / the mean, between 1 and num_ranks")
     return Measurement(
         op=op,
         nbytes=nbytes,
@@ -247,4 +258,5 @@ def _row_to_measurement(row: dict[str, str], source: str) -> Measurement:
         label=row.get("label") or None,
         nccl_version=row.get("nccl_version") or None,
         device=row.get("device") or None,
+        imbalance=imbalance,
     )

@@ -28,6 +28,7 @@ from simdist.calibrate.measurements import Measurement
 from simdist.collectives.group import Group
 from simdist.collectives.registry import ALGORITHMS
 from simdist.collectives.request import Request
+from simdist.collectives.uneven import imbalanced_matrix
 from simdist.errors import SimdistError, SimdistWarning, SpecError
 from simdist.hardware.presets import load_topology, topology_document
 from simdist.hardware.topology import Topology
@@ -53,10 +54,12 @@ class Point:
     algorithm: str | None
     source: str
     samples: int = 1
+    imbalance: float = 1.0
+    """all_to_all with unequal splits: the busiest rank's received bytes / the mean (simdist.collectives.uneven)."""
 
     @property
     def series(self) -> tuple:
-        return (self.op, self.num_ranks, self.num_nodes, self.algorithm)
+        return (self.op, self.num_ranks, self.num_nodes, self.algorithm, round(self.imbalance, 1))
 
 
 def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
@@ -79,10 +82,16 @@ def aggregate(measurements: Sequence[Measurement]) -> list[Point]:
         algo = (m.algorithm or "").lower() or None
         algo = algo if algo in ALGORITHMS else None  # e.g. NCCL_ALGO=CollnetDirect: priced as NCCL's choice
         nodes = m.num_nodes if m.num_nodes and m.num_nodes > 1 else None
-        groups.setdefault((m.op, m.num_ranks, nodes, float(m.nbytes), algo), []).append(m)
-    order = sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, str(k[4]), k[3]))
+        # Assumption: imbalances that agree to 1 decimal are one sweep (the harness realises a target imbalance in
+        # whole tokens, and the router's own near-even routing varies a little with the tokens, so a sweep's sizes
+        # land a little apart); each point is priced at its own measured imbalance.
+        imbalance = round(m.imbalance, 1)
+        groups.setdefault((m.op, m.num_ranks, nodes, float(m.nbytes), algo, imbalance), []).append(m)
+    order = sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, str(k[4]), k[5], k[3]))
     return [Point(op, n, nodes, size, float(np.median([m.time_s for m in groups[key]])), algo,
-                  groups[key][0].source, len(groups[key])) for key in order for (op, n, nodes, size, algo) in [key]]
+                  groups[key][0].source, len(groups[key]),
+                  float(np.median([m.imbalance for m in groups[key]])))
+            for key in order for (op, n, nodes, size, algo, imbalance) in [key]]
 
 
 def lower_envelope(points: Sequence[Point]) -> list[Point]:
@@ -193,7 +202,7 @@ def predict_without_nvls(topology: Topology, points: Sequence[Point]) -> list[fl
             out.append(None)
             continue
         group = _group(topology, p)
-        request = Request(p.op, group, p.nbytes)
+        request = _request(p, group, p.nbytes)
         choices = rank_choices(request)
         if not choices or choices[0].algorithm != "nvls":
             out.append(None)
@@ -210,17 +219,27 @@ def predict_points(topology: Topology, points: Sequence[Point]) -> np.ndarray:
     return predict_details(topology, points)[0]
 
 
+def _request(p: Point, group: Group, nbytes: float) -> Request:
+    """The priced request of a point of ``nbytes``: the uneven all_to_all of simdist.collectives.uneven where it has
+    an imbalance (the busiest rank receives that many times the mean), as a training step prices an MoE dispatch."""
+    if p.op == "all_to_all" and p.imbalance != 1.0:
+        # Assumption: one busiest receiver and the others alike (simdist.collectives.uneven, as a step prices an
+        # MoE dispatch); validation.moe skews routing towards one rank's experts, that pattern up to whole tokens.
+        return Request(p.op, group, nbytes, matrix=imbalanced_matrix(p.num_ranks, nbytes, p.imbalance))
+    return Request(p.op, group, nbytes)
+
+
 def predict_details(topology: Topology, points: Sequence[Point]) -> tuple[np.ndarray, np.ndarray]:
     """(`predict_points`, the share of each predicted time that its bytes account for; module doc)."""
     cache: dict[tuple, tuple[float, float]] = {}
     per_byte: dict[tuple, float] = {}
     out = []
     for p in points:
-        key = (p.op, p.num_ranks, p.num_nodes, p.nbytes, p.algorithm)
+        key = (p.op, p.num_ranks, p.num_nodes, p.nbytes, p.algorithm, p.imbalance)
         if key not in cache:
             try:
                 group = _group(topology, p)
-                request = Request(p.op, group, p.nbytes)
+                request = _request(p, group, p.nbytes)
                 choices = rank_choices(request, algorithms=[p.algorithm] if p.algorithm else None)
             except SpecError:
                 raise
@@ -230,11 +249,11 @@ def predict_details(topology: Topology, points: Sequence[Point]) -> tuple[np.nda
             if not choices:
                 raise SpecError(f"no algorithm runs {p.op} on {p.num_ranks} ranks of {topology.spec.name}",
                                 source=p.source, fix="remove these rows or calibrate another topology")
-            series = (p.op, p.num_ranks, p.num_nodes, p.algorithm)
+            series = p.series
             if series not in per_byte:
-                big = rank_choices(Request(p.op, group, PLATEAU_PROBE_BYTES),
+                big = rank_choices(_request(p, group, PLATEAU_PROBE_BYTES),
                                    algorithms=[p.algorithm] if p.algorithm else None)[0]
-                doubled = evaluate(Request(p.op, group, 2.0 * PLATEAU_PROBE_BYTES), big.algorithm, big.protocol)
+                doubled = evaluate(_request(p, group, 2.0 * PLATEAU_PROBE_BYTES), big.algorithm, big.protocol)
                 per_byte[series] = max(0.0, (doubled.predicted_s - big.predicted_s) / PLATEAU_PROBE_BYTES)
             t = choices[0].predicted_s
             cache[key] = (t, min(1.0, per_byte[series] * p.nbytes / t) if t > 0 else 0.0)

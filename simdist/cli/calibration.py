@@ -60,8 +60,10 @@ def calibrate_cmd(
         return
     cal = doc["calibration"]
     fit = cal.get("fit", {})
+    kernels = fit.get("kernels")
     lines = [f"# calibration of {topology} from {fit.get('points', 0)} points "
-             f"(MAPE {_pct(fit.get('mape_pct'))}, uncalibrated {_pct(fit.get('mape_uncalibrated_pct'))})"]
+             f"(MAPE {_pct(fit.get('mape_pct'))}, uncalibrated {_pct(fit.get('mape_uncalibrated_pct'))})"
+             + (f" and {kernels['points']} kernels" if kernels else "")]
     for key, value in cal.get("overrides", {}).items():
         lines.append(f"  override {key}: {value}")
     for op, c in cal.get("collectives", {}).items():
@@ -72,12 +74,39 @@ def calibrate_cmd(
                         else ""))
     if cal.get("compute"):
         lines.append(f"  compute         {cal['compute']}")
+    if kernels:
+        for label, key in (("kernels", "per_kind"), (f"held-out kernels ({holdout})", "heldout_per_kind")):
+            if kernels.get(key):
+                lines.append(f"# {label}: " + ", ".join(
+                    f"{kind} {k['points']} (MAPE {_pct(k['mape_pct'])}, "
+                    f"uncalibrated {_pct(k['mape_uncalibrated_pct'])})" for kind, k in kernels[key].items()))
     if fit.get("heldout_points"):
         lines.append(f"# held out ({holdout}): {fit['heldout_points']} points, MAPE "
                      f"{_pct(fit.get('heldout_mape_pct'))}, "
                      f"uncalibrated {_pct(fit.get('heldout_mape_uncalibrated_pct'))}")
     lines.append(f"wrote {out}" if out is not None else doc["yaml"].rstrip())
     emit("\n".join(lines))
+
+
+def _kernel_lines(doc: dict[str, Any]) -> list[str]:
+    """The kernel part of `simdist validate`'s table (measured kernels, validation.kernels)."""
+    rows = doc.get("kernel_rows")
+    if not rows:
+        return []
+    lines = [f"# {len(rows)} kernels predicted", f"# {'kernel':<9} {'name':<22} {'m x n x k (batch)':>24} "
+             f"{'measured(us)':>13} {'predicted(us)':>14} {'error':>8} {'uncalibrated(us)':>17} {'error':>8}"]
+    for r in rows:
+        shape = f"{r['m']}x{r['n']}x{r['k']} ({r['batch']})" if r["m"] else f"{int(r['hbm_bytes'])} B"
+        lines.append(f"  {r['kernel']:<9} {r['name'][:22]:<22} {shape:>24} {r['measured_s'] * 1e6:>13.2f} "
+                     f"{r['predicted_s'] * 1e6:>14.2f} {r['error_pct']:>+7.1f}% {r['uncalibrated_s'] * 1e6:>17.2f} "
+                     f"{r['uncalibrated_error_pct']:>+7.1f}%")
+    for label, key in (("calibrated (held-out fit)", "kernel_mape_pct"),
+                       ("uncalibrated", "kernel_uncalibrated_mape_pct"),
+                       ("calibration file", "kernel_calibration_file_mape_pct")):
+        m = doc[key]
+        per = ", ".join(f"{kind} {_pct(v)}" for kind, v in m["per_kernel"].items())
+        lines.append(f"MAPE kernels {label}: {_pct(m['all'])} ({per})")
+    return lines
 
 
 @app.command("validate")
@@ -100,18 +129,22 @@ def validate_cmd(
         _print_json(doc)
         return
     lines = [f"# {doc['topology']}: {doc['predicted_points']} points predicted (holdout {holdout}; fitted on "
-             f"{doc['fit_points']})",
-             f"# {'op':<15} {'ranks':>5} {'size':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8} "
-             f"{'uncalibrated(us)':>17} {'error':>8}"]
+             f"{doc['fit_points']})"]
+    if doc["rows"]:
+        lines.append(f"# {'op':<15} {'ranks':>5} {'size':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8} "
+                     f"{'uncalibrated(us)':>17} {'error':>8}")
     for r in doc["rows"]:
-        lines.append(f"  {r['op']:<15} {r['num_ranks']:>5} {int(r['nbytes']):>12} {r['measured_s'] * 1e6:>13.2f} "
+        op = r["op"] if r.get("imbalance", 1.0) == 1.0 else f"{r['op']} x{r['imbalance']:.2f}"
+        lines.append(f"  {op:<15} {r['num_ranks']:>5} {int(r['nbytes']):>12} {r['measured_s'] * 1e6:>13.2f} "
                      f"{r['predicted_s'] * 1e6:>14.2f} {r['error_pct']:>+7.1f}% {r['uncalibrated_s'] * 1e6:>17.2f} "
                      f"{r['uncalibrated_error_pct']:>+7.1f}%")
-    for label, key in (("calibrated (held-out fit)", "mape_pct"), ("uncalibrated", "uncalibrated_mape_pct"),
-                       ("calibration file", "calibration_file_mape_pct")):
-        m = doc[key]
-        per_op = ", ".join(f"{op} {_pct(v)}" for op, v in m["per_op"].items())
-        lines.append(f"MAPE {label}: {_pct(m['all'])} ({per_op})")
+    if doc["rows"] or not doc.get("kernel_rows"):
+        for label, key in (("calibrated (held-out fit)", "mape_pct"), ("uncalibrated", "uncalibrated_mape_pct"),
+                           ("calibration file", "calibration_file_mape_pct")):
+            m = doc[key]
+            per_op = ", ".join(f"{op} {_pct(v)}" for op, v in m["per_op"].items())
+            lines.append(f"MAPE {label}: {_pct(m['all'])} ({per_op})")
+    lines += _kernel_lines(doc)
     if html is not None:
         lines.append(f"wrote {html}")
     emit("\n".join(lines))

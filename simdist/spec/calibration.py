@@ -18,8 +18,8 @@ A calibration file is YAML with these sections (``simdist schema calibration`` p
         size_range: [32768 B, 268435456 B]   # the sizes measured: below, the smallest size's correction holds;
         above_range_factor: 1.0        #   above, t = latency + t_model / above_range_factor (the physical model)
     compute:                           # roofline constants of simdist.hardware.compute (absent: the defaults)
-      gemm_peak_efficiency: 0.64
-      launch_overhead: 4 us
+      gemm_peak_efficiency: 0.64       #   from measured kernels (validation.kernels: also gemm_knee_dim,
+      launch_overhead: 4 us            #   memory_efficiency) or the single-process MLP step
     fit: {...}                         # informational: points, MAPE, confidence intervals, sources, date
 
 Applied by ``simdist run/collective --calibration cal.yaml`` or a scenario's ``calibration:`` field: the
@@ -131,6 +131,32 @@ class ComputeFit(Spec):
     mape_uncalibrated_pct: float = Field(description="uncalibrated prediction vs the same steps, %")
 
 
+class KernelKindFit(Spec):
+    """The fit's error on one kind of measured kernel (informational)."""
+
+    points: Count = Field(description="measured kernels of this kind")
+    mape_pct: float = Field(description="calibrated prediction vs the measured kernels, %")
+    mape_uncalibrated_pct: float = Field(description="the GPU's default constants vs the same kernels, %")
+
+
+class KernelFit(Spec):
+    """How the compute constants were fitted to measured kernels (simdist.calibrate.kernel_fit; informational)."""
+
+    points: Count = Field(description="measured kernels fitted (GEMM and memory rows; attention rows are checked)")
+    per_kind: dict[str, KernelKindFit] = Field(default_factory=dict, description="error per kernel kind (gemm, "
+                                                                                 "attention, memory)")
+    gemm_peak_efficiency_ci: list[float] = Field(description="confidence interval [low, high]")
+    gemm_knee_dim_ci: list[float] | None = Field(default=None, description="confidence interval [low, high]; "
+                                                                           "None: not identified (kept)")
+    memory_efficiency_ci: list[float] | None = Field(default=None, description="confidence interval [low, high]; "
+                                                                               "None: no memory kernels")
+    launch_overhead_ci: list[Duration] | None = Field(default=None, description="confidence interval [low, high]")
+    heldout_points: int = Field(default=0, ge=0, description="kernels held out of the fit")
+    heldout_per_kind: dict[str, KernelKindFit] = Field(default_factory=dict,
+                                                       description="the held-out kernels' error per kind")
+    notes: list[str] = Field(default_factory=list, description="what the fit could not identify or had to bound")
+
+
 class FitInfo(Spec):
     """Where a calibration came from and how well it fits (not used when applying it)."""
 
@@ -150,6 +176,8 @@ class FitInfo(Spec):
     tiers: list[TierFit] = Field(default_factory=list, description="the alpha-beta fit per tier and op")
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="the fit per collective op")
     compute: ComputeFit | None = Field(default=None, description="the compute fit, if steps were measured")
+    kernels: KernelFit | None = Field(default=None, description="the compute fit, if kernels were measured "
+                                                                "(python -m validation.kernels)")
     warnings: list[str] = Field(default_factory=list, description="what the fit warned about (few points, another "
                                                                   "GPU than the topology's, ...)")
 

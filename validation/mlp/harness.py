@@ -23,16 +23,16 @@ the cuts timed so far (`keep_partial`).
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simdist.calibrate.steps import StepMeasurement, write_step_measurements_csv
-from validation.machine import device_name, run_metadata
+from validation.machine import device_name, start_rank
 from validation.mlp.cuts import DDP_BUCKET_BYTES, Cut, build_cut
 from validation.mlp.model import MLPConfig, reference_step
 from validation.spawn import doing, launch, partial_path, report
+from validation.timing import device_sync, median_s, over_ranks, timed_iterations
 
 __all__ = ["ALL_CUTS", "CheckResult", "StepConfig", "keep_partial", "run_steps"]
 
@@ -93,14 +93,7 @@ def _salvage(items: list[Any], reason: str, out: str) -> str:
 
 
 def _worker(rank: int, world: int, config: StepConfig) -> Any:
-    import torch
-
-    gpu = config.backend == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    doing("collecting the run's metadata")
-    meta = run_metadata(config.backend, world, config.command) if rank == 0 else {}
-    if rank == 0:
-        report(("meta", meta))
+    device, meta = start_rank(rank, world, config.backend, config.command)
     doing("computing the single-process reference step")
     reference = reference_step(config.mlp, device) if config.check else None
     rows: list[StepMeasurement] = []
@@ -142,33 +135,16 @@ def _compare(cut: Cut, reference: Any, device: Any) -> CheckResult:
 
 
 def _time_cut(name: str, config: StepConfig, rank: int, world: int, device: Any) -> StepMeasurement | None:
-    import torch
     import torch.distributed as dist
 
-    gpu = config.backend == "nccl"
     single = name == "single"
-
-    def sync() -> None:
-        if gpu:
-            torch.cuda.synchronize()
-
     times: list[float] = []
     cut = None
     if not single or rank == 0:
         doing(f"building cut {name}")
         cut = _build(name, config, rank, world, device)
-        for i in range(config.warmup):
-            doing(f"timing cut {name}, warm-up step {i + 1} of {config.warmup}")
-            cut.step()
-        for i in range(config.iters):
-            doing(f"timing cut {name}, timed step {i + 1} of {config.iters}")
-            sync()
-            if not single:
-                dist.barrier()
-            start = time.perf_counter()
-            cut.step()
-            sync()
-            times.append(time.perf_counter() - start)
+        times = timed_iterations(cut.step, warmup=config.warmup, iters=config.iters, sync=device_sync(device),
+                                 what=f"cut {name}'s training step", barrier=None if single else dist.barrier)
     doing(f"waiting for every rank at the barrier after timing cut {name}")
     dist.barrier()
     if single:
@@ -176,17 +152,12 @@ def _time_cut(name: str, config: StepConfig, rank: int, world: int, device: Any)
             return None
         maxima = means = times
     else:
-        t_max = torch.tensor(times, dtype=torch.float64, device=device)
-        t_sum = t_max.clone()
-        dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
-        dist.all_reduce(t_sum, op=dist.ReduceOp.SUM)
+        maxima, means = over_ranks(times, device)
         if rank != 0:
             return None
-        maxima, means = t_max.cpu().tolist(), (t_sum / world).cpu().tolist()
     assert cut is not None
     return StepMeasurement(
         cut=name, world_size=1 if single else world, num_layers=config.mlp.num_layers, width=config.mlp.width,
         global_batch=config.mlp.batch, num_microbatches=cut.num_microbatches, dtype="fp32",
-        # Assumption: the median of per-iteration maxima is robust to scheduler spikes on a shared host.
-        time_s=statistics.median(maxima), time_mean_s=statistics.fmean(means), num_samples=len(maxima),
+        time_s=median_s(maxima), time_mean_s=statistics.fmean(means), num_samples=len(maxima),
         backend=config.backend, device=device_name(config.backend), source="validation.mlp")
