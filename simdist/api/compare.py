@@ -200,14 +200,15 @@ def _compare_rows(entries: list[tuple[str, int | None]], base: dict[str, Any], b
                 if budget["usd_per_hour"] is not None:
                     per_node = prices[name] * gpn
                     nodes = math.floor(budget["usd_per_hour"] / per_node) if per_node > 0 else 0
-                    how = (f"{budget['usd_per_hour']:,.0f} USD/h buys {nodes} nodes at {prices[name]:g} USD per "
+                    how = (f"{budget['usd_per_hour']:,.0f} USD/h buys {_nodes(nodes)} at {prices[name]:g} USD per "
                            f"GPU-hour")
                 else:
                     # Assumption: a power budget counts the GPUs at TDP times the PUE, as the energy column does
                     # (host CPUs, NICs and switches are inside the PUE factor).
                     per_node = gpn * tdp * pue / 1e3
                     nodes = math.floor(budget["kw"] / per_node) if per_node > 0 else 0
-                    how = f"{budget['kw']:,.0f} kW powers {nodes} nodes at {per_node:.2f} kW each (TDP x PUE {pue:g})"
+                    how = (f"{budget['kw']:,.0f} kW powers {_nodes(nodes)} at {per_node:.2f} kW each (TDP x PUE "
+                           f"{pue:g})")
                 if nodes < 1:
                     rows.append({"cluster": name, "num_gpus": 0, "note": how, "error": "the budget buys no node"})
                     continue
@@ -227,6 +228,10 @@ def _compare_rows(entries: list[tuple[str, int | None]], base: dict[str, Any], b
                 row["meets_deadline"] = row["time_to_train_days"] <= budget["days"]
             rows.append(row)
     return rows
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
 
 
 def _within_budget(name: str, size: Any, problem: Any, base: dict[str, Any], how: str, *, tokens: float,
