@@ -733,9 +733,9 @@ for nic in NICS:
     (CODE, """nb.band_chart(NICS, [by_nic[n]["step_time_band_s"] for n in NICS],
               [by_nic[n]["engine_step_time_s"] for n in NICS],
               title="step time by NIC speed (4 x DGX H100, best layout of each), with its prediction band")"""),
-    (MD, """The best layout is the same at every NIC speed: data parallelism over all 32 GPUs. Part of its traffic
-across the nodes (ZeRO-2's gradient reduce-scatter and parameter all-gather) is not hidden behind compute, and that
-part scales with one over the bandwidth: going from 200 to 100 Gb/s adds twice what going from 400 to 200 does.
+    (MD, """The best layout is the same at every NIC speed: data parallelism over all 32 GPUs. Its traffic across the
+nodes is ZeRO-2's gradient reduce-scatter and parameter all-gather; the part of it not hidden behind compute scales
+with one over the bandwidth: going from 200 to 100 Gb/s adds twice what going from 400 to 200 does.
 200 Gb/s NICs cost a few percent of the step; 100 Gb/s about a tenth. **What would change the decision**:
 cheaper NICs pay off when they save a larger share of the cluster's price than the throughput they cost. A larger
 model, a smaller batch per GPU, or tensor and pipeline groups across nodes would make the network matter more.
@@ -784,8 +784,8 @@ assert abs(infiniband["step_time_s"] / one_to_one["step_time_s"] - 1) < 1e-3""")
 
 Synchronous training runs at the pace of its slowest GPU. A what-if in the scenario's `faults:` section makes
 one GPU slower: `faults.stragglers=[{rank: 13, slower_by: 0.2}]` makes every kernel of rank 13 take 1.2 times as
-long (thermal throttling, a weak HBM stack, a noisy host). The engine simulates the ranks the straggler makes
-different, and the report names who waited for whom."""),
+long (thermal throttling, a weak HBM stack, a noisy host). The engine simulates the step with the slow rank, and
+the report (`faults`) names the straggler and who waited for whom."""),
     (CODE, """healthy = api.run(scenario).result
 slow = api.run(scenario, ["faults.stragglers=[{rank: 13, slower_by: 0.2}]"]).result
 f = slow["faults"]
@@ -794,7 +794,8 @@ print(f"healthy step {healthy['step_time_s']:.3f} s; with rank 13 20 % slower: {
 print("straggler:", f["stragglers"])
 waiting = {w["rank"] for w in f["waits"]}
 print(f"{len(waiting)} ranks wait at the data-parallel collectives, each for rank(s) "
-      f"{sorted({r for w in f['waits'] for r in w['waits_for']})}, {f['waits'][0]['wait_s']:.3f} s per step")
+      f"{sorted({r for w in f['waits'] for r in w['waits_for']})}: {f['waits'][0]['wait_s']:.3f} s per step, "
+      "summed over the collectives")
 b = healthy["breakdown"]
 by_hand = 0.2 * (b["compute_s"] + b["optimizer_s"])
 lost = healthy["layout"]["num_gpus"] * (1 - healthy["step_time_s"] / slow["step_time_s"])
@@ -806,10 +807,22 @@ assert waiting == set(range(32)) - {13} and all(w["waits_for"] == [13] for w in 
 assert abs((slow["step_time_s"] - healthy["step_time_s"]) / by_hand - 1) < 1e-3
 assert 4 < lost < 6"""),
     (MD, """Every other rank reaches the gradient collectives and waits there for rank 13, so the whole step grows by
-the straggler's extra compute, 0.2 x (forward + backward + optimizer) of one GPU: the hand calculation and the
-simulation agree. One GPU in 32 running at 83 % of its speed costs as much as switching off about five.
+the straggler's extra time, 0.2 x (its compute + its optimizer step): the hand calculation and the simulation
+agree. One GPU in 32 running at 83 % of its speed costs as much as switching off about five.
 **What it means for a purchase**: ask for burn-in tests and per-GPU step-time monitoring (and the right to
 replace a slow part); the larger the cluster, the likelier that some GPU is the slow one.
+
+The same goes for the network: one NIC cable at half its bandwidth (`faults.degraded_links`, seen by the engine
+only) slows every ring that crosses it."""),
+    (CODE, """half = "faults.degraded_links=[{src: n0/nic0, dst: leaf0, bandwidth_fraction: 0.5}]"
+cable = api.run(scenario, [half]).result
+print(f"one NIC link at half bandwidth: step {cable['step_time_s']:.3f} s "
+      f"({cable['step_time_s'] / healthy['step_time_s'] - 1:+.1%}); "
+      f"every NIC at 200 Gb/s: {by_nic['200 Gb/s']['engine_step_time_s']:.3f} s")
+print("degraded:", [(d["src"], d["dst"], d["bandwidth_fraction"]) for d in cable["faults"]["degraded_links"]])
+assert abs(cable["step_time_s"] / by_nic["200 Gb/s"]["engine_step_time_s"] - 1) < 1e-3"""),
+    (MD, """One slow cable costs as much as buying half-speed NICs for the whole cluster: the data-parallel collectives
+run at the pace of their slowest link. Link monitoring (and spare cables) are cheap insurance.
 
 ## 4. Goodput: what failures cost
 
@@ -846,7 +859,7 @@ for ys in curves.values():
     assert all(a > b for a, b in zip(ys, ys[1:]))  # more GPUs, more failures, less goodput
 big = {name: 1 - ys[sizes.index(16384)] for name, ys in curves.items()}  # the share lost at 16 K GPUs
 print(", ".join(f"{name}: {lost:.1%} lost at 16,384 GPUs" for name, lost in big.items()))
-assert 1 < 365 * g["failures_per_day"] < 10 and llama3["mtbf_s"] < 6 * 3600
+assert 1 < 365 * g["failures_per_day"] < 10 and llama3["mtbf_s"] < 6 * 3600 and g["restart_s"] == 600
 assert big["restart 30 min"] > 3 * big["restart 2 min"]"""),
     (MD, """**What would change the decision**: at 16 K GPUs a 30-minute restart loses several times what a 2-minute one
 does; fast failure detection, spare nodes and quick checkpoint reloads are worth buying at that scale, not at
@@ -894,7 +907,7 @@ assert by_nic["200 Gb/s"]["step_time_band_s"]["p10"] < by_nic["400 Gb/s"]["step_
   `"dgx-b200"` with a price.
 * Size by power instead: `budget_kw=30` in place of the price budget, or by a deadline: `days=30`.
 * Vary another fabric field in the grid: `cluster.inter_node.fabric=fat_tree,rail_optimized` on eight nodes.
-* A degraded link: `faults.degraded_links=[{src: n0/nic0, dst: leaf0, bandwidth_fraction: 0.5}]`."""),
+* Two stragglers in different nodes, or a straggler together with a degraded link."""),
 ]
 
 NOTEBOOKS = {
