@@ -91,11 +91,15 @@ def test_compare_rows_carry_the_band_and_days_scale_with_it(cli, tmp_path: Path)
     for r in rows:
         d = r["time_to_train_days_band"]
         assert f"{d['p10']:.2f}-{d['p90']:.2f}" in text
-    days_panel = compare_figure(rows).data[0]  # the days bars carry the band as asymmetric error bars
-    assert list(days_panel.error_y.array) == pytest.approx([r["time_to_train_days_band"]["p90"]
-                                                           - r["time_to_train_days"] for r in rows])
-    assert list(days_panel.error_y.arrayminus) == pytest.approx([r["time_to_train_days"]
-                                                                - r["time_to_train_days_band"]["p10"] for r in rows])
+    from simdist.report.search_html import compare_figure as html_compare_figure
+
+    up = [r["time_to_train_days_band"]["p90"] - r["time_to_train_days"] for r in rows]
+    down = [r["time_to_train_days"] - r["time_to_train_days_band"]["p10"] for r in rows]
+    for figure in (compare_figure, html_compare_figure):  # the days bars carry the band as asymmetric error bars
+        days_panel = figure(rows).data[0]
+        assert list(days_panel.error_y.array) == pytest.approx(up)
+        assert list(days_panel.error_y.arrayminus) == pytest.approx(down)
+        assert figure(rows).data[1].error_y.array is None  # cost has no band of its own
 
 
 def test_compare_space_bounds_are_checked(cli) -> None:

@@ -12,6 +12,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from simdist.report.search_html import days_band_error_y
+
 __all__ = ["band_figure", "bar_figure", "compare_figure", "line_figure", "prediction_figure", "rank_values_figure"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -87,12 +89,7 @@ def compare_figure(rows: Sequence[Mapping[str, Any]], title: str = "best layout 
               ("cost (million USD)", [r["cost_usd"] / 1e6 if r.get("cost_usd") is not None else None for r in ok]),
               ("energy (GWh)", [r["energy_kwh"] / 1e6 for r in ok])]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
-    bands = [r.get("time_to_train_days_band") for r in ok]
-    days_error = None
-    if ok and all(bands):
-        days_error = {"type": "data", "symmetric": False, "color": "black", "thickness": 1.5,
-                      "array": [b["p90"] - r["time_to_train_days"] for b, r in zip(bands, ok, strict=True)],
-                      "arrayminus": [r["time_to_train_days"] - b["p10"] for b, r in zip(bands, ok, strict=True)]}
+    days_error = days_band_error_y(ok)
     for col, (name, ys) in enumerate(panels, start=1):
         fig.add_trace(go.Bar(x=names, y=ys, name=name, marker={"color": PALETTE[col - 1]},
                              text=[f"{y:,.1f}" if y is not None else "no price" for y in ys], textposition="outside",
