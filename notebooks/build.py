@@ -740,6 +740,288 @@ switches to the all-gather dispatcher. `scenarios/deepseek-v3-gb200.yaml` is the
 ]
 
 
+NB07 = [
+    (MD, """# 7. Buying a cluster: one purchase decision, step by step
+
+Notebook 4 searched layouts and compared hardware at a fixed size. A real purchase asks other questions, in
+this order:
+
+1. **Which GPU, for the same money?** Two clusters that cost the same per hour, not the same number of GPUs.
+2. **Which network?** NIC speed, and whether the leaf switches may be oversubscribed (fewer spine switches).
+3. **What if one GPU is slow?** A straggler, and who waits for it.
+4. **What do failures cost?** Goodput: the share of the wall-clock time that trains, from failure rates and
+   checkpoints.
+5. **How sure is each number?** The prediction band (p10-p90) of every step time.
+
+The job: **Llama 3 8B**, sequences of 8192 tokens, a global batch of 128 sequences (1 M tokens per step), 100 B
+tokens in all. The clusters are small (one to eight nodes) so that everything here runs in seconds; every step
+is the same call at any size.
+
+**The prices are illustrative assumptions, not quotes**: round numbers in US dollars per GPU-hour made up for this
+example. Put yours in. To keep the searches fast the layout space is bounded (`SPACE`: no pipeline or context
+parallelism, micro-batches of one sequence, the 1F1B schedule); an 8B model fits without them. Drop `SPACE` to
+search everything."""),
+    (CODE, """from simdist import api
+from simdist import notebooks as nb
+
+MODEL, BATCH, TOKENS = "llama3-8b", 128, 100e9
+ILLUSTRATIVE_USD_PER_GPU_HOUR = {"dgx-a100": 1.50, "dgx-h100": 3.00}  # example numbers only, NOT quotes
+BUDGET_USD_PER_HOUR = 24.0
+SPACE = {"max_pp": 1, "max_cp": 1, "max_vpp": 1, "max_micro_batch": 1, "schedules": ("1f1b",)}
+print(f"{BATCH} x 8192 = {BATCH * 8192 / 1e6:.2f} M tokens per step; {TOKENS / (BATCH * 8192):,.0f} steps for "
+      f"{TOKENS / 1e9:.0f} B tokens")"""),
+    (MD, """## 1. Two clusters at the same price per hour
+
+`api.compare` with a budget sizes each cluster by what the budget buys: as many whole nodes as
+`BUDGET_USD_PER_HOUR` pays for at each cluster's price, then searches each one's best layout (closed form) and
+re-simulates the winner with the discrete-event engine. On the command line:
+
+```
+simdist compare --model llama3-8b --cluster dgx-a100 --cluster dgx-h100 --tokens 100e9 --global-batch 128 \\
+    --price dgx-a100=1.5 --price dgx-h100=3 --budget-usd-per-hour 24 \\
+    --max-pp 1 --max-cp 1 --max-vpp 1 --max-micro-batch 1 --schedules 1f1b
+```
+
+(`--cluster dgx-a100:16 --cluster dgx-h100:8` would fix the sizes instead; `--budget-kw` sizes by power and
+`--days` by a deadline.)"""),
+    (CODE, """budget = api.compare(MODEL, None, None, TOKENS, sized=list(ILLUSTRATIVE_USD_PER_GPU_HOUR),
+                     global_batch_size=BATCH, prices=[f"{c}={p}" for c, p in ILLUSTRATIVE_USD_PER_GPU_HOUR.items()],
+                     budget_usd_per_hour=BUDGET_USD_PER_HOUR, **SPACE)
+rows = {r["cluster"]: r for r in budget["rows"]}
+a100, h100 = rows["dgx-a100"], rows["dgx-h100"]
+for r in (a100, h100):
+    print(f"{r['label']}: {r['sized_by']}")
+    print(f"    best layout {r['layout']}: step {r['step_time_s']:.2f} s ({r['fidelity']}), "
+          f"{r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.0%}")
+    print(f"    {r['time_to_train_days']:.1f} days, {r['cost_usd']:,.0f} USD, {r['energy_kwh'] / 1e3:.1f} MWh at TDP")
+print(f"answer ({budget['answer']['question']}): {budget['answer']['cluster']}")"""),
+    (CODE, """nb.compare_chart(budget, title=f"{MODEL}, {TOKENS:.0e} tokens, {BUDGET_USD_PER_HOUR:.0f} USD per hour "
+                                 "each")"""),
+    (MD, """How to read it:
+
+* Both clusters cost exactly the budget per hour: two A100 nodes (16 GPUs at 1.50) or one H100 node (8 GPUs at
+  3.00). At equal spend per hour, **the one that trains sooner is also the one that costs less in total**.
+* The H100 node wins: half as many GPUs, but each does the work of more than two A100s here. The layout is pure
+  data parallelism in both (ZeRO-2 shards the gradients and optimizer state), so the GPUs' speed decides.
+* The error bar on the days is the prediction band (section 5).
+
+**What would change the decision** is the price ratio. With throughput per GPU fixed, the H100 stays the better
+buy as long as its price per GPU-hour is below the A100's times the work one H100 does in A100s. The asserts
+check what the text says."""),
+    (CODE, """per_gpu = (h100["tokens_per_s"] / h100["num_gpus"]) / (a100["tokens_per_s"] / a100["num_gpus"])
+break_even = ILLUSTRATIVE_USD_PER_GPU_HOUR["dgx-a100"] * per_gpu
+print(f"one H100 does the work of {per_gpu:.2f} A100s: the H100 node is the better buy below "
+      f"{break_even:.2f} USD per GPU-hour (against {ILLUSTRATIVE_USD_PER_GPU_HOUR['dgx-a100']:.2f} for an A100)")
+assert a100["usd_per_hour"] == h100["usd_per_hour"] == BUDGET_USD_PER_HOUR  # equal spend, to the dollar
+assert (a100["num_gpus"], h100["num_gpus"]) == (16, 8)
+assert budget["answer"]["cluster"] == h100["label"] and h100["cost_usd"] < a100["cost_usd"]
+assert per_gpu > 2 and ILLUSTRATIVE_USD_PER_GPU_HOUR["dgx-h100"] < break_even
+assert a100["layout"].startswith("tp1-pp1-dp16") and h100["layout"].startswith("tp1-pp1-dp8")
+assert "-z2-" in a100["layout"] and "-z2-" in h100["layout"]"""),
+    (MD, """## 2. The network
+
+The lab picks H100s and plans **four nodes (32 GPUs)** for the next run. The fabric is the next line item: the
+NICs (one per GPU at 400, 200 or 100 Gb/s), the switches (here 32-port leaves), and whether the leaves may be
+oversubscribed (more NIC ports than uplinks: fewer spine switches to buy). The job is written as a scenario file
+(RoCE, a fat tree of 32-port leaves) so that any of its fields can be varied: `nb.write_scenario` checks it and
+writes the YAML, and `api.search(scenario=..., grid=[...])` is `simdist search FILE --grid ...`: one layout search
+per value, the best layout of each re-simulated by the engine (`top_k=1`)."""),
+    (CODE, """spec = {"name": "Llama 3 8B on 4 DGX H100 over RoCE",
+        "cluster": {"preset": "dgx-h100", "num_nodes": 4,
+                    "inter_node": {"kind": "roce", "fabric": "fat_tree", "switch_radix": 32, "oversubscription": 1}},
+        "model": {"preset": MODEL},
+        "parallel": {"tp": 1, "pp": 1, "dp": 32, "zero_stage": 2},
+        "training": {"micro_batch_size": 1, "global_batch_size": BATCH, "precision": "bf16"}}
+scenario = nb.write_scenario(spec, "llama3-8b-4x-dgx-h100-roce.yaml")
+NICS = ["100 Gb/s", "200 Gb/s", "400 Gb/s"]
+fabric = api.search(scenario=scenario, grid=["cluster.inter_node.nic_bandwidth=" + ",".join(f'"{n}"' for n in NICS)],
+                    top_k=1, **SPACE)
+by_nic = {p["values"]["cluster.inter_node.nic_bandwidth"]: p for p in fabric.doc["summary"]}
+best = by_nic["400 Gb/s"]["engine_step_time_s"]
+for nic in NICS:
+    p = by_nic[nic]
+    print(f"{nic:>9} NICs: best layout {p['layout']}, engine step {p['engine_step_time_s']:.3f} s "
+          f"({p['engine_step_time_s'] / best - 1:+.1%} against 400 Gb/s)")"""),
+    (CODE, """nb.band_chart(NICS, [by_nic[n]["step_time_band_s"] for n in NICS],
+              [by_nic[n]["engine_step_time_s"] for n in NICS],
+              title="step time by NIC speed (4 x DGX H100, best layout of each), with its prediction band")"""),
+    (MD, """The best layout is the same at every NIC speed: data parallelism over all 32 GPUs. Its traffic across the
+nodes is ZeRO-2's gradient reduce-scatter and parameter all-gather; the part of it not hidden behind compute scales
+with one over the bandwidth: going from 200 to 100 Gb/s adds twice what going from 400 to 200 does.
+200 Gb/s NICs cost a few percent of the step; 100 Gb/s about a tenth. **What would change the decision**:
+cheaper NICs pay off when they save a larger share of the cluster's price than the throughput they cost. A larger
+model, a smaller batch per GPU, or tensor and pipeline groups across nodes would make the network matter more.
+
+### Oversubscription: 1:1 or 2:1?
+
+Four nodes have 32 NICs: they all fit on one 32-port switch, so there is no spine yet, and nothing to
+oversubscribe. The question starts at eight nodes (64 GPUs: four leaves). The same job on eight nodes, with the
+data-parallel group doubled, on a non-blocking (1:1) and a 2:1 fabric, is `simdist run FILE --set ...`:"""),
+    (CODE, """FABRIC = [f"inter_node.{k}={v}" for k, v in spec["cluster"]["inter_node"].items()]  # as topo show --set
+fabrics = {(nodes, ratio): api.topology_summary("dgx-h100", num_nodes=nodes, assignments=[
+    *FABRIC, f"inter_node.oversubscription={ratio}"])[1]["fabric"] for nodes, ratio in [(4, 1), (8, 1), (8, 2)]}
+for (nodes, ratio), f in fabrics.items():
+    print(f"{nodes} nodes at {ratio}:1: {f['num_leaves']} leaf switch(es), {f['num_spines']} spines")
+ib = api.topology_summary("dgx-h100", num_nodes=8, assignments=[*FABRIC, "inter_node.kind=infiniband"])[1]["fabric"]
+print(f"per fabric link: RoCE {fabrics[8, 1]['latency_s'] * 1e6:.2f} us at efficiency {fabrics[8, 1]['efficiency']}, "
+      f"InfiniBand {ib['latency_s'] * 1e6:.2f} us at {ib['efficiency']}")
+EIGHT = ["cluster.num_nodes=8", "parallel.dp=64"]
+one_to_one = api.run(scenario, EIGHT).result
+two_to_one = api.run(scenario, [*EIGHT, "cluster.inter_node.oversubscription=2"]).result
+infiniband = api.run(scenario, [*EIGHT, "cluster.inter_node.kind=infiniband"]).result
+slower = two_to_one["step_time_s"] / one_to_one["step_time_s"] - 1
+print(f"8 nodes, 1:1: step {one_to_one['step_time_s']:.3f} s; 2:1: {two_to_one['step_time_s']:.3f} s ({slower:+.1%}); "
+      f"InfiniBand instead of RoCE (1:1): {infiniband['step_time_s']:.3f} s")
+print(f"exposed data-parallel communication: {one_to_one['breakdown']['exposed_comm_s']['dp']:.3f} s at 1:1, "
+      f"{two_to_one['breakdown']['exposed_comm_s']['dp']:.3f} s at 2:1")"""),
+    (MD, """* At four nodes there is no spine: oversubscription is not a choice yet.
+* At eight nodes the data-parallel ring crosses the leaves, and a 2:1 fabric (about two thirds of the spines)
+  makes the exposed part of the gradient traffic larger and the step several percent slower. It pays if the
+  spines it saves cost more than that share of the cluster.
+* InfiniBand and RoCE differ here only by a fraction of a microsecond of latency per switch hop (the model gives
+  both the same efficiency), which a step of seconds does not see. Where they do differ in practice, congestion
+  control under load, this model has nothing to say: measure."""),
+    (CODE, """assert all(p["layout"] == by_nic["400 Gb/s"]["layout"] for p in by_nic.values())
+steps = [by_nic[n]["engine_step_time_s"] for n in NICS]
+assert steps[0] > steps[1] > steps[2]
+assert 0.01 < steps[1] / steps[2] - 1 < 0.06 and 0.06 < steps[0] / steps[2] - 1 < 0.15
+assert 1.8 < (steps[0] - steps[1]) / (steps[1] - steps[2]) < 2.2  # exposed traffic ~ 1 / bandwidth
+assert (fabrics[4, 1]["num_leaves"], fabrics[4, 1]["num_spines"]) == (1, 0)
+assert 0.6 < fabrics[8, 2]["num_spines"] / fabrics[8, 1]["num_spines"] < 0.75
+assert ib["efficiency"] == fabrics[8, 1]["efficiency"] and ib["latency_s"] < fabrics[8, 1]["latency_s"] < 1e-6
+assert 0.03 < slower < 0.12
+assert two_to_one["breakdown"]["exposed_comm_s"]["dp"] > one_to_one["breakdown"]["exposed_comm_s"]["dp"]
+assert abs(infiniband["step_time_s"] / one_to_one["step_time_s"] - 1) < 1e-3"""),
+    (MD, """## 3. A straggler
+
+Synchronous training runs at the pace of its slowest GPU. A what-if in the scenario's `faults:` section makes
+one GPU slower: `faults.stragglers=[{rank: 13, slower_by: 0.2}]` makes every kernel of rank 13 take 1.2 times as
+long (thermal throttling, a weak HBM stack, a noisy host). The engine simulates the step with the slow rank, and
+the report (`faults`) names the straggler and who waited for whom."""),
+    (CODE, """healthy = api.run(scenario).result
+slow = api.run(scenario, ["faults.stragglers=[{rank: 13, slower_by: 0.2}]"]).result
+f = slow["faults"]
+print(f"healthy step {healthy['step_time_s']:.3f} s; with rank 13 20 % slower: {slow['step_time_s']:.3f} s "
+      f"({slow['step_time_s'] / healthy['step_time_s'] - 1:+.1%})")
+print("straggler:", f["stragglers"])
+waiting = {w["rank"] for w in f["waits"]}
+print(f"{len(waiting)} ranks wait at the data-parallel collectives, each for rank(s) "
+      f"{sorted({r for w in f['waits'] for r in w['waits_for']})}: {f['waits'][0]['wait_s']:.3f} s per step, "
+      "summed over the collectives")
+b = healthy["breakdown"]
+by_hand = 0.2 * (b["compute_s"] + b["optimizer_s"])
+lost = healthy["layout"]["num_gpus"] * (1 - healthy["step_time_s"] / slow["step_time_s"])
+print(f"by hand: 0.2 x (compute {b['compute_s']:.3f} s + optimizer {b['optimizer_s']:.4f} s) = {by_hand:.3f} s; "
+      f"simulated: {slow['step_time_s'] - healthy['step_time_s']:.3f} s")
+print(f"one slow GPU costs the cluster the throughput of {lost:.1f} of its {healthy['layout']['num_gpus']} GPUs")"""),
+    (CODE, """assert [s["rank"] for s in f["stragglers"]] == [13]
+assert waiting == set(range(32)) - {13} and all(w["waits_for"] == [13] for w in f["waits"])
+assert abs((slow["step_time_s"] - healthy["step_time_s"]) / by_hand - 1) < 1e-3
+assert 4 < lost < 6"""),
+    (MD, """Every other rank reaches the gradient collectives and waits there for rank 13, so the whole step grows by
+the straggler's extra time, 0.2 x (its compute + its optimizer step): the hand calculation and the simulation
+agree. One GPU in 32 running at 83 % of its speed costs as much as switching off about five.
+**What it means for a purchase**: ask for burn-in tests and per-GPU step-time monitoring (and the right to
+replace a slow part); the larger the cluster, the likelier that some GPU is the slow one.
+
+The same goes for the network: one NIC cable at half its bandwidth (`faults.degraded_links`, seen by the engine
+only) slows every ring that crosses it."""),
+    (CODE, """half = "faults.degraded_links=[{src: n0/nic0, dst: leaf0, bandwidth_fraction: 0.5}]"
+cable = api.run(scenario, [half]).result
+print(f"one NIC link at half bandwidth: step {cable['step_time_s']:.3f} s "
+      f"({cable['step_time_s'] / healthy['step_time_s'] - 1:+.1%}); "
+      f"every NIC at 200 Gb/s: {by_nic['200 Gb/s']['engine_step_time_s']:.3f} s")
+print("degraded:", [(d["src"], d["dst"], d["bandwidth_fraction"]) for d in cable["faults"]["degraded_links"]])
+assert abs(cable["step_time_s"] / by_nic["200 Gb/s"]["engine_step_time_s"] - 1) < 1e-3"""),
+    (MD, """One slow cable costs as much as buying half-speed NICs for the whole cluster: the data-parallel collectives
+run at the pace of their slowest link. Link monitoring (and spare cables) are cheap insurance.
+
+## 4. Goodput: what failures cost
+
+A synchronous job stops when any GPU, NIC or host fails; it restarts from its last checkpoint. Goodput is the
+expected share of wall-clock time that trains: the failure rates per component come from the Llama 3 405B run's
+interruptions (Dubey et al. 2024, Table 5: 419 unexpected interruptions in 54 days on 16,384 H100s), the
+checkpoint interval is Young and Daly's optimum, and a restart costs 10 minutes unless the scenario says
+otherwise (`faults.checkpoint`). Every run's JSON has it (`goodput`), and `compare` turns it into days."""),
+    (CODE, """g = healthy["goodput"]
+print(f"4 x DGX H100: {365 * g['failures_per_day']:.1f} failures per year (MTBF {g['mtbf_s'] / 86400:.0f} days), "
+      f"goodput {g['fraction']:.4f}")
+print(f"{h100['label']}: {h100['time_to_train_days']:.2f} days, {h100['time_to_train_with_failures_days']:.2f} days "
+      f"with failures (goodput {h100['goodput']:.4f})")
+llama3 = nb.goodput(16384, 405e9)
+print(f"Llama 3's cluster (16,384 GPUs): {llama3['failures_per_day']:.2f} failures per day "
+      f"(419 / 54 = {419 / 54:.2f}), MTBF {llama3['mtbf_s'] / 3600:.1f} h, checkpoint every "
+      f"{llama3['checkpoint_interval_s'] / 60:.1f} min, goodput {llama3['fraction']:.3f}")"""),
+    (MD, """At the lab's size failures are rare (a few a year), and goodput rounds to one. They become the decision at
+scale: the same rates on thousands of GPUs give a failure every few hours, and then what a restart costs decides
+how much of the cluster trains. The curve: goodput of the 8B job against the cluster size, with a restart of
+2, 10 or 30 minutes."""),
+    (CODE, """sizes = [8, 64, 512, 4096, 16384, 32768]
+params = healthy["model"]["num_params"]
+restarts = {"2 min": "2 min", "10 min (default)": "10 min", "30 min": "30 min"}
+curves = {f"restart {name}": [nb.goodput(n, params, checkpoint={"restart": r})["fraction"] for n in sizes]
+          for name, r in restarts.items()}
+for name, ys in curves.items():
+    print(f"{name:>26}: " + ", ".join(f"{n:,} GPUs {y:.3f}" for n, y in zip(sizes, ys, strict=True)))
+nb.line_chart(sizes, curves, title="goodput against cluster size (failure rates of Llama 3's run)",
+              x_title="GPUs", y_title="goodput", log_x=True, y_format=".0%")"""),
+    (CODE, """assert abs(llama3["failures_per_day"] - 419 / 54) < 1e-9  # the rates reproduce the data they come from
+assert g["fraction"] > 0.999 and h100["time_to_train_with_failures_days"] / h100["time_to_train_days"] < 1.001
+for ys in curves.values():
+    assert all(a > b for a, b in zip(ys, ys[1:]))  # more GPUs, more failures, less goodput
+big = {name: 1 - ys[sizes.index(16384)] for name, ys in curves.items()}  # the share lost at 16 K GPUs
+print(", ".join(f"{name}: {lost:.1%} lost at 16,384 GPUs" for name, lost in big.items()))
+assert 1 < 365 * g["failures_per_day"] < 10 and llama3["mtbf_s"] < 6 * 3600 and g["restart_s"] == 600
+assert big["restart 30 min"] > 3 * big["restart 2 min"]"""),
+    (MD, """**What would change the decision**: at 16 K GPUs a 30-minute restart loses several times what a 2-minute one
+does; fast failure detection, spare nodes and quick checkpoint reloads are worth buying at that scale, not at
+four nodes. (The rates are one run's, on one vendor's hardware, in 2024; set `faults.checkpoint` to your own
+costs.)
+
+## 5. How sure is each number? The prediction band
+
+Every step time comes with `step_time_band_s`: its p10, p50 and p90. The assumed efficiencies of the model
+(the share of peak the GPU's kernels reach, the collectives' bandwidth by message size) carry stated ranges,
+each with its reason, in `simdist/predict/data/uncertainty.yaml`; the band propagates them by sampling the closed
+form. `search` and `compare` give the band of the rows the engine re-simulated, at no extra cost
+(`docs/prediction-bands.md` checks the band against published runs)."""),
+    (CODE, """print(healthy["step_time_band_how"])
+band = healthy["step_time_band_s"]
+print(f"4 x DGX H100 step: {healthy['step_time_s']:.3f} s, band p10 {band['p10']:.3f} / p50 {band['p50']:.3f} / "
+      f"p90 {band['p90']:.3f} s (width {(band['p90'] - band['p10']) / band['p50']:.0%} of p50)")
+for r in (a100, h100):
+    d = r["time_to_train_days_band"]
+    print(f"{r['label']}: {r['time_to_train_days']:.1f} days to train, p10-p90 {d['p10']:.1f}-{d['p90']:.1f}")
+nb.band_chart([a100["label"], h100["label"], "4 x DGX H100", "4 x DGX H100, straggler"],
+              [a100["time_to_train_days_band"], h100["time_to_train_days_band"],
+               *({q: TOKENS / (BATCH * 8192) * r["step_time_band_s"][q] / 86400 for q in ("p10", "p50", "p90")}
+                 for r in (healthy, slow))],
+              [a100["time_to_train_days"], h100["time_to_train_days"],
+               *(TOKENS / (BATCH * 8192) * r["step_time_s"] / 86400 for r in (healthy, slow))],
+              title=f"days to train {TOKENS:.0e} tokens, with the prediction band", x_title="days")"""),
+    (MD, """How to use the band:
+
+* The band is skewed towards slower (p90 is farther from the prediction than p10): the stated ranges allow
+  kernels to be slower than the model's efficiencies more than faster.
+* **The GPU decision holds across the band**: the H100 node's slow end (p90) is still sooner than the A100
+  nodes' fast end (p10). Had the bands overlapped, the model could not tell the two apart, and a day of renting
+  each to measure would be worth more than more simulation.
+* The straggler moves the step far outside the healthy band: a real effect, not noise of the model.
+* Closer calls, like 200 against 400 Gb/s NICs above, have overlapping bands: a gap of a few percent is
+  narrower than the band of either number, so weigh it with that in mind."""),
+    (CODE, """assert h100["time_to_train_days_band"]["p90"] < a100["time_to_train_days_band"]["p10"]
+assert slow["step_time_s"] > healthy["step_time_band_s"]["p90"]
+assert healthy["step_time_s"] - band["p10"] < band["p90"] - healthy["step_time_s"]
+assert by_nic["200 Gb/s"]["step_time_band_s"]["p10"] < by_nic["400 Gb/s"]["step_time_band_s"]["p90"]"""),
+    (MD, """## Try it
+
+* Put your prices in `ILLUSTRATIVE_USD_PER_GPU_HOUR` and a budget that buys a dozen nodes; add `"hgx-h200"` or
+  `"dgx-b200"` with a price.
+* Size by power instead: `budget_kw=30` in place of the price budget, or by a deadline: `days=30`.
+* Vary another fabric field in the grid: `cluster.inter_node.fabric=fat_tree,rail_optimized` on eight nodes.
+* Two stragglers in different nodes, or a straggler together with a degraded link."""),
+]
+
 NOTEBOOKS = {
     "01_collectives.ipynb": NB01,
     "02_three_cuts.ipynb": NB02,
@@ -747,6 +1029,7 @@ NOTEBOOKS = {
     "04_explore_before_buying.ipynb": NB04,
     "05_calibration.ipynb": NB05,
     "06_moe.ipynb": NB06,
+    "07_buying.ipynb": NB07,
 }
 
 

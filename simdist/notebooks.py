@@ -157,6 +157,49 @@ def bar_chart(categories: list[str], series: dict[str, list[float]], *, title: s
     return bar_figure(categories, series, title=title, y_title=y_title, stacked=stacked, y_format=y_format)
 
 
+def band_chart(labels: list[str], bands: list[dict[str, float]], predictions: list[float], *, title: str,
+               x_title: str = "step time (s)") -> Any:
+    """Prediction bands side by side (plotly): p10-p90 as a bar, p50 and the prediction as markers."""
+    from simdist.report.notebook_figures import band_figure
+
+    return band_figure(labels, bands, predictions, title=title, x_title=x_title)
+
+
+def write_scenario(spec: dict[str, Any], path: str | Path) -> Path:
+    """Write a scenario given as a dict (as `lecture_mlp_spec` returns) to a YAML file, for the commands that take
+    a scenario file (`api.search`, `api.compare`, `api.run`): validated first, as `run_spec` validates it (its
+    layout too), so a bad field is one clear error and nothing is written. Returns the path."""
+    import yaml
+
+    from simdist.api import scenario_of
+    from simdist.files import write_text
+
+    scenario_of(spec)
+    return write_text(path, yaml.safe_dump(spec, sort_keys=False), field="path")
+
+
+def goodput(num_gpus: int, num_params: float, *, gpus_per_node: int = 8, nics_per_node: int = 8,
+            checkpoint: dict[str, str] | None = None) -> dict[str, Any]:
+    """The run JSON's ``goodput`` (simdist.predict.goodput: failure rates per GPU, NIC and host from Llama 3's
+    interruptions; Young/Daly checkpointing) for ``num_gpus`` GPUs in hosts of ``gpus_per_node``, without
+    simulating a step. ``checkpoint``: a scenario's ``faults.checkpoint`` section (``write``, ``restart``,
+    ``interval``, e.g. ``{"write": "5 min"}``; default: the data file's costs, the Young/Daly optimum interval)."""
+    import math
+
+    from simdist.predict.goodput import goodput as goodput_of
+    from simdist.spec.faults import CheckpointSpec
+    from simdist.spec.load import Document, validate
+
+    for name, value in (("num_gpus", num_gpus), ("gpus_per_node", gpus_per_node), ("nics_per_node", nics_per_node)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "nics_per_node" else 1):
+            raise SpecError(f"{name} {value!r} is not a count", field=name, fix="give a whole number, e.g. 8")
+    spec = validate(CheckpointSpec, Document(data=checkpoint or {}, source="checkpoint", lines={}),
+                    prefix="faults.checkpoint")
+    hosts = math.ceil(num_gpus / gpus_per_node)
+    return goodput_of(num_gpus=num_gpus, num_hosts=hosts, num_nics=hosts * nics_per_node, num_params=num_params,
+                      checkpoint=spec)
+
+
 MEASUREMENT_DIRS = ("validation/reference", "tests/data")  # relative to the source checkout
 
 

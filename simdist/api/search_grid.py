@@ -117,7 +117,8 @@ def grid_summary(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         engine = d["engine"][0] if d.get("engine") else {}
         row.update({"layout": best["key"], "step_time_s": best["step_time_s"], "tokens_per_s": best["tokens_per_s"],
                     "mfu": best["mfu"], "memory_per_gpu_bytes": best["memory_per_gpu_bytes"],
-                    "engine_step_time_s": engine.get("engine_step_time_s"), "engine_mfu": engine.get("engine_mfu")})
+                    "engine_step_time_s": engine.get("engine_step_time_s"), "engine_mfu": engine.get("engine_mfu"),
+                    "step_time_band_s": engine.get("step_time_band_s")})
         if d.get("placement"):
             row["placement"] = d["placement"]
         out.append(row)

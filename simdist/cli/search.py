@@ -181,6 +181,13 @@ def compare_cmd(
     seq: SeqOption = None,
     precision: Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp8, tf32 or fp32 (default: "
                                                                       "bf16, or the scenario's).")] = None,
+    max_tp: Annotated[int | None, typer.Option("--max-tp", help="Largest tp (default: GPUs per node).")] = None,
+    max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pp.")] = 64,
+    max_cp: Annotated[int, typer.Option("--max-cp", help="Largest cp (powers of two).")] = 2,
+    max_vpp: Annotated[int, typer.Option("--max-vpp", help="Largest virtual pipeline size (interleaved).")] = 4,
+    max_mbs: Annotated[int, typer.Option("--max-micro-batch", help="Largest micro-batch (powers of two).")] = 8,
+    schedules: Annotated[str, typer.Option("--schedules", help="Schedules to try: 1f1b,interleaved_1f1b,gpipe,"
+                                                               "zb_h1.")] = "1f1b,interleaved_1f1b",
     workers: WorkersOption = 1,
     dask: DaskOption = None,
     as_json: JsonOption = False,
@@ -193,7 +200,9 @@ def compare_cmd(
         doc = api.compare(model, clusters.split(",") if clusters else None, gpus, tokens, sized=cluster or [],
                           scenario=scenario, assignments=assignments or [], global_batch_size=global_batch,
                           prices=price or [], pue=pue, seq_length=seq, precision=precision, workers=workers,
-                          dask=dask, budget_usd_per_hour=budget_usd, budget_kw=budget_kw, days=days)
+                          dask=dask, budget_usd_per_hour=budget_usd, budget_kw=budget_kw, days=days,
+                          max_tp=max_tp, max_pp=max_pp, max_cp=max_cp, max_vpp=max_vpp, max_micro_batch=max_mbs,
+                          schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()))
     except KeyboardInterrupt:
         to_stderr("interrupted: compare prints its table once every cluster is searched (nothing to keep); "
                   "run it again, or `simdist search --out FILE` per cluster to resume")

@@ -1,6 +1,7 @@
 """Small plotly figures the teaching notebooks show (through `simdist.api`): values held by each rank,
-line charts of sweeps, grouped bars, a hardware comparison's time/cost/energy, and predicted vs measured
-collective times. Plain data in; no simulation here, only drawing.
+line charts of sweeps, grouped bars, a hardware comparison's time/cost/energy (with the prediction band of the
+days), prediction bands side by side, and predicted vs measured collective times. Plain data in; no simulation
+here, only drawing.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["bar_figure", "compare_figure", "line_figure", "prediction_figure", "rank_values_figure"]
+from simdist.report.search_html import days_band_error_y
+
+__all__ = ["band_figure", "bar_figure", "compare_figure", "line_figure", "prediction_figure", "rank_values_figure"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -76,21 +79,44 @@ def bar_figure(categories: Sequence[str], series: Mapping[str, Sequence[float]],
 def compare_figure(rows: Sequence[Mapping[str, Any]], title: str = "best layout per cluster") -> go.Figure:
     """Days to train, cost (where priced) and energy per cluster, side by side; rows with an ``error`` are left out.
 
-    ``rows`` are a hardware comparison's rows (simdist.search.compare): ``cluster``, ``time_to_train_days``,
-    ``cost_usd`` (None without a price), ``energy_kwh``.
+    ``rows`` are a hardware comparison's rows (simdist.search.compare): ``cluster`` (``label`` where given:
+    the cluster and its size), ``time_to_train_days``, ``cost_usd`` (None without a price), ``energy_kwh``;
+    ``time_to_train_days_band`` (p10, p90), where every row has one, draws the days' band as an error bar.
     """
     ok = [r for r in rows if "error" not in r]
-    names = [r["cluster"] for r in ok]
+    names = [r.get("label", r["cluster"]) for r in ok]
     panels = [("days to train", [r["time_to_train_days"] for r in ok]),
               ("cost (million USD)", [r["cost_usd"] / 1e6 if r.get("cost_usd") is not None else None for r in ok]),
               ("energy (GWh)", [r["energy_kwh"] / 1e6 for r in ok])]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
+    days_error = days_band_error_y(ok)
     for col, (name, ys) in enumerate(panels, start=1):
         fig.add_trace(go.Bar(x=names, y=ys, name=name, marker={"color": PALETTE[col - 1]},
                              text=[f"{y:,.1f}" if y is not None else "no price" for y in ys], textposition="outside",
+                             error_y=days_error if col == 1 else None,
                              hovertemplate="%{x}: %{y:,.2f}<extra>" + name + "</extra>"), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", showlegend=False, height=420)
+    return fig
+
+
+def band_figure(labels: Sequence[str], bands: Sequence[Mapping[str, float]], predictions: Sequence[float], *,
+                title: str, x_title: str = "step time (s)") -> go.Figure:
+    """One row per label: the band's p10-p90 as a bar, its p50 and the prediction as markers (the band of
+    simdist.predict.bands: ``{"p10", "p50", "p90"}``)."""
+    fig = go.Figure()
+    lo = [b["p10"] for b in bands]
+    fig.add_trace(go.Bar(y=list(labels), x=[b["p90"] - b["p10"] for b in bands], base=lo, orientation="h",
+                         name="p10-p90", marker={"color": PALETTE[0], "opacity": 0.35},
+                         hovertemplate="%{y}: p10 %{base:.3f} .. p90 %{x:.3f} wider<extra></extra>"))
+    fig.add_trace(go.Scatter(y=list(labels), x=[b["p50"] for b in bands], mode="markers", name="p50",
+                             marker={"color": PALETTE[0], "symbol": "line-ns-open", "size": 18}))
+    fig.add_trace(go.Scatter(y=list(labels), x=list(predictions), mode="markers", name="prediction",
+                             marker={"color": PALETTE[1], "size": 10, "symbol": "diamond"}))
+    fig.update_layout(title=title, template="plotly_white", height=160 + 60 * len(labels),
+                      legend={"orientation": "h", "y": -0.3})
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(autorange="reversed")
     return fig
 
 

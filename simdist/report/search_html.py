@@ -97,8 +97,20 @@ def search_report_html(doc: Mapping[str, Any], *, winner_graph: OpGraph | None =
             f"<pre>{html.escape(table_text)}</pre>" + "".join(divs) + "</body></html>")
 
 
+def days_band_error_y(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The days' prediction band (``time_to_train_days_band``: p10, p90) of compare rows as plotly's asymmetric
+    error bars; None unless every row has one."""
+    bands = [r.get("time_to_train_days_band") for r in rows]
+    if not rows or not all(bands):
+        return None
+    return {"type": "data", "symmetric": False, "color": "black", "thickness": 1.5,
+            "array": [b["p90"] - r["time_to_train_days"] for b, r in zip(bands, rows, strict=True)],
+            "arrayminus": [r["time_to_train_days"] - b["p10"] for b, r in zip(bands, rows, strict=True)]}
+
+
 def compare_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Days, cost and energy to train, side by side: one panel (and its own axis) each, every bar labelled."""
+    """Days, cost and energy to train, side by side: one panel (and its own axis) each, every bar labelled; the
+    days carry their prediction band (p10-p90) as an error bar."""
     from plotly.subplots import make_subplots
 
     ok = [r for r in rows if "error" not in r]
@@ -114,6 +126,7 @@ def compare_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     for i, (name, unit, values, fmt) in enumerate(panels, start=1):
         fig.add_trace(go.Bar(x=names, y=[v if v is not None else 0 for v in values], name=name, showlegend=False,
                              text=[fmt.format(v) if v is not None else "n/a" for v in values], textposition="outside",
+                             error_y=days_band_error_y(ok) if i == 1 else None,
                              hovertemplate="%{x}: %{y:,.3g} " + unit + "<extra></extra>"), row=1, col=i)
         fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=i)
     fig.update_layout(title="time, cost and energy to train, best layout per cluster", height=480,

@@ -38,19 +38,19 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
     experts = any("ep" in r["layout"] or "etp" in r["layout"] for r in doc["ranked"][:top])
     for name in ("#", "tp", "pp", "dp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "schedule",
                  *(("order",) if orders else ()), *(("ep", "etp") if experts else ()), "step s", "tokens/s", "MFU",
-                 "GiB/GPU", "engine step s",
-                 "engine MFU"):
+                 "GiB/GPU", "engine step s", "p10-p90 s", "engine MFU"):
         table.add_column(name, justify="left" if name in ("recompute", "schedule", "order") else "right")
     for i, row in enumerate(doc["ranked"][:top], start=1):
         e = engine.get(row["key"], {})
         eng_step = f"{e['engine_step_time_s']:.3f}" if "engine_step_time_s" in e else ("error" if e else "")
         eng_mfu = f"{e['engine_mfu']:.1%}" if "engine_mfu" in e else ""
+        band = band_cell(e.get("step_time_band_s"))
         order = [row["layout"].get("order") or default_order or "default"] if orders else []
         order += ([str(row["layout"].get("ep", 1)), str(row["layout"].get("etp") or row["layout"]["tp"])] if experts
                   else [])
         table.add_row(str(i), *_layout_cells(row["layout"]), *order, f"{row['step_time_s']:.3f}",
                       f"{row['tokens_per_s']:,.0f}", f"{row['mfu']:.1%}", f"{row['memory_per_gpu_bytes'] / GIB:.1f}",
-                      eng_step, eng_mfu)
+                      eng_step, band, eng_mfu)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(doc["pruned_counts"].items(), key=lambda kv: -kv[1])) or "none"
     lines = [f"{doc['candidates']} layouts enumerated, {doc['feasible']} feasible, {doc['evaluated']} evaluated by "
              f"the closed form in {doc['sweep_s']:.2f} s on {doc['executor']}; pruned: {counts}"]
@@ -58,7 +58,8 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
         lines.append(f"{doc['bounded_count']} feasible layouts ruled out by a lower bound of their step: slower than "
                      f"#{min(len(doc['ranked']), top)} and off the memory-throughput Pareto front")
     if doc.get("engine"):
-        lines.append(f"top {len(doc['engine'])} re-simulated by the engine in {doc['engine_s']:.2f} s")
+        lines.append(f"top {len(doc['engine'])} re-simulated by the engine in {doc['engine_s']:.2f} s; p10-p90: the "
+                     "prediction band of the engine's step (simdist.predict.bands)")
         for e in doc["engine"]:
             if "engine_error" in e:
                 lines.append(f"  {e['key']}: engine error: {e['engine_error']}")
@@ -69,6 +70,13 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
     if explain_pruned and doc.get("pruned"):
         lines += pruned_lines(doc["pruned"])
     return _render(table) + "\n".join(lines) + "\n"
+
+
+def band_cell(band: Mapping[str, float] | None, scale: float = 1.0, digits: int = 3) -> str:
+    """A prediction band (simdist.predict.bands) as ``p10-p90`` (times ``scale``); empty without one."""
+    if not band:
+        return ""
+    return f"{band['p10'] * scale:.{digits}f}-{band['p90'] * scale:.{digits}f}"
 
 
 def placement_line(placement: Mapping[str, Any]) -> str:
@@ -109,19 +117,20 @@ def grid_text(doc: Mapping[str, Any]) -> str:
     keys = list(doc["grid"])
     table = Table(title=f"best layout per grid point ({doc['num_points']} points over {doc['scenario']})",
                   title_justify="left")
-    for name in (*keys, "best layout", "step s", "tokens/s", "MFU", "GiB/GPU", "engine step s", "engine MFU",
-                 "vs default order"):
+    for name in (*keys, "best layout", "step s", "tokens/s", "MFU", "GiB/GPU", "engine step s", "p10-p90 s",
+                 "engine MFU", "vs default order"):
         table.add_column(name, justify="left" if name in (*keys, "best layout") else "right")
     for row in doc["summary"]:
         cells = [str(row["values"][k]) for k in keys]
         if "error" in row:
-            table.add_row(*cells, row["error"], *[""] * 7)
+            table.add_row(*cells, row["error"], *[""] * 8)
             continue
         placed = row.get("placement", {})
         gain = placed.get("engine_gain", placed.get("gain"))
         table.add_row(*cells, row["layout"], f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
                       f"{row['mfu']:.1%}", f"{row['memory_per_gpu_bytes'] / GIB:.1f}",
                       f"{row['engine_step_time_s']:.3f}" if row.get("engine_step_time_s") else "",
+                      band_cell(row.get("step_time_band_s")),
                       f"{row['engine_mfu']:.1%}" if row.get("engine_mfu") else "",
                       f"{gain:+.1%}" if gain is not None else "")
     tail = ""
@@ -140,17 +149,18 @@ def compare_text(rows: Sequence[Mapping[str, Any]], *, tokens: float, pue: float
                  answer: Mapping[str, Any] | None = None) -> str:
     table = Table(title=f"time and cost to train {tokens:.3g} tokens", title_justify="left")
     deadline = any("meets_deadline" in r for r in rows)
-    for name in ("cluster", "GPUs", "best layout", "step s", "tokens/s", "MFU", "days", "GPU-hours", "energy MWh",
-                 "USD", *(("deadline",) if deadline else ())):
+    for name in ("cluster", "GPUs", "best layout", "step s", "tokens/s", "MFU", "days", "days p10-p90", "GPU-hours",
+                 "energy MWh", "USD", *(("deadline",) if deadline else ())):
         table.add_column(name, justify="left" if name in ("cluster", "best layout") else "right")
     for r in rows:
         if "error" in r:
             table.add_row(r["cluster"], str(r.get("num_gpus", "")), "no feasible layout", "", "", "", "", "", "", "",
-                          *(("",) if deadline else ()))
+                          "", *(("",) if deadline else ()))
             continue
         table.add_row(
             r["cluster"], str(r["num_gpus"]), r["layout"], f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
-            f"{r['mfu']:.1%}", f"{r['time_to_train_days']:.2f}", f"{r['gpu_hours']:,.0f}",
+            f"{r['mfu']:.1%}", f"{r['time_to_train_days']:.2f}", band_cell(r.get("time_to_train_days_band"), digits=2),
+            f"{r['gpu_hours']:,.0f}",
             _mwh(r["energy_kwh"]),
             f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-",
             *((("yes" if r.get("meets_deadline") else "no"),) if deadline else ()))
@@ -158,7 +168,8 @@ def compare_text(rows: Sequence[Mapping[str, Any]], *, tokens: float, pue: float
     notes += [f"{r.get('label', r['cluster'])}: sized by {r['sized_by']}" for r in rows if r.get("sized_by")]
     notes += [f"{r['cluster']}: {r['error']}" for r in rows if "error" in r]
     fidelities = sorted({r["fidelity"] for r in rows if "fidelity" in r})
-    notes.append(f"step, tokens/s and MFU: {' and '.join(fidelities) or 'engine'} (one fidelity per row)")
+    notes.append(f"step, tokens/s and MFU: {' and '.join(fidelities) or 'engine'} (one fidelity per row); "
+                 "days p10-p90: the prediction band of the step (simdist.predict.bands), scaled to the days")
     notes.append(f"energy: GPUs at TDP for the whole run x PUE {pue:g} ({'GPUs only' if pue == 1 else 'facility'}); "
                  "cost: GPU-hours x the --price given (none: -)")
     if answer is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from simdist.errors import LayoutError, PresetError, SimdistError, SpecError
 from simdist.hardware.presets import preset_names, resolve_topology_spec, topology_document
 from simdist.search.executors import Executor
-from simdist.search.rank import SearchOutcome, run_search
+from simdist.search.rank import SearchOutcome, closed_form_band, run_search
 from simdist.search.space import SearchProblem
 
 SECONDS_PER_HOUR = 3600.0
@@ -90,6 +90,9 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
     step_s = engine["engine_step_time_s"] if ran else best["step_time_s"]
     mfu = engine["engine_mfu"] if ran else best["mfu"]
     train_s = tokens / tokens_per_s
+    # The band of the row's step (simdist.predict.bands), in the same fidelity: the engine's run sampled it; a
+    # closed-form row samples it here (once per row). Days to train scale with the step.
+    band = engine["step_time_band_s"] if ran else closed_form_band(outcome.problem, best)
     gpu_hours = size.num_gpus * train_s / SECONDS_PER_HOUR
     ctx_topology = context(outcome.problem).topology
     tdp = ctx_topology.gpu.tdp_w
@@ -113,6 +116,9 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
         "closed_form_mfu": best["mfu"], "fidelity": "engine" if ran else "closed_form",
         "memory_per_gpu_bytes": best["memory_per_gpu_bytes"], "time_to_train_s": train_s,
         "time_to_train_days": train_s / 86400.0, "gpu_hours": gpu_hours, "gpu_tdp_w": tdp,
+        "step_time_band_s": band,
+        "time_to_train_days_band": {q: train_s / 86400.0 * band[q] / step_s if step_s > 0 else train_s / 86400.0
+                                    for q in ("p10", "p50", "p90")},
         "energy_kwh": energy, "usd_per_gpu_hour": price,
         "cost_usd": gpu_hours * price if price is not None else None,
         "usd_per_hour": size.num_gpus * price if price is not None else None,

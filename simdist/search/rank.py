@@ -240,8 +240,22 @@ def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, A
     out.update({"engine_step_time_s": r["step_time_s"], "engine_tokens_per_s": r["tokens_per_s"],
                 "engine_mfu": r["mfu"], "bubble_fraction": r["bubble_fraction"],
                 "memory_per_gpu_bytes": r["memory_per_gpu_bytes"], "fits_in_memory": r["fits_in_memory"],
-                "closed_form_error": row["step_time_s"] / r["step_time_s"] - 1 if r["step_time_s"] > 0 else 0.0})
+                "closed_form_error": row["step_time_s"] / r["step_time_s"] - 1 if r["step_time_s"] > 0 else 0.0,
+                # the engine's run samples the band already (simdist.predict.bands): no extra cost here
+                "step_time_band_s": r["step_time_band_s"]})
     return out, prediction
+
+
+def closed_form_band(problem: SearchProblem, row: dict[str, Any]) -> dict[str, float]:
+    """The prediction band (p10, p50, p90: simdist.predict.bands.step_band) of a ranked row's closed-form step,
+    for a row the engine did not re-simulate (about 30 closed-form evaluations: use it for the rows shown)."""
+    from simdist.predict.bands import step_band
+    from simdist.search.evaluate import step_config
+
+    ctx = context(problem)
+    band, _ = step_band(step_config(problem, Candidate.from_dict(row["layout"]), ctx), ctx.pricer,
+                        row["step_time_s"])
+    return band
 
 
 def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, results_file: Path | None = None,
