@@ -968,7 +968,7 @@ nb.line_chart(sizes, curves, title="goodput against cluster size (failure rates 
     (CODE, """assert abs(llama3["failures_per_day"] - 419 / 54) < 1e-9  # the rates reproduce the data they come from
 assert g["fraction"] > 0.999 and h100["time_to_train_with_failures_days"] / h100["time_to_train_days"] < 1.001
 for ys in curves.values():
-    assert all(a > b for a, b in zip(ys, ys[1:]))  # more GPUs, more failures, less goodput
+    assert all(ys[i] > ys[i + 1] for i in range(len(ys) - 1))  # more GPUs, more failures, less goodput
 big = {name: 1 - ys[sizes.index(16384)] for name, ys in curves.items()}  # the share lost at 16 K GPUs
 print(", ".join(f"{name}: {lost:.1%} lost at 16,384 GPUs" for name, lost in big.items()))
 assert 1 < 365 * g["failures_per_day"] < 10 and llama3["mtbf_s"] < 6 * 3600 and g["restart_s"] == 600
