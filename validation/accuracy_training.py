@@ -164,7 +164,11 @@ def report(results: list[Result]) -> str:
         f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: Megatron-Core's TP "
         "communication overlap, parameter-gather overlap and CUDA graphs are not modelled yet, and the rows of "
         "256 GPUs or more are predicted with the closed form (`--fidelity closed_form`; on these layouts the "
-        "engine's contended step is within 0.3 % of it, and takes 6-20 s a row). bias = mean signed error.",
+        "engine's contended step is within 0.3 % of it, and takes 6-20 s a row). The mixture-of-experts rows of the "
+        f"same table (DeepSeek-V3, Qwen3 MoE, GPT-OSS; routing force-balanced there) are a dataset of their own with "
+        f"a {BRIDGE_MOE_TOLERANCE:.0%} bound, closed form too: their recipes use DeepEP/HybridEP dispatch, CUDA "
+        "graphs and fine-grained recompute simdist does not model, and their memory is reported, not required to "
+        "fit. bias = mean signed error.",
         "",
         "No constant is fitted to these rows. Compute efficiency comes from the 22B single-layer times of "
         "Korthikanti Table 4 (`simdist/hardware/data/compute_efficiency.csv`), communication from NCCL's cost "
