@@ -60,6 +60,7 @@ layouts = st.fixed_dictionaries({
     "microbatches": st.integers(1, 6),
     "mbs": st.sampled_from([1, 2]),
     "sp": st.booleans(),
+    "tp_overlap": st.booleans(),
     "per_parameter": st.booleans(),
     # host costs (simdist.hardware.host): defaults, no step gap, or a slow host whose dispatch bounds the kernels
     "host": st.sampled_from([None, {"step_gap": "0 us"}, {"step_gap": "50 us", "dispatch": "200 us"}]),
@@ -126,7 +127,8 @@ def _spec(x: dict) -> ScenarioSpec:
                      "recompute": x["recompute"], "grad_reduce": x["grad_reduce"],
                      "grad_bucket_size": x["bucket"],
                      "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch",
-                     **({"host_overhead": x["host"]} if x.get("host") else {}), **moe_training},
+                     **({"host_overhead": x["host"]} if x.get("host") else {}), **moe_training,
+                     **({"tp_comm_overlap": True} if x.get("tp_overlap") and x["sp"] and x["tp"] > 1 else {})},
         "schedule": x["schedule"],
     })
 

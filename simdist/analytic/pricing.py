@@ -165,7 +165,7 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
-            cfg.host_overhead, cfg.expert_parallel)
+            cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:
@@ -173,7 +173,8 @@ def recipe_key(cfg: StepConfig) -> tuple:
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.fp8_param_gather,
             cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp, cfg.mesh.order,
-            cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap)
+            cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap, cfg.tp_comm_overlap,
+            cfg.grad_reduce_in_fp32)
 
 
 def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:

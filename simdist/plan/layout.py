@@ -235,6 +235,12 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
     split = check_layout(spec, model)
     p, t = spec.parallel, spec.training
     check_fp8(spec, topology)
+    if t.tp_comm_overlap and not (p.sequence_parallel and p.tp > 1):
+        # Megatron-LM (megatron/training/arguments.py): "Tensor parallel communication/GEMM overlap can happen only
+        # when sequence parallelism is enabled".
+        raise SpecError("tp_comm_overlap overlaps the sequence-parallel collectives: it needs tp > 1 and "
+                        "parallel.sequence_parallel", field="training.tp_comm_overlap",
+                        fix="set parallel.sequence_parallel: true with tp > 1, or drop tp_comm_overlap")
     mesh = _expert_mesh(spec)
     slow = []
     for i, st in enumerate(spec.faults.stragglers):
@@ -257,7 +263,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
-        grad_reduce_in_fp32=t.grad_reduce_in_fp32,
+        grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
 

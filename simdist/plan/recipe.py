@@ -257,10 +257,21 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     # forwards and cool-down backwards, which Megatron runs unpaired, are overlapped too (optimistic by their
     # all_to_alls where they are exposed). The expert-TP collectives stay in the layer's path.
     """
-    if not cfg.moe_overlap or groups.get("ep", 1) < 2:
+    a2a = cfg.moe_overlap and groups.get("ep", 1) >= 2
+    # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel all-gathers and
+    # reduce-scatters of the layers run chunk by chunk beside the GEMMs they feed or drain, on their own stream.
+    # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)); the first and last
+    # chunk of each pipelined collective, exposed in Megatron, are not charged; the GEMMs' lost SMs are
+    # (simdist.plan.step_config.chunk_cost, simdist.hardware.tp_overlap).
+    tp = cfg.tp_comm_overlap and groups.get("tp", 1) >= 2
+
+    def hide(x: tuple) -> bool:
+        return (a2a and x[0] == "all_to_all" and x[2] == "ep") or (tp and x[2] == "tp"
+                                                                  and x[0] in ("all_gather", "reduce_scatter"))
+
+    if not (a2a or tp):
         return (), items
-    hidden = tuple(x for x in items if x[0] == "all_to_all" and x[2] == "ep")
-    return hidden, tuple(x for x in items if not (x[0] == "all_to_all" and x[2] == "ep"))
+    return tuple(x for x in items if hide(x)), tuple(x for x in items if not hide(x))
 
 
 def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False) -> Recipe:

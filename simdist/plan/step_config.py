@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 from simdist.errors import LayoutError
-from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernels_time_s
+from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.host import HostOverhead, host_overhead
+from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work, mtp_work
 from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.memory import layer_param_shards, layer_tensors
@@ -80,6 +81,9 @@ class StepConfig:
     moe_grouped_gemm: bool = True
     moe_overlap: bool = False
     """Megatron-LM --overlap-moe-expert-parallel-comm."""
+    tp_comm_overlap: bool = False
+    """Megatron-LM --tp-comm-overlap: the tp collectives run beside the compute (simdist.plan.recipe), the GEMMs whose
+    reduce-scatter overlaps them on fewer SMs (simdist.hardware.tp_overlap)."""
     grad_reduce_in_fp32: bool | None = None
     """Gradients of 16-bit training accumulated and reduced in fp32; None: Megatron-LM's default
     (`grad_bytes_per_element`)."""
@@ -325,8 +329,17 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
     expert_params = routed / experts_gpus
     if replicated or routed:
         params += replicated + expert_params
+    tax = 0.0
+    if cfg.tp_comm_overlap and cfg.mesh.tp > 1:
+        # the forward GEMMs whose reduce-scatter runs beside them lose the SMs its kernels take (tp_overlap)
+        eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
+        for w, n in parts:
+            for k in w.forward:
+                f = gemm_slowdown(cfg.gpu, cfg.precision, k.name) if k.kind == "gemm" else 1.0
+                if f > 1.0:
+                    tax += n * (f - 1.0) * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
     return ChunkCost(
-        forward_s=total(lambda w: w.forward),
+        forward_s=total(lambda w: w.forward) + tax,
         backward_s=total(lambda w: w.backward),
         recompute_s=total(lambda w: w.recompute),
         forward_comm=comm("forward", False) + comm("forward", True),

@@ -317,6 +317,10 @@ class TrainingSpec(Spec):
         names = {"delayedscaling": "delayed", "float8currentscaling": "tensorwise", "current": "tensorwise",
                  "mxfp8blockscaling": "mxfp8", "float8blockscaling": "blockwise"}
         return names.get(str(value).lower(), value) if isinstance(value, str) else value
+    tp_comm_overlap: bool = Field(
+        default=False, description="overlap the sequence-parallel all-gathers and reduce-scatters with their GEMMs "
+                                   "(Megatron-LM --tp-comm-overlap, Transformer Engine userbuffers); needs "
+                                   "parallel.sequence_parallel and tp > 1")
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
         default="alltoall", description="how MoE layers move tokens to their experts (Megatron-LM "
                                         "--moe-token-dispatcher-type): alltoall (dispatch and combine all-to-all over "
