@@ -36,9 +36,9 @@ ZERO3_TOLERANCE = 0.25
 """The ZeRO-3 rows of Narayanan 2021 Table 2 measure DeepSpeed's 2021 implementation, modelled by its mechanism
 (training.zero3_fetch: per_parameter): the 530B rows come out 20-22 % fast, so their bound is wider, stated here."""
 BRIDGE_TOLERANCE = 0.25
-"""The Megatron-Bridge rows run Megatron-Core's 2026 optimizations, some of which simdist does not model yet (TP
-communication overlap with userbuffers, parameter-gather overlap with the optimizer step, CUDA graphs): a check with
-a stated bound, reported with its bias, not a calibration target."""
+"""The Megatron-Bridge rows run Megatron-Core's 2026 optimizations, some of which simdist does not model yet
+(parameter-gather overlap with the optimizer step, CUDA graphs; TP communication overlap it does:
+training.tp_comm_overlap): a check with a stated bound, reported with its bias, not a calibration target."""
 BRIDGE_MOE_TOLERANCE = 0.5
 """The MoE rows of the Megatron-Bridge table: a check of a young model (issue 15) against runs that use DeepEP /
 HybridEP dispatch, CUDA graphs and fused routers simdist does not model; the bound says how far off it may be."""
@@ -161,8 +161,9 @@ def report(results: list[Result]) -> str:
         "F / (GPUs x TFLOP/s). The Megatron-Bridge rows (NVIDIA's Megatron-Core performance summary, "
         "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md) give tokens/s/GPU of FP8 and "
         "MXFP8 pre-training on DGX H100, DGX B200 and GB200 NVL72, so the measured time is global batch x "
-        f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: Megatron-Core's TP "
-        "communication overlap, parameter-gather overlap and CUDA graphs are not modelled yet, and the rows of "
+        f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: Megatron-Core's "
+        "parameter-gather overlap and CUDA graphs are not modelled yet (its TP communication overlap is: "
+        "`training.tp_comm_overlap`), and the rows of "
         "256 GPUs or more are predicted with the closed form (`--fidelity closed_form`; on these layouts the "
         "engine's contended step is within 0.3 % of it, and takes 6-20 s a row). The mixture-of-experts rows of the "
         f"same table (DeepSeek-V3, Qwen3 MoE, GPT-OSS; routing force-balanced there) are a dataset of their own with "
