@@ -49,6 +49,27 @@ def test_overlap_hides_the_tp_collectives_and_charges_the_lost_sms() -> None:
     assert over.step_time_s < plain.step_time_s
 
 
+def test_an_overlapped_collective_leaves_one_chunk_exposed() -> None:
+    # Ring exchange moves one chunk per tp peer: the first chunk of an all-gather is exposed (1/tp); bf16's pipelined
+    # reduce-scatter runs in 4 chunks, the last exposed (1/4); fp8's reduce-scatter is a ring exchange too.
+    from simdist.hardware.tp_overlap import exposed_share
+
+    assert exposed_share("all_gather", "bf16", 4) == pytest.approx(1 / 4)
+    assert exposed_share("reduce_scatter", "bf16", 8) == pytest.approx(1 / 4)
+    assert exposed_share("reduce_scatter", "fp8", 8) == pytest.approx(1 / 8)
+    # the recipe keeps that share of each tp collective in the forward step's path and hides the rest
+    from simdist.plan.recipe import step_recipe
+    from simdist.plan.step_config import chunk_cost
+
+    cfg, _ = _step(True)
+    cost = chunk_cost(cfg, cfg.part_layers(0), True, True)
+    pieces = step_recipe(cfg, cost, "F").pieces
+    tp = [p for p in pieces if p.comm is not None and p.comm.axis == "tp" and p.comm.op == "all_gather"]
+    total = sum(n * nbytes for op, nbytes, axis, n, _ in cost.forward_comm if axis == "tp" and op == "all_gather")
+    exposed = sum(p.comm.nbytes * p.comm.count for p in tp if not p.label.startswith("overlapped"))
+    assert exposed == pytest.approx(total / 4)
+
+
 def test_overlap_needs_sequence_parallelism() -> None:
     bad = {**SPEC, "parallel": {"tp": 4}, "training": {**SPEC["training"], "tp_comm_overlap": True}}
     spec = ScenarioSpec.model_validate(bad)

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 
 from simdist.hardware.compute import kernels_time_s
+from simdist.hardware.tp_overlap import exposed_share
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
 from simdist.plan.schedule import WEIGHT_GRAD_SHARE
@@ -260,9 +261,9 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     a2a = cfg.moe_overlap and groups.get("ep", 1) >= 2
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel all-gathers and
     # reduce-scatters of the layers run chunk by chunk beside the GEMMs they feed or drain, on their own stream.
-    # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)); the first and last
-    # chunk of each pipelined collective, exposed in Megatron, are not charged; the GEMMs' lost SMs are
-    # (simdist.plan.step_config.chunk_cost, simdist.hardware.tp_overlap).
+    # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)) but for each one's
+    # exposed chunk (its first or last: simdist.hardware.tp_overlap.exposed_share), which stays in the path; the
+    # GEMMs' lost SMs are charged too (simdist.plan.step_config.chunk_cost).
     tp = cfg.tp_comm_overlap and groups.get("tp", 1) >= 2
 
     def hide(x: tuple) -> bool:
@@ -271,7 +272,16 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
 
     if not (a2a or tp):
         return (), items
-    return tuple(x for x in items if hide(x)), tuple(x for x in items if not hide(x))
+    hidden = [x for x in items if hide(x)]
+    kept = [x for x in items if not hide(x)]
+    if tp:
+        # each overlapped tp collective leaves one chunk exposed, in the step's path (simdist.hardware.tp_overlap)
+        for i, x in enumerate(hidden):
+            if x[2] == "tp":
+                share = exposed_share(x[0], cfg.precision, groups["tp"])
+                hidden[i] = (x[0], x[1] * (1 - share), *x[2:])
+                kept.append((x[0], x[1] * share, *x[2:]))
+    return tuple(hidden), tuple(kept)
 
 
 def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False) -> Recipe:
