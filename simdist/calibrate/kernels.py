@@ -27,12 +27,10 @@ Every problem with a file is a one-line `SpecError` naming the file and line and
 
 from __future__ import annotations
 
-import csv
-import io
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from simdist.calibrate.measurements import _first_data_line, _metadata_lines, _number, read_csv_rows, write_text_atomic
+from simdist.calibrate.measurements import _first_data_line, _number, read_csv_rows, write_dataclass_csv
 from simdist.errors import SpecError
 from simdist.plan.layer_cost import AttentionShape, Kernel
 
@@ -81,14 +79,7 @@ def looks_like_kernel_csv(header: set[str]) -> bool:
 def write_kernel_measurements_csv(rows: list[KernelMeasurement] | tuple[KernelMeasurement, ...], path: str | Path,
                                   *, metadata: dict[str, str] | None = None) -> None:
     """Write ``rows`` (all `KERNEL_CSV_COLUMNS`, None as blank) after ``metadata`` as ``# key: value`` lines."""
-    out = io.StringIO()
-    out.write(_metadata_lines(metadata))
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(KERNEL_CSV_COLUMNS)
-    for r in rows:
-        writer.writerow(["" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
-                         if isinstance(v, float) else v for v in astuple(r)])
-    write_text_atomic(path, out.getvalue())
+    write_dataclass_csv(rows, KERNEL_CSV_COLUMNS, path, metadata=metadata)
 
 
 def read_kernel_measurements(path: str | Path) -> list[KernelMeasurement]:

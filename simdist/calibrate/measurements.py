@@ -105,10 +105,18 @@ def write_measurements_csv(
     ``metadata`` (e.g. torch and NCCL versions, device, command) goes first as ``# key: value`` lines, one
     per line of a multi-line value; readers skip ``#`` lines.
     """
+    write_dataclass_csv(rows, CSV_COLUMNS, path, metadata=metadata)
+
+
+def write_dataclass_csv(rows, columns: tuple[str, ...], path: str | Path, *, metadata: dict[str, str] | None = None
+                        ) -> None:
+    """``metadata`` as ``# key: value`` lines, a header of ``columns`` (the dataclass's fields in order), one row per
+    dataclass (floats by repr, so they read back exactly; None as blank), written whole or not at all. Shared by the
+    collective, step and kernel schemas."""
     out = io.StringIO()
     out.write(_metadata_lines(metadata))
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(columns)
     for m in rows:
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in astuple(m)])
     write_text_atomic(path, out.getvalue())

@@ -18,17 +18,14 @@ Every problem with a file is a one-line `SpecError` naming the file and line and
 
 from __future__ import annotations
 
-import csv
-import io
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from simdist.calibrate.measurements import (
     _first_data_line,
-    _metadata_lines,
     _number,
     read_csv_rows,
-    write_text_atomic,
+    write_dataclass_csv,
 )
 from simdist.errors import SpecError
 
@@ -72,13 +69,7 @@ def write_step_measurements_csv(
     metadata: dict[str, str] | None = None,
 ) -> None:
     """Write ``rows`` (all `STEP_CSV_COLUMNS`) after ``metadata`` as ``# key: value`` lines."""
-    out = io.StringIO()
-    out.write(_metadata_lines(metadata))
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(STEP_CSV_COLUMNS)
-    for m in rows:
-        writer.writerow([repr(v) if isinstance(v, float) else v for v in astuple(m)])
-    write_text_atomic(path, out.getvalue())
+    write_dataclass_csv(rows, STEP_CSV_COLUMNS, path, metadata=metadata)
 
 
 def read_step_measurements(path: str | Path) -> list[StepMeasurement]:
