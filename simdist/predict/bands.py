@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simdist.analytic.step import CommPricer, analytic_observables
+from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.plan.step_config import StepConfig
 
@@ -82,9 +82,19 @@ def _comm_factor(z: float):
     return factor
 
 
-def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float) -> tuple[dict[str, float], str]:
-    """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained)."""
-    base = analytic_observables(cfg, pricer)[0]["step_s"]
+def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
+              plan: tuple[int, int, int, int] | bool | None = False) -> tuple[dict[str, float], str]:
+    """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained).
+
+    The nominal step and every sampled one are timed on the same fast-forward samples: ``plan``, the
+    `simdist.analytic.step.fast_forward_plan` of ``cfg`` for the engine (its cycle detected once for all of them;
+    None: none, each closed form then decides its own; False: detect it here). A sampled step whose samples are not
+    collinear is timed whole.
+    """
+    if plan is False:
+        plan = fast_forward_plan(cfg, pricer, for_engine=True)
+    ff: tuple[int, int, int, int] | bool = plan if isinstance(plan, tuple) else True
+    base = analytic_observables(cfg, pricer, fast_forward=ff)[0]["step_s"]
     if not base > 0:
         return {"p10": step_s, "p50": step_s, "p90": step_s}, "no step time to perturb"
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
@@ -94,7 +104,8 @@ def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float) -> tuple[dict[
     for a, b in zip(zc.tolist(), zn.tolist(), strict=True):
         sample = dataclasses.replace(cfg, compute_efficiency=_scaled_efficiency(eff, _factor(a, crange["p10"],
                                                                                            crange["p90"])))
-        ratios.append(analytic_observables(sample, pricer.scaled(_comm_factor(b)))[0]["step_s"] / base)
+        ratios.append(analytic_observables(sample, pricer.scaled(_comm_factor(b)), fast_forward=ff)[0]["step_s"]
+                      / base)
     p10, p50, p90 = np.quantile(np.asarray(ratios), [0.1, 0.5, 0.9]).tolist()
     calibrated = " (around the calibrated constants)" if cfg.compute_efficiency is not None or pricer.adjust else ""
     how = (f"closed form sampled {len(ratios)} times (Latin hypercube, seed {uncertainty()['seed']}) over the stated "
