@@ -301,26 +301,27 @@ class SharedLinks:
 
     def _on_wake(self, _event: simpy.Event) -> None:
         self._woken = False
-        self._step(True)
+        self._step()
 
     def _on_horizon(self, event: simpy.Event) -> None:
         if event.value == self._horizon:
-            self._step(False)
+            self._step()
 
-    def _step(self, woken: bool) -> None:
+    def _step(self) -> None:
         """At an event (a join, or the earliest finish): advance every transfer, retire the finished ones,
-        re-share if needed, and set a timeout for the next finish (event callbacks, not a SimPy process).
-
-        A finish that frees shared links re-shares at the wake-up of this instant (``woken``), after the
-        transfers that its completion starts have joined: one re-share instead of two at the same instant. No
-        time passes in between, so no bytes move at the rates it skips, and the rates are the same: max-min rates
-        are found link by link, each component of transfers linked by shared links from its own members in
-        joining order, so a component re-shared alone or with another gets the same ones."""
-        env = self.env
-        self._advance()
-        now = env.now
-        finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
-                    or (t.rate > 0 and now + t.remaining / t.rate <= now)]
+        re-share if needed, and set a timeout for the next finish (event callbacks, not a SimPy process)."""
+        now = self.env.now
+        elapsed = now - self._last
+        self._last = now
+        finished = []
+        # `_advance` and the finish test in one pass (the same arithmetic)
+        for t in self._active:
+            rate = t.rate
+            if elapsed > 0:
+                t.remaining -= rate * elapsed
+            left = t.remaining
+            if left <= t.size * DONE_FRACTION or (rate > 0 and now + left / rate <= now):
+                finished.append(t)
         if finished:
             gone = set(map(id, finished))
             self._active = [t for t in self._active if id(t) not in gone]
@@ -337,18 +338,17 @@ class SharedLinks:
                     else:
                         del on[link]
         if self._dirty:
-            if not woken:
-                for t in finished:
-                    t.done.succeed()
-                if not self._woken:
-                    self._woken = True
-                    env.timeout(0).callbacks.append(self._on_wake)
-                return
             self._reshare()
             self._dirty.clear()
         for t in finished:
             t.done.succeed()
-        horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
+        horizon = math.inf
+        for t in self._active:
+            rate = t.rate
+            if rate > 0:
+                d = t.remaining / rate
+                if d < horizon:
+                    horizon = d
         if horizon < math.inf:
             self._schedule(horizon)
         else:

@@ -230,32 +230,34 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
         check(max(counts))
         plan, priced = _priced_plan(cfg, topology, adjust, full, counts[0])
         if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
+            priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
+                                              for m in counts[1:])]
             with _collector_paused():
-                alone = uncontended(plan.graph)
-                free = contention_free(plan.graph, alone, *_capacities(topology, degraded))
+                alones = [uncontended(p.graph) for p, _ in priced_plans]
+                free = all(contention_free(p.graph, a, *_capacities(topology, degraded))
+                           for (p, _), a in zip(priced_plans, alones, strict=True))
             if free:
                 if rather(plan, priced):
                     return None
-                # No collective of the smallest sample ever meets another on a shared link (and each runs alone
-                # in its uncontended time): the engine's timeline of it is its uncontended timeline
-                # (simdist.engine.contention). The larger samples and the whole step insert periods of the same
-                # steady state (simdist.plan.fastforward: the premise the three engine samples would test), each
-                # a time-shifted copy of one this sample holds, so their transfers meet no more than these do, and
-                # the engine's answer is the uncontended step's: the closed form's, which equals it exactly
+                # No collective of any of the three samples ever meets another on a shared link (and each runs
+                # alone in its uncontended time): the engine's timeline of each is its uncontended timeline
+                # (simdist.engine.contention). The whole step inserts more periods of the same steady state
+                # (simdist.plan.fastforward: the premise the three engine samples would test); the periods the
+                # larger samples insert meet their neighbours no more than these do, so neither do the step's,
+                # and the engine's answer is the uncontended step's: the closed form's, which equals it exactly
                 # (tests/test_analytic_step.py), with its own fast-forward.
                 obs, ff = analytic_observables(cfg, pricer)
                 how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
-                       + f" by the closed form: no contention (the engine's timeline of {counts[0]} micro-batches "
-                       "is the uncontended one: no two collectives on a shared link at once)")
-                return _Engine(plan, priced, alone, obs, obs["step_s"], how, counts[0], found)
-            # the answer carries the last sample's plan and prices: price them all before the engine runs
-            priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
-                                              for m in counts[1:])]
+                       + " by the closed form: no contention (the engine's timelines of "
+                       f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
+                       "collectives on a shared link at once)")
+                return _Engine(plan, priced, alones[0], obs, obs["step_s"], how, counts[0], found)
+            # the answer carries the last sample's plan and prices
             if rather(*priced_plans[-1]):
                 return None
-            runs = [_sample(plan, priced, topology, degraded, alone if i == 0 else None)
-                    for i, (plan, priced) in enumerate(priced_plans)]
-            del priced_plans
+            runs = [_sample(plan, priced, topology, degraded, alone)
+                    for (plan, priced), alone in zip(priced_plans, alones, strict=True)]
+            del priced_plans, alones
             counts = list(counts)
             samples = [(m, run[3]) for m, run in zip(counts, runs, strict=True)]
             ext = extrapolate(samples, M)
