@@ -104,7 +104,8 @@ training: {micro_batch_size: 2, global_batch_size: 64}
     assert "approximate" in reduced.result["layout"]["note"]
     runs = []
     real = predict_step_module._engine_trace
-    monkeypatch.setattr(predict_step_module, "_engine_trace", lambda plan, *a: runs.append(plan) or real(plan, *a))
+    monkeypatch.setattr(predict_step_module, "_engine_trace",
+                        lambda plan, *a, **k: runs.append(plan) or real(plan, *a, **k))
     auto = predict_step(s.spec, s.topology)
     # the asymmetry is seen in the representatives' prices, before the engine runs: it runs once, on every rank
     assert len(runs) == 1 and len(runs[0].graph.ranks()) == s.topology.num_gpus

@@ -180,15 +180,17 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
 
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
-              capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> GraphTrace:
+              capacities: Callable[[np.ndarray], np.ndarray] | None = None, *, checked: bool = False) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
     Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
     ``capacity_of(link)`` (bytes/s; required when a job has a demand); ops with the same ``sync`` id form one
     collective instance that starts when all its member ops are ready. ``capacities``: optionally the same
     for an array of link ids at once (the links only one track loads are thousands on a large cluster).
+    ``checked``: the graph has been checked already (`simdist.engine.uncontended.uncontended` ran on it).
     """
-    _check(graph)
+    if not checked:
+        _check(graph)
     ops = graph.ops
     n = len(ops)
     if n == 0:

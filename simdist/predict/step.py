@@ -174,10 +174,11 @@ def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[
     return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
 
 
-def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None) -> GraphTrace:
+def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None,
+                  checked: bool = False) -> GraphTrace:
     one, many = _capacities(topology, degraded)
     with _collector_paused():
-        return run_graph(plan.graph, capacity_of=one, capacities=many)
+        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=checked)
 
 
 @dataclass(slots=True)
@@ -203,10 +204,10 @@ def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology,
             alone: GraphTrace | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float]]:
     """(plan, prices, engine trace, observables with ``uncontended_s``) of one fast-forward sample; ``alone``: its
     uncontended trace if already found."""
-    trace = _engine_trace(plan, topology, degraded)
+    trace = _engine_trace(plan, topology, degraded, checked=alone is not None)
     if alone is None:
         with _collector_paused():
-            alone = uncontended(plan.graph)
+            alone = uncontended(plan.graph, checked=True)
     obs = observables(plan.graph, trace, _first_replica(plan))
     obs["uncontended_s"] = alone.makespan_s
     return plan, priced, trace, obs
@@ -287,7 +288,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
         return None
     trace = _engine_trace(plan, topology, degraded)
     with _collector_paused():
-        alone = uncontended(plan.graph)
+        alone = uncontended(plan.graph, checked=True)
     return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
                    "all", M, found)
 
