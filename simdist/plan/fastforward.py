@@ -11,10 +11,13 @@ seconds per breakdown category, FLOPs) is affine in M along that residue:
 x(M) = x(M1) + (M - M1) / c * (x(M1 + c) - x(M1)).
 
 `plan` reads ``c`` off a timeline (the start of every step, per stage, kind and chunk, against its micro-batch:
-`find_cycle`) and picks M1, M1 + c, M1 + 2c past the transient (`sample_counts`); `extrapolate` checks that the
-three samples are collinear in every quantity (within 1e-9 of the step time) before extending them to M. When no
-cycle is found, when the samples are not collinear, or when M is too small to gain, every micro-batch is
-simulated.
+`find_cycle`) and picks M1, M1 + c, M1 + 2c: the earliest M1 past the warm-up at which four timed step times a
+period apart lie on one line (`steady_counts`), at the latest past the transient and a cool-down margin
+(`sample_counts`, a bound that is often several periods late); `extrapolate` checks that the three samples are
+collinear in every quantity (within 1e-9 of the step time) before extending them to M. The engine, whose
+transient contention can lengthen, slides its samples on by a period while they are not collinear
+(simdist.predict.step). When no cycle is found, when no samples are collinear, or when M is too small to gain,
+every micro-batch is simulated.
 """
 
 from __future__ import annotations
