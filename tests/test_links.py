@@ -316,7 +316,7 @@ def oracle_finish_times(transfers, capacity: dict[int, float]) -> list[float]:
 
 def test_a_transfer_joining_as_another_finishes_shares_from_that_instant():
     # 100 GB/s: A (10 GB) and B (20 GB) share it at 50 GB/s; A ends at 0.2 s and C (10 GB) starts at that very
-    # instant: B (10 GB left) and C share 50/50 and both end at 0.4 s. The finish and the join re-share once.
+    # instant: B (10 GB left) and C share 50/50 and both end at 0.4 s.
     cap = {0: LINK_Bps}
     ends = chained_finish_times([(-1, 0.0, (0,), 10 * GB, math.inf, None), (-1, 0.0, (0,), 20 * GB, math.inf, None),
                                  (0, 0.0, (0,), 10 * GB, math.inf, None)], cap)
