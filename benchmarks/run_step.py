@@ -6,10 +6,12 @@ Run from the repository root with the project's virtualenv active:
 
 Cases: every bundled scenario (``scenarios/*.yaml``), and the Llama 3 405B layout
 (``scenarios/llama3-405b-16k.yaml``) at DP 1, 2, 4, ..., 128 on 16 x DP nodes, with 1F1B and with interleaved
-1F1B of 7 virtual stages:
+1F1B of 7 virtual stages, and the interleaved layout of 8 (``scenarios/llama3-405b-interleaved.yaml``) at DP 1, 2,
+4, ..., 64 (its DP 128 is the bundled scenario):
 
     simdist run scenarios/llama3-405b-16k.yaml --set parallel.dp=D --set cluster.num_nodes=$((16*D)) \
         --set schedule=1f1b      (or: --set schedule=interleaved_1f1b --set parallel.vpp=7)
+    simdist run scenarios/llama3-405b-interleaved.yaml --set parallel.dp=D --set cluster.num_nodes=$((16*D))
 
 Figures per case: wall seconds of the whole process (interpreter start-up, imports, the run, the JSON), its CPU
 seconds (user + system: less sensitive to a loaded machine than wall time), and its peak resident memory (MB = 1e6
@@ -49,6 +51,11 @@ def cases() -> list[tuple[str, list[str]]]:
             out.append((name, [layout, "--set", f"parallel.dp={dp}", "--set", f"cluster.num_nodes={16 * dp}",
                                "--set", f"schedule={schedule}", *extra]))
             dp *= 2
+    dp = 1
+    while dp <= 64:
+        out.append((f"405b-vpp8-dp{dp}", ["scenarios/llama3-405b-interleaved.yaml", "--set", f"parallel.dp={dp}",
+                                          "--set", f"cluster.num_nodes={16 * dp}"]))
+        dp *= 2
     return out
 
 
@@ -128,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'PASS' if ok else 'FAIL'}")
         if args.save:
             (args.save / f"{name}.json").write_text(runs[0][3])
-        if args.compare:
+        if args.compare and not (args.compare / f"{name}.json").is_file():
+            line += f"  (nothing saved in {args.compare})"
+        elif args.compare:
             before = json.loads((args.compare / f"{name}.json").read_text())
             diffs = [d for d in numbers_differ(before, result) if d.split(":")[0] not in ignore]
             mismatched += bool(diffs)

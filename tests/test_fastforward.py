@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from simdist import api
+from simdist.plan import fastforward
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.predict import step as predict_step_module
@@ -58,5 +59,43 @@ def test_fast_forward_equals_every_micro_batch(tmp_path, monkeypatch, name):
         assert contention == pytest.approx(0.0, abs=1e-12)
     assert fast.uncontended_step_s == pytest.approx(full.uncontended_step_s, rel=1e-9)
     assert set(fast.observables) == set(full.observables)
+    for key, value in full.observables.items():
+        assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_steady_counts_are_the_earliest_four_collinear_steps():
+    # step time affine in M from M = 15 on (a transient before): 1F1B on 4 stages, cycle 3, M = 300. Candidates
+    # start past the warm-up (6) on M's residue: 6, 9, 12 see the transient; 15, 18, 21, 24 lie on one line.
+    def step_of(m):
+        return 2.0 * m + 0.01 * max(0, 15 - m) ** 2
+
+    assert fastforward.steady_counts("1f1b", 4, 300, 3, step_of, start=10) == (15, 18, 21)
+    # never on a line before the bound: the bound's samples (warm-up or start, + cool-down margin 6 + cycle 3)
+    assert fastforward.steady_counts("1f1b", 4, 300, 3, lambda m: m * m, start=10) == (21, 24, 27)
+    # too few micro-batches to gain
+    assert fastforward.steady_counts("1f1b", 4, 40, 3, step_of, start=10) is None
+
+
+def test_samples_slide_until_the_engine_is_steady(tmp_path, monkeypatch):
+    # Samples that begin in the engine's transient are not collinear (contention can make it longer than the
+    # closed form's, as on Llama 3 405B interleaved at DP 1): the engine adds one a cycle later and tries the
+    # last three again. Here the first window is refused twice; the extension still equals every micro-batch.
+    cfg, topology = _cfg(tmp_path, CASES["interleaved contended"])
+    full = predict_step_module._engine(cfg, topology, None, False, False)
+    monkeypatch.setattr(predict_step_module, "FAST_FORWARD_MIN_OPS", 0)
+    real = predict_step_module.extrapolate
+    windows = []
+
+    def refuse_twice(samples, total):
+        windows.append([m for m, _ in samples])
+        return None if len(windows) <= 2 else real(samples, total)
+
+    monkeypatch.setattr(predict_step_module, "extrapolate", refuse_twice)
+    fast = predict_step_module._engine(cfg, topology, None, False, True)
+    first, second, third = windows
+    cycle = first[1] - first[0]
+    assert second == [m + cycle for m in first] and third == [m + cycle for m in second]
+    assert fast.micro_batches.startswith("fast-forward") and "not yet in the steady state" in fast.micro_batches
+    assert fast.simulated_microbatches == third[-1] < full.simulated_microbatches
     for key, value in full.observables.items():
         assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key

@@ -71,3 +71,30 @@ training: {micro_batch_size: 1, global_batch_size: 32}
     closed = api.run(path, fidelity="closed_form").result
     assert closed["step_time_band_s"]["p50"] / closed["step_time_s"] == pytest.approx(
         b["p50"] / r["step_time_s"], rel=1e-12)  # the same relative band for either fidelity
+
+
+def test_band_on_shared_fast_forward_samples_equals_each_closed_form_detecting_its_own(tmp_path: Path) -> None:
+    # The 33 closed forms of a band (nominal + 32 sampled) are timed on the samples whose cycle the nominal step's
+    # timeline shows (detected once), not each detecting its own: the same band.
+    from simdist.analytic.step import CommPricer, fast_forward_plan
+    from simdist.plan.layout import step_config_of
+    from simdist.plan.model_presets import resolve_model
+    from simdist.predict.bands import step_band
+
+    path = tmp_path / "s.yaml"
+    path.write_text("""
+cluster: {preset: dgx-h100, num_nodes: 2}
+model: {num_layers: 8, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024, vocab_size: 32000}
+parallel: {tp: 2, pp: 4, dp: 2, vpp: 2}
+training: {micro_batch_size: 1, global_batch_size: 512}
+schedule: interleaved_1f1b
+""")
+    sc = api.load_scenario(path)
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    pricer = CommPricer(sc.topology, None)
+    plan = fast_forward_plan(cfg, pricer, for_engine=True)
+    assert plan is not None  # the shared samples are used
+    shared, how = step_band(cfg, pricer, 10.0, plan)
+    own, _ = step_band(cfg, pricer, 10.0, None)
+    assert shared == pytest.approx(own, rel=1e-9)
+    assert shared["p10"] < shared["p50"] < shared["p90"] and "Latin hypercube" in how

@@ -252,3 +252,118 @@ def test_fluid_fast_path_equals_the_simpy_resource(case):
     assert f_trace.ends == pytest.approx(trace.ends, rel=1e-9)
     assert f_trace.starts == trace.starts
     assert list(f_bytes) == list(link_bytes) and f_bytes == link_bytes  # same sums, same order
+
+
+# ----------------------------------------------------------------------------- joins at a finish, repeated groups
+def chained_finish_times(transfers: list[tuple[int, float, tuple[int, ...], float, float, tuple[float, ...] | None]],
+                         capacity: dict[int, float]) -> list[float]:
+    """End times of (after, start, links, size, cap, weights) transfers on SharedLinks: each starts ``start`` after
+    transfer ``after`` ends (after < its own index; -1: after time 0)."""
+    env = simpy.Environment()
+    net = SharedLinks(env, capacity.__getitem__)
+    ends = [math.nan] * len(transfers)
+    done = [env.event() for _ in transfers]
+
+    def one(i, after, start, links, size, cap, weights):
+        if after >= 0:
+            yield done[after]
+        if start > 0:
+            yield env.timeout(start)
+        yield net.transfer(links, size, cap, weights)
+        ends[i] = env.now
+        done[i].succeed()
+
+    for i, t in enumerate(transfers):
+        env.process(one(i, *t))
+    env.run()
+    return ends
+
+
+def oracle_finish_times(transfers, capacity: dict[int, float]) -> list[float]:
+    """The same from first principles: at every event, every active transfer's rate by progressive filling
+    (tests/sharing_oracle.py) over all of them, bytes moved at those rates until the next start or finish."""
+    ids = sorted(capacity)
+    index = {link: k for k, link in enumerate(ids)}
+    n = len(transfers)
+    begin = [math.nan] * n
+    ends = [math.nan] * n
+    left = [t[3] for t in transfers]
+    for i, (after, start, *_rest) in enumerate(transfers):
+        if after < 0:
+            begin[i] = start
+    now = 0.0
+    while any(math.isnan(e) for e in ends):
+        active = [i for i in range(n) if begin[i] <= now and math.isnan(ends[i])]
+        for i in active:
+            if transfers[i][3] <= 0:
+                ends[i] = now
+        active = [i for i in active if math.isnan(ends[i])]
+        rates = progressive_filling([[index[x] for x in transfers[i][2]] for i in active],
+                                    [list(transfers[i][5] or [1.0] * len(transfers[i][2])) for i in active],
+                                    [capacity[x] for x in ids], [transfers[i][4] for i in active])
+        upcoming = [b for i, b in enumerate(begin) if b > now and math.isnan(ends[i])]
+        step = min([*upcoming, *(now + left[i] / r for i, r in zip(active, rates, strict=True) if r > 0)])
+        for i, r in zip(active, rates, strict=True):
+            left[i] -= r * (step - now)
+            if left[i] <= 1e-9 * transfers[i][3]:
+                ends[i] = step
+                for j, t in enumerate(transfers):
+                    if t[0] == i:
+                        begin[j] = step + t[1]
+        now = step
+    return ends
+
+
+def test_a_transfer_joining_as_another_finishes_shares_from_that_instant():
+    # 100 GB/s: A (10 GB) and B (20 GB) share it at 50 GB/s; A ends at 0.2 s and C (10 GB) starts at that very
+    # instant: B (10 GB left) and C share 50/50 and both end at 0.4 s.
+    cap = {0: LINK_Bps}
+    ends = chained_finish_times([(-1, 0.0, (0,), 10 * GB, math.inf, None), (-1, 0.0, (0,), 20 * GB, math.inf, None),
+                                 (0, 0.0, (0,), 10 * GB, math.inf, None)], cap)
+    assert ends == pytest.approx([0.2, 0.4, 0.4], rel=1e-12)
+
+
+def test_a_repeated_group_is_re_shared_from_memory_with_the_same_rates(monkeypatch):
+    # The same two-transfer group (weights 1 and 3 on a 100 GB/s link: 25 and 75 GB/s of link, i.e. each at
+    # 25 GB/s per flow) three times in a row, each copy after the last: every copy lasts 0.4 s (10 GB per flow),
+    # and the solver runs once for the group, the two later copies are looked up.
+    import simdist.engine.links as links_module
+
+    calls = []
+    real = links_module.max_min_rates_small
+    monkeypatch.setattr(links_module, "max_min_rates_small", lambda *a: calls.append(a) or real(*a))
+    cap = {0: LINK_Bps}
+    pattern = []
+    for k in range(3):
+        prev = 2 * k - 1
+        pattern += [(prev, 0.0, (0,), 10 * GB, math.inf, None), (prev, 0.0, (0,), 10 * GB, math.inf, (3.0,))]
+    ends = chained_finish_times(pattern, cap)
+    assert ends == pytest.approx([0.4, 0.4, 0.8, 0.8, 1.2, 1.2], rel=1e-12)
+    assert len(calls) == 1
+
+
+@st.composite
+def chained_transfers(draw):
+    num_links = draw(st.integers(1, 4))
+    capacity = {10 * k + 1: draw(st.sampled_from([1.0, 2.0, 5.0]) | st.floats(0.5, 10.0)) for k in range(num_links)}
+    ids = sorted(capacity)
+    out = []
+    for i in range(draw(st.integers(1, 10))):
+        after = draw(st.integers(-1, i - 1))
+        start = draw(st.sampled_from([0.0, 0.0, 0.5]) | st.floats(0.0, 3.0))
+        links = tuple(draw(st.lists(st.sampled_from(ids), unique=True, min_size=1, max_size=num_links)))
+        weights = draw(st.none() | st.just(tuple(draw(st.sampled_from([1.0, 2.0, 0.5])) for _ in links)))
+        size = draw(st.sampled_from([1.0, 2.0, 4.0]) | st.floats(0.1, 8.0))
+        cap = draw(st.sampled_from([math.inf, math.inf, 1.5]))
+        out.append((after, start, links, size, cap, weights))
+    return out, capacity
+
+
+@settings(max_examples=200, deadline=None)
+@given(chained_transfers())
+def test_shared_links_finish_when_first_principles_say(case):
+    # joins at other transfers' finishes (the same instant), groups that recur (re-shares from memory), caps and
+    # weights: every end time as the oracle recomputing every rate at every event finds it
+    transfers, capacity = case
+    assert chained_finish_times(transfers, capacity) == pytest.approx(oracle_finish_times(transfers, capacity),
+                                                                      rel=1e-9, abs=1e-12)

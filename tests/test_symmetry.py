@@ -15,6 +15,7 @@ from simdist import api
 from simdist.engine.graph import run_graph
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Job, Op, OpGraph
+from simdist.predict import step as predict_step_module
 from simdist.predict.step import predict_step
 
 LAYOUTS = {
@@ -88,7 +89,7 @@ def test_unequal_batches_simulate_every_replica(tmp_path: Path) -> None:
     assert len(pred.plan.graph.ranks()) == 4 * 8  # every stage of every replica
 
 
-def test_asymmetric_translates_switch_to_full(tmp_path: Path) -> None:
+def test_asymmetric_translates_switch_to_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 256 A100s on a rail fabric needing two leaves per rail: pipeline sends of equivalent ranks hash onto
     # different spines, so their translates do not meet the same bottleneck.
     text = """
@@ -101,7 +102,13 @@ training: {micro_batch_size: 2, global_batch_size: 64}
     reduced = predict_step(s.spec, s.topology, simulate="representatives")
     assert not reduced.result["layout"]["reduction_exact"]
     assert "approximate" in reduced.result["layout"]["note"]
+    runs = []
+    real = predict_step_module._engine_trace
+    monkeypatch.setattr(predict_step_module, "_engine_trace",
+                        lambda plan, *a, **k: runs.append(plan) or real(plan, *a, **k))
     auto = predict_step(s.spec, s.topology)
+    # the asymmetry is seen in the representatives' prices, before the engine runs: it runs once, on every rank
+    assert len(runs) == 1 and len(runs[0].graph.ranks()) == s.topology.num_gpus
     full = predict_step(s.spec, s.topology, simulate="full")
     assert auto.result["layout"]["simulation"] == "full"
     assert auto.result["step_time_s"] == pytest.approx(full.result["step_time_s"], rel=1e-12)

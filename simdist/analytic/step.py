@@ -494,10 +494,13 @@ def _num_microbatches(cfg: StepConfig) -> int:
     return max(cfg.microbatches(d) for d in (range(cfg.mesh.dp) if cfg.dp_batch_split is not None else (0,)))
 
 
-def analytic_observables(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = True
+def analytic_observables(cfg: StepConfig, pricer: CommPricer, *,
+                         fast_forward: bool | tuple[int, int, int, int] = True
                          ) -> tuple[dict[str, float], FastForward | None]:
     """The step's additive quantities (as simdist.report.step_metrics.observables measures them on a trace) and
-    how its micro-batches were fast-forwarded (None: every one was timed).
+    how its micro-batches were fast-forwarded (None: every one was timed). ``fast_forward``: a (cycle, M1, M2,
+    M3) of `fast_forward_plan` samples those counts instead of detecting its own (a caller timing many variants
+    of one step, simdist.predict.bands); they are extended only where collinear, as the detected ones.
 
     With a straggler (``cfg.compute_slowdown``) each distinct replica is timed and the slowest one's answer
     returned: the data-parallel collectives at the step's end wait for it.
@@ -515,11 +518,12 @@ def analytic_observables(cfg: StepConfig, pricer: CommPricer, *, fast_forward: b
     return _replica_observables(cfg, pricer, 0, fast_forward)
 
 
-def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int, fast_forward: bool
+def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int,
+                         fast_forward: bool | tuple[int, int, int, int]
                          ) -> tuple[dict[str, float], FastForward | None]:
     stages = _stages(cfg, pricer, dp_index)
     M = _num_microbatches(cfg)
-    found = _plan(cfg, stages, False) if fast_forward else None
+    found = (fast_forward if isinstance(fast_forward, tuple) else _plan(cfg, stages, False)) if fast_forward else None
     if found is not None:
         cycle, *counts = found
         obs = extrapolate([(m, _observables(cfg, stages, m)) for m in counts], M)

@@ -23,7 +23,16 @@ import numpy as np
 
 from simdist.analytic.pricing import NUM_CORE, CommPricer
 from simdist.analytic.program import KIND_INDEX, program
-from simdist.analytic.step import _DP, _PP, _fast, _num_microbatches, _Stage, _stages, analytic_observables
+from simdist.analytic.step import (
+    _DP,
+    _PP,
+    _fast,
+    _num_microbatches,
+    _Stage,
+    _stages,
+    analytic_observables,
+    fast_forward_plan,
+)
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
@@ -145,16 +154,21 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
 
 
 def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
-                     variants: list[tuple[ComputeEfficiency, Callable[[float], float]]]) -> tuple[float, np.ndarray]:
+                     variants: list[tuple[ComputeEfficiency, Callable[[float], float]]],
+                     plan: tuple[int, int, int, int] | bool | None = False) -> tuple[float, np.ndarray]:
     """(the closed-form step time of ``cfg``, that of each variant): ``cfg`` with the compute efficiency given and
     every collective ``factor(nbytes)`` x as long (CommPricer.scaled). One pass where the copies share their
-    shape (see the module docstring), else each copy's closed form alone (simdist.analytic.step)."""
+    shape (see the module docstring), else each copy's closed form alone (simdist.analytic.step) on ``plan``'s
+    fast-forward samples (a (cycle, M1, M2, M3) tuple; None: none; False: the engine's plan of ``cfg``)."""
     nominal = _stages(cfg, pricer)  # first: the scaled pricers start from the prices it makes
     copies = [(dataclasses.replace(cfg, compute_efficiency=eff), pricer.scaled(factor)) for eff, factor in variants]
     steps = _batch_step_s(cfg, nominal, copies)
     if steps is None:
-        return (analytic_observables(cfg, pricer)[0]["step_s"],
-                np.array([analytic_observables(c, p)[0]["step_s"] for c, p in copies]))
+        if plan is False:
+            plan = fast_forward_plan(cfg, pricer, for_engine=True)
+        ff: tuple[int, int, int, int] | bool = plan if isinstance(plan, tuple) else True
+        return (analytic_observables(cfg, pricer, fast_forward=ff)[0]["step_s"],
+                np.array([analytic_observables(c, p, fast_forward=ff)[0]["step_s"] for c, p in copies]))
     return float(steps[0]), steps[1:]
 
 

@@ -180,15 +180,17 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
 
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
-              capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> GraphTrace:
+              capacities: Callable[[np.ndarray], np.ndarray] | None = None, *, checked: bool = False) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
     Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
     ``capacity_of(link)`` (bytes/s; required when a job has a demand); ops with the same ``sync`` id form one
     collective instance that starts when all its member ops are ready. ``capacities``: optionally the same
     for an array of link ids at once (the links only one track loads are thousands on a large cluster).
+    ``checked``: the graph has been checked already (`simdist.engine.uncontended.uncontended` ran on it).
     """
-    _check(graph)
+    if not checked:
+        _check(graph)
     ops = graph.ops
     n = len(ops)
     if n == 0:
@@ -248,36 +250,76 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         else:
             inst.done.succeed()
 
-    def track(key: tuple[int, str], ids: list[int]):
-        timeout = env.timeout
-        for pos, i in enumerate(ids):
-            position[key] = pos
-            if remaining[i]:
-                ev = waiting[i] = env.event()
-                yield ev
-            inst = instance_of[i]
-            if inst is not None:
-                inst.arrived += 1
-                if inst.arrived == inst.size:
-                    run_instance(inst)
-                yield inst.done
-                start[i] = inst.start
-            else:
-                start[i] = env.now
-                d = ops[i].duration_s if ops[i].job is None else solo_duration[i]
-                if d > 0:
-                    yield timeout(d)
-            end[i] = env.now
-            for j in dependents[i]:
-                left = remaining[j] - 1
-                remaining[j] = left
-                if not left and waiting[j] is not None:
-                    waiting[j].succeed()
-        position[key] = len(ids)
+    # Each (rank, stream) track runs by event callbacks, not as a SimPy process: where a process would yield an
+    # event (a dependency's release, a collective's end, a compute op's timeout) the track appends its next
+    # step to that event's callbacks. SimPy then processes the same events in the same order as it would
+    # resume the processes (a process resumes by a callback on the event it yields; the tracks start in order
+    # before anything else runs, as their URGENT initialisations would), so every time is the same, and each
+    # op costs no generator switch.
+    keys = list(tracks)
+    track_ids = [tracks[key] for key in keys]
+    pos = [0] * len(keys)
+    duration = [op.duration_s if op.job is None else solo_duration[i] for i, op in enumerate(ops)]
+    timeout = env.timeout
+    new_event = env.event
 
-    for key, ids in tracks.items():
-        env.process(track(key, ids))
+    def proceed(k: int) -> None:
+        """Run track ``k`` from its current op until it has to wait."""
+        ids = track_ids[k]
+        p = pos[k]
+        while p < len(ids):
+            i = ids[p]
+            if remaining[i]:
+                ev = waiting[i] = new_event()
+                ev.callbacks.append(lambda _ev, k=k: released(k))
+                return
+            if not begin(k, i):
+                return
+            p = pos[k]
+
+    def released(k: int) -> None:
+        if begin(k, track_ids[k][pos[k]]):
+            proceed(k)
+
+    def begin(k: int, i: int) -> bool:
+        """Start op ``i`` of track ``k``; True when it finished at once (then the track goes on)."""
+        inst = instance_of[i]
+        if inst is not None:
+            inst.arrived += 1
+            if inst.arrived == inst.size:
+                run_instance(inst)
+            inst.done.callbacks.append(lambda _ev, k=k, i=i, inst=inst: collective_ended(k, i, inst))
+            return False
+        start[i] = env.now
+        d = duration[i]
+        if d > 0:
+            timeout(d).callbacks.append(lambda _ev, k=k, i=i: ended(k, i))
+            return False
+        finish(k, i)
+        return True
+
+    def collective_ended(k: int, i: int, inst: _Instance) -> None:
+        start[i] = inst.start
+        ended(k, i)
+
+    def ended(k: int, i: int) -> None:
+        finish(k, i)
+        proceed(k)
+
+    def finish(k: int, i: int) -> None:
+        end[i] = env.now
+        for j in dependents[i]:
+            left = remaining[j] - 1
+            remaining[j] = left
+            if not left and waiting[j] is not None:
+                waiting[j].succeed()
+        pos[k] += 1
+
+    for k in range(len(keys)):
+        proceed(k)
     env.run()
+    for k, key in enumerate(keys):
+        position[key] = pos[k]
     stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
     if stuck:
         raise _deadlock(graph, stuck, end)

@@ -30,6 +30,8 @@ import simpy
 
 from simdist.engine.sharing import SMALL_ENTRIES, max_min_rates, max_min_rates_small
 
+MEMO_ENTRIES = 1 << 16
+"""Re-shares a `SharedLinks` remembers at most (then it forgets them all and starts again)."""
 DONE_FRACTION = 1e-12
 """A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
 of rate x time in floating point)."""
@@ -107,6 +109,8 @@ class _Transfer:
     seq: int = 0
     """Order of joining (re-shares list transfers in this order)."""
     rate: float = 0.0
+    sig: int = 0
+    """Its (links, weights, cap), numbered: transfers alike have the same (re-shares are memoised by them)."""
 
 
 class SharedLinks:
@@ -140,6 +144,12 @@ class SharedLinks:
         """When the next-finish timeout fires."""
         self.load = LinkLoad()
         self._record = record_load
+        self._sigs: dict[tuple, int] = {}
+        """(links, weights, cap) -> its number (`_Transfer.sig`)."""
+        self._memo: dict[tuple, list[float]] = {}
+        """Re-shares done: the rates of a group of transfers, keyed by whether it took the small solver and
+        their signatures in order. Rates are a function of those alone (capacities do not change), and a
+        schedule's steady state meets the same groups again and again: a repeat costs a lookup."""
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
                  weights: Sequence[float] | None = None) -> simpy.Event:
@@ -156,7 +166,12 @@ class SharedLinks:
         capacity = self._capacity
         on = self._on
         self._joined += 1
-        t = _Transfer(links, weights, size, size, cap, done, self._joined)
+        sigs = self._sigs
+        key = (links, weights, cap)
+        sig = sigs.get(key)
+        if sig is None:
+            sig = sigs[key] = len(sigs)
+        t = _Transfer(links, weights, size, size, cap, done, self._joined, 0.0, sig)
         shared = False
         for link in links:
             if link not in capacity:
@@ -249,9 +264,18 @@ class SharedLinks:
                                 seen_links.add(link)
                                 todo.append(link)
             group = [part[k] for k in sorted(part)]
-            rates = max_min_rates_small([t.links for t in group], [t.weights for t in group],
-                                        [t.cap for t in group], self._capacity)
+            key = (True, *(t.sig for t in group))
+            rates = self._memo.get(key)
+            if rates is None:
+                rates = self._remember(key, max_min_rates_small([t.links for t in group], [t.weights for t in group],
+                                                                [t.cap for t in group], self._capacity))
             for t, r in zip(group, rates, strict=True):
+                t.rate = r
+            return
+        key = (False, *(t.sig for t in active))
+        rates = self._memo.get(key)
+        if rates is not None:
+            for t, r in zip(active, rates, strict=True):
                 t.rate = r
             return
         n = len(active)
@@ -264,9 +288,16 @@ class SharedLinks:
                                                       for t in active), dtype=float, count=total)
         caps = np.fromiter((t.cap for t in active), dtype=float, count=n)
         ids, compact = unique_inverse(entries)
-        rates = max_min_rates(compact, lengths, self._table[ids], caps, weights)
-        for t, r in zip(active, rates.tolist(), strict=True):
+        for t, r in zip(active, self._remember(key, max_min_rates(compact, lengths, self._table[ids], caps, weights)
+                                               .tolist()), strict=True):
             t.rate = r
+
+    def _remember(self, key: tuple, rates: list[float]) -> list[float]:
+        memo = self._memo
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = rates
+        return rates
 
     def _on_wake(self, _event: simpy.Event) -> None:
         self._woken = False
@@ -279,11 +310,18 @@ class SharedLinks:
     def _step(self) -> None:
         """At an event (a join, or the earliest finish): advance every transfer, retire the finished ones,
         re-share if needed, and set a timeout for the next finish (event callbacks, not a SimPy process)."""
-        env = self.env
-        self._advance()
-        now = env.now
-        finished = [t for t in self._active if t.remaining <= t.size * DONE_FRACTION
-                    or (t.rate > 0 and now + t.remaining / t.rate <= now)]
+        now = self.env.now
+        elapsed = now - self._last
+        self._last = now
+        finished = []
+        # `_advance` and the finish test in one pass (the same arithmetic)
+        for t in self._active:
+            rate = t.rate
+            if elapsed > 0:
+                t.remaining -= rate * elapsed
+            left = t.remaining
+            if left <= t.size * DONE_FRACTION or (rate > 0 and now + left / rate <= now):
+                finished.append(t)
         if finished:
             gone = set(map(id, finished))
             self._active = [t for t in self._active if id(t) not in gone]
@@ -304,7 +342,13 @@ class SharedLinks:
             self._dirty.clear()
         for t in finished:
             t.done.succeed()
-        horizon = min((t.remaining / t.rate for t in self._active if t.rate > 0), default=math.inf)
+        horizon = math.inf
+        for t in self._active:
+            rate = t.rate
+            if rate > 0:
+                d = t.remaining / rate
+                if d < horizon:
+                    horizon = d
         if horizon < math.inf:
             self._schedule(horizon)
         else:

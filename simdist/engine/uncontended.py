@@ -18,9 +18,11 @@ from simdist.plan.opgraph import OpGraph
 __all__ = ["uncontended"]
 
 
-def uncontended(graph: OpGraph) -> GraphTrace:
-    """Start and end of every op with uncontended durations (see the module docstring)."""
-    _check(graph)
+def uncontended(graph: OpGraph, *, checked: bool = False) -> GraphTrace:
+    """Start and end of every op with uncontended durations (see the module docstring); ``checked``: the graph
+    has been checked already (`simdist.engine.graph.run_graph` ran on it)."""
+    if not checked:
+        _check(graph)
     ops = graph.ops
     n = len(ops)
     if n == 0:

@@ -11,10 +11,13 @@ seconds per breakdown category, FLOPs) is affine in M along that residue:
 x(M) = x(M1) + (M - M1) / c * (x(M1 + c) - x(M1)).
 
 `plan` reads ``c`` off a timeline (the start of every step, per stage, kind and chunk, against its micro-batch:
-`find_cycle`) and picks M1, M1 + c, M1 + 2c past the transient (`sample_counts`); `extrapolate` checks that the
-three samples are collinear in every quantity (within 1e-9 of the step time) before extending them to M. When no
-cycle is found, when the samples are not collinear, or when M is too small to gain, every micro-batch is
-simulated.
+`find_cycle`) and picks M1, M1 + c, M1 + 2c: the earliest M1 past the warm-up at which four timed step times a
+period apart lie on one line (`steady_counts`), at the latest past the transient and a cool-down margin
+(`sample_counts`, a bound that is often several periods late); `extrapolate` checks that the three samples are
+collinear in every quantity (within 1e-9 of the step time) before extending them to M. The engine, whose
+transient contention can lengthen, slides its samples on by a period while they are not collinear
+(simdist.predict.step). When no cycle is found, when no samples are collinear, or when M is too small to gain,
+every micro-batch is simulated.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["FastForward", "detection_microbatches", "extrapolate", "find_cycle", "group_of", "plan", "sample_counts",
-           "warmup_of"]
+           "steady_counts", "warmup_of"]
 
 REL_TOLERANCE = 1e-9
 """Collinearity and periodicity tolerance, relative to the largest step time sampled."""
@@ -122,25 +125,73 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
          timeline: Callable[[int], tuple[Mapping[tuple, Sequence[float]], float]], *, vpp: int = 1,
          count_detection: bool = True) -> tuple[int, int, int, int] | None:
     """(cycle, M1, M1 + c, M1 + 2c) to sample, or None (simulate every micro-batch). ``timeline(m)`` times m
-    micro-batches and returns each step's start (see `find_cycle`) and the step time; it is called on longer and
-    longer schedules while that stays cheaper than M. ``count_detection``: those timelines cost as much as the
-    samples (the closed form detecting its own cycle), else nothing (the closed form detecting the engine's)."""
+    micro-batches and returns each step's start (see `find_cycle`) and the step time; it is called on longer
+    schedules (by two of the longest cycles looked for at a time) while that stays cheaper than M, then on the
+    candidate samples (`steady_counts`). ``count_detection``: those timelines cost as much as the samples (the
+    closed form detecting its own cycle), else nothing (the closed form detecting the engine's)."""
     g = group_of(schedule, num_stages)
     total = detection_microbatches(schedule, num_stages, vpp)
-    # the cheapest samples there can be (the shortest cycle, no transient): when even they do not pay, do not look
-    least = 3 * (warmup_of(schedule, num_stages, vpp) + _cooldown_margin(schedule, num_stages, vpp) + g) + 3 * g
-    spent = 0
-    while SAVING * (least + ((spent + total) if count_detection else 0)) < num_microbatches:
-        starts, step_s = timeline(total)
-        spent += total
+    # the cheapest samples there can be (the shortest cycle, the earliest steady state): when even they do not pay,
+    # do not look
+    least = 3 * _first_sample(schedule, num_stages, vpp) + 3 * g
+    spent = [0]
+
+    def read(m: int) -> tuple[Mapping[tuple, Sequence[float]], float]:
+        spent[0] += m
+        return timeline(m)
+
+    while SAVING * (least + ((spent[0] + total) if count_detection else 0)) < num_microbatches:
+        starts, step_s = read(total)
         found = find_cycle(schedule, num_stages, starts, step_s, total, vpp)
         if found is not None:
             cycle, start = found
             # the timelines read so far are spent: the samples only have to cost less than the rest
-            counts = sample_counts(schedule, num_stages, num_microbatches, cycle, start=start, vpp=vpp)
+            counts = steady_counts(schedule, num_stages, num_microbatches, cycle, lambda m: read(m)[1],
+                                   start=start, vpp=vpp)
             return None if counts is None else (cycle, *counts)
-        total = g * math.ceil(2 * total / g)
+        total = g * math.ceil((total + 2 * _max_cycle(schedule, num_stages)) / g)
     return None
+
+
+def _first_sample(schedule: str, num_stages: int, vpp: int) -> int:
+    """The fewest micro-batches a sample may have: past every stage's warm-up, in whole groups."""
+    g = group_of(schedule, num_stages)
+    return g * math.ceil(warmup_of(schedule, num_stages, vpp) / g)
+
+
+def steady_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: int,
+                  step_of: Callable[[int], float], *, start: int = 0, vpp: int = 1) -> tuple[int, int, int] | None:
+    """(M1, M1 + c, M1 + 2c), M1 = M (mod c): the earliest M1 past the warm-up whose step times ``step_of`` at M1,
+    M1 + c, M1 + 2c and M1 + 3c lie on one line (within REL_TOLERANCE of the largest), so that inserting a period
+    adds the same time there; at the latest `sample_counts`' M1, which reaches past where the cycle was seen
+    (``start``) by a cycle and a cool-down margin. None when the samples would cost more than M / SAVING.
+
+    The margin is a bound: a schedule's timeline usually reaches its repeating state micro-batches earlier (the
+    interleaved 1F1B of Llama 3 405B on 16 stages of 7 chunks, from M = 32; the bound: 80). Four collinear step
+    times, one more than the samples, check it; `extrapolate` then checks every quantity of the samples."""
+    latest = _latest_m1(schedule, num_stages, num_microbatches, cycle, start, vpp)
+    first = _first_sample(schedule, num_stages, vpp)
+    m1 = first + (num_microbatches - first) % cycle
+    steps: dict[int, float] = {}
+    while m1 < latest and SAVING * 3 * (m1 + cycle) <= num_microbatches:
+        points = [m1 + j * cycle for j in range(4)]
+        for m in points:
+            if m not in steps:
+                steps[m] = step_of(m)
+        xs = [steps[m] for m in points]
+        tol = REL_TOLERANCE * max(max(abs(x) for x in xs), 1e-300)
+        if all(abs((xs[j + 1] - xs[j]) - (xs[1] - xs[0])) <= tol for j in (1, 2)):
+            return points[0], points[1], points[2]
+        m1 += cycle
+    return sample_counts(schedule, num_stages, num_microbatches, cycle, start=start, vpp=vpp)
+
+
+def _latest_m1(schedule: str, num_stages: int, num_microbatches: int, cycle: int, start: int, vpp: int) -> int:
+    """`sample_counts`' M1: past the warm-up and ``start`` by a cool-down margin and a cycle, on M's residue."""
+    m1 = max(warmup_of(schedule, num_stages, vpp), start) + _cooldown_margin(schedule, num_stages, vpp) + cycle
+    g = group_of(schedule, num_stages)
+    m1 = g * math.ceil(m1 / g)
+    return m1 + (num_microbatches - m1) % cycle
 
 
 def sample_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: int, *, start: int = 0,
@@ -148,10 +199,7 @@ def sample_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: 
     """(M1, M1 + c, M1 + 2c) whose steady states reach past micro-batch ``start`` (where the cycle was seen) by a
     cycle, with M1 = M (mod c), or None when simulating all M micro-batches costs less than SAVING x the samples
     (plus ``overhead`` micro-batches already spent)."""
-    m1 = max(warmup_of(schedule, num_stages, vpp), start) + _cooldown_margin(schedule, num_stages, vpp) + cycle
-    g = group_of(schedule, num_stages)
-    m1 = g * math.ceil(m1 / g)
-    m1 += (num_microbatches - m1) % cycle
+    m1 = _latest_m1(schedule, num_stages, num_microbatches, cycle, start, vpp)
     counts = (m1, m1 + cycle, m1 + 2 * cycle)
     if num_microbatches < counts[-1] or SAVING * (sum(counts) + overhead) > num_microbatches:
         return None

@@ -83,14 +83,21 @@ def _comm_factor(z: float):
     return factor
 
 
-def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float) -> tuple[dict[str, float], str]:
-    """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained)."""
+def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
+              plan: tuple[int, int, int, int] | bool | None = False) -> tuple[dict[str, float], str]:
+    """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained).
+
+    The nominal step and the sampled ones are timed together in one pass (simdist.analytic.step_batch), each
+    fast-forwarded along its own cycle. Where they cannot share a pass, each is timed alone on ``plan``'s samples:
+    the `simdist.analytic.step.fast_forward_plan` of ``cfg`` for the engine (its cycle detected once for all of them;
+    None: none, each closed form then decides its own; False: detect it there).
+    """
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     crange = compute_range(cfg.gpu.name)
     zc, zn = _samples()
     variants = [(_scaled_efficiency(eff, _factor(a, crange["p10"], crange["p90"])), _comm_factor(b))
                 for a, b in zip(zc.tolist(), zn.tolist(), strict=True)]
-    base, steps = perturbed_step_s(cfg, pricer, variants)  # one timeline pass over every copy where it can
+    base, steps = perturbed_step_s(cfg, pricer, variants, plan=plan)
     if not base > 0:
         return {"p10": step_s, "p50": step_s, "p90": step_s}, "no step time to perturb"
     ratios = (steps / base).tolist()

@@ -433,14 +433,18 @@ def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None, reduced_axes: tuple[str, ...] = (),
-                with_links: bool = True, adjust: Adjust | None = None) -> dict[tuple, PricedComm]:
+                with_links: bool = True, adjust: Adjust | None = None,
+                known: dict[tuple, PricedComm] | None = None) -> dict[tuple, PricedComm]:
     """Price every comm op: its ``duration_s`` (alone, count x one run) and its engine ``job``.
 
     ``mesh`` and ``reduced_axes`` describe the symmetry of a reduced graph (simdist.plan.step.StepPlan):
     each collective's translates along the reduced axes (other than its own) load the links with it.
-    ``adjust`` (a calibration, see simdist.calibrate) corrects each collective's predicted time.
+    ``adjust`` (a calibration, see simdist.calibrate) corrects each collective's predicted time. ``known``: what
+    `price_graph` returned for another graph of the same step (same mesh, axes, adjust): its collectives are not
+    priced again (simdist.predict.step's fast-forward samples). Returns this graph's collectives, in order.
     """
     pending: dict[tuple, _Pending] = {}
+    known = known or {}
     images: dict[tuple, np.ndarray] = {}  # translates by (group, axes): shared by its collectives
     made: dict[tuple[int, ...], Group] = {}  # groups by ranks: shared by the collectives on them
     for op in graph.ops:
@@ -448,6 +452,10 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         if c is None:
             continue
         key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
+        if key in known:
+            if key not in pending:
+                pending[key] = None  # type: ignore[assignment]
+            continue
         if key not in pending:
             translates = None
             if mesh is not None and with_links:
@@ -462,10 +470,10 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
                     translates = canonical[:, np.argsort(order)]
             pending[key] = _prepare(topology, c, translates, with_links, adjust, made)
     # the routes of every translate of every collective priced over its class, resolved in one batch
-    batched = {key: p for key, p in pending.items() if p.batched}
+    batched = {key: p for key, p in pending.items() if p is not None and p.batched}
     items = [(p.groups, *_pairs(p.transfers)) for p in batched.values()]
     layouts = dict(zip(batched, _layouts(topology, items), strict=True))  # type: ignore[arg-type]
-    cache = {key: _finish(topology, p, layouts.get(key)) for key, p in pending.items()}
+    cache = {key: known[key] if p is None else _finish(topology, p, layouts.get(key)) for key, p in pending.items()}
     jobs: dict[tuple, Job] = {}
     for op in graph.ops:
         c = op.comm

@@ -30,7 +30,7 @@ from simdist.hardware import batch
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.limits import check_step_work
-from simdist.plan.fastforward import FastForward, extrapolate
+from simdist.plan.fastforward import SAVING, FastForward, extrapolate
 from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
@@ -155,11 +155,14 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _priced_plan(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
-                 num_microbatches: int | None) -> tuple[StepPlan, dict[tuple, PricedComm]]:
-    """The step's op graph on ``num_microbatches`` (None: all), priced."""
+                 num_microbatches: int | None, known: dict[tuple, PricedComm] | None = None
+                 ) -> tuple[StepPlan, dict[tuple, PricedComm]]:
+    """The step's op graph on ``num_microbatches`` (None: all), priced; ``known``: the prices of another sample of
+    the same step, reused (simdist.predict.price.price_graph)."""
     with _collector_paused():
         plan = build_step(cfg, full=full, num_microbatches=num_microbatches)
-        priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust)
+        priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust,
+                             known=known)
     return plan, priced
 
 
@@ -171,22 +174,11 @@ def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[
     return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
 
 
-def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None) -> GraphTrace:
+def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None,
+                  checked: bool = False) -> GraphTrace:
     one, many = _capacities(topology, degraded)
     with _collector_paused():
-        return run_graph(plan.graph, capacity_of=one, capacities=many)
-
-
-def _engine_run(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
-                num_microbatches: int | None, degraded: dict[int, float] | None = None
-                ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, GraphTrace]:
-    """(plan, prices, engine trace, uncontended trace) of the step on ``num_microbatches`` (None: all);
-    ``degraded``: link id -> fraction of its capacity left (scenario ``faults.degraded_links``)."""
-    plan, priced = _priced_plan(cfg, topology, adjust, full, num_microbatches)
-    trace = _engine_trace(plan, topology, degraded)
-    with _collector_paused():
-        alone = uncontended(plan.graph)
-    return plan, priced, trace, alone
+        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=checked)
 
 
 @dataclass(slots=True)
@@ -199,6 +191,8 @@ class _Engine:
     micro_batches: str
     """"all", or how the steady state was fast-forwarded."""
     simulated_microbatches: int
+    fast_forward: tuple[int, int, int, int] | None = None
+    """The closed form's fast-forward plan for the engine (simdist.analytic.step.fast_forward_plan), if looked for."""
 
 
 def _first_replica(plan: StepPlan) -> list[int]:
@@ -206,11 +200,29 @@ def _first_replica(plan: StepPlan) -> list[int]:
     return sorted(r for (_, d), r in plan.stage_ranks.items() if d == d0)
 
 
+def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
+            alone: GraphTrace | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float]]:
+    """(plan, prices, engine trace, observables with ``uncontended_s``) of one fast-forward sample; ``alone``: its
+    uncontended trace if already found."""
+    trace = _engine_trace(plan, topology, degraded, checked=alone is not None)
+    if alone is None:
+        with _collector_paused():
+            alone = uncontended(plan.graph, checked=True)
+    obs = observables(plan.graph, trace, _first_replica(plan))
+    obs["uncontended_s"] = alone.makespan_s
+    return plan, priced, trace, obs
+
+
 def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
-            check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None) -> _Engine:
+            check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None,
+            rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False
+            ) -> _Engine | None:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
-    ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits)."""
+    ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits).
+    ``rather(plan, priced)`` is asked, before the engine runs, of the priced op graph whose plan and prices the
+    answer would carry: True returns None at once (the caller simulates otherwise: `predict_step` every rank
+    where the representatives would not be exact), so no engine run is spent on an answer thrown away."""
     M = cfg.microbatches(0)
     pricer = CommPricer(topology, adjust)
     found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
@@ -219,38 +231,66 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
         check(max(counts))
         plan, priced = _priced_plan(cfg, topology, adjust, full, counts[0])
         if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
+            priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
+                                              for m in counts[1:])]
             with _collector_paused():
-                alone = uncontended(plan.graph)
-                free = contention_free(plan.graph, alone, *_capacities(topology, degraded))
+                alones = [uncontended(p.graph) for p, _ in priced_plans]
+                free = all(contention_free(p.graph, a, *_capacities(topology, degraded))
+                           for (p, _), a in zip(priced_plans, alones, strict=True))
             if free:
-                # No collective of the smallest sample ever meets another on a shared link (and each runs alone
-                # in its uncontended time): the engine's timeline of it is its uncontended timeline
-                # (simdist.engine.contention). The larger samples and the whole step insert periods of the same
-                # steady state (simdist.plan.fastforward: the premise the three engine samples would test), each
-                # a time-shifted copy of one this sample holds, so their transfers meet no more than these do, and
-                # the engine's answer is the uncontended step's: the closed form's, which equals it exactly
+                if rather(plan, priced):
+                    return None
+                # No collective of any of the three samples ever meets another on a shared link (and each runs
+                # alone in its uncontended time): the engine's timeline of each is its uncontended timeline
+                # (simdist.engine.contention). The whole step inserts more periods of the same steady state
+                # (simdist.plan.fastforward: the premise the three engine samples would test); the periods the
+                # larger samples insert meet their neighbours no more than these do, so neither do the step's,
+                # and the engine's answer is the uncontended step's: the closed form's, which equals it exactly
                 # (tests/test_analytic_step.py), with its own fast-forward.
                 obs, ff = analytic_observables(cfg, pricer)
                 how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
-                       + f" by the closed form: no contention (the engine's timeline of {counts[0]} micro-batches "
-                       "is the uncontended one: no two collectives on a shared link at once)")
-                return _Engine(plan, priced, alone, obs, obs["step_s"], how, counts[0])
-            first = (plan, priced, _engine_trace(plan, topology, degraded), alone)
-            runs = [first, *(_engine_run(cfg, topology, adjust, full, m, degraded) for m in counts[1:])]
-            samples = []
-            for m, (plan, _, trace, alone) in zip(counts, runs, strict=True):
-                obs = observables(plan.graph, trace, _first_replica(plan))
-                obs["uncontended_s"] = alone.makespan_s
-                samples.append((m, obs))
+                       + " by the closed form: no contention (the engine's timelines of "
+                       f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
+                       "collectives on a shared link at once)")
+                return _Engine(plan, priced, alones[0], obs, obs["step_s"], how, counts[0], found)
+            # the answer carries the last sample's plan and prices
+            if rather(*priced_plans[-1]):
+                return None
+            runs = [_sample(plan, priced, topology, degraded, alone)
+                    for (plan, priced), alone in zip(priced_plans, alones, strict=True)]
+            del priced_plans, alones
+            counts = list(counts)
+            samples = [(m, run[3]) for m, run in zip(counts, runs, strict=True)]
             ext = extrapolate(samples, M)
+            # Not collinear: the engine's steady state begins later than the closed form's (contention can lengthen
+            # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING.
+            cycle = found[0]
+            while ext is None and SAVING * (sum(counts) + counts[-1] + cycle) <= M:
+                m = counts[-1] + cycle
+                check(m)
+                plan, priced = _priced_plan(cfg, topology, adjust, full, m, runs[-1][1])
+                if rather(plan, priced):
+                    return None
+                runs = [*runs[-2:], _sample(plan, priced, topology, degraded, None)]
+                counts.append(m)
+                samples = [*samples[-2:], (m, runs[-1][3])]
+                ext = extrapolate(samples, M)
             if ext is not None:
                 plan, priced, trace, _ = runs[-1]
-                how = FastForward(counts[1] - counts[0], counts, M).describe()
-                return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1])
+                last = (counts[-3], counts[-2], counts[-1])
+                how = FastForward(cycle, last, M).describe()
+                if len(counts) > 3:
+                    how += f" (after {', '.join(map(str, counts[:-3]))}, not yet in the steady state)"
+                return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found)
     check(M)
-    plan, priced, trace, alone = _engine_run(cfg, topology, adjust, full, None, degraded)
+    plan, priced = _priced_plan(cfg, topology, adjust, full, None)
+    if rather(plan, priced):
+        return None
+    trace = _engine_trace(plan, topology, degraded)
+    with _collector_paused():
+        alone = uncontended(plan.graph, checked=True)
     return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
-                   "all", M)
+                   "all", M, found)
 
 
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
@@ -300,15 +340,24 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             return lambda m: check_step_work(spec, topology.num_gpus, simulate=mode, num_params=model.num_params,
                                              num_microbatches=m, source=source or None)
 
-        engine = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded)
         # a degraded or failed link breaks the symmetry of the translates that cross it (their traffic is folded onto
-        # the simulated group's links only where they share them): simulate every rank where that is affordable
+        # the simulated group's links only where they share them): simulate every rank where that is affordable,
+        # decided from the representatives' priced op graph before the engine runs it (one engine run, not two)
         failed = topology.fabric is not None and bool(topology.fabric.failed_uplinks)
-        exact = class_symmetric(engine.priced) and not degraded and not failed
-        full_ops = len(engine.plan.graph.ops) * topology.num_gpus / max(1, len(engine.plan.graph.ranks()))
-        if simulate == "auto" and not exact and full_ops <= FULL_AUTO_MAX_OPS:
-            engine = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
+
+        def every_rank(plan: StepPlan, priced: dict[tuple, PricedComm]) -> bool:
+            full_ops = len(plan.graph.ops) * topology.num_gpus / max(1, len(plan.graph.ranks()))
+            return not (class_symmetric(priced) and not degraded and not failed) and full_ops <= FULL_AUTO_MAX_OPS
+
+        found = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded,
+                        every_rank if simulate == "auto" else lambda plan, priced: False)
+        if found is None:
+            found = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
             exact = True
+        else:
+            exact = class_symmetric(found.priced) and not degraded and not failed
+        engine = found
+        assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
         priced = {**engine.priced, **price_runs({k: v for k, v in runs.items() if k not in engine.priced}, topology,
                                                 adjust=adjust)}
@@ -360,8 +409,9 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
-    result["step_time_band_s"], result["step_time_band_how"] = step_band(cfg, CommPricer(topology, adjust),
-                                                                         metrics["step_time_s"])
+    result["step_time_band_s"], result["step_time_band_how"] = step_band(
+        cfg, CommPricer(topology, adjust), metrics["step_time_s"],
+        engine.fast_forward if engine is not None and engine.fast_forward is not None else False)
     inter = topology.spec.inter_node
     result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
                                 num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
