@@ -316,7 +316,7 @@ def command_case(draw) -> tuple[str, list[str]]:
     return name, argv
 
 
-@_settings(260)
+@_settings(160)
 @pytest.mark.slow
 @given(case=st.one_of(command_case(), command_case(), command_case(),
                       st.sampled_from(OTHER).map(lambda a: ("misc", a))))

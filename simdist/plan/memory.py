@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from simdist.errors import LayoutError, SpecError
 from simdist.plan.model import Model
@@ -214,6 +215,7 @@ def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, expert
     return e * h * (tokens * sent_rows * experts.kept_share + rows)
 
 
+@lru_cache(maxsize=65536)
 def layer_param_shards(model: Model, layer: int) -> tuple[int, int, int]:
     """(split over tp, replicated on every tp peer, routed experts) parameters of layer ``layer`` (0-based); together
     Model.layer_params(layer).

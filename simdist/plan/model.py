@@ -12,6 +12,7 @@ an inline description or a Hugging Face config.json; see simdist.plan.model_pres
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 ModelKind = Literal["decoder", "mlp"]
@@ -75,12 +76,7 @@ class Model:
 
     def moe_layer_flags(self) -> tuple[bool, ...]:
         """One flag per layer: True where the layer's MLP is the routed experts (Megatron-LM moe_layer_pattern)."""
-        if not self.is_moe:
-            return (False,) * self.num_layers
-        freq = self.moe_layer_freq
-        if isinstance(freq, tuple):
-            return tuple(bool(x) for x in freq)
-        return tuple(i % freq == 0 for i in range(self.num_layers))
+        return _moe_layer_flags(self.is_moe, self.moe_layer_freq, self.num_layers)
 
     def window_layer_flags(self) -> tuple[bool, ...]:
         """One flag per layer: True where layer i (0-based) attends over a sliding window of window_size keys.
@@ -215,12 +211,9 @@ class Model:
         return i
 
     def layer_counts(self, *, active: bool = False) -> tuple[int, ...]:
-        """layer_params(i) of every layer in model order (active: layer_active_params(i)), in one pass."""
-        if self.kind == "mlp":
-            return (self.dense_mlp_params,) * self.num_layers
-        attention, dense = self.attention_params, self.dense_mlp_params
-        moe = self.moe_active_mlp_params if active else self.moe_mlp_params
-        return tuple(attention + (moe if flag else dense) for flag in self.moe_layer_flags())
+        """layer_params(i) of every layer in model order (active: layer_active_params(i)), in one pass (computed
+        once per model: memory and search read it per layer, layouts by the thousand)."""
+        return _layer_counts(self, active)
 
     def layer_params(self, i: int) -> int:
         """Layer i's (0-based) weights and biases: attention + its MLP (the routed experts where moe_layer_flags()[i],
@@ -300,3 +293,21 @@ class Model:
         h = self.hidden_size
         one = 2 * self._norm(h) + 2 * h * h + self.layer_params(self.num_layers - 1) + self._norm(h)
         return self.mtp_num_layers * one
+
+
+@lru_cache(maxsize=256)
+def _layer_counts(model: Model, active: bool) -> tuple[int, ...]:
+    if model.kind == "mlp":
+        return (model.dense_mlp_params,) * model.num_layers
+    attention, dense = model.attention_params, model.dense_mlp_params
+    moe = model.moe_active_mlp_params if active else model.moe_mlp_params
+    return tuple(attention + (moe if flag else dense) for flag in model.moe_layer_flags())
+
+
+@lru_cache(maxsize=256)
+def _moe_layer_flags(is_moe: bool, freq: int | tuple[int, ...], num_layers: int) -> tuple[bool, ...]:
+    if not is_moe:
+        return (False,) * num_layers
+    if isinstance(freq, tuple):
+        return tuple(bool(x) for x in freq)
+    return tuple(i % freq == 0 for i in range(num_layers))
