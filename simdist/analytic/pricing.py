@@ -48,11 +48,12 @@ class CommPricer:
         # is priced where it is, its first rank itself in every key instead of its position inside its node.
         fabric = topology.fabric
         self._gpn = 0 if fabric is not None and fabric.failed_uplinks else topology.gpus_per_node
+        self._switched = topology.spec.scale_up is not None
         self.adjust = adjust
         self._cache: dict[tuple, float] = {}
         self._priced: dict[tuple, tuple[PricedPieces, Any]] = {}
         self._memo: dict[tuple, Any] = {}
-        self._groups: dict[tuple[int, ...], Group] = {}
+        self._groups: dict[tuple[int, ...], Group] = topology.groups  # type: ignore[assignment]
         """Groups by ranks: a group memoises its routes' structure (simdist.collectives.all_pairs), which every
         size and op priced on it shares."""
         self.misses = 0
@@ -76,7 +77,7 @@ class CommPricer:
         regular = all(ranks[i + 1] - ranks[i] == stride for i in range(n - 1)) and stride > 0
         if not regular:
             return (op, ranks, float(nbytes), float(imbalance))
-        return (op, self._position(ranks[0]), n, stride, float(nbytes), float(imbalance))
+        return (op, self._position(ranks[0], n, stride), n, stride, float(nbytes), float(imbalance))
 
     def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> float:
         if len(ranks) < 2 or nbytes <= 0:
@@ -88,7 +89,7 @@ class CommPricer:
         """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks."""
         if size < 2 or nbytes <= 0:
             return 0.0
-        key = (op, self._position(first), size, stride, float(nbytes), float(imbalance))
+        key = (op, self._position(first, size, stride), size, stride, float(nbytes), float(imbalance))
         hit = self._cache.get(key)
         return hit if hit is not None else self._price(key)
 
@@ -103,12 +104,19 @@ class CommPricer:
 
     def shape_key(self, groups: dict[str, tuple[int, int, int]]) -> tuple:
         """What decides a piece's price on ``groups`` (axis -> (first rank, size, stride)): their shapes."""
-        return tuple((a, self._position(g[0]), g[1], g[2]) for a, g in sorted(groups.items()))
+        return tuple((a, self._position(*g), g[1], g[2]) for a, g in sorted(groups.items()))
 
-    def _position(self, rank: int) -> int:
-        """Where a group's first rank sits, as far as its price goes: its place in its node (the rank itself where
-        failed links make the routes depend on the nodes)."""
-        return rank % self._gpn if self._gpn else rank
+    def _position(self, rank: int, size: int = 1, stride: int = 1) -> int:
+        """Where a group (first rank, size, stride) sits, as far as its price goes: its first rank's place in its node
+        (the rank itself where failed links make the routes depend on the nodes); 0 for a group inside one node of
+        an NVSwitch: every GPU there has the same port to the one switch, so the group prices the same anywhere in
+        the node (simdist.hardware.node: each GPU's nvlink to the ``nvswitch`` vertex, one bandwidth)."""
+        if not self._gpn:
+            return rank
+        where = rank % self._gpn
+        if self._switched and where + (size - 1) * stride < self._gpn:
+            return 0
+        return where
 
     def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]], *,
                compile: Callable[[PricedPieces], Any] | None = None) -> tuple[PricedPieces, Any]:

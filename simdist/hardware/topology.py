@@ -42,6 +42,20 @@ RING_ORDER_MEMO = (4096, 128 * 2**20)
 PLACEMENT_MEMO = (4096, 128 * 2**20)
 """(entries, bytes) kept of `placements`: peers by node and default channels by ranks; 16,384 ranks charge 1.4 MiB."""
 
+GROUPS_MAX = 512
+"""Groups (simdist.collectives.group.Group, by ranks) a topology keeps for its pricers; past it they are dropped."""
+
+
+class _Groups(dict):
+    """Groups by ranks, shared by every pricer of a topology (a group memoises its routes' structure, e.g. an
+    all-to-all's all pairs, for every op and size); emptied when it would grow past GROUPS_MAX."""
+
+    def __setitem__(self, key: tuple[int, ...], value: object) -> None:
+        if len(self) >= GROUPS_MAX:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 class Topology:
     """A built cluster. Cheap to build at any size; routes are computed on demand and cached."""
 
@@ -92,6 +106,9 @@ class Topology:
         self.placements: Memo[tuple[int, ...], tuple[tuple[tuple[int, tuple[int, ...]], ...], int]] = Memo(
             "placements", *PLACEMENT_MEMO)
         """(node, its peers) in order and default channels by group ranks (`Group.by_node`)."""
+        self.groups: dict[tuple[int, ...], object] = _Groups()
+        """Groups by ranks for the closed form's and the engine's pricing alike (simdist.analytic.pricing,
+        simdist.predict.price): each computes a group's routes once."""
         if self.fabric is not None:
             f = self.fabric
             self._nic_shape = PathShape((), f.nic_bandwidth_Bps, self.layout.nic_capacity_Bps, f.latency_s)

@@ -446,7 +446,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     pending: dict[tuple, _Pending] = {}
     known = known or {}
     images: dict[tuple, np.ndarray] = {}  # translates by (group, axes): shared by its collectives
-    made: dict[tuple[int, ...], Group] = {}  # groups by ranks: shared by the collectives on them
+    made: dict[tuple[int, ...], Group] = topology.groups  # type: ignore[assignment]  # shared with the closed form
     for op in graph.ops:
         c = op.comm
         if c is None:
