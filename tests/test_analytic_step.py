@@ -133,6 +133,16 @@ def _spec(x: dict) -> ScenarioSpec:
     })
 
 
+def _config(x: dict):
+    """(StepConfig, Topology) of the drawn layout ``x``, or None where the layout check refuses it."""
+    spec = _spec(x)
+    topology = api.cluster_of(spec)
+    try:
+        return step_config_of(spec, topology, resolve_model(spec.model)), topology
+    except LayoutRuleError:
+        return None
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts)
 def test_closed_form_is_the_uncontended_op_graph(x):
@@ -140,12 +150,10 @@ def test_closed_form_is_the_uncontended_op_graph(x):
     # recompute, zb_h1's split backward, interleaved chunks of uneven layers, chunks holding only the embedding,
     # only the loss, or nothing) times the same in both: the graph
     # here is priced on its real groups, the closed form by group shape, which agree on one leaf of dgx-h100.
-    spec = _spec(x)
-    topology = api.cluster_of(spec)
-    try:
-        cfg = step_config_of(spec, topology, resolve_model(spec.model))
-    except LayoutRuleError:
+    made = _config(x)
+    if made is None:
         return
+    cfg, topology = made
     closed, how = analytic_observables(cfg, CommPricer(topology), fast_forward=False)
     _agree(_graph_observables(cfg, topology), closed, 1e-9)
     assert how is None
@@ -239,12 +247,10 @@ def test_search_lower_bound_never_exceeds_the_closed_form(x):
     # is sound only if the bound is a bound of the exact closed form, on every kind of layout.
     from simdist.analytic.bound import lower_bound_s
 
-    spec = _spec(x)
-    topology = api.cluster_of(spec)
-    try:
-        cfg = step_config_of(spec, topology, resolve_model(spec.model))
-    except LayoutRuleError:
+    made = _config(x)
+    if made is None:
         return
+    cfg, topology = made
     pricer = CommPricer(topology)
     exact = analytic_step(cfg, pricer).step_time_s
     bound = lower_bound_s(cfg, pricer)

@@ -16,10 +16,10 @@ from simdist import api
 from simdist.analytic.step import CommPricer, analytic_observables
 from simdist.analytic.step_batch import perturbed_step_s
 from simdist.hardware.compute import compute_efficiency
-from simdist.plan.layout import LayoutRuleError, step_config_of
+from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.predict.bands import _scaled_efficiency
-from tests.test_analytic_step import _spec, layouts
+from tests.test_analytic_step import _config, _spec, layouts
 
 # Compute factors and size-dependent collective factors, as the band draws them (simdist.predict.bands).
 FACTORS = [(0.8, lambda n: 1.3), (1.25, lambda n: 0.7 if n < 1e6 else 1.1), (1.0, lambda n: 1.0)]
@@ -41,12 +41,10 @@ def _check(cfg, topology) -> bool:
 @given(layouts)
 def test_batch_equals_each_copy_alone(x):
     # Every schedule, ZeRO stage, bucketing, recompute and uneven split of the closed form's own property test.
-    spec = _spec(x)
-    topology = api.cluster_of(spec)
-    try:
-        cfg = step_config_of(spec, topology, resolve_model(spec.model))
-    except LayoutRuleError:
+    made = _config(x)
+    if made is None:
         return
+    cfg, topology = made
     _check(cfg, topology)
 
 
