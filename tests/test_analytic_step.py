@@ -77,6 +77,9 @@ layouts = st.fixed_dictionaries({
     "imbalance": st.sampled_from([1.0, 1.5, 2.0]),
     "dispatcher": st.sampled_from(["alltoall", "alltoall", "allgather", "flex"]),
     "a2a_overlap": st.sampled_from([False, False, True]),
+    # Megatron-LM --overlap-param-gather: drawn, it brings the distributed optimizer and the overlapped reduction it
+    # needs (simdist.plan.recipe._gathered_forward)
+    "param_overlap": st.sampled_from([False, False, False, True]),
 })
 
 MOE = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512}
@@ -112,6 +115,8 @@ def _moe_fields(x: dict) -> tuple[dict, dict, dict]:
 
 
 def _spec(x: dict) -> ScenarioSpec:
+    if x.get("param_overlap"):
+        x = {**x, "zero_stage": 1, "grad_reduce": "overlapped"}
     gpn = x["tp"] * x["cp"]  # tensor and context peers in one node, data and pipeline ranks across nodes
     vpp = x["vpp"] if x["schedule"] == "interleaved_1f1b" else 1
     m = x["microbatches"] * (x["pp"] if vpp > 1 else 1)
@@ -128,7 +133,8 @@ def _spec(x: dict) -> ScenarioSpec:
                      "grad_bucket_size": x["bucket"],
                      "zero3_fetch": "per_parameter" if x["per_parameter"] and x["zero_stage"] == 3 else "prefetch",
                      **({"host_overhead": x["host"]} if x.get("host") else {}), **moe_training,
-                     **({"tp_comm_overlap": True} if x.get("tp_overlap") and x["sp"] and x["tp"] > 1 else {})},
+                     **({"tp_comm_overlap": True} if x.get("tp_overlap") and x["sp"] and x["tp"] > 1 else {}),
+                     **({"overlap_param_gather": True} if x.get("param_overlap") else {})},
         "schedule": x["schedule"],
     })
 

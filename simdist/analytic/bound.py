@@ -12,6 +12,7 @@ from functools import lru_cache
 from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.analytic.step import _DP, _num_microbatches, _Stage, _stages
+from simdist.plan.recipe import is_edge
 from simdist.plan.schedule import schedule_order
 from simdist.plan.step_config import StepConfig
 
@@ -19,12 +20,13 @@ __all__ = ["lower_bound_s"]
 
 
 def _span(r: PricedPieces) -> float:
-    """The least time from a step's first compute (its input) to its end: the recipe alone, every stream free."""
+    """The least time from a step's first compute (its input) to its end: the recipe alone, every stream free, the
+    dp pieces issued ahead (with nothing to wait for: they may run any time before) taken as done."""
     ends: list[float] = []
     free = [0.0] * len(STREAMS)
     for j, sc in enumerate(r.streams):
         t = max([free[sc], *(ends[d] for d in r.deps[j] if d >= 0)])
-        ends.append(t + r.durations[j])
+        ends.append(t + (0.0 if sc == _DP and not r.deps[j] else r.durations[j]))
         free[sc] = ends[-1]
     entry = r.needs_input if r.needs_input >= 0 else 0
     return ends[r.end] - (ends[entry] - r.durations[entry])
@@ -32,14 +34,15 @@ def _span(r: PricedPieces) -> float:
 
 @lru_cache(maxsize=512)
 def _after_last_backward(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> tuple[tuple, ...]:
-    """Per stage, the (kind, chunk, last) of the steps its order runs after its last chunk-0 backward (ZB-H1's
+    """Per stage, the (kind, chunk, edge) of the steps its order runs after its last chunk-0 backward (ZB-H1's
     deferred weight gradients; none for the others, whose last step it is)."""
     if schedule != "zb_h1":  # every other schedule ends each stage with its last chunk-0 backward
         return ((),) * num_stages
     out = []
     for order in schedule_order(schedule, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp):
         i = max(j for j, st in enumerate(order) if st.kind == "B" and st.chunk == 0)
-        out.append(tuple((st.kind, st.chunk, st.microbatch == num_microbatches - 1) for st in order[i + 1:]))
+        out.append(tuple((st.kind, st.chunk, is_edge(st.kind, st.microbatch, num_microbatches))
+                         for st in order[i + 1:]))
     return tuple(out)
 
 
@@ -86,7 +89,7 @@ def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
         # the dp stream runs its collectives one after the other too (ZeRO-3's gathers, ZeRO-2/3's scatters)
         best = max(best, fill + work + optimizer(st), fill + work - tail + drain + optimizer(stages[0]), dp)
         # micro-batch 0's chunk-0 forward, then its send, before stage s + 1 can start
-        fill += span(st, recipe_code(0, "F", M == 1)) + st.sends[KIND_INDEX["F"]]
+        fill += span(st, recipe_code(0, "F", True)) + st.sends[KIND_INDEX["F"]]  # micro-batch 0: the edge forward
         # the last chunk-0 backward of stage s + 1 reaches stage 0 through stage s
         drain += last_b[s] + (stages[s + 1].sends[KIND_INDEX["B"]] if s + 1 < K else 0.0)
     return best

@@ -18,7 +18,7 @@ from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
-from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, step_recipe, tail
+from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe, tail
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
 __all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
@@ -182,17 +182,18 @@ def recipe_key(cfg: StepConfig) -> tuple:
             cfg.fp8_param_gather,
             cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp, cfg.mesh.order,
             cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap, cfg.tp_comm_overlap,
-            cfg.grad_reduce_in_fp32)
+            cfg.grad_reduce_in_fp32, cfg.overlap_param_gather, cfg.vpp)
 
 
-def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, last: bool, config: tuple | None = None) -> Recipe:
-    """`simdist.plan.recipe.step_recipe`, cached; ``config``: `recipe_key` of ``cfg``, if already computed."""
-    key = ("step", recipe_key(cfg) if config is None else config, cost, kind, last)
+def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool, config: tuple | None = None) -> Recipe:
+    """`simdist.plan.recipe.edge_recipe` (``edge``: the chunk's first forward, last backward or W), cached;
+    ``config``: `recipe_key` of ``cfg``, if already computed."""
+    key = ("step", recipe_key(cfg) if config is None else config, cost, kind, edge)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:
             _RECIPE_CACHE.clear()
-        hit = _RECIPE_CACHE[key] = step_recipe(cfg, cost, kind, last=last)
+        hit = _RECIPE_CACHE[key] = edge_recipe(cfg, cost, kind, edge)
     return hit  # type: ignore[return-value]
 
 

@@ -18,9 +18,10 @@ __all__ = ["KIND_INDEX", "Program", "program", "recipe_code"]
 KIND_INDEX = {"F": 0, "B": 1, "W": 2}
 
 
-def recipe_code(chunk: int, kind: str, last: bool) -> int:
-    """Dense index of a step recipe of a stage: (chunk, kind, whether it is the last micro-batch)."""
-    return (chunk * 3 + KIND_INDEX[kind]) * 2 + int(last)
+def recipe_code(chunk: int, kind: str, edge: bool) -> int:
+    """Dense index of a step recipe of a stage: (chunk, kind, whether it is the chunk's edge micro-batch: a
+    forward's first, a backward's or W's last, simdist.plan.recipe.is_edge)."""
+    return (chunk * 3 + KIND_INDEX[kind]) * 2 + int(edge)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,7 @@ class Program:
     downstream_stage: tuple[int, ...]
     """Stage this step sends its output to (-1: none, or the same stage)."""
     code: tuple[int, ...]
-    """`recipe_code` of the step (chunk, kind, last micro-batch)."""
+    """`recipe_code` of the step (chunk, kind, edge micro-batch)."""
 
     def __len__(self) -> int:
         return len(self.stage)
@@ -64,7 +65,7 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
                     up = ((((part + 1) % k) * 3 + 1) * M + st.microbatch) * v + (part + 1) // k
                 if part > 0 and (part - 1) % k != s:
                     down = (part - 1) % k
-            code = (st.chunk * 3 + kind) * 2 + (st.microbatch == M - 1)  # recipe_code
+            code = (st.chunk * 3 + kind) * 2 + (st.microbatch == (0 if kind == 0 else M - 1))  # recipe_code, is_edge
             row.append((st.kind, st.microbatch, st.chunk, up, down, code, ((s * 3 + kind) * M + st.microbatch) * v
                          + st.chunk))
         rows.append(row)

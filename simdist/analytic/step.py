@@ -152,10 +152,10 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
         cost = cached_chunk_cost(cfg, n, first, last_part)
         costs.append(cost)
         for kind in kinds:
-            for last in (False, True):
-                r = cached_recipe(cfg, cost, kind, last, config)
+            for edge in (False, True):
+                r = cached_recipe(cfg, cost, kind, edge, config)
                 # a recipe's simple form depends on its priced pieces only: made once per priced recipe
-                code = recipe_code(c, kind, last)
+                code = recipe_code(c, kind, edge)
                 recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple)
                 if factor != 1.0:
                     recipes[code] = _slowed(recipes[code], factor)  # type: ignore[arg-type]
@@ -301,23 +301,7 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
         else:
             r = st.recipes[code]
             assert r is not None
-            ends: list[float] = []
-            iv = intervals[s]
-            for j, sc in enumerate(r.streams):
-                t = f[sc]
-                for d in r.deps[j]:
-                    if d >= 0:
-                        if ends[d] > t:
-                            t = ends[d]
-                    elif d == PREV and prev[s] > t:
-                        t = prev[s]
-                if j == r.needs_input and recv > t:
-                    t = recv
-                e = t + r.durations[j]
-                f[sc] = e
-                ends.append(e)
-                iv.append((t, e, r.categories[j], r.work[j]))
-            end = ends[r.end]
+            end = _run_pieces(r, f, prev[s], recv, intervals[s])
             model += r.model_flops
             hardware += r.hardware_flops
         prev[s] = end
@@ -342,22 +326,68 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
     return step, intervals, blocks, model / K, hardware / K
 
 
+def _edge_forward(code: int) -> bool:
+    """`recipe_code` of a chunk's first forward (simdist.plan.recipe.is_edge): run once per chunk and step."""
+    return code % 6 == 1
+
+
+def _closed(r: PricedPieces) -> bool:
+    """Every piece of ``r`` on the compute, tp, cp or ep stream is ``r``'s end or one it waits for (transitively):
+    the step leaves those streams free when it ends, as `_timeline_fast` takes them at every step's start."""
+    seen, todo = {r.end}, [r.end]
+    while todo:
+        for d in r.deps[todo.pop()]:
+            if d >= 0 and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return all(j in seen for j, code in enumerate(r.streams) if code < NUM_CORE)
+
+
 def _fast(stages: list[_Stage]) -> bool:
-    """Every recipe is simple: `_timeline_fast`."""
-    return all(r is None or sm is not None for st in stages for r, sm in zip(st.recipes, st.simple, strict=True))
+    """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.recipe
+    ._gathered_forward) that leaves the core streams free when it ends, which `_timeline_fast` runs piece by
+    piece."""
+    return all(r is None or sm is not None or (_edge_forward(code) and _closed(r))
+               for st in stages for code, (r, sm) in enumerate(zip(st.recipes, st.simple, strict=True)))
 
 
 def _overlapping_work(stages: list[_Stage]) -> bool:
-    """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3)."""
-    return any(sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind))
-               for st in stages for sm in st.simple)
+    """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3), or some recipe
+    is not simple (its pieces are intervals beside the blocks)."""
+    return any((sm is None and r is not None)
+               or (sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind)))
+               for st in stages for r, sm in zip(st.recipes, st.simple, strict=True))
+
+
+def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, intervals: list[Interval]) -> float:
+    """Run one step's pieces one by one (the engine's rule: each when its stream is free, its dependencies, the
+    stage's previous step (``prev_s``) and, for the piece that needs it, the input (``recv``) are done); ``free``
+    (per stream) is advanced in place and the pieces appended to ``intervals``. Returns the step's end."""
+    ends: list[float] = []
+    for j, sc in enumerate(r.streams):
+        t = free[sc]
+        for d in r.deps[j]:
+            if d >= 0:
+                if ends[d] > t:
+                    t = ends[d]
+            elif d == PREV and prev_s > t:
+                t = prev_s
+        if j == r.needs_input and recv > t:
+            t = recv
+        e = t + r.durations[j]
+        free[sc] = e
+        ends.append(e)
+        intervals.append((t, e, r.categories[j], r.work[j]))
+    return ends[r.end]
 
 
 def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None
                    ) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
     """`_timeline` where `_fast` holds: each step is one addition, and a stage's blocks are summed (their spans
     kept only where dp pipeline work may overlap them: simdist.plan.accounting.BlockSummary). A step's compute,
-    tp and cp streams are free when it starts: every simple recipe ends after its last piece on them."""
+    tp and cp streams are free when it starts: every simple recipe ends after its last piece on them, and so does
+    every other one (`_closed`), a chunk's first forward with its parameter gathers, run piece by piece
+    (`_run_pieces`) once per chunk."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
@@ -369,9 +399,12 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
     fpp = [0.0] * K
     prev = [-1.0] * K
     first = [-1.0] * K
+    block_end = [-1.0] * K
     out = [0.0] * n
     last_bwd = [0.0] * K
     used = [[0] * len(st.simple) for st in stages]
+    generic = [st.recipes for st in stages]
+    model = hardware = 0.0
     intervals: list[list[Interval]] = [[] for _ in range(K)]
     cover = _overlapping_work(stages)
     spans: list[list[float]] = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
@@ -390,8 +423,24 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         if up >= 0 and out[up] > t0:
             t0 = out[up]
         sm = simple[s][code]
-        if sm.ahead:  # type: ignore[union-attr]  # the gathers issued ahead queue on the dp stream
-            for duration, category, work in sm.ahead:  # type: ignore[union-attr]
+        if sm is None:  # a chunk's first forward with its parameter gathers (`_fast`), piece by piece
+            r = generic[s][code]
+            if starts is not None:
+                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+            f = [f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s]]
+            end = _run_pieces(r, f, prev[s], out[up] if up >= 0 else 0.0, intervals[s])  # type: ignore[arg-type]
+            f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s] = f
+            model += r.model_flops  # type: ignore[union-attr]
+            hardware += r.hardware_flops  # type: ignore[union-attr]
+            prev[s] = end
+            if p_down[i] >= 0:
+                t = fpp[s] if fpp[s] > end else end
+                out[i] = fpp[s] = t + sends[s][p_chunk[i] * 3 + KIND_INDEX[p_kind[i]]]
+            else:
+                out[i] = end
+            continue
+        if sm.ahead:  # the gathers issued ahead queue on the dp stream
+            for duration, category, work in sm.ahead:
                 t = fdp[s]
                 fdp[s] = t + duration
                 intervals[s].append((t, fdp[s], category, work))
@@ -401,10 +450,11 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
             first[s] = t0
         if starts is not None:
             starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-        end = t0 + sm.duration_s  # type: ignore[union-attr]
+        end = t0 + sm.duration_s
+        block_end[s] = end
         if cover:
             spans[s] += (t0, end)
-        fr = sm.frees  # type: ignore[union-attr]
+        fr = sm.frees
         if fr[0] >= 0:
             f0[s] = t0 + fr[0]
         if fr[1] >= 0:
@@ -414,8 +464,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         if fr[3] >= 0:
             f3[s] = t0 + fr[3]
         used[s][code] += 1
-        if sm.behind:  # type: ignore[union-attr]
-            for ready, duration, category, work in sm.behind:  # type: ignore[union-attr]
+        if sm.behind:
+            for ready, duration, category, work in sm.behind:
                 t = t0 + ready
                 if fdp[s] > t:
                     t = fdp[s]
@@ -431,7 +481,6 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         else:
             out[i] = end
     step = max(prev, default=0.0)
-    model = hardware = 0.0
     summaries: list[BlockSummary] = []
     for s in range(K):
         total = 0.0
@@ -445,8 +494,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 for c, seconds in sm.parts.items():  # type: ignore[union-attr]
                     parts[c] = parts.get(c, 0.0) + count * seconds
         span = np.asarray(spans[s], dtype=float).reshape(-1, 2) if cover else None
-        summaries.append(BlockSummary(total, first[s], prev[s], parts, *((span[:, 0], span[:, 1]) if cover
-                                                                          else (None, None))))
+        summaries.append(BlockSummary(total, first[s], block_end[s], parts, *((span[:, 0], span[:, 1]) if cover
+                                                                               else (None, None))))
         r = stages[s].tail
         f = [f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s]]
         _run_tail(r, f, last_bwd[s], intervals[s])

@@ -4,7 +4,8 @@ The prediction band (simdist.predict.bands) times the same step under 32 sets of
 the same program (the same schedule, stages, recipes and dependencies); only the durations differ. So the
 max-plus recurrence of simdist.analytic.step's `_timeline_fast` is run once with a vector of times per stream, one
 entry per copy: each step is the same few additions and maxima, done on the whole batch, which costs about as much
-as timing one copy in Python. Only the step time is computed (no intervals, no accounting).
+as timing one copy in Python (a chunk's first forward with its parameter gathers, which the closed form runs piece by
+piece, is run piece by piece here too, on the batch). Only the step time is computed (no intervals, no accounting).
 
 The result equals `analytic_observables(copy)["step_s"]` of each copy (tests/test_step_batch.py): the same
 operations in the same order, per copy; where the closed form fast-forwards a long step (simdist.plan.fastforward)
@@ -36,7 +37,7 @@ from simdist.analytic.step import (
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
-from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS
+from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["perturbed_step_s"]
@@ -55,7 +56,18 @@ class _Batch:
             row: list[tuple | None] = []
             for code, sm in enumerate(st.simple):
                 if sm is None:
-                    row.append(None)
+                    r = st.recipes[code]
+                    if r is None:
+                        row.append(None)
+                        continue
+                    # a chunk's first forward run piece by piece (simdist.analytic.step._fast): its pieces' shape
+                    # is every copy's, their durations one row per piece
+                    rs = [c[s].recipes[code] for c in copies]
+                    if any(x is None or x.streams != r.streams or x.deps != r.deps or x.needs_input != r.needs_input
+                           or x.end != r.end for x in rs):
+                        raise _Mismatch
+                    row.append((r.streams, r.deps, r.needs_input, r.end,
+                                np.array([x.durations for x in rs]).T.copy()))  # type: ignore[union-attr]
                     continue
                 sms = [c[s].simple[code] for c in copies]
                 if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
@@ -102,11 +114,42 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
                                                       prog.downstream_stage, prog.code)
     for i in range(len(prog)):
         s = p_stage[i]
-        duration, frees, ahead, behind = steps[s][p_code[i]]  # type: ignore[misc]
+        entry = steps[s][p_code[i]]
         t0 = maximum(prev[s], f0[s])
         up = p_up[i]
         if up >= 0:
             t0 = maximum(t0, out[up])
+        if len(entry) == 5:  # type: ignore[arg-type]  # piece by piece (simdist.analytic.step._run_pieces)
+            if starts is not None:
+                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+            streams, deps, needs_input, last, durations = entry  # type: ignore[misc]
+            free = [*(c[s] for c in core), fdp[s], fpp[s]]
+            ends: list[np.ndarray] = []
+            for j, sc in enumerate(streams):
+                t = free[sc]
+                for d in deps[j]:
+                    if d >= 0:
+                        t = maximum(t, ends[d])
+                    elif d == PREV:
+                        t = maximum(t, prev[s])
+                if j == needs_input and up >= 0:
+                    t = maximum(t, out[up])
+                e = t + durations[j]
+                free[sc] = e
+                ends.append(e)
+            for k in range(NUM_CORE):
+                core[k][s] = free[k]
+            fdp[s], fpp[s] = free[_DP], free[_PP]
+            end = ends[last]
+            prev[s] = end
+            if p_down[i] >= 0:
+                t = maximum(fpp[s], end) + sends[s][p_chunk[i] * 3 + KIND_INDEX[p_kind[i]]]
+                fpp[s] = t
+                out[i] = t
+            else:
+                out[i] = end
+            continue
+        duration, frees, ahead, behind = entry  # type: ignore[misc]
         if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
             t = fdp[s]
             for d in ahead:

@@ -15,7 +15,10 @@ The rules are those Megatron-LM enforces (megatron/training/arguments.py and its
 - layers: the layers split over the pipeline stages and their chunks (simdist.plan.layer_split.choose_split: any
   layer count on any pp and vpp; a chunk may hold only the embedding, only the loss, or nothing);
 - zero: ``zero3_fetch: per_parameter`` describes ZeRO-3; unequal local batches cannot combine with ZeRO-2/3
-  (ranks would issue different numbers of per-micro-batch collectives);
+  (ranks would issue different numbers of per-micro-batch collectives); ``overlap_param_gather`` needs the
+  distributed optimizer (zero_stage 1) and the overlapped gradient reduction (megatron/training/arguments.py:
+  "--overlap-param-gather only supported with distributed optimizer", "Must use --overlap-param-gather with
+  --overlap-grad-reduce");
 - experts (`check_experts`): ep and etp > 1 need a model with experts; the routed experts split over ep
   (megatron/training/arguments.py: "Number of experts should be a multiple of expert model parallel_size"); the
   expert generator's etp x ep divides the stage's tp x cp x dp ranks (Megatron-Core parallel_state.py: world_size
@@ -127,6 +130,15 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
         raise _fail("zero", f"training.zero3_fetch: per_parameter describes ZeRO-3's parameter traffic, but "
                     f"zero_stage is {p.zero_stage}", "training.zero3_fetch",
                     "set parallel.zero_stage: 3, or drop zero3_fetch")
+    if t.overlap_param_gather and p.zero_stage != 1:
+        raise _fail("zero", "overlap_param_gather overlaps the distributed optimizer's parameter all-gather with the "
+                    f"forward, but zero_stage is {p.zero_stage}", "training.overlap_param_gather",
+                    "set parallel.zero_stage: 1 (use_distributed_optimizer: true), or drop overlap_param_gather")
+    if t.overlap_param_gather and t.grad_reduce != "overlapped":
+        raise _fail("zero", "overlap_param_gather needs the gradient reduction overlapped too (Megatron-LM: "
+                    f"--overlap-param-gather with --overlap-grad-reduce), got grad_reduce: {t.grad_reduce}",
+                    "training.overlap_param_gather",
+                    "set training.grad_reduce: overlapped (overlap_grad_reduce: true), or drop overlap_param_gather")
     if t.dp_batch_split is not None and p.zero_stage >= 2 and len(set(t.dp_batch_split)) > 1:
         raise _fail("zero", "unequal local batches with ZeRO-2/3: ranks would issue different numbers of "
                     "per-micro-batch collectives", "training.dp_batch_split",
@@ -256,6 +268,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         precision=t.precision, sequence_parallel=p.sequence_parallel, zero_stage=p.zero_stage,
         tp_style=p.tp_style, attention=t.attention, attention_mask=t.attention_mask, fp8_recipe=t.fp8_recipe,
         fp8_param_gather=t.fp8_param_gather, grad_reduce=t.grad_reduce, grad_bucket_bytes=t.grad_bucket_size,
+        overlap_param_gather=t.overlap_param_gather,
         zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
         capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),

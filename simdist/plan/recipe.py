@@ -17,7 +17,9 @@ Per representative rank, in program order (the rules, with their sources):
   ahead, with no dependency (prefetch, as PyTorch FSDP); or, ``zero3_fetch: per_parameter``, one blocking
   all_gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021: `_per_parameter`)] -> forward compute -> the
   forward's exposed TP/CP collectives (Megatron-LM runs them between the GEMMs, Shoeybi et al. 2019 sec 3;
-  counted back to back here).
+  counted back to back here). With ``overlap_param_gather`` the chunk's first micro-batch (its *edge* forward,
+  `is_edge`) gathers the updated parameters bucket by bucket on the dp stream, its forward compute cut into one
+  slice per bucket, each slice waiting for its bucket's gather (`_gathered_forward`).
 - B: [ZeRO-3 all_gather] -> recompute (the recompute mode's forward, with its collectives) -> [per_parameter:
   the all_gathers again, as the recompute's forward released them] -> backward compute: the input gradients
   (dgrad), then the weight gradients (wgrad; cut into the chunk's gradient buckets on the last micro-batch when
@@ -29,7 +31,8 @@ Per representative rank, in program order (the rules, with their sources):
   backward collective exposed.
 - after the stage's last backwards: its gradient reduction on the dp stream (all_reduce, or reduce_scatter
   under ZeRO-1 = Megatron's distributed optimizer), per parameter or in buckets, unless overlapped; then the
-  optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`).
+  optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`; with
+  ``overlap_param_gather`` it moves to the edge forwards instead).
 - between stages: the activation (F) or its gradient (B) as a send_recv on the sender's pp stream (`send`).
 """
 
@@ -45,7 +48,8 @@ from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
 from simdist.plan.schedule import WEIGHT_GRAD_SHARE
 from simdist.plan.step_config import ChunkCost, StepConfig, grad_bytes_per_element
 
-__all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "p2p_bytes", "send", "step_recipe", "tail"]
+__all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "edge_recipe", "is_edge", "p2p_bytes", "send",
+           "step_recipe", "tail"]
 
 PREV = -1
 """A dependency on the end of the stage's previous step (program order)."""
@@ -238,6 +242,73 @@ def num_buckets(cfg: StepConfig, cost: ChunkCost, params: float | None = None) -
     return 1
 
 
+def is_edge(kind: str, microbatch: int, num_microbatches: int) -> bool:
+    """Whether a step is its chunk's *edge* micro-batch, the one whose recipe differs from the others': a forward's
+    first (where overlapped parameter gathers come in), a backward's or W's last (where overlapped gradient buckets
+    go out). Recipes are keyed (stage, chunk, kind, edge)."""
+    return microbatch == (0 if kind == "F" else num_microbatches - 1)
+
+
+def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Recipe:
+    """`step_recipe` of a ``kind`` step that is (``edge``) or is not its chunk's edge micro-batch (`is_edge`)."""
+    return step_recipe(cfg, cost, kind, first=edge and kind == "F", last=edge and kind != "F")
+
+
+def _bucket_order(cfg: StepConfig, cost: ChunkCost, shards: list[tuple[str, float]]) -> list[tuple[str, int, float]]:
+    """(axis, bucket index, parameters) of the chunk's gradient buckets in the order the backward fills them: one
+    compute slice per bucket, the groups' buckets interleaved in proportion (Megatron-Core fills the dense and the
+    expert buffers as the backward runs through each layer's MLP and attention)."""
+    return [(axis, k, n) for _, axis, k, n in sorted(((k + 1) / m, axis, k, n / m) for axis, n in shards
+                                                      for m in (num_buckets(cfg, cost, n),) for k in range(m))]
+
+
+def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: _Builder, shards: list[tuple[str, float]],
+                      start: tuple[int, ...], gap: float, needs_input: bool) -> list[int]:
+    """The forward compute of a chunk's first micro-batch under ``overlap_param_gather``: one slice per parameter
+    bucket, each waiting for its bucket's all_gather on the dp stream (returns the slices' ids).
+
+    Megatron-Core (megatron/core/distributed/distributed_data_parallel.py, param_and_grad_buffer.py): with
+    --overlap-param-gather the distributed optimizer's step does not gather the updated parameters; each bucket
+    group's all_gather is launched asynchronously and a forward pre-hook on every module waits for the gather of
+    the buckets its parameters live in (``_make_forward_pre_hook`` -> ``finish_param_sync``), so the gathers hide
+    behind the first micro-batch's forward but for the first bucket's. The buckets are the gradient buckets
+    (`num_buckets`), gathered in reverse order of the backward's (``next_param_gather_bucket_group``): the first
+    layers' first. Without interleaving (align_param_gather is off: megatron/training/arguments.py) the first
+    bucket's gather is launched by the first module's pre-hook, i.e. when the chunk's forward starts, after its
+    input; each pre-hook that waited for bucket k launches bucket k+1's. With interleaving (vpp > 1,
+    align_param_gather on by default) the schedule launches every bucket of a chunk at once, chunks 0 and 1 at the
+    step's start, chunk c + 1 at chunk c's first micro-batch (megatron/core/pipeline_parallel/schedules.py,
+    ``param_sync_func``), and the pre-hooks only wait.
+    # Assumption: the host runs ahead of the GPU, so each pre-hook's launch of the next bucket reaches the dp stream
+    # before the previous gather ends: a chunk's gathers run back to back from the first one's launch (the code's
+    # one gather in flight gives the same timeline where the buckets are alike: bucket k+1's gather overlaps
+    # bucket k's forward either way). Under interleaving every chunk's gathers are issued at the step's start,
+    # queued on the dp stream in chunk order (chunk c + 1's launch at chunk c's first micro-batch is earlier than
+    # its gather could start behind chunk c's wherever the dp stream is busy until then).
+    # Assumption: simdist times one steady-state step, so the gather that belongs to the next step's first forward
+    # is modelled as this step's (the same thing in steady state), and the optimizer of this step is not waited
+    # for (it ran before the step started).
+    # Assumption: the forward's compute splits evenly over the buckets (the buckets hold equal parameters: the
+    # chunk's / their number, as the backward's slices), and the gathers are pipeline work (collectives the
+    # forward waits for, as ZeRO-3's): exposed, they are charged to dp, not to the bubble.
+    """
+    order = list(reversed(_bucket_order(cfg, cost, shards)))  # forward order: the backward's last bucket first
+    pbpe = param_bytes_per_element(cfg)
+    ahead = cfg.vpp > 1
+    gates = [b.add(Piece("dp", "comm", _label(axis, f"params bucket {j} all_gather"),
+                         comm=CommItem("all_gather", n * pbpe, axis), deps=() if ahead else start))
+             for axis, j, n in order]
+    slices: list[int] = []
+    m = len(gates)
+    for k in range(m):
+        deps = (*(start if k == 0 else (slices[-1],)), gates[k])
+        slices.append(b.add(Piece("compute", "forward", f"/{k}" if m > 1 else "",
+                                  cost.forward_s / m + (gap if k == 0 else 0.0), deps=deps,
+                                  needs_input=needs_input and k == 0, model_flops=cost.model_flops_forward / m,
+                                  hardware_flops=cost.model_flops_forward / m)))
+    return slices
+
+
 def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
     """The chunk's last backward (zb_h1: its last W), with overlapped reduction: its buckets go out as it runs."""
     final = last and (kind == "W" or cfg.schedule != "zb_h1")
@@ -284,9 +355,10 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     return tuple(hidden), tuple(kept)
 
 
-def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False) -> Recipe:
+def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False, first: bool = False) -> Recipe:
     """The pieces of one ``kind`` ("F", "B", "W") step of a chunk of cost ``cost``; ``last``: its last
-    micro-batch (where an overlapped gradient reduction goes out)."""
+    micro-batch (where an overlapped gradient reduction goes out); ``first``: its first (where overlapped parameter
+    gathers come in)."""
     groups = _groups(cfg)
     b = _Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
@@ -311,12 +383,19 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     split = cfg.schedule == "zb_h1"
     if kind == "F":
         hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups)
+        gathered = first and cfg.overlap_param_gather and cfg.zero_stage == 1 and bool(shards)
         entry = -1
-        if hidden_items:
-            entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=prev, needs_input=True))
-        c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=prev if entry < 0 else (entry,),
-                        needs_input=entry < 0, model_flops=cost.model_flops_forward,
-                        hardware_flops=cost.model_flops_forward))
+        if hidden_items or (gathered and cfg.vpp == 1):
+            # (without interleaving the first bucket's gather is launched once the forward starts, after its input)
+            entry = b.add(Piece("compute", "wait", "a2a overlap" if hidden_items else "params gather", 0.0,
+                                deps=prev, needs_input=True))
+        start = prev if entry < 0 else (entry,)
+        if gathered:
+            c = _gathered_forward(cfg, cost, b, shards, start, gap, entry < 0)[-1]
+        else:
+            c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=start,
+                            needs_input=entry < 0, model_flops=cost.model_flops_forward,
+                            hardware_flops=cost.model_flops_forward))
         hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
         chain = [c, *b.chain(items, (c,), "", groups)]
         if hidden:
@@ -370,11 +449,8 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     overlapping = overlaps_reduction(cfg, kind, last)
     reduce_op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
     gbpe = grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
-    # the buckets of each group in the order their gradients are ready: one compute slice per bucket, the groups'
-    # buckets interleaved in proportion (Megatron-Core fills the dense and the expert buffers as the backward runs
-    # through each layer's MLP and attention)
-    order = sorted(((k + 1) / m, axis, k, n / m) for axis, n in shards
-                   for m in (num_buckets(cfg, cost, n),) for k in range(m)) if overlapping else []
+    # the buckets of each group in the order their gradients are ready (`_bucket_order`)
+    order = _bucket_order(cfg, cost, shards) if overlapping else []
     buckets = max(1, len(order))
     last_compute = -1
     label = "wgrad" if overlapped else ""
@@ -387,7 +463,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
         chain.append(last_compute)
         if order:
             # Megatron-LM --overlap-grad-reduce: a bucket's reduction starts once its gradients are ready.
-            _, axis, j, n = order[k]
+            axis, j, n = order[k]
             b.add(Piece("dp", "comm", _label(axis, f"grads bucket {j} {reduce_op}"),
                         comm=CommItem(reduce_op, n * gbpe, axis), deps=(last_compute,), per_step=True))
     chain += overlapped
@@ -473,7 +549,8 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     shard = optimizer_params(cfg, params, experts)
     t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision, cfg.compute_efficiency)
     opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
-    if cfg.zero_stage in (1, 2):
+    if cfg.zero_stage in (1, 2) and not (cfg.overlap_param_gather and cfg.zero_stage == 1):
+        # (overlap_param_gather: gathered bucket by bucket in each chunk's first forward instead, `_gathered_forward`)
         for axis, n in data_parallel_groups(cfg, params, experts):
             b.add(Piece("dp", "comm", _label(axis, "params all_gather"),
                         comm=CommItem("all_gather", n * param_bytes_per_element(cfg), axis), deps=(opt,),

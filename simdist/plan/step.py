@@ -23,7 +23,18 @@ from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
 from simdist.plan.opgraph import Comm, Op, OpGraph
 from simdist.plan.pipeline import build_pipeline
-from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV, Piece, Recipe, StageTail, send, step_recipe, tail
+from simdist.plan.recipe import (
+    DP_DONE,
+    LAST_BACKWARDS,
+    PREV,
+    Piece,
+    Recipe,
+    StageTail,
+    edge_recipe,
+    is_edge,
+    send,
+    tail,
+)
 from simdist.plan.schedule import Step, schedule_order
 from simdist.plan.step_config import (
     ChunkCost,
@@ -98,8 +109,8 @@ class _Emitter:
 
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
-        last = step.microbatch == self.num_microbatches - 1
-        recipe = self.recipes[(stage, step.chunk, step.kind, last)]
+        edge = is_edge(step.kind, step.microbatch, self.num_microbatches)
+        recipe = self.recipes[(stage, step.chunk, step.kind, edge)]
         tag = step.label(self.cfg.vpp)
         ids: list[int] = []
         entry = -1
@@ -145,10 +156,10 @@ class _Emitter:
 
 
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:
-    """Every distinct step recipe: (stage, chunk, kind, last micro-batch) -> Recipe."""
+    """Every distinct step recipe: (stage, chunk, kind, edge micro-batch: simdist.plan.recipe.is_edge) -> Recipe."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
-    return {(s, c, kind, last): step_recipe(cfg, cost, kind, last=last)
-            for (s, c), cost in costs.items() for kind in kinds for last in (False, True)}
+    return {(s, c, kind, edge): edge_recipe(cfg, cost, kind, edge)
+            for (s, c), cost in costs.items() for kind in kinds for edge in (False, True)}
 
 
 def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:

@@ -353,6 +353,12 @@ class TrainingSpec(Spec):
         default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
                                   "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
                                   "max(40M, 1M x dp) parameters on pipeline rank 0's first chunk")
+    overlap_param_gather: bool = Field(
+        default=False, description="overlap the distributed optimizer's parameter all-gather with the next step's "
+                                   "forward: each gradient bucket's gather runs asynchronously and the first "
+                                   "micro-batch's forward waits for it before the layers that use it (Megatron-LM "
+                                   "--overlap-param-gather); needs parallel.zero_stage: 1 (use_distributed_optimizer) "
+                                   "and grad_reduce: overlapped")
     zero3_fetch: Literal["prefetch", "per_parameter"] = Field(
         default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
                                         "ahead of the compute, as PyTorch FSDP) or per_parameter (each tensor "
