@@ -186,3 +186,12 @@ def test_schema_documents_it():
     assert "--overlap-param-gather" in text and "zero_stage: 1" in text and "overlapped" in text
     r = run_cli(["schema", "scenario"], cwd=REPO)
     assert r.code == 0 and "overlap_param_gather" in r.out
+
+
+def test_megatron_lm_default_bucket_counts_data_and_context_parallel_ranks():
+    # Megatron-LM's training loop sizes the default bucket on the dp x cp group (megatron/training/training.py,
+    # resolve_ddp_bucket_size): 32 x 2 ranks give max(40M, 64M) = 64M parameters, not max(40M, 32M) = 40M.
+    cfg, _ = _made({**BASE, "dp": 32, "cp": 2, "num_layers": 12}, overlap=False)
+    cost = chunk_costs_of(cfg)[(0, 0)]
+    assert 128e6 < cost.num_params < 192e6
+    assert num_buckets(cfg, cost) == 3  # ceil(n / 64M); with 40M buckets it would be 4 or 5

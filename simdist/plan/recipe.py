@@ -204,12 +204,15 @@ MEGATRON_BUCKET_PARAMS = 40_000_000
 """Megatron-Core's default gradient bucket: max(40,000,000, 1,000,000 x dp) parameters
 (megatron/core/distributed/distributed_data_parallel.py, DistributedDataParallel.__init__, and the bucket_size
 field of distributed_data_parallel_config.py: "larger DP sizes need larger buckets to ensure collectives do not
-become latency-bound")."""
+become latency-bound"); Megatron-LM's training loop sets it before building the model's DDP wrappers with the
+data-and-context-parallel group's size, max(40M, 1M x dp x cp) (megatron/training/training.py,
+resolve_ddp_bucket_size(ddp_config, pg_collection.dp_cp, ...))."""
 MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
 
 def megatron_bucket_params(dp: int) -> int:
-    """Parameters per gradient bucket Megatron-Core uses when ``--ddp-bucket-size`` is not given."""
+    """Parameters per gradient bucket Megatron-LM uses when ``--ddp-bucket-size`` is not given, on a data-parallel
+    (x context-parallel) group of ``dp`` ranks."""
     return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp)
 
 
@@ -228,17 +231,17 @@ def num_buckets(cfg: StepConfig, cost: ChunkCost, params: float | None = None) -
     ``grad_bucket_size`` given: the chunk's gradient bytes / the bucket size, on every chunk (as PyTorch DDP's
     bucket_cap_mb). Unset: Megatron-Core's defaults. Without overlap one bucket per chunk (its contiguous gradient
     buffer, reduced at once: bucket_size is set to None unless overlap_grad_reduce). With ``grad_reduce:
-    overlapped`` buckets of `megatron_bucket_params` parameters on model part 0 only (pipeline rank 0's first
-    chunk), one bucket elsewhere: Megatron-Core turns bucketing off on pipeline ranks > 0, "since data-parallel
-    communication on these stages is not on the critical path" (distributed_data_parallel.py), and on model
-    chunks after the first (megatron/training/models/dist_utils.py: disable_bucketing = model_chunk_idx > 0).
+    overlapped`` buckets of `megatron_bucket_params` (of dp x cp) parameters on model part 0 only (pipeline rank
+    0's first chunk), one bucket elsewhere: Megatron-Core turns bucketing off on pipeline ranks > 0, "since
+    data-parallel communication on these stages is not on the critical path" (distributed_data_parallel.py), and on
+    model chunks after the first (megatron/training/models/dist_utils.py: disable_bucketing = model_chunk_idx > 0).
     """
     n = cost.num_params if params is None else params
     b = cfg.grad_bucket_bytes
     if b is not None:
         return max(1, math.ceil(n * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32) / b))
     if cfg.grad_reduce == "overlapped" and cost.first_part:
-        return max(1, math.ceil(n / megatron_bucket_params(cfg.mesh.dp)))
+        return max(1, math.ceil(n / megatron_bucket_params(cfg.mesh.dp * cfg.mesh.cp)))
     return 1
 
 

@@ -352,7 +352,7 @@ class TrainingSpec(Spec):
     grad_bucket_size: BucketSize | None = Field(
         default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
                                   "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
-                                  "max(40M, 1M x dp) parameters on pipeline rank 0's first chunk")
+                                  "max(40M, 1M x dp x cp) parameters on pipeline rank 0's first chunk")
     overlap_param_gather: bool = Field(
         default=False, description="overlap the distributed optimizer's parameter all-gather with the next step's "
                                    "forward: each gradient bucket's gather runs asynchronously and the first "
