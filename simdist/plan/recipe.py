@@ -286,11 +286,12 @@ def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: _Builder, shards: lis
     # before the previous gather ends: a chunk's gathers run back to back from the first one's launch (the code's
     # one gather in flight gives the same timeline where the buckets are alike: bucket k+1's gather overlaps
     # bucket k's forward either way). Under interleaving every chunk's gathers are issued at the step's start,
-    # queued on the dp stream in chunk order (chunk c + 1's launch at chunk c's first micro-batch is earlier than
-    # its gather could start behind chunk c's wherever the dp stream is busy until then).
+    # queued on the dp stream in chunk order (Megatron launches chunk c + 1's at chunk c's first micro-batch: the
+    # same timeline wherever the dp stream is still busy with the earlier chunks' gathers then, an earlier start
+    # here otherwise).
     # Assumption: simdist times one steady-state step, so the gather that belongs to the next step's first forward
-    # is modelled as this step's (the same thing in steady state), and the optimizer of this step is not waited
-    # for (it ran before the step started).
+    # is modelled as this step's (the same thing in steady state): the gathers wait for no optimizer (the previous
+    # step's ran before this one started).
     # Assumption: the forward's compute splits evenly over the buckets (the buckets hold equal parameters: the
     # chunk's / their number, as the backward's slices), and the gathers are pipeline work (collectives the
     # forward waits for, as ZeRO-3's): exposed, they are charged to dp, not to the bubble.
