@@ -202,6 +202,15 @@ def test_intervals_map_to_their_ends_and_zero_width_keeps_the_stated_range():
     assert widened is not None and (widened.low, widened.high) == (0.5, 0.7)
 
 
+def test_a_confidence_level_outside_0_1_is_one_clear_error(tmp_path, cli):
+    cal = _compute_calibration(tmp_path / "cal.yaml", (0.5, 0.7))
+    cal.write_text(cal.read_text() + "  confidence: 1.5\n")
+    path = tmp_path / "one.yaml"
+    path.write_text(ONE_GPU)
+    code, _, err = cli("run", str(path), "--calibration", str(cal))
+    assert code == 2 and "fit.confidence" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_the_reference_gloo_calibration_samples_its_collective_intervals(tmp_path):
     # The CPU gloo sweep and MLP steps of validation/reference: all_reduce fitted on 8 sizes (intervals of the
     # latency and bandwidth factor); the compute from 1 MLP shape (not bootstrapped: zero-width intervals).

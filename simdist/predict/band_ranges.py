@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from statistics import NormalDist
 
+from simdist.errors import SpecError
 from simdist.spec.calibration import CalibrationSpec
 
 __all__ = ["COMPUTE_CONSTANTS", "CalibratedRanges", "CollectiveRanges", "Interval", "calibrated_ranges"]
@@ -38,6 +40,12 @@ COMPUTE_CONSTANTS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency
 """The roofline constants a calibration may fit (simdist.hardware.compute.ComputeEfficiency fields), in the order
 the band draws their samples."""
 _RATES = frozenset({"gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "bandwidth_factor"})
+
+
+@cache
+def _end_quantile(confidence: float) -> float:
+    """Phi^-1((1 + confidence) / 2): where a two-sided ``confidence`` interval's ends sit on a standard normal."""
+    return NormalDist().inv_cdf(0.5 * (1.0 + confidence))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +62,7 @@ class Interval:
     @property
     def z(self) -> float:
         """The standard normal quantile the interval's ends sit at: 1.96 at 95 %."""
-        return NormalDist().inv_cdf(0.5 * (1.0 + self.confidence))
+        return _end_quantile(self.confidence)
 
     def at(self, z: float) -> float:
         """The constant at standard normal ``z`` of its split normal (module doc): the value at 0, low at -`z`,
@@ -139,6 +147,9 @@ def calibrated_ranges(spec: CalibrationSpec, source: str = "calibration") -> Cal
     """The band's ranges of a calibration file (its ``fit`` section's intervals; none in a hand-written file)."""
     fit = spec.fit
     level = float(fit.confidence)
+    if not 0.0 < level < 1.0:
+        raise SpecError(f"calibration {source}: fit.confidence {level:g} is not a confidence level",
+                        field="fit.confidence", fix="give the intervals' level in (0, 1), e.g. 0.95")
     compute: dict[str, Interval] = {}
     missing: list[str] = []
     cal = spec.compute
