@@ -21,8 +21,10 @@ from simdist.plan.model_presets import resolve_model
 from simdist.predict.bands import _scaled_efficiency
 from tests.test_analytic_step import _config, _spec, layouts
 
-# Compute factors and size-dependent collective factors, as the band draws them (simdist.predict.bands).
-FACTORS = [(0.8, lambda n: 1.3), (1.25, lambda n: 0.7 if n < 1e6 else 1.1), (1.0, lambda n: 1.0)]
+# Compute factors and collective times (op, ranks, bytes, time -> time), as the band draws them (simdist.predict.bands):
+# size-dependent factors, and an op-dependent latency and bandwidth (a calibrated collective's).
+FACTORS = [(0.8, lambda op, n, b, t: t * 1.3), (1.25, lambda op, n, b, t: t * (0.7 if b < 1e6 else 1.1)),
+           (1.0, lambda op, n, b, t: t), (0.9, lambda op, n, b, t: 2e-6 * n + t / 1.2 if op == "all_reduce" else t)]
 
 
 def _check(cfg, topology) -> bool:
@@ -30,7 +32,7 @@ def _check(cfg, topology) -> bool:
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     variants = [(_scaled_efficiency(eff, a), f) for a, f in FACTORS]
     base, steps = perturbed_step_s(cfg, pricer, variants)
-    alone = [analytic_observables(dataclasses.replace(cfg, compute_efficiency=e), CommPricer(topology).scaled(f))[0]
+    alone = [analytic_observables(dataclasses.replace(cfg, compute_efficiency=e), CommPricer(topology).perturbed(f))[0]
              ["step_s"] for e, f in variants]
     assert base == pytest.approx(analytic_observables(cfg, CommPricer(topology))[0]["step_s"], rel=1e-9)
     assert steps.tolist() == pytest.approx(alone, rel=1e-9)

@@ -67,6 +67,20 @@ def report(results: list[Banded], how: str) -> str:
         "The ranges and their reasons are in `simdist/predict/data/uncertainty.yaml`; they come from the sources "
         "named there (GEMM measurements, the layer-time fit, docs/accuracy-collectives.md), not from these rows.",
         "",
+        "These rows are uncalibrated. Where a run applies a calibration (`simdist run --calibration FILE`, or a "
+        "scenario's `calibration:`), each constant the calibration fitted with a confidence interval is sampled from "
+        "that interval instead of the stated range around it (simdist/predict/band_ranges.py): the roofline's "
+        "gemm_peak_efficiency, gemm_knee_dim, memory_efficiency and launch overhead, and per calibrated collective "
+        "its latency and bandwidth factor for sizes up to the largest it was fitted on. The interval (95 % unless the "
+        "file's `fit.confidence` says otherwise) is read as a split normal: the fitted value its median, the "
+        "interval's ends at -/+1.96 sigma (each half its own sigma: bootstrap intervals are lopsided), on the log "
+        "scale for rates and linearly (clamped at 0) for latencies, each constant its own Latin-hypercube column. "
+        "Not uniform inside the interval: that would leave nothing outside the 95 % and weigh its ends as much as the "
+        "fitted value. The rest keeps its stated range: compute constants not fitted or fitted with an interval of "
+        "zero width (a fit of fewer than 3 points is not bootstrapped), collectives without an interval and sizes "
+        "above an op's measured range. The run JSON's `step_time_band_sources` lists per source what was sampled "
+        "and from which file.",
+        "",
         "## Summary",
         "",
         "| rows | measured inside p10-p90 | below p10 (faster than the band) | above p90 (slower) | "

@@ -61,13 +61,21 @@ class CommPricer:
     def scaled(self, factor_of_bytes: Callable[[float], float]) -> CommPricer:
         """A pricer of the same cluster whose every collective takes ``factor_of_bytes(nbytes)`` x as long (a
         perturbed link efficiency, simdist.predict.bands), its cache the prices already made, scaled."""
+        return self.perturbed(lambda op, n, nbytes, t: t * factor_of_bytes(nbytes))
+
+    def perturbed(self, time_of: Adjust) -> CommPricer:
+        """A pricer of the same cluster whose every collective takes ``time_of(op, num_ranks, nbytes, t)`` seconds
+        where this one takes t (a perturbed cost: simdist.predict.bands samples calibrated constants so), its cache
+        the prices already made, perturbed."""
         base = self.adjust
 
         def adjust(op: str, n: int, nbytes: float, t: float) -> float:
-            return (base(op, n, nbytes, t) if base is not None else t) * factor_of_bytes(nbytes)
+            return time_of(op, n, nbytes, base(op, n, nbytes, t) if base is not None else t)
 
         out = CommPricer(self.topology, adjust)
-        out._cache = {key: t * factor_of_bytes(key[-2]) for key, t in self._cache.items()}
+        # a key is (op, ranks, nbytes, imbalance) or (op, position, size, stride, nbytes, imbalance): see `key`
+        out._cache = {key: time_of(key[0], len(key[1]) if len(key) == 4 else key[2], key[-2], t)
+                      for key, t in self._cache.items()}
         out._groups = self._groups
         return out
 

@@ -18,11 +18,10 @@ times each copy alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 
-from simdist.analytic.pricing import NUM_CORE, CommPricer
+from simdist.analytic.pricing import NUM_CORE, Adjust, CommPricer
 from simdist.analytic.program import KIND_INDEX, program
 from simdist.analytic.step import (
     _DP,
@@ -197,14 +196,16 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
 
 
 def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
-                     variants: list[tuple[ComputeEfficiency, Callable[[float], float]]],
+                     variants: list[tuple[ComputeEfficiency, Adjust]],
                      plan: tuple[int, int, int, int] | bool | None = False) -> tuple[float, np.ndarray]:
     """(the closed-form step time of ``cfg``, that of each variant): ``cfg`` with the compute efficiency given and
-    every collective ``factor(nbytes)`` x as long (CommPricer.scaled). One pass where the copies share their
+    every collective taking ``time_of(op, num_ranks, nbytes, t)`` where ``pricer`` takes t (CommPricer.perturbed;
+    a time factor by size: ``lambda op, n, nbytes, t: t * factor(nbytes)``). One pass where the copies share their
     shape (see the module docstring), else each copy's closed form alone (simdist.analytic.step) on ``plan``'s
     fast-forward samples (a (cycle, M1, M2, M3) tuple; None: none; False: the engine's plan of ``cfg``)."""
     nominal = _stages(cfg, pricer)  # first: the scaled pricers start from the prices it makes
-    copies = [(dataclasses.replace(cfg, compute_efficiency=eff), pricer.scaled(factor)) for eff, factor in variants]
+    copies = [(dataclasses.replace(cfg, compute_efficiency=eff), pricer.perturbed(time_of))
+              for eff, time_of in variants]
     steps = _batch_step_s(cfg, nominal, copies)
     if steps is None:
         if plan is False:

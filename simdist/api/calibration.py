@@ -82,7 +82,10 @@ def _calibration_hooks(cal: Any, topology: Topology) -> dict[str, Any]:
     """predict_step's keyword arguments that apply a calibration."""
     if cal is None:
         return {}
-    return {"compute_efficiency": cal.compute_efficiency(topology.gpu), "adjust": cal.adjust()}
+    from simdist.predict.band_ranges import calibrated_ranges
+
+    return {"compute_efficiency": cal.compute_efficiency(topology.gpu), "adjust": cal.adjust(),
+            "band_ranges": calibrated_ranges(cal.spec, cal.source)}
 
 
 def read_measurement_files(paths: list[str | Path]) -> tuple[list[Any], list[Any]]:

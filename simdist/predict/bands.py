@@ -1,4 +1,4 @@
-"""Prediction bands: how sure a step time is, from the model's own stated uncertainty.
+"""Prediction bands: how sure a step time is, from the model's own stated uncertainty and a calibration's intervals.
 
 The step's assumed efficiencies carry stated ranges (simdist/predict/data/uncertainty.yaml, each with its reason):
 a time factor on every compute kernel (by GPU) and one on every collective (by message size). Each is a split
@@ -7,15 +7,27 @@ every run) is propagated through the closed form (simdist.analytic.step.analytic
 same step model as the engine; the band is the prediction times the p10, p50 and p90 of the sampled step over
 the nominal closed-form step. The closed form leaves contention out, so the band is that of the step's compute
 and communication costs, not of how collectives share links.
+
+Where a calibration is applied (`simdist run --calibration`, a scenario's ``calibration:``), each constant it
+fitted with a confidence interval is sampled from that interval instead (simdist.predict.band_ranges: a split
+normal with the interval's ends at -/+1.96 sigma at 95 %), each in its own Latin-hypercube column: the roofline's
+gemm_peak_efficiency, gemm_knee_dim, memory_efficiency and launch overhead, and per calibrated collective its
+latency and bandwidth factor (sizes up to the largest calibrated). The rest keeps its stated range: compute
+constants the calibration did not fit (or fitted without an interval) take the compute time factor, collectives
+without a calibrated interval and sizes above an op's calibrated range the collective time factor of their size.
 # Assumption: the compute factor is one for the whole step (a GPU type's kernels are all off by the same share
 # of peak) and so is the communication factor within a size band (a fabric's collectives err together); compute
 # and communication errors are independent.
+# Assumption: a calibration's constants are independent of one another and of the stated factors (the bootstrap
+# reports each constant's interval alone, not their joint distribution).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -27,10 +39,16 @@ from simdist.analytic.step import CommPricer
 from simdist.analytic.step_batch import perturbed_step_s
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.plan.step_config import StepConfig
+from simdist.predict.band_ranges import COMPUTE_CONSTANTS, CalibratedRanges
+
+__all__ = ["DATA", "Band", "band_of", "compute_range", "step_band", "uncertainty"]
 
 DATA = Path(__file__).parent / "data" / "uncertainty.yaml"
+DATA_NAME = "simdist/predict/data/uncertainty.yaml"
 Z90 = 1.2815515655446004
 """The standard normal's 90th percentile: a log-normal factor with p90 = x has sigma = ln x / Z90."""
+_STATED_COMPUTE = ("gemm_peak_efficiency", "memory_efficiency", "launch_overhead_s")
+"""The constants the stated compute time factor moves (the knee is not: the factor is a share of peak)."""
 
 
 @lru_cache(maxsize=1)
@@ -52,11 +70,13 @@ def _normal_quantiles(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.permutation(np.array([NormalDist().inv_cdf(float(x)) for x in u]))
 
 
-def _samples() -> tuple[np.ndarray, np.ndarray]:
+def _samples(columns: int = 2) -> list[np.ndarray]:
+    """``columns`` Latin-hypercube columns of standard normal values: the stated compute and collective factors
+    first (the same draws with or without a calibration), then one per calibrated constant (`_columns`)."""
     data = uncertainty()
     rng = np.random.default_rng(int(data["seed"]))
     n = int(data["samples"])
-    return _normal_quantiles(n, rng), _normal_quantiles(n, rng)
+    return [_normal_quantiles(n, rng) for _ in range(max(columns, 2))]
 
 
 def _scaled_efficiency(eff: ComputeEfficiency, factor: float) -> ComputeEfficiency:
@@ -71,7 +91,8 @@ def compute_range(gpu_name: str) -> dict[str, Any]:
     return table.get(gpu_name, table["default"])
 
 
-def _comm_factor(z: float):
+def _size_factor(z: float) -> Callable[[float], float]:
+    """The stated collective time factor of a message size at standard normal ``z``."""
     bands = uncertainty()["communication"]
 
     def factor(nbytes: float) -> float:
@@ -83,9 +104,73 @@ def _comm_factor(z: float):
     return factor
 
 
-def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
-              plan: tuple[int, int, int, int] | bool | None = False) -> tuple[dict[str, float], str]:
-    """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained).
+def _columns(ranges: CalibratedRanges | None, calibrated_compute: bool) -> list[tuple[str, str]]:
+    """The calibrated constants sampled, in column order after the two stated ones: (op or "compute", name)."""
+    if ranges is None:
+        return []
+    out = [("compute", name) for name in COMPUTE_CONSTANTS if calibrated_compute and name in ranges.compute]
+    for op, c in ranges.collectives.items():
+        out += [(op, name) for name, i in (("latency", c.latency), ("bandwidth_factor", c.bandwidth_factor))
+                if i is not None]
+    return out
+
+
+def _compute_variant(eff: ComputeEfficiency, factor: float, ranges: CalibratedRanges | None,
+                     z: dict[tuple[str, str], float]) -> ComputeEfficiency:
+    """``eff`` with each calibrated constant at its sampled value and the others moved by the stated ``factor``."""
+    if ranges is None or not any(key[0] == "compute" for key in z):
+        return _scaled_efficiency(eff, factor)
+    stated = {"gemm_peak_efficiency": eff.gemm_peak_efficiency / factor,
+              "memory_efficiency": eff.memory_efficiency / factor,
+              "launch_overhead_s": eff.launch_overhead_s * factor, "gemm_knee_dim": eff.gemm_knee_dim}
+    values = {}
+    for name in COMPUTE_CONSTANTS:
+        interval = ranges.compute.get(name)
+        own = getattr(eff, name)
+        if interval is None or ("compute", name) not in z:
+            values[name] = stated[name]
+        elif interval.value > 0:  # relative to the calibrated constant (the same number where they agree)
+            values[name] = own * interval.at(z["compute", name]) / interval.value
+        else:
+            values[name] = own + interval.at(z["compute", name])
+    return dataclasses.replace(eff, **values)
+
+
+def _comm_variant(z_stated: float, ranges: CalibratedRanges | None, z: dict[tuple[str, str], float],
+                  used: set[str]) -> Callable[[str, int, float, float], float]:
+    """(op, ranks, bytes, t) -> the sampled time: calibrated ops' constants at their draws (simdist.predict.band_ranges
+    CollectiveRanges.time_s), every other collective x the stated factor of its size; ``used``: the calibrated ops
+    the step priced."""
+    size_factor = _size_factor(z_stated)
+    calibrated = ranges.collectives if ranges is not None else {}
+
+    def time_of(op: str, num_ranks: int, nbytes: float, t: float) -> float:
+        c = calibrated.get(op)
+        if c is None:
+            return t * size_factor(nbytes)
+        if nbytes <= c.max_bytes * (1 + 1e-9):
+            used.add(op)
+        return c.time_s(t, num_ranks, nbytes, z.get((op, "latency"), 0.0), z.get((op, "bandwidth_factor"), 0.0),
+                        size_factor(nbytes))
+
+    return time_of
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A step's prediction band: ``band`` (p10, p50, p90 seconds: the JSON's ``step_time_band_s``), ``how`` it was
+    obtained (one paragraph: ``step_time_band_how``) and per source of uncertainty what was sampled and from where
+    (``sources``: ``step_time_band_sources``)."""
+
+    band: dict[str, float]
+    how: str
+    sources: list[dict[str, Any]]
+
+
+def band_of(cfg: StepConfig, pricer: CommPricer, step_s: float,
+            plan: tuple[int, int, int, int] | bool | None = False, ranges: CalibratedRanges | None = None) -> Band:
+    """The band of the step around the prediction ``step_s`` (module doc); ``ranges``: the applied calibration's
+    intervals (simdist.predict.band_ranges.calibrated_ranges), None: the stated ranges only.
 
     The nominal step and the sampled ones are timed together in one pass (simdist.analytic.step_batch), each
     fast-forwarded along its own cycle. Where they cannot share a pass, each is timed alone on ``plan``'s samples:
@@ -94,17 +179,94 @@ def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
     """
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     crange = compute_range(cfg.gpu.name)
-    zc, zn = _samples()
-    variants = [(_scaled_efficiency(eff, _factor(a, crange["p10"], crange["p90"])), _comm_factor(b))
-                for a, b in zip(zc.tolist(), zn.tolist(), strict=True)]
+    columns = _columns(ranges, cfg.compute_efficiency is not None)
+    zc, zn, *drawn = _samples(2 + len(columns))
+    used: set[str] = set()
+    variants = []
+    for i, (a, b) in enumerate(zip(zc.tolist(), zn.tolist(), strict=True)):
+        z = {key: float(col[i]) for key, col in zip(columns, drawn, strict=True)}
+        variants.append((_compute_variant(eff, _factor(a, crange["p10"], crange["p90"]), ranges, z),
+                         _comm_variant(b, ranges, z, used)))
     base, steps = perturbed_step_s(cfg, pricer, variants, plan=plan)
     if not base > 0:
-        return {"p10": step_s, "p50": step_s, "p90": step_s}, "no step time to perturb"
+        flat = {"p10": step_s, "p50": step_s, "p90": step_s}
+        return Band(flat, "no step time to perturb", [])
     ratios = (steps / base).tolist()
     p10, p50, p90 = np.quantile(np.asarray(ratios), [0.1, 0.5, 0.9]).tolist()
-    calibrated = " (around the calibrated constants)" if cfg.compute_efficiency is not None or pricer.adjust else ""
-    how = (f"closed form sampled {len(ratios)} times (Latin hypercube, seed {uncertainty()['seed']}) over the stated "
-           f"ranges of simdist/predict/data/uncertainty.yaml{calibrated}: compute time x {crange['p10']}-"
-           f"{crange['p90']} (p10-p90, {cfg.gpu.name if cfg.gpu.name in uncertainty()['compute'] else 'default'}),"
-           " collective time by message size; band = prediction x sampled / nominal closed-form step")
-    return {"p10": step_s * p10, "p50": step_s * p50, "p90": step_s * p90}, how
+    band = {"p10": step_s * p10, "p50": step_s * p50, "p90": step_s * p90}
+    how, sources = _describe(cfg, pricer, ranges, columns, used, len(ratios))
+    return Band(band, how, sources)
+
+
+def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
+              plan: tuple[int, int, int, int] | bool | None = False, ranges: CalibratedRanges | None = None
+              ) -> tuple[dict[str, float], str]:
+    """(``step_time_band_s``: p10, p50, p90 of the step around the prediction ``step_s``, how it was obtained): see
+    `band_of`."""
+    b = band_of(cfg, pricer, step_s, plan, ranges)
+    return b.band, b.how
+
+
+# --------------------------------------------------------------------------- how the band was obtained
+def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None, columns: list[tuple[str, str]],
+              used: set[str], n: int) -> tuple[str, list[dict[str, Any]]]:
+    """(``step_time_band_how``, ``step_time_band_sources``) of a band sampled over ``columns`` (`_columns`); a
+    calibrated op counts where the step priced it (``used``)."""
+    data = uncertainty()
+    crange = compute_range(cfg.gpu.name)
+    gpu_key = cfg.gpu.name if cfg.gpu.name in data["compute"] else "default"
+    sampled = [(op, name) for op, name in columns if op == "compute" or op in used]
+    stated_compute = [name for name in _STATED_COMPUTE if ("compute", name) not in sampled]
+    sources: list[dict[str, Any]] = []
+    intervals = []
+    for op, name in sampled:
+        assert ranges is not None  # columns come from the ranges
+        interval = ranges.compute[name] if op == "compute" else getattr(ranges.collectives[op], name)
+        intervals.append((op, name, interval))
+        entry: dict[str, Any] = {"part": "compute" if op == "compute" else "collective",
+                                 "constant": "latency_s" if name == "latency" else name,
+                                 "method": "calibration_ci", "source": ranges.source,
+                                 "interval": interval.as_dict(), "scale": "log" if interval.log else "linear"}
+        if op != "compute":
+            entry.update(op=op, max_bytes=_finite(ranges.collectives[op].max_bytes))
+        sources.append(entry)
+    without = list(ranges.without_interval) if ranges is not None else []
+    if stated_compute:
+        entry = {"part": "compute", "constant": "kernel time factor", "applies_to": stated_compute,
+                 "method": "stated_range", "source": f"{DATA_NAME} (compute.{gpu_key})",
+                 "p10": crange["p10"], "p90": crange["p90"]}
+        if without:  # why a fitted constant is here: the calibration gave it no interval of any width
+            entry["calibrated_without_interval"] = without
+        sources.append(entry)
+    comm_sampled = any(op != "compute" for op, _ in sampled)
+    sources.append({"part": "collective", "constant": "collective time factor", "method": "stated_range",
+                    "source": f"{DATA_NAME} (communication)",
+                    "applies_to": "collectives without a calibrated interval, and sizes above an op's calibrated "
+                                  "range" if comm_sampled else "every collective",
+                    "by_max_bytes": [{"max_bytes": _finite(float(b["max_bytes"])), "p10": b["p10"], "p90": b["p90"]}
+                                     for b in data["communication"]]})
+    head = f"closed form sampled {n} times (Latin hypercube, seed {data['seed']})"
+    tail = "; band = prediction x sampled / nominal closed-form step"
+    compute_text = f"compute time x {crange['p10']}-{crange['p90']} (p10-p90, {gpu_key})"
+    if ranges is None or not sampled:
+        calibrated = " (around the calibrated constants)" if cfg.compute_efficiency is not None or pricer.adjust \
+            else ""
+        missing = f"; no calibration interval (zero width or absent) for {', '.join(without)}" if without else ""
+        return (f"{head} over the stated ranges of {DATA_NAME}{calibrated}: {compute_text}, collective time by "
+                f"message size{missing}{tail}"), sources
+    missing = f" (no calibration interval, zero width or absent, for {', '.join(without)})" if without else ""
+    fitted = ", ".join(f"{name if op == 'compute' else f'{op} {name}'} [{i.low:.4g}, {i.high:.4g}]"
+                       for op, name, i in intervals)
+    rest = [f"{compute_text} on {', '.join(stated_compute)}"] if stated_compute else []
+    rest.append("collective time by message size for "
+                + ("the other collectives and sizes above an op's calibrated range" if comm_sampled else
+                   "every collective"))
+    return (f"{head}, each source its own column: the {ranges.confidence:.0%} confidence intervals of calibration "
+            f"{ranges.source} for {fitted} (split normal: the fitted value its median, the interval's ends at "
+            f"-/+{intervals[0][2].z:.2f} sigma; rates on the log scale), the stated ranges of {DATA_NAME} for the "
+            f"rest: {'; '.join(rest)}{missing}{tail}"), sources
+
+
+def _finite(nbytes: float) -> float | None:
+    """A size bound for JSON: None for no bound (JSON has no infinity)."""
+    return nbytes if math.isfinite(nbytes) else None

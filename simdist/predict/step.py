@@ -36,7 +36,8 @@ from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
-from simdist.predict.bands import step_band
+from simdist.predict.band_ranges import CalibratedRanges
+from simdist.predict.bands import band_of
 from simdist.predict.faults import degraded_links, faults_report, scaled_capacities
 from simdist.predict.goodput import goodput
 from simdist.predict.price import Adjust, PricedComm, capacity_of, class_symmetric, price_graph, price_runs
@@ -295,8 +296,10 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
 
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
                  compute_efficiency: ComputeEfficiency | None = None, adjust: Adjust | None = None,
-                 simulate: str = "auto", fidelity: str = "engine", timeline: bool = False) -> StepPrediction:
-    """Predict one step; ``compute_efficiency`` and ``adjust`` apply a calibration (simdist calibrate).
+                 band_ranges: CalibratedRanges | None = None, simulate: str = "auto", fidelity: str = "engine",
+                 timeline: bool = False) -> StepPrediction:
+    """Predict one step; ``compute_efficiency`` and ``adjust`` apply a calibration (simdist calibrate), whose
+    confidence intervals (``band_ranges``: simdist.predict.band_ranges) the prediction band samples.
 
     ``fidelity``: ``engine`` (the SimPy engine: collectives share links) or ``closed_form`` (simdist.analytic.step:
     the same step without contention), reported in the same JSON. ``simulate`` (engine): ``representatives``
@@ -409,9 +412,11 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
-    result["step_time_band_s"], result["step_time_band_how"] = step_band(
-        cfg, CommPricer(topology, adjust), metrics["step_time_s"],
-        engine.fast_forward if engine is not None and engine.fast_forward is not None else False)
+    band = band_of(cfg, CommPricer(topology, adjust), metrics["step_time_s"],
+                   engine.fast_forward if engine is not None and engine.fast_forward is not None else False,
+                   band_ranges)
+    result["step_time_band_s"], result["step_time_band_how"] = band.band, band.how
+    result["step_time_band_sources"] = band.sources
     inter = topology.spec.inter_node
     result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
                                 num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,

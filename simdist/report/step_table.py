@@ -20,6 +20,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from simdist.report.band_line import band_line
 from simdist.units import GiB, format_bandwidth, format_bytes, format_time
 
 __all__ = [
@@ -256,6 +257,9 @@ def render_text(result: Mapping[str, Any]) -> str:
             console.print(line, markup=False)
     for table in step_tables(result):
         console.print(table)
+    band = band_line(result.get("step_time_band_sources"))
+    if band:
+        console.print(band, markup=False, soft_wrap=True)  # one line, however long
     note = (result.get("layout") or {}).get("note")
     if note:
         console.print(note, markup=False)
