@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
-from simdist.engine.contention import contention_free
+from simdist.engine.contention import REL, alone_durations, first_divergence
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.links import unique_inverse
 from simdist.engine.uncontended import uncontended
@@ -174,11 +175,31 @@ def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[
     return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
 
 
-def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None,
-                  checked: bool = False) -> GraphTrace:
+def _alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None
+                   ) -> tuple[GraphTrace, GraphTrace, float]:
+    """The op graph's uncontended trace (every op its priced duration), its timeline with the engine's times of
+    each op alone (simdist.engine.contention.alone_durations: the same trace where they are the priced ones), and
+    the time up to which that is the engine's timeline (simdist.engine.contention.first_divergence: inf where no
+    two transfers meet on a shared link)."""
     one, many = _capacities(topology, degraded)
     with _collector_paused():
-        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=checked)
+        alone = uncontended(plan.graph)
+        durations = alone_durations(plan.graph, one, many)
+        if any(abs(d - op.duration_s) > REL * max(abs(op.duration_s), 1e-300)
+               for d, op in zip(durations, plan.graph.ops, strict=True)):
+            timeline = uncontended(plan.graph, checked=True, durations=durations)
+        else:
+            timeline, durations = alone, None
+        return alone, timeline, first_divergence(plan.graph, timeline, one, many, durations)
+
+
+def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None, timeline: GraphTrace,
+                  cut: float) -> GraphTrace:
+    """The engine's trace, simulated from ``cut`` on (`_alone_and_cut`: before it the engine's timeline is
+    ``timeline``, so only what follows costs SimPy events; none where no transfers meet)."""
+    one, many = _capacities(topology, degraded)
+    with _collector_paused():
+        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=(timeline, cut))
 
 
 @dataclass(slots=True)
@@ -201,15 +222,14 @@ def _first_replica(plan: StepPlan) -> list[int]:
 
 
 def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
-            alone: GraphTrace | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float]]:
+            alone: tuple[GraphTrace, GraphTrace, float] | None
+            ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float]]:
     """(plan, prices, engine trace, observables with ``uncontended_s``) of one fast-forward sample; ``alone``: its
-    uncontended trace if already found."""
-    trace = _engine_trace(plan, topology, degraded, checked=alone is not None)
-    if alone is None:
-        with _collector_paused():
-            alone = uncontended(plan.graph, checked=True)
+    uncontended trace and first divergence (`_alone_and_cut`) if already found."""
+    alone_trace, timeline, cut = alone if alone is not None else _alone_and_cut(plan, topology, degraded)
+    trace = _engine_trace(plan, topology, degraded, timeline, cut)
     obs = observables(plan.graph, trace, _first_replica(plan))
-    obs["uncontended_s"] = alone.makespan_s
+    obs["uncontended_s"] = alone_trace.makespan_s
     return plan, priced, trace, obs
 
 
@@ -233,11 +253,8 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
         if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
             priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
                                               for m in counts[1:])]
-            with _collector_paused():
-                alones = [uncontended(p.graph) for p, _ in priced_plans]
-                free = all(contention_free(p.graph, a, *_capacities(topology, degraded))
-                           for (p, _), a in zip(priced_plans, alones, strict=True))
-            if free:
+            alones = [_alone_and_cut(p, topology, degraded) for p, _ in priced_plans]
+            if all(cut == math.inf and timeline is a for a, timeline, cut in alones):
                 if rather(plan, priced):
                     return None
                 # No collective of any of the three samples ever meets another on a shared link (and each runs
@@ -252,7 +269,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
                        + " by the closed form: no contention (the engine's timelines of "
                        f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
                        "collectives on a shared link at once)")
-                return _Engine(plan, priced, alones[0], obs, obs["step_s"], how, counts[0], found)
+                return _Engine(plan, priced, alones[0][0], obs, obs["step_s"], how, counts[0], found)
             # the answer carries the last sample's plan and prices
             if rather(*priced_plans[-1]):
                 return None
@@ -286,9 +303,8 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
     plan, priced = _priced_plan(cfg, topology, adjust, full, None)
     if rather(plan, priced):
         return None
-    trace = _engine_trace(plan, topology, degraded)
-    with _collector_paused():
-        alone = uncontended(plan.graph, checked=True)
+    alone, timeline, cut = _alone_and_cut(plan, topology, degraded)
+    trace = _engine_trace(plan, topology, degraded, timeline, cut)
     return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
                    "all", M, found)
 
