@@ -365,13 +365,14 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             full_ops = len(plan.graph.ops) * topology.num_gpus / max(1, len(plan.graph.ranks()))
             return not (class_symmetric(priced) and not degraded and not failed) and full_ops <= FULL_AUTO_MAX_OPS
 
-        found = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded,
-                        every_rank if simulate == "auto" else lambda plan, priced: False)
-        if found is None:
-            found = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
-            exact = True
-        else:
-            exact = class_symmetric(found.priced) and not degraded and not failed
+        # one pause of the collector over every sample (their graphs, traces and prices are 10^5 objects: each
+        # resumption would have it scan them all again); results are unchanged
+        with _collector_paused():
+            found = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded,
+                            every_rank if simulate == "auto" else lambda plan, priced: False)
+            exact = found is None or (class_symmetric(found.priced) and not degraded and not failed)
+            if found is None:
+                found = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
         engine = found
         assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
