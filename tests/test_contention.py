@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdist import api
-from simdist.engine.contention import contention_free, first_divergence
+from simdist.engine.contention import alone_durations, contention_free, first_divergence
 from simdist.engine.graph import run_graph
 from simdist.engine.uncontended import uncontended
 from simdist.plan.opgraph import Job, Op, OpGraph
@@ -170,3 +170,30 @@ def test_a_pipeline_without_contention_is_answered_by_the_closed_form_and_matche
     assert engine["step_time_s"] == pytest.approx(closed["step_time_s"], rel=1e-12)
     for key in ("pipeline_phase_s", "bubble_fraction", "mfu"):
         assert engine[key] == pytest.approx(closed[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("scenario, contended", [
+    ("scenarios/llama3-405b-16k.yaml", True),  # DP 128: the gradient reduce-scatters meet the pipeline sends
+    ("scenarios/korthikanti2022-22b.yaml", False),  # one rank: nothing meets
+])
+def test_a_step_simulated_from_its_first_divergence_is_the_engine_run_from_zero(scenario, contended):
+    # simdist run simulates from the first divergence (simdist.predict.step._alone_and_cut); the same op graph run
+    # by the engine from 0 gives every op the same start and end
+    from simdist.predict.step import _capacities, _first_replica
+    from simdist.report.step_metrics import observables
+
+    sc = api.load_scenario(scenario)
+    prediction = api.predict(sc.spec, sc.topology)
+    assert (prediction.result["contention_s"] > 1e-6) == contended
+    graph = prediction.plan.graph
+    one, many = _capacities(prediction.topology, None)
+    alone = uncontended(graph)
+    cut = first_divergence(graph, uncontended(graph, durations=alone_durations(graph, one, many)), one, many,
+                           alone_durations(graph, one, many))
+    assert (cut < alone.makespan_s) == contended
+    engine = run_graph(graph, one, many)
+    assert prediction.trace.start_s == pytest.approx(engine.start_s, rel=1e-9, abs=1e-12)
+    assert prediction.trace.end_s == pytest.approx(engine.end_s, rel=1e-9, abs=1e-12)
+    first = _first_replica(prediction.plan)
+    ours, theirs = observables(graph, prediction.trace, first), observables(graph, engine, first)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from simdist.engine.graph import GraphTrace, _private_links
 from simdist.plan.opgraph import OpGraph
 
-__all__ = ["alone_durations", "contention_free", "first_divergence"]
+__all__ = ["Alone", "alone_durations", "contention_free", "engine_alone", "first_divergence"]
 
 REL = 1e-12
 """Rounding tolerance, relative to the makespan (overlaps) or to a job's duration (alone times)."""
@@ -40,11 +41,24 @@ def contention_free(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[in
     return first_divergence(graph, alone, capacity_of, capacities) == math.inf
 
 
-def _alone(ops: list, capacity_of: Callable[[int], float], capacities: Callable[[np.ndarray], np.ndarray] | None
-           ) -> tuple[list[float], list[tuple[float, tuple[int, ...], int] | None]]:
-    """Per op: the time the engine takes for it when no other transfer is on its links (`run_graph`'s arithmetic),
-    and for a transfer on the shared links (its latency, those links, its collective instance or -1), else None."""
-    solo, share_of = _private_links(ops, capacity_of, capacities)
+@dataclass(frozen=True, slots=True)
+class Alone:
+    """What the engine does with each op of a graph while no other transfer shares its links (`engine_alone`)."""
+
+    durations: list[float]
+    """Per op, its time (`alone_durations`)."""
+    moves: list[tuple[float, tuple[int, ...], int] | None]
+    """Per op on the shared links: (its latency, those links, its collective instance or -1); else None."""
+    private: tuple[list[float], dict]
+    """`simdist.engine.graph._private_links` of the graph (`run_graph`'s ``private``)."""
+
+
+def engine_alone(graph: OpGraph, capacity_of: Callable[[int], float],
+                 capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> Alone:
+    """Per op, the time the engine takes for it when no other transfer is on its links (`run_graph`'s arithmetic),
+    and which ops move bytes on the shared links."""
+    ops = graph.ops
+    solo, share_of = private = _private_links(ops, capacity_of, capacities)
     engine_s: dict[int, float] = {}  # id(share) -> its time alone
     capacity: dict[int, float] = {}
     times: list[float] = []
@@ -76,7 +90,7 @@ def _alone(ops: list, capacity_of: Callable[[int], float], capacities: Callable[
             engine_s[id(share)] = t
         times.append(t)
         moves.append((job.latency_s, share.links, op.sync) if share.bandwidth_s > 0 and share.links else None)
-    return times, moves
+    return Alone(times, moves, private)
 
 
 def alone_durations(graph: OpGraph, capacity_of: Callable[[int], float],
@@ -87,12 +101,12 @@ def alone_durations(graph: OpGraph, capacity_of: Callable[[int], float],
     whose folded traffic loads a link more than its price assumed), the engine departs from the priced
     uncontended timeline although nothing contends; `simdist.engine.uncontended.uncontended` with these durations
     is the engine's timeline up to the first overlap on a shared link (`first_divergence`)."""
-    return _alone(graph.ops, capacity_of, capacities)[0]
+    return engine_alone(graph, capacity_of, capacities).durations
 
 
 def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[int], float],
                      capacities: Callable[[np.ndarray], np.ndarray] | None = None,
-                     durations: list[float] | None = None) -> float:
+                     durations: list[float] | None = None, engine: Alone | None = None) -> float:
     """The time up to which the engine's timeline of ``graph`` is ``alone`` (inf: the whole timeline), the graph's
     timeline (simdist.engine.uncontended) with ``durations`` (None: every op's priced ``duration_s``; or
     `alone_durations`).
@@ -102,10 +116,12 @@ def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[i
     duration in ``alone`` starts (condition 1; never with `alone_durations`), or a transfer joins a shared link
     another one is still moving bytes on (condition 2). Up to it every op has its start and end in ``alone``, and a
     transfer under way moves at its alone rate, so the engine can be resumed from there
-    (`simdist.engine.graph.run_graph`'s ``resume``) with the same result as run from 0.
+    (`simdist.engine.graph.run_graph`'s ``resume``) with the same result as run from 0. ``engine``: `engine_alone`
+    of the graph and capacities, if already found.
     """
     ops = graph.ops
-    times, moves = _alone(ops, capacity_of, capacities)
+    engine = engine if engine is not None else engine_alone(graph, capacity_of, capacities)
+    times, moves = engine.durations, engine.moves
     tol = REL * max(alone.makespan_s, 0.0)
     diverge = math.inf
     busy: dict[int, list[tuple[float, float]]] = {}  # shared link -> the transfers on it, (start, end)

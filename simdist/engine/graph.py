@@ -181,7 +181,8 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
               capacities: Callable[[np.ndarray], np.ndarray] | None = None, *, checked: bool = False,
-              resume: tuple[GraphTrace, float] | None = None) -> GraphTrace:
+              resume: tuple[GraphTrace, float] | None = None,
+              private: tuple[list[float], dict[tuple[int, int, str], _Share]] | None = None) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
     Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
@@ -192,7 +193,8 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     ``resume``: (the uncontended trace, a time ``t`` of `simdist.engine.contention.first_divergence`, up to which
     the engine's timeline is that trace): the simulation starts at ``t`` from that state (ops ended by ``t`` keep
     their times, ops under way finish their remaining time, a transfer its remaining bytes), so only what follows
-    ``t`` costs events. The same timeline as from 0, up to rounding.
+    ``t`` costs events. The same timeline as from 0, up to rounding. ``private``: `_private_links` of these ops and
+    capacities, if already found.
     """
     if not checked:
         _check(graph)
@@ -230,7 +232,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
     # it runs as a plain timeout of its uncontended duration, without the network (same time, fewer events).
-    solo_duration, share_of = _private_links(ops, capacity_of, capacities)
+    solo_duration, share_of = private if private is not None else _private_links(ops, capacity_of, capacities)
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
     for i, op in enumerate(ops):
