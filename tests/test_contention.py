@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdist import api
-from simdist.engine.contention import contention_free
+from simdist.engine.contention import alone_durations, contention_free, first_divergence
 from simdist.engine.graph import run_graph
 from simdist.engine.uncontended import uncontended
 from simdist.plan.opgraph import Job, Op, OpGraph
@@ -91,6 +91,69 @@ def test_free_means_the_engine_timeline_is_the_uncontended_one(graph):
         assert any(e > a * (1 + 1e-12) for e, a in zip(engine.end_s, alone.end_s, strict=True))
 
 
+def test_the_engine_resumed_at_the_first_divergence_is_the_engine_from_zero():
+    # rank 0: compute 1 s, then a 100 B send (1 s alone); rank 1: compute 1.5 s, then a 50 B send: they meet on the
+    # shared link at 1.5 s, rank 0's send half done: the engine is the uncontended timeline up to 1.5 s
+    g = OpGraph([Op("f", 0, "compute", "forward", duration_s=1.0), send(0, 100.0, [0]),
+                 Op("f", 1, "compute", "forward", duration_s=1.5), send(1, 50.0, [2])])
+    alone = uncontended(g)
+    assert first_divergence(g, alone, capacity) == 1.5
+    engine = run_graph(g, capacity)
+    # from 1.5 s both at 50 B/s: rank 0's last 50 B end at 2.5 s, rank 1's 50 B too
+    assert engine.end_s == pytest.approx((1.0, 2.5, 1.5, 2.5), rel=1e-12)
+    for cut in (1.5, 1.2, 0.5):  # resumed at the divergence or before it, rank 0's send under way or not begun
+        assert run_graph(g, capacity, resume=(alone, cut)).end_s == pytest.approx(engine.end_s, rel=1e-12)
+    # free: never diverges, and resuming at inf is the uncontended trace itself
+    free = OpGraph([send(0, 100.0, []), send(1, 50.0, [0])])
+    assert first_divergence(free, uncontended(free), capacity) == float("inf")
+    assert run_graph(free, capacity, resume=(uncontended(free), float("inf"))) == uncontended(free)
+
+
+@st.composite
+def graphs_with_collectives(draw):
+    """Two ranks' compute and sends, and collectives of both (one sync id: they start together) on the shared link
+    and a link of their own, in latency or moving bytes when the engine is resumed."""
+    ops: list[Op] = []
+    last = {0: -1, 1: -1}
+    sync = 0
+    for _ in range(draw(st.integers(1, 6))):
+        what = draw(st.sampled_from(["compute", "send", "collective"]))
+        if what == "collective":
+            nbytes = draw(st.floats(1.0, 200.0))
+            latency_s = draw(st.sampled_from([0.0, 0.2]))
+            job = Job(latency_s, nbytes / LINK_Bps, ((SHARED, nbytes, 1), (OWN + 5, nbytes, 1)))
+            for rank in (0, 1):
+                ops.append(Op("ar", rank, "dp", "comm", duration_s=latency_s + nbytes / LINK_Bps,
+                              deps=[last[rank]] if last[rank] >= 0 else [], job=job, sync=sync))
+                last[rank] = len(ops) - 1
+            sync += 1
+            continue
+        rank = draw(st.sampled_from([0, 1]))
+        deps = [last[rank]] if last[rank] >= 0 else []
+        if what == "compute":
+            ops.append(Op("f", rank, "compute", "forward", duration_s=draw(st.floats(0.0, 3.0)), deps=deps))
+        else:
+            ops.append(send(rank, draw(st.floats(1.0, 200.0)), deps, latency_s=draw(st.sampled_from([0.0, 0.1]))))
+        last[rank] = len(ops) - 1
+    return OpGraph(ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(two_rank_graphs() | graphs_with_collectives(), st.sampled_from([1.0, 0.999, 0.7, 0.3]))
+def test_the_engine_resumed_at_the_first_divergence_equals_the_engine_from_zero(graph, earlier):
+    # resumed at the first divergence, or at any earlier time (a transfer or a latency under way there)
+    alone = uncontended(graph)
+    engine = run_graph(graph, capacity)
+    cut = first_divergence(graph, alone, capacity)
+    resumed = run_graph(graph, capacity, resume=(alone, cut if cut == float("inf") else cut * earlier))
+    assert resumed.start_s == pytest.approx(engine.start_s, rel=1e-9, abs=1e-12)
+    assert resumed.end_s == pytest.approx(engine.end_s, rel=1e-9, abs=1e-12)
+    # before the cut the engine's timeline is the uncontended one
+    for i, e in enumerate(alone.end_s):
+        if e <= cut:
+            assert engine.end_s[i] == pytest.approx(e, rel=1e-9, abs=1e-12)
+
+
 def _run(schedule: str, dp: int) -> dict:
     args = [f"parallel.dp={dp}", f"cluster.num_nodes={16 * dp}", f"schedule={schedule}"]
     return api.run("scenarios/llama3-405b-16k.yaml", args).result
@@ -107,3 +170,30 @@ def test_a_pipeline_without_contention_is_answered_by_the_closed_form_and_matche
     assert engine["step_time_s"] == pytest.approx(closed["step_time_s"], rel=1e-12)
     for key in ("pipeline_phase_s", "bubble_fraction", "mfu"):
         assert engine[key] == pytest.approx(closed[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("scenario, contended", [
+    ("scenarios/llama3-405b-16k.yaml", True),  # DP 128: the gradient reduce-scatters meet the pipeline sends
+    ("scenarios/korthikanti2022-22b.yaml", False),  # one rank: nothing meets
+])
+def test_a_step_simulated_from_its_first_divergence_is_the_engine_run_from_zero(scenario, contended):
+    # simdist run simulates from the first divergence (simdist.predict.step._alone_and_cut); the same op graph run
+    # by the engine from 0 gives every op the same start and end
+    from simdist.predict.step import _capacities, _first_replica
+    from simdist.report.step_metrics import observables
+
+    sc = api.load_scenario(scenario)
+    prediction = api.predict(sc.spec, sc.topology)
+    assert (prediction.result["contention_s"] > 1e-6) == contended
+    graph = prediction.plan.graph
+    one, many = _capacities(prediction.topology, None)
+    alone = uncontended(graph)
+    cut = first_divergence(graph, uncontended(graph, durations=alone_durations(graph, one, many)), one, many,
+                           alone_durations(graph, one, many))
+    assert (cut < alone.makespan_s) == contended
+    engine = run_graph(graph, one, many)
+    assert prediction.trace.start_s == pytest.approx(engine.start_s, rel=1e-9, abs=1e-12)
+    assert prediction.trace.end_s == pytest.approx(engine.end_s, rel=1e-9, abs=1e-12)
+    first = _first_replica(prediction.plan)
+    ours, theirs = observables(graph, prediction.trace, first), observables(graph, engine, first)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from simdist.engine.graph import GraphTrace, _private_links
 from simdist.plan.opgraph import OpGraph
 
-__all__ = ["contention_free"]
+__all__ = ["Alone", "alone_durations", "contention_free", "engine_alone", "first_divergence"]
 
 REL = 1e-12
 """Rounding tolerance, relative to the makespan (overlaps) or to a job's duration (alone times)."""
@@ -37,53 +38,122 @@ def contention_free(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[in
                     capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> bool:
     """True when the engine cannot slow any collective of ``graph`` down (see the module docstring); ``alone`` is
     its uncontended trace, ``capacity_of``/``capacities`` the link capacities `run_graph` would be given."""
+    return first_divergence(graph, alone, capacity_of, capacities) == math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Alone:
+    """What the engine does with each op of a graph while no other transfer shares its links (`engine_alone`)."""
+
+    durations: list[float]
+    """Per op, its time (`alone_durations`)."""
+    moves: list[tuple[float, tuple[int, ...], int] | None]
+    """Per op on the shared links: (its latency, those links, its collective instance or -1); else None."""
+    private: tuple[list[float], dict]
+    """`simdist.engine.graph._private_links` of the graph (`run_graph`'s ``private``)."""
+
+
+def engine_alone(graph: OpGraph, capacity_of: Callable[[int], float],
+                 capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> Alone:
+    """Per op, the time the engine takes for it when no other transfer is on its links (`run_graph`'s arithmetic),
+    and which ops move bytes on the shared links."""
     ops = graph.ops
-    solo, share_of = _private_links(ops, capacity_of, capacities)
-    tol = REL * max(alone.makespan_s, 0.0)
-    busy: dict[int, list[tuple[float, float]]] = {}  # shared link -> the transfers on it, (start, end)
-    cap_ok: dict[int, bool] = {}  # id(share) -> condition 1
+    solo, share_of = private = _private_links(ops, capacity_of, capacities)
+    engine_s: dict[int, float] = {}  # id(share) -> its time alone
     capacity: dict[int, float] = {}
-    seen_sync: set[int] = set()
+    times: list[float] = []
+    moves: list[tuple[float, tuple[int, ...], int] | None] = []
     for i, op in enumerate(ops):
         job = op.job
         if job is None:
+            times.append(op.duration_s)
+            moves.append(None)
             continue
-        if not math.isnan(solo[i]):  # a plain timeout in the engine: of its uncontended duration?
-            if abs(solo[i] - op.duration_s) > REL * max(abs(op.duration_s), 1e-300):
-                return False
+        if not math.isnan(solo[i]):  # a plain timeout in the engine
+            times.append(solo[i])
+            moves.append(None)
             continue
-        if op.sync >= 0:
-            if op.sync in seen_sync:  # one transfer per collective instance
+        share = share_of[(id(job), -1, "")] if op.sync >= 0 else share_of[(id(job), op.rank, op.stream)]
+        t = engine_s.get(id(share))
+        if t is None:
+            if share.bandwidth_s <= 0 or not share.links:  # a plain timeout too
+                t = job.latency_s + max(share.bandwidth_s, 0.0)
+            else:
+                rate = share.size / share.bandwidth_s  # its cap; then what each shared link offers it
+                for link, w in zip(share.links, share.weights, strict=True):
+                    c = capacity.get(link)
+                    if c is None:
+                        c = capacity[link] = float(capacity_of(link))
+                    if c / w < rate:
+                        rate = c / w
+                t = job.latency_s + share.size / rate
+            engine_s[id(share)] = t
+        times.append(t)
+        moves.append((job.latency_s, share.links, op.sync) if share.bandwidth_s > 0 and share.links else None)
+    return Alone(times, moves, private)
+
+
+def alone_durations(graph: OpGraph, capacity_of: Callable[[int], float],
+                    capacities: Callable[[np.ndarray], np.ndarray] | None = None) -> list[float]:
+    """Per op, the time the engine gives it while no other transfer shares its links: a compute op's duration, a
+    job's on links only its own track loads its folded alone time, a job on the shared links its latency plus its
+    bytes at the least of its cap and what each link offers it. Where it is not its priced ``duration_s`` (an op
+    whose folded traffic loads a link more than its price assumed), the engine departs from the priced
+    uncontended timeline although nothing contends; `simdist.engine.uncontended.uncontended` with these durations
+    is the engine's timeline up to the first overlap on a shared link (`first_divergence`)."""
+    return engine_alone(graph, capacity_of, capacities).durations
+
+
+def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[int], float],
+                     capacities: Callable[[np.ndarray], np.ndarray] | None = None,
+                     durations: list[float] | None = None, engine: Alone | None = None) -> float:
+    """The time up to which the engine's timeline of ``graph`` is ``alone`` (inf: the whole timeline), the graph's
+    timeline (simdist.engine.uncontended) with ``durations`` (None: every op's priced ``duration_s``; or
+    `alone_durations`).
+
+    The induction of the module docstring, with each op's engine time alone in place of its priced duration,
+    holds up to the first instant where one of its conditions fails: an op whose engine time alone is not its
+    duration in ``alone`` starts (condition 1; never with `alone_durations`), or a transfer joins a shared link
+    another one is still moving bytes on (condition 2). Up to it every op has its start and end in ``alone``, and a
+    transfer under way moves at its alone rate, so the engine can be resumed from there
+    (`simdist.engine.graph.run_graph`'s ``resume``) with the same result as run from 0. ``engine``: `engine_alone`
+    of the graph and capacities, if already found.
+    """
+    ops = graph.ops
+    engine = engine if engine is not None else engine_alone(graph, capacity_of, capacities)
+    times, moves = engine.durations, engine.moves
+    tol = REL * max(alone.makespan_s, 0.0)
+    diverge = math.inf
+    busy: dict[int, list[tuple[float, float]]] = {}  # shared link -> the transfers on it, (start, end)
+    seen_sync: set[int] = set()
+    for i, op in enumerate(ops):
+        if op.job is None:
+            continue
+        d = op.duration_s if durations is None else durations[i]
+        if abs(times[i] - d) > REL * max(abs(d), 1e-300):  # condition 1
+            diverge = min(diverge, alone.start_s[i])
+            continue
+        move = moves[i]
+        if move is None:
+            continue
+        latency_s, links, sync = move
+        if sync >= 0:
+            if sync in seen_sync:  # one transfer per collective instance
                 continue
-            seen_sync.add(op.sync)
-            share = share_of[(id(job), -1, "")]
-        else:
-            share = share_of[(id(job), op.rank, op.stream)]
-        if share.bandwidth_s <= 0 or not share.links:
-            continue  # a plain timeout in the engine too
-        ok = cap_ok.get(id(share))
-        if ok is None:
-            rate = share.size / share.bandwidth_s
-            for link, w in zip(share.links, share.weights, strict=True):
-                c = capacity.get(link)
-                if c is None:
-                    c = capacity[link] = float(capacity_of(link))
-                if c / w < rate:
-                    rate = c / w
-            engine_s = job.latency_s + share.size / rate
-            ok = cap_ok[id(share)] = abs(engine_s - op.duration_s) <= REL * max(abs(op.duration_s), 1e-300)
-        if not ok:
-            return False
-        start, end = alone.start_s[i] + job.latency_s, alone.end_s[i]
-        for link in share.links:
+            seen_sync.add(sync)
+        start, end = alone.start_s[i] + latency_s, alone.end_s[i]
+        for link in links:
             busy.setdefault(link, []).append((start, end))
-    for spans in busy.values():
-        if len(spans) < 2:
+    for transfers in busy.values():
+        if len(transfers) < 2:
             continue
-        spans.sort()
-        last = spans[0][1]
-        for start, end in spans[1:]:
+        transfers.sort()
+        last = transfers[0][1]
+        for start, end in transfers[1:]:
+            if start >= diverge:
+                break
             if start < last - tol:
-                return False
+                diverge = start  # the first overlap on this link (starts are sorted)
+                break
             last = max(last, end)
-    return True
+    return diverge

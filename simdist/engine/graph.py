@@ -180,7 +180,9 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
 
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
-              capacities: Callable[[np.ndarray], np.ndarray] | None = None, *, checked: bool = False) -> GraphTrace:
+              capacities: Callable[[np.ndarray], np.ndarray] | None = None, *, checked: bool = False,
+              resume: tuple[GraphTrace, float] | None = None,
+              private: tuple[list[float], dict[tuple[int, int, str], _Share]] | None = None) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
     Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
@@ -188,6 +190,11 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     collective instance that starts when all its member ops are ready. ``capacities``: optionally the same
     for an array of link ids at once (the links only one track loads are thousands on a large cluster).
     ``checked``: the graph has been checked already (`simdist.engine.uncontended.uncontended` ran on it).
+    ``resume``: (the uncontended trace, a time ``t`` of `simdist.engine.contention.first_divergence`, up to which
+    the engine's timeline is that trace): the simulation starts at ``t`` from that state (ops ended by ``t`` keep
+    their times, ops under way finish their remaining time, a transfer its remaining bytes), so only what follows
+    ``t`` costs events. The same timeline as from 0, up to rounding. ``private``: `_private_links` of these ops and
+    capacities, if already found.
     """
     if not checked:
         _check(graph)
@@ -205,14 +212,27 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     end = [math.nan] * n
     tracks = graph.tracks()
     position: dict[tuple[int, str], int] = dict.fromkeys(tracks, 0)
-    env = simpy.Environment()
+    cut = 0.0
+    if resume is not None:
+        alone, cut = resume
+        if cut == math.inf:
+            return alone
+        if cut > 0:
+            # the ops ended by the cut keep their uncontended times (a prefix of each track: a track runs its ops
+            # in order); their dependents wait for the others only
+            for i in range(n):
+                if alone.end_s[i] <= cut:
+                    start[i], end[i] = alone.start_s[i], alone.end_s[i]
+                    for j in dependents[i]:
+                        remaining[j] -= 1
+    env = simpy.Environment(initial_time=cut)
     net = (SharedLinks(env, capacity_of, record_load=False)  # type: ignore[arg-type]  # checked below
            if any(op.job is not None and op.job.demand for op in ops) else None)
     if net is not None and capacity_of is None:
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
     # it runs as a plain timeout of its uncontended duration, without the network (same time, fewer events).
-    solo_duration, share_of = _private_links(ops, capacity_of, capacities)
+    solo_duration, share_of = private if private is not None else _private_links(ops, capacity_of, capacities)
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
     for i, op in enumerate(ops):
@@ -315,7 +335,48 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
                 waiting[j].succeed()
         pos[k] += 1
 
-    for k in range(len(keys)):
+    if cut > 0:
+        def resumed(k: int, i: int) -> None:
+            start[i] = alone.start_s[i]
+            ended(k, i)
+
+        def resume_instance(inst: _Instance, i: int) -> None:
+            """Continue a collective under way at the cut as it runs alone there: its latency or its bytes."""
+            inst.arrived = inst.size
+            inst.start = alone.start_s[i]
+            share = inst.share
+            moving = inst.start + inst.job.latency_s  # when its bytes began to move (uncontended)
+            if share.bandwidth_s <= 0 or not share.links or net is None:
+                timeout(alone.end_s[i] - cut).callbacks.append(lambda _ev: inst.done.succeed())
+            elif cut < moving:
+                timeout(moving - cut).callbacks.append(lambda _ev: move(inst))
+            else:
+                # alone, its bytes move at one rate from ``moving`` to its end: the share of them left is the share
+                # of that time left
+                left = share.size * (alone.end_s[i] - cut) / (alone.end_s[i] - moving)
+                net.transfer(share.links, left, share.size / share.bandwidth_s, share.weights).callbacks.append(
+                    lambda _ev: inst.done.succeed())
+
+        todo = []
+        for k, ids in enumerate(track_ids):
+            p = 0
+            while p < len(ids) and not math.isnan(end[ids[p]]):
+                p += 1
+            pos[k] = p
+            if p < len(ids) and alone.start_s[ids[p]] < cut:  # under way at the cut
+                i = ids[p]
+                inst = instance_of[i]
+                if inst is None:  # a plain timeout
+                    timeout(alone.end_s[i] - cut).callbacks.append(lambda _ev, k=k, i=i: resumed(k, i))
+                    continue
+                if inst.arrived < inst.size:
+                    resume_instance(inst, i)
+                inst.done.callbacks.append(lambda _ev, k=k, i=i, inst=inst: collective_ended(k, i, inst))
+            else:
+                todo.append(k)
+    else:
+        todo = range(len(keys))
+    for k in todo:
         proceed(k)
     env.run()
     for k, key in enumerate(keys):

@@ -18,13 +18,15 @@ from simdist.plan.opgraph import OpGraph
 __all__ = ["uncontended"]
 
 
-def uncontended(graph: OpGraph, *, checked: bool = False) -> GraphTrace:
+def uncontended(graph: OpGraph, *, checked: bool = False, durations: list[float] | None = None) -> GraphTrace:
     """Start and end of every op with uncontended durations (see the module docstring); ``checked``: the graph
-    has been checked already (`simdist.engine.graph.run_graph` ran on it)."""
+    has been checked already (`simdist.engine.graph.run_graph` ran on it). ``durations``: per op, instead of its
+    ``duration_s`` (`simdist.engine.contention.alone_durations`: the engine's times alone)."""
     if not checked:
         _check(graph)
     ops = graph.ops
     n = len(ops)
+    duration = [op.duration_s for op in ops] if durations is None else durations
     if n == 0:
         return GraphTrace((), (), 0.0)
     tracks = graph.tracks()
@@ -60,7 +62,7 @@ def uncontended(graph: OpGraph, *, checked: bool = False) -> GraphTrace:
         t0 = max(ready[j] for j in members)
         for j in members:
             start[j] = t0
-            end[j] = t0 + ops[j].duration_s
+            end[j] = t0 + duration[j]
             for k in dependents[j]:
                 ready[k] = max(ready[k], end[j])
                 waiting[k] -= 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
@@ -42,6 +43,7 @@ from simdist.plan.step_config import (
     chunk_cost,
     chunk_layers,
     grad_bytes_per_element,
+    layer_kinds,
     split_layers,
 )
 
@@ -82,6 +84,7 @@ class _Emitter:
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> end of its last backward / W
         self.dp_last: dict[int, int] = {}       # stage -> its last data-parallel op so far
         self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._templates: dict[tuple, tuple[tuple, int, int]] = {}
         self._send = send(cfg)
 
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
@@ -107,31 +110,57 @@ class _Emitter:
             self.dp_last[stage] = i
         return i
 
+    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int]:
+        """A recipe instantiated on ``stage`` once (its ops differ by name, micro-batch and chunk only): per piece
+        (piece, deps inside the recipe, waits for the previous step, how its name is made, duration, Comm), the
+        index of the piece that ends the step and of the one that takes the input (-1: none)."""
+        got = self._templates.get((stage, key))
+        if got is None:
+            recipe = self.recipes[key]
+            factor = self.factors.get(stage, 1.0)
+            rows = []
+            entry = -1
+            for j, p in enumerate(recipe.pieces):
+                c = p.comm
+                comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count,
+                                                   c.host_s, c.imbalance)
+                duration = math.nan if c is not None else p.duration_s
+                if c is None and p.kind in SLOWED_KINDS:
+                    duration *= factor
+                naming = 0 if p.per_step else 1 if p.label.startswith("/") else 2 if p.label else 3
+                rows.append((p, tuple(d for d in p.deps if d >= 0), PREV in p.deps, naming, duration, comm))
+                if p.needs_input and entry < 0:
+                    entry = j
+            got = self._templates[(stage, key)] = (tuple(rows), recipe.end, entry)
+        return got
+
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
         edge = is_edge(step.kind, step.microbatch, self.num_microbatches)
-        recipe = self.recipes[(stage, step.chunk, step.kind, edge)]
+        rows, end_piece, entry_piece = self._template(stage, (stage, step.chunk, step.kind, edge))
         tag = step.label(self.cfg.vpp)
+        rank = self.ranks[stage]
+        microbatch, chunk = step.microbatch, step.chunk
+        previous = self.last.get(stage)
+        add = graph.add
         ids: list[int] = []
-        entry = -1
-        for p in recipe.pieces:
-            deps = [ids[d] for d in p.deps if d >= 0]
-            if PREV in p.deps and stage in self.last:
-                deps.insert(0, self.last[stage])
-            if p.per_step:
-                name = p.label
-            elif p.label.startswith("/"):
-                name = tag + p.label
-            else:
-                name = f"{tag} {p.label}" if p.label else tag
-            ids.append(self._add(graph, stage, p, name, deps, step.microbatch, step.chunk))
-            if p.needs_input and entry < 0:
-                entry = ids[-1]
-        end = ids[recipe.end]
+        for p, inner, prev, naming, duration, comm in rows:
+            deps = [ids[d] for d in inner]
+            if prev and previous is not None:
+                deps.insert(0, previous)
+            name = p.label if naming == 0 else tag + p.label if naming == 1 else f"{tag} {p.label}" if naming == 2 \
+                else tag
+            i = add(Op(name=name, rank=rank, stream=p.stream, kind=p.kind, duration_s=duration, deps=deps,
+                       stage=stage, microbatch=-1 if p.per_step else microbatch, chunk=chunk, comm=comm,
+                       model_flops=p.model_flops, hardware_flops=p.hardware_flops))
+            if p.stream == "dp":
+                self.dp_last[stage] = i
+            ids.append(i)
+        end = ids[end_piece]
         self.last[stage] = end
         if step.kind == "W" or (step.kind == "B" and self.cfg.schedule != "zb_h1"):
             self.last_backward[(stage, step.chunk)] = end
-        return (entry if entry >= 0 else ids[0]), end
+        return (ids[entry_piece] if entry_piece >= 0 else ids[0]), end
 
     def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
         if src_stage == dst_stage:
@@ -164,14 +193,25 @@ def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict
 
 def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
     """(stage, chunk) -> the cost of the layers it holds (+ embedding on the first model part, + head on the last)."""
+    return dict(_parts_of(cfg)[0])
+
+
+@lru_cache(maxsize=8)
+def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[tuple, Recipe], tuple[StageTail, ...]]:
+    """(chunk costs, recipes, stage tails) of a configuration, computed once for its several op graphs (the
+    fast-forward samples of one step; `collective_runs`). Read-only: callers copy what they keep."""
     K = cfg.mesh.pp
     num_parts = K * cfg.vpp
+    parts, firsts = cfg.model_parts(), cfg.part_first_layers()  # once: each is a pass over every part
     costs: dict[tuple[int, int], ChunkCost] = {}
     for s in range(K):
         for c in range(len(cfg.stage_chunks(s))):
             part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
-            costs[(s, c)] = chunk_cost(cfg, cfg.part_layers(part), part == 0, part == num_parts - 1)
-    return costs
+            # cfg.part_layers(part), from the parts and first layers computed once
+            costs[(s, c)] = chunk_cost(cfg, layer_kinds(cfg.model, firsts[part], parts[part]), part == 0,
+                                       part == num_parts - 1)
+    tails = tuple(tail(cfg, [costs[(s, c)] for c in range(cfg.vpp)]) for s in range(K))
+    return costs, recipes_of(cfg, costs), tails
 
 
 def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
@@ -224,9 +264,8 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
         raise ValueError("build_step: num_microbatches with unequal replicas")
     dp_indices = tuple(range(mesh.dp)) if (full or cfg.replicas_differ) else (0,)
     peers = [(t, c) for t in range(mesh.tp) for c in range(mesh.cp)] if full else [(0, 0)]
-    costs = chunk_costs_of(cfg)
-    recipes = recipes_of(cfg, costs)
-    tails = [tail(cfg, [costs[(s, c)] for c in range(cfg.vpp)]) for s in range(K)]
+    shared_costs, recipes, tails = _parts_of(cfg)
+    costs = dict(shared_costs)
     graph = OpGraph()
     stage_ranks: dict[tuple[int, int], int] = {}
     emitters: list[_Emitter] = []
@@ -275,8 +314,7 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
     count (the same runs the op graph holds, without building it)."""
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     M = cfg.microbatches(dp_index)
-    costs = chunk_costs_of(cfg)
-    recipes = recipes_of(cfg, costs)
+    _, recipes, tails = _parts_of(cfg)
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     p2p = send(cfg)
     runs: dict[tuple, int] = {}
@@ -305,7 +343,7 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
                 if 0 <= part < K * V and part % K != s:
                     add((p2p.op, (rank, mesh.rank(pp=part % K, dp=dp_index)), p2p.nbytes, p2p.axis, p2p.imbalance),
                         M * p2p.count)
-        pieces(s, tail(cfg, [costs[(s, c)] for c in range(V)]).pieces, 1)
+        pieces(s, tails[s].pieces, 1)
     return runs
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
-from simdist.engine.contention import contention_free
+from simdist.engine.contention import REL, Alone, engine_alone, first_divergence
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.links import unique_inverse
 from simdist.engine.uncontended import uncontended
@@ -175,11 +176,34 @@ def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[
     return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
 
 
-def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None = None,
-                  checked: bool = False) -> GraphTrace:
+def _alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None
+                   ) -> tuple[GraphTrace, GraphTrace, float, Alone]:
+    """The op graph's uncontended trace (every op its priced duration), its timeline with the engine's times of
+    each op alone (simdist.engine.contention.alone_durations: the same trace where they are the priced ones), the
+    time up to which that is the engine's timeline (simdist.engine.contention.first_divergence: inf where no two
+    transfers meet on a shared link), and what the engine does with each op alone."""
     one, many = _capacities(topology, degraded)
     with _collector_paused():
-        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=checked)
+        alone = uncontended(plan.graph)
+        engine = engine_alone(plan.graph, one, many)
+        durations: list[float] | None = engine.durations
+        if any(abs(d - op.duration_s) > REL * max(abs(op.duration_s), 1e-300)
+               for d, op in zip(engine.durations, plan.graph.ops, strict=True)):
+            timeline = uncontended(plan.graph, checked=True, durations=durations)
+        else:
+            timeline, durations = alone, None
+        return alone, timeline, first_divergence(plan.graph, timeline, one, many, durations, engine), engine
+
+
+def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None,
+                  alone: tuple[GraphTrace, GraphTrace, float, Alone]) -> GraphTrace:
+    """The engine's trace, simulated from the first divergence on (`_alone_and_cut`: before it the engine's timeline
+    is the alone one, so only what follows costs SimPy events; none where no transfers meet)."""
+    one, many = _capacities(topology, degraded)
+    _, timeline, cut, engine = alone
+    with _collector_paused():
+        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=(timeline, cut),
+                         private=engine.private)
 
 
 @dataclass(slots=True)
@@ -194,6 +218,9 @@ class _Engine:
     simulated_microbatches: int
     fast_forward: tuple[int, int, int, int] | None = None
     """The closed form's fast-forward plan for the engine (simdist.analytic.step.fast_forward_plan), if looked for."""
+    engine_from_s: float = math.inf
+    """Up to this time the shown timeline is each op's engine time alone, no two transfers on a shared link at once
+    (simdist.engine.contention.first_divergence); SimPy simulated it from there (inf: nowhere)."""
 
 
 def _first_replica(plan: StepPlan) -> list[int]:
@@ -202,16 +229,16 @@ def _first_replica(plan: StepPlan) -> list[int]:
 
 
 def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
-            alone: GraphTrace | None) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float]]:
-    """(plan, prices, engine trace, observables with ``uncontended_s``) of one fast-forward sample; ``alone``: its
-    uncontended trace if already found."""
-    trace = _engine_trace(plan, topology, degraded, checked=alone is not None)
-    if alone is None:
-        with _collector_paused():
-            alone = uncontended(plan.graph, checked=True)
+            alone: tuple[GraphTrace, GraphTrace, float, Alone] | None
+            ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]:
+    """(plan, prices, engine trace, observables with ``uncontended_s``, first divergence) of one fast-forward
+    sample; ``alone``: its
+    uncontended trace and first divergence (`_alone_and_cut`) if already found."""
+    alone = alone if alone is not None else _alone_and_cut(plan, topology, degraded)
+    trace = _engine_trace(plan, topology, degraded, alone)
     obs = observables(plan.graph, trace, _first_replica(plan))
-    obs["uncontended_s"] = alone.makespan_s
-    return plan, priced, trace, obs
+    obs["uncontended_s"] = alone[0].makespan_s
+    return plan, priced, trace, obs, alone[2]
 
 
 def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
@@ -234,11 +261,8 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
         if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
             priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
                                               for m in counts[1:])]
-            with _collector_paused():
-                alones = [uncontended(p.graph) for p, _ in priced_plans]
-                free = all(contention_free(p.graph, a, *_capacities(topology, degraded))
-                           for (p, _), a in zip(priced_plans, alones, strict=True))
-            if free:
+            alones = [_alone_and_cut(p, topology, degraded) for p, _ in priced_plans]
+            if all(cut == math.inf and timeline is a for a, timeline, cut, _ in alones):
                 if rather(plan, priced):
                     return None
                 # No collective of any of the three samples ever meets another on a shared link (and each runs
@@ -253,7 +277,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
                        + " by the closed form: no contention (the engine's timelines of "
                        f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
                        "collectives on a shared link at once)")
-                return _Engine(plan, priced, alones[0], obs, obs["step_s"], how, counts[0], found)
+                return _Engine(plan, priced, alones[0][0], obs, obs["step_s"], how, counts[0], found)
             # the answer carries the last sample's plan and prices
             if rather(*priced_plans[-1]):
                 return None
@@ -277,21 +301,21 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
                 samples = [*samples[-2:], (m, runs[-1][3])]
                 ext = extrapolate(samples, M)
             if ext is not None:
-                plan, priced, trace, _ = runs[-1]
+                plan, priced, trace, _, engine_from_s = runs[-1]
                 last = (counts[-3], counts[-2], counts[-1])
                 how = FastForward(cycle, last, M).describe()
                 if len(counts) > 3:
                     how += f" (after {', '.join(map(str, counts[:-3]))}, not yet in the steady state)"
-                return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found)
+                return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found,
+                               engine_from_s)
     check(M)
     plan, priced = _priced_plan(cfg, topology, adjust, full, None)
     if rather(plan, priced):
         return None
-    trace = _engine_trace(plan, topology, degraded)
-    with _collector_paused():
-        alone = uncontended(plan.graph, checked=True)
-    return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone.makespan_s,
-                   "all", M, found)
+    alone = _alone_and_cut(plan, topology, degraded)
+    trace = _engine_trace(plan, topology, degraded, alone)
+    return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone[0].makespan_s,
+                   "all", M, found, alone[2])
 
 
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
@@ -352,13 +376,14 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             full_ops = len(plan.graph.ops) * topology.num_gpus / max(1, len(plan.graph.ranks()))
             return not (class_symmetric(priced) and not degraded and not failed) and full_ops <= FULL_AUTO_MAX_OPS
 
-        found = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded,
-                        every_rank if simulate == "auto" else lambda plan, priced: False)
-        if found is None:
-            found = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
-            exact = True
-        else:
-            exact = class_symmetric(found.priced) and not degraded and not failed
+        # one pause of the collector over every sample (their graphs, traces and prices are 10^5 objects: each
+        # resumption would have it scan them all again); results are unchanged
+        with _collector_paused():
+            found = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded,
+                            every_rank if simulate == "auto" else lambda plan, priced: False)
+            exact = found is None or (class_symmetric(found.priced) and not degraded and not failed)
+            if found is None:
+                found = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
         engine = found
         assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
@@ -453,6 +478,14 @@ def _simulation_note(plan: StepPlan, topology: Topology, spec: ScenarioSpec, exa
                      "spines), so the reduction is approximate (simulate full to check)")
     if engine.micro_batches != "all":
         note += f"; micro-batches: {engine.micro_batches} (the timeline shows {engine.simulated_microbatches})"
+    shown = engine.engine_from_s
+    if shown == math.inf:
+        note += ("; no two transfers meet on a shared link: every op takes its engine time alone, timed without "
+                 "SimPy (simdist.engine.contention)")
+    elif shown > 0:
+        note += (f"; up to {shown:.6g} s no two transfers meet on a shared link: that part is timed without SimPy, "
+                 "which simulates from there on (simdist.engine.contention)")
     return {"fidelity": "engine", "ranks": "full" if full else "representatives",
             "micro_batches": engine.micro_batches, "exact": exact, "note": note,
-            "uncontended_step_time_s": engine.uncontended_step_s}
+            "uncontended_step_time_s": engine.uncontended_step_s,
+            "engine_from_s": None if shown == math.inf else shown}
