@@ -44,6 +44,11 @@ class NodeGraph:
     nic_of_gpu: list[int | None]
     _index: dict[tuple[str, str], int] = field(default_factory=dict)
     _paths: dict[tuple[str, str], PathShape] = field(default_factory=dict)
+    _trees: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    """Per source: its breadth-first trees (predecessor of every vertex reached), one per bandwidth threshold
+    from the widest down, as far as `path` has needed them."""
+    _widths: tuple[float, ...] = ()
+    """The link bandwidths, widest first (`tree`'s thresholds; set once the node is built and searched)."""
 
     @property
     def num_links(self) -> int:
@@ -59,6 +64,19 @@ class NodeGraph:
         if shape is None:
             shape = self._paths[key] = _widest_shortest_path(self, src, dst)
         return shape
+
+    def tree(self, src: str, level: int) -> dict[str, str] | None:
+        """The breadth-first tree from ``src`` over links at least as wide as the ``level``-th widest bandwidth
+        (predecessor of every vertex reached, not passing through GPUs or NICs), None past the narrowest; each
+        computed once."""
+        thresholds = self._widths or _thresholds(self)
+        self._widths = thresholds
+        if level >= len(thresholds):
+            return None
+        trees = self._trees.setdefault(src, [])
+        while len(trees) <= level:
+            trees.append(_bfs(self, src, thresholds[len(trees)]))
+        return trees[level]
 
 
 def _add_link(node: NodeGraph, src: str, dst: str, kind: LinkKind, bw: float, lat: float, eff: float) -> None:
@@ -176,26 +194,41 @@ def _nearest_nics(node: NodeGraph) -> list[int | None]:
     return out
 
 
+def _thresholds(node: NodeGraph) -> tuple[float, ...]:
+    """The link bandwidths of the node, widest first."""
+    return tuple(sorted({link.bandwidth_Bps for link in node.links}, reverse=True))
+
+
+def _bfs(node: NodeGraph, src: str, threshold: float) -> dict[str, str]:
+    """Predecessor of every vertex reached from ``src`` breadth-first over links of at least ``threshold``
+    bytes/s, not passing through endpoints (the predecessor of a vertex is fixed when it is first reached, so a
+    search from ``src`` that stops once it reaches one vertex finds the same predecessors on its way)."""
+    g = node.graph
+    prev: dict[str, str] = {src: src}
+    queue = deque([src])
+    while queue:
+        v = queue.popleft()
+        if v != src and g.nodes[v]["kind"] in ENDPOINT_KINDS:
+            continue
+        for w, data in g[v].items():
+            if w not in prev and data["bandwidth_Bps"] >= threshold:
+                prev[w] = v
+                queue.append(w)
+    return prev
+
+
 def _widest_shortest_path(node: NodeGraph, src: str, dst: str) -> PathShape:
-    """Among paths that avoid passing through GPUs/NICs: the widest, and of those the fewest hops.
+    """Among paths that avoid passing through GPUs/NICs: the widest, and of those the fewest hops (the first
+    path breadth-first over the widest links that reach ``dst``; the searches from ``src`` are shared by every
+    destination, `NodeGraph.tree`).
 
     NCCL likewise prefers NVLink paths over PCIe ones before counting hops (src/graph/paths.cc path
     types NVL < PIX < PXB < PHB < SYS).
     """
-    g = node.graph
     if src == dst:
         return PathShape((), float("inf"), float("inf"), 0.0)
-    for threshold in sorted({link.bandwidth_Bps for link in node.links}, reverse=True):
-        prev: dict[str, str] = {src: src}
-        queue = deque([src])
-        while queue and dst not in prev:
-            v = queue.popleft()
-            if v != src and g.nodes[v]["kind"] in ENDPOINT_KINDS:
-                continue
-            for w, data in g[v].items():
-                if w not in prev and data["bandwidth_Bps"] >= threshold:
-                    prev[w] = v
-                    queue.append(w)
+    level = 0
+    while (prev := node.tree(src, level)) is not None:
         if dst in prev:
             hops = []
             v = dst
@@ -210,6 +243,7 @@ def _widest_shortest_path(node: NodeGraph, src: str, dst: str) -> PathShape:
                 min(lk.bandwidth_Bps * lk.efficiency for lk in links),
                 sum(lk.latency_s for lk in links),
             )
+        level += 1
     raise TopologyError(f"no path from {src} to {dst} inside a node", fix="check the topology's host and scale_up")
 
 

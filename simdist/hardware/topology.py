@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 ROUTE_CACHE_ENTRIES = 1 << 18
 """Routes kept per topology before the cache is emptied (~150 MiB at the limit: ~600 B a route,
 benchmarks/topology.py). A plain dict, not a `Memo`: a cached route is the hot path (one dict lookup)."""
+ROUTE_TEMPLATES_MAX = 1 << 16
+"""Route templates (`simdist.hardware.batch`: one per class of GPU pairs, at most 4 x gpus_per_node^2) kept per
+topology before they are emptied (a few hundred bytes each)."""
 ROUTE_BATCH_MEMO = (1024, 2**30)
 """(entries, bytes) kept of `route_batches`: vectorised routes by (sources, destinations). A 16,384-rank ring's
 8 channels charge 19 MiB, a 512-rank all_to_all's fast plan 80 MiB (`RouteBatch.nbytes`)."""
@@ -96,6 +99,9 @@ class Topology:
         """Where every link sits among the global ids, and its capacity by id."""
         self.num_links = self.layout.num_links
         self._routes: dict[tuple[int, int], Route] = {}
+        self.route_templates: dict[int, object] = {}
+        """`simdist.hardware.batch.routes`' templates by class of GPU pairs (source and destination GPU inside their
+        nodes, inter-node, crossing the spines): one `route` call per class for every batch of this topology."""
         # Memo tables that simdist.collectives.group fills: values derived from this topology alone, keyed by ranks
         # (never by an object's id), freed with the topology.
         self.route_batches: Memo[tuple[bytes, bytes], RouteBatch] = Memo("route_batches", *ROUTE_BATCH_MEMO)
