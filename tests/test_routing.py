@@ -208,3 +208,22 @@ def test_paths_from_shared_searches_equal_one_pair_searches(name):
         links = [node.links[i] for i in shape.links]
         assert shape.bandwidth_Bps == min(lk.bandwidth_Bps for lk in links)
         assert shape.latency_s == sum(lk.latency_s for lk in links)
+
+
+@pytest.mark.parametrize("name", ["pcie-gen4-8gpu", "dgx-a100", "gb200-nvl72"])
+def test_the_networkx_view_of_a_node_is_its_graph(name):
+    # Routing reads the node as plain dicts (NodeGraph.vertices, succ); NodeGraph.graph, built on demand for drawings
+    # and max flows, has the same vertices, attributes and links in the same order, and the same components.
+    import networkx as nx
+
+    from simdist.hardware.node import _components
+
+    node = load_topology(name).node
+    g = node.graph
+    assert list(g.nodes(data=True)) == list(node.vertices.items())
+    assert [(a, b, d["link"]) for a, b, d in g.edges(data=True)] == [
+        (a, b, i) for a, out in node.succ.items() for b, i in out.items()]
+    assert [g[a][b]["bandwidth_Bps"] for a, b in g.edges()] == [
+        node.links[g[a][b]["link"]].bandwidth_Bps for a, b in g.edges()]
+    assert sorted(map(sorted, _components(node))) == sorted(map(sorted, nx.weakly_connected_components(g)))
+    assert len(_components(node)) == 1

@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-import networkx as nx
-
 from simdist.errors import TopologyError
 from simdist.hardware.fabric import Fabric, build_fabric
 from simdist.hardware.gpus import gpu_preset
@@ -29,6 +27,8 @@ from simdist.spec.gpu import GpuSpec
 from simdist.spec.topology import TopologySpec
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from simdist.hardware.batch import RouteBatch
 
 ROUTE_CACHE_ENTRIES = 1 << 18
@@ -260,7 +260,8 @@ class Topology:
     def vertex_counts(self) -> dict[str, int]:
         """Vertices per kind over the whole cluster (arithmetic, nothing materialised)."""
         counts: dict[str, int] = {}
-        for _, kind in self.node.graph.nodes(data="kind"):
+        for attrs in self.node.vertices.values():
+            kind = attrs["kind"]
             counts[kind] = counts.get(kind, 0) + self.num_nodes
         if self.fabric is not None:
             counts["leaf_switch"] = self.fabric.num_leaves
@@ -270,7 +271,9 @@ class Topology:
 
     def to_networkx(self, max_vertices: int = 200_000) -> nx.DiGraph:
         """The whole cluster as one networkx DiGraph (edges carry ``link`` ids and link fields)."""
-        per_node = self.node.graph.number_of_nodes()
+        import networkx as nx
+
+        per_node = len(self.node.vertices)
         total = per_node * self.num_nodes + (
             self.fabric.num_leaves + self.fabric.num_spines if self.fabric else 0
         )
@@ -281,7 +284,7 @@ class Topology:
             )
         g = nx.DiGraph(name=self.spec.name)
         for n in range(self.num_nodes):
-            for v, data in self.node.graph.nodes(data=True):
+            for v, data in self.node.vertices.items():
                 g.add_node(f"n{n}/{v}", **{**data, "node": n})
         if self.fabric is not None:
             for leaf in range(self.fabric.num_leaves):
