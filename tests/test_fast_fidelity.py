@@ -70,6 +70,31 @@ def test_batch_routes_equal_topology_routes(preset, nodes, sets):
     assert loads == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize(("preset", "nodes", "sets", "failed"), [
+    ("dgx-h100", 40, [], ()), ("dgx-a100", 12, ["inter_node.oversubscription=3"], ((0, 1), (1, 0))),
+    ("gb200-nvl72", 3, [], ()), ("pcie-gen4-8gpu", 6, [], ())])
+def test_batch_routes_from_a_topology_s_templates_equal_fresh_routes(preset, nodes, sets, failed, monkeypatch):
+    # batch.routes keeps one template per class of pairs on its topology (Topology.route_templates): later batches
+    # place the templates that earlier ones made, and a full table is emptied; every route stays the one a fresh
+    # topology's Topology.route gives (failed leaf-spine links included: their topology keeps its own templates).
+    from simdist.hardware import batch as batch_module
+
+    warm = load_topology(preset, num_nodes=nodes, assignments=sets).with_failed_uplinks(failed)
+    monkeypatch.setattr(batch_module, "ROUTE_TEMPLATES_MAX", 50)
+    rng = random.Random(11)
+    n = warm.num_gpus
+    for _ in range(4):
+        pairs = [(rng.randrange(n), rng.randrange(n)) for _ in range(500)]
+        src, dst = (np.array(x) for x in zip(*pairs, strict=True))
+        got = routes(warm, src, dst)
+        fresh = load_topology(preset, num_nodes=nodes, assignments=sets).with_failed_uplinks(failed)
+        assert [got.route(i) for i in range(len(pairs))] == [fresh.route(s, d) for s, d in pairs]
+        assert got.kind_mask.tolist() == [
+            sum({1 << k for k, kind in enumerate(batch_module.LINK_KINDS)
+                 if kind in {fresh.link(x).kind for x in fresh.route(s, d).links}}) for s, d in pairs]
+        assert 0 < len(warm.route_templates) <= 50
+
+
 def test_group_paths_equal_group_path_with_protocol_latency_and_switch():
     t = load_topology("dgx-h100", num_nodes=4)
     group = Group(t, tuple(random.Random(1).sample(range(32), 20))).priced(

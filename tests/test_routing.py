@@ -1,6 +1,7 @@
 """Routes on hand-checkable topologies: hop counts, bottlenecks, latencies, determinism."""
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -159,3 +160,70 @@ def test_route_invariants(name, nodes, data):
     assert t.route(dst, src).hops == r.hops
     if sn == dn:
         assert all(lk.src.startswith(f"n{sn}/") for lk in links)
+
+
+def _one_pair_search(node, src, dst):
+    """The widest-then-shortest path by its definition, one pair at a time: breadth-first from ``src`` over the
+    widest links that reach ``dst`` (not through GPUs or NICs), stopping as soon as ``dst`` is reached."""
+    from collections import deque
+
+    from simdist.hardware.node import ENDPOINT_KINDS
+
+    g = node.graph
+    for threshold in sorted({lk.bandwidth_Bps for lk in node.links}, reverse=True):
+        prev, queue = {src: src}, deque([src])
+        while queue and dst not in prev:
+            v = queue.popleft()
+            if v != src and g.nodes[v]["kind"] in ENDPOINT_KINDS:
+                continue
+            for w, data in g[v].items():
+                if w not in prev and data["bandwidth_Bps"] >= threshold:
+                    prev[w] = v
+                    queue.append(w)
+        if dst in prev:
+            hops, v = [], dst
+            while v != src:
+                hops.append(node.link_index(prev[v], v))
+                v = prev[v]
+            return tuple(reversed(hops))
+    return None
+
+
+@pytest.mark.parametrize("name", ["pcie-gen4-8gpu", "dgx-h100", "dgx-a100", "gb200-nvl72", "hgx-h200"])
+def test_paths_from_shared_searches_equal_one_pair_searches(name):
+    # NodeGraph.path answers every destination of a source from the same breadth-first trees (one per bandwidth
+    # threshold); each path, its bottlenecks and latency, equals the search for that pair alone, asked in any order.
+    t = load_topology(name)
+    node = t.node
+    ends = node.gpus + node.nics
+    pairs = [(a, b) for a in ends for b in ends if a != b]
+    pairs = random.Random(3).sample(pairs, min(len(pairs), 600))  # in a random order: the trees are shared
+    for a, b in pairs:
+        if _one_pair_search(node, a, b) is None:  # e.g. NICs of two trays of a rack: no path, as alone
+            with pytest.raises(TopologyError, match=f"no path from {a} to {b}"):
+                node.path(a, b)
+            continue
+        shape = node.path(a, b)
+        assert shape.links == _one_pair_search(node, a, b), (a, b)
+        links = [node.links[i] for i in shape.links]
+        assert shape.bandwidth_Bps == min(lk.bandwidth_Bps for lk in links)
+        assert shape.latency_s == sum(lk.latency_s for lk in links)
+
+
+@pytest.mark.parametrize("name", ["pcie-gen4-8gpu", "dgx-a100", "gb200-nvl72"])
+def test_the_networkx_view_of_a_node_is_its_graph(name):
+    # Routing reads the node as plain dicts (NodeGraph.vertices, succ); NodeGraph.graph, built on demand for drawings
+    # and max flows, has the same vertices, attributes and links in the same order, and the same components.
+    import networkx as nx
+
+    from simdist.hardware.node import _components
+
+    node = load_topology(name).node
+    g = node.graph
+    assert list(g.nodes(data=True)) == list(node.vertices.items())
+    assert [(a, b, d["link"]) for a, b, d in g.edges(data=True)] == [
+        (a, b, i) for a, out in node.succ.items() for b, i in out.items()]
+    assert [g[a][b]["bandwidth_Bps"] for a, b in g.edges()] == [
+        node.links[g[a][b]["link"]].bandwidth_Bps for a, b in g.edges()]
+    assert sorted(map(sorted, _components(node))) == sorted(map(sorted, nx.weakly_connected_components(g)))
+    assert len(_components(node)) == 1

@@ -17,6 +17,7 @@ from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Job, Op, OpGraph
 from simdist.predict import step as predict_step_module
 from simdist.predict.step import predict_step
+from tests.conftest import TOY_TOPOLOGY
 
 LAYOUTS = {
     # 64 GPUs, fat tree with 2:1 oversubscription: data-parallel traffic of the 8 tp peers meets on spines.
@@ -208,3 +209,66 @@ def test_price_graph_batches_like_price_comm(tmp_path: Path) -> None:
         axes = tuple(a for a in plan.reduced_axes if a != c.axis)
         alone = price_comm(s.topology, c, translates=cfg.mesh.translates(c.ranks, axes) if axes else None)
         assert alone == priced[key]
+
+
+def _fresh(topology, comm):
+    """The price parts of ``comm`` computed on its own group (no re-placing, no memo): the tuner's choice, its
+    one-byte time, and its plan's transfers and levels."""
+    from simdist.analytic.select import evaluate, rank_choices
+    from simdist.predict.price import _plan_links, request_of
+
+    request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance)
+    choice = rank_choices(request)[0]
+    tiny = evaluate(request_of(topology, comm.op, comm.ranks, 1.0, comm.imbalance), choice.algorithm, choice.protocol)
+    transfers, levels = _plan_links(topology, request, choice)
+    return (choice.algorithm, choice.protocol, choice.predicted_s, tiny.predicted_s, transfers,
+            None if levels is None else levels.tolist())
+
+
+TRANSLATED = [("all_to_all", (20, 21, 22, 23), 3e6, 1.0), ("all_to_all", (21, 23, 20), 5e5, 1.7),
+              ("all_gather", (22, 20), 1e7, 1.0), ("reduce_scatter", (20, 21, 22, 23), 64.0, 1.0),
+              ("all_reduce", (23, 22, 21, 20), 2e8, 1.0), ("all_reduce", (8, 9, 10, 11), 4e6, 1.0)]
+
+
+@pytest.mark.parametrize(("op", "ranks", "nbytes", "imbalance"), TRANSLATED)
+def test_a_group_inside_another_node_is_priced_on_its_first_node_copy_exactly(op, ranks, nbytes, imbalance):
+    # price_graph prices a collective whose group sits inside one node on that group's copy on node 0 (the same
+    # node graph at another link offset), and keeps it in that copy's memo: what it finds, and the PricedComm of
+    # the group itself, equal the choice, times and plan computed on the group itself, bit for bit.
+    from simdist.hardware import load_topology
+    from simdist.plan.opgraph import Comm
+    from simdist.predict.price import _finish, _prepare, node_translate
+
+    topology = load_topology(TOY_TOPOLOGY, num_nodes=8)  # 4 GPUs per node on one NVSwitch: NVL-style
+    comm = Comm(op, ranks, nbytes, "ep", imbalance=imbalance)
+    home = node_translate(topology, ranks)
+    assert home == tuple(r % 4 for r in ranks)
+    first = _prepare(topology, Comm(op, home, nbytes, "ep", imbalance=imbalance), None, True, None, topology.groups)
+    reused = _prepare(topology, comm, None, True, None, topology.groups)
+    assert ranks not in topology.groups  # priced on the copy: its own group was never built
+    expected = _fresh(topology, comm)
+    for pending in (first, reused):
+        got = (pending.choice.algorithm, pending.choice.protocol, pending.time_s, expected[3], pending.transfers,
+               None if pending.levels is None else pending.levels.tolist())
+        assert got == expected
+        assert pending.latency_s == min(expected[3], expected[2])
+    alone = _finish(topology, reused)
+    per_node = topology.layout.links_per_node
+    assert alone.link_bytes and all(link // per_node == ranks[0] // 4 for link in alone.link_bytes)  # its own links
+
+
+def test_failed_leaf_spine_links_price_a_group_where_it_is():
+    # With faults.failed_links a topology's routes depend on where a group runs: no re-placing (the group itself is
+    # priced, and built), and its price is still the one computed on it.
+    from simdist.hardware import load_topology
+    from simdist.plan.opgraph import Comm
+    from simdist.predict.price import _prepare, node_translate
+
+    topology = load_topology(TOY_TOPOLOGY, num_nodes=8).with_failed_uplinks([(0, 0)])
+    comm = Comm("all_to_all", (20, 21, 22, 23), 3e6, "ep")
+    assert node_translate(topology, comm.ranks) == comm.ranks
+    pending = _prepare(topology, comm, None, True, None, topology.groups)
+    assert comm.ranks in topology.groups and (0, 1, 2, 3) not in topology.groups
+    assert (pending.choice.algorithm, pending.choice.protocol, pending.time_s) == _fresh(topology, comm)[:3]
+    # a group across nodes is never re-placed either (its routes cross NICs, leaves and hashed spines)
+    assert node_translate(load_topology(TOY_TOPOLOGY, num_nodes=8), (3, 4)) == (3, 4)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,15 @@ class RunOutput:
 
     result: dict[str, Any]
     files: dict[str, Path]
-    text: str
     num_ops: int = 0
     """Ops in the simulated op graph (its size drives the simulation's cost)."""
+
+    @cached_property
+    def text(self) -> str:
+        """The result as the text table of ``simdist run``, rendered when first read (``--json`` never reads it)."""
+        from simdist.report.step_table import render_text
+
+        return render_text(self.result)
 
 
 def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: str = "engine",
@@ -199,8 +206,6 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
     from simdist.api.calibration import _scenario_calibration
     from simdist.files import check_target, json_text, write_files
     from simdist.predict.step import link_counters
-    from simdist.report.step_table import render_text
-
     names = RUN_FILES
     if out_dir is not None:  # refuse an unwritable target now, not after the simulation
         for name in names:
@@ -241,7 +246,7 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
         write_files({out / name: rendered[name] for name in names}, field="--out")
         files = {name: out / name for name in names}
     num_ops = len(prediction.plan.graph.ops) if prediction.plan is not None else 0
-    return RunOutput(result=result, files=files, text=render_text(result), num_ops=num_ops)
+    return RunOutput(result=result, files=files, num_ops=num_ops)
 
 
 def _with_provenance(result: dict[str, Any], scenario: Scenario, assignments: list[str], *, base: Path,

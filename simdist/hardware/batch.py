@@ -14,14 +14,16 @@ pair come from the same functions `Topology.route` uses (`Topology.layout`, `Fab
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import get_args
 
 import numpy as np
 
 from simdist.hardware.layout import LinkLayout
-from simdist.hardware.link import Route
-from simdist.hardware.topology import Topology
+from simdist.hardware.link import Route, join
+from simdist.hardware.topology import ROUTE_TEMPLATES_MAX, Topology
 from simdist.spec.topology import LinkKind
 
 LINK_KINDS: tuple[str, ...] = get_args(LinkKind)
@@ -149,15 +151,58 @@ def _gpu_nics(topology: Topology, node: np.ndarray, gpu: np.ndarray) -> np.ndarr
 
 
 def _kind_mask(topology: Topology, links: tuple[int, ...]) -> int:
+    return _kinds_mask(topology.link(link).kind for link in links)
+
+
+def _kinds_mask(kinds: Iterable[str]) -> int:
     mask = 0
-    for link in links:
-        mask |= KIND_BIT[topology.link(link).kind]
+    for kind in kinds:
+        mask |= KIND_BIT[kind]
     return mask
+
+
+# Slots of a route template (`_template`): what each link of a route is, given its pair.
+_SRC_NODE, _DST_NODE, _NIC_UP, _NIC_DOWN, _SPINE_UP, _SPINE_DOWN = range(6)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Template:
+    """The route of one class of pairs, with its links as slots: a local link of the source's (or destination's)
+    node, or the source NIC's uplink, the spine links, the destination NIC's downlink (placed per pair)."""
+
+    slots: tuple[int, ...]
+    local: tuple[int, ...]
+    """The local link (an index into `NodeGraph.links`) of each node slot (0 for the others)."""
+    bandwidth_Bps: float
+    effective_bandwidth_Bps: float
+    latency_s: float
+    kind_mask: int
+
+
+def _template(topology: Topology, src: int, dst: int, inter: bool, cross: bool) -> _Template:
+    """The template of the class of the pair (src, dst): its route as `Topology.route` builds it (the same
+    segments joined by `join`: the same floats), a route inside a node without placing it."""
+    node, g = topology.node, topology.gpus_per_node
+    src_gpu, dst_gpu = src % g, dst % g
+    if not inter:
+        shape = node.path(node.gpus[src_gpu], node.gpus[dst_gpu])
+        r = join(src, dst, [(shape.links, shape)])
+        return _Template((_SRC_NODE,) * len(shape.links), shape.links, r.bandwidth_Bps, r.effective_bandwidth_Bps,
+                         r.latency_s, _kinds_mask(node.links[i].kind for i in shape.links))
+    r = topology.route(src, dst)
+    up = node.path(node.gpus[src_gpu], node.nics[node.nic_of_gpu[src_gpu]]).links
+    down = node.path(node.nics[node.nic_of_gpu[dst_gpu]], node.gpus[dst_gpu]).links
+    middle = (_NIC_UP, _SPINE_UP, _SPINE_DOWN, _NIC_DOWN) if cross else (_NIC_UP, _NIC_DOWN)
+    slots = (_SRC_NODE,) * len(up) + middle + (_DST_NODE,) * len(down)
+    assert len(slots) == len(r.links)
+    return _Template(slots, tuple(up) + (0,) * len(middle) + tuple(down), r.bandwidth_Bps,
+                     r.effective_bandwidth_Bps, r.latency_s, _kind_mask(topology, r.links))
 
 
 def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
     """Routes from GPU ``src[i]`` to GPU ``dst[i]``: the same links, bandwidths and latency as
-    ``topology.route(src[i], dst[i])``, computed with one `Topology.route` call per class of pairs."""
+    ``topology.route(src[i], dst[i])``, with one `Topology.route` call per class of pairs the topology has not
+    seen yet (`Topology.route_templates`) and numpy arithmetic for every link of every route."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     n = len(src)
@@ -166,7 +211,6 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
     if outside.any():
         topology.locate(int(both[outside][0]))  # raises the TopologyError
     g = topology.gpus_per_node
-    node = topology.node
     layout = topology.layout
     src_node, src_gpu = np.divmod(src, g)
     dst_node, dst_gpu = np.divmod(dst, g)
@@ -180,54 +224,51 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
             k = int(np.flatnonzero(inter & ((src_nic < 0) | (dst_nic < 0)))[0])
             topology.route(int(src[k]), int(dst[k]))  # raises the TopologyError
         cross = inter & (fabric.leaf_of(src_nic) != fabric.leaf_of(dst_nic))
-    # class of a pair: (local source GPU, local destination GPU, inter-node, crosses the spine layer)
+    # class of a pair: (local source GPU, local destination GPU, inter-node, crosses the spine layer); its members'
+    # routes differ in the nodes, NICs and spine they are placed on only (simdist.hardware.topology)
     code = ((src_gpu * g + dst_gpu) * 2 + inter) * 2 + cross
     classes, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     num = len(classes)
-    hops = np.empty(num, dtype=np.int64)
-    bw = np.empty(num)
-    eff = np.empty(num)
-    lat = np.empty(num)
-    kind = np.empty(num, dtype=np.int64)
-    templates: list[Route] = []
-    for c, k in enumerate(first):
-        r = topology.route(int(src[k]), int(dst[k]))
-        templates.append(r)
-        hops[c], bw[c], eff[c], lat[c] = len(r.links), r.bandwidth_Bps, r.effective_bandwidth_Bps, r.latency_s
-        kind[c] = _kind_mask(topology, r.links)
+    known = topology.route_templates
+    templates: list[_Template] = []
+    for c, k in zip(classes.tolist(), first.tolist(), strict=True):
+        t = known.get(c)
+        if t is None:
+            if len(known) >= ROUTE_TEMPLATES_MAX:
+                known.clear()
+            t = known[c] = _template(topology, int(src[k]), int(dst[k]), bool(inter[k]), bool(cross[k]))
+        templates.append(t)
+    hops = np.fromiter((len(t.slots) for t in templates), dtype=np.int64, count=num)
+    bw = np.fromiter((t.bandwidth_Bps for t in templates), dtype=float, count=num)
+    eff = np.fromiter((t.effective_bandwidth_Bps for t in templates), dtype=float, count=num)
+    lat = np.fromiter((t.latency_s for t in templates), dtype=float, count=num)
+    kind = np.fromiter((t.kind_mask for t in templates), dtype=np.int64, count=num)
+    # the classes' slots and local links, end to end (class c's from offset[c]), read per link entry of every route
+    offset = np.concatenate(([0], np.cumsum(hops)[:-1])).astype(np.int64)
+    size = int(hops.sum())
+    slots = np.fromiter(chain.from_iterable(t.slots for t in templates), dtype=np.int64, count=size)
+    local = np.fromiter(chain.from_iterable(t.local for t in templates), dtype=np.int64, count=size)
     lengths = hops[inverse]
     indptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-    links = np.empty(int(indptr[-1]), dtype=np.int64)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(num + 1))
-    for c in range(num):
-        members = order[bounds[c]:bounds[c + 1]]
-        h = int(hops[c])
-        if h == 0:
-            continue
-        rep = first[c]
-        placed = np.asarray(templates[c].links, dtype=np.int64)
-        if not inter[rep]:
-            # the template's links moved from its node to each member's (same local links)
-            block = layout.node_link((src_node[members] - src_node[rep])[:, None], placed[None, :])
-        else:
-            assert fabric is not None
-            up = node.path(node.gpus[int(src_gpu[rep])], node.nics[node.nic_of_gpu[int(src_gpu[rep])]])
-            down = node.path(node.nics[node.nic_of_gpu[int(dst_gpu[rep])]], node.gpus[int(dst_gpu[rep])])
-            u, d = len(up.links), len(down.links)
-            block = np.empty((len(members), h), dtype=np.int64)
-            block[:, :u] = layout.node_link(src_node[members][:, None], np.asarray(up.links, dtype=np.int64)[None, :])
-            block[:, u] = layout.nic_up(src_nic[members])
-            if cross[rep]:
-                s_nic, d_nic = src_nic[members], dst_nic[members]
-                spine = fabric.spine_for(s_nic, d_nic)
-                block[:, u + 1] = layout.spine_up(fabric.leaf_of(s_nic), spine)
-                block[:, u + 2] = layout.spine_down(fabric.leaf_of(d_nic), spine)
-            block[:, h - d - 1] = layout.nic_down(dst_nic[members])
-            block[:, h - d:] = layout.node_link(dst_node[members][:, None],
-                                                np.asarray(down.links, dtype=np.int64)[None, :])
-        links[segment_positions(indptr[members], np.full(len(members), h))] = block.reshape(-1)
+    total = int(indptr[-1])
+    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    at = np.arange(total, dtype=np.int64) + (offset[inverse] - indptr[:-1])[owner]
+    slot = slots[at]
+    loc = local[at]
+    links = np.where(slot == _SRC_NODE, layout.node_link(src_node[owner], loc),
+                     layout.node_link(dst_node[owner], loc))
+    if fabric is not None and inter.any():
+        at = slot == _NIC_UP
+        links[at] = layout.nic_up(src_nic[owner[at]])
+        at = slot == _NIC_DOWN
+        links[at] = layout.nic_down(dst_nic[owner[at]])
+        if cross.any():
+            up, down = np.flatnonzero(slot == _SPINE_UP), np.flatnonzero(slot == _SPINE_DOWN)
+            s_nic, d_nic = src_nic[owner[up]], dst_nic[owner[up]]  # the same pairs, in the same order
+            spine = fabric.spine_for(s_nic, d_nic)
+            links[up] = layout.spine_up(fabric.leaf_of(s_nic), spine)
+            links[down] = layout.spine_down(fabric.leaf_of(d_nic), spine)
     return RouteBatch(src, dst, indptr, links, bw[inverse], eff[inverse], lat[inverse], kind[inverse])
 
 

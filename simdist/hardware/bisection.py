@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from simdist.hardware.topology import Topology
@@ -32,6 +31,8 @@ class Bisection:
 
 
 def _node_flow(topology: Topology, sources: list[str], sinks: list[str]) -> float:
+    import networkx as nx  # here only: a run never needs it
+
     g = nx.DiGraph()
     for lk in topology.node.links:
         g.add_edge(lk.src, lk.dst, capacity=lk.bandwidth_Bps)

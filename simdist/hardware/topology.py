@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-import networkx as nx
-
 from simdist.errors import TopologyError
 from simdist.hardware.fabric import Fabric, build_fabric
 from simdist.hardware.gpus import gpu_preset
@@ -29,11 +27,16 @@ from simdist.spec.gpu import GpuSpec
 from simdist.spec.topology import TopologySpec
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from simdist.hardware.batch import RouteBatch
 
 ROUTE_CACHE_ENTRIES = 1 << 18
 """Routes kept per topology before the cache is emptied (~150 MiB at the limit: ~600 B a route,
 benchmarks/topology.py). A plain dict, not a `Memo`: a cached route is the hot path (one dict lookup)."""
+ROUTE_TEMPLATES_MAX = 1 << 16
+"""Route templates (`simdist.hardware.batch`: one per class of GPU pairs, at most 4 x gpus_per_node^2) kept per
+topology before they are emptied (a few hundred bytes each)."""
 ROUTE_BATCH_MEMO = (1024, 2**30)
 """(entries, bytes) kept of `route_batches`: vectorised routes by (sources, destinations). A 16,384-rank ring's
 8 channels charge 19 MiB, a 512-rank all_to_all's fast plan 80 MiB (`RouteBatch.nbytes`)."""
@@ -96,6 +99,9 @@ class Topology:
         """Where every link sits among the global ids, and its capacity by id."""
         self.num_links = self.layout.num_links
         self._routes: dict[tuple[int, int], Route] = {}
+        self.route_templates: dict[int, object] = {}
+        """`simdist.hardware.batch.routes`' templates by class of GPU pairs (source and destination GPU inside their
+        nodes, inter-node, crossing the spines): one `route` call per class for every batch of this topology."""
         # Memo tables that simdist.collectives.group fills: values derived from this topology alone, keyed by ranks
         # (never by an object's id), freed with the topology.
         self.route_batches: Memo[tuple[bytes, bytes], RouteBatch] = Memo("route_batches", *ROUTE_BATCH_MEMO)
@@ -254,7 +260,8 @@ class Topology:
     def vertex_counts(self) -> dict[str, int]:
         """Vertices per kind over the whole cluster (arithmetic, nothing materialised)."""
         counts: dict[str, int] = {}
-        for _, kind in self.node.graph.nodes(data="kind"):
+        for attrs in self.node.vertices.values():
+            kind = attrs["kind"]
             counts[kind] = counts.get(kind, 0) + self.num_nodes
         if self.fabric is not None:
             counts["leaf_switch"] = self.fabric.num_leaves
@@ -264,7 +271,9 @@ class Topology:
 
     def to_networkx(self, max_vertices: int = 200_000) -> nx.DiGraph:
         """The whole cluster as one networkx DiGraph (edges carry ``link`` ids and link fields)."""
-        per_node = self.node.graph.number_of_nodes()
+        import networkx as nx
+
+        per_node = len(self.node.vertices)
         total = per_node * self.num_nodes + (
             self.fabric.num_leaves + self.fabric.num_spines if self.fabric else 0
         )
@@ -275,7 +284,7 @@ class Topology:
             )
         g = nx.DiGraph(name=self.spec.name)
         for n in range(self.num_nodes):
-            for v, data in self.node.graph.nodes(data=True):
+            for v, data in self.node.vertices.items():
                 g.add_node(f"n{n}/{v}", **{**data, "node": n})
         if self.fabric is not None:
             for leaf in range(self.fabric.num_leaves):

@@ -341,22 +341,65 @@ def request_of(topology: Topology, op: str, ranks: tuple[int, ...], nbytes: floa
     return Request(op, group, nbytes)
 
 
+def node_translate(topology: Topology, ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """``ranks`` moved to the cluster's first node when they all sit on one other node, else ``ranks``: the group
+    there prices exactly as here. Every route between GPUs of one node (and to its NVSwitch) crosses that node's
+    links only (simdist.hardware.topology.Topology.route), and every node is the one node graph placed at an offset
+    (simdist.hardware.layout: node n's local link t has id n x T + t and the capacity of t), so each route of the
+    translate crosses the same local links with the same figures, its link ids shifted in order, and the closed
+    forms compute the same floats. Failed leaf-spine links (faults.failed_links) switch it off, as they switch off
+    `simdist.analytic.pricing.CommPricer`'s re-placing; degraded links never enter a price (they are capacities of
+    the engine's shared links only, simdist.predict.faults)."""
+    g = topology.gpus_per_node
+    base = ranks[0] - ranks[0] % g
+    if base == 0 or (topology.fabric is not None and topology.fabric.failed_uplinks):
+        return ranks
+    if any(not base <= r < base + g for r in ranks):
+        return ranks
+    return tuple(r - base for r in ranks)
+
+
+def _tuned(topology: Topology, comm: Comm, groups: dict[tuple[int, ...], Group] | None
+           ) -> tuple[Choice, float, Request]:
+    """(the tuner's choice for ``comm`` alone, the closed form of that choice for one byte, the request they were
+    found on: ``comm`` on its group's `node_translate`), kept in that group's memo: a collective on every node's
+    copy of a group is priced once."""
+    ranks = node_translate(topology, comm.ranks)
+    basis = request_of(topology, comm.op, ranks, comm.nbytes, comm.imbalance, groups)
+    key = ("tuned", comm.op, float(comm.nbytes), float(comm.imbalance))
+    hit = basis.group.memo.get(key)
+    if hit is None:
+        choice = rank_choices(basis)[0]
+        tiny = evaluate(request_of(topology, comm.op, ranks, 1.0, comm.imbalance, groups), choice.algorithm,
+                        choice.protocol)
+        hit = basis.group.memo[key] = (choice, tiny.predicted_s)
+    return (*hit, basis)
+
+
+def _planned(topology: Topology, comm: Comm, basis: Request, choice: Choice
+             ) -> tuple[list[tuple[int, int, float]], np.ndarray | None]:
+    """`_plan_links` of ``choice`` on ``basis`` (``comm``'s `_tuned` request: the plan, in peers, of every node's
+    copy of the group), kept in its group's memo (read-only: shared by every collective priced with it)."""
+    key = ("planned", comm.op, float(comm.nbytes), float(comm.imbalance), choice.algorithm, choice.protocol)
+    hit = basis.group.memo.get(key)
+    if hit is None:
+        hit = basis.group.memo[key] = _plan_links(topology, basis, choice)
+    return hit
+
+
 def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...]] | np.ndarray | None,
              with_links: bool, adjust: Adjust | None, groups: dict[tuple[int, ...], Group] | None = None) -> _Pending:
     """`price_comm` up to its link loads: the choice, the times, the plan's transfers and the translates."""
-    request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance, groups)
-    choice = rank_choices(request)[0]
+    choice, tiny_s, basis = _tuned(topology, comm, groups)
     time_s = choice.predicted_s
-    tiny = evaluate(request_of(topology, comm.op, comm.ranks, 1.0, comm.imbalance, groups), choice.algorithm,
-                    choice.protocol)
-    latency_s = min(tiny.predicted_s, time_s)
+    latency_s = min(tiny_s, time_s)
     if adjust is not None:
         adjusted = adjust(comm.op, len(comm.ranks), comm.nbytes, time_s)
         latency_s *= adjusted / time_s if time_s > 0 else 1.0
         time_s = adjusted
     if not with_links:
         return _Pending(comm, choice, time_s, latency_s)
-    transfers, levels = _plan_links(topology, request, choice)
+    transfers, levels = _planned(topology, comm, basis, choice)
     groups = np.asarray(translates if translates is not None and len(translates) else [comm.ranks], dtype=np.int64)
     gpn = topology.gpus_per_node
     if len(groups) > 1 and all(src == SWITCH or dst == SWITCH or comm.ranks[src] // gpn == comm.ranks[dst] // gpn
