@@ -453,7 +453,9 @@ nb.bar_chart(keys, parts, title=f"{MODEL} on {GPUS} H100s: where the step goes",
 `api.compare` runs the same search on each cluster (its own GPU, NVLink generation and network), takes the best
 layout, and turns tokens/s into **time**, **GPU-hours**, **cost** and **energy** to train a token budget, here
 15 T tokens (about Llama 3's pre-training set). 576 GPUs is a whole number of nodes for every preset: 72 eight-GPU
-nodes, or 8 GB200 NVL72 racks; the global batch is 1152 sequences so that it divides.
+nodes, or 8 GB200 NVL72 racks; the global batch is 1152 sequences so that it divides. Each of the five searches
+is bounded as the one above (`max_tp=8` ... `max_micro_batch=2`); drop the bounds to search every layout (a few
+minutes).
 
 **The prices below are illustrative assumptions, not quotes**: round numbers in US dollars per GPU-hour made
 up for this example. Real prices depend on the provider, the contract length and the year; put yours in.
@@ -462,7 +464,8 @@ no cooling or hosts)."""),
     (CODE, """ILLUSTRATIVE_USD_PER_GPU_HOUR = {  # example numbers only, NOT quotes
     "dgx-a100": 1.50, "dgx-h100": 2.50, "hgx-h200": 3.00, "dgx-b200": 4.50, "gb200-nvl72": 6.00}
 comparison = api.compare(MODEL, list(ILLUSTRATIVE_USD_PER_GPU_HOUR), 576, 15e12, global_batch_size=1152,
-                         prices=[f"{c}={p}" for c, p in ILLUSTRATIVE_USD_PER_GPU_HOUR.items()])
+                         prices=[f"{c}={p}" for c, p in ILLUSTRATIVE_USD_PER_GPU_HOUR.items()],
+                         max_tp=8, max_pp=16, max_cp=1, max_vpp=4, max_micro_batch=2)
 print(f"{'cluster':>12} {'best layout':>58} {'tokens/s':>10} {'MFU':>6} {'days':>6} {'M USD':>6} {'GWh':>5}")
 for r in comparison["rows"]:
     if "error" in r:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -42,11 +44,60 @@ def cli(capsys):
     return run
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The fuzz tests' case counts (tests/test_fuzz.py), when they ran."""
-    import sys
+# --------------------------------------------------------------------------- running in parallel (pytest-xdist)
+# pyproject's addopts run the suite on every core (-n auto --dist loadfile): each test file on one worker, so module
+# fixtures and module caches are built once, as in a serial run. The files below start torch.distributed process
+# groups (gloo ranks meeting at a free TCP port on 127.0.0.1, validation/spawn.py): they share one worker, so that
+# only one rendezvous is open at a time.
+TORCH_DISTRIBUTED = {"test_moe_harness.py", "test_validation_harness.py", "test_validation_loop.py"}
 
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the `TORCH_DISTRIBUTED` files as one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "torch.distributed" if Path(path).name in TORCH_DISTRIBUTED else path
+
+    return FileScheduling(config, log)
+
+
+def _fuzz_cases() -> Counter:
     fuzz = sys.modules.get("tests.test_fuzz")
-    if fuzz is not None and fuzz.CASES:
-        counts = ", ".join(f"{name} {n}" for name, n in sorted(fuzz.CASES.items()))
-        terminalreporter.write_line(f"fuzz cases: {sum(fuzz.CASES.values())} ({counts})")
+    return Counter(fuzz.CASES) if fuzz is not None else Counter()
+
+
+class _WorkerFuzzCases:
+    """The fuzz case counts of the xdist workers, gathered on the controller as each worker ends."""
+
+    def __init__(self) -> None:
+        self.cases: Counter = Counter()
+
+    def pytest_testnodedown(self, node, error):
+        self.cases.update(getattr(node, "workeroutput", {}).get("fuzz_cases", {}))
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_WorkerFuzzCases(), "simdist-worker-fuzz-cases")
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its fuzz cases go to the controller
+        session.config.workeroutput["fuzz_cases"] = dict(_fuzz_cases())
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz tests' case counts (tests/test_fuzz.py), when they ran (in this process or in xdist workers)."""
+    cases = _fuzz_cases()
+    workers = terminalreporter.config.pluginmanager.get_plugin("simdist-worker-fuzz-cases")
+    if workers is not None:
+        cases.update(workers.cases)
+    if cases:
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(cases.items()))
+        terminalreporter.write_line(f"fuzz cases: {sum(cases.values())} ({counts})")
