@@ -528,7 +528,8 @@ def test_search_and_collective_work_bounds():
     assert r.one_line_error() and "31,744 rank-sizes" in r.err and "--algorithm ring" in r.err, r.err
     r = run_cli(["compare", "--model", "llama3-8b", "--clusters", ",".join(["dgx-h100", "dgx-a100"] * 10),
                  "--gpus", "8",
-                 "--tokens", "1e9", "--json"])
+                 "--tokens", "1e9", "--json",  # a small space: the duplicates, not the layouts, are the point
+                 "--max-pp", "1", "--max-cp", "1", "--max-vpp", "1", "--max-micro-batch", "1", "--schedules", "1f1b"])
     assert r.code == 0 and [row["cluster"] for row in _strict_json(r.out)["rows"]] == ["dgx-h100", "dgx-a100"], r.err
     r = run_cli(["compare", "--model", "llama3-8b", "--clusters", ",".join(f"c{i}" for i in range(17)), "--gpus", "8",
                  "--tokens", "1e9"])
