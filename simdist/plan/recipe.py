@@ -34,6 +34,9 @@ Per representative rank, in program order (the rules, with their sources):
   optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`; with
   ``overlap_param_gather`` it moves to the edge forwards instead).
 - between stages: the activation (F) or its gradient (B) as a send_recv on the sender's pp stream (`send`).
+
+The data-parallel collectives of the dense parameters (ZeRO gathers and scatters, the gradient reduction, the
+distributed optimizer's gather) run over dp x cp ranks, the experts' over edp (`data_parallel_groups`).
 """
 
 from __future__ import annotations
