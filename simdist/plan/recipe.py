@@ -162,7 +162,8 @@ def dense_data_parallel_axis(cfg: StepConfig) -> str:
     data-parallel group with context parallelism, dp x cp ranks (Megatron-Core: the cp ranks of a replica hold the
     same weights and reduce their gradients together; parallel_state.py ``get_data_parallel_group(
     with_context_parallel=True)``, the group of the dense grad buffers in distributed_data_parallel.py and of the
-    distributed optimizer's shards, megatron/core/optimizer/__init__.py ``intra_dp_cp_group``). Named ``dp_cp``
+    distributed optimizer's shards, megatron/core/optimizer/__init__.py ``intra_dp_cp_group``; Megatron-FSDP shards
+    over it too, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py, so ZeRO-2/3 here as well). Named ``dp_cp``
     where cp > 1 and ``dp`` where cp = 1 (the same ranks): either way its collectives run on the dp stream and are
     charged to the breakdown's dp (simdist.plan.accounting)."""
     return "dp_cp" if cfg.mesh.cp > 1 else "dp"
