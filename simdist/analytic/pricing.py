@@ -2,8 +2,10 @@
 
 Collective prices are cached across configurations by a key that captures what decides them (op, group size,
 stride between peers, the first peer's position inside its node, bytes): the group is re-placed on the cluster's
-first node(s) to price it (`CommPricer`). Chunk costs and recipes (simdist.plan.recipe) are cached by everything
-they read, so a search pays for each distinct one once.
+first node(s) to price it (`CommPricer`). A group whose peers are not evenly spaced (the data-parallel group with
+context parallelism where cp and dp are not adjacent in the order: simdist.plan.mesh.Mesh.shape) is keyed by its
+peers' offsets from the first instead of one stride. Chunk costs and recipes (simdist.plan.recipe) are cached by
+everything they read, so a search pays for each distinct one once.
 """
 
 from __future__ import annotations
@@ -21,9 +23,18 @@ from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe, tail
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
-__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "cached_chunk_cost", "cached_recipe", "price_pieces"]
+__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "cached_recipe",
+           "price_pieces"]
 
 Adjust = Callable[[str, int, float, float], float]
+Stride = int | tuple[int, ...]
+"""Rank distance between a group's neighbours, or (a group not evenly spaced) its peers' offsets from the first."""
+Shape = tuple[int, int, Stride]
+"""A mesh group: (first rank, size, `Stride`)."""
+
+
+def _offsets(size: int, stride: Stride) -> tuple[int, ...]:
+    return stride if isinstance(stride, tuple) else tuple(i * stride for i in range(size))
 
 STREAMS = ("compute", "tp", "cp", "ep", "dp", "pp")
 """The rank's streams: the step's own (compute, tp, cp, ep: `NUM_CORE`) first, then dp and pp."""
@@ -92,9 +103,10 @@ class CommPricer:
             return 0.0
         return self._price(self.key(op, ranks, nbytes, imbalance))
 
-    def shape_time_s(self, op: str, first: int, size: int, stride: int, nbytes: float, imbalance: float = 1.0
+    def shape_time_s(self, op: str, first: int, size: int, stride: Stride, nbytes: float, imbalance: float = 1.0
                      ) -> float:
-        """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks."""
+        """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks; ``stride``
+        a tuple: the group ``first + offset`` for each of its offsets."""
         if size < 2 or nbytes <= 0:
             return 0.0
         key = (op, self._position(first, size, stride), size, stride, float(nbytes), float(imbalance))
@@ -110,11 +122,11 @@ class CommPricer:
             hit = self._memo[key] = make()
         return hit
 
-    def shape_key(self, groups: dict[str, tuple[int, int, int]]) -> tuple:
+    def shape_key(self, groups: dict[str, Shape]) -> tuple:
         """What decides a piece's price on ``groups`` (axis -> (first rank, size, stride)): their shapes."""
         return tuple((a, self._position(*g), g[1], g[2]) for a, g in sorted(groups.items()))
 
-    def _position(self, rank: int, size: int = 1, stride: int = 1) -> int:
+    def _position(self, rank: int, size: int = 1, stride: Stride = 1) -> int:
         """Where a group (first rank, size, stride) sits, as far as its price goes: its first rank's place in its node
         (the rank itself where failed links make the routes depend on the nodes); 0 for a group inside one node of
         an NVSwitch: every GPU there has the same port to the one switch, so the group prices the same anywhere in
@@ -122,11 +134,12 @@ class CommPricer:
         if not self._gpn:
             return rank
         where = rank % self._gpn
-        if self._switched and where + (size - 1) * stride < self._gpn:
+        span = max(stride) if isinstance(stride, tuple) else (size - 1) * stride
+        if self._switched and where + span < self._gpn:
             return 0
         return where
 
-    def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, tuple[int, int, int]], *,
+    def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], *,
                compile: Callable[[PricedPieces], Any] | None = None) -> tuple[PricedPieces, Any]:
         """(`price_pieces`, ``compile`` of it or None), cached by the pieces and their groups' shapes (alike stages
         share them)."""
@@ -145,7 +158,7 @@ class CommPricer:
             return hit
         self.misses += 1
         op, nbytes, imbalance = key[0], key[-2], key[-1]
-        placed = key[1] if len(key) == 4 else tuple(key[1] + i * key[3] for i in range(key[2]))
+        placed = key[1] if len(key) == 4 else tuple(key[1] + o for o in _offsets(key[2], key[3]))
         group = self._groups.get(placed)
         if group is None:
             group = self._groups[placed] = Group(self.topology, placed)
@@ -232,7 +245,7 @@ class PricedPieces:
     hardware_flops: float
 
 
-def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, tuple[int, int, int]]) -> float:
+def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, Shape]) -> float:
     c: CommItem | None = piece.comm
     if c is None:
         return piece.duration_s
@@ -244,8 +257,8 @@ def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, tuple[int, int
 
 
 def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,
-                 groups: dict[str, tuple[int, int, int]]) -> PricedPieces:
-    """``pieces`` timed on the mesh groups ``groups`` (axis -> (first rank, size, stride))."""
+                 groups: dict[str, Shape]) -> PricedPieces:
+    """``pieces`` timed on the mesh groups ``groups`` (axis -> (first rank, size, stride or offsets))."""
     return PricedPieces(
         streams=tuple(STREAM_CODE[p.stream] for p in pieces),
         durations=tuple(_duration(pricer, p, groups) for p in pieces),

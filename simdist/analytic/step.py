@@ -26,6 +26,7 @@ from simdist.analytic.pricing import (
     STREAMS,
     CommPricer,
     PricedPieces,
+    Shape,
     cached_chunk_cost,
     cached_recipe,
     cached_tail,
@@ -139,7 +140,7 @@ _SLOWED = frozenset({"compute", "recompute", "optimizer"})
 
 
 def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
-           groups: dict[str, tuple[int, int, int]], factor: float = 1.0) -> tuple[list, list, PricedPieces]:
+           groups: dict[str, Shape], factor: float = 1.0) -> tuple[list, list, PricedPieces]:
     """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
     ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
     ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor)."""
@@ -192,7 +193,8 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
         rank = mesh.rank(pp=s)
         # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
         # of the two generators agree: simdist.plan.layout.check_experts)
-        groups = {axis: (rank, mesh.size(axis), mesh.stride(axis)) for axis in GROUP_AXES if axis != "pp"}
+        # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
+        groups = {axis: (rank, *mesh.shape(axis)) for axis in GROUP_AXES if axis != "pp"}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
         chunks = tuple((kinds[c * K + s], c * K + s == 0, c * K + s == K * V - 1)
                        for c in range(len(cfg.stage_chunks(s))))

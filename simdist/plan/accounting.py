@@ -5,7 +5,9 @@ trace) or the closed form computed it (simdist.analytic.step), and `simdist bubb
 ``bubble_fraction`` means the same in every command and report.
 
 Each op of a stage's rank is an interval of a *category* (compute, recompute, optimizer, tp, cp, ep, etp, pp, dp,
-edp: a collective's category is its axis, the expert generator's ep / etp / edp included). Some
+edp: a collective's category is its axis, the expert generator's ep / etp / edp included; dp covers the dense
+parameters' data-parallel collectives, over the data-parallel group with context parallelism, dp x cp ranks, whose
+axis is dp_cp where cp > 1: simdist.plan.recipe.dense_data_parallel_axis). Some
 of it is *pipeline work*: the forward, backward, weight-gradient and recompute compute of the schedule's steps,
 and the collectives those steps issue per micro-batch (tensor/context-parallel, per-micro-batch ZeRO). A
 pipeline send, a gradient bucket or reduction, the optimizer and a zero-length wait are not.
@@ -47,10 +49,14 @@ the categories given (a closed-form step whose pieces follow each other without 
 takes precedence over pipeline work, so a block's seconds are charged as given, whatever overlaps it."""
 
 
+CATEGORY_OF_AXIS = {"dp_cp": "dp"}
+"""Collective axes charged to another axis's category (the module docstring)."""
+
+
 def category_of(kind: str, axis: str | None) -> str:
     """Category of an op of ``kind`` (simdist.plan.opgraph.Op.kind); ``axis`` of its collective, if any."""
     if axis is not None:
-        return axis
+        return CATEGORY_OF_AXIS.get(axis, axis)
     if kind == "recompute":
         return "recompute"
     if kind == "optimizer":

@@ -18,11 +18,21 @@ are two factorizations of the same tp x cp x dp ranks of each pipeline stage: in
 size ep x etp <= gpus_per_node stays inside one NVLink domain, and a larger one spans nodes. Megatron requires
 the two generators' pipeline groups to be the same ("Pipeline parallel groups are expected to be the same for
 Non-Expert and Expert part"), which `Mesh.pipeline_groups_agree` checks. An order without ``ep`` places it where
-Megatron's default does: just inside dp.
+Megatron's default does: just inside dp. The expert generator has no cp, so edp already spans the cp ranks.
+
+Combined groups. The dense parameters' gradients and their distributed-optimizer / ZeRO shards live over the
+data-parallel group *with context parallelism*, ``dp_cp`` (`COMBINED_AXES`): the cp ranks of a replica hold the
+same weights and compute gradients on different chunks of the sequence (Megatron-Core parallel_state.py:
+``get_ranks("dp-cp")`` -> ``get_data_parallel_group(with_context_parallel=True)``, the group of the dense
+gradient buffers in distributed_data_parallel.py and of the distributed optimizer's shards). Its peers are
+ordered as Megatron's ``generate_masked_orthogonal_rank_groups`` orders a masked group: the peer index
+decomposed over the group's axes innermost first (so ranks ascend). Where cp and dp are not adjacent in the
+order (tp-cp-pp-dp) the group is not one stride: `Mesh.offsets` lists its peers' distances from the first.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +44,13 @@ DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp")
 """The expert generator's axes: expert tensor parallel, expert parallel, expert data parallel (module docstring)."""
 _EXPERT_NAME = {"tp": "etp", "ep": "ep", "dp": "edp", "pp": "pp"}
+COMBINED_AXES = {"dp_cp": ("cp", "dp")}
+"""Groups over several dense axes (module docstring): the data-parallel group with context parallelism."""
+
+
+def component_axes(axis: str) -> tuple[str, ...]:
+    """The mesh axes a group along ``axis`` spans: dp_cp -> (cp, dp); any other axis itself."""
+    return COMBINED_AXES.get(axis, (axis,))
 
 
 def parse_order(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -67,6 +84,8 @@ class Mesh:
             return self.tp if self.etp is None else self.etp
         if axis == "edp":
             return self.tp * self.cp * self.dp // (self.size("etp") * self.ep)
+        if axis in COMBINED_AXES:
+            return math.prod(self.size(a) for a in COMBINED_AXES[axis])
         return int(getattr(self, axis))
 
     @property
@@ -93,14 +112,52 @@ class Mesh:
 
     def stride(self, axis: str) -> int:
         """Rank distance between neighbours along ``axis`` (product of the inner axes' sizes); the expert axes
-        (etp, ep, edp) in the expert generator (module docstring)."""
+        (etp, ep, edp) in the expert generator (module docstring); a combined axis (dp_cp) where its group is one
+        stride (`levels`), else a ValueError (use `offsets`)."""
+        if axis in COMBINED_AXES:
+            levels = self.levels(axis)
+            if len(levels) > 1:
+                raise ValueError(f"the {axis} group of order {'-'.join(self.order)} is not evenly spaced: "
+                                 "use Mesh.offsets")
+            return levels[0][1] if levels else self.stride(COMBINED_AXES[axis][0])
         s = 1
         for a in self._axes_of(axis):
             if a == axis:
                 return s
             s *= self.size(a)
         raise LayoutError(f"unknown axis '{axis}'", field="parallel.order",
-                          fix=f"use {', '.join((*AXES, *EXPERT_AXES))}")
+                          fix=f"use {', '.join((*AXES, *EXPERT_AXES, *COMBINED_AXES))}")
+
+    def levels(self, axis: str) -> tuple[tuple[int, int], ...]:
+        """(size, stride) of each run of evenly spaced peers of a group along ``axis``, innermost first: the
+        group's axes of size > 1 in the order's sequence (Megatron's masked decomposition, module docstring),
+        neighbours merged where the outer one's stride continues the inner one's span (cp x dp adjacent: one)."""
+        axes = component_axes(axis)
+        out: list[tuple[int, int]] = []
+        for a in self._axes_of(axes[0]):
+            if a not in axes or self.size(a) == 1:
+                continue
+            size, stride = self.size(a), self.stride(a)
+            if out and out[-1][0] * out[-1][1] == stride:
+                size, stride = out[-1][0] * size, out[-1][1]
+                out.pop()
+            out.append((size, stride))
+        return tuple(out)
+
+    def offsets(self, axis: str) -> tuple[int, ...]:
+        """Rank distance of each peer of a group along ``axis`` from its first (peer 0), in peer order: peer j's
+        index decomposed over `levels` innermost first (i * stride for a one-stride group)."""
+        out = [0]
+        for size, stride in self.levels(axis):
+            out = [o + k * stride for k in range(size) for o in out]
+        return tuple(out)
+
+    def shape(self, axis: str) -> tuple[int, int | tuple[int, ...]]:
+        """(size, stride) of a group along ``axis``: the stride where its peers are evenly spaced, else the tuple of
+        their `offsets` (a combined group whose axes are not adjacent in the order)."""
+        if axis in COMBINED_AXES and len(self.levels(axis)) > 1:
+            return self.size(axis), self.offsets(axis)
+        return self.size(axis), self.stride(axis)
 
     def expert_coords(self, rank: int) -> dict[str, int]:
         """Coordinates of ``rank`` in the expert generator (etp, ep, edp, pp)."""
@@ -147,7 +204,11 @@ class Mesh:
 
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
         """The ranks of ``rank``'s group along ``axis``, in peer order (coordinate 0 first); ep, etp and edp
-        from the expert generator."""
+        from the expert generator; dp_cp over the cp and dp coordinates (peer order: `offsets`)."""
+        if axis in COMBINED_AXES:
+            c = self.coords(rank)
+            base = rank - sum(c[a] * self.stride(a) for a in COMBINED_AXES[axis])
+            return tuple(base + o for o in self.offsets(axis))
         c = self.expert_coords(rank) if axis in EXPERT_AXES else self.coords(rank)
         base = rank - c[axis] * self.stride(axis)
         return tuple(base + i * self.stride(axis) for i in range(self.size(axis)))

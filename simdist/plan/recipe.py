@@ -34,6 +34,9 @@ Per representative rank, in program order (the rules, with their sources):
   optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`; with
   ``overlap_param_gather`` it moves to the edge forwards instead).
 - between stages: the activation (F) or its gradient (B) as a send_recv on the sender's pp stream (`send`).
+
+The data-parallel collectives of the dense parameters (ZeRO gathers and scatters, the gradient reduction, the
+distributed optimizer's gather) run over dp x cp ranks, the experts' over edp (`data_parallel_groups`).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
 from simdist.plan.schedule import WEIGHT_GRAD_SHARE
 from simdist.plan.step_config import ChunkCost, StepConfig, grad_bytes_per_element
 
-__all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "edge_recipe", "is_edge", "p2p_bytes", "send",
-           "step_recipe", "tail"]
+__all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "data_parallel_groups", "dense_data_parallel_axis",
+           "edge_recipe", "is_edge", "p2p_bytes", "send", "step_recipe", "tail"]
 
 PREV = -1
 """A dependency on the end of the stage's previous step (program order)."""
@@ -114,7 +117,7 @@ class StageTail:
     pieces: tuple[Piece, ...]
 
 
-STREAM_OF_AXIS = {"etp": "tp", "edp": "dp"}
+STREAM_OF_AXIS = {"etp": "tp", "edp": "dp", "dp_cp": "dp"}
 """The stream a collective of an axis without a stream of its own runs on (ep has its own: the token all_to_alls,
 which Megatron-Core's 1F1B A2A overlap runs beside the compute).
 # Assumption: the expert-TP collectives are model-parallel communication in the layer's critical path, run on the
@@ -149,8 +152,21 @@ class _Builder:
         return ids
 
 
-GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp")
-"""The axes a recipe's collectives run along (simdist.plan.mesh: the dense and the expert generators' groups)."""
+GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp_cp")
+"""The axes a recipe's collectives run along (simdist.plan.mesh: the dense and the expert generators' groups, and
+the data-parallel group with context parallelism)."""
+
+
+def dense_data_parallel_axis(cfg: StepConfig) -> str:
+    """The group the dense parameters' gradients, ZeRO shards and distributed-optimizer state live over: the
+    data-parallel group with context parallelism, dp x cp ranks (Megatron-Core: the cp ranks of a replica hold the
+    same weights and reduce their gradients together; parallel_state.py ``get_data_parallel_group(
+    with_context_parallel=True)``, the group of the dense grad buffers in distributed_data_parallel.py and of the
+    distributed optimizer's shards, megatron/core/optimizer/__init__.py ``intra_dp_cp_group``; Megatron-FSDP shards
+    over it too, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py, so ZeRO-2/3 here as well). Named ``dp_cp``
+    where cp > 1 and ``dp`` where cp = 1 (the same ranks): either way its collectives run on the dp stream and are
+    charged to the breakdown's dp (simdist.plan.accounting)."""
+    return "dp_cp" if cfg.mesh.cp > 1 else "dp"
 
 
 def _groups(cfg: StepConfig) -> dict[str, int]:
@@ -171,7 +187,7 @@ def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, dep
     # way, and above a few MB a collective's time is linear in its size.
     """
     n = cost.num_tensors
-    if axis != "dp" or cost.expert_params:
+    if axis == "edp" or cost.expert_params:
         # Assumption: the dense and the expert parameters' tensors in proportion to their parameters
         share = (cost.expert_params if axis == "edp" else cost.num_params - cost.expert_params) / cost.num_params
         n = max(1, round(n * share))
@@ -183,14 +199,17 @@ def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, dep
 def data_parallel_groups(cfg: StepConfig, params: float, expert_params: float) -> list[tuple[str, float]]:
     """(axis, parameters) of each data-parallel group whose gradients, ZeRO shards and distributed-optimizer state
     the ``params`` of a chunk (``expert_params`` of them routed experts) live over, groups of one rank left out:
-    the dense parameters over dp, the routed experts' over the expert-data-parallel group edp (Megatron-Core
+    the dense parameters over dp x cp (`dense_data_parallel_axis`), the routed experts' over the
+    expert-data-parallel group edp, whose generator has no cp, so it already spans the cp ranks: tp x cp x dp /
+    (etp x ep) of them (simdist.plan.mesh; Megatron-Core
     DistributedDataParallel: expert parameters in their own buffers, reduced over the expert data-parallel group,
     megatron/core/distributed/distributed_data_parallel.py ``expert_parallel_buffers``; parallel_state.py
     ``EXPERT_DATA_PARALLEL_GROUP``)."""
     out = []
     dense = params - expert_params
-    if cfg.mesh.dp >= 2 and dense > 0:
-        out.append(("dp", dense))
+    axis = dense_data_parallel_axis(cfg)
+    if cfg.mesh.size(axis) >= 2 and dense > 0:
+        out.append((axis, dense))
     if expert_params > 0 and cfg.mesh.size("edp") >= 2:
         out.append(("edp", expert_params))
     return out
@@ -515,12 +534,13 @@ def send(cfg: StepConfig) -> CommItem:
 
 def optimizer_params(cfg: StepConfig, params: float, expert_params: float = 0.0) -> float:
     """Parameters one GPU's optimizer updates: its shard of the stage's ``params`` under ZeRO-1+
-    (Rajbhandari et al. 2020 sec 5.1: each data-parallel rank updates 1/N_d of the states), the routed experts'
-    ``expert_params`` of them sharded over the expert-data-parallel group (Megatron-Core's distributed optimizer
-    shards each buffer over its own data-parallel group)."""
+    (Rajbhandari et al. 2020 sec 5.1: each data-parallel rank updates 1/N_d of the states), the dense ones sharded
+    over dp x cp, the routed experts' ``expert_params`` of them over the expert-data-parallel group (Megatron-Core's
+    distributed optimizer shards each buffer over its own data-parallel group: `data_parallel_groups`)."""
     if cfg.zero_stage < 1:
         return params
-    return (params - expert_params) / cfg.mesh.dp + expert_params / cfg.mesh.size("edp")
+    dense = cfg.mesh.size(dense_data_parallel_axis(cfg))
+    return (params - expert_params) / dense + expert_params / cfg.mesh.size("edp")
 
 
 def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
@@ -530,7 +550,7 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     --overlap-grad-reduce (and the lecture's data parallelism), it starts once the stage's whole backward is done
     (Korthikanti et al. 2022 sec 6.3 ran 530B this way); per parameter (the lecture: one all_reduce per tensor) or
     per bucket. all_reduce and reduce_scatter both take the whole gradient buffer as their nccl-tests size (for a
-    reduce_scatter, the full input each rank contributes; each keeps 1/dp of the reduced result). Then the
+    reduce_scatter, the full input each rank contributes; each keeps 1/(dp x cp) of the reduced result). Then the
     optimizer after every data-parallel collective of the stage (collectives end together on all members), and
     under ZeRO-1/2 the all_gather of the updated parameter shards (Megatron's distributed optimizer / ZeRO-1,2).
     """

@@ -113,7 +113,8 @@ def waits(plan: StepPlan, trace: GraphTrace) -> list[dict[str, Any]]:
     ready = _ready_times(plan, trace)
     members: dict[int, list[int]] = {}
     for i, op in enumerate(plan.graph.ops):
-        if op.sync >= 0 and op.comm is not None and op.comm.axis == "dp":
+        # (the dense gradients' group is dp_cp where cp > 1: simdist.plan.recipe.dense_data_parallel_axis)
+        if op.sync >= 0 and op.comm is not None and op.comm.axis in ("dp", "dp_cp"):
             members.setdefault(op.sync, []).append(i)
     rank_of = {r: (s, d) for (s, d), r in plan.stage_ranks.items()}
     wait_s: dict[int, float] = {}

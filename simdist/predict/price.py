@@ -45,7 +45,7 @@ from simdist.engine.executor import wire_predecessor
 from simdist.engine.links import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
-from simdist.plan.mesh import EXPERT_AXES, Mesh
+from simdist.plan.mesh import EXPERT_AXES, Mesh, component_axes
 from simdist.plan.opgraph import Comm, Job, OpGraph
 
 _SYMMETRY_REL = 1e-9
@@ -465,14 +465,16 @@ def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0
 
 def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
     """The axes along which a collective on ``axis`` has translates the reduced graph leaves out: the reduced axes
-    but its own; for an expert group (ep, etp, edp: simdist.plan.mesh's expert generator, whose groups cut across
-    the dense ones) the other expert axes, the other expert groups of its stage.
+    but its own (a dp_cp group's own are dp and cp: simdist.plan.mesh.component_axes); for an expert group (ep,
+    etp, edp: simdist.plan.mesh's expert generator, whose groups cut across the dense ones) the other expert axes,
+    the other expert groups of its stage.
     # Assumption: where the graph simulates every data-parallel replica but not every tp peer (unequal replicas of
     # an expert-parallel layout), the expert groups' translates are counted as if none of them were simulated.
     """
     if axis in EXPERT_AXES:
         return tuple(a for a in EXPERT_AXES if a != axis) if reduced_axes else ()
-    return tuple(a for a in reduced_axes if a != axis)
+    own = component_axes(axis)
+    return tuple(a for a in reduced_axes if a not in own)
 
 
 def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None, reduced_axes: tuple[str, ...] = (),
