@@ -429,7 +429,12 @@ class _SigintWhileWriting(io.StringIO):
 
 def test_sigint_while_printing_leaves_a_complete_document_or_none():
     out = _SigintWhileWriting()
-    r = run_cli(["schema", "scenario"], stdout=out)
+    # as in a `simdist` process: SIGINT raises KeyboardInterrupt (a pytest-xdist worker may have set it otherwise)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        r = run_cli(["schema", "scenario"], stdout=out)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert r.code == 130, r.err
     _strict_json(out.getvalue())  # the whole document, then exit 130
 
