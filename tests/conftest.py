@@ -45,7 +45,7 @@ def cli(capsys):
 
 
 # --------------------------------------------------------------------------- running in parallel (pytest-xdist)
-# pyproject's addopts run the suite on every core (-n auto --dist loadfile): each test file on one worker, so module
+# With -n auto --dist loadfile (optional; the README's command runs serially): each test file on one worker, so module
 # fixtures and module caches are built once, as in a serial run. The files below start torch.distributed process
 # groups (gloo ranks meeting at a free TCP port on 127.0.0.1, validation/spawn.py): they share one worker, so that
 # only one rendezvous is open at a time.
