@@ -3,17 +3,19 @@
 An op starts when its track has finished the op before it and every op in its ``deps`` has finished; it
 then holds the track for ``duration_s``. The engine reads durations and dependencies only.
 
-Cost: each op is one timeout plus, only when it has to wait, one event; finishing an op decrements a
-counter per dependent (lists, no dicts), so 10^5 ops run in about a second. A dependency cycle, or two
-tracks whose program orders contradict their dependencies, leaves processes waiting on events nobody
-will trigger: SimPy runs out of events and returns, and `ScheduleDeadlock` names the stuck tracks.
+Cost: each op is one timeout (none when it takes no time); finishing an op decrements a counter per dependent
+(lists, no dicts) and starts, at the same instant and without a SimPy event, the dependents whose tracks waited
+for it, so 10^5 ops run in well under a second. A dependency cycle, or two tracks whose program orders contradict
+their dependencies, leaves tracks waiting for ops that never finish: SimPy runs out of events and returns, and
+`ScheduleDeadlock` names the stuck tracks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -76,8 +78,9 @@ class _Instance:
 
     size: int
     job: Job
-    done: simpy.Event
     share: _Share
+    members: list[tuple[int, int]] = field(default_factory=list)
+    """(track, op) of the members that arrived: each finishes, and its track goes on, when the collective ends."""
     arrived: int = 0
     start: float = math.nan
 
@@ -181,8 +184,9 @@ def _private_links(ops: list, capacity_of: Callable[[int], float] | None,
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
               capacities: Callable[[np.ndarray], np.ndarray] | None = None, *, checked: bool = False,
-              resume: tuple[GraphTrace, float] | None = None,
-              private: tuple[list[float], dict[tuple[int, int, str], _Share]] | None = None) -> GraphTrace:
+              resume: tuple[GraphTrace, float] | tuple[GraphTrace, float, Mapping[int, float]] | None = None,
+              private: tuple[list[float], dict[tuple[int, int, str], _Share]] | None = None,
+              record: dict[float, dict[int, float]] | None = None) -> GraphTrace:
     """Simulate ``graph``; start and end of every op, and the makespan (seconds from 0).
 
     Ops carrying a ``job`` (priced collectives) run on ``SharedLinks`` (simdist.engine.links) of capacity
@@ -193,8 +197,11 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     ``resume``: (the uncontended trace, a time ``t`` of `simdist.engine.contention.first_divergence`, up to which
     the engine's timeline is that trace): the simulation starts at ``t`` from that state (ops ended by ``t`` keep
     their times, ops under way finish their remaining time, a transfer its remaining bytes), so only what follows
-    ``t`` costs events. The same timeline as from 0, up to rounding. ``private``: `_private_links` of these ops and
-    capacities, if already found.
+    ``t`` costs events. The same timeline as from 0, up to rounding. Or (a trace, ``t``, per op under way at ``t``
+    whose collective is moving bytes on the shared links then, the bytes per flow it has left): the state at ``t``
+    of another run that had executed the same ops up to ``t`` (`record`, simdist.engine.prefix). ``private``:
+    `_private_links` of these ops and capacities, if already found.
+    ``record``: times (after the start) at which to take that state: each is filled with {op: bytes left}.
     """
     if not checked:
         _check(graph)
@@ -207,14 +214,17 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     for i, op in enumerate(ops):
         for d in op.deps:
             dependents[d].append(i)
-    waiting: list[simpy.Event | None] = [None] * n
+    waiting = [-1] * n  # per op: the track waiting for it to be released (-1: none)
     start = [math.nan] * n
     end = [math.nan] * n
     tracks = graph.tracks()
     position: dict[tuple[int, str], int] = dict.fromkeys(tracks, 0)
     cut = 0.0
+    moving_left: Mapping[int, float] | None = None
     if resume is not None:
-        alone, cut = resume
+        alone, cut = resume[0], resume[1]
+        if len(resume) > 2:
+            moving_left = resume[2]  # type: ignore[misc]
         if cut == math.inf:
             return alone
         if cut > 0:
@@ -241,20 +251,55 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         if op.sync >= 0:
             inst = instances.get(op.sync)
             if inst is None:
-                inst = instances[op.sync] = _Instance(0, op.job, env.event(), share_of[(id(op.job), -1, "")])
+                inst = instances[op.sync] = _Instance(0, op.job, share_of[(id(op.job), -1, "")])
             inst.size += 1
         else:
             # Links only this track uses cannot be shared: they bound the job's own rate only, so they fold
             # into its uncontended transfer time and the network sees the shared links alone (same rates,
             # far fewer entries per re-share).
-            inst = _Instance(1, op.job, env.event(), share_of[(id(op.job), op.rank, op.stream)])
+            inst = _Instance(1, op.job, share_of[(id(op.job), op.rank, op.stream)])
         instance_of[i] = inst
+
+    # What happens at an instant without a SimPy event of its own (a track released by the op it waited for, a
+    # collective that took no time) is queued here and done, in order, before the SimPy callback that caused it
+    # returns (`drain`): the same instant, and no callback runs inside another.
+    later: deque[tuple[int, _Instance | None]] = deque()
+
+    def drain() -> None:
+        while later:
+            k, inst = later.popleft()
+            if inst is None:
+                released(k)
+            else:
+                instance_ended(inst)
+
+    def instance_ended(inst: _Instance) -> None:
+        for k, i in inst.members:
+            start[i] = inst.start
+            finish(k, i)
+            proceed(k)
+
+    in_flight: dict[int, _Instance] = {}  # id(then) of a transfer under way -> its collective (for `record`)
+
+    def ended_then(inst: _Instance) -> Callable[[], None]:
+        def then() -> None:
+            if record:
+                del in_flight[id(then)]
+            instance_ended(inst)
+            drain()
+        if record:
+            in_flight[id(then)] = inst
+        return then
+
+    def ended_cb(inst: _Instance) -> Callable[[simpy.Event], None]:
+        then = ended_then(inst)
+        return lambda _ev: then()
 
     # A collective instance runs by event callbacks (no SimPy process of its own): its latency, then its transfer.
     def run_instance(inst: _Instance) -> None:
         inst.start = env.now
         if inst.job.latency_s > 0:
-            env.timeout(inst.job.latency_s).callbacks.append(lambda _ev: move(inst))
+            env.timeout(inst.job.latency_s).callbacks.append(lambda _ev: (move(inst), drain()))
         else:
             move(inst)
 
@@ -263,12 +308,12 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         if share.bandwidth_s > 0:
             if share.links and net is not None:
                 # its flows move size bytes each, at most at its uncontended speed (alone: bandwidth_s)
-                ev = net.transfer(share.links, share.size, share.size / share.bandwidth_s, share.weights)
+                net.transfer(share.links, share.size, share.size / share.bandwidth_s, share.weights,
+                             then=ended_then(inst))
             else:
-                ev = env.timeout(share.bandwidth_s)
-            ev.callbacks.append(lambda _ev: inst.done.succeed())
+                env.timeout(share.bandwidth_s).callbacks.append(ended_cb(inst))
         else:
-            inst.done.succeed()
+            later.append((-1, inst))
 
     # Each (rank, stream) track runs by event callbacks, not as a SimPy process: where a process would yield an
     # event (a dependency's release, a collective's end, a compute op's timeout) the track appends its next
@@ -281,7 +326,6 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     pos = [0] * len(keys)
     duration = [op.duration_s if op.job is None else solo_duration[i] for i, op in enumerate(ops)]
     timeout = env.timeout
-    new_event = env.event
 
     def proceed(k: int) -> None:
         """Run track ``k`` from its current op until it has to wait."""
@@ -290,8 +334,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         while p < len(ids):
             i = ids[p]
             if remaining[i]:
-                ev = waiting[i] = new_event()
-                ev.callbacks.append(lambda _ev, k=k: released(k))
+                waiting[i] = k
                 return
             if not begin(k, i):
                 return
@@ -306,9 +349,9 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         inst = instance_of[i]
         if inst is not None:
             inst.arrived += 1
+            inst.members.append((k, i))
             if inst.arrived == inst.size:
                 run_instance(inst)
-            inst.done.callbacks.append(lambda _ev, k=k, i=i, inst=inst: collective_ended(k, i, inst))
             return False
         start[i] = env.now
         d = duration[i]
@@ -318,21 +361,19 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         finish(k, i)
         return True
 
-    def collective_ended(k: int, i: int, inst: _Instance) -> None:
-        start[i] = inst.start
-        ended(k, i)
-
     def ended(k: int, i: int) -> None:
         finish(k, i)
         proceed(k)
+        drain()
 
     def finish(k: int, i: int) -> None:
         end[i] = env.now
         for j in dependents[i]:
             left = remaining[j] - 1
             remaining[j] = left
-            if not left and waiting[j] is not None:
-                waiting[j].succeed()
+            if not left and waiting[j] >= 0:
+                later.append((waiting[j], None))
+                waiting[j] = -1
         pos[k] += 1
 
     if cut > 0:
@@ -347,15 +388,20 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             share = inst.share
             moving = inst.start + inst.job.latency_s  # when its bytes began to move (uncontended)
             if share.bandwidth_s <= 0 or not share.links or net is None:
-                timeout(alone.end_s[i] - cut).callbacks.append(lambda _ev: inst.done.succeed())
-            elif cut < moving:
-                timeout(moving - cut).callbacks.append(lambda _ev: move(inst))
+                timeout(alone.end_s[i] - cut).callbacks.append(ended_cb(inst))
+            elif cut <= moving:
+                timeout(moving - cut).callbacks.append(lambda _ev: (move(inst), drain()))
             else:
-                # alone, its bytes move at one rate from ``moving`` to its end: the share of them left is the share
-                # of that time left
-                left = share.size * (alone.end_s[i] - cut) / (alone.end_s[i] - moving)
-                net.transfer(share.links, left, share.size / share.bandwidth_s, share.weights).callbacks.append(
-                    lambda _ev: inst.done.succeed())
+                if moving_left is not None:  # the state of the run that recorded it
+                    if i not in moving_left:
+                        raise ValueError(f"run_graph: resumed at {cut} s without the bytes left of op {i}, under way")
+                    left = moving_left[i]
+                else:
+                    # alone, its bytes move at one rate from ``moving`` to its end: the share of them left is the
+                    # share of that time left
+                    left = share.size * (alone.end_s[i] - cut) / (alone.end_s[i] - moving)
+                net.transfer(share.links, left, share.size / share.bandwidth_s, share.weights,
+                             then=ended_then(inst))
 
         todo = []
         for k, ids in enumerate(track_ids):
@@ -369,15 +415,25 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
                 if inst is None:  # a plain timeout
                     timeout(alone.end_s[i] - cut).callbacks.append(lambda _ev, k=k, i=i: resumed(k, i))
                     continue
+                inst.members.append((k, i))
                 if inst.arrived < inst.size:
                     resume_instance(inst, i)
-                inst.done.callbacks.append(lambda _ev, k=k, i=i, inst=inst: collective_ended(k, i, inst))
             else:
                 todo.append(k)
     else:
         todo = range(len(keys))
     for k in todo:
         proceed(k)
+    drain()
+    for at in sorted(record or ()):
+        if not at > cut:
+            raise ValueError(f"run_graph: cannot record the state at {at} s, not after the start ({cut} s)")
+        env.run(until=at)
+        assert record is not None
+        left_now = record[at]
+        for then, left in (net.in_flight() if net is not None else ()):
+            for _, i in in_flight[id(then)].members:
+                left_now[i] = left
     env.run()
     for k, key in enumerate(keys):
         position[key] = pos[k]

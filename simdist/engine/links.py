@@ -105,7 +105,9 @@ class _Transfer:
     size: float
     remaining: float
     cap: float
-    done: simpy.Event
+    done: simpy.Event | None
+    """Fires when it completes (None: ``then`` is called instead)."""
+    then: Callable[[], None] | None = None
     seq: int = 0
     """Order of joining (re-shares list transfers in this order)."""
     rate: float = 0.0
@@ -152,14 +154,19 @@ class SharedLinks:
         schedule's steady state meets the same groups again and again: a repeat costs a lookup."""
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
-                 weights: Sequence[float] | None = None) -> simpy.Event:
+                 weights: Sequence[float] | None = None, then: Callable[[], None] | None = None
+                 ) -> simpy.Event | None:
         """Start moving a transfer now: ``size`` bytes per flow (of its heaviest flows) over ``links``, each
-        crossed by ``weights`` of its flows (None: one), at most ``cap`` bytes/s per flow. The event fires
-        when it completes."""
-        done = self.env.event()
+        crossed by ``weights`` of its flows (None: one), at most ``cap`` bytes/s per flow. The event returned
+        fires when it completes; with ``then``, no event: ``then()`` is called at that instant instead, once the
+        links are re-shared (one SimPy event fewer per transfer, for the engine's callbacks)."""
         if size <= 0:
+            done = self.env.event()
+            if then is not None:
+                done.callbacks.append(lambda _ev: then())
             done.succeed()
-            return done
+            return None if then is not None else done
+        done = self.env.event() if then is None else None
         self._advance()
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
@@ -171,7 +178,7 @@ class SharedLinks:
         sig = sigs.get(key)
         if sig is None:
             sig = sigs[key] = len(sigs)
-        t = _Transfer(links, weights, size, size, cap, done, self._joined, 0.0, sig)
+        t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig)
         shared = False
         for link in links:
             if link not in capacity:
@@ -205,6 +212,11 @@ class SharedLinks:
             if self.env.now + delay < self._horizon_at:
                 self._schedule(delay)
         return done
+
+    def in_flight(self) -> list[tuple[simpy.Event | Callable[[], None], float]]:
+        """The transfers under way now, each as (its event, or its ``then``; the bytes per flow it has left)."""
+        elapsed = self.env.now - self._last
+        return [(t.done if t.then is None else t.then, t.remaining - t.rate * elapsed) for t in self._active]
 
     def _learn(self, link: int) -> None:
         """Record ``link``'s capacity (the table grown as needed)."""
@@ -341,7 +353,8 @@ class SharedLinks:
             self._reshare()
             self._dirty.clear()
         for t in finished:
-            t.done.succeed()
+            if t.done is not None:
+                t.done.succeed()
         horizon = math.inf
         for t in self._active:
             rate = t.rate
@@ -354,6 +367,9 @@ class SharedLinks:
         else:
             self._horizon += 1
             self._horizon_at = math.inf
+        for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
+            if t.then is not None:
+                t.then()
 
     def _schedule(self, delay: float) -> None:
         """The next finish is ``delay`` from now (any timeout set before is stale)."""

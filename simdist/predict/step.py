@@ -25,6 +25,7 @@ from simdist.analytic.step import CommPricer, analytic_observables, fast_forward
 from simdist.engine.contention import REL, Alone, engine_alone, first_divergence
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.links import unique_inverse
+from simdist.engine.prefix import Prefix, resumed_trace, shared_prefix
 from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
 from simdist.hardware import batch
@@ -241,6 +242,43 @@ def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology,
     return plan, priced, trace, obs, alone[2]
 
 
+def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topology: Topology,
+             degraded: dict[int, float] | None, alones: list[tuple[GraphTrace, GraphTrace, float, Alone]]
+             ) -> list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]]:
+    """`_sample` of each fast-forward sample (fewest micro-batches first). The largest is simulated; a smaller one
+    runs what it runs until its own cool-down departs from it (simdist.engine.prefix), so where that is later than
+    its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only."""
+    big_plan, _ = priced_plans[-1]
+    _, big_timeline, big_cut, big_engine = alones[-1]
+    prefixes: list[Prefix | None] = []
+    record: dict[float, dict[int, float]] = {}
+    for (plan, _), (_, timeline, cut, engine) in zip(priced_plans[:-1], alones[:-1], strict=True):
+        pre = shared_prefix(plan.graph, timeline, engine, big_plan.graph, big_timeline, big_engine)
+        useful = cut < pre.cut_s < math.inf and big_cut < pre.cut_s
+        prefixes.append(pre if useful else None)
+        if useful:
+            record[pre.cut_s] = {}
+    one, many = _capacities(topology, degraded)
+    with _collector_paused():
+        big_trace = run_graph(big_plan.graph, capacity_of=one, capacities=many, checked=True,
+                              resume=(big_timeline, big_cut), private=big_engine.private, record=record)
+    runs = []
+    for (plan, priced), alone, pre in zip(priced_plans, alones, [*prefixes, None], strict=True):
+        if plan is big_plan:
+            trace, shown_from = big_trace, big_cut
+        elif pre is None:
+            trace, shown_from = _engine_trace(plan, topology, degraded, alone), alone[2]
+        else:
+            with _collector_paused():
+                trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True,
+                                  resume=resumed_trace(pre, big_trace, record[pre.cut_s]), private=alone[3].private)
+            shown_from = alone[2]
+        obs = observables(plan.graph, trace, _first_replica(plan))
+        obs["uncontended_s"] = alone[0].makespan_s
+        runs.append((plan, priced, trace, obs, shown_from))
+    return runs
+
+
 def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
             check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None,
             rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False
@@ -281,8 +319,7 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
             # the answer carries the last sample's plan and prices
             if rather(*priced_plans[-1]):
                 return None
-            runs = [_sample(plan, priced, topology, degraded, alone)
-                    for (plan, priced), alone in zip(priced_plans, alones, strict=True)]
+            runs = _samples(priced_plans, topology, degraded, alones)
             del priced_plans, alones
             counts = list(counts)
             samples = [(m, run[3]) for m, run in zip(counts, runs, strict=True)]

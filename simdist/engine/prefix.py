@@ -1,0 +1,122 @@
+"""Two op graphs whose engine runs coincide up to a time, so that one is resumed from the other's state there.
+
+A fast-forward sample of M micro-batches (simdist.plan.fastforward) runs what the sample of M + c micro-batches
+runs until its own cool-down departs from it: the same ops on every track, in the same order, with the same
+dependencies and the same priced jobs. `simdist.engine.graph.run_graph` records the larger run's state at that
+time (per transfer under way, its bytes left) and resumes the smaller from it, so the smaller costs SimPy events
+for its tail only.
+
+Why the two runs agree up to the cut `shared_prefix` returns. Call an op of either graph *common* when it sits at
+the same place of its track (rank, stream, position) in both and is the same op there: name, kind, engine time
+alone, how the engine runs it (a plain timeout, or a transfer of the same links, weights, bytes and cap), its
+dependencies (by place) and its collective's members (by place). On each track the ops before the first one that
+is not common are the track's prefix. The cut is the earliest start, on the engine-alone timeline of its graph
+(simdist.engine.contention.alone_durations), of a track's first op past its prefix, over both graphs. The engine
+never starts an op earlier than that timeline does (every op takes at least its time alone: a transfer's max-min
+rate is at most its rate alone, and an op starts when its track and dependencies are done, a max of ends), so
+before the cut each run executes prefix ops only. Those are the same ops in both graphs with the same
+dependencies, so by induction over event times both runs start, share and end them identically up to the cut (the
+engine is deterministic, and max-min rates depend on the set of transfers under way only). From the cut on, the
+smaller run starts from the larger's state: ops ended keep their times, a timeout under way its end, a transfer
+under way its bytes left. Ties at the cut and re-share orders may differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simdist.engine.contention import Alone
+from simdist.engine.graph import GraphTrace
+from simdist.plan.opgraph import OpGraph
+
+__all__ = ["Prefix", "resumed_trace", "shared_prefix"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """Up to ``cut_s`` the engine runs of two graphs coincide (module docstring)."""
+
+    cut_s: float
+    """0: nothing shared (no gain); inf: the same graph."""
+    to_big: list[int]
+    """Per op of the smaller graph: the same op of the larger one, -1 past its track's prefix."""
+
+
+def _places(graph: OpGraph) -> tuple[dict[tuple[int, str], list[int]], list[tuple[tuple[int, str], int]]]:
+    tracks = graph.tracks()
+    where: list[tuple[tuple[int, str], int]] = [((-1, ""), -1)] * len(graph.ops)
+    for key, ids in tracks.items():
+        for p, i in enumerate(ids):
+            where[i] = (key, p)
+    return tracks, where
+
+
+def _members(graph: OpGraph, where: list) -> dict[int, tuple]:
+    groups: dict[int, list] = {}
+    for i, op in enumerate(graph.ops):
+        if op.sync >= 0:
+            groups.setdefault(op.sync, []).append(where[i])
+    return {sync: tuple(sorted(places)) for sync, places in groups.items()}
+
+
+def _signature(graph: OpGraph, i: int, where: list, members: dict[int, tuple], alone: Alone) -> tuple:
+    """What the engine does with op ``i`` that its place alone does not say (module docstring: *common*)."""
+    op = graph.ops[i]
+    solo, share_of = alone.private
+    how: object = None
+    if op.job is not None:
+        how = solo[i]
+        if math.isnan(how):
+            share = share_of[(id(op.job), -1, "")] if op.sync >= 0 else share_of[(id(op.job), op.rank, op.stream)]
+            how = (op.job.latency_s, share)
+    return (op.name, op.kind, alone.durations[i], how, tuple(where[d] for d in op.deps),
+            members.get(op.sync) if op.sync >= 0 else None)
+
+
+def shared_prefix(small: OpGraph, small_timeline: GraphTrace, small_alone: Alone,
+                  big: OpGraph, big_timeline: GraphTrace, big_alone: Alone) -> Prefix:
+    """The time up to which the engine runs of ``small`` and ``big`` coincide, and which ops they share (module
+    docstring); each graph with its engine-alone timeline and `simdist.engine.contention.engine_alone`."""
+    small_tracks, small_where = _places(small)
+    big_tracks, big_where = _places(big)
+    to_big = [-1] * len(small.ops)
+    if set(small_tracks) != set(big_tracks):
+        return Prefix(0.0, to_big)
+    small_members, big_members = _members(small, small_where), _members(big, big_where)
+    cut = math.inf
+    for key, ids in small_tracks.items():
+        others = big_tracks[key]
+        n = min(len(ids), len(others))
+        p = 0
+        while p < n:
+            i, j = ids[p], others[p]
+            if (_signature(small, i, small_where, small_members, small_alone)
+                    != _signature(big, j, big_where, big_members, big_alone)):
+                break
+            to_big[i] = j
+            p += 1
+        if p < len(ids):
+            cut = min(cut, small_timeline.start_s[ids[p]])
+        if p < len(others):
+            cut = min(cut, big_timeline.start_s[others[p]])
+    return Prefix(cut, to_big)
+
+
+def resumed_trace(prefix: Prefix, big_trace: GraphTrace, recorded: dict[int, float]
+                  ) -> tuple[GraphTrace, float, dict[int, float]]:
+    """`simdist.engine.graph.run_graph`'s ``resume`` for the smaller graph: the larger run's times of the shared ops
+    (NaN elsewhere), the cut, and the bytes left at the cut of the transfers under way (``recorded``: the larger
+    run's `record` at the cut, by its op ids)."""
+    start = [math.nan] * len(prefix.to_big)
+    end = [math.nan] * len(prefix.to_big)
+    back: dict[int, int] = {}
+    for i, j in enumerate(prefix.to_big):
+        if j >= 0:
+            start[i], end[i] = big_trace.start_s[j], big_trace.end_s[j]
+            if j in recorded:
+                back[j] = i
+    moving = {back[j]: left for j, left in recorded.items() if j in back}
+    if len(moving) != len(recorded):
+        raise ValueError("resumed_trace: a transfer under way at the cut is not one of the shared ops")
+    return GraphTrace(tuple(start), tuple(end), math.nan), prefix.cut_s, moving

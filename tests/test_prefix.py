@@ -1,0 +1,144 @@
+"""A fast-forward sample resumed from the largest sample's recorded state (simdist.engine.prefix) runs exactly as
+when simulated on its own: every op's start and end, with the links contended across the cut."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simdist import api
+from simdist.analytic.step import CommPricer, fast_forward_plan
+from simdist.engine.graph import run_graph
+from simdist.engine.prefix import resumed_trace, shared_prefix
+from simdist.plan.layout import step_config_of
+from simdist.plan.model_presets import resolve_model
+from simdist.plan.opgraph import Job, Op, OpGraph
+from simdist.predict import step as predict_step_module
+
+BASE = """\
+name: prefix
+cluster: {{preset: dgx-h100, num_nodes: 4}}
+model: {{num_layers: 8, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024, vocab_size: 32000}}
+parallel: {{tp: 8, pp: 2, dp: 2, vpp: {vpp}, zero_stage: 2}}
+training: {{global_batch_size: 256, micro_batch_size: 1}}
+schedule: {schedule}
+"""
+# ZeRO-2 reduce-scatters every micro-batch's gradients (simdist.plan.recipe): they meet the pipeline sends on the
+# NICs from the first backward on, well before the smaller samples' cool-downs
+CASES = {"1f1b": dict(vpp=1, schedule="1f1b"), "interleaved": dict(vpp=2, schedule="interleaved_1f1b")}
+
+
+def _samples(tmp_path, name):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE.format(**CASES[name]))
+    sc = api.load_scenario(path)
+    cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+    found = fast_forward_plan(cfg, CommPricer(topology, None), for_engine=True)
+    assert found is not None
+    plans, known = [], None
+    for m in found[1:]:
+        plan, priced = predict_step_module._priced_plan(cfg, topology, None, False, m, known)
+        known = known or priced
+        plans.append(plan)
+    return topology, plans, [predict_step_module._alone_and_cut(p, topology, None) for p in plans]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_resumed_sample_equals_its_own_simulation(tmp_path, name):
+    topology, plans, alones = _samples(tmp_path, name)
+    one, many = predict_step_module._capacities(topology, None)
+    big, (_, big_timeline, big_cut, big_engine) = plans[-1], alones[-1]
+    for plan, (_, timeline, cut, engine) in zip(plans[:-1], alones[:-1], strict=True):
+        pre = shared_prefix(plan.graph, timeline, engine, big.graph, big_timeline, big_engine)
+        # the case exercises the resumption: SimPy would otherwise start earlier, and transfers are under way there
+        assert cut < pre.cut_s < math.inf
+        record = {pre.cut_s: {}}
+        big_trace = run_graph(big.graph, capacity_of=one, capacities=many, resume=(big_timeline, big_cut),
+                              record=record)
+        assert record[pre.cut_s], "no transfer under way at the cut: the bytes-left path is not exercised"
+        own = run_graph(plan.graph, capacity_of=one, capacities=many)  # from 0, nothing resumed
+        resumed = run_graph(plan.graph, capacity_of=one, capacities=many,
+                            resume=resumed_trace(pre, big_trace, record[pre.cut_s]))
+        tol = 1e-9 * own.makespan_s
+        assert resumed.makespan_s == pytest.approx(own.makespan_s, abs=tol)
+        for a, b in zip(own.start_s, resumed.start_s, strict=True):
+            assert abs(a - b) <= tol
+        for a, b in zip(own.end_s, resumed.end_s, strict=True):
+            assert abs(a - b) <= tol
+        # the engine never starts a not-shared op before the cut
+        first_other = min(own.start_s[i] for i, j in enumerate(pre.to_big) if j < 0)
+        assert first_other >= pre.cut_s - tol
+
+
+def _story(extra: bool) -> OpGraph:
+    """Two tracks send on one shared link (id 0): rank 0 sends 1 GB after a 0.25 s op, rank 1 sends 0.5 GB at 0 and
+    computes 0.5 s meanwhile; ``extra``: rank 1 then computes 0.25 s more, the op the smaller graph lacks."""
+    g = OpGraph()
+    a = g.add(Op("a", 0, "compute", "forward", duration_s=0.25))
+    send_a = g.add(Op("send a", 0, "pp", "comm", duration_s=2.0, job=Job(0.0, 2.0, ((0, 1e9, 1),))))
+    g.depend(send_a, a)
+    g.add(Op("send b", 1, "pp", "comm", duration_s=1.0, job=Job(0.0, 1.0, ((0, 5e8, 1),))))
+    b = g.add(Op("b", 1, "compute", "forward", duration_s=0.5))
+    if extra:
+        c = g.add(Op("c", 1, "compute", "forward", duration_s=0.25))
+        g.depend(c, b)
+    return g
+
+
+def test_story_resumed_across_a_shared_link():
+    # Link 0.5 GB/s. Alone: send b [0, 1], send a [0.25, 2.25], b [0, 0.5], c [0.5, 0.75]. The cut is c's start on
+    # that timeline, 0.5 s. In the engine send b moves 0.125 GB alone until 0.25 s, then both share the link at
+    # 0.25 GB/s: at 0.5 s send b has 0.5 - 0.125 - 0.0625 = 0.3125 GB left and send a 1 - 0.0625 = 0.9375 GB; send b
+    # ends at 0.25 + 0.375 / 0.25 = 1.75 s, send a (0.625 GB left then, alone) at 1.75 + 1.25 = 3 s.
+    from simdist.engine.contention import engine_alone
+    from simdist.engine.uncontended import uncontended
+
+    cap = 0.5e9
+    small, big = _story(False), _story(True)
+    pre = shared_prefix(small, uncontended(small), engine_alone(small, lambda _l: cap),
+                        big, uncontended(big), engine_alone(big, lambda _l: cap))
+    assert pre.cut_s == pytest.approx(0.5)
+    assert pre.to_big == [0, 1, 2, 3]
+    record = {pre.cut_s: {}}
+    trace = run_graph(big, capacity_of=lambda _l: cap, record=record)
+    assert record[pre.cut_s] == {1: pytest.approx(0.9375e9), 2: pytest.approx(0.3125e9)}
+    resumed = run_graph(small, capacity_of=lambda _l: cap, resume=resumed_trace(pre, trace, record[pre.cut_s]))
+    own = run_graph(small, capacity_of=lambda _l: cap)
+    assert resumed.end_s == pytest.approx(own.end_s, abs=1e-12)
+    assert resumed.end_s == pytest.approx((0.25, 3.0, 1.75, 0.5))
+    assert resumed.start_s == pytest.approx((0.0, 0.25, 0.0, 0.0))
+
+
+def test_no_shared_prefix_when_the_first_ops_differ():
+    small, big = _story(False), _story(True)
+    big.ops[0].duration_s = 0.3  # rank 0's first op differs: nothing before its start (0) is shared
+    from simdist.engine.contention import engine_alone
+    from simdist.engine.uncontended import uncontended
+
+    pre = shared_prefix(small, uncontended(small), engine_alone(small, lambda _l: 1e9),
+                        big, uncontended(big), engine_alone(big, lambda _l: 1e9))
+    assert pre.cut_s == 0.0
+    # past rank 0's compute prefix; rank 0's send sits at the same place with the same dependency places
+    assert pre.to_big == [-1, 1, 2, 3]
+    with pytest.raises(ValueError, match="not after the start"):
+        run_graph(big, capacity_of=lambda _l: 1e9, record={0.0: {}})
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fast_forward_through_resumed_samples_equals_every_micro_batch(tmp_path, monkeypatch, name):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE.format(**CASES[name]))
+    sc = api.load_scenario(path)
+    cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+    monkeypatch.setattr(predict_step_module, "FAST_FORWARD_MIN_OPS", 0)
+    resumed = []
+    real = predict_step_module.resumed_trace
+    monkeypatch.setattr(predict_step_module, "resumed_trace", lambda *a: resumed.append(1) or real(*a))
+    fast = predict_step_module._engine(cfg, topology, None, False, True)
+    full = predict_step_module._engine(cfg, topology, None, False, False)
+    assert len(resumed) == 2  # both smaller samples resumed from the largest one's state
+    assert fast.micro_batches.startswith("fast-forward") and full.micro_batches == "all"
+    assert full.observables["step_s"] - full.uncontended_step_s > 1e-6 * full.observables["step_s"]  # contended
+    for key, value in full.observables.items():
+        assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
