@@ -98,11 +98,11 @@ def test_story_resumed_across_a_shared_link():
     small, big = _story(False), _story(True)
     pre = shared_prefix(small, uncontended(small), engine_alone(small, lambda _l: cap),
                         big, uncontended(big), engine_alone(big, lambda _l: cap))
-    assert pre.cut_s == pytest.approx(0.5)
+    assert pre.cut_s == pytest.approx(0.5, rel=1e-8) and pre.cut_s < 0.5
     assert pre.to_big == [0, 1, 2, 3]
     record = {pre.cut_s: {}}
     trace = run_graph(big, capacity_of=lambda _l: cap, record=record)
-    assert record[pre.cut_s] == {1: pytest.approx(0.9375e9), 2: pytest.approx(0.3125e9)}
+    assert record[pre.cut_s] == {1: pytest.approx(0.9375e9), 2: pytest.approx(0.3125e9)}  # at 0.5 s, to 1e-9
     resumed = run_graph(small, capacity_of=lambda _l: cap, resume=resumed_trace(pre, trace, record[pre.cut_s]))
     own = run_graph(small, capacity_of=lambda _l: cap)
     assert resumed.end_s == pytest.approx(own.end_s, abs=1e-12)
@@ -142,3 +142,16 @@ def test_fast_forward_through_resumed_samples_equals_every_micro_batch(tmp_path,
     assert full.observables["step_s"] - full.uncontended_step_s > 1e-6 * full.observables["step_s"]  # contended
     for key, value in full.observables.items():
         assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_resumption_refused_when_the_larger_run_passed_the_prefix():
+    # a cut past c's start (0.5 s): the larger run had an op of its own under way there, so its state is not the
+    # smaller's; resumed_trace refuses it (the caller then simulates the smaller graph on its own)
+    from simdist.engine.prefix import Prefix
+
+    cap = 0.5e9
+    big = _story(True)
+    record = {0.6: {}}
+    trace = run_graph(big, capacity_of=lambda _l: cap, record=record)
+    assert resumed_trace(Prefix(0.6, [0, 1, 2, 3]), trace, record[0.6]) is None
+    assert resumed_trace(Prefix(0.4, [0, 1, 2, 3]), trace, {2: 1.0, 4: 1.0}) is None  # a transfer not shared

@@ -81,10 +81,13 @@ class Op:
 @dataclass(slots=True)
 class OpGraph:
     ops: list[Op] = field(default_factory=list)
+    _tracks: dict[tuple[int, str], list[int]] | None = field(default=None, repr=False, compare=False)
+    """`tracks`, once found (``add`` forgets it)."""
 
     def add(self, op: Op) -> int:
         """Append ``op`` (after everything already on its track) and return its id."""
         self.ops.append(op)
+        self._tracks = None
         return len(self.ops) - 1
 
     def depend(self, op_id: int, *on: int) -> None:
@@ -95,10 +98,14 @@ class OpGraph:
                 deps.append(d)
 
     def tracks(self) -> dict[tuple[int, str], list[int]]:
-        """(rank, stream) -> op ids in program order."""
-        out: dict[tuple[int, str], list[int]] = {}
-        for i, op in enumerate(self.ops):
-            out.setdefault((op.rank, op.stream), []).append(i)
+        """(rank, stream) -> op ids in program order. Found once and shared by every caller (the engine, its
+        uncontended timeline and the fast-forward's prefixes each read it): read it, do not change it."""
+        out = self._tracks
+        if out is None or sum(map(len, out.values())) != len(self.ops):
+            out = {}
+            for i, op in enumerate(self.ops):
+                out.setdefault((op.rank, op.stream), []).append(i)
+            self._tracks = out
         return out
 
     def ranks(self) -> list[int]:

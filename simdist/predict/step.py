@@ -177,12 +177,13 @@ def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[
     return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
 
 
-def _alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None
+def _alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None, cut: bool = True
                    ) -> tuple[GraphTrace, GraphTrace, float, Alone]:
     """The op graph's uncontended trace (every op its priced duration), its timeline with the engine's times of
     each op alone (simdist.engine.contention.alone_durations: the same trace where they are the priced ones), the
     time up to which that is the engine's timeline (simdist.engine.contention.first_divergence: inf where no two
-    transfers meet on a shared link), and what the engine does with each op alone."""
+    transfers meet on a shared link; NaN if not ``cut``: not looked for), and what the engine does with each op
+    alone."""
     one, many = _capacities(topology, degraded)
     with _collector_paused():
         alone = uncontended(plan.graph)
@@ -193,6 +194,8 @@ def _alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float
             timeline = uncontended(plan.graph, checked=True, durations=durations)
         else:
             timeline, durations = alone, None
+        if not cut:
+            return alone, timeline, math.nan, engine
         return alone, timeline, first_divergence(plan.graph, timeline, one, many, durations, engine), engine
 
 
@@ -236,10 +239,7 @@ def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology,
     sample; ``alone``: its
     uncontended trace and first divergence (`_alone_and_cut`) if already found."""
     alone = alone if alone is not None else _alone_and_cut(plan, topology, degraded)
-    trace = _engine_trace(plan, topology, degraded, alone)
-    obs = observables(plan.graph, trace, _first_replica(plan))
-    obs["uncontended_s"] = alone[0].makespan_s
-    return plan, priced, trace, obs, alone[2]
+    return _observed(plan, priced, _engine_trace(plan, topology, degraded, alone), alone, alone[2])
 
 
 def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topology: Topology,
@@ -247,14 +247,16 @@ def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topol
              ) -> list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]]:
     """`_sample` of each fast-forward sample (fewest micro-batches first). The largest is simulated; a smaller one
     runs what it runs until its own cool-down departs from it (simdist.engine.prefix), so where that is later than
-    its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only."""
+    its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only.
+    A smaller sample's first divergence may be NaN (not looked for): before the cut their engine-alone timelines are
+    the same (the same ops), so where the largest's is earlier than the cut it is the smaller's too."""
     big_plan, _ = priced_plans[-1]
     _, big_timeline, big_cut, big_engine = alones[-1]
     prefixes: list[Prefix | None] = []
     record: dict[float, dict[int, float]] = {}
     for (plan, _), (_, timeline, cut, engine) in zip(priced_plans[:-1], alones[:-1], strict=True):
         pre = shared_prefix(plan.graph, timeline, engine, big_plan.graph, big_timeline, big_engine)
-        useful = cut < pre.cut_s < math.inf and big_cut < pre.cut_s
+        useful = big_cut < pre.cut_s < math.inf and not cut >= pre.cut_s
         prefixes.append(pre if useful else None)
         if useful:
             record[pre.cut_s] = {}
@@ -264,19 +266,31 @@ def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topol
                               resume=(big_timeline, big_cut), private=big_engine.private, record=record)
     runs = []
     for (plan, priced), alone, pre in zip(priced_plans, alones, [*prefixes, None], strict=True):
+        resume = resumed_trace(pre, big_trace, record[pre.cut_s]) if pre is not None else None
         if plan is big_plan:
             trace, shown_from = big_trace, big_cut
-        elif pre is None:
-            trace, shown_from = _engine_trace(plan, topology, degraded, alone), alone[2]
-        else:
+        elif resume is not None:
             with _collector_paused():
-                trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True,
-                                  resume=resumed_trace(pre, big_trace, record[pre.cut_s]), private=alone[3].private)
-            shown_from = alone[2]
-        obs = observables(plan.graph, trace, _first_replica(plan))
-        obs["uncontended_s"] = alone[0].makespan_s
-        runs.append((plan, priced, trace, obs, shown_from))
+                trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=resume,
+                                  private=alone[3].private)
+            shown_from = big_cut  # = its own first divergence, which is before the cut
+        else:
+            if math.isnan(alone[2]):
+                a, timeline, _, engine = alone
+                with _collector_paused():
+                    alone = (a, timeline, first_divergence(plan.graph, timeline, one, many,
+                                                           None if timeline is a else engine.durations, engine), engine)
+            trace, shown_from = _engine_trace(plan, topology, degraded, alone), alone[2]
+        runs.append(_observed(plan, priced, trace, alone, shown_from))
     return runs
+
+
+def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace,
+              alone: tuple[GraphTrace, GraphTrace, float, Alone], shown_from: float
+              ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]:
+    obs = observables(plan.graph, trace, _first_replica(plan))
+    obs["uncontended_s"] = alone[0].makespan_s
+    return plan, priced, trace, obs, shown_from
 
 
 def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
@@ -299,7 +313,10 @@ def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bo
         if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
             priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
                                               for m in counts[1:])]
-            alones = [_alone_and_cut(p, topology, degraded) for p, _ in priced_plans]
+            # the smaller samples' first divergences matter only where the largest has none (simdist.engine.prefix)
+            big_alone = _alone_and_cut(priced_plans[-1][0], topology, degraded)
+            alones = [*(_alone_and_cut(p, topology, degraded, big_alone[2] == math.inf) for p, _ in priced_plans[:-1]),
+                      big_alone]
             if all(cut == math.inf and timeline is a for a, timeline, cut, _ in alones):
                 if rather(plan, priced):
                     return None
