@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simdist import api
 from simdist.analytic.step import CommPricer, fast_forward_plan
@@ -15,6 +17,7 @@ from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.opgraph import Job, Op, OpGraph
 from simdist.predict import step as predict_step_module
+from tests.test_contention import capacity, graphs_with_collectives, two_rank_graphs
 
 BASE = """\
 name: prefix
@@ -155,3 +158,34 @@ def test_resumption_refused_when_the_larger_run_passed_the_prefix():
     trace = run_graph(big, capacity_of=lambda _l: cap, record=record)
     assert resumed_trace(Prefix(0.6, [0, 1, 2, 3]), trace, record[0.6]) is None
     assert resumed_trace(Prefix(0.4, [0, 1, 2, 3]), trace, {2: 1.0, 4: 1.0}) is None  # a transfer not shared
+
+
+@settings(max_examples=300, deadline=None)
+@given(two_rank_graphs() | graphs_with_collectives(), st.data())
+def test_a_truncated_graph_resumed_from_the_whole_one_equals_its_own_run(big, data):
+    # The smaller graph is the first k ops of the larger (ids and track places the same), whole collectives only:
+    # what they share runs the same up to the cut, wherever it falls (a send under way, in its latency, a collective
+    # waiting for a member), and the smaller resumed there from the larger's recorded state is its own run.
+    from simdist.engine.contention import engine_alone
+    from simdist.engine.uncontended import uncontended
+
+    cuts = [k for k in range(1, len(big.ops) + 1)
+            if k == len(big.ops) or big.ops[k].sync < 0 or big.ops[k].sync != big.ops[k - 1].sync]
+    k = data.draw(st.sampled_from(cuts))
+    small = OpGraph([Op(op.name, op.rank, op.stream, op.kind, duration_s=op.duration_s, deps=list(op.deps),
+                        job=op.job, sync=op.sync) for op in big.ops[:k]])
+    timelines = []
+    for g in (small, big):
+        alone = engine_alone(g, capacity)
+        timelines.append((uncontended(g, durations=alone.durations), alone))
+    pre = shared_prefix(small, *timelines[0], big, *timelines[1])
+    own = run_graph(small, capacity)
+    if not 0 < pre.cut_s < math.inf:
+        return
+    record = {pre.cut_s: {}}
+    trace = run_graph(big, capacity, record=record)
+    resume = resumed_trace(pre, trace, record[pre.cut_s])
+    assert resume is not None
+    resumed = run_graph(small, capacity, resume=resume)
+    assert resumed.start_s == pytest.approx(own.start_s, rel=1e-9, abs=1e-12)
+    assert resumed.end_s == pytest.approx(own.end_s, rel=1e-9, abs=1e-12)
