@@ -46,58 +46,83 @@ class Prefix:
     """Per op of the smaller graph: the same op of the larger one, -1 past its track's prefix."""
 
 
-def _places(graph: OpGraph) -> tuple[dict[tuple[int, str], list[int]], list[tuple[tuple[int, str], int]]]:
+def _places(graph: OpGraph, order: dict[tuple[int, str], int]
+            ) -> tuple[dict[tuple[int, str], list[int]], list[int]]:
+    """The graph's tracks, and per op its place as one integer: track number (``order``) x 2^32 + position."""
     tracks = graph.tracks()
-    where: list[tuple[tuple[int, str], int]] = [((-1, ""), -1)] * len(graph.ops)
+    where = [-1] * len(graph.ops)
     for key, ids in tracks.items():
+        base = order[key] << 32
         for p, i in enumerate(ids):
-            where[i] = (key, p)
+            where[i] = base + p
     return tracks, where
 
 
-def _members(graph: OpGraph, where: list) -> dict[int, tuple]:
-    groups: dict[int, list] = {}
+def _members(graph: OpGraph, where: list[int]) -> dict[int, tuple[int, ...]]:
+    groups: dict[int, list[int]] = {}
     for i, op in enumerate(graph.ops):
         if op.sync >= 0:
             groups.setdefault(op.sync, []).append(where[i])
     return {sync: tuple(sorted(places)) for sync, places in groups.items()}
 
 
-def _signature(graph: OpGraph, i: int, where: list, members: dict[int, tuple], alone: Alone) -> tuple:
-    """What the engine does with op ``i`` that its place alone does not say (module docstring: *common*)."""
-    op = graph.ops[i]
-    solo, share_of = alone.private
-    how: object = None
-    if op.job is not None:
-        how = solo[i]
-        if math.isnan(how):
-            share = share_of[(id(op.job), -1, "")] if op.sync >= 0 else share_of[(id(op.job), op.rank, op.stream)]
-            how = (op.job.latency_s, share)
-    return (op.name, op.kind, alone.durations[i], how, tuple(where[d] for d in op.deps),
-            members.get(op.sync) if op.sync >= 0 else None)
+class _View:
+    """What `shared_prefix` compares of one graph's ops (module docstring: *common*)."""
+
+    __slots__ = ("alone", "members", "ops", "share_of", "solo", "where")
+
+    def __init__(self, graph: OpGraph, alone: Alone, where: list[int]) -> None:
+        self.ops = graph.ops
+        self.alone = alone.durations
+        self.solo, self.share_of = alone.private
+        self.where = where
+        self.members = _members(graph, where)
+
+    def share(self, i: int) -> object:
+        """How the engine runs job op ``i``: its plain duration, or (latency, what the shared links see of it)."""
+        op = self.ops[i]
+        solo = self.solo[i]
+        if not math.isnan(solo):
+            return solo
+        job = op.job
+        assert job is not None
+        key = (id(job), -1, "") if op.sync >= 0 else (id(job), op.rank, op.stream)
+        return job.latency_s, self.share_of[key]
+
+
+def _common(a: _View, i: int, b: _View, j: int) -> bool:
+    """Ops ``i`` of ``a`` and ``j`` of ``b``, at the same place, are the same op (module docstring)."""
+    x, y = a.ops[i], b.ops[j]
+    if x.name != y.name or x.kind != y.kind or a.alone[i] != b.alone[j] or len(x.deps) != len(y.deps):
+        return False
+    wa, wb = a.where, b.where
+    if any(wa[d] != wb[e] for d, e in zip(x.deps, y.deps, strict=True)):
+        return False
+    if (x.job is None) != (y.job is None) or (x.sync >= 0) != (y.sync >= 0):
+        return False
+    if x.job is not None and a.share(i) != b.share(j):
+        return False
+    return x.sync < 0 or a.members[x.sync] == b.members[y.sync]
 
 
 def shared_prefix(small: OpGraph, small_timeline: GraphTrace, small_alone: Alone,
                   big: OpGraph, big_timeline: GraphTrace, big_alone: Alone) -> Prefix:
     """The time up to which the engine runs of ``small`` and ``big`` coincide, and which ops they share (module
     docstring); each graph with its engine-alone timeline and `simdist.engine.contention.engine_alone`."""
-    small_tracks, small_where = _places(small)
-    big_tracks, big_where = _places(big)
     to_big = [-1] * len(small.ops)
-    if set(small_tracks) != set(big_tracks):
+    if set(small.tracks()) != set(big.tracks()):
         return Prefix(0.0, to_big)
-    small_members, big_members = _members(small, small_where), _members(big, big_where)
+    order = {key: n for n, key in enumerate(small.tracks())}
+    small_tracks, small_where = _places(small, order)
+    big_tracks, big_where = _places(big, order)
+    a, b = _View(small, small_alone, small_where), _View(big, big_alone, big_where)
     cut = math.inf
     for key, ids in small_tracks.items():
         others = big_tracks[key]
         n = min(len(ids), len(others))
         p = 0
-        while p < n:
-            i, j = ids[p], others[p]
-            if (_signature(small, i, small_where, small_members, small_alone)
-                    != _signature(big, j, big_where, big_members, big_alone)):
-                break
-            to_big[i] = j
+        while p < n and _common(a, ids[p], b, others[p]):
+            to_big[ids[p]] = others[p]
             p += 1
         if p < len(ids):
             cut = min(cut, small_timeline.start_s[ids[p]])
