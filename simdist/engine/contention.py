@@ -2,7 +2,7 @@
 its uncontended timeline (`simdist.engine.uncontended.uncontended`) without running the engine.
 
 The engine puts on its shared links (`simdist.engine.links.SharedLinks`) only the jobs whose links another track
-may load too (`simdist.engine.graph._private_links`: the others run as plain timeouts of their alone time). If
+may load too (`simdist.engine.private.private_links`: the others run as plain timeouts of their alone time). If
 
 1. every job the engine runs as a plain timeout takes its priced ``duration_s``, and each job on the shared
    links, alone on the network, runs in exactly its uncontended time: its cap (its closed-form speed,
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simdist.engine.graph import GraphTrace, _private_links
+from simdist.engine.graph import GraphTrace
+from simdist.engine.private import private_links
 from simdist.plan.opgraph import OpGraph
 
 __all__ = ["Alone", "alone_durations", "contention_free", "engine_alone", "first_divergence"]
@@ -50,7 +51,7 @@ class Alone:
     moves: list[tuple[float, tuple[int, ...], int] | None]
     """Per op on the shared links: (its latency, those links, its collective instance or -1); else None."""
     private: tuple[list[float], dict]
-    """`simdist.engine.graph._private_links` of the graph (`run_graph`'s ``private``)."""
+    """`simdist.engine.private.private_links` of the graph (`run_graph`'s ``private``)."""
 
 
 def engine_alone(graph: OpGraph, capacity_of: Callable[[int], float],
@@ -58,7 +59,7 @@ def engine_alone(graph: OpGraph, capacity_of: Callable[[int], float],
     """Per op, the time the engine takes for it when no other transfer is on its links (`run_graph`'s arithmetic),
     and which ops move bytes on the shared links."""
     ops = graph.ops
-    solo, share_of = private = _private_links(ops, capacity_of, capacities)
+    solo, share_of = private = private_links(ops, capacity_of, capacities)
     engine_s: dict[int, float] = {}  # id(share) -> its time alone
     capacity: dict[int, float] = {}
     times: list[float] = []
