@@ -16,6 +16,8 @@ from simdist.search.space import placement_orders
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--max-cp", "1", "--max-vpp", "2", "--max-micro-batch", "2", "--schedules", "1f1b"]
 """Bounds that keep a search of llama3-8b on one or two nodes small (the space, not the question, is smaller)."""
+SMALL_API = {"max_cp": 1, "max_vpp": 2, "max_micro_batch": 2, "schedules": ("1f1b",)}
+"""`SMALL` as `api.compare` keywords."""
 
 
 def _scenario(tmp_path: Path, **cluster) -> Path:
@@ -186,7 +188,7 @@ def test_compare_clusters_each_with_its_size_one_fidelity(cli, tmp_path):
     1 / step against the closed form's)."""
     page = tmp_path / "c.html"
     code, out, err = cli("compare", "--model", "llama3-8b", "--cluster", "dgx-a100:16", "--cluster", "dgx-h100:8",
-                         "--tokens", "1e9", "--global-batch", "144", "--price", "dgx-h100=2.5", "--json",
+                         "--tokens", "1e9", "--global-batch", "144", "--price", "dgx-h100=2.5", *SMALL, "--json",
                          "--html", str(page))
     assert code == 0, err
     rows = {r["cluster"]: r for r in json.loads(out)["rows"]}
@@ -208,10 +210,10 @@ def test_compare_equal_budget_sizes_by_hand(cli):
     """60 USD/h at 2.5 USD per H100-hour buys floor(60 / 20) = 3 nodes; 9 kW at 700 W x 8 per node powers
     floor(9 / 5.6) = 1 node."""
     doc = api.compare("llama3-8b", None, None, 1e9, sized=["dgx-h100"], global_batch_size=144,
-                      prices=["dgx-h100=2.5"], budget_usd_per_hour=60)
+                      prices=["dgx-h100=2.5"], budget_usd_per_hour=60, **SMALL_API)
     (row,) = doc["rows"]
     assert row["num_gpus"] == 24 and row["usd_per_hour"] == 60 and doc["answer"]["cluster"] == "dgx-h100 x 24"
-    doc = api.compare("llama3-8b", None, None, 1e9, sized=["dgx-h100"], global_batch_size=144, budget_kw=9)
+    doc = api.compare("llama3-8b", None, None, 1e9, sized=["dgx-h100"], global_batch_size=144, budget_kw=9, **SMALL_API)
     assert doc["rows"][0]["num_gpus"] == 8 and doc["rows"][0]["power_kw"] == pytest.approx(5.6)
     with pytest.raises(SpecError, match="price of dgx-a100"):
         api.compare("llama3-8b", None, None, 1e9, sized=["dgx-a100"], budget_usd_per_hour=60)
@@ -224,7 +226,8 @@ def test_compare_equal_budget_sizes_by_hand(cli):
 
 def test_compare_deadline_picks_the_cheapest_that_makes_it():
     doc = api.compare("llama3-8b", None, None, 1e10, sized=["dgx-a100:8", "dgx-h100:8", "dgx-h100:16"],
-                      global_batch_size=144, prices=["dgx-a100=1", "dgx-h100=2.5"], days=10)
+                      global_batch_size=144, prices=["dgx-a100=1", "dgx-h100=2.5"], days=10,
+                      **SMALL_API)
     rows = doc["rows"]
     for r in rows:
         assert r["meets_deadline"] == (r["time_to_train_days"] <= 10)
@@ -233,14 +236,14 @@ def test_compare_deadline_picks_the_cheapest_that_makes_it():
 
 
 def test_compare_deadline_sizes_by_doubling():
-    doc = api.compare("llama3-8b", None, None, 1e9, sized=["dgx-h100"], global_batch_size=64, days=0.2)
+    doc = api.compare("llama3-8b", None, None, 1e9, sized=["dgx-h100"], global_batch_size=64, days=0.2, **SMALL_API)
     (row,) = doc["rows"]
     assert row["meets_deadline"] and row["time_to_train_days"] <= 0.2
     nodes = row["num_nodes"]
     assert nodes & (nodes - 1) == 0  # a power of two
     if nodes > 1:  # half as many nodes does not make it
         half = api.compare("llama3-8b", None, None, 1e9, sized=[f"dgx-h100:{8 * nodes // 2}"],
-                           global_batch_size=64)["rows"][0]
+                           global_batch_size=64, **SMALL_API)["rows"][0]
         assert "error" in half or half["time_to_train_days"] > 0.2
 
 

@@ -45,6 +45,8 @@ def run(tmp_path_factory):
     return proc, out
 
 
+# serial: the held-out error bound holds with the CPU to itself (under -n auto one CI run measured 62 % against 40 %).
+@pytest.mark.serial
 def test_loop_measures_fits_and_predicts_held_out_sizes(run):
     proc, out = run
     assert proc.returncode == 0, proc.stderr
@@ -70,6 +72,7 @@ def test_loop_measures_fits_and_predicts_held_out_sizes(run):
     assert "plotly" in (out / "validation.html").read_text()[:5000].lower()
 
 
+@pytest.mark.serial  # reads the measuring run above (a module fixture: measured once, in the serial pass)
 def test_a_failed_fit_leaves_no_half_written_report(run, tmp_path, monkeypatch):
     _, out = run
     measured = loop.Measured(tuple(read_measurements(out / "collectives.csv")),
