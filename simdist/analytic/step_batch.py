@@ -31,6 +31,7 @@ from simdist.analytic.step import (
     _DP,
     _PP,
     _fast,
+    _geometry,
     _num_microbatches,
     _Stage,
     _stages,
@@ -227,7 +228,8 @@ def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[Ste
     ``counts``: the micro-batch counts to sample (the engine's fast-forward plan), else each copy finds its own."""
     if cfg.compute_slowdown or cfg.dp_batch_split is not None:
         return None
-    staged = [nominal, *(_stages(c, p) for c, p in copies)]
+    geometry = _geometry(cfg, copies[0][1]) if copies else None  # the copies' mesh and cluster are cfg's
+    staged = [nominal, *(_stages(c, p, geometry=geometry) for c, p in copies)]
     if not all(_fast(st) for st in staged):
         return None
     try:
