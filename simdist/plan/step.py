@@ -143,9 +143,9 @@ class _Emitter:
         microbatch, chunk = step.microbatch, step.chunk
         previous = self.last.get(stage)
         add = graph.add
-        ids: list[int] = []
+        first = len(graph.ops)  # the step's pieces become ops first, first + 1, ... in order
         for p, inner, prev, naming, duration, comm in rows:
-            deps = [ids[d] for d in inner]
+            deps = [first + d for d in inner] if inner else []
             if prev and previous is not None:
                 deps.insert(0, previous)
             name = p.label if naming == 0 else tag + p.label if naming == 1 else f"{tag} {p.label}" if naming == 2 \
@@ -156,12 +156,11 @@ class _Emitter:
                        comm, p.model_flops, p.hardware_flops))
             if p.stream == "dp":
                 self.dp_last[stage] = i
-            ids.append(i)
-        end = ids[end_piece]
+        end = first + end_piece
         self.last[stage] = end
         if step.kind == "W" or (step.kind == "B" and self.cfg.schedule != "zb_h1"):
             self.last_backward[(stage, step.chunk)] = end
-        return (ids[entry_piece] if entry_piece >= 0 else ids[0]), end
+        return first + max(entry_piece, 0), end
 
     def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
         if src_stage == dst_stage:
