@@ -324,12 +324,15 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
         if n:
             runs[key] = runs.get(key, 0) + n
 
+    groups: dict[tuple[str, int], tuple[int, ...]] = {}  # (axis, stage) -> the stage's group along it
+
     def pieces(stage: int, items: tuple[Piece, ...], times: int) -> None:
-        rank = mesh.rank(pp=stage, dp=dp_index)
         for p in items:
             c = p.comm
             if c is not None:
-                group = mesh.group(c.axis, rank)
+                group = groups.get((c.axis, stage))
+                if group is None:
+                    group = groups[(c.axis, stage)] = mesh.group(c.axis, mesh.rank(pp=stage, dp=dp_index))
                 if len(group) >= 2 and c.nbytes > 0:
                     add((c.op, group, c.nbytes, c.axis, c.imbalance), c.count * times)
 
