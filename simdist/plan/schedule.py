@@ -91,10 +91,11 @@ def schedule_order(name: str, *, num_stages: int, num_microbatches: int, vpp: in
     return [list(row) for row in _orders(name, num_stages, num_microbatches, vpp)]
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=16)
 def _orders(name: str, k: int, m: int, vpp: int) -> tuple[tuple[Step, ...], ...]:
     """`schedule_order`, cached by its arguments (the closed form's program and the op graph of one step read
-    the same orders), its steps shared by every stage that runs them (values: they are frozen)."""
+    the same orders; a few entries: one of 2,048 micro-batches of 7 chunks on 16 stages holds 460,000 references),
+    its steps shared by every stage that runs them (values: they are frozen)."""
     table = [Step(kind, i, c) for kind in STEP_KINDS for i in range(m) for c in range(vpp)]
 
     def step(kind: str, i: int, chunk: int = 0) -> Step:
