@@ -16,6 +16,7 @@ graph deadlocks.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 from simdist.engine.graph import GraphTrace, _check, _deadlock
 from simdist.plan.opgraph import OpGraph
@@ -35,24 +36,20 @@ def uncontended(graph: OpGraph, *, checked: bool = False, durations: list[float]
     if n == 0:
         return GraphTrace((), (), 0.0)
     # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended
-    waiting = [0] * n
+    waiting = [len(op.deps) for op in ops]
     dependents: list[list[int]] = [[] for _ in range(n)]
-    after = [-1] * n  # the next op on the same track
-    last: dict[tuple[int, str], int] = {}
     groups: dict[int, list[int]] = {}
     for i, op in enumerate(ops):
         for d in op.deps:
             dependents[d].append(i)
-        key = (op.rank, op.stream)
-        b = last.get(key, -1)
-        last[key] = i
-        if b >= 0:
-            after[b] = i
-            waiting[i] = len(op.deps) + 1
-        else:
-            waiting[i] = len(op.deps)
         if op.sync >= 0:
             groups.setdefault(op.sync, []).append(i)
+    after = [-1] * n  # the next op on the same track
+    tracks = graph.tracks()
+    for ids in tracks.values():
+        for a, b in pairwise(ids):
+            after[a] = b
+            waiting[b] += 1
     sync = [op.sync for op in ops]
     ready = [0.0] * n  # the latest end of an op's predecessors so far
     start = [math.nan] * n
@@ -88,7 +85,6 @@ def uncontended(graph: OpGraph, *, checked: bool = False, durations: list[float]
                 if not waiting[k]:
                     todo.append(k)
     if any(math.isnan(e) for e in end):
-        tracks = graph.tracks()
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
                     for key, ids in tracks.items()}
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
