@@ -103,6 +103,11 @@ class CommPricer:
             return 0.0
         return self._price(self.key(op, ranks, nbytes, imbalance))
 
+    def time_of_key(self, key: tuple | None) -> float:
+        """`time_s` of the collective whose `key` is ``key`` (None: one that takes no time, as `time_s` has it), for
+        a caller that prices it on several pricers of one cluster (their keys are the same)."""
+        return 0.0 if key is None else self._price(key)
+
     def shape_time_s(self, op: str, first: int, size: int, stride: Stride, nbytes: float, imbalance: float = 1.0
                      ) -> float:
         """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks; ``stride``
@@ -140,10 +145,11 @@ class CommPricer:
         return where
 
     def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], *,
-               compile: Callable[[PricedPieces], Any] | None = None) -> tuple[PricedPieces, Any]:
+               compile: Callable[[PricedPieces], Any] | None = None, shape: tuple | None = None
+               ) -> tuple[PricedPieces, Any]:
         """(`price_pieces`, ``compile`` of it or None), cached by the pieces and their groups' shapes (alike stages
-        share them)."""
-        key = (pieces, end, self.shape_key(groups), compile)
+        share them); ``shape``: `shape_key` of ``groups``, if already computed."""
+        key = (pieces, end, self.shape_key(groups) if shape is None else shape, compile)
         hit = self._priced.get(key)
         if hit is None:
             if len(self._priced) >= _CACHE_MAX:
@@ -179,9 +185,11 @@ _CHUNK_CACHE: dict[tuple, ChunkCost] = {}
 _RECIPE_CACHE: dict[tuple, Recipe | StageTail] = {}
 
 
-def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool) -> ChunkCost:
-    """`simdist.plan.step_config.chunk_cost`, cached by every field it reads."""
-    key = (*chunk_cost_key(cfg), layers, first_part, last_part)
+def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool,
+                      config: tuple | None = None) -> ChunkCost:
+    """`simdist.plan.step_config.chunk_cost`, cached by every field it reads; ``config``: `chunk_cost_key` of
+    ``cfg``, if already computed."""
+    key = (*(chunk_cost_key(cfg) if config is None else config), layers, first_part, last_part)
     hit = _CHUNK_CACHE.get(key)
     if hit is None:
         if len(_CHUNK_CACHE) >= _CACHE_MAX:

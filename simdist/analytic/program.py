@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from simdist.errors import SpecError
-from simdist.plan.schedule import schedule_order
+from simdist.plan.schedule import STEP_KINDS, schedule_order
 
 __all__ = ["KIND_INDEX", "Program", "program", "recipe_code"]
 
@@ -46,58 +48,59 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     k, v, M = num_stages, vpp, num_microbatches
     order = schedule_order(schedule, num_stages=k, num_microbatches=M, vpp=v)
     num_parts = k * v
-    kinds = {"F": 0, "B": 1, "W": 2}
-    # each stage's steps as (kind index, micro-batch, chunk, upstream key or -1, downstream stage or -1, code)
-    rows: list[list[tuple]] = []
-    for s in range(k):
-        row = []
-        for st in order[s]:
-            kind = kinds[st.kind]
-            part = st.chunk * k + s  # simdist.plan.schedule.model_part
-            up = down = -1
-            if kind == 0:
-                if part > 0:
-                    up = ((((part - 1) % k) * 3) * M + st.microbatch) * v + (part - 1) // k
-                if part + 1 < num_parts and (part + 1) % k != s:
-                    down = (part + 1) % k
-            elif kind == 1:
-                if part + 1 < num_parts:
-                    up = ((((part + 1) % k) * 3 + 1) * M + st.microbatch) * v + (part + 1) // k
-                if part > 0 and (part - 1) % k != s:
-                    down = (part - 1) % k
-            code = (st.chunk * 3 + kind) * 2 + (st.microbatch == (0 if kind == 0 else M - 1))  # recipe_code, is_edge
-            row.append((st.kind, st.microbatch, st.chunk, up, down, code, ((s * 3 + kind) * M + st.microbatch) * v
-                         + st.chunk))
-        rows.append(row)
-    position = [0] * k
-    done: dict[int, int] = {}
-    stage, kind, mb, chunk, upstream, down, code = [], [], [], [], [], [], []
-    total = sum(len(r) for r in rows)
-    while len(stage) < total:
+    # every stage's steps, in program order, as arrays: kind index, micro-batch, chunk
+    lengths = [len(row) for row in order]
+    steps = [st for row in order for st in row]
+    kind = np.fromiter((KIND_INDEX[st.kind] for st in steps), dtype=np.int64, count=len(steps))
+    mb = np.fromiter((st.microbatch for st in steps), dtype=np.int64, count=len(steps))
+    chunk = np.fromiter((st.chunk for st in steps), dtype=np.int64, count=len(steps))
+    stage = np.repeat(np.arange(k, dtype=np.int64), lengths)
+    part = chunk * k + stage  # simdist.plan.schedule.model_part
+    # a step's key: (stage, kind, micro-batch, chunk) as one number; its upstream's key (-1: none) and the stage it
+    # sends to (-1: none, or itself): F of part j receives from F of part j - 1, B of part j from B of part j + 1
+    key = ((stage * 3 + kind) * M + mb) * v + chunk
+    fwd, bwd = kind == 0, kind == 1
+    nxt, prv = part + 1, part - 1
+    up = np.full(len(steps), -1, dtype=np.int64)
+    down = np.full(len(steps), -1, dtype=np.int64)
+    sel = fwd & (part > 0)
+    up[sel] = (((prv[sel] % k) * 3) * M + mb[sel]) * v + prv[sel] // k
+    sel = fwd & (nxt < num_parts) & (nxt % k != stage)
+    down[sel] = nxt[sel] % k
+    sel = bwd & (nxt < num_parts)
+    up[sel] = (((nxt[sel] % k) * 3 + 1) * M + mb[sel]) * v + nxt[sel] // k
+    sel = bwd & (part > 0) & (prv % k != stage)
+    down[sel] = prv[sel] % k
+    code = (chunk * 3 + kind) * 2 + (mb == np.where(fwd, 0, M - 1))  # recipe_code, with is_edge
+    # Merge the stages into one order: sweep the stages in turn, each run as far as its next step's input is there.
+    up_keys, keys = up.tolist(), key.tolist()
+    firsts = np.cumsum([0, *lengths]).tolist()
+    position = firsts[:-1]
+    done = [-2] * (k * 3 * M * v)  # a step's index in the program, by key (-2: not yet in it)
+    picked: list[int] = []  # the program's steps, as indices into the stages' arrays
+    upstream: list[int] = []
+    total = len(steps)
+    while len(picked) < total:
         progressed = False
         for s in range(k):
-            row = rows[s]
-            p = position[s]
-            while p < len(row):
-                kd, m, c, up_key, dn, cd, key = row[p]
-                if up_key >= 0:
-                    up = done.get(up_key, -2)
-                    if up == -2:
+            p, stop = position[s], firsts[s + 1]
+            while p < stop:
+                u = up_keys[p]
+                if u >= 0:
+                    u = done[u]
+                    if u == -2:
                         break
-                else:
-                    up = -1
-                done[key] = len(stage)
-                stage.append(s)
-                kind.append(kd)
-                mb.append(m)
-                chunk.append(c)
-                upstream.append(up)
-                down.append(dn)
-                code.append(cd)
+                done[keys[p]] = len(picked)
+                picked.append(p)
+                upstream.append(u)
                 p += 1
+            if p > position[s]:
                 progressed = True
-            position[s] = p
+                position[s] = p
         if not progressed:  # pragma: no cover - the bundled schedules never deadlock
             raise SpecError(f"schedule {schedule} deadlocks on {k} stages and {M} micro-batches",
                             field="schedule", fix="use one of the bundled schedules")
-    return Program(tuple(stage), tuple(kind), tuple(mb), tuple(chunk), tuple(upstream), tuple(down), tuple(code))
+    at = np.array(picked, dtype=np.int64)
+    names = np.array(STEP_KINDS)
+    return Program(tuple(stage[at].tolist()), tuple(names[kind[at]].tolist()), tuple(mb[at].tolist()),
+                   tuple(chunk[at].tolist()), tuple(upstream), tuple(down[at].tolist()), tuple(code[at].tolist()))

@@ -145,24 +145,24 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
     ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor)."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
-    config = recipe_key(cfg)
+    config, cost_config, shape = recipe_key(cfg), chunk_cost_key(cfg), pricer.shape_key(groups)
     costs = []
     recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
     simple: list[_Simple | None] = [None] * (len(chunks) * 6)
     for c, (n, first, last_part) in enumerate(chunks):
-        cost = cached_chunk_cost(cfg, n, first, last_part)
+        cost = cached_chunk_cost(cfg, n, first, last_part, cost_config)
         costs.append(cost)
         for kind in kinds:
             for edge in (False, True):
                 r = cached_recipe(cfg, cost, kind, edge, config)
                 # a recipe's simple form depends on its priced pieces only: made once per priced recipe
                 code = recipe_code(c, kind, edge)
-                recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple)
+                recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple, shape=shape)
                 if factor != 1.0:
                     recipes[code] = _slowed(recipes[code], factor)  # type: ignore[arg-type]
                     simple[code] = _simple(recipes[code])  # type: ignore[arg-type]
     t = cached_tail(cfg, tuple(costs), config)
-    priced_tail = pricer.priced(t.pieces, len(t.pieces) - 1, groups)[0]
+    priced_tail = pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape)[0]
     return (recipes, simple, _slowed(priced_tail, factor) if factor != 1.0 else priced_tail)
 
 
@@ -182,13 +182,25 @@ def _part_kinds(cfg: StepConfig) -> tuple[LayerKinds, ...]:
     return hit
 
 
-def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Stage]:
-    """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute)."""
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """Where a stage sits, as far as its prices go: what `_stages` reads off the mesh, the same for every copy of a
+    step whose costs differ (simdist.analytic.step_batch)."""
+
+    rank: int
+    groups: dict[str, Shape]
+    shape: tuple
+    """`CommPricer.shape_key` of ``groups``."""
+    chunks: tuple[tuple[LayerKinds, bool, bool], ...]
+    sends: tuple[tuple[int, tuple | None], ...]
+    """(chunk * 3 + kind index, `CommPricer.key` of the send) of each send to a neighbouring stage."""
+
+
+def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
-    p2p = send(cfg)
-    config = (chunk_cost_key(cfg), recipe_key(cfg))
     kinds = _part_kinds(cfg)
-    out: list[_Stage] = []
+    p2p = send(cfg)
+    out = []
     for s in range(K):
         rank = mesh.rank(pp=s)
         # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
@@ -198,18 +210,35 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0) -> list[_Sta
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
         chunks = tuple((kinds[c * K + s], c * K + s == 0, c * K + s == K * V - 1)
                        for c in range(len(cfg.stage_chunks(s))))
-        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
-        # alike stages (same layers, positions, group shapes and speed) share their priced recipes
-        recipes, simple, stage_tail = pricer.memo(("stage", config, chunks, pricer.shape_key(groups), factor),
-                                                  lambda chunks=chunks, groups=groups, factor=factor: _stage(
-                                                      cfg, pricer, chunks, groups, factor))
-        sends = [0.0] * (V * 3)
+        sends = []
         for c in range(V):
             for kind, step in (("F", 1), ("B", -1)):
                 part = c * K + s + step
                 if 0 <= part < K * V and part % K != s:
-                    dst = mesh.rank(pp=part % K)
-                    sends[c * 3 + KIND_INDEX[kind]] = pricer.time_s(p2p.op, (rank, dst), p2p.nbytes) * p2p.count
+                    pair = (rank, mesh.rank(pp=part % K))
+                    # the pair and bytes `CommPricer.time_s` prices (none: it takes no time)
+                    sends.append((c * 3 + KIND_INDEX[kind], pricer.key(p2p.op, pair, p2p.nbytes)
+                                  if p2p.nbytes > 0 else None))
+        out.append(_Geometry(rank, groups, pricer.shape_key(groups), chunks, tuple(sends)))
+    return out
+
+
+def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: list[_Geometry] | None = None
+            ) -> list[_Stage]:
+    """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute); ``geometry``:
+    `_geometry` of ``cfg``'s mesh on ``pricer``'s cluster, if already found."""
+    p2p = send(cfg)
+    config = (chunk_cost_key(cfg), recipe_key(cfg))
+    out: list[_Stage] = []
+    for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
+        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
+        # alike stages (same layers, positions, group shapes and speed) share their priced recipes
+        recipes, simple, stage_tail = pricer.memo(("stage", config, g.chunks, g.shape, factor),
+                                                  lambda g=g, factor=factor: _stage(
+                                                      cfg, pricer, g.chunks, g.groups, factor))
+        sends = [0.0] * (cfg.vpp * 3)
+        for index, key in g.sends:
+            sends[index] = pricer.time_of_key(key) * p2p.count
         out.append(_Stage(recipes, simple, sends, stage_tail))
     return out
 

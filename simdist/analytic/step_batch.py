@@ -10,7 +10,11 @@ piece, is run piece by piece here too, on the batch). Only the step time is comp
 The result equals `analytic_observables(copy)["step_s"]` of each copy (tests/test_step_batch.py): the same
 operations in the same order, per copy; where the closed form fast-forwards a long step (simdist.plan.fastforward)
 each copy is extended as it would be alone: its own cycle read off its own column of the batch's timelines, its
-own three samples (usually the same counts for every copy: one batch pass each). Where the batch cannot be timed
+own three samples (usually the same counts for every copy: one batch pass each). Given the engine's fast-forward
+plan (`simdist run`), every copy is sampled at its counts instead, as `analytic_observables` is with a plan: the
+batch is then timed on those three counts only, not on a detection timeline and, where a copy would not have
+paid for its own detection, not on every micro-batch (a copy whose samples are not collinear is still timed
+whole). Where the batch cannot be timed
 this way (a recipe that is not simple, copies whose recipes differ in shape, unequal replicas), `perturbed_step_s`
 times each copy alone.
 """
@@ -27,6 +31,7 @@ from simdist.analytic.step import (
     _DP,
     _PP,
     _fast,
+    _geometry,
     _num_microbatches,
     _Stage,
     _stages,
@@ -202,11 +207,12 @@ def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
     every collective taking ``time_of(op, num_ranks, nbytes, t)`` where ``pricer`` takes t (CommPricer.perturbed;
     a time factor by size: ``lambda op, n, nbytes, t: t * factor(nbytes)``). One pass where the copies share their
     shape (see the module docstring), else each copy's closed form alone (simdist.analytic.step) on ``plan``'s
-    fast-forward samples (a (cycle, M1, M2, M3) tuple; None: none; False: the engine's plan of ``cfg``)."""
+    fast-forward samples (a (cycle, M1, M2, M3) tuple; None: none; False: the engine's plan of ``cfg``). A tuple
+    ``plan`` is the one pass's samples too; else each copy finds its own."""
     nominal = _stages(cfg, pricer)  # first: the scaled pricers start from the prices it makes
     copies = [(dataclasses.replace(cfg, compute_efficiency=eff), pricer.perturbed(time_of))
               for eff, time_of in variants]
-    steps = _batch_step_s(cfg, nominal, copies)
+    steps = _batch_step_s(cfg, nominal, copies, plan[1:] if isinstance(plan, tuple) else None)
     if steps is None:
         if plan is False:
             plan = fast_forward_plan(cfg, pricer, for_engine=True)
@@ -216,12 +222,14 @@ def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
     return float(steps[0]), steps[1:]
 
 
-def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[StepConfig, CommPricer]]
-                  ) -> np.ndarray | None:
-    """The step time of ``cfg`` (its stages ``nominal``) and of each copy, or None where they cannot share a pass."""
+def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[StepConfig, CommPricer]],
+                  counts: tuple[int, int, int] | None = None) -> np.ndarray | None:
+    """The step time of ``cfg`` (its stages ``nominal``) and of each copy, or None where they cannot share a pass;
+    ``counts``: the micro-batch counts to sample (the engine's fast-forward plan), else each copy finds its own."""
     if cfg.compute_slowdown or cfg.dp_batch_split is not None:
         return None
-    staged = [nominal, *(_stages(c, p) for c, p in copies)]
+    geometry = _geometry(cfg, copies[0][1]) if copies else None  # the copies' mesh and cluster are cfg's
+    staged = [nominal, *(_stages(c, p, geometry=geometry) for c, p in copies)]
     if not all(_fast(st) for st in staged):
         return None
     try:
@@ -241,17 +249,21 @@ def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[Ste
         return runs[m]
 
     # Each copy fast-forwarded as the closed form would fast-forward it alone (simdist.analytic.step
-    # _replica_observables): its own cycle, read off its own column of the batch's timelines.
+    # _replica_observables): on ``counts`` where given (every copy the same samples, as `analytic_observables` with
+    # a plan), else along its own cycle, read off its own column of the batch's timelines. Either way extended only
+    # where its samples are collinear, else timed whole.
     out = np.empty(n)
     for j in range(n):
         def timeline(m: int, j: int = j) -> tuple[dict, float]:
             starts, step = run(m)
             return {key: seq[:, j].tolist() for key, seq in starts.items()}, float(step[j])
 
-        found = ff_plan(cfg.schedule, cfg.mesh.pp, M, timeline, vpp=cfg.vpp, count_detection=True)
+        sampled = counts
+        if sampled is None:
+            found = ff_plan(cfg.schedule, cfg.mesh.pp, M, timeline, vpp=cfg.vpp, count_detection=True)
+            sampled = None if found is None else found[1:]
         value = None
-        if found is not None:
-            _, *counts = found
-            value = extrapolate([(m, {"step_s": float(run(m)[1][j])}) for m in counts], M)
+        if sampled is not None:
+            value = extrapolate([(m, {"step_s": float(run(m)[1][j])}) for m in sampled], M)
         out[j] = value["step_s"] if value is not None else run(M)[1][j]
     return out

@@ -5,6 +5,12 @@ stream) track and every op in its ``deps`` have finished; ops with one ``sync`` 
 them are ready), but no collective slows another down: a longest-path pass over the graph, no SimPy. The engine's
 step minus this one is what contention added (simdist.predict reports it), and the closed form
 (simdist.analytic.step) must equal it exactly.
+
+The pass goes through the ops in id order (program order, so most find what they wait for timed already) and times
+each op whose predecessors are all timed; one that waits for an op not timed yet is set aside on that op and tried
+again when it is timed. The members of a sync group start at the latest time any of them is ready, once all are.
+An op that waits, directly or through others, for itself (a cycle) or for such an op is never timed (NaN): the
+graph deadlocks.
 """
 
 from __future__ import annotations
@@ -29,50 +35,54 @@ def uncontended(graph: OpGraph, *, checked: bool = False, durations: list[float]
     duration = [op.duration_s for op in ops] if durations is None else durations
     if n == 0:
         return GraphTrace((), (), 0.0)
-    tracks = graph.tracks()
-    # predecessors: the deps, plus the op before on the track; members of a sync group wait for each other
+    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended
     waiting = [len(op.deps) for op in ops]
     dependents: list[list[int]] = [[] for _ in range(n)]
+    groups: dict[int, list[int]] = {}
     for i, op in enumerate(ops):
         for d in op.deps:
             dependents[d].append(i)
-    after: list[int] = [-1] * n  # the next op on the same track
+        if op.sync >= 0:
+            groups.setdefault(op.sync, []).append(i)
+    after = [-1] * n  # the next op on the same track
+    tracks = graph.tracks()
     for ids in tracks.values():
         for a, b in pairwise(ids):
             after[a] = b
             waiting[b] += 1
-    groups: dict[int, list[int]] = {}
-    for i, op in enumerate(ops):
-        if op.sync >= 0:
-            groups.setdefault(op.sync, []).append(i)
-    ready = [0.0] * n
+    sync = [op.sync for op in ops]
+    ready = [0.0] * n  # the latest end of an op's predecessors so far
     start = [math.nan] * n
     end = [math.nan] * n
     arrived: dict[int, int] = {}
     todo = [i for i in range(n) if waiting[i] == 0]
     while todo:
         i = todo.pop()
-        op = ops[i]
-        members = [i]
-        if op.sync >= 0:
-            arrived[op.sync] = arrived.get(op.sync, 0) + 1
-            if arrived[op.sync] < len(groups[op.sync]):
+        g = sync[i]
+        if g < 0:
+            members: tuple[int, ...] | list[int] = (i,)
+            t0 = ready[i]
+        else:  # a member of a sync group is ready: the group starts when its last member is
+            arrived[g] = arrived.get(g, 0) + 1
+            members = groups[g]
+            if arrived[g] < len(members):
                 continue
-            members = groups[op.sync]
-        t0 = max(ready[j] for j in members)
+            t0 = max(ready[j] for j in members)
         for j in members:
             start[j] = t0
-            end[j] = t0 + duration[j]
+            e = end[j] = t0 + duration[j]
             for k in dependents[j]:
-                ready[k] = max(ready[k], end[j])
+                if e > ready[k]:
+                    ready[k] = e
                 waiting[k] -= 1
-                if waiting[k] == 0:
+                if not waiting[k]:
                     todo.append(k)
             k = after[j]
             if k >= 0:
-                ready[k] = max(ready[k], end[j])
+                if e > ready[k]:
+                    ready[k] = e
                 waiting[k] -= 1
-                if waiting[k] == 0:
+                if not waiting[k]:
                     todo.append(k)
     if any(math.isnan(e) for e in end):
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
@@ -80,6 +90,3 @@ def uncontended(graph: OpGraph, *, checked: bool = False, durations: list[float]
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
         raise _deadlock(graph, stuck, end)
     return GraphTrace(tuple(start), tuple(end), max(end))
-
-
-

@@ -22,7 +22,11 @@ Chunk c of stage s holds model part c*K + s (Megatron's layout), so a micro-batc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from simdist.errors import SpecError
 
@@ -84,54 +88,75 @@ def check_schedule(name: str, *, num_stages: int, num_microbatches: int, vpp: in
 def schedule_order(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1) -> list[list[Step]]:
     """Per stage, the steps in program order (see the module docstring for each schedule)."""
     check_schedule(name, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zb_h1": _zb_h1}[name]
-    return [build(s, num_stages, num_microbatches, vpp) for s in range(num_stages)]
+    return [list(row) for row in _orders(name, num_stages, num_microbatches, vpp)]
 
 
-def _gpipe(stage: int, k: int, m: int, vpp: int) -> list[Step]:
-    return [Step("F", i) for i in range(m)] + [Step("B", i) for i in range(m)]
+@lru_cache(maxsize=16)
+def _orders(name: str, k: int, m: int, vpp: int) -> tuple[tuple[Step, ...], ...]:
+    """`schedule_order`, cached by its arguments (the closed form's program and the op graph of one step read
+    the same orders; a few entries: one of 2,048 micro-batches of 7 chunks on 16 stages holds 460,000 references),
+    its steps shared by every stage that runs them (values: they are frozen)."""
+    table = [Step(kind, i, c) for kind in STEP_KINDS for i in range(m) for c in range(vpp)]
+
+    def step(kind: str, i: int, chunk: int = 0) -> Step:
+        return table[(_KIND[kind] * m + i) * vpp + chunk]
+
+    if name == "interleaved_1f1b":
+        return tuple(tuple(table[j] for j in _interleaved(s, k, m, vpp).tolist()) for s in range(k))
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb_h1": _zb_h1}[name]
+    return tuple(tuple(build(s, k, m, step)) for s in range(k))
 
 
-def _one_f_one_b(stage: int, k: int, m: int, vpp: int) -> list[Step]:
+_KIND = {kind: i for i, kind in enumerate(STEP_KINDS)}
+
+
+def _gpipe(stage: int, k: int, m: int, step: Callable[..., Step]) -> list[Step]:
+    return [step("F", i) for i in range(m)] + [step("B", i) for i in range(m)]
+
+
+def _one_f_one_b(stage: int, k: int, m: int, step: Callable[..., Step]) -> list[Step]:
     # Narayanan et al. 2021 sec. 2.2.1; Megatron-LM: num_warmup = min(pp - rank - 1, num_microbatches).
     warmup = min(k - stage - 1, m)
-    order = [Step("F", i) for i in range(warmup)]
+    order = [step("F", i) for i in range(warmup)]
     for i in range(m - warmup):
-        order += [Step("F", warmup + i), Step("B", i)]
-    order += [Step("B", i) for i in range(m - warmup, m)]
+        order += [step("F", warmup + i), step("B", i)]
+    order += [step("B", i) for i in range(m - warmup, m)]
     return order
 
 
-def _interleaved(stage: int, k: int, m: int, vpp: int) -> list[Step]:
-    # Megatron-LM forward_backward_pipelining_with_interleaving: the k-th forward of a stage is micro-batch
-    # (k // (K V)) K + k % K of chunk (k mod K V) // K; backwards visit the chunks in reverse.
+def _interleaved(stage: int, k: int, m: int, vpp: int) -> np.ndarray:
+    """The stage's steps as indices into `_orders`' table of steps (kind, micro-batch, chunk)."""
+    # Megatron-LM forward_backward_pipelining_with_interleaving: the n-th forward of a stage is micro-batch
+    # (n // (K V)) K + n % K of chunk (n mod K V) // K; backwards visit the chunks in reverse.
     group = k * vpp
     total = m * vpp
-
-    def step(kind: str, n: int) -> Step:
-        chunk = (n % group) // k
-        return Step(kind, (n // group) * k + n % k, chunk if kind == "F" else vpp - 1 - chunk)
-
+    n = np.arange(total)
+    microbatch, chunk = (n // group) * k + n % k, (n % group) // k
+    forward = microbatch * vpp + chunk  # STEP_KINDS: F first, then B
+    backward = (m + microbatch) * vpp + vpp - 1 - chunk
+    # warm-up forwards, then one forward and one backward in turn, then the remaining backwards
     warmup = min((k - stage - 1) * 2 + (vpp - 1) * k, total)
-    order = [step("F", n) for n in range(warmup)]
-    for n in range(total - warmup):
-        order += [step("F", warmup + n), step("B", n)]
-    order += [step("B", n) for n in range(total - warmup, total)]
+    steady = total - warmup
+    order = np.empty(2 * total, dtype=np.int64)
+    order[:warmup] = forward[:warmup]
+    order[warmup:warmup + 2 * steady:2] = forward[warmup:]
+    order[warmup + 1:warmup + 2 * steady:2] = backward[:steady]
+    order[warmup + 2 * steady:] = backward[steady:]
     return order
 
 
-def _zb_h1(stage: int, k: int, m: int, vpp: int) -> list[Step]:
+def _zb_h1(stage: int, k: int, m: int, step: Callable[..., Step]) -> list[Step]:
     # Qi et al. 2023 sec. 3.1 (ZB-H1): 1F1B's F/B order; W(i) runs right after B(i + s) on stage s (the
     # "adjusted starting points of W"), and the deferred W's end the stage. In flight (F done, W not):
     # 1F1B's K - s plus s deferred = K at most, 1F1B's peak.
     order: list[Step] = []
     next_w = 0
-    for st in _one_f_one_b(stage, k, m, vpp):
+    for st in _one_f_one_b(stage, k, m, step):
         order.append(st)
         if st.kind == "B" and st.microbatch >= stage:
-            order.append(Step("W", next_w))
+            order.append(step("W", next_w))
             next_w += 1
-    order += [Step("W", i) for i in range(next_w, m)]
+    order += [step("W", i) for i in range(next_w, m)]
     return order
 
 

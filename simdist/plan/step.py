@@ -143,33 +143,33 @@ class _Emitter:
         microbatch, chunk = step.microbatch, step.chunk
         previous = self.last.get(stage)
         add = graph.add
-        ids: list[int] = []
+        first = len(graph.ops)  # the step's pieces become ops first, first + 1, ... in order
         for p, inner, prev, naming, duration, comm in rows:
-            deps = [ids[d] for d in inner]
+            deps = [first + d for d in inner] if inner else []
             if prev and previous is not None:
                 deps.insert(0, previous)
             name = p.label if naming == 0 else tag + p.label if naming == 1 else f"{tag} {p.label}" if naming == 2 \
                 else tag
-            i = add(Op(name=name, rank=rank, stream=p.stream, kind=p.kind, duration_s=duration, deps=deps,
-                       stage=stage, microbatch=-1 if p.per_step else microbatch, chunk=chunk, comm=comm,
-                       model_flops=p.model_flops, hardware_flops=p.hardware_flops))
+            # Op's fields in order (name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm,
+            # model_flops, hardware_flops): positional arguments cost a third of keywords, once per op of the graph
+            i = add(Op(name, rank, p.stream, p.kind, duration, deps, stage, -1 if p.per_step else microbatch, chunk,
+                       comm, p.model_flops, p.hardware_flops))
             if p.stream == "dp":
                 self.dp_last[stage] = i
-            ids.append(i)
-        end = ids[end_piece]
+        end = first + end_piece
         self.last[stage] = end
         if step.kind == "W" or (step.kind == "B" and self.cfg.schedule != "zb_h1"):
             self.last_backward[(stage, step.chunk)] = end
-        return (ids[entry_piece] if entry_piece >= 0 else ids[0]), end
+        return first + max(entry_piece, 0), end
 
     def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
         if src_stage == dst_stage:
             return None
         c = self._send
         src, dst = self.ranks[src_stage], self.ranks[dst_stage]
-        return graph.add(Op(name=f"{step.label(self.cfg.vpp)} send to stage {dst_stage}", rank=src, stream="pp",
-                            kind="comm", stage=src_stage, microbatch=step.microbatch, chunk=step.chunk,
-                            comm=Comm(c.op, (src, dst), c.nbytes, c.axis, c.count)))
+        # positional: Op(name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm), see compute
+        return graph.add(Op(f"{step.label(self.cfg.vpp)} send to stage {dst_stage}", src, "pp", "comm", math.nan, [],
+                            src_stage, step.microbatch, step.chunk, Comm(c.op, (src, dst), c.nbytes, c.axis, c.count)))
 
     def finish(self, graph: OpGraph, stage: int, stage_tail: StageTail) -> None:
         """The stage's tail (simdist.plan.recipe.tail): gradient reduction, optimizer, parameter all_gather."""
@@ -283,7 +283,8 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
     for s in range(K):
         for em in emitters:
             em.finish(graph, s, tails[s])
-    _link_instances(graph)
+    if len(emitters) > 1:  # one emitter puts a stage's ops on one rank: no collective spans two simulated ranks
+        _link_instances(graph)
     simulated = {"tp": full, "cp": full, "dp": len(dp_indices) > 1 or mesh.dp == 1}
     reduced = tuple(a for a in ("tp", "cp", "dp") if not simulated[a] and mesh.size(a) > 1)
     return StepPlan(cfg, graph, stage_ranks, step_memory(cfg), costs, reduced_axes=reduced)
@@ -323,12 +324,15 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
         if n:
             runs[key] = runs.get(key, 0) + n
 
+    groups: dict[tuple[str, int], tuple[int, ...]] = {}  # (axis, stage) -> the stage's group along it
+
     def pieces(stage: int, items: tuple[Piece, ...], times: int) -> None:
-        rank = mesh.rank(pp=stage, dp=dp_index)
         for p in items:
             c = p.comm
             if c is not None:
-                group = mesh.group(c.axis, rank)
+                group = groups.get((c.axis, stage))
+                if group is None:
+                    group = groups[(c.axis, stage)] = mesh.group(c.axis, mesh.rank(pp=stage, dp=dp_index))
                 if len(group) >= 2 and c.nbytes > 0:
                     add((c.op, group, c.nbytes, c.axis, c.imbalance), c.count * times)
 

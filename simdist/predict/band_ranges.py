@@ -30,9 +30,12 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from simdist.errors import SpecError
-from simdist.spec.calibration import CalibrationSpec
+
+if TYPE_CHECKING:  # a run without a calibration does not build the calibration file's models
+    from simdist.spec.calibration import CalibrationSpec
 
 __all__ = ["COMPUTE_CONSTANTS", "CalibratedRanges", "CollectiveRanges", "Interval", "calibrated_ranges"]
 
