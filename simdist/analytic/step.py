@@ -463,45 +463,39 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
             f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s] = f
             model += r.model_flops  # type: ignore[union-attr]
             hardware += r.hardware_flops  # type: ignore[union-attr]
-            prev[s] = end
-            if p_down[i] >= 0:
-                t = fpp[s] if fpp[s] > end else end
-                out[i] = fpp[s] = t + sends[s][p_chunk[i] * 3 + KIND_INDEX[p_kind[i]]]
-            else:
-                out[i] = end
-            continue
-        if sm.ahead:  # the gathers issued ahead queue on the dp stream
-            for duration, category, work in sm.ahead:
-                t = fdp[s]
-                fdp[s] = t + duration
-                intervals[s].append((t, fdp[s], category, work))
-            if fdp[s] > t0:
-                t0 = fdp[s]
-        if first[s] < 0:
-            first[s] = t0
-        if starts is not None:
-            starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-        end = t0 + sm.duration_s
-        block_end[s] = end
-        if cover:
-            spans[s] += (t0, end)
-        fr = sm.frees
-        if fr[0] >= 0:
-            f0[s] = t0 + fr[0]
-        if fr[1] >= 0:
-            f1[s] = t0 + fr[1]
-        if fr[2] >= 0:
-            f2[s] = t0 + fr[2]
-        if fr[3] >= 0:
-            f3[s] = t0 + fr[3]
-        used[s][code] += 1
-        if sm.behind:
-            for ready, duration, category, work in sm.behind:
-                t = t0 + ready
-                if fdp[s] > t:
+        else:
+            if sm.ahead:  # the gathers issued ahead queue on the dp stream
+                for duration, category, work in sm.ahead:
                     t = fdp[s]
-                fdp[s] = t + duration
-                intervals[s].append((t, fdp[s], category, work))
+                    fdp[s] = t + duration
+                    intervals[s].append((t, fdp[s], category, work))
+                if fdp[s] > t0:
+                    t0 = fdp[s]
+            if first[s] < 0:
+                first[s] = t0
+            if starts is not None:
+                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+            end = t0 + sm.duration_s
+            block_end[s] = end
+            if cover:
+                spans[s] += (t0, end)
+            fr = sm.frees
+            if fr[0] >= 0:
+                f0[s] = t0 + fr[0]
+            if fr[1] >= 0:
+                f1[s] = t0 + fr[1]
+            if fr[2] >= 0:
+                f2[s] = t0 + fr[2]
+            if fr[3] >= 0:
+                f3[s] = t0 + fr[3]
+            used[s][code] += 1
+            if sm.behind:
+                for ready, duration, category, work in sm.behind:
+                    t = t0 + ready
+                    if fdp[s] > t:
+                        t = fdp[s]
+                    fdp[s] = t + duration
+                    intervals[s].append((t, fdp[s], category, work))
         prev[s] = end
         kind = p_kind[i]
         if (kind == "W" or (kind == "B" and not zb)) and end > last_bwd[s]:

@@ -22,6 +22,7 @@ times each copy alone.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -128,46 +129,28 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
                 starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
             streams, deps, needs_input, last, durations = entry  # type: ignore[misc]
             free = [*(c[s] for c in core), fdp[s], fpp[s]]
-            ends: list[np.ndarray] = []
-            for j, sc in enumerate(streams):
-                t = free[sc]
-                for d in deps[j]:
-                    if d >= 0:
-                        t = maximum(t, ends[d])
-                    elif d == PREV:
-                        t = maximum(t, prev[s])
-                if j == needs_input and up >= 0:
-                    t = maximum(t, out[up])
-                e = t + durations[j]
-                free[sc] = e
-                ends.append(e)
+            ends = _run_streams(streams, deps, durations, free, prev=prev[s],
+                                needs_input=needs_input if up >= 0 else -1, recv=out[up] if up >= 0 else None)
             for k in range(NUM_CORE):
                 core[k][s] = free[k]
             fdp[s], fpp[s] = free[_DP], free[_PP]
             end = ends[last]
-            prev[s] = end
-            if p_down[i] >= 0:
-                t = maximum(fpp[s], end) + sends[s][p_chunk[i] * 3 + KIND_INDEX[p_kind[i]]]
-                fpp[s] = t
-                out[i] = t
-            else:
-                out[i] = end
-            continue
-        duration, frees, ahead, behind = entry  # type: ignore[misc]
-        if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
-            t = fdp[s]
-            for d in ahead:
-                t = t + d
-            fdp[s] = t
-            t0 = maximum(t0, t)
-        if starts is not None:
-            starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-        end = t0 + duration
-        for k, free in enumerate(frees):
-            if free is not None:
-                core[k][s] = t0 + free
-        for ready, d in behind:
-            fdp[s] = maximum(t0 + ready, fdp[s]) + d
+        else:
+            duration, frees, ahead, behind = entry  # type: ignore[misc]
+            if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
+                t = fdp[s]
+                for d in ahead:
+                    t = t + d
+                fdp[s] = t
+                t0 = maximum(t0, t)
+            if starts is not None:
+                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+            end = t0 + duration
+            for k, free_at in enumerate(frees):
+                if free_at is not None:
+                    core[k][s] = t0 + free_at
+            for ready, d in behind:
+                fdp[s] = maximum(t0 + ready, fdp[s]) + d
         prev[s] = end
         kind = p_kind[i]
         if kind == "W" or (kind == "B" and not zb):
@@ -183,21 +166,38 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
         streams, deps, durations = batch.tails[s]
         free = [*(c[s] for c in core), fdp[s], fpp[s]]  # in STREAMS order: the core streams, dp, pp
         assert len(free) == _PP + 1
-        ends: list[np.ndarray] = []
-        for j, sc in enumerate(streams):  # simdist.analytic.step._run_tail
-            t = free[sc]
-            for d in deps[j]:
-                if d >= 0:
-                    t = maximum(t, ends[d])
-                elif d == LAST_BACKWARDS:
-                    t = maximum(t, last_bwd[s])
-                elif d == DP_DONE:
-                    t = maximum(t, free[_DP])
-            e = t + durations[j]
-            free[sc] = e
-            ends.append(e)
+        _run_streams(streams, deps, durations, free, last_backward=last_bwd[s])  # simdist.analytic.step._run_tail
         step = maximum(step, np.max(np.array(free), axis=0))
     return step
+
+
+def _run_streams(streams: Sequence[int], deps: Sequence[Sequence[int]], durations: Sequence[np.ndarray],
+                 free: list[np.ndarray], *, prev: np.ndarray | None = None, needs_input: int = -1,
+                 recv: np.ndarray | None = None, last_backward: np.ndarray | None = None) -> list[np.ndarray]:
+    """Run pieces one by one on vectors (one entry per copy): each when its stream is free (``free``, advanced in
+    place) and its dependencies are done: earlier pieces, and the special ones of simdist.plan.recipe: the stage's
+    previous step (PREV: ``prev``), its last backwards (LAST_BACKWARDS) and the dp stream (DP_DONE); piece
+    ``needs_input`` also waits for the input (``recv``). A step's pieces (simdist.analytic.step._run_pieces) and a
+    stage's tail (``_run_tail``) alike. Returns each piece's end."""
+    maximum = np.maximum
+    ends: list[np.ndarray] = []
+    for j, sc in enumerate(streams):
+        t = free[sc]
+        for d in deps[j]:
+            if d >= 0:
+                t = maximum(t, ends[d])
+            elif d == PREV:
+                t = maximum(t, prev)
+            elif d == LAST_BACKWARDS:
+                t = maximum(t, last_backward)
+            elif d == DP_DONE:
+                t = maximum(t, free[_DP])
+        if j == needs_input:
+            t = maximum(t, recv)
+        e = t + durations[j]
+        free[sc] = e
+        ends.append(e)
+    return ends
 
 
 def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
