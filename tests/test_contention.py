@@ -177,16 +177,16 @@ def test_a_pipeline_without_contention_is_answered_by_the_closed_form_and_matche
     ("scenarios/korthikanti2022-22b.yaml", False),  # one rank: nothing meets
 ])
 def test_a_step_simulated_from_its_first_divergence_is_the_engine_run_from_zero(scenario, contended):
-    # simdist run simulates from the first divergence (simdist.predict.step._alone_and_cut); the same op graph run
+    # simdist run simulates from the first divergence (simdist.predict.engine_step.alone_and_cut); the same op graph run
     # by the engine from 0 gives every op the same start and end
-    from simdist.predict.step import _capacities, _first_replica
+    from simdist.predict.engine_step import capacities, first_replica
     from simdist.report.step_metrics import observables
 
     sc = api.load_scenario(scenario)
     prediction = api.predict(sc.spec, sc.topology)
     assert (prediction.result["contention_s"] > 1e-6) == contended
     graph = prediction.plan.graph
-    one, many = _capacities(prediction.topology, None)
+    one, many = capacities(prediction.topology, None)
     alone = uncontended(graph)
     cut = first_divergence(graph, uncontended(graph, durations=alone_durations(graph, one, many)), one, many,
                            alone_durations(graph, one, many))
@@ -194,6 +194,6 @@ def test_a_step_simulated_from_its_first_divergence_is_the_engine_run_from_zero(
     engine = run_graph(graph, one, many)
     assert prediction.trace.start_s == pytest.approx(engine.start_s, rel=1e-9, abs=1e-12)
     assert prediction.trace.end_s == pytest.approx(engine.end_s, rel=1e-9, abs=1e-12)
-    first = _first_replica(prediction.plan)
+    first = first_replica(prediction.plan)
     ours, theirs = observables(graph, prediction.trace, first), observables(graph, engine, first)
     assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12)

@@ -1,4 +1,4 @@
-"""The engine's fast-forward (simdist.plan.fastforward via simdist.predict.step): three simulated micro-batch
+"""The engine's fast-forward (simdist.plan.fastforward via simdist.predict.engine_step): three simulated micro-batch
 counts a period apart, extended along the repeating steady state, equal the simulation of every micro-batch,
 with contention (collectives sharing links) and without (where the smallest sample shows no contention at all,
 the closed form's answer, which the uncontended engine equals)."""
@@ -11,7 +11,7 @@ from simdist import api
 from simdist.plan import fastforward
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.predict import step as predict_step_module
+from simdist.predict import engine_step as engine_module
 
 BASE = """\
 name: ff
@@ -43,9 +43,9 @@ def _cfg(tmp_path, case):
 @pytest.mark.parametrize("name", CASES)
 def test_fast_forward_equals_every_micro_batch(tmp_path, monkeypatch, name):
     cfg, topology = _cfg(tmp_path, CASES[name])
-    full = predict_step_module._engine(cfg, topology, None, False, False)
-    monkeypatch.setattr(predict_step_module, "FAST_FORWARD_MIN_OPS", 0)  # fast-forward even a small step
-    fast = predict_step_module._engine(cfg, topology, None, False, True)
+    full = engine_module.engine_step(cfg, topology, None, False, False)
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)  # fast-forward even a small step
+    fast = engine_module.engine_step(cfg, topology, None, False, True)
     assert full.micro_batches == "all"
     if "contended" in name:  # three engine samples a period apart, extended
         assert fast.micro_batches.startswith("fast-forward"), fast.micro_batches
@@ -81,17 +81,17 @@ def test_samples_slide_until_the_engine_is_steady(tmp_path, monkeypatch):
     # closed form's, as on Llama 3 405B interleaved at DP 1): the engine adds one a cycle later and tries the
     # last three again. Here the first window is refused twice; the extension still equals every micro-batch.
     cfg, topology = _cfg(tmp_path, CASES["interleaved contended"])
-    full = predict_step_module._engine(cfg, topology, None, False, False)
-    monkeypatch.setattr(predict_step_module, "FAST_FORWARD_MIN_OPS", 0)
-    real = predict_step_module.extrapolate
+    full = engine_module.engine_step(cfg, topology, None, False, False)
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
+    real = engine_module.extrapolate
     windows = []
 
     def refuse_twice(samples, total):
         windows.append([m for m, _ in samples])
         return None if len(windows) <= 2 else real(samples, total)
 
-    monkeypatch.setattr(predict_step_module, "extrapolate", refuse_twice)
-    fast = predict_step_module._engine(cfg, topology, None, False, True)
+    monkeypatch.setattr(engine_module, "extrapolate", refuse_twice)
+    fast = engine_module.engine_step(cfg, topology, None, False, True)
     first, second, third = windows
     cycle = first[1] - first[0]
     assert second == [m + cycle for m in first] and third == [m + cycle for m in second]

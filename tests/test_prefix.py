@@ -16,7 +16,7 @@ from simdist.engine.prefix import resumed_trace, shared_prefix
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.opgraph import Job, Op, OpGraph
-from simdist.predict import step as predict_step_module
+from simdist.predict import engine_step as engine_module
 from tests.test_contention import capacity, graphs_with_collectives, two_rank_graphs
 
 BASE = """\
@@ -41,16 +41,16 @@ def _samples(tmp_path, name):
     assert found is not None
     plans, known = [], None
     for m in found[1:]:
-        plan, priced = predict_step_module._priced_plan(cfg, topology, None, False, m, known)
+        plan, priced = engine_module.priced_plan(cfg, topology, None, False, m, known)
         known = known or priced
         plans.append(plan)
-    return topology, plans, [predict_step_module._alone_and_cut(p, topology, None) for p in plans]
+    return topology, plans, [engine_module.alone_and_cut(p, topology, None) for p in plans]
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_resumed_sample_equals_its_own_simulation(tmp_path, name):
     topology, plans, alones = _samples(tmp_path, name)
-    one, many = predict_step_module._capacities(topology, None)
+    one, many = engine_module.capacities(topology, None)
     big, (_, big_timeline, big_cut, big_engine) = plans[-1], alones[-1]
     for plan, (_, timeline, cut, engine) in zip(plans[:-1], alones[:-1], strict=True):
         pre = shared_prefix(plan.graph, timeline, engine, big.graph, big_timeline, big_engine)
@@ -134,12 +134,12 @@ def test_fast_forward_through_resumed_samples_equals_every_micro_batch(tmp_path,
     path.write_text(BASE.format(**CASES[name]))
     sc = api.load_scenario(path)
     cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
-    monkeypatch.setattr(predict_step_module, "FAST_FORWARD_MIN_OPS", 0)
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
     resumed = []
-    real = predict_step_module.resumed_trace
-    monkeypatch.setattr(predict_step_module, "resumed_trace", lambda *a: resumed.append(1) or real(*a))
-    fast = predict_step_module._engine(cfg, topology, None, False, True)
-    full = predict_step_module._engine(cfg, topology, None, False, False)
+    real = engine_module.resumed_trace
+    monkeypatch.setattr(engine_module, "resumed_trace", lambda *a: resumed.append(1) or real(*a))
+    fast = engine_module.engine_step(cfg, topology, None, False, True)
+    full = engine_module.engine_step(cfg, topology, None, False, False)
     assert len(resumed) == 2  # both smaller samples resumed from the largest one's state
     assert fast.micro_batches.startswith("fast-forward") and full.micro_batches == "all"
     assert full.observables["step_s"] - full.uncontended_step_s > 1e-6 * full.observables["step_s"]  # contended

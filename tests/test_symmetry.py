@@ -15,7 +15,7 @@ from simdist import api
 from simdist.engine.graph import run_graph
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Job, Op, OpGraph
-from simdist.predict import step as predict_step_module
+from simdist.predict import engine_step as engine_module
 from simdist.predict.step import predict_step
 from tests.conftest import TOY_TOPOLOGY
 
@@ -104,8 +104,8 @@ training: {micro_batch_size: 2, global_batch_size: 64}
     assert not reduced.result["layout"]["reduction_exact"]
     assert "approximate" in reduced.result["layout"]["note"]
     runs = []
-    real = predict_step_module._engine_trace
-    monkeypatch.setattr(predict_step_module, "_engine_trace",
+    real = engine_module.engine_trace
+    monkeypatch.setattr(engine_module, "engine_trace",
                         lambda plan, *a, **k: runs.append(plan) or real(plan, *a, **k))
     auto = predict_step(s.spec, s.topology)
     # the asymmetry is seen in the representatives' prices, before the engine runs: it runs once, on every rank

@@ -11,40 +11,34 @@ fidelity in one JSON: the engine (collectives share links; a long steady state f
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
-from simdist.engine.contention import REL, Alone, engine_alone, first_divergence
-from simdist.engine.graph import GraphTrace, run_graph
+from simdist.analytic.step import CommPricer, analytic_observables
+from simdist.engine.graph import GraphTrace
 from simdist.engine.links import unique_inverse
-from simdist.engine.prefix import Prefix, resumed_trace, shared_prefix
 from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
-from simdist.hardware import batch
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.limits import check_step_work
-from simdist.plan.fastforward import SAVING, FastForward, extrapolate
 from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.step import StepConfig, StepPlan, build_step, collective_runs, step_memory
+from simdist.plan.step import StepPlan, build_step, collective_runs, step_memory
 from simdist.predict.band_ranges import CalibratedRanges
 from simdist.predict.bands import band_of
-from simdist.predict.faults import degraded_links, faults_report, scaled_capacities
+from simdist.predict.engine_step import EngineStep, collector_paused, engine_step, first_replica
+from simdist.predict.faults import degraded_links, faults_report
 from simdist.predict.goodput import goodput
-from simdist.predict.price import Adjust, PricedComm, capacity_of, class_symmetric, price_graph, price_runs
+from simdist.predict.price import Adjust, PricedComm, class_symmetric, price_graph, price_runs
 from simdist.report.step_metrics import metrics as step_metrics_from
-from simdist.report.step_metrics import observables
 from simdist.spec.scenario import ScenarioSpec
 
 
@@ -131,245 +125,9 @@ def _collectives(runs: dict[tuple, int], priced: dict[tuple, PricedComm]) -> lis
 
 SIMULATE = ("auto", "representatives", "full")
 FIDELITIES = ("engine", "closed_form")
-FAST_FORWARD_MIN_OPS = 20_000
-"""A step whose whole op graph would hold fewer ops than this is simulated whole (a fraction of a second)."""
 FULL_AUTO_MAX_OPS = 100_000
 """`simulate="auto"` falls back to every rank where the reduction would not be exact, if the full graph would
 hold at most this many ops (about a second or two of simulation)."""
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause CPython's cyclic garbage collector while a step is simulated; it resumes as it was afterwards.
-
-    The simulation allocates 10^4-10^5 small objects that reference counting frees (ops, the engine's jobs
-    with one (link, bytes) pair per link, events; a run leaves a few dozen objects in cycles): the collector
-    would scan the young ones every 700 allocations and, every 100th time, everything the process holds, for
-    next to nothing to free (up to a tenth of a 16,384-GPU step's in-process time). Results are
-    unchanged: only when garbage is collected changes.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _priced_plan(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
-                 num_microbatches: int | None, known: dict[tuple, PricedComm] | None = None
-                 ) -> tuple[StepPlan, dict[tuple, PricedComm]]:
-    """The step's op graph on ``num_microbatches`` (None: all), priced; ``known``: the prices of another sample of
-    the same step, reused (simdist.predict.price.price_graph)."""
-    with _collector_paused():
-        plan = build_step(cfg, full=full, num_microbatches=num_microbatches)
-        priced = price_graph(plan.graph, topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes, adjust=adjust,
-                             known=known)
-    return plan, priced
-
-
-def _capacities(topology: Topology, degraded: dict[int, float] | None) -> tuple[Any, Any]:
-    """(capacity of one link, capacities of many) for the engine; ``degraded``: link id -> fraction of its
-    capacity left (scenario ``faults.degraded_links``)."""
-    if degraded:
-        return scaled_capacities(topology, degraded)
-    return capacity_of(topology), lambda links: batch.link_capacities(topology, links)
-
-
-def _alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None, cut: bool = True
-                   ) -> tuple[GraphTrace, GraphTrace, float, Alone]:
-    """The op graph's uncontended trace (every op its priced duration), its timeline with the engine's times of
-    each op alone (simdist.engine.contention.alone_durations: the same trace where they are the priced ones), the
-    time up to which that is the engine's timeline (simdist.engine.contention.first_divergence: inf where no two
-    transfers meet on a shared link; NaN if not ``cut``: not looked for), and what the engine does with each op
-    alone."""
-    one, many = _capacities(topology, degraded)
-    with _collector_paused():
-        alone = uncontended(plan.graph)
-        engine = engine_alone(plan.graph, one, many)
-        durations: list[float] | None = engine.durations
-        if any(abs(d - op.duration_s) > REL * max(abs(op.duration_s), 1e-300)
-               for d, op in zip(engine.durations, plan.graph.ops, strict=True)):
-            timeline = uncontended(plan.graph, checked=True, durations=durations)
-        else:
-            timeline, durations = alone, None
-        if not cut:
-            return alone, timeline, math.nan, engine
-        return alone, timeline, first_divergence(plan.graph, timeline, one, many, durations, engine), engine
-
-
-def _engine_trace(plan: StepPlan, topology: Topology, degraded: dict[int, float] | None,
-                  alone: tuple[GraphTrace, GraphTrace, float, Alone]) -> GraphTrace:
-    """The engine's trace, simulated from the first divergence on (`_alone_and_cut`: before it the engine's timeline
-    is the alone one, so only what follows costs SimPy events; none where no transfers meet)."""
-    one, many = _capacities(topology, degraded)
-    _, timeline, cut, engine = alone
-    with _collector_paused():
-        return run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=(timeline, cut),
-                         private=engine.private)
-
-
-@dataclass(slots=True)
-class _Engine:
-    plan: StepPlan
-    priced: dict[tuple, PricedComm]
-    trace: GraphTrace
-    observables: dict[str, float]
-    uncontended_step_s: float
-    micro_batches: str
-    """"all", or how the steady state was fast-forwarded."""
-    simulated_microbatches: int
-    fast_forward: tuple[int, int, int, int] | None = None
-    """The closed form's fast-forward plan for the engine (simdist.analytic.step.fast_forward_plan), if looked for."""
-    engine_from_s: float = math.inf
-    """Up to this time the shown timeline is each op's engine time alone, no two transfers on a shared link at once
-    (simdist.engine.contention.first_divergence); SimPy simulated it from there (inf: nowhere)."""
-
-
-def _first_replica(plan: StepPlan) -> list[int]:
-    d0 = min(d for _, d in plan.stage_ranks)
-    return sorted(r for (_, d), r in plan.stage_ranks.items() if d == d0)
-
-
-def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
-            alone: tuple[GraphTrace, GraphTrace, float, Alone] | None
-            ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]:
-    """(plan, prices, engine trace, observables with ``uncontended_s``, first divergence) of one fast-forward
-    sample; ``alone``: its
-    uncontended trace and first divergence (`_alone_and_cut`) if already found."""
-    alone = alone if alone is not None else _alone_and_cut(plan, topology, degraded)
-    return _observed(plan, priced, _engine_trace(plan, topology, degraded, alone), alone, alone[2])
-
-
-def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topology: Topology,
-             degraded: dict[int, float] | None, alones: list[tuple[GraphTrace, GraphTrace, float, Alone]]
-             ) -> list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]]:
-    """`_sample` of each fast-forward sample (fewest micro-batches first). The largest is simulated; a smaller one
-    runs what it runs until its own cool-down departs from it (simdist.engine.prefix), so where that is later than
-    its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only.
-    A smaller sample's first divergence may be NaN (not looked for): before the cut their engine-alone timelines are
-    the same (the same ops), so where the largest's is earlier than the cut it is the smaller's too."""
-    big_plan, _ = priced_plans[-1]
-    _, big_timeline, big_cut, big_engine = alones[-1]
-    prefixes: list[Prefix | None] = []
-    record: dict[float, dict[int, float]] = {}
-    for (plan, _), (_, timeline, cut, engine) in zip(priced_plans[:-1], alones[:-1], strict=True):
-        pre = shared_prefix(plan.graph, timeline, engine, big_plan.graph, big_timeline, big_engine)
-        useful = big_cut < pre.cut_s < math.inf and not cut >= pre.cut_s
-        prefixes.append(pre if useful else None)
-        if useful:
-            record[pre.cut_s] = {}
-    one, many = _capacities(topology, degraded)
-    with _collector_paused():
-        big_trace = run_graph(big_plan.graph, capacity_of=one, capacities=many, checked=True,
-                              resume=(big_timeline, big_cut), private=big_engine.private, record=record)
-    runs = []
-    for (plan, priced), alone, pre in zip(priced_plans, alones, [*prefixes, None], strict=True):
-        resume = resumed_trace(pre, big_trace, record[pre.cut_s]) if pre is not None else None
-        if plan is big_plan:
-            trace, shown_from = big_trace, big_cut
-        elif resume is not None:
-            with _collector_paused():
-                trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=resume,
-                                  private=alone[3].private)
-            shown_from = big_cut  # = its own first divergence, which is before the cut
-        else:
-            if math.isnan(alone[2]):
-                a, timeline, _, engine = alone
-                with _collector_paused():
-                    alone = (a, timeline, first_divergence(plan.graph, timeline, one, many,
-                                                           None if timeline is a else engine.durations, engine), engine)
-            trace, shown_from = _engine_trace(plan, topology, degraded, alone), alone[2]
-        runs.append(_observed(plan, priced, trace, alone, shown_from))
-    return runs
-
-
-def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace,
-              alone: tuple[GraphTrace, GraphTrace, float, Alone], shown_from: float
-              ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]:
-    obs = observables(plan.graph, trace, _first_replica(plan))
-    obs["uncontended_s"] = alone[0].makespan_s
-    return plan, priced, trace, obs, shown_from
-
-
-def _engine(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
-            check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None,
-            rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False
-            ) -> _Engine | None:
-    """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
-    the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
-    ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits).
-    ``rather(plan, priced)`` is asked, before the engine runs, of the priced op graph whose plan and prices the
-    answer would carry: True returns None at once (the caller simulates otherwise: `predict_step` every rank
-    where the representatives would not be exact), so no engine run is spent on an answer thrown away."""
-    M = cfg.microbatches(0)
-    pricer = CommPricer(topology, adjust)
-    found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
-    if found is not None:
-        counts = found[1:]
-        check(max(counts))
-        plan, priced = _priced_plan(cfg, topology, adjust, full, counts[0])
-        if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
-            priced_plans = [(plan, priced), *(_priced_plan(cfg, topology, adjust, full, m, priced)
-                                              for m in counts[1:])]
-            # the smaller samples' first divergences matter only where the largest has none (simdist.engine.prefix)
-            big_alone = _alone_and_cut(priced_plans[-1][0], topology, degraded)
-            alones = [*(_alone_and_cut(p, topology, degraded, big_alone[2] == math.inf) for p, _ in priced_plans[:-1]),
-                      big_alone]
-            if all(cut == math.inf and timeline is a for a, timeline, cut, _ in alones):
-                if rather(plan, priced):
-                    return None
-                # No collective of any of the three samples ever meets another on a shared link (and each runs
-                # alone in its uncontended time): the engine's timeline of each is its uncontended timeline
-                # (simdist.engine.contention). The whole step inserts more periods of the same steady state
-                # (simdist.plan.fastforward: the premise the three engine samples would test); the periods the
-                # larger samples insert meet their neighbours no more than these do, so neither do the step's,
-                # and the engine's answer is the uncontended step's: the closed form's, which equals it exactly
-                # (tests/test_analytic_step.py), with its own fast-forward.
-                obs, ff = analytic_observables(cfg, pricer)
-                how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
-                       + " by the closed form: no contention (the engine's timelines of "
-                       f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
-                       "collectives on a shared link at once)")
-                return _Engine(plan, priced, alones[0][0], obs, obs["step_s"], how, counts[0], found)
-            # the answer carries the last sample's plan and prices
-            if rather(*priced_plans[-1]):
-                return None
-            runs = _samples(priced_plans, topology, degraded, alones)
-            del priced_plans, alones
-            counts = list(counts)
-            samples = [(m, run[3]) for m, run in zip(counts, runs, strict=True)]
-            ext = extrapolate(samples, M)
-            # Not collinear: the engine's steady state begins later than the closed form's (contention can lengthen
-            # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING.
-            cycle = found[0]
-            while ext is None and SAVING * (sum(counts) + counts[-1] + cycle) <= M:
-                m = counts[-1] + cycle
-                check(m)
-                plan, priced = _priced_plan(cfg, topology, adjust, full, m, runs[-1][1])
-                if rather(plan, priced):
-                    return None
-                runs = [*runs[-2:], _sample(plan, priced, topology, degraded, None)]
-                counts.append(m)
-                samples = [*samples[-2:], (m, runs[-1][3])]
-                ext = extrapolate(samples, M)
-            if ext is not None:
-                plan, priced, trace, _, engine_from_s = runs[-1]
-                last = (counts[-3], counts[-2], counts[-1])
-                how = FastForward(cycle, last, M).describe()
-                if len(counts) > 3:
-                    how += f" (after {', '.join(map(str, counts[:-3]))}, not yet in the steady state)"
-                return _Engine(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found,
-                               engine_from_s)
-    check(M)
-    plan, priced = _priced_plan(cfg, topology, adjust, full, None)
-    if rather(plan, priced):
-        return None
-    alone = _alone_and_cut(plan, topology, degraded)
-    trace = _engine_trace(plan, topology, degraded, alone)
-    return _Engine(plan, priced, trace, observables(plan.graph, trace, _first_replica(plan)), alone[0].makespan_s,
-                   "all", M, found, alone[2])
 
 
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
@@ -432,12 +190,12 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
 
         # one pause of the collector over every sample (their graphs, traces and prices are 10^5 objects: each
         # resumption would have it scan them all again); results are unchanged
-        with _collector_paused():
-            found = _engine(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate), degraded,
-                            every_rank if simulate == "auto" else lambda plan, priced: False)
+        with collector_paused():
+            found = engine_step(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate),
+                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False)
             exact = found is None or (class_symmetric(found.priced) and not degraded and not failed)
             if found is None:
-                found = _engine(cfg, topology, adjust, True, True, check("full"), degraded)
+                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded)
         engine = found
         assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
@@ -513,10 +271,10 @@ def _layout_simulation(plan: StepPlan, topology: Topology, simulation: dict[str,
             "simulation": mode, "reduction_exact": simulation["exact"], "note": simulation["note"]}
 
 
-def _simulation_note(plan: StepPlan, topology: Topology, spec: ScenarioSpec, exact: bool, engine: _Engine
+def _simulation_note(plan: StepPlan, topology: Topology, spec: ScenarioSpec, exact: bool, engine: EngineStep
                      ) -> dict[str, Any]:
     """How the engine simulated the step, and why (the JSON's ``simulation``)."""
-    first = _first_replica(plan)
+    first = first_replica(plan)
     simulated = len(plan.graph.ranks())
     full = plan.reduced_axes == () and topology.num_gpus > len(plan.representative_ranks)
     if full:
