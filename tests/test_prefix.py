@@ -189,3 +189,48 @@ def test_a_truncated_graph_resumed_from_the_whole_one_equals_its_own_run(big, da
     resumed = run_graph(small, capacity, resume=resume)
     assert resumed.start_s == pytest.approx(own.start_s, rel=1e-9, abs=1e-12)
     assert resumed.end_s == pytest.approx(own.end_s, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_slid_sample_resumed_from_the_last_run_equals_its_own_run(tmp_path, monkeypatch, name):
+    # The first three samples are declared not collinear (as when contention lengthens the transient): the engine
+    # slides on by a cycle, and the new largest sample resumes from the state the previous largest recorded ahead,
+    # at the latest time before their cut (simdist.predict.engine_step._slid).
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE.format(**CASES[name]))
+    sc = api.load_scenario(path)
+    cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
+    # also a record past the cut (a period and a half on), which must not be the one resumed from
+    monkeypatch.setattr(engine_module, "AHEAD", (1.5, 1.0, 0.5))
+    real_extrapolate, first = engine_module.extrapolate, []
+    monkeypatch.setattr(engine_module, "extrapolate",
+                        lambda samples, m: None if not first and not first.append(1) else real_extrapolate(samples, m))
+    real_slid, slid = engine_module._slid, []
+
+    def spy(*args):
+        out = real_slid(*args)
+        slid.append(out)
+        return out
+
+    monkeypatch.setattr(engine_module, "_slid", spy)
+    fast = engine_module.engine_step(cfg, topology, None, False, True)
+    assert "(after" in fast.micro_batches and len(slid) == 1
+    (plan, _, trace, _, _), recorded = slid[0]
+    assert recorded is not None, "the slid sample was simulated alone, not resumed"
+    one, many = engine_module.capacities(topology, None)
+    own = run_graph(plan.graph, capacity_of=one, capacities=many)  # from 0, nothing resumed
+    tol = 1e-9 * own.makespan_s
+    assert max(abs(a - b) for a, b in zip(own.start_s, trace.start_s, strict=True)) <= tol
+    assert max(abs(a - b) for a, b in zip(own.end_s, trace.end_s, strict=True)) <= tol
+    monkeypatch.setattr(engine_module, "extrapolate", real_extrapolate)
+    full = engine_module.engine_step(cfg, topology, None, False, False)
+    for key, value in full.observables.items():
+        assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_ahead_records_a_period_past_the_last_cut():
+    # cuts 2 and 5 s a period (3 s) apart: the next is near 8 s; recorded at 8, 7.7, 7.25, 6.5 s after the start
+    assert engine_module._ahead([2.0, 5.0], 0.0) == pytest.approx([8.0, 7.7, 7.25, 6.5])
+    assert engine_module._ahead([2.0, 5.0], 7.5) == pytest.approx([8.0, 7.7])
+    assert engine_module._ahead([5.0], 0.0) == [] and engine_module._ahead([5.0, 5.0], 0.0) == []

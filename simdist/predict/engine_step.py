@@ -4,7 +4,8 @@
 SimPy up to the first instant two transfers meet on a shared link (simdist.engine.contention) and with SimPy from
 there (simdist.engine.graph), and, where the step repeats a steady state, simulates three micro-batch counts a
 period apart and extends them (simdist.plan.fastforward), the smaller ones resumed from the largest's recorded state
-(simdist.engine.prefix). `simdist.predict.step.predict_step` turns its observables into the JSON.
+(simdist.engine.prefix), and a sample slid on by a cycle (samples not yet collinear) from the state the previous
+largest recorded ahead (`Recorded`). `simdist.predict.step.predict_step` turns its observables into the JSON.
 """
 
 from __future__ import annotations
@@ -140,10 +141,42 @@ def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology,
     return _observed(plan, priced, engine_trace(plan, topology, degraded, alone), alone, alone[2])
 
 
+AHEAD = (1.0, 0.9, 0.75, 0.5)
+"""Where the largest run also records its state for a sample one cycle larger (`Recorded`): these fractions of a
+period past the latest cut it records anyway (`_ahead`)."""
+
+
+@dataclass(slots=True)
+class Recorded:
+    """A simulated sample and its state at some times (`run_graph`'s ``record``), from which a sample one cycle
+    larger, simulated later (the samples slid on), is resumed where the two run the same ops (simdist.engine.prefix:
+    the premise holds at any time up to their cut, whichever of the two ran first)."""
+
+    plan: StepPlan
+    timeline: GraphTrace
+    engine: Alone
+    trace: GraphTrace
+    states: dict[float, dict[int, float]]
+    """Per time recorded, per op under way on the shared links then, its bytes left."""
+    cuts: list[float]
+    """Where the smaller samples' runs met this one (their cuts, ascending)."""
+
+
+def _ahead(cuts: list[float], start: float) -> list[float]:
+    """Times at which to record a run for the next sample, from the cuts its smaller samples met it at (ascending,
+    a period apart): the next cut is about a period after the last; recorded at `AHEAD` fractions of a period past
+    it, and at it, after ``start``. Any of them at or before the next sample's true cut serves (`_slid`)."""
+    if len(cuts) < 2 or not cuts[-1] > cuts[-2]:
+        return []
+    period = cuts[-1] - cuts[-2]
+    return [t for t in (cuts[-1] + f * period for f in AHEAD) if t > start]
+
+
 def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topology: Topology,
              degraded: dict[int, float] | None, alones: list[tuple[GraphTrace, GraphTrace, float, Alone]]
-             ) -> list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]]:
-    """`_sample` of each fast-forward sample (fewest micro-batches first). The largest is simulated; a smaller one
+             ) -> tuple[list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]], Recorded]:
+    """`_sample` of each fast-forward sample (fewest micro-batches first), and the largest's `Recorded`. The largest
+    is simulated; a smaller one
     runs what it runs until its own cool-down departs from it (simdist.engine.prefix), so where that is later than
     its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only.
     A smaller sample's first divergence may be NaN (not looked for): before the cut their engine-alone timelines are
@@ -158,6 +191,9 @@ def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topol
         prefixes.append(pre if useful else None)
         if useful:
             record[pre.cut_s] = {}
+    cuts = sorted(pre.cut_s for pre in prefixes if pre is not None)
+    for t in _ahead(cuts, big_cut):
+        record.setdefault(t, {})
     one, many = capacities(topology, degraded)
     with collector_paused():
         big_trace = run_graph(big_plan.graph, capacity_of=one, capacities=many, checked=True,
@@ -180,7 +216,34 @@ def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topol
                                                            None if timeline is a else engine.durations, engine), engine)
             trace, shown_from = engine_trace(plan, topology, degraded, alone), alone[2]
         runs.append(_observed(plan, priced, trace, alone, shown_from))
-    return runs
+    return runs, Recorded(big_plan, big_timeline, big_engine, big_trace, record, cuts)
+
+
+def _slid(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
+          before: Recorded | None
+          ) -> tuple[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float], Recorded | None]:
+    """`_sample` of a sample one cycle larger than ``before``'s (the samples slid on), resumed from ``before``'s
+    state at the latest time it recorded at or before the two runs' cut (simdist.engine.prefix) where that is
+    after the new sample's own first divergence; else simulated from there. Its own `Recorded` (its state ahead,
+    for the next slide) where it was resumed, else None."""
+    alone = alone_and_cut(plan, topology, degraded)
+    cut = alone[2]
+    resume = None
+    if before is not None and cut < math.inf:
+        pre = shared_prefix(plan.graph, alone[1], alone[3], before.plan.graph, before.timeline, before.engine)
+        times = [t for t in before.states if cut < t <= pre.cut_s]
+        if times:
+            at = max(times)
+            resume = resumed_trace(Prefix(at, pre.to_big), before.trace, before.states[at])
+    if resume is None:
+        return _observed(plan, priced, engine_trace(plan, topology, degraded, alone), alone, cut), None
+    one, many = capacities(topology, degraded)
+    cuts = [*before.cuts[-1:], pre.cut_s]  # a period apart: the next slide meets this run about a period later
+    record: dict[float, dict[int, float]] = {t: {} for t in _ahead(cuts, resume[1])}
+    with collector_paused():
+        trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=resume,
+                          private=alone[3].private, record=record)
+    return _observed(plan, priced, trace, alone, cut), Recorded(plan, alone[1], alone[3], trace, record, cuts)
 
 
 def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace,
@@ -234,7 +297,7 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
             # the answer carries the last sample's plan and prices
             if rather(*priced_plans[-1]):
                 return None
-            runs = _samples(priced_plans, topology, degraded, alones)
+            runs, recorded = _samples(priced_plans, topology, degraded, alones)
             del priced_plans, alones
             counts = list(counts)
             samples = [(m, run[3]) for m, run in zip(counts, runs, strict=True)]
@@ -248,7 +311,8 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
                 plan, priced = priced_plan(cfg, topology, adjust, full, m, runs[-1][1])
                 if rather(plan, priced):
                     return None
-                runs = [*runs[-2:], _sample(plan, priced, topology, degraded, None)]
+                run, recorded = _slid(plan, priced, topology, degraded, recorded)
+                runs = [*runs[-2:], run]
                 counts.append(m)
                 samples = [*samples[-2:], (m, runs[-1][3])]
                 ext = extrapolate(samples, M)
