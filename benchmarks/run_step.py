@@ -18,6 +18,13 @@ seconds (user + system: less sensitive to a loaded machine than wall time), and 
 bytes, the kernel's ru_maxrss of that process), medians of --repeat runs, and PASS when wall time and memory are
 within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one.
 
+Bytecode: the timed runs write and reuse Python's compiled bytecode (``__pycache__``, git-ignored) as Python does
+by default and as ``pip install .`` (the README's install) leaves an installed package, PYTHONDONTWRITEBYTECODE
+unset for them and the source compiled once before the first case (``python -m compileall``). ``--cold`` runs them
+in the environment as given instead, simdist's ``__pycache__`` folders removed first: where it sets
+PYTHONDONTWRITEBYTECODE (this machine does), every run compiles all of simdist's modules again (about 0.3 s of CPU
+here), which no installed copy does.
+
 ``--save DIR`` keeps each case's ``--json`` output; ``--compare DIR`` checks every number in it against the output
 saved before (relative 1e-9, strings equal), for changes that must not move the results.
 """
@@ -28,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,10 +84,24 @@ class _Popen(subprocess.Popen):
         return pid, sts
 
 
-def run_once(args: list[str]) -> tuple[float, float, float, str]:
+def child_env(cold: bool) -> dict[str, str]:
+    """The timed runs' environment (module docstring: bytecode); not ``cold``: bytecode written and reused."""
+    env = dict(os.environ)
+    if not cold:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def compile_source(env: dict[str, str]) -> None:
+    """Compile simdist's modules once, as an install does, so that no timed run pays for it."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "simdist")], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def run_once(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
     """(wall s, peak RSS MB, CPU s, stdout) of one `simdist run ... --json` in a fresh interpreter."""
     t0 = time.perf_counter()
-    proc = _Popen([sys.executable, "-m", "simdist", "run", *args, "--json"], cwd=ROOT,
+    proc = _Popen([sys.executable, "-m", "simdist", "run", *args, "--json"], cwd=ROOT, env=env,
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
     wall = time.perf_counter() - t0
@@ -114,17 +136,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="compare each case's JSON with the one saved in this folder")
     parser.add_argument("--ignore", default="simulation.note,simulation.micro_batches,layout.note",
                         help="comma-separated JSON paths whose text may differ in --compare")
+    parser.add_argument("--cold", action="store_true",
+                        help="run in the environment as given (PYTHONDONTWRITEBYTECODE kept: every run compiles again)")
     args = parser.parse_args(argv)
+    env = child_env(args.cold)
+    if args.cold:
+        for cache in (ROOT / "simdist").rglob("__pycache__"):
+            shutil.rmtree(cache)
+    else:
+        compile_source(env)
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)
     ignore = {f".{p}" for p in args.ignore.split(",") if p}
     failed = mismatched = 0
     print(f"{'case':24s} {'wall s':>7s} {'cpu s':>6s} {'peak MB':>8s}  {'step s':>10s}  "
-          f"target {TARGET_S:g} s / {TARGET_MB:g} MB (wall)")
+          f"target {TARGET_S:g} s / {TARGET_MB:g} MB (wall); bytecode "
+          f"{'as the environment says' if args.cold else 'cached (as installed)'}")
     for name, run_args in cases():
         if args.only not in name:
             continue
-        runs = [run_once(run_args) for _ in range(args.repeat)]
+        runs = [run_once(run_args, env) for _ in range(args.repeat)]
         wall = statistics.median(r[0] for r in runs)
         peak = statistics.median(r[1] for r in runs)
         cpu = statistics.median(r[2] for r in runs)
