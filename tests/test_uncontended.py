@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdist.engine.graph import ScheduleDeadlock, run_graph
-from simdist.engine.uncontended import uncontended
+from simdist.engine.uncontended import uncontended, uncontended_pair
 from simdist.plan.opgraph import Job, Op, OpGraph
 
 
@@ -104,3 +104,20 @@ def test_the_uncontended_timeline_is_the_engines_with_no_shared_link(graph):
     durations = [2.0 * op.duration_s for op in graph.ops]
     doubled = uncontended(graph, checked=True, durations=durations)
     assert doubled.end_s == pytest.approx([2.0 * e for e in t.end_s], rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(graphs(), st.data())
+def test_the_pair_is_each_timeline_on_its_own(graph, data):
+    # one walk, two duration sets: each timeline exactly (==) its own uncontended call, deadlocks the same
+    other = [data.draw(st.floats(0.0, 4.0)) if op.sync < 0 else op.duration_s * 1.5 for op in graph.ops]
+    try:
+        alone = uncontended(graph)
+    except ScheduleDeadlock as err:
+        with pytest.raises(ScheduleDeadlock) as pair:
+            uncontended_pair(graph, other)
+        assert str(pair.value) == str(err)
+        return
+    first, second = uncontended_pair(graph, other)
+    assert first == alone
+    assert second == uncontended(graph, durations=other)

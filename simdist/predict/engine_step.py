@@ -21,7 +21,7 @@ from simdist.analytic.step import CommPricer, analytic_observables, fast_forward
 from simdist.engine.contention import REL, Alone, engine_alone, first_divergence
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.prefix import Prefix, resumed_trace, shared_prefix
-from simdist.engine.uncontended import uncontended
+from simdist.engine.uncontended import uncontended, uncontended_pair
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
 from simdist.plan.fastforward import SAVING, FastForward, extrapolate
@@ -85,13 +85,13 @@ def alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float]
     alone."""
     one, many = capacities(topology, degraded)
     with collector_paused():
-        alone = uncontended(plan.graph)
         engine = engine_alone(plan.graph, one, many)
         durations: list[float] | None = engine.durations
         if any(abs(d - op.duration_s) > REL * max(abs(op.duration_s), 1e-300)
                for d, op in zip(engine.durations, plan.graph.ops, strict=True)):
-            timeline = uncontended(plan.graph, checked=True, durations=durations)
+            alone, timeline = uncontended_pair(plan.graph, engine.durations)
         else:
+            alone = uncontended(plan.graph)
             timeline, durations = alone, None
         if not cut:
             return alone, timeline, math.nan, engine
