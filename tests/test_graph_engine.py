@@ -59,6 +59,26 @@ def test_unknown_dependency_id_is_an_error():
         run_graph(g)
 
 
+@pytest.mark.parametrize("dep", [-1, 2, 1.0, "0"])
+def test_a_dependency_that_is_no_op_id_is_an_error(dep):
+    g = OpGraph()
+    g.add(op("a", 0, 1.0))
+    g.add(op("b", 0, 1.0, [dep]))
+    with pytest.raises(SimdistError, match="op 1 'b' depends on") as err:
+        run_graph(g)
+    assert err.value.field == "ops[1].deps"
+
+
+@pytest.mark.parametrize("bad", ["1", None, [1.0]])
+def test_a_duration_that_is_no_number_is_an_error(bad):
+    g = OpGraph()
+    g.add(op("a", 0, 1.0))
+    g.add(Op(name="b", rank=0, stream="compute", kind="forward", duration_s=bad))
+    with pytest.raises(SimdistError, match="has no finite duration") as err:
+        run_graph(g)
+    assert err.value.field == "ops[1].duration_s"
+
+
 def test_cycle_raises_deadlock_not_hang():
     g = OpGraph()
     g.add(op("p", 0, 1.0, [1]))

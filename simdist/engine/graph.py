@@ -43,8 +43,21 @@ class GraphTrace:
 
 
 def _check(graph: OpGraph) -> None:
-    n = len(graph.ops)
-    for i, op in enumerate(graph.ops):
+    """Every op has a finite duration >= 0 and depends on ops of the graph (an int id in range); else a
+    SimdistError naming the first op that does not. One pass of C-level checks over all ops, and the per-op loop
+    below only where one fails (it finds which)."""
+    ops = graph.ops
+    n = len(ops)
+    durations = [op.duration_s if op.job is None else op.job.latency_s + op.job.bandwidth_s for op in ops]
+    deps = [d for op in ops for d in op.deps]
+    try:
+        finite = bool(np.isfinite(np.asarray(durations, dtype=float)).all()) and min(durations, default=0.0) >= 0
+    except (TypeError, ValueError):  # not numbers
+        finite = False
+    if (finite and set(map(type, durations)) <= {int, float} and set(map(type, deps)) <= {int}
+            and (not deps or (min(deps) >= 0 and max(deps) < n))):
+        return
+    for i, op in enumerate(ops):
         d = op.duration_s
         if op.job is not None:
             d = op.job.latency_s + op.job.bandwidth_s
