@@ -29,13 +29,17 @@ class TraceLike(Protocol):
 def stage_intervals(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> list[list[Interval]]:
     """Per rank of ``ranks`` (one per stage), its ops as (start, end, category, pipeline work) intervals."""
     by_rank: dict[int, list[Interval]] = {r: [] for r in ranks}
+    start, end = trace.start_s, trace.end_s
+    kinds: dict[tuple[str, str | None, bool], tuple[str, bool]] = {}  # (kind, axis, per mb) -> (category, work)
     for i, op in enumerate(graph.ops):
         mine = by_rank.get(op.rank)
         if mine is None:
             continue
-        axis = op.comm.axis if op.comm is not None else None
-        mine.append((trace.start_s[i], trace.end_s[i], category_of(op.kind, axis), is_work(op.kind, axis,
-                                                                                          op.microbatch)))
+        key = (op.kind, op.comm.axis if op.comm is not None else None, op.microbatch >= 0)
+        got = kinds.get(key)
+        if got is None:
+            got = kinds[key] = (category_of(key[0], key[1]), is_work(key[0], key[1], 0 if key[2] else -1))
+        mine.append((start[i], end[i], *got))
     return [by_rank[r] for r in ranks]
 
 
