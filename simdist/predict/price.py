@@ -492,11 +492,16 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     known = known or {}
     images: dict[tuple, np.ndarray] = {}  # translates by (group, axes): shared by its collectives
     made: dict[tuple[int, ...], Group] = topology.groups  # type: ignore[assignment]  # shared with the closed form
+    # A step's ops share their Comm objects (one per recipe piece and stage, simdist.plan.step): each one's key is
+    # made and hashed once (by the object's id: every Comm stays alive in the graph meanwhile)
+    key_of: dict[int, tuple] = {}
     for op in graph.ops:
         c = op.comm
         if c is None:
             continue
-        key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
+        key = key_of.get(id(c))
+        if key is None:
+            key = key_of[id(c)] = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
         if key in known:
             if key not in pending:
                 pending[key] = None  # type: ignore[assignment]
@@ -520,18 +525,24 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     layouts = dict(zip(batched, _layouts(topology, items), strict=True))  # type: ignore[arg-type]
     cache = {key: known[key] if p is None else _finish(topology, p, layouts.get(key)) for key, p in pending.items()}
     jobs: dict[tuple, Job] = {}
+    done: dict[int, tuple[float, Job | None]] = {}  # id(comm) -> (duration, job)
     for op in graph.ops:
         c = op.comm
         if c is None:
             continue
-        key = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
-        priced = cache[key]
-        op.duration_s = (priced.time_s + c.host_s) * c.count
+        got = done.get(id(c))
+        if got is None:
+            key = key_of[id(c)]
+            priced = cache[key]
+            job = None
+            if with_links:
+                job = jobs.get((key, c.count, c.host_s))
+                if job is None:
+                    job = jobs[(key, c.count, c.host_s)] = job_of(topology, priced, c.count, c.host_s)
+            got = done[id(c)] = ((priced.time_s + c.host_s) * c.count, job)
+        op.duration_s = got[0]
         if with_links:
-            job = jobs.get((key, c.count, c.host_s))
-            if job is None:
-                job = jobs[(key, c.count, c.host_s)] = job_of(topology, priced, c.count, c.host_s)
-            op.job = job
+            op.job = got[1]
     return cache
 
 
