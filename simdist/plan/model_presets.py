@@ -35,27 +35,25 @@ def _tupled(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
 
 
-def _load() -> dict[str, tuple[Model, str]]:
-    """name -> (Model, source) from ``models/*.yaml``: the file name is the preset name, ``source`` its citation
+def _read(path: Path) -> tuple[Model, str]:
+    """(Model, source) of one ``models/<name>.yaml``: the file name is the preset name, ``source`` its citation
     and ``sources`` that of every value (simdist.spec.preset_file). Every number is the source's."""
-    presets: dict[str, tuple[Model, str]] = {}
-    for path in sorted(bundled_dir("models").glob("*.yaml")):
-        spec, _, doc = read_preset(path, ModelSpec, keep=("source",))
-        source = doc.data.get("source")
-        if not isinstance(source, str) or not source.strip():
-            raise SpecError("a model preset needs 'source': the citation of its numbers", field="source",
-                            source=str(path), fix="add 'source: <paper, table>'")
-        written = _tupled({k: getattr(spec, k) for k in _FIELDS if getattr(spec, k) is not None})
-        presets[path.stem] = (Model(path.stem, spec.kind or "decoder", **written), source)
-    return presets
+    spec, _, doc = read_preset(path, ModelSpec, keep=("source",))
+    source = doc.data.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise SpecError("a model preset needs 'source': the citation of its numbers", field="source",
+                        source=str(path), fix="add 'source: <paper, table>'")
+    written = _tupled({k: getattr(spec, k) for k in _FIELDS if getattr(spec, k) is not None})
+    return Model(path.stem, spec.kind or "decoder", **written), source
 
 
-_PRESETS = _load()
+_PRESETS: dict[str, tuple[Model, str]] = {}
+"""The presets read so far (each file is read when first asked for: a run reads the one it names)."""
 
 
 def model_presets() -> list[str]:
     """Names a scenario may write as ``model.preset``."""
-    return sorted(_PRESETS)
+    return sorted(path.stem for path in bundled_dir("models").glob("*.yaml"))
 
 
 def preset_source(name: str) -> str:
@@ -64,14 +62,18 @@ def preset_source(name: str) -> str:
 
 
 def _preset(name: str) -> tuple[Model, str]:
-    try:
-        return _PRESETS[name]
-    except KeyError:
+    got = _PRESETS.get(name)
+    if got is not None:
+        return got
+    names = model_presets()
+    if name not in names:  # (also a path outside the folder, or the name of another case)
         raise PresetError(
-            f"unknown model preset {name!r}; valid presets: {', '.join(model_presets())}",
+            f"unknown model preset {name!r}; valid presets: {', '.join(names)}",
             field="model.preset",
-            fix=f"write one of {', '.join(model_presets())}, or describe the model inline",
-        ) from None
+            fix=f"write one of {', '.join(names)}, or describe the model inline",
+        )
+    got = _PRESETS[name] = _read(bundled_dir("models") / f"{name}.yaml")
+    return got
 
 
 _INLINE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
