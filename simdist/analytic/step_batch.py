@@ -72,20 +72,23 @@ class _Batch:
                            or x.end != r.end for x in rs):
                         raise _Mismatch
                     row.append((r.streams, r.deps, r.needs_input, r.end,
-                                np.array([x.durations for x in rs]).T.copy()))  # type: ignore[union-attr]
+                                np.array([x.durations for x in rs]).T.copy(), None))  # type: ignore[union-attr]
                     continue
                 sms = [c[s].simple[code] for c in copies]
                 if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
                        or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
                     raise _Mismatch
                 duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
-                # (stream, when it is free again) of the core streams the recipe uses, in stream order
-                frees = tuple((k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
-                              for k in range(NUM_CORE) if sm.frees[k] >= 0)
+                # (stream, when it is free again) of the core streams the recipe uses, in stream order, and apart
+                # those free exactly at the step's end in every copy (t0 + free is then the end itself: no addition)
+                frees_at = [(k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
+                            for k in range(NUM_CORE) if sm.frees[k] >= 0]
+                at_end = tuple(k for k, v in frees_at if np.array_equal(v, duration))
+                frees = tuple((k, v) for k, v in frees_at if k not in at_end)
                 ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
                 behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
                                for j in range(len(sm.behind)))  # type: ignore[union-attr]
-                row.append((duration, frees, ahead, behind))
+                row.append((duration, frees, ahead, behind, at_end))
             self.steps.append(row)
             self.sends.append(list(np.array([c[s].sends for c in copies]).T.copy()))  # a vector per send
             tails = [c[s].tail for c in copies]
@@ -121,14 +124,15 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     for i in range(len(prog)):
         s = p_stage[i]
         entry = steps[s][p_code[i]]
-        t0 = maximum(prev[s], f0[s])
+        # max(x, x) = x: after a simple step that frees the compute stream at its end, the two are one vector
+        t0 = prev[s] if f0[s] is prev[s] else maximum(prev[s], f0[s])
         up = p_up[i]
         if up >= 0:
             t0 = maximum(t0, out[up])
-        if len(entry) == 5:  # type: ignore[arg-type]  # piece by piece (simdist.analytic.step._run_pieces)
+        if len(entry) == 6:  # type: ignore[arg-type]  # piece by piece (simdist.analytic.step._run_pieces)
             if starts is not None:
                 starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-            streams, deps, needs_input, last, durations = entry  # type: ignore[misc]
+            streams, deps, needs_input, last, durations, _ = entry  # type: ignore[misc]
             free = [*(c[s] for c in core), fdp[s], fpp[s]]
             ends = _run_streams(streams, deps, durations, free, prev=prev[s],
                                 needs_input=needs_input if up >= 0 else -1, recv=out[up] if up >= 0 else None)
@@ -137,7 +141,7 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
             fdp[s], fpp[s] = free[_DP], free[_PP]
             end = ends[last]
         else:
-            duration, frees, ahead, behind = entry  # type: ignore[misc]
+            duration, frees, ahead, behind, at_end = entry  # type: ignore[misc]
             if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
                 t = fdp[s]
                 for d in ahead:
@@ -147,6 +151,8 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
             if starts is not None:
                 starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
             end = t0 + duration
+            for k in at_end:
+                core[k][s] = end
             for k, free_at in frees:
                 core[k][s] = t0 + free_at
             for ready, d in behind:
