@@ -17,6 +17,7 @@ Cost grows with the schedule's distinct work: a large micro-batch count is fast-
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +34,7 @@ from simdist.analytic.pricing import (
     chunk_cost_key,
     recipe_key,
 )
-from simdist.analytic.program import KIND_INDEX, program, recipe_code
+from simdist.analytic.program import KIND_INDEX, program, recipe_code, step_groups
 from simdist.plan.accounting import Block, BlockSummary, Interval, account, partition_pieces
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
@@ -442,6 +443,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
     simple = [st.simple for st in stages]
     sends = [st.sends for st in stages]
     zb = cfg.schedule == "zb_h1"
+    record = starts is not None
+    t0s = [0.0] * n if record else None  # each step's start, by program index (grouped into ``starts`` at the end)
     p_stage, p_kind, p_chunk, p_up, p_down, p_code = (prog.stage, prog.kind, prog.chunk, prog.upstream,
                                                       prog.downstream_stage, prog.code)
     for i in range(n):
@@ -456,8 +459,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         sm = simple[s][code]
         if sm is None:  # a chunk's first forward with its parameter gathers (`_fast`), piece by piece
             r = generic[s][code]
-            if starts is not None:
-                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+            if record:
+                t0s[i] = t0  # type: ignore[index]
             f = [f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s]]
             end = _run_pieces(r, f, prev[s], out[up] if up >= 0 else 0.0, intervals[s])  # type: ignore[arg-type]
             f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s] = f
@@ -473,8 +476,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                     t0 = fdp[s]
             if first[s] < 0:
                 first[s] = t0
-            if starts is not None:
-                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
+            if record:
+                t0s[i] = t0  # type: ignore[index]
             end = t0 + sm.duration_s
             block_end[s] = end
             if cover:
@@ -505,6 +508,10 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
             out[i] = fpp[s] = t + sends[s][p_chunk[i] * 3 + KIND_INDEX[kind]]
         else:
             out[i] = end
+    if record:
+        at = np.array(t0s)
+        for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
+            starts.setdefault(key, []).extend(at[idx].tolist())  # type: ignore[union-attr]
     step = max(prev, default=0.0)
     summaries: list[BlockSummary] = []
     for s in range(K):
@@ -539,29 +546,48 @@ def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -
             **{f"{k}_s": v for k, v in mean.items()}}
 
 
-def _starts(cfg: StepConfig, stages: list[_Stage]):
-    fast = _fast(stages)
+class _Timelines:
+    """The closed form's timelines of one replica for `simdist.plan.fastforward.plan`: ``timeline(m)`` (each step's
+    start and the step time) and ``step_of(m)`` (the step time alone: no starts recorded). ``stages``: the
+    replica's stages, or a callable that makes them, called on the first timeline only (a step too short to
+    fast-forward is never timed, so its stages need not be priced here)."""
 
-    def timeline(m: int) -> tuple[dict[tuple, list[float]], float]:
+    def __init__(self, cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]]) -> None:
+        self._cfg = cfg
+        self._stages = stages
+        self._timeline: Callable[..., tuple] | None = None
+
+    def _run(self, m: int, starts: dict | None) -> float:
+        if self._timeline is None:
+            if callable(self._stages):
+                self._stages = self._stages()
+            self._timeline = _timeline_fast if _fast(self._stages) else _timeline
+        return self._timeline(self._cfg, self._stages, m, starts)[0]
+
+    def timeline(self, m: int) -> tuple[dict[tuple, list[float]], float]:
         starts: dict[tuple, list[float]] = {}
-        step = (_timeline_fast if fast else _timeline)(cfg, stages, m, starts)[0]
+        step = self._run(m, starts)
         return starts, step
 
-    return timeline
+    def step_of(self, m: int) -> float:
+        return self._run(m, None)
 
 
 def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool = False
                       ) -> tuple[int, int, int, int] | None:
     """(cycle, M1, M2, M3) to sample instead of every micro-batch (simdist.plan.fastforward.plan), the cycle read
-    off the closed form's timeline; None: time every micro-batch."""
-    return _plan(cfg, _stages(cfg, pricer), for_engine)
+    off the closed form's timeline; None: time every micro-batch. The stages are priced only where a timeline is
+    read (a short step is not fast-forwarded: nothing to price)."""
+    return _plan(cfg, lambda: _stages(cfg, pricer), for_engine)
 
 
-def _plan(cfg: StepConfig, stages: list[_Stage], for_engine: bool) -> tuple[int, int, int, int] | None:
+def _plan(cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]], for_engine: bool
+          ) -> tuple[int, int, int, int] | None:
     if cfg.dp_batch_split is not None or (for_engine and cfg.compute_slowdown):
         return None  # the engine simulates unequal replicas whole
-    return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), _starts(cfg, stages), vpp=cfg.vpp,
-                   count_detection=not for_engine)
+    timelines = _Timelines(cfg, stages)
+    return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), timelines.timeline, vpp=cfg.vpp,
+                   count_detection=not for_engine, step_of=timelines.step_of)
 
 
 def _num_microbatches(cfg: StepConfig) -> int:

@@ -55,7 +55,7 @@ class _Batch:
         first = copies[0]
         self.num_stages = len(first)
         self.steps: list[list[tuple | None]] = []
-        self.sends: list[np.ndarray] = []
+        self.sends: list[list[np.ndarray]] = []
         self.tails: list[tuple] = []
         for s, st in enumerate(first):
             row: list[tuple | None] = []
@@ -72,21 +72,25 @@ class _Batch:
                            or x.end != r.end for x in rs):
                         raise _Mismatch
                     row.append((r.streams, r.deps, r.needs_input, r.end,
-                                np.array([x.durations for x in rs]).T.copy()))  # type: ignore[union-attr]
+                                np.array([x.durations for x in rs]).T.copy(), None))  # type: ignore[union-attr]
                     continue
                 sms = [c[s].simple[code] for c in copies]
                 if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
                        or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
                     raise _Mismatch
                 duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
-                frees = tuple(np.array([x.frees[k] for x in sms]) if sm.frees[k] >= 0 else None  # type: ignore
-                              for k in range(NUM_CORE))
+                # (stream, when it is free again) of the core streams the recipe uses, in stream order, and apart
+                # those free exactly at the step's end in every copy (t0 + free is then the end itself: no addition)
+                frees_at = [(k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
+                            for k in range(NUM_CORE) if sm.frees[k] >= 0]
+                at_end = tuple(k for k, v in frees_at if np.array_equal(v, duration))
+                frees = tuple((k, v) for k, v in frees_at if k not in at_end)
                 ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
                 behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
                                for j in range(len(sm.behind)))  # type: ignore[union-attr]
-                row.append((duration, frees, ahead, behind))
+                row.append((duration, frees, ahead, behind, at_end))
             self.steps.append(row)
-            self.sends.append(np.array([c[s].sends for c in copies]).T.copy())  # (sends, copies)
+            self.sends.append(list(np.array([c[s].sends for c in copies]).T.copy()))  # a vector per send
             tails = [c[s].tail for c in copies]
             t = st.tail
             if any(x.streams != t.streams or x.deps != t.deps for x in tails):
@@ -111,7 +115,7 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     fpp = [zero] * K
     prev = [np.full(n, -1.0)] * K
     last_bwd = [zero] * K
-    out = np.empty((len(prog), n))
+    out: list[np.ndarray] = [zero] * len(prog)  # each step's output arrival (a vector, never written in place)
     zb = cfg.schedule == "zb_h1"
     steps, sends = batch.steps, batch.sends
     maximum = np.maximum
@@ -120,14 +124,15 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     for i in range(len(prog)):
         s = p_stage[i]
         entry = steps[s][p_code[i]]
-        t0 = maximum(prev[s], f0[s])
+        # max(x, x) = x: after a simple step that frees the compute stream at its end, the two are one vector
+        t0 = prev[s] if f0[s] is prev[s] else maximum(prev[s], f0[s])
         up = p_up[i]
         if up >= 0:
             t0 = maximum(t0, out[up])
-        if len(entry) == 5:  # type: ignore[arg-type]  # piece by piece (simdist.analytic.step._run_pieces)
+        if len(entry) == 6:  # type: ignore[arg-type]  # piece by piece (simdist.analytic.step._run_pieces)
             if starts is not None:
                 starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-            streams, deps, needs_input, last, durations = entry  # type: ignore[misc]
+            streams, deps, needs_input, last, durations, _ = entry  # type: ignore[misc]
             free = [*(c[s] for c in core), fdp[s], fpp[s]]
             ends = _run_streams(streams, deps, durations, free, prev=prev[s],
                                 needs_input=needs_input if up >= 0 else -1, recv=out[up] if up >= 0 else None)
@@ -136,7 +141,7 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
             fdp[s], fpp[s] = free[_DP], free[_PP]
             end = ends[last]
         else:
-            duration, frees, ahead, behind = entry  # type: ignore[misc]
+            duration, frees, ahead, behind, at_end = entry  # type: ignore[misc]
             if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
                 t = fdp[s]
                 for d in ahead:
@@ -146,9 +151,10 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
             if starts is not None:
                 starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
             end = t0 + duration
-            for k, free_at in enumerate(frees):
-                if free_at is not None:
-                    core[k][s] = t0 + free_at
+            for k in at_end:
+                core[k][s] = end
+            for k, free_at in frees:
+                core[k][s] = t0 + free_at
             for ready, d in behind:
                 fdp[s] = maximum(t0 + ready, fdp[s]) + d
         prev[s] = end
@@ -238,15 +244,18 @@ def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[Ste
         return None
     n = len(staged)
     M = _num_microbatches(cfg)
-    runs: dict[int, tuple[dict, np.ndarray]] = {}
+    runs: dict[int, tuple[dict | None, np.ndarray]] = {}
 
-    def run(m: int) -> tuple[dict, np.ndarray]:
-        """The batch timed over m micro-batches (once per m): each step's starts (micro-batch x copy), steps."""
-        if m not in runs:
-            starts: dict = {}
+    def run(m: int, with_starts: bool = True) -> tuple[dict | None, np.ndarray]:
+        """The batch timed over m micro-batches (once per m): each step's starts (micro-batch x copy; recorded
+        only where asked for: None), the steps."""
+        hit = runs.get(m)
+        if hit is None or (with_starts and hit[0] is None):
+            starts: dict | None = {} if with_starts else None
             step = _timeline(cfg, batch, m, n, starts)
-            runs[m] = ({key: np.array(seq) for key, seq in starts.items()}, step)
-        return runs[m]
+            hit = runs[m] = ({key: np.array(seq) for key, seq in starts.items()} if starts is not None else None,
+                             step)
+        return hit
 
     # Each copy fast-forwarded as the closed form would fast-forward it alone (simdist.analytic.step
     # _replica_observables): on ``counts`` where given (every copy the same samples, as `analytic_observables` with
@@ -256,14 +265,19 @@ def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[Ste
     for j in range(n):
         def timeline(m: int, j: int = j) -> tuple[dict, float]:
             starts, step = run(m)
+            assert starts is not None
             return {key: seq[:, j].tolist() for key, seq in starts.items()}, float(step[j])
+
+        def step_of(m: int, j: int = j) -> float:
+            return float(run(m, False)[1][j])
 
         sampled = counts
         if sampled is None:
-            found = ff_plan(cfg.schedule, cfg.mesh.pp, M, timeline, vpp=cfg.vpp, count_detection=True)
+            found = ff_plan(cfg.schedule, cfg.mesh.pp, M, timeline, vpp=cfg.vpp, count_detection=True,
+                            step_of=step_of)
             sampled = None if found is None else found[1:]
         value = None
         if sampled is not None:
-            value = extrapolate([(m, {"step_s": float(run(m)[1][j])}) for m in sampled], M)
-        out[j] = value["step_s"] if value is not None else run(M)[1][j]
+            value = extrapolate([(m, {"step_s": step_of(m)}) for m in sampled], M)
+        out[j] = value["step_s"] if value is not None else run(M, False)[1][j]
     return out

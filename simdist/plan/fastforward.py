@@ -123,12 +123,14 @@ def find_cycle(schedule: str, num_stages: int, starts: Mapping[tuple, Sequence[f
 
 def plan(schedule: str, num_stages: int, num_microbatches: int,
          timeline: Callable[[int], tuple[Mapping[tuple, Sequence[float]], float]], *, vpp: int = 1,
-         count_detection: bool = True) -> tuple[int, int, int, int] | None:
+         count_detection: bool = True, step_of: Callable[[int], float] | None = None
+         ) -> tuple[int, int, int, int] | None:
     """(cycle, M1, M1 + c, M1 + 2c) to sample, or None (simulate every micro-batch). ``timeline(m)`` times m
     micro-batches and returns each step's start (see `find_cycle`) and the step time; it is called on longer
     schedules (by two of the longest cycles looked for at a time) while that stays cheaper than M, then on the
     candidate samples (`steady_counts`). ``count_detection``: those timelines cost as much as the samples (the
-    closed form detecting its own cycle), else nothing (the closed form detecting the engine's)."""
+    closed form detecting its own cycle), else nothing (the closed form detecting the engine's). ``step_of(m)``:
+    ``timeline(m)``'s step time alone, where that is cheaper (no starts recorded), for the candidate samples."""
     g = group_of(schedule, num_stages)
     total = detection_microbatches(schedule, num_stages, vpp)
     # the cheapest samples there can be (the shortest cycle, the earliest steady state): when even they do not pay,
@@ -140,13 +142,19 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
         spent[0] += m
         return timeline(m)
 
+    def read_step(m: int) -> float:
+        if step_of is None:
+            return read(m)[1]
+        spent[0] += m
+        return step_of(m)
+
     while SAVING * (least + ((spent[0] + total) if count_detection else 0)) < num_microbatches:
         starts, step_s = read(total)
         found = find_cycle(schedule, num_stages, starts, step_s, total, vpp)
         if found is not None:
             cycle, start = found
             # the timelines read so far are spent: the samples only have to cost less than the rest
-            counts = steady_counts(schedule, num_stages, num_microbatches, cycle, lambda m: read(m)[1],
+            counts = steady_counts(schedule, num_stages, num_microbatches, cycle, read_step,
                                    start=start, vpp=vpp)
             return None if counts is None else (cycle, *counts)
         total = g * math.ceil((total + 2 * _max_cycle(schedule, num_stages)) / g)
