@@ -268,16 +268,18 @@ def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace
 
 def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
             check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None,
-            rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False
-            ) -> EngineStep | None:
+            rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False,
+            pricer: CommPricer | None = None) -> EngineStep | None:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
     ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits).
     ``rather(plan, priced)`` is asked, before the engine runs, of the priced op graph whose plan and prices the
     answer would carry: True returns None at once (the caller simulates otherwise: `predict_step` every rank
-    where the representatives would not be exact), so no engine run is spent on an answer thrown away."""
+    where the representatives would not be exact), so no engine run is spent on an answer thrown away.
+    ``pricer``: the closed form's prices of ``topology`` and ``adjust`` (simdist.analytic.pricing.CommPricer, a
+    memo), shared with the caller's other closed-form uses of the step; None: a new one."""
     M = cfg.microbatches(0)
-    pricer = CommPricer(topology, adjust)
+    pricer = pricer if pricer is not None else CommPricer(topology, adjust)
     found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
     if found is not None:
         counts = found[1:]

@@ -160,10 +160,11 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
     peak = topology.gpu.peak_flops(spec.training.precision)
     runs = collective_runs(cfg)
+    pricer = CommPricer(topology, adjust)  # one memo of the closed form's prices for the step, its band and samples
     plan = trace = None
     engine = None
     if fidelity == "closed_form":
-        obs, ff = analytic_observables(cfg, CommPricer(topology, adjust))
+        obs, ff = analytic_observables(cfg, pricer)
         how = ff.describe("timed") if ff is not None else "all"
         priced = price_runs(runs, topology, adjust=adjust)
         simulation: dict[str, Any] = {"fidelity": "closed_form", "ranks": "one per stage (by group shape)",
@@ -192,10 +193,10 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         # resumption would have it scan them all again); results are unchanged
         with collector_paused():
             found = engine_step(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate),
-                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False)
+                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False, pricer)
             exact = found is None or (class_symmetric(found.priced) and not degraded and not failed)
             if found is None:
-                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded)
+                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded, pricer=pricer)
         engine = found
         assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
@@ -249,7 +250,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
-    band = band_of(cfg, CommPricer(topology, adjust), metrics["step_time_s"],
+    band = band_of(cfg, pricer, metrics["step_time_s"],
                    engine.fast_forward if engine is not None and engine.fast_forward is not None else False,
                    band_ranges)
     result["step_time_band_s"], result["step_time_band_how"] = band.band, band.how
