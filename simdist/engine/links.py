@@ -358,7 +358,7 @@ class SharedLinks:
         self._step()
 
     def _on_horizon(self, _event: simpy.Event) -> None:
-        heapq.heappop(self._pending)  # this one (SimPy fires them in time order; no two at one time)
+        heapq.heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
         self._step()  # (nothing finished: the next finish moved later since it was set, and is re-armed)
 
     def _step(self) -> None:
