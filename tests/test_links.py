@@ -367,3 +367,98 @@ def test_shared_links_finish_when_first_principles_say(case):
     transfers, capacity = case
     assert chained_finish_times(transfers, capacity) == pytest.approx(oracle_finish_times(transfers, capacity),
                                                                       rel=1e-9, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- lazy progress against eager
+def eager_reference(transfers: list[tuple[float, tuple[int, ...], float, float, tuple[float, ...] | None]],
+                    capacity: dict[int, float], probes: list[float]) -> tuple[list[float], list[dict[int, float]]]:
+    """End times of (start, links, size, cap, weights) transfers, and the bytes left of those under way at each
+    probe time, the straightforward way: at every event (a start or a finish) every transfer under way is
+    re-rated by `max_min_rates` over all of them and every one advanced to the next event, the earliest start
+    or projected finish. A transfer finishes at its projected finish, or with a residue of bytes left below
+    1e-12 of its size."""
+    ids = sorted(capacity)
+    index = {link: k for k, link in enumerate(ids)}
+    table = np.array([capacity[x] for x in ids])
+    n = len(transfers)
+    ends = [math.nan] * n
+    left = [t[2] for t in transfers]
+    seen: list[dict[int, float]] = [{} for _ in probes]
+    now = 0.0
+    while any(math.isnan(e) for e in ends):
+        active = [i for i in range(n) if transfers[i][0] <= now and math.isnan(ends[i])]
+        rates = []
+        if active:
+            entries = np.array([index[x] for i in active for x in transfers[i][1]])
+            lengths = np.array([len(transfers[i][1]) for i in active])
+            weights = np.array([w for i in active for w in (transfers[i][4] or [1.0] * len(transfers[i][1]))])
+            rates = max_min_rates(entries, lengths, table, np.array([transfers[i][3] for i in active]),
+                                  weights).tolist()
+        finish = [now + left[i] / r if r > 0 else math.inf for i, r in zip(active, rates, strict=True)]
+        step = min([t[0] for t in transfers if t[0] > now] + finish)
+        for k, p in enumerate(probes):
+            if now <= p < step:
+                seen[k] = {i: left[i] - r * (p - now) for i, r in zip(active, rates, strict=True)}
+        for i, r, f in zip(active, rates, finish, strict=True):
+            left[i] -= r * (step - now)
+            if f <= step or left[i] <= 1e-12 * transfers[i][2]:
+                ends[i] = step
+        now = step
+    return ends, seen
+
+
+@st.composite
+def random_transfers(draw):
+    num_links = draw(st.integers(1, 4))
+    capacity = {3 * k + 2: draw(st.sampled_from([1.0, 2.0, 5.0]) | st.floats(0.5, 10.0)) for k in range(num_links)}
+    ids = sorted(capacity)
+    out = []
+    for _ in range(draw(st.integers(1, 12))):
+        start = draw(st.sampled_from([0.0, 0.0, 1.0, 2.5]) | st.floats(0.0, 4.0))
+        links = tuple(draw(st.lists(st.sampled_from(ids), unique=True, min_size=1, max_size=num_links)))
+        weights = draw(st.none() | st.just(tuple(draw(st.sampled_from([1.0, 2.0, 0.5, 3.0])) for _ in links)))
+        size = draw(st.sampled_from([1.0, 2.0, 4.0]) | st.floats(0.05, 8.0))
+        cap = draw(st.sampled_from([math.inf, math.inf, 1.5, 0.7]))
+        out.append((start, links, size, cap, weights))
+    probes = draw(st.lists(st.floats(0.0, 12.0), max_size=4))
+    return out, capacity, probes
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_transfers())
+def test_lazy_progress_finishes_and_reports_bytes_left_as_an_eager_recomputation(case):
+    # Random transfers (a few links, caps, weights, starts at the same and at other instants): SharedLinks, which
+    # touches a transfer only when its rate changes and takes the next finish from a heap, ends every one when
+    # re-rating and advancing every transfer at every event does (within rounding), and ``in_flight`` reports
+    # each transfer under way at a probe time with the bytes it has left then.
+    transfers, capacity, probes = case
+    env = simpy.Environment()
+    net = SharedLinks(env, capacity.__getitem__)
+    ends = [math.nan] * len(transfers)
+    owner: dict[int, int] = {}
+    seen: list[dict[int, float]] = [{} for _ in probes]
+
+    def one(i, start, links, size, cap, weights):
+        yield env.timeout(start)
+        done = net.transfer(links, size, cap, weights)
+        owner[id(done)] = i
+        yield done
+        ends[i] = env.now
+
+    def probe(k, at):
+        yield env.timeout(at)
+        seen[k] = {owner[id(ev)]: left for ev, left in net.in_flight()}
+
+    for i, t in enumerate(transfers):
+        env.process(one(i, *t))
+    for k, at in enumerate(probes):
+        env.process(probe(k, at))
+    env.run()
+    want_ends, want_seen = eager_reference(transfers, capacity, probes)
+    assert ends == pytest.approx(want_ends, rel=1e-12, abs=1e-15)
+    for at, got, want in zip(probes, seen, want_seen, strict=True):
+        if any(abs(at - e) <= 1e-9 * max(e, 1.0) for e in [*want_ends, *(t[0] for t in transfers)]):
+            continue  # at an event: which side of it the probe runs is an order of events at one instant
+        assert got.keys() == want.keys()
+        for i, left in got.items():
+            assert left == pytest.approx(want[i], rel=1e-9, abs=1e-12 * transfers[i][2])

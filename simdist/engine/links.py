@@ -20,6 +20,7 @@ of the closed forms), and a job, whose cap is its closed-form speed (`job_flows`
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,7 +104,8 @@ class _Transfer:
     weights: tuple[float, ...] | None
     """Flows per link (None: one on each)."""
     size: float
-    remaining: float
+    left: float
+    """Bytes per flow it had left at ``at`` (progress is lazy: a transfer is touched only when its rate changes)."""
     cap: float
     done: simpy.Event | None
     """Fires when it completes (None: ``then`` is called instead)."""
@@ -113,17 +115,36 @@ class _Transfer:
     rate: float = 0.0
     sig: int = 0
     """Its (links, weights, cap), numbered: transfers alike have the same (re-shares are memoised by them)."""
+    at: float = 0.0
+    """When its rate last changed (or it joined)."""
+    end: float = math.inf
+    """When it finishes at its rate: ``at + left / rate`` (inf: rate 0)."""
+    live: bool = True
+    """Not finished yet."""
+
+    def left_at(self, now: float) -> float:
+        """Bytes per flow it has left at ``now`` (at its rate since ``at``)."""
+        elapsed = now - self.at
+        return self.left - self.rate * elapsed if elapsed > 0 else self.left
 
 
 class SharedLinks:
-    """Directed links of given effective capacities (bytes/s), shared by the transfers crossing them."""
+    """Directed links of given effective capacities (bytes/s), shared by the transfers crossing them.
+
+    Progress is lazy: a transfer keeps its bytes left at its last rate change, that time, its rate and its
+    projected finish; a re-share touches only the transfers whose rate changes, and the next finish comes
+    from a heap of projected finishes (entries of transfers re-rated or finished since are skipped when met).
+    Horizon timeouts are not superseded: one pending at or before the next finish is kept, and when a
+    timeout fires with nothing finished it re-arms for the next finish (no step).
+    """
 
     def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True
                  ) -> None:
         """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded)."""
         self.env = env
         self._capacity_of = capacity_of  # link id -> effective bytes/s
-        self._active: list[_Transfer] = []
+        self._active: dict[int, _Transfer] = {}
+        """Transfers under way by ``seq``, in joining order."""
         self._on: dict[int, list[_Transfer]] = {}
         """Active transfers per link: one whose links no other transfer uses is rated alone."""
         self._joined = 0
@@ -137,13 +158,14 @@ class SharedLinks:
         self._weighted = 0  # active transfers with weights
         self._dirty: set[int] = set()
         """Links whose transfers changed since the last re-share (one joined, or one left beside others)."""
-        self._last = 0.0
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
-        self._horizon = 0
-        """Generation of the next-finish timeout: one set before the last re-share is stale."""
-        self._horizon_at = math.inf
-        """When the next-finish timeout fires."""
+        self._ends: list[tuple[float, int, int, _Transfer]] = []
+        """Heap of (projected finish, seq, push number, transfer); an entry whose transfer finished or was
+        re-rated to another finish since is stale (skipped when it comes to the top)."""
+        self._pushes = 0
+        self._pending: list[float] = []
+        """Heap of the times at which horizon timeouts are pending (the earliest is at or before the next finish)."""
         self.load = LinkLoad()
         self._record = record_load
         self._sigs: dict[tuple, int] = {}
@@ -167,7 +189,7 @@ class SharedLinks:
             done.succeed()
             return None if then is not None else done
         done = self.env.event() if then is None else None
-        self._advance()
+        now = self.env.now
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
         capacity = self._capacity
@@ -178,7 +200,7 @@ class SharedLinks:
         sig = sigs.get(key)
         if sig is None:
             sig = sigs[key] = len(sigs)
-        t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig)
+        t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig, now)
         shared = False
         for link in links:
             if link not in capacity:
@@ -197,26 +219,24 @@ class SharedLinks:
         if shared:
             self._dirty.update(links)
         else:
-            t.rate = self._alone(t)
+            self._rerate((t,), (self._alone(t),), now)
         if self._record:
             self.load.add(links, size, weights)
-        self._active.append(t)
+        self._active[t.seq] = t
         if self._woken:
             return done
         if shared:
             self._woken = True
             self.env.timeout(0).callbacks.append(self._on_wake)
-        elif t.rate > 0:
+        elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
-            delay = t.remaining / t.rate
-            if self.env.now + delay < self._horizon_at:
-                self._schedule(delay)
+            self._arm(t.end)
         return done
 
     def in_flight(self) -> list[tuple[simpy.Event | Callable[[], None], float]]:
         """The transfers under way now, each as (its event, or its ``then``; the bytes per flow it has left)."""
-        elapsed = self.env.now - self._last
-        return [(t.done if t.then is None else t.then, t.remaining - t.rate * elapsed) for t in self._active]
+        now = self.env.now
+        return [(t.done if t.then is None else t.then, t.left_at(now)) for t in self._active.values()]
 
     def _learn(self, link: int) -> None:
         """Record ``link``'s capacity (the table grown as needed)."""
@@ -246,14 +266,27 @@ class SharedLinks:
                         rate = c
         return rate
 
-    def _advance(self) -> None:
-        elapsed = self.env.now - self._last
-        if elapsed > 0:
-            for t in self._active:
-                t.remaining -= t.rate * elapsed
-        self._last = self.env.now
+    def _rerate(self, group: Sequence[_Transfer], rates: Sequence[float], now: float) -> None:
+        """Give each transfer of ``group`` its rate in ``rates`` from ``now`` (its progress so far at its old
+        rate) and project its finish; one whose rate is unchanged keeps its projection."""
+        ends = self._ends
+        for t, rate in zip(group, rates, strict=True):
+            if rate == t.rate:
+                continue
+            elapsed = now - t.at
+            if elapsed > 0:
+                t.left -= t.rate * elapsed
+            t.at = now
+            t.rate = rate
+            end = now + t.left / rate if rate > 0 else math.inf
+            if end == t.end:
+                continue
+            t.end = end
+            if end < math.inf:  # (NaN: never finishes, as a NaN rate never did)
+                self._pushes += 1
+                heapq.heappush(ends, (end, t.seq, self._pushes, t))
 
-    def _reshare(self) -> None:
+    def _reshare(self, now: float) -> None:
         active = self._active
         if not active:
             return
@@ -281,28 +314,25 @@ class SharedLinks:
             if rates is None:
                 rates = self._remember(key, max_min_rates_small([t.links for t in group], [t.weights for t in group],
                                                                 [t.cap for t in group], self._capacity))
-            for t, r in zip(group, rates, strict=True):
-                t.rate = r
+            self._rerate(group, rates, now)
             return
-        key = (False, *(t.sig for t in active))
+        group = list(active.values())
+        key = (False, *(t.sig for t in group))
         rates = self._memo.get(key)
-        if rates is not None:
-            for t, r in zip(active, rates, strict=True):
-                t.rate = r
-            return
-        n = len(active)
-        lengths = np.fromiter((len(t.links) for t in active), dtype=np.int64, count=n)
-        total = int(lengths.sum())
-        entries = np.fromiter(chain.from_iterable(t.links for t in active), dtype=np.int64, count=total)
-        weights = None
-        if self._weighted:
-            weights = np.fromiter(chain.from_iterable(t.weights if t.weights is not None else repeat(1.0, len(t.links))
-                                                      for t in active), dtype=float, count=total)
-        caps = np.fromiter((t.cap for t in active), dtype=float, count=n)
-        ids, compact = unique_inverse(entries)
-        for t, r in zip(active, self._remember(key, max_min_rates(compact, lengths, self._table[ids], caps, weights)
-                                               .tolist()), strict=True):
-            t.rate = r
+        if rates is None:
+            n = len(group)
+            lengths = np.fromiter((len(t.links) for t in group), dtype=np.int64, count=n)
+            total = int(lengths.sum())
+            entries = np.fromiter(chain.from_iterable(t.links for t in group), dtype=np.int64, count=total)
+            weights = None
+            if self._weighted:
+                weights = np.fromiter(chain.from_iterable(t.weights if t.weights is not None
+                                                          else repeat(1.0, len(t.links)) for t in group),
+                                      dtype=float, count=total)
+            caps = np.fromiter((t.cap for t in group), dtype=float, count=n)
+            ids, compact = unique_inverse(entries)
+            rates = self._remember(key, max_min_rates(compact, lengths, self._table[ids], caps, weights).tolist())
+        self._rerate(group, rates, now)
 
     def _remember(self, key: tuple, rates: list[float]) -> list[float]:
         memo = self._memo
@@ -311,34 +341,57 @@ class SharedLinks:
         memo[key] = rates
         return rates
 
+    def _arm(self, at: float) -> None:
+        """Make sure a horizon timeout fires at or before ``at`` (one pending that early is kept)."""
+        pending = self._pending
+        if pending and pending[0] <= at:
+            return
+        now = self.env.now
+        delay = max(at - now, 0.0)
+        while now + delay < at:  # SimPy fires at now + delay: not before the finish
+            delay = math.nextafter(delay, math.inf)
+        heapq.heappush(pending, now + delay)
+        self.env.timeout(delay).callbacks.append(self._on_horizon)
+
     def _on_wake(self, _event: simpy.Event) -> None:
         self._woken = False
         self._step()
 
-    def _on_horizon(self, event: simpy.Event) -> None:
-        if event.value == self._horizon:
-            self._step()
+    def _on_horizon(self, _event: simpy.Event) -> None:
+        heapq.heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
+        self._step()  # (nothing finished: the next finish moved later since it was set, and is re-armed)
 
     def _step(self) -> None:
-        """At an event (a join, or the earliest finish): advance every transfer, retire the finished ones,
-        re-share if needed, and set a timeout for the next finish (event callbacks, not a SimPy process)."""
+        """At an event (a join, or the earliest finish): retire the finished transfers, re-share if needed,
+        and make sure a timeout fires at the next finish (event callbacks, not a SimPy process).
+
+        A transfer is complete at ``now`` when at or past its projected finish, or so close that what it has
+        left is a residue (below `DONE_FRACTION` of its size, or less time than ``now`` resolves); those
+        are taken from the heap's top, in order of projected finish, then retired in joining order."""
         now = self.env.now
-        elapsed = now - self._last
-        self._last = now
         finished = []
-        # `_advance` and the finish test in one pass (the same arithmetic)
-        for t in self._active:
-            rate = t.rate
-            if elapsed > 0:
-                t.remaining -= rate * elapsed
-            left = t.remaining
-            if left <= t.size * DONE_FRACTION or (rate > 0 and now + left / rate <= now):
-                finished.append(t)
+        ends = self._ends
+        pop = heapq.heappop
+        while ends:
+            end, _, _, t = ends[0]
+            if not t.live or t.end != end:
+                pop(ends)
+                continue
+            if end > now:
+                rate = t.rate
+                elapsed = now - t.at
+                left = t.left - rate * elapsed if elapsed > 0 else t.left
+                if not (left <= t.size * DONE_FRACTION or (rate > 0 and now + left / rate <= now)):
+                    break
+            pop(ends)
+            t.live = False
+            finished.append(t)
         if finished:
-            gone = set(map(id, finished))
-            self._active = [t for t in self._active if id(t) not in gone]
+            finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
+            active = self._active
             on = self._on
             for t in finished:
+                del active[t.seq]
                 self._entries -= len(t.links)
                 if t.weights is not None:
                     self._weighted -= 1
@@ -350,30 +403,23 @@ class SharedLinks:
                     else:
                         del on[link]
         if self._dirty:
-            self._reshare()
+            self._reshare(now)
             self._dirty.clear()
         for t in finished:
             if t.done is not None:
                 t.done.succeed()
-        horizon = math.inf
-        for t in self._active:
-            rate = t.rate
-            if rate > 0:
-                d = t.remaining / rate
-                if d < horizon:
-                    horizon = d
-        if horizon < math.inf:
-            self._schedule(horizon)
-        else:
-            self._horizon += 1
-            self._horizon_at = math.inf
+        while ends:
+            end, _, _, t = ends[0]
+            if t.live and t.end == end:
+                pending = self._pending
+                if not pending or pending[0] > end:
+                    self._arm(end)
+                break
+            pop(ends)
         for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
             if t.then is not None:
                 t.then()
 
-    def _schedule(self, delay: float) -> None:
-        """The next finish is ``delay`` from now (any timeout set before is stale)."""
-        self._horizon += 1
-        delay = max(delay, 0.0)
-        self._horizon_at = self.env.now + delay
-        self.env.timeout(delay, self._horizon).callbacks.append(self._on_horizon)
+
+def _seq(t: _Transfer) -> int:
+    return t.seq
