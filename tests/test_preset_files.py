@@ -13,7 +13,7 @@ import pytest
 
 from simdist.errors import SpecError
 from simdist.hardware.gpus import GPU_PRESETS, GPU_SOURCES
-from simdist.plan.model_presets import _PRESETS
+from simdist.plan.model_presets import _preset, model_presets
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.preset_file import BUNDLED_KINDS, bundled_dir, read_preset
 from tests.conftest import REPO
@@ -67,11 +67,11 @@ def test_gpu_preset_values(name):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_preset_values(name):
-    m, source = _PRESETS[name]
+    m, source = _preset(name)  # read from its file when first asked for
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.seq_length,
             m.vocab_size, m.swiglu, m.tied_embeddings) == MODELS[name]
     assert m.name == name and m.kind == ("mlp" if name == "cs336-mlp" else "decoder") and source
-    assert set(_PRESETS) == set(MODELS) == {p.stem for p in (REPO / "models").glob("*.yaml")}
+    assert set(model_presets()) == set(MODELS) == {p.stem for p in (REPO / "models").glob("*.yaml")}
     assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size,
             m.moe_shared_expert_intermediate_size) == MOE.get(name, (0, 0, 0, 0))
 
