@@ -93,11 +93,13 @@ class _View:
 def _common(a: _View, i: int, b: _View, j: int) -> bool:
     """Ops ``i`` of ``a`` and ``j`` of ``b``, at the same place, are the same op (module docstring)."""
     x, y = a.ops[i], b.ops[j]
-    if x.name != y.name or x.kind != y.kind or a.alone[i] != b.alone[j] or len(x.deps) != len(y.deps):
+    if x.name != y.name or x.kind != y.kind or a.alone[i] != b.alone[j]:
         return False
-    wa, wb = a.where, b.where
-    if any(wa[d] != wb[e] for d, e in zip(x.deps, y.deps, strict=True)):
-        return False
+    dx, dy = x.deps, y.deps
+    if dx or dy:
+        wa, wb = a.where, b.where
+        if len(dx) != len(dy) or [wa[d] for d in dx] != [wb[e] for e in dy]:  # the same places, in order
+            return False
     if (x.job is None) != (y.job is None) or (x.sync >= 0) != (y.sync >= 0):
         return False
     if x.job is not None and a.share(i) != b.share(j):

@@ -28,9 +28,15 @@ class TraceLike(Protocol):
 
 def stage_intervals(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> list[list[Interval]]:
     """Per rank of ``ranks`` (one per stage), its ops as (start, end, category, pipeline work) intervals."""
+    return _read(graph, trace, ranks)[0]
+
+
+def _read(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> tuple[list[list[Interval]], float, float]:
+    """`stage_intervals`, and the model and hardware FLOPs of those ranks' ops (summed in op order), in one pass."""
     by_rank: dict[int, list[Interval]] = {r: [] for r in ranks}
     start, end = trace.start_s, trace.end_s
     kinds: dict[tuple[str, str | None, bool], tuple[str, bool]] = {}  # (kind, axis, per mb) -> (category, work)
+    model = hardware = 0.0
     for i, op in enumerate(graph.ops):
         mine = by_rank.get(op.rank)
         if mine is None:
@@ -40,7 +46,9 @@ def stage_intervals(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> list[
         if got is None:
             got = kinds[key] = (category_of(key[0], key[1]), is_work(key[0], key[1], 0 if key[2] else -1))
         mine.append((start[i], end[i], *got))
-    return [by_rank[r] for r in ranks]
+        model += op.model_flops
+        hardware += op.hardware_flops
+    return [by_rank[r] for r in ranks], model, hardware
 
 
 def bubble_fraction(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> float:
@@ -50,14 +58,9 @@ def bubble_fraction(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> float
 
 def observables(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> dict[str, float]:
     """The additive quantities of a step (mean over ``ranks`` where a per-GPU share is meant)."""
-    acct = account(stage_intervals(graph, trace, ranks), trace.makespan_s)
+    intervals, model, hardware = _read(graph, trace, ranks)
+    acct = account(intervals, trace.makespan_s)
     n = len(ranks)
-    wanted = set(ranks)
-    model = hardware = 0.0
-    for op in graph.ops:
-        if op.rank in wanted:
-            model += op.model_flops
-            hardware += op.hardware_flops
     mean = acct.mean()
     return {"step_s": trace.makespan_s, "phase_s": acct.phase_s, "model_flops": model / n,
             "hardware_flops": hardware / n, **{f"{k}_s": v for k, v in mean.items()}}
