@@ -2,7 +2,7 @@
 
 Run from the repository root with the project's virtualenv active:
 
-    python benchmarks/run_step.py [--repeat N] [--only SUBSTRING] [--save DIR] [--compare DIR]
+    python benchmarks/run_step.py [--repeat N] [--only SUBSTRING] [--save DIR] [--compare DIR] [--instructions]
 
 Cases: every bundled scenario (``scenarios/*.yaml``), and the Llama 3 405B layout
 (``scenarios/llama3-405b-16k.yaml``) at DP 1, 2, 4, ..., 128 on 16 x DP nodes, with 1F1B and with interleaved
@@ -16,7 +16,8 @@ Cases: every bundled scenario (``scenarios/*.yaml``), and the Llama 3 405B layou
 Figures per case: wall seconds of the whole process (interpreter start-up, imports, the run, the JSON), its CPU
 seconds (user + system: less sensitive to a loaded machine than wall time), and its peak resident memory (MB = 1e6
 bytes, the kernel's ru_maxrss of that process), medians of --repeat runs, and PASS when wall time and memory are
-within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one.
+within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one, or compare two trees
+by ``--instructions`` (each case's instruction count under valgrind, which load does not move).
 
 Bytecode: the timed runs write and reuse Python's compiled bytecode (``__pycache__``, git-ignored) as Python does
 by default and as ``pip install .`` (the README's install) leaves an installed package, PYTHONDONTWRITEBYTECODE
@@ -35,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -110,6 +112,21 @@ def run_once(args: list[str], env: dict[str, str] | None = None) -> tuple[float,
     return wall, proc.peak_kib * 1024 / 1e6, proc.cpu_s, out
 
 
+def instructions_of(args: list[str], env: dict[str, str] | None = None) -> float:
+    """Instructions one `simdist run ... --json` executes, whole process (valgrind's callgrind, "Collected"): a count
+    that does not move with the machine's load, where wall and CPU seconds swing by a second between runs. About
+    100x slower than the run itself (4 minutes for a 4 s case)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+                           "simdist", "run", *args, "--json"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    found = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
+    if proc.returncode != 0 or found is None:
+        raise SystemExit(f"simdist run {' '.join(args)} under valgrind failed ({proc.returncode})")
+    return float(found.group(1))
+
+
 def numbers_differ(a, b, path: str = "") -> list[str]:
     """Where two JSON values differ (numbers beyond REL relative, anything else not equal)."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -136,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="compare each case's JSON with the one saved in this folder")
     parser.add_argument("--ignore", default="simulation.note,simulation.micro_batches,layout.note",
                         help="comma-separated JSON paths whose text may differ in --compare")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count each case's instructions once under valgrind (slow: use with --only)")
     parser.add_argument("--cold", action="store_true",
                         help="run in the environment as given (PYTHONDONTWRITEBYTECODE kept: every run compiles again)")
     args = parser.parse_args(argv)
@@ -164,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         failed += not ok
         line = (f"{name:24s} {wall:7.2f} {cpu:6.2f} {peak:8.1f}  {result['step_time_s']:10.4f}  "
                 f"{'PASS' if ok else 'FAIL'}")
+        if args.instructions:
+            line += f"  {instructions_of(run_args, env) / 1e9:.2f} G instructions"
         if args.save:
             (args.save / f"{name}.json").write_text(runs[0][3])
         if args.compare and not (args.compare / f"{name}.json").is_file():
