@@ -75,8 +75,8 @@ def test_shared_nics_slow_the_data_parallel_reduction(tmp_path: Path) -> None:
     dp_ops = [i for i, op in enumerate(graph.ops) if op.comm is not None and op.comm.axis == "dp"]
     assert dp_ops
     for i in dp_ops:
-        took = trace.end_s[i] - trace.start_s[i]
-        assert took > graph.ops[i].duration_s * 1.3  # about 2x on the transfer part
+        simulated_s = trace.end_s[i] - trace.start_s[i]  # the engine's time for it, not the clock's
+        assert simulated_s > graph.ops[i].duration_s * 1.3  # about 2x on the transfer part
     alone = [p for p in pred.priced.values() if p.axis == "dp"]
     assert all(p.num_translates == 2 for p in alone)
 

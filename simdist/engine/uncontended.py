@@ -71,78 +71,48 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     end = [math.nan] * n
     arrived: dict[int, int] = {}
     todo = [i for i in range(n) if waiting[i] == 0]
-    if other is None:
-        while todo:
-            i = todo.pop()
-            g = sync[i]
-            if g < 0:
-                members: tuple[int, ...] | list[int] = (i,)
-                t0 = ready[i]
-            else:  # a member of a sync group is ready: the group starts when its last member is
-                arrived[g] = arrived.get(g, 0) + 1
-                members = groups[g]
-                if arrived[g] < len(members):
-                    continue
-                t0 = max(ready[j] for j in members)
-            for j in members:
-                start[j] = t0
-                e = end[j] = t0 + duration[j]
-                for k in dependents[j]:
-                    if e > ready[k]:
-                        ready[k] = e
-                    waiting[k] -= 1
-                    if not waiting[k]:
-                        todo.append(k)
-                k = after[j]
-                if k >= 0:
-                    if e > ready[k]:
-                        ready[k] = e
-                    waiting[k] -= 1
-                    if not waiting[k]:
-                        todo.append(k)
-        second = None
-    else:
-        # the same walk, a second timeline beside the first (its own ready, start and end)
-        ready2 = [0.0] * n
-        start2 = [math.nan] * n
-        end2 = [math.nan] * n
-        while todo:
-            i = todo.pop()
-            g = sync[i]
-            if g < 0:
-                members = (i,)
-                t0 = ready[i]
-                u0 = ready2[i]
-            else:
-                arrived[g] = arrived.get(g, 0) + 1
-                members = groups[g]
-                if arrived[g] < len(members):
-                    continue
-                t0 = max(ready[j] for j in members)
-                u0 = max(ready2[j] for j in members)
-            for j in members:
-                start[j] = t0
-                e = end[j] = t0 + duration[j]
-                start2[j] = u0
-                f = end2[j] = u0 + other[j]
-                for k in dependents[j]:
-                    if e > ready[k]:
-                        ready[k] = e
-                    if f > ready2[k]:
-                        ready2[k] = f
-                    waiting[k] -= 1
-                    if not waiting[k]:
-                        todo.append(k)
-                k = after[j]
-                if k >= 0:
-                    if e > ready[k]:
-                        ready[k] = e
-                    if f > ready2[k]:
-                        ready2[k] = f
-                    waiting[k] -= 1
-                    if not waiting[k]:
-                        todo.append(k)
-        second = GraphTrace(tuple(start2), tuple(end2), max(end2))
+    # one walk times both (without ``other``: the first twice, at about the cost of once; the copy is dropped)
+    second_durations = duration if other is None else other
+    ready2 = [0.0] * n
+    start2 = [math.nan] * n
+    end2 = [math.nan] * n
+    while todo:
+        i = todo.pop()
+        g = sync[i]
+        if g < 0:
+            members: tuple[int, ...] | list[int] = (i,)
+            t0 = ready[i]
+            u0 = ready2[i]
+        else:
+            arrived[g] = arrived.get(g, 0) + 1
+            members = groups[g]
+            if arrived[g] < len(members):
+                continue
+            t0 = max(ready[j] for j in members)
+            u0 = max(ready2[j] for j in members)
+        for j in members:
+            start[j] = t0
+            e = end[j] = t0 + duration[j]
+            start2[j] = u0
+            f = end2[j] = u0 + second_durations[j]
+            for k in dependents[j]:
+                if e > ready[k]:
+                    ready[k] = e
+                if f > ready2[k]:
+                    ready2[k] = f
+                waiting[k] -= 1
+                if not waiting[k]:
+                    todo.append(k)
+            k = after[j]
+            if k >= 0:
+                if e > ready[k]:
+                    ready[k] = e
+                if f > ready2[k]:
+                    ready2[k] = f
+                waiting[k] -= 1
+                if not waiting[k]:
+                    todo.append(k)
+    second = None if other is None else GraphTrace(tuple(start2), tuple(end2), max(end2))
     if any(math.isnan(e) for e in end):
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
                     for key, ids in tracks.items()}
