@@ -32,11 +32,16 @@ schedule: {schedule}
 CASES = {"1f1b": dict(vpp=1, schedule="1f1b"), "interleaved": dict(vpp=2, schedule="interleaved_1f1b")}
 
 
-def _samples(tmp_path, name):
+def _step(tmp_path, name):
+    """(step configuration, topology) of case ``name``."""
     path = tmp_path / "s.yaml"
     path.write_text(BASE.format(**CASES[name]))
     sc = api.load_scenario(path)
-    cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+    return step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+
+
+def _samples(tmp_path, name):
+    cfg, topology = _step(tmp_path, name)
     found = fast_forward_plan(cfg, CommPricer(topology, None), for_engine=True)
     assert found is not None
     plans, known = [], None
@@ -130,10 +135,7 @@ def test_no_shared_prefix_when_the_first_ops_differ():
 
 @pytest.mark.parametrize("name", CASES)
 def test_fast_forward_through_resumed_samples_equals_every_micro_batch(tmp_path, monkeypatch, name):
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE.format(**CASES[name]))
-    sc = api.load_scenario(path)
-    cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+    cfg, topology = _step(tmp_path, name)
     monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
     resumed = []
     real = engine_module.resumed_trace
@@ -196,10 +198,7 @@ def test_a_slid_sample_resumed_from_the_last_run_equals_its_own_run(tmp_path, mo
     # The first three samples are declared not collinear (as when contention lengthens the transient): the engine
     # slides on by a cycle, and the new largest sample resumes from the state the previous largest recorded ahead,
     # at the latest time before their cut (simdist.predict.engine_step._slid).
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE.format(**CASES[name]))
-    sc = api.load_scenario(path)
-    cfg, topology = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)), sc.topology
+    cfg, topology = _step(tmp_path, name)
     monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
     # also a record past the cut (a period and a half on), which must not be the one resumed from
     monkeypatch.setattr(engine_module, "AHEAD", (1.5, 1.0, 0.5))
