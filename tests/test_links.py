@@ -342,11 +342,17 @@ def test_a_repeated_group_is_re_shared_from_memory_with_the_same_rates(monkeypat
     assert len(calls) == 1
 
 
+def _links(draw, *, spacing: int, first: int) -> tuple[int, dict[int, float], list[int]]:
+    """1-4 links (ids ``first``, ``first + spacing``, ...: not consecutive) of drawn capacities (bytes/s)."""
+    num_links = draw(st.integers(1, 4))
+    capacity = {spacing * k + first: draw(st.sampled_from([1.0, 2.0, 5.0]) | st.floats(0.5, 10.0))
+                for k in range(num_links)}
+    return num_links, capacity, sorted(capacity)
+
+
 @st.composite
 def chained_transfers(draw):
-    num_links = draw(st.integers(1, 4))
-    capacity = {10 * k + 1: draw(st.sampled_from([1.0, 2.0, 5.0]) | st.floats(0.5, 10.0)) for k in range(num_links)}
-    ids = sorted(capacity)
+    num_links, capacity, ids = _links(draw, spacing=10, first=1)
     out = []
     for i in range(draw(st.integers(1, 10))):
         after = draw(st.integers(-1, i - 1))
@@ -409,9 +415,7 @@ def eager_reference(transfers: list[tuple[float, tuple[int, ...], float, float, 
 
 @st.composite
 def random_transfers(draw):
-    num_links = draw(st.integers(1, 4))
-    capacity = {3 * k + 2: draw(st.sampled_from([1.0, 2.0, 5.0]) | st.floats(0.5, 10.0)) for k in range(num_links)}
-    ids = sorted(capacity)
+    num_links, capacity, ids = _links(draw, spacing=3, first=2)
     out = []
     for _ in range(draw(st.integers(1, 12))):
         start = draw(st.sampled_from([0.0, 0.0, 1.0, 2.5]) | st.floats(0.0, 4.0))
