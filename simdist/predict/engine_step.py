@@ -143,16 +143,6 @@ def first_replica(plan: StepPlan) -> list[int]:
     return sorted(r for (_, d), r in plan.stage_ranks.items() if d == d0)
 
 
-def _sample(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
-            alone: tuple[GraphTrace, GraphTrace, float, Alone] | None
-            ) -> tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]:
-    """(plan, prices, engine trace, observables with ``uncontended_s``, first divergence) of one fast-forward
-    sample; ``alone``: its
-    uncontended trace and first divergence (`alone_and_cut`) if already found."""
-    alone = alone if alone is not None else alone_and_cut(plan, topology, degraded)
-    return _observed(plan, priced, engine_trace(plan, topology, degraded, alone), alone, alone[2])
-
-
 AHEAD = (1.0, 0.9, 0.75, 0.5)
 """Where the largest run also records its state for a sample one cycle larger (`Recorded`): these fractions of a
 period past the latest cut it records anyway (`_ahead`)."""
@@ -177,7 +167,7 @@ class Recorded:
 def _ahead(cuts: list[float], start: float) -> list[float]:
     """Times at which to record a run for the next sample, from the cuts its smaller samples met it at (ascending,
     a period apart): the next cut is about a period after the last; recorded at `AHEAD` fractions of a period past
-    it, and at it, after ``start``. Any of them at or before the next sample's true cut serves (`_slid`)."""
+    it, those after ``start``. Any of them at or before the next sample's true cut serves (`_slid`)."""
     if len(cuts) < 2 or not cuts[-1] > cuts[-2]:
         return []
     period = cuts[-1] - cuts[-2]
@@ -187,8 +177,9 @@ def _ahead(cuts: list[float], start: float) -> list[float]:
 def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topology: Topology,
              degraded: dict[int, float] | None, alones: list[tuple[GraphTrace, GraphTrace, float, Alone]]
              ) -> tuple[list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]], Recorded]:
-    """`_sample` of each fast-forward sample (fewest micro-batches first), and the largest's `Recorded`. The largest
-    is simulated; a smaller one
+    """Each fast-forward sample's run (fewest micro-batches first; `_observed`: plan, prices, engine trace,
+    observables with ``uncontended_s``, and where the shown timeline is SimPy's), and the largest's `Recorded`. The
+    largest is simulated; a smaller one
     runs what it runs until its own cool-down departs from it (simdist.engine.prefix), so where that is later than
     its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only.
     A smaller sample's first divergence may be NaN (not looked for): before the cut their engine-alone timelines are
@@ -234,9 +225,9 @@ def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topol
 def _slid(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
           before: Recorded | None
           ) -> tuple[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float], Recorded | None]:
-    """`_sample` of a sample one cycle larger than ``before``'s (the samples slid on), resumed from ``before``'s
-    state at the latest time it recorded at or before the two runs' cut (simdist.engine.prefix) where that is
-    after the new sample's own first divergence; else simulated from there. Its own `Recorded` (its state ahead,
+    """The run (`_observed`) of a sample one cycle larger than ``before``'s (the samples slid on), resumed from
+    ``before``'s state at the latest time it recorded at or before the two runs' cut (simdist.engine.prefix) where
+    that is after the new sample's own first divergence; else simulated from there. Its own `Recorded` (its state ahead,
     for the next slide) where it was resumed, else None."""
     alone = alone_and_cut(plan, topology, degraded)
     cut = alone[2]
