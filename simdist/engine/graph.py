@@ -51,7 +51,8 @@ def _check(graph: OpGraph) -> None:
     durations = [op.duration_s if op.job is None else op.job.latency_s + op.job.bandwidth_s for op in ops]
     deps = [d for op in ops for d in op.deps]
     try:
-        finite = bool(np.isfinite(np.asarray(durations, dtype=float)).all()) and min(durations, default=0.0) >= 0
+        values = np.asarray(durations, dtype=float)
+        finite = bool(np.isfinite(values).all() and (values >= 0).all())
     except (TypeError, ValueError):  # not numbers
         finite = False
     if (finite and set(map(type, durations)) <= {int, float} and set(map(type, deps)) <= {int}

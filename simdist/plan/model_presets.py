@@ -66,7 +66,7 @@ def _preset(name: str) -> tuple[Model, str]:
     if got is not None:
         return got
     names = model_presets()
-    if name not in names:  # (also a path outside the folder, or the name of another case)
+    if name not in names:  # only the folder's file names (so no path such as '../x' is read)
         raise PresetError(
             f"unknown model preset {name!r}; valid presets: {', '.join(names)}",
             field="model.preset",
