@@ -156,7 +156,7 @@ def test_collective_members_start_together() -> None:
 def test_unique_inverse_is_numpy_unique() -> None:
     import numpy as np
 
-    from simdist.engine.links import unique_inverse
+    from simdist.engine.sharing import unique_inverse
 
     rng = np.random.default_rng(3)
     for n, top in ((0, 5), (1, 1), (50, 10), (1000, 10**5), (100, 10**9)):

@@ -29,35 +29,13 @@ from itertools import chain, repeat
 import numpy as np
 import simpy
 
-from simdist.engine.sharing import SMALL_ENTRIES, max_min_rates, max_min_rates_small
+from simdist.engine.sharing import SMALL_ENTRIES, max_min_rates, max_min_rates_small, unique_inverse
 
 MEMO_ENTRIES = 1 << 16
 """Re-shares a `SharedLinks` remembers at most (then it forgets them all and starts again)."""
 DONE_FRACTION = 1e-12
 """A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
 of rate x time in floating point)."""
-
-
-def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_inverse=True)`` (inverse flat) for non-negative integers such as link ids.
-
-    Where the largest value is not far beyond the count, by a table indexed by value (linear) instead of a
-    stable sort: the distinct links of a large cluster's collectives number thousands, their ids hundreds
-    of thousands.
-    """
-    values = np.asarray(values, dtype=np.int64).reshape(-1)
-    if not len(values):
-        return values.copy(), np.zeros(0, dtype=np.int64)
-    top = int(values.max())
-    if int(values.min()) < 0 or top > 64 * len(values) + 4096:
-        ids, inverse = np.unique(values, return_inverse=True)
-        return ids, inverse.reshape(-1)
-    present = np.zeros(top + 1, dtype=bool)
-    present[values] = True
-    ids = np.flatnonzero(present)
-    index = np.empty(top + 1, dtype=np.int64)
-    index[ids] = np.arange(len(ids), dtype=np.int64)
-    return ids, index[values]
 
 
 def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:

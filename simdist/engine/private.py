@@ -10,7 +10,8 @@ from itertools import chain
 
 import numpy as np
 
-from simdist.engine.links import job_flows, unique_inverse
+from simdist.engine.links import job_flows
+from simdist.engine.sharing import unique_inverse
 from simdist.plan.opgraph import Job
 
 __all__ = ["Share", "private_links"]

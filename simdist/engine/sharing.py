@@ -30,6 +30,28 @@ _REL = 1e-12
 """Offers within this relative distance of a transfer's bound count as equal (rounding of the divisions)."""
 
 
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` (inverse flat) for non-negative integers such as link ids.
+
+    Where the largest value is not far beyond the count, by a table indexed by value (linear) instead of a
+    stable sort: the distinct links of a large cluster's collectives number thousands, their ids hundreds
+    of thousands.
+    """
+    values = np.asarray(values, dtype=np.int64).reshape(-1)
+    if not len(values):
+        return values.copy(), np.zeros(0, dtype=np.int64)
+    top = int(values.max())
+    if int(values.min()) < 0 or top > 64 * len(values) + 4096:
+        ids, inverse = np.unique(values, return_inverse=True)
+        return ids, inverse.reshape(-1)
+    present = np.zeros(top + 1, dtype=bool)
+    present[values] = True
+    ids = np.flatnonzero(present)
+    index = np.empty(top + 1, dtype=np.int64)
+    index[ids] = np.arange(len(ids), dtype=np.int64)
+    return ids, index[values]
+
+
 def max_min_rates(entries: np.ndarray, lengths: np.ndarray, capacity: np.ndarray, caps: np.ndarray | None = None,
                   weights: np.ndarray | None = None) -> np.ndarray:
     """Per-flow rates (bytes/s) of transfers sharing links max-min fairly.

@@ -42,7 +42,7 @@ from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.engine.executor import wire_predecessor
-from simdist.engine.links import unique_inverse
+from simdist.engine.sharing import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import EXPERT_AXES, Mesh, component_axes

@@ -21,7 +21,7 @@ import numpy as np
 
 from simdist.analytic.step import CommPricer, analytic_observables
 from simdist.engine.graph import GraphTrace
-from simdist.engine.links import unique_inverse
+from simdist.engine.sharing import unique_inverse
 from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency
