@@ -90,6 +90,11 @@ class OpGraph:
         self._tracks = None
         return len(self.ops) - 1
 
+    def extend(self, ops: list[Op]) -> None:
+        """``add`` each of ``ops`` in order (their ids: the graph's length before, + 0, 1, ...)."""
+        self.ops.extend(ops)
+        self._tracks = None
+
     def depend(self, op_id: int, *on: int) -> None:
         """Make ``op_id`` wait for each op in ``on`` (ids may refer to ops added later)."""
         deps = self.ops[op_id].deps

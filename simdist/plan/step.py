@@ -84,8 +84,11 @@ class _Emitter:
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> end of its last backward / W
         self.dp_last: dict[int, int] = {}       # stage -> its last data-parallel op so far
         self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._templates: dict[tuple, tuple[tuple, int, int]] = {}
+        self._templates: dict[tuple, tuple[tuple, int, int, int]] = {}
         self._send = send(cfg)
+        self._sends: dict[tuple[int, int], tuple[int, str, Comm]] = {}  # (src, dst stage) -> (src rank, name, Comm)
+        self._tagged: Step | None = None
+        self._tag_text = ""
 
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
         key = (axis, stage)
@@ -110,16 +113,18 @@ class _Emitter:
             self.dp_last[stage] = i
         return i
 
-    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int]:
+    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int, int]:
         """A recipe instantiated on ``stage`` once (its ops differ by name, micro-batch and chunk only): per piece
-        (piece, deps inside the recipe, waits for the previous step, how its name is made, duration, Comm), the
-        index of the piece that ends the step and of the one that takes the input (-1: none)."""
+        (its fixed name or None, what follows the step's tag in its name, stream, kind, duration, deps inside the
+        recipe, waits for the previous step, runs once per step, Comm, model and hardware FLOPs), the index of the
+        piece that ends the step, of the one that takes the input (-1: none) and of the last on the dp stream
+        (-1: none)."""
         got = self._templates.get((stage, key))
         if got is None:
             recipe = self.recipes[key]
             factor = self.factors.get(stage, 1.0)
             rows = []
-            entry = -1
+            entry = last_dp = -1
             for j, p in enumerate(recipe.pieces):
                 c = p.comm
                 comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count,
@@ -127,49 +132,66 @@ class _Emitter:
                 duration = math.nan if c is not None else p.duration_s
                 if c is None and p.kind in SLOWED_KINDS:
                     duration *= factor
-                naming = 0 if p.per_step else 1 if p.label.startswith("/") else 2 if p.label else 3
-                rows.append((p, tuple(d for d in p.deps if d >= 0), PREV in p.deps, naming, duration, comm))
+                # the name: the piece's label once per step; else the step's tag, then "/label", " label" or nothing
+                fixed = p.label if p.per_step else None
+                suffix = p.label if p.label.startswith("/") else f" {p.label}" if p.label else ""
+                rows.append((fixed, suffix, p.stream, p.kind, duration, tuple(d for d in p.deps if d >= 0),
+                             PREV in p.deps, p.per_step, comm, p.model_flops, p.hardware_flops))
                 if p.needs_input and entry < 0:
                     entry = j
-            got = self._templates[(stage, key)] = (tuple(rows), recipe.end, entry)
+                if p.stream == "dp":
+                    last_dp = j
+            got = self._templates[(stage, key)] = (tuple(rows), recipe.end, entry, last_dp)
         return got
+
+    def _tag(self, step: Step) -> str:
+        """``step.label(vpp)``, kept for the step's transfer (asked for right after its compute)."""
+        if step is not self._tagged:
+            self._tagged, self._tag_text = step, step.label(self.cfg.vpp)
+        return self._tag_text
 
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
-        edge = is_edge(step.kind, step.microbatch, self.num_microbatches)
-        rows, end_piece, entry_piece = self._template(stage, (stage, step.chunk, step.kind, edge))
-        tag = step.label(self.cfg.vpp)
+        kind, microbatch, chunk = step.kind, step.microbatch, step.chunk
+        edge = is_edge(kind, microbatch, self.num_microbatches)
+        rows, end_piece, entry_piece, dp_piece = self._template(stage, (stage, chunk, kind, edge))
+        tag = self._tag(step)
         rank = self.ranks[stage]
-        microbatch, chunk = step.microbatch, step.chunk
         previous = self.last.get(stage)
-        add = graph.add
-        first = len(graph.ops)  # the step's pieces become ops first, first + 1, ... in order
-        for p, inner, prev, naming, duration, comm in rows:
+        ops = graph.ops
+        first = len(ops)  # the step's pieces become ops first, first + 1, ... in order (OpGraph.add's ids)
+        new = []
+        append = new.append
+        for fixed, suffix, stream, op_kind, duration, inner, prev, per_step, comm, model_flops, hardware_flops in rows:
             deps = [first + d for d in inner] if inner else []
             if prev and previous is not None:
                 deps.insert(0, previous)
-            name = p.label if naming == 0 else tag + p.label if naming == 1 else f"{tag} {p.label}" if naming == 2 \
-                else tag
             # Op's fields in order (name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm,
             # model_flops, hardware_flops): positional arguments cost a third of keywords, once per op of the graph
-            i = add(Op(name, rank, p.stream, p.kind, duration, deps, stage, -1 if p.per_step else microbatch, chunk,
-                       comm, p.model_flops, p.hardware_flops))
-            if p.stream == "dp":
-                self.dp_last[stage] = i
+            append(Op(tag + suffix if fixed is None else fixed, rank, stream, op_kind, duration, deps, stage,
+                      -1 if per_step else microbatch, chunk, comm, model_flops, hardware_flops))
+        graph.extend(new)
+        if dp_piece >= 0:
+            self.dp_last[stage] = first + dp_piece
         end = first + end_piece
         self.last[stage] = end
-        if step.kind == "W" or (step.kind == "B" and self.cfg.schedule != "zb_h1"):
-            self.last_backward[(stage, step.chunk)] = end
+        if kind == "W" or (kind == "B" and self.cfg.schedule != "zb_h1"):
+            self.last_backward[(stage, chunk)] = end
         return first + max(entry_piece, 0), end
 
     def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
         if src_stage == dst_stage:
             return None
-        c = self._send
-        src, dst = self.ranks[src_stage], self.ranks[dst_stage]
+        pair = self._sends.get((src_stage, dst_stage))
+        if pair is None:  # one Comm per (src, dst) stages, shared by its sends (it is frozen, as a recipe piece's)
+            c = self._send
+            src, dst = self.ranks[src_stage], self.ranks[dst_stage]
+            pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}",
+                                                          Comm(c.op, (src, dst), c.nbytes, c.axis, c.count))
+        src, suffix, comm = pair
         # positional: Op(name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm), see compute
-        return graph.add(Op(f"{step.label(self.cfg.vpp)} send to stage {dst_stage}", src, "pp", "comm", math.nan, [],
-                            src_stage, step.microbatch, step.chunk, Comm(c.op, (src, dst), c.nbytes, c.axis, c.count)))
+        return graph.add(Op(self._tag(step) + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch,
+                            step.chunk, comm))
 
     def finish(self, graph: OpGraph, stage: int, stage_tail: StageTail) -> None:
         """The stage's tail (simdist.plan.recipe.tail): gradient reduction, optimizer, parameter all_gather."""
