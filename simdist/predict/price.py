@@ -495,30 +495,30 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     # A step's ops share their Comm objects (one per recipe piece and stage, simdist.plan.step): each one's key is
     # made and hashed once (by the object's id: every Comm stays alive in the graph meanwhile)
     key_of: dict[int, tuple] = {}
+    comms: dict[int, Comm] = {}  # id -> Comm, each distinct object once, in order of first use
     for op in graph.ops:
         c = op.comm
-        if c is None:
+        if c is None or id(c) in comms:  # an object already seen: its key is in ``pending`` already
             continue
-        key = key_of.get(id(c))
-        if key is None:
-            key = key_of[id(c)] = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
+        comms[id(c)] = c
+        key = key_of[id(c)] = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
+        if key in pending:
+            continue
         if key in known:
-            if key not in pending:
-                pending[key] = None  # type: ignore[assignment]
+            pending[key] = None  # type: ignore[assignment]
             continue
-        if key not in pending:
-            translates = None
-            if mesh is not None and with_links:
-                axes = translate_axes(c.axis, reduced_axes)
-                if axes:
-                    # a group's images do not depend on its peer order (a send and its reply share them)
-                    order = sorted(range(len(c.ranks)), key=c.ranks.__getitem__)
-                    members = tuple(c.ranks[i] for i in order)
-                    canonical = images.get((members, axes))
-                    if canonical is None:
-                        canonical = images[(members, axes)] = mesh.translates_array(members, axes)
-                    translates = canonical[:, np.argsort(order)]
-            pending[key] = _prepare(topology, c, translates, with_links, adjust, made)
+        translates = None
+        if mesh is not None and with_links:
+            axes = translate_axes(c.axis, reduced_axes)
+            if axes:
+                # a group's images do not depend on its peer order (a send and its reply share them)
+                order = sorted(range(len(c.ranks)), key=c.ranks.__getitem__)
+                members = tuple(c.ranks[i] for i in order)
+                canonical = images.get((members, axes))
+                if canonical is None:
+                    canonical = images[(members, axes)] = mesh.translates_array(members, axes)
+                translates = canonical[:, np.argsort(order)]
+        pending[key] = _prepare(topology, c, translates, with_links, adjust, made)
     # the routes of every translate of every collective priced over its class, resolved in one batch
     batched = {key: p for key, p in pending.items() if p is not None and p.batched}
     items = [(p.groups, *_pairs(p.transfers)) for p in batched.values()]
@@ -526,23 +526,21 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     cache = {key: known[key] if p is None else _finish(topology, p, layouts.get(key)) for key, p in pending.items()}
     jobs: dict[tuple, Job] = {}
     done: dict[int, tuple[float, Job | None]] = {}  # id(comm) -> (duration, job)
+    for i, c in comms.items():
+        key = key_of[i]
+        priced = cache[key]
+        job = None
+        if with_links:
+            job = jobs.get((key, c.count, c.host_s))
+            if job is None:
+                job = jobs[(key, c.count, c.host_s)] = job_of(topology, priced, c.count, c.host_s)
+        done[i] = ((priced.time_s + c.host_s) * c.count, job)
     for op in graph.ops:
         c = op.comm
-        if c is None:
-            continue
-        got = done.get(id(c))
-        if got is None:
-            key = key_of[id(c)]
-            priced = cache[key]
-            job = None
+        if c is not None:
+            op.duration_s, job = done[id(c)]
             if with_links:
-                job = jobs.get((key, c.count, c.host_s))
-                if job is None:
-                    job = jobs[(key, c.count, c.host_s)] = job_of(topology, priced, c.count, c.host_s)
-            got = done[id(c)] = ((priced.time_s + c.host_s) * c.count, job)
-        op.duration_s = got[0]
-        if with_links:
-            op.job = got[1]
+                op.job = job
     return cache
 
 
