@@ -33,12 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CATEGORIES", "PIPELINE_KINDS", "Account", "Block", "BlockSummary", "Interval", "account", "category_of",
-           "is_work", "partition_pieces"]
+__all__ = ["CATEGORIES", "PIPELINE_KINDS", "Account", "Block", "BlockSummary", "Interval", "account", "account_tables",
+           "category_of", "interval_table", "is_work", "partition_pieces"]
 
 CATEGORIES = ("compute", "recompute", "optimizer", "tp", "cp", "ep", "etp", "pp", "dp", "edp")
 PIPELINE_KINDS = ("forward", "backward", "weight_grad", "recompute")
-_INSIDE = ("compute", "recompute", "optimizer", "tp", "cp", "ep", "etp", "dp", "edp")
+_INSIDE = tuple(c for c in CATEGORIES if c != "pp")
+"""What counts inside the phase, in priority order: compute, recompute, optimizer, tp, cp, ep, etp, dp, edp."""
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 
 Interval = tuple[float, float, str, bool]
@@ -106,8 +107,7 @@ class BlockSummary:
     ends: np.ndarray | None = None
 
 
-_INSIDE_IDX = np.array([_INDEX[c] for c in _INSIDE], dtype=np.int64)
-_OUTSIDE_IDX = np.arange(len(CATEGORIES), dtype=np.int64)
+_PP = _INDEX["pp"]
 
 
 def _covered(blocks: list[Block] | BlockSummary, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -135,6 +135,23 @@ def _table(intervals: list[Interval]) -> np.ndarray:
     return np.array(live, dtype=float).reshape(-1, 5)
 
 
+_OPTIMIZER = _INDEX["optimizer"]
+
+
+def interval_table(start_s: np.ndarray, end_s: np.ndarray, category: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """A stage's intervals given as columns (start, end, category: index into CATEGORIES, pipeline work: bool), as
+    `account_tables` takes them: `_table` of the same `Interval` list, without a Python tuple per interval."""
+    live = end_s > start_s
+    category, work = category[live], work[live]
+    table = np.empty((len(category), 5))
+    table[:, 0] = start_s[live]
+    table[:, 1] = end_s[live]
+    table[:, 2] = category
+    table[:, 3] = work | (category == _OPTIMIZER)
+    table[:, 4] = work
+    return table
+
+
 def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
                blocks: list[Block] | BlockSummary | None = None) -> dict[str, float]:
     """Seconds per category, bubble and idle of one stage (the module docstring's rules); blocks are charged by
@@ -152,10 +169,16 @@ def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
             np.zeros(len(marks))
     order = np.lexsort((delta, times))  # by time; at one instant ends (-1) before starts (+1)
     times, delta, cat, inside_flag = times[order], delta[order], cat[order], inside_flag[order]
-    change = np.zeros((len(times), len(CATEGORIES)))
-    change[np.arange(len(times)), cat] = delta
-    any_active = np.cumsum(change, axis=0)[:-1] > 0.5
-    in_active = np.cumsum(change * inside_flag[:, None], axis=0)[:-1] > 0.5
+    # A column per category the intervals have (ascending index: the priority order, both inside the phase, where pp
+    # does not count, and outside it), its count of running intervals after each event, in integers (exact)
+    present = np.unique(cat[delta != 0])
+    if not len(present):
+        present = np.zeros(1, dtype=np.int64)  # no interval: one column that never runs
+    change = np.zeros((len(times), len(present)), dtype=np.int32)
+    change[np.arange(len(times)), np.searchsorted(present, cat)] = delta.astype(np.int32)
+    any_active = np.cumsum(change, axis=0, dtype=np.int32)[:-1] > 0
+    change[inside_flag == 0] = 0  # what does not count inside the phase
+    in_active = np.cumsum(change, axis=0, dtype=np.int32)[:-1] > 0
     t0, t1 = times[:-1], times[1:]
     length = t1 - t0
     summary = blocks if isinstance(blocks, BlockSummary) else None
@@ -166,11 +189,12 @@ def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
     if use.any():
         t0, t1, length, any_active, in_active = t0[use], t1[use], length[use], any_active[use], in_active[use]
         inside = (lo <= t0) & (t1 <= hi) & (hi > lo)
-        top_in = in_active[:, _INSIDE_IDX]
-        top_out = any_active[:, _OUTSIDE_IDX]
+        counted = present != _PP  # inside the phase: the categories of _INSIDE
+        top_in = in_active[:, counted]
         busy_in = top_in.any(axis=1)
-        busy_out = top_out.any(axis=1)
-        which = np.where(inside, _INSIDE_IDX[np.argmax(top_in, axis=1)], _OUTSIDE_IDX[np.argmax(top_out, axis=1)])
+        busy_out = any_active.any(axis=1)
+        first_in = present[counted][np.argmax(top_in, axis=1)] if counted.any() else np.zeros(len(t0), np.int64)
+        which = np.where(inside, first_in, present[np.argmax(any_active, axis=1)])
         busy = np.where(inside, busy_in, busy_out)
         sums = np.bincount(which[busy], weights=length[busy], minlength=len(CATEGORIES))
         for k, c in enumerate(CATEGORIES):
@@ -203,8 +227,13 @@ def account(stages: list[list[Interval]], step_s: float,
     """The bubble and breakdown of a step whose stages ran ``stages`` (one interval list per stage; ``blocks``:
     per stage, stretches of pipeline work already partitioned) and which ended at ``step_s`` (see the module
     docstring)."""
-    blocks = blocks if blocks is not None else [[] for _ in stages]
-    tables = [_table(iv) for iv in stages]
+    return account_tables([_table(iv) for iv in stages], step_s, blocks)
+
+
+def account_tables(tables: list[np.ndarray], step_s: float,
+                   blocks: list[list[Block] | BlockSummary] | None = None) -> Account:
+    """`account` of stages given as `interval_table`s."""
+    blocks = blocks if blocks is not None else [[] for _ in tables]
     lo, hi = float("inf"), float("-inf")
     for t in tables:
         work = t[t[:, 4] > 0.5]

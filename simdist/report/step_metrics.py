@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from simdist.plan.accounting import Interval, account, category_of, is_work
+import numpy as np
+
+from simdist.plan.accounting import (
+    CATEGORIES,
+    Account,
+    Interval,
+    account_tables,
+    category_of,
+    interval_table,
+    is_work,
+)
 from simdist.plan.opgraph import OpGraph
 
 __all__ = ["bubble_fraction", "exposed_comm", "metrics", "observables", "stage_intervals", "step_metrics"]
@@ -28,38 +38,60 @@ class TraceLike(Protocol):
 
 def stage_intervals(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> list[list[Interval]]:
     """Per rank of ``ranks`` (one per stage), its ops as (start, end, category, pipeline work) intervals."""
-    return _read(graph, trace, ranks)[0]
+    columns = _columns(graph, trace, ranks)
+    return [list(zip(start.tolist(), end.tolist(), [CATEGORIES[k] for k in category.tolist()], work.tolist(),
+                     strict=True)) for start, end, category, work in columns[0]]
 
 
-def _read(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> tuple[list[list[Interval]], float, float]:
-    """`stage_intervals`, and the model and hardware FLOPs of those ranks' ops (summed in op order), in one pass."""
-    by_rank: dict[int, list[Interval]] = {r: [] for r in ranks}
-    start, end = trace.start_s, trace.end_s
-    kinds: dict[tuple[str, str | None, bool], tuple[str, bool]] = {}  # (kind, axis, per mb) -> (category, work)
-    model = hardware = 0.0
-    for i, op in enumerate(graph.ops):
-        mine = by_rank.get(op.rank)
-        if mine is None:
-            continue
-        key = (op.kind, op.comm.axis if op.comm is not None else None, op.microbatch >= 0)
-        got = kinds.get(key)
-        if got is None:
-            got = kinds[key] = (category_of(key[0], key[1]), is_work(key[0], key[1], 0 if key[2] else -1))
-        mine.append((start[i], end[i], *got))
-        model += op.model_flops
-        hardware += op.hardware_flops
-    return [by_rank[r] for r in ranks], model, hardware
+def _columns(graph: OpGraph, trace: TraceLike, ranks: list[int]
+             ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], float, float]:
+    """Per rank of ``ranks``, its ops in op order as columns (start, end, category: index into CATEGORIES,
+    pipeline work), and the model and hardware FLOPs of those ranks' ops (summed in op order)."""
+    ops = graph.ops
+    n = len(ops)
+    # Per op its kind and its collective's axis as small codes (dict lookups of interned strings), each distinct
+    # (kind, axis) categorised once; pipeline work also needs a micro-batch (simdist.plan.accounting.is_work)
+    kinds = [op.kind for op in ops]
+    axes = [None if op.comm is None else op.comm.axis for op in ops]
+    kind_ids = {k: j for j, k in enumerate(dict.fromkeys(kinds))}
+    axis_ids = {a: j for j, a in enumerate(dict.fromkeys(axes))}
+    pair = (np.fromiter(map(kind_ids.__getitem__, kinds), dtype=np.int64, count=n) * len(axis_ids)
+            + np.fromiter(map(axis_ids.__getitem__, axes), dtype=np.int64, count=n))
+    pairs = [(k, a) for k in kind_ids for a in axis_ids]  # index kind x len(axis_ids) + axis
+    category_of_pair = np.array([CATEGORIES.index(category_of(k, a)) for k, a in pairs], dtype=np.int64)
+    work_of_pair = np.array([is_work(k, a, 0) for k, a in pairs], dtype=bool)  # is_work of a step's op
+    category = category_of_pair[pair]
+    work = work_of_pair[pair] & (np.fromiter([op.microbatch for op in ops], dtype=np.int64, count=n) >= 0)
+    rank = np.fromiter([op.rank for op in ops], dtype=np.int64, count=n)
+    start = np.asarray(trace.start_s, dtype=float)
+    end = np.asarray(trace.end_s, dtype=float)
+    columns = []
+    for r in ranks:
+        mine = np.flatnonzero(rank == r)
+        columns.append((start[mine], end[mine], category[mine], work[mine]))
+    # cumsum adds in order, left to right: the sums of a loop over the ops, bit for bit
+    mine = np.isin(rank, ranks)
+    model_flops = np.fromiter([op.model_flops for op in ops], dtype=float, count=n)[mine]
+    hardware_flops = np.fromiter([op.hardware_flops for op in ops], dtype=float, count=n)[mine]
+    model = float(np.cumsum(model_flops)[-1]) if len(model_flops) else 0.0
+    hardware = float(np.cumsum(hardware_flops)[-1]) if len(hardware_flops) else 0.0
+    return columns, model, hardware
 
 
 def bubble_fraction(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> float:
     """simdist.plan.accounting's bubble fraction of ``ranks`` (one per stage)."""
-    return account(stage_intervals(graph, trace, ranks), trace.makespan_s).bubble_fraction
+    return _account(graph, trace, ranks)[0].bubble_fraction
+
+
+def _account(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> tuple[Account, float, float]:
+    """simdist.plan.accounting's `account` of ``ranks`` (one per stage), and their model and hardware FLOPs."""
+    columns, model, hardware = _columns(graph, trace, ranks)
+    return account_tables([interval_table(*c) for c in columns], trace.makespan_s), model, hardware
 
 
 def observables(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> dict[str, float]:
     """The additive quantities of a step (mean over ``ranks`` where a per-GPU share is meant)."""
-    intervals, model, hardware = _read(graph, trace, ranks)
-    acct = account(intervals, trace.makespan_s)
+    acct, model, hardware = _account(graph, trace, ranks)
     n = len(ranks)
     mean = acct.mean()
     return {"step_s": trace.makespan_s, "phase_s": acct.phase_s, "model_flops": model / n,
