@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from simdist.plan.accounting import account, category_of, is_work
+from simdist.plan.accounting import CATEGORIES, account, account_tables, category_of, interval_table, is_work
 from simdist.report.step_metrics import metrics
 
 # Two stages of a step that ends at 11 s. (start, end, category, pipeline work):
@@ -52,3 +55,31 @@ def test_what_is_pipeline_work():
     assert not is_work("backward", "dp", -1)        # a gradient bucket of the step, not of a micro-batch
     assert not is_work("optimizer", None, -1)
     assert category_of("optimizer", None) == "optimizer" and category_of("backward", "tp") == "tp"
+
+
+_CATEGORY = st.sampled_from(CATEGORIES)
+_INTERVAL = st.tuples(st.floats(0, 10, allow_nan=False), st.floats(0, 3, allow_nan=False), _CATEGORY, st.booleans()
+                      ).map(lambda x: (x[0], x[0] + x[1], x[2], x[3]))  # zero-length ones included
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(_INTERVAL, max_size=12), min_size=1, max_size=3))
+def test_account_of_columns_is_account_of_intervals(stages):
+    """`account_tables` of `interval_table` columns (what observables passes) is `account` of the same intervals,
+    float for float; and each stage's parts add up to the step."""
+    step_s = max((e for iv in stages for _, e, _, _ in iv), default=0.0) + 1.0
+    tables = [interval_table(np.array([x[0] for x in iv], dtype=float), np.array([x[1] for x in iv], dtype=float),
+                             np.array([CATEGORIES.index(x[2]) for x in iv], dtype=np.int64),
+                             np.array([x[3] for x in iv], dtype=bool)) for iv in stages]
+    by_columns, by_intervals = account_tables(tables, step_s), account(stages, step_s)
+    assert by_columns == by_intervals
+    for parts in by_intervals.stages:
+        assert sum(parts.values()) == pytest.approx(step_s, rel=1e-12)
+
+
+def test_a_stage_that_only_sends_inside_the_phase_is_bubble_there():
+    """A send is not pipeline work: the stage whose only op inside the phase is one waits (bubble) all phase long."""
+    acct = account([[(0.0, 4.0, "compute", True)], [(1.0, 2.0, "pp", False)], []], 5.0)
+    assert acct.stages[1]["bubble"] == 4.0 and acct.stages[1]["pp"] == 0.0 and acct.stages[1]["idle"] == 1.0
+    assert acct.stages[2]["bubble"] == 4.0 and acct.stages[2]["idle"] == 1.0
+    assert acct.bubble_fraction == pytest.approx(8.0 / 12.0)
