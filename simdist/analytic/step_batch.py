@@ -60,38 +60,13 @@ class _Batch:
         self.steps: list[list[tuple | None]] = []
         self.sends: list[list[np.ndarray]] = []
         self.tails: list[tuple] = []
+        rows: dict[tuple, list[tuple | None]] = {}
         for s, st in enumerate(first):
-            row: list[tuple | None] = []
-            for code, sm in enumerate(st.simple):
-                if sm is None:
-                    r = st.recipes[code]
-                    if r is None:
-                        row.append(None)
-                        continue
-                    # a chunk's first forward run piece by piece (simdist.analytic.step._fast): its pieces' shape
-                    # is every copy's, their durations one row per piece
-                    rs = [c[s].recipes[code] for c in copies]
-                    if any(x is None or x.streams != r.streams or x.deps != r.deps or x.needs_input != r.needs_input
-                           or x.end != r.end for x in rs):
-                        raise _Mismatch
-                    row.append((r.streams, r.deps, r.needs_input, r.end,
-                                np.array([x.durations for x in rs]).T.copy(), None))  # type: ignore[union-attr]
-                    continue
-                sms = [c[s].simple[code] for c in copies]
-                if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
-                       or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
-                    raise _Mismatch
-                duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
-                # (stream, when it is free again) of the core streams the recipe uses, in stream order, and apart
-                # those free exactly at the step's end in every copy (t0 + free is then the end itself: no addition)
-                frees_at = [(k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
-                            for k in range(NUM_CORE) if sm.frees[k] >= 0]
-                at_end = tuple(k for k, v in frees_at if np.array_equal(v, duration))
-                frees = tuple((k, v) for k, v in frees_at if k not in at_end)
-                ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
-                behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
-                               for j in range(len(sm.behind)))  # type: ignore[union-attr]
-                row.append((duration, frees, ahead, behind, at_end))
+            # alike stages share their priced recipes in every copy (simdist.analytic.step._stages): one row for them
+            key = tuple(id(c[s].simple) for c in copies) + tuple(id(c[s].recipes) for c in copies)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = _row(copies, s)
             self.steps.append(row)
             self.sends.append(list(np.array([c[s].sends for c in copies]).T.copy()))  # a vector per send
             tails = [c[s].tail for c in copies]
@@ -100,12 +75,49 @@ class _Batch:
                 raise _Mismatch
             self.tails.append((t.streams, t.deps, np.array([x.durations for x in tails]).T.copy()))
 
-
     def tables(self) -> _Tables:
         """The simple steps' quantities as arrays by (stage, recipe code) (made once)."""
         if self._tables is None:
             self._tables = _Tables(self)
         return self._tables
+
+
+def _row(copies: list[list[_Stage]], s: int) -> list[tuple | None]:
+    """`_Batch.steps` of stage ``s``: per recipe code, its pieces' shape and durations (one row per piece) where it
+    runs piece by piece, else its simple form's quantities as vectors over the copies; None: no such recipe."""
+    st = copies[0][s]
+    row: list[tuple | None] = []
+    for code, sm in enumerate(st.simple):
+        if sm is None:
+            r = st.recipes[code]
+            if r is None:
+                row.append(None)
+                continue
+            # a chunk's first forward run piece by piece (simdist.analytic.step._fast): its pieces' shape
+            # is every copy's, their durations one row per piece
+            rs = [c[s].recipes[code] for c in copies]
+            if any(x is None or x.streams != r.streams or x.deps != r.deps or x.needs_input != r.needs_input
+                   or x.end != r.end for x in rs):
+                raise _Mismatch
+            row.append((r.streams, r.deps, r.needs_input, r.end,
+                        np.array([x.durations for x in rs]).T.copy(), None))  # type: ignore[union-attr]
+            continue
+        sms = [c[s].simple[code] for c in copies]
+        if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
+               or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
+            raise _Mismatch
+        duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
+        # (stream, when it is free again) of the core streams the recipe uses, in stream order, and apart
+        # those free exactly at the step's end in every copy (t0 + free is then the end itself: no addition)
+        frees_at = [(k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
+                    for k in range(NUM_CORE) if sm.frees[k] >= 0]
+        at_end = tuple(k for k, v in frees_at if np.array_equal(v, duration))
+        frees = tuple((k, v) for k, v in frees_at if k not in at_end)
+        ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
+        behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
+                       for j in range(len(sm.behind)))  # type: ignore[union-attr]
+        row.append((duration, frees, ahead, behind, at_end))
+    return row
 
 
 class _Tables:
