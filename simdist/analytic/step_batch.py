@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
 from simdist.analytic.pricing import NUM_CORE, Adjust, CommPricer
-from simdist.analytic.program import KIND_INDEX, program
+from simdist.analytic.program import KIND_INDEX, program, step_groups
 from simdist.analytic.step import (
     _DP,
     _PP,
@@ -54,41 +55,18 @@ class _Batch:
     def __init__(self, copies: list[list[_Stage]]) -> None:
         first = copies[0]
         self.num_stages = len(first)
+        self.num_copies = len(copies)
+        self._tables: _Tables | None = None
         self.steps: list[list[tuple | None]] = []
         self.sends: list[list[np.ndarray]] = []
         self.tails: list[tuple] = []
+        rows: dict[tuple, list[tuple | None]] = {}
         for s, st in enumerate(first):
-            row: list[tuple | None] = []
-            for code, sm in enumerate(st.simple):
-                if sm is None:
-                    r = st.recipes[code]
-                    if r is None:
-                        row.append(None)
-                        continue
-                    # a chunk's first forward run piece by piece (simdist.analytic.step._fast): its pieces' shape
-                    # is every copy's, their durations one row per piece
-                    rs = [c[s].recipes[code] for c in copies]
-                    if any(x is None or x.streams != r.streams or x.deps != r.deps or x.needs_input != r.needs_input
-                           or x.end != r.end for x in rs):
-                        raise _Mismatch
-                    row.append((r.streams, r.deps, r.needs_input, r.end,
-                                np.array([x.durations for x in rs]).T.copy(), None))  # type: ignore[union-attr]
-                    continue
-                sms = [c[s].simple[code] for c in copies]
-                if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
-                       or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
-                    raise _Mismatch
-                duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
-                # (stream, when it is free again) of the core streams the recipe uses, in stream order, and apart
-                # those free exactly at the step's end in every copy (t0 + free is then the end itself: no addition)
-                frees_at = [(k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
-                            for k in range(NUM_CORE) if sm.frees[k] >= 0]
-                at_end = tuple(k for k, v in frees_at if np.array_equal(v, duration))
-                frees = tuple((k, v) for k, v in frees_at if k not in at_end)
-                ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
-                behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
-                               for j in range(len(sm.behind)))  # type: ignore[union-attr]
-                row.append((duration, frees, ahead, behind, at_end))
+            # alike stages share their priced recipes in every copy (simdist.analytic.step._stages): one row for them
+            key = tuple(id(c[s].simple) for c in copies) + tuple(id(c[s].recipes) for c in copies)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = _row(copies, s)
             self.steps.append(row)
             self.sends.append(list(np.array([c[s].sends for c in copies]).T.copy()))  # a vector per send
             tails = [c[s].tail for c in copies]
@@ -97,82 +75,270 @@ class _Batch:
                 raise _Mismatch
             self.tails.append((t.streams, t.deps, np.array([x.durations for x in tails]).T.copy()))
 
+    def tables(self) -> _Tables:
+        """The simple steps' quantities as arrays by (stage, recipe code) (made once)."""
+        if self._tables is None:
+            self._tables = _Tables(self)
+        return self._tables
+
+
+def _row(copies: list[list[_Stage]], s: int) -> list[tuple | None]:
+    """`_Batch.steps` of stage ``s``: per recipe code, its pieces' shape and durations (one row per piece) where it
+    runs piece by piece, else its simple form's quantities as vectors over the copies; None: no such recipe."""
+    st = copies[0][s]
+    row: list[tuple | None] = []
+    for code, sm in enumerate(st.simple):
+        if sm is None:
+            r = st.recipes[code]
+            if r is None:
+                row.append(None)
+                continue
+            # a chunk's first forward run piece by piece (simdist.analytic.step._fast): its pieces' shape
+            # is every copy's, their durations one row per piece
+            rs = [c[s].recipes[code] for c in copies]
+            if any(x is None or x.streams != r.streams or x.deps != r.deps or x.needs_input != r.needs_input
+                   or x.end != r.end for x in rs):
+                raise _Mismatch
+            row.append((r.streams, r.deps, r.needs_input, r.end,
+                        np.array([x.durations for x in rs]).T.copy(), None))  # type: ignore[union-attr]
+            continue
+        sms = [c[s].simple[code] for c in copies]
+        if any(x is None or len(x.ahead) != len(sm.ahead) or len(x.behind) != len(sm.behind)
+               or [f < 0 for f in x.frees] != [f < 0 for f in sm.frees] for x in sms):
+            raise _Mismatch
+        duration = np.array([x.duration_s for x in sms])  # type: ignore[union-attr]
+        # (stream, when it is free again) of the core streams the recipe uses, in stream order, and apart
+        # those free exactly at the step's end in every copy (t0 + free is then the end itself: no addition)
+        frees_at = [(k, np.array([x.frees[k] for x in sms]))  # type: ignore[union-attr]
+                    for k in range(NUM_CORE) if sm.frees[k] >= 0]
+        at_end = tuple(k for k, v in frees_at if np.array_equal(v, duration))
+        frees = tuple((k, v) for k, v in frees_at if k not in at_end)
+        ahead = tuple(np.array([x.ahead[j][0] for x in sms]) for j in range(len(sm.ahead)))  # type: ignore
+        behind = tuple((np.array([x.behind[j][0] for x in sms]), np.array([x.behind[j][1] for x in sms]))
+                       for j in range(len(sm.behind)))  # type: ignore[union-attr]
+        row.append((duration, frees, ahead, behind, at_end))
+    return row
+
+
+class _Tables:
+    """`_Batch.steps` as arrays by stage and recipe code, for a wave's steps to be gathered at once: of each simple
+    recipe without gathers issued ahead (``vector``), its duration (stage x code x copy), per core stream whether it
+    sets it free (``used``) and when (``frees``), per dp piece behind (j-th) whether it has one, when it is ready and
+    its duration; ``other``: the recipes timed step by step; ``sends``: stage x send index x copy."""
+
+    def __init__(self, batch: _Batch) -> None:
+        K, n = batch.num_stages, batch.num_copies
+        num_codes = max((len(row) for row in batch.steps), default=0)
+        num_behind = max((len(e[3]) for row in batch.steps for e in row if e is not None and len(e) == 5),
+                         default=0)
+        self.vector = np.zeros((K, num_codes), dtype=bool)
+        self.other = np.zeros((K, num_codes), dtype=bool)
+        self.duration = np.zeros((K, num_codes, n))
+        self.used = np.zeros((NUM_CORE, K, num_codes), dtype=bool)
+        self.frees = np.zeros((NUM_CORE, K, num_codes, n))
+        self.has_behind = np.zeros((num_behind, K, num_codes), dtype=bool)
+        self.ready = np.zeros((num_behind, K, num_codes, n))
+        self.behind = np.zeros((num_behind, K, num_codes, n))
+        for s, row in enumerate(batch.steps):
+            for c, e in enumerate(row):
+                if e is None:
+                    continue
+                if len(e) == 6 or e[2]:
+                    self.other[s, c] = True
+                    continue
+                duration, frees, _, behind, at_end = e
+                self.vector[s, c] = True
+                self.duration[s, c] = duration
+                for k in at_end:  # t0 + the duration: the step's end itself
+                    self.used[k, s, c] = True
+                    self.frees[k, s, c] = duration
+                for k, free_at in frees:
+                    self.used[k, s, c] = True
+                    self.frees[k, s, c] = free_at
+                for j, (ready, d) in enumerate(behind):
+                    self.has_behind[j, s, c] = True
+                    self.ready[j, s, c] = ready
+                    self.behind[j, s, c] = d
+        self.sends = np.array([np.array(x).reshape(len(x), n) for x in batch.sends]) if K else np.zeros((0, 0, n))
+
 
 class _Mismatch(Exception):
     """The copies' recipes differ in shape: they cannot share one pass."""
 
 
+@lru_cache(maxsize=64)
+def _levels(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> np.ndarray:
+    """Each step's wave: one more than the latest of its stage's previous step and its upstream step (0: neither).
+    The steps of one wave are on distinct stages and read only earlier waves' results, so a wave is timed at once."""
+    prog = program(schedule, num_stages, num_microbatches, vpp)
+    level = [0] * len(prog)
+    last = [-1] * num_stages
+    for i, (s, up) in enumerate(zip(prog.stage, prog.upstream, strict=True)):
+        w = last[s] + 1
+        if up >= 0 and level[up] >= w:
+            w = level[up] + 1
+        level[i] = last[s] = w
+    return np.array(level, dtype=np.int64)
+
+
 def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, starts: dict | None = None
               ) -> np.ndarray:
     """The step time of every copy for ``num_microbatches`` (`_timeline_fast`'s recurrence, on vectors);
-    ``starts``: filled with each step's start (a vector), by (stage, kind, chunk), in micro-batch order."""
+    ``starts``: filled with each step's start (micro-batch x copy), by (stage, kind, chunk), in micro-batch order.
+
+    The steps are timed wave by wave (`_levels`): the simple steps without gathers ahead of a wave as one array
+    (steps x copies), each by the same additions and maxima on the same operands as step by step (a quantity a step
+    does not move is selected, not recomputed: exact); the others (a chunk's first forward piece by piece, a step
+    with gathers issued ahead) one by one."""
     K = batch.num_stages
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    zero = np.zeros(n)
-    core = [[zero] * K for _ in range(NUM_CORE)]  # when each stage's compute, tp, cp and ep streams are free
-    f0 = core[0]
-    fdp = [zero] * K
-    fpp = [zero] * K
-    prev = [np.full(n, -1.0)] * K
-    last_bwd = [zero] * K
-    out: list[np.ndarray] = [zero] * len(prog)  # each step's output arrival (a vector, never written in place)
+    L = len(prog)
+    if K == 0 or L == 0:
+        step = np.zeros(n) if K == 0 else np.full(n, -1.0)
+        return _tails(batch, step, *(np.zeros((NUM_CORE, K, n)), np.zeros((K, n)), np.zeros((K, n)),
+                                     np.zeros((K, n))))
+    tab = batch.tables()
     zb = cfg.schedule == "zb_h1"
-    steps, sends = batch.steps, batch.sends
+    stage = np.asarray(prog.stage, dtype=np.int64)
+    code = np.asarray(prog.code, dtype=np.int64)
+    kind = np.fromiter((KIND_INDEX[k] for k in prog.kind), dtype=np.int64, count=L)
+    send_at = np.asarray(prog.chunk, dtype=np.int64) * 3 + kind
+    level = _levels(cfg.schedule, K, num_microbatches, cfg.vpp)
+    vector = tab.vector[stage, code]
+    assert (vector | tab.other[stage, code]).all()  # every program step has a recipe
+    down = np.asarray(prog.downstream_stage, dtype=np.int64) >= 0
+    # the steps in wave order (program indices ``order``): in each wave the vectorised ones sending downstream, then
+    # the other vectorised ones, then those timed alone (`_step_alone`); a step's results are kept by its position x
+    # in this order (OUT, T0: a slice per wave)
+    group = np.where(vector, np.where(down, 0, 1), 2)
+    order = np.argsort(level * 3 + group, kind="stable")
+    at = np.empty(L + 1, dtype=np.int64)
+    at[order] = np.arange(L)
+    at[L] = L  # no upstream step: the row of OUT that is -inf
+    num_levels = int(level[order[-1]]) + 1
+    key = level[order] * 3 + group[order]
+    bounds = np.searchsorted(key, np.arange(num_levels * 3 + 1)).tolist()
+    S_all = stage[order]
+    C_all = code[order]
+    up_all = at[np.asarray(prog.upstream, dtype=np.int64)[order]]  # -1 (none) -> L
+    dur_all = tab.duration[S_all, C_all]
+    send_all = tab.sends[S_all, send_at[order]]
+    bwd = ((kind == KIND_INDEX["W"]) | ((kind == KIND_INDEX["B"]) & (not zb)))[order]
+    # end + (-0.0) is end, end + (-inf) is -inf, and max(x, -inf) is x: a non-backward step leaves LB as it is
+    bwd_add = np.where(bwd, -0.0, -np.inf)[:, None]
+    vec = vector[order]
+    streams = []
+    for k in range(NUM_CORE):
+        used = tab.used[k][S_all, C_all]
+        if used.any():
+            streams.append((k, tab.frees[k][S_all, C_all], None if used[vec].all() else used[:, None]))
+    # a step without a j-th dp piece behind: ready at -inf, taking -0.0 s (max(-inf, x) + -0.0 is x: exact)
+    behinds = []
+    for j in range(len(tab.ready)):
+        has = tab.has_behind[j][S_all, C_all][:, None]
+        behinds.append((np.where(has, tab.ready[j][S_all, C_all], -np.inf),
+                        np.where(has, tab.behind[j][S_all, C_all], -0.0)))
+    F = np.zeros((NUM_CORE, K, n))  # when each stage's compute, tp, cp and ep streams are free
+    F0 = F[0]
+    FDP = np.zeros((K, n))
+    FPP = np.zeros((K, n))
+    PREV = np.full((K, n), -1.0)
+    LB = np.zeros((K, n))
+    OUT = np.empty((L + 1, n))  # each step's output arrival by position; the last row: none (-inf)
+    OUT[L] = -np.inf
+    T0 = np.empty((L, n)) if starts is not None else None
+    maximum, where = np.maximum, np.where
+    for w in range(num_levels):
+        a, m, b, c = bounds[3 * w: 3 * w + 4]
+        if b > a:
+            S = S_all[a:b]
+            t0 = maximum(maximum(PREV.take(S, axis=0), F0.take(S, axis=0)), OUT.take(up_all[a:b], axis=0))
+            if T0 is not None:
+                T0[a:b] = t0
+            end = t0 + dur_all[a:b]
+            for k, fr, used in streams:
+                Fk = F[k]
+                Fk[S] = t0 + fr[a:b] if used is None else where(used[a:b], t0 + fr[a:b], Fk.take(S, axis=0))
+            for ready, d in behinds:
+                FDP[S] = maximum(t0 + ready[a:b], FDP.take(S, axis=0)) + d[a:b]
+            PREV[S] = end
+            LB[S] = maximum(LB.take(S, axis=0), end + bwd_add[a:b])
+            if m > a:  # the sends downstream, on the pp stream after the step
+                Sd = S_all[a:m]
+                OUT[a:m] = FPP[Sd] = maximum(FPP.take(Sd, axis=0), end[:m - a]) + send_all[a:m]
+            OUT[m:b] = end[m - a:]
+        for x in range(b, c):
+            i = int(order[x])
+            _step_alone(batch, x, int(S_all[x]), int(C_all[x]), int(up_all[x]), bool(down[i]), bool(bwd[x]),
+                        int(send_at[i]), F, FDP, FPP, PREV, LB, OUT, T0)
+    if starts is not None:
+        assert T0 is not None
+        for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
+            starts[key] = T0[at[idx]]
+    return _tails(batch, PREV.max(axis=0), F, FDP, FPP, LB)
+
+
+def _step_alone(batch: _Batch, i: int, s: int, code: int, up: int, down: bool, bwd: bool, send_at: int,
+                F: np.ndarray, FDP: np.ndarray, FPP: np.ndarray, PREV: np.ndarray, LB: np.ndarray, OUT: np.ndarray,
+                T0: np.ndarray | None) -> None:
+    """Time the step at position ``i`` (stage ``s``, recipe ``code``, upstream step at ``up``: that of OUT's last
+    row, -inf, for none) on its own: a chunk's first forward piece by piece,
+    or a simple step with gathers issued ahead on the dp stream; the state arrays advanced in place."""
+    entry = batch.steps[s][code]
+    assert entry is not None
     maximum = np.maximum
-    p_stage, p_kind, p_chunk, p_up, p_down, p_code = (prog.stage, prog.kind, prog.chunk, prog.upstream,
-                                                      prog.downstream_stage, prog.code)
-    for i in range(len(prog)):
-        s = p_stage[i]
-        entry = steps[s][p_code[i]]
-        # max(x, x) = x: after a simple step that frees the compute stream at its end, the two are one vector
-        t0 = prev[s] if f0[s] is prev[s] else maximum(prev[s], f0[s])
-        up = p_up[i]
-        if up >= 0:
-            t0 = maximum(t0, out[up])
-        if len(entry) == 6:  # type: ignore[arg-type]  # piece by piece (simdist.analytic.step._run_pieces)
-            if starts is not None:
-                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-            streams, deps, needs_input, last, durations, _ = entry  # type: ignore[misc]
-            free = [*(c[s] for c in core), fdp[s], fpp[s]]
-            ends = _run_streams(streams, deps, durations, free, prev=prev[s],
-                                needs_input=needs_input if up >= 0 else -1, recv=out[up] if up >= 0 else None)
-            for k in range(NUM_CORE):
-                core[k][s] = free[k]
-            fdp[s], fpp[s] = free[_DP], free[_PP]
-            end = ends[last]
-        else:
-            duration, frees, ahead, behind, at_end = entry  # type: ignore[misc]
-            if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
-                t = fdp[s]
-                for d in ahead:
-                    t = t + d
-                fdp[s] = t
-                t0 = maximum(t0, t)
-            if starts is not None:
-                starts.setdefault((s, p_kind[i], p_chunk[i]), []).append(t0)
-            end = t0 + duration
-            for k in at_end:
-                core[k][s] = end
-            for k, free_at in frees:
-                core[k][s] = t0 + free_at
-            for ready, d in behind:
-                fdp[s] = maximum(t0 + ready, fdp[s]) + d
-        prev[s] = end
-        kind = p_kind[i]
-        if kind == "W" or (kind == "B" and not zb):
-            last_bwd[s] = maximum(last_bwd[s], end)
-        if p_down[i] >= 0:
-            t = maximum(fpp[s], end) + sends[s][p_chunk[i] * 3 + KIND_INDEX[kind]]
-            fpp[s] = t
-            out[i] = t
-        else:
-            out[i] = end
-    step = np.full(n, 0.0) if K == 0 else np.max(np.array(prev), axis=0)
-    for s in range(K):
+    t0 = maximum(PREV[s], F[0, s])
+    recv = OUT[up].copy() if up < len(OUT) - 1 else None
+    if recv is not None:
+        t0 = maximum(t0, recv)
+    if len(entry) == 6:  # piece by piece (simdist.analytic.step._run_pieces)
+        if T0 is not None:
+            T0[i] = t0
+        streams, deps, needs_input, last, durations, _ = entry
+        free = [*(F[k, s].copy() for k in range(NUM_CORE)), FDP[s].copy(), FPP[s].copy()]
+        ends = _run_streams(streams, deps, durations, free, prev=PREV[s].copy(),
+                            needs_input=needs_input if recv is not None else -1, recv=recv)
+        for k in range(NUM_CORE):
+            F[k, s] = free[k]
+        FDP[s], FPP[s] = free[_DP], free[_PP]
+        end = ends[last]
+    else:
+        duration, frees, ahead, behind, at_end = entry
+        if ahead:  # the gathers issued ahead queue on the dp stream; the step waits for them
+            t = FDP[s].copy()
+            for d in ahead:
+                t = t + d
+            FDP[s] = t
+            t0 = maximum(t0, t)
+        if T0 is not None:
+            T0[i] = t0
+        end = t0 + duration
+        for k in at_end:
+            F[k, s] = end
+        for k, free_at in frees:
+            F[k, s] = t0 + free_at
+        for ready, d in behind:
+            FDP[s] = maximum(t0 + ready, FDP[s]) + d
+    PREV[s] = end
+    if bwd:
+        LB[s] = maximum(LB[s], end)
+    if down:
+        t = maximum(FPP[s], end) + batch.sends[s][send_at]
+        FPP[s] = t
+        OUT[i] = t
+    else:
+        OUT[i] = end
+
+
+def _tails(batch: _Batch, step: np.ndarray, F: np.ndarray, FDP: np.ndarray, FPP: np.ndarray, LB: np.ndarray
+           ) -> np.ndarray:
+    """``step`` (the latest step end) extended by each stage's tail (simdist.analytic.step._run_tail)."""
+    maximum = np.maximum
+    for s in range(batch.num_stages):
         streams, deps, durations = batch.tails[s]
-        free = [*(c[s] for c in core), fdp[s], fpp[s]]  # in STREAMS order: the core streams, dp, pp
+        free = [*(F[k, s].copy() for k in range(NUM_CORE)), FDP[s].copy(), FPP[s].copy()]  # in STREAMS order
         assert len(free) == _PP + 1
-        _run_streams(streams, deps, durations, free, last_backward=last_bwd[s])  # simdist.analytic.step._run_tail
+        _run_streams(streams, deps, durations, free, last_backward=LB[s].copy())
         step = maximum(step, np.max(np.array(free), axis=0))
     return step
 
@@ -253,8 +419,7 @@ def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[Ste
         if hit is None or (with_starts and hit[0] is None):
             starts: dict | None = {} if with_starts else None
             step = _timeline(cfg, batch, m, n, starts)
-            hit = runs[m] = ({key: np.array(seq) for key, seq in starts.items()} if starts is not None else None,
-                             step)
+            hit = runs[m] = (starts, step)
         return hit
 
     # Each copy fast-forwarded as the closed form would fast-forward it alone (simdist.analytic.step
