@@ -99,6 +99,8 @@ class _Transfer:
     """When it finishes at its rate: ``at + left / rate`` (inf: rate 0)."""
     live: bool = True
     """Not finished yet."""
+    near: set[_Transfer] = field(default_factory=set)
+    """The transfers under way that share a link with it (re-shares walk these to find what a change reaches)."""
 
     def left_at(self, now: float) -> float:
         """Bytes per flow it has left at ``now`` (at its rate since ``at``)."""
@@ -134,8 +136,11 @@ class SharedLinks:
         """Every capacity seen and every cap is finite or inf, none NaN (else re-shares take numpy's path)."""
         self._entries = 0  # (transfer, link) entries of the active transfers
         self._weighted = 0  # active transfers with weights
-        self._dirty: set[int] = set()
-        """Links whose transfers changed since the last re-share (one joined, or one left beside others)."""
+        self._dirty = False
+        """A transfer joined beside others or left others, since the last re-share."""
+        self._touched: set[_Transfer] = set()
+        """Since the last re-share: the transfers that joined beside others, and those a leaving one shared a link
+        with (a re-share reaches those of them under way and every transfer linked to them through shared links)."""
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
         self._ends: list[tuple[float, int, int, _Transfer]] = []
@@ -149,8 +154,8 @@ class SharedLinks:
         self._sigs: dict[tuple, int] = {}
         """(links, weights, cap) -> its number (`_Transfer.sig`)."""
         self._memo: dict[tuple, list[float]] = {}
-        """Re-shares done: the rates of a group of transfers, keyed by whether it took the small solver and
-        their signatures in order. Rates are a function of those alone (capacities do not change), and a
+        """Re-shares done: the rates of a group of transfers, keyed by their signatures in order (after None where
+        all of them took numpy's solver). Rates are a function of those alone (capacities do not change), and a
         schedule's steady state meets the same groups again and again: a repeat costs a lookup."""
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
@@ -179,23 +184,27 @@ class SharedLinks:
         if sig is None:
             sig = sigs[key] = len(sigs)
         t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig, now)
-        shared = False
+        near = t.near
         for link in links:
             if link not in capacity:
                 self._learn(link)
             there = on.get(link)
             if there:
-                shared = True
+                near.update(there)
                 there.append(t)
             else:
                 on[link] = [t]
+        shared = bool(near)
+        for u in near:
+            u.near.add(t)
         self._entries += len(links)
         if cap != cap:
             self._finite = False
         if weights is not None:
             self._weighted += 1
         if shared:
-            self._dirty.update(links)
+            self._dirty = True
+            self._touched.add(t)
         else:
             self._rerate((t,), (self._alone(t),), now)
         if self._record:
@@ -274,20 +283,17 @@ class SharedLinks:
             # `max_min_rates` freezes a transfer, or lowers a link's remaining capacity, from the transfers that
             # share its links only, so a component's rates do not depend on the others, which keep theirs.
             # Listed in joining order, as in ``_active``: the same sums in the same order, the same rates.
-            on = self._on
-            todo = [link for link in self._dirty if link in on]
-            seen_links = set(todo)
-            part: dict[int, _Transfer] = {}
+            # (Walked through ``near``: the transfers on the changed links still in use are the touched ones still
+            # under way, the same component.)
+            todo = [t for t in self._touched if t.live]
+            part = set(todo)
             while todo:
-                for t in on[todo.pop()]:
-                    if t.seq not in part:
-                        part[t.seq] = t
-                        for link in t.links:
-                            if link not in seen_links:
-                                seen_links.add(link)
-                                todo.append(link)
-            group = [part[k] for k in sorted(part)]
-            key = (True, *(t.sig for t in group))
+                for u in todo.pop().near:
+                    if u not in part:
+                        part.add(u)
+                        todo.append(u)
+            group = sorted(part, key=_seq)
+            key = tuple([t.sig for t in group])
             rates = self._memo.get(key)
             if rates is None:
                 rates = self._remember(key, max_min_rates_small([t.links for t in group], [t.weights for t in group],
@@ -295,7 +301,7 @@ class SharedLinks:
             self._rerate(group, rates, now)
             return
         group = list(active.values())
-        key = (False, *(t.sig for t in group))
+        key = (None, *(t.sig for t in group))  # (None: not a small path's key, a tuple of ints)
         rates = self._memo.get(key)
         if rates is None:
             n = len(group)
@@ -377,12 +383,18 @@ class SharedLinks:
                     there = on[link]
                     if len(there) > 1:
                         there.remove(t)
-                        self._dirty.add(link)  # a transfer that shared this link may now go faster
                     else:
                         del on[link]
+                near = t.near
+                if near:  # the transfers that shared a link with it may now go faster
+                    self._dirty = True
+                    self._touched.update(near)
+                    for u in near:
+                        u.near.discard(t)
         if self._dirty:
             self._reshare(now)
-            self._dirty.clear()
+            self._dirty = False
+            self._touched.clear()
         for t in finished:
             if t.done is not None:
                 t.done.succeed()
