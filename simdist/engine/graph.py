@@ -202,9 +202,15 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     def run_instance(inst: _Instance) -> None:
         inst.start = env.now
         if inst.job.latency_s > 0:
-            env.timeout(inst.job.latency_s).callbacks.append(lambda _ev: (move(inst), drain()))
+            env.timeout(inst.job.latency_s, inst).callbacks.append(moved)
         else:
             move(inst)
+
+    def moved(ev: simpy.Event) -> None:
+        """The latency of the collective instance ``ev.value`` is over: its bytes move."""
+        move(ev.value)
+        if later:
+            drain()
 
     def move(inst: _Instance) -> None:
         share = inst.share
@@ -229,6 +235,13 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     pos = [0] * len(keys)
     duration = [op.duration_s if op.job is None else solo_duration[i] for i, op in enumerate(ops)]
     timeout = env.timeout
+
+    def track_ended(k: int) -> Callable[[simpy.Event], None]:
+        # the op a track's timeout ends is its current one (a track runs one op at a time)
+        ids = track_ids[k]
+        return lambda _ev: ended(k, ids[pos[k]])
+
+    on_end = [track_ended(k) for k in range(len(keys))]  # per track: its compute op's timeout ended
 
     def proceed(k: int) -> None:
         """Run track ``k`` from its current op until it has to wait."""
@@ -259,7 +272,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         start[i] = env.now
         d = duration[i]
         if d > 0:
-            timeout(d).callbacks.append(lambda _ev, k=k, i=i: ended(k, i))
+            timeout(d).callbacks.append(on_end[k])
             return False
         finish(k, i)
         return True
@@ -267,7 +280,8 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     def ended(k: int, i: int) -> None:
         finish(k, i)
         proceed(k)
-        drain()
+        if later:
+            drain()
 
     def finish(k: int, i: int) -> None:
         end[i] = env.now
