@@ -50,7 +50,8 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     duration = [op.duration_s for op in ops] if durations is None else durations
     if n == 0:
         return GraphTrace((), (), 0.0), (None if other is None else GraphTrace((), (), 0.0))
-    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended
+    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended.
+    # Its successors: its dependents, then the next op on its track (an op both counts twice, and is met twice).
     waiting = [len(op.deps) for op in ops]
     dependents: list[list[int]] = [[] for _ in range(n)]
     groups: dict[int, list[int]] = {}
@@ -59,11 +60,10 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
             dependents[d].append(i)
         if op.sync >= 0:
             groups.setdefault(op.sync, []).append(i)
-    after = [-1] * n  # the next op on the same track
     tracks = graph.tracks()
     for ids in tracks.values():
         for a, b in pairwise(ids):
-            after[a] = b
+            dependents[a].append(b)
             waiting[b] += 1
     sync = [op.sync for op in ops]
     ready = [0.0] * n  # the latest end of an op's predecessors so far
@@ -76,8 +76,10 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     ready2 = [0.0] * n
     start2 = [math.nan] * n
     end2 = [math.nan] * n
+    push = todo.append
+    pop = todo.pop
     while todo:
-        i = todo.pop()
+        i = pop()
         g = sync[i]
         if g < 0:
             members: tuple[int, ...] | list[int] = (i,)
@@ -100,20 +102,12 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
                     ready[k] = e
                 if f > ready2[k]:
                     ready2[k] = f
-                waiting[k] -= 1
-                if not waiting[k]:
-                    todo.append(k)
-            k = after[j]
-            if k >= 0:
-                if e > ready[k]:
-                    ready[k] = e
-                if f > ready2[k]:
-                    ready2[k] = f
-                waiting[k] -= 1
-                if not waiting[k]:
-                    todo.append(k)
+                left = waiting[k] - 1
+                waiting[k] = left
+                if not left:
+                    push(k)
     second = None if other is None else GraphTrace(tuple(start2), tuple(end2), max(end2))
-    if any(math.isnan(e) for e in end):
+    if any(map(math.isnan, end)):
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
                     for key, ids in tracks.items()}
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
