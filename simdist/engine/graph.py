@@ -278,7 +278,15 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         return True
 
     def ended(k: int, i: int) -> None:
-        finish(k, i)
+        # `finish` inlined (once per compute op)
+        end[i] = env.now
+        for j in dependents[i]:
+            left = remaining[j] - 1
+            remaining[j] = left
+            if not left and waiting[j] >= 0:
+                later.append((waiting[j], None))
+                waiting[j] = -1
+        pos[k] += 1
         proceed(k)
         if later:
             drain()

@@ -20,10 +20,10 @@ of the closed forms), and a job, whose cap is its closed-form speed (`job_flows`
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from itertools import chain, repeat
 
 import numpy as np
@@ -206,7 +206,15 @@ class SharedLinks:
             self._dirty = True
             self._touched.add(t)
         else:
-            self._rerate((t,), (self._alone(t),), now)
+            # `_rerate` of a transfer that just joined (rate 0, all its bytes left at ``now``, no finish projected)
+            rate = self._alone(t)
+            if rate != 0.0:
+                t.rate = rate
+                if rate > 0:
+                    t.end = end = now + size / rate
+                    if end < math.inf:
+                        self._pushes += 1
+                        heappush(self._ends, (end, t.seq, self._pushes, t))
         if self._record:
             self.load.add(links, size, weights)
         self._active[t.seq] = t
@@ -271,7 +279,7 @@ class SharedLinks:
             t.end = end
             if end < math.inf:  # (NaN: never finishes, as a NaN rate never did)
                 self._pushes += 1
-                heapq.heappush(ends, (end, t.seq, self._pushes, t))
+                heappush(ends, (end, t.seq, self._pushes, t))
 
     def _reshare(self, now: float) -> None:
         active = self._active
@@ -334,7 +342,7 @@ class SharedLinks:
         delay = max(at - now, 0.0)
         while now + delay < at:  # SimPy fires at now + delay: not before the finish
             delay = math.nextafter(delay, math.inf)
-        heapq.heappush(pending, now + delay)
+        heappush(pending, now + delay)
         self.env.timeout(delay).callbacks.append(self._on_horizon)
 
     def _on_wake(self, _event: simpy.Event) -> None:
@@ -342,7 +350,7 @@ class SharedLinks:
         self._step()
 
     def _on_horizon(self, _event: simpy.Event) -> None:
-        heapq.heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
+        heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
         self._step()  # (nothing finished: the next finish moved later since it was set, and is re-armed)
 
     def _step(self) -> None:
@@ -355,7 +363,7 @@ class SharedLinks:
         now = self.env.now
         finished = []
         ends = self._ends
-        pop = heapq.heappop
+        pop = heappop
         while ends:
             end, _, _, t = ends[0]
             if not t.live or t.end != end:
@@ -371,7 +379,8 @@ class SharedLinks:
             t.live = False
             finished.append(t)
         if finished:
-            finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
+            if len(finished) > 1:
+                finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
             active = self._active
             on = self._on
             for t in finished:
