@@ -81,17 +81,29 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     while todo:
         i = pop()
         g = sync[i]
-        if g < 0:
-            members: tuple[int, ...] | list[int] = (i,)
+        if g < 0:  # (the loop below, for one op)
             t0 = ready[i]
             u0 = ready2[i]
-        else:
-            arrived[g] = arrived.get(g, 0) + 1
-            members = groups[g]
-            if arrived[g] < len(members):
-                continue
-            t0 = max(ready[j] for j in members)
-            u0 = max(ready2[j] for j in members)
+            start[i] = t0
+            e = end[i] = t0 + duration[i]
+            start2[i] = u0
+            f = end2[i] = u0 + second_durations[i]
+            for k in dependents[i]:
+                if e > ready[k]:
+                    ready[k] = e
+                if f > ready2[k]:
+                    ready2[k] = f
+                left = waiting[k] - 1
+                waiting[k] = left
+                if not left:
+                    push(k)
+            continue
+        arrived[g] = arrived.get(g, 0) + 1
+        members = groups[g]
+        if arrived[g] < len(members):
+            continue
+        t0 = max(ready[j] for j in members)
+        u0 = max(ready2[j] for j in members)
         for j in members:
             start[j] = t0
             e = end[j] = t0 + duration[j]
