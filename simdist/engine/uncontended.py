@@ -50,8 +50,7 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     duration = [op.duration_s for op in ops] if durations is None else durations
     if n == 0:
         return GraphTrace((), (), 0.0), (None if other is None else GraphTrace((), (), 0.0))
-    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended.
-    # Its successors: its dependents, then the next op on its track (an op both counts twice, and is met twice).
+    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended
     waiting = [len(op.deps) for op in ops]
     dependents: list[list[int]] = [[] for _ in range(n)]
     groups: dict[int, list[int]] = {}
@@ -60,10 +59,11 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
             dependents[d].append(i)
         if op.sync >= 0:
             groups.setdefault(op.sync, []).append(i)
+    after = [-1] * n  # the next op on the same track
     tracks = graph.tracks()
     for ids in tracks.values():
         for a, b in pairwise(ids):
-            dependents[a].append(b)
+            after[a] = b
             waiting[b] += 1
     sync = [op.sync for op in ops]
     ready = [0.0] * n  # the latest end of an op's predecessors so far
@@ -76,34 +76,20 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     ready2 = [0.0] * n
     start2 = [math.nan] * n
     end2 = [math.nan] * n
-    push = todo.append
-    pop = todo.pop
     while todo:
-        i = pop()
+        i = todo.pop()
         g = sync[i]
-        if g < 0:  # (the loop below, for one op)
+        if g < 0:
+            members: tuple[int, ...] | list[int] = (i,)
             t0 = ready[i]
             u0 = ready2[i]
-            start[i] = t0
-            e = end[i] = t0 + duration[i]
-            start2[i] = u0
-            f = end2[i] = u0 + second_durations[i]
-            for k in dependents[i]:
-                if e > ready[k]:
-                    ready[k] = e
-                if f > ready2[k]:
-                    ready2[k] = f
-                left = waiting[k] - 1
-                waiting[k] = left
-                if not left:
-                    push(k)
-            continue
-        arrived[g] = arrived.get(g, 0) + 1
-        members = groups[g]
-        if arrived[g] < len(members):
-            continue
-        t0 = max(ready[j] for j in members)
-        u0 = max(ready2[j] for j in members)
+        else:
+            arrived[g] = arrived.get(g, 0) + 1
+            members = groups[g]
+            if arrived[g] < len(members):
+                continue
+            t0 = max(ready[j] for j in members)
+            u0 = max(ready2[j] for j in members)
         for j in members:
             start[j] = t0
             e = end[j] = t0 + duration[j]
@@ -114,12 +100,20 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
                     ready[k] = e
                 if f > ready2[k]:
                     ready2[k] = f
-                left = waiting[k] - 1
-                waiting[k] = left
-                if not left:
-                    push(k)
+                waiting[k] -= 1
+                if not waiting[k]:
+                    todo.append(k)
+            k = after[j]
+            if k >= 0:
+                if e > ready[k]:
+                    ready[k] = e
+                if f > ready2[k]:
+                    ready2[k] = f
+                waiting[k] -= 1
+                if not waiting[k]:
+                    todo.append(k)
     second = None if other is None else GraphTrace(tuple(start2), tuple(end2), max(end2))
-    if any(map(math.isnan, end)):
+    if any(math.isnan(e) for e in end):
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
                     for key, ids in tracks.items()}
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
