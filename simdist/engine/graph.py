@@ -139,8 +139,10 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
                     for j in dependents[i]:
                         remaining[j] -= 1
     env = simpy.Environment(initial_time=cut)
-    net = (SharedLinks(env, capacity_of, record_load=False)  # type: ignore[arg-type]  # checked below
-           if any(op.job is not None and op.job.demand for op in ops) else None)
+    net = (SharedLinks(env, capacity_of, record_load=False, caller_settles=True)  # type: ignore[arg-type]
+           if any(op.job is not None and op.job.demand for op in ops) else None)  # (capacity_of checked below)
+    # (every SimPy callback of run_graph below ends with ``settle()``; the network's own end with theirs)
+    settle = net.settle if net is not None else _nothing
     if net is not None and capacity_of is None:
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
@@ -196,7 +198,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
 
     def ended_cb(inst: _Instance) -> Callable[[simpy.Event], None]:
         then = ended_then(inst)
-        return lambda _ev: then()
+        return lambda _ev: (then(), settle())
 
     # A collective instance runs by event callbacks (no SimPy process of its own): its latency, then its transfer.
     def run_instance(inst: _Instance) -> None:
@@ -211,6 +213,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         move(ev.value)
         if later:
             drain()
+        settle()
 
     def move(inst: _Instance) -> None:
         share = inst.share
@@ -290,6 +293,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         proceed(k)
         if later:
             drain()
+        settle()  # (ended runs as a callback only: of a compute op's timeout, or `resumed`'s)
 
     def finish(k: int, i: int) -> None:
         end[i] = env.now
@@ -315,7 +319,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             if share.bandwidth_s <= 0 or not share.links or net is None:
                 timeout(alone.end_s[i] - cut).callbacks.append(ended_cb(inst))
             elif cut <= moving:
-                timeout(moving - cut).callbacks.append(lambda _ev: (move(inst), drain()))
+                timeout(moving - cut).callbacks.append(lambda _ev: (move(inst), drain(), settle()))
             else:
                 if moving_left is not None:  # the state of the run that recorded it
                     if i not in moving_left:
@@ -350,6 +354,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     for k in todo:
         proceed(k)
     drain()
+    settle()
     for at in sorted(record or ()):
         if not at > cut:
             raise ValueError(f"run_graph: cannot record the state at {at} s, not after the start ({cut} s)")
@@ -366,6 +371,10 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     if stuck:
         raise _deadlock(graph, stuck, end)
     return GraphTrace(tuple(start), tuple(end), max(end))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _deadlock(graph: OpGraph, stuck: list[tuple[tuple[int, str], int]], end: list[float]) -> ScheduleDeadlock:

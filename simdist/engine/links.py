@@ -118,10 +118,16 @@ class SharedLinks:
     timeout fires with nothing finished it re-arms for the next finish (no step).
     """
 
-    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True
-                 ) -> None:
-        """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded)."""
+    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True,
+                 caller_settles: bool = False) -> None:
+        """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded).
+        ``caller_settles``: the caller calls `settle` at the end of every event callback of its own that may start
+        transfers, and runs no SimPy process (nothing URGENT is scheduled during a callback); then a join at an
+        instant with no other event queued re-shares at that callback's end, without a wake-up event."""
         self.env = env
+        self._caller_settles = caller_settles
+        self._owed = False
+        """A re-share is due at the end of the current callback (`settle`), in place of a wake-up event."""
         self._capacity_of = capacity_of  # link id -> effective bytes/s
         self._active: dict[int, _Transfer] = {}
         """Transfers under way by ``seq``, in joining order."""
@@ -222,7 +228,13 @@ class SharedLinks:
             return done
         if shared:
             self._woken = True
-            self.env.timeout(0).callbacks.append(self._on_wake)
+            if self._caller_settles and self.env.peek() > now:
+                # Nothing else is queued at this instant: the wake-up would be the next event after this callback
+                # (events scheduled later at this instant come after it, and none is URGENT), so it runs at the
+                # callback's end instead (`settle`): the same order of everything.
+                self._owed = True
+            else:
+                self.env.timeout(0).callbacks.append(self._on_wake)
         elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
             self._arm(t.end)
@@ -345,13 +357,24 @@ class SharedLinks:
         heappush(pending, now + delay)
         self.env.timeout(delay).callbacks.append(self._on_horizon)
 
+    def settle(self) -> None:
+        """At the end of a callback (``caller_settles``): the re-share its joins owe, as their wake-up would."""
+        while self._owed:
+            self._owed = False
+            self._woken = False
+            self._step()
+
     def _on_wake(self, _event: simpy.Event) -> None:
         self._woken = False
         self._step()
+        if self._owed:
+            self.settle()
 
     def _on_horizon(self, _event: simpy.Event) -> None:
         heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
         self._step()  # (nothing finished: the next finish moved later since it was set, and is re-armed)
+        if self._owed:
+            self.settle()
 
     def _step(self) -> None:
         """At an event (a join, or the earliest finish): retire the finished transfers, re-share if needed,
