@@ -187,13 +187,14 @@ class SharedLinks:
         sigs = self._sigs
         key = (links, weights, cap)
         sig = sigs.get(key)
-        if sig is None:
+        if sig is None:  # (links not seen before come only with a new signature)
             sig = sigs[key] = len(sigs)
+            for link in links:
+                if link not in capacity:
+                    self._learn(link)
         t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig, now)
         near = t.near
         for link in links:
-            if link not in capacity:
-                self._learn(link)
             there = on.get(link)
             if there:
                 near.update(there)
