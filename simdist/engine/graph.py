@@ -4,11 +4,11 @@ An op starts when its track has finished the op before it and every op in its ``
 then holds the track for ``duration_s``. The engine reads durations and dependencies only.
 
 Cost: each op is one timeout (none when it takes no time; a collective on the shared links its latency's and the
-network's finish, its join re-shared without an event where it can be, `SharedLinks.settle`); finishing an op decrements a counter per dependent
-(lists, no dicts) and starts, at the same instant and without a SimPy event, the dependents whose tracks waited
-for it, so 10^5 ops run in well under a second. A dependency cycle, or two tracks whose program orders contradict
-their dependencies, leaves tracks waiting for ops that never finish: SimPy runs out of events and returns, and
-`ScheduleDeadlock` names the stuck tracks.
+network's finish, its join re-shared without an event where it can be, `SharedLinks.settle`); finishing an op
+decrements a counter per dependent (lists, no dicts) and starts, at the same instant and without a SimPy event,
+the dependents whose tracks waited for it, so 10^5 ops run in well under a second. A dependency cycle, or two
+tracks whose program orders contradict their dependencies, leaves tracks waiting for ops that never finish: SimPy
+runs out of events and returns, and `ScheduleDeadlock` names the stuck tracks.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Whenever a transfer that shares a link with another joins or leaves, rates are r
 bandwidth per flow (`simdist.engine.sharing.max_min_rates`, the one solver), once per instant, after every
 transfer joining at that instant has joined (the first schedules the re-share, a zero-delay timeout whose
 callback runs after them; or, for a caller that settles its callbacks, `SharedLinks.settle` at the end of the
-callback where nothing else is queued at that instant, the same order). A transfer sharing none of its links is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
+callback where nothing else is queued at that instant, the same order). A transfer sharing none of its links
+is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
 
 Alone, a transfer of size S and cap R on links of capacity C_l and weight w_l takes S / min(R, C_l / w_l):
 a plain transfer of S bytes over a route of bottleneck B takes S / B after its latency (the alpha-beta model
