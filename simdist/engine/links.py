@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from itertools import chain, repeat
+from itertools import chain, count, repeat
 
 import numpy as np
 import simpy
@@ -153,7 +153,8 @@ class SharedLinks:
         self._ends: list[tuple[float, int, int, _Transfer]] = []
         """Heap of (projected finish, seq, push number, transfer); an entry whose transfer finished or was
         re-rated to another finish since is stale (skipped when it comes to the top)."""
-        self._pushes = 0
+        self._push = count().__next__
+        """The next push number (ties of finish and seq in ``_ends`` break by it, never by the transfer)."""
         self._pending: list[float] = []
         """Heap of the times at which horizon timeouts are pending (the earliest is at or before the next finish)."""
         self.load = LinkLoad()
@@ -221,8 +222,7 @@ class SharedLinks:
                 if rate > 0:
                     t.end = end = now + size / rate
                     if end < math.inf:
-                        self._pushes += 1
-                        heappush(self._ends, (end, t.seq, self._pushes, t))
+                        heappush(self._ends, (end, t.seq, self._push(), t))
         if self._record:
             self.load.add(links, size, weights)
         self._active[t.seq] = t
@@ -279,6 +279,8 @@ class SharedLinks:
         """Give each transfer of ``group`` its rate in ``rates`` from ``now`` (its progress so far at its old
         rate) and project its finish; one whose rate is unchanged keeps its projection."""
         ends = self._ends
+        push = self._push
+        inf = math.inf
         for t, rate in zip(group, rates, strict=True):
             if rate == t.rate:
                 continue
@@ -287,13 +289,12 @@ class SharedLinks:
                 t.left -= t.rate * elapsed
             t.at = now
             t.rate = rate
-            end = now + t.left / rate if rate > 0 else math.inf
+            end = now + t.left / rate if rate > 0 else inf
             if end == t.end:
                 continue
             t.end = end
-            if end < math.inf:  # (NaN: never finishes, as a NaN rate never did)
-                self._pushes += 1
-                heappush(ends, (end, t.seq, self._pushes, t))
+            if end < inf:  # (NaN: never finishes, as a NaN rate never did)
+                heappush(ends, (end, t.seq, push(), t))
 
     def _reshare(self, now: float) -> None:
         active = self._active
