@@ -466,3 +466,60 @@ def test_lazy_progress_finishes_and_reports_bytes_left_as_an_eager_recomputation
         assert got.keys() == want.keys()
         for i, left in got.items():
             assert left == pytest.approx(want[i], rel=1e-9, abs=1e-12 * transfers[i][2])
+
+
+def _by_callbacks(transfers, capacity, caller_settles: bool) -> tuple[list[float], int]:
+    """End times of (start, links, size, cap, weights) transfers started by timeout callbacks (as run_graph starts
+    them), each of which on ending starts a follow-up of half its size on the same links (a join inside the network's
+    own callback); and the number of SimPy events processed."""
+    env = simpy.Environment()
+    net = SharedLinks(env, capacity.__getitem__, caller_settles=caller_settles)
+    ends = [math.nan] * (2 * len(transfers))
+
+    def start(i, links, size, cap, weights, follow):
+        def then():
+            ends[i] = env.now
+            if follow:
+                start(i + len(transfers), links, size / 2, cap, weights, False)
+        net.transfer(links, size, cap, weights, then=then)
+
+    def at_start(i):
+        def callback(_ev):
+            _, links, size, cap, weights = transfers[i]
+            start(i, links, size, cap, weights, True)
+            if caller_settles:
+                net.settle()
+        return callback
+
+    for i, t in enumerate(transfers):
+        env.timeout(t[0]).callbacks.append(at_start(i))
+    events = 0
+    while env.peek() < math.inf:
+        env.step()
+        events += 1
+    return ends, events
+
+
+def test_a_join_settled_by_its_caller_needs_no_wake_up_event():
+    # 1 GB at 0 s and at 0.5 s on one 1 GB/s link, each then sending 0.5 GB more. The second's join, and the first
+    # follow-up's (inside the network's own callback), have nothing else queued at their instant, so each re-shares
+    # at its callback's end: no wake-up event, the same times. By hand: the first alone to 0.5 s (0.5 GB left), then
+    # both at 0.5 GB/s: the first ends at 1.5 s; its follow-up and the second (0.5 GB left each) share to 2.5 s; the
+    # second's follow-up alone at 1 GB/s: 3 s.
+    transfers = [(0.0, (0,), 1.0, math.inf, None), (0.5, (0,), 1.0, math.inf, None)]
+    plain, plain_events = _by_callbacks(transfers, {0: 1.0}, False)
+    settled, settled_events = _by_callbacks(transfers, {0: 1.0}, True)
+    assert settled == plain == pytest.approx([1.5, 2.5, 2.5, 3.0], rel=1e-12)
+    assert settled_events == plain_events - 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_transfers())
+def test_a_caller_settling_its_joins_gives_the_same_times_bit_for_bit(case):
+    # Random transfers (joins at the same and at other instants, follow-ups started as others end): settling joins
+    # at the end of the callback (run_graph's mode) changes no time, not even by rounding.
+    transfers, capacity, _ = case
+    plain, plain_events = _by_callbacks(transfers, capacity, False)
+    settled, settled_events = _by_callbacks(transfers, capacity, True)
+    assert settled == plain
+    assert settled_events <= plain_events

@@ -127,15 +127,17 @@ def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[i
     diverge = math.inf
     busy: dict[int, list[tuple[float, float]]] = {}  # shared link -> the transfers on it, (start, end)
     seen_sync: set[int] = set()
-    for i, op in enumerate(ops):
-        if op.job is None:
-            continue
-        d = op.duration_s if durations is None else durations[i]
-        if abs(times[i] - d) > REL * max(abs(d), 1e-300):  # condition 1
+    failing: set[int] = set()  # the jobs whose engine time alone is not their duration in ``alone`` (condition 1)
+    if durations is not times:  # (``times`` themselves: condition 1 holds everywhere)
+        # the same arithmetic per op in numpy (elementwise IEEE operations, the same results)
+        d = np.asarray([op.duration_s for op in ops] if durations is None else durations, dtype=float)
+        job = np.fromiter((op.job is not None for op in ops), dtype=bool, count=len(ops))
+        bad = job & (np.abs(np.asarray(times, dtype=float) - d) > REL * np.maximum(np.abs(d), 1e-300))
+        for i in np.flatnonzero(bad).tolist():
             diverge = min(diverge, alone.start_s[i])
-            continue
-        move = moves[i]
-        if move is None:
+            failing.add(i)
+    for i, move in enumerate(moves):
+        if move is None or i in failing:  # (a move is a job's)
             continue
         latency_s, links, sync = move
         if sync >= 0:

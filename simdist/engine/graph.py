@@ -3,11 +3,12 @@
 An op starts when its track has finished the op before it and every op in its ``deps`` has finished; it
 then holds the track for ``duration_s``. The engine reads durations and dependencies only.
 
-Cost: each op is one timeout (none when it takes no time); finishing an op decrements a counter per dependent
-(lists, no dicts) and starts, at the same instant and without a SimPy event, the dependents whose tracks waited
-for it, so 10^5 ops run in well under a second. A dependency cycle, or two tracks whose program orders contradict
-their dependencies, leaves tracks waiting for ops that never finish: SimPy runs out of events and returns, and
-`ScheduleDeadlock` names the stuck tracks.
+Cost: each op is one timeout (none when it takes no time; a collective on the shared links its latency's and the
+network's finish, its join re-shared without an event where it can be, `SharedLinks.settle`); finishing an op
+decrements a counter per dependent (lists, no dicts) and starts, at the same instant and without a SimPy event,
+the dependents whose tracks waited for it, so 10^5 ops run in well under a second. A dependency cycle, or two
+tracks whose program orders contradict their dependencies, leaves tracks waiting for ops that never finish: SimPy
+runs out of events and returns, and `ScheduleDeadlock` names the stuck tracks.
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
                     for j in dependents[i]:
                         remaining[j] -= 1
     env = simpy.Environment(initial_time=cut)
-    net = (SharedLinks(env, capacity_of, record_load=False)  # type: ignore[arg-type]  # checked below
-           if any(op.job is not None and op.job.demand for op in ops) else None)
+    net = (SharedLinks(env, capacity_of, record_load=False, caller_settles=True)  # type: ignore[arg-type]
+           if any(op.job is not None and op.job.demand for op in ops) else None)  # (capacity_of checked below)
+    # (every SimPy callback of run_graph below ends with ``settle()``; the network's own end with theirs)
+    settle = net.settle if net is not None else _nothing
     if net is not None and capacity_of is None:
         raise ValueError("run_graph: jobs with link demands need capacity_of")
     # A job whose links only ops of its own track use can never share them (a track runs one op at a time):
@@ -196,15 +199,22 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
 
     def ended_cb(inst: _Instance) -> Callable[[simpy.Event], None]:
         then = ended_then(inst)
-        return lambda _ev: then()
+        return lambda _ev: (then(), settle())
 
     # A collective instance runs by event callbacks (no SimPy process of its own): its latency, then its transfer.
     def run_instance(inst: _Instance) -> None:
         inst.start = env.now
         if inst.job.latency_s > 0:
-            env.timeout(inst.job.latency_s).callbacks.append(lambda _ev: (move(inst), drain()))
+            env.timeout(inst.job.latency_s, inst).callbacks.append(moved)
         else:
             move(inst)
+
+    def moved(ev: simpy.Event) -> None:
+        """The latency of the collective instance ``ev.value`` is over: its bytes move."""
+        move(ev.value)
+        if later:
+            drain()
+        settle()
 
     def move(inst: _Instance) -> None:
         share = inst.share
@@ -229,6 +239,13 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     pos = [0] * len(keys)
     duration = [op.duration_s if op.job is None else solo_duration[i] for i, op in enumerate(ops)]
     timeout = env.timeout
+
+    def track_ended(k: int) -> Callable[[simpy.Event], None]:
+        # the op a track's timeout ends is its current one (a track runs one op at a time)
+        ids = track_ids[k]
+        return lambda _ev: ended(k, ids[pos[k]])
+
+    on_end = [track_ended(k) for k in range(len(keys))]  # per track: its compute op's timeout ended
 
     def proceed(k: int) -> None:
         """Run track ``k`` from its current op until it has to wait."""
@@ -259,15 +276,25 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         start[i] = env.now
         d = duration[i]
         if d > 0:
-            timeout(d).callbacks.append(lambda _ev, k=k, i=i: ended(k, i))
+            timeout(d).callbacks.append(on_end[k])
             return False
         finish(k, i)
         return True
 
     def ended(k: int, i: int) -> None:
-        finish(k, i)
+        # `finish` inlined (once per compute op)
+        end[i] = env.now
+        for j in dependents[i]:
+            left = remaining[j] - 1
+            remaining[j] = left
+            if not left and waiting[j] >= 0:
+                later.append((waiting[j], None))
+                waiting[j] = -1
+        pos[k] += 1
         proceed(k)
-        drain()
+        if later:
+            drain()
+        settle()  # (ended runs as a callback only: of a compute op's timeout, or `resumed`'s)
 
     def finish(k: int, i: int) -> None:
         end[i] = env.now
@@ -293,7 +320,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             if share.bandwidth_s <= 0 or not share.links or net is None:
                 timeout(alone.end_s[i] - cut).callbacks.append(ended_cb(inst))
             elif cut <= moving:
-                timeout(moving - cut).callbacks.append(lambda _ev: (move(inst), drain()))
+                timeout(moving - cut).callbacks.append(lambda _ev: (move(inst), drain(), settle()))
             else:
                 if moving_left is not None:  # the state of the run that recorded it
                     if i not in moving_left:
@@ -328,6 +355,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     for k in todo:
         proceed(k)
     drain()
+    settle()
     for at in sorted(record or ()):
         if not at > cut:
             raise ValueError(f"run_graph: cannot record the state at {at} s, not after the start ({cut} s)")
@@ -344,6 +372,10 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     if stuck:
         raise _deadlock(graph, stuck, end)
     return GraphTrace(tuple(start), tuple(end), max(end))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _deadlock(graph: OpGraph, stuck: list[tuple[tuple[int, str], int]], end: list[float]) -> ScheduleDeadlock:

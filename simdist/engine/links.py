@@ -10,8 +10,9 @@ The engine's one link-sharing mechanism. Its users:
 Whenever a transfer that shares a link with another joins or leaves, rates are re-shared max-min fairly in
 bandwidth per flow (`simdist.engine.sharing.max_min_rates`, the one solver), once per instant, after every
 transfer joining at that instant has joined (the first schedules the re-share, a zero-delay timeout whose
-callback runs after them). A transfer sharing none
-of its links is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
+callback runs after them; or, for a caller that settles its callbacks, `SharedLinks.settle` at the end of the
+callback where nothing else is queued at that instant, the same order). A transfer sharing none of its links
+is rated alone (its cap, or its tightest link's capacity per weight) without a re-share.
 
 Alone, a transfer of size S and cap R on links of capacity C_l and weight w_l takes S / min(R, C_l / w_l):
 a plain transfer of S bytes over a route of bottleneck B takes S / B after its latency (the alpha-beta model
@@ -20,11 +21,11 @@ of the closed forms), and a job, whose cap is its closed-form speed (`job_flows`
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from heapq import heappop, heappush
+from itertools import chain, count, repeat
 
 import numpy as np
 import simpy
@@ -99,6 +100,8 @@ class _Transfer:
     """When it finishes at its rate: ``at + left / rate`` (inf: rate 0)."""
     live: bool = True
     """Not finished yet."""
+    near: set[_Transfer] = field(default_factory=set)
+    """The transfers under way that share a link with it (re-shares walk these to find what a change reaches)."""
 
     def left_at(self, now: float) -> float:
         """Bytes per flow it has left at ``now`` (at its rate since ``at``)."""
@@ -116,10 +119,16 @@ class SharedLinks:
     timeout fires with nothing finished it re-arms for the next finish (no step).
     """
 
-    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True
-                 ) -> None:
-        """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded)."""
+    def __init__(self, env: simpy.Environment, capacity_of: Callable[[int], float], *, record_load: bool = True,
+                 caller_settles: bool = False) -> None:
+        """``record_load``: sum the bytes every link carries in ``load`` (off: nothing recorded).
+        ``caller_settles``: the caller calls `settle` at the end of every event callback of its own that may start
+        transfers, and runs no SimPy process (nothing URGENT is scheduled during a callback); then a join at an
+        instant with no other event queued re-shares at that callback's end, without a wake-up event."""
         self.env = env
+        self._caller_settles = caller_settles
+        self._owed = False
+        """A re-share is due at the end of the current callback (`settle`), in place of a wake-up event."""
         self._capacity_of = capacity_of  # link id -> effective bytes/s
         self._active: dict[int, _Transfer] = {}
         """Transfers under way by ``seq``, in joining order."""
@@ -134,14 +143,18 @@ class SharedLinks:
         """Every capacity seen and every cap is finite or inf, none NaN (else re-shares take numpy's path)."""
         self._entries = 0  # (transfer, link) entries of the active transfers
         self._weighted = 0  # active transfers with weights
-        self._dirty: set[int] = set()
-        """Links whose transfers changed since the last re-share (one joined, or one left beside others)."""
+        self._dirty = False
+        """A transfer joined beside others or left others, since the last re-share."""
+        self._touched: set[_Transfer] = set()
+        """Since the last re-share: the transfers that joined beside others, and those a leaving one shared a link
+        with (a re-share reaches those of them under way and every transfer linked to them through shared links)."""
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
         self._ends: list[tuple[float, int, int, _Transfer]] = []
         """Heap of (projected finish, seq, push number, transfer); an entry whose transfer finished or was
         re-rated to another finish since is stale (skipped when it comes to the top)."""
-        self._pushes = 0
+        self._push = count().__next__
+        """The next push number (ties of finish and seq in ``_ends`` break by it, never by the transfer)."""
         self._pending: list[float] = []
         """Heap of the times at which horizon timeouts are pending (the earliest is at or before the next finish)."""
         self.load = LinkLoad()
@@ -149,8 +162,8 @@ class SharedLinks:
         self._sigs: dict[tuple, int] = {}
         """(links, weights, cap) -> its number (`_Transfer.sig`)."""
         self._memo: dict[tuple, list[float]] = {}
-        """Re-shares done: the rates of a group of transfers, keyed by whether it took the small solver and
-        their signatures in order. Rates are a function of those alone (capacities do not change), and a
+        """Re-shares done: the rates of a group of transfers, keyed by their signatures in order (after None where
+        all of them took numpy's solver). Rates are a function of those alone (capacities do not change), and a
         schedule's steady state meets the same groups again and again: a repeat costs a lookup."""
 
     def transfer(self, links: Sequence[int], size: float, cap: float = math.inf,
@@ -176,28 +189,40 @@ class SharedLinks:
         sigs = self._sigs
         key = (links, weights, cap)
         sig = sigs.get(key)
-        if sig is None:
+        if sig is None:  # (links not seen before come only with a new signature)
             sig = sigs[key] = len(sigs)
+            for link in links:
+                if link not in capacity:
+                    self._learn(link)
         t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig, now)
-        shared = False
+        near = t.near
         for link in links:
-            if link not in capacity:
-                self._learn(link)
             there = on.get(link)
             if there:
-                shared = True
+                near.update(there)
                 there.append(t)
             else:
                 on[link] = [t]
+        shared = bool(near)
+        for u in near:
+            u.near.add(t)
         self._entries += len(links)
         if cap != cap:
             self._finite = False
         if weights is not None:
             self._weighted += 1
         if shared:
-            self._dirty.update(links)
+            self._dirty = True
+            self._touched.add(t)
         else:
-            self._rerate((t,), (self._alone(t),), now)
+            # `_rerate` of a transfer that just joined (rate 0, all its bytes left at ``now``, no finish projected)
+            rate = self._alone(t)
+            if rate != 0.0:
+                t.rate = rate
+                if rate > 0:
+                    t.end = end = now + size / rate
+                    if end < math.inf:
+                        heappush(self._ends, (end, t.seq, self._push(), t))
         if self._record:
             self.load.add(links, size, weights)
         self._active[t.seq] = t
@@ -205,7 +230,13 @@ class SharedLinks:
             return done
         if shared:
             self._woken = True
-            self.env.timeout(0).callbacks.append(self._on_wake)
+            if self._caller_settles and self.env.peek() > now:
+                # Nothing else is queued at this instant: the wake-up would be the next event after this callback
+                # (events scheduled later at this instant come after it, and none is URGENT), so it runs at the
+                # callback's end instead (`settle`): the same order of everything.
+                self._owed = True
+            else:
+                self.env.timeout(0).callbacks.append(self._on_wake)
         elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
             self._arm(t.end)
@@ -248,6 +279,8 @@ class SharedLinks:
         """Give each transfer of ``group`` its rate in ``rates`` from ``now`` (its progress so far at its old
         rate) and project its finish; one whose rate is unchanged keeps its projection."""
         ends = self._ends
+        push = self._push
+        inf = math.inf
         for t, rate in zip(group, rates, strict=True):
             if rate == t.rate:
                 continue
@@ -256,13 +289,12 @@ class SharedLinks:
                 t.left -= t.rate * elapsed
             t.at = now
             t.rate = rate
-            end = now + t.left / rate if rate > 0 else math.inf
+            end = now + t.left / rate if rate > 0 else inf
             if end == t.end:
                 continue
             t.end = end
-            if end < math.inf:  # (NaN: never finishes, as a NaN rate never did)
-                self._pushes += 1
-                heapq.heappush(ends, (end, t.seq, self._pushes, t))
+            if end < inf:  # (NaN: never finishes, as a NaN rate never did)
+                heappush(ends, (end, t.seq, push(), t))
 
     def _reshare(self, now: float) -> None:
         active = self._active
@@ -274,20 +306,17 @@ class SharedLinks:
             # `max_min_rates` freezes a transfer, or lowers a link's remaining capacity, from the transfers that
             # share its links only, so a component's rates do not depend on the others, which keep theirs.
             # Listed in joining order, as in ``_active``: the same sums in the same order, the same rates.
-            on = self._on
-            todo = [link for link in self._dirty if link in on]
-            seen_links = set(todo)
-            part: dict[int, _Transfer] = {}
+            # (Walked through ``near``: the transfers on the changed links still in use are the touched ones still
+            # under way, the same component.)
+            todo = [t for t in self._touched if t.live]
+            part = set(todo)
             while todo:
-                for t in on[todo.pop()]:
-                    if t.seq not in part:
-                        part[t.seq] = t
-                        for link in t.links:
-                            if link not in seen_links:
-                                seen_links.add(link)
-                                todo.append(link)
-            group = [part[k] for k in sorted(part)]
-            key = (True, *(t.sig for t in group))
+                for u in todo.pop().near:
+                    if u not in part:
+                        part.add(u)
+                        todo.append(u)
+            group = sorted(part, key=_seq)
+            key = tuple([t.sig for t in group])
             rates = self._memo.get(key)
             if rates is None:
                 rates = self._remember(key, max_min_rates_small([t.links for t in group], [t.weights for t in group],
@@ -295,7 +324,7 @@ class SharedLinks:
             self._rerate(group, rates, now)
             return
         group = list(active.values())
-        key = (False, *(t.sig for t in group))
+        key = (None, *(t.sig for t in group))  # (None: not a small path's key, a tuple of ints)
         rates = self._memo.get(key)
         if rates is None:
             n = len(group)
@@ -328,16 +357,27 @@ class SharedLinks:
         delay = max(at - now, 0.0)
         while now + delay < at:  # SimPy fires at now + delay: not before the finish
             delay = math.nextafter(delay, math.inf)
-        heapq.heappush(pending, now + delay)
+        heappush(pending, now + delay)
         self.env.timeout(delay).callbacks.append(self._on_horizon)
+
+    def settle(self) -> None:
+        """At the end of a callback (``caller_settles``): the re-share its joins owe, as their wake-up would."""
+        while self._owed:
+            self._owed = False
+            self._woken = False
+            self._step()
 
     def _on_wake(self, _event: simpy.Event) -> None:
         self._woken = False
         self._step()
+        if self._owed:
+            self.settle()
 
     def _on_horizon(self, _event: simpy.Event) -> None:
-        heapq.heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
+        heappop(self._pending)  # this one: the earliest pending (SimPy fires timeouts in time order)
         self._step()  # (nothing finished: the next finish moved later since it was set, and is re-armed)
+        if self._owed:
+            self.settle()
 
     def _step(self) -> None:
         """At an event (a join, or the earliest finish): retire the finished transfers, re-share if needed,
@@ -349,7 +389,7 @@ class SharedLinks:
         now = self.env.now
         finished = []
         ends = self._ends
-        pop = heapq.heappop
+        pop = heappop
         while ends:
             end, _, _, t = ends[0]
             if not t.live or t.end != end:
@@ -365,7 +405,8 @@ class SharedLinks:
             t.live = False
             finished.append(t)
         if finished:
-            finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
+            if len(finished) > 1:
+                finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
             active = self._active
             on = self._on
             for t in finished:
@@ -377,12 +418,18 @@ class SharedLinks:
                     there = on[link]
                     if len(there) > 1:
                         there.remove(t)
-                        self._dirty.add(link)  # a transfer that shared this link may now go faster
                     else:
                         del on[link]
+                near = t.near
+                if near:  # the transfers that shared a link with it may now go faster
+                    self._dirty = True
+                    self._touched.update(near)
+                    for u in near:
+                        u.near.discard(t)
         if self._dirty:
             self._reshare(now)
-            self._dirty.clear()
+            self._dirty = False
+            self._touched.clear()
         for t in finished:
             if t.done is not None:
                 t.done.succeed()
