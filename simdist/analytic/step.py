@@ -157,10 +157,21 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     cost_tokens = []
     recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
     simple: list[_Simple | None] = [None] * (len(chunks) * 6)
+    same: dict[int, int] = {}
+    """Chunk by cost token: the first chunk of the stage with that cost."""
     for c, (n, first, last_part) in enumerate(chunks):
         cost, cost_token = chunk_cost_entry(cfg, n, first, last_part, cost_config)
         costs.append(cost)
         cost_tokens.append(cost_token)
+        twin = same.setdefault(cost_token, c)
+        if twin != c:
+            # an earlier chunk of the same cost: its recipes are the same entries of the same caches (their keys
+            # are the cost's token, the kind and the edge), so the same priced pieces and simple forms
+            for kind in kinds:
+                for edge in (False, True):
+                    code, from_code = recipe_code(c, kind, edge), recipe_code(twin, kind, edge)
+                    recipes[code], simple[code] = recipes[from_code], simple[from_code]
+            continue
         for kind in kinds:
             for edge in (False, True):
                 r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
