@@ -10,6 +10,7 @@ everything they read, so a search pays for each distinct one once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe,
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
 __all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "cached_recipe",
-           "price_pieces"]
+           "price_pieces", "token"]
 
 Adjust = Callable[[str, int, float, float], float]
 Stride = int | tuple[int, ...]
@@ -145,11 +146,13 @@ class CommPricer:
         return where
 
     def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], *,
-               compile: Callable[[PricedPieces], Any] | None = None, shape: tuple | None = None
-               ) -> tuple[PricedPieces, Any]:
+               compile: Callable[[PricedPieces], Any] | None = None, shape: tuple | None = None,
+               pieces_token: int | None = None) -> tuple[PricedPieces, Any]:
         """(`price_pieces`, ``compile`` of it or None), cached by the pieces and their groups' shapes (alike stages
-        share them); ``shape``: `shape_key` of ``groups``, if already computed."""
-        key = (pieces, end, self.shape_key(groups) if shape is None else shape, compile)
+        share them); ``shape``: `shape_key` of ``groups``, if already computed; ``pieces_token``: `token` of
+        (``pieces``, ``end``), if known (the key then hashes it instead of every piece)."""
+        shape = self.shape_key(groups) if shape is None else shape
+        key = (pieces, end, shape, compile) if pieces_token is None else (pieces_token, shape, compile)
         hit = self._priced.get(key)
         if hit is None:
             if len(self._priced) >= _CACHE_MAX:
@@ -181,20 +184,43 @@ class CommPricer:
 
 
 _CACHE_MAX = 200_000
-_CHUNK_CACHE: dict[tuple, ChunkCost] = {}
-_RECIPE_CACHE: dict[tuple, Recipe | StageTail] = {}
+_CHUNK_CACHE: dict[tuple, tuple[ChunkCost, int]] = {}
+_RECIPE_CACHE: dict[tuple, tuple[Recipe | StageTail, int]] = {}
+_TOKENS: dict[Any, int] = {}
+_NEXT_TOKEN = itertools.count()
+
+
+def token(value: Any) -> int:
+    """A number standing for ``value`` in cache keys: equal values get the same number, unequal ones different
+    numbers, so a key built of tokens finds exactly what one built of the values would, but hashes a few ints
+    instead of the frozen config and cost objects at every lookup (the band's 32 copies each look up their recipes
+    dozens of times). A number is never given twice: when the table is cleared a value gets a new one, and entries
+    under its old one are only never found again."""
+    hit = _TOKENS.get(value)
+    if hit is None:
+        if len(_TOKENS) >= _CACHE_MAX:
+            _TOKENS.clear()
+        hit = _TOKENS[value] = next(_NEXT_TOKEN)
+    return hit
 
 
 def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool,
-                      config: tuple | None = None) -> ChunkCost:
-    """`simdist.plan.step_config.chunk_cost`, cached by every field it reads; ``config``: `chunk_cost_key` of
-    ``cfg``, if already computed."""
-    key = (*(chunk_cost_key(cfg) if config is None else config), layers, first_part, last_part)
+                      config: int | None = None) -> ChunkCost:
+    """`simdist.plan.step_config.chunk_cost`, cached by every field it reads; ``config``: `token` of
+    `chunk_cost_key` of ``cfg``, if already computed."""
+    return chunk_cost_entry(cfg, layers, first_part, last_part, config)[0]
+
+
+def chunk_cost_entry(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool,
+                     config: int | None = None) -> tuple[ChunkCost, int]:
+    """(`cached_chunk_cost`, the `token` of that cost) ."""
+    key = (token(chunk_cost_key(cfg)) if config is None else config, layers, first_part, last_part)
     hit = _CHUNK_CACHE.get(key)
     if hit is None:
         if len(_CHUNK_CACHE) >= _CACHE_MAX:
             _CHUNK_CACHE.clear()
-        hit = _CHUNK_CACHE[key] = chunk_cost(cfg, layers, first_part, last_part)
+        cost = chunk_cost(cfg, layers, first_part, last_part)
+        hit = _CHUNK_CACHE[key] = (cost, token(("cost", cost)))
     return hit
 
 
@@ -214,25 +240,41 @@ def recipe_key(cfg: StepConfig) -> tuple:
             cfg.grad_reduce_in_fp32, cfg.overlap_param_gather, cfg.vpp)
 
 
-def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool, config: tuple | None = None) -> Recipe:
-    """`simdist.plan.recipe.edge_recipe` (``edge``: the chunk's first forward, last backward or W), cached;
-    ``config``: `recipe_key` of ``cfg``, if already computed."""
-    key = ("step", recipe_key(cfg) if config is None else config, cost, kind, edge)
+def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Recipe:
+    """`simdist.plan.recipe.edge_recipe` (``edge``: the chunk's first forward, last backward or W), cached."""
+    return recipe_entry(cfg, cost, token(("cost", cost)), kind, edge)[0]  # type: ignore[return-value]
+
+
+def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, edge: bool,
+                 config: int | None = None) -> tuple[Recipe, int]:
+    """(`cached_recipe`, the `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_token``:
+    `token` of ``cost`` (as `chunk_cost_entry` gives it), ``config``: `token` of `recipe_key` of ``cfg``, if already
+    computed."""
+    key = ("step", token(recipe_key(cfg)) if config is None else config, cost_token, kind, edge)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:
             _RECIPE_CACHE.clear()
-        hit = _RECIPE_CACHE[key] = edge_recipe(cfg, cost, kind, edge)
+        r = edge_recipe(cfg, cost, kind, edge)
+        hit = _RECIPE_CACHE[key] = (r, token(("pieces", r.pieces, r.end)))
     return hit  # type: ignore[return-value]
 
 
-def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...], config: tuple | None = None) -> StageTail:
-    key = ("tail", recipe_key(cfg) if config is None else config, costs)
+def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...]) -> StageTail:
+    return tail_entry(cfg, costs, tuple(token(("cost", c)) for c in costs))[0]
+
+
+def tail_entry(cfg: StepConfig, costs: tuple[ChunkCost, ...], cost_tokens: tuple[int, ...],
+               config: int | None = None) -> tuple[StageTail, int]:
+    """(`cached_tail`, the `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_tokens``:
+    the `token` of each cost, ``config``: `token` of `recipe_key` of ``cfg``, if already computed."""
+    key = ("tail", token(recipe_key(cfg)) if config is None else config, cost_tokens)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:
             _RECIPE_CACHE.clear()
-        hit = _RECIPE_CACHE[key] = tail(cfg, list(costs))
+        t = tail(cfg, list(costs))
+        hit = _RECIPE_CACHE[key] = (t, token(("pieces", t.pieces, len(t.pieces) - 1)))
     return hit  # type: ignore[return-value]
 
 

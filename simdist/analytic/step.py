@@ -29,10 +29,12 @@ from simdist.analytic.pricing import (
     PricedPieces,
     Shape,
     cached_chunk_cost,
-    cached_recipe,
-    cached_tail,
+    chunk_cost_entry,
     chunk_cost_key,
+    recipe_entry,
     recipe_key,
+    tail_entry,
+    token,
 )
 from simdist.analytic.program import KIND_INDEX, program, recipe_code, step_groups
 from simdist.plan.accounting import Block, BlockSummary, Interval, account, partition_pieces
@@ -141,29 +143,47 @@ _SLOWED = frozenset({"compute", "recompute", "optimizer"})
 
 
 def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
-           groups: dict[str, Shape], factor: float = 1.0) -> tuple[list, list, PricedPieces]:
+           groups: dict[str, Shape], factor: float = 1.0, config: tuple[int, int] | None = None,
+           shape: tuple | None = None) -> tuple[list, list, PricedPieces]:
     """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
     ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
-    ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor)."""
+    ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor); ``config``:
+    the `token` of `chunk_cost_key` and of `recipe_key` of ``cfg``, ``shape``: `CommPricer.shape_key` of
+    ``groups``, if already computed."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
-    config, cost_config, shape = recipe_key(cfg), chunk_cost_key(cfg), pricer.shape_key(groups)
+    cost_config, config_ = config if config is not None else (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
+    shape = pricer.shape_key(groups) if shape is None else shape
     costs = []
+    cost_tokens = []
     recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
     simple: list[_Simple | None] = [None] * (len(chunks) * 6)
+    same: dict[int, int] = {}
+    """Chunk by cost token: the first chunk of the stage with that cost."""
     for c, (n, first, last_part) in enumerate(chunks):
-        cost = cached_chunk_cost(cfg, n, first, last_part, cost_config)
+        cost, cost_token = chunk_cost_entry(cfg, n, first, last_part, cost_config)
         costs.append(cost)
+        cost_tokens.append(cost_token)
+        twin = same.setdefault(cost_token, c)
+        if twin != c:
+            # an earlier chunk of the same cost: its recipes are the same entries of the same caches (their keys
+            # are the cost's token, the kind and the edge), so the same priced pieces and simple forms
+            for kind in kinds:
+                for edge in (False, True):
+                    code, from_code = recipe_code(c, kind, edge), recipe_code(twin, kind, edge)
+                    recipes[code], simple[code] = recipes[from_code], simple[from_code]
+            continue
         for kind in kinds:
             for edge in (False, True):
-                r = cached_recipe(cfg, cost, kind, edge, config)
+                r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
                 # a recipe's simple form depends on its priced pieces only: made once per priced recipe
                 code = recipe_code(c, kind, edge)
-                recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple, shape=shape)
+                recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple, shape=shape,
+                                                            pieces_token=pieces_token)
                 if factor != 1.0:
                     recipes[code] = _slowed(recipes[code], factor)  # type: ignore[arg-type]
                     simple[code] = _simple(recipes[code])  # type: ignore[arg-type]
-    t = cached_tail(cfg, tuple(costs), config)
-    priced_tail = pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape)[0]
+    t, pieces_token = tail_entry(cfg, tuple(costs), tuple(cost_tokens), config_)
+    priced_tail = pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape, pieces_token=pieces_token)[0]
     return (recipes, simple, _slowed(priced_tail, factor) if factor != 1.0 else priced_tail)
 
 
@@ -195,6 +215,10 @@ class _Geometry:
     chunks: tuple[tuple[LayerKinds, bool, bool], ...]
     sends: tuple[tuple[int, tuple | None], ...]
     """(chunk * 3 + kind index, `CommPricer.key` of the send) of each send to a neighbouring stage."""
+    key: int
+    """`token` of (``chunks``, ``shape``): what of the stage decides its priced recipes, for the memo's key."""
+    sends_key: int
+    """`token` of ``sends``: stages with the same one have the same send times."""
 
 
 def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
@@ -220,7 +244,9 @@ def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
                     # the pair and bytes `CommPricer.time_s` prices (none: it takes no time)
                     sends.append((c * 3 + KIND_INDEX[kind], pricer.key(p2p.op, pair, p2p.nbytes)
                                   if p2p.nbytes > 0 else None))
-        out.append(_Geometry(rank, groups, pricer.shape_key(groups), chunks, tuple(sends)))
+        shape = pricer.shape_key(groups)
+        out.append(_Geometry(rank, groups, shape, chunks, tuple(sends), token(("stage", chunks, shape)),
+                             token(("sends", tuple(sends)))))
     return out
 
 
@@ -229,18 +255,22 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
     """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute); ``geometry``:
     `_geometry` of ``cfg``'s mesh on ``pricer``'s cluster, if already found."""
     p2p = send(cfg)
-    config = (chunk_cost_key(cfg), recipe_key(cfg))
+    config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     out: list[_Stage] = []
+    sent: dict[int, list[float]] = {}
+    """Send times by `_Geometry.sends_key` (the same keys priced on the same pricer)."""
     for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
-        recipes, simple, stage_tail = pricer.memo(("stage", config, g.chunks, g.shape, factor),
+        recipes, simple, stage_tail = pricer.memo(("stage", config, g.key, factor),
                                                   lambda g=g, factor=factor: _stage(
-                                                      cfg, pricer, g.chunks, g.groups, factor))
-        sends = [0.0] * (cfg.vpp * 3)
-        for index, key in g.sends:
-            sends[index] = pricer.time_of_key(key) * p2p.count
-        out.append(_Stage(recipes, simple, sends, stage_tail))
+                                                      cfg, pricer, g.chunks, g.groups, factor, config, g.shape))
+        sends = sent.get(g.sends_key)
+        if sends is None:
+            sends = sent[g.sends_key] = [0.0] * (cfg.vpp * 3)
+            for index, key in g.sends:
+                sends[index] = pricer.time_of_key(key) * p2p.count
+        out.append(_Stage(recipes, simple, list(sends), stage_tail))
     return out
 
 
