@@ -3,6 +3,7 @@ when simulated on its own: every op's start and end, with the links contended ac
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -233,3 +234,25 @@ def test_ahead_records_a_period_past_the_last_cut():
     assert engine_module._ahead([2.0, 5.0], 0.0) == pytest.approx([8.0, 7.7, 7.25, 6.5])
     assert engine_module._ahead([2.0, 5.0], 7.5) == pytest.approx([8.0, 7.7])
     assert engine_module._ahead([5.0], 0.0) == [] and engine_module._ahead([5.0, 5.0], 0.0) == []
+
+
+def test_a_run_leaves_nothing_for_the_cyclic_collector(tmp_path):
+    """run_graph's callbacks name one another and a transfer's end names its collective: the run empties them on
+    return, so its lists, collective instances and callbacks (about 4 objects per op) are freed by reference
+    counting, not left in reference cycles while the engine pauses the collector (simdist.predict.engine_step)."""
+    topology, plans, alones = _samples(tmp_path, "interleaved")
+    one, many = engine_module.capacities(topology, None)
+    big, (_, timeline, cut, _) = plans[-1], alones[-1]
+    assert cut < math.inf
+    gc.collect()
+    gc.disable()
+    try:
+        record = {cut + f * (timeline.makespan_s - cut): {} for f in (0.3, 0.6)}
+        run_graph(big.graph, capacity_of=one, capacities=many, resume=(timeline, cut), record=record)
+        assert any(record.values()), "no transfer under way at a recorded time: the record path is not exercised"
+        left = gc.collect()
+    finally:
+        gc.enable()
+    # a SimPy Environment is a cycle of its own (8 objects: its bound event constructors); without the emptying a
+    # run leaves about 700 for these 284 ops
+    assert left < 30
