@@ -279,15 +279,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         return True
 
     def ended(k: int, i: int) -> None:
-        # `finish` inlined (once per compute op)
-        end[i] = env.now
-        for j in dependents[i]:
-            left = remaining[j] - 1
-            remaining[j] = left
-            if not left and waiting[j] >= 0:
-                later.append((waiting[j], None))
-                waiting[j] = -1
-        pos[k] += 1
+        finish(k, i)
         proceed(k)
         if later:
             drain()
@@ -375,8 +367,9 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         # holds every list of the run (dependents, starts, instances: 10^5 objects per sample) until the cyclic
         # collector finds it, which the engine pauses (simdist.predict.engine_step.collector_paused) and which
         # then scans them all at exit. Emptied here, they are freed on return by reference counting.
-        drain = released = instance_ended = instance_done = finish = proceed = begin = ended = None  # type: ignore[assignment]
-        run_instance = move = moved = ended_then = ended_cb = track_ended = on_end = resumed = resume_instance = None  # type: ignore[assignment]
+        drain = released = instance_ended = instance_done = None  # type: ignore[assignment]
+        finish = proceed = begin = ended = track_ended = on_end = None  # type: ignore[assignment]
+        run_instance = move = moved = ended_then = ended_cb = resumed = resume_instance = None  # type: ignore[assignment]
 
 
 def _nothing() -> None:
