@@ -143,11 +143,10 @@ class SharedLinks:
         """Every capacity seen and every cap is finite or inf, none NaN (else re-shares take numpy's path)."""
         self._entries = 0  # (transfer, link) entries of the active transfers
         self._weighted = 0  # active transfers with weights
-        self._dirty = False
-        """A transfer joined beside others or left others, since the last re-share."""
         self._touched: set[_Transfer] = set()
         """Since the last re-share: the transfers that joined beside others, and those a leaving one shared a link
-        with (a re-share reaches those of them under way and every transfer linked to them through shared links)."""
+        with (a re-share reaches those of them under way and every transfer linked to them through shared links;
+        empty: nothing to re-share)."""
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
         self._ends: list[tuple[float, int, int, _Transfer]] = []
@@ -212,17 +211,9 @@ class SharedLinks:
         if weights is not None:
             self._weighted += 1
         if shared:
-            self._dirty = True
             self._touched.add(t)
         else:
-            # `_rerate` of a transfer that just joined (rate 0, all its bytes left at ``now``, no finish projected)
-            rate = self._alone(t)
-            if rate != 0.0:
-                t.rate = rate
-                if rate > 0:
-                    t.end = end = now + size / rate
-                    if end < math.inf:
-                        heappush(self._ends, (end, t.seq, self._push(), t))
+            self._rerate((t,), (self._alone(t),), now)
         if self._record:
             self.load.add(links, size, weights)
         self._active[t.seq] = t
@@ -422,13 +413,11 @@ class SharedLinks:
                         del on[link]
                 near = t.near
                 if near:  # the transfers that shared a link with it may now go faster
-                    self._dirty = True
                     self._touched.update(near)
                     for u in near:
                         u.near.discard(t)
-        if self._dirty:
+        if self._touched:
             self._reshare(now)
-            self._dirty = False
             self._touched.clear()
         for t in finished:
             if t.done is not None:
