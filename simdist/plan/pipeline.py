@@ -15,7 +15,7 @@ from typing import Protocol
 
 from simdist.errors import SpecError
 from simdist.plan.opgraph import Comm, Op, OpGraph
-from simdist.plan.schedule import WEIGHT_GRAD_SHARE, Step, check_schedule, schedule_order
+from simdist.plan.schedule import WEIGHT_GRAD_SHARE, Step, check_schedule, model_part, schedule_order
 
 __all__ = ["PipelineEmitter", "UniformCosts", "UniformEmitter", "build_pipeline", "pipeline_graph"]
 
@@ -37,6 +37,18 @@ class PipelineEmitter(Protocol):
         ...
 
 
+def _neighbour(stage: int, step: Step, num_stages: int, num_parts: int) -> tuple[int, int] | None:
+    """(stage, chunk) the output of ``step`` goes to: the next part for F, the previous for B; else None."""
+    part = model_part(stage, step.chunk, num_stages)
+    if step.kind == "F" and part + 1 < num_parts:
+        nxt = part + 1
+    elif step.kind == "B" and part > 0:
+        nxt = part - 1
+    else:
+        return None
+    return nxt % num_stages, nxt // num_stages
+
+
 def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmitter, *, vpp: int = 1
                    ) -> dict[StepKey, tuple[int, int]]:
     """Add every stage's steps (program order) and the cross-stage dependencies; return the steps' op ids.
@@ -49,32 +61,27 @@ def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmi
     num_parts = k * vpp
     steps: dict[StepKey, tuple[int, int]] = {}
     sends: dict[StepKey, int] = {}
-    compute, transfer, ops = emitter.compute, emitter.transfer, graph.ops
     for stage, stage_order in enumerate(order):
         for step in stage_order:
-            kind, chunk = step.kind, step.chunk
-            key = (stage, kind, step.microbatch, chunk)
+            key = (stage, step.kind, step.microbatch, step.chunk)
             if key in steps:
                 raise SpecError(f"stage {stage} runs {step.label(vpp)} twice", field="schedule",
                                 fix="give each (kind, micro-batch, chunk) once per stage")
-            if not 0 <= chunk < vpp:
-                raise SpecError(f"stage {stage} step {step.label(vpp)} names chunk {chunk} of {vpp}",
+            if not 0 <= step.chunk < vpp:
+                raise SpecError(f"stage {stage} step {step.label(vpp)} names chunk {step.chunk} of {vpp}",
                                 field="parallel.vpp", fix=f"use chunks 0..{vpp - 1}")
-            steps[key] = first_last = compute(graph, stage, step)
-            # the part the step's output goes to: the next for F, the previous for B (model_part, inline)
-            part = chunk * k + stage
-            nxt = part + 1 if kind == "F" else part - 1 if kind == "B" else -1
-            if 0 <= nxt < num_parts:
-                op = transfer(graph, stage, nxt % k, step)
+            first, last = emitter.compute(graph, stage, step)
+            steps[key] = (first, last)
+            dst = _neighbour(stage, step, k, num_parts)
+            if dst is not None:
+                op = emitter.transfer(graph, stage, dst[0], step)
                 if op is not None:
-                    deps = ops[op].deps  # graph.depend(op, last)
-                    if first_last[1] not in deps:
-                        deps.append(first_last[1])
+                    graph.depend(op, last)
                     sends[key] = op
     for (stage, kind, mb, chunk), (first, _) in steps.items():
         needs: list[int] = []
-        part = chunk * k + stage  # model_part
-        if kind == "F" or kind == "B":
+        part = model_part(stage, chunk, k)
+        if kind in ("F", "B"):
             src = part - 1 if kind == "F" else part + 1
             if 0 <= src < num_parts:
                 src_key = (src % k, kind, mb, src // k)
@@ -82,17 +89,14 @@ def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmi
                     raise SpecError(f"stage {stage} runs {kind}{mb} of part {part}, but part {src}'s {kind}{mb} "
                                     "is never run", field="schedule", fix="run every step on every stage")
                 needs.append(sends.get(src_key, steps[src_key][1]))
-        if kind == "B" or kind == "W":
+        if kind in ("B", "W"):
             own = (stage, "F" if kind == "B" else "B", mb, chunk)
             if own not in steps:
                 raise SpecError(f"stage {stage} runs {kind}{mb} without its {own[1]}{mb}", field="schedule",
                                 fix="run every step on every stage")
             needs.append(steps[own][1])
         if needs:
-            deps = ops[first].deps  # graph.depend(first, *needs)
-            for d in needs:
-                if d not in deps:
-                    deps.append(d)
+            graph.depend(first, *needs)
     return steps
 
 
