@@ -129,18 +129,13 @@ def _covered(blocks: list[Block] | BlockSummary, a: np.ndarray, b: np.ndarray) -
     return np.maximum(total, 0.0)
 
 
-def _table(intervals: list[Interval]) -> np.ndarray:
-    """(start, end, category index, counts inside the phase, pipeline work) of the intervals that last."""
-    live = [(s, e, _INDEX[cat], work or cat == "optimizer", work) for s, e, cat, work in intervals if e > s]
-    return np.array(live, dtype=float).reshape(-1, 5)
-
-
 _OPTIMIZER = _INDEX["optimizer"]
 
 
 def interval_table(start_s: np.ndarray, end_s: np.ndarray, category: np.ndarray, work: np.ndarray) -> np.ndarray:
     """A stage's intervals given as columns (start, end, category: index into CATEGORIES, pipeline work: bool), as
-    `account_tables` takes them: `_table` of the same `Interval` list, without a Python tuple per interval."""
+    `account_tables` takes them: (start, end, category index, counts inside the phase, pipeline work) of those
+    that last."""
     live = end_s > start_s
     category, work = category[live], work[live]
     table = np.empty((len(category), 5))
@@ -228,6 +223,13 @@ def account(stages: list[list[Interval]], step_s: float,
     per stage, stretches of pipeline work already partitioned) and which ended at ``step_s`` (see the module
     docstring)."""
     return account_tables([_table(iv) for iv in stages], step_s, blocks)
+
+
+def _table(intervals: list[Interval]) -> np.ndarray:
+    """`interval_table` of an `Interval` list."""
+    start, end, category, work = zip(*intervals, strict=True) if intervals else ((), (), (), ())
+    return interval_table(np.array(start, dtype=float), np.array(end, dtype=float),
+                          np.array([_INDEX[c] for c in category], dtype=np.int64), np.array(work, dtype=bool))
 
 
 def account_tables(tables: list[np.ndarray], step_s: float,
