@@ -24,8 +24,8 @@ from simdist.plan.accounting import category_of
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe, tail
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
-__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "cached_recipe",
-           "price_pieces", "token"]
+__all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "chunk_cost_entry",
+           "price_pieces", "recipe_entry", "tail_entry", "token"]
 
 Adjust = Callable[[str, int, float, float], float]
 Stride = int | tuple[int, ...]
@@ -213,7 +213,7 @@ def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, las
 
 def chunk_cost_entry(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool,
                      config: int | None = None) -> tuple[ChunkCost, int]:
-    """(`cached_chunk_cost`, the `token` of that cost) ."""
+    """(`cached_chunk_cost`, the `token` of that cost)."""
     key = (token(chunk_cost_key(cfg)) if config is None else config, layers, first_part, last_part)
     hit = _CHUNK_CACHE.get(key)
     if hit is None:
@@ -240,14 +240,10 @@ def recipe_key(cfg: StepConfig) -> tuple:
             cfg.grad_reduce_in_fp32, cfg.overlap_param_gather, cfg.vpp)
 
 
-def cached_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Recipe:
-    """`simdist.plan.recipe.edge_recipe` (``edge``: the chunk's first forward, last backward or W), cached."""
-    return recipe_entry(cfg, cost, token(("cost", cost)), kind, edge)[0]  # type: ignore[return-value]
-
-
 def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, edge: bool,
                  config: int | None = None) -> tuple[Recipe, int]:
-    """(`cached_recipe`, the `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_token``:
+    """(`simdist.plan.recipe.edge_recipe`, cached (``edge``: the chunk's first forward, last backward or W), and the
+    `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_token``:
     `token` of ``cost`` (as `chunk_cost_entry` gives it), ``config``: `token` of `recipe_key` of ``cfg``, if already
     computed."""
     key = ("step", token(recipe_key(cfg)) if config is None else config, cost_token, kind, edge)
@@ -260,13 +256,10 @@ def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, e
     return hit  # type: ignore[return-value]
 
 
-def cached_tail(cfg: StepConfig, costs: tuple[ChunkCost, ...]) -> StageTail:
-    return tail_entry(cfg, costs, tuple(token(("cost", c)) for c in costs))[0]
-
-
 def tail_entry(cfg: StepConfig, costs: tuple[ChunkCost, ...], cost_tokens: tuple[int, ...],
                config: int | None = None) -> tuple[StageTail, int]:
-    """(`cached_tail`, the `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_tokens``:
+    """(`simdist.plan.recipe.tail` of the stage's chunk costs, cached, and the `token` of its (pieces, end):
+    `CommPricer.priced`'s ``pieces_token``); ``cost_tokens``:
     the `token` of each cost, ``config``: `token` of `recipe_key` of ``cfg``, if already computed."""
     key = ("tail", token(recipe_key(cfg)) if config is None else config, cost_tokens)
     hit = _RECIPE_CACHE.get(key)

@@ -157,21 +157,10 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     cost_tokens = []
     recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
     simple: list[_Simple | None] = [None] * (len(chunks) * 6)
-    same: dict[int, int] = {}
-    """Chunk by cost token: the first chunk of the stage with that cost."""
     for c, (n, first, last_part) in enumerate(chunks):
         cost, cost_token = chunk_cost_entry(cfg, n, first, last_part, cost_config)
         costs.append(cost)
         cost_tokens.append(cost_token)
-        twin = same.setdefault(cost_token, c)
-        if twin != c:
-            # an earlier chunk of the same cost: its recipes are the same entries of the same caches (their keys
-            # are the cost's token, the kind and the edge), so the same priced pieces and simple forms
-            for kind in kinds:
-                for edge in (False, True):
-                    code, from_code = recipe_code(c, kind, edge), recipe_code(twin, kind, edge)
-                    recipes[code], simple[code] = recipes[from_code], simple[from_code]
-            continue
         for kind in kinds:
             for edge in (False, True):
                 r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
@@ -217,8 +206,6 @@ class _Geometry:
     """(chunk * 3 + kind index, `CommPricer.key` of the send) of each send to a neighbouring stage."""
     key: int
     """`token` of (``chunks``, ``shape``): what of the stage decides its priced recipes, for the memo's key."""
-    sends_key: int
-    """`token` of ``sends``: stages with the same one have the same send times."""
 
 
 def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
@@ -245,8 +232,7 @@ def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
                     sends.append((c * 3 + KIND_INDEX[kind], pricer.key(p2p.op, pair, p2p.nbytes)
                                   if p2p.nbytes > 0 else None))
         shape = pricer.shape_key(groups)
-        out.append(_Geometry(rank, groups, shape, chunks, tuple(sends), token(("stage", chunks, shape)),
-                             token(("sends", tuple(sends)))))
+        out.append(_Geometry(rank, groups, shape, chunks, tuple(sends), token(("stage", chunks, shape))))
     return out
 
 
@@ -257,20 +243,16 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
     p2p = send(cfg)
     config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     out: list[_Stage] = []
-    sent: dict[int, list[float]] = {}
-    """Send times by `_Geometry.sends_key` (the same keys priced on the same pricer)."""
     for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail = pricer.memo(("stage", config, g.key, factor),
                                                   lambda g=g, factor=factor: _stage(
                                                       cfg, pricer, g.chunks, g.groups, factor, config, g.shape))
-        sends = sent.get(g.sends_key)
-        if sends is None:
-            sends = sent[g.sends_key] = [0.0] * (cfg.vpp * 3)
-            for index, key in g.sends:
-                sends[index] = pricer.time_of_key(key) * p2p.count
-        out.append(_Stage(recipes, simple, list(sends), stage_tail))
+        sends = [0.0] * (cfg.vpp * 3)
+        for index, key in g.sends:
+            sends[index] = pricer.time_of_key(key) * p2p.count
+        out.append(_Stage(recipes, simple, sends, stage_tail))
     return out
 
 
