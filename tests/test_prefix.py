@@ -4,6 +4,7 @@ when simulated on its own: every op's start and end, with the links contended ac
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 
 import pytest
@@ -138,6 +139,7 @@ def test_no_shared_prefix_when_the_first_ops_differ():
 def test_fast_forward_through_resumed_samples_equals_every_micro_batch(tmp_path, monkeypatch, name):
     cfg, topology = _step(tmp_path, name)
     monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
+    monkeypatch.setenv("SIMDIST_PROCESSES", "1")  # the smaller samples in this process, where the spy sees them
     resumed = []
     real = engine_module.resumed_trace
     monkeypatch.setattr(engine_module, "resumed_trace", lambda *a: resumed.append(1) or real(*a))
@@ -197,12 +199,10 @@ def test_a_truncated_graph_resumed_from_the_whole_one_equals_its_own_run(big, da
 @pytest.mark.parametrize("name", CASES)
 def test_a_slid_sample_resumed_from_the_last_run_equals_its_own_run(tmp_path, monkeypatch, name):
     # The first three samples are declared not collinear (as when contention lengthens the transient): the engine
-    # slides on by a cycle, and the new largest sample resumes from the state the previous largest recorded ahead,
-    # at the latest time before their cut (simdist.predict.engine_step._slid).
+    # slides on by a cycle, and the new largest sample resumes from the state the previous largest recorded, at the
+    # latest time before their cut (simdist.predict.engine_step._slid; the records past the cut are not used).
     cfg, topology = _step(tmp_path, name)
     monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
-    # also a record past the cut (a period and a half on), which must not be the one resumed from
-    monkeypatch.setattr(engine_module, "AHEAD", (1.5, 1.0, 0.5))
     real_extrapolate, first = engine_module.extrapolate, []
     monkeypatch.setattr(engine_module, "extrapolate",
                         lambda samples, m: None if not first and not first.append(1) else real_extrapolate(samples, m))
@@ -229,11 +229,38 @@ def test_a_slid_sample_resumed_from_the_last_run_equals_its_own_run(tmp_path, mo
         assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
-def test_ahead_records_a_period_past_the_last_cut():
-    # cuts 2 and 5 s a period (3 s) apart: the next is near 8 s; recorded at 8, 7.7, 7.25, 6.5 s after the start
-    assert engine_module._ahead([2.0, 5.0], 0.0) == pytest.approx([8.0, 7.7, 7.25, 6.5])
-    assert engine_module._ahead([2.0, 5.0], 7.5) == pytest.approx([8.0, 7.7])
-    assert engine_module._ahead([5.0], 0.0) == [] and engine_module._ahead([5.0, 5.0], 0.0) == []
+def test_a_run_records_its_state_on_an_even_grid_up_to_its_uncontended_end():
+    # from 2 s (where SimPy starts) to 10 s: RECORD_POINTS times 8 / RECORD_POINTS s apart, the last at 10 s
+    grid = engine_module._grid(2.0, 10.0)
+    n = engine_module.RECORD_POINTS
+    assert len(grid) == n and grid[-1] == pytest.approx(10.0) and grid[0] == pytest.approx(2.0 + 8.0 / n)
+    assert all(b - a == pytest.approx(8.0 / n) for a, b in itertools.pairwise(grid))
+    assert engine_module._grid(2.0, 2.0) == [] and engine_module._grid(math.inf, 10.0) == []
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_smaller_samples_beside_the_largest_give_the_answer_of_one_process(tmp_path, monkeypatch, name):
+    # A child process builds and simulates the smaller samples on their own while this one runs the largest
+    # (simdist.predict.beside); in one process they are resumed from the largest's states instead. The same runs up
+    # to ties at the cut in the last bits: the same answer within 1e-9, the largest's trace the same floats.
+    from simdist.predict import beside
+
+    cfg, topology = _step(tmp_path, name)
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
+    forked = []
+    real = beside.Beside._start
+    monkeypatch.setattr(beside.Beside, "_start", lambda self: forked.append(1) or real(self))
+    for module in (beside, engine_module):
+        monkeypatch.setattr(module, "can_fork", lambda: True)
+    fast = engine_module.engine_step(cfg, topology, None, False, True)
+    assert forked == [1]
+    for module in (beside, engine_module):
+        monkeypatch.setattr(module, "can_fork", lambda: False)
+    alone = engine_module.engine_step(cfg, topology, None, False, True)
+    assert forked == [1] and fast.micro_batches == alone.micro_batches
+    assert fast.trace == alone.trace
+    for key, value in alone.observables.items():
+        assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
 def test_a_run_leaves_nothing_for_the_cyclic_collector(tmp_path):

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,10 @@ from simdist.analytic.step_batch import perturbed_step_s
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.plan.step_config import StepConfig
 from simdist.predict.band_ranges import COMPUTE_CONSTANTS, CalibratedRanges
+from simdist.predict.beside import Beside, can_fork
 
-__all__ = ["DATA", "Band", "band_of", "compute_range", "step_band", "uncertainty"]
+__all__ = ["DATA", "Band", "BandRatios", "BandWork", "band_of", "band_ratios", "compute_range", "step_band",
+           "uncertainty"]
 
 DATA = Path(__file__).parent / "data" / "uncertainty.yaml"
 DATA_NAME = "simdist/predict/data/uncertainty.yaml"
@@ -167,9 +169,32 @@ class Band:
     sources: list[dict[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class BandRatios:
+    """A step's band relative to its prediction (`band_ratios`): p10, p50 and p90 of the sampled step times over the
+    nominal one (None: no step time to perturb), ``how`` and ``sources`` as `Band`'s."""
+
+    ratios: tuple[float, float, float] | None
+    how: str
+    sources: list[dict[str, Any]]
+
+    def around(self, step_s: float) -> Band:
+        """The band around the prediction ``step_s``."""
+        if self.ratios is None:
+            return Band({"p10": step_s, "p50": step_s, "p90": step_s}, self.how, self.sources)
+        p10, p50, p90 = self.ratios
+        return Band({"p10": step_s * p10, "p50": step_s * p50, "p90": step_s * p90}, self.how, self.sources)
+
+
 def band_of(cfg: StepConfig, pricer: CommPricer, step_s: float,
             plan: tuple[int, int, int, int] | bool | None = False, ranges: CalibratedRanges | None = None) -> Band:
-    """The band of the step around the prediction ``step_s`` (module doc); ``ranges``: the applied calibration's
+    """The band of the step around the prediction ``step_s`` (module doc): `band_ratios` around it."""
+    return band_ratios(cfg, pricer, plan, ranges).around(step_s)
+
+
+def band_ratios(cfg: StepConfig, pricer: CommPricer, plan: tuple[int, int, int, int] | bool | None = False,
+                ranges: CalibratedRanges | None = None) -> BandRatios:
+    """The band of the step relative to its prediction (module doc); ``ranges``: the applied calibration's
     intervals (simdist.predict.band_ranges.calibrated_ranges), None: the stated ranges only.
 
     The nominal step and the sampled ones are timed together in one pass (simdist.analytic.step_batch), each
@@ -189,13 +214,50 @@ def band_of(cfg: StepConfig, pricer: CommPricer, step_s: float,
                          _comm_variant(b, ranges, z, used)))
     base, steps = perturbed_step_s(cfg, pricer, variants, plan=plan)
     if not base > 0:
-        flat = {"p10": step_s, "p50": step_s, "p90": step_s}
-        return Band(flat, "no step time to perturb", [])
+        return BandRatios(None, "no step time to perturb", [])
     ratios = (steps / base).tolist()
     p10, p50, p90 = np.quantile(np.asarray(ratios), [0.1, 0.5, 0.9]).tolist()
-    band = {"p10": step_s * p10, "p50": step_s * p50, "p90": step_s * p90}
     how, sources = _describe(cfg, pricer, ranges, columns, used, len(ratios))
-    return Band(band, how, sources)
+    return BandRatios((p10, p50, p90), how, sources)
+
+
+class BandWork:
+    """A step's `band_ratios`, computed where they cost its prediction least (simdist.predict.step): in a child
+    process beside the engine's run of every micro-batch, or while the engine waits for its samples' child
+    (simdist.predict.beside: where the machine has a CPU to spare), else when asked for. The engine calls `planned`
+    before it runs every micro-batch and `idle` while it waits (simdist.predict.engine_step.Sidework); the same
+    ratios wherever they are computed."""
+
+    def __init__(self, cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None) -> None:
+        self._cfg, self._pricer, self._ranges = cfg, pricer, ranges
+        self._done: dict[tuple[int, int, int, int] | bool, BandRatios] = {}
+        self._job: tuple[tuple[int, int, int, int] | bool, Beside[BandRatios, BandRatios]] | None = None
+
+    def planned(self, plan: tuple[int, int, int, int] | bool) -> None:
+        """The engine runs every micro-batch now, its answer's fast-forward plan ``plan`` (False: none): the band's
+        child starts beside it."""
+        if plan not in self._done and self._job is None and can_fork():
+            self._job = (plan, Beside(partial(band_ratios, self._cfg, self._pricer, plan, self._ranges), _prepared))
+
+    def idle(self, plan: tuple[int, int, int, int] | bool) -> None:
+        """The engine waits for its child, its answer's fast-forward plan ``plan``: the band is timed meanwhile."""
+        if plan not in self._done and (self._job is None or self._job[0] != plan):
+            self._done[plan] = band_ratios(self._cfg, self._pricer, plan, self._ranges)
+
+    def ratios(self, plan: tuple[int, int, int, int] | bool) -> BandRatios:
+        """The band's ratios on ``plan`` (the engine's answer's fast-forward plan: False where it had none)."""
+        job, self._job = self._job, None
+        if job is not None:
+            if job[0] == plan and plan not in self._done:
+                self._done[plan] = job[1].result(None)
+            job[1].close()
+        if plan not in self._done:
+            self._done[plan] = band_ratios(self._cfg, self._pricer, plan, self._ranges)
+        return self._done[plan]
+
+
+def _prepared(prepared: BandRatios, _message: object) -> BandRatios:
+    return prepared
 
 
 def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,

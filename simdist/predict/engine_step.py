@@ -15,7 +15,8 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
 from simdist.engine.contention import REL, Alone, engine_alone, first_divergence
@@ -26,12 +27,13 @@ from simdist.hardware import batch
 from simdist.hardware.topology import Topology
 from simdist.plan.fastforward import SAVING, FastForward, extrapolate
 from simdist.plan.step import StepConfig, StepPlan, build_step
+from simdist.predict.beside import Beside, can_fork
 from simdist.predict.faults import scaled_capacities
 from simdist.predict.price import Adjust, PricedComm, capacity_of, price_graph
 from simdist.report.step_metrics import observables
 
-__all__ = ["FAST_FORWARD_MIN_OPS", "EngineStep", "alone_and_cut", "capacities", "collector_paused", "engine_step",
-           "engine_trace", "first_replica", "priced_plan"]
+__all__ = ["FAST_FORWARD_MIN_OPS", "EngineStep", "Sidework", "alone_and_cut", "capacities", "collector_paused",
+           "engine_step", "engine_trace", "first_replica", "priced_plan"]
 
 FAST_FORWARD_MIN_OPS = 20_000
 """A step whose whole op graph would hold fewer ops than this is simulated whole (a fraction of a second)."""
@@ -138,21 +140,41 @@ class EngineStep:
     (simdist.engine.contention.first_divergence); SimPy simulated it from there (inf: nowhere)."""
 
 
+class Sidework(Protocol):
+    """Work of `engine_step`'s caller to do where the engine leaves a CPU free (simdist.predict.bands.BandWork)."""
+
+    def planned(self, plan: tuple[int, int, int, int] | bool) -> None:
+        """The engine simulates every micro-batch now, in this process alone; its answer's fast-forward plan ``plan``
+        (False: none)."""
+
+    def idle(self, plan: tuple[int, int, int, int] | bool) -> None:
+        """The engine waits for its samples' child process; its answer's fast-forward plan ``plan``."""
+
+
 def first_replica(plan: StepPlan) -> list[int]:
     d0 = min(d for _, d in plan.stage_ranks)
     return sorted(r for (_, d), r in plan.stage_ranks.items() if d == d0)
 
 
-AHEAD = (1.0, 0.9, 0.75, 0.5)
-"""Where the largest run also records its state for a sample one cycle larger (`Recorded`): these fractions of a
-period past the latest cut it records anyway (`_ahead`)."""
+RECORD_POINTS = 128
+"""States a sample's run records (`_grid`), evenly spaced from where SimPy starts it to its uncontended end."""
+
+
+def _grid(start: float, end: float) -> list[float]:
+    """Times after ``start`` at which a run records its state (`RECORD_POINTS` of them, the last at ``end``), so that a
+    sample that shares its ops up to some cut in between is resumed at most (end - start) / RECORD_POINTS before
+    that cut (simdist.engine.prefix: any time up to the cut serves)."""
+    if not (math.isfinite(start) and math.isfinite(end) and end > start):
+        return []
+    width = (end - start) / RECORD_POINTS
+    return [t for t in (start + k * width for k in range(1, RECORD_POINTS + 1)) if t > start]
 
 
 @dataclass(slots=True)
 class Recorded:
-    """A simulated sample and its state at some times (`run_graph`'s ``record``), from which a sample one cycle
-    larger, simulated later (the samples slid on), is resumed where the two run the same ops (simdist.engine.prefix:
-    the premise holds at any time up to their cut, whichever of the two ran first)."""
+    """A simulated sample and its state at some times (`run_graph`'s ``record``, at `_grid`), from which another
+    sample, simulated later, is resumed where the two run the same ops (simdist.engine.prefix: the premise holds at
+    any time up to their cut, whichever of the two ran first)."""
 
     plan: StepPlan
     timeline: GraphTrace
@@ -160,66 +182,91 @@ class Recorded:
     trace: GraphTrace
     states: dict[float, dict[int, float]]
     """Per time recorded, per op under way on the shared links then, its bytes left."""
-    cuts: list[float]
-    """Where the smaller samples' runs met this one (their cuts, ascending)."""
 
 
-def _ahead(cuts: list[float], start: float) -> list[float]:
-    """Times at which to record a run for the next sample, from the cuts its smaller samples met it at (ascending,
-    a period apart): the next cut is about a period after the last; recorded at `AHEAD` fractions of a period past
-    it, those after ``start``. Any of them at or before the next sample's true cut serves (`_slid`)."""
-    if len(cuts) < 2 or not cuts[-1] > cuts[-2]:
-        return []
-    period = cuts[-1] - cuts[-2]
-    return [t for t in (cuts[-1] + f * period for f in AHEAD) if t > start]
+Smaller = list[tuple[StepPlan, dict[tuple, PricedComm], tuple[GraphTrace, GraphTrace, float, Alone], Prefix]]
+"""Per smaller sample: its plan, prices, `alone_and_cut`, and what it shares with the largest (`shared_prefix`)."""
 
 
-def _samples(priced_plans: list[tuple[StepPlan, dict[tuple, PricedComm]]], topology: Topology,
-             degraded: dict[int, float] | None, alones: list[tuple[GraphTrace, GraphTrace, float, Alone]]
-             ) -> tuple[list[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float]], Recorded]:
-    """Each fast-forward sample's run (fewest micro-batches first; `_observed`: plan, prices, engine trace,
-    observables with ``uncontended_s``, and where the shown timeline is SimPy's), and the largest's `Recorded`. The
-    largest is simulated; a smaller one
-    runs what it runs until its own cool-down departs from it (simdist.engine.prefix), so where that is later than
-    its own first divergence it is resumed from the largest run's state there, and SimPy simulates its tail only.
-    A smaller sample's first divergence may be NaN (not looked for): before the cut their engine-alone timelines are
-    the same (the same ops), so where the largest's is earlier than the cut it is the smaller's too."""
-    big_plan, _ = priced_plans[-1]
-    _, big_timeline, big_cut, big_engine = alones[-1]
-    prefixes: list[Prefix | None] = []
-    record: dict[float, dict[int, float]] = {}
-    for (plan, _), (_, timeline, cut, engine) in zip(priced_plans[:-1], alones[:-1], strict=True):
-        pre = shared_prefix(plan.graph, timeline, engine, big_plan.graph, big_timeline, big_engine)
-        useful = big_cut < pre.cut_s < math.inf and not cut >= pre.cut_s
-        prefixes.append(pre if useful else None)
-        if useful:
-            record[pre.cut_s] = {}
-    cuts = sorted(pre.cut_s for pre in prefixes if pre is not None)
-    for t in _ahead(cuts, big_cut):
-        record.setdefault(t, {})
-    one, many = capacities(topology, degraded)
+def _prepare_smaller(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                     degraded: dict[int, float] | None, counts: tuple[int, ...], big_plan: StepPlan,
+                     big_priced: dict[tuple, PricedComm], big_alone: tuple[GraphTrace, GraphTrace, float, Alone]
+                     ) -> Smaller:
+    """The smaller samples' priced op graphs, their times alone and the prefix each shares with the largest. Their
+    first divergences matter only where the largest has none (simdist.engine.prefix: before the cut their
+    engine-alone timelines are the same ops', so where the largest's is earlier than the cut it is theirs too)."""
+    out = []
     with collector_paused():
-        big_trace = run_graph(big_plan.graph, capacity_of=one, capacities=many, checked=True,
-                              resume=(big_timeline, big_cut), private=big_engine.private, record=record)
-    runs = []
-    for (plan, priced), alone, pre in zip(priced_plans, alones, [*prefixes, None], strict=True):
-        resume = resumed_trace(pre, big_trace, record[pre.cut_s]) if pre is not None else None
-        if plan is big_plan:
-            trace, shown_from = big_trace, big_cut
-        elif resume is not None:
+        for m in counts:
+            plan, priced = priced_plan(cfg, topology, adjust, full, m, big_priced)
+            alone = alone_and_cut(plan, topology, degraded, big_alone[2] == math.inf)
+            pre = shared_prefix(plan.graph, alone[1], alone[3], big_plan.graph, big_alone[1], big_alone[3])
+            out.append((plan, priced, alone, pre))
+    return out
+
+
+def _finish_smaller(smaller: Smaller, big: tuple[GraphTrace, float, dict[float, dict[int, float]]],
+                    topology: Topology, degraded: dict[int, float] | None) -> list[dict[str, float]]:
+    """The observables (with ``uncontended_s``) of each smaller sample's run, given the largest's (its trace, where
+    SimPy began it, its recorded states): resumed from the latest state recorded at or before the cut where that is
+    after the largest's own first divergence (then SimPy simulates the smaller one's tail only), else simulated from
+    its own first divergence."""
+    big_trace, big_cut, states = big
+    out = []
+    one, many = capacities(topology, degraded)
+    for plan, priced, alone, pre in smaller:
+        resume = None
+        if big_cut < pre.cut_s < math.inf and not alone[2] >= pre.cut_s:
+            times = [t for t in states if big_cut < t <= pre.cut_s]
+            if times:
+                at = max(times)
+                resume = resumed_trace(Prefix(at, pre.to_big), big_trace, states[at])
+        if resume is not None:
             with collector_paused():
                 trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=resume,
                                   private=alone[3].private)
-            shown_from = big_cut  # = its own first divergence, which is before the cut
         else:
             if math.isnan(alone[2]):
                 a, timeline, _, engine = alone
                 with collector_paused():
                     alone = (a, timeline, first_divergence(plan.graph, timeline, one, many,
                                                            None if timeline is a else engine.durations, engine), engine)
-            trace, shown_from = engine_trace(plan, topology, degraded, alone), alone[2]
-        runs.append(_observed(plan, priced, trace, alone, shown_from))
-    return runs, Recorded(big_plan, big_timeline, big_engine, big_trace, record, cuts)
+            trace = engine_trace(plan, topology, degraded, alone)
+        out.append(_observed(plan, priced, trace, alone, math.nan)[3])
+    return out
+
+
+def _on_their_own(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                  degraded: dict[int, float] | None, counts: tuple[int, ...]) -> list[dict[str, float]]:
+    """The observables (with ``uncontended_s``) of each sample of ``counts`` micro-batches, simulated on its own from
+    its first divergence (as `engine_step` simulates a whole step): what a child process computes beside the
+    largest sample's run (simdist.predict.beside). The same answers as `_finish_smaller`'s resumed runs, up to ties
+    at the cut and re-share orders in the last bits (simdist.engine.prefix)."""
+    out = []
+    with collector_paused():
+        for m in counts:
+            plan, priced = priced_plan(cfg, topology, adjust, full, m)
+            alone = alone_and_cut(plan, topology, degraded)
+            out.append(_observed(plan, priced, engine_trace(plan, topology, degraded, alone), alone, alone[2])[3])
+            del plan, priced, alone
+    return out
+
+
+def _prepared(prepared: list[dict[str, float]], _message: object) -> list[dict[str, float]]:
+    return prepared
+
+
+def _largest(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
+             alone: tuple[GraphTrace, GraphTrace, float, Alone]
+             ) -> tuple[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float], Recorded]:
+    """The largest sample's run (`_observed`), recording its state at `_grid` for the samples resumed from it."""
+    _, timeline, cut, engine = alone
+    record: dict[float, dict[int, float]] = {t: {} for t in _grid(cut, alone[0].makespan_s)}
+    one, many = capacities(topology, degraded)
+    with collector_paused():
+        trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=(timeline, cut),
+                          private=engine.private, record=record)
+    return _observed(plan, priced, trace, alone, cut), Recorded(plan, timeline, engine, trace, record)
 
 
 def _slid(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
@@ -227,8 +274,8 @@ def _slid(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, d
           ) -> tuple[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float], Recorded | None]:
     """The run (`_observed`) of a sample one cycle larger than ``before``'s (the samples slid on), resumed from
     ``before``'s state at the latest time it recorded at or before the two runs' cut (simdist.engine.prefix) where
-    that is after the new sample's own first divergence; else simulated from there. Its own `Recorded` (its state ahead,
-    for the next slide) where it was resumed, else None."""
+    that is after the new sample's own first divergence; else simulated from there. Its own `Recorded` (its states
+    at `_grid`, for the next slide) where it was resumed, else None."""
     alone = alone_and_cut(plan, topology, degraded)
     cut = alone[2]
     resume = None
@@ -241,12 +288,11 @@ def _slid(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, d
     if resume is None:
         return _observed(plan, priced, engine_trace(plan, topology, degraded, alone), alone, cut), None
     one, many = capacities(topology, degraded)
-    cuts = [*before.cuts[-1:], pre.cut_s]  # a period apart: the next slide meets this run about a period later
-    record: dict[float, dict[int, float]] = {t: {} for t in _ahead(cuts, resume[1])}
+    record: dict[float, dict[int, float]] = {t: {} for t in _grid(resume[1], alone[0].makespan_s)}
     with collector_paused():
         trace = run_graph(plan.graph, capacity_of=one, capacities=many, checked=True, resume=resume,
                           private=alone[3].private, record=record)
-    return _observed(plan, priced, trace, alone, cut), Recorded(plan, alone[1], alone[3], trace, record, cuts)
+    return _observed(plan, priced, trace, alone, cut), Recorded(plan, alone[1], alone[3], trace, record)
 
 
 def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace,
@@ -260,7 +306,7 @@ def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace
 def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
             check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None,
             rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False,
-            pricer: CommPricer | None = None) -> EngineStep | None:
+            pricer: CommPricer | None = None, beside: Sidework | None = None) -> EngineStep | None:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
     ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits).
@@ -268,72 +314,115 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
     answer would carry: True returns None at once (the caller simulates otherwise: `predict_step` every rank
     where the representatives would not be exact), so no engine run is spent on an answer thrown away.
     ``pricer``: the closed form's prices of ``topology`` and ``adjust`` (simdist.analytic.pricing.CommPricer, a
-    memo), shared with the caller's other closed-form uses of the step; None: a new one."""
+    memo), shared with the caller's other closed-form uses of the step; None: a new one. ``beside``: work of the
+    caller's to do where the engine leaves a CPU free (`Sidework`)."""
     M = cfg.microbatches(0)
     pricer = pricer if pricer is not None else CommPricer(topology, adjust)
     found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
     if found is not None:
         counts = found[1:]
         check(max(counts))
-        plan, priced = priced_plan(cfg, topology, adjust, full, counts[0])
-        if len(plan.graph.ops) * M / counts[0] >= FAST_FORWARD_MIN_OPS:
-            priced_plans = [(plan, priced), *(priced_plan(cfg, topology, adjust, full, m, priced)
-                                              for m in counts[1:])]
-            # the smaller samples' first divergences matter only where the largest has none (simdist.engine.prefix)
-            big_alone = alone_and_cut(priced_plans[-1][0], topology, degraded)
-            alones = [*(alone_and_cut(p, topology, degraded, big_alone[2] == math.inf) for p, _ in priced_plans[:-1]),
-                      big_alone]
-            if all(cut == math.inf and timeline is a for a, timeline, cut, _ in alones):
-                if rather(plan, priced):
-                    return None
-                # No collective of any of the three samples ever meets another on a shared link (and each runs
-                # alone in its uncontended time): the engine's timeline of each is its uncontended timeline
-                # (simdist.engine.contention). The whole step inserts more periods of the same steady state
-                # (simdist.plan.fastforward: the premise the three engine samples would test); the periods the
-                # larger samples insert meet their neighbours no more than these do, so neither do the step's,
-                # and the engine's answer is the uncontended step's: the closed form's, which equals it exactly
-                # (tests/test_analytic_step.py), with its own fast-forward.
-                obs, ff = analytic_observables(cfg, pricer)
-                how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
-                       + " by the closed form: no contention (the engine's timelines of "
-                       f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
-                       "collectives on a shared link at once)")
-                return EngineStep(plan, priced, alones[0][0], obs, obs["step_s"], how, counts[0], found)
-            # the answer carries the last sample's plan and prices
-            if rather(*priced_plans[-1]):
-                return None
-            runs, recorded = _samples(priced_plans, topology, degraded, alones)
-            del priced_plans, alones
-            counts = list(counts)
-            samples = [(m, run[3]) for m, run in zip(counts, runs, strict=True)]
-            ext = extrapolate(samples, M)
-            # Not collinear: the engine's steady state begins later than the closed form's (contention can lengthen
-            # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING.
-            cycle = found[0]
-            while ext is None and SAVING * (sum(counts) + counts[-1] + cycle) <= M:
-                m = counts[-1] + cycle
-                check(m)
-                plan, priced = priced_plan(cfg, topology, adjust, full, m, runs[-1][1])
-                if rather(plan, priced):
-                    return None
-                run, recorded = _slid(plan, priced, topology, degraded, recorded)
-                runs = [*runs[-2:], run]
-                counts.append(m)
-                samples = [*samples[-2:], (m, runs[-1][3])]
-                ext = extrapolate(samples, M)
-            if ext is not None:
-                plan, priced, trace, _, engine_from_s = runs[-1]
-                last = (counts[-3], counts[-2], counts[-1])
-                how = FastForward(cycle, last, M).describe()
-                if len(counts) > 3:
-                    how += f" (after {', '.join(map(str, counts[:-3]))}, not yet in the steady state)"
-                return EngineStep(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found,
-                               engine_from_s)
+        # Where the machine has a CPU to spare, the smaller samples are built, priced and simulated on their own (each
+        # from its own first divergence) in a child process, beside this one's largest sample (simdist.predict.beside);
+        # else after it, resumed from its recorded states (simdist.engine.prefix: SimPy simulates their tails only).
+        own = Beside(partial(_on_their_own, cfg, topology, adjust, full, degraded, counts[:-1]), _prepared) \
+            if can_fork() else None
+        try:
+            found_step = _fast_forward(cfg, topology, adjust, full, degraded, check, rather, pricer, found, own,
+                                       beside)
+        finally:
+            if own is not None:
+                own.close()
+        if found_step is not None:
+            return found_step or None
     check(M)
     plan, priced = priced_plan(cfg, topology, adjust, full, None)
     if rather(plan, priced):
         return None
+    if beside is not None:
+        beside.planned(found if found is not None else False)
     alone = alone_and_cut(plan, topology, degraded)
     trace = engine_trace(plan, topology, degraded, alone)
     return EngineStep(plan, priced, trace, observables(plan.graph, trace, first_replica(plan)), alone[0].makespan_s,
                    "all", M, found, alone[2])
+
+
+def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
+                  degraded: dict[int, float] | None, check: Callable[[int], None],
+                  rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool], pricer: CommPricer,
+                  found: tuple[int, int, int, int],
+                  own: Beside[list[dict[str, float]], list[dict[str, float]]] | None, beside: Sidework | None
+                  ) -> EngineStep | bool | None:
+    """`engine_step` fast-forwarded on ``found``'s samples: its answer, False where ``rather`` declined it, None where
+    every micro-batch is to be simulated instead (too small a step, or samples never collinear). ``own``: the smaller
+    samples' observables computed beside (`_on_their_own`), if a child process does that."""
+    M = cfg.microbatches(0)
+    counts = found[1:]
+    big_plan, big_priced = priced_plan(cfg, topology, adjust, full, counts[-1])
+    if len(big_plan.graph.ops) * M / counts[-1] < FAST_FORWARD_MIN_OPS:
+        return None
+    big_alone = alone_and_cut(big_plan, topology, degraded)
+    recorded: Recorded | None
+    if own is not None and big_alone[2] < math.inf:
+        if rather(big_plan, big_priced):  # the answer carries the last sample's plan and prices
+            return False
+        big_run, recorded = _largest(big_plan, big_priced, topology, degraded, big_alone)
+        if beside is not None:
+            beside.idle(found)
+        smaller_obs = own.result(None)
+    else:
+        if own is not None:
+            own.close()  # (no contention in the largest sample: the smaller ones may need none of their engine runs)
+        smaller = _prepare_smaller(cfg, topology, adjust, full, degraded, counts[:-1], big_plan, big_priced,
+                                   big_alone)
+        alones = [*(a for _, _, a, _ in smaller), big_alone]
+        if all(cut == math.inf and timeline is a for a, timeline, cut, _ in alones):
+            plan, priced = smaller[0][0], smaller[0][1]
+            if rather(plan, priced):
+                return False
+            # No collective of any of the three samples ever meets another on a shared link (and each runs alone
+            # in its uncontended time): the engine's timeline of each is its uncontended timeline
+            # (simdist.engine.contention). The whole step inserts more periods of the same steady state
+            # (simdist.plan.fastforward: the premise the three engine samples would test); the periods the larger
+            # samples insert meet their neighbours no more than these do, so neither do the step's, and the
+            # engine's answer is the uncontended step's: the closed form's, which equals it exactly
+            # (tests/test_analytic_step.py), with its own fast-forward.
+            obs, ff = analytic_observables(cfg, pricer)
+            how = ((ff.describe("timed") if ff is not None else "every micro-batch timed")
+                   + " by the closed form: no contention (the engine's timelines of "
+                   f"{counts[0]}, {counts[1]} and {counts[2]} micro-batches are the uncontended ones: no two "
+                   "collectives on a shared link at once)")
+            return EngineStep(plan, priced, alones[0][0], obs, obs["step_s"], how, counts[0], found)
+        if rather(big_plan, big_priced):
+            return False
+        big_run, recorded = _largest(big_plan, big_priced, topology, degraded, big_alone)
+        smaller_obs = _finish_smaller(smaller, (recorded.trace, big_alone[2], recorded.states), topology, degraded)
+        del smaller, alones
+    del big_alone
+    runs = [big_run]
+    counts = list(counts)
+    samples = [*zip(counts[:-1], smaller_obs, strict=True), (counts[-1], big_run[3])]
+    ext = extrapolate(samples, M)
+    # Not collinear: the engine's steady state begins later than the closed form's (contention can lengthen
+    # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING.
+    cycle = found[0]
+    while ext is None and SAVING * (sum(counts) + counts[-1] + cycle) <= M:
+        m = counts[-1] + cycle
+        check(m)
+        plan, priced = priced_plan(cfg, topology, adjust, full, m, runs[-1][1])
+        if rather(plan, priced):
+            return False
+        run, recorded = _slid(plan, priced, topology, degraded, recorded)
+        runs = [run]
+        counts.append(m)
+        samples = [*samples[-2:], (m, run[3])]
+        ext = extrapolate(samples, M)
+    if ext is not None:
+        plan, priced, trace, _, engine_from_s = runs[-1]
+        last = (counts[-3], counts[-2], counts[-1])
+        how = FastForward(cycle, last, M).describe()
+        if len(counts) > 3:
+            how += f" (after {', '.join(map(str, counts[:-3]))}, not yet in the steady state)"
+        return EngineStep(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found,
+                       engine_from_s)
+    return None

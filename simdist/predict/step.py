@@ -33,7 +33,7 @@ from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepPlan, build_step, collective_runs, step_memory
 from simdist.predict.band_ranges import CalibratedRanges
-from simdist.predict.bands import band_of
+from simdist.predict.bands import BandWork
 from simdist.predict.engine_step import EngineStep, collector_paused, engine_step, first_replica
 from simdist.predict.faults import degraded_links, faults_report
 from simdist.predict.goodput import goodput
@@ -163,6 +163,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     pricer = CommPricer(topology, adjust)  # one memo of the closed form's prices for the step, its band and samples
     plan = trace = None
     engine = None
+    band = BandWork(cfg, pricer, band_ranges)
     if fidelity == "closed_form":
         obs, ff = analytic_observables(cfg, pricer)
         how = ff.describe("timed") if ff is not None else "all"
@@ -193,10 +194,12 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
         # resumption would have it scan them all again); results are unchanged
         with collector_paused():
             found = engine_step(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate),
-                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False, pricer)
+                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False, pricer,
+                                band)
             exact = found is None or (class_symmetric(found.priced) and not degraded and not failed)
             if found is None:
-                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded, pricer=pricer)
+                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded, pricer=pricer,
+                                    beside=band)
         engine = found
         assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
@@ -250,11 +253,10 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
-    band = band_of(cfg, pricer, metrics["step_time_s"],
-                   engine.fast_forward if engine is not None and engine.fast_forward is not None else False,
-                   band_ranges)
-    result["step_time_band_s"], result["step_time_band_how"] = band.band, band.how
-    result["step_time_band_sources"] = band.sources
+    ratios = band.ratios(engine.fast_forward if engine is not None and engine.fast_forward is not None else False)
+    step_band = ratios.around(metrics["step_time_s"])
+    result["step_time_band_s"], result["step_time_band_how"] = step_band.band, step_band.how
+    result["step_time_band_sources"] = step_band.sources
     inter = topology.spec.inter_node
     result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
                                 num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
