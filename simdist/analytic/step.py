@@ -585,21 +585,22 @@ class _Timelines:
         return self._run(m, None)
 
 
-def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool = False
+def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool = False, beside: bool = False
                       ) -> tuple[int, int, int, int] | None:
     """(cycle, M1, M2, M3) to sample instead of every micro-batch (simdist.plan.fastforward.plan), the cycle read
     off the closed form's timeline; None: time every micro-batch. The stages are priced only where a timeline is
-    read (a short step is not fast-forwarded: nothing to price)."""
-    return _plan(cfg, lambda: _stages(cfg, pricer), for_engine)
+    read (a short step is not fast-forwarded: nothing to price). ``beside`` (the engine's): its smaller samples run
+    in a second process beside the largest (simdist.plan.fastforward.samples_cost)."""
+    return _plan(cfg, lambda: _stages(cfg, pricer), for_engine, beside)
 
 
-def _plan(cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]], for_engine: bool
+def _plan(cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]], for_engine: bool, beside: bool = False
           ) -> tuple[int, int, int, int] | None:
     if cfg.dp_batch_split is not None or (for_engine and cfg.compute_slowdown):
         return None  # the engine simulates unequal replicas whole
     timelines = _Timelines(cfg, stages)
     return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), timelines.timeline, vpp=cfg.vpp,
-                   count_detection=not for_engine, step_of=timelines.step_of)
+                   count_detection=not for_engine, step_of=timelines.step_of, beside=beside and for_engine)
 
 
 def _num_microbatches(cfg: StepConfig) -> int:

@@ -27,12 +27,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["FastForward", "detection_microbatches", "extrapolate", "find_cycle", "group_of", "plan", "sample_counts",
-           "steady_counts", "warmup_of"]
+           "samples_cost", "steady_counts", "warmup_of"]
 
 REL_TOLERANCE = 1e-9
 """Collinearity and periodicity tolerance, relative to the largest step time sampled."""
 SAVING = 1.25
 """Fast-forward only when simulating every micro-batch would cost at least this many times the samples."""
+
+
+def samples_cost(counts: Sequence[int], beside: bool = False) -> int:
+    """What simulating samples of ``counts`` micro-batches costs, in micro-batches: their sum, or, ``beside`` (the
+    smaller ones simulated in a second process while the largest runs: simdist.predict.beside), the longer of the
+    largest and the smaller ones together."""
+    return max(counts[-1], sum(counts[:-1])) if beside else sum(counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +130,21 @@ def find_cycle(schedule: str, num_stages: int, starts: Mapping[tuple, Sequence[f
 
 def plan(schedule: str, num_stages: int, num_microbatches: int,
          timeline: Callable[[int], tuple[Mapping[tuple, Sequence[float]], float]], *, vpp: int = 1,
-         count_detection: bool = True, step_of: Callable[[int], float] | None = None
+         count_detection: bool = True, step_of: Callable[[int], float] | None = None, beside: bool = False
          ) -> tuple[int, int, int, int] | None:
     """(cycle, M1, M1 + c, M1 + 2c) to sample, or None (simulate every micro-batch). ``timeline(m)`` times m
     micro-batches and returns each step's start (see `find_cycle`) and the step time; it is called on longer
     schedules (by two of the longest cycles looked for at a time) while that stays cheaper than M, then on the
     candidate samples (`steady_counts`). ``count_detection``: those timelines cost as much as the samples (the
     closed form detecting its own cycle), else nothing (the closed form detecting the engine's). ``step_of(m)``:
-    ``timeline(m)``'s step time alone, where that is cheaper (no starts recorded), for the candidate samples."""
+    ``timeline(m)``'s step time alone, where that is cheaper (no starts recorded), for the candidate samples.
+    ``beside``: the samples' cost is `samples_cost`'s beside (the engine's, with a CPU to spare)."""
     g = group_of(schedule, num_stages)
     total = detection_microbatches(schedule, num_stages, vpp)
     # the cheapest samples there can be (the shortest cycle, the earliest steady state): when even they do not pay,
     # do not look
-    least = 3 * _first_sample(schedule, num_stages, vpp) + 3 * g
+    first = _first_sample(schedule, num_stages, vpp)
+    least = samples_cost((first, first + g, first + 2 * g), beside)
     spent = [0]
 
     def read(m: int) -> tuple[Mapping[tuple, Sequence[float]], float]:
@@ -155,7 +164,7 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
             cycle, start = found
             # the timelines read so far are spent: the samples only have to cost less than the rest
             counts = steady_counts(schedule, num_stages, num_microbatches, cycle, read_step,
-                                   start=start, vpp=vpp)
+                                   start=start, vpp=vpp, beside=beside)
             return None if counts is None else (cycle, *counts)
         total = g * math.ceil((total + 2 * _max_cycle(schedule, num_stages)) / g)
     return None
@@ -168,7 +177,8 @@ def _first_sample(schedule: str, num_stages: int, vpp: int) -> int:
 
 
 def steady_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: int,
-                  step_of: Callable[[int], float], *, start: int = 0, vpp: int = 1) -> tuple[int, int, int] | None:
+                  step_of: Callable[[int], float], *, start: int = 0, vpp: int = 1, beside: bool = False
+                  ) -> tuple[int, int, int] | None:
     """(M1, M1 + c, M1 + 2c), M1 = M (mod c): the earliest M1 past the warm-up whose step times ``step_of`` at M1,
     M1 + c, M1 + 2c and M1 + 3c lie on one line (within REL_TOLERANCE of the largest), so that inserting a period
     adds the same time there; at the latest `sample_counts`' M1, which reaches past where the cycle was seen
@@ -181,7 +191,7 @@ def steady_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: 
     first = _first_sample(schedule, num_stages, vpp)
     m1 = first + (num_microbatches - first) % cycle
     steps: dict[int, float] = {}
-    while m1 < latest and SAVING * 3 * (m1 + cycle) <= num_microbatches:
+    while m1 < latest and SAVING * samples_cost((m1, m1 + cycle, m1 + 2 * cycle), beside) <= num_microbatches:
         points = [m1 + j * cycle for j in range(4)]
         for m in points:
             if m not in steps:
@@ -191,7 +201,7 @@ def steady_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: 
         if all(abs((xs[j + 1] - xs[j]) - (xs[1] - xs[0])) <= tol for j in (1, 2)):
             return points[0], points[1], points[2]
         m1 += cycle
-    return sample_counts(schedule, num_stages, num_microbatches, cycle, start=start, vpp=vpp)
+    return sample_counts(schedule, num_stages, num_microbatches, cycle, start=start, vpp=vpp, beside=beside)
 
 
 def _latest_m1(schedule: str, num_stages: int, num_microbatches: int, cycle: int, start: int, vpp: int) -> int:
@@ -203,13 +213,13 @@ def _latest_m1(schedule: str, num_stages: int, num_microbatches: int, cycle: int
 
 
 def sample_counts(schedule: str, num_stages: int, num_microbatches: int, cycle: int, *, start: int = 0,
-                  overhead: int = 0, vpp: int = 1) -> tuple[int, int, int] | None:
+                  overhead: int = 0, vpp: int = 1, beside: bool = False) -> tuple[int, int, int] | None:
     """(M1, M1 + c, M1 + 2c) whose steady states reach past micro-batch ``start`` (where the cycle was seen) by a
     cycle, with M1 = M (mod c), or None when simulating all M micro-batches costs less than SAVING x the samples
     (plus ``overhead`` micro-batches already spent)."""
     m1 = _latest_m1(schedule, num_stages, num_microbatches, cycle, start, vpp)
     counts = (m1, m1 + cycle, m1 + 2 * cycle)
-    if num_microbatches < counts[-1] or SAVING * (sum(counts) + overhead) > num_microbatches:
+    if num_microbatches < counts[-1] or SAVING * (samples_cost(counts, beside) + overhead) > num_microbatches:
         return None
     return counts
 

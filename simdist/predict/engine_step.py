@@ -3,9 +3,11 @@
 `engine_step` builds and prices the step's op graph (simdist.plan.step, simdist.predict.price), times it without
 SimPy up to the first instant two transfers meet on a shared link (simdist.engine.contention) and with SimPy from
 there (simdist.engine.graph), and, where the step repeats a steady state, simulates three micro-batch counts a
-period apart and extends them (simdist.plan.fastforward), the smaller ones resumed from the largest's recorded state
-(simdist.engine.prefix), and a sample slid on by a cycle (samples not yet collinear) from the state the previous
-largest recorded ahead (`Recorded`). `simdist.predict.step.predict_step` turns its observables into the JSON.
+period apart and extends them (simdist.plan.fastforward). The two smaller samples are simulated on their own in a
+child process beside the largest where the machine has a CPU to spare (simdist.predict.beside), else after it,
+resumed from the state it recorded (simdist.engine.prefix); a sample slid on by a cycle (samples not yet collinear)
+resumes from the state the previous largest recorded (`Recorded`). `simdist.predict.step.predict_step` turns its
+observables into the JSON.
 """
 
 from __future__ import annotations
@@ -318,7 +320,7 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
     caller's to do where the engine leaves a CPU free (`Sidework`)."""
     M = cfg.microbatches(0)
     pricer = pricer if pricer is not None else CommPricer(topology, adjust)
-    found = fast_forward_plan(cfg, pricer, for_engine=True) if fast_forward else None
+    found = fast_forward_plan(cfg, pricer, for_engine=True, beside=can_fork()) if fast_forward else None
     if found is not None:
         counts = found[1:]
         check(max(counts))
