@@ -17,7 +17,8 @@ Figures per case: wall seconds of the whole process (interpreter start-up, impor
 seconds (user + system: less sensitive to a loaded machine than wall time), and its peak resident memory (MB = 1e6
 bytes, the kernel's ru_maxrss of that process), medians of --repeat runs, and PASS when wall time and memory are
 within the target (3 s, 500 MB). The machine is shared and noisy: re-measure on a quiet one, or compare two trees
-by ``--instructions`` (each case's instruction count under valgrind, which load does not move).
+by ``--instructions`` (each case's instruction count under valgrind, which load does not move: the process started,
+and all its processes; ``SIMDIST_PROCESSES=1`` keeps simdist in one).
 
 Bytecode: the timed runs write and reuse Python's compiled bytecode (``__pycache__``, git-ignored) as Python does
 by default and as ``pip install .`` (the README's install) leaves an installed package, PYTHONDONTWRITEBYTECODE
@@ -112,19 +113,21 @@ def run_once(args: list[str], env: dict[str, str] | None = None) -> tuple[float,
     return wall, proc.peak_kib * 1024 / 1e6, proc.cpu_s, out
 
 
-def instructions_of(args: list[str], env: dict[str, str] | None = None) -> float:
-    """Instructions one `simdist run ... --json` executes, whole process (valgrind's callgrind, "Collected"): a count
-    that does not move with the machine's load, where wall and CPU seconds swing by a second between runs. About
-    100x slower than the run itself (4 minutes for a 4 s case)."""
+def instructions_of(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Instructions one `simdist run ... --json` executes (valgrind's callgrind, "Collected"): (the process started,
+    every process of the run: the children simdist.predict.beside forks run beside it), counts that do not move with
+    the machine's load, where wall and CPU seconds swing by a second between runs. About 100x slower than the run
+    itself (4 minutes for a 4 s case)."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt install valgrind)")
     proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
                            "simdist", "run", *args, "--json"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-    found = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
-    if proc.returncode != 0 or found is None:
+    first = re.search(r"==(\d+)==", proc.stderr)
+    counts = {pid: float(n) for pid, n in re.findall(r"==(\d+)==\s*Collected\s*:\s*(\d+)", proc.stderr)}
+    if proc.returncode != 0 or first is None or first.group(1) not in counts:
         raise SystemExit(f"simdist run {' '.join(args)} under valgrind failed ({proc.returncode})")
-    return float(found.group(1))
+    return counts[first.group(1)], sum(counts.values())
 
 
 def numbers_differ(a, b, path: str = "") -> list[str]:
@@ -184,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{name:24s} {wall:7.2f} {cpu:6.2f} {peak:8.1f}  {result['step_time_s']:10.4f}  "
                 f"{'PASS' if ok else 'FAIL'}")
         if args.instructions:
-            line += f"  {instructions_of(run_args, env) / 1e9:.2f} G instructions"
+            own, every = instructions_of(run_args, env)
+            line += f"  {own / 1e9:.2f} G instructions ({every / 1e9:.2f} G in all its processes)"
         if args.save:
             (args.save / f"{name}.json").write_text(runs[0][3])
         if args.compare and not (args.compare / f"{name}.json").is_file():
