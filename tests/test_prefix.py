@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -236,6 +237,29 @@ def test_a_run_records_its_state_on_an_even_grid_up_to_its_uncontended_end():
     assert len(grid) == n and grid[-1] == pytest.approx(10.0) and grid[0] == pytest.approx(2.0 + 8.0 / n)
     assert all(b - a == pytest.approx(8.0 / n) for a, b in itertools.pairwise(grid))
     assert engine_module._grid(2.0, 2.0) == [] and engine_module._grid(math.inf, 10.0) == []
+
+
+def test_a_failure_beside_the_child_stops_and_reaps_it(tmp_path, monkeypatch):
+    # The parent raises while the child is simulating the smaller samples: the child is killed and reaped (no
+    # orphan left working, no zombie), and the error is the caller's.
+    from simdist.predict import beside
+
+    cfg, topology = _step(tmp_path, "interleaved")
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
+    for module in (beside, engine_module):
+        monkeypatch.setattr(module, "can_fork", lambda: True)
+    pids = []
+    real = beside.Beside._start
+    monkeypatch.setattr(beside.Beside, "_start", lambda self: (real(self), pids.append(self._pid)))
+
+    def refuse(plan, priced):
+        raise RuntimeError("the caller changed its mind")
+
+    with pytest.raises(RuntimeError, match="changed its mind"):
+        engine_module.engine_step(cfg, topology, None, False, True, rather=refuse)
+    assert len(pids) == 1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pids[0], os.WNOHANG)
 
 
 @pytest.mark.parametrize("name", CASES)
