@@ -31,7 +31,7 @@ from simdist.engine.graph import GraphTrace
 from simdist.engine.private import private_links
 from simdist.plan.opgraph import OpGraph
 
-__all__ = ["Alone", "alone_durations", "contention_free", "engine_alone", "first_divergence"]
+__all__ = ["Alone", "alone_durations", "contention_free", "departs", "engine_alone", "first_divergence"]
 
 REL = 1e-12
 """Rounding tolerance, relative to the makespan (overlaps) or to a job's duration (alone times)."""
@@ -107,6 +107,14 @@ def alone_durations(graph: OpGraph, capacity_of: Callable[[int], float],
     return engine_alone(graph, capacity_of, capacities).durations
 
 
+def departs(ops: list, times: list[float], durations: list[float] | None = None) -> np.ndarray:
+    """Per op, whether its time in ``times`` (`alone_durations`) is not its duration (``durations``; None: its
+    priced ``duration_s``) beyond the rounding tolerance: |time - duration| > REL x max(|duration|, 1e-300), in numpy
+    (elementwise IEEE operations: the same booleans as the scalar expression; False where either is NaN)."""
+    d = np.asarray(list(map(attrgetter("duration_s"), ops)) if durations is None else durations, dtype=float)
+    return np.abs(np.asarray(times, dtype=float) - d) > REL * np.maximum(np.abs(d), 1e-300)
+
+
 def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[int], float],
                      capacities: Callable[[np.ndarray], np.ndarray] | None = None,
                      durations: list[float] | None = None, engine: Alone | None = None) -> float:
@@ -129,10 +137,8 @@ def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[i
     diverge = math.inf
     failing: set[int] = set()  # the jobs whose engine time alone is not their duration in ``alone`` (condition 1)
     if durations is not times:  # (``times`` themselves: condition 1 holds everywhere)
-        # the same arithmetic per op in numpy (elementwise IEEE operations, the same results)
-        d = np.asarray(list(map(attrgetter("duration_s"), ops)) if durations is None else durations, dtype=float)
         job = np.fromiter(map(is_not, map(attrgetter("job"), ops), repeat(None)), dtype=bool, count=len(ops))
-        bad = job & (np.abs(np.asarray(times, dtype=float) - d) > REL * np.maximum(np.abs(d), 1e-300))
+        bad = job & departs(ops, times, durations)
         for i in np.flatnonzero(bad).tolist():
             diverge = min(diverge, alone.start_s[i])
             failing.add(i)
