@@ -69,7 +69,7 @@ def _members(graph: OpGraph, where: list[int]) -> dict[int, tuple[int, ...]]:
 class _View:
     """What `shared_prefix` compares of one graph's ops (module docstring: *common*)."""
 
-    __slots__ = ("_members", "alone", "graph", "ops", "place", "share_of", "solo", "where")
+    __slots__ = ("_members", "alone", "graph", "ops", "share_of", "solo", "where")
 
     def __init__(self, graph: OpGraph, alone: Alone, where: list[int]) -> None:
         self.graph = graph
@@ -77,7 +77,6 @@ class _View:
         self.alone = alone.durations
         self.solo, self.share_of = alone.private
         self.where = where
-        self.place = where.__getitem__
         self._members: dict[int, tuple[int, ...]] | None = None
 
     def members(self, sync: int) -> tuple[int, ...]:
@@ -102,8 +101,10 @@ def _common_length(a: _View, ids: list[int], b: _View, others: list[int]) -> int
     """How many ops from the start of two tracks (op ids ``ids`` of ``a``, ``others`` of ``b``) are the same op at
     the same place (module docstring): each pair compared in the order of the cheapest tests first."""
     ops_a, ops_b, alone_a, alone_b = a.ops, b.ops, a.alone, b.alone
-    place_a, place_b = a.place, b.place
+    where_a, where_b = a.where, b.where
     solo_a, solo_b = a.solo, b.solo
+    share_of_a, share_of_b = a.share_of, b.share_of
+    equal: dict[tuple[int, int], bool] = {}
     n = min(len(ids), len(others))
     for p in range(n):
         i, j = ids[p], others[p]
@@ -111,8 +112,17 @@ def _common_length(a: _View, ids: list[int], b: _View, others: list[int]) -> int
         if x.name != y.name or x.kind != y.kind or alone_a[i] != alone_b[j]:
             return p
         dx, dy = x.deps, y.deps
-        if (dx or dy) and (len(dx) != len(dy) or list(map(place_a, dx)) != list(map(place_b, dy))):
-            return p  # (the same places, in order)
+        if dx or dy:  # the same places, in order (one dep the most common: compared alone)
+            num = len(dx)
+            if num != len(dy):
+                return p
+            if num == 1:
+                if where_a[dx[0]] != where_b[dy[0]]:
+                    return p
+            else:
+                for u, v in zip(dx, dy, strict=True):
+                    if where_a[u] != where_b[v]:
+                        return p
         if (x.job is None) != (y.job is None) or (x.sync >= 0) != (y.sync >= 0):
             return p
         if x.job is not None:
@@ -120,8 +130,21 @@ def _common_length(a: _View, ids: list[int], b: _View, others: list[int]) -> int
             if sa == sa and sb == sb:  # both plain timeouts (not NaN): `_View.share` is the duration
                 if sa != sb:
                     return p
-            elif a.share(i) != b.share(j):
+            elif sa == sa or sb == sb:  # one a float, the other a tuple
                 return p
+            else:  # `_View.share` of each: (latency, `Share`), compared as tuples compare (identity, then ==)
+                la, lb = x.job.latency_s, y.job.latency_s  # type: ignore[union-attr]
+                if la is not lb and la != lb:
+                    return p
+                share_a = share_of_a[(id(x.job), -1, "") if x.sync >= 0 else (id(x.job), x.rank, x.stream)]
+                share_b = share_of_b[(id(y.job), -1, "") if y.sync >= 0 else (id(y.job), y.rank, y.stream)]
+                if share_a is not share_b:
+                    pair = (id(share_a), id(share_b))
+                    same = equal.get(pair)
+                    if same is None:
+                        same = equal[pair] = share_a == share_b  # (many ops share the two: compared once)
+                    if not same:
+                        return p
         if x.sync >= 0 and a.members(x.sync) != b.members(y.sync):
             return p
     return n
