@@ -7,12 +7,15 @@ where the shortcut answers for the engine (the closed form's numbers) and one wh
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdist import api
-from simdist.engine.contention import alone_durations, contention_free, first_divergence
+from simdist.engine.contention import REL, alone_durations, contention_free, departs, engine_alone, first_divergence
 from simdist.engine.graph import run_graph
 from simdist.engine.uncontended import uncontended
 from simdist.plan.opgraph import Job, Op, OpGraph
@@ -197,3 +200,50 @@ def test_a_step_simulated_from_its_first_divergence_is_the_engine_run_from_zero(
     first = first_replica(prediction.plan)
     ours, theirs = observables(graph, prediction.trace, first), observables(graph, engine, first)
     assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12)
+
+
+def _divergence_by_scan(graph: OpGraph, alone, durations: list[float] | None) -> float:
+    """`first_divergence` spelled out: per shared link its transfers (one per collective instance) by (start, end),
+    the first that starts before one ahead of it has ended; condition 1 where an op's time alone is not its
+    duration."""
+    engine = engine_alone(graph, capacity)
+    tol = REL * alone.makespan_s
+    diverge, failing = math.inf, set()
+    for i, op in enumerate(graph.ops):
+        d = op.duration_s if durations is None else durations[i]
+        if op.job is not None and abs(engine.durations[i] - d) > REL * max(abs(d), 1e-300):
+            diverge = min(diverge, alone.start_s[i])
+            failing.add(i)
+    busy: dict[int, list[tuple[float, float]]] = {}
+    seen: set[int] = set()
+    for i, move in enumerate(engine.moves):
+        if move is None or i in failing or (move[2] >= 0 and move[2] in seen):
+            continue
+        seen.add(move[2])
+        for link in move[1]:
+            busy.setdefault(link, []).append((alone.start_s[i] + move[0], alone.end_s[i]))
+    for transfers in busy.values():
+        transfers.sort()
+        for k in range(1, len(transfers)):
+            if transfers[k][0] < max(end for _, end in transfers[:k]) - tol:
+                diverge = min(diverge, transfers[k][0])
+                break
+    return diverge
+
+
+@settings(max_examples=200, deadline=None)
+@given(two_rank_graphs() | graphs_with_collectives(), st.booleans())
+def test_the_first_divergence_is_the_per_link_scan(graph, engine_times):
+    durations = alone_durations(graph, capacity) if engine_times else None
+    alone = uncontended(graph, durations=durations)
+    expected = _divergence_by_scan(graph, alone, durations)
+    assert first_divergence(graph, alone, capacity, durations=durations) == expected
+
+
+def test_departs_is_the_scalar_tolerance_test_per_op():
+    ops = [Op("f", 0, "compute", "forward", duration_s=d) for d in (1.0, 1.0, 0.0, 0.0, 2.0, math.nan)]
+    times = [1.0, 1.0 + 1e-9, 0.0, 1e-300, 2.0 * (1 + 1e-13), 1.0]
+    got = departs(ops, times)
+    assert isinstance(got, np.ndarray)
+    assert got.tolist() == [False, True, False, True, False, False]  # (0 vs 1e-300: beyond REL x 1e-300)
+    assert departs(ops, times, [1.0 + 1e-9] * 6).tolist() == [True, False, True, True, True, True]

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter, is_not
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from simdist.engine.graph import GraphTrace
 from simdist.engine.private import private_links
 from simdist.plan.opgraph import OpGraph
 
-__all__ = ["Alone", "alone_durations", "contention_free", "engine_alone", "first_divergence"]
+__all__ = ["Alone", "alone_durations", "contention_free", "departs", "engine_alone", "first_divergence"]
 
 REL = 1e-12
 """Rounding tolerance, relative to the makespan (overlaps) or to a job's duration (alone times)."""
@@ -105,6 +107,14 @@ def alone_durations(graph: OpGraph, capacity_of: Callable[[int], float],
     return engine_alone(graph, capacity_of, capacities).durations
 
 
+def departs(ops: list, times: list[float], durations: list[float] | None = None) -> np.ndarray:
+    """Per op, whether its time in ``times`` (`alone_durations`) is not its duration (``durations``; None: its
+    priced ``duration_s``) beyond the rounding tolerance: |time - duration| > REL x max(|duration|, 1e-300), in numpy
+    (elementwise IEEE operations: the same booleans as the scalar expression; False where either is NaN)."""
+    d = np.asarray(list(map(attrgetter("duration_s"), ops)) if durations is None else durations, dtype=float)
+    return np.abs(np.asarray(times, dtype=float) - d) > REL * np.maximum(np.abs(d), 1e-300)
+
+
 def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[int], float],
                      capacities: Callable[[np.ndarray], np.ndarray] | None = None,
                      durations: list[float] | None = None, engine: Alone | None = None) -> float:
@@ -125,38 +135,46 @@ def first_divergence(graph: OpGraph, alone: GraphTrace, capacity_of: Callable[[i
     times, moves = engine.durations, engine.moves
     tol = REL * max(alone.makespan_s, 0.0)
     diverge = math.inf
-    busy: dict[int, list[tuple[float, float]]] = {}  # shared link -> the transfers on it, (start, end)
-    seen_sync: set[int] = set()
     failing: set[int] = set()  # the jobs whose engine time alone is not their duration in ``alone`` (condition 1)
     if durations is not times:  # (``times`` themselves: condition 1 holds everywhere)
-        # the same arithmetic per op in numpy (elementwise IEEE operations, the same results)
-        d = np.asarray([op.duration_s for op in ops] if durations is None else durations, dtype=float)
-        job = np.fromiter((op.job is not None for op in ops), dtype=bool, count=len(ops))
-        bad = job & (np.abs(np.asarray(times, dtype=float) - d) > REL * np.maximum(np.abs(d), 1e-300))
+        job = np.fromiter(map(is_not, map(attrgetter("job"), ops), repeat(None)), dtype=bool, count=len(ops))
+        bad = job & departs(ops, times, durations)
         for i in np.flatnonzero(bad).tolist():
             diverge = min(diverge, alone.start_s[i])
             failing.add(i)
+    # the transfers (one per collective instance), each from the end of its latency to its end on its shared links
+    seen_sync: set[int] = set()
+    chosen: list[int] = []
+    latencies: list[float] = []
+    link_sets: list[tuple[int, ...]] = []
     for i, move in enumerate(moves):
         if move is None or i in failing:  # (a move is a job's)
             continue
         latency_s, links, sync = move
         if sync >= 0:
-            if sync in seen_sync:  # one transfer per collective instance
+            if sync in seen_sync:
                 continue
             seen_sync.add(sync)
-        start, end = alone.start_s[i] + latency_s, alone.end_s[i]
-        for link in links:
-            busy.setdefault(link, []).append((start, end))
-    for transfers in busy.values():
-        if len(transfers) < 2:
+        chosen.append(i)
+        latencies.append(latency_s)
+        link_sets.append(links)
+    if not chosen:
+        return diverge
+    starts = np.asarray(alone.start_s, dtype=float)[chosen] + np.asarray(latencies, dtype=float)
+    ends = np.asarray(alone.end_s, dtype=float)[chosen]
+    counts = np.fromiter(map(len, link_sets), dtype=np.int64, count=len(link_sets))
+    link = np.fromiter(chain.from_iterable(link_sets), dtype=np.int64, count=int(counts.sum()))
+    start, end = np.repeat(starts, counts), np.repeat(ends, counts)
+    order = np.lexsort((end, start, link))  # per shared link, its transfers by (start, end)
+    link, start, end = link[order], start[order], end[order]
+    bounds = np.flatnonzero(np.diff(link)) + 1
+    # per link, the first transfer that starts before one ahead of it (in that order) has ended: the first overlap
+    # there; the earliest of those (the per-link scan's min, however it is pruned)
+    for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(link)], strict=True):
+        if hi - lo < 2:
             continue
-        transfers.sort()
-        last = transfers[0][1]
-        for start, end in transfers[1:]:
-            if start >= diverge:
-                break
-            if start < last - tol:
-                diverge = start  # the first overlap on this link (starts are sorted)
-                break
-            last = max(last, end)
+        ahead = np.maximum.accumulate(end[lo:hi - 1])
+        hit = np.flatnonzero(start[lo + 1:hi] < ahead - tol)
+        if len(hit):
+            diverge = min(diverge, float(start[lo + 1 + hit[0]]))
     return diverge

@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from simdist.engine.contention import Alone
 from simdist.engine.graph import GraphTrace
 from simdist.plan.opgraph import OpGraph
@@ -50,12 +52,10 @@ def _places(graph: OpGraph, order: dict[tuple[int, str], int]
             ) -> tuple[dict[tuple[int, str], list[int]], list[int]]:
     """The graph's tracks, and per op its place as one integer: track number (``order``) x 2^32 + position."""
     tracks = graph.tracks()
-    where = [-1] * len(graph.ops)
+    where = np.full(len(graph.ops), -1, dtype=np.int64)
     for key, ids in tracks.items():
-        base = order[key] << 32
-        for p, i in enumerate(ids):
-            where[i] = base + p
-    return tracks, where
+        where[np.asarray(ids, dtype=np.int64)] = (order[key] << 32) + np.arange(len(ids), dtype=np.int64)
+    return tracks, where.tolist()
 
 
 def _members(graph: OpGraph, where: list[int]) -> dict[int, tuple[int, ...]]:
@@ -69,14 +69,21 @@ def _members(graph: OpGraph, where: list[int]) -> dict[int, tuple[int, ...]]:
 class _View:
     """What `shared_prefix` compares of one graph's ops (module docstring: *common*)."""
 
-    __slots__ = ("alone", "members", "ops", "share_of", "solo", "where")
+    __slots__ = ("_members", "alone", "graph", "ops", "share_of", "solo", "where")
 
     def __init__(self, graph: OpGraph, alone: Alone, where: list[int]) -> None:
+        self.graph = graph
         self.ops = graph.ops
         self.alone = alone.durations
         self.solo, self.share_of = alone.private
         self.where = where
-        self.members = _members(graph, where)
+        self._members: dict[int, tuple[int, ...]] | None = None
+
+    def members(self, sync: int) -> tuple[int, ...]:
+        """The places of collective instance ``sync``'s members, in order (found on the first call)."""
+        if self._members is None:
+            self._members = _members(self.graph, self.where)
+        return self._members[sync]
 
     def share(self, i: int) -> object:
         """How the engine runs job op ``i``: its plain duration, or (latency, what the shared links see of it)."""
@@ -90,21 +97,57 @@ class _View:
         return job.latency_s, self.share_of[key]
 
 
-def _common(a: _View, i: int, b: _View, j: int) -> bool:
-    """Ops ``i`` of ``a`` and ``j`` of ``b``, at the same place, are the same op (module docstring)."""
-    x, y = a.ops[i], b.ops[j]
-    if x.name != y.name or x.kind != y.kind or a.alone[i] != b.alone[j]:
-        return False
-    dx, dy = x.deps, y.deps
-    if dx or dy:
-        wa, wb = a.where, b.where
-        if len(dx) != len(dy) or [wa[d] for d in dx] != [wb[e] for e in dy]:  # the same places, in order
-            return False
-    if (x.job is None) != (y.job is None) or (x.sync >= 0) != (y.sync >= 0):
-        return False
-    if x.job is not None and a.share(i) != b.share(j):
-        return False
-    return x.sync < 0 or a.members[x.sync] == b.members[y.sync]
+def _common_length(a: _View, ids: list[int], b: _View, others: list[int]) -> int:
+    """How many ops from the start of two tracks (op ids ``ids`` of ``a``, ``others`` of ``b``) are the same op at
+    the same place (module docstring): each pair compared in the order of the cheapest tests first."""
+    ops_a, ops_b, alone_a, alone_b = a.ops, b.ops, a.alone, b.alone
+    where_a, where_b = a.where, b.where
+    solo_a, solo_b = a.solo, b.solo
+    share_of_a, share_of_b = a.share_of, b.share_of
+    equal: dict[tuple[int, int], bool] = {}
+    n = min(len(ids), len(others))
+    for p in range(n):
+        i, j = ids[p], others[p]
+        x, y = ops_a[i], ops_b[j]
+        if x.name != y.name or x.kind != y.kind or alone_a[i] != alone_b[j]:
+            return p
+        dx, dy = x.deps, y.deps
+        if dx or dy:  # the same places, in order (one dep the most common: compared alone)
+            num = len(dx)
+            if num != len(dy):
+                return p
+            if num == 1:
+                if where_a[dx[0]] != where_b[dy[0]]:
+                    return p
+            else:
+                for u, v in zip(dx, dy, strict=True):
+                    if where_a[u] != where_b[v]:
+                        return p
+        if (x.job is None) != (y.job is None) or (x.sync >= 0) != (y.sync >= 0):
+            return p
+        if x.job is not None:
+            sa, sb = solo_a[i], solo_b[j]
+            if sa == sa and sb == sb:  # both plain timeouts (not NaN): `_View.share` is the duration
+                if sa != sb:
+                    return p
+            elif sa == sa or sb == sb:  # one a float, the other a tuple
+                return p
+            else:  # `_View.share` of each: (latency, `Share`), compared as tuples compare (identity, then ==)
+                la, lb = x.job.latency_s, y.job.latency_s  # type: ignore[union-attr]
+                if la is not lb and la != lb:
+                    return p
+                share_a = share_of_a[(id(x.job), -1, "") if x.sync >= 0 else (id(x.job), x.rank, x.stream)]
+                share_b = share_of_b[(id(y.job), -1, "") if y.sync >= 0 else (id(y.job), y.rank, y.stream)]
+                if share_a is not share_b:
+                    pair = (id(share_a), id(share_b))
+                    same = equal.get(pair)
+                    if same is None:
+                        same = equal[pair] = share_a == share_b  # (many ops share the two: compared once)
+                    if not same:
+                        return p
+        if x.sync >= 0 and a.members(x.sync) != b.members(y.sync):
+            return p
+    return n
 
 
 def shared_prefix(small: OpGraph, small_timeline: GraphTrace, small_alone: Alone,
@@ -121,11 +164,9 @@ def shared_prefix(small: OpGraph, small_timeline: GraphTrace, small_alone: Alone
     cut = math.inf
     for key, ids in small_tracks.items():
         others = big_tracks[key]
-        n = min(len(ids), len(others))
-        p = 0
-        while p < n and _common(a, ids[p], b, others[p]):
-            to_big[ids[p]] = others[p]
-            p += 1
+        p = _common_length(a, ids, b, others)
+        for i, j in zip(ids[:p], others[:p], strict=True):
+            to_big[i] = j
         if p < len(ids):
             cut = min(cut, small_timeline.start_s[ids[p]])
         if p < len(others):

@@ -16,7 +16,9 @@ graph deadlocks.
 from __future__ import annotations
 
 import math
-from itertools import pairwise
+from itertools import chain
+
+import numpy as np
 
 from simdist.engine.graph import GraphTrace, _check, _deadlock
 from simdist.plan.opgraph import OpGraph
@@ -50,72 +52,104 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     duration = [op.duration_s for op in ops] if durations is None else durations
     if n == 0:
         return GraphTrace((), (), 0.0), (None if other is None else GraphTrace((), (), 0.0))
-    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended
-    waiting = [len(op.deps) for op in ops]
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    groups: dict[int, list[int]] = {}
-    for i, op in enumerate(ops):
-        for d in op.deps:
-            dependents[d].append(i)
-        if op.sync >= 0:
-            groups.setdefault(op.sync, []).append(i)
-    after = [-1] * n  # the next op on the same track
+    # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended.
+    # Who waits for whom, in numpy: per op its dependents (``dependents[first[i]:first[i + 1]]``) and the next op
+    # on its track (``after``, -1: none), and how many predecessors it waits for (``waiting``)
+    deps = [op.deps for op in ops]
+    num_deps = np.fromiter(map(len, deps), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(num_deps.sum()))
+    order = np.argsort(flat)  # (any order of an op's dependents times the same)
+    dependents = np.repeat(np.arange(n, dtype=np.int64), num_deps)[order].tolist()
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(flat, minlength=n), out=bounds[1:])
+    first = bounds.tolist()
+    next_op = np.full(n, -1, dtype=np.int64)
     tracks = graph.tracks()
     for ids in tracks.values():
-        for a, b in pairwise(ids):
-            after[a] = b
-            waiting[b] += 1
+        on_track = np.asarray(ids, dtype=np.int64)
+        next_op[on_track[:-1]] = on_track[1:]
+        num_deps[on_track[1:]] += 1
+    after = next_op.tolist()
+    waiting = num_deps.tolist()
+    todo = np.flatnonzero(num_deps == 0).tolist()
     sync = [op.sync for op in ops]
+    groups: dict[int, list[int]] = {}
+    if max(sync) >= 0:
+        for i, g in enumerate(sync):
+            if g >= 0:
+                groups.setdefault(g, []).append(i)
+    second = duration if other is None else other  # (without ``other``: the first twice; the copy is dropped)
     ready = [0.0] * n  # the latest end of an op's predecessors so far
+    ready2 = [0.0] * n
     start = [math.nan] * n
     end = [math.nan] * n
-    arrived: dict[int, int] = {}
-    todo = [i for i in range(n) if waiting[i] == 0]
-    # one walk times both (without ``other``: the first twice, at about the cost of once; the copy is dropped)
-    second_durations = duration if other is None else other
-    ready2 = [0.0] * n
     start2 = [math.nan] * n
     end2 = [math.nan] * n
+    arrived: dict[int, int] = {}
+    pop, push = todo.pop, todo.append
     while todo:
-        i = todo.pop()
+        i = pop()
         g = sync[i]
         if g < 0:
-            members: tuple[int, ...] | list[int] = (i,)
-            t0 = ready[i]
-            u0 = ready2[i]
-        else:
-            arrived[g] = arrived.get(g, 0) + 1
-            members = groups[g]
-            if arrived[g] < len(members):
-                continue
-            t0 = max(ready[j] for j in members)
-            u0 = max(ready2[j] for j in members)
-        for j in members:
-            start[j] = t0
-            e = end[j] = t0 + duration[j]
-            start2[j] = u0
-            f = end2[j] = u0 + second_durations[j]
-            for k in dependents[j]:
+            t = start[i] = ready[i]
+            e = end[i] = t + duration[i]
+            u = start2[i] = ready2[i]
+            f = end2[i] = u + second[i]
+            for k in dependents[first[i]:first[i + 1]]:
                 if e > ready[k]:
                     ready[k] = e
                 if f > ready2[k]:
                     ready2[k] = f
-                waiting[k] -= 1
-                if not waiting[k]:
-                    todo.append(k)
+                w = waiting[k] - 1
+                waiting[k] = w
+                if not w:
+                    push(k)
+            k = after[i]
+            if k >= 0:
+                if e > ready[k]:
+                    ready[k] = e
+                if f > ready2[k]:
+                    ready2[k] = f
+                w = waiting[k] - 1
+                waiting[k] = w
+                if not w:
+                    push(k)
+            continue
+        arrived[g] = arrived.get(g, 0) + 1
+        members = groups[g]
+        if arrived[g] < len(members):
+            continue
+        t = max(ready[j] for j in members)
+        u = max(ready2[j] for j in members)
+        for j in members:
+            start[j] = t
+            e = end[j] = t + duration[j]
+            start2[j] = u
+            f = end2[j] = u + second[j]
+            for k in dependents[first[j]:first[j + 1]]:
+                if e > ready[k]:
+                    ready[k] = e
+                if f > ready2[k]:
+                    ready2[k] = f
+                w = waiting[k] - 1
+                waiting[k] = w
+                if not w:
+                    push(k)
             k = after[j]
             if k >= 0:
                 if e > ready[k]:
                     ready[k] = e
                 if f > ready2[k]:
                     ready2[k] = f
-                waiting[k] -= 1
-                if not waiting[k]:
-                    todo.append(k)
-    second = None if other is None else GraphTrace(tuple(start2), tuple(end2), max(end2))
-    if any(math.isnan(e) for e in end):
+                w = waiting[k] - 1
+                waiting[k] = w
+                if not w:
+                    push(k)
+    isnan = math.isnan
+    second_trace = None if other is None else GraphTrace(tuple(start2), tuple(end2), max(end2))
+    if any(map(isnan, end)):
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
                     for key, ids in tracks.items()}
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
         raise _deadlock(graph, stuck, end)
-    return GraphTrace(tuple(start), tuple(end), max(end)), second
+    return GraphTrace(tuple(start), tuple(end), max(end)), second_trace

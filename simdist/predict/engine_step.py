@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
-from simdist.engine.contention import REL, Alone, engine_alone, first_divergence
+from simdist.engine.contention import Alone, departs, engine_alone, first_divergence
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.prefix import Prefix, resumed_trace, shared_prefix
 from simdist.engine.uncontended import uncontended, uncontended_pair
@@ -103,8 +103,7 @@ def alone_and_cut(plan: StepPlan, topology: Topology, degraded: dict[int, float]
     with collector_paused():
         engine = engine_alone(plan.graph, one, many)
         durations: list[float] | None = engine.durations
-        if any(abs(d - op.duration_s) > REL * max(abs(op.duration_s), 1e-300)
-               for d, op in zip(engine.durations, plan.graph.ops, strict=True)):
+        if departs(plan.graph.ops, engine.durations).any():
             alone, timeline = uncontended_pair(plan.graph, engine.durations)
         else:
             alone = uncontended(plan.graph)
