@@ -463,13 +463,10 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
     # by recipe_code: whether the step counts as the stage's backward work (its last one ends the pipeline work)
     backward = [(code >> 1) % 3 == KIND_INDEX["W"] or ((code >> 1) % 3 == KIND_INDEX["B"] and not zb)
                 for code in range(max((len(st.simple) for st in stages), default=0))]
-    for i in range(n):
-        s = p_stage[i]
-        code = p_code[i]
+    for i, (s, code, up, down) in enumerate(zip(p_stage, p_code, p_up, p_down, strict=True)):
         t0 = prev[s]
         if f0[s] > t0:
             t0 = f0[s]
-        up = p_up[i]
         if up >= 0 and out[up] > t0:
             t0 = out[up]
         sm = simple[s][code]
@@ -496,6 +493,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 t0s[i] = t0  # type: ignore[index]
             end = t0 + sm.duration_s
             block_end[s] = end
+            used[s][code] += 1
             if cover:
                 block_spans[s] += (t0, end)
             fr = sm.frees
@@ -507,7 +505,6 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 f2[s] = t0 + fr[2]
             if fr[3] >= 0:
                 f3[s] = t0 + fr[3]
-            used[s][code] += 1
             if sm.behind:
                 for ready, duration, category, work in sm.behind:
                     t = t0 + ready
@@ -518,7 +515,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         prev[s] = end
         if backward[code] and end > last_bwd[s]:
             last_bwd[s] = end
-        if p_down[i] >= 0:
+        if down >= 0:
             t = fpp[s] if fpp[s] > end else end
             out[i] = fpp[s] = t + sends[s][code >> 1]  # by chunk * 3 + kind index: recipe_code // 2
         else:
