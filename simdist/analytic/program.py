@@ -114,8 +114,8 @@ def step_groups(schedule: str, num_stages: int, num_microbatches: int, vpp: int
     step's start by program index groups them so (simdist.analytic.step._timeline_fast)."""
     prog = program(schedule, num_stages, num_microbatches, vpp)
     stage = np.asarray(prog.stage, dtype=np.int64)
-    kind = np.fromiter((KIND_INDEX[k] for k in prog.kind), dtype=np.int64, count=len(prog))
-    key = (stage * 3 + kind) * vpp + np.asarray(prog.chunk, dtype=np.int64)
+    kind_chunk = np.asarray(prog.code, dtype=np.int64) >> 1  # recipe_code // 2: chunk * 3 + kind index
+    key = (stage * 3 + kind_chunk % 3) * vpp + kind_chunk // 3
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     groups = np.split(order, bounds)

@@ -17,6 +17,7 @@ Cost grows with the schedule's distinct work: a large micro-batch count is fast-
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -425,13 +426,14 @@ def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, 
     return ends[r.end]
 
 
-def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None
-                   ) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
+def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None,
+                   spans: bool = True) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
     """`_timeline` where `_fast` holds: each step is one addition, and a stage's blocks are summed (their spans
     kept only where dp pipeline work may overlap them: simdist.plan.accounting.BlockSummary). A step's compute,
     tp and cp streams are free when it starts: every simple recipe ends after its last piece on them, and so does
     every other one (`_closed`), a chunk's first forward with its parameter gathers, run piece by piece
-    (`_run_pieces`) once per chunk."""
+    (`_run_pieces`) once per chunk. ``spans`` False: the blocks' spans are not kept even where dp pipeline work
+    may overlap them (a caller that reads the step time and the starts alone: `_Timelines`)."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
@@ -450,22 +452,21 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
     generic = [st.recipes for st in stages]
     model = hardware = 0.0
     intervals: list[list[Interval]] = [[] for _ in range(K)]
-    cover = _overlapping_work(stages)
-    spans: list[list[float]] = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
+    cover = spans and _overlapping_work(stages)
+    block_spans: list[list[float]] = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
     simple = [st.simple for st in stages]
     sends = [st.sends for st in stages]
     zb = cfg.schedule == "zb_h1"
     record = starts is not None
     t0s = [0.0] * n if record else None  # each step's start, by program index (grouped into ``starts`` at the end)
-    p_stage, p_kind, p_chunk, p_up, p_down, p_code = (prog.stage, prog.kind, prog.chunk, prog.upstream,
-                                                      prog.downstream_stage, prog.code)
-    for i in range(n):
-        s = p_stage[i]
-        code = p_code[i]
+    p_stage, p_up, p_down, p_code = prog.stage, prog.upstream, prog.downstream_stage, prog.code
+    # by recipe_code: whether the step counts as the stage's backward work (its last one ends the pipeline work)
+    backward = [(code >> 1) % 3 == KIND_INDEX["W"] or ((code >> 1) % 3 == KIND_INDEX["B"] and not zb)
+                for code in range(max((len(st.simple) for st in stages), default=0))]
+    for i, (s, code, up, down) in enumerate(zip(p_stage, p_code, p_up, p_down, strict=True)):
         t0 = prev[s]
         if f0[s] > t0:
             t0 = f0[s]
-        up = p_up[i]
         if up >= 0 and out[up] > t0:
             t0 = out[up]
         sm = simple[s][code]
@@ -492,8 +493,9 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 t0s[i] = t0  # type: ignore[index]
             end = t0 + sm.duration_s
             block_end[s] = end
+            used[s][code] += 1
             if cover:
-                spans[s] += (t0, end)
+                block_spans[s] += (t0, end)
             fr = sm.frees
             if fr[0] >= 0:
                 f0[s] = t0 + fr[0]
@@ -503,7 +505,6 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 f2[s] = t0 + fr[2]
             if fr[3] >= 0:
                 f3[s] = t0 + fr[3]
-            used[s][code] += 1
             if sm.behind:
                 for ready, duration, category, work in sm.behind:
                     t = t0 + ready
@@ -512,12 +513,11 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                     fdp[s] = t + duration
                     intervals[s].append((t, fdp[s], category, work))
         prev[s] = end
-        kind = p_kind[i]
-        if (kind == "W" or (kind == "B" and not zb)) and end > last_bwd[s]:
+        if backward[code] and end > last_bwd[s]:
             last_bwd[s] = end
-        if p_down[i] >= 0:
+        if down >= 0:
             t = fpp[s] if fpp[s] > end else end
-            out[i] = fpp[s] = t + sends[s][p_chunk[i] * 3 + KIND_INDEX[kind]]
+            out[i] = fpp[s] = t + sends[s][code >> 1]  # by chunk * 3 + kind index: recipe_code // 2
         else:
             out[i] = end
     if record:
@@ -537,7 +537,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 hardware += count * sm.hardware_flops  # type: ignore[union-attr]
                 for c, seconds in sm.parts.items():  # type: ignore[union-attr]
                     parts[c] = parts.get(c, 0.0) + count * seconds
-        span = np.asarray(spans[s], dtype=float).reshape(-1, 2) if cover else None
+        span = np.asarray(block_spans[s], dtype=float).reshape(-1, 2) if cover else None
         summaries.append(BlockSummary(total, first[s], block_end[s], parts, *((span[:, 0], span[:, 1]) if cover
                                                                                else (None, None))))
         r = stages[s].tail
@@ -573,7 +573,9 @@ class _Timelines:
         if self._timeline is None:
             if callable(self._stages):
                 self._stages = self._stages()
-            self._timeline = _timeline_fast if _fast(self._stages) else _timeline
+            # the step time and starts alone are read: the fast timeline keeps no spans of its blocks
+            self._timeline = (functools.partial(_timeline_fast, spans=False) if _fast(self._stages)
+                              else _timeline)
         return self._timeline(self._cfg, self._stages, m, starts)[0]
 
     def timeline(self, m: int) -> tuple[dict[tuple, list[float]], float]:

@@ -31,9 +31,12 @@ from simdist.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
 class Spec(BaseModel):
-    """Base of all input models: frozen, strict about unknown fields, aliases accepted by name too."""
+    """Base of all input models: frozen, strict about unknown fields, aliases accepted by name too. Each model's
+    validator is built when it is first used (``defer_build``), not at import: a run validates a few top-level
+    models, whose validators hold the nested ones, so most of them are never built on their own."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False,
+                              defer_build=True)
 
 
 def _bounds(what: str, low: Limit | None, high: Limit | None, raw: object, value: float) -> float:
