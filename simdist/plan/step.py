@@ -32,7 +32,6 @@ from simdist.plan.recipe import (
     Recipe,
     StageTail,
     edge_recipe,
-    is_edge,
     send,
     tail,
 )
@@ -89,6 +88,8 @@ class _Emitter:
         self._sends: dict[tuple[int, int], tuple[int, str, Comm]] = {}  # (src, dst stage) -> (src rank, name, Comm)
         self._tagged: Step | None = None
         self._tag_text = ""
+        self._chunked = cfg.vpp > 1  # a step's tag names its chunk (Step.label)
+        self._b_ends_backward = cfg.schedule != "zb_h1"  # a B ends its chunk's backward (zb_h1: its W does)
 
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
         key = (axis, stage)
@@ -116,10 +117,10 @@ class _Emitter:
     def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int, int]:
         """A recipe instantiated on ``stage`` once (its ops differ by name, micro-batch and chunk only): per piece
         (its fixed name or None, what follows the step's tag in its name, stream, kind, duration, deps inside the
-        recipe, waits for the previous step, runs once per step, Comm, model and hardware FLOPs), the index of the
-        piece that ends the step, of the one that takes the input (-1: none) and of the last on the dp stream
-        (-1: none)."""
-        got = self._templates.get((stage, key))
+        recipe: the first, the second (-1: none) and all where more than two, waits for the previous step, runs
+        once per step, Comm, model and hardware FLOPs), the index of the piece that ends the step, of the one that
+        takes the input (-1: none) and of the last on the dp stream (-1: none); kept by ``key``."""
+        got = self._templates.get(key)
         if got is None:
             recipe = self.recipes[key]
             factor = self.factors.get(stage, 1.0)
@@ -135,13 +136,18 @@ class _Emitter:
                 # the name: the piece's label once per step; else the step's tag, then "/label", " label" or nothing
                 fixed = p.label if p.per_step else None
                 suffix = p.label if p.label.startswith("/") else f" {p.label}" if p.label else ""
-                rows.append((fixed, suffix, p.stream, p.kind, duration, tuple(d for d in p.deps if d >= 0),
-                             PREV in p.deps, p.per_step, comm, p.model_flops, p.hardware_flops))
+                inner = tuple(d for d in p.deps if d >= 0)
+                # deps inside the recipe as up to two indices (-1: none) or, past two, the whole tuple (`compute`)
+                first_dep = inner[0] if inner else -1
+                second_dep = inner[1] if len(inner) > 1 else -1
+                rows.append((fixed, suffix, p.stream, p.kind, duration, first_dep, second_dep,
+                             inner if len(inner) > 2 else None, PREV in p.deps, p.per_step, comm, p.model_flops,
+                             p.hardware_flops))
                 if p.needs_input and entry < 0:
                     entry = j
                 if p.stream == "dp":
                     last_dp = j
-            got = self._templates[(stage, key)] = (tuple(rows), recipe.end, entry, last_dp)
+            got = self._templates[key] = (tuple(rows), recipe.end, entry, last_dp)
         return got
 
     def _tag(self, step: Step) -> str:
@@ -153,17 +159,30 @@ class _Emitter:
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
         kind, microbatch, chunk = step.kind, step.microbatch, step.chunk
-        edge = is_edge(kind, microbatch, self.num_microbatches)
-        rows, end_piece, entry_piece, dp_piece = self._template(stage, (stage, chunk, kind, edge))
-        tag = self._tag(step)
+        # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches)), is_edge inline
+        key = (stage, chunk, kind, microbatch == (0 if kind == "F" else self.num_microbatches - 1))
+        got = self._templates.get(key)
+        rows, end_piece, entry_piece, dp_piece = got if got is not None else self._template(stage, key)
+        # the step's tag, step.label(vpp) in one f-string; kept for its transfer (asked for right after)
+        tag = f"{kind}{microbatch}.{chunk}" if self._chunked else f"{kind}{microbatch}"
+        self._tagged, self._tag_text = step, tag
         rank = self.ranks[stage]
         previous = self.last.get(stage)
         ops = graph.ops
         first = len(ops)  # the step's pieces become ops first, first + 1, ... in order (OpGraph.add's ids)
         new = []
         append = new.append
-        for fixed, suffix, stream, op_kind, duration, inner, prev, per_step, comm, model_flops, hardware_flops in rows:
-            deps = [first + d for d in inner] if inner else []
+        for (fixed, suffix, stream, op_kind, duration, d0, d1, many, prev, per_step, comm, model_flops,
+             hardware_flops) in rows:
+            # [first + d for d in the piece's deps inside the recipe], without a comprehension for one or two
+            if many is not None:
+                deps = [first + d for d in many]
+            elif d1 >= 0:
+                deps = [first + d0, first + d1]
+            elif d0 >= 0:
+                deps = [first + d0]
+            else:
+                deps = []
             if prev and previous is not None:
                 deps.insert(0, previous)
             # Op's fields in order (name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm,
@@ -175,7 +194,7 @@ class _Emitter:
             self.dp_last[stage] = first + dp_piece
         end = first + end_piece
         self.last[stage] = end
-        if kind == "W" or (kind == "B" and self.cfg.schedule != "zb_h1"):
+        if kind == "W" or (kind == "B" and self._b_ends_backward):
             self.last_backward[(stage, chunk)] = end
         return first + max(entry_piece, 0), end
 
@@ -189,9 +208,10 @@ class _Emitter:
             pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}",
                                                           Comm(c.op, (src, dst), c.nbytes, c.axis, c.count))
         src, suffix, comm = pair
+        tag = self._tag_text if step is self._tagged else self._tag(step)
         # positional: Op(name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm), see compute
-        return graph.add(Op(self._tag(step) + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch,
-                            step.chunk, comm))
+        return graph.add(Op(tag + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch, step.chunk,
+                            comm))
 
     def finish(self, graph: OpGraph, stage: int, stage_tail: StageTail) -> None:
         """The stage's tail (simdist.plan.recipe.tail): gradient reduction, optimizer, parameter all_gather."""
