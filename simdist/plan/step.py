@@ -20,9 +20,11 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
-from simdist.plan.opgraph import Comm, Op, OpGraph
+from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
 from simdist.plan.pipeline import build_pipeline
 from simdist.plan.recipe import (
     DP_DONE,
@@ -70,12 +72,44 @@ SLOWED_KINDS = frozenset({"forward", "backward", "weight_grad", "recompute", "op
 """Pieces a straggler GPU runs slower: its kernels (not its waits, not its collectives, which the links time)."""
 
 
+class _RowLog:
+    """The `OpRows` of a graph as its emitters add ops: the distinct rows, and per block of consecutive ops (a
+    step's pieces, a send, a tail piece), in op order, which block of rows it repeats."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str | None, int, bool, float, float]] = []
+        self.block_first: list[int] = []  # per distinct block: its first row
+        self.block_size: list[int] = []
+        self.blocks: list[int] = []  # per block of ops, in op order: its distinct block
+
+    def block(self, rows: list[tuple[str, str | None, int, bool, float, float]]) -> int:
+        """Register a block of rows (kind, axis, rank, in a micro-batch, model FLOPs, hardware FLOPs); its id."""
+        self.block_first.append(len(self.rows))
+        self.block_size.append(len(rows))
+        self.rows.extend(rows)
+        return len(self.block_first) - 1
+
+    def table(self, num_ops: int) -> OpRows | None:
+        """The graph's `OpRows` (None unless the blocks account for its ``num_ops`` ops)."""
+        seq = np.asarray(self.blocks, dtype=np.int64)
+        size = np.asarray(self.block_size, dtype=np.int64)[seq]
+        if int(size.sum()) != num_ops or not self.rows:
+            return None
+        first_op = np.cumsum(size) - size  # each block's first op
+        row = np.repeat(np.asarray(self.block_first, dtype=np.int64)[seq] - first_op, size) + np.arange(num_ops)
+        kind, axis, rank, per_microbatch, model, hardware = zip(*self.rows, strict=True)
+        return OpRows(row, kind, axis, np.asarray(rank, dtype=np.int64), np.asarray(per_microbatch, dtype=bool),
+                      np.asarray(model, dtype=float), np.asarray(hardware, dtype=float))
+
+
 class _Emitter:
     """Instantiates each scheduled step's recipe for one data-parallel replica (a PipelineEmitter)."""
 
     def __init__(self, cfg: StepConfig, recipes: dict[tuple, Recipe], ranks: dict[int, int],
-                 num_microbatches: int, factors: dict[int, float] | None = None) -> None:
+                 num_microbatches: int, factors: dict[int, float] | None = None, log: _RowLog | None = None) -> None:
         self.cfg, self.recipes, self.ranks = cfg, recipes, ranks
+        self.log = log if log is not None else _RowLog()
+        """Where the emitted ops' rows go (shared by the emitters of one graph)."""
         self.factors = factors or {}
         """stage -> time factor of its compute pieces (a straggler)."""
         self.num_microbatches = num_microbatches
@@ -83,9 +117,10 @@ class _Emitter:
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> end of its last backward / W
         self.dp_last: dict[int, int] = {}       # stage -> its last data-parallel op so far
         self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._templates: dict[tuple, tuple[tuple, int, int, int]] = {}
+        self._templates: dict[tuple, tuple[tuple, int, int, int, int]] = {}
         self._send = send(cfg)
-        self._sends: dict[tuple[int, int], tuple[int, str, Comm]] = {}  # (src, dst stage) -> (src rank, name, Comm)
+        # (src, dst stage) -> (src rank, name, Comm, its block of rows)
+        self._sends: dict[tuple[int, int], tuple[int, str, Comm, int]] = {}
         self._tagged: Step | None = None
         self._tag_text = ""
         self._chunked = cfg.vpp > 1  # a step's tag names its chunk (Step.label)
@@ -110,16 +145,21 @@ class _Emitter:
                          duration_s=duration, deps=deps, stage=stage,
                          microbatch=-1 if piece.per_step else microbatch, chunk=chunk, comm=comm,
                          model_flops=piece.model_flops, hardware_flops=piece.hardware_flops))
+        log = self.log
+        log.blocks.append(log.block([(piece.kind, None if comm is None else comm.axis, self.ranks[stage],
+                                      not piece.per_step and microbatch >= 0, piece.model_flops,
+                                      piece.hardware_flops)]))
         if piece.stream == "dp":
             self.dp_last[stage] = i
         return i
 
-    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int, int]:
+    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int, int, int]:
         """A recipe instantiated on ``stage`` once (its ops differ by name, micro-batch and chunk only): per piece
         (its fixed name or None, what follows the step's tag in its name, stream, kind, duration, deps inside the
         recipe: the first, the second (-1: none) and all where more than two, waits for the previous step, runs
         once per step, Comm, model and hardware FLOPs), the index of the piece that ends the step, of the one that
-        takes the input (-1: none) and of the last on the dp stream (-1: none); kept by ``key``."""
+        takes the input (-1: none) and of the last on the dp stream (-1: none), and its block of rows in the
+        `_RowLog`; kept by ``key``."""
         got = self._templates.get(key)
         if got is None:
             recipe = self.recipes[key]
@@ -147,7 +187,11 @@ class _Emitter:
                     entry = j
                 if p.stream == "dp":
                     last_dp = j
-            got = self._templates[key] = (tuple(rows), recipe.end, entry, last_dp)
+            # Assumption: a scheduled step's micro-batch counts from 0 (simdist.plan.schedule), so its pieces that
+            # do not run once per step belong to a micro-batch (OpRows.per_microbatch)
+            block = self.log.block([(p.kind, None if p.comm is None else p.comm.axis, self.ranks[stage], not p.per_step,
+                                     p.model_flops, p.hardware_flops) for p in recipe.pieces])
+            got = self._templates[key] = (tuple(rows), recipe.end, entry, last_dp, block)
         return got
 
     def _tag(self, step: Step) -> str:
@@ -162,7 +206,8 @@ class _Emitter:
         # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches)), is_edge inline
         key = (stage, chunk, kind, microbatch == (0 if kind == "F" else self.num_microbatches - 1))
         got = self._templates.get(key)
-        rows, end_piece, entry_piece, dp_piece = got if got is not None else self._template(stage, key)
+        rows, end_piece, entry_piece, dp_piece, block = got if got is not None else self._template(stage, key)
+        self.log.blocks.append(block)
         # the step's tag, step.label(vpp) in one f-string; kept for its transfer (asked for right after)
         tag = f"{kind}{microbatch}.{chunk}" if self._chunked else f"{kind}{microbatch}"
         self._tagged, self._tag_text = step, tag
@@ -206,8 +251,10 @@ class _Emitter:
             c = self._send
             src, dst = self.ranks[src_stage], self.ranks[dst_stage]
             pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}",
-                                                          Comm(c.op, (src, dst), c.nbytes, c.axis, c.count))
-        src, suffix, comm = pair
+                                                          Comm(c.op, (src, dst), c.nbytes, c.axis, c.count),
+                                                          self.log.block([("comm", c.axis, src, True, 0.0, 0.0)]))
+        src, suffix, comm, block = pair
+        self.log.blocks.append(block)  # Assumption (as `_template`'s): the step's micro-batch is >= 0
         tag = self._tag_text if step is self._tagged else self._tag(step)
         # positional: Op(name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm), see compute
         return graph.add(Op(tag + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch, step.chunk,
@@ -311,6 +358,7 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
     graph = OpGraph()
     stage_ranks: dict[tuple[int, int], int] = {}
     emitters: list[_Emitter] = []
+    log = _RowLog()
     for d in dp_indices:
         for t, c in peers:
             ranks = {s: mesh.rank(pp=s, dp=d, tp=t, cp=c) for s in range(K)}
@@ -319,12 +367,13 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
             m = num_microbatches if num_microbatches is not None else cfg.microbatches(d)
             order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
             factors = {s: (cfg.rank_factor(r) if full else cfg.compute_factor(s, d)) for s, r in ranks.items()}
-            em = _Emitter(cfg, recipes, ranks, m, {s: f for s, f in factors.items() if f != 1.0})
+            em = _Emitter(cfg, recipes, ranks, m, {s: f for s, f in factors.items() if f != 1.0}, log)
             build_pipeline(graph, order, em, vpp=cfg.vpp)
             emitters.append(em)
     for s in range(K):
         for em in emitters:
             em.finish(graph, s, tails[s])
+    graph.rows = log.table(len(graph.ops))
     if len(emitters) > 1:  # one emitter puts a stage's ops on one rank: no collective spans two simulated ranks
         _link_instances(graph)
     simulated = {"tp": full, "cp": full, "dp": len(dp_indices) > 1 or mesh.dp == 1}
