@@ -46,7 +46,11 @@ def test_rows_describe_every_op(path: str, sets: list[str], kw: dict) -> None:
     assert rows is not None and len(rows.row) == len(graph.ops)
     r = rows.row
     assert [rows.kind[i] for i in r] == [op.kind for op in graph.ops]
+    assert all(rows.comm[i] is op.comm for i, op in zip(r.tolist(), graph.ops, strict=True))
     assert [rows.axis[i] for i in r] == [None if op.comm is None else op.comm.axis for op in graph.ops]
+    # rows in order of their first op (price_graph reads the graph's collectives in that order)
+    distinct, first_op = np.unique(r, return_index=True)
+    assert distinct.tolist() == list(range(len(rows.kind))) and (np.diff(first_op) > 0).all()
     assert rows.rank[r].tolist() == [op.rank for op in graph.ops]
     assert rows.per_microbatch[r].tolist() == [op.microbatch >= 0 for op in graph.ops]
     assert rows.model_flops[r].tolist() == [op.model_flops for op in graph.ops]

@@ -83,12 +83,15 @@ class Op:
 @dataclass(frozen=True, slots=True, eq=False)
 class OpRows:
     """Some fields of a graph's ops, known without reading each op: a builder that emits its ops from templates
-    (simdist.plan.step) lists the distinct rows (kind, the comm's axis, rank, whether the op belongs to a micro-batch
-    (``microbatch >= 0``), model and hardware FLOPs) and per op the index of its row."""
+    (simdist.plan.step) lists the distinct rows (kind, Comm, rank, whether the op belongs to a micro-batch
+    (``microbatch >= 0``), model and hardware FLOPs) and per op the index of its row. Rows are in order of their
+    first op (a row's first op comes after the first op of every row before it)."""
 
     row: np.ndarray
     """Per op, the index of its row (int64)."""
     kind: tuple[str, ...]
+    comm: tuple[Comm | None, ...]
+    """The op's Comm object itself (ops of one row share it)."""
     axis: tuple[str | None, ...]
     """The axis of the op's Comm (None: no Comm)."""
     rank: np.ndarray

@@ -72,18 +72,23 @@ SLOWED_KINDS = frozenset({"forward", "backward", "weight_grad", "recompute", "op
 """Pieces a straggler GPU runs slower: its kernels (not its waits, not its collectives, which the links time)."""
 
 
+_Row = tuple[str, Comm | None, int, bool, float, float]
+"""(kind, Comm, rank, in a micro-batch, model FLOPs, hardware FLOPs) of ops (`OpRows`)."""
+
+
 class _RowLog:
     """The `OpRows` of a graph as its emitters add ops: the distinct rows, and per block of consecutive ops (a
-    step's pieces, a send, a tail piece), in op order, which block of rows it repeats."""
+    step's pieces, a send, a tail piece), in op order, which block of rows it repeats. An emitter registers a block
+    right before it adds the block's first ops (rows in order of their first op, as OpRows says)."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, str | None, int, bool, float, float]] = []
+        self.rows: list[_Row] = []
         self.block_first: list[int] = []  # per distinct block: its first row
         self.block_size: list[int] = []
         self.blocks: list[int] = []  # per block of ops, in op order: its distinct block
 
-    def block(self, rows: list[tuple[str, str | None, int, bool, float, float]]) -> int:
-        """Register a block of rows (kind, axis, rank, in a micro-batch, model FLOPs, hardware FLOPs); its id."""
+    def block(self, rows: list[_Row]) -> int:
+        """Register a block of rows; its id."""
         self.block_first.append(len(self.rows))
         self.block_size.append(len(rows))
         self.rows.extend(rows)
@@ -97,8 +102,9 @@ class _RowLog:
             return None
         first_op = np.cumsum(size) - size  # each block's first op
         row = np.repeat(np.asarray(self.block_first, dtype=np.int64)[seq] - first_op, size) + np.arange(num_ops)
-        kind, axis, rank, per_microbatch, model, hardware = zip(*self.rows, strict=True)
-        return OpRows(row, kind, axis, np.asarray(rank, dtype=np.int64), np.asarray(per_microbatch, dtype=bool),
+        kind, comm, rank, per_microbatch, model, hardware = zip(*self.rows, strict=True)
+        return OpRows(row, kind, comm, tuple(None if c is None else c.axis for c in comm),
+                      np.asarray(rank, dtype=np.int64), np.asarray(per_microbatch, dtype=bool),
                       np.asarray(model, dtype=float), np.asarray(hardware, dtype=float))
 
 
@@ -146,7 +152,7 @@ class _Emitter:
                          microbatch=-1 if piece.per_step else microbatch, chunk=chunk, comm=comm,
                          model_flops=piece.model_flops, hardware_flops=piece.hardware_flops))
         log = self.log
-        log.blocks.append(log.block([(piece.kind, None if comm is None else comm.axis, self.ranks[stage],
+        log.blocks.append(log.block([(piece.kind, comm, self.ranks[stage],
                                       not piece.per_step and microbatch >= 0, piece.model_flops,
                                       piece.hardware_flops)]))
         if piece.stream == "dp":
@@ -189,8 +195,10 @@ class _Emitter:
                     last_dp = j
             # Assumption: a scheduled step's micro-batch counts from 0 (simdist.plan.schedule), so its pieces that
             # do not run once per step belong to a micro-batch (OpRows.per_microbatch)
-            block = self.log.block([(p.kind, None if p.comm is None else p.comm.axis, self.ranks[stage], not p.per_step,
-                                     p.model_flops, p.hardware_flops) for p in recipe.pieces])
+            rank = self.ranks[stage]
+            block = self.log.block([(kind, comm, rank, not per_step, model_flops, hardware_flops)
+                                    for _, _, _, kind, _, _, _, _, _, per_step, comm, model_flops, hardware_flops
+                                    in rows])
             got = self._templates[key] = (tuple(rows), recipe.end, entry, last_dp, block)
         return got
 
@@ -250,9 +258,9 @@ class _Emitter:
         if pair is None:  # one Comm per (src, dst) stages, shared by its sends (it is frozen, as a recipe piece's)
             c = self._send
             src, dst = self.ranks[src_stage], self.ranks[dst_stage]
-            pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}",
-                                                          Comm(c.op, (src, dst), c.nbytes, c.axis, c.count),
-                                                          self.log.block([("comm", c.axis, src, True, 0.0, 0.0)]))
+            comm = Comm(c.op, (src, dst), c.nbytes, c.axis, c.count)
+            pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}", comm,
+                                                          self.log.block([("comm", comm, src, True, 0.0, 0.0)]))
         src, suffix, comm, block = pair
         self.log.blocks.append(block)  # Assumption (as `_template`'s): the step's micro-batch is >= 0
         tag = self._tag_text if step is self._tagged else self._tag(step)
