@@ -3,6 +3,8 @@ read from them equal those read op by op."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from simdist.api import read_yaml, scenario_of
 from simdist.plan.opgraph import Op
 from simdist.plan.pipeline import UniformCosts, pipeline_graph
 from simdist.plan.step import build_step
+from simdist.predict.price import price_graph
 from simdist.predict.step import resolve_model, step_config_of
 from simdist.report.step_metrics import _columns
 
@@ -86,3 +89,20 @@ def test_a_graph_built_without_rows_has_none() -> None:
     graph = pipeline_graph("1f1b", num_stages=2, num_microbatches=4, costs=UniformCosts.uniform(2))
     assert graph.op_rows() is None
     assert len(_columns(graph, _Trace(len(graph.ops)), [0, 1])[0]) == 2
+
+
+@pytest.mark.parametrize("with_links", [True, False])
+def test_prices_from_rows_equal_prices_op_by_op(with_links: bool) -> None:
+    path, sets, kw = LAYOUTS[0]
+    sc = scenario_of(read_yaml(path), sets)
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    fast, slow = build_step(cfg, **kw), build_step(cfg, **kw)
+    slow.graph.rows = None
+    got = [price_graph(p.graph, sc.topology, mesh=cfg.mesh, reduced_axes=p.reduced_axes, with_links=with_links)
+           for p in (fast, slow)]
+    assert list(got[0].items()) == list(got[1].items())  # the same collectives, in the same order
+    a, b = fast.graph.ops, slow.graph.ops
+    assert [op.duration_s for op in a] == [op.duration_s for op in b]
+    assert not any(math.isnan(op.duration_s) for op in a)
+    assert [op.job for op in a] == [op.job for op in b]
+    assert any(op.job is not None for op in a) == with_links

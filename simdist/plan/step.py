@@ -164,7 +164,7 @@ class _Emitter:
         (its fixed name or None, what follows the step's tag in its name, stream, kind, duration, deps inside the
         recipe: the first, the second (-1: none) and all where more than two, waits for the previous step, runs
         once per step, Comm, model and hardware FLOPs), the index of the piece that ends the step, of the one that
-        takes the input (-1: none) and of the last on the dp stream (-1: none), and its block of rows in the
+        takes the input (0 where none does) and of the last on the dp stream (-1: none), and its block of rows in the
         `_RowLog`; kept by ``key``."""
         got = self._templates.get(key)
         if got is None:
@@ -199,7 +199,7 @@ class _Emitter:
             block = self.log.block([(kind, comm, rank, not per_step, model_flops, hardware_flops)
                                     for _, _, _, kind, _, _, _, _, _, per_step, comm, model_flops, hardware_flops
                                     in rows])
-            got = self._templates[key] = (tuple(rows), recipe.end, entry, last_dp, block)
+            got = self._templates[key] = (tuple(rows), recipe.end, max(entry, 0), last_dp, block)
         return got
 
     def _tag(self, step: Step) -> str:
@@ -249,7 +249,7 @@ class _Emitter:
         self.last[stage] = end
         if kind == "W" or (kind == "B" and self._b_ends_backward):
             self.last_backward[(stage, chunk)] = end
-        return first + max(entry_piece, 0), end
+        return first + entry_piece, end
 
     def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
         if src_stage == dst_stage:

@@ -541,11 +541,13 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         which = np.flatnonzero(has_comm)
         of_row = [None if c is None else done[id(c)] for c in rows.comm]
         ops = graph.ops
-        for i, r in zip(which.tolist(), rows.row[which].tolist(), strict=True):
-            op = ops[i]
-            op.duration_s, job = of_row[r]
-            if with_links:
-                op.job = job
+        if with_links:
+            for i, r in zip(which.tolist(), rows.row[which].tolist(), strict=True):
+                op = ops[i]
+                op.duration_s, op.job = of_row[r]
+        else:
+            for i, r in zip(which.tolist(), rows.row[which].tolist(), strict=True):
+                ops[i].duration_s = of_row[r][0]
         return cache
     for op in graph.ops:
         c = op.comm
