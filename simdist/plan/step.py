@@ -193,8 +193,8 @@ class _Emitter:
                     entry = j
                 if p.stream == "dp":
                     last_dp = j
-            # Assumption: a scheduled step's micro-batch counts from 0 (simdist.plan.schedule), so its pieces that
-            # do not run once per step belong to a micro-batch (OpRows.per_microbatch)
+            # a scheduled step's micro-batch is one of 0..M-1 (simdist.plan.schedule.schedule_order): its pieces that
+            # do not run once per step have microbatch >= 0 (OpRows.per_microbatch)
             rank = self.ranks[stage]
             block = self.log.block([(kind, comm, rank, not per_step, model_flops, hardware_flops)
                                     for _, _, _, kind, _, _, _, _, _, per_step, comm, model_flops, hardware_flops
@@ -262,7 +262,7 @@ class _Emitter:
             pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}", comm,
                                                           self.log.block([("comm", comm, src, True, 0.0, 0.0)]))
         src, suffix, comm, block = pair
-        self.log.blocks.append(block)  # Assumption (as `_template`'s): the step's micro-batch is >= 0
+        self.log.blocks.append(block)  # a send's micro-batch is its step's, >= 0 (as in `_template`)
         tag = self._tag_text if step is self._tagged else self._tag(step)
         # positional: Op(name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm), see compute
         return graph.add(Op(tag + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch, step.chunk,
