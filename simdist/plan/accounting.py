@@ -154,19 +154,21 @@ def _partition(table: np.ndarray, lo: float, hi: float, step_s: float,
     out = dict.fromkeys((*CATEGORIES, "bubble", "idle"), 0.0)
     n = len(table)
     marks = np.array(sorted({0.0, step_s, *(t for t in (lo, hi) if 0.0 < t < step_s)}), dtype=float)
-    if n:
-        times = np.concatenate((table[:, 0], table[:, 1], marks))
-        delta = np.concatenate((np.ones(n), -np.ones(n), np.zeros(len(marks))))
-        cat = np.concatenate((table[:, 2], table[:, 2], np.zeros(len(marks)))).astype(np.int64)
-        inside_flag = np.concatenate((table[:, 3], table[:, 3], np.zeros(len(marks))))
+    if n:  # the events ends (-1), marks (0), starts (+1), in that order
+        times = np.concatenate((table[:, 1], marks, table[:, 0]))
+        delta = np.concatenate((-np.ones(n), np.zeros(len(marks)), np.ones(n)))
+        cat = np.concatenate((table[:, 2], np.zeros(len(marks)), table[:, 2])).astype(np.int64)
+        inside_flag = np.concatenate((table[:, 3], np.zeros(len(marks)), table[:, 3]))
     else:
         times, delta, cat, inside_flag = marks, np.zeros(len(marks)), np.zeros(len(marks), dtype=np.int64), \
             np.zeros(len(marks))
-    order = np.lexsort((delta, times))  # by time; at one instant ends (-1) before starts (+1)
+    # by time; at one instant ends before marks before starts (a stable sort of the events listed in that order:
+    # np.lexsort((delta, times)), in one sort)
+    order = np.argsort(times, kind="stable")
     times, delta, cat, inside_flag = times[order], delta[order], cat[order], inside_flag[order]
     # A column per category the intervals have (ascending index: the priority order, both inside the phase, where pp
     # does not count, and outside it), its count of running intervals after each event, in integers (exact)
-    present = np.unique(cat[delta != 0])
+    present = np.flatnonzero(np.bincount(cat[delta != 0], minlength=len(CATEGORIES)))  # np.unique of small codes
     if not len(present):
         present = np.zeros(1, dtype=np.int64)  # no interval: one column that never runs
     change = np.zeros((len(times), len(present)), dtype=np.int32)

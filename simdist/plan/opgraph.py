@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 STREAMS = ("compute", "tp", "cp", "pp", "dp", "ep")
 
 
@@ -78,11 +80,34 @@ class Op:
     them is ready and they all end together."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class OpRows:
+    """Some fields of a graph's ops, known without reading each op: a builder that emits its ops from templates
+    (simdist.plan.step) lists the distinct rows (kind, Comm, rank, whether the op belongs to a micro-batch
+    (``microbatch >= 0``), model and hardware FLOPs) and per op the index of its row. Rows are in order of their
+    first op (a row's first op comes after the first op of every row before it)."""
+
+    row: np.ndarray
+    """Per op, the index of its row (int64)."""
+    kind: tuple[str, ...]
+    comm: tuple[Comm | None, ...]
+    """The op's Comm object itself (ops of one row share it)."""
+    axis: tuple[str | None, ...]
+    """The axis of the op's Comm (None: no Comm)."""
+    rank: np.ndarray
+    per_microbatch: np.ndarray
+    """bool: the row's ops have ``microbatch >= 0``."""
+    model_flops: np.ndarray
+    hardware_flops: np.ndarray
+
+
 @dataclass(slots=True)
 class OpGraph:
     ops: list[Op] = field(default_factory=list)
     _tracks: dict[tuple[int, str], list[int]] | None = field(default=None, repr=False, compare=False)
     """`tracks`, once found (``add`` forgets it)."""
+    rows: OpRows | None = field(default=None, repr=False, compare=False)
+    """Set by the graph's builder once it is whole; read it through `op_rows`."""
 
     def add(self, op: Op) -> int:
         """Append ``op`` (after everything already on its track) and return its id."""
@@ -112,6 +137,12 @@ class OpGraph:
                 out.setdefault((op.rank, op.stream), []).append(i)
             self._tracks = out
         return out
+
+    def op_rows(self) -> OpRows | None:
+        """`rows` while they describe every op (None once ops were added after them, or without them). Ops' kind,
+        comm, rank, micro-batch and FLOPs are not changed after building (pricing sets durations and jobs only)."""
+        rows = self.rows
+        return rows if rows is not None and len(rows.row) == len(self.ops) else None
 
     def ranks(self) -> list[int]:
         return sorted({op.rank for op in self.ops})

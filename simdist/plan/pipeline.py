@@ -15,7 +15,7 @@ from typing import Protocol
 
 from simdist.errors import SpecError
 from simdist.plan.opgraph import Comm, Op, OpGraph
-from simdist.plan.schedule import WEIGHT_GRAD_SHARE, Step, check_schedule, model_part, schedule_order
+from simdist.plan.schedule import WEIGHT_GRAD_SHARE, Step, check_schedule, schedule_order
 
 __all__ = ["PipelineEmitter", "UniformCosts", "UniformEmitter", "build_pipeline", "pipeline_graph"]
 
@@ -37,18 +37,6 @@ class PipelineEmitter(Protocol):
         ...
 
 
-def _neighbour(stage: int, step: Step, num_stages: int, num_parts: int) -> tuple[int, int] | None:
-    """(stage, chunk) the output of ``step`` goes to: the next part for F, the previous for B; else None."""
-    part = model_part(stage, step.chunk, num_stages)
-    if step.kind == "F" and part + 1 < num_parts:
-        nxt = part + 1
-    elif step.kind == "B" and part > 0:
-        nxt = part - 1
-    else:
-        return None
-    return nxt % num_stages, nxt // num_stages
-
-
 def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmitter, *, vpp: int = 1
                    ) -> dict[StepKey, tuple[int, int]]:
     """Add every stage's steps (program order) and the cross-stage dependencies; return the steps' op ids.
@@ -61,42 +49,58 @@ def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmi
     num_parts = k * vpp
     steps: dict[StepKey, tuple[int, int]] = {}
     sends: dict[StepKey, int] = {}
+    ops = graph.ops  # OpGraph.add and extend append to this list: ids index it
+    compute, transfer = emitter.compute, emitter.transfer
+    # Once per step of the schedule (every micro-batch): `model_part` and `_neighbour` inline, `OpGraph.depend` too
     for stage, stage_order in enumerate(order):
         for step in stage_order:
-            key = (stage, step.kind, step.microbatch, step.chunk)
+            kind, mb, chunk = step.kind, step.microbatch, step.chunk
+            key = (stage, kind, mb, chunk)
             if key in steps:
                 raise SpecError(f"stage {stage} runs {step.label(vpp)} twice", field="schedule",
                                 fix="give each (kind, micro-batch, chunk) once per stage")
-            if not 0 <= step.chunk < vpp:
-                raise SpecError(f"stage {stage} step {step.label(vpp)} names chunk {step.chunk} of {vpp}",
+            if not 0 <= chunk < vpp:
+                raise SpecError(f"stage {stage} step {step.label(vpp)} names chunk {chunk} of {vpp}",
                                 field="parallel.vpp", fix=f"use chunks 0..{vpp - 1}")
-            first, last = emitter.compute(graph, stage, step)
+            first, last = compute(graph, stage, step)
             steps[key] = (first, last)
-            dst = _neighbour(stage, step, k, num_parts)
-            if dst is not None:
-                op = emitter.transfer(graph, stage, dst[0], step)
+            part = chunk * k + stage  # model_part(stage, chunk, k)
+            if kind == "F":  # _neighbour: the next part for F, the previous for B
+                nxt = part + 1 if part + 1 < num_parts else -1
+            elif kind == "B":
+                nxt = part - 1
+            else:
+                nxt = -1
+            if nxt >= 0:
+                op = transfer(graph, stage, nxt % k, step)
                 if op is not None:
-                    graph.depend(op, last)
+                    deps = ops[op].deps  # graph.depend(op, last)
+                    if last not in deps:
+                        deps.append(last)
                     sends[key] = op
     for (stage, kind, mb, chunk), (first, _) in steps.items():
-        needs: list[int] = []
-        part = model_part(stage, chunk, k)
-        if kind in ("F", "B"):
+        deps = ops[first].deps  # graph.depend(first, *needs), needs in this order
+        part = chunk * k + stage
+        if kind == "F" or kind == "B":
             src = part - 1 if kind == "F" else part + 1
             if 0 <= src < num_parts:
                 src_key = (src % k, kind, mb, src // k)
                 if src_key not in steps:
                     raise SpecError(f"stage {stage} runs {kind}{mb} of part {part}, but part {src}'s {kind}{mb} "
                                     "is never run", field="schedule", fix="run every step on every stage")
-                needs.append(sends.get(src_key, steps[src_key][1]))
-        if kind in ("B", "W"):
+                d = sends.get(src_key)
+                if d is None:
+                    d = steps[src_key][1]
+                if d not in deps:
+                    deps.append(d)
+        if kind == "B" or kind == "W":
             own = (stage, "F" if kind == "B" else "B", mb, chunk)
-            if own not in steps:
+            got = steps.get(own)
+            if got is None:
                 raise SpecError(f"stage {stage} runs {kind}{mb} without its {own[1]}{mb}", field="schedule",
                                 fix="run every step on every stage")
-            needs.append(steps[own][1])
-        if needs:
-            graph.depend(first, *needs)
+            if got[1] not in deps:
+                deps.append(got[1])
     return steps
 
 

@@ -20,9 +20,11 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
-from simdist.plan.opgraph import Comm, Op, OpGraph
+from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
 from simdist.plan.pipeline import build_pipeline
 from simdist.plan.recipe import (
     DP_DONE,
@@ -32,7 +34,6 @@ from simdist.plan.recipe import (
     Recipe,
     StageTail,
     edge_recipe,
-    is_edge,
     send,
     tail,
 )
@@ -71,12 +72,50 @@ SLOWED_KINDS = frozenset({"forward", "backward", "weight_grad", "recompute", "op
 """Pieces a straggler GPU runs slower: its kernels (not its waits, not its collectives, which the links time)."""
 
 
+_Row = tuple[str, Comm | None, int, bool, float, float]
+"""(kind, Comm, rank, in a micro-batch, model FLOPs, hardware FLOPs) of ops (`OpRows`)."""
+
+
+class _RowLog:
+    """The `OpRows` of a graph as its emitters add ops: the distinct rows, and per block of consecutive ops (a
+    step's pieces, a send, a tail piece), in op order, which block of rows it repeats. An emitter registers a block
+    right before it adds the block's first ops (rows in order of their first op, as OpRows says)."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+        self.block_first: list[int] = []  # per distinct block: its first row
+        self.block_size: list[int] = []
+        self.blocks: list[int] = []  # per block of ops, in op order: its distinct block
+
+    def block(self, rows: list[_Row]) -> int:
+        """Register a block of rows; its id."""
+        self.block_first.append(len(self.rows))
+        self.block_size.append(len(rows))
+        self.rows.extend(rows)
+        return len(self.block_first) - 1
+
+    def table(self, num_ops: int) -> OpRows | None:
+        """The graph's `OpRows` (None unless the blocks account for its ``num_ops`` ops)."""
+        seq = np.asarray(self.blocks, dtype=np.int64)
+        size = np.asarray(self.block_size, dtype=np.int64)[seq]
+        if int(size.sum()) != num_ops or not self.rows:
+            return None
+        first_op = np.cumsum(size) - size  # each block's first op
+        row = np.repeat(np.asarray(self.block_first, dtype=np.int64)[seq] - first_op, size) + np.arange(num_ops)
+        kind, comm, rank, per_microbatch, model, hardware = zip(*self.rows, strict=True)
+        return OpRows(row, kind, comm, tuple(None if c is None else c.axis for c in comm),
+                      np.asarray(rank, dtype=np.int64), np.asarray(per_microbatch, dtype=bool),
+                      np.asarray(model, dtype=float), np.asarray(hardware, dtype=float))
+
+
 class _Emitter:
     """Instantiates each scheduled step's recipe for one data-parallel replica (a PipelineEmitter)."""
 
     def __init__(self, cfg: StepConfig, recipes: dict[tuple, Recipe], ranks: dict[int, int],
-                 num_microbatches: int, factors: dict[int, float] | None = None) -> None:
+                 num_microbatches: int, factors: dict[int, float] | None = None, log: _RowLog | None = None) -> None:
         self.cfg, self.recipes, self.ranks = cfg, recipes, ranks
+        self.log = log if log is not None else _RowLog()
+        """Where the emitted ops' rows go (shared by the emitters of one graph)."""
         self.factors = factors or {}
         """stage -> time factor of its compute pieces (a straggler)."""
         self.num_microbatches = num_microbatches
@@ -84,11 +123,14 @@ class _Emitter:
         self.last_backward: dict[tuple[int, int], int] = {}  # (stage, chunk) -> end of its last backward / W
         self.dp_last: dict[int, int] = {}       # stage -> its last data-parallel op so far
         self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._templates: dict[tuple, tuple[tuple, int, int, int]] = {}
+        self._templates: dict[tuple, tuple[tuple, int, int, int, int]] = {}
         self._send = send(cfg)
-        self._sends: dict[tuple[int, int], tuple[int, str, Comm]] = {}  # (src, dst stage) -> (src rank, name, Comm)
+        # (src, dst stage) -> (src rank, name, Comm, its block of rows)
+        self._sends: dict[tuple[int, int], tuple[int, str, Comm, int]] = {}
         self._tagged: Step | None = None
         self._tag_text = ""
+        self._chunked = cfg.vpp > 1  # a step's tag names its chunk (Step.label)
+        self._b_ends_backward = cfg.schedule != "zb_h1"  # a B ends its chunk's backward (zb_h1: its W does)
 
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
         key = (axis, stage)
@@ -109,17 +151,22 @@ class _Emitter:
                          duration_s=duration, deps=deps, stage=stage,
                          microbatch=-1 if piece.per_step else microbatch, chunk=chunk, comm=comm,
                          model_flops=piece.model_flops, hardware_flops=piece.hardware_flops))
+        log = self.log
+        log.blocks.append(log.block([(piece.kind, comm, self.ranks[stage],
+                                      not piece.per_step and microbatch >= 0, piece.model_flops,
+                                      piece.hardware_flops)]))
         if piece.stream == "dp":
             self.dp_last[stage] = i
         return i
 
-    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int, int]:
+    def _template(self, stage: int, key: tuple) -> tuple[tuple, int, int, int, int]:
         """A recipe instantiated on ``stage`` once (its ops differ by name, micro-batch and chunk only): per piece
         (its fixed name or None, what follows the step's tag in its name, stream, kind, duration, deps inside the
-        recipe, waits for the previous step, runs once per step, Comm, model and hardware FLOPs), the index of the
-        piece that ends the step, of the one that takes the input (-1: none) and of the last on the dp stream
-        (-1: none)."""
-        got = self._templates.get((stage, key))
+        recipe: the first, the second (-1: none) and all where more than two, waits for the previous step, runs
+        once per step, Comm, model and hardware FLOPs), the index of the piece that ends the step, of the one that
+        takes the input (0 where none does) and of the last on the dp stream (-1: none), and its block of rows in the
+        `_RowLog`; kept by ``key``."""
+        got = self._templates.get(key)
         if got is None:
             recipe = self.recipes[key]
             factor = self.factors.get(stage, 1.0)
@@ -135,13 +182,24 @@ class _Emitter:
                 # the name: the piece's label once per step; else the step's tag, then "/label", " label" or nothing
                 fixed = p.label if p.per_step else None
                 suffix = p.label if p.label.startswith("/") else f" {p.label}" if p.label else ""
-                rows.append((fixed, suffix, p.stream, p.kind, duration, tuple(d for d in p.deps if d >= 0),
-                             PREV in p.deps, p.per_step, comm, p.model_flops, p.hardware_flops))
+                inner = tuple(d for d in p.deps if d >= 0)
+                # deps inside the recipe as up to two indices (-1: none) or, past two, the whole tuple (`compute`)
+                first_dep = inner[0] if inner else -1
+                second_dep = inner[1] if len(inner) > 1 else -1
+                rows.append((fixed, suffix, p.stream, p.kind, duration, first_dep, second_dep,
+                             inner if len(inner) > 2 else None, PREV in p.deps, p.per_step, comm, p.model_flops,
+                             p.hardware_flops))
                 if p.needs_input and entry < 0:
                     entry = j
                 if p.stream == "dp":
                     last_dp = j
-            got = self._templates[(stage, key)] = (tuple(rows), recipe.end, entry, last_dp)
+            # a scheduled step's micro-batch is one of 0..M-1 (simdist.plan.schedule.schedule_order): its pieces that
+            # do not run once per step have microbatch >= 0 (OpRows.per_microbatch)
+            rank = self.ranks[stage]
+            block = self.log.block([(kind, comm, rank, not per_step, model_flops, hardware_flops)
+                                    for _, _, _, kind, _, _, _, _, _, per_step, comm, model_flops, hardware_flops
+                                    in rows])
+            got = self._templates[key] = (tuple(rows), recipe.end, max(entry, 0), last_dp, block)
         return got
 
     def _tag(self, step: Step) -> str:
@@ -153,17 +211,31 @@ class _Emitter:
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
         kind, microbatch, chunk = step.kind, step.microbatch, step.chunk
-        edge = is_edge(kind, microbatch, self.num_microbatches)
-        rows, end_piece, entry_piece, dp_piece = self._template(stage, (stage, chunk, kind, edge))
-        tag = self._tag(step)
+        # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches)), is_edge inline
+        key = (stage, chunk, kind, microbatch == (0 if kind == "F" else self.num_microbatches - 1))
+        got = self._templates.get(key)
+        rows, end_piece, entry_piece, dp_piece, block = got if got is not None else self._template(stage, key)
+        self.log.blocks.append(block)
+        # the step's tag, step.label(vpp) in one f-string; kept for its transfer (asked for right after)
+        tag = f"{kind}{microbatch}.{chunk}" if self._chunked else f"{kind}{microbatch}"
+        self._tagged, self._tag_text = step, tag
         rank = self.ranks[stage]
         previous = self.last.get(stage)
         ops = graph.ops
         first = len(ops)  # the step's pieces become ops first, first + 1, ... in order (OpGraph.add's ids)
         new = []
         append = new.append
-        for fixed, suffix, stream, op_kind, duration, inner, prev, per_step, comm, model_flops, hardware_flops in rows:
-            deps = [first + d for d in inner] if inner else []
+        for (fixed, suffix, stream, op_kind, duration, d0, d1, many, prev, per_step, comm, model_flops,
+             hardware_flops) in rows:
+            # [first + d for d in the piece's deps inside the recipe], without a comprehension for one or two
+            if many is not None:
+                deps = [first + d for d in many]
+            elif d1 >= 0:
+                deps = [first + d0, first + d1]
+            elif d0 >= 0:
+                deps = [first + d0]
+            else:
+                deps = []
             if prev and previous is not None:
                 deps.insert(0, previous)
             # Op's fields in order (name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm,
@@ -175,9 +247,9 @@ class _Emitter:
             self.dp_last[stage] = first + dp_piece
         end = first + end_piece
         self.last[stage] = end
-        if kind == "W" or (kind == "B" and self.cfg.schedule != "zb_h1"):
+        if kind == "W" or (kind == "B" and self._b_ends_backward):
             self.last_backward[(stage, chunk)] = end
-        return first + max(entry_piece, 0), end
+        return first + entry_piece, end
 
     def transfer(self, graph: OpGraph, src_stage: int, dst_stage: int, step: Step) -> int | None:
         if src_stage == dst_stage:
@@ -186,12 +258,15 @@ class _Emitter:
         if pair is None:  # one Comm per (src, dst) stages, shared by its sends (it is frozen, as a recipe piece's)
             c = self._send
             src, dst = self.ranks[src_stage], self.ranks[dst_stage]
-            pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}",
-                                                          Comm(c.op, (src, dst), c.nbytes, c.axis, c.count))
-        src, suffix, comm = pair
+            comm = Comm(c.op, (src, dst), c.nbytes, c.axis, c.count)
+            pair = self._sends[(src_stage, dst_stage)] = (src, f" send to stage {dst_stage}", comm,
+                                                          self.log.block([("comm", comm, src, True, 0.0, 0.0)]))
+        src, suffix, comm, block = pair
+        self.log.blocks.append(block)  # a send's micro-batch is its step's, >= 0 (as in `_template`)
+        tag = self._tag_text if step is self._tagged else self._tag(step)
         # positional: Op(name, rank, stream, kind, duration_s, deps, stage, microbatch, chunk, comm), see compute
-        return graph.add(Op(self._tag(step) + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch,
-                            step.chunk, comm))
+        return graph.add(Op(tag + suffix, src, "pp", "comm", math.nan, [], src_stage, step.microbatch, step.chunk,
+                            comm))
 
     def finish(self, graph: OpGraph, stage: int, stage_tail: StageTail) -> None:
         """The stage's tail (simdist.plan.recipe.tail): gradient reduction, optimizer, parameter all_gather."""
@@ -291,6 +366,7 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
     graph = OpGraph()
     stage_ranks: dict[tuple[int, int], int] = {}
     emitters: list[_Emitter] = []
+    log = _RowLog()
     for d in dp_indices:
         for t, c in peers:
             ranks = {s: mesh.rank(pp=s, dp=d, tp=t, cp=c) for s in range(K)}
@@ -299,12 +375,13 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
             m = num_microbatches if num_microbatches is not None else cfg.microbatches(d)
             order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
             factors = {s: (cfg.rank_factor(r) if full else cfg.compute_factor(s, d)) for s, r in ranks.items()}
-            em = _Emitter(cfg, recipes, ranks, m, {s: f for s, f in factors.items() if f != 1.0})
+            em = _Emitter(cfg, recipes, ranks, m, {s: f for s, f in factors.items() if f != 1.0}, log)
             build_pipeline(graph, order, em, vpp=cfg.vpp)
             emitters.append(em)
     for s in range(K):
         for em in emitters:
             em.finish(graph, s, tails[s])
+    graph.rows = log.table(len(graph.ops))
     if len(emitters) > 1:  # one emitter puts a stage's ops on one rank: no collective spans two simulated ranks
         _link_instances(graph)
     simulated = {"tp": full, "cp": full, "dp": len(dp_indices) > 1 or mesh.dp == 1}

@@ -496,8 +496,9 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     # made and hashed once (by the object's id: every Comm stays alive in the graph meanwhile)
     key_of: dict[int, tuple] = {}
     comms: dict[int, Comm] = {}  # id -> Comm, each distinct object once, in order of first use
-    for op in graph.ops:
-        c = op.comm
+    rows = graph.op_rows()
+    # the builder's rows hold each op's Comm, in order of first use (simdist.plan.opgraph.OpRows): far fewer than ops
+    for c in (rows.comm if rows is not None else (op.comm for op in graph.ops)):
         if c is None or id(c) in comms:  # an object already seen: its key is in ``pending`` already
             continue
         comms[id(c)] = c
@@ -535,6 +536,19 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
             if job is None:
                 job = jobs[(key, c.count, c.host_s)] = job_of(topology, priced, c.count, c.host_s)
         done[i] = ((priced.time_s + c.host_s) * c.count, job)
+    if rows is not None:  # only the ops that have a Comm, found from their rows
+        has_comm = np.fromiter((c is not None for c in rows.comm), dtype=bool, count=len(rows.comm))[rows.row]
+        which = np.flatnonzero(has_comm)
+        of_row = [None if c is None else done[id(c)] for c in rows.comm]
+        ops = graph.ops
+        if with_links:
+            for i, r in zip(which.tolist(), rows.row[which].tolist(), strict=True):
+                op = ops[i]
+                op.duration_s, op.job = of_row[r]
+        else:
+            for i, r in zip(which.tolist(), rows.row[which].tolist(), strict=True):
+                ops[i].duration_s = of_row[r][0]
+        return cache
     for op in graph.ops:
         c = op.comm
         if c is not None:

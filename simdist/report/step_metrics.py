@@ -12,6 +12,7 @@ before `metrics` turns them into step time, throughput, MFU, bubble and breakdow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,35 +48,65 @@ def _columns(graph: OpGraph, trace: TraceLike, ranks: list[int]
              ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], float, float]:
     """Per rank of ``ranks``, its ops in op order as columns (start, end, category: index into CATEGORIES,
     pipeline work), and the model and hardware FLOPs of those ranks' ops (summed in op order)."""
-    ops = graph.ops
-    n = len(ops)
-    # Per op its kind and its collective's axis as small codes (dict lookups of interned strings), each distinct
-    # (kind, axis) categorised once; pipeline work also needs a micro-batch (simdist.plan.accounting.is_work)
-    kinds = [op.kind for op in ops]
-    axes = [None if op.comm is None else op.comm.axis for op in ops]
-    kind_ids = {k: j for j, k in enumerate(dict.fromkeys(kinds))}
-    axis_ids = {a: j for j, a in enumerate(dict.fromkeys(axes))}
-    pair = (np.fromiter(map(kind_ids.__getitem__, kinds), dtype=np.int64, count=n) * len(axis_ids)
-            + np.fromiter(map(axis_ids.__getitem__, axes), dtype=np.int64, count=n))
-    pairs = [(k, a) for k in kind_ids for a in axis_ids]  # index kind x len(axis_ids) + axis
-    category_of_pair = np.array([CATEGORIES.index(category_of(k, a)) for k, a in pairs], dtype=np.int64)
-    work_of_pair = np.array([is_work(k, a, 0) for k, a in pairs], dtype=bool)  # is_work of a step's op
-    category = category_of_pair[pair]
-    work = work_of_pair[pair] & (np.fromiter([op.microbatch for op in ops], dtype=np.int64, count=n) >= 0)
-    rank = np.fromiter([op.rank for op in ops], dtype=np.int64, count=n)
-    start = np.asarray(trace.start_s, dtype=float)
-    end = np.asarray(trace.end_s, dtype=float)
+    table = graph.op_rows()
+    if table is not None:  # the builder's rows (simdist.plan.step): each distinct row categorised once
+        category_of_row, work_of_row = _categorised(table.kind, table.axis)
+        row = table.row
+        category = category_of_row[row]
+        work = (work_of_row & table.per_microbatch)[row]
+        rank = table.rank[row]
+    else:
+        ops = graph.ops
+        n = len(ops)
+        # Per op its kind and its collective's axis as small codes (dict lookups of interned strings), each
+        # distinct (kind, axis) categorised once; pipeline work also needs a micro-batch
+        # (simdist.plan.accounting.is_work)
+        kinds = [op.kind for op in ops]
+        axes = [None if op.comm is None else op.comm.axis for op in ops]
+        kind_ids = {k: j for j, k in enumerate(dict.fromkeys(kinds))}
+        axis_ids = {a: j for j, a in enumerate(dict.fromkeys(axes))}
+        pair = (np.fromiter(map(kind_ids.__getitem__, kinds), dtype=np.int64, count=n) * len(axis_ids)
+                + np.fromiter(map(axis_ids.__getitem__, axes), dtype=np.int64, count=n))
+        pairs = [(k, a) for k in kind_ids for a in axis_ids]  # index kind x len(axis_ids) + axis
+        category_of_pair, work_of_pair = _categorised([k for k, _ in pairs], [a for _, a in pairs])
+        category = category_of_pair[pair]
+        work = work_of_pair[pair] & (np.fromiter([op.microbatch for op in ops], dtype=np.int64, count=n) >= 0)
+        rank = np.fromiter([op.rank for op in ops], dtype=np.int64, count=n)
+    start, end = _floats(trace.start_s), _floats(trace.end_s)
     columns = []
     for r in ranks:
         mine = np.flatnonzero(rank == r)
         columns.append((start[mine], end[mine], category[mine], work[mine]))
     # cumsum adds in order, left to right: the sums of a loop over the ops, bit for bit
     mine = np.isin(rank, ranks)
-    model_flops = np.fromiter([op.model_flops for op in ops], dtype=float, count=n)[mine]
-    hardware_flops = np.fromiter([op.hardware_flops for op in ops], dtype=float, count=n)[mine]
+    if table is not None:
+        model_flops = table.model_flops[row[mine]]
+        hardware_flops = table.hardware_flops[row[mine]]
+    else:
+        model_flops = np.fromiter([op.model_flops for op in ops], dtype=float, count=n)[mine]
+        hardware_flops = np.fromiter([op.hardware_flops for op in ops], dtype=float, count=n)[mine]
     model = float(np.cumsum(model_flops)[-1]) if len(model_flops) else 0.0
     hardware = float(np.cumsum(hardware_flops)[-1]) if len(hardware_flops) else 0.0
     return columns, model, hardware
+
+
+def _floats(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``values`` as a float array (a trace's tuple: np.fromiter, a third cheaper than np.asarray)."""
+    if isinstance(values, tuple):
+        return np.fromiter(values, dtype=float, count=len(values))
+    return np.asarray(values, dtype=float)
+
+
+def _categorised(kinds: Sequence[str], axes: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Per (kind, axis) of ``kinds`` and ``axes`` (same length), its category (index into CATEGORIES) and whether
+    it is pipeline work when it belongs to a micro-batch (simdist.plan.accounting.is_work of a step's op)."""
+    seen: dict[tuple[str, str | None], tuple[int, bool]] = {}
+    for k, a in zip(kinds, axes, strict=True):
+        if (k, a) not in seen:
+            seen[(k, a)] = (CATEGORIES.index(category_of(k, a)), is_work(k, a, 0))
+    got = [seen[(k, a)] for k, a in zip(kinds, axes, strict=True)]
+    return (np.array([c for c, _ in got], dtype=np.int64).reshape(-1),
+            np.array([w for _, w in got], dtype=bool).reshape(-1))
 
 
 def bubble_fraction(graph: OpGraph, trace: TraceLike, ranks: list[int]) -> float:
