@@ -3,11 +3,11 @@
 `engine_step` builds and prices the step's op graph (simdist.plan.step, simdist.predict.price), times it without
 SimPy up to the first instant two transfers meet on a shared link (simdist.engine.contention) and with SimPy from
 there (simdist.engine.graph), and, where the step repeats a steady state, simulates three micro-batch counts a
-period apart and extends them (simdist.plan.fastforward). The two smaller samples are simulated on their own in a
-child process beside the largest where the machine has a CPU to spare (simdist.predict.beside), else after it,
-resumed from the state it recorded (simdist.engine.prefix); a sample slid on by a cycle (samples not yet collinear)
-resumes from the state the previous largest recorded (`Recorded`). `simdist.predict.step.predict_step` turns its
-observables into the JSON.
+period apart and extends them (simdist.plan.fastforward). The two smaller samples are simulated in a child process
+beside the largest where the machine has a CPU to spare (simdist.predict.beside: the middle one on its own, the
+smallest resumed from it), else after it, resumed from the state it recorded (simdist.engine.prefix); a sample slid
+on by a cycle (samples not yet collinear) resumes from the state the previous largest recorded (`Recorded`).
+`simdist.predict.step.predict_step` turns its observables into the JSON.
 """
 
 from __future__ import annotations
@@ -239,18 +239,21 @@ def _finish_smaller(smaller: Smaller, big: tuple[GraphTrace, float, dict[float, 
 
 def _on_their_own(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
                   degraded: dict[int, float] | None, counts: tuple[int, ...]) -> list[dict[str, float]]:
-    """The observables (with ``uncontended_s``) of each sample of ``counts`` micro-batches, simulated on its own from
-    its first divergence (as `engine_step` simulates a whole step): what a child process computes beside the
-    largest sample's run (simdist.predict.beside). The same answers as `_finish_smaller`'s resumed runs, up to ties
-    at the cut and re-share orders in the last bits (simdist.engine.prefix)."""
-    out = []
-    with collector_paused():
-        for m in counts:
-            plan, priced = priced_plan(cfg, topology, adjust, full, m)
-            alone = alone_and_cut(plan, topology, degraded)
-            out.append(_observed(plan, priced, engine_trace(plan, topology, degraded, alone), alone, alone[2])[3])
-            del plan, priced, alone
-    return out
+    """The observables (with ``uncontended_s``) of each sample of ``counts`` micro-batches (ascending), simulated apart
+    from the largest sample's run: what a child process computes beside it (simdist.predict.beside). The largest of
+    ``counts`` is simulated on its own from its first divergence (as `engine_step` simulates a whole step), the
+    others resumed from its recorded states (`_finish_smaller`). The same answers as when all are resumed from the
+    largest sample's run, up to ties at the cut and re-share orders in the last bits (simdist.engine.prefix)."""
+    *smaller_counts, m = counts
+    plan, priced = priced_plan(cfg, topology, adjust, full, m)
+    alone = alone_and_cut(plan, topology, degraded)
+    run, recorded = _largest(plan, priced, topology, degraded, alone)
+    if not smaller_counts:
+        return [run[3]]
+    obs = run[3]
+    del run
+    smaller = _prepare_smaller(cfg, topology, adjust, full, degraded, tuple(smaller_counts), plan, priced, alone)
+    return [*_finish_smaller(smaller, (recorded.trace, alone[2], recorded.states), topology, degraded), obs]
 
 
 def _prepared(prepared: list[dict[str, float]], _message: object) -> list[dict[str, float]]:
@@ -323,9 +326,10 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
     if found is not None:
         counts = found[1:]
         check(max(counts))
-        # Where the machine has a CPU to spare, the smaller samples are built, priced and simulated on their own (each
-        # from its own first divergence) in a child process, beside this one's largest sample (simdist.predict.beside);
-        # else after it, resumed from its recorded states (simdist.engine.prefix: SimPy simulates their tails only).
+        # Where the machine has a CPU to spare, the smaller samples are built, priced and simulated in a child process
+        # beside this one's largest sample (simdist.predict.beside: the middle one from its own first divergence, the
+        # smallest resumed from it); else after it, resumed from its recorded states (simdist.engine.prefix: SimPy
+        # simulates their tails only).
         own = Beside(partial(_on_their_own, cfg, topology, adjust, full, degraded, counts[:-1]), _prepared) \
             if can_fork() else None
         try:
