@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simdist.analytic.step import CommPricer
+from simdist.analytic.step import CommPricer, fast_forward_plan
 from simdist.analytic.step_batch import perturbed_step_s
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.plan.step_config import StepConfig
@@ -222,41 +222,40 @@ def band_ratios(cfg: StepConfig, pricer: CommPricer, plan: tuple[int, int, int, 
 
 
 class BandWork:
-    """A step's `band_ratios`, computed where they cost its prediction least (simdist.predict.step): in a child
-    process beside the engine's run of every micro-batch, or while the engine waits for its samples' child
-    (simdist.predict.beside: where the machine has a CPU to spare), else when asked for. The engine calls `planned`
-    before it runs every micro-batch and `idle` while it waits (simdist.predict.engine_step.Sidework); the same
-    ratios wherever they are computed."""
+    """A step's `band_ratios`, computed in a child process beside the engine where the machine has a CPU to spare
+    (simdist.predict.beside), else when asked for: the same ratios either way. The child starts at once and reads
+    the engine's fast-forward plan itself (`simdist.analytic.step.fast_forward_plan`, as `engine_step` does: the same
+    plan, while the engine's process finds it too, a CPU being free then); `ratios` takes the child's answer where
+    the engine's step used that plan."""
 
-    def __init__(self, cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None) -> None:
+    def __init__(self, cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None, *,
+                 fast_forward: bool) -> None:
         self._cfg, self._pricer, self._ranges = cfg, pricer, ranges
-        self._done: dict[tuple[int, int, int, int] | bool, BandRatios] = {}
-        self._job: tuple[tuple[int, int, int, int] | bool, Beside[BandRatios, BandRatios]] | None = None
-
-    def planned(self, plan: tuple[int, int, int, int] | bool) -> None:
-        """The engine runs every micro-batch now, its answer's fast-forward plan ``plan`` (False: none): the band's
-        child starts beside it."""
-        if plan not in self._done and self._job is None and can_fork():
-            self._job = (plan, Beside(partial(band_ratios, self._cfg, self._pricer, plan, self._ranges), _prepared))
-
-    def idle(self, plan: tuple[int, int, int, int] | bool) -> None:
-        """The engine waits for its child, its answer's fast-forward plan ``plan``: the band is timed meanwhile."""
-        if plan not in self._done and (self._job is None or self._job[0] != plan):
-            self._done[plan] = band_ratios(self._cfg, self._pricer, plan, self._ranges)
+        forked = can_fork()
+        self._job = (Beside(partial(_planned_ratios, cfg, pricer, ranges, fast_forward, forked), _prepared)
+                     if forked else None)
 
     def ratios(self, plan: tuple[int, int, int, int] | bool) -> BandRatios:
         """The band's ratios on ``plan`` (the engine's answer's fast-forward plan: False where it had none)."""
         job, self._job = self._job, None
         if job is not None:
-            if job[0] == plan and plan not in self._done:
-                self._done[plan] = job[1].result(None)
-            job[1].close()
-        if plan not in self._done:
-            self._done[plan] = band_ratios(self._cfg, self._pricer, plan, self._ranges)
-        return self._done[plan]
+            with job:
+                found, ratios = job.result(None)
+            if found == plan:
+                return ratios
+        return band_ratios(self._cfg, self._pricer, plan, self._ranges)
 
 
-def _prepared(prepared: BandRatios, _message: object) -> BandRatios:
+def _planned_ratios(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None, fast_forward: bool,
+                    beside: bool) -> tuple[tuple[int, int, int, int] | bool, BandRatios]:
+    """(the engine's fast-forward plan of ``cfg``, False where none: `engine_step`'s, whose samples run ``beside``;
+    the band's ratios on it)."""
+    found = fast_forward_plan(cfg, pricer, for_engine=True, beside=beside) if fast_forward else None
+    plan = found if found is not None else False
+    return plan, band_ratios(cfg, pricer, plan, ranges)
+
+
+def _prepared(prepared: Any, _message: object) -> Any:
     return prepared
 
 

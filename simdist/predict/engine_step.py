@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
 from simdist.engine.contention import Alone, departs, engine_alone, first_divergence
@@ -34,7 +34,7 @@ from simdist.predict.faults import scaled_capacities
 from simdist.predict.price import Adjust, PricedComm, capacity_of, price_graph
 from simdist.report.step_metrics import observables
 
-__all__ = ["FAST_FORWARD_MIN_OPS", "EngineStep", "Sidework", "alone_and_cut", "capacities", "collector_paused",
+__all__ = ["FAST_FORWARD_MIN_OPS", "EngineStep", "alone_and_cut", "capacities", "collector_paused",
            "engine_step", "engine_trace", "first_replica", "priced_plan"]
 
 FAST_FORWARD_MIN_OPS = 20_000
@@ -139,17 +139,6 @@ class EngineStep:
     engine_from_s: float = math.inf
     """Up to this time the shown timeline is each op's engine time alone, no two transfers on a shared link at once
     (simdist.engine.contention.first_divergence); SimPy simulated it from there (inf: nowhere)."""
-
-
-class Sidework(Protocol):
-    """Work of `engine_step`'s caller to do where the engine leaves a CPU free (simdist.predict.bands.BandWork)."""
-
-    def planned(self, plan: tuple[int, int, int, int] | bool) -> None:
-        """The engine simulates every micro-batch now, in this process alone; its answer's fast-forward plan ``plan``
-        (False: none)."""
-
-    def idle(self, plan: tuple[int, int, int, int] | bool) -> None:
-        """The engine waits for its samples' child process; its answer's fast-forward plan ``plan``."""
 
 
 def first_replica(plan: StepPlan) -> list[int]:
@@ -310,7 +299,7 @@ def _observed(plan: StepPlan, priced: dict[tuple, PricedComm], trace: GraphTrace
 def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool, fast_forward: bool,
             check: Callable[[int], None] = lambda m: None, degraded: dict[int, float] | None = None,
             rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool] = lambda plan, priced: False,
-            pricer: CommPricer | None = None, beside: Sidework | None = None) -> EngineStep | None:
+            pricer: CommPricer | None = None) -> EngineStep | None:
     """The engine's step; a large micro-batch count is fast-forwarded (simdist.plan.fastforward) along the cycle
     the closed form's timeline shows, when three engine samples are collinear; else every micro-batch is run.
     ``check(m)`` runs before the engine simulates ``m`` micro-batches (bounded work: simdist.limits).
@@ -318,8 +307,7 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
     answer would carry: True returns None at once (the caller simulates otherwise: `predict_step` every rank
     where the representatives would not be exact), so no engine run is spent on an answer thrown away.
     ``pricer``: the closed form's prices of ``topology`` and ``adjust`` (simdist.analytic.pricing.CommPricer, a
-    memo), shared with the caller's other closed-form uses of the step; None: a new one. ``beside``: work of the
-    caller's to do where the engine leaves a CPU free (`Sidework`)."""
+    memo), shared with the caller's other closed-form uses of the step; None: a new one."""
     M = cfg.microbatches(0)
     pricer = pricer if pricer is not None else CommPricer(topology, adjust)
     found = fast_forward_plan(cfg, pricer, for_engine=True, beside=can_fork()) if fast_forward else None
@@ -333,8 +321,7 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
         own = Beside(partial(_on_their_own, cfg, topology, adjust, full, degraded, counts[:-1]), _prepared) \
             if can_fork() else None
         try:
-            found_step = _fast_forward(cfg, topology, adjust, full, degraded, check, rather, pricer, found, own,
-                                       beside)
+            found_step = _fast_forward(cfg, topology, adjust, full, degraded, check, rather, pricer, found, own)
         finally:
             if own is not None:
                 own.close()
@@ -344,8 +331,6 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
     plan, priced = priced_plan(cfg, topology, adjust, full, None)
     if rather(plan, priced):
         return None
-    if beside is not None:
-        beside.planned(found if found is not None else False)
     alone = alone_and_cut(plan, topology, degraded)
     trace = engine_trace(plan, topology, degraded, alone)
     return EngineStep(plan, priced, trace, observables(plan.graph, trace, first_replica(plan)), alone[0].makespan_s,
@@ -356,8 +341,7 @@ def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
                   degraded: dict[int, float] | None, check: Callable[[int], None],
                   rather: Callable[[StepPlan, dict[tuple, PricedComm]], bool], pricer: CommPricer,
                   found: tuple[int, int, int, int],
-                  own: Beside[list[dict[str, float]], list[dict[str, float]]] | None, beside: Sidework | None
-                  ) -> EngineStep | bool | None:
+                  own: Beside[list[dict[str, float]], list[dict[str, float]]] | None) -> EngineStep | bool | None:
     """`engine_step` fast-forwarded on ``found``'s samples: its answer, False where ``rather`` declined it, None where
     every micro-batch is to be simulated instead (too small a step, or samples never collinear). ``own``: the smaller
     samples' observables computed beside (`_on_their_own`), if a child process does that."""
@@ -372,8 +356,6 @@ def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
         if rather(big_plan, big_priced):  # the answer carries the last sample's plan and prices
             return False
         big_run, recorded = _largest(big_plan, big_priced, topology, degraded, big_alone)
-        if beside is not None:
-            beside.idle(found)
         smaller_obs = own.result(None)
     else:
         if own is not None:

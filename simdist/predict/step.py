@@ -33,7 +33,7 @@ from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepPlan, build_step, collective_runs, step_memory
 from simdist.predict.band_ranges import CalibratedRanges
-from simdist.predict.bands import BandWork
+from simdist.predict.bands import BandWork, band_ratios
 from simdist.predict.engine_step import EngineStep, collector_paused, engine_step, first_replica
 from simdist.predict.faults import degraded_links, faults_report
 from simdist.predict.goodput import goodput
@@ -163,7 +163,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     pricer = CommPricer(topology, adjust)  # one memo of the closed form's prices for the step, its band and samples
     plan = trace = None
     engine = None
-    band = BandWork(cfg, pricer, band_ranges)
+    band: BandWork | None = None
     if fidelity == "closed_form":
         obs, ff = analytic_observables(cfg, pricer)
         how = ff.describe("timed") if ff is not None else "all"
@@ -190,16 +190,16 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
             full_ops = len(plan.graph.ops) * topology.num_gpus / max(1, len(plan.graph.ranks()))
             return not (class_symmetric(priced) and not degraded and not failed) and full_ops <= FULL_AUTO_MAX_OPS
 
+        # the band's closed forms, in a child process beside the engine where the machine has a CPU to spare
+        band = BandWork(cfg, pricer, band_ranges, fast_forward=simulate != "full")
         # one pause of the collector over every sample (their graphs, traces and prices are 10^5 objects: each
         # resumption would have it scan them all again); results are unchanged
         with collector_paused():
             found = engine_step(cfg, topology, adjust, simulate == "full", simulate != "full", check(simulate),
-                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False, pricer,
-                                band)
+                                degraded, every_rank if simulate == "auto" else lambda plan, priced: False, pricer)
             exact = found is None or (class_symmetric(found.priced) and not degraded and not failed)
             if found is None:
-                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded, pricer=pricer,
-                                    beside=band)
+                found = engine_step(cfg, topology, adjust, True, True, check("full"), degraded, pricer=pricer)
         engine = found
         assert engine is not None
         plan, trace, obs = engine.plan, engine.trace, engine.observables
@@ -253,7 +253,8 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size},
         "collectives": _collectives(runs, priced),
     }
-    ratios = band.ratios(engine.fast_forward if engine is not None and engine.fast_forward is not None else False)
+    band_plan = engine.fast_forward if engine is not None and engine.fast_forward is not None else False
+    ratios = band.ratios(band_plan) if band is not None else band_ratios(cfg, pricer, band_plan, band_ranges)
     step_band = ratios.around(metrics["step_time_s"])
     result["step_time_band_s"], result["step_time_band_how"] = step_band.band, step_band.how
     result["step_time_band_sources"] = step_band.sources
