@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import chain, count, repeat
+from operator import attrgetter
 
 import numpy as np
 import simpy
@@ -37,6 +38,8 @@ MEMO_ENTRIES = 1 << 16
 DONE_FRACTION = 1e-12
 """A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
 of rate x time in floating point)."""
+_seq = attrgetter("seq")
+"""A transfer's order of joining (a sort key)."""
 
 
 def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
@@ -179,21 +182,48 @@ class SharedLinks:
             done.succeed()
             return None if then is not None else done
         done = self.env.event() if then is None else None
-        now = self.env.now
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
-        capacity = self._capacity
-        on = self._on
         self._joined += 1
+        self._join(_Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0,
+                             self._sig(links, weights, cap), self.env.now))
+        return done
+
+    def route(self, links: Sequence[int], cap: float = math.inf, weights: Sequence[float] | None = None) -> list:
+        """The fixed part of transfers that `start` moves again and again: their ``links``, ``cap`` and ``weights``
+        as `transfer` takes them (its key, numbered at the first start)."""
+        return [tuple(links), None if weights is None else tuple(weights), cap, -1]
+
+    def start(self, route: list, size: float, then: Callable[[], None]) -> None:
+        """`transfer` (``route``'s links, cap and weights; ``size``; ``then``) without its per-call conversions and
+        key look-up: the engine's collectives move over the same few routes thousands of times."""
+        if size <= 0:
+            self.transfer(route[0], size, route[2], route[1], then)
+            return
+        links, weights, cap, sig = route
+        if sig < 0:
+            sig = route[3] = self._sig(links, weights, cap)
+        self._joined += 1
+        self._join(_Transfer(links, weights, size, size, cap, None, then, self._joined, 0.0, sig, self.env.now))
+
+    def _sig(self, links: tuple[int, ...], weights: tuple[float, ...] | None, cap: float) -> int:
+        """The number of (links, weights, cap) (`_Transfer.sig`); the capacities of links not seen before learnt."""
         sigs = self._sigs
         key = (links, weights, cap)
         sig = sigs.get(key)
         if sig is None:  # (links not seen before come only with a new signature)
             sig = sigs[key] = len(sigs)
+            capacity = self._capacity
             for link in links:
                 if link not in capacity:
                     self._learn(link)
-        t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig, now)
+        return sig
+
+    def _join(self, t: _Transfer) -> None:
+        """Put ``t`` under way now: rated alone where it shares no link, else re-shared at this instant's end."""
+        now = t.at
+        links = t.links
+        on = self._on
         near = t.near
         for link in links:
             there = on.get(link)
@@ -202,24 +232,23 @@ class SharedLinks:
                 there.append(t)
             else:
                 on[link] = [t]
-        shared = bool(near)
         for u in near:
             u.near.add(t)
         self._entries += len(links)
-        if cap != cap:
+        if t.cap != t.cap:
             self._finite = False
-        if weights is not None:
+        if t.weights is not None:
             self._weighted += 1
-        if shared:
+        if near:
             self._touched.add(t)
         else:
             self._rerate((t,), (self._alone(t),), now)
         if self._record:
-            self.load.add(links, size, weights)
+            self.load.add(links, t.size, t.weights)
         self._active[t.seq] = t
         if self._woken:
-            return done
-        if shared:
+            return
+        if near:
             self._woken = True
             if self._caller_settles and self.env.peek() > now:
                 # Nothing else is queued at this instant: the wake-up would be the next event after this callback
@@ -231,7 +260,6 @@ class SharedLinks:
         elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
             self._arm(t.end)
-        return done
 
     def in_flight(self) -> list[tuple[simpy.Event | Callable[[], None], float]]:
         """The transfers under way now, each as (its event, or its ``then``; the bytes per flow it has left)."""
@@ -273,19 +301,22 @@ class SharedLinks:
         push = self._push
         inf = math.inf
         for t, rate in zip(group, rates, strict=True):
-            if rate == t.rate:
+            old = t.rate
+            if rate == old:
                 continue
             elapsed = now - t.at
             if elapsed > 0:
-                t.left -= t.rate * elapsed
+                t.left -= old * elapsed
             t.at = now
             t.rate = rate
-            end = now + t.left / rate if rate > 0 else inf
-            if end == t.end:
-                continue
-            t.end = end
-            if end < inf:  # (NaN: never finishes, as a NaN rate never did)
-                heappush(ends, (end, t.seq, push(), t))
+            if rate > 0:
+                end = now + t.left / rate
+                if end != t.end:
+                    t.end = end
+                    if end < inf:  # (NaN: never finishes, as a NaN rate never did)
+                        heappush(ends, (end, t.seq, push(), t))
+            else:
+                t.end = inf
 
     def _reshare(self, now: float) -> None:
         active = self._active
@@ -300,13 +331,16 @@ class SharedLinks:
             # (Walked through ``near``: the transfers on the changed links still in use are the touched ones still
             # under way, the same component.)
             todo = [t for t in self._touched if t.live]
-            part = set(todo)
-            while todo:
-                for u in todo.pop().near:
-                    if u not in part:
-                        part.add(u)
-                        todo.append(u)
-            group = sorted(part, key=_seq)
+            if len(todo) == 1 and not todo[0].near:
+                group = todo  # (alone now: its component is itself)
+            else:
+                part = set(todo)
+                while todo:
+                    for u in todo.pop().near:
+                        if u not in part:
+                            part.add(u)
+                            todo.append(u)
+                group = sorted(part, key=_seq)
             key = tuple([t.sig for t in group])
             rates = self._memo.get(key)
             if rates is None:
@@ -433,7 +467,3 @@ class SharedLinks:
         for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
             if t.then is not None:
                 t.then()
-
-
-def _seq(t: _Transfer) -> int:
-    return t.seq
