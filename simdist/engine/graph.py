@@ -163,8 +163,8 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
                                      if share.bandwidth_s > 0 and share.links and net is not None else None)
         return r  # type: ignore[return-value]
 
-    for i, op in enumerate(ops):
-        if op.job is None or not math.isnan(solo_duration[i]):
+    for i, op, solo in zip(range(n), ops, solo_duration, strict=True):
+        if op.job is None or solo == solo:  # (not a collective on the shared links: not NaN)
             continue
         if op.sync >= 0:
             inst = instances.get(op.sync)
@@ -183,15 +183,16 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     # What happens at an instant without a SimPy event of its own (a track released by the op it waited for, a
     # collective that took no time) is queued here and done, in order, before the SimPy callback that caused it
     # returns (`drain`): the same instant, and no callback runs inside another.
-    later: deque[tuple[int, _Instance | None]] = deque()
+    # (a track released: its current op's dependencies are done; or a collective that ended)
+    later: deque[int | _Instance] = deque()
 
     def drain() -> None:
         while later:
-            k, inst = later.popleft()
-            if inst is None:  # track k, released: its op's dependencies are done
-                proceed(k)
+            what = later.popleft()
+            if what.__class__ is int:
+                proceed(what)  # type: ignore[arg-type]
             else:
-                instance_ended(inst)
+                instance_ended(what)  # type: ignore[arg-type]
 
     def instance_ended(inst: _Instance) -> None:
         for k, i in inst.members:
@@ -235,7 +236,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             else:
                 env.timeout(share.bandwidth_s).callbacks.append(ended_cb(inst))
         else:
-            later.append((-1, inst))
+            later.append(inst)
 
     # Each (rank, stream) track runs by event callbacks, not as a SimPy process: where a process would yield an
     # event (a dependency's release, a collective's end, a compute op's timeout) the track appends its next
@@ -254,7 +255,16 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         ids = track_ids[k]
 
         def on(_ev: simpy.Event) -> None:
-            finish(k, ids[pos[k]])
+            p = pos[k]
+            i = ids[p]
+            end[i] = env.now  # `finish`, inlined
+            for j in dependents[i]:
+                left = remaining[j] - 1
+                remaining[j] = left
+                if not left and waiting[j] >= 0:
+                    later.append(waiting[j])
+                    waiting[j] = -1
+            pos[k] = p + 1
             proceed(k)
             if later:
                 drain()
@@ -301,7 +311,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             left = remaining[j] - 1
             remaining[j] = left
             if not left and waiting[j] >= 0:
-                later.append((waiting[j], None))
+                later.append(waiting[j])
                 waiting[j] = -1
         pos[k] += 1
 
