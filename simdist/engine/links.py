@@ -103,6 +103,10 @@ class _Transfer:
     """When it finishes at its rate: ``at + left / rate`` (inf: rate 0)."""
     live: bool = True
     """Not finished yet."""
+    entry: int = -1
+    """The push number of its entry in the heap of finishes (-1: none; others of its entries are stale)."""
+    key: float = math.inf
+    """That entry's finish: at most ``end`` (a finish moved later keeps its entry, fixed when it comes to the top)."""
     near: set[_Transfer] = field(default_factory=set)
     """The transfers under way that share a link with it (re-shares walk these to find what a change reaches)."""
 
@@ -117,7 +121,9 @@ class SharedLinks:
 
     Progress is lazy: a transfer keeps its bytes left at its last rate change, that time, its rate and its
     projected finish; a re-share touches only the transfers whose rate changes, and the next finish comes
-    from a heap of projected finishes (entries of transfers re-rated or finished since are skipped when met).
+    from a heap of projected finishes (one entry per transfer, at or before its finish: one whose finish moved
+    later keeps its entry, which is fixed when it comes to the top; entries of transfers finished, or re-rated
+    to an earlier finish, are skipped when met).
     Horizon timeouts are not superseded: one pending at or before the next finish is kept, and when a
     timeout fires with nothing finished it re-arms for the next finish (no step).
     """
@@ -153,8 +159,10 @@ class SharedLinks:
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
         self._ends: list[tuple[float, int, int, _Transfer]] = []
-        """Heap of (projected finish, seq, push number, transfer); an entry whose transfer finished or was
-        re-rated to another finish since is stale (skipped when it comes to the top)."""
+        """Heap of (projected finish, seq, push number, transfer): per transfer under way with a finite finish, one
+        entry (its ``entry``) at or before it (the finish it had when pushed; a later finish does not push, the
+        entry is moved to it when it comes to the top, `_top`); others are stale (skipped when at the top). The
+        exact entries come to the top in the order of (finish, seq) of the transfers, as if each re-rate pushed."""
         self._push = count().__next__
         """The next push number (ties of finish and seq in ``_ends`` break by it, never by the transfer)."""
         self._pending: list[float] = []
@@ -313,8 +321,10 @@ class SharedLinks:
                 end = now + t.left / rate
                 if end != t.end:
                     t.end = end
-                    if end < inf:  # (NaN: never finishes, as a NaN rate never did)
-                        heappush(ends, (end, t.seq, push(), t))
+                    if end < t.key:  # (else its entry is at or before it; NaN: never finishes, as a NaN rate)
+                        n = t.entry = push()
+                        t.key = end
+                        heappush(ends, (end, t.seq, n, t))
             else:
                 t.end = inf
 
@@ -404,6 +414,21 @@ class SharedLinks:
         if self._owed:
             self.settle()
 
+    def _top(self) -> None:
+        """The heap's top entry is stale, or its transfer's finish moved later: pop it; in the second case push its
+        transfer's finish (if finite; NaN: never finishes)."""
+        ends = self._ends
+        _, _, n, t = heappop(ends)
+        if n == t.entry and t.live:
+            end = t.end
+            if end < math.inf:
+                n = t.entry = self._push()
+                t.key = end
+                heappush(ends, (end, t.seq, n, t))
+            else:
+                t.entry = -1
+                t.key = math.inf
+
     def _step(self) -> None:
         """At an event (a join, or the earliest finish): retire the finished transfers, re-share if needed,
         and make sure a timeout fires at the next finish (event callbacks, not a SimPy process).
@@ -416,9 +441,9 @@ class SharedLinks:
         ends = self._ends
         pop = heappop
         while ends:
-            end, _, _, t = ends[0]
-            if not t.live or t.end != end:
-                pop(ends)
+            end, _, n, t = ends[0]
+            if n != t.entry or not t.live or end != t.end:
+                self._top()
                 continue
             if end > now:
                 rate = t.rate
@@ -457,13 +482,13 @@ class SharedLinks:
             if t.done is not None:
                 t.done.succeed()
         while ends:
-            end, _, _, t = ends[0]
-            if t.live and t.end == end:
+            end, _, n, t = ends[0]
+            if n == t.entry and t.live and end == t.end:
                 pending = self._pending
                 if not pending or pending[0] > end:
                     self._arm(end)
                 break
-            pop(ends)
+            self._top()
         for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
             if t.then is not None:
                 t.then()
