@@ -278,7 +278,8 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         collective's member, or a timeout), and finish at once those that take no time."""
         ids = track_ids[k]
         p = pos[k]
-        while p < len(ids):
+        last = len(ids)
+        while p < last:
             i = ids[p]
             if remaining[i]:
                 waiting[i] = k
