@@ -341,8 +341,16 @@ class SharedLinks:
             # (Walked through ``near``: the transfers on the changed links still in use are the touched ones still
             # under way, the same component.)
             todo = [t for t in self._touched if t.live]
-            if len(todo) == 1 and not todo[0].near:
-                group = todo  # (alone now: its component is itself)
+            near = todo[0].near if len(todo) == 1 else None
+            if near is not None and len(near) < 2 and (not near or len(next(iter(near)).near) == 1):
+                # the commonest components, found without the walk: one transfer alone now, or two sharing links
+                # with each other only
+                t = todo[0]
+                if near:
+                    u = next(iter(near))
+                    group = [u, t] if u.seq < t.seq else [t, u]
+                else:
+                    group = todo
             else:
                 part = set(todo)
                 while todo:
