@@ -468,20 +468,28 @@ def test_lazy_progress_finishes_and_reports_bytes_left_as_an_eager_recomputation
             assert left == pytest.approx(want[i], rel=1e-9, abs=1e-12 * transfers[i][2])
 
 
-def _by_callbacks(transfers, capacity, caller_settles: bool) -> tuple[list[float], int]:
+def _by_callbacks(transfers, capacity, caller_settles: bool, routed: bool = False) -> tuple[list[float], int]:
     """End times of (start, links, size, cap, weights) transfers started by timeout callbacks (as run_graph starts
     them), each of which on ending starts a follow-up of half its size on the same links (a join inside the network's
-    own callback); and the number of SimPy events processed."""
+    own callback); and the number of SimPy events processed. ``routed``: each transfer and its follow-up started by
+    `SharedLinks.start` over one route (as run_graph does), not by `SharedLinks.transfer`."""
     env = simpy.Environment()
     net = SharedLinks(env, capacity.__getitem__, caller_settles=caller_settles)
     ends = [math.nan] * (2 * len(transfers))
+    routes = {}
 
     def start(i, links, size, cap, weights, follow):
         def then():
             ends[i] = env.now
             if follow:
                 start(i + len(transfers), links, size / 2, cap, weights, False)
-        net.transfer(links, size, cap, weights, then=then)
+        if routed:
+            key = i % len(transfers)
+            if key not in routes:
+                routes[key] = net.route(links, cap, weights)
+            net.start(routes[key], size, then)
+        else:
+            net.transfer(links, size, cap, weights, then=then)
 
     def at_start(i):
         def callback(_ev):
@@ -523,3 +531,16 @@ def test_a_caller_settling_its_joins_gives_the_same_times_bit_for_bit(case):
     settled, settled_events = _by_callbacks(transfers, capacity, True)
     assert settled == plain
     assert settled_events <= plain_events
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_transfers())
+def test_transfers_started_over_a_route_finish_as_plain_ones_bit_for_bit(case):
+    # Random transfers and their follow-ups (a follow-up reuses its transfer's route), started by `SharedLinks.start`
+    # over routes built once, end at the very times `SharedLinks.transfer` gives them, with the same events.
+    transfers, capacity, _ = case
+    plain, plain_events = _by_callbacks(transfers, capacity, True)
+    routed, routed_events = _by_callbacks(transfers, capacity, True, routed=True)
+    assert routed == plain
+    assert routed_events == plain_events
+    assert all(not math.isnan(e) for e in routed)

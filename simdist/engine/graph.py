@@ -85,6 +85,8 @@ class _Instance:
     """(track, op) of the members that arrived: each finishes, and its track goes on, when the collective ends."""
     arrived: int = 0
     start: float = math.nan
+    route: list | None = None
+    """Its transfer's route on the shared links (`SharedLinks.route`; None: it moves no bytes there)."""
 
 
 def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
@@ -152,33 +154,45 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     solo_duration, share_of = private if private is not None else private_links(ops, capacity_of, capacities)
     instances: dict[int, _Instance] = {}
     instance_of: list[_Instance | None] = [None] * n
-    for i, op in enumerate(ops):
-        if op.job is None or not math.isnan(solo_duration[i]):
+    routes: dict[int, list | None] = {}  # id of a Share -> its route (the shares live as long as the run)
+
+    def route_of(share: Share) -> list | None:
+        r = routes.get(id(share), 0)
+        if r == 0:
+            r = routes[id(share)] = (net.route(share.links, share.size / share.bandwidth_s, share.weights)
+                                     if share.bandwidth_s > 0 and share.links and net is not None else None)
+        return r  # type: ignore[return-value]
+
+    for i, op, solo in zip(range(n), ops, solo_duration, strict=True):
+        if op.job is None or solo == solo:  # (not a collective on the shared links: not NaN)
             continue
         if op.sync >= 0:
             inst = instances.get(op.sync)
             if inst is None:
-                inst = instances[op.sync] = _Instance(0, op.job, share_of[(id(op.job), -1, "")])
+                share = share_of[(id(op.job), -1, "")]
+                inst = instances[op.sync] = _Instance(0, op.job, share, route=route_of(share))
             inst.size += 1
         else:
             # Links only this track uses cannot be shared: they bound the job's own rate only, so they fold
             # into its uncontended transfer time and the network sees the shared links alone (same rates,
             # far fewer entries per re-share).
-            inst = _Instance(1, op.job, share_of[(id(op.job), op.rank, op.stream)])
+            share = share_of[(id(op.job), op.rank, op.stream)]
+            inst = _Instance(1, op.job, share, route=route_of(share))
         instance_of[i] = inst
 
     # What happens at an instant without a SimPy event of its own (a track released by the op it waited for, a
     # collective that took no time) is queued here and done, in order, before the SimPy callback that caused it
     # returns (`drain`): the same instant, and no callback runs inside another.
-    later: deque[tuple[int, _Instance | None]] = deque()
+    # (a track released: its current op's dependencies are done; or a collective that ended)
+    later: deque[int | _Instance] = deque()
 
     def drain() -> None:
         while later:
-            k, inst = later.popleft()
-            if inst is None:
-                released(k)
+            what = later.popleft()
+            if what.__class__ is int:
+                proceed(what)  # type: ignore[arg-type]
             else:
-                instance_ended(inst)
+                instance_ended(what)  # type: ignore[arg-type]
 
     def instance_ended(inst: _Instance) -> None:
         for k, i in inst.members:
@@ -190,10 +204,9 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
         instance_ended(inst)
         drain()
 
-    def ended_then(inst: _Instance) -> Callable[[], None]:
-        # a partial, not a closure naming itself (that would be a reference cycle per transfer, 10^4 of them left
-        # to the cyclic collector); `record` reads the collective of a transfer under way off its ``args``
-        return partial(instance_done, inst)
+    # a transfer's ``then``: partial(instance_done, inst), not a closure naming itself (that would be a reference
+    # cycle per transfer, 10^4 of them left to the cyclic collector); `record` reads the collective of a transfer
+    # under way off its ``args``
 
     def ended_cb(inst: _Instance) -> Callable[[simpy.Event], None]:
         return lambda _ev: (instance_done(inst), settle())
@@ -216,14 +229,14 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     def move(inst: _Instance) -> None:
         share = inst.share
         if share.bandwidth_s > 0:
-            if share.links and net is not None:
-                # its flows move size bytes each, at most at its uncontended speed (alone: bandwidth_s)
-                net.transfer(share.links, share.size, share.size / share.bandwidth_s, share.weights,
-                             then=ended_then(inst))
+            if inst.route is not None:
+                # its flows move size bytes each, at most at its uncontended speed (alone: bandwidth_s): the route's
+                # cap, share.size / share.bandwidth_s
+                net.start(inst.route, share.size, partial(instance_done, inst))  # type: ignore[union-attr]
             else:
                 env.timeout(share.bandwidth_s).callbacks.append(ended_cb(inst))
         else:
-            later.append((-1, inst))
+            later.append(inst)
 
     # Each (rank, stream) track runs by event callbacks, not as a SimPy process: where a process would yield an
     # event (a dependency's release, a collective's end, a compute op's timeout) the track appends its next
@@ -238,45 +251,53 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     timeout = env.timeout
 
     def track_ended(k: int) -> Callable[[simpy.Event], None]:
-        # the op a track's timeout ends is its current one (a track runs one op at a time)
+        # the op a track's timeout ends is its current one (a track runs one op at a time): `ended`, inlined
         ids = track_ids[k]
-        return lambda _ev: ended(k, ids[pos[k]])
+
+        def on(_ev: simpy.Event) -> None:
+            p = pos[k]
+            i = ids[p]
+            end[i] = env.now  # `finish`, inlined
+            for j in dependents[i]:
+                left = remaining[j] - 1
+                remaining[j] = left
+                if not left and waiting[j] >= 0:
+                    later.append(waiting[j])
+                    waiting[j] = -1
+            pos[k] = p + 1
+            proceed(k)
+            if later:
+                drain()
+            settle()
+        return on
 
     on_end = [track_ended(k) for k in range(len(keys))]  # per track: its compute op's timeout ended
 
     def proceed(k: int) -> None:
-        """Run track ``k`` from its current op until it has to wait."""
+        """Run track ``k`` from its current op until it has to wait: start each op whose dependencies are done (a
+        collective's member, or a timeout), and finish at once those that take no time."""
         ids = track_ids[k]
         p = pos[k]
-        while p < len(ids):
+        last = len(ids)
+        while p < last:
             i = ids[p]
             if remaining[i]:
                 waiting[i] = k
                 return
-            if not begin(k, i):
+            inst = instance_of[i]
+            if inst is not None:
+                inst.arrived += 1
+                inst.members.append((k, i))
+                if inst.arrived == inst.size:
+                    run_instance(inst)
                 return
-            p = pos[k]
-
-    def released(k: int) -> None:
-        if begin(k, track_ids[k][pos[k]]):
-            proceed(k)
-
-    def begin(k: int, i: int) -> bool:
-        """Start op ``i`` of track ``k``; True when it finished at once (then the track goes on)."""
-        inst = instance_of[i]
-        if inst is not None:
-            inst.arrived += 1
-            inst.members.append((k, i))
-            if inst.arrived == inst.size:
-                run_instance(inst)
-            return False
-        start[i] = env.now
-        d = duration[i]
-        if d > 0:
-            timeout(d).callbacks.append(on_end[k])
-            return False
-        finish(k, i)
-        return True
+            start[i] = env.now
+            d = duration[i]
+            if d > 0:
+                timeout(d).callbacks.append(on_end[k])
+                return
+            finish(k, i)
+            p += 1  # (finish moved the track on)
 
     def ended(k: int, i: int) -> None:
         finish(k, i)
@@ -291,7 +312,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             left = remaining[j] - 1
             remaining[j] = left
             if not left and waiting[j] >= 0:
-                later.append((waiting[j], None))
+                later.append(waiting[j])
                 waiting[j] = -1
         pos[k] += 1
 
@@ -311,6 +332,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             elif cut <= moving:
                 timeout(moving - cut).callbacks.append(lambda _ev: (move(inst), drain(), settle()))
             else:
+                assert inst.route is not None
                 if moving_left is not None:  # the state of the run that recorded it
                     if i not in moving_left:
                         raise ValueError(f"run_graph: resumed at {cut} s without the bytes left of op {i}, under way")
@@ -319,8 +341,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
                     # alone, its bytes move at one rate from ``moving`` to its end: the share of them left is the
                     # share of that time left
                     left = share.size * (alone.end_s[i] - cut) / (alone.end_s[i] - moving)
-                net.transfer(share.links, left, share.size / share.bandwidth_s, share.weights,
-                             then=ended_then(inst))
+                net.start(inst.route, left, partial(instance_done, inst))
 
         todo = []
         for k, ids in enumerate(track_ids):
@@ -353,7 +374,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             assert record is not None
             left_now = record[at]
             for then, left in (net.in_flight() if net is not None else ()):
-                for _, i in then.args[0].members:  # type: ignore[union-attr]  # ended_then's partial
+                for _, i in then.args[0].members:  # type: ignore[union-attr]  # `move`'s partial
                     left_now[i] = left
         env.run()
         for k, key in enumerate(keys):
@@ -363,13 +384,13 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             raise _deadlock(graph, stuck, end)
         return GraphTrace(tuple(start), tuple(end), max(end))
     finally:
-        # The callbacks above name one another (proceed -> begin -> ended -> proceed, ...): a reference cycle that
+        # The callbacks above name one another (proceed -> run_instance -> moved -> ...): a reference cycle that
         # holds every list of the run (dependents, starts, instances: 10^5 objects per sample) until the cyclic
         # collector finds it, which the engine pauses (simdist.predict.engine_step.collector_paused) and which
         # then scans them all at exit. Emptied here, they are freed on return by reference counting.
-        drain = released = instance_ended = instance_done = None  # type: ignore[assignment]
-        finish = proceed = begin = ended = track_ended = on_end = None  # type: ignore[assignment]
-        run_instance = move = moved = ended_then = ended_cb = resumed = resume_instance = None  # type: ignore[assignment]
+        drain = instance_ended = instance_done = route_of = None  # type: ignore[assignment]
+        finish = proceed = ended = track_ended = on_end = None  # type: ignore[assignment]
+        run_instance = move = moved = ended_cb = resumed = resume_instance = None  # type: ignore[assignment]
 
 
 def _nothing() -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import chain, count, repeat
+from operator import attrgetter
 
 import numpy as np
 import simpy
@@ -37,6 +38,8 @@ MEMO_ENTRIES = 1 << 16
 DONE_FRACTION = 1e-12
 """A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
 of rate x time in floating point)."""
+_seq = attrgetter("seq")
+"""A transfer's order of joining (a sort key)."""
 
 
 def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
@@ -100,6 +103,10 @@ class _Transfer:
     """When it finishes at its rate: ``at + left / rate`` (inf: rate 0)."""
     live: bool = True
     """Not finished yet."""
+    entry: int = -1
+    """The push number of its entry in the heap of finishes (-1: none; others of its entries are stale)."""
+    key: float = math.inf
+    """That entry's finish: at most ``end`` (a finish moved later keeps its entry, fixed when it comes to the top)."""
     near: set[_Transfer] = field(default_factory=set)
     """The transfers under way that share a link with it (re-shares walk these to find what a change reaches)."""
 
@@ -114,7 +121,9 @@ class SharedLinks:
 
     Progress is lazy: a transfer keeps its bytes left at its last rate change, that time, its rate and its
     projected finish; a re-share touches only the transfers whose rate changes, and the next finish comes
-    from a heap of projected finishes (entries of transfers re-rated or finished since are skipped when met).
+    from a heap of projected finishes (one entry per transfer, at or before its finish: one whose finish moved
+    later keeps its entry, which is fixed when it comes to the top; entries of transfers finished, or re-rated
+    to an earlier finish, are skipped when met).
     Horizon timeouts are not superseded: one pending at or before the next finish is kept, and when a
     timeout fires with nothing finished it re-arms for the next finish (no step).
     """
@@ -150,8 +159,10 @@ class SharedLinks:
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
         self._ends: list[tuple[float, int, int, _Transfer]] = []
-        """Heap of (projected finish, seq, push number, transfer); an entry whose transfer finished or was
-        re-rated to another finish since is stale (skipped when it comes to the top)."""
+        """Heap of (projected finish, seq, push number, transfer): per transfer under way with a finite finish, one
+        entry (its ``entry``) at or before it (the finish it had when pushed; a later finish does not push, the
+        entry is moved to it when it comes to the top, `_top`); others are stale (skipped when at the top). The
+        exact entries come to the top in the order of (finish, seq) of the transfers, as if each re-rate pushed."""
         self._push = count().__next__
         """The next push number (ties of finish and seq in ``_ends`` break by it, never by the transfer)."""
         self._pending: list[float] = []
@@ -179,21 +190,48 @@ class SharedLinks:
             done.succeed()
             return None if then is not None else done
         done = self.env.event() if then is None else None
-        now = self.env.now
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
-        capacity = self._capacity
-        on = self._on
         self._joined += 1
+        self._join(_Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0,
+                             self._sig(links, weights, cap), self.env.now))
+        return done
+
+    def route(self, links: Sequence[int], cap: float = math.inf, weights: Sequence[float] | None = None) -> list:
+        """The fixed part of transfers that `start` moves again and again: their ``links``, ``cap`` and ``weights``
+        as `transfer` takes them (its key, numbered at the first start)."""
+        return [tuple(links), None if weights is None else tuple(weights), cap, -1]
+
+    def start(self, route: list, size: float, then: Callable[[], None]) -> None:
+        """`transfer` (``route``'s links, cap and weights; ``size``; ``then``) without its per-call conversions and
+        key look-up: the engine's collectives move over the same few routes thousands of times."""
+        if size <= 0:
+            self.transfer(route[0], size, route[2], route[1], then)
+            return
+        links, weights, cap, sig = route
+        if sig < 0:
+            sig = route[3] = self._sig(links, weights, cap)
+        self._joined += 1
+        self._join(_Transfer(links, weights, size, size, cap, None, then, self._joined, 0.0, sig, self.env.now))
+
+    def _sig(self, links: tuple[int, ...], weights: tuple[float, ...] | None, cap: float) -> int:
+        """The number of (links, weights, cap) (`_Transfer.sig`); the capacities of links not seen before learnt."""
         sigs = self._sigs
         key = (links, weights, cap)
         sig = sigs.get(key)
         if sig is None:  # (links not seen before come only with a new signature)
             sig = sigs[key] = len(sigs)
+            capacity = self._capacity
             for link in links:
                 if link not in capacity:
                     self._learn(link)
-        t = _Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0, sig, now)
+        return sig
+
+    def _join(self, t: _Transfer) -> None:
+        """Put ``t`` under way now: rated alone where it shares no link, else re-shared at this instant's end."""
+        now = t.at
+        links = t.links
+        on = self._on
         near = t.near
         for link in links:
             there = on.get(link)
@@ -202,24 +240,23 @@ class SharedLinks:
                 there.append(t)
             else:
                 on[link] = [t]
-        shared = bool(near)
         for u in near:
             u.near.add(t)
         self._entries += len(links)
-        if cap != cap:
+        if t.cap != t.cap:
             self._finite = False
-        if weights is not None:
+        if t.weights is not None:
             self._weighted += 1
-        if shared:
+        if near:
             self._touched.add(t)
         else:
             self._rerate((t,), (self._alone(t),), now)
         if self._record:
-            self.load.add(links, size, weights)
+            self.load.add(links, t.size, t.weights)
         self._active[t.seq] = t
         if self._woken:
-            return done
-        if shared:
+            return
+        if near:
             self._woken = True
             if self._caller_settles and self.env.peek() > now:
                 # Nothing else is queued at this instant: the wake-up would be the next event after this callback
@@ -231,7 +268,6 @@ class SharedLinks:
         elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
             self._arm(t.end)
-        return done
 
     def in_flight(self) -> list[tuple[simpy.Event | Callable[[], None], float]]:
         """The transfers under way now, each as (its event, or its ``then``; the bytes per flow it has left)."""
@@ -273,19 +309,24 @@ class SharedLinks:
         push = self._push
         inf = math.inf
         for t, rate in zip(group, rates, strict=True):
-            if rate == t.rate:
+            old = t.rate
+            if rate == old:
                 continue
             elapsed = now - t.at
             if elapsed > 0:
-                t.left -= t.rate * elapsed
+                t.left -= old * elapsed
             t.at = now
             t.rate = rate
-            end = now + t.left / rate if rate > 0 else inf
-            if end == t.end:
-                continue
-            t.end = end
-            if end < inf:  # (NaN: never finishes, as a NaN rate never did)
-                heappush(ends, (end, t.seq, push(), t))
+            if rate > 0:
+                end = now + t.left / rate
+                if end != t.end:
+                    t.end = end
+                    if end < t.key:  # (else its entry is at or before it; NaN: never finishes, as a NaN rate)
+                        n = t.entry = push()
+                        t.key = end
+                        heappush(ends, (end, t.seq, n, t))
+            else:
+                t.end = inf
 
     def _reshare(self, now: float) -> None:
         active = self._active
@@ -300,13 +341,24 @@ class SharedLinks:
             # (Walked through ``near``: the transfers on the changed links still in use are the touched ones still
             # under way, the same component.)
             todo = [t for t in self._touched if t.live]
-            part = set(todo)
-            while todo:
-                for u in todo.pop().near:
-                    if u not in part:
-                        part.add(u)
-                        todo.append(u)
-            group = sorted(part, key=_seq)
+            near = todo[0].near if len(todo) == 1 else None
+            if near is not None and len(near) < 2 and (not near or len(next(iter(near)).near) == 1):
+                # the commonest components, found without the walk: one transfer alone now, or two sharing links
+                # with each other only
+                t = todo[0]
+                if near:
+                    u = next(iter(near))
+                    group = [u, t] if u.seq < t.seq else [t, u]
+                else:
+                    group = todo
+            else:
+                part = set(todo)
+                while todo:
+                    for u in todo.pop().near:
+                        if u not in part:
+                            part.add(u)
+                            todo.append(u)
+                group = sorted(part, key=_seq)
             key = tuple([t.sig for t in group])
             rates = self._memo.get(key)
             if rates is None:
@@ -370,6 +422,21 @@ class SharedLinks:
         if self._owed:
             self.settle()
 
+    def _top(self) -> None:
+        """The heap's top entry is stale, or its transfer's finish moved later: pop it; in the second case push its
+        transfer's finish (if finite; NaN: never finishes)."""
+        ends = self._ends
+        _, _, n, t = heappop(ends)
+        if n == t.entry and t.live:
+            end = t.end
+            if end < math.inf:
+                n = t.entry = self._push()
+                t.key = end
+                heappush(ends, (end, t.seq, n, t))
+            else:
+                t.entry = -1
+                t.key = math.inf
+
     def _step(self) -> None:
         """At an event (a join, or the earliest finish): retire the finished transfers, re-share if needed,
         and make sure a timeout fires at the next finish (event callbacks, not a SimPy process).
@@ -382,9 +449,9 @@ class SharedLinks:
         ends = self._ends
         pop = heappop
         while ends:
-            end, _, _, t = ends[0]
-            if not t.live or t.end != end:
-                pop(ends)
+            end, _, n, t = ends[0]
+            if n != t.entry or not t.live or end != t.end:
+                self._top()
                 continue
             if end > now:
                 rate = t.rate
@@ -423,17 +490,13 @@ class SharedLinks:
             if t.done is not None:
                 t.done.succeed()
         while ends:
-            end, _, _, t = ends[0]
-            if t.live and t.end == end:
+            end, _, n, t = ends[0]
+            if n == t.entry and t.live and end == t.end:
                 pending = self._pending
                 if not pending or pending[0] > end:
                     self._arm(end)
                 break
-            pop(ends)
+            self._top()
         for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
             if t.then is not None:
                 t.then()
-
-
-def _seq(t: _Transfer) -> int:
-    return t.seq
