@@ -53,6 +53,12 @@ def test_no_child_where_switched_off_or_not_safe(monkeypatch):
 
 
 @forks
+def test_a_niced_child_runs_at_its_niceness():
+    with Beside(lambda: os.nice(0), lambda prep, msg: prep, nice=3) as job:
+        assert job.forked and job.result(None) == os.nice(0) + 3
+
+
+@forks
 def test_a_failed_child_is_computed_again_in_the_caller():
     parent = os.getpid()
 

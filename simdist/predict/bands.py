@@ -232,7 +232,8 @@ class BandWork:
                  fast_forward: bool) -> None:
         self._cfg, self._pricer, self._ranges = cfg, pricer, ranges
         forked = can_fork()
-        self._job = (Beside(partial(_planned_ratios, cfg, pricer, ranges, fast_forward, forked), _prepared)
+        # niced: the band is asked for last, after the engine's two processes, which go first where CPUs are short
+        self._job = (Beside(partial(_planned_ratios, cfg, pricer, ranges, fast_forward, forked), _prepared, nice=5)
                      if forked else None)
 
     def ratios(self, plan: tuple[int, int, int, int] | bool) -> BandRatios:

@@ -48,8 +48,11 @@ def can_fork() -> bool:
 class Beside(Generic[P, R]):
     """``finish(prepare(), message)``, the ``prepare`` part started at once beside the caller (module docstring)."""
 
-    def __init__(self, prepare: Callable[[], P], finish: Callable[[P, Any], R]) -> None:
+    def __init__(self, prepare: Callable[[], P], finish: Callable[[P, Any], R], *, nice: int = 0) -> None:
+        """``nice``: the child's niceness increment (os.nice), for work that has time to spare: where the machine's
+        CPUs are all busy, the processes the answer waits for go first."""
         self._prepare = prepare
+        self._nice = nice
         self._finish = finish
         self._pid = 0
         self._to_child = self._from_child = -1
@@ -67,6 +70,9 @@ class Beside(Generic[P, R]):
             try:
                 os.close(down_w)
                 os.close(up_r)
+                if self._nice:
+                    with contextlib.suppress(OSError):
+                        os.nice(self._nice)
                 prepared = self._prepare()
                 with os.fdopen(down_r, "rb") as down:
                     message = pickle.load(down)
