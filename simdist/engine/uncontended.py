@@ -16,6 +16,7 @@ graph deadlocks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
@@ -53,25 +54,23 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     if n == 0:
         return GraphTrace((), (), 0.0), (None if other is None else GraphTrace((), (), 0.0))
     # Kahn's order: an op is timed once every predecessor (the op before it on its track, its deps) has ended.
-    # Who waits for whom, in numpy: per op its dependents (``dependents[first[i]:first[i + 1]]``) and the next op
-    # on its track (``after``, -1: none), and how many predecessors it waits for (``waiting``)
+    # Who waits for whom, in numpy: per op its successors (``successors[first[i]:first[i + 1]]``: its dependents,
+    # then the next op on its track) and how many predecessors it waits for (``waiting``)
     deps = [op.deps for op in ops]
     num_deps = np.fromiter(map(len, deps), dtype=np.int64, count=n)
     flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(num_deps.sum()))
-    order = np.argsort(flat)  # (any order of an op's dependents times the same)
-    dependents = np.repeat(np.arange(n, dtype=np.int64), num_deps)[order].tolist()
-    bounds = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(flat, minlength=n), out=bounds[1:])
-    first = bounds.tolist()
-    next_op = np.full(n, -1, dtype=np.int64)
     tracks = graph.tracks()
-    for ids in tracks.values():
-        on_track = np.asarray(ids, dtype=np.int64)
-        next_op[on_track[:-1]] = on_track[1:]
-        num_deps[on_track[1:]] += 1
-    after = next_op.tolist()
-    waiting = num_deps.tolist()
-    todo = np.flatnonzero(num_deps == 0).tolist()
+    on_tracks = [np.asarray(ids, dtype=np.int64) for ids in tracks.values()]
+    source = np.concatenate([flat, *(ids[:-1] for ids in on_tracks)])
+    target = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), num_deps), *(ids[1:] for ids in on_tracks)])
+    order = np.argsort(source, kind="stable")  # (any order of an op's successors times the same)
+    successors = target[order].tolist()
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(source, minlength=n), out=bounds[1:])
+    first = bounds.tolist()
+    waiting_of = np.bincount(target, minlength=n)
+    waiting = waiting_of.tolist()
+    todo = np.flatnonzero(waiting_of == 0).tolist()
     sync = [op.sync for op in ops]
     groups: dict[int, list[int]] = {}
     if max(sync) >= 0:
@@ -91,52 +90,21 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
         i = pop()
         g = sync[i]
         if g < 0:
-            t = start[i] = ready[i]
-            e = end[i] = t + duration[i]
-            u = start2[i] = ready2[i]
-            f = end2[i] = u + second[i]
-            for k in dependents[first[i]:first[i + 1]]:
-                if e > ready[k]:
-                    ready[k] = e
-                if f > ready2[k]:
-                    ready2[k] = f
-                w = waiting[k] - 1
-                waiting[k] = w
-                if not w:
-                    push(k)
-            k = after[i]
-            if k >= 0:
-                if e > ready[k]:
-                    ready[k] = e
-                if f > ready2[k]:
-                    ready2[k] = f
-                w = waiting[k] - 1
-                waiting[k] = w
-                if not w:
-                    push(k)
-            continue
-        arrived[g] = arrived.get(g, 0) + 1
-        members = groups[g]
-        if arrived[g] < len(members):
-            continue
-        t = max(ready[j] for j in members)
-        u = max(ready2[j] for j in members)
+            members: Sequence[int] = (i,)
+            t, u = ready[i], ready2[i]
+        else:
+            arrived[g] = arrived.get(g, 0) + 1
+            members = groups[g]
+            if arrived[g] < len(members):
+                continue
+            t = max(ready[j] for j in members)
+            u = max(ready2[j] for j in members)
         for j in members:
             start[j] = t
             e = end[j] = t + duration[j]
             start2[j] = u
             f = end2[j] = u + second[j]
-            for k in dependents[first[j]:first[j + 1]]:
-                if e > ready[k]:
-                    ready[k] = e
-                if f > ready2[k]:
-                    ready2[k] = f
-                w = waiting[k] - 1
-                waiting[k] = w
-                if not w:
-                    push(k)
-            k = after[j]
-            if k >= 0:
+            for k in successors[first[j]:first[j + 1]]:
                 if e > ready[k]:
                     ready[k] = e
                 if f > ready2[k]:
