@@ -251,25 +251,9 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     timeout = env.timeout
 
     def track_ended(k: int) -> Callable[[simpy.Event], None]:
-        # the op a track's timeout ends is its current one (a track runs one op at a time): `ended`, inlined
+        # the op a track's timeout ends is its current one (a track runs one op at a time)
         ids = track_ids[k]
-
-        def on(_ev: simpy.Event) -> None:
-            p = pos[k]
-            i = ids[p]
-            end[i] = env.now  # `finish`, inlined
-            for j in dependents[i]:
-                left = remaining[j] - 1
-                remaining[j] = left
-                if not left and waiting[j] >= 0:
-                    later.append(waiting[j])
-                    waiting[j] = -1
-            pos[k] = p + 1
-            proceed(k)
-            if later:
-                drain()
-            settle()
-        return on
+        return lambda _ev: ended(k, ids[pos[k]])
 
     on_end = [track_ended(k) for k in range(len(keys))]  # per track: its compute op's timeout ended
 
