@@ -233,7 +233,7 @@ class BandWork:
         self._cfg, self._pricer, self._ranges = cfg, pricer, ranges
         forked = can_fork()
         # niced: the band is asked for last, after the engine's two processes, which go first where CPUs are short
-        self._job = (Beside(partial(_planned_ratios, cfg, pricer, ranges, fast_forward, forked), _prepared, nice=5)
+        self._job = (Beside(partial(_planned_ratios, cfg, pricer, ranges, fast_forward, forked), nice=5)
                      if forked else None)
 
     def ratios(self, plan: tuple[int, int, int, int] | bool) -> BandRatios:
@@ -254,10 +254,6 @@ def _planned_ratios(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRange
     found = fast_forward_plan(cfg, pricer, for_engine=True, beside=beside) if fast_forward else None
     plan = found if found is not None else False
     return plan, band_ratios(cfg, pricer, plan, ranges)
-
-
-def _prepared(prepared: Any, _message: object) -> Any:
-    return prepared
 
 
 def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,

@@ -48,12 +48,14 @@ def can_fork() -> bool:
 class Beside(Generic[P, R]):
     """``finish(prepare(), message)``, the ``prepare`` part started at once beside the caller (module docstring)."""
 
-    def __init__(self, prepare: Callable[[], P], finish: Callable[[P, Any], R], *, nice: int = 0) -> None:
-        """``nice``: the child's niceness increment (os.nice), for work that has time to spare: where the machine's
-        CPUs are all busy, the processes the answer waits for go first."""
+    def __init__(self, prepare: Callable[[], P], finish: Callable[[P, Any], R] | None = None, *,
+                 nice: int = 0) -> None:
+        """``finish``: None returns what ``prepare`` gave (no message needed). ``nice``: the child's niceness
+        increment (os.nice), for work that has time to spare: where the machine's CPUs are all busy, the processes
+        the answer waits for go first."""
         self._prepare = prepare
         self._nice = nice
-        self._finish = finish
+        self._finish: Callable[[P, Any], R] = finish if finish is not None else _prepared  # type: ignore[assignment]
         self._pid = 0
         self._to_child = self._from_child = -1
         if can_fork():
@@ -143,3 +145,7 @@ class Beside(Generic[P, R]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _prepared(prepared: Any, _message: object) -> Any:
+    return prepared

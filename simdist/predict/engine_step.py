@@ -245,10 +245,6 @@ def _on_their_own(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
     return [*_finish_smaller(smaller, (recorded.trace, alone[2], recorded.states), topology, degraded), obs]
 
 
-def _prepared(prepared: list[dict[str, float]], _message: object) -> list[dict[str, float]]:
-    return prepared
-
-
 def _largest(plan: StepPlan, priced: dict[tuple, PricedComm], topology: Topology, degraded: dict[int, float] | None,
              alone: tuple[GraphTrace, GraphTrace, float, Alone]
              ) -> tuple[tuple[StepPlan, dict[tuple, PricedComm], GraphTrace, dict[str, float], float], Recorded]:
@@ -318,7 +314,7 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
         # beside this one's largest sample (simdist.predict.beside: the middle one from its own first divergence, the
         # smallest resumed from it); else after it, resumed from its recorded states (simdist.engine.prefix: SimPy
         # simulates their tails only).
-        own = Beside(partial(_on_their_own, cfg, topology, adjust, full, degraded, counts[:-1]), _prepared) \
+        own = Beside(partial(_on_their_own, cfg, topology, adjust, full, degraded, counts[:-1])) \
             if can_fork() else None
         try:
             found_step = _fast_forward(cfg, topology, adjust, full, degraded, check, rather, pricer, found, own)
