@@ -1,3 +1,3 @@
-from simdist.cli import main
+from simdist.cli import console
 
-main()
+console()

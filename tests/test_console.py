@@ -1,0 +1,86 @@
+"""The console script (`simdist.cli.console`): `main`'s exit status and output, then the process ends without the
+interpreter's teardown only where nothing registered an exit handler and no other thread runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import simdist.cli as cli
+from tests.conftest import REPO
+
+
+class Ended(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@pytest.fixture
+def ending(monkeypatch):
+    """os._exit replaced by an exception carrying its status; no exit handler registered, one thread, by default."""
+    def _exit(code: int) -> None:
+        raise Ended(code)
+
+    monkeypatch.setattr(cli.os, "_exit", _exit)
+    monkeypatch.setattr(cli.atexit, "_ncallbacks", lambda: 0, raising=False)
+    monkeypatch.setattr(cli.threading, "active_count", lambda: 1)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(("raised", "code"), [(None, 0), (SystemExit(0), 0), (SystemExit(None), 0), (SystemExit(2), 2),
+                                              (SystemExit(130), 130)])
+def test_console_ends_with_mains_status(ending, raised, code):
+    def main() -> None:
+        if raised is not None:
+            raise raised
+
+    ending.setattr(cli, "main", main)
+    with pytest.raises(Ended) as ended:
+        cli.console()
+    assert ended.value.code == code
+
+
+def test_console_prints_a_message_exit_and_ends_with_one(ending, capsys):
+    def main() -> None:
+        sys.exit("something went wrong")
+
+    ending.setattr(cli, "main", main)
+    with pytest.raises(Ended) as ended:
+        cli.console()
+    assert ended.value.code == 1
+    assert "something went wrong" in capsys.readouterr().err
+
+
+def test_console_exits_as_usual_where_an_exit_handler_or_a_thread_waits(ending):
+    ending.setattr(cli, "main", lambda: sys.exit(3))
+    ending.setattr(cli.atexit, "_ncallbacks", lambda: 1, raising=False)
+    with pytest.raises(SystemExit) as exited:  # the interpreter's exit: the handler runs
+        cli.console()
+    assert exited.value.code == 3
+    ending.setattr(cli.atexit, "_ncallbacks", lambda: 0, raising=False)
+    ending.setattr(cli.threading, "active_count", lambda: 2)
+    with pytest.raises(SystemExit) as exited:
+        cli.console()
+    assert exited.value.code == 3
+
+
+def test_console_flushes_what_main_wrote(ending, capsys):
+    def main() -> None:
+        sys.stdout.write('{"a": 1}')  # no newline, no flush: os._exit would drop a buffer left unflushed
+
+    ending.setattr(cli, "main", main)
+    with pytest.raises(Ended):
+        cli.console()
+    assert capsys.readouterr().out == '{"a": 1}'
+
+
+def test_python_m_simdist_writes_its_whole_json_and_its_status():
+    proc = subprocess.run([sys.executable, "-m", "simdist", "run", "scenarios/default.yaml", "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["step_time_s"] > 0
+    bad = subprocess.run([sys.executable, "-m", "simdist", "run", "scenarios/nope.yaml", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.startswith("error: ")
