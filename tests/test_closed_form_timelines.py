@@ -94,3 +94,41 @@ def test_a_step_too_short_to_fast_forward_is_not_priced():
     stages = closed._stages(cfg, CommPricer(topology))
     assert closed._plan(cfg, lambda: calls.append(1) or stages, True) is not None
     assert calls == [1]
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("gpipe", 1)])
+def test_resumed_timelines_equal_the_fast_timeline(schedule, vpp):
+    # each timeline resumed from a shorter one's common prefix (simdist.analytic.resume): the step time and every
+    # start of _timeline_fast, bit for bit, whatever the order the counts come in
+    from simdist.analytic.resume import ResumedTimelines
+
+    cfg, topology = _cfg(schedule, vpp, 40)
+    stages = closed._stages(cfg, CommPricer(topology))
+    assert closed._fast(stages)
+    timelines = ResumedTimelines(cfg, stages)
+    resumed = 0
+    for m, with_starts in [(16, True), (24, True), (8, False), (12, True), (16, False), (20, True), (40, True)]:
+        resumed += timelines._resume_from(timelines._layout(m), m) is not None
+        starts, step = timelines.run(m, with_starts)
+        expected: dict = {}
+        assert step == closed._timeline_fast(cfg, stages, m, expected, spans=False)[0]
+        if with_starts:
+            assert starts == expected
+        else:
+            assert starts is None
+    assert resumed >= 4  # the longer ones start from a shorter one's state
+
+
+def test_a_resumed_timeline_keeps_only_the_steps_whose_inputs_are_shared():
+    # interleaved on 4 stages: the common prefix of 8 and 12 micro-batches, shortened to the steps that receive
+    # only from steps of common prefixes, is each stage's steps before its cool-down
+    from simdist.analytic.resume import _Layout
+
+    short, long = _Layout("interleaved_1f1b", 4, 8, 2), _Layout("interleaved_1f1b", 4, 12, 2)
+    cut = short.cut(long)
+    for s, c in enumerate(cut):
+        steps = short.offsets[s + 1] - short.offsets[s]
+        warmup = min((4 - s - 1) * 2 + (2 - 1) * 4, 16)
+        assert c <= steps - warmup  # not into the cool-down, whose backwards the longer schedule runs later
+        x, y = short.offsets[s], long.offsets[s]
+        assert (short.ident[x:x + c] == long.ident[y:y + c]).all()

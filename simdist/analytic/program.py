@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from simdist.errors import SpecError
-from simdist.plan.schedule import STEP_KINDS, schedule_order
+from simdist.plan.schedule import STEP_KINDS, stage_steps
 
 __all__ = ["KIND_INDEX", "Program", "program", "recipe_code", "step_groups"]
 
@@ -46,14 +46,14 @@ class Program:
 @lru_cache(maxsize=512)
 def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> Program:
     k, v, M = num_stages, vpp, num_microbatches
-    order = schedule_order(schedule, num_stages=k, num_microbatches=M, vpp=v)
+    rows = stage_steps(schedule, num_stages=k, num_microbatches=M, vpp=v)
     num_parts = k * v
-    # every stage's steps, in program order, as arrays: kind index, micro-batch, chunk
-    lengths = [len(row) for row in order]
-    steps = [st for row in order for st in row]
-    kind = np.fromiter((KIND_INDEX[st.kind] for st in steps), dtype=np.int64, count=len(steps))
-    mb = np.fromiter((st.microbatch for st in steps), dtype=np.int64, count=len(steps))
-    chunk = np.fromiter((st.chunk for st in steps), dtype=np.int64, count=len(steps))
+    # every stage's steps, in program order, as arrays: kind index, micro-batch, chunk (from their numbers:
+    # (kind index x M + micro-batch) x V + chunk)
+    lengths = [len(row) for row in rows]
+    steps = np.concatenate(rows)
+    chunk, q = steps % v, steps // v
+    mb, kind = q % M, q // M
     stage = np.repeat(np.arange(k, dtype=np.int64), lengths)
     part = chunk * k + stage  # simdist.plan.schedule.model_part
     # a step's key: (stage, kind, micro-batch, chunk) as one number; its upstream's key (-1: none) and the stage it

@@ -85,8 +85,8 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     zb = cfg.schedule == "zb_h1"
     stage = np.asarray(prog.stage, dtype=np.int64)
     code = np.asarray(prog.code, dtype=np.int64)
-    kind = np.fromiter((KIND_INDEX[k] for k in prog.kind), dtype=np.int64, count=L)
-    send_at = np.asarray(prog.chunk, dtype=np.int64) * 3 + kind
+    send_at = code >> 1  # recipe_code // 2: chunk * 3 + kind index
+    kind = send_at % 3
     level = _levels(cfg.schedule, K, num_microbatches, cfg.vpp)
     vector = tab.vector[stage, code]
     assert (vector | tab.other[stage, code]).all()  # every program step has a recipe

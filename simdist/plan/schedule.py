@@ -31,7 +31,7 @@ import numpy as np
 from simdist.errors import SpecError
 
 __all__ = ["SCHEDULES", "WEIGHT_GRAD_SHARE", "Step", "bubble_formula", "bubble_formula_text", "model_part",
-           "schedule_order"]
+           "schedule_order", "stage_steps"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 STEP_KINDS = ("F", "B", "W")
@@ -89,6 +89,17 @@ def schedule_order(name: str, *, num_stages: int, num_microbatches: int, vpp: in
     """Per stage, the steps in program order (see the module docstring for each schedule)."""
     check_schedule(name, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
     return [list(row) for row in _orders(name, num_stages, num_microbatches, vpp)]
+
+
+def stage_steps(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1) -> list[np.ndarray]:
+    """`schedule_order` as numbers: per stage, its steps in program order, each as (kind index in STEP_KINDS x
+    num_microbatches + micro-batch) x vpp + chunk (no `Step` objects where the schedule is laid out in numpy)."""
+    check_schedule(name, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
+    k, m = num_stages, num_microbatches
+    if name == "interleaved_1f1b":
+        return [_interleaved(s, k, m, vpp) for s in range(k)]
+    return [np.fromiter(((_KIND[st.kind] * m + st.microbatch) * vpp + st.chunk for st in row), dtype=np.int64,
+                        count=len(row)) for row in _orders(name, k, m, vpp)]
 
 
 @lru_cache(maxsize=16)
