@@ -477,17 +477,20 @@ class SharedLinks:
             pop(ends)
             t.live = False
             finished.append(t)
+        touched = self._touched
         if finished:
             if len(finished) > 1:
                 finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
             active = self._active
             on = self._on
+            entries = 0
             for t in finished:
                 del active[t.seq]
-                self._entries -= len(t.links)
+                links = t.links
+                entries += len(links)
                 if t.weights is not None:
                     self._weighted -= 1
-                for link in t.links:
+                for link in links:
                     there = on[link]
                     if len(there) > 1:
                         there.remove(t)
@@ -495,15 +498,18 @@ class SharedLinks:
                         del on[link]
                 near = t.near
                 if near:  # the transfers that shared a link with it may now go faster
-                    self._touched.update(near)
+                    touched.update(near)
                     for u in near:
                         u.near.discard(t)
-        if self._touched:
+            self._entries -= entries
+        if touched:
             self._reshare(now)
-            self._touched.clear()
-        for t in finished:
-            if t.done is not None:
-                t.done.succeed()
+            touched.clear()
+        if finished:
+            for t in finished:
+                if t.done is not None:
+                    t.done.succeed()
+        top = self._top
         while ends:
             end, _, n, t = ends[0]
             if n == t.entry and t.live and end == t.end:
@@ -511,7 +517,8 @@ class SharedLinks:
                 if not pending or pending[0] > end:
                     self._arm(end)
                 break
-            self._top()
+            top()
         for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
-            if t.then is not None:
-                t.then()
+            then = t.then
+            if then is not None:
+                then()
