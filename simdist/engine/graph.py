@@ -215,7 +215,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     def run_instance(inst: _Instance) -> None:
         inst.start = env.now
         if inst.job.latency_s > 0:
-            env.timeout(inst.job.latency_s, inst).callbacks.append(moved)
+            env.schedule(Tick(env, [moved], inst), NORMAL, inst.job.latency_s)
         else:
             move(inst)
 

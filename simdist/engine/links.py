@@ -46,13 +46,13 @@ NORMAL = simpy.events.NORMAL
 class Tick(simpy.events.Event):
     """A timeout without a value, built with its one callback: ``env.schedule(Tick(env, [callback]), NORMAL, delay)``
     is ``env.timeout(delay).callbacks.append(callback)`` (the same entry in SimPy's queue, the same order), without
-    the timeout's checks and the append (the engine schedules 10^5 of them per run)."""
+    the timeout's checks and the append (the engine schedules 10^5 of them per run); ``value``: the timeout's."""
 
-    def __init__(self, env: simpy.Environment, callbacks: list) -> None:
-        # (Event.__init__'s attributes, as Timeout sets them: a triggered event, ok, value None)
+    def __init__(self, env: simpy.Environment, callbacks: list, value: object = None) -> None:
+        # (Event.__init__'s attributes, as Timeout sets them: a triggered event, ok, its value)
         self.env = env
         self.callbacks = callbacks
-        self._value = None
+        self._value = value
         self._ok = True
 
 
@@ -278,7 +278,7 @@ class SharedLinks:
                 # callback's end instead (`settle`): the same order of everything.
                 self._owed = True
             else:
-                self.env.timeout(0).callbacks.append(self._on_wake)
+                self.env.schedule(Tick(self.env, [self._on_wake]), NORMAL, 0)
         elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
             self._arm(t.end)
