@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 import simpy
 
-from simdist.engine.links import SharedLinks
+from simdist.engine.links import NORMAL, SharedLinks, Tick
 from simdist.engine.private import Share, private_links
 from simdist.errors import SimdistError
 from simdist.plan.opgraph import Job, OpGraph
@@ -215,7 +215,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     def run_instance(inst: _Instance) -> None:
         inst.start = env.now
         if inst.job.latency_s > 0:
-            env.timeout(inst.job.latency_s, inst).callbacks.append(moved)
+            env.schedule(Tick(env, [moved], inst), NORMAL, inst.job.latency_s)
         else:
             move(inst)
 
@@ -249,6 +249,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     pos = [0] * len(keys)
     duration = [op.duration_s if op.job is None else solo_duration[i] for i, op in enumerate(ops)]
     timeout = env.timeout
+    schedule = env.schedule
 
     def track_ended(k: int) -> Callable[[simpy.Event], None]:
         # the op a track's timeout ends is its current one (a track runs one op at a time)
@@ -278,7 +279,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             start[i] = env.now
             d = duration[i]
             if d > 0:
-                timeout(d).callbacks.append(on_end[k])
+                schedule(Tick(env, [on_end[k]]), NORMAL, d)  # (env.timeout(d).callbacks.append(on_end[k]))
                 return
             finish(k, i)
             p += 1  # (finish moved the track on)

@@ -40,6 +40,20 @@ DONE_FRACTION = 1e-12
 of rate x time in floating point)."""
 _seq = attrgetter("seq")
 """A transfer's order of joining (a sort key)."""
+NORMAL = simpy.events.NORMAL
+
+
+class Tick(simpy.events.Event):
+    """A timeout without a value, built with its one callback: ``env.schedule(Tick(env, [callback]), NORMAL, delay)``
+    is ``env.timeout(delay).callbacks.append(callback)`` (the same entry in SimPy's queue, the same order), without
+    the timeout's checks and the append (the engine schedules 10^5 of them per run); ``value``: the timeout's."""
+
+    def __init__(self, env: simpy.Environment, callbacks: list, value: object = None) -> None:
+        # (Event.__init__'s attributes, as Timeout sets them: a triggered event, ok, its value)
+        self.env = env
+        self.callbacks = callbacks
+        self._value = value
+        self._ok = True
 
 
 def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
@@ -264,7 +278,7 @@ class SharedLinks:
                 # callback's end instead (`settle`): the same order of everything.
                 self._owed = True
             else:
-                self.env.timeout(0).callbacks.append(self._on_wake)
+                self.env.schedule(Tick(self.env, [self._on_wake]), NORMAL, 0)
         elif t.end < math.inf:
             # Alone, it changes no other rate: only the next finish may move earlier (no re-share, no wake-up).
             self._arm(t.end)
@@ -401,7 +415,8 @@ class SharedLinks:
         while now + delay < at:  # SimPy fires at now + delay: not before the finish
             delay = math.nextafter(delay, math.inf)
         heappush(pending, now + delay)
-        self.env.timeout(delay).callbacks.append(self._on_horizon)
+        env = self.env
+        env.schedule(Tick(env, [self._on_horizon]), NORMAL, delay)
 
     def settle(self) -> None:
         """At the end of a callback (``caller_settles``): the re-share its joins owe, as their wake-up would."""
@@ -462,17 +477,20 @@ class SharedLinks:
             pop(ends)
             t.live = False
             finished.append(t)
+        touched = self._touched
         if finished:
             if len(finished) > 1:
                 finished.sort(key=_seq)  # joining order, as every pass over the transfers under way
             active = self._active
             on = self._on
+            entries = 0
             for t in finished:
                 del active[t.seq]
-                self._entries -= len(t.links)
+                links = t.links
+                entries += len(links)
                 if t.weights is not None:
                     self._weighted -= 1
-                for link in t.links:
+                for link in links:
                     there = on[link]
                     if len(there) > 1:
                         there.remove(t)
@@ -480,15 +498,18 @@ class SharedLinks:
                         del on[link]
                 near = t.near
                 if near:  # the transfers that shared a link with it may now go faster
-                    self._touched.update(near)
+                    touched.update(near)
                     for u in near:
                         u.near.discard(t)
-        if self._touched:
+            self._entries -= entries
+        if touched:
             self._reshare(now)
-            self._touched.clear()
-        for t in finished:
-            if t.done is not None:
-                t.done.succeed()
+            touched.clear()
+        if finished:
+            for t in finished:
+                if t.done is not None:
+                    t.done.succeed()
+        top = self._top
         while ends:
             end, _, n, t = ends[0]
             if n == t.entry and t.live and end == t.end:
@@ -496,7 +517,8 @@ class SharedLinks:
                 if not pending or pending[0] > end:
                     self._arm(end)
                 break
-            self._top()
+            top()
         for t in finished:  # last: what they call may start transfers (a join re-shares at its own wake-up)
-            if t.then is not None:
-                t.then()
+            then = t.then
+            if then is not None:
+                then()
