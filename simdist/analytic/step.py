@@ -17,6 +17,7 @@ Cost grows with the schedule's distinct work: a large micro-batch count is fast-
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -568,30 +569,22 @@ class _Timelines:
         self._stages = stages
         self._timeline: Callable[..., tuple] | None = None
 
-    def _run(self, m: int, with_starts: bool) -> tuple[dict | None, float]:
+    def _run(self, m: int, starts: dict | None) -> float:
         if self._timeline is None:
             if callable(self._stages):
                 self._stages = self._stages()
-            if _fast(self._stages):
-                # the step time and starts alone are read: `_timeline_fast`'s, each timeline resumed from a shorter
-                # one where their schedules agree (simdist.analytic.resume)
-                from simdist.analytic.resume import ResumedTimelines
-
-                self._timeline = ResumedTimelines(self._cfg, self._stages).run
-            else:
-                self._timeline = self._generic
-        return self._timeline(m, with_starts)
-
-    def _generic(self, m: int, with_starts: bool) -> tuple[dict | None, float]:
-        starts: dict[tuple, list[float]] | None = {} if with_starts else None
-        return starts, _timeline(self._cfg, self._stages, m, starts)[0]  # type: ignore[arg-type]
+            # the step time and starts alone are read: the fast timeline keeps no spans of its blocks
+            self._timeline = (functools.partial(_timeline_fast, spans=False) if _fast(self._stages)
+                              else _timeline)
+        return self._timeline(self._cfg, self._stages, m, starts)[0]
 
     def timeline(self, m: int) -> tuple[dict[tuple, list[float]], float]:
-        starts, step = self._run(m, True)
-        return starts, step  # type: ignore[return-value]
+        starts: dict[tuple, list[float]] = {}
+        step = self._run(m, starts)
+        return starts, step
 
     def step_of(self, m: int) -> float:
-        return self._run(m, False)[1]
+        return self._run(m, None)
 
 
 def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool = False, beside: bool = False

@@ -41,6 +41,7 @@ of rate x time in floating point)."""
 _seq = attrgetter("seq")
 """A transfer's order of joining (a sort key)."""
 NORMAL = simpy.events.NORMAL
+"""SimPy's priority of a timeout (`Tick`s are scheduled with it, in the same order as timeouts)."""
 
 
 class Tick(simpy.events.Event):
@@ -415,8 +416,7 @@ class SharedLinks:
         while now + delay < at:  # SimPy fires at now + delay: not before the finish
             delay = math.nextafter(delay, math.inf)
         heappush(pending, now + delay)
-        env = self.env
-        env.schedule(Tick(env, [self._on_horizon]), NORMAL, delay)
+        self.env.schedule(Tick(self.env, [self._on_horizon]), NORMAL, delay)
 
     def settle(self) -> None:
         """At the end of a callback (``caller_settles``): the re-share its joins owe, as their wake-up would."""
@@ -505,10 +505,9 @@ class SharedLinks:
         if touched:
             self._reshare(now)
             touched.clear()
-        if finished:
-            for t in finished:
-                if t.done is not None:
-                    t.done.succeed()
+        for t in finished:
+            if t.done is not None:
+                t.done.succeed()
         top = self._top
         while ends:
             end, _, n, t = ends[0]

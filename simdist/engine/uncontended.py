@@ -86,11 +86,6 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
     end2 = [math.nan] * n
     arrived: dict[int, int] = {}
     pop, push = todo.pop, todo.append
-    if not groups:  # no sync group: each op starts when it is ready (the loop below, one member per op)
-        if other is None:
-            _walk(todo, ready, start, end, duration, successors, first, waiting)
-        else:
-            _walk_pair(todo, ready, ready2, start, end, start2, end2, duration, other, successors, first, waiting)
     while todo:
         i = pop()
         g = sync[i]
@@ -126,42 +121,3 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
         raise _deadlock(graph, stuck, end)
     return GraphTrace(tuple(start), tuple(end), max(end)), second_trace
-
-
-def _walk(todo: list[int], ready: list[float], start: list[float], end: list[float], duration: Sequence[float],
-          successors: list[int], first: list[int], waiting: list[int]) -> None:
-    """`_timelines`' pass over a graph without sync groups, one timeline: the same start and end per op."""
-    pop, push = todo.pop, todo.append
-    while todo:
-        i = pop()
-        t = start[i] = ready[i]
-        e = end[i] = t + duration[i]
-        for k in successors[first[i]:first[i + 1]]:
-            if e > ready[k]:
-                ready[k] = e
-            w = waiting[k] - 1
-            waiting[k] = w
-            if not w:
-                push(k)
-
-
-def _walk_pair(todo: list[int], ready: list[float], ready2: list[float], start: list[float], end: list[float],
-               start2: list[float], end2: list[float], duration: Sequence[float], second: Sequence[float],
-               successors: list[int], first: list[int], waiting: list[int]) -> None:
-    """`_walk` of two timelines (``duration`` and ``second``) in one pass."""
-    pop, push = todo.pop, todo.append
-    while todo:
-        i = pop()
-        t = start[i] = ready[i]
-        e = end[i] = t + duration[i]
-        u = start2[i] = ready2[i]
-        f = end2[i] = u + second[i]
-        for k in successors[first[i]:first[i + 1]]:
-            if e > ready[k]:
-                ready[k] = e
-            if f > ready2[k]:
-                ready2[k] = f
-            w = waiting[k] - 1
-            waiting[k] = w
-            if not w:
-                push(k)
