@@ -1,6 +1,7 @@
 """The console script (`simdist.cli.console`): `main`'s exit status and output, then the process ends without the
 interpreter's teardown only where nothing registered an exit handler and no other thread runs."""
 
+import io
 import json
 import subprocess
 import sys
@@ -66,14 +67,19 @@ def test_console_exits_as_usual_where_an_exit_handler_or_a_thread_waits(ending):
     assert exited.value.code == 3
 
 
-def test_console_flushes_what_main_wrote(ending, capsys):
-    def main() -> None:
-        sys.stdout.write('{"a": 1}')  # no newline, no flush: os._exit would drop a buffer left unflushed
+def test_console_flushes_stdout_before_it_ends(ending):
+    class Out(io.StringIO):
+        flushed = ""
 
-    ending.setattr(cli, "main", main)
+        def flush(self) -> None:  # what had reached the stream when it was flushed
+            self.flushed = self.getvalue()
+
+    out = Out()
+    ending.setattr(sys, "stdout", out)
+    ending.setattr(cli, "main", lambda: out.write('{"a": 1}'))  # no flush: os._exit would drop a buffer left so
     with pytest.raises(Ended):
         cli.console()
-    assert capsys.readouterr().out == '{"a": 1}'
+    assert out.flushed == '{"a": 1}'
 
 
 def test_python_m_simdist_writes_its_whole_json_and_its_status():
