@@ -7,7 +7,7 @@ j-1, B of part j needs B of part j+1; within a stage steps run in program order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -38,6 +38,9 @@ class Program:
     """Stage this step sends its output to (-1: none, or the same stage)."""
     code: tuple[int, ...]
     """`recipe_code` of the step (chunk, kind, edge micro-batch)."""
+    steps: np.ndarray = field(compare=False, repr=False)
+    """(4, len): ``stage``, ``code``, ``upstream`` and ``downstream_stage`` as one int64 array (to compare programs:
+    simdist.analytic.step._Trail)."""
 
     def __len__(self) -> int:
         return len(self.stage)
@@ -73,37 +76,46 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     down[sel] = prv[sel] % k
     code = (chunk * 3 + kind) * 2 + (mb == np.where(fwd, 0, M - 1))  # recipe_code, with is_edge
     # Merge the stages into one order: sweep the stages in turn, each run as far as its next step's input is there.
-    up_keys, keys = up.tolist(), key.tolist()
+    # Each step's upstream as a position in the stages' arrays (-1: none; ``total``: a step no stage runs, which
+    # never enters the program); the sweep gives each step its index in the program (-1: not yet in it), from which
+    # the order and the upstream indices follow in numpy.
+    total = len(steps)
+    position_of = np.full(k * 3 * M * v, total, dtype=np.int64)  # a step's position, by key
+    position_of[key] = np.arange(total, dtype=np.int64)
+    up_positions = np.where(up >= 0, position_of[np.maximum(up, 0)], -1).tolist()
     firsts = np.cumsum([0, *lengths]).tolist()
     position = firsts[:-1]
-    done = [-2] * (k * 3 * M * v)  # a step's index in the program, by key (-2: not yet in it)
-    picked: list[int] = []  # the program's steps, as indices into the stages' arrays
-    upstream: list[int] = []
-    total = len(steps)
-    while len(picked) < total:
+    index = [-1] * (total + 1)  # per position: its index in the program
+    n = 0
+    while n < total:
         progressed = False
         for s in range(k):
-            p, stop = position[s], firsts[s + 1]
+            p = begin = position[s]
+            stop = firsts[s + 1]
             while p < stop:
-                u = up_keys[p]
-                if u >= 0:
-                    u = done[u]
-                    if u == -2:
-                        break
-                done[keys[p]] = len(picked)
-                picked.append(p)
-                upstream.append(u)
+                u = up_positions[p]
+                if u >= 0 and index[u] < 0:
+                    break
+                index[p] = n
+                n += 1
                 p += 1
-            if p > position[s]:
+            if p > begin:
                 progressed = True
                 position[s] = p
         if not progressed:  # pragma: no cover - the bundled schedules never deadlock
             raise SpecError(f"schedule {schedule} deadlocks on {k} stages and {M} micro-batches",
                             field="schedule", fix="use one of the bundled schedules")
-    at = np.array(picked, dtype=np.int64)
+    index_of = np.asarray(index[:total], dtype=np.int64)
+    at = np.empty(total, dtype=np.int64)  # the program's steps, as positions in the stages' arrays
+    at[index_of] = np.arange(total, dtype=np.int64)
+    up_at = np.asarray(up_positions, dtype=np.int64)[at]
+    upstream = np.where(up_at >= 0, index_of[np.maximum(up_at, 0)], -1)
     names = np.array(STEP_KINDS)
-    return Program(tuple(stage[at].tolist()), tuple(names[kind[at]].tolist()), tuple(mb[at].tolist()),
-                   tuple(chunk[at].tolist()), tuple(upstream), tuple(down[at].tolist()), tuple(code[at].tolist()))
+    steps = np.stack([stage[at], code[at], upstream, down[at]])
+    steps.flags.writeable = False  # (cached: shared by every caller)
+    return Program(tuple(steps[0].tolist()), tuple(names[kind[at]].tolist()), tuple(mb[at].tolist()),
+                   tuple(chunk[at].tolist()), tuple(steps[2].tolist()), tuple(steps[3].tolist()),
+                   tuple(steps[1].tolist()), steps)
 
 
 @lru_cache(maxsize=64)

@@ -426,44 +426,111 @@ def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, 
     return ends[r.end]
 
 
+TRAIL_STRIDE = 512
+"""A `_Trail` keeps its run's state every this many program steps."""
+
+
+@dataclass(slots=True)
+class _Trail:
+    """What a `_timeline_fast` run leaves behind for the timeline of another program of the same stages to go on
+    from: that program's timeline, up to the last step the two share, is this one's (the same recurrence over the
+    same steps: each step reads its stage's state, its recipe and the ``out`` of its upstream step, an earlier one).
+    Kept: the run's per-step lists (each entry written once, at its step: their first k entries are those of the
+    state after k steps), the lengths of its per-stage interval lists, and every `TRAIL_STRIDE` steps the rest of
+    its state."""
+
+    steps: np.ndarray
+    """(4, n): per program step its stage, recipe code, upstream and downstream stage (`Program`'s)."""
+    out: list[float]
+    t0s: list[float] | None
+    """The steps' starts, where the run recorded them."""
+    intervals: list[list[Interval]]
+    block_spans: list[list[float]]
+    states: list[tuple]
+    """After k x TRAIL_STRIDE steps: (f0, f1, f2, f3, fdp, fpp, prev, first, block_end, last_bwd, used, model,
+    hardware, lengths of ``intervals``, lengths of ``block_spans``)."""
+
+    def shared(self, steps: np.ndarray, record: bool) -> int:
+        """How many of this run's states a run of the program ``steps`` may start from (its first steps are this
+        one's up to there; a run that records starts needs this one's); 0: none."""
+        if record and self.t0s is None:
+            return 0
+        n = min(steps.shape[1], self.steps.shape[1])
+        differ = np.flatnonzero((steps[:, :n] != self.steps[:, :n]).any(axis=0))
+        common = int(differ[0]) if len(differ) else n
+        return min(common // TRAIL_STRIDE + 1, len(self.states))
+
+
 def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None,
-                   spans: bool = True) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
+                   spans: bool = True, trails: list[_Trail] | None = None
+                   ) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
     """`_timeline` where `_fast` holds: each step is one addition, and a stage's blocks are summed (their spans
     kept only where dp pipeline work may overlap them: simdist.plan.accounting.BlockSummary). A step's compute,
     tp and cp streams are free when it starts: every simple recipe ends after its last piece on them, and so does
     every other one (`_closed`), a chunk's first forward with its parameter gathers, run piece by piece
     (`_run_pieces`) once per chunk. ``spans`` False: the blocks' spans are not kept even where dp pipeline work
-    may overlap them (a caller that reads the step time and the starts alone: `_Timelines`)."""
+    may overlap them (a caller that reads the step time and the starts alone: `_Timelines`). ``trails``: the
+    `_Trail` of earlier runs on ``stages`` (with the same ``spans``): this one starts from the latest state they
+    kept that its program shares, and appends its own."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
-    f0 = [0.0] * K
-    f1 = [0.0] * K
-    f2 = [0.0] * K
-    f3 = [0.0] * K
-    fdp = [0.0] * K
-    fpp = [0.0] * K
-    prev = [-1.0] * K
-    first = [-1.0] * K
-    block_end = [-1.0] * K
-    out = [0.0] * n
-    last_bwd = [0.0] * K
-    used = [[0] * len(st.simple) for st in stages]
+    record = starts is not None
+    begin = 0
+    steps = prog.steps
+    origin = max(((t, t.shared(steps, record)) for t in trails), key=lambda x: x[1], default=(None, 0)) \
+        if trails is not None else (None, 0)
+    if origin[1] > 0:  # go on from the latest state an earlier run kept within the steps it shares with this one
+        trail, k = origin[0], origin[1] - 1
+        (f0, f1, f2, f3, fdp, fpp, prev, first, block_end, last_bwd, used, model, hardware, num_intervals,
+         num_spans) = trail.states[k]
+        f0, f1, f2, f3, fdp, fpp = f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:]
+        prev, first, block_end, last_bwd = prev[:], first[:], block_end[:], last_bwd[:]
+        used = [row[:] for row in used]
+        begin = k * TRAIL_STRIDE
+        out = trail.out[:begin] + [0.0] * (n - begin)
+        t0s = trail.t0s[:begin] + [0.0] * (n - begin) if record else None  # type: ignore[index]
+        intervals = [kept[:m] for kept, m in zip(trail.intervals, num_intervals, strict=True)]
+        block_spans = [kept[:m] for kept, m in zip(trail.block_spans, num_spans, strict=True)]
+    else:
+        f0 = [0.0] * K
+        f1 = [0.0] * K
+        f2 = [0.0] * K
+        f3 = [0.0] * K
+        fdp = [0.0] * K
+        fpp = [0.0] * K
+        prev = [-1.0] * K
+        first = [-1.0] * K
+        block_end = [-1.0] * K
+        out = [0.0] * n
+        last_bwd = [0.0] * K
+        used = [[0] * len(st.simple) for st in stages]
+        model = hardware = 0.0
+        intervals = [[] for _ in range(K)]
+        block_spans = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
+        t0s = [0.0] * n if record else None  # each step's start, by program index (grouped into ``starts`` at the end)
     generic = [st.recipes for st in stages]
-    model = hardware = 0.0
-    intervals: list[list[Interval]] = [[] for _ in range(K)]
     cover = spans and _overlapping_work(stages)
-    block_spans: list[list[float]] = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
     simple = [st.simple for st in stages]
     sends = [st.sends for st in stages]
     zb = cfg.schedule == "zb_h1"
-    record = starts is not None
-    t0s = [0.0] * n if record else None  # each step's start, by program index (grouped into ``starts`` at the end)
+    kept: list[tuple] | None = None
+    keep_at = -1  # the next step before which the state is kept (-1: none)
+    if trails is not None:
+        kept = [] if begin == 0 else trail.states[:k + 1]  # (the shared ones are this run's too)
+        keep_at = begin if begin == 0 else begin + TRAIL_STRIDE
     p_stage, p_up, p_down, p_code = prog.stage, prog.upstream, prog.downstream_stage, prog.code
+    if begin:
+        p_stage, p_up, p_down, p_code = p_stage[begin:], p_up[begin:], p_down[begin:], p_code[begin:]
     # by recipe_code: whether the step counts as the stage's backward work (its last one ends the pipeline work)
     backward = [(code >> 1) % 3 == KIND_INDEX["W"] or ((code >> 1) % 3 == KIND_INDEX["B"] and not zb)
                 for code in range(max((len(st.simple) for st in stages), default=0))]
-    for i, (s, code, up, down) in enumerate(zip(p_stage, p_code, p_up, p_down, strict=True)):
+    for i, s, code, up, down in zip(range(begin, n), p_stage, p_code, p_up, p_down, strict=True):
+        if i == keep_at:
+            kept.append((f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:], prev[:], first[:], block_end[:],  # type: ignore[union-attr]
+                         last_bwd[:], [row[:] for row in used], model, hardware, [len(x) for x in intervals],
+                         [len(x) for x in block_spans]))
+            keep_at += TRAIL_STRIDE
         t0 = prev[s]
         if f0[s] > t0:
             t0 = f0[s]
@@ -524,6 +591,9 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
         at = np.array(t0s)
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
             starts.setdefault(key, []).extend(at[idx].tolist())  # type: ignore[union-attr]
+    if trails is not None:
+        # (the tails below append to ``intervals`` after the steps: a run that goes on from here reads the lengths kept)
+        trails.append(_Trail(steps, out, t0s, intervals, block_spans, kept))  # type: ignore[arg-type]
     step = max(prev, default=0.0)
     summaries: list[BlockSummary] = []
     for s in range(K):
@@ -573,8 +643,10 @@ class _Timelines:
         if self._timeline is None:
             if callable(self._stages):
                 self._stages = self._stages()
-            # the step time and starts alone are read: the fast timeline keeps no spans of its blocks
-            self._timeline = (functools.partial(_timeline_fast, spans=False) if _fast(self._stages)
+            # the step time and starts alone are read: the fast timeline keeps no spans of its blocks; each run goes
+            # on from the state of an earlier one where their programs agree (`_Trail`: the timelines of M and M + c
+            # micro-batches share every step before M's cool-down)
+            self._timeline = (functools.partial(_timeline_fast, spans=False, trails=[]) if _fast(self._stages)
                               else _timeline)
         return self._timeline(self._cfg, self._stages, m, starts)[0]
 

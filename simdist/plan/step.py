@@ -284,8 +284,17 @@ class _Emitter:
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:
     """Every distinct step recipe: (stage, chunk, kind, edge micro-batch: simdist.plan.recipe.is_edge) -> Recipe."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
-    return {(s, c, kind, edge): edge_recipe(cfg, cost, kind, edge)
-            for (s, c), cost in costs.items() for kind in kinds for edge in (False, True)}
+    # chunks of one cost (the same object: `_parts_of` gives alike chunks one) share their recipes, each made once
+    made: dict[tuple[int, str, bool], Recipe] = {}
+    out: dict[tuple, Recipe] = {}
+    for (s, c), cost in costs.items():
+        for kind in kinds:
+            for edge in (False, True):
+                r = made.get((id(cost), kind, edge))
+                if r is None:
+                    r = made[(id(cost), kind, edge)] = edge_recipe(cfg, cost, kind, edge)
+                out[(s, c, kind, edge)] = r
+    return out
 
 
 def chunk_costs_of(cfg: StepConfig) -> dict[tuple[int, int], ChunkCost]:
@@ -301,14 +310,28 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
     num_parts = K * cfg.vpp
     parts, firsts = cfg.model_parts(), cfg.part_first_layers()  # once: each is a pass over every part
     costs: dict[tuple[int, int], ChunkCost] = {}
+    # `chunk_cost` reads the configuration and its arguments only: alike chunks (the same layer kinds, neither or
+    # both the first and last model part) share one cost, computed once (a uniform model's 112 chunks have 3)
+    alike: dict[tuple, ChunkCost] = {}
     for s in range(K):
         for c in range(len(cfg.stage_chunks(s))):
             part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
             # cfg.part_layers(part), from the parts and first layers computed once
-            costs[(s, c)] = chunk_cost(cfg, layer_kinds(cfg.model, firsts[part], parts[part]), part == 0,
-                                       part == num_parts - 1)
-    tails = tuple(tail(cfg, [costs[(s, c)] for c in range(cfg.vpp)]) for s in range(K))
-    return costs, recipes_of(cfg, costs), tails
+            key = (layer_kinds(cfg.model, firsts[part], parts[part]), part == 0, part == num_parts - 1)
+            cost = alike.get(key)
+            if cost is None:
+                cost = alike[key] = chunk_cost(cfg, *key)
+            costs[(s, c)] = cost
+    tails_of: dict[tuple[int, ...], StageTail] = {}  # by the stage's chunk costs (`tail` reads those and cfg only)
+    tails = []
+    for s in range(K):
+        chunk_list = [costs[(s, c)] for c in range(cfg.vpp)]
+        ids = tuple(map(id, chunk_list))
+        t = tails_of.get(ids)
+        if t is None:
+            t = tails_of[ids] = tail(cfg, chunk_list)
+        tails.append(t)
+    return costs, recipes_of(cfg, costs), tuple(tails)
 
 
 def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
