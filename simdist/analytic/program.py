@@ -82,7 +82,8 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     total = len(steps)
     position_of = np.full(k * 3 * M * v, total, dtype=np.int64)  # a step's position, by key
     position_of[key] = np.arange(total, dtype=np.int64)
-    up_positions = np.where(up >= 0, position_of[np.maximum(up, 0)], -1).tolist()
+    up_position = np.where(up >= 0, position_of[np.maximum(up, 0)], -1)
+    up_positions = up_position.tolist()
     firsts = np.cumsum([0, *lengths]).tolist()
     position = firsts[:-1]
     index = [-1] * (total + 1)  # per position: its index in the program
@@ -108,7 +109,7 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     index_of = np.asarray(index[:total], dtype=np.int64)
     at = np.empty(total, dtype=np.int64)  # the program's steps, as positions in the stages' arrays
     at[index_of] = np.arange(total, dtype=np.int64)
-    up_at = np.asarray(up_positions, dtype=np.int64)[at]
+    up_at = up_position[at]
     upstream = np.where(up_at >= 0, index_of[np.maximum(up_at, 0)], -1)
     names = np.array(STEP_KINDS)
     steps = np.stack([stage[at], code[at], upstream, down[at]])

@@ -461,6 +461,13 @@ class _Trail:
         return min(common // TRAIL_STRIDE + 1, len(self.states))
 
 
+def _start_state(num_stages: int, stages: list[_Stage]) -> tuple:
+    """A `_Trail` state before any step: every stream free at 0, no step run yet."""
+    K = num_stages
+    return ([0.0] * K, [0.0] * K, [0.0] * K, [0.0] * K, [0.0] * K, [0.0] * K, [-1.0] * K, [-1.0] * K, [-1.0] * K,
+            [0.0] * K, [[0] * len(st.simple) for st in stages], 0.0, 0.0, [0] * K, [0] * K)
+
+
 def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None,
                    spans: bool = True, trails: list[_Trail] | None = None
                    ) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
@@ -476,49 +483,34 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
     record = starts is not None
-    begin = 0
     steps = prog.steps
-    origin = max(((t, t.shared(steps, record)) for t in trails), key=lambda x: x[1], default=(None, 0)) \
-        if trails is not None else (None, 0)
-    if origin[1] > 0:  # go on from the latest state an earlier run kept within the steps it shares with this one
-        trail, k = origin[0], origin[1] - 1
-        (f0, f1, f2, f3, fdp, fpp, prev, first, block_end, last_bwd, used, model, hardware, num_intervals,
-         num_spans) = trail.states[k]
-        f0, f1, f2, f3, fdp, fpp = f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:]
-        prev, first, block_end, last_bwd = prev[:], first[:], block_end[:], last_bwd[:]
-        used = [row[:] for row in used]
-        begin = k * TRAIL_STRIDE
-        out = trail.out[:begin] + [0.0] * (n - begin)
-        t0s = trail.t0s[:begin] + [0.0] * (n - begin) if record else None  # type: ignore[index]
-        intervals = [kept[:m] for kept, m in zip(trail.intervals, num_intervals, strict=True)]
-        block_spans = [kept[:m] for kept, m in zip(trail.block_spans, num_spans, strict=True)]
-    else:
-        f0 = [0.0] * K
-        f1 = [0.0] * K
-        f2 = [0.0] * K
-        f3 = [0.0] * K
-        fdp = [0.0] * K
-        fpp = [0.0] * K
-        prev = [-1.0] * K
-        first = [-1.0] * K
-        block_end = [-1.0] * K
-        out = [0.0] * n
-        last_bwd = [0.0] * K
-        used = [[0] * len(st.simple) for st in stages]
-        model = hardware = 0.0
-        intervals = [[] for _ in range(K)]
-        block_spans = [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
-        t0s = [0.0] * n if record else None  # each step's start, by program index (grouped into ``starts`` at the end)
+    # the earlier run that kept the latest state within the steps its program shares with this one, if any
+    trail, usable = max(((t, t.shared(steps, record)) for t in trails or ()), key=lambda x: x[1], default=(None, 0))
+    k = usable - 1  # the state to start from: after k x TRAIL_STRIDE steps (-1: the start)
+    begin = max(k, 0) * TRAIL_STRIDE
+    (f0, f1, f2, f3, fdp, fpp, prev, first, block_end, last_bwd, used, model, hardware, num_intervals,
+     num_spans) = trail.states[k] if trail is not None and k >= 0 else _start_state(K, stages)
+    # (copies: the kept state stays as it was)
+    f0, f1, f2, f3, fdp, fpp = f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:]
+    prev, first, block_end, last_bwd = prev[:], first[:], block_end[:], last_bwd[:]
+    used = [row[:] for row in used]
+    # the per-step lists: their first ``begin`` entries are the kept run's (each written once, at its step)
+    out = (trail.out[:begin] if begin else []) + [0.0] * (n - begin)
+    # each step's start, by program index (grouped into ``starts`` at the end)
+    t0s = (trail.t0s[:begin] if begin else []) + [0.0] * (n - begin) if record else None  # type: ignore[index]
+    intervals: list[list[Interval]] = [kept[:m] for kept, m in zip(trail.intervals, num_intervals, strict=True)] \
+        if begin else [[] for _ in range(K)]
+    block_spans: list[list[float]] = [kept[:m] for kept, m in zip(trail.block_spans, num_spans, strict=True)] \
+        if begin else [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
     generic = [st.recipes for st in stages]
     cover = spans and _overlapping_work(stages)
     simple = [st.simple for st in stages]
     sends = [st.sends for st in stages]
     zb = cfg.schedule == "zb_h1"
-    kept: list[tuple] | None = None
-    keep_at = -1  # the next step before which the state is kept (-1: none)
-    if trails is not None:
-        kept = [] if begin == 0 else trail.states[:k + 1]  # (the shared ones are this run's too)
-        keep_at = begin if begin == 0 else begin + TRAIL_STRIDE
+    # the states this run keeps (those before its start are the earlier run's, for the same steps), and the step
+    # before which it keeps the next (-1: none)
+    kept: list[tuple] = list(trail.states[:k + 1]) if trail is not None and k >= 0 else []
+    keep_at = -1 if trails is None else begin + TRAIL_STRIDE if kept else 0
     p_stage, p_up, p_down, p_code = prog.stage, prog.upstream, prog.downstream_stage, prog.code
     if begin:
         p_stage, p_up, p_down, p_code = p_stage[begin:], p_up[begin:], p_down[begin:], p_code[begin:]
@@ -527,8 +519,8 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                 for code in range(max((len(st.simple) for st in stages), default=0))]
     for i, s, code, up, down in zip(range(begin, n), p_stage, p_code, p_up, p_down, strict=True):
         if i == keep_at:
-            kept.append((f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:], prev[:], first[:], block_end[:],  # type: ignore[union-attr]
-                         last_bwd[:], [row[:] for row in used], model, hardware, [len(x) for x in intervals],
+            kept.append((f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:], prev[:], first[:], block_end[:], last_bwd[:],
+                         [row[:] for row in used], model, hardware, [len(x) for x in intervals],
                          [len(x) for x in block_spans]))
             keep_at += TRAIL_STRIDE
         t0 = prev[s]
@@ -593,7 +585,7 @@ def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
             starts.setdefault(key, []).extend(at[idx].tolist())  # type: ignore[union-attr]
     if trails is not None:
         # (the tails below append to ``intervals`` after the steps: a run that goes on from here reads the lengths kept)
-        trails.append(_Trail(steps, out, t0s, intervals, block_spans, kept))  # type: ignore[arg-type]
+        trails.append(_Trail(steps, out, t0s, intervals, block_spans, kept))
     step = max(prev, default=0.0)
     summaries: list[BlockSummary] = []
     for s in range(K):

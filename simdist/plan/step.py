@@ -311,7 +311,7 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
     parts, firsts = cfg.model_parts(), cfg.part_first_layers()  # once: each is a pass over every part
     costs: dict[tuple[int, int], ChunkCost] = {}
     # `chunk_cost` reads the configuration and its arguments only: alike chunks (the same layer kinds, neither or
-    # both the first and last model part) share one cost, computed once (a uniform model's 112 chunks have 3)
+    # both the first and last model part) share one cost, computed once (Llama 3 405B's 112 chunks on 16 x 7: 4)
     alike: dict[tuple, ChunkCost] = {}
     for s in range(K):
         for c in range(len(cfg.stage_chunks(s))):
