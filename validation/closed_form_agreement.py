@@ -12,6 +12,9 @@ the engine does find contention, the table shows how much of its step it added.
 Rows: every scenario under scenarios/ (and scenarios/published/ with --published), and a grid of layouts
 (tp, pp, vpp, dp, cp, ZeRO stage, recompute, schedule, micro-batch) of Llama 3 8B at sequence 2048 on 16-64 GPUs
 of three clusters, sampled with a fixed seed from the layouts that pass simdist.plan.layout's check.
+
+tests/test_closed_form_doc.py checks the document against this script: the same layouts in order, its summary
+against the targets, and every 10th row predicted again; regenerate the document when the step model moves it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,23 +102,47 @@ def _compare(spec, topology, label: str) -> dict[str, Any]:
             "bubble_closed_form": closed["bubble_fraction"]}
 
 
-def rows(per_cluster: int, published: bool) -> list[dict[str, Any]]:
+def layouts(per_cluster: int, published: bool) -> list[tuple[str, str, Callable[[], tuple[Any, Any]]]]:
+    """The table's rows before any prediction, in order: (group, label, a loader of the row's (ScenarioSpec,
+    Topology)). Cheap (the grid is drawn and checked, nothing simulated), so a test can compare the labels of the
+    whole table and predict a sample of it (tests/test_closed_form_doc.py)."""
     from simdist import api
     from simdist.spec.scenario import ScenarioSpec
 
-    out: list[dict[str, Any]] = []
+    out: list[tuple[str, str, Callable[[], tuple[Any, Any]]]] = []
     files = sorted((ROOT / "scenarios").glob("*.yaml"))
     if published:
         files += sorted((ROOT / "scenarios" / "published").glob("*.yaml"))
     for path in files:
-        sc = api.load_scenario(path)
-        out.append({"group": "scenario", **_compare(sc.spec, sc.topology, str(path.relative_to(ROOT)))})
+        def load(path: Path = path) -> tuple[Any, Any]:
+            sc = api.load_scenario(path)
+            return sc.spec, sc.topology
+        out.append(("scenario", str(path.relative_to(ROOT)), load))
     rng = random.Random(SEED)
     for cluster in CLUSTERS:
         for doc in _grid(cluster, per_cluster, rng):
-            spec = ScenarioSpec.model_validate(doc)
-            out.append({"group": cluster, **_compare(spec, api.cluster_of(spec), doc["name"])})
+            def load_doc(doc: dict[str, Any] = doc) -> tuple[Any, Any]:
+                spec = ScenarioSpec.model_validate(doc)
+                return spec, api.cluster_of(spec)
+            out.append((cluster, doc["name"], load_doc))
     return out
+
+
+def row(group: str, label: str, load: Callable[[], tuple[Any, Any]]) -> dict[str, Any]:
+    """One row of the table: the layout predicted by both fidelities (`_compare`)."""
+    spec, topology = load()
+    return {"group": group, **_compare(spec, topology, label)}
+
+
+def rows(per_cluster: int, published: bool) -> list[dict[str, Any]]:
+    return [row(*entry) for entry in layouts(per_cluster, published)]
+
+
+def table_line(r: dict[str, Any]) -> str:
+    """A row as the document's table shows it."""
+    return (f"| {r['group']} | {r['label']} | {r['engine_s']:.6g} | {r['closed_form_s']:.6g} | "
+            f"{100 * r['error']:+.4f} % | {100 * r['contention_share']:.2f} % | "
+            f"{100 * r['bubble_engine']:.2f} % | {100 * r['bubble_closed_form']:.2f} % |")
 
 
 def summary(table: list[dict[str, Any]]) -> dict[str, Any]:
@@ -164,10 +192,7 @@ def render(table: list[dict[str, Any]]) -> str:
         "| bubble closed form |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in table:
-        lines.append(f"| {r['group']} | {r['label']} | {r['engine_s']:.6g} | {r['closed_form_s']:.6g} | "
-                     f"{100 * r['error']:+.4f} % | {100 * r['contention_share']:.2f} % | "
-                     f"{100 * r['bubble_engine']:.2f} % | {100 * r['bubble_closed_form']:.2f} % |")
+    lines.extend(table_line(r) for r in table)
     return "\n".join(lines) + "\n"
 
 
