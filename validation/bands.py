@@ -8,6 +8,9 @@ Table 2) is predicted with `simdist run` on its scenario under scenarios/publish
 form) is checked against the measured time. Reported: the fraction of measured times inside the p10-p90 band
 (an honest 80 % band covers about 80 %), and the band's median relative width (p90 - p10) / p50. The ranges are
 set from their stated sources, not fitted to these rows.
+
+tests/test_prediction_bands_doc.py checks the document against this script (its rows in order, the summary's
+counts, every 6th row predicted again): regenerate it when the step model moves it.
 """
 
 from __future__ import annotations
