@@ -14,6 +14,23 @@ FIXTURES = REPO / "tests" / "fixtures"
 TOY_TOPOLOGY = FIXTURES / "toy-nvswitch.yaml"
 
 
+def markdown_rows(text: str, columns: int) -> list[list[str]]:
+    """The cells of the body rows of ``text``'s markdown tables of ``columns`` columns (a header row, the one above
+    a rule row, left out): the rows of a table a validation script generated, for tests comparing it with the script."""
+    out: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != columns:
+            continue
+        if all(c and set(c) <= set("-:") for c in cells):
+            out.pop()  # the header above this rule
+        else:
+            out.append(cells)
+    return out
+
+
 def toy_gpu():
     """The GpuSpec of tests/fixtures/toy-gpu.yaml: 100 TFLOP/s bf16, 10 fp32, 1 TB/s HBM, 16 GiB."""
     from simdist.spec.gpu import GpuSpec

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, markdown_rows
 from validation import bands
 from validation.accuracy_training import rows
 
@@ -23,15 +23,8 @@ SAMPLE_EVERY = 6
 
 @functools.cache
 def doc_rows() -> list[list[str]]:
-    """The cells of the document's per-row table, in order (8 columns: row, measured, predicted, p10, p50, p90,
-    width, inside)."""
-    text = DOC.read_text(encoding="utf-8").split("## Rows", 1)[1]
-    out = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 8 and cells[0] != "row":
-            out.append(cells)
-    return out
+    """The cells of the document's per-row table, in order (`bands.row_cells`)."""
+    return markdown_rows(DOC.read_text(encoding="utf-8").split("## Rows", 1)[1], 8)
 
 
 def test_the_document_lists_every_published_row_in_order() -> None:
@@ -53,9 +46,7 @@ def test_the_summary_counts_the_rows_shown() -> None:
 @pytest.mark.parametrize("index", range(0, len(rows()), SAMPLE_EVERY))
 def test_a_sample_of_rows_equals_a_fresh_prediction(index: int) -> None:
     shown = doc_rows()[index]
-    r = bands.predict(rows()[index])
-    fresh = [r.row.label, f"{r.row.measured_s:.2f}", f"{r.predicted_s:.2f}", f"{r.p10:.2f}", f"{r.p50:.2f}",
-             f"{r.p90:.2f}", f"{r.width:.1%}", "yes" if r.inside else "no"]
+    fresh = bands.row_cells(bands.predict(rows()[index]))
     assert fresh[:2] == shown[:2] and fresh[7] == shown[7]
     # to the last digit shown (a value on a rounding edge may print one digit apart)
     for k in range(2, 6):
