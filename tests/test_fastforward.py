@@ -29,7 +29,8 @@ CASES = {
     "1f1b alone": dict(nodes=1, tp=2, pp=4, dp=1, vpp=1, batch=96, reduce="bucketed", schedule="1f1b"),
     "interleaved contended": dict(nodes=4, tp=8, pp=2, dp=2, vpp=2, batch=256, reduce="overlapped",
                                   schedule="interleaved_1f1b"),
-    "zb_h1 alone": dict(nodes=1, tp=2, pp=4, dp=1, vpp=1, batch=96, reduce="bucketed", schedule="zb_h1"),
+    # (tp inside a node, the pipeline across two: their traffic never meets on a link)
+    "zb_h1 alone": dict(nodes=2, tp=8, pp=2, dp=1, vpp=1, batch=96, reduce="bucketed", schedule="zb_h1"),
 }
 
 

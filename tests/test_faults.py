@@ -10,8 +10,9 @@ from simdist import api
 from simdist.errors import SimdistError
 from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.gpus import GPU_PRESETS
-from simdist.plan.layer_cost import head_work, layer_work, optimizer_kernels
+from simdist.plan.layer_cost import head_work, layer_work
 from simdist.plan.model import Model
+from simdist.plan.optimizer import optimizer_step_kernels
 
 MLP = Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024)
 
@@ -41,7 +42,7 @@ def kernels_s(micro_batch_size: int) -> float:
     head = head_work(MLP, tp=1, micro_batch_size=micro_batch_size, precision="fp32")
     return (MLP.num_layers * (kernels_time_s(gpu, layer.forward, "fp32") + kernels_time_s(gpu, layer.backward, "fp32"))
             + kernels_time_s(gpu, head.forward, "fp32") + kernels_time_s(gpu, head.backward, "fp32")
-            + kernels_time_s(gpu, optimizer_kernels(MLP.num_params, precision="fp32"), "fp32"))
+            + kernels_time_s(gpu, optimizer_step_kernels(MLP.num_params, precision="fp32"), "fp32"))
 
 
 def test_straggler_20_percent_slows_a_dp_step_by_the_hand_calculation(tmp_path: Path) -> None:
@@ -57,7 +58,8 @@ def test_straggler_20_percent_slows_a_dp_step_by_the_hand_calculation(tmp_path: 
     f = slow["faults"]
     assert f["stragglers"] == [{"rank": 2, "stage": 0, "dp": 2, "tp": 0, "cp": 0, "compute_time_factor": 1.2}]
     # the three healthy replicas wait 0.2 x (forward + backward) for rank 2 at the gradient all-reduce
-    optimizer_s = kernels_time_s(GPU_PRESETS["h100-sxm"], optimizer_kernels(MLP.num_params, precision="fp32"), "fp32")
+    optimizer_s = kernels_time_s(GPU_PRESETS["h100-sxm"], optimizer_step_kernels(MLP.num_params, precision="fp32"),
+                                 "fp32")
     waits = {w["rank"]: w for w in f["waits"]}
     assert sorted(waits) == [0, 1, 3]
     for w in waits.values():

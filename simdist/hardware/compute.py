@@ -34,7 +34,8 @@ from importlib import resources
 from typing import Protocol
 
 from simdist.errors import SpecError
-from simdist.hardware.attention import attention_efficiency, has_attention_data, padded_head_dim
+from simdist.hardware.attention import attention_efficiency, has_attention_data, kernel_family, padded_head_dim
+from simdist.hardware.clock import clock_share
 from simdist.hardware.gemm import quantization
 from simdist.spec.gpu import GpuSpec
 
@@ -72,10 +73,12 @@ class ComputeEfficiency:
     small ops costs when the host, not the GPU, sets the pace."""
     fp8_gemm_efficiency_ratio: float = 0.914
     """Share of the fp8 peak a large FP8 GEMM reaches, relative to the bf16 GEMM's share of the bf16 peak."""
+    graph_launch_overhead_s: float = 1e-6
+    """Per kernel replayed from a CUDA graph: the gap between back-to-back kernels without a launch each."""
 
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
-           "fp8_gemm_efficiency_ratio")
+           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s")
 
 
 @cache
@@ -125,11 +128,13 @@ def gemm_rate(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: ComputeEffi
 
 def _attention_s(gpu: GpuSpec, kernel: KernelLike, shape) -> float:
     """A fused attention kernel from its measured curve: each part (share of the FLOPs, causal, sequence length)
-    at its efficiency; the head dimension padded to the kernel's (tile quantization in the head dimension)."""
-    padded = padded_head_dim(shape.kernel, shape.head_dim) / shape.head_dim
+    at its efficiency for the head dimension; the head dimension padded to the kernel's (tile quantization in the head
+    dimension)."""
+    family = kernel_family(shape.kernel, gpu)
+    padded = padded_head_dim(family, shape.head_dim)
     peak = gpu.peak_flops("bf16")
-    return sum(kernel.flops * share * padded / (peak * attention_efficiency(gpu, shape.kernel, shape.direction,
-                                                                             causal, seq))
+    return sum(kernel.flops * share * padded / shape.head_dim
+               / (peak * attention_efficiency(gpu, family, shape.direction, causal, seq, padded))
                for share, causal, seq in shape.parts)
 
 
@@ -149,6 +154,8 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
         compute_s = _attention_s(gpu, kernel, shape)
     else:
         compute_s = kernel.flops / gemm_rate(gpu, kernel, precision, eff) if kernel.flops else 0.0
+    if gpu.power_limit_w is not None:
+        compute_s /= clock_share(gpu)  # a power cap slows the SMs, not HBM (simdist.hardware.clock)
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency)
     return max(compute_s, memory_s) + eff.launch_overhead_s
 

@@ -25,7 +25,12 @@ from importlib import resources
 
 from simdist.spec.gpu import GpuSpec
 
-__all__ = ["Architecture", "architecture", "quantization", "tiles_of"]
+__all__ = ["BLACKWELL", "TILE_FAMILY", "Architecture", "architecture", "quantization", "tiles_of"]
+
+
+BLACKWELL = ("blackwell", "blackwell_ultra")
+"""The architectures with Blackwell's block-scaled tensor cores (MXFP8: Transformer Engine MXFP8BlockScaling needs
+compute capability 10.0+; B300 is sm103)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +64,14 @@ def architecture(gpu: GpuSpec) -> Architecture:
     return table.get(gpu.name, table["default"])
 
 
+TILE_FAMILY = {"blackwell_ultra": "blackwell"}
+"""Architectures whose GEMM kernels are another's: Blackwell Ultra (B300, GB300) keeps Blackwell's tcgen05 UMMA tiles
+(NVIDIA, 'Inside NVIDIA Blackwell Ultra': the same fifth-generation tensor cores)."""
+
+
 def tiles_of(arch: str, dtype: str) -> tuple[tuple[int, int, int], ...]:
     """Candidate (tile_m, tile_n, tile_k) of ``arch`` for ``dtype`` operands (8-bit: ``fp8`` rows); () if none."""
-    return _tiles().get((arch, "fp8" if dtype == "fp8" else "16bit"), ())
+    return _tiles().get((TILE_FAMILY.get(arch, arch), "fp8" if dtype == "fp8" else "16bit"), ())
 
 
 def _useful_share(m: int, n: int, k: int, batch: int, tile: tuple[int, int, int], num_sms: int) -> float:

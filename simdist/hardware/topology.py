@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from simdist.errors import TopologyError
+from simdist.hardware.clock import capped
 from simdist.hardware.fabric import Fabric, build_fabric
 from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.layout import NIC, NODE, LinkLayout
@@ -68,6 +69,8 @@ class Topology:
         self.cluster_num_gpus = spec.num_gpus if cluster_num_gpus is None else cluster_num_gpus
         """GPUs of the whole cluster; more than num_gpus for a job on part of it (simdist.hardware.placement)."""
         self.gpu: GpuSpec = gpu_preset(spec.gpu) if isinstance(spec.gpu, str) else spec.gpu
+        if spec.gpu_power_limit_w is not None:
+            self.gpu = capped(self.gpu, spec.gpu_power_limit_w)
         self.num_nodes = spec.num_nodes
         self.gpus_per_node = spec.gpus_per_node
         self.num_gpus = spec.num_gpus

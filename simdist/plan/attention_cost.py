@@ -20,16 +20,19 @@ QK head dim qk_head_dim + qk_pos_emb_head_dim and V head dim v_head_dim.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from simdist.plan.context_parallel import cp_comm
+from simdist.plan.elementwise import ew
 from simdist.plan.kernel_work import (
     AttentionShape,
-    CommWork,
     Kernel,
     LayerShape,
     Pass,
     elementwise,
     fp8_cast,
+    fp8_weight_cast,
     gemm,
     gemm_grads,
 )
@@ -46,7 +49,7 @@ class AttentionBlock:
     """FLOPs the kernels execute beyond the model-FLOP convention's 2x forward in backward (a fused kernel's
     recomputed QK^T)."""
     kv_gather_bytes: float
-    """The K, V buffer the context-parallel ring exchanges (0 without context parallelism)."""
+    """The whole sequence's K and V on one TP rank (0 without context parallelism)."""
 
 
 def attention_parts(causal: bool, cp: int, s_q: int) -> tuple[tuple[float, bool, float], ...]:
@@ -78,7 +81,7 @@ def window_share(seq_length: int, window: int) -> float:
 
 
 def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: bool, window: bool,
-                    recompute: str) -> AttentionBlock:
+                    recompute: str, cp_comm_type: str = "p2p") -> AttentionBlock:
     """The attention half of one layer (its norm, projections, core, output projection; no residual)."""
     b, s_q, s_k, tp, cp, bpe = shape.micro_batch_size, shape.seq_q, shape.seq_k, shape.tp, shape.cp, shape.bpe
     h, m = model.hidden_size, shape.tokens
@@ -100,61 +103,69 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
         q_l, k_l, v_l = a_l * d_qk, kv_l, kv_l
         out_l = q_l
 
+    style = shape.style
     fwd, bwd = Pass("forward"), Pass("backward")
-    fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
+    fwd.add(*ew(shape.norm, resid, bpe, style))
     bwd_qkv = Pass("backward")  # the projections' backward, run after the core's
-    kv_rs_at = 0
     if model.multi_latent_attention:
         _mla_projections(model, shape, fwd, bwd_qkv, a_l)
     else:
         if tp > 1 and sp:
             fwd.issue("all_gather", m * h * bpe)
-        fwd.add(*fp8_cast("qkv", m * h, recipe), gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
+        fwd.add(*fp8_cast("qkv", m * h, recipe), *fp8_weight_cast("qkv", h * (q_l + 2 * k_l), shape),
+                gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
         if model.qk_layernorm:
             # Qwen3 / OLMo 2: RMSNorm over each head of Q and K (Megatron-LM q_layernorm / k_layernorm).
-            fwd.add(elementwise("qk_norm", m * (q_l + k_l), 2 * bpe, 8.0))
+            fwd.add(*ew("qk_norm", m * (q_l + k_l), bpe, style, per_tensor=2))
         if model.swiglu:
-            fwd.add(elementwise("rotary", m * (q_l + k_l), 2 * bpe, 4.0))
+            fwd.add(*ew("rotary", m * (q_l + k_l), bpe, style, per_tensor=2))
+        if q_l > k_l and style != "fused":
+            # Eager and compiled PyTorch attention materialise each K and V head for its query group before the
+            # attention call (torchtitan's and Hugging Face's repeat_kv: expand + reshape, a copy q_l wide reading
+            # k_l); the backward sums each group's copies. Transformer Engine's kernels read the groups directly.
+            rep = k_l / q_l
+            for t in ("k", "v"):
+                fwd.add(elementwise(f"repeat_kv_{t}", m * q_l, bpe * (1 + rep), 0.0))
+                bwd_qkv.add(elementwise(f"repeat_kv_{t}_grad", m * q_l, bpe * (1 + rep), 1.0))
         if model.swiglu:
-            bwd_qkv.add(elementwise("rotary_grad", m * (q_l + k_l), 2 * bpe, 4.0))
+            bwd_qkv.add(*ew("rotary_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
         if model.qk_layernorm:
-            bwd_qkv.add(elementwise("qk_norm_grad", m * (q_l + k_l), 4 * bpe, 10.0))
+            bwd_qkv.add(*ew("qk_norm_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
         bwd_qkv.add(*fp8_cast("qkv_grad", m * (q_l + 2 * k_l), recipe))
-        kv_rs_at = len(bwd_qkv.kernels)
         dgrad, wgrad = gemm_grads("qkv", m, q_l + 2 * k_l, h, bpe, fp8)
         bwd_qkv.add(dgrad)
         if tp > 1:
             bwd_qkv.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe, overlappable=True)
         bwd_qkv.add(wgrad)
-    kv_full = float(b * s_k * (k_l + v_l) * bpe) if cp > 1 else 0.0
-    if cp > 1:
-        # Assumption: context parallelism exchanges K and V around the CP ring while attention runs (Megatron-LM
-        # context parallelism, Liu et al. 2023 Ring Attention); priced as an all-gather of the full K, V
-        # buffer, overlappable, and its adjoint reduce-scatter of dK, dV in backward.
-        fwd.issue("all_gather", kv_full, overlappable=True, axis="cp")
-
+    cpc = cp_comm(cp_comm_type, cp=cp, tokens=m, q_width=q_l, kv_width=(k_l + v_l) // 2, bpe=bpe, style=style)
     core, core_bwd, extra = _core(shape, attention, causal, window, counted, scores, d_qk, d_v, q_l, k_l, v_l,
-                                  model.window_size)
-    fwd.add(*core)
-    fwd.add(*fp8_cast("projection", m * out_l, recipe), gemm("projection", m, h, out_l, bpe, fp8))
+                                  model.window_size, cpc.full_sequence)
+    # the context-parallel collectives before (issued_after 0) and after (1) the attention core, and the ring's
+    # merges after it (simdist.plan.context_parallel)
+    fwd.comm += [dataclasses.replace(c, issued_after=len(fwd.kernels)) for c in cpc.forward if c.issued_after == 0]
+    fwd.add(*core, *cpc.merge_forward)
+    fwd.comm += [dataclasses.replace(c, issued_after=len(fwd.kernels)) for c in cpc.forward if c.issued_after == 1]
+    fwd.add(*ew("attention_layout", m * out_l, bpe, style))
+    fwd.add(*fp8_cast("projection", m * out_l, recipe), *fp8_weight_cast("projection", out_l * h, shape),
+            gemm("projection", m, h, out_l, bpe, fp8))
     if tp > 1:
         fwd.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe)
 
     if tp > 1 and sp:
         bwd.issue("all_gather", m * h * bpe)
     bwd.add(*fp8_cast("projection_grad", m * h, recipe), *gemm_grads("projection", m, h, out_l, bpe, fp8))
-    bwd.add(*core_bwd)
-    if cp > 1:
-        # dK, dV go back around the ring before the projections' input-gradient GEMM (MLA: before its backward)
-        bwd_qkv.comm.append(CommWork("reduce_scatter", kv_full, "backward", True, "cp",
-                                     0 if model.multi_latent_attention else kv_rs_at))
+    bwd.add(*ew("attention_layout_grad", m * out_l, bpe, style))
+    bwd.comm += [dataclasses.replace(c, issued_after=len(bwd.kernels)) for c in cpc.backward if c.issued_after == 0]
+    bwd.add(*core_bwd, *cpc.merge_backward)
+    bwd.comm += [dataclasses.replace(c, issued_after=len(bwd.kernels)) for c in cpc.backward if c.issued_after == 1]
     bwd.then(bwd_qkv)
-    bwd.add(elementwise("layernorm_grad", resid, 4 * bpe, 10.0))
+    bwd.add(*ew(f"{shape.norm}_grad", resid, bpe, style))
+    kv_full = float(b * s_k * (k_l + v_l) * bpe) if cp > 1 else 0.0
     return AttentionBlock(fwd, bwd, tuple(core), extra, kv_full)
 
 
 def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted: float, scores: float,
-          d_qk: int, d_v: int, q_l: int, k_l: int, v_l: int, window_size: int
+          d_qk: int, d_v: int, q_l: int, k_l: int, v_l: int, window_size: int, full_sequence: bool = False
           ) -> tuple[list[Kernel], list[Kernel], float]:
     """The attention core's forward and backward kernels and the fused backward's extra (hardware-only) FLOPs.
 
@@ -195,6 +206,9 @@ def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted
         # Assumption: a sliding-window kernel runs at the efficiency of a causal kernel over window_size keys
         # (each query block meets about W keys, masked at both edges of its band).
         parts: tuple[tuple[float, bool, float], ...] = ((1.0, True, float(min(window_size, s_k))),)
+    elif full_sequence:
+        # Ulysses (cp_comm_type a2a): the kernel runs over the whole sequence on heads / cp
+        parts = ((1.0, causal, float(s_k)),)
     else:
         parts = attention_parts(causal, shape.cp, s_q)
     # Assumption: the fused kernel reads Q, K, V and writes O once (its re-reads of K, V per query block are
@@ -227,10 +241,10 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
     if qr:
         fwd.add(*fp8_cast("q_down", m_l * h, recipe), gemm("q_down", m_l, qr, h, bpe, fp8))
         if norms:
-            fwd.add(elementwise("q_latent_norm", m_l * qr, 2 * bpe, 8.0))
+            fwd.add(*ew("rmsnorm", m_l * qr, bpe, shape.style))
     fwd.add(*fp8_cast("kv_down", m_l * h, recipe), gemm("kv_down", m_l, kvr + r, h, bpe, fp8))
     if norms:
-        fwd.add(elementwise("kv_latent_norm", m_l * kvr, 2 * bpe, 8.0))
+        fwd.add(*ew("rmsnorm", m_l * kvr, bpe, shape.style))
     q_in = qr if qr else h  # what the (column-parallel) Q projection reads
     if tp > 1 and sp:
         # The column-parallel up projections gather their sequence-parallel inputs (Korthikanti sec. 4.2.2); the
@@ -257,9 +271,9 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
                       overlappable=True)
         bwd.add(wgrad)
     if norms:
-        bwd.add(elementwise("kv_latent_norm_grad", m_l * kvr, 4 * bpe, 10.0))
+        bwd.add(*ew("rmsnorm_grad", m_l * kvr, bpe, shape.style))
     bwd.add(*fp8_cast("kv_down_grad", m_l * (kvr + r), recipe), *gemm_grads("kv_down", m_l, kvr + r, h, bpe, fp8))
     if qr:
         if norms:
-            bwd.add(elementwise("q_latent_norm_grad", m_l * qr, 4 * bpe, 10.0))
+            bwd.add(*ew("rmsnorm_grad", m_l * qr, bpe, shape.style))
         bwd.add(*fp8_cast("q_down_grad", m_l * qr, recipe), *gemm_grads("q_down", m_l, qr, h, bpe, fp8))

@@ -66,6 +66,8 @@ class CommWork:
     imbalance: float = 1.0
     """all_to_all over ep: the busiest peer's bytes / the mean peer's (routing imbalance); ``nbytes`` is a balanced
     rank's send buffer (the nccl-tests alltoall size)."""
+    ring: bool = False
+    """A context-parallel ring exchange: runs beside the ring steps' attention (simdist.plan.context_parallel)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,16 @@ def fp8_cast(name: str, elements: float, recipe: str | None) -> list[Kernel]:
     return [elementwise(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
 
 
+def fp8_weight_cast(name: str, elements: float, shape: LayerShape) -> list[Kernel]:
+    """The fp8 cast of a linear layer's weight shard (``elements``) in every forward, where the framework does not
+    keep the cast weights across a step's micro-batches: torchao's Float8Linear casts the (gathered) bf16 weight with
+    its dynamic scale each call (torchao/float8/float8_linear.py), and the transposed copy its backward GEMMs read;
+    Transformer Engine caches it (`fp8_cast`'s Assumption)."""
+    if shape.recipe is None or shape.fp8_weight_cache:
+        return []
+    return [elementwise(f"{name}_weight_fp8_cast", elements, _CAST_BYTES[shape.recipe], 3.0)]
+
+
 def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0, *,
                 useful_share: float | None = None) -> Kernel:
     """An element-wise (bandwidth-bound) kernel; ``useful_share``: the share of its FLOPs the model counts (the
@@ -229,6 +241,12 @@ class LayerShape:
     recipe: str | None
     """The FP8 recipe of the linear layers' GEMMs; None: they run in the step's precision."""
     dropout: bool
+    style: str = "fused"
+    """How element-wise work runs: fused | eager | compiled (simdist.plan.elementwise)."""
+    norm: str = "layernorm"
+    """layernorm (GPT) | rmsnorm (Llama-style models: SwiGLU ones here)."""
+    fp8_weight_cache: bool = True
+    """FP8 weights cast once per step (Transformer Engine) rather than in every forward (torchao)."""
 
     @property
     def tokens(self) -> int:

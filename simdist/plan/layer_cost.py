@@ -28,11 +28,10 @@ collectives are the units of simdist.plan.kernel_work, re-exported here.
 
 from __future__ import annotations
 
-import dataclasses
-
 from simdist.errors import LayoutError, SpecError
 from simdist.plan.attention_cost import attention_block
 from simdist.plan.attention_cost import attention_parts as _attention_parts  # noqa: F401  (kept for callers)
+from simdist.plan.elementwise import ew
 from simdist.plan.kernel_work import (
     FP8_RECIPES,
     AttentionShape,
@@ -44,6 +43,7 @@ from simdist.plan.kernel_work import (
     bytes_per_element,
     elementwise,
     fp8_cast,
+    fp8_weight_cast,
     gemm,
     gemm_grads,
     optimizer_kernels,
@@ -51,23 +51,25 @@ from simdist.plan.kernel_work import (
 )
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel, moe_mlp_block
+from simdist.plan.recompute import POLICIES, recomputed
 
 __all__ = ["ATTENTION_KERNELS", "FP8_RECIPES", "AttentionShape", "CommWork", "ExpertParallel", "Kernel", "Work",
            "bytes_per_element", "embedding_work", "head_work", "layer_work", "model_flops_per_sequence", "mtp_work",
            "optimizer_kernels"]
 
-ATTENTION_KERNELS = ("materialized", "flash", "flash2", "flash3", "cudnn")
-"""``flash`` is FlashAttention-2 (the name earlier releases used); ``cudnn`` the fused attention Transformer Engine
-runs on Hopper (its figures from the FlashAttention-3 paper's comparison)."""
+ATTENTION_KERNELS = ("materialized", "flash", "flash2", "flash3", "flash4", "cudnn", "sdpa", "efficient", "triton",
+                     "flex")
+"""``flash`` is FlashAttention-2 (the name earlier releases used); ``sdpa`` the backend PyTorch's
+scaled_dot_product_attention picks for the GPU; the fused kernels are priced by simdist.hardware.attention."""
 
 
 def _check(model: Model, tp: int, cp: int, sequence_parallel: bool, micro_batch_size: int, recompute: str,
            tp_style: str) -> None:
     if tp < 1 or cp < 1 or micro_batch_size < 1:
         raise LayoutError("tp, cp and micro_batch_size must be positive", field="parallel.tp", fix="use 1 or more")
-    if recompute not in ("none", "selective", "full"):
+    if recompute not in POLICIES:
         raise SpecError(f"unknown recompute mode {recompute!r}", field="training.recompute",
-                        fix="write none, selective or full")
+                        fix=f"write one of {', '.join(POLICIES)}")
     if tp_style not in ("megatron", "column"):
         raise LayoutError(f"unknown tp_style {tp_style!r}", field="parallel.tp_style", fix="megatron or column")
     h = model.hidden_size
@@ -122,7 +124,9 @@ def _mlp_layer(model: Model, tp: int, b: int, recompute: str, bpe: int) -> Work:
 def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False,
                micro_batch_size: int = 1, recompute: str = "none", precision: str = "bf16",
                tp_style: str = "megatron", attention: str = "materialized", attention_mask: str = "causal",
-               fp8_recipe: str = "delayed", layer: int = 0, experts: ExpertParallel | None = None) -> Work:
+               fp8_recipe: str = "delayed", layer: int = 0, experts: ExpertParallel | None = None,
+               style: str = "fused", fp8_weight_cache: bool = True,
+               recompute_modules: tuple[str, ...] = ("core_attn",), cp_comm_type: str = "p2p") -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
@@ -144,6 +148,10 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     ``layer``: the layer's index (0-based) in the model, which says whether its MLP is the routed experts
     (Model.moe_layer_flags) and whether it attends over a sliding window (Model.window_layer_flags); ``experts``: how
     the MoE layers run (ep, etp, dispatcher, imbalance, capacity, grouped GEMM; None: one GPU's defaults).
+
+    ``style``: how element-wise work runs (simdist.plan.elementwise: fused, eager, compiled); ``fp8_weight_cache``:
+    FP8 weights cast once per step (Transformer Engine) or in every forward (torchao); ``recompute_modules``: what
+    ``recompute: selective`` redoes, and ``recompute: op`` torchtitan's op-level policy (simdist.plan.recompute).
     """
     _check(model, tp, cp, sequence_parallel, micro_batch_size, recompute, tp_style)
     if attention not in ATTENTION_KERNELS:
@@ -165,42 +173,67 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     # Assumption: GPT-style (GELU) models train with Megatron-LM's default dropout 0.1 (hidden and attention);
     # Llama-style (SwiGLU) models without dropout (Dubey et al. 2024 use none), but with rotary embeddings.
     shape = LayerShape(micro_batch_size, model.seq_length // cp, model.seq_length, tp, cp, sequence_parallel, bpe,
-                       recipe, dropout=not model.swiglu)
+                       recipe, dropout=not model.swiglu, style=style, norm="rmsnorm" if model.swiglu else "layernorm",
+                       fp8_weight_cache=fp8_weight_cache)
     h, m = model.hidden_size, shape.tokens
     resid = m * h // tp if sequence_parallel else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
-    mask = shape.mask_bytes
     attn = attention_block(model, shape, attention=attention, causal=attention_mask == "causal",
-                           window=model.window_layer_flags()[layer], recompute=recompute)
+                           window=model.window_layer_flags()[layer], recompute=recompute, cp_comm_type=cp_comm_type)
     if model.moe_layer_flags()[layer]:
         mlp_fwd, mlp_bwd = moe_mlp_block(model, shape, experts or ExpertParallel())
     else:
         mlp_fwd, mlp_bwd = _dense_mlp_block(model, shape)
 
+    # The residual add after each half (with GPT's dropout on the branch); in backward the two gradients reaching
+    # each branch point are summed (simdist.plan.elementwise: the fused style leaves that to the GEMMs).
+    add, add_grad = ("dropout_residual", "dropout_residual_grad") if shape.dropout else ("residual", "residual_grad")
     fwd = Pass("forward").then(attn.forward)
-    fwd.add(elementwise("dropout_residual", resid, 3 * bpe + mask, 2.0))
-    fwd.then(mlp_fwd).add(elementwise("dropout_residual", resid, 3 * bpe + mask, 2.0))
+    fwd.add(*ew(add, resid, bpe, style))
+    fwd.then(mlp_fwd).add(*ew(add, resid, bpe, style))
     bwd = Pass("backward")
-    if shape.dropout:
-        bwd.add(elementwise("dropout_residual_grad", resid, 2 * bpe + 1))
+    bwd.add(*ew(add_grad, resid, bpe, style))
     bwd.then(mlp_bwd)
-    if shape.dropout:
-        bwd.add(elementwise("dropout_residual_grad", resid, 2 * bpe + 1))
+    bwd.add(*ew(add_grad, resid, bpe, style))
     bwd.then(attn.backward)
     comm = fwd.comm + bwd.comm
-
-    redo: tuple[Kernel, ...] = ()
-    if recompute == "full":
-        # Checkpointed layer input, whole forward redone before the backward (Korthikanti sec. 5), including
-        # its collectives (the expert all-to-alls with their imbalance).
-        redo = tuple(fwd.kernels)
-        comm += [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm]
-    elif recompute == "selective":
-        # Korthikanti sec. 5: only the attention core (QK^T, softmax, dropout, attention over V) is redone.
-        redo = attn.core
-        if cp > 1:
-            comm.append(CommWork("all_gather", attn.kv_gather_bytes, "backward", True, axis="cp", issued_after=0,
-                                 recompute=True))
+    tags = _module_tags(fwd, attn, len(ew(add, 1.0, bpe, style)), len(ew(shape.norm, 1.0, bpe, style)),
+                        moe=model.moe_layer_flags()[layer])
+    q_l, kv_l = model.q_hidden_size // tp, max(model.num_query_groups // tp, 1) * model.head_dim
+    sub = {"qkv": (q_l, kv_l, kv_l)}
+    if model.swiglu:
+        sub["mlp_up"] = (1, 1)  # torchtitan's w1 and w3: two matmuls in simdist's one gate+up GEMM
+    redo, redo_comm = recomputed(recompute, fwd, tags, recompute_modules, sub)
+    comm += redo_comm
     return work_of(fwd.kernels, bwd.kernels, redo, comm, attn.extra_hardware_flops)
+
+
+_MLA_UP = frozenset({"q_up", "q_proj", "kv_up", "mla_rope_concat", "q_up_fp8_cast", "kv_up_fp8_cast"})
+
+
+def _module_tags(fwd: Pass, attn, residual_kernels: int, norm_kernels: int, *, moe: bool) -> list[str]:
+    """The module of each forward kernel of a layer (simdist.plan.recompute): norm, attn, core_attn, mla_up_proj,
+    residual, mlp, moe, moe_act, shared_experts. The layer's forward is the attention block, its residual add, the
+    MLP block (its norm first) and the second residual add."""
+    core = {id(k) for k in attn.core}
+    n_attn, n = len(attn.forward.kernels), len(fwd.kernels)
+    tags = []
+    for i, k in enumerate(fwd.kernels):
+        if i < n_attn:
+            tags.append("norm" if i < norm_kernels else "core_attn" if id(k) in core else
+                        "mla_up_proj" if k.name in _MLA_UP else "attn")
+        elif i < n_attn + residual_kernels or i >= n - residual_kernels:
+            tags.append("residual")
+        elif i < n_attn + residual_kernels + norm_kernels:
+            tags.append("norm")
+        elif not moe:
+            tags.append("mlp")
+        elif k.name.startswith("shared"):
+            tags.append("shared_experts")
+        elif k.name.startswith("expert_") and k.name.endswith(("_swiglu", "_gelu")):
+            tags.append("moe_act")
+        else:
+            tags.append("moe")
+    return tags
 
 
 def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
@@ -212,14 +245,16 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
     f_l = model.ffn_hidden_size // tp
     up_n = 2 * f_l if model.swiglu else f_l
     full = m * h * bpe  # b x s x h activation (s / cp under context parallelism)
+    style = shape.style
     fwd, bwd = Pass("forward"), Pass("backward")
-    fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
+    fwd.add(*ew(shape.norm, resid, bpe, style))
     if tp > 1 and sp:
         fwd.issue("all_gather", full)
-    fwd.add(*fp8_cast("mlp_up", m * h, recipe), gemm("mlp_up", m, up_n, h, bpe, fp8))
-    fwd.add(elementwise("swiglu", m * f_l, 3 * bpe, 6.0) if model.swiglu else elementwise("gelu", m * f_l, 2 * bpe,
-                                                                                          8.0))
-    fwd.add(*fp8_cast("mlp_down", m * f_l, recipe), gemm("mlp_down", m, h, f_l, bpe, fp8))
+    fwd.add(*fp8_cast("mlp_up", m * h, recipe), *fp8_weight_cast("mlp_up", h * up_n, shape),
+            gemm("mlp_up", m, up_n, h, bpe, fp8))
+    fwd.add(*ew("swiglu" if model.swiglu else "gelu", m * f_l, bpe, style))
+    fwd.add(*fp8_cast("mlp_down", m * f_l, recipe), *fp8_weight_cast("mlp_down", f_l * h, shape),
+            gemm("mlp_down", m, h, f_l, bpe, fp8))
     if tp > 1:
         fwd.issue("reduce_scatter" if sp else "all_reduce", full)
 
@@ -227,8 +262,7 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
         # Korthikanti Fig. 5: in backward the adjoints swap (all-gather before the row-parallel GEMM's backward).
         bwd.issue("all_gather", full)
     bwd.add(*fp8_cast("mlp_down_grad", m * h, recipe), *gemm_grads("mlp_down", m, h, f_l, bpe, fp8))
-    bwd.add(elementwise("swiglu_grad", m * f_l, 5 * bpe, 8.0) if model.swiglu
-            else elementwise("gelu_grad", m * f_l, 3 * bpe, 10.0))
+    bwd.add(*ew("swiglu_grad" if model.swiglu else "gelu_grad", m * f_l, bpe, style))
     bwd.add(*fp8_cast("mlp_up_grad", m * up_n, recipe))
     up_dgrad, up_wgrad = gemm_grads("mlp_up", m, up_n, h, bpe, fp8)
     bwd.add(up_dgrad)
@@ -237,12 +271,12 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
         # Assumption: Megatron-LM also re-gathers each column-parallel GEMM's input in backward for its
         # weight gradient, overlapped with the input-gradient GEMM; that all-gather is not modelled.
         bwd.issue("reduce_scatter" if sp else "all_reduce", full, overlappable=True)
-    bwd.add(up_wgrad, elementwise("layernorm_grad", resid, 4 * bpe, 10.0))
+    bwd.add(up_wgrad, *ew(f"{shape.norm}_grad", resid, bpe, style))
     return fwd, bwd
 
 
 def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
-                   micro_batch_size: int = 1, precision: str = "bf16") -> Work:
+                   micro_batch_size: int = 1, precision: str = "bf16", style: str = "fused") -> Work:
     """The word-embedding lookup (vocab-parallel over tp, Megatron-LM VocabParallelEmbedding)."""
     if model.kind == "mlp":
         return Work((), (), (), (), 0.0, 0.0)
@@ -255,6 +289,11 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
     fwd = [elementwise("embedding", m * h, 2 * bpe + (3 * bpe + 1 if gpt else 0))]
     # Backward: scatter-add of the output gradient into the fp32 embedding gradient (read + write 4 B).
     bwd = [elementwise("embedding_grad", m * h, bpe + 8 + (2 * bpe + 1 if gpt else 0))]
+    if style != "fused":
+        # PyTorch's embedding backward (embedding_dense_backward) accumulates into a zero-filled gradient of the whole
+        # vocab x h (/ tp) table in the parameter's dtype each micro-batch; Megatron-Core accumulates into its
+        # persistent fp32 main_grad buffer instead.
+        bwd.insert(0, elementwise("embedding_grad_zero", -(-model.vocab_size // tp) * h, bpe, 0.0))
     comm: list[CommWork] = []
     if tp > 1:
         full = float(m * h * bpe)
@@ -269,8 +308,13 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
 
 
 def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
-              micro_batch_size: int = 1, precision: str = "bf16") -> Work:
-    """Final norm + logits GEMM + vocab-parallel softmax cross-entropy (decoder); squared-mean loss (mlp)."""
+              micro_batch_size: int = 1, precision: str = "bf16", style: str = "fused",
+              loss_fusion: bool = False) -> Work:
+    """Final norm + logits GEMM + vocab-parallel softmax cross-entropy (decoder); squared-mean loss (mlp).
+
+    ``style``: the loss's kernels as the framework runs them (simdist.plan.elementwise: fused is Megatron-LM's
+    vocab-parallel loss, eager the fp32 upcast, log_softmax and nll_loss of torch.nn.functional.cross_entropy,
+    compiled Inductor's fused reduction); ``loss_fusion``: one fused softmax cross-entropy kernel per pass."""
     bpe = bytes_per_element(precision)
     b = micro_batch_size
     h = model.hidden_size
@@ -280,22 +324,23 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
     m = b * model.seq_length // cp
     v_l = -(-model.vocab_size // tp)  # vocabulary rows per rank (Megatron pads V to a multiple of tp)
     resid = m * h // tp if sequence_parallel else m * h
-    fwd = [elementwise("layernorm", resid, 2 * bpe, 8.0), gemm("logits", m, v_l, h, bpe),
-           # Megatron-LM vocab_parallel_cross_entropy: reads the logits, keeps exp(logits) in fp32 for backward.
-           elementwise("cross_entropy", m * v_l, bpe + 8, 5.0)]
+    norm = "rmsnorm" if model.swiglu else "layernorm"
+    loss = "fused_cross_entropy" if loss_fusion else "cross_entropy"
+    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_l, bpe, style)]
     dgrad, wgrad = gemm_grads("logits", m, v_l, h, bpe)
-    bwd = [elementwise("cross_entropy_grad", m * v_l, 4 + bpe, 2.0), dgrad, wgrad,
-           elementwise("layernorm_grad", resid, 4 * bpe, 10.0)]
+    bwd = [*ew(f"{loss}_grad", m * v_l, bpe, style), dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
+    at_logits = len(ew(norm, 1.0, bpe, style)) + 1  # the forward's kernels up to the logits GEMM
+    at_dgrad = len(ew(f"{loss}_grad", 1.0, bpe, style)) + 1  # the backward's up to the input-gradient GEMM
     comm: list[CommWork] = []
     if tp > 1:
         full = float(m * h * bpe)
         if sequence_parallel:
-            comm.append(CommWork("all_gather", full, "forward", False, issued_after=1))
-            comm.append(CommWork("reduce_scatter", full, "backward", True, issued_after=2))
+            comm.append(CommWork("all_gather", full, "forward", False, issued_after=at_logits - 1))
+            comm.append(CommWork("reduce_scatter", full, "backward", True, issued_after=at_dgrad))
         else:
-            comm.append(CommWork("all_reduce", full, "backward", True, issued_after=2))
+            comm.append(CommWork("all_reduce", full, "backward", True, issued_after=at_dgrad))
         # The cross-entropy's all-reduces of per-token max, sum of exps and target logit (fp32, b x s each).
-        comm += [CommWork("all_reduce", 4.0 * m, "forward", False, issued_after=2) for _ in range(3)]
+        comm += [CommWork("all_reduce", 4.0 * m, "forward", False, issued_after=at_logits) for _ in range(3)]
     return work_of(fwd, bwd, (), comm)
 
 

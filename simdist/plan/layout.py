@@ -38,10 +38,11 @@ from __future__ import annotations
 import dataclasses
 
 from simdist.errors import LayoutError, SimdistError, SpecError
-from simdist.hardware.gemm import architecture
+from simdist.hardware.gemm import BLACKWELL, architecture
 from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
+from simdist.plan.execution import execution_of
 from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
@@ -85,6 +86,11 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
             raise _fail("sequence", f"sequence length {model.seq_length} does not split into 2 x cp = {2 * p.cp} "
                         "chunks", "parallel.cp",
                         "choose cp with seq_length divisible by 2 x cp (Megatron's load balancing)")
+        if p.cp > 1 and t.cp_comm_type == "a2a" and (model.num_attention_heads // p.tp) % p.cp:
+            # Ulysses trades the sequence split for a head split: each rank attends over heads / cp
+            raise _fail("heads", f"cp_comm_type a2a splits {model.num_attention_heads // p.tp} attention heads per "
+                        f"tensor-parallel rank over cp = {p.cp}", "parallel.cp",
+                        "choose cp dividing the heads per tp rank, or cp_comm_type p2p")
     else:
         if p.cp > 1:
             raise _fail("sequence", "context parallelism needs a sequence; the mlp model has none", "parallel.cp",
@@ -232,13 +238,36 @@ def check_fp8(spec: ScenarioSpec, topology: Topology) -> None:
     t, gpu = spec.training, topology.gpu
     if t.precision == "fp8":
         gpu.peak_flops("fp8")  # one line naming training.precision where the GPU has no fp8 tensor cores
-        if t.fp8_recipe == "mxfp8" and architecture(gpu).name != "blackwell":
+        if t.fp8_recipe == "mxfp8" and architecture(gpu).name not in BLACKWELL:
             raise SpecError(f"fp8_recipe mxfp8 needs Blackwell block-scaled tensor cores; {gpu.name} has none",
                             field="training.fp8_recipe", fix="use delayed, tensorwise or blockwise on this GPU")
     if t.fp8_param_gather and (t.precision != "fp8" or spec.parallel.zero_stage < 1):
         raise SpecError("fp8_param_gather gathers fp8 parameters of fp8 training with the distributed optimizer "
                         "or ZeRO", field="training.fp8_param_gather",
                         fix="set precision: fp8 and parallel.zero_stage >= 1, or drop fp8_param_gather")
+
+
+def check_execution(spec: ScenarioSpec) -> None:
+    """The framework settings' requirements on the layout (one line each, exit 2)."""
+    p, t = spec.parallel, spec.training
+    if t.async_tp and not (p.sequence_parallel and p.tp > 1):
+        raise SpecError("async_tp pipelines the sequence-parallel collectives with their GEMMs: it needs tp > 1 and "
+                        "parallel.sequence_parallel", field="training.async_tp",
+                        fix="set parallel.sequence_parallel: true with tp > 1, or drop async_tp")
+    if t.async_tp and not t.compile:
+        # torchtitan: "Async TP is only effective when compile is enabled" (v0.2.0 raises an error without it)
+        raise SpecError("async_tp is a torch.compile pass (micro_pipeline_tp): it needs compile",
+                        field="training.async_tp", fix="set training.compile: true, or drop async_tp")
+    if t.async_tp and t.tp_comm_overlap:
+        raise SpecError("async_tp and tp_comm_overlap are two ways of overlapping the same collectives",
+                        field="training.async_tp", fix="keep one of them")
+    if p.zero_stage == 3 and t.zero3_fetch == "per_layer" and spec.schedule == "zb_h1":
+        raise SpecError("zero3_fetch per_layer reduce-scatters each unit's gradients in its backward; zb_h1 splits "
+                        "the weight gradients out of it", field="training.zero3_fetch",
+                        fix="use schedule 1f1b, or zero3_fetch prefetch")
+    if p.cp > 1 and t.cp_comm_type == "a2a+p2p":
+        raise SpecError("cp_comm_type a2a+p2p (a2a inside a group, p2p across) is not modelled: its two groups are not "
+                        "axes of simdist's mesh", field="training.cp_comm_type", fix="use p2p, all_gather or a2a")
 
 
 def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
@@ -253,6 +282,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         raise SpecError("tp_comm_overlap overlaps the sequence-parallel collectives: it needs tp > 1 and "
                         "parallel.sequence_parallel", field="training.tp_comm_overlap",
                         fix="set parallel.sequence_parallel: true with tp > 1, or drop tp_comm_overlap")
+    check_execution(spec)
     mesh = _expert_mesh(spec)
     slow = []
     for i, st in enumerate(spec.faults.stragglers):
@@ -277,6 +307,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
+        execution=execution_of(spec, p.pp), dp_shard=p.dp_shard if p.dp_shard not in (None, p.dp) else None,
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
 

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 
 from simdist.errors import LayoutError, SpecError
+from simdist.plan.elementwise import ew
 from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, fp8_cast, gemm, gemm_grads
 from simdist.plan.model import Model
 
@@ -162,7 +163,7 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     r = routed_tokens(model, shape, experts)
     t, e = r.local, model.num_experts
     fwd, bwd = Pass("forward"), Pass("backward")
-    fwd.add(elementwise("layernorm", resid, 2 * bpe, 8.0))
+    fwd.add(*ew(shape.norm, resid, bpe, shape.style))
 
     # 1. shared experts: the dense MLP's kernels and TP collectives at their width (Megatron-LM SharedExpertMLP).
     # Assumption: they run on the main stream before routing (--moe-shared-expert-overlap, which overlaps them with
@@ -204,7 +205,7 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     bwd.then(exp_bwd)
     bwd.add(elementwise("router_topk_grad", t * e, 4 + 4 + bpe, 8.0), *gemm_grads("router", t, e, h, bpe))
     bwd.then(shared_bwd)
-    bwd.add(elementwise("layernorm_grad", resid, 4 * bpe, 10.0))
+    bwd.add(*ew(f"{shape.norm}_grad", resid, bpe, shape.style))
     return fwd, bwd
 
 

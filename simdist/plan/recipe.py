@@ -41,116 +41,29 @@ distributed optimizer's gather) run over dp x cp ranks, the experts' over edp (`
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 
 from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.tp_overlap import exposed_share
+from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward
 from simdist.plan.layer_cost import bytes_per_element
-from simdist.plan.layer_cost import optimizer_kernels as adam_kernels
+from simdist.plan.optimizer import optimizer_step_kernels
+from simdist.plan.pieces import (
+    DP_DONE,
+    LAST_BACKWARDS,
+    PREV,
+    Builder,
+    CommItem,
+    Piece,
+    Recipe,
+    StageTail,
+)
 from simdist.plan.schedule import WEIGHT_GRAD_SHARE
 from simdist.plan.step_config import ChunkCost, StepConfig, grad_bytes_per_element
 
 __all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "data_parallel_groups", "dense_data_parallel_axis",
            "edge_recipe", "is_edge", "p2p_bytes", "send", "step_recipe", "tail"]
-
-PREV = -1
-"""A dependency on the end of the stage's previous step (program order)."""
-LAST_BACKWARDS = -2
-"""(tail only) A dependency on the end of every chunk's last backward of the stage."""
-DP_DONE = -3
-"""(tail only) A dependency on every data-parallel collective the stage issued before (the dp stream's last op)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CommItem:
-    """A collective a piece runs: ``count`` back-to-back runs of ``op`` over ``nbytes`` (the nccl-tests size) on
-    the piece's rank's group along ``axis``; ``host_s`` host time each run adds (list collectives' copies);
-    ``imbalance`` (all_to_all): the busiest peer receives that many times the mean, priced as the uneven all_to_all
-    of simdist.collectives.uneven.imbalanced_matrix (1.0: even)."""
-
-    op: str
-    nbytes: float
-    axis: str
-    count: int = 1
-    host_s: float = 0.0
-    imbalance: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    stream: str
-    """compute | tp | cp | ep | dp | pp (the rank's track it runs on; simdist.plan.recipe.stream_of an axis)."""
-    kind: str
-    """forward | backward | weight_grad | recompute | wait | optimizer | comm."""
-    label: str
-    duration_s: float = 0.0
-    """Compute pieces; a comm piece's duration comes from pricing its ``comm``."""
-    comm: CommItem | None = None
-    deps: tuple[int, ...] = ()
-    """Earlier pieces of the recipe, or PREV (LAST_BACKWARDS, DP_DONE in a stage tail)."""
-    needs_input: bool = False
-    """Waits for the neighbouring stage's activation (F) or gradient (B) too."""
-    per_step: bool = False
-    """Belongs to the step, not to its micro-batch (gradient buckets): not pipeline work for the bubble."""
-    model_flops: float = 0.0
-    hardware_flops: float = 0.0
-
-    @property
-    def work(self) -> bool:
-        """Pipeline work (simdist.plan.accounting): the step's compute and the collectives it issues per
-        micro-batch; not the zero-length wait, not per-step gradient buckets."""
-        return not self.per_step and self.kind != "wait"
-
-
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    pieces: tuple[Piece, ...]
-    end: int
-    """Index of the piece that ends the step."""
-
-
-@dataclass(frozen=True, slots=True)
-class StageTail:
-    """What a stage runs after its last pipeline step (deps may be LAST_BACKWARDS and DP_DONE)."""
-
-    pieces: tuple[Piece, ...]
-
-
-STREAM_OF_AXIS = {"etp": "tp", "edp": "dp", "dp_cp": "dp"}
-"""The stream a collective of an axis without a stream of its own runs on (ep has its own: the token all_to_alls,
-which Megatron-Core's 1F1B A2A overlap runs beside the compute).
-# Assumption: the expert-TP collectives are model-parallel communication in the layer's critical path, run on the
-# tp stream; the expert-data-parallel gradient reductions run on the dp stream beside (after) the dense ones.
-"""
-
-
-def stream_of(axis: str) -> str:
-    """The rank's stream a collective along ``axis`` runs on (`STREAM_OF_AXIS`; else the axis's own)."""
-    return STREAM_OF_AXIS.get(axis, axis)
-
-
-class _Builder:
-    def __init__(self) -> None:
-        self.pieces: list[Piece] = []
-
-    def add(self, piece: Piece) -> int:
-        self.pieces.append(piece)
-        return len(self.pieces) - 1
-
-    def chain(self, items: tuple, after: tuple[int, ...], label: str, groups: dict[str, int]) -> list[int]:
-        """One comm piece per item, back to back after ``after``; axes whose group has < 2 ranks are skipped."""
-        ids: list[int] = []
-        deps = after
-        for op, nbytes, axis, count, imbalance in items:
-            if groups.get(axis, 1) < 2:
-                continue
-            i = self.add(Piece(stream_of(axis), "comm", f"{label} {op} x{count}",
-                               comm=CommItem(op, nbytes, axis, count, imbalance=imbalance), deps=deps))
-            ids.append(i)
-            deps = (i,)
-        return ids
-
 
 GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp_cp")
 """The axes a recipe's collectives run along (simdist.plan.mesh: the dense and the expert generators' groups, and
@@ -284,7 +197,7 @@ def _bucket_order(cfg: StepConfig, cost: ChunkCost, shards: list[tuple[str, floa
                                                       for m in (num_buckets(cfg, cost, n),) for k in range(m))]
 
 
-def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: _Builder, shards: list[tuple[str, float]],
+def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: Builder, shards: list[tuple[str, float]],
                       start: tuple[int, ...], gap: float, needs_input: bool) -> list[int]:
     """The forward compute of a chunk's first micro-batch under ``overlap_param_gather``: one slice per parameter
     bucket, each waiting for its bucket's all_gather on the dp stream (returns the slices' ids).
@@ -358,7 +271,10 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)) but for each one's
     # exposed chunk (its first or last: simdist.hardware.tp_overlap.exposed_share), which stays in the path; the
     # GEMMs' lost SMs are charged too (simdist.plan.step_config.chunk_cost).
-    tp = cfg.tp_comm_overlap and groups.get("tp", 1) >= 2
+    # torchtitan's async TP (micro-pipelined all-gather-matmul / matmul-reduce-scatter, torch/_inductor
+    # micro_pipeline_tp): the same hiding, each collective in tp pieces, so one piece of tp stays exposed.
+    async_tp = cfg.execution.async_tp and groups.get("tp", 1) >= 2
+    tp = (cfg.tp_comm_overlap or async_tp) and groups.get("tp", 1) >= 2
 
     def hide(x: tuple) -> bool:
         return (a2a and x[0] == "all_to_all" and x[2] == "ep") or (tp and x[2] == "tp"
@@ -372,10 +288,24 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
         # each overlapped tp collective leaves one chunk exposed, in the step's path (simdist.hardware.tp_overlap)
         for i, x in enumerate(hidden):
             if x[2] == "tp":
-                share = exposed_share(x[0], cfg.precision, groups["tp"])
+                share = 1.0 / groups["tp"] if async_tp else exposed_share(x[0], cfg.precision, groups["tp"])
                 hidden[i] = (x[0], x[1] * (1 - share), *x[2:])
                 kept.append((x[0], x[1] * share, *x[2:]))
     return tuple(hidden), tuple(kept)
+
+
+def _ring(b: Builder, after: int, ring_s: float, items: tuple, groups: dict[str, int]) -> int:
+    """The context-parallel ring steps (cp_comm_type p2p, simdist.plan.context_parallel): ``ring_s`` of attention on
+    the compute stream beside the KV exchanges on the cp stream, both after ``after``; returns the piece that ends
+    when both are done (per layer a_l + max(r_l, c_l), summed over alike layers: A + max(R, C))."""
+    if ring_s <= 0 and not items:
+        return after
+    r = b.add(Piece("compute", "forward" if b.pieces[after].kind == "forward" else b.pieces[after].kind,
+                    "/ring attention", ring_s, deps=(after,)))
+    chain = b.chain(items, (after,), "ring", groups)
+    if not chain:
+        return r
+    return b.add(Piece("compute", "wait", "wait", 0.0, deps=(r, chain[-1])))
 
 
 def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False, first: bool = False) -> Recipe:
@@ -383,7 +313,15 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     micro-batch (where an overlapped gradient reduction goes out); ``first``: its first (where overlapped parameter
     gathers come in)."""
     groups = _groups(cfg)
-    b = _Builder()
+    ring = (cost.ring_forward_s, cost.ring_forward_comm) if kind == "F" else \
+        (cost.ring_backward_s, cost.ring_backward_comm) if kind == "B" else (0.0, ())
+    if ring[0] > 0 or ring[1]:
+        # the ring steps are timed beside their exchanges after the rest of the step's compute (`_ring`)
+        cost = dataclasses.replace(cost, forward_s=cost.forward_s - cost.ring_forward_s,
+                                   backward_s=cost.backward_s - cost.ring_backward_s)
+    if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_layer" and kind in ("F", "B"):
+        return _fsdp_step(cfg, cost, kind, first, groups, ring)
+    b = Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
     shards = data_parallel_groups(cfg, cost.num_params, cost.expert_params)
     pbpe = param_bytes_per_element(cfg)
@@ -420,6 +358,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
                             needs_input=entry < 0, model_flops=cost.model_flops_forward,
                             hardware_flops=cost.model_flops_forward))
         hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
+        c = _ring(b, c, *ring, groups)
         chain = [c, *b.chain(items, (c,), "", groups)]
         if hidden:
             chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
@@ -489,6 +428,9 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             axis, j, n = order[k]
             b.add(Piece("dp", "comm", _label(axis, f"grads bucket {j} {reduce_op}"),
                         comm=CommItem(reduce_op, n * gbpe, axis), deps=(last_compute,), per_step=True))
+    if kind == "B" and (ring[0] > 0 or ring[1]):
+        last_compute = _ring(b, last_compute, *ring, groups)
+        chain.append(last_compute)
     chain += overlapped
     if kind == "B":
         exposed = b.chain(comm_items, (last_compute, *overlapped[-1:]), "", groups)
@@ -509,6 +451,60 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
         else:
             b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter"),
                         comm=CommItem("reduce_scatter", n * gbpe, axis), deps=(last_compute,)))
+    return Recipe(tuple(b.pieces), chain[-1])
+
+
+def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups: dict[str, int],
+               ring: tuple = (0.0, ())) -> Recipe:
+    """A forward or backward of ZeRO-3 run as FSDP runs it (``zero3_fetch: per_layer``, simdist.plan.fsdp): the
+    chunk's units gathered one ahead of their compute, their gradients reduce-scattered behind it; the step's tensor-
+    and context-parallel collectives after its compute, as `step_recipe`'s (the overlapped ones hidden likewise)."""
+    b = Builder()
+    ex = cfg.execution
+    shards = data_parallel_groups(cfg, cost.num_params, cost.expert_params)
+    pbpe = param_bytes_per_element(cfg)
+    gbpe = grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
+    per_microbatch = ex.grad_sync == "microbatch"
+    gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 else 0.0
+    if kind == "F":
+        hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups)
+        entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=(PREV,), needs_input=True)) \
+            if hidden_items else -1
+        start = (PREV,) if entry < 0 else (entry,)
+        # Gradient sync once per step (PyTorch pipelining): the parameters stay gathered after the first forward.
+        c = fsdp_forward(b, cfg, cost, shards, pbpe, start, gap, entry < 0, gather=per_microbatch or first)
+        c = _ring(b, c, *ring, groups)
+        hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
+        chain = [c, *b.chain(items, (c,), "", groups)]
+        if hidden:
+            chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
+        return Recipe(tuple(b.pieces), chain[-1])
+    gather = ex.reshard_after_forward and per_microbatch
+    deps: tuple[int, ...] = (PREV, *(backward_first_gather(b, shards, cost, pbpe) if gather else ()))
+    needs_input = True
+    chain: list[int] = []
+    if cost.recompute_s > 0:
+        r = b.add(Piece("compute", "recompute", "recompute", cost.recompute_s + gap, deps=deps, needs_input=True,
+                        hardware_flops=cost.recompute_flops))
+        needs_input, gap = False, 0.0
+        chain += [r, *b.chain(cost.recompute_comm, (r,), "recompute", groups)]
+        deps = (chain[-1],)
+    hidden_items, items = _a2a_overlap(cfg, cost.backward_comm + cost.backward_overlapped_comm, groups)
+    hidden: list[int] = []
+    if hidden_items:
+        entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=deps, needs_input=needs_input))
+        hidden = b.chain(hidden_items, (entry,), "overlapped", groups)
+        deps, needs_input = (entry,), False
+    # Assumption: the tensor-parallel input-gradient collectives Megatron overlaps with the weight gradients run after
+    # the backward here (torchtitan and FSDP's tensor parallelism issue them synchronously).
+    computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, per_microbatch,
+                             cost.backward_s, cost.model_flops_backward)
+    computes.append(_ring(b, computes[-1], *ring, groups))
+    chain += computes
+    exposed = b.chain(items, (computes[-1],), "", groups)
+    if hidden:
+        exposed.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=((exposed or computes)[-1], hidden[-1]))))
+    chain += exposed
     return Recipe(tuple(b.pieces), chain[-1])
 
 
@@ -554,8 +550,18 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     optimizer after every data-parallel collective of the stage (collectives end together on all members), and
     under ZeRO-1/2 the all_gather of the updated parameter shards (Megatron's distributed optimizer / ZeRO-1,2).
     """
-    b = _Builder()
+    b = Builder()
     op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
+    if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_layer" and cfg.execution.grad_sync == "step":
+        # FSDP under PyTorch pipelining: every micro-batch's backward runs without gradient sync, and each stage
+        # reduce-scatters its accumulated gradients once after its last backward (torch/distributed/pipelining/
+        # stage.py, perform_reduce_grad), not overlapped with the pipeline.
+        for c, cost in enumerate(chunk_costs):
+            for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):
+                total = params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
+                b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter") + (f" chunk {c}" if len(chunk_costs)
+                                                                                    > 1 else ""),
+                            comm=CommItem("reduce_scatter", total, axis), deps=(LAST_BACKWARDS,), per_step=True))
     if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2:
         for c, cost in enumerate(chunk_costs):
             for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):
@@ -571,7 +577,14 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
     params = sum(c.num_params for c in chunk_costs)
     experts = sum(c.expert_params for c in chunk_costs)
     shard = optimizer_params(cfg, params, experts)
-    t = kernels_time_s(cfg.gpu, adam_kernels(shard, precision=cfg.precision), cfg.precision, cfg.compute_efficiency)
+    ex = cfg.execution
+    tensors = sum(c.num_tensors for c in chunk_costs)
+    kernels = optimizer_step_kernels(shard, precision=cfg.precision, implementation=ex.optimizer, num_tensors=tensors,
+                                     master_copy=ex.master_copy, clip=ex.clip_grad)
+    # the host issues each of them (CUDA graphs do not cover the optimizer: Megatron-LM's full_iteration graph
+    # leaves it out)
+    t = cfg.host_overhead.kernels_time_s(kernels_time_s(cfg.gpu, kernels, cfg.precision, cfg.compute_efficiency),
+                                         len(kernels))
     opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
     if cfg.zero_stage in (1, 2) and not (cfg.overlap_param_gather and cfg.zero_stage == 1):
         # (overlap_param_gather: gathered bucket by bucket in each chunk's first forward instead, `_gathered_forward`)

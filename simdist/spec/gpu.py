@@ -33,6 +33,11 @@ class GpuSpec(Spec):
     hbm_bandwidth: Bandwidth = Field(description="device memory bandwidth, e.g. '3.35 TB/s'")
     tdp_w: float | None = Field(default=None, gt=0, le=TDP_MAX.value,
                                 description="board power limit in watts (at most 10,000)")
+    power_limit_w: float | None = Field(
+        default=None, gt=0, le=TDP_MAX.value,
+        description="a power cap below tdp_w (nvidia-smi -pl; H100 SXM parts capped at 500 W, DGX B200's 700 W set "
+                    "point): the GPU sustains a lower clock under load, so compute-bound kernels slow and bandwidth-"
+                    "bound ones do not (simdist.hardware.clock); absent: tdp_w")
 
     def peak_flops(self, dtype: Dtype) -> float:
         """Dense peak FLOP/s for ``dtype``; a clear error where the GPU lacks it (fp8 on A100)."""

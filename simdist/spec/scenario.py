@@ -9,13 +9,12 @@ and overrides any of its fields, ``model`` names a model preset or describes one
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, create_model, field_validator, model_validator
+from pydantic import Field, create_model, model_validator
 
 from simdist.limits import (
     FFN_HIDDEN_SIZE,
-    GLOBAL_BATCH,
     GPUS,
     GPUS_PER_NODE,
     HIDDEN_SIZE,
@@ -27,36 +26,12 @@ from simdist.limits import (
     VOCAB_SIZE,
     VPP,
 )
-from simdist.spec.base import BucketSize, Duration, FieldProblem, Spec, count
+from simdist.spec.aliases import alias, choice, switch
+from simdist.spec.base import FieldProblem, Spec, count
 from simdist.spec.faults import FaultsSpec
+from simdist.spec.framework import with_framework_defaults
 from simdist.spec.topology import TopologySpec
-
-
-def _alias(*names: str) -> AliasChoices:
-    return AliasChoices(*names)
-
-
-def _megatron_switch(data: Any, switch: str, field: str, on: Any, off: Any) -> Any:
-    """Translate Megatron-LM's boolean argument ``switch`` (e.g. ``overlap_grad_reduce: true``) into simdist's
-    ``field`` (``on`` when true, ``off`` when false; ``off`` None: false leaves the default), refusing a
-    contradiction with ``field`` given too."""
-    if not isinstance(data, dict) or switch not in data:
-        return data
-    value = data[switch]
-    if not isinstance(value, bool):
-        raise FieldProblem((switch,), f"{switch} is a Megatron-LM switch: write true or false (fix: "
-                                      f"write {switch}: true, or set {field} instead)")
-    out = {k: v for k, v in data.items() if k != switch}
-    wanted = on if value else off
-    if wanted is None:
-        if field in out and out[field] == on:
-            raise FieldProblem((switch,), f"{switch}: false contradicts {field}: {on} (fix: drop one of them)")
-        return out
-    if field in out and out[field] != wanted:
-        raise FieldProblem((switch,), f"{switch}: {str(value).lower()} contradicts {field}: {out[field]} "
-                                      "(fix: drop one of them)")
-    out[field] = wanted
-    return out
+from simdist.spec.training import TrainingSpec
 
 
 # A cluster is a topology preset (or file) plus overrides of any topology field. The override fields
@@ -109,30 +84,30 @@ class ModelSpec(Spec):
     hidden_size: count(HIDDEN_SIZE) | None = Field(default=None, description="model width h")
     num_attention_heads: count(NUM_HEADS) | None = Field(default=None, description="attention heads a")
     num_query_groups: count(NUM_HEADS) | None = Field(
-        default=None, validation_alias=_alias("num_query_groups", "num_kv_heads"),
+        default=None, validation_alias=alias("num_query_groups", "num_kv_heads"),
         description="key/value heads (grouped-query attention); default: num_attention_heads")
     kv_channels: count(HIDDEN_SIZE) | None = Field(
-        default=None, validation_alias=_alias("kv_channels", "head_dim"),
+        default=None, validation_alias=alias("kv_channels", "head_dim"),
         description="width of one attention head (Megatron-LM's kv_channels, alias head_dim); default hidden_size / "
                     "num_attention_heads; Qwen3 and GPT-OSS shapes differ; not read under multi_latent_attention "
                     "(qk_head_dim, qk_pos_emb_head_dim, v_head_dim)")
     ffn_hidden_size: count(FFN_HIDDEN_SIZE) | None = Field(default=None, description="MLP width; default 4 h")
-    seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=_alias("seq_length", "seq_len"),
+    seq_length: count(SEQ_LENGTH) | None = Field(default=None, validation_alias=alias("seq_length", "seq_len"),
                                                 description="tokens per sequence s; default 2048")
     vocab_size: count(VOCAB_SIZE) | None = Field(
-        default=None, validation_alias=_alias("vocab_size", "padded_vocab_size"),
+        default=None, validation_alias=alias("vocab_size", "padded_vocab_size"),
         description="vocabulary (padded, as Megatron-LM pads it); default 51200")
     swiglu: bool | None = Field(default=None, description="SwiGLU MLP (three matrices) instead of GeLU (two)")
     kind: Literal["decoder", "mlp"] | None = Field(
         default=None, description="decoder (GPT/Llama transformer, the default) or mlp (the CS336 lecture's MLP)"
     )
     tied_embeddings: bool | None = Field(
-        default=None, validation_alias=_alias("tied_embeddings", "tie_word_embeddings"),
+        default=None, validation_alias=alias("tied_embeddings", "tie_word_embeddings"),
         description="input and output embeddings share one matrix (default true)"
     )
     # Mixture of experts (Megatron-LM argument names; simdist.plan.model documents how each is costed).
     num_experts: count(NUM_EXPERTS) | None = Field(
-        default=None, validation_alias=_alias("num_experts", "num_moe_experts"),
+        default=None, validation_alias=alias("num_experts", "num_moe_experts"),
         description="routed experts per MoE layer (Megatron-LM --num-experts); absent: a dense model")
     moe_router_topk: count(NUM_EXPERTS) | None = Field(
         default=None, description="experts each token is routed to (--moe-router-topk; default 2)")
@@ -198,26 +173,92 @@ class ModelSpec(Spec):
         return self
 
 
+MEGATRON_FSDP_STRATEGIES = {"no_shard": {"zero_stage": 0}, "optim": {"zero_stage": 1},
+                            "optim_grads": {"zero_stage": 2}, "optim_grads_params": {"zero_stage": 3}}
+"""Megatron-FSDP's --data-parallel-sharding-strategy (megatron/core/distributed/distributed_data_parallel_config.py)
+as ZeRO stages."""
+FSDP_STRATEGIES = {"FULL_SHARD": {"zero_stage": 3, "reshard_after_forward": True},
+                   "SHARD_GRAD_OP": {"zero_stage": 3, "reshard_after_forward": False},
+                   "NO_SHARD": {"zero_stage": 0},
+                   "HYBRID_SHARD": {"zero_stage": 3, "reshard_after_forward": True},
+                   "_HYBRID_SHARD_ZERO2": {"zero_stage": 3, "reshard_after_forward": False}}
+"""PyTorch FSDP's ShardingStrategy (torch/distributed/fsdp/api.py): FULL_SHARD reshards after forward, SHARD_GRAD_OP
+keeps the parameters gathered until the backward; the hybrid ones shard inside a group (give dp_shard: FSDP shards
+within a node by default) and replicate across."""
+
+
+def _hsdp_degrees(data: Any) -> Any:
+    """torchtitan's ``data_parallel_replicate_degree`` (with ``data_parallel_shard_degree`` = dp_shard) as dp and
+    dp_shard: dp = replicate x shard; a hybrid FSDP strategy without dp_shard is refused (its group is the node)."""
+    if not isinstance(data, dict):
+        return data
+    strategy = str(data.get("sharding_strategy", "")).upper()
+    out = dict(data)
+    shard = out.get("dp_shard", out.get("data_parallel_shard_degree"))
+    if "data_parallel_replicate_degree" in out:
+        replicate = out.pop("data_parallel_replicate_degree")
+        if not (isinstance(replicate, int) and not isinstance(replicate, bool) and replicate >= 1):
+            raise FieldProblem(("data_parallel_replicate_degree",), "data_parallel_replicate_degree must be a positive "
+                                                                    "integer (fix: e.g. 2)")
+        if not (isinstance(shard, int) and not isinstance(shard, bool) and shard >= 1):
+            raise FieldProblem(("data_parallel_replicate_degree",), "data_parallel_replicate_degree needs "
+                                                                    "data_parallel_shard_degree (fix: give both; "
+                                                                    "dp = their product)")
+        dp = out.get("dp", out.get("data_parallel_size"))
+        if dp is not None and dp != replicate * shard:
+            raise FieldProblem(("data_parallel_replicate_degree",),
+                               f"dp = {dp} is not data_parallel_replicate_degree x data_parallel_shard_degree = "
+                               f"{replicate * shard} (fix: drop dp or correct it)")
+        out["dp"] = replicate * shard
+    elif shard is not None and "dp" not in out and "data_parallel_size" not in out:
+        out["dp"] = shard  # torchtitan: the shard degree alone is the data-parallel size
+    if strategy.startswith(("HYBRID_SHARD", "_HYBRID")) and shard is None:
+        raise FieldProblem(("sharding_strategy",), f"{strategy} shards inside a group and replicates across: give "
+                                                   "parallel.dp_shard (FSDP's default group is one node: its GPUs)")
+    return out
+
+
 class ParallelSpec(Spec):
     """Parallel layout; axis sizes multiply to the number of GPUs used (tp innermost)."""
 
-    tp: count(GPUS) = Field(default=1, validation_alias=_alias("tp", "tensor_model_parallel_size"),
-                            description="tensor-parallel size (alias tensor_model_parallel_size)")
-    pp: count(GPUS) = Field(default=1, validation_alias=_alias("pp", "pipeline_model_parallel_size"),
-                            description="pipeline stages (alias pipeline_model_parallel_size)")
-    dp: count(GPUS) = Field(default=1, validation_alias=_alias("dp", "data_parallel_size"),
-                            description="data-parallel replicas (alias data_parallel_size)")
-    vpp: count(VPP) = Field(default=1, validation_alias=_alias("vpp", "virtual_pipeline_model_parallel_size"),
+    TRANSLATED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "use_distributed_optimizer": ("zero_stage",), "data_parallel_sharding_strategy": ("zero_stage",),
+        "sharding_strategy": ("zero_stage", "reshard_after_forward"), "data_parallel_replicate_degree": ("dp",)}
+    """The frameworks' argument names this section translates, and the fields each sets (simdist.spec.aliases)."""
+
+    tp: count(GPUS) = Field(default=1, validation_alias=alias("tp", "tensor_model_parallel_size",
+                                                                "tensor_parallel_degree"),
+                            description="tensor-parallel size (alias tensor_model_parallel_size, torchtitan's "
+                                        "tensor_parallel_degree)")
+    pp: count(GPUS) = Field(default=1, validation_alias=alias("pp", "pipeline_model_parallel_size",
+                                                                "pipeline_parallel_degree"),
+                            description="pipeline stages (alias pipeline_model_parallel_size, torchtitan's "
+                                        "pipeline_parallel_degree)")
+    dp: count(GPUS) = Field(default=1, validation_alias=alias("dp", "data_parallel_size"),
+                            description="data-parallel replicas (alias data_parallel_size); with torchtitan's names "
+                                        "data_parallel_shard_degree x data_parallel_replicate_degree")
+    dp_shard: count(GPUS) | None = Field(
+        default=None, validation_alias=alias("dp_shard", "data_parallel_shard_degree"),
+        description="hybrid sharding (HSDP, ZeRO++ hpZ-like): the ZeRO / FSDP shards live over groups of dp_shard "
+                    "consecutive data-parallel ranks and are replicated over dp / dp_shard groups, whose gradients are "
+                    "all-reduced after the reduce-scatter (PyTorch FSDP HYBRID_SHARD, FSDP2 2-D mesh, torchtitan "
+                    "data_parallel_shard_degree); default dp (full sharding)")
+    reshard_after_forward: bool = Field(
+        default=True, description="ZeRO-3 / FSDP: free each unit's gathered parameters after its forward and gather "
+                                  "them again for its backward (FSDP FULL_SHARD, FSDP2's default), or keep them "
+                                  "until the backward (false: SHARD_GRAD_OP, ZeRO-2-like memory, one gather per "
+                                  "micro-batch)")
+    vpp: count(VPP) = Field(default=1, validation_alias=alias("vpp", "virtual_pipeline_model_parallel_size"),
                             description="model chunks per stage, interleaved_1f1b only (alias "
                                         "virtual_pipeline_model_parallel_size)")
-    cp: count(GPUS) = Field(default=1, validation_alias=_alias("cp", "context_parallel_size"),
+    cp: count(GPUS) = Field(default=1, validation_alias=alias("cp", "context_parallel_size"),
                             description="context-parallel size (alias context_parallel_size)")
     ep: count(GPUS) = Field(
-        default=1, validation_alias=_alias("ep", "expert_model_parallel_size"),
+        default=1, validation_alias=alias("ep", "expert_model_parallel_size"),
         description="expert-parallel size: each MoE layer's routed experts sharded over ep ranks, carved out of "
                     "dp x cp as Megatron-Core does (alias expert_model_parallel_size)")
     etp: count(GPUS) | None = Field(
-        default=None, validation_alias=_alias("etp", "expert_tensor_parallel_size"),
+        default=None, validation_alias=alias("etp", "expert_tensor_parallel_size"),
         description="tensor parallelism inside each expert, separate from attention's tp (alias "
                     "expert_tensor_parallel_size); default tp, as Megatron-Core")
     sequence_parallel: bool = Field(default=False, description="Megatron's sequence parallelism (tp > 1): norms "
@@ -236,7 +277,7 @@ class ParallelSpec(Spec):
         default=None, description="explicit decoder layers per pipeline stage; an entry may list the stage's vpp "
                                   "chunks, e.g. [0, 1, 1, 1] (a chunk of 0 holds only the embedding or the loss)")
     pipeline_layout: str | None = Field(
-        default=None, validation_alias=_alias("pipeline_layout", "pipeline_model_parallel_layout"),
+        default=None, validation_alias=alias("pipeline_layout", "pipeline_model_parallel_layout"),
         description="Megatron-LM's --pipeline-model-parallel-layout: parts (chunk c of stage s is part c x pp + s) "
                     "separated by '|', E embedding, t decoder layer, L loss, (...)*n and x*n repeat, e.g. "
                     "'E|(t|)*126,L' (alias pipeline_model_parallel_layout)")
@@ -247,7 +288,7 @@ class ParallelSpec(Spec):
         default=False, description="Megatron-LM's flag: the loss (output layer) takes a decoder layer's place in the "
                                    "last chunk")
     partition_method: str | None = Field(
-        default=None, validation_alias=_alias("partition_method", "pp_partition_method"),
+        default=None, validation_alias=alias("partition_method", "pp_partition_method"),
         description="DeepSpeed PipelineModule's partition (Megatron-DeepSpeed, vpp 1): uniform, parameters or "
                     "type:REGEX over its layer classes, e.g. type:transformer (alias pp_partition_method)")
     tp_style: Literal["megatron", "column"] = Field(
@@ -259,122 +300,23 @@ class ParallelSpec(Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _megatron_names(cls, data: Any) -> Any:
+    def _framework_names(cls, data: Any) -> Any:
         # Megatron-LM's --use-distributed-optimizer is ZeRO-1 (optimizer state sharded over data parallelism).
-        return _megatron_switch(data, "use_distributed_optimizer", "zero_stage", 1, None)
+        data = switch(data, "use_distributed_optimizer", "zero_stage", 1, None)
+        data = choice(data, "data_parallel_sharding_strategy", MEGATRON_FSDP_STRATEGIES, "Megatron-FSDP")
+        data = choice(data, "sharding_strategy", FSDP_STRATEGIES, "PyTorch FSDP")
+        return _hsdp_degrees(data)
+
+    @model_validator(mode="after")
+    def _shard_group(self) -> ParallelSpec:
+        if self.dp_shard is not None and self.dp % self.dp_shard:
+            raise FieldProblem(("dp_shard",), f"dp_shard = {self.dp_shard} does not divide dp = {self.dp} (fix: use a "
+                                              "divisor of dp, the ranks of one shard group)")
+        return self
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
-
-
-class HostOverheadSpec(Spec):
-    """Host-side costs of the eager framework (simdist.hardware.host); each unset one keeps its default from
-    simdist/hardware/data/host_overhead.csv."""
-
-    launch: Duration | None = Field(default=None, description="CPU time of one kernel launch (default 5 us)")
-    dispatch: Duration | None = Field(default=None, description="framework time of one eager op before its launch "
-                                                                "(default 3.3 us)")
-    step_gap: Duration | None = Field(default=None, description="GPU idle time at the start of each pipeline step, "
-                                                                "after Megatron's synchronize following the send/recv "
-                                                                "(default 20 us); 0 for none")
-
-
-class TrainingSpec(Spec):
-    """Training settings: batch, recompute, precision, kernels and gradient reduction."""
-
-    micro_batch_size: count(GLOBAL_BATCH) = Field(default=1, description="sequences per micro-batch")
-    global_batch_size: count(GLOBAL_BATCH) = Field(description="sequences per step (all replicas)")
-    recompute: Literal["none", "selective", "full"] = Field(
-        default="none", validation_alias=_alias("recompute", "recompute_granularity"),
-        description="activation recompute: none, selective (attention, Korthikanti et al. 2022) or full "
-                    "(alias recompute_granularity)"
-    )
-    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = Field(
-        default="bf16", description="the dtype of the matrix multiplications (its dense peak is used)")
-    attention: Literal["flash", "flash2", "flash3", "cudnn", "materialized"] = Field(
-        default="flash", description="attention kernel: flash = flash2 (FlashAttention-2, scores never stored), "
-                                     "flash3 (FlashAttention-3, Hopper), cudnn (cuDNN fused attention, as Transformer "
-                                     "Engine runs on Hopper), each priced from its published benchmark figures; or "
-                                     "materialized (the a x s x s scores in memory, as Megatron-LM in 2021-22)")
-    attention_mask: Literal["causal", "full"] = Field(
-        default="causal", validation_alias=_alias("attention_mask", "attn_mask_type"),
-        description="causal (decoder LMs: fused kernels skip the masked half, model FLOPs count half the scores) or "
-                    "full (no mask) (alias attn_mask_type)")
-    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = Field(
-        default="delayed", description="under precision fp8, how the linear layers' GEMMs are scaled (Megatron-LM "
-                                       "--fp8-recipe): delayed (TE DelayedScaling), tensorwise (current scaling), "
-                                       "mxfp8 (Blackwell block scaling), blockwise (1x128 blocks); attention, norms "
-                                       "and communication stay bf16")
-    fp8_param_gather: bool = Field(
-        default=False, description="under precision fp8 with the distributed optimizer or ZeRO, gather parameters "
-                                   "in fp8 (Megatron-LM --fp8-param-gather)")
-
-    @field_validator("fp8_recipe", mode="before")
-    @classmethod
-    def _fp8_recipe_names(cls, value: object) -> object:
-        """Transformer Engine's recipe class names are accepted for Megatron-LM's --fp8-recipe names."""
-        names = {"delayedscaling": "delayed", "float8currentscaling": "tensorwise", "current": "tensorwise",
-                 "mxfp8blockscaling": "mxfp8", "float8blockscaling": "blockwise"}
-        return names.get(str(value).lower(), value) if isinstance(value, str) else value
-    tp_comm_overlap: bool = Field(
-        default=False, description="overlap the sequence-parallel all-gathers and reduce-scatters with their GEMMs "
-                                   "(Megatron-LM --tp-comm-overlap, Transformer Engine userbuffers); needs "
-                                   "parallel.sequence_parallel and tp > 1")
-    moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
-        default="alltoall", description="how MoE layers move tokens to their experts (Megatron-LM "
-                                        "--moe-token-dispatcher-type): alltoall (dispatch and combine all-to-all over "
-                                        "ep), allgather (gather every token, reduce-scatter back), flex (DeepEP-style "
-                                        "fused dispatch)")
-    moe_expert_capacity_factor: float | None = Field(
-        default=None, gt=0.0, le=1024.0,
-        description="tokens an expert takes, as a multiple of its balanced share (--moe-expert-capacity-factor); "
-                    "tokens beyond it are dropped; null: dropless")
-    moe_imbalance: float = Field(
-        default=1.0, ge=1.0, le=1024.0,
-        description="routing imbalance: the busiest expert-parallel rank's routed tokens / the mean (1.0: "
-                    "perfectly balanced); the busiest rank's extra tokens cost compute and all-to-all time")
-    moe_grouped_gemm: bool = Field(
-        default=True, description="the local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm) instead of "
-                                  "one GEMM per expert")
-    overlap_moe_expert_parallel_comm: bool = Field(
-        default=False, description="overlap the MoE all-to-all with another micro-batch's compute "
-                                   "(Megatron-LM --overlap-moe-expert-parallel-comm, the 1F1B A2A overlap)")
-    grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
-        default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
-                                        "(the lecture), buckets after the backward, or buckets overlapped with it "
-                                        "(Megatron-LM's overlap_grad_reduce: true is accepted for overlapped)")
-    grad_reduce_in_fp32: bool | None = Field(
-        default=None, validation_alias=_alias("grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"),
-        description="16-bit training's gradients accumulated and reduced in fp32 (4 bytes each) or in the parameters' "
-                    "16-bit dtype (false, as Megatron-Bridge's performance recipes run); default as Megatron-LM: fp32 "
-                    "for bf16 and fp8, fp16 for fp16 (alias accumulate_allreduce_grads_in_fp32)")
-    grad_bucket_size: BucketSize | None = Field(
-        default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
-                                  "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
-                                  "max(40M, 1M x dp x cp) parameters on pipeline rank 0's first chunk")
-    overlap_param_gather: bool = Field(
-        default=False, description="overlap the distributed optimizer's parameter all-gather with the next step's "
-                                   "forward: each gradient bucket's gather runs asynchronously and the first "
-                                   "micro-batch's forward waits for it before the layers that use it (Megatron-LM "
-                                   "--overlap-param-gather); needs parallel.zero_stage: 1 (use_distributed_optimizer) "
-                                   "and grad_reduce: overlapped")
-    zero3_fetch: Literal["prefetch", "per_parameter"] = Field(
-        default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
-                                        "ahead of the compute, as PyTorch FSDP) or per_parameter (each tensor "
-                                        "gathered before each use and its gradient reduce-scattered, blocking, "
-                                        "through list collectives: DeepSpeed ZeRO-3 as of 2021)")
-    dp_batch_split: list[count(GLOBAL_BATCH)] | None = Field(
-        default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
-    host_overhead: HostOverheadSpec = Field(
-        default=HostOverheadSpec(), description="host costs per kernel launch, per eager op and per pipeline step "
-                                                "(defaults from published measurements)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _megatron_names(cls, data: Any) -> Any:
-        # Megatron-LM's --overlap-grad-reduce: the gradient buckets reduce while the backward runs.
-        return _megatron_switch(data, "overlap_grad_reduce", "grad_reduce", "overlapped", None)
 
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
@@ -382,6 +324,12 @@ Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
 
 class ScenarioSpec(Spec):
     """One training step to predict: cluster x model x layout x training settings x schedule."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_defaults(cls, data: Any) -> Any:
+        """The fields ``training.framework`` decides and the file leaves out (simdist.spec.framework)."""
+        return with_framework_defaults(data, {"training": TrainingSpec, "parallel": ParallelSpec})
 
     name: str = Field(default="", description="a title for reports")
     cluster: ClusterSpec = Field(description="a topology preset or file, with any of its fields "  # type: ignore[valid-type]

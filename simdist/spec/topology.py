@@ -26,6 +26,7 @@ from simdist.limits import (
     OVERSUBSCRIPTION,
     PCIE_SWITCHES,
     SWITCH_RADIX,
+    TDP_MAX,
 )
 from simdist.spec.base import Bandwidth, FieldProblem, Fraction, Latency, Spec, count
 from simdist.spec.gpu import GpuSpec
@@ -125,6 +126,11 @@ class TopologySpec(Spec):
     name: str = Field(description="the topology's name (a preset's file name)")
     description: str = Field(default="", description="one line shown by `simdist topo list`")
     gpu: str | GpuSpec = Field(description="a GPU preset name (see `simdist topo gpus`) or an inline GPU")
+    gpu_power_limit_w: float | None = Field(
+        default=None, gt=0, le=TDP_MAX.value,
+        description="the GPUs' power cap in watts when set below the preset's tdp_w (nvidia-smi -pl), e.g. 500 for "
+                    "power-capped H100 SXM: compute-bound kernels run at the clock the cap sustains "
+                    "(simdist.hardware.clock)")
     num_nodes: count(NUM_NODES) = Field(default=1, description="nodes in the cluster (a node is a server, or a rack "
                                                           "for gb200-nvl72)")
     gpus_per_node: count(GPUS_PER_NODE) = Field(description="GPUs per node")

@@ -1,0 +1,162 @@
+"""Element-wise and normalisation work between the GEMMs, as each framework runs it: the kernels one *region* (a
+norm, a rotary embedding, an activation, a residual add, the loss) becomes under each kernel style.
+
+Three styles (``LayerShape.style``, from ``training.kernel_fusion`` and ``training.compile``):
+
+- ``fused``: Megatron-Core with Transformer Engine / Apex: each region one fused kernel reading its inputs and writing
+  its outputs once (the kernels simdist's A100 constants are calibrated with: simdist.hardware.compute).
+- ``eager``: one CUDA kernel per PyTorch op, each a pass over HBM, with the fp32 intermediates the modules' Python
+  code creates (PyTorch FSDP, torchtitan, DeepSpeed and Composer models without torch.compile).
+- ``compiled``: torch.compile (TorchInductor) fuses each chain of element-wise and reduction ops between two
+  GEMM/attention kernels into one generated kernel (Ansel et al. 2024, "PyTorch 2", ASPLOS, sec. 5: pointwise and
+  reduction fusion), so a region reads its inputs and writes its outputs once, as the fused style, with the
+  weight-gradient reductions of norms a kernel of their own.
+
+Each pass is (name, bytes read + written per element of the region, FLOPs per element); a pass of 0 bytes is a
+per-row kernel (a mean's rsqrt over b x s values) that costs a launch and no traffic. ``a`` is the activation's bytes
+(2 under bf16/fp16 and fp8 training), ``f`` = 4 (fp32 intermediates).
+
+The eager op lists are the modules' own code: an RMSNorm upcasts to fp32 and runs pow, mean, add, rsqrt, mul, the cast
+back and the weight's mul (Hugging Face LlamaRMSNorm, torchtitan's llama RMSNorm, ATen's composite rms_norm); a rotary
+embedding as complex numbers casts to fp32, multiplies by the frequencies and casts back, per tensor (torchtitan
+apply_rotary_emb); SwiGLU is silu then mul; a LayerNorm is ATen's native kernel pair (row moments, then normalise:
+aten/src/ATen/native/cuda/layer_norm_kernel.cu); the loss upcasts the logits to fp32 and runs log_softmax and
+nll_loss (torch.nn.functional.cross_entropy), whose CUDA softmax reads a row three times when it does not fit in
+shared memory (max, sum of exponentials, write: aten/src/ATen/native/cuda/SoftMax.cu). Checked against kernel-level
+measurements of the same modules (tests/test_elementwise.py): an eager Llama RMSNorm forward is 9-10.5x the fused
+kernel's time on A100, its backward 8x; eager nn.LayerNorm's forward 1.57-1.66x a fused one (Liger-Kernel benchmark
+data, linkedin/Liger-Kernel @ ead96b6 benchmark/data/all_benchmark_data.csv, rows rms_norm and layer_norm).
+"""
+
+from __future__ import annotations
+
+from simdist.plan.kernel_work import Kernel, elementwise
+
+__all__ = ["STYLES", "ew", "kernel_style"]
+
+STYLES = ("fused", "eager", "compiled")
+_F = 4.0
+
+
+def kernel_style(kernel_fusion: str, compile: bool) -> str:
+    """The style of a step's element-wise work: compiled under torch.compile, else the framework's fusion."""
+    return "compiled" if compile and kernel_fusion == "eager" else kernel_fusion
+
+
+def _rms_eager(a: float) -> list[tuple[str, float, float]]:
+    f = _F
+    return [("to_fp32", a + f, 0.0), ("pow", 2 * f, 1.0), ("mean", f, 1.0), ("add_eps", 0.0, 0.0),
+            ("rsqrt", 0.0, 0.0), ("mul_rsqrt", 2 * f, 1.0), ("to_input_dtype", f + a, 0.0), ("mul_weight", 2 * a, 1.0)]
+
+
+def _rms_grad_eager(a: float) -> list[tuple[str, float, float]]:
+    # Autograd of the forward above, last op first: the weight's mul (input gradient, weight-gradient product and
+    # its sum over tokens), the cast, the mul by rsqrt (its two gradients, the second summed over the row), rsqrt,
+    # add and mean on the row statistics, pow (2x, times x), the sum of the two paths, the cast back.
+    f = _F
+    return [("mul_weight_grad", 2 * a, 1.0), ("weight_grad_mul", 2 * a + f, 1.0), ("weight_grad_sum", f, 1.0),
+            ("to_input_dtype_grad", a + f, 0.0), ("mul_rsqrt_grad", 2 * f, 1.0), ("rsqrt_grad_mul", 3 * f, 1.0),
+            ("rsqrt_grad_sum", f, 1.0), ("rsqrt_backward", 0.0, 0.0), ("mean_backward", 0.0, 0.0),
+            ("pow_backward", 2 * f, 1.0), ("pow_backward_mul", 2 * f, 1.0), ("add_grads", 3 * f, 1.0),
+            ("to_fp32_grad", f + a, 0.0)]
+
+
+def _regions(a: float) -> dict[str, dict[str, list[tuple[str, float, float]]]]:
+    f = _F
+    return {
+        # GPT LayerNorm: fused Apex/TE kernel; ATen's native pair (row moments, normalise).
+        "layernorm": {"fused": [("layernorm", 2 * a, 8.0)],
+                      "eager": [("layernorm_moments", a, 3.0), ("layernorm", 2 * a, 5.0)],
+                      "compiled": [("layernorm", 2 * a, 8.0)]},
+        # ATen layer_norm_backward: the per-row gradient sums, the input gradient, the gamma/beta partial sums.
+        "layernorm_grad": {"fused": [("layernorm_grad", 4 * a, 10.0)],
+                           "eager": [("layernorm_grad_sums", 2 * a, 4.0), ("layernorm_grad", 3 * a, 6.0),
+                                     ("layernorm_weight_grad", 2 * a, 2.0)],
+                           "compiled": [("layernorm_grad", 3 * a, 8.0), ("layernorm_weight_grad", 2 * a, 2.0)]},
+        "rmsnorm": {"fused": [("rmsnorm", 2 * a, 8.0)], "eager": _rms_eager(a),
+                    "compiled": [("rmsnorm", 2 * a, 8.0)]},
+        "rmsnorm_grad": {"fused": [("rmsnorm_grad", 4 * a, 10.0)], "eager": _rms_grad_eager(a),
+                         "compiled": [("rmsnorm_grad", 3 * a, 8.0), ("rmsnorm_weight_grad", 2 * a, 2.0)]},
+        # Q/K norms (Qwen3, OLMo 2): an RMSNorm over each head.
+        "qk_norm": {"fused": [("qk_norm", 2 * a, 8.0)], "eager": _rms_eager(a),
+                    "compiled": [("qk_norm", 2 * a, 8.0)]},
+        "qk_norm_grad": {"fused": [("qk_norm_grad", 4 * a, 10.0)], "eager": _rms_grad_eager(a),
+                         "compiled": [("qk_norm_grad", 3 * a, 8.0), ("qk_norm_weight_grad", 2 * a, 2.0)]},
+        # Rotary embedding over Q and K (elements: both); eager per tensor (``per_tensor``): fp32 cast, complex mul,
+        # cast back.
+        "rotary": {"fused": [("rotary", 2 * a, 4.0)],
+                   "eager": [("rotary_to_fp32", a + f, 0.0), ("rotary_complex_mul", 2 * f, 6.0),
+                             ("rotary_to_input_dtype", f + a, 0.0)],
+                   "compiled": [("rotary", 2 * a, 4.0)]},
+        "rotary_grad": {"fused": [("rotary_grad", 2 * a, 4.0)],
+                        "eager": [("rotary_grad_to_fp32", a + f, 0.0), ("rotary_grad_complex_mul", 2 * f, 6.0),
+                                  ("rotary_grad_to_input_dtype", f + a, 0.0)],
+                        "compiled": [("rotary_grad", 2 * a, 4.0)]},
+        # The residual add after each half of the layer (no dropout); its backward is the sum of the two gradients
+        # reaching the branch point, which the fused (Megatron) style leaves in the GEMM's accumulation.
+        "residual": {"fused": [("dropout_residual", 3 * a, 2.0)], "eager": [("residual_add", 3 * a, 1.0)],
+                     "compiled": [("residual_add", 3 * a, 1.0)]},
+        "residual_grad": {"fused": [], "eager": [("residual_grad_add", 3 * a, 1.0)],
+                          "compiled": [("residual_grad_add", 3 * a, 1.0)]},
+        # GPT: dropout on the branch, then the residual add (a 1-byte mask, Korthikanti sec. 4.1).
+        "dropout_residual": {"fused": [("dropout_residual", 3 * a + 1, 2.0)],
+                             "eager": [("dropout", 2 * a + 1, 2.0), ("residual_add", 3 * a, 1.0)],
+                             "compiled": [("dropout_residual", 3 * a + 1, 2.0)]},
+        "dropout_residual_grad": {"fused": [("dropout_residual_grad", 2 * a + 1, 1.0)],
+                                  "eager": [("dropout_grad", 2 * a + 1, 1.0), ("residual_grad_add", 3 * a, 1.0)],
+                                  "compiled": [("dropout_residual_grad", 3 * a + 1, 2.0)]},
+        # SwiGLU over the f-wide up projection (elements: b s f): silu(gate) * up.
+        "swiglu": {"fused": [("swiglu", 3 * a, 6.0)], "eager": [("silu", 2 * a, 4.0), ("swiglu_mul", 3 * a, 1.0)],
+                   "compiled": [("swiglu", 3 * a, 6.0)]},
+        # mul's two gradients (each reads the output gradient and the other input), then silu's backward.
+        "swiglu_grad": {"fused": [("swiglu_grad", 5 * a, 8.0)],
+                        "eager": [("swiglu_mul_grad_gate", 3 * a, 1.0), ("swiglu_mul_grad_up", 3 * a, 1.0),
+                                  ("silu_grad", 3 * a, 6.0)],
+                        "compiled": [("swiglu_grad", 5 * a, 8.0)]},
+        "gelu": {"fused": [("gelu", 2 * a, 8.0)], "eager": [("gelu", 2 * a, 8.0)], "compiled": [("gelu", 2 * a, 8.0)]},
+        "gelu_grad": {"fused": [("gelu_grad", 3 * a, 10.0)], "eager": [("gelu_grad", 3 * a, 10.0)],
+                      "compiled": [("gelu_grad", 3 * a, 10.0)]},
+        # The attention output (b, heads, s, d) made contiguous as (b, s, heads x d) for the output projection, and
+        # the output gradient made contiguous for the attention backward (eager and compiled; TE's kernels take and
+        # give the (s, b, heads x d) layout the GEMMs use).
+        "attention_layout": {"fused": [], "eager": [("transpose_contiguous", 2 * a, 0.0)],
+                             "compiled": [("transpose_contiguous", 2 * a, 0.0)]},
+        "attention_layout_grad": {"fused": [], "eager": [("transpose_contiguous_grad", 2 * a, 0.0)],
+                                  "compiled": [("transpose_contiguous_grad", 2 * a, 0.0)]},
+        # Softmax cross-entropy over the logits (elements: b s V / tp). fused: Megatron-LM's vocab-parallel loss as
+        # simdist's A100 constants price it (one pass reading the 16-bit logits, the fp32 exponentials kept).
+        "cross_entropy": {"fused": [("cross_entropy", a + 8, 5.0)],
+                          "eager": [("logits_to_fp32", a + f, 0.0), ("log_softmax", 4 * f, 5.0),
+                                    ("nll_loss", 0.0, 0.0)],
+                          "compiled": [("cross_entropy", 2 * a, 5.0)]},
+        # nll_loss's backward fills a zero fp32 gradient and scatters the targets' entries; log_softmax's backward
+        # reads the gradient for its row sums, then the gradient and the output; the cast back to the logits' dtype.
+        "cross_entropy_grad": {"fused": [("cross_entropy_grad", 4 + a, 2.0)],
+                               "eager": [("nll_loss_grad_fill", f, 0.0), ("log_softmax_grad", 4 * f, 3.0),
+                                         ("logits_grad_to_input_dtype", f + a, 0.0)],
+                               "compiled": [("cross_entropy_grad", 2 * a, 3.0)]},
+        # One fused softmax cross-entropy kernel per pass (Megatron-LM --cross-entropy-loss-fusion, flash-attn's
+        # xentropy kernel): the forward reads the logits once (online max and sum), the backward reads them and
+        # writes their gradient.
+        "fused_cross_entropy": {s: [("fused_cross_entropy", a, 5.0)] for s in STYLES},
+        "fused_cross_entropy_grad": {s: [("fused_cross_entropy_grad", 2 * a, 3.0)] for s in STYLES},
+    }
+
+
+_CACHE: dict[float, dict] = {}
+
+
+def passes(region: str, a: float, style: str) -> list[tuple[str, float, float]]:
+    """(name, bytes per element, FLOPs per element) of each kernel ``region`` runs in ``style``."""
+    table = _CACHE.get(a)
+    if table is None:
+        table = _CACHE[a] = _regions(a)
+    return table[region][style]
+
+
+def ew(region: str, elements: float, a: float, style: str, *, per_tensor: int = 1) -> list[Kernel]:
+    """The kernels of ``region`` over ``elements`` (activation bytes ``a``) in ``style``. ``per_tensor``: the region
+    covers that many equal tensors, which eager code runs one by one (Q and K of a rotary embedding)."""
+    n = per_tensor if style == "eager" else 1
+    return [elementwise(name, elements / n, bytes_per, flops_per)
+            for _ in range(n) for name, bytes_per, flops_per in passes(region, a, style)]

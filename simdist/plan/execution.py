@@ -1,0 +1,80 @@
+"""How a framework runs the step's work: the part of a step's configuration that is the framework's, not the layout's.
+
+One frozen value, `Execution`, carried by `simdist.plan.step_config.StepConfig` and read by the one step model: the
+kernel style of element-wise work (simdist.plan.elementwise), CUDA graphs, the optimizer's kernels
+(simdist.plan.optimizer), FSDP's per-unit traffic (simdist.plan.fsdp), which activations are recomputed
+(simdist.plan.recompute), how context parallelism moves keys and values (simdist.plan.context_parallel) and
+asynchronous tensor parallelism. ``Execution()`` is Megatron-Core's way, simdist's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.plan.elementwise import kernel_style
+
+__all__ = ["MEGATRON", "Execution", "execution_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    framework: str = "megatron_core"
+    style: str = "fused"
+    """fused | eager | compiled (simdist.plan.elementwise)."""
+    cuda_graphs: bool = False
+    """Kernels replayed from CUDA graphs: no host launch per kernel, the graph's gap between kernels."""
+    optimizer: str = "fused"
+    """fused | foreach | for_loop (simdist.plan.optimizer)."""
+    loss_fusion: bool = False
+    """One fused softmax cross-entropy kernel per pass."""
+    fsdp_version: int = 2
+    reshard_after_forward: bool = True
+    backward_prefetch: str = "pre"
+    """pre (the next unit's gather issued before the current unit's gradient computation) | post (after it)."""
+    grad_sync: str = "microbatch"
+    """microbatch: ZeRO-2/3 reduce-scatter every micro-batch's gradients; step: once after the last backward (PyTorch
+    pipelining's REDUCE_GRAD, DeepSpeed's pipeline engine)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_method: str | None = None
+    """uniform | block | every (full recompute's layers); None: every layer."""
+    recompute_num_layers: int | None = None
+    cp_comm_type: str = "p2p"
+    async_tp: bool = False
+    fp8_weight_cache: bool = True
+    """FP8 weights cast once per step and reused by its micro-batches (Transformer Engine, given is_first_microbatch);
+    False: cast in every forward (torchao Float8Linear)."""
+    clip_grad: bool = True
+    """Gradient clipping by the global norm before the optimizer step (simdist.plan.optimizer)."""
+    master_copy: bool = True
+    """The optimizer keeps fp32 master weights beside 16-bit model weights and writes both (Megatron-LM, DeepSpeed);
+    False: the fp32 shard is the parameter and the gather casts it (PyTorch FSDP with mixed precision)."""
+
+    @property
+    def eager_host(self) -> bool:
+        """Whether the host issues each kernel (not replayed from a CUDA graph)."""
+        return not self.cuda_graphs
+
+
+MEGATRON = Execution()
+
+
+def execution_of(spec, pp: int) -> Execution:
+    """The `Execution` of a validated ScenarioSpec (``pp``: its pipeline stages)."""
+    t, p = spec.training, spec.parallel
+    pipelined_fsdp = pp > 1 and t.framework in ("torchtitan", "fsdp")
+    # PyTorch pipelining runs every micro-batch's backward without gradient sync and reduce-scatters once per stage
+    # after the last one (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad);
+    # torchtitan keeps the parameters gathered between forward and backward under PP (parallelize.py: reshard_after_
+    # forward = not pp_enabled). DeepSpeed's pipeline engine reduces gradients at the last step (pipe/schedule.py).
+    grad_sync = "step" if pipelined_fsdp else "microbatch"
+    reshard = p.reshard_after_forward and not pipelined_fsdp
+    return Execution(
+        framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile), cuda_graphs=t.cuda_graphs,
+        optimizer=t.optimizer_implementation, loss_fusion=t.cross_entropy_loss_fusion, fsdp_version=t.fsdp_version,
+        reshard_after_forward=reshard, backward_prefetch=t.backward_prefetch, grad_sync=grad_sync,
+        recompute_modules=tuple(t.recompute_modules or ("core_attn",)), recompute_method=t.recompute_method,
+        recompute_num_layers=t.recompute_num_layers, cp_comm_type=t.cp_comm_type, async_tp=t.async_tp,
+        fp8_weight_cache=t.kernel_fusion == "fused", clip_grad=t.clip_grad > 0,
+        # PyTorch FSDP's mixed precision keeps the sharded fp32 parameters as the optimizer's (FSDP2
+        # MixedPrecisionPolicy, FSDP1 MixedPrecision): no separate 16-bit copy to write
+        master_copy=not (p.zero_stage == 3 and t.framework in ("torchtitan", "fsdp", "composer")))

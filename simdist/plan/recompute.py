@@ -1,0 +1,124 @@
+"""Activation recompute: which of a layer's forward kernels and collectives the backward redoes, under each policy.
+
+- ``full`` (Korthikanti et al. 2022, arXiv:2205.05198 sec. 5; Megatron-Core recompute_granularity full): the layer's
+  input is kept and its whole forward redone, collectives included. Which layers: every one (``uniform``: Megatron-Core
+  checkpoints groups of recompute_num_layers layers, the same work), the first recompute_num_layers of each model chunk
+  (``block``: Megatron-Core transformer_block.py), or every recompute_num_layers-th one (``every``: torchtitan's
+  selective_ac_option N, counted per rank's blocks, torchtitan/distributed/activation_checkpoint.py); `full_layers`.
+- ``selective`` (Megatron-Core recompute_modules, megatron/core/transformer/transformer_config.py): the modules listed,
+  by default the attention core (Korthikanti sec. 5); layernorm (both norms' outputs discarded and regenerated), mlp
+  (the dense MLP after its norm; MoE layers ignore it), moe (the MoE MLP), moe_act (the experts' activation),
+  shared_experts, mla_up_proj (MLA's up projections and rotary concatenation).
+- ``op`` (torchtitan's op-level selective checkpointing, torchtitan/distributed/activation_checkpoint.py, _save_list):
+  the outputs of matmuls, attention and reduce-scatters are kept and everything else redone, except that every
+  second matmul of a block (counted in the order the block calls them, as torchtitan's policy counts aten.mm) is
+  redone too: of Llama's wq, wk, wv, wo, w1, w3, w2 the backward recomputes wk, wo and w3. simdist's fused GEMMs stand
+  for several of those matmuls (`SUB_MATMULS`), and the share of each one that is redone is its recomputed sub-matmuls'.
+  The tensor-parallel all-gathers (not in the save list) are redone; reduce-scatters are not. An MoE block is redone
+  whole but for its all-to-alls (Assumption: torchtitan's save list keeps all_to_all_single's outputs, not the grouped
+  GEMMs').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from simdist.errors import SpecError
+from simdist.plan.kernel_work import CommWork, Kernel, Pass
+
+__all__ = ["POLICIES", "full_layers", "recomputed"]
+
+POLICIES = ("none", "selective", "full", "op")
+
+
+def full_layers(method: str | None, num_layers: int | None, n: int) -> int:
+    """How many of a model chunk's ``n`` layers full recompute redoes, under ``method`` with ``num_layers``."""
+    if method in (None, "uniform"):
+        return n
+    if num_layers is None:
+        raise SpecError(f"recompute_method {method} needs recompute_num_layers", field="training.recompute_num_layers",
+                        fix="give recompute_num_layers")
+    if method == "block":
+        return min(num_layers, n)
+    if method == "every":
+        return n // num_layers
+    raise SpecError(f"unknown recompute_method {method!r}", field="training.recompute_method",
+                    fix="write uniform, block or every")
+
+
+def _tag_of_comm(c: CommWork, tags: Sequence[str]) -> str:
+    if c.axis == "cp":
+        return "core_attn"
+    i = min(c.issued_after, len(tags) - 1)
+    return tags[i] if tags else ""
+
+
+def _scaled(k: Kernel, share: float) -> Kernel:
+    """``share`` of a GEMM kernel's columns (its recomputed sub-matmuls)."""
+    m, n, kk = k.gemm_mnk or (1, 1, 1)
+    return dataclasses.replace(k, name=f"{k.name}_part", flops=k.flops * share, hbm_bytes=k.hbm_bytes * share,
+                               gemm_mnk=(m, max(1, round(n * share)), kk),
+                               useful_flops=None if k.useful_flops is None else k.useful_flops * share)
+
+
+def _op_policy(fwd: Pass, tags: Sequence[str], sub_matmuls: dict[str, tuple[int, ...]]
+               ) -> tuple[list[Kernel], list[CommWork]]:
+    redo: list[Kernel] = []
+    count = 0
+    for k, tag in zip(fwd.kernels, tags, strict=True):
+        if tag in ("moe", "moe_act", "shared_experts"):
+            redo.append(k)  # the MoE block: redone whole (module docstring)
+        elif k.kind == "gemm":
+            widths = sub_matmuls.get(k.name, (1,))
+            again = 0
+            for w in widths:
+                count += 1
+                if count % 2 == 0:
+                    again += w
+            if again:
+                redo.append(k if again == sum(widths) else _scaled(k, again / sum(widths)))
+        elif k.kind == "memory":
+            redo.append(k)
+        # attention kernels: their outputs (and log-sum-exp) are kept
+    comm = [c for c in fwd.comm if c.op == "all_gather" and c.axis in ("tp", "etp")]
+    return redo, comm
+
+
+def recomputed(mode: str, fwd: Pass, tags: Sequence[str], modules: Sequence[str],
+               sub_matmuls: dict[str, tuple[int, ...]]) -> tuple[tuple[Kernel, ...], list[CommWork]]:
+    """(the kernels the backward redoes, the collectives it redoes, marked recompute) of a layer whose forward is
+    ``fwd``, each kernel tagged with its module (``tags``: norm, attn, core_attn, mla_up_proj, residual, mlp, moe,
+    moe_act, shared_experts)."""
+    if mode == "none":
+        return (), []
+    if mode == "full":
+        # Checkpointed layer input, whole forward redone before the backward (Korthikanti sec. 5), including its
+        # collectives (the expert all-to-alls with their imbalance).
+        return tuple(fwd.kernels), [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm]
+    if mode == "op":
+        redo, comm = _op_policy(fwd, tags, sub_matmuls)
+        return tuple(redo), [dataclasses.replace(c, phase="backward", recompute=True, issued_after=0) for c in comm]
+    if mode != "selective":
+        raise SpecError(f"unknown recompute mode {mode!r}", field="training.recompute",
+                        fix=f"write one of {', '.join(POLICIES)}")
+    wanted = {"layernorm" if m == "layernorm" else m for m in modules}
+    want_tag = {"core_attn": "core_attn", "layernorm": "norm", "mlp": "mlp", "moe": "moe", "moe_act": "moe_act",
+                "shared_experts": "shared_experts", "mla_up_proj": "mla_up_proj"}
+    keep_tags = {want_tag[m] for m in wanted}
+    if "moe" in wanted:
+        keep_tags |= {"moe_act", "shared_experts"}
+    kept = [tag in keep_tags for tag in tags]
+    redo = tuple(k for k, keep in zip(fwd.kernels, kept, strict=True) if keep)
+    comm = []
+    for c in fwd.comm:
+        tag = _tag_of_comm(c, tags)
+        if tag in keep_tags:
+            if tag == "core_attn":
+                # Korthikanti sec. 5 with context parallelism: the attention core gathers K and V again.
+                comm.append(dataclasses.replace(c, phase="backward", recompute=True, overlappable=True,
+                                                issued_after=0))
+            else:  # issued after as many of the redone kernels as preceded it in the forward
+                comm.append(dataclasses.replace(c, phase="backward", recompute=True,
+                                                issued_after=sum(kept[:c.issued_after])))
+    return redo, comm

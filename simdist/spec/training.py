@@ -1,0 +1,304 @@
+"""The ``training:`` section of a scenario: batch, recompute, precision, kernels, the framework that runs the step and
+how it reduces gradients and gathers parameters.
+
+``framework`` names how the step is run (simdist.spec.framework): its profile fills every field of this section
+(and of ``parallel:``) the file leaves out, each default with its source in ``simdist/spec/data/frameworks.csv``;
+a field given in the file wins. The frameworks' own argument names are accepted as aliases (simdist.spec.aliases).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from simdist.limits import GLOBAL_BATCH, NUM_LAYERS
+from simdist.spec.aliases import alias, switch
+from simdist.spec.base import BucketSize, Duration, FieldProblem, Spec, count
+
+__all__ = ["FRAMEWORKS", "RECOMPUTE_MODULES", "HostOverheadSpec", "TrainingSpec"]
+
+class HostOverheadSpec(Spec):
+    """Host-side costs of the eager framework (simdist.hardware.host); each unset one keeps its default from
+    simdist/hardware/data/host_overhead.csv."""
+
+    launch: Duration | None = Field(default=None, description="CPU time of one kernel launch (default 5 us)")
+    dispatch: Duration | None = Field(default=None, description="framework time of one eager op before its launch "
+                                                                "(default 3.3 us)")
+    step_gap: Duration | None = Field(default=None, description="GPU idle time at the start of each pipeline step, "
+                                                                "after Megatron's synchronize following the send/recv "
+                                                                "(default 20 us); 0 for none")
+
+
+FRAMEWORKS = ("megatron_core", "nemo", "torchtitan", "fsdp", "deepspeed", "composer")
+"""The frameworks whose way of running a step simdist models (simdist.spec.framework; README "Frameworks")."""
+_FRAMEWORK_NAMES = {"megatron": "megatron_core", "megatron-lm": "megatron_core", "megatron_lm": "megatron_core",
+                    "megatron-core": "megatron_core", "mcore": "megatron_core", "megatron-bridge": "nemo",
+                    "megatron_bridge": "nemo", "pytorch_fsdp": "fsdp", "pytorch-fsdp": "fsdp",
+                    "llm-foundry": "composer", "llm_foundry": "composer", "llmfoundry": "composer",
+                    "mosaic": "composer"}
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
+"""Megatron-Core's --recompute-modules (megatron/core/transformer/transformer_config.py, recompute_modules)."""
+ATTENTION_KERNELS = ("flash", "flash2", "flash3", "flash4", "cudnn", "sdpa", "efficient", "triton", "flex",
+                     "materialized")
+
+
+class TrainingSpec(Spec):
+    """Training settings: batch, recompute, precision, kernels and gradient reduction."""
+
+    TRANSLATED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "overlap_grad_reduce": ("grad_reduce",),
+        "activation_checkpoint": ("recompute", "recompute_method", "recompute_num_layers"),
+        "selective_ac_option": ("recompute", "recompute_method", "recompute_num_layers")}
+    """The frameworks' argument names this section translates, and the fields each sets (simdist.spec.aliases)."""
+
+    framework: Literal[FRAMEWORKS] = Field(  # type: ignore[valid-type]
+        default="megatron_core",
+        description="the framework that runs the step, as a set of defaults for every field it decides "
+                    "(kernels, attention, optimizer, FSDP, recompute, gradient dtype): megatron_core (Megatron-LM with "
+                    "Transformer Engine, the default), nemo (Megatron-Bridge / NeMo recipes), torchtitan (FSDP2 + "
+                    "TP/PP/CP), fsdp (PyTorch FSDP in a plain training loop), deepspeed (DeepSpeed ZeRO), composer "
+                    "(MosaicML Composer / llm-foundry); each profile's values and sources: "
+                    "simdist/spec/data/frameworks.csv and README 'Frameworks'; a field given here wins")
+    micro_batch_size: count(GLOBAL_BATCH) = Field(default=1, description="sequences per micro-batch")
+    global_batch_size: count(GLOBAL_BATCH) = Field(description="sequences per step (all replicas)")
+    recompute: Literal["none", "selective", "full", "op"] = Field(
+        default="none", validation_alias=alias("recompute", "recompute_granularity"),
+        description="activation recompute: none; selective (Megatron-Core: the modules of recompute_modules, by "
+                    "default the attention core, Korthikanti et al. 2022); full (each layer's input kept, its forward "
+                    "redone; recompute_method / recompute_num_layers choose the layers); or op (torchtitan's op-level "
+                    "selective checkpointing: matmul and attention outputs saved, every other op redone) "
+                    "(alias recompute_granularity)"
+    )
+    recompute_modules: list[Literal[RECOMPUTE_MODULES]] | None = Field(  # type: ignore[valid-type]
+        default=None, description="under recompute: selective, the modules whose forward is redone in backward "
+                                  "(Megatron-Core --recompute-modules): core_attn, mlp, layernorm, moe_act, moe, "
+                                  "shared_experts, mla_up_proj; default [core_attn]")
+    recompute_method: Literal["uniform", "block", "every"] | None = Field(
+        default=None, description="under recompute: full, which layers: uniform (every layer, checkpointed in groups "
+                                  "of recompute_num_layers: Megatron-Core), block (the first recompute_num_layers "
+                                  "layers of each pipeline chunk: Megatron-Core) or every (every recompute_num_layers"
+                                  "-th layer: torchtitan's selective_ac_option: N); default uniform with groups of 1")
+    recompute_num_layers: count(NUM_LAYERS) | None = Field(
+        default=None, description="the layer count recompute_method reads (Megatron-Core --recompute-num-layers)")
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = Field(
+        default="bf16", description="the dtype of the matrix multiplications (its dense peak is used)")
+    attention: Literal[ATTENTION_KERNELS] = Field(  # type: ignore[valid-type]
+        default="flash", description="attention kernel: flash = flash2 (FlashAttention-2, scores never stored), "
+                                     "flash3 (FlashAttention-3, Hopper), flash4 (FlashAttention-4, Blackwell), cudnn "
+                                     "(cuDNN fused attention, as Transformer Engine runs it), sdpa (PyTorch "
+                                     "scaled_dot_product_attention: the backend PyTorch picks for the GPU), efficient "
+                                     "(the memory-efficient / xformers kernel), triton (Triton FlashAttention), flex "
+                                     "(FlexAttention), each priced from published kernel benchmarks "
+                                     "(simdist.hardware.attention); or materialized (the a x s x s scores in memory, "
+                                     "as Megatron-LM in 2021-22 and SDPA's math backend)")
+    attention_mask: Literal["causal", "full"] = Field(
+        default="causal", validation_alias=alias("attention_mask", "attn_mask_type"),
+        description="causal (decoder LMs: fused kernels skip the masked half, model FLOPs count half the scores) or "
+                    "full (no mask) (alias attn_mask_type)")
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = Field(
+        default="delayed", description="under precision fp8, how the linear layers' GEMMs are scaled (Megatron-LM "
+                                       "--fp8-recipe): delayed (TE DelayedScaling), tensorwise (current scaling), "
+                                       "mxfp8 (Blackwell block scaling), blockwise (1x128 blocks); attention, norms "
+                                       "and communication stay bf16")
+    fp8_param_gather: bool = Field(
+        default=False, description="under precision fp8 with the distributed optimizer or ZeRO, gather parameters "
+                                   "in fp8 (Megatron-LM --fp8-param-gather)")
+
+    @field_validator("fp8_recipe", mode="before")
+    @classmethod
+    def _fp8_recipe_names(cls, value: object) -> object:
+        """Transformer Engine's recipe class names are accepted for Megatron-LM's --fp8-recipe names."""
+        names = {"delayedscaling": "delayed", "float8currentscaling": "tensorwise", "current": "tensorwise",
+                 "mxfp8blockscaling": "mxfp8", "float8blockscaling": "blockwise"}
+        return names.get(str(value).lower(), value) if isinstance(value, str) else value
+    tp_comm_overlap: bool = Field(
+        default=False, description="overlap the sequence-parallel all-gathers and reduce-scatters with their GEMMs "
+                                   "(Megatron-LM --tp-comm-overlap, Transformer Engine userbuffers); needs "
+                                   "parallel.sequence_parallel and tp > 1")
+    moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
+        default="alltoall", description="how MoE layers move tokens to their experts (Megatron-LM "
+                                        "--moe-token-dispatcher-type): alltoall (dispatch and combine all-to-all over "
+                                        "ep), allgather (gather every token, reduce-scatter back), flex (DeepEP-style "
+                                        "fused dispatch)")
+    moe_expert_capacity_factor: float | None = Field(
+        default=None, gt=0.0, le=1024.0,
+        description="tokens an expert takes, as a multiple of its balanced share (--moe-expert-capacity-factor); "
+                    "tokens beyond it are dropped; null: dropless")
+    moe_imbalance: float = Field(
+        default=1.0, ge=1.0, le=1024.0,
+        description="routing imbalance: the busiest expert-parallel rank's routed tokens / the mean (1.0: "
+                    "perfectly balanced); the busiest rank's extra tokens cost compute and all-to-all time")
+    moe_grouped_gemm: bool = Field(
+        default=True, description="the local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm) instead of "
+                                  "one GEMM per expert")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        default=False, description="overlap the MoE all-to-all with another micro-batch's compute "
+                                   "(Megatron-LM --overlap-moe-expert-parallel-comm, the 1F1B A2A overlap)")
+    grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
+        default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
+                                        "(the lecture), buckets after the backward, or buckets overlapped with it "
+                                        "(Megatron-LM's overlap_grad_reduce: true is accepted for overlapped)")
+    grad_reduce_in_fp32: bool | None = Field(
+        default=None, validation_alias=alias("grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"),
+        description="16-bit training's gradients accumulated and reduced in fp32 (4 bytes each) or in the parameters' "
+                    "16-bit dtype (false, as Megatron-Bridge's performance recipes run); default as Megatron-LM: fp32 "
+                    "for bf16 and fp8, fp16 for fp16 (alias accumulate_allreduce_grads_in_fp32)")
+    grad_bucket_size: BucketSize | None = Field(
+        default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
+                                  "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
+                                  "max(40M, 1M x dp x cp) parameters on pipeline rank 0's first chunk")
+    overlap_param_gather: bool = Field(
+        default=False, description="overlap the distributed optimizer's parameter all-gather with the next step's "
+                                   "forward: each gradient bucket's gather runs asynchronously and the first "
+                                   "micro-batch's forward waits for it before the layers that use it (Megatron-LM "
+                                   "--overlap-param-gather); needs parallel.zero_stage: 1 (use_distributed_optimizer) "
+                                   "and grad_reduce: overlapped")
+    zero3_fetch: Literal["prefetch", "per_layer", "per_parameter"] = Field(
+        default="prefetch", description="ZeRO-3 parameter traffic: prefetch (one all-gather per model chunk, issued "
+                                        "ahead of the compute), per_layer (PyTorch FSDP / FSDP2, DeepSpeed ZeRO-3 "
+                                        "with prefetch: each transformer block a unit, gathered one unit ahead of "
+                                        "its compute, its gradients reduce-scattered as the next unit's backward "
+                                        "runs; simdist.plan.fsdp) or per_parameter (each tensor gathered before "
+                                        "each use and its gradient reduce-scattered, blocking, through list "
+                                        "collectives: DeepSpeed ZeRO-3 as of 2021)")
+    fsdp_version: Literal[1, 2] = Field(
+        default=2, description="under zero3_fetch: per_layer, PyTorch FSDP's implementation: 1 (FlatParameter: "
+                               "gathers into and reduces from one flat buffer) or 2 (fully_shard, per-parameter "
+                               "DTensor shards: a copy into the gather buffer and out of it per unit, and a copy "
+                               "into the reduce-scatter buffer; simdist.plan.fsdp)")
+    backward_prefetch: Literal["pre", "post"] = Field(
+        default="pre", description="under zero3_fetch: per_layer, when the next unit's parameter all-gather is issued "
+                                   "in backward (PyTorch FSDP backward_prefetch: BACKWARD_PRE / BACKWARD_POST): pre "
+                                   "(before the current unit's gradient computation: it runs beside it; FSDP's default "
+                                   "and FSDP2's only behaviour) or post (after it: the gather is exposed, the "
+                                   "reduce-scatter hides; Composer's default)")
+    kernel_fusion: Literal["fused", "eager"] = Field(
+        default="fused", description="how element-wise work runs: fused (Megatron-Core with Transformer Engine / "
+                                     "Apex: norm, rotary, bias-activation, bias-dropout-add and softmax each one "
+                                     "kernel) or eager (one CUDA kernel per PyTorch op: composite norms, complex "
+                                     "rotary, separate activation and multiply, residual adds, fp32 casts; "
+                                     "simdist.plan.elementwise)")
+    compile: bool = Field(
+        default=False, validation_alias=alias("compile", "torch_compile"),
+        description="torch.compile of each block (torchtitan compile, Composer compile_config): Inductor fuses each "
+                    "chain of element-wise and reduction ops between two GEMM or attention kernels into one kernel "
+                    "(simdist.plan.elementwise); GEMMs and attention unchanged (alias torch_compile)")
+    cuda_graphs: bool = Field(
+        default=False, validation_alias=alias("cuda_graphs", "enable_cuda_graph"),
+        description="the step's kernels replayed from CUDA graphs (Megatron-LM --enable-cuda-graph, torch.compile "
+                    "mode reduce-overhead): no host dispatch or launch per kernel, and the GPU's gap between kernels "
+                    "shrinks to a graph's (simdist.hardware.host) (alias enable_cuda_graph)")
+    optimizer_implementation: Literal["fused", "foreach", "for_loop"] = Field(
+        default="fused", validation_alias=alias("optimizer_implementation", "optimizer_impl"),
+        description="how the Adam step runs: fused (one multi-tensor kernel: Apex / Transformer Engine "
+                    "FusedAdam, DeepSpeed FusedAdam, torch.optim fused=True), foreach (torch.optim's default on GPU "
+                    "tensors: one multi-tensor kernel per arithmetic op, each a pass over the state) or for_loop (one "
+                    "kernel per op per parameter tensor); simdist.plan.optimizer")
+    clip_grad: float = Field(
+        default=1.0, ge=0.0, le=1e6, validation_alias=alias("clip_grad", "gradient_clipping", "max_norm"),
+        description="gradient clipping by the global norm before the optimizer step (Megatron-LM --clip-grad, default "
+                    "1.0; torchtitan max_norm; DeepSpeed gradient_clipping, default 0): any value above 0 adds a norm "
+                    "pass and a scaling pass over the gradients (simdist.plan.optimizer); 0: off")
+    cross_entropy_loss_fusion: bool = Field(
+        default=False, description="the loss as one fused softmax cross-entropy kernel per pass (Megatron-LM "
+                                   "--cross-entropy-loss-fusion, llm-foundry's fused_crossentropy) instead of the "
+                                   "framework's separate fp32 kernels")
+    cp_comm_type: Literal["p2p", "all_gather", "a2a", "a2a+p2p"] = Field(
+        default="p2p", description="how context parallelism moves keys and values (Megatron-LM --cp-comm-type): p2p "
+                                   "(ring attention: cp - 1 exchanges of a KV block, each beside a block's "
+                                   "attention), all_gather (all keys and values gathered before attention, Llama 3), "
+                                   "a2a (Ulysses: all-to-alls of Q, K, V and the output over heads) or a2a+p2p "
+                                   "(a2a inside a node, p2p across); simdist.plan.context_parallel")
+    async_tp: bool = Field(
+        default=False, validation_alias=alias("async_tp", "enable_async_tensor_parallel"),
+        description="torchtitan's asynchronous tensor parallelism (micro-pipelined all-gather-matmul and "
+                    "matmul-reduce-scatter over symmetric memory): each sequence-parallel collective runs in tp "
+                    "pieces beside the GEMM it feeds, which runs as tp smaller GEMMs; needs "
+                    "parallel.sequence_parallel, tp > 1 and compile (alias enable_async_tensor_parallel)")
+    dp_batch_split: list[count(GLOBAL_BATCH)] | None = Field(
+        default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
+    host_overhead: HostOverheadSpec = Field(
+        default=HostOverheadSpec(), description="host costs per kernel launch, per eager op and per pipeline step "
+                                                "(defaults from published measurements)")
+
+    @field_validator("backward_prefetch", mode="before")
+    @classmethod
+    def _fsdp_prefetch_names(cls, value: object) -> object:
+        """PyTorch FSDP's enum names (BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST) for pre and post."""
+        if isinstance(value, str):
+            name = value.rsplit(".", 1)[-1].lower()
+            return {"backward_pre": "pre", "backward_post": "post"}.get(name, value)
+        return value
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _framework_names(cls, value: object) -> object:
+        """Other spellings of the frameworks' names (megatron, llm-foundry, ...)."""
+        return _FRAMEWORK_NAMES.get(str(value).lower(), value) if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_names_of_fields(cls, data: Any) -> Any:
+        # Megatron-LM's --overlap-grad-reduce: the gradient buckets reduce while the backward runs.
+        data = switch(data, "overlap_grad_reduce", "grad_reduce", "overlapped", None)
+        return torchtitan_checkpointing(data)
+
+    @model_validator(mode="after")
+    def _recompute_fields(self) -> TrainingSpec:
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise FieldProblem(("recompute_modules",), "recompute_modules chooses what selective recompute redoes "
+                                                       "(fix: set recompute: selective, or drop recompute_modules)")
+        if (self.recompute_method is None) != (self.recompute_num_layers is None):
+            raise FieldProblem(("recompute_method",), "recompute_method and recompute_num_layers go together (fix: "
+                                                      "give both, e.g. recompute_method: block, recompute_num_layers: "
+                                                      "4, or neither)")
+        if self.recompute_method is not None and self.recompute != "full":
+            raise FieldProblem(("recompute_method",), "recompute_method chooses the layers of full recompute (fix: "
+                                                      "set recompute: full, or drop recompute_method)")
+        return self
+
+
+def torchtitan_checkpointing(data: Any) -> Any:
+    """torchtitan's ``activation_checkpoint: {mode, selective_ac_option}`` (or ``selective_ac_option`` alone, with mode
+    selective) as simdist's
+    recompute fields: mode none / full as themselves; selective with ``op`` is recompute: op; selective with an
+    integer N is full recompute of every N-th layer (torchtitan: "apply full AC to every N-th layer")."""
+    if not isinstance(data, dict):
+        return data
+    nested = data.get("activation_checkpoint")
+    if nested is None and "selective_ac_option" not in data:
+        return data
+    out = {k: v for k, v in data.items() if k not in ("activation_checkpoint", "selective_ac_option")}
+    given = dict(nested) if isinstance(nested, dict) else {}
+    if nested is not None and not isinstance(nested, dict):
+        raise FieldProblem(("activation_checkpoint",), "activation_checkpoint is torchtitan's section: write "
+                                                       "{mode: selective, selective_ac_option: op} (fix: or set "
+                                                       "recompute)")
+    if "selective_ac_option" in data:
+        given["selective_ac_option"] = data["selective_ac_option"]
+    unknown = set(given) - {"mode", "selective_ac_option"}
+    if unknown:
+        raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint: unknown key {sorted(unknown)[0]} (fix: "
+                                                       "use mode and selective_ac_option)")
+    mode = str(given.get("mode", "selective")).lower()
+    option = given.get("selective_ac_option", "2" if mode == "selective" else None)
+    if mode in ("none", "full"):
+        wanted: dict[str, Any] = {"recompute": mode}
+    elif mode == "selective" and str(option).lower() == "op":
+        wanted = {"recompute": "op"}
+    elif mode == "selective" and str(option).isascii() and str(option).isdecimal() and int(str(option)) >= 1:
+        wanted = {"recompute": "full", "recompute_method": "every", "recompute_num_layers": int(str(option))}
+    else:
+        raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint mode {given.get('mode')!r} with "
+                                                       f"selective_ac_option {option!r} is not torchtitan's (fix: mode "
+                                                       "none, full or selective; selective_ac_option op or a layer "
+                                                       "interval such as 2)")
+    for field, value in wanted.items():
+        if field in out and out[field] != value:
+            raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint means {field}: {value}, which "
+                                                           f"contradicts {field}: {out[field]} (fix: drop one of them)")
+        out[field] = value
+    return out
+
+
