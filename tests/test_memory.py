@@ -10,13 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdist.errors import LayoutError, SpecError
-from simdist.plan.memory import (
-    MemoryBreakdown,
-    activation_bytes_per_layer,
-    in_flight_microbatches,
-    model_state_bytes,
-    stage_memory,
-)
+from simdist.plan.activations import activation_bytes_per_layer, in_flight_microbatches
+from simdist.plan.memory import MemoryBreakdown, model_state_bytes, stage_memory
 from simdist.plan.model import Model
 
 GIB = 2**30

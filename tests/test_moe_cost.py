@@ -14,9 +14,10 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, gemm_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.gemm import architecture, quantization
 from simdist.hardware.gpus import GPU_PRESETS
+from simdist.plan.activations import activation_bytes_per_layer
 from simdist.plan.layer_cost import embedding_work, head_work, layer_work, model_flops_per_sequence, mtp_work
 from simdist.plan.layout import step_config_of
-from simdist.plan.memory import activation_bytes_per_layer, stage_memory
+from simdist.plan.memory import stage_memory
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks

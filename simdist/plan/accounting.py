@@ -50,7 +50,7 @@ the categories given (a closed-form step whose pieces follow each other without 
 takes precedence over pipeline work, so a block's seconds are charged as given, whatever overlaps it."""
 
 
-CATEGORY_OF_AXIS = {"dp_cp": "dp"}
+CATEGORY_OF_AXIS = {"dp_cp": "dp", "dps": "dp", "dps_cp": "dp", "dpr": "dp"}
 """Collective axes charged to another axis's category (the module docstring)."""
 
 

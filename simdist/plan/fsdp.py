@@ -40,7 +40,7 @@ from simdist.hardware.compute import kernels_time_s
 from simdist.plan.kernel_work import elementwise
 from simdist.plan.pieces import Builder, CommItem, Piece
 
-__all__ = ["Units", "backward_first_gather", "fsdp_backward", "fsdp_forward", "units_of"]
+__all__ = ["Units", "backward_first_gather", "fsdp_backward", "fsdp_forward", "replica_reduce", "units_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +86,27 @@ def _gathers(b: Builder, shards, share: float, pbpe: int, label: str, deps: tupl
             for axis, n in shards if n * share > 0]
 
 
-def _reduces(b: Builder, shards, share: float, gbpe: int, label: str, deps: tuple[int, ...]) -> list[int]:
-    return [b.add(Piece("dp", "comm", f"{'expert ' if axis == 'edp' else ''}{label}",
-                        comm=CommItem("reduce_scatter", n * share * gbpe, axis), deps=deps))
-            for axis, n in shards if n * share > 0]
+def _reduces(b: Builder, shards, share: float, gbpe: int, label: str, deps: tuple[int, ...], cfg=None) -> list[int]:
+    out = []
+    for axis, n in shards:
+        if n * share > 0:
+            out.append(b.add(Piece("dp", "comm", f"{'expert ' if axis == 'edp' else ''}{label}",
+                                   comm=CommItem("reduce_scatter", n * share * gbpe, axis), deps=deps)))
+            if cfg is not None:
+                out += replica_reduce(b, cfg, axis, n * share * gbpe, (out[-1],))
+    return out
+
+
+def replica_reduce(b: Builder, cfg, axis: str, nbytes: float, deps: tuple[int, ...]) -> list[int]:
+    """Hybrid sharding (HSDP, simdist.plan.mesh's dps / dpr): after a reduce-scatter of ``nbytes`` over a shard group
+    ``axis``, each rank's reduced shard is all-reduced over the shard's replicas (FSDP1 _post_backward_hook's
+    all-reduce over the inter-node group, FSDP2 foreach_reduce's all_reduce, torch/distributed/fsdp).
+    # Assumption: on the dp stream after the reduce-scatter (FSDP2 gives it a stream of its own, beside the next
+    # reduce-scatter: an upper bound where both are busy)."""
+    if axis not in ("dps", "dps_cp") or cfg.mesh.size("dpr") < 2:
+        return []
+    return [b.add(Piece("dp", "comm", "grads shard all_reduce over replicas",
+                        comm=CommItem("all_reduce", nbytes / cfg.mesh.size(axis), "dpr"), deps=deps))]
 
 
 def fsdp_forward(b: Builder, cfg, cost, shards, pbpe: int, start: tuple[int, ...], gap: float, needs_input: bool,
@@ -138,7 +155,7 @@ def fsdp_backward(b: Builder, cfg, cost, shards, pbpe: int, gbpe: int, deps: tup
         c = b.add(Piece("compute", "backward", "", bwd + gap, deps=deps, needs_input=needs_input,
                         model_flops=flops, hardware_flops=flops))
         if reduce:
-            _reduces(b, shards, 1.0, gbpe, "grads reduce_scatter", (c,))
+            _reduces(b, shards, 1.0, gbpe, "grads reduce_scatter", (c,), cfg)
         return [c]
     post = cfg.execution.backward_prefetch == "post"
     others = u.backward_gathered - u.backward_first
@@ -160,6 +177,6 @@ def fsdp_backward(b: Builder, cfg, cost, shards, pbpe: int, gbpe: int, deps: tup
         pieces.append(b.add(Piece("compute", "backward", f"/unit {n}", bwd / n, deps=(pieces[-1], *rest),
                                   model_flops=flops / n, hardware_flops=flops / n)))
     if reduce:
-        _reduces(b, shards, (n - 1) / n, gbpe, f"units 1-{n - 1} grads reduce_scatter", (first,))
-        _reduces(b, shards, 1.0 / n, gbpe, f"unit {n} grads reduce_scatter", (pieces[-1],))
+        _reduces(b, shards, (n - 1) / n, gbpe, f"units 1-{n - 1} grads reduce_scatter", (first,), cfg)
+        _reduces(b, shards, 1.0 / n, gbpe, f"unit {n} grads reduce_scatter", (pieces[-1],), cfg)
     return pieces

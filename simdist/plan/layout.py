@@ -155,7 +155,8 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
 
 def _expert_mesh(spec: ScenarioSpec) -> Mesh:
     p = spec.parallel
-    return Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order), ep=p.ep, etp=p.etp)
+    shard = p.dp_shard if p.dp_shard not in (None, p.dp) else 0
+    return Mesh(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, order=parse_order(p.order), ep=p.ep, etp=p.etp, dp_shard=shard)
 
 
 def check_experts(spec: ScenarioSpec, model: Model) -> None:
@@ -261,6 +262,10 @@ def check_execution(spec: ScenarioSpec) -> None:
     if t.async_tp and t.tp_comm_overlap:
         raise SpecError("async_tp and tp_comm_overlap are two ways of overlapping the same collectives",
                         field="training.async_tp", fix="keep one of them")
+    if p.dp_shard not in (None, p.dp) and p.zero_stage != 3:
+        raise SpecError(f"dp_shard = {p.dp_shard} (hybrid sharding) shards ZeRO-3 / FSDP's parameters inside groups; "
+                        f"zero_stage is {p.zero_stage}", field="parallel.dp_shard",
+                        fix="set parallel.zero_stage: 3, or drop dp_shard")
     if p.zero_stage == 3 and t.zero3_fetch == "per_layer" and spec.schedule == "zb_h1":
         raise SpecError("zero3_fetch per_layer reduce-scatters each unit's gradients in its backward; zb_h1 splits "
                         "the weight gradients out of it", field="training.zero3_fetch",
@@ -307,7 +312,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
-        execution=execution_of(spec, p.pp), dp_shard=p.dp_shard if p.dp_shard not in (None, p.dp) else None,
+        execution=execution_of(spec, p.pp),
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
 

@@ -13,25 +13,25 @@ All sizes are bytes (floats); a stage's numbers are those of one GPU of that sta
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from simdist.errors import LayoutError, SpecError
+from simdist.plan.activations import (
+    ELEMENT_BYTES,
+    PRECISIONS,
+    activation_bytes_per_layer,
+    activation_kind,
+    check_choice,
+    check_positive,
+    dispatcher_buffer_bytes,
+    embedding_activation_bytes,
+)
 from simdist.plan.model import Model
-from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
+from simdist.plan.moe_cost import ExpertParallel
 
 GIB = 2**30
 
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
-
-# Assumption: fp8 training (Transformer Engine) keeps bf16 activations, bf16 weights and fp32 master state;
-# the fp8 copies are transient casts, so fp8 is costed as bf16.
-_ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
-_MASK_BYTES = 1  # Korthikanti sec. 4.1: a dropout mask is one byte per element.
-_LOGITS_BYTES = 4  # Korthikanti sec. 4.3: the cross-entropy keeps the logits in 32-bit floating point.
 
 # Assumption: NCCL communicators and their buffers (NCCL_BUFFSIZE = 4 MiB per channel and peer connection,
 # a few communicators for tp/cp/dp/pp) take about 0.5 GiB per GPU.
@@ -68,151 +68,6 @@ class MemoryBreakdown:
         out["total_bytes"] = self.total_bytes
         out["fits"] = self.fits
         return out
-
-
-def _activation_kind(model: Model, layer: int) -> int:
-    """The first layer whose activations equal layer ``layer``'s (same MLP kind: MoE or dense)."""
-    if model.kind != "decoder":
-        return 0
-    flags = model.moe_layer_flags()
-    return flags.index(flags[layer])
-
-
-def _check_choice(value: str, valid: tuple[str, ...], field: str) -> None:
-    if value not in valid:
-        raise SpecError(f"unknown value '{value}'", field=field, fix=f"use one of: {', '.join(valid)}")
-
-
-def _check_positive(value: float, field: str) -> None:
-    if not value >= 1:
-        raise LayoutError(f"{field.rsplit('.', 1)[-1]} = {value} must be at least 1", field=field,
-                          fix="use a positive integer")
-
-
-def activation_bytes_per_layer(
-    model: Model,
-    *,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = False,
-    micro_batch_size: int = 1,
-    recompute: str = "none",
-    precision: str = "bf16",
-    attention: str = "materialized",
-    layer: int = 0,
-    experts: ExpertParallel | None = None,
-) -> float:
-    """Bytes one layer (``layer``, 0-based: MoE or dense, by Model.moe_layer_flags) keeps for its backward pass, for
-    one micro-batch, on one GPU.
-
-    An MoE layer keeps, in place of the dense MLP's tensors: the router's fp32 scores and routing map (T x experts),
-    each local expert's fc1 input, fc1 output and fc2 input for the busiest rank's rows (simdist.plan.moe_cost:
-    T x topk x etp x min(imbalance, capacity)), the expert outputs its unpermutation weights (T x topk x h, for the
-    probabilities' gradient), and the shared experts' tensors as a dense MLP of their width. Multi-latent attention
-    keeps Q and K (heads x (qk_head_dim + qk_pos_emb_head_dim)), V and the projection input (heads x v_head_dim), and
-    its two latents' norm and up-projection inputs.
-
-    A fused ``attention`` kernel (flash = flash2, flash3, cudnn; Dao et al. 2022, arXiv:2205.14135 sec. 3.1):
-    the a x s x s scores are never stored; the backward recomputes them from Q, K, V and the per-row softmax
-    statistics (fp32, a x s per sequence), so "none" keeps what selective recompute keeps plus those statistics.
-
-    Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.1, eq. (1): sbh(34 + 5as/h) without parallelism;
-    eq. (2) tensor parallel: sbh(10 + 24/t + 5as/(ht)); eq. (4) tensor + sequence parallel: sbh/t (34 + 5as/h);
-    sec. 4.2.2 / Table 2: selective recompute drops the 5as/h term; full recompute keeps 2sbh (2sbh/t with SP).
-    """
-    _check_choice(recompute, RECOMPUTE, "training.recompute")
-    _check_choice(precision, PRECISIONS, "training.precision")
-    _check_positive(tp, "parallel.tp")
-    _check_positive(cp, "parallel.cp")
-    _check_positive(micro_batch_size, "training.micro_batch_size")
-    e = _ELEMENT_BYTES[precision]  # Korthikanti's "2" is the 16-bit element; fp32 scales it to 4.
-    s, b, h = model.seq_length, micro_batch_size, model.hidden_size
-    sbh = s * b * h
-    # Korthikanti sec. 4.2.2: sequence parallelism splits the layer norm/dropout regions over the tp ranks.
-    replicated_div = tp if sequence_parallel else 1
-    # Assumption: context parallelism (Megatron-LM ring attention) splits every sequence-dimension activation
-    # over the cp ranks: each keeps s/cp tokens, and its queries against all s keys (a s^2/cp score block).
-    if recompute == "full":
-        # Korthikanti sec. 4.2.1 / Table 2: only the layer input is checkpointed, 2sbh (/t with SP).
-        return e * sbh / replicated_div / cp
-    if model.kind == "mlp":
-        # The CS336 lecture's MLP (simdist.plan.model): per layer x @ W then GELU. Autograd keeps the matmul
-        # input (b x h, replicated under tp unless SP) and the GELU input (the column-sharded output, b x h/t).
-        # No attention, so selective recompute keeps the same tensors as none.
-        return e * sbh * (1 / replicated_div + 1 / tp) / cp
-    dropout = not model.swiglu
-    # Assumption: Llama-style (SwiGLU) models train without dropout (no dropout modules in Llama; its configs
-    # set attention_dropout = 0), so their dropout masks and dropout outputs are absent.
-    mask = _MASK_BYTES if dropout else 0
-    # Korthikanti sec. 4.1, terms not split by tensor parallelism ("10 sbh" in eq. (2)): the two layer-norm
-    # inputs (2sbh each), the QKV matmul input (2sbh), the MLP first matmul input (2sbh), the two dropout
-    # masks after attention and after the MLP (sbh each).
-    # Assumption: under fp8 training Transformer Engine's linear modules save their input for the weight gradient as
-    # the fp8 copy they cast it to (transformer_engine/pytorch/module/linear.py, layernorm_linear.py: the quantized
-    # input is what ctx saves), 1 byte an element (plus 1 scale per 32 or 128 elements: not counted); norms,
-    # attention and the activation functions keep their 16-bit inputs.
-    lin = 1 if precision == "fp8" else e
-    replicated = (2 * e + 2 * lin + 2 * mask) * sbh
-    # Terms split by tensor parallelism ("24 sbh / t"): attention Q and K (4sbh), V (2sbh), the output
-    # projection input (2sbh); with GQA K and V have width kv = g x head_dim instead of h, and Q and the
-    # projection input width q = a x head_dim (h unless kv_channels differs). When t > g each
-    # rank still holds one whole K/V group (Megatron-LM replicates the groups), hence the max.
-    kv_local = max(model.kv_hidden_size / tp, float(model.head_dim))
-    attention_sharded = s * b * ((e + lin) * model.q_hidden_size / tp + 2 * e * kv_local)
-    if model.multi_latent_attention:
-        a_l = model.num_attention_heads / tp
-        d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
-        latents = model.q_lora_rank + model.kv_lora_rank
-        attention_sharded = e * s * b * (2 * a_l * d_qk + 2 * a_l * d_v) + 2 * e * s * b * latents / replicated_div
-    if model.qk_layernorm and not model.multi_latent_attention:
-        attention_sharded += e * s * b * (model.q_hidden_size / tp + kv_local)  # the QK-norms' inputs
-    # SwiGLU: Megatron-LM's fused swiglu (megatron/core/fusions/fused_bias_swiglu.py) saves its 2f-wide input
-    # (gate and up projections) and recomputes the activation; the down projection keeps its f-wide input:
-    # 3 x e x sbf. GeLU (Korthikanti sec. 4.1): GeLU input 8sbh and second matmul input 8sbh for f = 4h,
-    # i.e. 2 x e x sbf.
-    mlp_bytes = (2 * e if model.swiglu else e) + lin  # activation input(s), 16-bit; the down projection's input
-    moe = model.moe_layer_flags()[layer]
-    mlp_sharded = 0.0 if moe else mlp_bytes * s * b * model.ffn_hidden_size / tp
-    total = replicated / replicated_div + attention_sharded + mlp_sharded
-    if moe:
-        total += mlp_bytes * s * b * model.moe_shared_expert_intermediate_size / tp
-        total += cp * _routed_activation_bytes(model, e, s * b // (cp * replicated_div), experts or ExpertParallel())
-    if recompute == "none" and attention != "materialized":  # every fused kernel: flash, flash2/3, cudnn
-        total += 4 * model.num_attention_heads * s * b / tp  # logsumexp per row, fp32
-    elif recompute == "none":
-        # Korthikanti sec. 4.1: the a x s x s score terms, softmax output (2as^2b), dropout mask (as^2b) and
-        # dropout output (2as^2b) = 5as^2b, split over the tp ranks. Without dropout the softmax output is
-        # itself the input of the matmul with V and is kept once (2as^2b).
-        a = model.num_attention_heads
-        per_score = (2 * e + mask) if dropout else e
-        total += per_score * a * s * s * b / tp
-    return total / cp
-
-
-def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel) -> float:
-    """What an MoE layer's routing and routed experts keep for backward on the busiest rank (activation_bytes_per_layer;
-    token counts as simdist.plan.moe_cost.routed_tokens)."""
-    k, nl = model.moe_router_topk, model.num_experts // experts.ep
-    rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
-    f_l = model.moe_ffn_hidden_size / experts.etp
-    per_row = model.hidden_size + (3 if model.swiglu else 2) * f_l  # fc1 input; fc1 output (SwiGLU: 2f) + fc2 input
-    router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
-    return e * rows * per_row + router + e * tokens * k * experts.kept_share * model.hidden_size
-
-
-def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, experts: ExpertParallel) -> float:
-    """The token dispatcher's transient buffers for one MoE layer at a time (``tokens``: a TP peer's own tokens):
-    alltoall / flex: the permuted send rows and the busiest rank's received rows; allgather: every gathered token and
-    the fp32 buffer its outputs are reduce-scattered from (simdist.plan.moe_cost)."""
-    e = _ELEMENT_BYTES[precision]
-    h, k = model.hidden_size, model.moe_router_topk
-    nl = model.num_experts // experts.ep
-    rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
-    if experts.dispatcher == "allgather":
-        gathered = tokens * experts.etp * experts.ep
-        return (e + 4) * gathered * h + e * rows * h
-    sent_rows = expected_destination_ranks(model.num_experts, k, experts.ep) if experts.dispatcher == "flex" else k
-    return e * h * (tokens * sent_rows * experts.kept_share + rows)
 
 
 @lru_cache(maxsize=65536)
@@ -259,71 +114,6 @@ def layer_tensors(model: Model, layer: int, *, ep: int = 1) -> int:
     return attention + norm + 1 + 2 * per_linear * (model.num_experts // ep) + shared
 
 
-def embedding_activation_bytes(
-    model: Model,
-    *,
-    first_stage: bool,
-    last_stage: bool,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = False,
-    micro_batch_size: int = 1,
-    precision: str = "bf16",
-) -> float:
-    """Activations outside the layers for one micro-batch, Korthikanti et al. 2022 sec. 4.3.
-
-    First stage: the embedding dropout mask, sbh (sbh/t with SP; Korthikanti writes sbhp/t for p micro-batches).
-    Last stage: the final layer-norm input 2sbh, the output-projection input 2sbh (both /t with SP) and the
-    fp32 logits the cross-entropy keeps, 4sbv/t (vocabulary-parallel, always split); together 4sbh/t (1 + v/h).
-    For the lecture MLP, the loss (mean of squares) keeps the final activation on the last stage.
-    """
-    e = _ELEMENT_BYTES[precision]
-    s, b, h = model.seq_length, micro_batch_size, model.hidden_size
-    sbh = s * b * h
-    replicated_div = tp if sequence_parallel else 1
-    total = 0.0
-    if model.kind == "mlp":
-        if last_stage:
-            total += e * sbh / replicated_div  # the squared tensor's input (x ** 2 keeps x)
-        return total / cp
-    if first_stage and not model.swiglu:  # no embedding dropout in Llama-style models (Assumption above)
-        total += _MASK_BYTES * sbh / replicated_div
-    if last_stage:
-        total += 2 * e * sbh / replicated_div + _LOGITS_BYTES * s * b * model.vocab_size / tp
-    return total / cp
-
-
-def in_flight_microbatches(
-    schedule: str, *, num_stages: int, num_microbatches: int, vpp: int = 1, stage: int = 0
-) -> float:
-    """Micro-batches (each worth the whole stage's layers) whose activations a stage holds at its peak.
-
-    - gpipe: all M forward passes run before any backward (Huang et al. 2019, arXiv:1811.06965 sec. 2.2).
-    - 1f1b (PipeDream-Flush, Narayanan et al. 2021 sec. 2.2.1): stage k runs p - k - 1 warm-up forwards, then
-      one more before its first backward: min(p - k, M).
-    - zb_h1: Qi et al. 2023 (arXiv:2401.10241) sec. 3: ZB-H1 keeps 1F1B's peak activation memory: min(p - k, M).
-    - interleaved_1f1b (Narayanan et al. 2021 sec. 2.2.2): each stage holds v chunks of L/(pv) layers. Megatron-LM
-      (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving) runs
-      2(p - k - 1) + (v - 1)p warm-up chunk forwards and one more before the first backward, capped by the M v
-      chunk micro-batches: min(vp + p - 2k - 1, M v) chunk-micro-batches, each 1/v of a stage micro-batch.
-      Stage 0: p + (p - 1)/v = p (1 + (p - 1)/(p v)), Korthikanti et al. 2022 sec. 4.2.3's factor over L layers.
-      (Megatron runs every micro-batch as warm-up when M = p; the count then is p on every stage; not modelled.)
-    """
-    _check_choice(schedule, SCHEDULES, "schedule")
-    _check_positive(num_stages, "parallel.pp")
-    _check_positive(num_microbatches, "training.global_batch_size")
-    _check_positive(vpp, "parallel.vpp")
-    if not 0 <= stage < num_stages:
-        raise LayoutError(f"stage {stage} is outside 0..{num_stages - 1}", field="parallel.pp",
-                          fix=f"pass a stage index below {num_stages}")
-    p, m, v = num_stages, num_microbatches, vpp
-    if schedule == "gpipe":
-        return float(m)
-    if schedule in ("1f1b", "zb_h1") or v == 1:
-        return float(min(p - stage, m))
-    return min(v * p + p - 2 * stage - 1, m * v) / v
-
-
 def model_state_bytes(
     num_params: float, *, dp: int = 1, zero_stage: int = 0, precision: str = "bf16",
     grad_reduce_in_fp32: bool | None = None,
@@ -343,12 +133,12 @@ def model_state_bytes(
     Megatron-Bridge ddp.grad_reduce_in_fp32) overrides that default for 16-bit training. The data-parallel
     reduction moves the same gradient bytes (simdist.plan.step_config.grad_bytes_per_element).
     """
-    _check_choice(precision, PRECISIONS, "training.precision")
-    _check_positive(dp, "parallel.dp")
+    check_choice(precision, PRECISIONS, "training.precision")
+    check_positive(dp, "parallel.dp")
     if zero_stage not in (0, 1, 2, 3):
         raise SpecError(f"zero_stage = {zero_stage} is not a ZeRO stage", field="parallel.zero_stage",
                         fix="use 0, 1, 2 or 3")
-    wide = _ELEMENT_BYTES[precision] == 4
+    wide = ELEMENT_BYTES[precision] == 4
     from simdist.plan.step_config import grad_bytes_per_element
 
     param_b, grad_b, optim_b = (4.0, 4.0, 8.0) if wide else (
@@ -431,8 +221,19 @@ def stage_memory(
     layers: tuple[int, ...] | None = None,
     experts: ExpertParallel | None = None,
     grad_reduce_in_fp32: bool | None = None,
+    modules: tuple[str, ...] = ("core_attn",),
+    style: str = "fused",
+    full_share: float = 1.0,
+    unsharded: str = "",
+    shard_group: int | None = None,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
+
+    ``modules``: what selective recompute redoes; ``style``: the element-wise kernels' style (activations.py);
+    ``full_share``: under recompute full, the share of the layers recomputed (recompute_method block / every), the
+    others keeping everything; ``unsharded``: ZeRO-3 kept gathered (``params``: FSDP reshard_after_forward false;
+    ``params_grads``: also the gradients accumulated unsharded until one reduce-scatter per step, FSDP under PyTorch
+    pipelining); ``shard_group``: the data-parallel ranks ZeRO shards over (hybrid sharding; None: dp).
 
     ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
     layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
@@ -441,8 +242,8 @@ def stage_memory(
     ``in_flight_microbatches`` is in units of one micro-batch through all of them (see the function of
     that name), so the chunk-level count c of the interleaved schedule enters as c / vpp.
     """
-    _check_positive(pp, "parallel.pp")
-    _check_positive(vpp, "parallel.vpp")
+    check_positive(pp, "parallel.pp")
+    check_positive(vpp, "parallel.vpp")
     if layers_on_stage < 0:
         raise LayoutError(f"layers_on_stage = {layers_on_stage} is negative", field="model.num_layers",
                           fix="give each stage zero or more layers")
@@ -456,17 +257,24 @@ def stage_memory(
         layers = (0,) * layers_on_stage
     kinds: dict[int, int] = {}
     for i in layers:
-        key = _activation_kind(model, i)
+        key = activation_kind(model, i)
         kinds[key] = kinds.get(key, 0) + 1
-    layer_bytes = sum(n * activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=i,
-                                                     experts=experts, **kw) for i, n in kinds.items())
+    def per_layer(i: int) -> float:
+        own = activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=i, experts=experts,
+                                         modules=modules, style=style, **kw)
+        if recompute == "full" and full_share < 1.0:
+            rest = activation_bytes_per_layer(model, recompute="none", attention=attention, layer=i, experts=experts,
+                                              style=style, **kw)
+            return full_share * own + (1.0 - full_share) * rest
+        return own
+
+    layer_bytes = sum(n * per_layer(i) for i, n in kinds.items())
     outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage, **kw)
     mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
     if mtp:
         # each MTP module: a layer like the last one, its own logits (embedding_activation_bytes' last-stage terms)
         last = model.num_layers - 1
-        layer_bytes += mtp * activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=last,
-                                                        experts=experts, **kw)
+        layer_bytes += mtp * per_layer(last)
         outside += mtp * embedding_activation_bytes(model, first_stage=False, last_stage=True, **kw)
     # Assumption: the embedding and output-layer activations are held for as many micro-batches as the stage's
     # layers (Korthikanti sec. 4.3 multiplies the embedding dropout by p on the first 1F1B stage).
@@ -480,8 +288,17 @@ def stage_memory(
     # keeps the expert parameters in buffers of their own over that group).
     n, n_experts = _stage_param_split(model, layers_on_stage=len(layers), first_stage=first_stage,
                                       last_stage=last_stage, tp=tp, layers=layers, ep=experts.ep, etp=experts.etp)
-    params, grads, optim = model_state_bytes(n, dp=dp * cp, zero_stage=zero_stage, precision=precision,
+    shards = (shard_group or dp) * cp
+    params, grads, optim = model_state_bytes(n, dp=shards, zero_stage=zero_stage, precision=precision,
                                              grad_reduce_in_fp32=grad_reduce_in_fp32)
+    if zero_stage == 3 and unsharded:
+        # FSDP keeping the gathered 16-bit parameters through the step (and the gradients until the step's one
+        # reduce-scatter), beside the sharded ones: ZeRO-2's (ZeRO-1's) memory plus the shards
+        full_p, full_g, _ = model_state_bytes(n, dp=shards, zero_stage=1 if unsharded == "params_grads" else 2,
+                                              precision=precision, grad_reduce_in_fp32=grad_reduce_in_fp32)
+        params += full_p
+        if unsharded == "params_grads":
+            grads = full_g
     if n_experts:
         ranks = tp * cp * dp
         if ranks % (experts.ep * experts.etp):
@@ -492,7 +309,7 @@ def stage_memory(
                                           grad_reduce_in_fp32=grad_reduce_in_fp32)
         params, grads, optim = params + p_e, grads + g_e, optim + o_e
 
-    e = _ELEMENT_BYTES[precision]
+    e = ELEMENT_BYTES[precision]
     sbh = model.seq_length * micro_batch_size * model.hidden_size
     split = tp if sequence_parallel else 1
     other = NCCL_BUFFERS_BYTES + FRAMEWORK_RESERVE_BYTES + ACTIVATION_FRAGMENTATION * activations

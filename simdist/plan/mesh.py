@@ -44,8 +44,13 @@ DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp")
 """The expert generator's axes: expert tensor parallel, expert parallel, expert data parallel (module docstring)."""
 _EXPERT_NAME = {"tp": "etp", "ep": "ep", "dp": "edp", "pp": "pp"}
-COMBINED_AXES = {"dp_cp": ("cp", "dp")}
-"""Groups over several dense axes (module docstring): the data-parallel group with context parallelism."""
+COMBINED_AXES = {"dp_cp": ("cp", "dp"), "dps_cp": ("cp", "dps")}
+"""Groups over several dense axes (module docstring): the data-parallel group with context parallelism, and a hybrid
+sharding's shard group with it."""
+DP_SUB_AXES = ("dps", "dpr")
+"""Hybrid sharding (HSDP, `Mesh.dp_shard`): dp split into its shard groups (``dps``: dp_shard consecutive data-parallel
+ranks, innermost) and their replicas (``dpr``: dp / dp_shard of them, a stride of dp_shard data-parallel ranks apart),
+as torchtitan's ("dp_replicate", "dp_shard") mesh and FSDP's HYBRID_SHARD (shard inside, replicate across)."""
 
 
 def component_axes(axis: str) -> tuple[str, ...]:
@@ -78,8 +83,14 @@ class Mesh:
     ep: int = 1
     etp: int | None = None
     """Expert tensor parallelism; None: tp (Megatron-Core's default)."""
+    dp_shard: int = 0
+    """Hybrid sharding's shard group size along dp (`DP_SUB_AXES`); 0: no hybrid sharding (dps = dp, dpr = 1)."""
 
     def size(self, axis: str) -> int:
+        if axis == "dps":
+            return self.dp_shard or self.dp
+        if axis == "dpr":
+            return self.dp // (self.dp_shard or self.dp)
         if axis == "etp":
             return self.tp if self.etp is None else self.etp
         if axis == "edp":
@@ -110,6 +121,13 @@ class Mesh:
             return self.expert_order
         return self.order if len(self.order) == len(AXES) else self.dense_order
 
+    def _group_order(self, axes: tuple[str, ...]) -> tuple[str, ...]:
+        """The order a group over ``axes`` is laid along: the dense order, dp read as its hybrid-sharding sub-axis where
+        the group names one (dps, dpr)."""
+        sub = next((a for a in axes if a in DP_SUB_AXES), None)
+        order = self._axes_of(axes[0])
+        return tuple(sub if a == "dp" and sub else a for a in order)
+
     def stride(self, axis: str) -> int:
         """Rank distance between neighbours along ``axis`` (product of the inner axes' sizes); the expert axes
         (etp, ep, edp) in the expert generator (module docstring); a combined axis (dp_cp) where its group is one
@@ -120,6 +138,10 @@ class Mesh:
                 raise ValueError(f"the {axis} group of order {'-'.join(self.order)} is not evenly spaced: "
                                  "use Mesh.offsets")
             return levels[0][1] if levels else self.stride(COMBINED_AXES[axis][0])
+        if axis == "dps":
+            return self.stride("dp")
+        if axis == "dpr":
+            return self.stride("dp") * self.size("dps")
         s = 1
         for a in self._axes_of(axis):
             if a == axis:
@@ -134,7 +156,7 @@ class Mesh:
         neighbours merged where the outer one's stride continues the inner one's span (cp x dp adjacent: one)."""
         axes = component_axes(axis)
         out: list[tuple[int, int]] = []
-        for a in self._axes_of(axes[0]):
+        for a in self._group_order(axes):
             if a not in axes or self.size(a) == 1:
                 continue
             size, stride = self.size(a), self.stride(a)
@@ -202,14 +224,20 @@ class Mesh:
             rest, out[a] = divmod(rest, self.size(a))
         return out
 
+    def _group_coords(self, rank: int) -> dict[str, int]:
+        """`coords` with dp's hybrid-sharding sub-axes (dps, dpr) too."""
+        out = self.coords(rank)
+        out["dpr"], out["dps"] = divmod(out["dp"], self.size("dps"))
+        return out
+
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
         """The ranks of ``rank``'s group along ``axis``, in peer order (coordinate 0 first); ep, etp and edp
         from the expert generator; dp_cp over the cp and dp coordinates (peer order: `offsets`)."""
         if axis in COMBINED_AXES:
-            c = self.coords(rank)
+            c = self._group_coords(rank)
             base = rank - sum(c[a] * self.stride(a) for a in COMBINED_AXES[axis])
             return tuple(base + o for o in self.offsets(axis))
-        c = self.expert_coords(rank) if axis in EXPERT_AXES else self.coords(rank)
+        c = self.expert_coords(rank) if axis in EXPERT_AXES else self._group_coords(rank)
         base = rank - c[axis] * self.stride(axis)
         return tuple(base + i * self.stride(axis) for i in range(self.size(axis)))
 

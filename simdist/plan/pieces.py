@@ -74,7 +74,7 @@ class StageTail:
     pieces: tuple[Piece, ...]
 
 
-STREAM_OF_AXIS = {"etp": "tp", "edp": "dp", "dp_cp": "dp"}
+STREAM_OF_AXIS = {"etp": "tp", "edp": "dp", "dp_cp": "dp", "dps": "dp", "dps_cp": "dp", "dpr": "dp"}
 """The stream a collective of an axis without a stream of its own runs on (ep has its own: the token all_to_alls,
 which Megatron-Core's 1F1B A2A overlap runs beside the compute).
 # Assumption: the expert-TP collectives are model-parallel communication in the layer's critical path, run on the

@@ -46,7 +46,7 @@ import math
 
 from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.tp_overlap import exposed_share
-from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward
+from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward, replica_reduce
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.optimizer import optimizer_step_kernels
 from simdist.plan.pieces import (
@@ -65,7 +65,7 @@ from simdist.plan.step_config import ChunkCost, StepConfig, grad_bytes_per_eleme
 __all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "data_parallel_groups", "dense_data_parallel_axis",
            "edge_recipe", "is_edge", "p2p_bytes", "send", "step_recipe", "tail"]
 
-GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp_cp")
+GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp_cp", "dps", "dpr", "dps_cp")
 """The axes a recipe's collectives run along (simdist.plan.mesh: the dense and the expert generators' groups, and
 the data-parallel group with context parallelism)."""
 
@@ -79,6 +79,9 @@ def dense_data_parallel_axis(cfg: StepConfig) -> str:
     over it too, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py, so ZeRO-2/3 here as well). Named ``dp_cp``
     where cp > 1 and ``dp`` where cp = 1 (the same ranks): either way its collectives run on the dp stream and are
     charged to the breakdown's dp (simdist.plan.accounting)."""
+    if cfg.mesh.dp_shard:
+        # hybrid sharding: the shards live over a shard group (with cp), replicated across (simdist.plan.mesh)
+        return "dps_cp" if cfg.mesh.cp > 1 else "dps"
     return "dp_cp" if cfg.mesh.cp > 1 else "dp"
 
 
@@ -449,8 +452,9 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             chain.append(b.add(_per_parameter(cfg, cost, "reduce_scatter", n * gbpe, (chain[-1],),
                                               "grads reduce_scatter", axis)))  # blocking: the next step waits
         else:
-            b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter"),
-                        comm=CommItem("reduce_scatter", n * gbpe, axis), deps=(last_compute,)))
+            rs = b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter"),
+                             comm=CommItem("reduce_scatter", n * gbpe, axis), deps=(last_compute,)))
+            replica_reduce(b, cfg, axis, n * gbpe, (rs,))
     return Recipe(tuple(b.pieces), chain[-1])
 
 
@@ -559,9 +563,10 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
         for c, cost in enumerate(chunk_costs):
             for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):
                 total = params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
-                b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter") + (f" chunk {c}" if len(chunk_costs)
-                                                                                    > 1 else ""),
-                            comm=CommItem("reduce_scatter", total, axis), deps=(LAST_BACKWARDS,), per_step=True))
+                rs = b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter") + (f" chunk {c}" if len(
+                    chunk_costs) > 1 else ""), comm=CommItem("reduce_scatter", total, axis), deps=(LAST_BACKWARDS,),
+                    per_step=True))
+                replica_reduce(b, cfg, axis, total, (rs,))
     if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2:
         for c, cost in enumerate(chunk_costs):
             for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):

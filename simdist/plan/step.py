@@ -22,8 +22,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from simdist.plan.activations import in_flight_microbatches
 from simdist.plan.layer_cost import Kernel
-from simdist.plan.memory import MemoryBreakdown, in_flight_microbatches, stage_memory
+from simdist.plan.memory import MemoryBreakdown, stage_memory
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
 from simdist.plan.pipeline import build_pipeline
 from simdist.plan.recipe import (
@@ -37,6 +38,7 @@ from simdist.plan.recipe import (
     send,
     tail,
 )
+from simdist.plan.recompute import full_layers
 from simdist.plan.schedule import Step, schedule_order
 from simdist.plan.step_config import (
     ChunkCost,
@@ -335,7 +337,7 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
 
 
 def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
-    mesh, K = cfg.mesh, cfg.mesh.pp
+    mesh, K, ex = cfg.mesh, cfg.mesh.pp, cfg.execution
     replicas = range(mesh.dp) if cfg.dp_batch_split is not None else (0,)
     most = max(cfg.microbatches(d) for d in replicas)
     return stage_memory(
@@ -346,7 +348,21 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most, vpp=cfg.vpp,
                                                       stage=s),
         capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, layers=cfg.stage_layers(s),
-        experts=cfg.expert_parallel, grad_reduce_in_fp32=cfg.grad_reduce_in_fp32)
+        experts=cfg.expert_parallel, grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
+        modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
+        unsharded="" if ex.reshard_after_forward else "params_grads" if ex.grad_sync == "step" else "params",
+        shard_group=cfg.mesh.dp_shard or None)
+
+
+def _full_share(cfg: StepConfig, stage: int) -> float:
+    """Under recompute full, the share of ``stage``'s layers recomputed (simdist.plan.recompute.full_layers, per
+    model chunk)."""
+    ex = cfg.execution
+    if cfg.recompute != "full" or ex.recompute_method in (None, "uniform"):
+        return 1.0
+    chunks = cfg.stage_chunks(stage)
+    total = sum(chunks)
+    return sum(full_layers(ex.recompute_method, ex.recompute_num_layers, n) for n in chunks) / total if total else 1.0
 
 
 def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:
@@ -357,7 +373,7 @@ def step_memory(cfg: StepConfig) -> list[MemoryBreakdown]:
 def peak_memory_bytes(cfg: StepConfig) -> float:
     """The largest `step_memory` total over the stages, computing only the stages that can hold it: the first and
     the last, and for each other layer count the earliest stage with it (a schedule's in-flight micro-batches
-    never grow with the stage index, simdist.plan.memory.in_flight_microbatches)."""
+    never grow with the stage index, simdist.plan.activations.in_flight_microbatches)."""
     K = cfg.mesh.pp
     wanted = {0, K - 1}
     seen: set[int] = set()

@@ -96,8 +96,6 @@ class StepConfig:
     execution: Execution = MEGATRON
     """How the framework runs the work (simdist.plan.execution): kernel style, CUDA graphs, optimizer, FSDP,
     recompute policy, context-parallel communication, async TP."""
-    dp_shard: int | None = None
-    """Hybrid sharding: ZeRO / FSDP shards over groups of dp_shard data-parallel ranks, replicated across (None: dp)."""
 
     def __post_init__(self) -> None:
         parts = self.layers_per_part
@@ -326,12 +324,19 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                   (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, **kw), mtp)]
 
     host = cfg.host_overhead
+    eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
+    if ex.cuda_graphs:
+        # Kernels replayed from CUDA graphs: no host launch per kernel, and the graph's smaller gap between kernels
+        # (simdist.hardware.compute.ComputeEfficiency.graph_launch_overhead_s).
+        eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
 
     def total(kernels_of) -> float:
         # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
-        # (simdist.hardware.host: one eager op per modelled kernel).
+        # (simdist.hardware.host: one eager op per modelled kernel); under CUDA graphs the GPU's time alone.
         # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
-        return sum(host.kernels_time_s(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, cfg.compute_efficiency),
+        if ex.cuda_graphs:
+            return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, eff) * n for w, n in parts)
+        return sum(host.kernels_time_s(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, eff),
                                        len(kernels_of(w))) * n for w, n in parts)
 
     def comm(phase: str, overlappable: bool | None, ring: bool = False) -> tuple:
@@ -348,7 +353,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         if cfg.mesh.cp < 2 or ex.cp_comm_type != "p2p":
             return 0.0
         share = (cfg.mesh.cp - 1) / cfg.mesh.cp
-        return share * sum(kernel_time_s(cfg.gpu, k, cfg.precision, cfg.compute_efficiency) * n
+        return share * sum(kernel_time_s(cfg.gpu, k, cfg.precision, eff) * n
                            for w, n in parts for k in kernels_of(w) if k.kind == "attention")
 
     # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted; a
@@ -387,7 +392,6 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         # (torch/_inductor/fx_passes/micro_pipeline_tp.py: fused_all_gather_matmul / fused_matmul_reduce_scatter, one
         # matmul per shard), forward and backward; the copies run on the copy engines (symmetric memory), not the
         # SMs. Charged: the smaller GEMMs' lost efficiency (size and wave quantization: simdist.hardware.gemm).
-        eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
         split = cfg.mesh.tp
         for w, n in parts:
             for k in (*w.forward, *w.backward):
@@ -403,7 +407,6 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                         tax += extra
     if cfg.tp_comm_overlap and cfg.mesh.tp > 1:
         # the forward GEMMs whose reduce-scatter runs beside them lose the SMs its kernels take (tp_overlap)
-        eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
         for w, n in parts:
             for k in w.forward:
                 f = gemm_slowdown(cfg.gpu, cfg.precision, k.name) if k.kind == "gemm" else 1.0

@@ -45,7 +45,7 @@ from simdist.engine.executor import wire_predecessor
 from simdist.engine.sharing import unique_inverse
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
-from simdist.plan.mesh import EXPERT_AXES, Mesh, component_axes
+from simdist.plan.mesh import DP_SUB_AXES, EXPERT_AXES, Mesh, component_axes
 from simdist.plan.opgraph import Comm, Job, OpGraph
 
 _SYMMETRY_REL = 1e-9
@@ -474,6 +474,11 @@ def translate_axes(axis: str, reduced_axes: tuple[str, ...]) -> tuple[str, ...]:
     if axis in EXPERT_AXES:
         return tuple(a for a in EXPERT_AXES if a != axis) if reduced_axes else ()
     own = component_axes(axis)
+    if any(a in DP_SUB_AXES for a in own):
+        # a hybrid-sharding group's translates along dp are along its complement: the other shard groups (dpr) of a
+        # shard group (dps), the other replica groups (dps) of a replica group
+        other = "dpr" if "dps" in own else "dps"
+        reduced_axes = tuple(other if a == "dp" else a for a in reduced_axes)
     return tuple(a for a in reduced_axes if a not in own)
 
 

@@ -304,8 +304,8 @@ class ParallelSpec(Spec):
         # Megatron-LM's --use-distributed-optimizer is ZeRO-1 (optimizer state sharded over data parallelism).
         data = switch(data, "use_distributed_optimizer", "zero_stage", 1, None)
         data = choice(data, "data_parallel_sharding_strategy", MEGATRON_FSDP_STRATEGIES, "Megatron-FSDP")
-        data = choice(data, "sharding_strategy", FSDP_STRATEGIES, "PyTorch FSDP")
-        return _hsdp_degrees(data)
+        data = _hsdp_degrees(data)
+        return choice(data, "sharding_strategy", FSDP_STRATEGIES, "PyTorch FSDP")
 
     @model_validator(mode="after")
     def _shard_group(self) -> ParallelSpec:

@@ -1,0 +1,299 @@
+"""Activation memory: what one layer keeps for its backward pass under each recompute policy, what the embedding and
+the loss keep, and how many micro-batches a pipeline stage holds at its peak (simdist.plan.memory adds model state).
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+(arXiv:2205.05198), sec. 4 and Table 2, generalised term by term (grouped-query attention, SwiGLU, fp32); the
+recompute policies (simdist.plan.recompute) keep what their framework's checkpointing keeps; eager PyTorch modules keep
+the intermediates autograd saves (`eager_saved_bytes`). How many micro-batches a stage holds follows the pipeline
+schedules (Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2; Qi et al. 2023, arXiv:2401.10241).
+"""
+
+from __future__ import annotations
+
+import math
+
+from simdist.errors import LayoutError, SpecError
+from simdist.plan.model import Model
+from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
+
+RECOMPUTE = ("none", "selective", "full", "op")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+
+# Assumption: fp8 training (Transformer Engine) keeps bf16 activations, bf16 weights and fp32 master state;
+# the fp8 copies are transient casts, so fp8 is costed as bf16.
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+MASK_BYTES = 1  # Korthikanti sec. 4.1: a dropout mask is one byte per element.
+LOGITS_BYTES = 4  # Korthikanti sec. 4.3: the cross-entropy keeps the logits in 32-bit floating point.
+
+
+def check_choice(value: str, valid: tuple[str, ...], field: str) -> None:
+    if value not in valid:
+        raise SpecError(f"unknown value '{value}'", field=field, fix=f"use one of: {', '.join(valid)}")
+
+
+def check_positive(value: float, field: str) -> None:
+    if not value >= 1:
+        raise LayoutError(f"{field.rsplit('.', 1)[-1]} = {value} must be at least 1", field=field,
+                          fix="use a positive integer")
+
+
+def activation_kind(model: Model, layer: int) -> int:
+    """The first layer whose activations equal layer ``layer``'s (same MLP kind: MoE or dense)."""
+    if model.kind != "decoder":
+        return 0
+    flags = model.moe_layer_flags()
+    return flags.index(flags[layer])
+
+
+def activation_bytes_per_layer(
+    model: Model,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    micro_batch_size: int = 1,
+    recompute: str = "none",
+    precision: str = "bf16",
+    attention: str = "materialized",
+    layer: int = 0,
+    experts: ExpertParallel | None = None,
+    modules: tuple[str, ...] = ("core_attn",),
+    style: str = "fused",
+) -> float:
+    """Bytes one layer (``layer``, 0-based: MoE or dense, by Model.moe_layer_flags) keeps for its backward pass, for
+    one micro-batch, on one GPU.
+
+    ``recompute``: none; selective, whose ``modules`` (Megatron-Core recompute_modules: simdist.plan.recompute) are
+    not kept: core_attn the score terms (Korthikanti's selective), layernorm the two norms' outputs (the QKV and first
+    MLP matmuls' inputs), mlp the dense MLP's tensors after its input, moe the MoE MLP's, moe_act the experts'
+    activation outputs, shared_experts the shared experts', mla_up_proj MLA's Q, K, V; full, the layer's input only;
+    op (torchtitan's op-level policy): the block's input and the outputs of the matmuls it keeps (wq, wv, w1 and w2 of
+    a Llama block: every second matmul is recomputed), of the attention (and its log-sum-exp) and of the
+    reduce-scatters. ``style`` eager: autograd also keeps the fp32 intermediates of the eager modules
+    (`eager_saved_bytes`).
+
+    An MoE layer keeps, in place of the dense MLP's tensors: the router's fp32 scores and routing map (T x experts),
+    each local expert's fc1 input, fc1 output and fc2 input for the busiest rank's rows (simdist.plan.moe_cost:
+    T x topk x etp x min(imbalance, capacity)), the expert outputs its unpermutation weights (T x topk x h, for the
+    probabilities' gradient), and the shared experts' tensors as a dense MLP of their width. Multi-latent attention
+    keeps Q and K (heads x (qk_head_dim + qk_pos_emb_head_dim)), V and the projection input (heads x v_head_dim), and
+    its two latents' norm and up-projection inputs.
+
+    A fused ``attention`` kernel (flash = flash2, flash3, cudnn; Dao et al. 2022, arXiv:2205.14135 sec. 3.1):
+    the a x s x s scores are never stored; the backward recomputes them from Q, K, V and the per-row softmax
+    statistics (fp32, a x s per sequence), so "none" keeps what selective recompute keeps plus those statistics.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.1, eq. (1): sbh(34 + 5as/h) without parallelism;
+    eq. (2) tensor parallel: sbh(10 + 24/t + 5as/(ht)); eq. (4) tensor + sequence parallel: sbh/t (34 + 5as/h);
+    sec. 4.2.2 / Table 2: selective recompute drops the 5as/h term; full recompute keeps 2sbh (2sbh/t with SP).
+    """
+    check_choice(recompute, RECOMPUTE, "training.recompute")
+    check_choice(precision, PRECISIONS, "training.precision")
+    check_positive(tp, "parallel.tp")
+    check_positive(cp, "parallel.cp")
+    check_positive(micro_batch_size, "training.micro_batch_size")
+    e = ELEMENT_BYTES[precision]  # Korthikanti's "2" is the 16-bit element; fp32 scales it to 4.
+    s, b, h = model.seq_length, micro_batch_size, model.hidden_size
+    sbh = s * b * h
+    # Korthikanti sec. 4.2.2: sequence parallelism splits the layer norm/dropout regions over the tp ranks.
+    replicated_div = tp if sequence_parallel else 1
+    # Assumption: context parallelism (Megatron-LM ring attention) splits every sequence-dimension activation
+    # over the cp ranks: each keeps s/cp tokens, and its queries against all s keys (a s^2/cp score block).
+    if recompute == "full":
+        # Korthikanti sec. 4.2.1 / Table 2: only the layer input is checkpointed, 2sbh (/t with SP).
+        return e * sbh / replicated_div / cp
+    if recompute == "op" and model.kind == "decoder" and not model.moe_layer_flags()[layer]:
+        return _op_policy_bytes(model, e, s * b, tp, replicated_div, sequence_parallel) / cp
+    if model.kind == "mlp":
+        # The CS336 lecture's MLP (simdist.plan.model): per layer x @ W then GELU. Autograd keeps the matmul
+        # input (b x h, replicated under tp unless SP) and the GELU input (the column-sharded output, b x h/t).
+        # No attention, so selective recompute keeps the same tensors as none.
+        return e * sbh * (1 / replicated_div + 1 / tp) / cp
+    dropout = not model.swiglu
+    # Assumption: Llama-style (SwiGLU) models train without dropout (no dropout modules in Llama; its configs
+    # set attention_dropout = 0), so their dropout masks and dropout outputs are absent.
+    mask = MASK_BYTES if dropout else 0
+    # Korthikanti sec. 4.1, terms not split by tensor parallelism ("10 sbh" in eq. (2)): the two layer-norm
+    # inputs (2sbh each), the QKV matmul input (2sbh), the MLP first matmul input (2sbh), the two dropout
+    # masks after attention and after the MLP (sbh each).
+    # Assumption: under fp8 training Transformer Engine's linear modules save their input for the weight gradient as
+    # the fp8 copy they cast it to (transformer_engine/pytorch/module/linear.py, layernorm_linear.py: the quantized
+    # input is what ctx saves), 1 byte an element (plus 1 scale per 32 or 128 elements: not counted); norms,
+    # attention and the activation functions keep their 16-bit inputs.
+    lin = 1 if precision == "fp8" else e
+    replicated = (2 * e + 2 * lin + 2 * mask) * sbh
+    # Terms split by tensor parallelism ("24 sbh / t"): attention Q and K (4sbh), V (2sbh), the output
+    # projection input (2sbh); with GQA K and V have width kv = g x head_dim instead of h, and Q and the
+    # projection input width q = a x head_dim (h unless kv_channels differs). When t > g each
+    # rank still holds one whole K/V group (Megatron-LM replicates the groups), hence the max.
+    kv_local = max(model.kv_hidden_size / tp, float(model.head_dim))
+    attention_sharded = s * b * ((e + lin) * model.q_hidden_size / tp + 2 * e * kv_local)
+    if model.multi_latent_attention:
+        a_l = model.num_attention_heads / tp
+        d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+        latents = model.q_lora_rank + model.kv_lora_rank
+        attention_sharded = e * s * b * (2 * a_l * d_qk + 2 * a_l * d_v) + 2 * e * s * b * latents / replicated_div
+    if model.qk_layernorm and not model.multi_latent_attention:
+        attention_sharded += e * s * b * (model.q_hidden_size / tp + kv_local)  # the QK-norms' inputs
+    # SwiGLU: Megatron-LM's fused swiglu (megatron/core/fusions/fused_bias_swiglu.py) saves its 2f-wide input
+    # (gate and up projections) and recomputes the activation; the down projection keeps its f-wide input:
+    # 3 x e x sbf. GeLU (Korthikanti sec. 4.1): GeLU input 8sbh and second matmul input 8sbh for f = 4h,
+    # i.e. 2 x e x sbf.
+    mlp_bytes = (2 * e if model.swiglu else e) + lin  # activation input(s), 16-bit; the down projection's input
+    moe = model.moe_layer_flags()[layer]
+    dropped = set(modules) if recompute == "selective" else set()
+    if "moe" in dropped:
+        dropped |= {"moe_act", "shared_experts"}
+    if "layernorm" in dropped:
+        # the norms' outputs, the QKV and first MLP matmuls' inputs, are regenerated in backward
+        replicated -= 2 * lin * sbh
+    if "mla_up_proj" in dropped and model.multi_latent_attention:
+        a_l = model.num_attention_heads / tp
+        attention_sharded -= e * s * b * (2 * a_l * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+                                          + 2 * a_l * model.v_head_dim)
+    mlp_sharded = 0.0 if moe or "mlp" in dropped else mlp_bytes * s * b * model.ffn_hidden_size / tp
+    total = replicated / replicated_div + attention_sharded + mlp_sharded
+    if moe:
+        if "shared_experts" not in dropped:
+            total += mlp_bytes * s * b * model.moe_shared_expert_intermediate_size / tp
+        if "moe" not in dropped:
+            tokens = s * b // (cp * replicated_div)
+            total += cp * _routed_activation_bytes(model, e, tokens, experts or ExpertParallel(),
+                                                   act="moe_act" not in dropped)
+    if style == "eager" and recompute == "none" and model.kind == "decoder":
+        total += eager_saved_bytes(model, e, s * b, tp, replicated_div)
+    core_kept = recompute == "none" or (recompute == "selective" and "core_attn" not in dropped)
+    if core_kept and attention != "materialized":  # every fused kernel: flash, flash2/3, cudnn, sdpa
+        total += 4 * model.num_attention_heads * s * b / tp  # logsumexp per row, fp32
+    elif core_kept:
+        # Korthikanti sec. 4.1: the a x s x s score terms, softmax output (2as^2b), dropout mask (as^2b) and
+        # dropout output (2as^2b) = 5as^2b, split over the tp ranks. Without dropout the softmax output is
+        # itself the input of the matmul with V and is kept once (2as^2b).
+        a = model.num_attention_heads
+        per_score = (2 * e + mask) if dropout else e
+        total += per_score * a * s * s * b / tp
+    return total / cp
+
+
+def _op_policy_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div: int, sp: bool) -> float:
+    """What torchtitan's op-level selective checkpointing keeps of a dense decoder layer (module docstring of
+    simdist.plan.recompute): the block's input, the kept matmuls' outputs (wq, wv, w1, w2 of a SwiGLU block; wq, wv,
+    fc1 of a GELU one, fc2 being the 6th), the attention's output and fp32 log-sum-exp, the reduce-scatters' outputs."""
+    q_l = model.q_hidden_size / tp
+    kv_l = max(model.kv_hidden_size / tp, float(model.head_dim))
+    f_l, h = model.ffn_hidden_size / tp, model.hidden_size
+    # the block's input, wq, wv, the attention's output, w1 (fc1), w2 (a GELU block's fc2 is recomputed)
+    kept = h / replicated_div + q_l + kv_l + q_l + f_l + (h if model.swiglu else 0)
+    if sp and tp > 1:
+        kept += 2 * h / tp  # the two reduce-scatters' outputs
+    return e * tokens * kept + 4 * tokens * model.num_attention_heads / tp
+
+
+def eager_saved_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div: int) -> float:
+    """What autograd keeps of an eager decoder layer beyond a fused one's tensors (simdist.plan.elementwise's eager op
+    lists), per layer and micro-batch.
+    # Assumption: each eager RMSNorm keeps its fp32 upcast and normalised input (4 + 4 bytes an element; LayerNorm's
+    # native kernel keeps only its row statistics), the complex rotary keeps Q's and K's fp32 copies (4 bytes), and
+    # SiLU-and-multiply keeps the SiLU output besides both inputs (the fused kernel recomputes it). torch.compile's
+    # partitioner recomputes these pointwise results instead (compiled style: nothing extra)."""
+    if not model.swiglu:
+        return 0.0
+    q_l = model.q_hidden_size / tp
+    kv_l = max(model.kv_hidden_size / tp, float(model.head_dim))
+    norms = 2 * 8.0 * model.hidden_size / replicated_div
+    return tokens * (norms + 4.0 * (q_l + kv_l) + e * model.ffn_hidden_size / tp)
+
+
+def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel, act: bool = True) -> float:
+    """What an MoE layer's routing and routed experts keep for backward on the busiest rank (activation_bytes_per_layer;
+    token counts as simdist.plan.moe_cost.routed_tokens); ``act``: the experts' activation output (fc2's input) too."""
+    k, nl = model.moe_router_topk, model.num_experts // experts.ep
+    rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
+    f_l = model.moe_ffn_hidden_size / experts.etp
+    # fc1 input; fc1 output (SwiGLU: 2f) + fc2 input
+    per_row = model.hidden_size + ((3 if model.swiglu else 2) - (0 if act else 1)) * f_l
+    router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
+    return e * rows * per_row + router + e * tokens * k * experts.kept_share * model.hidden_size
+
+
+def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, experts: ExpertParallel) -> float:
+    """The token dispatcher's transient buffers for one MoE layer at a time (``tokens``: a TP peer's own tokens):
+    alltoall / flex: the permuted send rows and the busiest rank's received rows; allgather: every gathered token and
+    the fp32 buffer its outputs are reduce-scattered from (simdist.plan.moe_cost)."""
+    e = ELEMENT_BYTES[precision]
+    h, k = model.hidden_size, model.moe_router_topk
+    nl = model.num_experts // experts.ep
+    rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
+    if experts.dispatcher == "allgather":
+        gathered = tokens * experts.etp * experts.ep
+        return (e + 4) * gathered * h + e * rows * h
+    sent_rows = expected_destination_ranks(model.num_experts, k, experts.ep) if experts.dispatcher == "flex" else k
+    return e * h * (tokens * sent_rows * experts.kept_share + rows)
+
+
+def embedding_activation_bytes(
+    model: Model,
+    *,
+    first_stage: bool,
+    last_stage: bool,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    micro_batch_size: int = 1,
+    precision: str = "bf16",
+) -> float:
+    """Activations outside the layers for one micro-batch, Korthikanti et al. 2022 sec. 4.3.
+
+    First stage: the embedding dropout mask, sbh (sbh/t with SP; Korthikanti writes sbhp/t for p micro-batches).
+    Last stage: the final layer-norm input 2sbh, the output-projection input 2sbh (both /t with SP) and the
+    fp32 logits the cross-entropy keeps, 4sbv/t (vocabulary-parallel, always split); together 4sbh/t (1 + v/h).
+    For the lecture MLP, the loss (mean of squares) keeps the final activation on the last stage.
+    """
+    e = ELEMENT_BYTES[precision]
+    s, b, h = model.seq_length, micro_batch_size, model.hidden_size
+    sbh = s * b * h
+    replicated_div = tp if sequence_parallel else 1
+    total = 0.0
+    if model.kind == "mlp":
+        if last_stage:
+            total += e * sbh / replicated_div  # the squared tensor's input (x ** 2 keeps x)
+        return total / cp
+    if first_stage and not model.swiglu:  # no embedding dropout in Llama-style models (Assumption above)
+        total += MASK_BYTES * sbh / replicated_div
+    if last_stage:
+        total += 2 * e * sbh / replicated_div + LOGITS_BYTES * s * b * model.vocab_size / tp
+    return total / cp
+
+
+def in_flight_microbatches(
+    schedule: str, *, num_stages: int, num_microbatches: int, vpp: int = 1, stage: int = 0
+) -> float:
+    """Micro-batches (each worth the whole stage's layers) whose activations a stage holds at its peak.
+
+    - gpipe: all M forward passes run before any backward (Huang et al. 2019, arXiv:1811.06965 sec. 2.2).
+    - 1f1b (PipeDream-Flush, Narayanan et al. 2021 sec. 2.2.1): stage k runs p - k - 1 warm-up forwards, then
+      one more before its first backward: min(p - k, M).
+    - zb_h1: Qi et al. 2023 (arXiv:2401.10241) sec. 3: ZB-H1 keeps 1F1B's peak activation memory: min(p - k, M).
+    - interleaved_1f1b (Narayanan et al. 2021 sec. 2.2.2): each stage holds v chunks of L/(pv) layers. Megatron-LM
+      (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving) runs
+      2(p - k - 1) + (v - 1)p warm-up chunk forwards and one more before the first backward, capped by the M v
+      chunk micro-batches: min(vp + p - 2k - 1, M v) chunk-micro-batches, each 1/v of a stage micro-batch.
+      Stage 0: p + (p - 1)/v = p (1 + (p - 1)/(p v)), Korthikanti et al. 2022 sec. 4.2.3's factor over L layers.
+      (Megatron runs every micro-batch as warm-up when M = p; the count then is p on every stage; not modelled.)
+    """
+    check_choice(schedule, SCHEDULES, "schedule")
+    check_positive(num_stages, "parallel.pp")
+    check_positive(num_microbatches, "training.global_batch_size")
+    check_positive(vpp, "parallel.vpp")
+    if not 0 <= stage < num_stages:
+        raise LayoutError(f"stage {stage} is outside 0..{num_stages - 1}", field="parallel.pp",
+                          fix=f"pass a stage index below {num_stages}")
+    p, m, v = num_stages, num_microbatches, vpp
+    if schedule == "gpipe":
+        return float(m)
+    if schedule in ("1f1b", "zb_h1") or v == 1:
+        return float(min(p - stage, m))
+    return min(v * p + p - 2 * stage - 1, m * v) / v
+
+
