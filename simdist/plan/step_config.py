@@ -358,8 +358,10 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
 
     # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted; a
     # token's topk experts at the balanced share).
-    fwd_model = sum(sum(k.model_flops for k in w.forward) * n for w, n in parts)
-    bwd_model = sum(sum(k.model_flops for k in w.backward) * n for w, n in parts)
+    # (matmul FLOPs only, as simdist.plan.kernel_work.work_of counts them: element-wise kernels carry FLOPs for the
+    # roofline, not for the model-FLOP convention)
+    fwd_model = sum(sum(k.model_flops for k in w.forward if k.kind != "memory") * n for w, n in parts)
+    bwd_model = sum(sum(k.model_flops for k in w.backward if k.kind != "memory") * n for w, n in parts)
     rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
     # Parameters this chunk holds on one GPU: each layer's dense weights over tp and its routed experts over
     # ep x etp (simdist.plan.memory.layer_param_shards), the embedding on the first part and the output
