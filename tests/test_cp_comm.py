@@ -49,10 +49,15 @@ def test_a_step_is_the_hand_count_in_both_fidelities(tmp_path, kind):
 
     if kind == "p2p":
         # the ring steps' attention beside the exchanges, a ring all-gather of K, V (and in backward of their
-        # gradients' reduce-scatter): per layer a + max(r, c), for alike layers A + max(R, C)
-        fwd = cost.forward_s - cost.ring_forward_s + max(cost.ring_forward_s, layers * t("all_gather", 2 * kv_block))
-        bwd = cost.backward_s - cost.ring_backward_s + max(
-            cost.ring_backward_s, layers * (t("all_gather", 2 * kv_block) + t("reduce_scatter", 2 * kv_block)))
+        # gradients' reduce-scatter): per layer a + max(r, c), for alike layers A + max(R, C); the exchanges slow the
+        # attention they overlap (simdist.plan.interference: x / (1 + x) of min(R, C))
+        x = cfg.interference
+        c_f = layers * t("all_gather", 2 * kv_block)
+        c_b = layers * (t("all_gather", 2 * kv_block) + t("reduce_scatter", 2 * kv_block))
+        r_f = cost.ring_forward_s + x / (1 + x) * min(c_f, cost.ring_forward_s)
+        r_b = cost.ring_backward_s + x / (1 + x) * min(c_b, cost.ring_backward_s)
+        fwd = cost.forward_s - cost.ring_forward_s + max(r_f, c_f)
+        bwd = cost.backward_s - cost.ring_backward_s + max(r_b, c_b)
         assert cost.ring_forward_s > 0
     elif kind == "all_gather":
         fwd = cost.forward_s + layers * t("all_gather", 2 * kv_block)

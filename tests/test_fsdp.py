@@ -39,7 +39,8 @@ def _case(tmp_path: Path, reshard: bool = True, prefetch: str = "pre"):
 
 
 def _hand(cfg, pricer, reshard: bool, prefetch: str) -> float:
-    """One micro-batch (F then B) and the optimizer, composed by hand (simdist.plan.fsdp's module docstring)."""
+    """One micro-batch (F then B) and the optimizer, composed by hand (simdist.plan.fsdp's module docstring), the
+    compute the collectives overlap slowed by simdist.plan.interference's tax."""
     cost = chunk_cost(cfg, cfg.part_layers(0), True, True)
     u = units_of(cost)
     n = u.count
@@ -54,17 +55,20 @@ def _hand(cfg, pricer, reshard: bool, prefetch: str) -> float:
         return pricer.time_s("reduce_scatter", group, P * share * 2)  # bf16 gradients (grad_reduce_in_fp32 false)
 
     f, bb = cost.forward_s / n, cost.backward_s / n
+    x = cfg.interference  # compute takes (1 + x) as long beside collectives: a tax of x / (1 + x) of their time
+    share = x / (1 + x)
     # forward: the first unit's (the embedding's) gather, the others' behind it; unit k computes beside unit k+1's
     a1, a_rest = ag(u.first), ag(1 - u.first)
     first_end = a1 + f
     mid_end = first_end + (n - 2) * f
-    f_end = max(mid_end, a1 + a_rest) + f
+    f_end = max(mid_end, a1 + a_rest) + f + share * min(a_rest, cost.forward_s)
     dp_free = a1 + a_rest
     if not reshard:
         b1 = f_end + bb
         b_end = b1 + (n - 1) * bb
         rs_rest = max(b1, dp_free) + rs((n - 1) / n)
         rs_last = max(b_end, rs_rest) + rs(1 / n)
+        b_end += share * min(rs((n - 1) / n), cost.backward_s)
     elif prefetch == "pre":
         # backward: the last layer's unit gathered ahead, the others beside the backward; the output layer's unit
         # is never resharded (no gather)
@@ -75,6 +79,8 @@ def _hand(cfg, pricer, reshard: bool, prefetch: str) -> float:
         b_end = max(b_mid, g_rest) + bb
         rs_rest = max(b1, g_rest) + rs((n - 1) / n)
         rs_last = max(b_end, rs_rest) + rs(1 / n)
+        beside = ag(u.backward_gathered - u.backward_first) + rs((n - 1) / n)
+        b_end += share * min(beside, cost.backward_s)
     else:
         # BACKWARD_POST: each unit's gather after the previous unit's gradients, in the backward's path
         g1 = dp_free + ag(u.backward_first)
@@ -83,6 +89,7 @@ def _hand(cfg, pricer, reshard: bool, prefetch: str) -> float:
         b_end = g_rest + (n - 1) * bb
         rs_rest = max(b1, g_rest) + rs((n - 1) / n)
         rs_last = max(b_end, rs_rest) + rs(1 / n)
+        b_end += share * min(rs((n - 1) / n), cost.backward_s)
     (opt,) = [p for p in tail(cfg, [cost]).pieces if p.kind == "optimizer"]
     return max(b_end, rs_last) + opt.duration_s
 

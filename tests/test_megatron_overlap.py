@@ -69,9 +69,10 @@ def test_overlapped_reduction_is_the_dp1_step_plus_its_unhidden_tail_and_no_bubb
     # stage 0 ends the pipeline; its reduction's unhidden tail is what the step adds to the dp = 1 step
     assert step == pytest.approx(step1 + tails[0], rel=0.02)
     assert 0 < tails[0] < tails[1]  # Megatron's 70 buckets on stage 0 hide part of its reduction
-    # gradient traffic stretches neither the pipeline nor its bubble: the phase is the dp = 1 phase, and the
-    # bubble differs at most by optimizers that waited for their reduction and left the phase
-    assert phase == pytest.approx(phase1, rel=1e-6)
+    # gradient traffic stretches the pipeline only by the compute its buckets slow on the last backward of each stage
+    # (simdist.plan.interference: a fraction of a micro-batch's backward), and its bubble differs at most by
+    # optimizers that waited for their reduction and left the phase
+    assert phase1 < phase < phase1 * 1.01
     assert bubble1 - 1e-9 <= bubble <= bubble1 + optimizer
 
 

@@ -57,8 +57,11 @@ def test_two_buckets_hand_computed(mbs, regime):
     c0 = cost.forward_s / 2
     assert (c0 > g) == (regime == "compute-bound") and g > 0
     exposed = g + max(0.0, g - c0)
+    # bucket 1's gather beside slice 0 slows it (simdist.plan.interference): x / (1 + x) of the time they overlap
+    x = on.interference
+    slowed = x / (1 + x) * min(g, c0)
     a_on, a_off = analytic_step(on, pricer), analytic_step(off, pricer)
-    assert a_on.step_time_s == pytest.approx(a_off.step_time_s - whole + exposed, rel=1e-12)
+    assert a_on.step_time_s == pytest.approx(a_off.step_time_s - whole + exposed + slowed, rel=1e-12)
     # the breakdown's exposed dp time drops by as much: the forward's waits are dp time, not bubble
     assert a_on.dp_exposed_s == pytest.approx(a_off.dp_exposed_s - whole + exposed, rel=1e-9)
     assert a_on.bubble_s == pytest.approx(0.0, abs=1e-15)
@@ -85,7 +88,8 @@ def test_gathers_leave_the_tail_and_follow_the_gradient_buckets():
     assert [p.label for p in first if p.stream == "dp"] == ["params bucket 1 all_gather", "params bucket 0 all_gather"]
     assert all(not p.per_step and p.comm.op == "all_gather" for p in first if p.stream == "dp")
     assert all(p.stream != "dp" for p in other)  # only micro-batch 0 gathers
-    assert sum(p.duration_s for p in first if p.kind == "forward") == pytest.approx(cost.forward_s, rel=1e-12)
+    assert sum(p.duration_s for p in first if p.kind == "forward" and not p.tax_of) == pytest.approx(cost.forward_s,
+                                                                                                       rel=1e-12)
     assert is_edge("F", 0, 4) and not is_edge("F", 3, 4) and is_edge("B", 3, 4) and not is_edge("B", 0, 4)
 
 

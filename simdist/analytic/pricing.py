@@ -21,6 +21,7 @@ from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
+from simdist.plan.interference import tax_s
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe, tail
 from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
 
@@ -302,9 +303,15 @@ def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, Shape]) -> flo
 def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,
                  groups: dict[str, Shape]) -> PricedPieces:
     """``pieces`` timed on the mesh groups ``groups`` (axis -> (first rank, size, stride or offsets))."""
+    durations: list[float] = []
+    for p in pieces:
+        if p.tax_of:  # the compute the collectives beside it slow (simdist.plan.interference.tax_s)
+            durations.append(tax_s(p, (durations[k] for k in p.tax_of)))
+        else:
+            durations.append(_duration(pricer, p, groups))
     return PricedPieces(
         streams=tuple(STREAM_CODE[p.stream] for p in pieces),
-        durations=tuple(_duration(pricer, p, groups) for p in pieces),
+        durations=tuple(durations),
         deps=tuple(p.deps for p in pieces),
         needs_input=next((i for i, p in enumerate(pieces) if p.needs_input), -1),
         end=end,

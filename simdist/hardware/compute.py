@@ -75,10 +75,12 @@ class ComputeEfficiency:
     """Share of the fp8 peak a large FP8 GEMM reaches, relative to the bf16 GEMM's share of the bf16 peak."""
     graph_launch_overhead_s: float = 1e-6
     """Per kernel replayed from a CUDA graph: the gap between back-to-back kernels without a launch each."""
+    comm_interference: float = 0.189
+    """How much longer compute takes while collectives run beside it on the GPU (simdist.plan.interference)."""
 
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
-           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s")
+           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference")
 
 
 @cache

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simdist.hardware.compute import kernels_time_s
+from simdist.plan.interference import tax
 from simdist.plan.kernel_work import elementwise
 from simdist.plan.pieces import Builder, CommItem, Piece
 
@@ -129,8 +130,10 @@ def fsdp_forward(b: Builder, cfg, cost, shards, pbpe: int, start: tuple[int, ...
     if n > 2:
         last = b.add(Piece("compute", "forward", f"/units 2-{n - 1}", fwd * (n - 2) / n, deps=(first,),
                            model_flops=flops * (n - 2) / n, hardware_flops=flops * (n - 2) / n))
-    return b.add(Piece("compute", "forward", f"/unit {n}", fwd / n, deps=(last, *rest),
-                       model_flops=flops / n, hardware_flops=flops / n))
+    end = b.add(Piece("compute", "forward", f"/unit {n}", fwd / n, deps=(last, *rest),
+                      model_flops=flops / n, hardware_flops=flops / n))
+    # the other units' gathers run beside the forward's compute (simdist.plan.interference)
+    return tax(b, end, rest, fwd, cfg.interference, "forward")
 
 
 def backward_first_gather(b: Builder, shards, cost, pbpe: int) -> list[int]:
@@ -176,7 +179,12 @@ def fsdp_backward(b: Builder, cfg, cost, shards, pbpe: int, gbpe: int, deps: tup
                                       model_flops=flops * (n - 2) / n, hardware_flops=flops * (n - 2) / n)))
         pieces.append(b.add(Piece("compute", "backward", f"/unit {n}", bwd / n, deps=(pieces[-1], *rest),
                                   model_flops=flops / n, hardware_flops=flops / n)))
+    beside = [] if post else list(rest)  # (BACKWARD_POST's gathers run between the computes, not beside them)
     if reduce:
-        _reduces(b, shards, (n - 1) / n, gbpe, f"units 1-{n - 1} grads reduce_scatter", (first,), cfg)
+        beside += _reduces(b, shards, (n - 1) / n, gbpe, f"units 1-{n - 1} grads reduce_scatter", (first,), cfg)
         _reduces(b, shards, 1.0 / n, gbpe, f"unit {n} grads reduce_scatter", (pieces[-1],), cfg)
+    # the other units' gathers and reduce-scatters run beside the backward's compute (simdist.plan.interference)
+    end = tax(b, pieces[-1], beside, bwd, cfg.interference, "backward")
+    if end != pieces[-1]:
+        pieces.append(end)
     return pieces

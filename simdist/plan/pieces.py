@@ -52,6 +52,11 @@ class Piece:
     """Belongs to the step, not to its micro-batch (gradient buckets): not pipeline work for the bubble."""
     model_flops: float = 0.0
     hardware_flops: float = 0.0
+    tax_of: tuple[int, ...] = ()
+    """A compute piece standing for the compute slowed by collectives that run beside it (simdist.plan.interference):
+    the collectives' pieces; its duration is then ``tax_share`` x min(their priced time, ``duration_s``), both
+    fidelities pricing it once they have priced them."""
+    tax_share: float = 0.0
 
     @property
     def work(self) -> bool:

@@ -47,6 +47,7 @@ import math
 from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.tp_overlap import exposed_share
 from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward, replica_reduce
+from simdist.plan.interference import tax
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.optimizer import optimizer_step_kernels
 from simdist.plan.pieces import (
@@ -245,6 +246,10 @@ def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: Builder, shards: list
                                   cost.forward_s / m + (gap if k == 0 else 0.0), deps=deps,
                                   needs_input=needs_input and k == 0, model_flops=cost.model_flops_forward / m,
                                   hardware_flops=cost.model_flops_forward / m)))
+    if m > 1:  # every gather but the first runs beside the slices before it (simdist.plan.interference)
+        end = tax(b, slices[-1], gates[1:], cost.forward_s * (m - 1) / m, cfg.interference, "forward")
+        if end != slices[-1]:
+            slices.append(end)
     return slices
 
 
@@ -297,18 +302,26 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     return tuple(hidden), tuple(kept)
 
 
-def _ring(b: Builder, after: int, ring_s: float, items: tuple, groups: dict[str, int]) -> int:
+def _ring(b: Builder, after: int, ring_s: float, items: tuple, groups: dict[str, int], interference: float = 0.0
+          ) -> int:
     """The context-parallel ring steps (cp_comm_type p2p, simdist.plan.context_parallel): ``ring_s`` of attention on
     the compute stream beside the KV exchanges on the cp stream, both after ``after``; returns the piece that ends
     when both are done (per layer a_l + max(r_l, c_l), summed over alike layers: A + max(R, C))."""
     if ring_s <= 0 and not items:
         return after
-    r = b.add(Piece("compute", "forward" if b.pieces[after].kind == "forward" else b.pieces[after].kind,
-                    "/ring attention", ring_s, deps=(after,)))
+    kind = b.pieces[after].kind if b.pieces[after].kind in ("forward", "backward", "recompute") else "forward"
+    r = b.add(Piece("compute", kind, "/ring attention", ring_s, deps=(after,)))
     chain = b.chain(items, (after,), "ring", groups)
     if not chain:
         return r
+    r = tax(b, r, chain, ring_s, interference, kind)  # the exchanges run beside the ring's attention
     return b.add(Piece("compute", "wait", "wait", 0.0, deps=(r, chain[-1])))
+
+
+def _expert_comm(b: Builder, pieces: list[int]) -> list[int]:
+    """Of collectives run beside a step's compute, the expert-parallel all_to_alls (Megatron-Core's 1F1B A2A overlap):
+    the ones simdist.plan.interference taxes (the tensor-parallel ones of TP overlap price their SMs themselves)."""
+    return [i for i in pieces if b.pieces[i].comm is not None and b.pieces[i].comm.axis == "ep"]
 
 
 def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False, first: bool = False) -> Recipe:
@@ -361,7 +374,8 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
                             needs_input=entry < 0, model_flops=cost.model_flops_forward,
                             hardware_flops=cost.model_flops_forward))
         hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
-        c = _ring(b, c, *ring, groups)
+        c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.interference, "forward")
+        c = _ring(b, c, *ring, groups, cfg.interference)
         chain = [c, *b.chain(items, (c,), "", groups)]
         if hidden:
             chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
@@ -419,6 +433,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     buckets = max(1, len(order))
     last_compute = -1
     label = "wgrad" if overlapped else ""
+    bucket_comms: list[int] = []
     for k in range(buckets):
         last_compute = b.add(Piece("compute", compute_kind, label if buckets == 1 else f"{label}/{k}",
                                    b_s / buckets + (gap if k == 0 else 0.0),
@@ -429,10 +444,19 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
         if order:
             # Megatron-LM --overlap-grad-reduce: a bucket's reduction starts once its gradients are ready.
             axis, j, n = order[k]
-            b.add(Piece("dp", "comm", _label(axis, f"grads bucket {j} {reduce_op}"),
-                        comm=CommItem(reduce_op, n * gbpe, axis), deps=(last_compute,), per_step=True))
+            bucket_comms.append(b.add(Piece("dp", "comm", _label(axis, f"grads bucket {j} {reduce_op}"),
+                                            comm=CommItem(reduce_op, n * gbpe, axis), deps=(last_compute,),
+                                            per_step=True)))
+    if len(bucket_comms) > 1:
+        # every bucket's reduction but the last runs beside the rest of the backward (simdist.plan.interference)
+        last_compute = tax(b, last_compute, bucket_comms[:-1], b_s * (buckets - 1) / buckets, cfg.interference,
+                           compute_kind)
+        chain.append(last_compute)
+    if hidden:
+        last_compute = tax(b, last_compute, _expert_comm(b, hidden), b_s, cfg.interference, compute_kind)
+        chain.append(last_compute)
     if kind == "B" and (ring[0] > 0 or ring[1]):
-        last_compute = _ring(b, last_compute, *ring, groups)
+        last_compute = _ring(b, last_compute, *ring, groups, cfg.interference)
         chain.append(last_compute)
     chain += overlapped
     if kind == "B":
@@ -477,8 +501,9 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups:
         start = (PREV,) if entry < 0 else (entry,)
         # Gradient sync once per step (PyTorch pipelining): the parameters stay gathered after the first forward.
         c = fsdp_forward(b, cfg, cost, shards, pbpe, start, gap, entry < 0, gather=per_microbatch or first)
-        c = _ring(b, c, *ring, groups)
         hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
+        c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.interference, "forward")
+        c = _ring(b, c, *ring, groups, cfg.interference)
         chain = [c, *b.chain(items, (c,), "", groups)]
         if hidden:
             chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
@@ -503,7 +528,8 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups:
     # the backward here (torchtitan and FSDP's tensor parallelism issue them synchronously).
     computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, per_microbatch,
                              cost.backward_s, cost.model_flops_backward)
-    computes.append(_ring(b, computes[-1], *ring, groups))
+    computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.interference, "backward"))
+    computes.append(_ring(b, computes[-1], *ring, groups, cfg.interference))
     chain += computes
     exposed = b.chain(items, (computes[-1],), "", groups)
     if hidden:

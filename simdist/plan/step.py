@@ -173,8 +173,11 @@ class _Emitter:
             recipe = self.recipes[key]
             factor = self.factors.get(stage, 1.0)
             rows = []
+            taxes = []
             entry = last_dp = -1
             for j, p in enumerate(recipe.pieces):
+                if p.tax_of:  # priced once its collectives are (OpGraph.apply_taxes)
+                    taxes.append((j, p.tax_of, p.tax_share, p.duration_s * (factor if p.kind in SLOWED_KINDS else 1)))
                 c = p.comm
                 comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count,
                                                    c.host_s, c.imbalance)
@@ -201,7 +204,7 @@ class _Emitter:
             block = self.log.block([(kind, comm, rank, not per_step, model_flops, hardware_flops)
                                     for _, _, _, kind, _, _, _, _, _, per_step, comm, model_flops, hardware_flops
                                     in rows])
-            got = self._templates[key] = (tuple(rows), recipe.end, max(entry, 0), last_dp, block)
+            got = self._templates[key] = (tuple(rows), recipe.end, max(entry, 0), last_dp, block, tuple(taxes))
         return got
 
     def _tag(self, step: Step) -> str:
@@ -216,7 +219,7 @@ class _Emitter:
         # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches)), is_edge inline
         key = (stage, chunk, kind, microbatch == (0 if kind == "F" else self.num_microbatches - 1))
         got = self._templates.get(key)
-        rows, end_piece, entry_piece, dp_piece, block = got if got is not None else self._template(stage, key)
+        rows, end_piece, entry_piece, dp_piece, block, taxes = got if got is not None else self._template(stage, key)
         self.log.blocks.append(block)
         # the step's tag, step.label(vpp) in one f-string; kept for its transfer (asked for right after)
         tag = f"{kind}{microbatch}.{chunk}" if self._chunked else f"{kind}{microbatch}"
@@ -245,6 +248,8 @@ class _Emitter:
             append(Op(tag + suffix if fixed is None else fixed, rank, stream, op_kind, duration, deps, stage,
                       -1 if per_step else microbatch, chunk, comm, model_flops, hardware_flops))
         graph.extend(new)
+        for j, of, share, cap in taxes:
+            graph.taxes.append((first + j, tuple(first + k for k in of), share, cap))
         if dp_piece >= 0:
             self.dp_last[stage] = first + dp_piece
         end = first + end_piece
@@ -281,6 +286,8 @@ class _Emitter:
             if LAST_BACKWARDS in p.deps:
                 deps += backwards
             ids.append(self._add(graph, stage, p, p.label, deps, -1, -1))
+            if p.tax_of:
+                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of), p.tax_share, p.duration_s))
 
 
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:

@@ -152,6 +152,11 @@ class StepConfig:
         return self.host or host_overhead(self.gpu)
 
     @property
+    def interference(self) -> float:
+        """How much longer compute takes beside collectives (simdist.plan.interference)."""
+        return (self.compute_efficiency or compute_efficiency(self.gpu)).comm_interference
+
+    @property
     def host_op_s(self) -> float:
         """Host time of one eager framework op (simdist.hardware.compute.ComputeEfficiency.host_op_s)."""
         return (self.compute_efficiency or compute_efficiency(self.gpu)).host_op_s

@@ -553,6 +553,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         else:
             for i, r in zip(which.tolist(), rows.row[which].tolist(), strict=True):
                 ops[i].duration_s = of_row[r][0]
+        graph.apply_taxes()
         return cache
     for op in graph.ops:
         c = op.comm
@@ -560,6 +561,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
             op.duration_s, job = done[id(c)]
             if with_links:
                 op.job = job
+    graph.apply_taxes()
     return cache
 
 

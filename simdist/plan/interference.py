@@ -1,0 +1,38 @@
+"""The compute that collectives running beside it slow: NCCL's kernels share the SMs and HBM of the GPU with the
+compute kernels they overlap (one thread block per channel, each on an SM the compute's waves then lack), so a GPU
+computes more slowly while its collectives run.
+
+    compute time while overlapped = (1 + x) x its time alone,   x = ComputeEfficiency.comm_interference
+
+(Lee et al. 2025, arXiv:2507.03114: 18.9 % on average over training workloads on A100, H100, MI250, MI210). A step's
+recipe (simdist.plan.recipe, simdist.plan.fsdp) adds after the compute that collectives overlap a *tax* piece: the work
+left undone while they ran, x / (1 + x) of the time they overlap it, min(their priced time, that compute's time)
+(`tax_s`). Both fidelities price it once they have priced its collectives (simdist.analytic.pricing.price_pieces;
+simdist.plan.opgraph.OpGraph.apply_taxes for the engine).
+# Assumption: the collectives overlap the compute from its start (a tax of their whole time where shorter than it); the
+# tensor-parallel collectives Megatron overlaps with the weight gradients are left out (simdist's A100 constants were
+# fitted on layer times that include them), as are Transformer Engine's userbuffers (simdist.hardware.tp_overlap
+# prices their SMs) and async TP (copy engines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from simdist.plan.pieces import Builder, Piece
+
+__all__ = ["tax", "tax_s"]
+
+
+def tax_s(piece: Piece, comm_durations: Iterable[float]) -> float:
+    """The seconds of a tax piece, given its collectives' priced durations."""
+    return piece.tax_share * min(sum(comm_durations), piece.duration_s)
+
+
+def tax(b: Builder, after: int, comms: list[int], overlapped_s: float, interference: float, kind: str) -> int:
+    """Add after compute piece ``after`` the tax of ``comms`` running beside ``overlapped_s`` of compute; returns the
+    piece that ends the compute (``after`` itself where there is nothing to tax)."""
+    if not comms or overlapped_s <= 0 or interference <= 0:
+        return after
+    return b.add(Piece("compute", kind, "/collectives beside it", overlapped_s, deps=(after,), tax_of=tuple(comms),
+                       tax_share=interference / (1.0 + interference)))
