@@ -70,6 +70,12 @@ def _put(data: dict, path: list[str], value: Any) -> None:
     data[path[-1]] = value
 
 
+GROUPS = (("training.recompute", "training.recompute_method", "training.recompute_num_layers",
+           "training.recompute_modules"),)
+"""Fields a framework sets together: where the file gives any of them, the profile sets none of them (a file's
+``recompute: full`` is every layer, not the profile's every second one)."""
+
+
 def with_framework_defaults(data: Any, sections: dict[str, type]) -> Any:
     """A scenario mapping with its framework's defaults filled in where the file leaves a field out (``sections``:
     the section name -> its spec class, for ``training`` and ``parallel``). Anything malformed is left for the specs
@@ -93,12 +99,18 @@ def with_framework_defaults(data: Any, sections: dict[str, type]) -> Any:
             out[section] = {}
         elif isinstance(given, dict):
             out[section] = _deep_copy(given)
+    def given(path: str) -> bool:
+        section, *field = path.split(".")
+        mapping = out.get(section)
+        return isinstance(mapping, dict) and section in sections and _given(sections[section], mapping, field)
+
+    taken = {p for group in GROUPS if any(given(q) for q in group) for p in group}
     for path, value in defaults.items():
         section, *field = path.split(".")
         mapping = out.get(section)
-        if section not in sections or not isinstance(mapping, dict):
+        if section not in sections or not isinstance(mapping, dict) or path in taken:
             continue
-        if not _given(sections[section], mapping, field):
+        if not given(path):
             _put(mapping, field, value)
     return out
 
