@@ -43,6 +43,14 @@ BRIDGE_MOE_TOLERANCE = 0.5
 """The MoE rows of the Megatron-Bridge table: a check of a young model (issue 15) against runs that use DeepEP /
 HybridEP dispatch, CUDA graphs and fused routers simdist does not model; the bound says how far off it may be."""
 FULL = ["training.recompute=full", "parallel.sequence_parallel=false"]
+FSDP_FAMILY = "fsdp_family_published_runs"
+"""The PyTorch FSDP-family check set (IBM/Meta FSDP1 on A100 and H100, KempnerForge FSDP2 on H200)."""
+FSDP_FAMILY_TARGET = 0.15
+"""Issue 30's goal for these rows; rows beyond it are flagged in the document (**!**)."""
+FSDP_FAMILY_BOUND = 0.35
+"""The test's guard against regressions on these rows, wider than the goal: at this commit the H100 and the TP 4 x
+FSDP rows of Llama 3 70B come out 12-30 % fast (docs/accuracy-training.md lists them); the bound fails the suite
+if a change makes any row worse than that, while the goal stays visible in the document."""
 BRIDGE = "megatron_bridge_performance_summary"
 BRIDGE_MOE = "megatron_bridge_performance_summary_moe"
 """The mixture-of-experts rows of the same table (DeepSeek-V3, Qwen3 MoE, GPT-OSS): their own MAPE and bias."""
@@ -56,12 +64,18 @@ class Row:
     overrides: tuple[str, ...]
     measured_s: float
     source: str
+    framework: str = "megatron"
+    """The framework that ran it (megatron, deepspeed, fsdp, torchtitan): the per-framework summary."""
+    generation: str = "ampere"
+    """The GPU generation (ampere, hopper, blackwell): the per-generation summary."""
     fidelity: str | None = None
     """None: the scenario's default (the engine); "closed_form" where the engine's own run is too slow for the test
     suite and its contention share was found negligible (stated in the row's scenario file)."""
 
 
 def tolerance(row: Row) -> float:
+    if row.dataset == FSDP_FAMILY:
+        return FSDP_FAMILY_BOUND
     if row.dataset == BRIDGE_MOE:
         return BRIDGE_MOE_TOLERANCE
     if row.dataset == BRIDGE:
@@ -100,7 +114,8 @@ def rows() -> list[Row]:
             out.append(Row("megatron2021_table2" if ptdp else "megatron2021_table2_zero3",
                            f"{model.upper()} {'PTD-P' if ptdp else 'ZeRO-3'} {gpus} GPUs",
                            f"megatron2021-{model}-{scheme}-{gpus}.yaml", (), measured,
-                           f"Narayanan 2021 Table 2 ({r['achieved_tflops_per_gpu']} TFLOP/s per GPU)"))
+                           f"Narayanan 2021 Table 2 ({r['achieved_tflops_per_gpu']} TFLOP/s per GPU)",
+                           "megatron" if ptdp else "deepspeed"))
     with open(REFERENCE / f"{BRIDGE}.csv", newline="") as fh:
         for r in csv.DictReader(fh):
             if not r["scenario"]:
@@ -113,7 +128,19 @@ def rows() -> list[Row]:
             out.append(Row(BRIDGE_MOE if moe else BRIDGE, f"{r['model']} {r['precision']} {gpus}x {r['system']}",
                            r["scenario"], (),
                            measured, f"Megatron-Bridge performance summary ({r['container']}, "
-                           f"{r['tokens_per_s_per_gpu']} tokens/s/GPU)", "closed_form" if closed else None))
+                           f"{r['tokens_per_s_per_gpu']} tokens/s/GPU)", "megatron",
+                           "hopper" if "H100" in r["system"] else "blackwell", "closed_form" if closed else None))
+    with open(REFERENCE / f"{FSDP_FAMILY}.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            if not r["scenario"]:
+                continue  # its note says why: a setting not published, or a run at the edge of memory
+            gpus = int(r["num_gpus"])
+            measured = int(r["global_batch_size"]) * int(r["seq_length"]) / (float(r["tokens_per_s_per_gpu"]) * gpus)
+            framework = "fsdp" if r["framework"].startswith("PyTorch FSDP1") else "torchtitan"
+            out.append(Row(FSDP_FAMILY, f"{r['id']} {r['model'].split(' (')[0]} {gpus}x {r['gpu'].split('-')[0]} "
+                           f"{r['layout']}{' compiled' if r['compile'] == 'yes' else ''}", r["scenario"], (), measured,
+                           f"{r['source'].split(' (')[0]} ({r['published_metric']})", framework,
+                           "ampere" if r["gpu"].startswith("A100") else "hopper"))
     return out
 
 
@@ -161,15 +188,24 @@ def report(results: list[Result]) -> str:
         "F / (GPUs x TFLOP/s). The Megatron-Bridge rows (NVIDIA's Megatron-Core performance summary, "
         "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md) give tokens/s/GPU of FP8 and "
         "MXFP8 pre-training on DGX H100, DGX B200 and GB200 NVL72, so the measured time is global batch x "
-        f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: Megatron-Core's "
-        "CUDA graphs are not modelled (its TP communication overlap and parameter-gather overlap are, as the "
-        "recipes run them: `training.tp_comm_overlap`, `training.overlap_param_gather`), and the rows of "
+        f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: the recipes' "
+        "CUDA graphs are left off in these scenarios (`training.cuda_graphs` exists; which graph scopes each recipe "
+        "captures is not in the table), their TP communication overlap and parameter-gather overlap are on, as the "
+        "recipes run them (`training.tp_comm_overlap`, `training.overlap_param_gather`), and the rows of "
         "256 GPUs or more are predicted with the closed form (`--fidelity closed_form`; on these layouts the "
         "engine's contended step is within 0.3 % of it, and takes 6-20 s a row). The mixture-of-experts rows of the "
         f"same table (DeepSeek-V3, Qwen3 MoE, GPT-OSS; routing force-balanced there) are a dataset of their own with "
         f"a {BRIDGE_MOE_TOLERANCE:.0%} bound, closed form too: their recipes use DeepEP/HybridEP dispatch, CUDA "
         "graphs and fine-grained recompute simdist does not model, and their memory is reported, not required to "
-        "fit. bias = mean signed error.",
+        "fit. The PyTorch FSDP-family rows (`validation/reference/fsdp_family_published_runs.csv`: IBM and Meta's "
+        "FSDP1 runs of the Llama 2 family on 128 A100 and 96 H100, eager and compiled; KempnerForge's FSDP2 + "
+        "DTensor TP runs on 1-360 H200) are predicted with the framework profiles `training.framework: fsdp` and "
+        "`torchtitan` (README, Frameworks); their goal is the issue's "
+        f"{FSDP_FAMILY_TARGET:.0%} (rows beyond it flagged **!**), their test bound {FSDP_FAMILY_BOUND:.0%} guards "
+        "against regressions, and their memory is reported, not required to fit (the eager activation memory of "
+        "fms-fsdp's model is an assumption, `simdist/plan/activations.py`). Rows of that file without a scenario "
+        "are not predicted, for the reason in its note column (a selective-checkpointing share not published, a "
+        "run at the edge of memory). bias = mean signed error: negative means simdist is optimistic.",
         "",
         "No constant is fitted to these rows. Compute efficiency comes from the 22B single-layer times of "
         "Korthikanti Table 4 (`simdist/hardware/data/compute_efficiency.csv`), communication from NCCL's cost "
@@ -190,13 +226,24 @@ def report(results: list[Result]) -> str:
         ok = sum(abs(r.error) <= tolerance(r.row) for r in sel)
         lines.append(f"| {name} | {len(sel)} | {sum(errs) / len(errs):.1f} | {bias:+.1f} | {max(errs):.1f} | "
                      f"{ok}/{len(sel)} |")
+    for title, key in (("framework", "framework"), ("GPU generation", "generation")):
+        lines += ["", f"### By {title}", "", f"| {title} | rows | MAPE % | bias % | max abs error % | within 15 % |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for value in sorted({getattr(r.row, key) for r in results}):
+            sel = [r for r in results if getattr(r.row, key) == value]
+            errs = [abs(r.error) * 100 for r in sel]
+            bias = sum(r.error for r in sel) / len(sel) * 100
+            ok = sum(abs(r.error) <= FSDP_FAMILY_TARGET for r in sel)
+            lines.append(f"| {value} | {len(sel)} | {sum(errs) / len(errs):.1f} | {bias:+.1f} | {max(errs):.1f} | "
+                         f"{ok}/{len(sel)} |")
     lines += ["", "## Rows", "",
               "| row | scenario | overrides | measured s | predicted s | error % | MFU | bubble | memory GiB | fits |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         over = " ".join([*(f"`--set {o}`" for o in r.row.overrides),
                          *([f"`--fidelity {r.row.fidelity}`"] if r.row.fidelity else [])]) or "-"
-        flag = "" if abs(r.error) <= tolerance(r.row) else " **!**"
+        goal = FSDP_FAMILY_TARGET if r.row.dataset == FSDP_FAMILY else tolerance(r.row)
+        flag = "" if abs(r.error) <= goal else " **!**"
         lines.append(
             f"| {r.row.label} | `{r.row.scenario}` | {over} | {r.row.measured_s:.2f} | {r.predicted_s:.2f} | "
             f"{r.error * 100:+.1f}{flag} | {r.mfu:.1%} | {r.bubble:.1%} | {r.memory_gib:.1f} | "
