@@ -29,7 +29,8 @@ PENDING: set[str] = set()
 _TOP = "|".join(FOLDERS)
 CITED = re.compile(rf"(?<![\w./-])(?:{_TOP})/[\w./*-]*[\w*]\.(?:py|csv|yaml|md|txt|json|ipynb|toml)\b")
 # A path written after another project's name is that project's file (Megatron-LM docs/source/..., NCCL src/...).
-EXTERNAL = re.compile(r"Megatron-LM|NVIDIA/nccl|ml-engineering|DeepSpeed|torchtitan|github|@ [0-9a-f]{7}")
+EXTERNAL = re.compile(r"Megatron-LM|NVIDIA/nccl|ml-engineering|DeepSpeed|torchtitan|KempnerForge|fms-fsdp|github"
+                      r"|@ [0-9a-f]{7}")
 # An output a command writes (``--out docs/x.md``) is not a citation.
 OUTPUT = re.compile(r"(--out|writes|--html|--trace)\s*`*$")
 
