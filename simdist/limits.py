@@ -168,6 +168,12 @@ STAGE_TIME_MAX = _limit("stage_time_max", 1e9, "s", "about 30 years")
 INPUT_BYTES = _limit("input_bytes", 64 * 2**20, "B",
                      "per input file: scenario, topology and calibration files are kilobytes; nccl-tests logs and "
                      "measurement CSVs megabytes", "64 MiB")
+TRACE_BYTES = _limit("trace_bytes", 8 * 2**30, "B",
+                     "per profiler trace, its JSON text after decompression: a rank's trace of a few steps is tens "
+                     "to hundreds of MB; it is streamed, so this bounds the reading time (about 15 s per GB)", "8 GiB")
+TRACE_EVENTS = _limit("trace_events", 20_000_000, "events",
+                      "timed kernels, operators and annotations kept from one trace (about 200 bytes each: 4 GB); "
+                      "a training step launches thousands to a few hundred thousand")
 YAML_BYTES = _limit("yaml_bytes", 4 * 2**20, "B",
                     "per YAML file (parsing takes about a second per MiB); the bundled files are kilobytes", "4 MiB")
 YAML_NODES = _limit("yaml_nodes", 100_000, "nodes",

@@ -116,6 +116,10 @@ class RunOutput:
     files: dict[str, Path]
     num_ops: int = 0
     """Ops in the simulated op graph (its size drives the simulation's cost)."""
+    prediction: Any = None
+    """The `simdist.predict.step.StepPrediction` (its op graph and timeline with ``timeline=True``)."""
+    calibration: Any = None
+    """The calibration applied (a loaded `simdist.calibrate.calibration.Calibration`), None without one."""
 
     @cached_property
     def text(self) -> str:
@@ -146,15 +150,17 @@ def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: s
 
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
         strict: bool = False, calibration: str | Path | None = None, simulate: str | None = None,
-        fidelity: str | None = None) -> RunOutput:
+        fidelity: str | None = None, timeline: bool = False) -> RunOutput:
     """Predict one training step of a scenario file (``simdist run``).
 
-    Writes ``report.json``, ``trace.json`` (Chrome/Perfetto) and ``report.html`` into ``out_dir`` when
-    given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a layout that
+    Writes ``report.json``, ``trace.json`` (Chrome/Perfetto), ``report.html`` and, where the step was simulated,
+    ``rank<r>.pt.trace.json`` per simulated rank (PyTorch profiler traces: simdist.report.kineto_trace) into
+    ``out_dir`` when given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a layout that
     does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
     ``calibration``: a calibration file (`calibrate`), else the scenario's ``calibration:`` field, if any.
     ``simulate``: auto | representatives | full (simdist.predict.step.predict_step); ``fidelity``: engine or
-    closed_form (the same JSON); None: auto and engine.
+    closed_form (the same JSON); None: auto and engine. ``timeline``: keep the simulated timeline in
+    ``prediction`` (as ``out_dir`` does).
 
     ``path`` may also be a ``report.json`` that `run` wrote: its ``scenario_resolved`` runs again, with the
     simulate and fidelity it recorded unless given (simdist.api.provenance), so the numbers are the same.
@@ -178,7 +184,7 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     return run_document(doc, assignments, base_dir=Path(path).parent, source=str(path),
                         out_dir=out_dir, strict=strict, calibration=calibration,
                         simulate=simulate or options.get("simulate") or "auto",
-                        fidelity=fidelity or options.get("fidelity") or "engine")
+                        fidelity=fidelity or options.get("fidelity") or "engine", timeline=timeline)
 
 
 def _read_json(path: str | Path) -> Any:
@@ -200,7 +206,7 @@ RUN_FILES = ("report.json", "trace.json", "report.html")
 def run_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
                  base_dir: str | Path | None = None, source: str = "", out_dir: str | Path | None = None,
                  strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto",
-                 fidelity: str = "engine") -> RunOutput:
+                 fidelity: str = "engine", timeline: bool = False) -> RunOutput:
     """`run` of a scenario given as data (a `Document` read from a file, or a plain dict): no file is written
     but the reports in ``out_dir``. ``base_dir``: where the scenario's relative paths start (default: here)."""
     from simdist.api.calibration import _scenario_calibration
@@ -219,7 +225,7 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
     every = [*cal_assignments, *assignments]
     scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
-                         base_dir=base, source=source, calibration=cal, timeline=out_dir is not None)
+                         base_dir=base, source=source, calibration=cal, timeline=timeline or out_dir is not None)
     result = _with_provenance(prediction.result, scenario, assignments, base=base, calibration=calibration,
                               options={"simulate": simulate, "fidelity": fidelity})
     if strict and not result["fits_in_memory"]:
@@ -243,10 +249,16 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
                                                  link_counters=link_counters(prediction)), compact=True),
             "report.html": step_report_html(graph, trace, result),
         }
-        write_files({out / name: rendered[name] for name in names}, field="--out")
-        files = {name: out / name for name in names}
+        if graph is not None and trace is not None:  # the closed form has no timeline
+            from simdist.report.kineto_trace import kineto_traces
+
+            kineto = kineto_traces(graph, trace, device_name=prediction.topology.gpu.name,
+                                   world_size=scenario.spec.parallel.world_size)
+            rendered.update({f"rank{r}.pt.trace.json": json_text(doc, compact=True) for r, doc in kineto.items()})
+        write_files({out / name: text for name, text in rendered.items()}, field="--out")
+        files = {name: out / name for name in rendered}
     num_ops = len(prediction.plan.graph.ops) if prediction.plan is not None else 0
-    return RunOutput(result=result, files=files, num_ops=num_ops)
+    return RunOutput(result=result, files=files, num_ops=num_ops, prediction=prediction, calibration=cal)
 
 
 def _with_provenance(result: dict[str, Any], scenario: Scenario, assignments: list[str], *, base: Path,

@@ -97,7 +97,8 @@ def read_measurement_files(paths: list[str | Path]) -> tuple[list[Any], list[Any
 
 def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any], list[Any]]:
     """(collective measurements, MLP step measurements, kernel measurements) of the files, each format detected:
-    a kernel CSV (simdist.calibrate.kernels) and a step CSV by their header, everything else as
+    PyTorch profiler traces (and folders of them) by their content (simdist.api.trace), a kernel CSV
+    (simdist.calibrate.kernels) and a step CSV by their header, everything else as
     simdist.calibrate.measurements.read_measurements detects it."""
     import csv
 
@@ -107,11 +108,21 @@ def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any
 
     if not paths:
         raise SpecError("no measurement files given", field="MEASUREMENTS",
-                        fix="pass our CSV, nccl-tests output (text or -J JSON), an MLP step CSV or a kernel CSV")
+                        fix="pass our CSV, nccl-tests output (text or -J JSON), an MLP step CSV, a kernel CSV or "
+                            "PyTorch profiler traces")
+    from simdist.calibrate.trace_read import looks_like_trace
+
     collectives: list[Any] = []
     steps: list[Any] = []
     kernels: list[Any] = []
+    traces = [p for p in paths if Path(p).is_dir() or looks_like_trace(p)]
+    if traces:  # every rank's trace together: a collective's time is its shortest over ranks
+        from simdist.api.trace import trace_measurement_kinds
+
+        collectives, kernels = trace_measurement_kinds(traces)
     for path in paths:
+        if path in traces:
+            continue
         p = Path(path)
         first = ""
         if p.is_file():

@@ -21,7 +21,8 @@ from simdist.errors import SimdistError
 # --------------------------------------------------------------------------- calibration and validation
 # (issue 5 parts 3-4: `simdist calibrate`, `simdist validate`; keep this section contiguous)
 MeasurementsArgument = Annotated[list[Path] | None, typer.Argument(
-    help="Measurement files: our CSV, nccl-tests output (text or -J JSON), MLP step CSVs.")]
+    help="Measurement files: our CSV, nccl-tests output (text or -J JSON), MLP step CSVs, kernel CSVs, PyTorch "
+         "profiler traces (*.pt.trace.json[.gz], one per rank, or their folder).")]
 HoldoutOption = Annotated[str, typer.Option("--holdout", help=api.HOLDOUT_HELP)]
 
 
@@ -109,15 +110,70 @@ def _kernel_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _trace_lines(doc: dict[str, Any]) -> list[str]:
+    """`simdist validate --trace`'s table: the step side by side, then the kernel classes and the top kernels."""
+    m = doc["measured"]
+    lines = [f"# {doc['scenario']} against {len(doc['traces'])} trace(s) ({m['steps']} steps each"
+             + (f", {doc['device']}" if doc.get("device") else "") + ")",
+             f"# {'':<16} {'measured(ms)':>13} {'predicted(ms)':>14} {'error':>8}"]
+    for r in doc["rows"]:
+        err = "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
+        lines.append(f"  {r['what']:<16} {r['measured_s'] * 1e3:>13.3f} {r['predicted_s'] * 1e3:>14.3f} {err:>8}")
+    by_op = ", ".join(f"{op} {t * 1e3:.3f} ms" for op, t in m["exposed_by_op_s"].items()) or "none"
+    lines.append(f"# measured exposed communication by op: {by_op}; kernel time by class: gemm "
+                 f"{m['gemm_s'] * 1e3:.3f} ms, attention {m['attention_s'] * 1e3:.3f} ms, memory "
+                 f"{m['memory_s'] * 1e3:.3f} ms")
+    if doc["categories"]:
+        lines.append("# kernels with known shapes, per step and rank: " + ", ".join(
+            f"{k} measured {c['measured_s'] * 1e3:.3f} ms, predicted {c['predicted_s'] * 1e3:.3f} ms "
+            f"({'-' if c['error_pct'] is None else format(c['error_pct'], '+.1f')}%)"
+            for k, c in doc["categories"].items()))
+        lines.append(f"# the {len(doc['kernels'])} of {doc['kernel_groups']} kernel groups furthest from their "
+                     "prediction (per step and rank)")
+        for k in doc["kernels"]:
+            shape = f"{k['m']}x{k['n']}x{k['k']} ({k['batch']})" if k["m"] else f"{int(k['hbm_bytes'])} B"
+            err = "-" if k["error_pct"] is None else f"{k['error_pct']:+.1f}%"
+            lines.append(f"  {k['kernel']:<9} {k['name'][:30]:<30} {shape:>22} x{k['calls_per_step']:<5.3g} "
+                         f"{k['measured_s'] * 1e6:>10.1f} us {k['predicted_s'] * 1e6:>10.1f} us {err:>8}")
+    if doc.get("html"):
+        lines.append(f"wrote {doc['html']}")
+    return lines
+
+
 @app.command("validate")
 def validate_cmd(
     measurements: MeasurementsArgument = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="The calibration file to check.")] = None,
     holdout: HoldoutOption = "sizes",
     html: Annotated[Path | None, typer.Option("--html", help="Write the predicted-vs-measured chart here.")] = None,
+    trace: Annotated[bool, typer.Option(
+        "--trace", help="The files are PyTorch profiler traces and one scenario (YAML): compare the scenario's "
+                        "predicted step with the traces' measured one.")] = False,
+    assignments: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario field with --trace, e.g. --set parallel.dp=4.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit on part of the measurements, predict the rest: per-point error and MAPE, calibrated and not."""
+    """Fit on part of the measurements, predict the rest: per-point error and MAPE, calibrated and not. With
+    --trace: a scenario's predicted step beside profiler traces' measured one."""
+    if trace:
+        files = list(measurements or [])
+        scenarios = [f for f in files if f.suffix.lower() in (".yaml", ".yml")]
+        if len(scenarios) != 1:
+            raise SimdistError(f"--trace needs one scenario file (.yaml) among the files, got {len(scenarios)}",
+                               field="SCENARIO", fix="simdist validate --trace rank0.pt.trace.json ... scenario.yaml")
+        from simdist.api.trace import validate_trace
+
+        doc = validate_trace([f for f in files if f not in scenarios], scenarios[0], assignments=assignments,
+                             calibration=calibration, html=html)
+        _warn(doc)
+        if as_json:
+            _print_json(doc)
+            return
+        emit("\n".join(_trace_lines(doc)))
+        return
+    if assignments:
+        raise SimdistError("--set applies to a scenario, given with --trace", field="--set",
+                           fix="add --trace and a scenario, or drop --set")
     if calibration is None:
         raise SimdistError("no calibration given", field="--calibration",
                            fix="add --calibration cal.yaml (from simdist calibrate)")

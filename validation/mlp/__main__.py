@@ -33,6 +33,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--out", default=None, help="write the timed steps to this CSV")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="also profile each cut with torch.profiler: DIR/<cut>/rank<r>.*.pt.trace.json.gz")
+    parser.add_argument("--profile-steps", type=int, default=3, help="profiled steps per cut (after one warm-up)")
+    parser.add_argument("--no-timing", action="store_true", help="skip the timed steps (with --profile)")
     parser.add_argument("--check", action="store_true", help="compare gradients with the single-process reference")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
@@ -86,7 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         cuts=cuts, backend=args.backend, warmup=args.warmup, iters=args.iters,
         num_microbatches=args.microbatches or min(args.batch, 2 * args.ranks), batch_split=split,
         bucket_bytes=max(1, int(args.bucket_mb * 2**20)), check=args.check,
-        command=command)
+        command=command, timed=not args.no_timing, profile_dir=args.profile, profile_steps=args.profile_steps)
+    if args.profile_steps < 1:
+        raise HarnessError("--profile-steps must be >= 1")
+    if args.no_timing and not args.profile:
+        raise HarnessError("--no-timing without --profile would do nothing (fix: add --profile DIR)")
+    if args.profile is not None and Path(args.profile).is_file():
+        raise HarnessError(f"--profile {args.profile} is a file (fix: name a folder)")
     try:
         rows, checks, meta = run_steps(config, args.ranks, timeout_s=args.timeout, partial=args.out)
     except HarnessError as exc:

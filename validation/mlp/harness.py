@@ -53,6 +53,11 @@ class StepConfig:
     check: bool = True
     timed: bool = True
     command: str = ""
+    profile_dir: str | None = None
+    """Also profile each cut (torch.profiler, CPU and CUDA activities, shapes recorded): one trace per rank in
+    ``profile_dir/<cut>/rank<r>.*.pt.trace.json.gz`` (`profile_cut`), for ``simdist calibrate`` and ``simdist
+    validate --trace``."""
+    profile_steps: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +114,39 @@ def _worker(rank: int, world: int, config: StepConfig) -> Any:
             if row is not None:
                 rows.append(row)
                 report(("row", row))
+        if config.profile_dir is not None:
+            profile_cut(name, config, rank, world, device)
     return rows, checks, meta
+
+
+def profile_cut(name: str, config: StepConfig, rank: int, world: int, device: Any) -> None:
+    """Profile ``config.profile_steps`` training steps of cut ``name`` after one warm-up step (torch.profiler's
+    schedule: wait 0, warmup 1, active profile_steps), each step marked by ``prof.step()`` (the ProfilerStep#N
+    annotations simdist reads as step boundaries); every rank writes its own gzip trace
+    (torch.profiler.tensorboard_trace_handler). The single-process cut runs on rank 0 alone."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    single = name == "single"
+    if not single or rank == 0:
+        doing(f"profiling cut {name}")
+        cut = _build(name, config, rank, world, device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        folder = Path(str(config.profile_dir)) / name
+        handler = tensorboard_trace_handler(str(folder), worker_name=f"rank{rank}", use_gzip=True)
+        steps = config.profile_steps
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps), record_shapes=True,
+                     on_trace_ready=handler) as prof:
+            for _ in range(steps + 1):
+                if not single:
+                    dist.barrier()
+                cut.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                prof.step()
+    doing(f"waiting for every rank at the barrier after profiling cut {name}")
+    dist.barrier()
 
 
 def _build(name: str, config: StepConfig, rank: int, world: int, device: Any) -> Cut:
