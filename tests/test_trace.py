@@ -151,10 +151,11 @@ def test_kernel_names_classify(name, kind):
 
 
 @pytest.mark.parametrize(("name", "op"), [
-    ("allreduce", "all_reduce"), ("_allgather_base", "all_gather"), ("reduce_scatter_tensor_coalesced", "reduce_scatter"),
-    ("gloo:all_reduce", "all_reduce"), ("gloo:send", "send_recv"), ("all_to_allv", "all_to_all"),
-    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "reduce_scatter"), ("ncclKernel_AllGather_RING_LL_Sum_int8_t",
-                                                                       "all_gather"), ("nonsense", None),
+    ("allreduce", "all_reduce"), ("_allgather_base", "all_gather"),
+    ("reduce_scatter_tensor_coalesced", "reduce_scatter"), ("gloo:all_reduce", "all_reduce"),
+    ("gloo:send", "send_recv"), ("all_to_allv", "all_to_all"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "reduce_scatter"),
+    ("ncclKernel_AllGather_RING_LL_Sum_int8_t", "all_gather"), ("nonsense", None),
 ])
 def test_collective_names(name, op):
     assert collective_op(name) == op
@@ -200,7 +201,7 @@ def test_a_trace_without_steps_cannot_be_validated(tmp_path):
     raw = _raw(DP / "rank0.pt.trace.json.gz")
     raw["traceEvents"] = [e for e in raw["traceEvents"] if not e.get("name", "").startswith("ProfilerStep#")]
     path = _bad(tmp_path, "rank0.pt.trace.json", json.dumps(raw).encode())
-    with pytest.raises(SimdistError, match="no ProfilerStep#N annotation.*cpu_op"):
+    with pytest.raises(SimdistError, match=r"no ProfilerStep#N annotation.*cpu_op"):
         validate_trace([path], _scenario(tmp_path))
 
 
@@ -212,7 +213,7 @@ def test_traces_of_different_runs_are_refused(tmp_path):
     other = _bad(tmp_path, "rank1.pt.trace.json", json.dumps(raw).encode())
     with pytest.raises(SimdistError, match="different sizes"):
         read_traces([DP / "rank0.pt.trace.json.gz", other])
-    with pytest.raises(SimdistError, match="without \\*.json"):
+    with pytest.raises(SimdistError, match=r"without \*\.json"):
         read_traces([tmp_path / "empty"] if (tmp_path / "empty").mkdir() is None else [])
 
 

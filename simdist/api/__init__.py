@@ -155,8 +155,8 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
 
     Writes ``report.json``, ``trace.json`` (Chrome/Perfetto), ``report.html`` and, where the step was simulated,
     ``rank<r>.pt.trace.json`` per simulated rank (PyTorch profiler traces: simdist.report.kineto_trace) into
-    ``out_dir`` when given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a layout that
-    does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
+    ``out_dir`` when given; every file is rendered in memory first, so a failure writes nothing. ``strict``: a
+    layout that does not fit in memory is an error (exit 2) rather than a reported ``fits_in_memory: false``.
     ``calibration``: a calibration file (`calibrate`), else the scenario's ``calibration:`` field, if any.
     ``simulate``: auto | representatives | full (simdist.predict.step.predict_step); ``fidelity``: engine or
     closed_form (the same JSON); None: auto and engine. ``timeline``: keep the simulated timeline in
