@@ -230,3 +230,36 @@ def test_a_trace_larger_than_the_limit_is_refused(monkeypatch):
 def test_validate_trace_needs_one_scenario():
     out = _cli("validate", "--trace", DP / "rank0.pt.trace.json.gz")
     assert out.returncode == 2 and "one scenario file" in out.stderr and "Traceback" not in out.stderr
+
+
+# --------------------------------------------------------------------------- a real GPU trace (HTA's test data)
+HTA = REPO / "tests" / "data" / "traces" / "hta_nccl_a100" / "nccl_data.json.gz"
+
+
+def test_a_real_gpu_trace_is_read_and_classified():
+    t = read_trace(HTA)
+    assert (t.rank, t.world_size, t.backend, t.device) == (0, 2, "nccl", "NVIDIA A100-PG509-200")
+    assert len(t.steps) == 3
+    assert {k: t.counts()[k] for k in ("kernel", "gpu_memcpy", "gpu_memset")} == {
+        "kernel": 2700, "gpu_memcpy": 960, "gpu_memset": 114}
+    # by name alone: HTA's get_kernel_type finds 21 communication kernels (15 AllReduce, 6 Broadcast); 249 GEMM
+    # (cuBLAS / CUTLASS gemm, splitKreduce) and 324 convolution kernels (cuDNN fprop/dgrad/wgrad, implicit GEMMs)
+    names = [e.name for e in t.events if e.cat == "kernel"]
+    by_name = {kind: sum(kernel_kind(n) == kind for n in names) for kind in ("collective", "attention", "gemm")}
+    assert by_name == {"collective": 21, "attention": 0, "gemm": 249 + 324}
+    classes = [c.kind for c in classify(t)]
+    assert classes.count("collective") == 21 and len(classes) == 2700 + 960 + 114  # every GPU event in the steps
+    assert classes.count("gemm") >= 573  # and the kernels aten::mm/addmm launched besides (split-K reductions)
+
+
+def test_a_real_gpu_traces_collectives_are_its_record_param_comms():
+    measurements, _, notes = trace_measurements([read_trace(HTA)])
+    # record_param_comms: allreduce of Float (4 B) with In msg nelems 2049000, 2431040, 6563840, 6637568, 7875584,
+    # 3 calls each; broadcast of Long (8 B) x 53 and Float x 53120
+    sizes = {(m.op, m.nbytes, m.num_ranks, m.label) for m in measurements}
+    assert sizes == {("all_reduce", 4 * n, 2, "3 calls") for n in (2049000, 2431040, 6563840, 6637568, 7875584)} | {
+        ("broadcast", 8 * 53, 2, "3 calls"), ("broadcast", 4 * 53120, 2, "3 calls")}
+    assert any("one rank" in n for n in notes)
+    run, _ = measured_step([read_trace(HTA)])
+    assert run.compute_s + run.exposed_comm_s + run.idle_s == pytest.approx(run.step_s)
+    assert 0 < run.exposed_comm_s <= run.comm_s

@@ -79,17 +79,30 @@ _FREE = frozenset({
 })
 """Operators that launch nothing (views, allocation) or whose work is a child operator's (to/_to_copy/contiguous/
 clone call copy_, which is timed itself): not kernels."""
-_NCCL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
-_ATTENTION = re.compile(r"flash|fmha|attn|attention|sdpa", re.IGNORECASE)
-_GEMM = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|Kernel2|wgmma|triton_mm|splitK|_mm_|matmul", re.IGNORECASE)
+_NCCL = re.compile(r"nccl(?:Symk?)?(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+_COMM = re.compile(r"nccl|multimem_all_reduce|cross_device_reduce|all_reduce_(?:one|two)_shot", re.IGNORECASE)
+_ATTENTION = re.compile(r"flash_fwd|flash_bwd|flash::|flashattn|pytorch_flash|fmha|attention|attn|"
+                        r"cudnn_generated_fort_native_sdpa", re.IGNORECASE)
+_FUSED = re.compile(r"^(?:void )?triton_(?:poi|red|per|for|spl)_")
+"""Inductor's fused point-wise / reduction kernels: memory-bound, whatever matmul their names mention."""
+_GEMM = re.compile(r"gemm|gemv|nvjet|splitKreduce|^bmm_|Cijk_|triton_tem_.*mm|implicit_gemm|fprop|dgrad|wgrad|"
+                   r"scudnn", re.IGNORECASE)
+"""GEMM libraries' kernels (cuBLAS/cuBLASLt, CUTLASS, nvjet) and convolutions, which run as implicit GEMMs
+(cuDNN's fprop/dgrad/wgrad): compute-bound matrix work."""
 
 
 def kernel_kind(name: str) -> str:
-    """A GPU kernel's class by its name alone (module doc)."""
-    if "nccl" in name.lower():
+    """A GPU kernel's class by its name alone, rules in this order (HTA's get_kernel_type puts ``nccl`` kernels in
+    communication; the rest refines its "computation"): communication (NCCL's device kernels, custom all-reduce
+    kernels); attention (FlashAttention, PyTorch's flash and memory-efficient, cuDNN SDPA); Inductor's fused
+    element-wise kernels (memory-bound, before the GEMM test: their names may say addmm); GEMMs and convolutions;
+    everything else memory-bound."""
+    if _COMM.search(name):
         return "collective"
     if _ATTENTION.search(name):
         return "attention"
+    if _FUSED.search(name):
+        return "memory"
     if _GEMM.search(name):
         return "gemm"
     return "memory"
@@ -162,7 +175,7 @@ def classify(trace: Trace) -> list[Classified]:
             comm = k if k.comm is not None else comm_by_ext.get(k.ext_id) if k.ext_id is not None else None
             if k.cat != "kernel":
                 kind = "memory"
-            elif "nccl" in k.name.lower():
+            elif k.comm is not None or _COMM.search(k.name):
                 kind, launch = "collective", comm or launch
             elif k.simulated:
                 kind = "compute"
@@ -221,6 +234,8 @@ def _kernel_row(kind: str, op: TraceEvent, times_s: list[float], device: str, so
                 ) -> KernelMeasurement | None:
     """The measurement of one (class, operator, dtype, shape) group, None where its work cannot be told."""
     if kind == "gemm":
+        if op.name not in GEMM_OPS:  # a convolution's implicit GEMMs: no (m, n, k) to price them by
+            return None
         shape, dt = _gemm_shape(op), _dtype(op.types, 1 if GEMM_OPS[op.name] == "addmm" else 0)
         if shape is None or dt is None or dt[0] not in ("fp32", "bf16", "fp16", "fp8"):
             return None
@@ -228,6 +243,8 @@ def _kernel_row(kind: str, op: TraceEvent, times_s: list[float], device: str, so
         flops, nbytes = 2.0 * m * n * k * b, float((m * k + k * n + m * n) * b * dt[1])
         extra = {"m": m, "n": n, "k": k, "batch": b}
     elif kind == "attention":
+        if op.name not in _CAUSAL_ARG:
+            return None
         q = _QUERY_ARG.get(op.name, 0)
         dims, dt = op.dims or (), _dtype(op.types, q)
         if len(dims) < q + 2 or len(dims[q]) != 4 or len(dims[q + 1]) != 4 or dt is None:
