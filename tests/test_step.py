@@ -289,9 +289,11 @@ def test_cli_run_json_and_out_dir(tmp_path: Path) -> None:
         assert key in doc
     assert set(doc["breakdown"]["exposed_comm_s"]) == {"tp", "cp", "pp", "dp"}
     files = {p.name for p in (tmp_path / "out").iterdir()}
-    assert files == {"report.json", "trace.json", "report.html"}
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())
     assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    # and one PyTorch profiler (Kineto) trace per simulated rank (simdist.report.kineto_trace)
+    ranks = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert files == {"report.json", "trace.json", "report.html"} | {f"rank{r}.pt.trace.json" for r in ranks}
     assert json.loads((tmp_path / "out" / "report.json").read_text())["step_time_s"] == doc["step_time_s"]
     assert math.isfinite(doc["step_time_s"])
 

@@ -263,3 +263,8 @@ def test_a_real_gpu_traces_collectives_are_its_record_param_comms():
     run, _ = measured_step([read_trace(HTA)])
     assert run.compute_s + run.exposed_comm_s + run.idle_s == pytest.approx(run.step_s)
     assert 0 < run.exposed_comm_s <= run.comm_s
+
+
+def test_a_trace_of_another_gpu_is_warned_about(tmp_path):
+    doc = validate_trace([HTA], _scenario(tmp_path))
+    assert any("A100-PG509-200" in w and "CPU-core" in w for w in doc["warnings"]), doc["warnings"]

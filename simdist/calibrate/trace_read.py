@@ -156,6 +156,16 @@ def _ints(value: Any) -> int | None:
         return None
 
 
+_SHARED: dict[Any, Any] = {}
+"""One copy of each distinct name, dims and types value: a trace repeats a few thousand of them over its events."""
+
+
+def _shared(value: Any) -> Any:
+    if len(_SHARED) > 1_000_000:  # a trace of ever-new shapes: stop sharing rather than grow without bound
+        _SHARED.clear()
+    return _SHARED.setdefault(value, value)
+
+
 def _event(raw: Any) -> TraceEvent | None:
     """The kept form of one trace event, None for an event this reader does not use."""
     if not isinstance(raw, dict) or raw.get("ph") != "X":
@@ -172,16 +182,17 @@ def _event(raw: Any) -> TraceEvent | None:
     if cat in GPU_CATEGORIES:
         lane = _ints(args.get("stream"))
         comm = {k: args[k] for k in _COMM_KEYS if k in args} or None  # newer traces put them on NCCL kernels too
-        return TraceEvent(cat, name, ts, dur, lane if lane is not None else -1, _ints(args.get("External id")),
-                          comm=comm, simulated=bool(args.get("simulated")))
+        return TraceEvent(_shared(cat), _shared(name), ts, dur, lane if lane is not None else -1,
+                          _ints(args.get("External id")), comm=comm, simulated=bool(args.get("simulated")))
     if cat == "cpu_op" or (cat == "user_annotation" and (name.startswith(("ProfilerStep#", "gloo:", "nccl:")))):
         dims = args.get("Input Dims")
         types = args.get("Input type")
         comm = {k: args[k] for k in _COMM_KEYS if k in args} or None
         concrete = args.get("Concrete Inputs") if "attention" in name else None
-        return TraceEvent(cat, name, ts, dur, _ints(raw.get("tid")) or 0, _ints(args.get("External id")),
-                          _freeze(dims) if isinstance(dims, list) else None,
-                          tuple(str(t) for t in types) if isinstance(types, list) else None, comm,
+        return TraceEvent(_shared(cat), _shared(name), ts, dur, _ints(raw.get("tid")) or 0,
+                          _ints(args.get("External id")),
+                          _shared(_freeze(dims)) if isinstance(dims, list) else None,
+                          _shared(tuple(str(t) for t in types)) if isinstance(types, list) else None, comm,
                           tuple(str(c) for c in concrete) if isinstance(concrete, list) else None)
     return None
 
