@@ -5,10 +5,10 @@ Run from the repository root with the project's virtualenv active:
     python benchmarks/trace_read.py [--copies 40]
 
 It builds a trace of ``--copies`` copies of the real A100 trace in tests/data/traces/hta_nccl_a100 (its events
-shifted in time, one after the other: 40 copies make about 150 MB of JSON), writes it gzipped to a temporary
+shifted in time, one after the other: 40 copies make about 344 MB of JSON), writes it gzipped to a temporary
 folder, and reads it in a fresh process (``python -c``), printing the JSON's size, the events kept, the read's
-wall seconds and the process's peak resident memory (MB = 1e6 bytes, VmHWM of /proc/self/status: Linux): the streamed reader's memory
-follows the events kept, not the file's text.
+wall seconds and the process's peak resident memory (MB = 1e6 bytes, VmHWM of /proc/self/status: Linux): the
+streamed reader's memory follows the events kept, not the file's text.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), path=str(path))],
                              capture_output=True, text=True, check=True)
         kept, seconds, peak_mb = out.stdout.split()
-    print(f"trace of {args.copies} copies: {len(text) / 1e6:.0f} MB of JSON ({gz_mb:.0f} MB gzipped), {len(big):,} events; kept {int(kept):,}; read in {float(seconds):.1f} s, "
+    print(f"trace of {args.copies} copies: {len(text) / 1e6:.0f} MB of JSON ({gz_mb:.0f} MB gzipped), "
+          f"{len(big):,} events; kept {int(kept):,}; read in {float(seconds):.1f} s, "
           f"peak memory {float(peak_mb):.0f} MB")
     return 0
 
