@@ -268,3 +268,34 @@ def test_a_real_gpu_traces_collectives_are_its_record_param_comms():
 def test_a_trace_of_another_gpu_is_warned_about(tmp_path):
     doc = validate_trace([HTA], _scenario(tmp_path))
     assert any("A100-PG509-200" in w and "CPU-core" in w for w in doc["warnings"]), doc["warnings"]
+
+
+@pytest.mark.slow  # spawns 2 gloo ranks of the harness
+def test_the_loop_from_the_harness_profile_to_validate(tmp_path):
+    """Harness profile -> simdist calibrate -> simdist validate --trace, as the README's three commands."""
+    pytest.importorskip("torch")
+    prof = _cli_module("validation.mlp", "--ranks", "2", "--cuts", "data_parallel_bucketed", "--width", "128",
+                       "--layers", "2", "--batch", "16", "--no-timing", "--profile", tmp_path / "traces",
+                       "--profile-steps", "2")
+    assert prof.returncode == 0, prof.stderr
+    traces = tmp_path / "traces" / "data_parallel_bucketed"
+    assert len(list(traces.glob("rank*.pt.trace.json.gz"))) == 2
+    cal = _cli("calibrate", traces, "--topology", "cpu-loopback", "--out", tmp_path / "cal.yaml")
+    assert cal.returncode == 0, cal.stderr
+    fitted = yaml.safe_load((tmp_path / "cal.yaml").read_text())
+    # the one gradient bucket: 2 layers x 128 x 128 fp32 = 128 KiB, the size the fit saw
+    assert fitted["collectives"]["all_reduce"]["size_range"] == ["131072 B", "131072 B"]
+    scenario = tmp_path / "mlp.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "model": {"kind": "mlp", "num_layers": 2, "hidden_size": 128},
+                                        "training": {**SCENARIO["training"], "micro_batch_size": 8,
+                                                     "global_batch_size": 16}}))
+    out = _cli("validate", "--trace", traces, scenario, "--calibration", tmp_path / "cal.yaml", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert {r["what"] for r in doc["rows"]} == {"step_s", "compute_s", "exposed_comm_s", "idle_s"}
+    assert doc["measured"]["steps"] == 2 and {"gemm", "memory"} <= set(doc["categories"])
+
+
+def _cli_module(module: str, *args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
