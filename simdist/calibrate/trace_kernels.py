@@ -349,8 +349,8 @@ def trace_measurements(traces: Sequence[Trace]) -> tuple[list[Measurement], list
         else:
             kernels.append(row)
     if skipped:
-        notes.append(f"{skipped} operator shapes without the dims or dtypes to count their work (profile with "
-                     "record_shapes=True) were left out of the kernel fit")
+        notes.append(f"{skipped} operator shapes simdist cannot price were left out of the kernel fit (convolutions, "
+                     "and operators without their input dims or dtypes: profile with record_shapes=True)")
     if unknown_comm:
         notes.append(f"{unknown_comm} collective calls without their size or group were left out")
     if len(traces) == 1 and calls:
