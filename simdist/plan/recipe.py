@@ -373,13 +373,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
             c = b.add(Piece("compute", "forward", "", cost.forward_s + gap, deps=start,
                             needs_input=entry < 0, model_flops=cost.model_flops_forward,
                             hardware_flops=cost.model_flops_forward))
-        hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
-        c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.interference, "forward")
-        c = _ring(b, c, *ring, groups, cfg.interference)
-        chain = [c, *b.chain(items, (c,), "", groups)]
-        if hidden:
-            chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
-        return Recipe(tuple(b.pieces), chain[-1])
+        return _forward_tail(b, cfg, cost, c, entry, hidden_items, items, groups, ring)
     chain: list[int] = []
     deps = prev
     needs_input = True
@@ -482,6 +476,19 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     return Recipe(tuple(b.pieces), chain[-1])
 
 
+
+def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: int, hidden_items: list,
+                  items: list, groups: dict[str, int], ring: tuple) -> Recipe:
+    """A forward's end after its compute piece ``c``: the all-to-alls hidden behind it (from ``entry``) with the
+    compute they slow down, the context-parallel ring, the exposed collectives, and a wait for the hidden ones."""
+    hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
+    c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.interference, "forward")
+    c = _ring(b, c, *ring, groups, cfg.interference)
+    chain = [c, *b.chain(items, (c,), "", groups)]
+    if hidden:
+        chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
+    return Recipe(tuple(b.pieces), chain[-1])
+
 def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups: dict[str, int],
                ring: tuple = (0.0, ())) -> Recipe:
     """A forward or backward of ZeRO-3 run as FSDP runs it (``zero3_fetch: per_layer``, simdist.plan.fsdp): the
@@ -501,13 +508,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups:
         start = (PREV,) if entry < 0 else (entry,)
         # Gradient sync once per step (PyTorch pipelining): the parameters stay gathered after the first forward.
         c = fsdp_forward(b, cfg, cost, shards, pbpe, start, gap, entry < 0, gather=per_microbatch or first)
-        hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
-        c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.interference, "forward")
-        c = _ring(b, c, *ring, groups, cfg.interference)
-        chain = [c, *b.chain(items, (c,), "", groups)]
-        if hidden:
-            chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
-        return Recipe(tuple(b.pieces), chain[-1])
+        return _forward_tail(b, cfg, cost, c, entry, hidden_items, items, groups, ring)
     gather = ex.reshard_after_forward and per_microbatch
     deps: tuple[int, ...] = (PREV, *(backward_first_gather(b, shards, cost, pbpe) if gather else ()))
     needs_input = True
