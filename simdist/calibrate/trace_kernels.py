@@ -143,18 +143,16 @@ class Classified:
     """The operator it ran for (shapes, dtypes, collective arguments), None where the trace does not link it."""
 
 
-def _step_windows(trace: Trace) -> list[tuple[float, float]]:
-    return trace.steps
-
-
 def _inside(t: float, windows: list[tuple[float, float]]) -> bool:
     return not windows or any(a <= t <= b for a, b in windows)
 
 
 def classify(trace: Trace) -> list[Classified]:
     """The rank's kernels (GPU trace) or leaf operators and gloo collectives (CPU trace), classified (module doc),
-    inside its step windows where it has them."""
-    windows = _step_windows(trace)
+    inside its step windows where it has them; computed once and kept on the trace (``trace.classified``)."""
+    if trace.classified is not None:
+        return trace.classified
+    windows = trace.steps
     ops = [e for e in trace.events if e.cat == "cpu_op"]
     gpu = [e for e in trace.events if e.on_gpu]
     out: list[Classified] = []
@@ -187,6 +185,7 @@ def classify(trace: Trace) -> list[Classified]:
                 kind = kernel_kind(k.name)
             name = launch.name if launch is not None and kind != "collective" else k.name
             out.append(Classified(kind, name, k.ts_us, k.end_us, launch))
+        trace.classified = out
         return out
     step_threads = {e.lane for e in trace.events if e.cat == "user_annotation" and e.name.startswith("ProfilerStep#")}
     by_thread: dict[int, list[TraceEvent]] = defaultdict(list)
@@ -209,6 +208,7 @@ def classify(trace: Trace) -> list[Classified]:
     for e in trace.events:
         if e.cat == "user_annotation" and e.name.startswith("gloo:") and _inside(e.ts_us, windows):
             out.append(Classified("collective", e.name, e.ts_us, e.end_us, e))
+    trace.classified = out
     return out
 
 

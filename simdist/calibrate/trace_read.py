@@ -86,6 +86,8 @@ class Trace:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     """``distributedInfo.pg_config``: each group's name, size and ranks."""
     events: list[TraceEvent] = field(default_factory=list)
+    classified: list[Any] | None = None
+    """What simdist.calibrate.trace_kernels.classify made of the events, kept by it (computed once per trace)."""
 
     @property
     def steps(self) -> list[tuple[float, float]]:
@@ -156,18 +158,12 @@ def _ints(value: Any) -> int | None:
         return None
 
 
-_SHARED: dict[Any, Any] = {}
-"""One copy of each distinct name, dims and types value: a trace repeats a few thousand of them over its events."""
+def _event(raw: Any, shared: dict[Any, Any]) -> TraceEvent | None:
+    """The kept form of one trace event, None for an event this reader does not use. ``shared``: one copy of each
+    distinct name, dims and types value of the read (a trace repeats a few thousand of them over its events)."""
 
-
-def _shared(value: Any) -> Any:
-    if len(_SHARED) > 1_000_000:  # a trace of ever-new shapes: stop sharing rather than grow without bound
-        _SHARED.clear()
-    return _SHARED.setdefault(value, value)
-
-
-def _event(raw: Any) -> TraceEvent | None:
-    """The kept form of one trace event, None for an event this reader does not use."""
+    def one(value: Any) -> Any:
+        return shared.setdefault(value, value)
     if not isinstance(raw, dict) or raw.get("ph") != "X":
         return None
     cat, name = raw.get("cat"), raw.get("name")
@@ -182,17 +178,17 @@ def _event(raw: Any) -> TraceEvent | None:
     if cat in GPU_CATEGORIES:
         lane = _ints(args.get("stream"))
         comm = {k: args[k] for k in _COMM_KEYS if k in args} or None  # newer traces put them on NCCL kernels too
-        return TraceEvent(_shared(cat), _shared(name), ts, dur, lane if lane is not None else -1,
+        return TraceEvent(one(cat), one(name), ts, dur, lane if lane is not None else -1,
                           _ints(args.get("External id")), comm=comm, simulated=bool(args.get("simulated")))
     if cat == "cpu_op" or (cat == "user_annotation" and (name.startswith(("ProfilerStep#", "gloo:", "nccl:")))):
         dims = args.get("Input Dims")
         types = args.get("Input type")
         comm = {k: args[k] for k in _COMM_KEYS if k in args} or None
         concrete = args.get("Concrete Inputs") if "attention" in name else None
-        return TraceEvent(_shared(cat), _shared(name), ts, dur, _ints(raw.get("tid")) or 0,
+        return TraceEvent(one(cat), one(name), ts, dur, _ints(raw.get("tid")) or 0,
                           _ints(args.get("External id")),
-                          _shared(_freeze(dims)) if isinstance(dims, list) else None,
-                          _shared(tuple(str(t) for t in types)) if isinstance(types, list) else None, comm,
+                          one(_freeze(dims)) if isinstance(dims, list) else None,
+                          one(tuple(str(t) for t in types)) if isinstance(types, list) else None, comm,
                           tuple(str(c) for c in concrete) if isinstance(concrete, list) else None)
     return None
 
@@ -212,15 +208,9 @@ def _metadata(trace: Trace, key: str, value: Any) -> None:
         trace.device = str(name) if name else None
 
 
-def _items(fh: IO[bytes], prefix: str) -> Iterator[Any]:
-    import ijson  # the streaming parser, imported where a trace is read (simdist's other commands do not need it)
-
-    return ijson.items(fh, prefix, use_float=True)
-
-
 def read_trace(path: str | Path) -> Trace:
     """Read one rank's Kineto trace (module doc); every problem is one `SpecError` naming the file."""
-    import ijson
+    import ijson  # the streaming parser, imported where a trace is read (simdist's other commands do not need it)
 
     p = Path(path)
     if not p.is_file():
@@ -249,8 +239,9 @@ def read_trace(path: str | Path) -> Trace:
                             fix="give the *.pt.trace.json files torch.profiler writes (export_chrome_trace or "
                                 "tensorboard_trace_handler)")
         with _open(p) as fh:
-            for raw in _items(fh, "traceEvents.item"):
-                ev = _event(raw)
+            shared: dict[Any, Any] = {}
+            for raw in ijson.items(fh, "traceEvents.item", use_float=True):
+                ev = _event(raw, shared)
                 if ev is None:
                     continue
                 kept += 1
@@ -261,7 +252,7 @@ def read_trace(path: str | Path) -> Trace:
         if trace.rank is None and trace.device is None:  # metadata written after the events (merged traces)
             with _open(p) as fh:
                 for key in ("distributedInfo",):
-                    for value in _items(fh, key):
+                    for value in ijson.items(fh, key, use_float=True):
                         _metadata(trace, key, value)
                         break
     except ijson.IncompleteJSONError as err:

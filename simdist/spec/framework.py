@@ -10,6 +10,7 @@ defaults are Megatron-LM's own. The profiles are data read by the one step model
 
 from __future__ import annotations
 
+import copy
 import csv
 from functools import cache
 from importlib import resources
@@ -98,7 +99,7 @@ def with_framework_defaults(data: Any, sections: dict[str, type]) -> Any:
         if given is None:
             out[section] = {}
         elif isinstance(given, dict):
-            out[section] = _deep_copy(given)
+            out[section] = copy.deepcopy(given)
     def given(path: str) -> bool:
         section, *field = path.split(".")
         mapping = out.get(section)
@@ -114,6 +115,3 @@ def with_framework_defaults(data: Any, sections: dict[str, type]) -> Any:
             _put(mapping, field, value)
     return out
 
-
-def _deep_copy(mapping: dict) -> dict:
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in mapping.items()}
