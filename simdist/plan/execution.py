@@ -49,12 +49,6 @@ class Execution:
     """The optimizer keeps fp32 master weights beside 16-bit model weights and writes both (Megatron-LM, DeepSpeed);
     False: the fp32 shard is the parameter and the gather casts it (PyTorch FSDP with mixed precision)."""
 
-    @property
-    def eager_host(self) -> bool:
-        """Whether the host issues each kernel (not replayed from a CUDA graph)."""
-        return not self.cuda_graphs
-
-
 MEGATRON = Execution()
 
 
