@@ -12,11 +12,11 @@ import pytest
 from simdist import api
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.hardware.host import host_overhead
+from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.layer_cost import embedding_work, head_work, layer_work
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.optimizer import optimizer_step_kernels
-from simdist.plan.step_config import chunk_cost
 from tests.conftest import TOY_TOPOLOGY, toy_gpu
 
 SCENARIO = f"""

@@ -9,11 +9,11 @@ import pytest
 
 from simdist import api
 from simdist.errors import SimdistError
+from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.layout import step_config_of
 from simdist.plan.mesh import Mesh
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.recipe import step_recipe
-from simdist.plan.step_config import chunk_cost
 from simdist.predict.step import predict_step
 from tests.conftest import TOY_TOPOLOGY
 

@@ -299,10 +299,10 @@ def test_gradient_dtype_sets_the_data_parallel_reduction_bytes() -> None:
     import dataclasses
 
     from simdist import api
+    from simdist.plan.chunk_cost import chunk_cost
     from simdist.plan.layout import step_config_of
     from simdist.plan.model_presets import resolve_model
     from simdist.plan.recipe import tail
-    from simdist.plan.step_config import chunk_cost
     from tests.test_analytic_step import _spec
 
     spec = _spec({"tp": 1, "pp": 1, "dp": 2, "cp": 1, "vpp": 1, "zero_stage": 0, "recompute": "none",

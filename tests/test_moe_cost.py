@@ -15,13 +15,14 @@ from simdist.hardware.compute import compute_efficiency, gemm_efficiency, kernel
 from simdist.hardware.gemm import architecture, quantization
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.plan.activations import activation_bytes_per_layer
+from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.layer_cost import embedding_work, head_work, layer_work, model_flops_per_sequence, mtp_work
 from simdist.plan.layout import step_config_of
 from simdist.plan.memory import stage_memory
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
-from simdist.plan.step_config import chunk_cost, layer_kinds
+from simdist.plan.step_config import layer_kinds
 
 H100 = GPU_PRESETS["h100-sxm"]
 # h 64, 8 experts of width 128, top-2, 128 tokens; layer 0 dense (ffn 256), layers 1-3 MoE (DeepSeek's first dense).

@@ -58,8 +58,8 @@ def test_an_overlapped_collective_leaves_one_chunk_exposed() -> None:
     assert exposed_share("reduce_scatter", "bf16", 8) == pytest.approx(1 / 4)
     assert exposed_share("reduce_scatter", "fp8", 8) == pytest.approx(1 / 8)
     # the recipe keeps that share of each tp collective in the forward step's path and hides the rest
+    from simdist.plan.chunk_cost import chunk_cost
     from simdist.plan.recipe import step_recipe
-    from simdist.plan.step_config import chunk_cost
 
     cfg, _ = _step(True)
     cost = chunk_cost(cfg, cfg.part_layers(0), True, True)

@@ -21,9 +21,10 @@ from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
+from simdist.plan.chunk_cost import ChunkCost, chunk_cost
 from simdist.plan.interference import tax_s
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe, tail
-from simdist.plan.step_config import ChunkCost, LayerKinds, StepConfig, chunk_cost
+from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "chunk_cost_entry",
            "price_pieces", "recipe_entry", "tail_entry", "token"]
@@ -207,7 +208,7 @@ def token(value: Any) -> int:
 
 def cached_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool,
                       config: int | None = None) -> ChunkCost:
-    """`simdist.plan.step_config.chunk_cost`, cached by every field it reads; ``config``: `token` of
+    """`simdist.plan.chunk_cost.chunk_cost`, cached by every field it reads; ``config``: `token` of
     `chunk_cost_key` of ``cfg``, if already computed."""
     return chunk_cost_entry(cfg, layers, first_part, last_part, config)[0]
 

@@ -58,7 +58,7 @@ class Units:
 
 
 def units_of(cost) -> Units:
-    """The FSDP units of a chunk of cost ``cost`` (simdist.plan.step_config.ChunkCost)."""
+    """The FSDP units of a chunk of cost ``cost`` (simdist.plan.chunk_cost.ChunkCost)."""
     layers, emb, head = cost.num_layers, cost.embedding_params, cost.head_params
     units = layers + (1 if emb else 0) + (1 if head else 0)
     if units <= 1 or cost.num_params <= 0:

@@ -42,6 +42,7 @@ from simdist.hardware.gemm import BLACKWELL, architecture
 from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
+from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.execution import execution_of
 from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.mesh import Mesh, parse_order
@@ -49,7 +50,7 @@ from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
 from simdist.plan.moe_cost import check_experts as check_moe_cost
 from simdist.plan.schedule import check_schedule
-from simdist.plan.step_config import StepConfig, chunk_cost
+from simdist.plan.step_config import StepConfig
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
 

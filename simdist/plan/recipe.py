@@ -46,6 +46,7 @@ import math
 
 from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.tp_overlap import exposed_share
+from simdist.plan.chunk_cost import ChunkCost
 from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward, replica_reduce
 from simdist.plan.interference import tax
 from simdist.plan.layer_cost import bytes_per_element
@@ -61,7 +62,7 @@ from simdist.plan.pieces import (
     StageTail,
 )
 from simdist.plan.schedule import WEIGHT_GRAD_SHARE
-from simdist.plan.step_config import ChunkCost, StepConfig, grad_bytes_per_element
+from simdist.plan.step_config import StepConfig, grad_bytes_per_element
 
 __all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "data_parallel_groups", "dense_data_parallel_axis",
            "edge_recipe", "is_edge", "p2p_bytes", "send", "step_recipe", "tail"]
@@ -278,7 +279,7 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     # reduce-scatters of the layers run chunk by chunk beside the GEMMs they feed or drain, on their own stream.
     # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)) but for each one's
     # exposed chunk (its first or last: simdist.hardware.tp_overlap.exposed_share), which stays in the path; the
-    # GEMMs' lost SMs are charged too (simdist.plan.step_config.chunk_cost).
+    # GEMMs' lost SMs are charged too (simdist.plan.chunk_cost.chunk_cost).
     # torchtitan's async TP (micro-pipelined all-gather-matmul / matmul-reduce-scatter, torch/_inductor
     # micro_pipeline_tp): the same hiding, each collective in tp pieces, so one piece of tp stays exposed.
     async_tp = cfg.execution.async_tp and groups.get("tp", 1) >= 2

@@ -23,6 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from simdist.plan.activations import in_flight_microbatches
+from simdist.plan.chunk_cost import ChunkCost, chunk_cost
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, stage_memory
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
@@ -41,9 +42,7 @@ from simdist.plan.recipe import (
 from simdist.plan.recompute import full_layers
 from simdist.plan.schedule import Step, schedule_order
 from simdist.plan.step_config import (
-    ChunkCost,
     StepConfig,
-    chunk_cost,
     chunk_layers,
     grad_bytes_per_element,
     layer_kinds,

@@ -1,28 +1,22 @@
-"""What a step plan is built from: the step's configuration, the layer split, and each model chunk's cost.
+"""What a step plan is built from: the step's configuration and the layer split.
 
 `StepConfig` is the plain, validated input of `simdist.plan.step.build_step` (simdist.predict builds it from a
-scenario); `chunk_cost` turns the layers a pipeline stage runs for one model part into seconds on its GPU and the
-collectives they need (simdist.plan.layer_cost kernels on the simdist.hardware.compute roofline).
+scenario); `layer_kinds` names the layers of a model part, which simdist.plan.chunk_cost prices.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from simdist.errors import LayoutError
-from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, kernel_time_s, kernels_time_s
+from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.host import HostOverhead, host_overhead
-from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.execution import MEGATRON, Execution
-from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work, mtp_work
 from simdist.plan.layer_split import choose_split, chunk_layers
-from simdist.plan.memory import layer_param_shards, layer_tensors
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
-from simdist.plan.recompute import full_layers
 from simdist.spec.gpu import GpuSpec
 
 
@@ -190,45 +184,6 @@ class StepConfig:
         return self.dp_batch_split[dp_index] // self.micro_batch_size
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkCost:
-    """Durations and collectives of one model chunk (the layers one stage runs for one model part)."""
-
-    forward_s: float
-    backward_s: float
-    recompute_s: float
-    forward_comm: tuple[tuple[str, float, str, int, float], ...]
-    """(op, nbytes, axis, count, imbalance) run back to back after the forward compute; ``imbalance``: an
-    all_to_all's busiest peer's bytes / the mean (simdist.plan.layer_cost.CommWork.imbalance; 1.0: even)."""
-    recompute_comm: tuple[tuple[str, float, str, int, float], ...]
-    backward_overlapped_comm: tuple[tuple[str, float, str, int, float], ...]
-    backward_comm: tuple[tuple[str, float, str, int, float], ...]
-    ring_forward_comm: tuple[tuple[str, float, str, int, float], ...]
-    """Context-parallel ring exchanges (cp_comm_type p2p) of the forward, beside ``ring_forward_s`` of its compute."""
-    ring_backward_comm: tuple[tuple[str, float, str, int, float], ...]
-    ring_forward_s: float
-    """Of forward_s, the ring steps' attention (the compute the ring exchanges overlap)."""
-    ring_backward_s: float
-    model_flops_forward: float
-    model_flops_backward: float
-    recompute_flops: float
-    num_params: float
-    """Parameters this chunk holds on one GPU (its tp shard)."""
-    num_tensors: int
-    """Parameter tensors (weights and biases), for per-parameter gradient reduction."""
-    first_part: bool = False
-    """The chunk is model part 0 (pipeline rank 0's first chunk): where Megatron-LM cuts gradients into buckets."""
-    expert_params: float = 0.0
-    """Of ``num_params``, the routed experts' parameters on one GPU (its ep x etp shard): their gradients reduce over
-    the expert-data-parallel group, not dp (Megatron-Core expert_data_parallel group)."""
-    num_layers: int = 0
-    """Decoder layers in the chunk (and multi-token-prediction layers): its FSDP units (simdist.plan.fsdp)."""
-    embedding_params: float = 0.0
-    """Of ``num_params``, the word embedding's on one GPU (the first model part's)."""
-    head_params: float = 0.0
-    """Of ``num_params``, the output layer's on one GPU (the last model part's, untied)."""
-
-
 # ----------------------------------------------------------------------------- layer split
 def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = "even", vpp: int = 1
                  ) -> tuple[int, ...]:
@@ -245,18 +200,6 @@ def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = 
     else:
         split = choose_split(model, pp=num_stages, vpp=vpp, pipeline_split=how)
     return split.layers_per_stage
-
-
-# ----------------------------------------------------------------------------- costs
-def _comm_groups(work_comm: tuple, phase: str, overlappable: bool | None, times: int, ring: bool = False) -> tuple:
-    """(op, nbytes, axis, count, imbalance) of a Work's collectives of one phase (``overlappable`` None: either), alike
-    ones counted together; ``ring``: the context-parallel ring exchanges instead of the others."""
-    agg: dict[tuple[str, float, str, float], int] = {}
-    for c in work_comm:
-        if c.phase == phase and (overlappable is None or c.overlappable == overlappable) and c.ring == ring:
-            key = (c.op, float(c.nbytes), c.axis, float(c.imbalance))
-            agg[key] = agg.get(key, 0) + times
-    return tuple((op, nbytes, axis, n, x) for (op, nbytes, axis, x), n in agg.items())
 
 
 LayerKinds = tuple[tuple[int, int], ...]
@@ -280,173 +223,6 @@ def layer_kinds(model: Model, first_layer: int, num_layers: int) -> LayerKinds:
     for key in keys[first_layer:first_layer + num_layers]:
         count[first_of[key]] = count.get(first_of[key], 0) + 1
     return tuple(sorted(count.items()))
-
-
-def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last_part: bool) -> ChunkCost:
-    """Cost of the decoder ``layers`` of one model part (`StepConfig.part_layers`; an int n: n layers of a model whose
-    layers are all alike) + the embedding on the first model part, + the head (and the multi-token-prediction
-    modules) on the last, per micro-batch."""
-    m = cfg.model
-    if isinstance(layers, int):
-        if m.kind == "decoder" and len(set(zip(m.moe_layer_flags(), m.window_layer_flags(), strict=True))) > 1:
-            raise LayoutError(f"model {m.name!r} mixes kinds of layers: a chunk's cost needs its layer indices",
-                              field="model.moe_layer_freq", fix="pass StepConfig.part_layers(part)")
-        layers = ((0, layers),) if layers else ()
-    kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
-              micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
-    experts, ex = cfg.expert_parallel, cfg.execution
-
-    def layer(i: int, recompute: str = cfg.recompute) -> Work:
-        return layer_work(m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
-                          attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts,
-                          style=ex.style, fp8_weight_cache=ex.fp8_weight_cache,
-                          recompute_modules=ex.recompute_modules, cp_comm_type=ex.cp_comm_type, **kw)
-
-    parts: list[tuple[Work, int]] = []
-    if cfg.recompute == "full" and ex.recompute_method not in (None, "uniform"):
-        # Full recompute of some of the chunk's layers (simdist.plan.recompute.full_layers), the others none.
-        # Assumption: where the chunk mixes kinds of layers, the recomputed ones are spread over the kinds in
-        # proportion.
-        total = sum(n for _, n in layers)
-        redo = full_layers(ex.recompute_method, ex.recompute_num_layers, total)
-        left = redo
-        for j, (i, n) in enumerate(layers):
-            k = left if j == len(layers) - 1 else min(left, round(redo * n / total)) if total else 0
-            left -= k
-            parts += [(w, c) for w, c in ((layer(i, "full"), k), (layer(i, "none"), n - k)) if c]
-    else:
-        parts = [(layer(i), n) for i, n in layers]
-    if first_part and m.kind == "decoder":
-        parts.append((embedding_work(m, style=ex.style, **kw), 1))
-    if last_part:
-        parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, **kw), 1))
-    mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
-    if mtp:
-        # DeepSeek-V3 sec. 2.2 / Megatron-LM: the MTP modules run on the last pipeline stage after the main model:
-        # each an embedding lookup, its norms and projection, a layer built like the last one, the shared head.
-        parts += [(layer(m.num_layers - 1), mtp), (mtp_work(m, **kw), mtp),
-                  (embedding_work(m, style=ex.style, **kw), mtp),
-                  (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, **kw), mtp)]
-
-    host = cfg.host_overhead
-    eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
-    if ex.cuda_graphs:
-        # Kernels replayed from CUDA graphs: no host launch per kernel, and the graph's smaller gap between kernels
-        # (simdist.hardware.compute.ComputeEfficiency.graph_launch_overhead_s).
-        eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
-
-    def total(kernels_of) -> float:
-        # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
-        # (simdist.hardware.host: one eager op per modelled kernel); under CUDA graphs the GPU's time alone.
-        # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
-        if ex.cuda_graphs:
-            return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, eff) * n for w, n in parts)
-        return sum(host.kernels_time_s(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, eff),
-                                       len(kernels_of(w))) * n for w, n in parts)
-
-    def comm(phase: str, overlappable: bool | None, ring: bool = False) -> tuple:
-        out: dict[tuple[str, float, str, float], int] = {}
-        for w, n in parts:
-            for op, nbytes, axis, k, x in _comm_groups(w.comm, phase, overlappable, n, ring):
-                out[(op, nbytes, axis, x)] = out.get((op, nbytes, axis, x), 0) + k
-        return tuple((op, nb, ax, k, x) for (op, nb, ax, x), k in out.items())
-
-    def ring_s(kernels_of) -> float:
-        # Context-parallel ring attention (cp_comm_type p2p): the cp - 1 ring steps of each attention core run beside
-        # the exchanges of KV blocks (simdist.plan.context_parallel); Assumption: the steps take (cp - 1) / cp of the
-        # core's time (the first step, causal on the rank's own chunks, is 1 / cp of its work).
-        if cfg.mesh.cp < 2 or ex.cp_comm_type != "p2p":
-            return 0.0
-        share = (cfg.mesh.cp - 1) / cfg.mesh.cp
-        return share * sum(kernel_time_s(cfg.gpu, k, cfg.precision, eff) * n
-                           for w, n in parts for k in kernels_of(w) if k.kind == "attention")
-
-    # Model FLOPs per the causal convention (Kernel.model_flops: the masked half of the scores not counted; a
-    # token's topk experts at the balanced share).
-    # (matmul FLOPs only, as simdist.plan.kernel_work.work_of counts them: element-wise kernels carry FLOPs for the
-    # roofline, not for the model-FLOP convention)
-    fwd_model = sum(sum(k.model_flops for k in w.forward if k.kind != "memory") * n for w, n in parts)
-    bwd_model = sum(sum(k.model_flops for k in w.backward if k.kind != "memory") * n for w, n in parts)
-    rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
-    # Parameters this chunk holds on one GPU: each layer's dense weights over tp and its routed experts over
-    # ep x etp (simdist.plan.memory.layer_param_shards), the embedding on the first part and the output
-    # projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding), the MTP modules there too.
-    tp, experts_gpus = cfg.mesh.tp, cfg.ep * cfg.etp
-    split = replicated = routed = tensors = 0
-    for i, n in layers:
-        s_i, r_i, e_i = layer_param_shards(m, i)
-        split, replicated, routed = split + s_i * n, replicated + r_i * n, routed + e_i * n
-        tensors += layer_tensors(m, i, ep=cfg.ep) * n
-    if mtp:
-        s_i, r_i, e_i = layer_param_shards(m, m.num_layers - 1)
-        own = m.mtp_params // mtp - m.layer_params(m.num_layers - 1)  # its norms and eh_proj, split over tp
-        split, replicated, routed = split + (s_i + own) * mtp, replicated + r_i * mtp, routed + e_i * mtp
-        tensors += mtp * (layer_tensors(m, m.num_layers - 1, ep=cfg.ep) + 4)
-    params = split / tp
-    emb_params = head_params = 0.0
-    if m.kind == "decoder":
-        emb = m.vocab_size * m.hidden_size / tp
-        emb_params = emb if first_part else 0.0
-        head_params = emb if last_part and not m.tied_embeddings else 0.0
-        params += emb_params + head_params
-        tensors += (1 if first_part else 0) + (1 if last_part and not m.tied_embeddings else 0)
-    expert_params = routed / experts_gpus
-    if replicated or routed:
-        params += replicated + expert_params
-    tax = tax_backward = 0.0
-    if ex.async_tp and cfg.mesh.tp > 1:
-        # torchtitan's async TP splits each GEMM beside a sequence-parallel collective into tp GEMMs of m / tp rows
-        # (torch/_inductor/fx_passes/micro_pipeline_tp.py: fused_all_gather_matmul / fused_matmul_reduce_scatter, one
-        # matmul per shard), forward and backward; the copies run on the copy engines (symmetric memory), not the
-        # SMs. Charged: the smaller GEMMs' lost efficiency (size and wave quantization: simdist.hardware.gemm).
-        split = cfg.mesh.tp
-        for w, n in parts:
-            for k in (*w.forward, *w.backward):
-                if k.kind == "gemm" and k.gemm_mnk and k.name.removesuffix("_input_grad") in _ASYNC_TP_GEMMS:
-                    m_, n_, k_ = k.gemm_mnk
-                    piece = dataclasses.replace(k, flops=k.flops / split, hbm_bytes=k.hbm_bytes / split,
-                                                gemm_mnk=(max(1, m_ // split), n_, k_))
-                    extra = n * (split * kernel_time_s(cfg.gpu, piece, cfg.precision, eff)
-                                 - kernel_time_s(cfg.gpu, k, cfg.precision, eff))
-                    if k.name.endswith("_input_grad"):
-                        tax_backward += extra
-                    else:
-                        tax += extra
-    if cfg.tp_comm_overlap and cfg.mesh.tp > 1:
-        # the forward GEMMs whose reduce-scatter runs beside them lose the SMs its kernels take (tp_overlap)
-        for w, n in parts:
-            for k in w.forward:
-                f = gemm_slowdown(cfg.gpu, cfg.precision, k.name) if k.kind == "gemm" else 1.0
-                if f > 1.0:
-                    tax += n * (f - 1.0) * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
-    return ChunkCost(
-        forward_s=total(lambda w: w.forward) + tax,
-        backward_s=total(lambda w: w.backward) + tax_backward,
-        recompute_s=total(lambda w: w.recompute),
-        forward_comm=comm("forward", False) + comm("forward", True),
-        ring_forward_comm=comm("forward", None, ring=True),
-        ring_backward_comm=comm("backward", None, ring=True),
-        ring_forward_s=ring_s(lambda w: w.forward),
-        ring_backward_s=ring_s(lambda w: w.backward),
-        recompute_comm=comm("recompute", False) + comm("recompute", True),
-        backward_overlapped_comm=comm("backward", True),
-        backward_comm=comm("backward", False),
-        model_flops_forward=fwd_model,
-        model_flops_backward=bwd_model,
-        recompute_flops=rec,
-        num_params=params,
-        num_tensors=tensors,
-        first_part=first_part,
-        expert_params=expert_params,
-        num_layers=sum(n for _, n in layers) + mtp,
-        embedding_params=emb_params,
-        head_params=head_params,
-    )
-
-
-_ASYNC_TP_GEMMS = frozenset({"qkv", "mlp_up", "projection", "mlp_down"})
-"""The GEMMs beside a sequence-parallel all-gather (qkv, mlp_up; in backward the projection's and mlp_down's input
-gradients) or reduce-scatter (projection, mlp_down; in backward qkv's and mlp_up's input gradients)."""
 
 
 def grad_bytes_per_element(precision: str, fp32: bool | None = None) -> int:
