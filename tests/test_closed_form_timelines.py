@@ -46,14 +46,14 @@ def test_step_groups_are_the_program_grouped_by_stage_kind_and_chunk(schedule, k
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)])
 def test_fast_timeline_starts_equal_the_generic_timelines(schedule, vpp):
-    # _timeline (step by step, its starts recorded as it goes) and _timeline_fast (starts by program index, grouped
-    # at the end) on the same stages: the same starts, exactly, and the same step
+    # _timeline (step by step, its starts recorded as it goes) and the compiled timeline (starts by program index,
+    # grouped at the end) on the same stages: the same starts, exactly, and the same step
     cfg, topology = _cfg(schedule, vpp, 12)
     stages = closed._stages(cfg, CommPricer(topology))
     assert closed._fast(stages)
     fast_starts: dict = {}
     generic_starts: dict = {}
-    fast = closed._timeline_fast(cfg, stages, 12, fast_starts)[0]
+    fast = closed._compiled_timeline(cfg, closed._pack(stages), 12, fast_starts)[0]
     generic = closed._timeline(cfg, stages, 12, generic_starts)[0]
     assert fast == generic
     assert fast_starts == generic_starts
@@ -94,45 +94,3 @@ def test_a_step_too_short_to_fast_forward_is_not_priced():
     stages = closed._stages(cfg, CommPricer(topology))
     assert closed._plan(cfg, lambda: calls.append(1) or stages, True) is not None
     assert calls == [1]
-
-
-def _cfg_zero(schedule: str, vpp: int, microbatches: int, zero_stage: int):
-    spec = _spec({"tp": 2, "pp": 4, "dp": 2, "cp": 1, "vpp": vpp, "zero_stage": zero_stage, "recompute": "none",
-                  "schedule": schedule, "grad_reduce": "bucketed", "bucket": None,
-                  "microbatches": microbatches, "mbs": 1, "sp": True, "per_parameter": False})
-    topology = api.cluster_of(spec)
-    return step_config_of(spec, topology, resolve_model(spec.model)), topology
-
-
-@pytest.mark.parametrize("schedule,vpp,zero_stage", [("interleaved_1f1b", 2, 1), ("1f1b", 1, 1), ("zb_h1", 1, 1),
-                                                     ("interleaved_1f1b", 2, 3), ("1f1b", 1, 2)])
-@pytest.mark.parametrize("spans", [False, True])
-def test_a_timeline_gone_on_from_an_earlier_runs_trail_is_the_timeline_from_the_start(schedule, vpp, zero_stage,
-                                                                                       spans, monkeypatch):
-    # Runs of several micro-batch counts, each going on from the latest state an earlier one kept within the steps
-    # their programs share (_Trail), give exactly what each run from the start gives: step, intervals, block
-    # summaries, FLOPs and recorded starts. A stride of 5 steps makes every run resume mid-program.
-    monkeypatch.setattr(closed, "TRAIL_STRIDE", 5)
-    cfg, topology = _cfg_zero(schedule, vpp, 16, zero_stage)
-    stages = closed._stages(cfg, CommPricer(topology))
-    assert closed._fast(stages)
-    trails: list = []
-    g = 4 if schedule == "interleaved_1f1b" else 1
-    for m, record in ((8 * g, True), (12 * g, True), (4 * g, False), (6 * g, False), (10 * g, True), (5 * g, False),
-                      (12 * g, False)):
-        alone_starts: dict = {}
-        resumed_starts: dict = {}
-        alone = closed._timeline_fast(cfg, stages, m, alone_starts if record else None, spans)
-        before = len(trails)
-        resumed = closed._timeline_fast(cfg, stages, m, resumed_starts if record else None, spans, trails)
-        assert len(trails) == before + 1
-        assert alone[0] == resumed[0] and alone[3:] == resumed[3:]
-        assert alone[1] == resumed[1]  # every interval of every stage, in order
-        for a, b in zip(alone[2], resumed[2], strict=True):
-            assert (a.total_s, a.start_s, a.end_s, a.parts) == (b.total_s, b.start_s, b.end_s, b.parts)
-            assert (a.starts is None) == (b.starts is None)
-            if a.starts is not None:
-                assert a.starts.tolist() == b.starts.tolist() and a.ends.tolist() == b.ends.tolist()
-        assert alone_starts == resumed_starts
-        if before:  # it went on from an earlier state: the states before its start are an earlier trail's
-            assert any(trails[-1].states[1] is t.states[1] for t in trails[:-1])

@@ -17,7 +17,6 @@ Cost grows with the schedule's distinct work: a large micro-batch count is fast-
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,7 +37,9 @@ from simdist.analytic.pricing import (
     token,
 )
 from simdist.analytic.program import KIND_INDEX, program, recipe_code, step_groups
-from simdist.plan.accounting import Block, BlockSummary, Interval, account, partition_pieces
+from simdist.analytic.timeline_kernel import GENERIC, SIMPLE, Packed, Unit, pack, pack_stage, run_program
+from simdist.plan.accounting import CATEGORIES, Block, Interval, account, partition_pieces
+from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
@@ -131,6 +132,9 @@ class _Stage:
     sends: list[float]
     """By chunk * 3 + kind index: seconds of the send to the neighbouring stage."""
     tail: PricedPieces
+    unit: list[Unit | None] | None = None
+    """A box for ``recipes``, ``simple`` and ``tail`` as arrays, shared by alike stages: filled by the first
+    compiled timeline that needs it (a search's lower bound reads the priced recipes and never packs them)."""
 
 
 def _slowed(r: PricedPieces, factor: float) -> PricedPieces:
@@ -210,6 +214,14 @@ class _Geometry:
 
 
 def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
+    """Where each stage sits (see `_Geometry`), memoised by what decides it: the mesh, the layer split and the
+    send's bytes (a search's layouts share their mesh across micro-batch sizes, recompute and ZeRO stages)."""
+    p2p = send(cfg)
+    key = ("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp, p2p.op, p2p.nbytes)
+    return pricer.memo(key, lambda: _find_geometry(cfg, pricer))
+
+
+def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     kinds = _part_kinds(cfg)
     p2p = send(cfg)
@@ -247,13 +259,12 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
     for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
-        recipes, simple, stage_tail = pricer.memo(("stage", config, g.key, factor),
-                                                  lambda g=g, factor=factor: _stage(
-                                                      cfg, pricer, g.chunks, g.groups, factor, config, g.shape))
+        recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
+            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None]))
         sends = [0.0] * (cfg.vpp * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * p2p.count
-        out.append(_Stage(recipes, simple, sends, stage_tail))
+        out.append(_Stage(recipes, simple, sends, stage_tail, unit))
     return out
 
 
@@ -426,194 +437,67 @@ def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, 
     return ends[r.end]
 
 
-TRAIL_STRIDE = 512
-"""A `_Trail` keeps its run's state every this many program steps."""
+def _backward_codes(num_codes: int, zb: bool) -> np.ndarray:
+    """Per recipe code: whether the step counts as its stage's backward work (its last one ends the pipeline
+    work): a W, or a B where B does not leave its weight gradients for a W (ZB-H1)."""
+    kind = (np.arange(max(num_codes, 1)) >> 1) % 3
+    return (kind == KIND_INDEX["W"]) | ((kind == KIND_INDEX["B"]) & (not zb))
 
 
-@dataclass(slots=True)
-class _Trail:
-    """What a `_timeline_fast` run leaves behind for the timeline of another program of the same stages to go on
-    from: that program's timeline, up to the last step the two share, is this one's (the same recurrence over the
-    same steps: each step reads its stage's state, its recipe and the ``out`` of its upstream step, an earlier one).
-    Kept: the run's per-step lists (each entry written once, at its step: their first k entries are those of the
-    state after k steps), the lengths of its per-stage interval lists, and every `TRAIL_STRIDE` steps the rest of
-    its state."""
-
-    steps: np.ndarray
-    """(4, n): per program step its stage, recipe code, upstream and downstream stage (`Program`'s)."""
-    out: list[float]
-    t0s: list[float] | None
-    """The steps' starts, where the run recorded them."""
-    intervals: list[list[Interval]]
-    block_spans: list[list[float]]
-    states: list[tuple]
-    """After k x TRAIL_STRIDE steps: (f0, f1, f2, f3, fdp, fpp, prev, first, block_end, last_bwd, used, model,
-    hardware, lengths of ``intervals``, lengths of ``block_spans``)."""
-
-    def shared(self, steps: np.ndarray, record: bool) -> int:
-        """How many of this run's states a run of the program ``steps`` may start from (its first steps are this
-        one's up to there; a run that records starts needs this one's); 0: none."""
-        if record and self.t0s is None:
-            return 0
-        n = min(steps.shape[1], self.steps.shape[1])
-        differ = np.flatnonzero((steps[:, :n] != self.steps[:, :n]).any(axis=0))
-        common = int(differ[0]) if len(differ) else n
-        return min(common // TRAIL_STRIDE + 1, len(self.states))
-
-
-def _start_state(num_stages: int, stages: list[_Stage]) -> tuple:
-    """A `_Trail` state before any step: every stream free at 0, no step run yet."""
-    K = num_stages
-    return ([0.0] * K, [0.0] * K, [0.0] * K, [0.0] * K, [0.0] * K, [0.0] * K, [-1.0] * K, [-1.0] * K, [-1.0] * K,
-            [0.0] * K, [[0] * len(st.simple) for st in stages], 0.0, 0.0, [0] * K, [0] * K)
-
-
-def _timeline_fast(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None,
-                   spans: bool = True, trails: list[_Trail] | None = None
-                   ) -> tuple[float, list[list[Interval]], list[BlockSummary], float, float]:
-    """`_timeline` where `_fast` holds: each step is one addition, and a stage's blocks are summed (their spans
-    kept only where dp pipeline work may overlap them: simdist.plan.accounting.BlockSummary). A step's compute,
-    tp and cp streams are free when it starts: every simple recipe ends after its last piece on them, and so does
-    every other one (`_closed`), a chunk's first forward with its parameter gathers, run piece by piece
-    (`_run_pieces`) once per chunk. ``spans`` False: the blocks' spans are not kept even where dp pipeline work
-    may overlap them (a caller that reads the step time and the starts alone: `_Timelines`). ``trails``: the
-    `_Trail` of earlier runs on ``stages`` (with the same ``spans``): this one starts from the latest state they
-    kept that its program shares, and appends its own."""
+def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, starts: dict | None = None,
+                       spans: bool = False) -> tuple:
+    """`run_program` over the schedule's program of ``num_microbatches``: where `_fast` holds, each step's core
+    streams are free when it starts, so a simple step costs one addition (simdist.analytic.timeline_kernel);
+    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    n = len(prog)
-    record = starts is not None
-    steps = prog.steps
-    # the earlier run that kept the latest state within the steps its program shares with this one, if any
-    trail, usable = max(((t, t.shared(steps, record)) for t in trails or ()), key=lambda x: x[1], default=(None, 0))
-    k = usable - 1  # the state to start from: after k x TRAIL_STRIDE steps (-1: the start)
-    begin = max(k, 0) * TRAIL_STRIDE
-    (f0, f1, f2, f3, fdp, fpp, prev, first, block_end, last_bwd, used, model, hardware, num_intervals,
-     num_spans) = trail.states[k] if trail is not None and k >= 0 else _start_state(K, stages)
-    # (copies: the kept state stays as it was)
-    f0, f1, f2, f3, fdp, fpp = f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:]
-    prev, first, block_end, last_bwd = prev[:], first[:], block_end[:], last_bwd[:]
-    used = [row[:] for row in used]
-    # the per-step lists: their first ``begin`` entries are the kept run's (each written once, at its step)
-    out = (trail.out[:begin] if begin else []) + [0.0] * (n - begin)
-    # each step's start, by program index (grouped into ``starts`` at the end)
-    t0s = (trail.t0s[:begin] if begin else []) + [0.0] * (n - begin) if record else None  # type: ignore[index]
-    intervals: list[list[Interval]] = [kept[:m] for kept, m in zip(trail.intervals, num_intervals, strict=True)] \
-        if begin else [[] for _ in range(K)]
-    block_spans: list[list[float]] = [kept[:m] for kept, m in zip(trail.block_spans, num_spans, strict=True)] \
-        if begin else [[] for _ in range(K)]  # start, end, start, end, ... of the blocks (cover only)
-    generic = [st.recipes for st in stages]
-    cover = spans and _overlapping_work(stages)
-    simple = [st.simple for st in stages]
-    sends = [st.sends for st in stages]
-    zb = cfg.schedule == "zb_h1"
-    # the states this run keeps (those before its start are the earlier run's, for the same steps), and the step
-    # before which it keeps the next (-1: none)
-    kept: list[tuple] = list(trail.states[:k + 1]) if trail is not None and k >= 0 else []
-    keep_at = -1 if trails is None else begin + TRAIL_STRIDE if kept else 0
-    p_stage, p_up, p_down, p_code = prog.stage, prog.upstream, prog.downstream_stage, prog.code
-    if begin:
-        p_stage, p_up, p_down, p_code = p_stage[begin:], p_up[begin:], p_down[begin:], p_code[begin:]
-    # by recipe_code: whether the step counts as the stage's backward work (its last one ends the pipeline work)
-    backward = [(code >> 1) % 3 == KIND_INDEX["W"] or ((code >> 1) % 3 == KIND_INDEX["B"] and not zb)
-                for code in range(max((len(st.simple) for st in stages), default=0))]
-    for i, s, code, up, down in zip(range(begin, n), p_stage, p_code, p_up, p_down, strict=True):
-        if i == keep_at:
-            kept.append((f0[:], f1[:], f2[:], f3[:], fdp[:], fpp[:], prev[:], first[:], block_end[:], last_bwd[:],
-                         [row[:] for row in used], model, hardware, [len(x) for x in intervals],
-                         [len(x) for x in block_spans]))
-            keep_at += TRAIL_STRIDE
-        t0 = prev[s]
-        if f0[s] > t0:
-            t0 = f0[s]
-        if up >= 0 and out[up] > t0:
-            t0 = out[up]
-        sm = simple[s][code]
-        if sm is None:  # a chunk's first forward with its parameter gathers (`_fast`), piece by piece
-            r = generic[s][code]
-            if record:
-                t0s[i] = t0  # type: ignore[index]
-            f = [f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s]]
-            end = _run_pieces(r, f, prev[s], out[up] if up >= 0 else 0.0, intervals[s])  # type: ignore[arg-type]
-            f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s] = f
-            model += r.model_flops  # type: ignore[union-attr]
-            hardware += r.hardware_flops  # type: ignore[union-attr]
-        else:
-            if sm.ahead:  # the gathers issued ahead queue on the dp stream
-                for duration, category, work in sm.ahead:
-                    t = fdp[s]
-                    fdp[s] = t + duration
-                    intervals[s].append((t, fdp[s], category, work))
-                if fdp[s] > t0:
-                    t0 = fdp[s]
-            if first[s] < 0:
-                first[s] = t0
-            if record:
-                t0s[i] = t0  # type: ignore[index]
-            end = t0 + sm.duration_s
-            block_end[s] = end
-            used[s][code] += 1
-            if cover:
-                block_spans[s] += (t0, end)
-            fr = sm.frees
-            if fr[0] >= 0:
-                f0[s] = t0 + fr[0]
-            if fr[1] >= 0:
-                f1[s] = t0 + fr[1]
-            if fr[2] >= 0:
-                f2[s] = t0 + fr[2]
-            if fr[3] >= 0:
-                f3[s] = t0 + fr[3]
-            if sm.behind:
-                for ready, duration, category, work in sm.behind:
-                    t = t0 + ready
-                    if fdp[s] > t:
-                        t = fdp[s]
-                    fdp[s] = t + duration
-                    intervals[s].append((t, fdp[s], category, work))
-        prev[s] = end
-        if backward[code] and end > last_bwd[s]:
-            last_bwd[s] = end
-        if down >= 0:
-            t = fpp[s] if fpp[s] > end else end
-            out[i] = fpp[s] = t + sends[s][code >> 1]  # by chunk * 3 + kind index: recipe_code // 2
-        else:
-            out[i] = end
-    if record:
-        at = np.array(t0s)
+    result = run_program(packed, prog.steps, _backward_codes(packed.kind.shape[1], cfg.schedule == "zb_h1"),
+                         starts is not None, spans)
+    if starts is not None:
+        at = result[5]
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
-            starts.setdefault(key, []).extend(at[idx].tolist())  # type: ignore[union-attr]
-    if trails is not None:
-        # (the tails below append to ``intervals`` after the steps: a run that goes on from here reads the lengths kept)
-        trails.append(_Trail(steps, out, t0s, intervals, block_spans, kept))
-    step = max(prev, default=0.0)
-    summaries: list[BlockSummary] = []
-    for s in range(K):
-        total = 0.0
-        parts: dict[str, float] = {}
-        for code, count in enumerate(used[s]):
-            if count:
-                sm = simple[s][code]
-                total += count * sm.duration_s  # type: ignore[union-attr]
-                model += count * sm.model_flops  # type: ignore[union-attr]
-                hardware += count * sm.hardware_flops  # type: ignore[union-attr]
-                for c, seconds in sm.parts.items():  # type: ignore[union-attr]
-                    parts[c] = parts.get(c, 0.0) + count * seconds
-        span = np.asarray(block_spans[s], dtype=float).reshape(-1, 2) if cover else None
-        summaries.append(BlockSummary(total, first[s], block_end[s], parts, *((span[:, 0], span[:, 1]) if cover
-                                                                               else (None, None))))
-        r = stages[s].tail
-        f = [f0[s], f1[s], f2[s], f3[s], fdp[s], fpp[s]]
-        _run_tail(r, f, last_bwd[s], intervals[s])
-        model += r.model_flops
-        hardware += r.hardware_flops
-        step = max(step, *f)
-    return step, intervals, summaries, model / K, hardware / K
+            starts.setdefault(key, []).extend(at[idx].tolist())
+    return result
 
 
-def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> dict[str, float]:
-    timeline = _timeline_fast if _fast(stages) else _timeline
-    step, intervals, blocks, model, hardware = timeline(cfg, stages, num_microbatches)  # type: ignore[operator]
+def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed, num_microbatches: int
+                          ) -> dict[str, float]:
+    """`_observables` where `_fast` holds: the compiled timeline and the compiled breakdown sweep
+    (simdist.plan.accounting_kernel); the simple steps are blocks whose parts are charged as they are."""
+    K = cfg.mesh.pp
+    cover = _overlapping_work(stages)
+    step, intervals, used, first_last, spans, _ = _compiled_timeline(cfg, packed, num_microbatches, spans=cover)
+    kind = packed.kind[packed.slot]  # (K, C): each stage's recipe kinds
+    used = used[:, :kind.shape[1]]
+    simple = np.where(kind == SIMPLE, used, 0)
+    totals = (simple * packed.duration[packed.slot]).sum(axis=1)
+    lo, hi, seconds = account_stages(intervals, K, step, first_last, totals, spans, cover)
+    seconds[:, :len(CATEGORIES)] += np.einsum("kc,kcn->kn", simple, packed.parts[packed.slot])
+    generic = kind == GENERIC
+    flops = (np.einsum("kc,kcf->f", simple, packed.simple_flops[packed.slot])
+             + (used[generic][:, None] * packed.recipe_flops[packed.recipe[packed.slot][generic]]).sum(axis=0)
+             + packed.recipe_flops[packed.tail[packed.slot]].sum(axis=0))
+    mean = seconds.mean(axis=0) if K else np.zeros(seconds.shape[1])
+    return {"step_s": step, "phase_s": max(hi - lo, 0.0), "model_flops": flops[0] / K, "hardware_flops": flops[1] / K,
+            **{f"{c}_s": float(mean[j]) for j, c in enumerate((*CATEGORIES, "bubble", "idle"))}}
+
+
+def _pack(stages: list[_Stage]) -> Packed:
+    """``stages`` as arrays for the compiled timeline; each distinct stage packed once (`_Stage.unit`)."""
+    units = []
+    for st in stages:
+        box = st.unit if st.unit is not None else [None]
+        if box[0] is None:
+            box[0] = pack_stage(st.recipes, st.simple, st.tail)
+        units.append(box[0])
+    return pack(units, [st.sends for st in stages])
+
+
+def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
+                 packed: Packed | None = None) -> dict[str, float]:
+    if packed is not None or _fast(stages):
+        return _compiled_observables(cfg, stages, packed if packed is not None else _pack(stages), num_microbatches)
+    step, intervals, blocks, model, hardware = _timeline(cfg, stages, num_microbatches)
     acct = account(intervals, step, blocks)
     mean = acct.mean()
     return {"step_s": step, "phase_s": acct.phase_s, "model_flops": model, "hardware_flops": hardware,
@@ -629,18 +513,19 @@ class _Timelines:
     def __init__(self, cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]]) -> None:
         self._cfg = cfg
         self._stages = stages
-        self._timeline: Callable[..., tuple] | None = None
+        self._packed: Packed | None = None
+        self._compiled: bool | None = None
 
     def _run(self, m: int, starts: dict | None) -> float:
-        if self._timeline is None:
+        if self._compiled is None:
             if callable(self._stages):
                 self._stages = self._stages()
-            # the step time and starts alone are read: the fast timeline keeps no spans of its blocks; each run goes
-            # on from the state of an earlier one where their programs agree (`_Trail`: the timelines of M and M + c
-            # micro-batches share every step before M's cool-down)
-            self._timeline = (functools.partial(_timeline_fast, spans=False, trails=[]) if _fast(self._stages)
-                              else _timeline)
-        return self._timeline(self._cfg, self._stages, m, starts)[0]
+            self._compiled = _fast(self._stages)
+            if self._compiled:
+                self._packed = _pack(self._stages)
+        if self._packed is not None:
+            return _compiled_timeline(self._cfg, self._packed, m, starts)[0]
+        return _timeline(self._cfg, self._stages, m, starts)[0]  # type: ignore[arg-type]
 
     def timeline(self, m: int) -> tuple[dict[tuple, list[float]], float]:
         starts: dict[tuple, list[float]] = {}
@@ -701,14 +586,15 @@ def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int,
                          fast_forward: bool | tuple[int, int, int, int]
                          ) -> tuple[dict[str, float], FastForward | None]:
     stages = _stages(cfg, pricer, dp_index)
+    packed = _pack(stages) if _fast(stages) else None
     M = _num_microbatches(cfg)
     found = (fast_forward if isinstance(fast_forward, tuple) else _plan(cfg, stages, False)) if fast_forward else None
     if found is not None:
         cycle, *counts = found
-        obs = extrapolate([(m, _observables(cfg, stages, m)) for m in counts], M)
+        obs = extrapolate([(m, _observables(cfg, stages, m, packed)) for m in counts], M)
         if obs is not None:
             return obs, FastForward(cycle, tuple(counts), M)  # type: ignore[arg-type]
-    return _observables(cfg, stages, M), None
+    return _observables(cfg, stages, M, packed), None
 
 
 @dataclass(frozen=True, slots=True)

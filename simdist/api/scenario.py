@@ -8,6 +8,7 @@ from typing import Any
 
 from simdist.errors import LayoutError, SimdistError, SpecError
 from simdist.hardware import Topology, load_topology
+from simdist.predict.cluster import cluster_of, cluster_target, placed, with_failed_links
 from simdist.spec import ScenarioSpec, TopologySpec
 from simdist.spec.load import Document, read_yaml
 from simdist.spec.load import validate as validate_spec
@@ -100,9 +101,9 @@ def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]
         source=cluster.source,
         lines=cluster.lines,
     )
-    target = _cluster_target(spec, base, source=doc.where(("cluster",)))
+    target = cluster_target(spec, base, source=doc.where(("cluster",)))
     try:
-        topology = _placed(load_topology(target, overrides=overrides), spec)
+        topology = placed(load_topology(target, overrides=overrides), spec)
     except SpecError as err:  # located in the scenario or the topology file; name the scenario field
         raise err.located(field_prefix="cluster") from None
     except SimdistError as err:  # unknown preset, disconnected cluster: name the scenario's field
@@ -110,7 +111,7 @@ def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]
         where = doc.where(tuple(field.split(".")))
         raise type(err)(err.problem, field=field, source=where, fix=err.fix) from None
     try:
-        topology = _failed(topology, spec)
+        topology = with_failed_links(topology, spec)
     except SimdistError as err:
         raise type(err)(err.problem, field=err.field, source=doc.where(tuple((err.field or "faults").split("."))),
                         fix=err.fix) from None
@@ -132,46 +133,3 @@ def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None
                f"but the cluster has {topology.num_gpus} ({topology.num_nodes} nodes x {topology.gpus_per_node})"),
             field="parallel", source=doc.where(("parallel",)), fix=hint,
         )
-
-
-def _cluster_target(spec: ScenarioSpec, base: Path | None, *, source: str | None = None) -> str | Path:
-    """The preset name or the topology file (relative to ``base``, if given) that ``spec.cluster`` names."""
-    c = spec.cluster
-    if c.file is not None:
-        return c.file if Path(c.file).is_absolute() or base is None else base / c.file
-    if c.preset is not None:
-        return c.preset
-    raise SpecError("no cluster given", field="cluster", source=source,
-                    fix="add 'preset: dgx-h100' (see `simdist topo list`) or 'file: my-topology.yaml'")
-
-
-def cluster_of(spec: ScenarioSpec, *, base_dir: str | Path | None = None) -> Topology:
-    """The cluster a validated scenario names: its preset or file, with the scenario's overrides."""
-    c = spec.cluster
-    overrides = {k: v for k, v in c.model_dump(exclude_none=True).items() if k not in ("preset", "file", "placement")}
-    target = _cluster_target(spec, Path(base_dir) if base_dir is not None else None)
-    try:
-        topology = _placed(load_topology(target, overrides=Document(data=overrides, source="scenario", lines={})),
-                           spec)
-    except SimdistError as err:
-        raise err.located(field_prefix="cluster") from None
-    return _failed(topology, spec)
-
-
-def _placed(topology: Topology, spec: ScenarioSpec) -> Topology:
-    """The part of the cluster the scenario's job uses (``cluster.placement``), or the whole cluster."""
-    placement = spec.cluster.placement
-    if placement is None:
-        return topology
-    from simdist.hardware.placement import job_topology
-
-    return job_topology(topology, num_nodes=placement.num_nodes, gpus_per_node=placement.gpus_per_node)
-
-
-def _failed(topology: Topology, spec: ScenarioSpec) -> Topology:
-    """The cluster with the leaf-spine links of ``faults.failed_links`` down (ECMP routes around them)."""
-    if not spec.faults.failed_links:
-        return topology
-    from simdist.predict.faults import failed_uplinks
-
-    return topology.with_failed_uplinks(failed_uplinks(spec.faults, topology))

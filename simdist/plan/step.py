@@ -346,8 +346,8 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
     mesh, K, ex = cfg.mesh, cfg.mesh.pp, cfg.execution
     replicas = range(mesh.dp) if cfg.dp_batch_split is not None else (0,)
     most = max(cfg.microbatches(d) for d in replicas)
-    return stage_memory(
-        cfg.model, layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
+    args = dict(
+        layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
         tp=mesh.tp, pp=K, dp=mesh.dp, cp=mesh.cp, vpp=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
         zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
         precision=cfg.precision,
@@ -358,6 +358,18 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
         unsharded="" if ex.reshard_after_forward else "params_grads" if ex.grad_sync == "step" else "params",
         shard_group=cfg.mesh.dp_shard or None)
+    # a search asks for the memory of thousands of layouts, three times each (pruning, screening, ranking), and
+    # many share a stage's every input (they differ in the schedule or the placement): cached by all of them
+    key = (cfg.model, *args.values())
+    hit = _MEMORY.get(key)
+    if hit is None:
+        if len(_MEMORY) >= 65536:
+            _MEMORY.clear()
+        hit = _MEMORY[key] = stage_memory(cfg.model, **args)
+    return hit
+
+
+_MEMORY: dict[tuple, MemoryBreakdown] = {}
 
 
 def _full_share(cfg: StepConfig, stage: int) -> float:

@@ -6,6 +6,7 @@ scenario); `layer_kinds` names the layers of a model part, which simdist.plan.ch
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -110,16 +111,11 @@ class StepConfig:
 
     def model_parts(self) -> tuple[int, ...]:
         """Decoder layers of every model part in model order (part c * pp + s: chunk c of stage s)."""
-        K = self.mesh.pp
-        return tuple(self.stage_chunks(p % K)[p // K] for p in range(K * self.vpp))
+        return _parts(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp)[0]
 
     def part_first_layers(self) -> tuple[int, ...]:
         """Index (0-based, in the model) of the first decoder layer of every model part, in model order."""
-        firsts, n = [], 0
-        for count in self.model_parts():
-            firsts.append(n)
-            n += count
-        return tuple(firsts)
+        return _parts(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp)[1]
 
     def part_layers(self, part: int) -> LayerKinds:
         """The decoder layers of model ``part`` (c * pp + s: chunk c of stage s) as `layer_kinds`."""
@@ -127,9 +123,7 @@ class StepConfig:
 
     def stage_layers(self, stage: int) -> tuple[int, ...]:
         """Indices (0-based) of every decoder layer that pipeline ``stage`` holds, over its vpp chunks."""
-        K, firsts, counts = self.mesh.pp, self.part_first_layers(), self.model_parts()
-        return tuple(i for c in range(self.vpp) for i in range(firsts[c * K + stage],
-                                                                 firsts[c * K + stage] + counts[c * K + stage]))
+        return _stage_layers(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp, stage)
 
     @property
     def expert_parallel(self) -> ExpertParallel:
@@ -239,3 +233,28 @@ def grad_bytes_per_element(precision: str, fp32: bool | None = None) -> int:
     if fp32 is not None:
         return 4 if fp32 else 2
     return {"bf16": 4, "fp8": 4, "fp16": 2}[precision]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parts(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int, ...], pp: int, vpp: int
+           ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(`StepConfig.model_parts`, `StepConfig.part_first_layers`) of a layer split (cached: a search and the
+    memory model ask for them per stage of thousands of layouts of a few splits)."""
+    if layers_per_part is not None:
+        parts = tuple(layers_per_part)
+    else:
+        chunks = [tuple(chunk_layers(n, vpp)) for n in layers_per_stage]
+        parts = tuple(chunks[p % pp][p // pp] for p in range(pp * vpp))
+    firsts, n = [], 0
+    for count in parts:
+        firsts.append(n)
+        n += count
+    return parts, tuple(firsts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_layers(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int, ...], pp: int, vpp: int,
+                  stage: int) -> tuple[int, ...]:
+    counts, firsts = _parts(layers_per_part, layers_per_stage, pp, vpp)
+    parts = [c * pp + stage for c in range(vpp)]
+    return tuple(i for p in parts for i in range(firsts[p], firsts[p] + counts[p]))

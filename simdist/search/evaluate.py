@@ -24,12 +24,13 @@ from simdist.analytic.step import CommPricer, analytic_step
 from simdist.errors import SimdistError, SpecError
 from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
+from simdist.plan.layer_split import parse_layout
 from simdist.plan.layout import step_config_of
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, peak_memory_bytes
+from simdist.predict.cluster import cluster_of
 from simdist.search.space import Candidate, SearchProblem
-from simdist.spec.load import Document
 from simdist.spec.scenario import ModelSpec, ScenarioSpec
 
 ATTENTION = "flash"
@@ -83,14 +84,9 @@ def _scenario_base(text: str) -> ScenarioSpec:
 
 
 def cluster_of_spec(spec: ScenarioSpec) -> Topology:
-    """The cluster of a validated scenario whose paths are absolute: its preset or file, with its overrides."""
-    c = spec.cluster
-    overrides = {k: v for k, v in c.model_dump(exclude_none=True, mode="json").items() if k not in ("preset", "file")}
-    target = str(c.file) if c.file is not None else c.preset
-    try:
-        return load_topology(target, overrides=Document(data=overrides, source="scenario", lines={}))
-    except SimdistError as err:
-        raise err.located(field_prefix="cluster") from None
+    """The cluster of a validated scenario whose paths are absolute: as `simdist run` builds it (its preset or file
+    with its overrides, the part ``cluster.placement`` uses, its failed links)."""
+    return cluster_of(spec)
 
 
 def _base_spec(problem: SearchProblem, model: dict[str, Any], cluster_key: str) -> ScenarioSpec:
@@ -109,12 +105,26 @@ def candidate_spec(problem: SearchProblem, base: ScenarioSpec, c: Candidate) -> 
                                                 "sequence_parallel": c.sequence_parallel,
                                                 "zero_stage": c.zero_stage, **({"order": c.order} if c.order else {}),
                                                 "ep": c.ep, "etp": c.etp or None,
-                                                "layers_per_stage": _split(base, c.pp)})
+                                                "layers_per_stage": _split(base, c.pp),
+                                                "pipeline_layout": _layout(base.parallel.pipeline_layout,
+                                                                           c.pp * (c.vpp or 1))})
     training = base.training.model_copy(update={
         "micro_batch_size": c.micro_batch_size, "recompute": c.recompute,
         "zero3_fetch": problem.zero3_fetch if c.zero_stage == 3 else "prefetch"})
     return base.model_copy(update={"name": f"{problem.model} {c.key} on {problem.num_nodes} x {problem.cluster}",
                                    "parallel": parallel, "training": training, "schedule": c.schedule})
+
+
+@lru_cache(maxsize=64)
+def _layout(layout: str | None, num_parts: int) -> str | None:
+    """The base scenario's Megatron-LM pipeline layout where the candidate has its number of model parts (pp x
+    vpp), else none: the candidate's layers are split as Megatron-LM splits them by default (`pipeline_split`)."""
+    if layout is None:
+        return None
+    try:
+        return layout if len(parse_layout(layout)) == num_parts else None
+    except SimdistError:
+        return layout  # a bad layout: the layout check names it
 
 
 def _split(base: ScenarioSpec, pp: int) -> list[int] | None:

@@ -1,0 +1,388 @@
+"""The closed form's schedule recurrence, compiled: one program of steps timed over a stage's priced recipes as
+arrays (numba; the README says why a JIT and not numpy).
+
+Each step of a schedule's program depends on the one before it on its stage and on its upstream step: a
+max-plus recurrence that numpy cannot vectorise (every step reads what the previous one wrote) and that costs
+3-5 us per step in Python, or 12-20 ms for one configuration of a layout search. Compiled, a step costs tens of
+nanoseconds. The rule is simdist.analytic.step's (the engine's execution rule with nothing contending), stated
+once here for the steps whose core streams are free when they start (`simdist.analytic.step._fast`):
+
+- a *simple* step (a recipe whose core pieces follow each other without a gap: `_Simple`) costs one addition:
+  it starts when its stage's previous step, its compute stream and its input are done, after any parameter
+  gathers issued ahead of it on the dp stream; its dp pieces behind queue on the dp stream;
+- any other step (a chunk's first forward with its gathers) and each stage's tail run piece by piece, each
+  piece when its stream is free and its dependencies are done;
+- a step that feeds another stage sends on its pp stream after it ends.
+
+`pack` lays a configuration's stages out as arrays once; `run_program` times a program over them and returns
+every interval that the accounting (simdist.plan.accounting_kernel) needs. tests/test_timeline_kernel.py checks
+it against the step-by-step timeline (`simdist.analytic.step._timeline`), the oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from simdist.plan.accounting import CATEGORIES
+from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
+
+__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_stage", "run_program"]
+
+_CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
+_DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
+_PP = 5
+NONE, SIMPLE, GENERIC = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One stage's priced recipes as arrays (C recipe codes), made once per distinct stage (`pack_stage`).
+
+    ``kind`` (C): NONE, SIMPLE or GENERIC (timed piece by piece: ``recipe`` (C) names its entry in the pieces
+    table). Simple recipes: ``duration`` (C), ``frees`` (C, 4: when each core stream is free again, relative to
+    the start; -1: not used), their dp pieces ahead and behind in CSR by code. The pieces table holds every recipe
+    timed piece by piece and the stage's tail (``tail``): per recipe its pieces' range, the piece waiting for the
+    input and its end piece; per piece its stream, duration, category, work flag and dependencies (CSR)."""
+
+    kind: np.ndarray
+    recipe: np.ndarray
+    duration: np.ndarray
+    frees: np.ndarray
+    ahead_ptr: np.ndarray
+    ahead: np.ndarray
+    """(n, 3): duration, category, work."""
+    behind_ptr: np.ndarray
+    behind: np.ndarray
+    """(n, 4): ready (relative to the start), duration, category, work."""
+    recipe_ptr: np.ndarray
+    recipe_needs: np.ndarray
+    recipe_end: np.ndarray
+    piece: np.ndarray
+    """(n, 4): stream, duration, category, work."""
+    dep_ptr: np.ndarray
+    deps: np.ndarray
+    tail: int
+    simple_flops: np.ndarray
+    """(C, 2): model and hardware FLOPs of each simple recipe."""
+    parts: np.ndarray
+    """(C, categories): each simple recipe's seconds per category (its block's parts)."""
+    recipe_flops: np.ndarray
+    """(R, 2): those of each piece-by-piece recipe and of the tail."""
+
+
+def pack_stage(recipes: list, simple: list, tail: object) -> Unit:
+    """A stage's priced recipes (by recipe code), their simple forms (simdist.analytic.step._Simple; None: timed
+    piece by piece, or no such recipe) and its priced tail, as a `Unit`."""
+    C = len(simple)
+    kind = np.zeros(C, dtype=np.int8)
+    recipe = np.full(C, -1, dtype=np.int64)
+    duration = np.zeros(C)
+    frees = np.full((C, 4), -1.0)
+    simple_flops = np.zeros((C, 2))
+    parts = np.zeros((C, len(CATEGORIES)))
+    ahead_ptr = [0]
+    ahead: list[tuple[float, float, float]] = []
+    behind_ptr = [0]
+    behind: list[tuple[float, float, float, float]] = []
+    recipe_ptr = [0]
+    needs: list[int] = []
+    ends: list[int] = []
+    pieces: list[tuple[float, float, float, float]] = []
+    dep_ptr = [0]
+    deps: list[int] = []
+    flops: list[tuple[float, float]] = []
+
+    def add(r) -> int:
+        for stream, d, category, work, dd in zip(r.streams, r.durations, r.categories, r.work, r.deps, strict=True):
+            pieces.append((stream, d, _CATEGORY[category], work))
+            deps.extend(dd)
+            dep_ptr.append(len(deps))
+        recipe_ptr.append(len(pieces))
+        needs.append(r.needs_input)
+        ends.append(r.end)
+        flops.append((r.model_flops, r.hardware_flops))
+        return len(needs) - 1
+
+    for code in range(C):
+        sm = simple[code]
+        r = recipes[code]
+        if sm is not None:
+            kind[code] = SIMPLE
+            duration[code] = sm.duration_s
+            frees[code] = sm.frees
+            simple_flops[code] = (sm.model_flops, sm.hardware_flops)
+            for category, seconds in sm.parts.items():
+                parts[code, _CATEGORY[category]] = seconds
+            ahead.extend((d, _CATEGORY[c], w) for d, c, w in sm.ahead)
+            behind.extend((ready, d, _CATEGORY[c], w) for ready, d, c, w in sm.behind)
+        elif r is not None:
+            kind[code] = GENERIC
+            recipe[code] = add(r)
+        ahead_ptr.append(len(ahead))
+        behind_ptr.append(len(behind))
+    t = add(tail)
+    return Unit(kind, recipe, duration, frees, np.array(ahead_ptr, dtype=np.int64),
+                np.array(ahead, dtype=float).reshape(-1, 3), np.array(behind_ptr, dtype=np.int64),
+                np.array(behind, dtype=float).reshape(-1, 4), np.array(recipe_ptr, dtype=np.int64),
+                np.array(needs, dtype=np.int64), np.array(ends, dtype=np.int64),
+                np.array(pieces, dtype=float).reshape(-1, 4), np.array(dep_ptr, dtype=np.int64),
+                np.array(deps, dtype=np.int64), t, simple_flops, parts, np.array(flops, dtype=float).reshape(-1, 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A configuration's stages as arrays: its distinct stages' `Unit`s laid end to end (U of them, C codes each:
+    a unit with fewer codes is padded with NONE), ``slot`` (K): each stage's unit, ``sends`` (K, 3V): each
+    send's seconds by chunk * 3 + kind index. The per-unit fields are `Unit`'s, indexed by unit (``kind``
+    (U, C), CSR pointers by ``u * C + code``, recipe indices into the joined pieces table, ``tail`` (U))."""
+
+    slot: np.ndarray
+    sends: np.ndarray
+    kind: np.ndarray
+    recipe: np.ndarray
+    duration: np.ndarray
+    frees: np.ndarray
+    ahead_ptr: np.ndarray
+    ahead: np.ndarray
+    behind_ptr: np.ndarray
+    behind: np.ndarray
+    recipe_ptr: np.ndarray
+    recipe_needs: np.ndarray
+    recipe_end: np.ndarray
+    piece: np.ndarray
+    dep_ptr: np.ndarray
+    deps: np.ndarray
+    tail: np.ndarray
+    simple_flops: np.ndarray
+    parts: np.ndarray
+    recipe_flops: np.ndarray
+
+
+def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
+    """The `Packed` of stages whose units are ``units`` (one per stage; alike stages share theirs, by identity) and
+    whose sends are ``sends``."""
+    K = len(units)
+    index: dict[int, int] = {}
+    distinct: list[Unit] = []
+    slot = np.empty(K, dtype=np.int64)
+    for s, u in enumerate(units):
+        j = index.get(id(u))
+        if j is None:
+            j = index[id(u)] = len(distinct)
+            distinct.append(u)
+        slot[s] = j
+    C = max((len(u.kind) for u in distinct), default=0)
+    U = len(distinct)
+
+    def padded(name: str, fill: float, dtype: type = float) -> np.ndarray:
+        first = getattr(distinct[0], name) if U else np.zeros(0)
+        out = np.full((U, C, *first.shape[1:]), fill, dtype=dtype)
+        for j, u in enumerate(distinct):
+            x = getattr(u, name)
+            out[j, :len(x)] = x
+        return out
+
+    kind = padded("kind", NONE, np.int8)
+    duration = padded("duration", 0.0)
+    frees = padded("frees", -1.0)
+    simple_flops = padded("simple_flops", 0.0)
+    parts = padded("parts", 0.0)
+    recipe = np.full((U, C), -1, dtype=np.int64)
+    ahead_ptr, behind_ptr = [np.zeros(1, dtype=np.int64)], [np.zeros(1, dtype=np.int64)]
+    recipe_ptr, dep_ptr = [np.zeros(1, dtype=np.int64)], [np.zeros(1, dtype=np.int64)]
+    tail = np.empty(U, dtype=np.int64)
+    num_ahead = num_behind = num_recipes = num_pieces = num_deps = 0
+    for j, u in enumerate(distinct):
+        c = len(u.kind)
+        pad = C - c  # codes a shorter unit lacks: no dp pieces
+        ahead_ptr.append(np.concatenate((u.ahead_ptr[1:], np.full(pad, u.ahead_ptr[-1]))) + num_ahead)
+        behind_ptr.append(np.concatenate((u.behind_ptr[1:], np.full(pad, u.behind_ptr[-1]))) + num_behind)
+        recipe[j, :c] = np.where(u.recipe >= 0, u.recipe + num_recipes, -1)
+        tail[j] = u.tail + num_recipes
+        recipe_ptr.append(u.recipe_ptr[1:] + num_pieces)
+        dep_ptr.append(u.dep_ptr[1:] + num_deps)
+        num_ahead += len(u.ahead)
+        num_behind += len(u.behind)
+        num_recipes += len(u.recipe_needs)
+        num_pieces += len(u.piece)
+        num_deps += len(u.deps)
+    V3 = max((len(x) for x in sends), default=0)
+    send = np.zeros((K, V3))
+    for s, x in enumerate(sends):
+        send[s, :len(x)] = x
+
+    def joined(name: str, width: int) -> np.ndarray:
+        return np.concatenate([getattr(u, name) for u in distinct]) if U else np.zeros((0, width))
+
+    return Packed(slot, send, kind, recipe, duration, frees, np.concatenate(ahead_ptr), joined("ahead", 3),
+                  np.concatenate(behind_ptr), joined("behind", 4), np.concatenate(recipe_ptr),
+                  joined("recipe_needs", 0).astype(np.int64), joined("recipe_end", 0).astype(np.int64),
+                  joined("piece", 4), np.concatenate(dep_ptr), joined("deps", 0).astype(np.int64), tail,
+                  simple_flops, parts, joined("recipe_flops", 2))
+
+
+def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool, spans: bool) -> tuple:
+    """Time the program ``steps`` ((4, n): stage, recipe code, upstream step, downstream stage: `Program.steps`)
+    over ``p``; ``backward`` (per recipe code): the step counts as its stage's backward work; ``record``: return
+    each step's start; ``spans``: return each simple step's span (start, end, stage).
+
+    Returns (step end, intervals (n, 5: start, end, category, work, stage) of every piece run on its own or on
+    the dp stream, in run order, uses (K, C) of each recipe, first and last simple step per stage (K, 2; -1:
+    none), spans (n, 3), starts (n))."""
+    K = len(p.slot)
+    U, C = p.kind.shape
+    # capacity: every step's pieces run on their own (ahead, behind, or piece by piece), and the tails
+    per_code = (np.diff(p.ahead_ptr) + np.diff(p.behind_ptr)).reshape(U, C)
+    generic = p.kind == GENERIC
+    per_code[generic] += np.diff(p.recipe_ptr)[p.recipe[generic]]
+    n = steps.shape[1]
+    capacity = int(per_code[p.slot[steps[0]], steps[1]].sum()) if n else 0
+    capacity += int(np.diff(p.recipe_ptr)[p.tail[p.slot]].sum()) if K else 0
+    return _run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
+                p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail, p.sends, steps,
+                backward, record, spans, capacity)
+
+
+@njit(cache=True)
+def _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, free, prev_s, recv, last_bwd, tail, stage,
+            intervals, count):  # pragma: no cover - compiled
+    """Run recipe ``r``'s pieces one by one on the stream-free times ``free`` (advanced in place), appending their
+    intervals; returns (the end piece's end, the new interval count). A step's pieces wait for the stage's previous
+    step (PREV) and the input (the recipe's needs_input piece); a tail's for its stage's last backward
+    (LAST_BACKWARDS) and the dp stream (DP_DONE)."""
+    first = recipe_ptr[r]
+    num = recipe_ptr[r + 1] - first
+    ends = np.empty(num)
+    for j in range(num):
+        q = first + j
+        sc = int(piece[q, 0])
+        t = free[sc]
+        for x in range(dep_ptr[q], dep_ptr[q + 1]):
+            d = deps[x]
+            if d >= 0:
+                if ends[d] > t:
+                    t = ends[d]
+            elif not tail and d == PREV:
+                if prev_s > t:
+                    t = prev_s
+            elif tail and d == LAST_BACKWARDS:
+                if last_bwd > t:
+                    t = last_bwd
+            elif tail and d == DP_DONE and free[_DP] > t:
+                t = free[_DP]
+        if not tail and j == recipe_needs[r] and recv > t:
+            t = recv
+        e = t + piece[q, 1]
+        free[sc] = e
+        ends[j] = e
+        intervals[count, 0] = t
+        intervals[count, 1] = e
+        intervals[count, 2] = piece[q, 2]
+        intervals[count, 3] = piece[q, 3]
+        intervals[count, 4] = stage
+        count += 1
+    return ends, count
+
+
+@njit(cache=True)
+def _run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
+         recipe_end, piece, dep_ptr, deps, tail, sends, steps, backward, record, spans, capacity):  # pragma: no cover
+    K = slot.shape[0]
+    C = kind.shape[1]
+    n = steps.shape[1]
+    free = np.zeros((K, 6))
+    prev = np.full(K, -1.0)
+    last_bwd = np.zeros(K)
+    first_last = np.full((K, 2), -1.0)
+    used = np.zeros((K, max(C, 1)), dtype=np.int64)
+    out = np.zeros(n)
+    intervals = np.empty((capacity, 5))
+    count = 0
+    span = np.empty((n if spans else 0, 3))
+    num_spans = 0
+    starts = np.empty(n if record else 0)
+    for i in range(n):
+        s = steps[0, i]
+        code = steps[1, i]
+        up = steps[2, i]
+        down = steps[3, i]
+        f = free[s]
+        t0 = prev[s]
+        if f[0] > t0:
+            t0 = f[0]
+        recv = out[up] if up >= 0 else 0.0
+        if up >= 0 and recv > t0:
+            t0 = recv
+        used[s, code] += 1
+        u = slot[s]
+        if kind[u, code] == 2:  # GENERIC: piece by piece
+            if record:
+                starts[i] = t0
+            r = recipe[u, code]
+            ends, count = _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, f, prev[s], recv, 0.0, False,
+                                  s, intervals, count)
+            end = ends[recipe_end[r]]
+        else:
+            k = u * C + code
+            a0, a1 = ahead_ptr[k], ahead_ptr[k + 1]
+            if a1 > a0:  # the gathers issued ahead queue on the dp stream; the step waits for them
+                for x in range(a0, a1):
+                    t = f[_DP]
+                    f[_DP] = t + ahead[x, 0]
+                    intervals[count, 0] = t
+                    intervals[count, 1] = f[_DP]
+                    intervals[count, 2] = ahead[x, 1]
+                    intervals[count, 3] = ahead[x, 2]
+                    intervals[count, 4] = s
+                    count += 1
+                if f[_DP] > t0:
+                    t0 = f[_DP]
+            if first_last[s, 0] < 0:
+                first_last[s, 0] = t0
+            if record:
+                starts[i] = t0
+            end = t0 + duration[u, code]
+            first_last[s, 1] = end
+            if spans:
+                span[num_spans, 0] = t0
+                span[num_spans, 1] = end
+                span[num_spans, 2] = s
+                num_spans += 1
+            for k2 in range(4):
+                if frees[u, code, k2] >= 0:
+                    f[k2] = t0 + frees[u, code, k2]
+            for x in range(behind_ptr[k], behind_ptr[k + 1]):
+                t = t0 + behind[x, 0]
+                if f[_DP] > t:
+                    t = f[_DP]
+                f[_DP] = t + behind[x, 1]
+                intervals[count, 0] = t
+                intervals[count, 1] = f[_DP]
+                intervals[count, 2] = behind[x, 2]
+                intervals[count, 3] = behind[x, 3]
+                intervals[count, 4] = s
+                count += 1
+        prev[s] = end
+        if backward[code] and end > last_bwd[s]:
+            last_bwd[s] = end
+        if down >= 0:
+            t = f[_PP] if f[_PP] > end else end
+            f[_PP] = t + sends[s, code >> 1]
+            out[i] = f[_PP]
+        else:
+            out[i] = end
+    step = 0.0
+    for s in range(K):
+        if s == 0 or prev[s] > step:
+            step = prev[s]
+    for s in range(K):
+        f = free[s]
+        ends, count = _pieces(tail[slot[s]], recipe_ptr, recipe_needs, piece, dep_ptr, deps, f, -1.0, 0.0, last_bwd[s],
+                              True, s, intervals, count)
+        for k2 in range(6):
+            if f[k2] > step:
+                step = f[k2]
+    return step, intervals[:count], used, first_last, span[:num_spans], starts
