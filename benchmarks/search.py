@@ -3,18 +3,23 @@
 Run from the repository root with the project's virtualenv active:
 
     python benchmarks/search.py [--model gpt3-175b] [--cluster dgx-a100] [--gpus 1024] [--global-batch 1536]
-                                [--workers 1] [--top 3] [--min-configs 10000]
+                                [--workers 1] [--top 3] [--min-configs 10000] [--readme] [--any-layout]
 
 Figures:
 - cold: the first sweep over the feasible layouts (collective prices computed and cached);
 - warm: the same sweep again (cached prices and chunk costs): the per-configuration cost of the closed form;
 - 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, wall time;
-- engine: simdist.predict.step.predict_step on the top k, seconds each.
+- engine: simdist.predict.step.predict_step on the top k, seconds each;
+- --readme: the README's default search (`simdist search --model gpt3-175b ...`) as a whole process, median wall of
+  three runs and peak resident memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,8 +41,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--min-configs", type=int, default=10_000)
+    ap.add_argument("--readme", action="store_true", help="also time the README's default search, whole process")
+    ap.add_argument("--any-layout", action="store_true", help="every layout, not only those Megatron-Core runs "
+                    "(the space the issue-32 figures of 12-20 ms per configuration were measured on)")
     a = ap.parse_args()
-    problem = SearchProblem(a.model, a.cluster, a.gpus // 8, a.global_batch)
+    problem = SearchProblem(a.model, a.cluster, a.gpus // 8, a.global_batch, framework_layouts=not a.any_layout)
     t = time.perf_counter()
     feasible, pruned, n, *_ = enumerate_feasible(problem)
     enum_s = time.perf_counter() - t
@@ -45,12 +53,16 @@ def main() -> None:
     t = time.perf_counter()
     rows = evaluate_batch(problem, feasible)
     cold = time.perf_counter() - t
-    t = time.perf_counter()
-    evaluate_batch(problem, feasible)
-    warm = time.perf_counter() - t
-    print(f"closed form cold: {cold:.2f} s ({len(feasible) / cold:,.0f} configs/s)")
-    print(f"closed form warm: {warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, {warm / len(feasible) * 1e6:.0f} us "
+    warms = []
+    for _ in range(3):
+        t = time.perf_counter()
+        evaluate_batch(problem, feasible)
+        warms.append(time.perf_counter() - t)
+    warm = statistics.median(warms)
+    print(f"closed form cold: {cold:.2f} s ({len(feasible) / cold:,.0f} configs/s, {cold / len(feasible) * 1e6:.0f} us "
           "per config)")
+    print(f"closed form warm (median of 3): {warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, "
+          f"{warm / len(feasible) * 1e6:.0f} us per config)")
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
     jobs = [(problem, many[i:i + BATCH]) for i in range(0, len(many), BATCH)]
     t = time.perf_counter()
@@ -60,12 +72,32 @@ def main() -> None:
     big = time.perf_counter() - t
     print(f"{len(many):,} configs on {a.workers} worker(s) (cold caches per worker): {big:.2f} s "
           f"({len(many) / big:,.0f} configs/s)")
+    if a.readme:
+        readme_search(a.workers)
     rows.sort(key=lambda r: -r["tokens_per_s"])
     for row in rows[:a.top]:
         t = time.perf_counter()
         out, _ = resimulate(problem, row)
         print(f"engine {row['key']}: {time.perf_counter() - t:.2f} s, closed form {row['step_time_s']:.3f} s vs engine "
               f"{out.get('engine_step_time_s', float('nan')):.3f} s")
+
+
+README_SEARCH = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024", "--global-batch", "1536",
+                 "--top", "3"]
+
+
+def readme_search(workers: int) -> None:
+    """The README's default search as a whole process, three times: median wall time and the peak resident memory
+    of the process (and of its worker processes, with --workers > 1)."""
+    walls = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "simdist", *README_SEARCH, "--workers", str(workers)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - t)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux -> MiB
+    print(f"README default search ({workers} worker(s)): median wall {statistics.median(walls):.2f} s "
+          f"(runs {', '.join(f'{w:.2f}' for w in walls)}), peak RSS of the largest process {peak:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ def test_compare_time_cost_energy(cli, tmp_path):
     # Energy: GPUs at TDP (A100 400 W, H100 700 W), PUE 1.
     assert a100["energy_kwh"] == pytest.approx(16 * 400 * a100["time_to_train_s"] / 3.6e6)
     assert h100["energy_kwh"] == pytest.approx(16 * 700 * h100["time_to_train_s"] / 3.6e6)
-    # A gb200-nvl72 node is a 72-GPU rack: 16 GPUs round up to one rack, and the row says so.
-    assert gb["num_gpus"] == 72 and "72" in gb["note"]
+    # A gb200-nvl72 node is a 72-GPU rack: 16 GPUs are 16 of one rack (cluster.placement), and the row says so.
+    assert gb["num_gpus"] == 16 and gb["num_nodes"] == 1 and "16 of the 72 on each of 1 node(s)" in gb["note"]
     assert "days to train" in page.read_text()
 
 

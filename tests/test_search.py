@@ -24,10 +24,47 @@ def test_enumeration_prunes_with_reasons():
     assert "memory" in rules
     for c in feasible:
         assert c.tp * c.pp * c.dp * c.cp == 16 and 32 % (c.micro_batch_size * c.dp) == 0
-    # ZeRO-2/3 with pipeline stages is valid (run predicts it): in the space unless left out
-    assert any(c.zero_stage >= 2 and c.pp > 1 for c in feasible)
-    narrow, *_ = enumerate_feasible(dataclasses.replace(SMALL, zero_with_pp=False))
-    assert narrow == [c for c in feasible if not (c.zero_stage >= 2 and c.pp > 1)]
+    # Megatron-Core (the default framework) runs ZeRO-2/3 (Megatron-FSDP) only without pipeline stages: those
+    # layouts are pruned with the reason, and come back with framework_layouts off (run predicts them)
+    assert not any(c.zero_stage >= 2 and c.pp > 1 for c in feasible)
+    framework = [p for p in pruned if p.rule == "framework"]
+    assert framework and all(p.candidate.zero_stage >= 2 and p.candidate.pp > 1 for p in framework)
+    assert "only without pipeline stages" in framework[0].reason
+    wide, *_ = enumerate_feasible(dataclasses.replace(SMALL, framework_layouts=False))
+    assert any(c.zero_stage >= 2 and c.pp > 1 for c in wide)
+    assert feasible == [c for c in wide if not (c.zero_stage >= 2 and c.pp > 1)]
+    narrow, *_ = enumerate_feasible(dataclasses.replace(SMALL, zero_with_pp=False, framework_layouts=False))
+    assert narrow == feasible
+
+
+def test_the_scenarios_framework_decides_the_layouts_searched():
+    # torchtitan runs FSDP2 (ZeRO-2/3) with pipeline stages and has no ZeRO-1; DeepSpeed's pipeline engine refuses
+    # ZeRO-2/3; PyTorch FSDP in a plain loop runs no pipeline
+    from simdist.search.framework_layouts import why_not_run
+
+    assert why_not_run("torchtitan", 3, 4) is None and why_not_run("torchtitan", 2, 4) is None
+    assert "no ZeRO-1" in why_not_run("torchtitan", 1, 1)
+    assert why_not_run("deepspeed", 1, 4) is None and "only without pipeline" in why_not_run("deepspeed", 2, 4)
+    assert why_not_run("fsdp", 3, 1) is None and "no pipeline stages" in why_not_run("fsdp", 3, 2)
+    assert why_not_run("megatron_core", 1, 8) is None and why_not_run("megatron_core", 3, 1) is None
+
+
+def test_memory_headroom_prunes_layouts_near_the_capacity():
+    # a layout whose modelled peak leaves less than the headroom free is pruned, saying so; 0 keeps it
+    from simdist.plan.step import peak_memory_bytes
+    from simdist.search.evaluate import step_config
+
+    none = dataclasses.replace(SMALL, memory_headroom_bytes=0.0)
+    feasible, *_ = enumerate_feasible(none)
+    ctx = context(none)
+    capacity = ctx.topology.gpu.hbm_capacity
+    peaks = {c.key: peak_memory_bytes(step_config(none, c, ctx)) for c in feasible}
+    near = max(feasible, key=lambda c: peaks[c.key])
+    headroom = capacity - peaks[near.key] + 1.0  # one byte too many for the fullest layout
+    kept, pruned, *_ = enumerate_feasible(dataclasses.replace(SMALL, memory_headroom_bytes=headroom))
+    assert near not in kept
+    assert any(p.candidate == near and p.rule == "memory" and "GiB headroom" in p.reason for p in pruned)
+    assert kept == [c for c in feasible if peaks[c.key] + headroom <= capacity]
 
 
 def test_ranking_is_by_throughput_and_executor_independent():
@@ -169,6 +206,45 @@ def test_cli_search_json_html_and_errors(cli, tmp_path):
         full = ["search", *args] + ([] if "--gpus" in args else ["--gpus", "16", "--global-batch", "32"])
         code, out, err = cli(*full)
         assert code == 2 and err.startswith("error:") and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_search_tables_fit_a_terminal_and_the_html_has_every_value(cli, tmp_path):
+    # the text table is compact (abbreviations with a legend, no cell cut: "interlea..." never appears), and the
+    # HTML report carries the ranked layouts as a real table with their values in full
+    page = tmp_path / "s.html"
+    code, out, err = cli("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
+                         "--global-batch", "32", "--max-cp", "1", "--max-vpp", "2", "--top", "1", "--placement",
+                         "--html", str(page))
+    assert code == 0, err
+    table = out.split("sched i1f1b")[0].splitlines()
+    assert table and max(len(line) for line in table) <= 130
+    assert "\u2026" not in out and "i1f1b" in out and "order: the mesh axes" in out
+    text = page.read_text()
+    assert '<table class="coll">' in text and "<td>interleaved_1f1b</td>" in text and "<td>tp-cp-dp-pp</td>" in text
+    assert "\u2026" not in text
+
+
+def test_compare_text_has_goodput_and_days_with_failures():
+    from simdist.report.search_table import compare_text
+
+    row = {"cluster": "dgx-h100", "num_gpus": 64, "layout": "tp8-pp1-dp8", "step_time_s": 1.0, "tokens_per_s": 1e6,
+           "mfu": 0.5, "time_to_train_days": 10.0, "time_to_train_days_band": {"p10": 9.0, "p50": 10.0, "p90": 11.0},
+           "goodput": 0.9, "time_to_train_with_failures_days": 10.0 / 0.9, "gpu_hours": 15360.0,
+           "energy_kwh": 1e4, "cost_usd": None, "fidelity": "engine"}
+    text = compare_text([row], tokens=1e12, pue=1.0)
+    assert "goodput" in text and "90.0%" in text and "11.11" in text and "days w/ failures" in text
+
+
+def test_the_progress_reports_the_lower_bounds_phase_first():
+    # the bar moves from the first batch: the lower bounds of every feasible layout, then the closed form
+    feasible, *_ = enumerate_feasible(SMALL)
+    calls: list[tuple] = []
+    sweep(SMALL, feasible, Executor(), on_progress=lambda k, phase="closed form": calls.append((phase, k)))
+    phases = [p for p, _ in calls]
+    assert phases[0] == "lower bounds" and "closed form" in phases
+    assert phases.index("closed form") > max(i for i, p in enumerate(phases) if p == "lower bounds")
+    assert sum(k for p, k in calls if p == "lower bounds") == len(feasible)
+    assert sum(k for p, k in calls if p == "closed form") == len(feasible)
 
 
 def test_zero3_fetch_needs_zero3(cli, tmp_path):

@@ -7,6 +7,7 @@ It reads the same priced stages (recipes, sends, tails) as the closed form, so i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces
@@ -46,6 +47,39 @@ def _after_last_backward(schedule: str, num_stages: int, num_microbatches: int, 
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class _Sums:
+    """What the bound reads of a stage's priced recipes, summed once per distinct stage: per chunk and kind the
+    span (`_span`) and dp-stream seconds of its edge and of its other steps, the optimizer's seconds and the tail's
+    dp-stream seconds."""
+
+    span: dict[tuple[int, str, bool], float]
+    dp: dict[tuple[int, str, bool], float]
+    optimizer_s: float
+    tail_dp_s: float
+
+
+def _sums(st: _Stage, V: int, kinds: tuple[str, ...]) -> _Sums:
+    box = st.unit if st.unit is not None else [None, None]
+    if box[1] is None:
+        span: dict[tuple[int, str, bool], float] = {}
+        dp: dict[tuple[int, str, bool], float] = {}
+        for c in range(V):
+            for kind in kinds:
+                for last in (False, True):
+                    code = recipe_code(c, kind, last)
+                    if code >= len(st.simple):
+                        continue
+                    sm, r = st.simple[code], st.recipes[code]
+                    span[c, kind, last] = sm.duration_s if sm is not None else (_span(r) if r is not None else 0.0)
+                    dp[c, kind, last] = sum(d for d, sc in zip(r.durations, r.streams, strict=True)
+                                            if sc == _DP) if r is not None else 0.0
+        t = st.tail
+        box[1] = _Sums(span, dp, sum(d for d, cat in zip(t.durations, t.categories, strict=True) if cat == "optimizer"),
+                       sum(d for d, sc in zip(t.durations, t.streams, strict=True) if sc == _DP))
+    return box[1]
+
+
 def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
     """A lower bound of the closed-form step (and so of the engine's), O(stages x chunks): search ranks by the
     exact closed form only the layouts this bound cannot rule out (simdist.search.rank).
@@ -55,41 +89,32 @@ def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
     after its last chunk-0 backward the gradient still has to cross every stage below it, each running its own
     last chunk-0 backward; then stage 0's optimizer runs (and stage s's own after its steps); and a stage's dp
     stream runs its collectives one at a time. For uniform 1F1B
-    stages this is (M + K - 1)(t_f + t_b) (Narayanan et al. 2021 sec 2.2.1) plus the optimizer."""
+    stages this is (M + K - 1)(t_f + t_b) (Narayanan et al. 2021 sec 2.2.1) plus the optimizer. The sums over a
+    stage's recipes are made once per distinct stage (`_Sums`), the same sums in the same order each time."""
     M = _num_microbatches(cfg)
     K, V = cfg.mesh.pp, cfg.vpp
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     stages = _stages(cfg, pricer)
-
-    def span(st: _Stage, code: int) -> float:
-        sm = st.simple[code]
-        return sm.duration_s if sm is not None else _span(st.recipes[code])  # type: ignore[arg-type]
-
-    def optimizer(st: _Stage) -> float:
-        return sum(d for d, cat in zip(st.tail.durations, st.tail.categories, strict=True) if cat == "optimizer")
-
-    def dp_time(st: _Stage, code: int) -> float:
-        r = st.recipes[code]
-        return sum(d for d, sc in zip(r.durations, r.streams, strict=True) if sc == _DP) if r is not None else 0.0
-
+    sums = [_sums(st, V, kinds) for st in stages]
     after = _after_last_backward(cfg.schedule, K, M, V)
-    last_b = [span(st, recipe_code(0, "B", True)) for st in stages]
+    last_b = [x.span[0, "B", True] for x in sums]
     fill = drain = 0.0
     best = 0.0
     for s, st in enumerate(stages):
+        x = sums[s]
         work = dp = 0.0
         for c in range(V):
             for kind in kinds:
                 for last, count in ((False, M - 1), (True, 1)):
-                    if count:
-                        work += count * span(st, recipe_code(c, kind, last))
-                        dp += count * dp_time(st, recipe_code(c, kind, last))
-        dp += sum(d for d, sc in zip(st.tail.durations, st.tail.streams, strict=True) if sc == _DP)
-        tail = sum(span(st, recipe_code(c, kind, last)) for kind, c, last in after[s])
+                    if count and (c, kind, last) in x.span:
+                        work += count * x.span[c, kind, last]
+                        dp += count * x.dp[c, kind, last]
+        dp += x.tail_dp_s
+        tail = sum(x.span[c, kind, last] for kind, c, last in after[s])
         # the dp stream runs its collectives one after the other too (ZeRO-3's gathers, ZeRO-2/3's scatters)
-        best = max(best, fill + work + optimizer(st), fill + work - tail + drain + optimizer(stages[0]), dp)
+        best = max(best, fill + work + x.optimizer_s, fill + work - tail + drain + sums[0].optimizer_s, dp)
         # micro-batch 0's chunk-0 forward, then its send, before stage s + 1 can start
-        fill += span(st, recipe_code(0, "F", True)) + st.sends[KIND_INDEX["F"]]  # micro-batch 0: the edge forward
+        fill += x.span[0, "F", True] + st.sends[KIND_INDEX["F"]]  # micro-batch 0: the edge forward
         # the last chunk-0 backward of stage s + 1 reaches stage 0 through stage s
         drain += last_b[s] + (stages[s + 1].sends[KIND_INDEX["B"]] if s + 1 < K else 0.0)
     return best

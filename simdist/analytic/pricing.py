@@ -151,7 +151,8 @@ class CommPricer:
                compile: Callable[[PricedPieces], Any] | None = None, shape: tuple | None = None,
                pieces_token: int | None = None) -> tuple[PricedPieces, Any]:
         """(`price_pieces`, ``compile`` of it or None), cached by the pieces and their groups' shapes (alike stages
-        share them); ``shape``: `shape_key` of ``groups``, if already computed; ``pieces_token``: `token` of
+        share them); ``shape``: `shape_key` of ``groups`` (or a `token` standing for it), if already computed;
+        ``pieces_token``: `token` of
         (``pieces``, ``end``), if known (the key then hashes it instead of every piece)."""
         shape = self.shape_key(groups) if shape is None else shape
         key = (pieces, end, shape, compile) if pieces_token is None else (pieces_token, shape, compile)
@@ -234,10 +235,12 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
 
 
 def recipe_key(cfg: StepConfig) -> tuple:
-    """Every StepConfig field a recipe or a stage tail reads besides the chunk cost."""
+    """Every StepConfig field a recipe or a stage tail reads besides the chunk cost. (Not the mesh's axis order:
+    a recipe names its collectives' axes and sizes, and where the groups land is priced by their shapes, so the
+    placements of one layout share their recipes.)"""
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.fp8_param_gather,
-            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp, cfg.mesh.order,
+            cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp,
             cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap, cfg.tp_comm_overlap,
             cfg.grad_reduce_in_fp32, cfg.overlap_param_gather, cfg.vpp, cfg.execution, cfg.mesh.dp_shard)
 

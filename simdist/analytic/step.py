@@ -37,7 +37,7 @@ from simdist.analytic.pricing import (
     token,
 )
 from simdist.analytic.program import KIND_INDEX, program, recipe_code, step_groups
-from simdist.analytic.timeline_kernel import GENERIC, SIMPLE, Packed, Unit, pack, pack_stage, run_program
+from simdist.analytic.timeline_kernel import GENERIC, SIMPLE, Packed, pack, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account, partition_pieces
 from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.fastforward import FastForward, extrapolate
@@ -132,9 +132,10 @@ class _Stage:
     sends: list[float]
     """By chunk * 3 + kind index: seconds of the send to the neighbouring stage."""
     tail: PricedPieces
-    unit: list[Unit | None] | None = None
-    """A box for ``recipes``, ``simple`` and ``tail`` as arrays, shared by alike stages: filled by the first
-    compiled timeline that needs it (a search's lower bound reads the priced recipes and never packs them)."""
+    unit: list | None = None
+    """A box shared by alike stages (with their priced recipes), filled by the first reader that needs it: [0]
+    ``recipes``, ``simple`` and ``tail`` as arrays (`Unit`: the compiled timeline), [1] what the search's lower
+    bound sums of them (simdist.analytic.bound)."""
 
 
 def _slowed(r: PricedPieces, factor: float) -> PricedPieces:
@@ -157,7 +158,9 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     ``groups``, if already computed."""
     kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
     cost_config, config_ = config if config is not None else (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
-    shape = pricer.shape_key(groups) if shape is None else shape
+    # the groups' shape as one number for the priced-recipe lookups below (dozens per stage; hashing the shape's
+    # nested tuples each time cost more than the lookups)
+    shape = token(("shape", pricer.shape_key(groups) if shape is None else shape))
     costs = []
     cost_tokens = []
     recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
@@ -225,13 +228,15 @@ def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     kinds = _part_kinds(cfg)
     p2p = send(cfg)
+    # (size, stride or offsets) of every group axis: the same for every stage, whose groups differ in their first rank
+    # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
+    shapes = {axis: mesh.shape(axis) for axis in GROUP_AXES if axis != "pp"}
     out = []
     for s in range(K):
         rank = mesh.rank(pp=s)
         # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
         # of the two generators agree: simdist.plan.layout.check_experts)
-        # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
-        groups = {axis: (rank, *mesh.shape(axis)) for axis in GROUP_AXES if axis != "pp"}
+        groups = {axis: (rank, *shape) for axis, shape in shapes.items()}
         # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
         chunks = tuple((kinds[c * K + s], c * K + s == 0, c * K + s == K * V - 1)
                        for c in range(len(cfg.stage_chunks(s))))
@@ -260,7 +265,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
-            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None]))
+            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None]))
         sends = [0.0] * (cfg.vpp * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * p2p.count
@@ -486,7 +491,7 @@ def _pack(stages: list[_Stage]) -> Packed:
     """``stages`` as arrays for the compiled timeline; each distinct stage packed once (`_Stage.unit`)."""
     units = []
     for st in stages:
-        box = st.unit if st.unit is not None else [None]
+        box = st.unit if st.unit is not None else [None, None]
         if box[0] is None:
             box[0] = pack_stage(st.recipes, st.simple, st.tail)
         units.append(box[0])

@@ -153,6 +153,8 @@ def _problem(name: str, num_gpus: int, base: dict[str, Any], *, rounded: bool) -
     from simdist.search.space import SearchProblem
 
     size = size_cluster(name, num_gpus, field="--cluster")
+    if size.gpus_used_per_node:  # part of each rack: the job's placement on the cluster
+        return size, _placed_problem(name, size, base)
     if size.note and not rounded:
         raise LayoutError(f"{num_gpus} GPUs do not fill whole nodes of {name} ({size.gpus_per_node} GPUs per node)",
                           field="--cluster", fix=f"use a multiple of {size.gpus_per_node}, e.g. {size.num_gpus}")
@@ -167,6 +169,31 @@ def _problem(name: str, num_gpus: int, base: dict[str, Any], *, rounded: bool) -
     return size, SearchProblem(model=base["model"], cluster=name, num_nodes=size.num_nodes,
                                global_batch_size=base["global_batch_size"] or 1536, seq_length=base["seq_length"],
                                precision=base["precision"] or "bf16", **base["bounds"])
+
+
+def _placed_problem(name: str, size: Any, base: dict[str, Any]) -> Any:
+    """The search problem of ``base`` on ``size.num_nodes`` nodes of ``name``, ``size.gpus_used_per_node`` GPUs of
+    each (``cluster.placement``, as a scenario places a job on part of a cluster)."""
+    from simdist.api.provenance import resolved_scenario
+    from simdist.api.search import cluster_section, scenario_problem
+    from simdist.search.evaluate import base_spec
+    from simdist.search.space import SearchProblem, canonical_json
+
+    placement = {"num_nodes": size.num_nodes, "gpus_per_node": size.gpus_used_per_node}
+    section = {**cluster_section(name), "num_nodes": size.num_nodes, "placement": placement}
+    if base["scenario"] is not None:
+        flags = [f"{k}={v}" for k, v in (("training.global_batch_size", base["global_batch_size"]),
+                                          ("model.seq_length", base["seq_length"]),
+                                          ("training.precision", base["precision"])) if v is not None]
+        return scenario_problem(base["scenario"], [*base["assignments"], *flags], cluster=section, **base["bounds"])
+    whole = SearchProblem(model=base["model"], cluster=name, num_nodes=size.num_nodes,
+                          global_batch_size=base["global_batch_size"] or 1536, seq_length=base["seq_length"],
+                          precision=base["precision"] or "bf16", **base["bounds"])
+    data = resolved_scenario(base_spec(whole), base_dir=Path.cwd())
+    data["cluster"]["placement"] = placement
+    return SearchProblem(model=whole.model, cluster=name, num_nodes=size.num_nodes,
+                         global_batch_size=whole.global_batch_size, seq_length=whole.seq_length,
+                         precision=whole.precision, base=canonical_json(data), **base["bounds"])
 
 
 def _gpu_figures(name: str) -> tuple[int, float]:

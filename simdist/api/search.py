@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import LayoutError, SpecError
+from simdist.errors import LayoutError, SimdistError, SpecError
+from simdist.search.space import DEFAULT_MEMORY_HEADROOM
 
 # --------------------------------------------------------------------------- layout search and hardware comparison
 # (issue 7: `simdist search`, `simdist compare`; keep this section contiguous)
@@ -32,7 +34,8 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
            top_k: int = 3, workers: int = 1, dask: Any = None, results_file: str | Path | None = None,
            html: str | Path | None = None, explain_pruned: bool = False, rows: int = 10,
            on_total: Any = None, on_progress: Any = None, zero3_fetch: str | None = None,
-           zero_with_pp: bool = True, placement: bool = False) -> SearchOutput:
+           zero_with_pp: bool = True, placement: bool = False, framework_layouts: bool = True,
+           memory_headroom: str | float = DEFAULT_MEMORY_HEADROOM) -> SearchOutput:
     """Rank every feasible layout of a model on a cluster (``simdist search``).
 
     Either ``model`` (a preset) on ``gpus`` GPUs of ``cluster`` (a preset or a topology file) with
@@ -44,6 +47,8 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
 
     ``zero3_fetch``: how ZeRO-3 layouts move parameters (training.zero3_fetch): prefetch or per_parameter.
     ``zero_with_pp``: also try ZeRO-2/3 with pipeline stages (simdist.search.space.SearchProblem.zero_with_pp).
+    ``framework_layouts``: keep to the layouts the scenario's framework runs (simdist.search.framework_layouts).
+    ``memory_headroom``: bytes (or text with a unit, "4 GiB") a layout leaves free per GPU beyond its modelled peak.
 
     The closed form (simdist.analytic.step) ranks them; the engine re-simulates the ``top_k``. ``dask``: a
     scheduler address (or a distributed.Client) to evaluate on; ``results_file``: JSON lines written as results
@@ -60,7 +65,8 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
         check_target(results_file, field="--out")
     bounds = {"max_tp": max_tp, "max_pp": max_pp, "max_cp": max_cp, "max_vpp": max_vpp,
               "max_micro_batch": max_micro_batch, "schedules": tuple(dict.fromkeys(schedules)),
-              "zero_with_pp": zero_with_pp, "placement": placement}
+              "zero_with_pp": zero_with_pp, "placement": placement, "framework_layouts": framework_layouts,
+              "memory_headroom_bytes": _headroom(memory_headroom)}
     run = {"top_k": top_k, "workers": workers, "dask": dask, "explain_pruned": explain_pruned, "rows": rows,
            "on_total": on_total, "on_progress": on_progress}
     if scenario is None:
@@ -192,7 +198,7 @@ def _search_one(problem: Any, *, top_k: int, workers: int, dask: Any, results_fi
     if html is not None:
         w = outcome.winner
         page = search_report_html(doc, winner_graph=w.plan.graph if w else None, winner_trace=w.trace if w else None,
-                                  winner_result=w.result if w else None, table_text=text)
+                                  winner_result=w.result if w else None)
         files["html"] = write_text(html, page, field="--html")
     # Wall times stay in the text; the JSON is a function of the inputs alone (byte-identical across runs).
     doc = {k: v for k, v in doc.items() if k not in WALL_TIME_KEYS}
@@ -233,3 +239,20 @@ def _check_search_args(*, gpus: int, global_batch_size: int, seq_length: int | N
     whole(top_k, "--top", minimum=0, limit=TOP_K, example="3")
     whole(workers, "--workers", limit=WORKERS, example="4")
     whole(rows, "--rows", minimum=0, example="10")
+
+
+def _headroom(value: str | float) -> float:
+    """``--memory-headroom`` in bytes: a size with its unit ("2 GiB"), or a number of bytes; 0 for none."""
+    from simdist.units import parse_bytes
+
+    if isinstance(value, str) and value.strip() in ("0", "0.0"):
+        return 0.0
+    try:
+        out = float(value) if not isinstance(value, str) else parse_bytes(value)
+    except (SimdistError, ValueError):
+        raise SpecError(f"--memory-headroom {value!r} is not a size", field="--memory-headroom",
+                        fix="give a size with its unit, e.g. '4 GiB', or 0") from None
+    if not math.isfinite(out) or out < 0:
+        raise SpecError(f"--memory-headroom {value!r} must be a size >= 0", field="--memory-headroom",
+                        fix="give e.g. '4 GiB', or 0")
+    return out

@@ -33,7 +33,9 @@ PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16, fp16, f
 
 
 def _progress(as_json: bool):
-    """A rich progress bar with ETA on stderr (none with --json): (on_total, on_progress, stop)."""
+    """A rich progress bar on stderr (none with --json), one line per phase of the sweep: the lower bounds of every
+    feasible layout, then the closed form of those the bounds cannot rule out (simdist.search.rank.sweep), each
+    moving as its batches finish, with its ETA. (on_total, on_progress, stop)."""
     if as_json:
         return None, None, lambda: None
     from rich.console import Console
@@ -46,20 +48,24 @@ def _progress(as_json: bool):
         TimeRemainingColumn,
     )
 
-    bar = Progress(TextColumn("closed form"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-    task: list[Any] = []
+    tasks: dict[str, Any] = {}
+    total: list[int] = []
 
     def on_total(n: int) -> None:
         bar.start()
-        task.append(bar.add_task("sweep", total=n))
+        total[:] = [n]
 
-    def on_progress(k: int) -> None:
-        if task:
-            bar.advance(task[0], k)
+    def on_progress(k: int, phase: str = "closed form") -> None:
+        if not total:
+            return
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total[0])
+        bar.advance(tasks[phase], k)
 
     def stop() -> None:
-        if task:  # a bar never started prints nothing, so an error stays one line
+        if total:  # a bar never started prints nothing, so an error stays one line
             bar.stop()
 
     return on_total, on_progress, stop
@@ -100,6 +106,12 @@ def search_cmd(
     zero_with_pp: Annotated[bool, typer.Option("--zero-with-pp/--no-zero-with-pp",
                                                help="Try ZeRO-2/3 with pipeline stages too (a large part of the "
                                                     "space)")] = True,
+    any_layout: Annotated[bool, typer.Option("--any-layout", help="Also try layouts the scenario's framework does "
+                                                                  "not run (Megatron-Core by default: no ZeRO-2/3 "
+                                                                  "with pipeline stages).")] = False,
+    memory_headroom: Annotated[str, typer.Option("--memory-headroom", help="Memory a layout must leave free per "
+                                                                           "GPU beyond the modelled peak, e.g. "
+                                                                           "'4 GiB' or 0.")] = "2 GiB",
     top: Annotated[int, typer.Option("--top", help="Re-simulate the best K with the engine.")] = 3,
     rows: Annotated[int, typer.Option("--rows", help="Rows of the ranked table.")] = 10,
     explain_pruned: Annotated[bool, typer.Option("--explain-pruned", help="List every pruned layout and why.")] = False,
@@ -129,7 +141,8 @@ def search_cmd(
                             schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), top_k=top,
                             workers=workers, dask=dask, results_file=results, html=html,
                             explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress,
-                            zero3_fetch=zero3_fetch, zero_with_pp=zero_with_pp)
+                            zero3_fetch=zero3_fetch, zero_with_pp=zero_with_pp, framework_layouts=not any_layout,
+                            memory_headroom=memory_headroom)
     except KeyboardInterrupt:
         stop()
         to_stderr(f"interrupted before any layout was ranked; {how}")
@@ -207,13 +220,14 @@ def compare_cmd(
         to_stderr("interrupted: compare prints its table once every cluster is searched (nothing to keep); "
                   "run it again, or `simdist search --out FILE` per cluster to resume")
         sys.exit(130)
-    from simdist.report.search_table import compare_text
+    from simdist.report.search_table import compare_notes, compare_text
 
     text = compare_text(doc["rows"], tokens=doc["tokens"], pue=pue, answer=doc.get("answer"))
     if html is not None:
         from simdist.report.search_html import compare_report_html
 
-        write_atomically(html, compare_report_html(doc["rows"], table_text=text))
+        write_atomically(html, compare_report_html(doc["rows"], notes=compare_notes(doc["rows"], pue=pue,
+                                                                                     answer=doc.get("answer"))))
     if as_json:
         _print_json(doc)
         return

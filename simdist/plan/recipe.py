@@ -42,6 +42,7 @@ distributed optimizer's gather) run over dp x cp ranks, the experts' over edp (`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from simdist.hardware.compute import kernels_time_s
@@ -50,6 +51,7 @@ from simdist.plan.chunk_cost import ChunkCost
 from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward, replica_reduce
 from simdist.plan.interference import tax
 from simdist.plan.layer_cost import bytes_per_element
+from simdist.plan.mesh import Mesh
 from simdist.plan.optimizer import optimizer_step_kernels
 from simdist.plan.pieces import (
     DP_DONE,
@@ -88,7 +90,14 @@ def dense_data_parallel_axis(cfg: StepConfig) -> str:
 
 
 def _groups(cfg: StepConfig) -> dict[str, int]:
-    return {a: cfg.mesh.size(a) for a in GROUP_AXES}
+    """Ranks per group of every axis a recipe's collectives run along (a copy: the callers' own)."""
+    return dict(_group_sizes(cfg.mesh))
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_sizes(mesh: Mesh) -> dict[str, int]:
+    """`_groups` of a mesh, computed once per mesh (every recipe of a search's layouts asks)."""
+    return {a: mesh.size(a) for a in GROUP_AXES}
 
 
 def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, deps: tuple[int, ...], label: str,

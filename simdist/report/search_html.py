@@ -78,7 +78,7 @@ def pareto_figure(ranked: Sequence[Mapping[str, Any]]) -> go.Figure:
 
 
 def search_report_html(doc: Mapping[str, Any], *, winner_graph: OpGraph | None = None, winner_trace: Any = None,
-                       winner_result: Mapping[str, Any] | None = None, table_text: str = "") -> str:
+                       winner_result: Mapping[str, Any] | None = None) -> str:
     p = doc["problem"]
     title = f"Layout search: {p['model']} on {doc['num_gpus']} GPUs of {doc.get('cluster_title') or p['cluster']}"
     figures = []
@@ -92,9 +92,20 @@ def search_report_html(doc: Mapping[str, Any], *, winner_graph: OpGraph | None =
             figures.append(breakdown_figure(winner_result))
     divs = [fig.to_html(include_plotlyjs=(i == 0), full_html=False, config={"displaylogo": False})
             for i, fig in enumerate(figures)]
+    from simdist.report.search_table import RANKED_COLUMNS, ranked_rows, search_notes
+
+    notes = "\n".join(search_notes(doc, top=max(len(doc["ranked"]), 1)))
     return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<pre>{html.escape(table_text)}</pre>" + "".join(divs) + "</body></html>")
+            + html_table(RANKED_COLUMNS, ranked_rows(doc, top=len(doc["ranked"])))
+            + f"<pre>{html.escape(notes)}</pre>" + "".join(divs) + "</body></html>")
+
+
+def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A real HTML table (every value whole, selectable, sortable by a reader's tools)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f'<table class="coll"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def days_band_error_y(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -134,9 +145,34 @@ def compare_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     return fig
 
 
-def compare_report_html(rows: Sequence[Mapping[str, Any]], *, table_text: str = "") -> str:
+COMPARE_COLUMNS = ("cluster", "GPUs", "best layout", "step s", "tokens/s", "MFU", "days", "days p10-p90", "goodput",
+                   "days with failures", "GPU-hours", "energy kWh", "USD", "note")
+
+
+def compare_rows_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A comparison's rows as a real HTML table, every value whole."""
+    cells = []
+    for r in rows:
+        if "error" in r:
+            cells.append([r["cluster"], str(r.get("num_gpus", "")), "", *[""] * 10, r["error"]])
+            continue
+        band = r.get("time_to_train_days_band")
+        failures = r.get("time_to_train_with_failures_days")
+        cells.append([r["cluster"], str(r["num_gpus"]), r["layout"], f"{r['step_time_s']:.6g}",
+                      f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.2%}", f"{r['time_to_train_days']:.4g}",
+                      f"{band['p10']:.4g}-{band['p90']:.4g}" if band else "",
+                      f"{r['goodput']:.2%}" if r.get("goodput") is not None else "",
+                      f"{failures:.4g}" if failures is not None else "", f"{r['gpu_hours']:,.0f}",
+                      f"{r['energy_kwh']:,.0f}" if r.get("energy_kwh") is not None else "",
+                      f"{r['cost_usd']:,.0f}" if r.get("cost_usd") is not None else "", r.get("note") or ""])
+    return html_table(COMPARE_COLUMNS, cells)
+
+
+def compare_report_html(rows: Sequence[Mapping[str, Any]], *, notes: Sequence[str] = ()) -> str:
+    """The comparison as HTML: its table (real HTML), its ``notes`` (simdist.report.search_table.compare_notes) and
+    the figure."""
     fig = compare_figure(rows)
     return ('<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Hardware comparison</title>'
             f"<style>{STYLE}</style></head><body><h1>Hardware comparison</h1>"
-            f"<pre>{html.escape(table_text)}</pre>"
+            + compare_rows_html(rows) + f"<pre>{html.escape(chr(10).join(notes))}</pre>"
             + fig.to_html(include_plotlyjs=True, full_html=False, config={"displaylogo": False}) + "</body></html>")

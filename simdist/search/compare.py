@@ -31,11 +31,21 @@ class ClusterSize:
     num_nodes: int
     num_gpus: int
     note: str
+    gpus_used_per_node: int = 0
+    """GPUs the job uses of each node where it uses part of each (cluster.placement); 0: every GPU."""
+
+
+PARTIAL_NODE_MIN_GPUS = 9
+"""Nodes of at least this many GPUs (rack-scale NVLink domains: GB200/GB300 NVL72) may be used in part.
+# Assumption: a rack's NVLink domain is allocated in part (NVL72 racks are scheduled per tray of 4 GPUs: NVIDIA
+# GB200 NVL72 is 18 compute trays of 4 GPUs); a server of 8 GPUs or fewer is taken whole, as clouds rent them."""
 
 
 def size_cluster(cluster: str, gpus: int, *, field: str = "--clusters") -> ClusterSize:
-    """num_nodes = ceil(gpus / gpus_per_node): a gb200-nvl72 node is a 72-GPU rack (README, Concepts).
-    ``cluster``: a preset name or a topology file."""
+    """The nodes ``gpus`` GPUs take: whole nodes, num_nodes = ceil(gpus / gpus_per_node) (a gb200-nvl72 node is a
+    72-GPU rack, README Concepts), or, on racks (`PARTIAL_NODE_MIN_GPUS`), that many racks each used in part
+    where the GPUs split evenly over them (256 GPUs of NVL72: 4 racks x 64). ``cluster``: a preset name or a
+    topology file."""
     if cluster in preset_names():
         gpn = int(topology_document(cluster).data["gpus_per_node"])
     elif Path(cluster).suffix in (".yaml", ".yml"):
@@ -47,6 +57,9 @@ def size_cluster(cluster: str, gpus: int, *, field: str = "--clusters") -> Clust
         raise PresetError(f"unknown cluster '{cluster}'", field=field,
                           fix=f"use presets from: {', '.join(preset_names())}, or a topology file (.yaml)")
     nodes = math.ceil(gpus / gpn)
+    if nodes * gpn != gpus and gpn >= PARTIAL_NODE_MIN_GPUS and gpus % nodes == 0:
+        return ClusterSize(cluster, gpn, nodes, gpus, f"{gpus} GPUs: {gpus // nodes} of the {gpn} on each of {nodes} "
+                                                       f"node(s) (cluster.placement)", gpus // nodes)
     note = "" if nodes * gpn == gpus else (
         f"{gpus} GPUs is not a multiple of {gpn} GPUs per node: using {nodes} nodes = {nodes * gpn} GPUs")
     return ClusterSize(cluster, gpn, nodes, nodes * gpn, note)

@@ -1,22 +1,30 @@
 """Feasibility: why a candidate layout cannot run (one reason, the first rule it breaks), or None.
 
 The rules are `simdist run`'s own (simdist.plan.layout.check_layout, named by simdist.plan.layout.RULES), applied
-to the candidate's scenario; the search adds one filter, ``memory``: the peak per GPU over the pipeline stages
-(simdist.plan.step.peak_memory_bytes, the memory model `simdist run` reports) exceeds the GPU's memory.
+to the candidate's scenario; the search adds two filters: ``framework``, a layout the scenario's framework cannot
+run (simdist.search.framework_layouts; off with ``SearchProblem.framework_layouts`` False; a base scenario's own
+ZeRO stage, with or without pipeline stages as it has them, is always in: its user runs it), and ``memory``: the
+peak per GPU over the pipeline stages (simdist.plan.step.peak_memory_bytes, the memory model `simdist run`
+reports) plus the problem's headroom exceeds the GPU's memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.plan.layout import RULES, LayoutRuleError
+from simdist.plan.layout import RULES as LAYOUT_RULES
+from simdist.plan.layout import LayoutRuleError
 from simdist.plan.step import peak_memory_bytes
 from simdist.search.evaluate import Context, step_config
+from simdist.search.framework_layouts import why_not_run
 from simdist.search.space import Candidate, SearchProblem
 
 __all__ = ["RULES", "Pruned", "why_pruned"]
 
 GIB = 2**30
+RULES = ("framework", *LAYOUT_RULES)
+"""Every reason a candidate is pruned for, in the order they are checked (the framework first: no layout it
+cannot run is built)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +35,21 @@ class Pruned:
 
 
 def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | None:
+    own = ctx.base.parallel  # the scenario's own ZeRO stage with (or without) a pipeline: its user runs it
+    if problem.framework_layouts and not (problem.base and c.zero_stage == own.zero_stage
+                                          and (c.pp > 1) == (own.pp > 1)):
+        reason = why_not_run(ctx.base.training.framework, c.zero_stage, c.pp)
+        if reason is not None:
+            return Pruned(c, "framework", reason)
     try:
         cfg = step_config(problem, c, ctx)
     except LayoutRuleError as err:
         return Pruned(c, err.rule, err.problem)
     peak = peak_memory_bytes(cfg)
     gpu = ctx.topology.gpu
-    if peak > gpu.hbm_capacity:
-        return Pruned(c, "memory", f"needs {peak / GIB:.1f} GiB per GPU, the GPU has {gpu.hbm_capacity / GIB:.0f} GiB")
+    headroom = problem.memory_headroom_bytes
+    if peak + headroom > gpu.hbm_capacity:
+        extra = f" + {headroom / GIB:g} GiB headroom" if headroom else ""
+        return Pruned(c, "memory", f"needs {peak / GIB:.1f} GiB per GPU{extra}, the GPU has "
+                                   f"{gpu.hbm_capacity / GIB:.0f} GiB")
     return None

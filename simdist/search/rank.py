@@ -141,7 +141,7 @@ def _dominated(memory: float, tokens: float, front: list[tuple[float, float]]) -
 
 
 def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executor, *,
-          results_file: Path | None = None, on_progress: Callable[[int], None] | None = None, exact_top: int = 10
+          results_file: Path | None = None, on_progress: Callable[..., None] | None = None, exact_top: int = 10
           ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], bool, int, int]:
     """(exact closed-form results by key, bounded rows by key, interrupted, new, resumed).
 
@@ -172,7 +172,12 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
             sink(rows)
 
     try:
-        run(screen_batch, candidates, lambda rows: bounds.update((r["key"], r) for r in rows))
+        def screened(rows: list[dict[str, Any]]) -> None:
+            bounds.update((r["key"], r) for r in rows)
+            if on_progress:
+                on_progress(len(rows), "lower bounds")
+
+        run(screen_batch, candidates, screened)
         lower = {k: r["step_time_lower_bound_s"] for k, r in bounds.items()}
         left = sorted(todo, key=lambda c: (lower[c.key], position[c.key]))
 
@@ -259,7 +264,7 @@ def closed_form_band(problem: SearchProblem, row: dict[str, Any]) -> dict[str, f
 
 
 def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, results_file: Path | None = None,
-               on_total: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
+               on_total: Callable[[int], None] | None = None, on_progress: Callable[..., None] | None = None,
                exact_top: int = 10) -> SearchOutcome:
     """Enumerate, prune, rank by the closed form (`sweep`: the best ``max(exact_top, top_k)`` exactly, the
     rest bounded), re-simulate the top k with the engine."""
@@ -310,6 +315,10 @@ def placement_gain(problem: SearchProblem, winner: dict[str, Any], done: dict[st
     default_order = "-".join(base_order(problem))
     sizes = {"tp": c.tp, "cp": c.cp, "dp": c.dp, "pp": c.pp}
     same = [Candidate.from_dict({**winner["layout"], "order": o}) for o in placement_orders(sizes, base_order(problem))]
+    # the orders `simdist run` would refuse for this layout (a mixture-of-experts model's expert layers need the dense
+    # ones' pipeline groups: pp outermost) are no placement of it
+    ctx = context(problem)
+    same = [k for k in same if k.key == c.key or k.key in done or why_pruned(problem, k, ctx) is None]
     missing = [k for k in same if k.key not in done]
     rows = {**{k.key: done[k.key] for k in same if k.key in done},
             **{r["key"]: r for r in (evaluate_batch(problem, missing) if missing else [])}}

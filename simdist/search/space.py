@@ -9,6 +9,7 @@ candidate has a stable text key, so results match whichever executor computed th
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from itertools import permutations
@@ -16,6 +17,13 @@ from itertools import permutations
 from simdist.errors import SpecError
 from simdist.limits import GLOBAL_BATCH, GPUS, SEARCH_CANDIDATES, SEQ_LENGTH, VPP, check_work
 
+GIB = 2**30
+# Assumption: 2 GiB per GPU left free by a search's layouts beyond the modelled peak, which already counts the
+# CUDA context and workspaces (1 GiB), NCCL's buffers (0.5 GiB) and 5 % activation fragmentation
+# (simdist.plan.memory): what it does not model (the caching allocator's fragmentation over a long run, NVLS and
+# extra communicators' buffers, framework caches) takes a few GiB in practice, and a layout at 79 of 80 GiB is
+# one allocator spike from out-of-memory. --memory-headroom changes it (0: none).
+DEFAULT_MEMORY_HEADROOM = 2.0 * GIB
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 SEARCH_SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe", "zb_h1")
@@ -48,6 +56,11 @@ class SearchProblem:
     3,112 of 4,839 feasible layouts), but ZeRO-2's per-micro-batch scatters can rank high."""
     placement: bool = False
     """Also search the mesh axis order (parallel.order, `placement_orders`): where the groups land."""
+    framework_layouts: bool = True
+    """Keep to the layouts the scenario's framework runs (simdist.search.framework_layouts: its ZeRO stages, and
+    which of them it combines with pipeline stages); False: every layout simdist can time."""
+    memory_headroom_bytes: float = DEFAULT_MEMORY_HEADROOM
+    """Memory a layout must leave free per GPU beyond the modelled peak (`DEFAULT_MEMORY_HEADROOM`)."""
     max_ep: int | None = None
     """Largest expert-parallel size a mixture-of-experts model's space takes (None: as many as divide its experts
     and a stage's ranks)."""
@@ -101,6 +114,10 @@ class SearchProblem:
         if bad:
             raise SpecError(f"unknown schedule '{bad[0]}'", field="--schedules",
                             fix=f"use some of: {', '.join(SEARCH_SCHEDULES)}")
+        h = self.memory_headroom_bytes
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h < 0:
+            raise SpecError(f"--memory-headroom {h!r} must be a size >= 0", field="--memory-headroom",
+                            fix="give e.g. '4 GiB', or 0")
         if self.zero3_fetch not in ("prefetch", "per_parameter"):
             raise SpecError(f"unknown ZeRO-3 fetch '{self.zero3_fetch}'", field="--zero3-fetch",
                             fix="use prefetch or per_parameter")
