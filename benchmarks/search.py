@@ -6,8 +6,9 @@ Run from the repository root with the project's virtualenv active:
                                 [--workers 1] [--top 3] [--min-configs 10000] [--readme] [--any-layout]
 
 Figures:
-- cold: the first sweep over the feasible layouts (collective prices computed and cached);
-- warm: the same sweep again (cached prices and chunk costs): the per-configuration cost of the closed form;
+- cold: the first sweep over the feasible layouts (collective prices computed and cached), of the closed form with
+  every collective alone (`run --fidelity closed_form`'s) and with the contention estimate search ranks by;
+- warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost;
 - 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, wall time;
 - engine: simdist.predict.step.predict_step on the top k, seconds each;
 - --readme: the README's default search (`simdist search --model gpt3-175b ...`) as a whole process, median wall of
@@ -17,6 +18,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import statistics
 import subprocess
@@ -50,19 +52,20 @@ def main() -> None:
     feasible, pruned, n, *_ = enumerate_feasible(problem)
     enum_s = time.perf_counter() - t
     print(f"{n} layouts enumerated, {len(feasible)} feasible, {len(pruned)} pruned in {enum_s:.2f} s")
-    t = time.perf_counter()
-    rows = evaluate_batch(problem, feasible)
-    cold = time.perf_counter() - t
-    warms = []
-    for _ in range(3):
+    rows: list = []
+    for label, p in (("closed form (every collective alone)", dataclasses.replace(problem, contention=False)),
+                     ("closed form + contention estimate (what search ranks by)", problem)):
         t = time.perf_counter()
-        evaluate_batch(problem, feasible)
-        warms.append(time.perf_counter() - t)
-    warm = statistics.median(warms)
-    print(f"closed form cold: {cold:.2f} s ({len(feasible) / cold:,.0f} configs/s, {cold / len(feasible) * 1e6:.0f} us "
-          "per config)")
-    print(f"closed form warm (median of 3): {warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, "
-          f"{warm / len(feasible) * 1e6:.0f} us per config)")
+        rows = evaluate_batch(p, feasible)
+        cold = time.perf_counter() - t
+        warms = []
+        for _ in range(3):
+            t = time.perf_counter()
+            evaluate_batch(p, feasible)
+            warms.append(time.perf_counter() - t)
+        warm = statistics.median(warms)
+        print(f"{label}: cold {cold:.2f} s ({cold / len(feasible) * 1e6:.0f} us per config), warm (median of 3) "
+              f"{warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, {warm / len(feasible) * 1e6:.0f} us per config)")
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
     jobs = [(problem, many[i:i + BATCH]) for i in range(0, len(many), BATCH)]
     t = time.perf_counter()

@@ -46,11 +46,12 @@ def test_scenario_search_equals_the_preset_form_and_run(cli, tmp_path):
     """A scenario that says what the flags say ranks the same layouts with the same numbers; each row's layout
     run by `simdist run --fidelity closed_form` gives the row's step time (one builder, one validity check)."""
     scenario = _scenario(tmp_path)
+    # (ranked by the contention-free closed form, which is `run --fidelity closed_form`'s)
     code, out, err = cli("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
-                         "--global-batch", "32", "--top", "0", "--no-placement", *SMALL, "--json")
+                         "--global-batch", "32", "--top", "0", "--no-placement", "--no-contention", *SMALL, "--json")
     assert code == 0, err
     flags = json.loads(out)
-    code, out, err = cli("search", str(scenario), "--top", "0", "--no-placement", *SMALL, "--json")
+    code, out, err = cli("search", str(scenario), "--top", "0", "--no-placement", "--no-contention", *SMALL, "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert [r["key"] for r in doc["ranked"]] == [r["key"] for r in flags["ranked"]]

@@ -11,7 +11,9 @@ import pytest
 from simdist import api
 from simdist.errors import SpecError
 
-SPACE = {"max_pp": 1, "max_cp": 1, "max_vpp": 1, "max_micro_batch": 1, "schedules": ("1f1b",)}
+SPACE = {"max_pp": 1, "max_cp": 1, "max_vpp": 1, "max_micro_batch": 1, "schedules": ("1f1b",), "contention": False}
+"""A small space, ranked by the contention-free closed form (`run --fidelity closed_form`'s; the contention
+estimate's band is that band scaled: tests/test_search_contention.py)."""
 QUANTILES = ("p10", "p50", "p90")
 
 

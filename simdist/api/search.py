@@ -35,7 +35,7 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
            html: str | Path | None = None, explain_pruned: bool = False, rows: int = 10,
            on_total: Any = None, on_progress: Any = None, zero3_fetch: str | None = None,
            zero_with_pp: bool = True, placement: bool = False, framework_layouts: bool = True,
-           memory_headroom: str | float = DEFAULT_MEMORY_HEADROOM) -> SearchOutput:
+           memory_headroom: str | float = DEFAULT_MEMORY_HEADROOM, contention: bool = True) -> SearchOutput:
     """Rank every feasible layout of a model on a cluster (``simdist search``).
 
     Either ``model`` (a preset) on ``gpus`` GPUs of ``cluster`` (a preset or a topology file) with
@@ -49,6 +49,7 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
     ``zero_with_pp``: also try ZeRO-2/3 with pipeline stages (simdist.search.space.SearchProblem.zero_with_pp).
     ``framework_layouts``: keep to the layouts the scenario's framework runs (simdist.search.framework_layouts).
     ``memory_headroom``: bytes (or text with a unit, "4 GiB") a layout leaves free per GPU beyond its modelled peak.
+    ``contention``: rank by the closed form with its contention estimate (simdist.search.contention).
 
     The closed form (simdist.analytic.step) ranks them; the engine re-simulates the ``top_k``. ``dask``: a
     scheduler address (or a distributed.Client) to evaluate on; ``results_file``: JSON lines written as results
@@ -66,7 +67,7 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
     bounds = {"max_tp": max_tp, "max_pp": max_pp, "max_cp": max_cp, "max_vpp": max_vpp,
               "max_micro_batch": max_micro_batch, "schedules": tuple(dict.fromkeys(schedules)),
               "zero_with_pp": zero_with_pp, "placement": placement, "framework_layouts": framework_layouts,
-              "memory_headroom_bytes": _headroom(memory_headroom)}
+              "memory_headroom_bytes": _headroom(memory_headroom), "contention": contention}
     run = {"top_k": top_k, "workers": workers, "dask": dask, "explain_pruned": explain_pruned, "rows": rows,
            "on_total": on_total, "on_progress": on_progress}
     if scenario is None:

@@ -109,6 +109,9 @@ def search_cmd(
     any_layout: Annotated[bool, typer.Option("--any-layout", help="Also try layouts the scenario's framework does "
                                                                   "not run (Megatron-Core by default: no ZeRO-2/3 "
                                                                   "with pipeline stages).")] = False,
+    no_contention: Annotated[bool, typer.Option("--no-contention", help="Rank by the closed form with every "
+                                                                        "collective alone (no contention estimate)."
+                                                )] = False,
     memory_headroom: Annotated[str, typer.Option("--memory-headroom", help="Memory a layout must leave free per "
                                                                            "GPU beyond the modelled peak, e.g. "
                                                                            "'4 GiB' or 0.")] = "2 GiB",
@@ -142,7 +145,7 @@ def search_cmd(
                             workers=workers, dask=dask, results_file=results, html=html,
                             explain_pruned=explain_pruned, rows=rows, on_total=on_total, on_progress=on_progress,
                             zero3_fetch=zero3_fetch, zero_with_pp=zero_with_pp, framework_layouts=not any_layout,
-                            memory_headroom=memory_headroom)
+                            memory_headroom=memory_headroom, contention=not no_contention)
     except KeyboardInterrupt:
         stop()
         to_stderr(f"interrupted before any layout was ranked; {how}")

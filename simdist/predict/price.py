@@ -164,6 +164,13 @@ def capacity_of(topology: Topology) -> Callable[[int], float]:
     return topology.layout.capacity_Bps
 
 
+def class_bottleneck_s(topology: Topology, priced: PricedComm) -> float:
+    """Seconds the busiest link of a collective's group takes to carry what the group and its translates put on it
+    (``class_bytes`` / capacity): no schedule of the class's transfers finishes sooner (each link carries at most
+    its capacity), so the class's transfers, run together, take at least this."""
+    return _bottleneck(topology, priced.class_bytes)
+
+
 def _bottleneck(topology: Topology, load: dict[int, float]) -> float:
     """max over the links of ``load`` of bytes / capacity (0 without links)."""
     if not load:

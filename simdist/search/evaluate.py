@@ -1,5 +1,6 @@
 """Evaluate candidates with the closed form (simdist.analytic.step): the functions every executor runs
-(`screen_batch`: a lower bound of each step; `evaluate_batch`: the exact closed form).
+(`screen_batch`: a lower bound of each step; `evaluate_batch`: the exact closed form, with the contention estimate
+of simdist.search.contention where the problem asks for it: the bound, of the contention-free step, stays below).
 
 A candidate is the problem's base scenario with its layout set (`candidate_spec`: a ``model_copy`` of one
 validated `ScenarioSpec`), and it goes through the same builder and validity check as `simdist run`
@@ -12,7 +13,7 @@ computed it or what it computed before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,12 @@ from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
 from simdist.plan.layer_split import parse_layout
 from simdist.plan.layout import step_config_of
+from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig, peak_memory_bytes
 from simdist.predict.cluster import cluster_of
+from simdist.search.contention import ContendedPricer
 from simdist.search.space import Candidate, SearchProblem
 from simdist.spec.scenario import ModelSpec, ScenarioSpec
 
@@ -43,6 +46,18 @@ class Context:
     pricer: CommPricer
     base: ScenarioSpec
     """The problem as a scenario; every candidate is a copy with its layout set."""
+    contended: dict[Mesh, ContendedPricer] = field(default_factory=dict)
+    """A contention-aware pricer per mesh (`contended_pricer`), kept for the candidates that share the mesh."""
+
+
+def contended_pricer(ctx: Context, mesh: Mesh) -> ContendedPricer:
+    """The problem's pricer with its contention estimate on ``mesh`` (simdist.search.contention), one per mesh."""
+    hit = ctx.contended.get(mesh)
+    if hit is None:
+        if len(ctx.contended) >= 64:
+            ctx.contended.clear()
+        hit = ctx.contended[mesh] = ContendedPricer(ctx.topology, mesh, ctx.pricer)
+    return hit
 
 
 _CONTEXTS: dict[SearchProblem, Context] = {}
@@ -151,8 +166,10 @@ def step_config(problem: SearchProblem, c: Candidate, ctx: Context) -> StepConfi
 
 
 def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str, Any]:
+    """The candidate's closed form: with its contention estimate where the problem asks (what search ranks by),
+    else with every collective alone (`run --fidelity closed_form`'s)."""
     cfg = step_config(problem, c, ctx)
-    step = analytic_step(cfg, ctx.pricer)
+    step = analytic_step(cfg, contended_pricer(ctx, cfg.mesh) if problem.contention else ctx.pricer)
     return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg), **step.as_dict()}
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simdist.analytic.step import analytic_step
 from simdist.errors import LayoutError, SimdistError
 from simdist.predict.step import StepPrediction, predict_step
 from simdist.search.evaluate import candidate_spec, context, evaluate_batch, screen_batch
@@ -258,9 +259,12 @@ def closed_form_band(problem: SearchProblem, row: dict[str, Any]) -> dict[str, f
     from simdist.search.evaluate import step_config
 
     ctx = context(problem)
-    band, _ = step_band(step_config(problem, Candidate.from_dict(row["layout"]), ctx), ctx.pricer,
-                        row["step_time_s"])
-    return band
+    cfg = step_config(problem, Candidate.from_dict(row["layout"]), ctx)
+    # the band of the contention-free step (the pricer it perturbs), scaled by what the contention estimate adds
+    alone = analytic_step(cfg, ctx.pricer).step_time_s if problem.contention else row["step_time_s"]
+    band, _ = step_band(cfg, ctx.pricer, alone)
+    scale = row["step_time_s"] / alone if alone > 0 else 1.0
+    return {q: v * scale for q, v in band.items()}
 
 
 def run_search(problem: SearchProblem, executor: Executor, *, top_k: int = 3, results_file: Path | None = None,

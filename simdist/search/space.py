@@ -61,6 +61,9 @@ class SearchProblem:
     which of them it combines with pipeline stages); False: every layout simdist can time."""
     memory_headroom_bytes: float = DEFAULT_MEMORY_HEADROOM
     """Memory a layout must leave free per GPU beyond the modelled peak (`DEFAULT_MEMORY_HEADROOM`)."""
+    contention: bool = True
+    """Rank by the closed form with its contention estimate (simdist.search.contention: each collective waits for
+    its translates' traffic on shared links); False: each collective alone (`run --fidelity closed_form`)."""
     max_ep: int | None = None
     """Largest expert-parallel size a mixture-of-experts model's space takes (None: as many as divide its experts
     and a stage's ranks)."""

@@ -1,0 +1,107 @@
+"""What contention adds to the closed form a search ranks by.
+
+The closed form (simdist.analytic.step) prices each collective alone on its group's links; the engine runs every
+collective of a step on shared links, and in a homogeneous layout each collective runs together with its
+*translates*: the same collective of every other tensor-, context- and data-parallel peer group of its stage
+(simdist.plan.mesh.Mesh.translates), in lockstep. Where they share a link (a NIC serving several GPUs, an
+oversubscribed leaf uplink, two groups whose ECMP routes collide on a spine, a degraded link) the class's bytes on
+it bound the time. `ContendedPricer` prices a collective as
+
+    latency + transfer alone x max(1, class bytes on its busiest link / that link's capacity / transfer alone)
+
+(simdist.predict.price.class_bottleneck_s: the bytes the group and its translates put on each link of the
+group's routes, the engine's own accounting of them), so the closed form's step moves with oversubscription, NIC
+count and speed, placement and failed links where the engine's does. It is a bound of the class, not a schedule:
+collectives of *different* axes overlapping in time (a data-parallel reduction beside the next micro-batch's
+tensor-parallel traffic) are not charged to each other. `benchmarks/contention.py` measures how it ranks
+against the engine.
+
+# Assumption: translates of a collective run in lockstep (the engine's symmetric reduction,
+# simdist.predict.price); a layout whose translates finish at different times (asymmetric routes) is charged its
+# busiest link's whole class.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simdist.analytic.pricing import CommPricer, _offsets
+from simdist.hardware.topology import Topology
+from simdist.plan.mesh import Mesh
+from simdist.plan.opgraph import Comm
+from simdist.predict.price import class_bottleneck_s, price_comm
+
+__all__ = ["ContendedPricer"]
+
+TRANSLATE_AXES = ("tp", "cp", "dp", "pp")
+"""The axes whose peer groups run a stage's collectives together (a stage's ranks, one per replica and peer)."""
+
+
+REFERENCE_BYTES = 64 * 2**20
+"""The size a collective's sharing factor is measured at (`ContendedPricer.factor`): large enough that its transfer
+dominates its latency on every fabric bundled."""
+
+
+class ContendedPricer(CommPricer):
+    """A `CommPricer` for one mesh whose every collective also waits for its translates' traffic (the module
+    docstring). Keys carry the group's own first rank (where it sits decides which links its translates share),
+    so the prices are this mesh's; a search keeps one per mesh (simdist.search.evaluate).
+
+    A collective of n bytes takes latency + transfer x its group's sharing factor (`factor`: the class's busiest
+    link against the transfer alone, at `REFERENCE_BYTES`, at least 1), its latency and transfer the alone
+    pricer's (``alone``: cached by group shape; latency: its one-byte time). One factor per (op, group) serves
+    every size, so a search's layouts of one mesh share them whatever their micro-batch.
+    # Assumption: the sharing factor does not depend on the size (the class's link bytes and the transfer alone
+    # both scale with it; where the tuner switches algorithm between sizes, the reference size's stands).
+    """
+
+    def __init__(self, topology: Topology, mesh: Mesh, alone: CommPricer | None = None) -> None:
+        super().__init__(topology)
+        self._gpn = 0  # every group priced where it is (`CommPricer._position`)
+        self.mesh = mesh
+        self.alone = alone if alone is not None else CommPricer(topology)
+        self._axes = tuple(a for a in TRANSLATE_AXES if mesh.size(a) > 1)
+        self._factors: dict[tuple, float] = {}
+
+    def factor(self, op: str, placed: tuple[int, ...], imbalance: float = 1.0) -> float:
+        """How many times longer the transfer of ``op`` on the group ``placed`` takes beside its translates than
+        alone (at least 1)."""
+        key = (op, placed, imbalance)
+        hit = self._factors.get(key)
+        if hit is None:
+            gpn = self.topology.gpus_per_node
+            if self._switched and len({r // gpn for r in placed}) == 1:
+                # inside one NVSwitch node every GPU has its own switch ports: its translates share no link with it
+                hit = self._factors[key] = 1.0
+                return hit
+            images = self._images(placed)
+            priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
+                                translates=images if len(images) > 1 else None)
+            transfer = priced.time_s - priced.latency_s
+            hit = self._factors[key] = max(1.0, class_bottleneck_s(self.topology, priced) / transfer) \
+                if transfer > 0 else 1.0
+        return hit
+
+    def _images(self, placed: tuple[int, ...]) -> np.ndarray:
+        """The group ``placed`` and its translates (rows, members in peer order): its images under every shift of
+        the axes its members do not span (shifting along its own axis maps a whole axis group to itself, and a
+        pair of pipeline stages onto a pair that never sends)."""
+        coords = [self.mesh.coords(r) for r in placed]
+        axes = tuple(a for a in self._axes if len({c[a] for c in coords}) == 1)
+        order = sorted(range(len(placed)), key=placed.__getitem__)
+        members = tuple(placed[i] for i in order)
+        return self.mesh.translates_array(members, axes)[:, np.argsort(order)]
+
+    def _price(self, key: tuple) -> float:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        self.misses += 1
+        op, nbytes, imbalance = key[0], key[-2], key[-1]
+        placed = key[1] if len(key) == 4 else tuple(key[1] + o for o in _offsets(key[2], key[3]))
+        alone = self.alone.time_s(op, placed, nbytes, imbalance)
+        latency = min(self.alone.time_s(op, placed, 1.0, imbalance), alone)
+        f = self.factor(op, placed, imbalance)
+        t = alone if f == 1.0 else latency + (alone - latency) * f
+        self._cache[key] = t
+        return t
