@@ -40,7 +40,7 @@ def test_compiled_closed_form_is_the_step_by_step_timeline(x):
     if not closed._fast(stages):
         return
     m = closed._num_microbatches(cfg)
-    _agree(_oracle(cfg, stages, m), closed._observables(cfg, stages, m), 1e-9)
+    _agree(_oracle(cfg, stages, m), closed._observables(cfg, stages, m, closed._pack(stages)), 1e-9)
 
 
 def test_overlapped_parameter_gathers_run_their_first_forwards_piece_by_piece_and_agree():

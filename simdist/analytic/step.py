@@ -39,7 +39,6 @@ from simdist.analytic.pricing import (
 from simdist.analytic.program import KIND_INDEX, program, recipe_code, step_groups
 from simdist.analytic.timeline_kernel import GENERIC, SIMPLE, Packed, pack, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account, partition_pieces
-from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
@@ -469,6 +468,8 @@ def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed,
                           ) -> dict[str, float]:
     """`_observables` where `_fast` holds: the compiled timeline and the compiled breakdown sweep
     (simdist.plan.accounting_kernel); the simple steps are blocks whose parts are charged as they are."""
+    from simdist.plan.accounting_kernel import account_stages  # numba: loaded with the compiled timeline
+
     K = cfg.mesh.pp
     cover = _overlapping_work(stages)
     step, intervals, used, first_last, spans, _ = _compiled_timeline(cfg, packed, num_microbatches, spans=cover)
@@ -498,9 +499,29 @@ def _pack(stages: list[_Stage]) -> Packed:
     return pack(units, [st.sends for st in stages])
 
 
+HOT_STEPS = 50_000
+"""Program steps a process times step by step before it compiles the recurrence (`_compiled`): a tiered JIT, so
+that numba's start-up (about 0.4 s, paid once per process) is paid where timing steps is the process's work (a
+search, a sweep, a band), not by a `simdist run` of a short step. Both paths give the same figures (to 1e-9:
+tests/test_timeline_kernel.py)."""
+_steps_timed = [0]
+
+
+def _compiled(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> bool:
+    """Whether to time this program compiled: its recipes allow it (`_fast`) and the process is hot (it has timed
+    `HOT_STEPS` steps step by step), or the program alone is that long."""
+    n = len(program(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp))
+    if _steps_timed[0] < HOT_STEPS and n < HOT_STEPS:
+        _steps_timed[0] += n
+        return False
+    return _fast(stages)
+
+
 def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
                  packed: Packed | None = None) -> dict[str, float]:
-    if packed is not None or _fast(stages):
+    """The step's additive quantities timed over ``num_microbatches``; ``packed``: the stages as arrays, to time
+    it compiled (else `_compiled` decides)."""
+    if packed is not None or _compiled(cfg, stages, num_microbatches):
         return _compiled_observables(cfg, stages, packed if packed is not None else _pack(stages), num_microbatches)
     step, intervals, blocks, model, hardware = _timeline(cfg, stages, num_microbatches)
     acct = account(intervals, step, blocks)
@@ -519,18 +540,15 @@ class _Timelines:
         self._cfg = cfg
         self._stages = stages
         self._packed: Packed | None = None
-        self._compiled: bool | None = None
 
     def _run(self, m: int, starts: dict | None) -> float:
-        if self._compiled is None:
-            if callable(self._stages):
-                self._stages = self._stages()
-            self._compiled = _fast(self._stages)
-            if self._compiled:
-                self._packed = _pack(self._stages)
+        if callable(self._stages):
+            self._stages = self._stages()
+        if self._packed is None and _compiled(self._cfg, self._stages, m):
+            self._packed = _pack(self._stages)
         if self._packed is not None:
             return _compiled_timeline(self._cfg, self._packed, m, starts)[0]
-        return _timeline(self._cfg, self._stages, m, starts)[0]  # type: ignore[arg-type]
+        return _timeline(self._cfg, self._stages, m, starts)[0]
 
     def timeline(self, m: int) -> tuple[dict[tuple, list[float]], float]:
         starts: dict[tuple, list[float]] = {}
@@ -591,15 +609,15 @@ def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int,
                          fast_forward: bool | tuple[int, int, int, int]
                          ) -> tuple[dict[str, float], FastForward | None]:
     stages = _stages(cfg, pricer, dp_index)
-    packed = _pack(stages) if _fast(stages) else None
     M = _num_microbatches(cfg)
     found = (fast_forward if isinstance(fast_forward, tuple) else _plan(cfg, stages, False)) if fast_forward else None
     if found is not None:
         cycle, *counts = found
+        packed = _pack(stages) if _compiled(cfg, stages, sum(counts)) else None
         obs = extrapolate([(m, _observables(cfg, stages, m, packed)) for m in counts], M)
         if obs is not None:
             return obs, FastForward(cycle, tuple(counts), M)  # type: ignore[arg-type]
-    return _observables(cfg, stages, M, packed), None
+    return _observables(cfg, stages, M), None
 
 
 @dataclass(frozen=True, slots=True)

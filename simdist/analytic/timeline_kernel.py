@@ -14,8 +14,9 @@ once here for the steps whose core streams are free when they start (`simdist.an
   piece when its stream is free and its dependencies are done;
 - a step that feeds another stage sends on its pp stream after it ends.
 
-`pack` lays a configuration's stages out as arrays once; `run_program` times a program over them and returns
-every interval that the accounting (simdist.plan.accounting_kernel) needs. tests/test_timeline_kernel.py checks
+`pack` lays a configuration's stages out as arrays once; `run_program` times a program over them (the compiled
+loop: simdist.analytic.timeline_jit, loaded on first use) and returns every interval that the accounting
+(simdist.plan.accounting_kernel) needs. tests/test_timeline_kernel.py checks
 it against the step-by-step timeline (`simdist.analytic.step._timeline`), the oracle.
 """
 
@@ -24,16 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from simdist.plan.accounting import CATEGORIES
-from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
 __all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_stage", "run_program"]
 
 _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
-_DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
-_PP = 5
 NONE, SIMPLE, GENERIC = 0, 1, 2
 
 
@@ -241,148 +238,8 @@ def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool
     n = steps.shape[1]
     capacity = int(per_code[p.slot[steps[0]], steps[1]].sum()) if n else 0
     capacity += int(np.diff(p.recipe_ptr)[p.tail[p.slot]].sum()) if K else 0
-    return _run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
+    from simdist.analytic.timeline_jit import run  # numba: loaded where a timeline is first compiled
+
+    return run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
                 p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail, p.sends, steps,
                 backward, record, spans, capacity)
-
-
-@njit(cache=True)
-def _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, free, prev_s, recv, last_bwd, tail, stage,
-            intervals, count):  # pragma: no cover - compiled
-    """Run recipe ``r``'s pieces one by one on the stream-free times ``free`` (advanced in place), appending their
-    intervals; returns (the end piece's end, the new interval count). A step's pieces wait for the stage's previous
-    step (PREV) and the input (the recipe's needs_input piece); a tail's for its stage's last backward
-    (LAST_BACKWARDS) and the dp stream (DP_DONE)."""
-    first = recipe_ptr[r]
-    num = recipe_ptr[r + 1] - first
-    ends = np.empty(num)
-    for j in range(num):
-        q = first + j
-        sc = int(piece[q, 0])
-        t = free[sc]
-        for x in range(dep_ptr[q], dep_ptr[q + 1]):
-            d = deps[x]
-            if d >= 0:
-                if ends[d] > t:
-                    t = ends[d]
-            elif not tail and d == PREV:
-                if prev_s > t:
-                    t = prev_s
-            elif tail and d == LAST_BACKWARDS:
-                if last_bwd > t:
-                    t = last_bwd
-            elif tail and d == DP_DONE and free[_DP] > t:
-                t = free[_DP]
-        if not tail and j == recipe_needs[r] and recv > t:
-            t = recv
-        e = t + piece[q, 1]
-        free[sc] = e
-        ends[j] = e
-        intervals[count, 0] = t
-        intervals[count, 1] = e
-        intervals[count, 2] = piece[q, 2]
-        intervals[count, 3] = piece[q, 3]
-        intervals[count, 4] = stage
-        count += 1
-    return ends, count
-
-
-@njit(cache=True)
-def _run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
-         recipe_end, piece, dep_ptr, deps, tail, sends, steps, backward, record, spans, capacity):  # pragma: no cover
-    K = slot.shape[0]
-    C = kind.shape[1]
-    n = steps.shape[1]
-    free = np.zeros((K, 6))
-    prev = np.full(K, -1.0)
-    last_bwd = np.zeros(K)
-    first_last = np.full((K, 2), -1.0)
-    used = np.zeros((K, max(C, 1)), dtype=np.int64)
-    out = np.zeros(n)
-    intervals = np.empty((capacity, 5))
-    count = 0
-    span = np.empty((n if spans else 0, 3))
-    num_spans = 0
-    starts = np.empty(n if record else 0)
-    for i in range(n):
-        s = steps[0, i]
-        code = steps[1, i]
-        up = steps[2, i]
-        down = steps[3, i]
-        f = free[s]
-        t0 = prev[s]
-        if f[0] > t0:
-            t0 = f[0]
-        recv = out[up] if up >= 0 else 0.0
-        if up >= 0 and recv > t0:
-            t0 = recv
-        used[s, code] += 1
-        u = slot[s]
-        if kind[u, code] == 2:  # GENERIC: piece by piece
-            if record:
-                starts[i] = t0
-            r = recipe[u, code]
-            ends, count = _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, f, prev[s], recv, 0.0, False,
-                                  s, intervals, count)
-            end = ends[recipe_end[r]]
-        else:
-            k = u * C + code
-            a0, a1 = ahead_ptr[k], ahead_ptr[k + 1]
-            if a1 > a0:  # the gathers issued ahead queue on the dp stream; the step waits for them
-                for x in range(a0, a1):
-                    t = f[_DP]
-                    f[_DP] = t + ahead[x, 0]
-                    intervals[count, 0] = t
-                    intervals[count, 1] = f[_DP]
-                    intervals[count, 2] = ahead[x, 1]
-                    intervals[count, 3] = ahead[x, 2]
-                    intervals[count, 4] = s
-                    count += 1
-                if f[_DP] > t0:
-                    t0 = f[_DP]
-            if first_last[s, 0] < 0:
-                first_last[s, 0] = t0
-            if record:
-                starts[i] = t0
-            end = t0 + duration[u, code]
-            first_last[s, 1] = end
-            if spans:
-                span[num_spans, 0] = t0
-                span[num_spans, 1] = end
-                span[num_spans, 2] = s
-                num_spans += 1
-            for k2 in range(4):
-                if frees[u, code, k2] >= 0:
-                    f[k2] = t0 + frees[u, code, k2]
-            for x in range(behind_ptr[k], behind_ptr[k + 1]):
-                t = t0 + behind[x, 0]
-                if f[_DP] > t:
-                    t = f[_DP]
-                f[_DP] = t + behind[x, 1]
-                intervals[count, 0] = t
-                intervals[count, 1] = f[_DP]
-                intervals[count, 2] = behind[x, 2]
-                intervals[count, 3] = behind[x, 3]
-                intervals[count, 4] = s
-                count += 1
-        prev[s] = end
-        if backward[code] and end > last_bwd[s]:
-            last_bwd[s] = end
-        if down >= 0:
-            t = f[_PP] if f[_PP] > end else end
-            f[_PP] = t + sends[s, code >> 1]
-            out[i] = f[_PP]
-        else:
-            out[i] = end
-    step = 0.0
-    for s in range(K):
-        if s == 0 or prev[s] > step:
-            step = prev[s]
-    for s in range(K):
-        f = free[s]
-        ends, count = _pieces(tail[slot[s]], recipe_ptr, recipe_needs, piece, dep_ptr, deps, f, -1.0, 0.0, last_bwd[s],
-                              True, s, intervals, count)
-        for k2 in range(6):
-            if f[k2] > step:
-                step = f[k2]
-    return step, intervals[:count], used, first_last, span[:num_spans], starts
