@@ -117,7 +117,8 @@ def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pr
 
 
 ROUND = 4 * BATCH
-"""Candidates evaluated per round of the branch and bound (fixed: the same rounds on every executor)."""
+"""Candidates evaluated per round of the top's branch and bound after its first (a batch: a threshold early); the
+Pareto front's rounds are a batch each, so that the front tightens between them. Fixed, whatever the executor."""
 
 
 def _kth(values: list[float], k: int) -> float:
@@ -195,9 +196,13 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         def evaluate(batch: list[Candidate]) -> None:
             run(evaluate_batch, batch, keep)
 
+        # A short first round sets a threshold early; the rounds (fixed, whatever the executor: the same layouts are
+        # evaluated on the way everywhere) decide how much is evaluated, not what is reported (the filter at the end)
+        size = BATCH
         while left:  # the top: in order of the bound, while it is no more than the exact_top-th best so far
             threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
-            batch = [c for c in left[:ROUND] if lower[c.key] <= threshold]
+            batch = [c for c in left[:size] if lower[c.key] <= threshold]
+            size = ROUND
             if not batch:
                 break
             evaluate(batch)
@@ -205,7 +210,7 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         while left:  # the Pareto front: what no exact layout dominates even at its bound
             front = _optimistic_front(list(done.values()))
             batch = [c for c in left if not _dominated(bounds[c.key]["memory_per_gpu_bytes"],
-                                                       bounds[c.key]["tokens_per_s_upper_bound"], front)][:ROUND]
+                                                       bounds[c.key]["tokens_per_s_upper_bound"], front)][:BATCH]
             if not batch:
                 break
             evaluate(batch)
