@@ -499,29 +499,26 @@ def _pack(stages: list[_Stage]) -> Packed:
     return pack(units, [st.sends for st in stages])
 
 
-HOT_STEPS = 50_000
-"""Program steps a process times step by step before it compiles the recurrence (`_compiled`): a tiered JIT, so
-that numba's start-up (about 0.4 s, paid once per process) is paid where timing steps is the process's work (a
-search, a sweep, a band), not by a `simdist run` of a short step. Both paths give the same figures (to 1e-9:
-tests/test_timeline_kernel.py)."""
-_steps_timed = [0]
+COMPILE_STEPS = 50_000
+"""A program at least this long is timed compiled unless the caller says (``compiled``): numba's start-up (about
+0.4 s, once per process) is paid where timing is the work (a search asks for it: simdist.search.evaluate), not by a
+`simdist run` of a short step. Either path gives the same figures to 1e-9 (tests/test_timeline_kernel.py), and a
+given input always takes the same path (its JSON byte-identical run after run)."""
 
 
-def _compiled(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> bool:
-    """Whether to time this program compiled: its recipes allow it (`_fast`) and the process is hot (it has timed
-    `HOT_STEPS` steps step by step), or the program alone is that long."""
-    n = len(program(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp))
-    if _steps_timed[0] < HOT_STEPS and n < HOT_STEPS:
-        _steps_timed[0] += n
-        return False
-    return _fast(stages)
+def _compiled(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, compiled: bool | None) -> bool:
+    """Whether to time this program compiled: its recipes allow it (`_fast`) and the caller asks (``compiled``
+    True), or, the caller leaving it to the size (None), it is `COMPILE_STEPS` long."""
+    if compiled is None:
+        compiled = len(program(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp)) >= COMPILE_STEPS
+    return compiled and _fast(stages)
 
 
 def _observables(cfg: StepConfig, stages: list[_Stage], num_microbatches: int,
-                 packed: Packed | None = None) -> dict[str, float]:
+                 packed: Packed | None = None, compiled: bool | None = None) -> dict[str, float]:
     """The step's additive quantities timed over ``num_microbatches``; ``packed``: the stages as arrays, to time
-    it compiled (else `_compiled` decides)."""
-    if packed is not None or _compiled(cfg, stages, num_microbatches):
+    it compiled (else `_compiled` decides, with ``compiled``)."""
+    if packed is not None or _compiled(cfg, stages, num_microbatches, compiled):
         return _compiled_observables(cfg, stages, packed if packed is not None else _pack(stages), num_microbatches)
     step, intervals, blocks, model, hardware = _timeline(cfg, stages, num_microbatches)
     acct = account(intervals, step, blocks)
@@ -536,15 +533,17 @@ class _Timelines:
     replica's stages, or a callable that makes them, called on the first timeline only (a step too short to
     fast-forward is never timed, so its stages need not be priced here)."""
 
-    def __init__(self, cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]]) -> None:
+    def __init__(self, cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]],
+                 compiled: bool | None = None) -> None:
         self._cfg = cfg
         self._stages = stages
         self._packed: Packed | None = None
+        self._compiled = compiled
 
     def _run(self, m: int, starts: dict | None) -> float:
         if callable(self._stages):
             self._stages = self._stages()
-        if self._packed is None and _compiled(self._cfg, self._stages, m):
+        if self._packed is None and _compiled(self._cfg, self._stages, m, self._compiled):
             self._packed = _pack(self._stages)
         if self._packed is not None:
             return _compiled_timeline(self._cfg, self._packed, m, starts)[0]
@@ -568,11 +567,11 @@ def fast_forward_plan(cfg: StepConfig, pricer: CommPricer, *, for_engine: bool =
     return _plan(cfg, lambda: _stages(cfg, pricer), for_engine, beside)
 
 
-def _plan(cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]], for_engine: bool, beside: bool = False
-          ) -> tuple[int, int, int, int] | None:
+def _plan(cfg: StepConfig, stages: list[_Stage] | Callable[[], list[_Stage]], for_engine: bool, beside: bool = False,
+          compiled: bool | None = None) -> tuple[int, int, int, int] | None:
     if cfg.dp_batch_split is not None or (for_engine and cfg.compute_slowdown):
         return None  # the engine simulates unequal replicas whole
-    timelines = _Timelines(cfg, stages)
+    timelines = _Timelines(cfg, stages, compiled)
     return ff_plan(cfg.schedule, cfg.mesh.pp, cfg.microbatches(0), timelines.timeline, vpp=cfg.vpp,
                    count_detection=not for_engine, step_of=timelines.step_of, beside=beside and for_engine)
 
@@ -582,7 +581,7 @@ def _num_microbatches(cfg: StepConfig) -> int:
 
 
 def analytic_observables(cfg: StepConfig, pricer: CommPricer, *,
-                         fast_forward: bool | tuple[int, int, int, int] = True
+                         fast_forward: bool | tuple[int, int, int, int] = True, compiled: bool | None = None
                          ) -> tuple[dict[str, float], FastForward | None]:
     """The step's additive quantities (as simdist.report.step_metrics.observables measures them on a trace) and
     how its micro-batches were fast-forwarded (None: every one was timed). ``fast_forward``: a (cycle, M1, M2,
@@ -600,24 +599,25 @@ def analytic_observables(cfg: StepConfig, pricer: CommPricer, *,
         replicas = sorted({cfg.mesh.coords(r)["dp"] for r, _ in cfg.compute_slowdown})
         if len(replicas) < cfg.mesh.dp:
             replicas.append(next(d for d in range(cfg.mesh.dp) if d not in replicas))  # a healthy one
-        timed = [_replica_observables(cfg, pricer, d, fast_forward) for d in replicas]
+        timed = [_replica_observables(cfg, pricer, d, fast_forward, compiled) for d in replicas]
         return max(timed, key=lambda t: t[0]["step_s"])
-    return _replica_observables(cfg, pricer, 0, fast_forward)
+    return _replica_observables(cfg, pricer, 0, fast_forward, compiled)
 
 
 def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int,
-                         fast_forward: bool | tuple[int, int, int, int]
+                         fast_forward: bool | tuple[int, int, int, int], compiled: bool | None = None
                          ) -> tuple[dict[str, float], FastForward | None]:
     stages = _stages(cfg, pricer, dp_index)
     M = _num_microbatches(cfg)
-    found = (fast_forward if isinstance(fast_forward, tuple) else _plan(cfg, stages, False)) if fast_forward else None
+    found = (fast_forward if isinstance(fast_forward, tuple) else _plan(cfg, stages, False, compiled=compiled)) \
+        if fast_forward else None
     if found is not None:
         cycle, *counts = found
-        packed = _pack(stages) if _compiled(cfg, stages, sum(counts)) else None
+        packed = _pack(stages) if _compiled(cfg, stages, sum(counts), compiled) else None
         obs = extrapolate([(m, _observables(cfg, stages, m, packed)) for m in counts], M)
         if obs is not None:
             return obs, FastForward(cycle, tuple(counts), M)  # type: ignore[arg-type]
-    return _observables(cfg, stages, M), None
+    return _observables(cfg, stages, M, compiled=compiled), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -650,9 +650,12 @@ class AnalyticStep:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-def analytic_step(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = True) -> AnalyticStep:
-    """Closed-form step of ``cfg`` on ``pricer``'s cluster (see the module docstring)."""
-    obs, _ = analytic_observables(cfg, pricer, fast_forward=fast_forward)
+def analytic_step(cfg: StepConfig, pricer: CommPricer, *, fast_forward: bool = True, compiled: bool | None = None
+                  ) -> AnalyticStep:
+    """Closed-form step of ``cfg`` on ``pricer``'s cluster (see the module docstring); ``compiled``: time it with
+    the compiled recurrence (True: a caller timing many steps), step by step (False), or by its size (None:
+    `COMPILE_STEPS`)."""
+    obs, _ = analytic_observables(cfg, pricer, fast_forward=fast_forward, compiled=compiled)
     step = obs["step_s"]
     tokens = cfg.global_batch_size * (cfg.model.seq_length if cfg.model.kind == "decoder" else 1)
     per_gpu = obs["model_flops"] / step if step > 0 else 0.0

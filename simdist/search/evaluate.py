@@ -169,7 +169,8 @@ def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str
     """The candidate's closed form: with its contention estimate where the problem asks (what search ranks by),
     else with every collective alone (`run --fidelity closed_form`'s)."""
     cfg = step_config(problem, c, ctx)
-    step = analytic_step(cfg, contended_pricer(ctx, cfg.mesh) if problem.contention else ctx.pricer)
+    # compiled: a search times thousands of steps (simdist.analytic.step.COMPILE_STEPS), always the same path
+    step = analytic_step(cfg, contended_pricer(ctx, cfg.mesh) if problem.contention else ctx.pricer, compiled=True)
     return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg), **step.as_dict()}
 
 

@@ -266,7 +266,7 @@ def closed_form_band(problem: SearchProblem, row: dict[str, Any]) -> dict[str, f
     ctx = context(problem)
     cfg = step_config(problem, Candidate.from_dict(row["layout"]), ctx)
     # the band of the contention-free step (the pricer it perturbs), scaled by what the contention estimate adds
-    alone = analytic_step(cfg, ctx.pricer).step_time_s if problem.contention else row["step_time_s"]
+    alone = analytic_step(cfg, ctx.pricer, compiled=True).step_time_s if problem.contention else row["step_time_s"]
     band, _ = step_band(cfg, ctx.pricer, alone)
     scale = row["step_time_s"] / alone if alone > 0 else 1.0
     return {q: v * scale for q, v in band.items()}
