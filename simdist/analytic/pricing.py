@@ -171,6 +171,12 @@ class CommPricer:
         self.misses += 1
         op, nbytes, imbalance = key[0], key[-2], key[-1]
         placed = key[1] if len(key) == 4 else tuple(key[1] + o for o in _offsets(key[2], key[3]))
+        t = self._cache[key] = self._time(op, placed, nbytes, imbalance)
+        return t
+
+    def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float) -> float:
+        """Seconds of ``op`` on the ranks ``placed``, alone (what `_price` caches; a subclass may time it otherwise:
+        simdist.search.contention)."""
         group = self._groups.get(placed)
         if group is None:
             group = self._groups[placed] = Group(self.topology, placed)
@@ -182,7 +188,6 @@ class CommPricer:
         t = rank_choices(request)[0].predicted_s
         if self.adjust is not None:
             t = self.adjust(op, len(placed), nbytes, t)
-        self._cache[key] = t
         return t
 
 

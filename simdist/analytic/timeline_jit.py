@@ -46,13 +46,19 @@ def _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, free, prev_s, rec
         e = t + piece[q, 1]
         free[sc] = e
         ends[j] = e
-        intervals[count, 0] = t
-        intervals[count, 1] = e
-        intervals[count, 2] = piece[q, 2]
-        intervals[count, 3] = piece[q, 3]
-        intervals[count, 4] = stage
-        count += 1
+        count = _interval(intervals, count, t, e, piece[q, 2], piece[q, 3], stage)
     return ends, count
+
+
+@njit(cache=True)
+def _interval(intervals, count, start, end, category, work, stage):  # pragma: no cover - compiled
+    """Write one interval (start, end, category, work, stage) at row ``count``; returns the next row."""
+    intervals[count, 0] = start
+    intervals[count, 1] = end
+    intervals[count, 2] = category
+    intervals[count, 3] = work
+    intervals[count, 4] = stage
+    return count + 1
 
 
 @njit(cache=True)
@@ -100,12 +106,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
                 for x in range(a0, a1):
                     t = f[_DP]
                     f[_DP] = t + ahead[x, 0]
-                    intervals[count, 0] = t
-                    intervals[count, 1] = f[_DP]
-                    intervals[count, 2] = ahead[x, 1]
-                    intervals[count, 3] = ahead[x, 2]
-                    intervals[count, 4] = s
-                    count += 1
+                    count = _interval(intervals, count, t, f[_DP], ahead[x, 1], ahead[x, 2], s)
                 if f[_DP] > t0:
                     t0 = f[_DP]
             if first_last[s, 0] < 0:
@@ -127,12 +128,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
                 if f[_DP] > t:
                     t = f[_DP]
                 f[_DP] = t + behind[x, 1]
-                intervals[count, 0] = t
-                intervals[count, 1] = f[_DP]
-                intervals[count, 2] = behind[x, 2]
-                intervals[count, 3] = behind[x, 3]
-                intervals[count, 4] = s
-                count += 1
+                count = _interval(intervals, count, t, f[_DP], behind[x, 2], behind[x, 3], s)
         prev[s] = end
         if backward[code] and end > last_bwd[s]:
             last_bwd[s] = end

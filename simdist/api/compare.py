@@ -159,16 +159,20 @@ def _problem(name: str, num_gpus: int, base: dict[str, Any], *, rounded: bool) -
         raise LayoutError(f"{num_gpus} GPUs do not fill whole nodes of {name} ({size.gpus_per_node} GPUs per node)",
                           field="--cluster", fix=f"use a multiple of {size.gpus_per_node}, e.g. {size.num_gpus}")
     if base["scenario"] is not None:
-        flags = [f"{k}={v}" for k, v in (("training.global_batch_size", base["global_batch_size"]),
-                                          ("model.seq_length", base["seq_length"]),
-                                          ("training.precision", base["precision"])) if v is not None]
-        problem = scenario_problem(base["scenario"], [*base["assignments"], *flags], num_gpus=size.num_gpus,
+        problem = scenario_problem(base["scenario"], _assignments(base), num_gpus=size.num_gpus,
                                    cluster=cluster_section(name), **base["bounds"])
         size = ClusterSize(name, size.gpus_per_node, size.num_nodes, size.num_gpus, size.note)
         return size, problem
     return size, SearchProblem(model=base["model"], cluster=name, num_nodes=size.num_nodes,
                                global_batch_size=base["global_batch_size"] or 1536, seq_length=base["seq_length"],
                                precision=base["precision"] or "bf16", **base["bounds"])
+
+
+def _assignments(base: dict[str, Any]) -> list[str]:
+    """The base scenario's assignments and the flags that override its fields (--global-batch, --seq, ...)."""
+    return [*base["assignments"], *(f"{k}={v}" for k, v in (
+        ("training.global_batch_size", base["global_batch_size"]), ("model.seq_length", base["seq_length"]),
+        ("training.precision", base["precision"])) if v is not None)]
 
 
 def _placed_problem(name: str, size: Any, base: dict[str, Any]) -> Any:
@@ -182,10 +186,7 @@ def _placed_problem(name: str, size: Any, base: dict[str, Any]) -> Any:
     placement = {"num_nodes": size.num_nodes, "gpus_per_node": size.gpus_used_per_node}
     section = {**cluster_section(name), "num_nodes": size.num_nodes, "placement": placement}
     if base["scenario"] is not None:
-        flags = [f"{k}={v}" for k, v in (("training.global_batch_size", base["global_batch_size"]),
-                                          ("model.seq_length", base["seq_length"]),
-                                          ("training.precision", base["precision"])) if v is not None]
-        return scenario_problem(base["scenario"], [*base["assignments"], *flags], cluster=section, **base["bounds"])
+        return scenario_problem(base["scenario"], _assignments(base), cluster=section, **base["bounds"])
     whole = SearchProblem(model=base["model"], cluster=name, num_nodes=size.num_nodes,
                           global_batch_size=base["global_batch_size"] or 1536, seq_length=base["seq_length"],
                           precision=base["precision"] or "bf16", **base["bounds"])

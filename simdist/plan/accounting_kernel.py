@@ -148,25 +148,19 @@ def _partition(intervals, rows, lo, hi, step_s, spans, subtract, out):  # pragma
         if not length > 0:
             continue
         inside = lo <= t0 and t1 <= hi and hi > lo
-        which = -1
-        if inside:
-            for c in range(_NUM):
-                if c != _PP and in_count[c] > 0:
-                    which = c
-                    break
-            if which < 0:
-                out[BUBBLE] += length
-            else:
-                out[which] += length
-        else:
-            for c in range(_NUM):
-                if any_count[c] > 0:
-                    which = c
-                    break
-            if which < 0:
-                out[IDLE] += length
-            else:
-                out[which] += length
+        # inside the phase: what counts there (pipeline work, the optimizer; not pp), else the bubble; outside:
+        # anything running, else idle
+        which = _first_running(in_count, _PP) if inside else _first_running(any_count, -1)
+        out[which if which >= 0 else (BUBBLE if inside else IDLE)] += length
+
+
+@njit(cache=True)
+def _first_running(counts, skip):  # pragma: no cover - compiled
+    """The first category (priority order) with something running, ``skip`` left out; -1: none."""
+    for c in range(counts.shape[0]):
+        if c != skip and counts[c] > 0:
+            return c
+    return -1
 
 
 @njit(cache=True)

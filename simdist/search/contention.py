@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simdist.analytic.pricing import CommPricer, _offsets
+from simdist.analytic.pricing import CommPricer
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Comm
@@ -92,16 +92,8 @@ class ContendedPricer(CommPricer):
         members = tuple(placed[i] for i in order)
         return self.mesh.translates_array(members, axes)[:, np.argsort(order)]
 
-    def _price(self, key: tuple) -> float:
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        self.misses += 1
-        op, nbytes, imbalance = key[0], key[-2], key[-1]
-        placed = key[1] if len(key) == 4 else tuple(key[1] + o for o in _offsets(key[2], key[3]))
+    def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float) -> float:
         alone = self.alone.time_s(op, placed, nbytes, imbalance)
         latency = min(self.alone.time_s(op, placed, 1.0, imbalance), alone)
         f = self.factor(op, placed, imbalance)
-        t = alone if f == 1.0 else latency + (alone - latency) * f
-        self._cache[key] = t
-        return t
+        return alone if f == 1.0 else latency + (alone - latency) * f

@@ -98,12 +98,6 @@ def _scenario_base(text: str) -> ScenarioSpec:
     return ScenarioSpec.model_validate_json(text)
 
 
-def cluster_of_spec(spec: ScenarioSpec) -> Topology:
-    """The cluster of a validated scenario whose paths are absolute: as `simdist run` builds it (its preset or file
-    with its overrides, the part ``cluster.placement`` uses, its failed links)."""
-    return cluster_of(spec)
-
-
 def _base_spec(problem: SearchProblem, model: dict[str, Any], cluster_key: str) -> ScenarioSpec:
     return ScenarioSpec.model_validate({
         "name": f"{problem.model} on {problem.num_nodes} x {problem.cluster}",
@@ -153,7 +147,7 @@ def context(problem: SearchProblem) -> Context:
     if ctx is None:
         if len(_CONTEXTS) > 8:
             _CONTEXTS.clear()
-        topology = (cluster_of_spec(base_spec(problem)) if problem.base else
+        topology = (cluster_of(base_spec(problem)) if problem.base else
                     load_topology(problem.cluster, num_nodes=problem.num_nodes))
         ctx = _CONTEXTS[problem] = Context(topology, resolve_problem_model(problem), CommPricer(topology),
                                            base_spec(problem))
