@@ -13,7 +13,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "validation" / "reference"
 
 EXPECTED_PRESETS = {
     "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-gen4-8gpu", "pcie-gen5-8gpu",
-    "cpu-loopback", "dgx-b300", "gb300-nvl72",
+    "cpu-loopback", "dgx-b300", "gb300-nvl72", "hgx-h200-4gpu",
 }
 
 
@@ -76,6 +76,7 @@ def test_gpu_dtype_ordering_is_physical():
         ("gb300-nvl72", 900, 72, 100, 72),
         ("pcie-gen4-8gpu", None, 4, 25, 1),
         ("pcie-gen5-8gpu", None, 4, 50, 1),
+        ("hgx-h200-4gpu", 450, 4, 50, 4),  # 3 links of 150 GB/s per GPU (a node given as a graph)
     ],
 )
 def test_preset_figures(preset, nvlink_GBps, nics, nic_GBps, domain):
@@ -85,7 +86,8 @@ def test_preset_figures(preset, nvlink_GBps, nics, nic_GBps, domain):
         assert "nvlink" not in d["links_by_kind"]
     else:
         assert d["nvlink"]["bandwidth_per_gpu_Bps"] == nvlink_GBps * 1e9
-        assert d["links_by_kind"]["nvlink"]["bandwidths_Bps"] == [nvlink_GBps * 1e9]
+        links = d["nvlink"].get("links_per_gpu", 1)
+        assert d["links_by_kind"]["nvlink"]["bandwidths_Bps"] == [nvlink_GBps * 1e9 / links]
     assert d["nics"]["per_node"] == nics
     assert d["nics"]["bandwidth_Bps"] == nic_GBps * 1e9
     assert d["nvlink_domain_size"] == domain
@@ -119,7 +121,7 @@ def test_nvls_only_where_the_switch_has_it():
             for n in preset_names()} == {
         "dgx-a100": False, "dgx-h100": True, "hgx-h200": True, "dgx-b200": True, "gb200-nvl72": True,
         "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False, "cpu-loopback": False, "dgx-b300": True,
-        "gb300-nvl72": True,
+        "gb300-nvl72": True, "hgx-h200-4gpu": False,
     }
 
 

@@ -37,8 +37,18 @@ from simdist.spec.load import Document
 HOLDOUTS = ("none", "sizes", "large", "ranks")
 PLATEAU_SHARE = 0.98
 PLATEAU_PROBE_BYTES = 2.0**36  # 64 GiB: past every preset's knee (NVLink and network alike reach it by ~1 GiB)
-TIER_FIELD = {"scale_up": ("scale_up",), "pcie": ("host", "pcie"), "inter_node": ("inter_node",)}
+TIER_FIELD = {"scale_up": ("scale_up", "efficiency"), "pcie": ("host", "pcie", "efficiency"),
+              "inter_node": ("inter_node", "efficiency")}
+"""Where a tier's fitted efficiency goes among a template topology's fields."""
 _TIER_KINDS = {"scale_up": {"nvlink"}, "pcie": {"pcie"}}
+
+
+def tier_field(topology: Topology, tier: str) -> tuple[str, ...]:
+    """The topology field a tier's fitted efficiency is written to: `TIER_FIELD`, or for a node given as a graph
+    (simdist.spec.node_graph) its per-kind efficiency, ``node.efficiency.nvlink`` or ``.pcie``."""
+    if topology.spec.node is not None and tier != "inter_node":
+        return ("node", "efficiency", "nvlink" if tier == "scale_up" else "pcie")
+    return TIER_FIELD[tier]
 
 
 # --------------------------------------------------------------------------- measured points
@@ -180,6 +190,10 @@ def tier_of(topology: Topology, group: Group) -> str:
     """scale_up (one NVLink domain), pcie (one node without NVLink) or inter_node."""
     if len({topology.locate(r)[0] for r in group.ranks}) > 1:
         return "inter_node"
+    if topology.spec.node is not None:  # a node graph: NVLink where the group's routes cross NVLink alone
+        kinds = {topology.link(i).kind for a in group.ranks for b in group.ranks if a != b
+                 for i in topology.route(a, b).links}
+        return "scale_up" if kinds == {"nvlink"} else "pcie"
     return "scale_up" if topology.spec.scale_up is not None else "pcie"
 
 

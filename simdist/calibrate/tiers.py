@@ -34,11 +34,11 @@ from simdist.calibrate.correction_fit import LATENCY_SHARE
 from simdist.calibrate.fit import mape_pct
 from simdist.calibrate.points import (
     PLATEAU_SHARE,
-    TIER_FIELD,
     Point,
     _group,
     _tier_efficiency,
     predict_without_nvls,
+    tier_field,
     tier_of,
 )
 from simdist.collectives.ops import op_info
@@ -106,10 +106,11 @@ def fit_tiers(topology: Topology, points: Sequence[Point], predicted: np.ndarray
                          f"predicts, beyond the links' nominal bandwidth (efficiency {before:g} -> {wanted:.3g} > 1; "
                          f"kept at 1): is '{topology.spec.name}' the machine they ran on?")
         after[tier] = round(min(1.0, max(0.01, wanted)), 4)
+        *where, name = tier_field(topology, tier)
         node = overrides
-        for key in TIER_FIELD[tier]:
+        for key in where:
             node = node.setdefault(key, {})
-        node["efficiency"] = after[tier]
+        node[name] = after[tier]
     fits: list[TierFit] = []
     for (tier, op, n), idx in sorted(series.items()):
         pts = [points[i] for i in idx]

@@ -1,4 +1,4 @@
-"""`simdist topo list|gpus|show`: the bundled topology presets and clusters."""
+"""`simdist topo list|gpus|show|import`: the bundled topology presets, clusters, and topologies read from a machine."""
 
 from __future__ import annotations
 
@@ -73,3 +73,36 @@ def topo_show(
     from simdist.report.topology_text import render_topology
 
     emit(render_topology(summary).rstrip() + (f"\nwrote {html}" if html is not None else ""))
+
+
+@topo_app.command("import")
+def topo_import(
+    path: Annotated[Path, typer.Argument(help="An NCCL topology dump (NCCL_TOPO_DUMP_FILE) or `nvidia-smi topo -m` "
+                                              "output, told apart by content.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write the topology file here (default: print it).")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The topology's name (default: the file's stem).")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="GPU preset (see `simdist topo gpus`); required for nvidia-smi output, else guessed from the "
+                      "dump's sm.")] = None,
+    nic_kind: Annotated[str, typer.Option("--nic-kind", help="infiniband, roce or ethernet.")] = "infiniband",
+    nic_bandwidth: Annotated[str | None, typer.Option(
+        "--nic-bandwidth", help="Per NIC, e.g. '400 Gb/s' (default: the dump's speed, else 400 Gb/s).")] = None,
+    pcie_generation: Annotated[int | None, typer.Option("--pcie-generation", help="PCIe generation for nvidia-smi "
+                                                                                  "output (default by GPU).")] = None,
+) -> None:
+    """Write a topology file from the machine's own description: its node as a graph (GPUs, NVLink, PCIe switches,
+    sockets, NICs), what the description did not say stated as '# Assumption:' lines."""
+    from simdist.api.topology_import import import_topology
+    from simdist.hardware.summary import describe
+    from simdist.report.topology_text import render_topology
+
+    if out is not None:
+        check_target(out, field="--out")
+    text, topology, assumptions = import_topology(path, name=name, gpu=gpu, nic_kind=nic_kind,
+                                                  nic_bandwidth=nic_bandwidth, pcie_generation=pcie_generation)
+    if out is None:
+        emit(text.rstrip())
+        return
+    write_atomically(out, text, field="--out")
+    summary = render_topology(describe(topology))
+    emit(summary + f"\nwrote {out}" + "".join(f"\n  assumed: {a}" for a in assumptions))

@@ -14,6 +14,7 @@ from simdist.collectives.plan import SWITCH
 from simdist.errors import SimdistError
 from simdist.hardware import batch
 from simdist.hardware.link import Route
+from simdist.hardware.node_rings import node_rings
 from simdist.hardware.topology import Topology
 
 
@@ -180,7 +181,8 @@ class Group:
     def _ring_orders(self, channels: int) -> list[list[int]]:
         groups = list(self.by_node().values())
         if len(groups) == 1:
-            return [list(range(self.size)) for _ in range(channels)]
+            rings = self._node_rings()
+            return [list(rings[c % len(rings)]) for c in range(channels)]
         if all(len(peers) == 1 for peers in groups):
             # one peer per node (a data-parallel group across nodes): every channel visits the nodes in order
             return [[peers[0] for peers in groups] for _ in range(channels)]
@@ -210,9 +212,17 @@ class Group:
         """
         return self._placement()[1]
 
+    def _node_rings(self) -> tuple[tuple[int, ...], ...]:
+        """A group inside one node: its rings, NCCL's search over a node given as a graph
+        (simdist.hardware.node_rings); the peer order on a template node (NVSwitch crossbar or PCIe tree)."""
+        t = self.topology
+        if t.spec.node is None:
+            return (tuple(range(self.size)),)
+        return node_rings(t.node, tuple(t.locate(r)[1] for r in self.ranks))
+
     def _default_channels(self, groups: dict[int, list[int]]) -> int:
         if len(groups) <= 1:
-            return 1
+            return len(self._node_rings())
         t = self.topology
         nics = {t.node.nic_of_gpu[t.locate(self.ranks[p])[1]] for p in next(iter(groups.values()))}
         return max(1, min(len(nics), min(len(v) for v in groups.values())))

@@ -56,6 +56,8 @@ class NodeGraph:
     _widths: tuple[float, ...] = ()
     """The link bandwidths, widest first (`tree`'s thresholds; set once the node is built and searched)."""
     _graph: Any = None
+    _rings: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    """Ring channels by group (local GPU indices), for a node given as a graph (simdist.hardware.node_rings)."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -112,9 +114,12 @@ def _add_link(node: NodeGraph, src: str, dst: str, kind: LinkKind, bw: float, la
 
 def build_node(spec: TopologySpec) -> NodeGraph:
     """Build the graph of one node of ``spec`` (see the module docstring for vertex names)."""
+    if spec.node is not None:
+        return _listed_node(spec)
     node = NodeGraph(vertices={}, succ={}, links=[], gpus=[], nics=[], nic_of_gpu=[])
     g = node.vertices
     host = spec.host
+    assert host is not None  # TopologySpec: host or node
     pcie = host.pcie
     pcie_bw = pcie.bandwidth if pcie.bandwidth is not None else pcie_bandwidth_Bps(pcie.generation, pcie.lanes)
     pcie_lat = pcie.latency if pcie.latency is not None else LINK_DEFAULTS["pcie"].latency_s
@@ -182,6 +187,38 @@ def build_node(spec: TopologySpec) -> NodeGraph:
     return node
 
 
+def _listed_node(spec: TopologySpec) -> NodeGraph:
+    """The node a topology file lists vertex by vertex and link by link (simdist.spec.node_graph), which
+    `NodeGraphSpec.check` has already found connected."""
+    listed = spec.node
+    assert listed is not None
+    node = NodeGraph(vertices={}, succ={}, links=[], gpus=[], nics=[], nic_of_gpu=[])
+    num_nics = spec.inter_node.nics_per_node if spec.inter_node is not None else 0
+    for name, kind in listed.kinds(spec.gpus_per_node, num_nics).items():
+        attrs: dict[str, Any] = {"kind": kind, "host": 0}
+        if kind == "gpu":
+            attrs["index"] = len(node.gpus)
+            node.gpus.append(name)
+        elif kind == "nic":
+            attrs["index"] = len(node.nics)
+            node.nics.append(name)
+        node.vertices[name] = attrs
+        node.succ[name] = {}
+    for link in listed.links:
+        defaults = LINK_DEFAULTS[link.kind]
+        lat = link.latency if link.latency is not None else defaults.latency_s
+        eff = link.efficiency or listed.efficiency.get(link.kind) or defaults.efficiency
+        back = link.reverse_bandwidth if link.reverse_bandwidth is not None else link.bandwidth
+        a, b = link.ends
+        for src, dst, bw in ((a, b, link.bandwidth), (b, a, back)):
+            index = len(node.links)
+            node.links.append(LocalLink(src, dst, link.kind, bw, lat, eff))
+            node._index[(src, dst)] = index
+            node.succ[src][dst] = index
+    node.nic_of_gpu = _nearest_nics(node)
+    return node
+
+
 def _components(node: NodeGraph) -> list[set[str]]:
     """The node's connected components, each found breadth-first from its first vertex, in vertex order (every
     link is added with its reverse, so these are the weakly connected components)."""
@@ -233,6 +270,8 @@ def _nearest_nics(node: NodeGraph) -> list[int | None]:
     out: list[int | None] = [None] * len(node.gpus)
     for nearest, members in groups.items():
         for position, g_index in enumerate(members):
+            if not nearest:  # no NIC reachable (a single-node cluster may have GPUs without one)
+                continue
             out[g_index] = nearest[position * len(nearest) // max(len(members), len(nearest))]
     return out
 
@@ -288,6 +327,22 @@ def _widest_shortest_path(node: NodeGraph, src: str, dst: str) -> PathShape:
             )
         level += 1
     raise TopologyError(f"no path from {src} to {dst} inside a node", fix="check the topology's host and scale_up")
+
+
+def nvlink_reach(node: NodeGraph) -> int:
+    """GPUs the node's first GPU reaches over NVLink links alone (itself included; through NVSwitches, never
+    through another GPU)."""
+    first = node.gpus[0]
+    seen, queue = {first}, deque([first])
+    while queue:
+        v = queue.popleft()
+        if v != first and node.vertices[v]["kind"] in ENDPOINT_KINDS:
+            continue
+        for w, index in node.succ.get(v, {}).items():
+            if w not in seen and node.links[index].kind == "nvlink":
+                seen.add(w)
+                queue.append(w)
+    return sum(1 for v in seen if node.vertices[v]["kind"] == "gpu")
 
 
 def injection_flow_Bps(node: NodeGraph, nic_bandwidth_Bps: float) -> float:

@@ -12,12 +12,15 @@ job lives on used node r // gpus_per_node, as on a full cluster.
 # job uses. On a rail-optimized fabric a NIC keeps its rail switch; on a fat tree NICs are cabled in order, so two
 # used nodes may share a leaf they would not share in the full cluster (a shorter path at the same NIC bandwidth on
 # a non-blocking tree; ECMP then spreads over the spines a fabric of the job's size has).
+# A node given as a graph (simdist.spec.node_graph) keeps its first ``gpus_per_node`` GPUs, every other vertex and
+# the links between them.
 """
 
 from __future__ import annotations
 
 from simdist.errors import TopologyError
 from simdist.hardware.topology import Topology
+from simdist.spec.base import FieldProblem
 
 __all__ = ["job_topology"]
 
@@ -33,6 +36,19 @@ def job_topology(cluster: Topology, *, num_nodes: int | None, gpus_per_node: int
     if per_node > spec.gpus_per_node:
         raise TopologyError(f"placement asks for {per_node} GPUs per node, but a node has {spec.gpus_per_node}",
                             field="placement.gpus_per_node", fix=f"use at most {spec.gpus_per_node} GPUs per node")
+    if spec.node is not None:  # a node given as a graph: its first per_node GPUs and every other vertex
+        idle = {f"gpu{i}" for i in range(per_node, spec.gpus_per_node)}
+        links = [lk for lk in spec.node.links if not idle & set(lk.ends)]
+        nics = spec.inter_node.nics_per_node if spec.inter_node is not None else 0
+        try:
+            spec.node.model_copy(update={"links": links}).check(per_node, nics, nodes)
+        except FieldProblem as problem:
+            raise TopologyError(f"the job's first {per_node} GPUs of each node: {problem}",
+                                field="placement.gpus_per_node", fix="place the job on GPUs that reach each other "
+                                                                     "and their NICs") from None
+        update = {"num_nodes": nodes, "gpus_per_node": per_node,
+                  "node": spec.node.model_copy(update={"links": links})}
+        return Topology(spec.model_copy(update=update), cluster_num_gpus=spec.num_gpus)
     per_host = spec.gpus_per_host
     if per_node % per_host:
         raise TopologyError(f"placement uses {per_node} GPUs per node, not whole hosts of {per_host} GPUs",

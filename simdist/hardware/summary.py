@@ -46,7 +46,8 @@ def route_dict(topology: Topology, route: Route) -> dict[str, Any]:
 def injection_bandwidth(topology: Topology) -> dict[str, float]:
     """What one GPU can send per tier when every GPU sends at once (nominal, per direction).
 
-    ``nvlink``: its NVLink port; ``pcie``: its PCIe link; ``inter_node``: its route to its NIC, and
+    ``nvlink``: its NVLink port (the sum of its NVLink links on a node given as a graph); ``pcie``: its PCIe
+    link; ``inter_node``: its route to its NIC, and
     its share of the node's NICs (nics_per_node x nic_bandwidth / gpus_per_node), whichever is less.
     """
     node = topology.node
@@ -54,13 +55,29 @@ def injection_bandwidth(topology: Topology) -> dict[str, float]:
     out: dict[str, float] = {}
     for lk in node.links:
         if lk.src == gpu0:
-            out[lk.kind] = max(out.get(lk.kind, 0.0), lk.bandwidth_Bps)
+            out[lk.kind] = out.get(lk.kind, 0.0) + lk.bandwidth_Bps
     spec = topology.spec.inter_node
     if spec is not None and spec.nics_per_node and node.nic_of_gpu[0] is not None:
         to_nic = node.path(gpu0, node.nics[node.nic_of_gpu[0]]).bandwidth_Bps
         share = spec.nics_per_node * spec.nic_bandwidth / topology.gpus_per_node
         out["inter_node"] = min(to_nic, spec.nic_bandwidth, share)
     return out
+
+
+def _listed_nvlink(topology: Topology) -> dict[str, Any] | None:
+    """The NVLink entry of a node given as a graph: the first GPU's NVLink links, the node's NVSwitches."""
+    node = topology.node
+    out = [lk for lk in node.links if lk.src == node.gpus[0] and lk.kind == "nvlink"]
+    if not out:
+        return None
+    return {
+        "generation": None,
+        "bandwidth_per_gpu_Bps": sum(lk.bandwidth_Bps for lk in out),
+        "links_per_gpu": len(out),
+        "num_switches_per_node": sum(1 for v in node.vertices.values() if v["kind"] == "nvswitch"),
+        "efficiency": out[0].efficiency,
+        "nvls": False,
+    }
 
 
 def describe(topology: Topology) -> dict[str, Any]:
@@ -93,7 +110,8 @@ def describe(topology: Topology) -> dict[str, Any]:
         "hosts_per_node": spec.hosts_per_node,
         "num_gpus": topology.num_gpus,
         "nvlink_domain_size": topology.nvlink_domain_size,
-        "nvlink": None if spec.scale_up is None else {
+        "node_graph": spec.node is not None,
+        "nvlink": _listed_nvlink(topology) if spec.node is not None else None if spec.scale_up is None else {
             "generation": spec.scale_up.nvlink_generation,
             "bandwidth_per_gpu_Bps": spec.scale_up.bandwidth,
             "num_switches_per_node": spec.scale_up.num_switches,

@@ -23,7 +23,7 @@ from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.layout import NIC, NODE, LinkLayout
 from simdist.hardware.link import Link, PathShape, Route, join
 from simdist.hardware.memo import Memo
-from simdist.hardware.node import NodeGraph, build_node, injection_flow_Bps
+from simdist.hardware.node import NodeGraph, build_node, injection_flow_Bps, nvlink_reach
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.topology import TopologySpec
 
@@ -149,8 +149,11 @@ class Topology:
 
     @property
     def nvlink_domain_size(self) -> int:
-        """GPUs that reach each other over NVLink without leaving the node (1 without NVLink)."""
-        return self.gpus_per_node if self.spec.scale_up is not None else 1
+        """GPUs that reach each other over NVLink without leaving the node (1 without NVLink); for a node given as
+        a graph, those gpu0 reaches over NVLink links alone."""
+        if self.spec.node is None:
+            return self.gpus_per_node if self.spec.scale_up is not None else 1
+        return nvlink_reach(self.node)
 
     # ----------------------------------------------------------------- links
     def link(self, link_id: int) -> Link:

@@ -19,7 +19,15 @@ def render_topology(d: dict[str, Any]) -> str:
         f"{format_bytes(gpu['hbm_capacity_bytes'])} HBM at {format_bandwidth(gpu['hbm_bandwidth_Bps'])}"
     )
     nv = d["nvlink"]
-    if nv:
+    if nv and d.get("node_graph"):
+        switches = nv["num_switches_per_node"]
+        lines.append(
+            f"  NVLink domain   {d['nvlink_domain_size']} GPUs, {nv['links_per_gpu']} NVLink link(s) per GPU, "
+            f"{format_bandwidth(nv['bandwidth_per_gpu_Bps'])} per GPU per direction in all, "
+            f"{f'{switches} NVSwitch vertices' if switches else 'no NVSwitch'} (efficiency {nv['efficiency']:.2f}; "
+            "the node is given as a graph)"
+        )
+    elif nv:
         lines.append(
             f"  NVLink domain   {d['nvlink_domain_size']} GPUs, NVLink{nv['generation']} "
             f"{format_bandwidth(nv['bandwidth_per_gpu_Bps'])} per GPU per direction via "

@@ -30,6 +30,7 @@ from simdist.limits import (
 )
 from simdist.spec.base import Bandwidth, FieldProblem, Fraction, Latency, Spec, count
 from simdist.spec.gpu import GpuSpec
+from simdist.spec.node_graph import NodeGraphSpec
 
 LinkKind = Literal["nvlink", "pcie", "infiniband", "roce", "ethernet", "cpu_interconnect"]
 FabricKind = Literal["infiniband", "roce", "ethernet"]
@@ -135,12 +136,36 @@ class TopologySpec(Spec):
                                                           "for gb200-nvl72)")
     gpus_per_node: count(GPUS_PER_NODE) = Field(description="GPUs per node")
     hosts_per_node: count(HOSTS_PER_NODE) = Field(default=1, description="servers or compute trays per node")
-    host: HostSpec = Field(description="the anatomy of each host")
+    host: HostSpec | None = Field(default=None, description="the anatomy of each host (a template: sockets, PCIe "
+                                                            "switches, GPUs and NICs spread evenly); required "
+                                                            "unless `node` lists the node's graph")
     scale_up: ScaleUpSpec | None = Field(default=None, description="absent: no NVLink (PCIe-only boxes)")
+    node: NodeGraphSpec | None = Field(
+        default=None, description="the node as an explicit graph (vertices and links, simdist.spec.node_graph), "
+                                  "instead of `host` and `scale_up`: boards no template describes (pairwise NVLink, "
+                                  "NVLink bridges, an odd link); `simdist topo import` writes it")
     inter_node: InterNodeSpec | None = Field(default=None, description="absent: a single node")
 
     @model_validator(mode="after")
     def _shape_divides(self) -> TopologySpec:
+        nics = self.inter_node.nics_per_node if self.inter_node is not None else 0
+        if self.node is not None:
+            for name in ("host", "scale_up"):
+                if getattr(self, name) is not None:
+                    raise FieldProblem((name,), f"{name} and node both describe the node (fix: drop {name}: the "
+                                                "node graph lists every vertex and link, NVLink included)")
+            if self.hosts_per_node != 1:
+                raise FieldProblem(("hosts_per_node",), "a node given as a graph is one host (fix: drop "
+                                                        "hosts_per_node, or describe the hosts with `host`)")
+            try:
+                self.node.check(self.gpus_per_node, nics, self.num_nodes)
+            except FieldProblem as problem:
+                raise FieldProblem(("node", *problem.path), str(problem)) from None
+            self._check_size()
+            return self
+        if self.host is None:
+            raise FieldProblem(("host",), "the node is not described (fix: add host: {pcie: {generation: 5}, ...} "
+                                          "or node: {vertices: [...], links: [...]}; see `simdist schema topology`)")
         if self.gpus_per_node % self.hosts_per_node:
             raise ValueError(
                 f"gpus_per_node ({self.gpus_per_node}) must be a multiple of hosts_per_node ({self.hosts_per_node})"
@@ -171,6 +196,16 @@ class TopologySpec(Spec):
                 f"{GPUS.text()}{memory} "
                 f"(fix: use at most {int(GPUS.value) // self.gpus_per_node:,} nodes)"))
         h = self.host
+        if h is None:  # an explicit node graph
+            assert self.node is not None
+            components = self.gpus_per_node + nics + len(self.node.vertices)
+            work = self.gpus_per_node * (components + len(self.node.links))
+            if components > NODE_COMPONENTS.value or work > NODE_ROUTE_WORK.value:
+                raise FieldProblem(("node", "links"), (
+                    f"a node graph of {components:,} vertices and {len(self.node.links):,} links needs {work:,} "
+                    f"route-search visits; the limits are {NODE_COMPONENTS.text()} and {NODE_ROUTE_WORK.text()} "
+                    "(fix: describe a smaller node)"))
+            return
         components = (self.gpus_per_node + nics + self.hosts_per_node * h.cpu_sockets
                       * (1 + h.pcie_switches_per_socket) + (self.scale_up.num_switches if self.scale_up else 0))
         work = self.gpus_per_node * components
