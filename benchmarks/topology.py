@@ -26,6 +26,10 @@ Figures per size:
   only up to --nx-max-gpus GPUs (1024 by default).
 - CLI: wall time of ``simdist topo show dgx-h100 --num-nodes {1,2048} --json > /dev/null`` as a
   subprocess (median of 3): interpreter start-up and imports included, the user-facing figure.
+- 3-tier at 100k GPUs (issue 33's budget: <= 5 s whole process, < 1 GB): wall time and peak RSS of
+  ``simdist collective --cluster llama3-24k --num-nodes 12500 --op all_reduce --ranks 100000 --bytes 1M
+  --algorithm ring`` (100,000 GPUs in 33 pods: build the topology, route and price a 1 MB ring all-reduce),
+  median of 3 subprocesses.
 """
 
 from __future__ import annotations
@@ -140,6 +144,34 @@ def cli_seconds(num_nodes: int, runs: int = 3) -> float:
     return statistics.median(samples)
 
 
+THREE_TIER = ["collective", "--cluster", "llama3-24k", "--num-nodes", "12500", "--op", "all_reduce", "--ranks",
+              "100000", "--bytes", "1M", "--algorithm", "ring"]
+THREE_TIER_CHILD = """
+import sys
+from simdist.cli import main
+sys.argv = ["simdist", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM")]
+print("RSS_KIB", hwm[0].split()[1] if hwm else 0, file=sys.stderr)
+"""
+
+
+def three_tier_seconds(runs: int = 3) -> dict:
+    """Whole-process wall time and peak RSS of the 100k-GPU 3-tier all-reduce (medians of ``runs``)."""
+    times, rss_mib = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", THREE_TIER_CHILD, *THREE_TIER], capture_output=True, text=True,
+                             check=True)
+        times.append(time.perf_counter() - start)
+        kib = [line.split()[1] for line in out.stderr.splitlines() if line.startswith("RSS_KIB")]
+        rss_mib.append(int(kib[0]) / 1024 if kib else float("nan"))
+    return {"seconds": statistics.median(times), "max_rss_mib": statistics.median(rss_mib)}
+
+
 COLUMNS = [  # header, row key, format ("k" scales lookups/s to thousands)
     ("preset", "preset", "{}"), ("GPUs", "gpus", "{}"), ("nodes", "nodes", "{}"),
     ("build ms", "build_ms", "{:.2f}"), ("build MiB", "build_peak_mib", "{:.2f}"),
@@ -169,6 +201,11 @@ def render(doc: dict) -> str:
     ms = {k: v * 1e3 for k, v in doc["cli"].items()}
     lines.append(f"CLI `simdist topo show dgx-h100 --json` (median of 3): 1 node {ms['1_node_s']:.0f} ms, "
                  f"2048 nodes {ms['2048_nodes_s']:.0f} ms (difference {ms['difference_s']:+.0f} ms)")
+    tt = doc.get("three_tier")
+    if tt:
+        lines.append(f"3-tier, 100,000 GPUs (llama3-24k at 12,500 nodes), 1 MB ring all_reduce, whole process "
+                     f"(median of 3): {tt['seconds']:.2f} s, peak RSS {tt['max_rss_mib']:.0f} MiB "
+                     "(budget: <= 5 s, < 1 GB)")
     r = doc["ratios"]
     if r:
         lines.append(f"dgx-h100 16384 vs 1024 GPUs (16x): build time x{r['build_16384_over_1024']:.2f}, "
@@ -192,7 +229,7 @@ def main() -> None:
     meta = {"python": sys.version.split()[0], "repeat": args.repeat, "pairs": NUM_PAIRS, "seed": SEED,
             "nx_max_gpus": args.nx_max_gpus}
     cli = {"1_node_s": one, "2048_nodes_s": big, "difference_s": big - one}
-    doc = {"meta": meta, "rows": rows, "cli": cli, "ratios": ratios}
+    doc = {"meta": meta, "rows": rows, "cli": cli, "ratios": ratios, "three_tier": three_tier_seconds()}
     print(json.dumps(doc, indent=2) if args.json else render(doc))
 
 

@@ -3,7 +3,7 @@
 Over random collectives (every op and every algorithm that can run it, 2-64 peers, random sizes, roots,
 channels and protocols) on a few topologies (bundled presets with a few nodes, and three tiny fixtures in
 tests/data/topologies whose 4-port leaves make routes climb to thin spines, one of them a node given as a graph
-whose GPUs are linked pairwise):
+whose GPUs are linked pairwise, one a 3-tier fat tree):
 
 - the detailed plan's engine time >= its closed form (1e-9 relative), always;
 - equal (1e-9) when the run is uncontended: every transfer moved at its planned rate for its whole time
@@ -48,6 +48,7 @@ TOPOLOGIES = (
     (str(FIXTURES / "tiny-nvswitch-rails.yaml"), 5, ()),
     (str(FIXTURES / "tiny-pcie-fat-tree.yaml"), 3, ()),
     (str(FIXTURES / "tiny-graph-odd-link.yaml"), 2, ()),
+    (str(FIXTURES / "tiny-three-tier.yaml"), 8, ()),
 )
 MAX_TRANSFERS = 2500
 """Largest detailed plan an example runs (keeps the test to a few seconds per hundred examples)."""

@@ -47,6 +47,7 @@ CLUSTERS = [
     ("pcie-gen4-8gpu", 20, []),
     ("hgx-h200", 5, ["inter_node.kind=roce"]),
     ("dgx-b200", 1, []),
+    ("llama3-24k", 40, ["inter_node.leaves_per_pod=4", "inter_node.switch_radix=8"]),  # 3 tiers: 5 pods at 1:7
 ]
 
 

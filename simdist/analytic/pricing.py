@@ -53,6 +53,7 @@ class CommPricer:
     # peer sits inside its node), not on which nodes it lands on: the group is priced re-placed on the first
     # node(s) of the cluster. On the bundled presets every node has the same NICs and leaf switch links, so
     # only groups that straddle leaf boundaries differently can differ (the engine path prices the real group).
+    # On a 3-tier fabric the group is re-placed in the first pod(s), at its place inside its pod.
     # With failed leaf-spine links (faults.failed_links) every group is priced where it is.
     """
 
@@ -62,6 +63,11 @@ class CommPricer:
         # is priced where it is, its first rank itself in every key instead of its position inside its node.
         fabric = topology.fabric
         self._gpn = 0 if fabric is not None and fabric.failed_uplinks else topology.gpus_per_node
+        # 3 tiers: a group's routes depend on which pods its nodes sit in, a pattern that repeats every pod (0: pods
+        # that split nodes unevenly, every group priced where it is)
+        self._period = self._gpn
+        if self._gpn and fabric is not None and fabric.cores_per_group:
+            self._period = fabric.nodes_per_pod * self._gpn
         self._switched = topology.spec.scale_up is not None
         self.adjust = adjust
         self._cache: dict[tuple, float] = {}
@@ -139,13 +145,12 @@ class CommPricer:
         (the rank itself where failed links make the routes depend on the nodes); 0 for a group inside one node of
         an NVSwitch: every GPU there has the same port to the one switch, so the group prices the same anywhere in
         the node (simdist.hardware.node: each GPU's nvlink to the ``nvswitch`` vertex, one bandwidth)."""
-        if not self._gpn:
+        if not self._period:
             return rank
-        where = rank % self._gpn
         span = max(stride) if isinstance(stride, tuple) else (size - 1) * stride
-        if self._switched and where + span < self._gpn:
+        if self._switched and rank % self._gpn + span < self._gpn:
             return 0
-        return where
+        return rank % self._period
 
     def priced(self, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], *,
                compile: Callable[[PricedPieces], Any] | None = None, shape: tuple | None = None,

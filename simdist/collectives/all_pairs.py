@@ -7,12 +7,14 @@ after its route's latency plus b x (its busiest link's bytes per block byte) / c
 of peers that is millions of routes; this module gets the same figures from how routes are built
 (simdist.hardware.topology.Topology.route): an inter-node route is the source GPU's segment to its NIC,
 the NIC's uplink, two leaf-spine links when the NICs sit on different leaves (the ECMP hash of the NIC
-pair, `Fabric.spine_for`), the destination NIC's downlink and its segment to the GPU. So:
+pair, `Fabric.spine_for`), two spine-core links when the leaves sit in different pods of a 3-tier fabric
+(`Fabric.core_for`), the destination NIC's downlink and its segment to the GPU. So:
 
 - node links and NICs: every inter-node block of a peer crosses the same source segment and NIC, so the
   bytes there are counts x b (plus the intra-node blocks' routes, few);
 - leaf-spine links: one ECMP hash per leaf-crossing NIC pair, counted per (leaf, spine), the spine of
-  every pair kept as a byte array (the fast plan steers its flows with it);
+  every pair kept as a byte array (the fast plan steers its flows with it); spine-core links likewise, per
+  (spine, core) for the pairs in different pods;
 - a pair's drain is the most loaded of its route's links, its latency its source segment's + the links'
   + its destination segment's (summed in another order than `Topology.route`: equal to rounding), one of
   a few values (by the two segments' latencies and whether the route climbs to a spine).
@@ -81,6 +83,17 @@ class AllPairs:
     """[leaves x spines] blocks crossing each leaf-spine link (per block byte)."""
     spine_capacity_Bps: float
     num_spines: int
+    pod: np.ndarray
+    """[P] pod of the peer's leaf (0 without a core layer)."""
+    core_latency_s: float
+    """The two spine-core links of a route between pods (3 tiers)."""
+    cores_per_group: int
+    """0 without a core layer."""
+    core_up_drain: np.ndarray
+    core_down_drain: np.ndarray
+    """[pods x spines x cores per group] spine -> core and core -> spine link drains per block byte (s/B)."""
+    core: np.ndarray
+    """[P, P] core (in its spine's group) of each pair between pods (0 elsewhere; empty without a core layer)."""
     node_block: np.ndarray
     """[P] the block of destination nodes each peer belongs to (the fast plan's flow granularity)."""
     num_blocks: int
@@ -110,7 +123,24 @@ class AllPairs:
             down = self.down_drain[np.maximum(self.leaf, 0)[None, :] * self.num_spines + sp]
             drain = np.where(cross & ~same, np.maximum(drain, np.maximum(up, down)), drain)
         lat = np.where(cross, self.out_latency_s[rows, None] + self.spine_latency_s, self.out_latency_s[rows, None])
+        if self.cores_per_group:
+            pods = cross & (self.pod[rows, None] != self.pod[None, :]) & ~same
+            if pods.any():
+                c, s = self.cores_per_group, self.num_spines
+                sp, core = self.spine[rows].astype(np.int64), self.core[rows].astype(np.int64)
+                up = self.core_up_drain[(self.pod[rows, None] * s + sp) * c + core]
+                down = self.core_down_drain[(self.pod[None, :] * s + sp) * c + core]
+                drain = np.where(pods, np.maximum(drain, np.maximum(up, down)), drain)
+                lat = lat + np.where(pods, self.core_latency_s, 0.0)
         return drain, lat + self.in_latency_s[None, :], same
+
+    def hop_class(self, rows: slice) -> np.ndarray:
+        """[rows, P] 0: within a leaf (or a node), 1: via a spine, 2: via a spine and a core (3 tiers)."""
+        cross = (self.leaf[rows, None] != self.leaf[None, :]) & (self.leaf[rows, None] >= 0)
+        out = cross.astype(np.int64)
+        if self.cores_per_group:
+            out += cross & (self.pod[rows, None] != self.pod[None, :])
+        return out
 
     def inter_landings(self, block_bytes: float, start: np.ndarray, extra_s: float,
                        rate_factor: float) -> Iterator[tuple[slice, np.ndarray]]:
@@ -227,6 +257,12 @@ def all_pairs(group: Group) -> AllPairs:
     outs: list = []
     ins: list = []
     spine_lat, spine_capacity = 0.0, 1.0
+    cores = fabric.cores_per_group if num_spines and fabric is not None else 0
+    pod = np.zeros(p, dtype=np.int64)
+    core = np.zeros((p, p) if cores else (0, 0), dtype=np.uint8 if cores <= 256 else np.uint16)
+    core_size = fabric.num_pods * num_spines * cores if cores else 0
+    core_up, core_down = np.zeros(core_size), np.zeros(core_size)
+    core_lat, core_capacity = 0.0, 1.0
     if (inter_count > 0).any():
         assert fabric is not None
         outs, out_lat, ins, in_lat = _segments(group, ranks, node)
@@ -236,6 +272,8 @@ def all_pairs(group: Group) -> AllPairs:
         nic_of = np.array([-1 if x is None else x for x in t.node.nic_of_gpu], dtype=np.int64)
         nic = fabric.nic_id(node, nic_of[ranks % g])
         leaf = fabric.leaf_of(nic)
+        if cores:
+            pod = fabric.pod_of(leaf)
         if num_spines:
             crossing = None
             for rows in _row_blocks(p):
@@ -248,15 +286,29 @@ def all_pairs(group: Group) -> AllPairs:
                 spine[rows] = sp
                 up_count += np.bincount((leaf[rows, None] * num_spines + sp)[cross], minlength=size)
                 down_count += np.bincount((leaf[None, :] * num_spines + sp)[cross], minlength=size)
+                if cores:
+                    pods = cross & (pod[rows, None] != pod[None, :])
+                    if pods.any():
+                        c = np.where(pods, fabric.core_for(nic[rows, None], nic[None, :]), 0)
+                        core[rows] = c
+                        core_up += np.bincount(((pod[rows, None] * num_spines + sp) * cores + c)[pods],
+                                               minlength=core_size)
+                        core_down += np.bincount(((pod[None, :] * num_spines + sp) * cores + c)[pods],
+                                                 minlength=core_size)
                 if crossing is None:
                     i, j = np.argwhere(cross)[0]
                     crossing = (rows.start + int(i), int(j))
             if crossing is not None:
                 r = batch.routes(t, ranks[[crossing[0]]], ranks[[crossing[1]]])
                 u = len(outs[crossing[0]])
-                up_link, down_link = int(r.links[u]), int(r.links[u + 1])
+                up_link = int(r.links[u])
+                # the leaf-spine link down is the next one, or the third after it past the two core links
+                down_link = int(r.links[u + 3 if cores and pod[crossing[0]] != pod[crossing[1]] else u + 1])
                 spine_lat = t.link(up_link).latency_s + t.link(down_link).latency_s
                 spine_capacity = float(batch.link_capacities(t, np.array([up_link]))[0])
+            if cores and core_up.any():  # the two spine-core links of a route between pods
+                core_lat = fabric.latency_s + fabric.latency_s
+                core_capacity = t.layout.core_capacity_Bps
     ids, inverse = np.unique(np.concatenate(entries), return_inverse=True)
     load = np.bincount(inverse.reshape(-1), weights=np.concatenate(weights), minlength=len(ids))
     drain = load / batch.link_capacities(t, ids)
@@ -282,7 +334,9 @@ def all_pairs(group: Group) -> AllPairs:
         in_capacity_Bps=batch.link_capacities(t, np.array([x[0] for x in ins], dtype=np.int64)) if ins else np.ones(p),
         leaf=leaf, spine=spine, up_drain=up_count / spine_capacity,
         down_drain=down_count / spine_capacity, up_bytes=up_count, down_bytes=down_count,
-        spine_capacity_Bps=spine_capacity, num_spines=num_spines, node_block=block, num_blocks=num_blocks,
+        spine_capacity_Bps=spine_capacity, num_spines=num_spines, pod=pod, core_latency_s=core_lat,
+        cores_per_group=cores, core_up_drain=core_up / core_capacity, core_down_drain=core_down / core_capacity,
+        core=core, node_block=block, num_blocks=num_blocks,
         class_latency_s=np.zeros(0), flow_drain=np.zeros((p, num_blocks, 0)))
     pairs = _with_flow_drains(pairs)
     group.memo["all_pairs"] = pairs
@@ -316,15 +370,16 @@ def _with_flow_drains(pairs: AllPairs) -> AllPairs:
     out_values, out_class = np.unique(pairs.out_latency_s, return_inverse=True)
     in_values, in_class = np.unique(pairs.in_latency_s, return_inverse=True)
     n_in = len(in_values)
-    # class = (source segment, climbs, destination segment); its latency as `_block` sums it
-    oc, cr, ic = np.meshgrid(np.arange(len(out_values)), np.arange(2), np.arange(n_in), indexing="ij")
-    latency = (np.where(cr == 1, out_values[oc] + pairs.spine_latency_s, out_values[oc]) + in_values[ic]).reshape(-1)
+    # class = (source segment, tiers climbed: `AllPairs.hop_class`, destination segment); its latency as `_block`
+    # sums it
+    oc, cr, ic = np.meshgrid(np.arange(len(out_values)), np.arange(3), np.arange(n_in), indexing="ij")
+    climb = np.where(cr >= 1, out_values[oc] + pairs.spine_latency_s, out_values[oc])
+    latency = (np.where(cr == 2, climb + pairs.core_latency_s, climb) + in_values[ic]).reshape(-1)
     classes = len(latency)
     flow = np.full(p * pairs.num_blocks * classes, -np.inf)
     for rows in pairs._rows():
         drain, _, same = pairs._block(rows)
-        cross = (pairs.leaf[rows, None] != pairs.leaf[None, :]) & (pairs.leaf[rows, None] >= 0)
-        code = (out_class.reshape(-1)[rows, None] * 2 + cross) * n_in + in_class.reshape(-1)[None, :]
+        code = (out_class.reshape(-1)[rows, None] * 3 + pairs.hop_class(rows)) * n_in + in_class.reshape(-1)[None, :]
         index = ((np.arange(rows.start, rows.stop)[:, None] * pairs.num_blocks + pairs.node_block[None, :])
                  * classes + code)
         keep = ~same

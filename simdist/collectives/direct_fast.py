@@ -349,4 +349,6 @@ def _pair_latency(pairs: AllPairs, src: np.ndarray, dst: np.ndarray) -> np.ndarr
     """Route latency of inter-node pairs (as `AllPairs._block` sums it)."""
     cross = (pairs.leaf[src] != pairs.leaf[dst]) & (pairs.leaf[src] >= 0)
     out = np.where(cross, pairs.out_latency_s[src] + pairs.spine_latency_s, pairs.out_latency_s[src])
+    if pairs.cores_per_group:
+        out = np.where(cross & (pairs.pod[src] != pairs.pod[dst]), out + pairs.core_latency_s, out)
     return out + pairs.in_latency_s[dst]

@@ -162,7 +162,7 @@ def _kinds_mask(kinds: Iterable[str]) -> int:
 
 
 # Slots of a route template (`_template`): what each link of a route is, given its pair.
-_SRC_NODE, _DST_NODE, _NIC_UP, _NIC_DOWN, _SPINE_UP, _SPINE_DOWN = range(6)
+_SRC_NODE, _DST_NODE, _NIC_UP, _NIC_DOWN, _SPINE_UP, _SPINE_DOWN, _CORE_UP, _CORE_DOWN = range(8)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -179,7 +179,7 @@ class _Template:
     kind_mask: int
 
 
-def _template(topology: Topology, src: int, dst: int, inter: bool, cross: bool) -> _Template:
+def _template(topology: Topology, src: int, dst: int, inter: bool, cross: bool, pods: bool = False) -> _Template:
     """The template of the class of the pair (src, dst): its route as `Topology.route` builds it (the same
     segments joined by `join`: the same floats), a route inside a node without placing it."""
     node, g = topology.node, topology.gpus_per_node
@@ -192,7 +192,8 @@ def _template(topology: Topology, src: int, dst: int, inter: bool, cross: bool) 
     r = topology.route(src, dst)
     up = node.path(node.gpus[src_gpu], node.nics[node.nic_of_gpu[src_gpu]]).links
     down = node.path(node.nics[node.nic_of_gpu[dst_gpu]], node.gpus[dst_gpu]).links
-    middle = (_NIC_UP, _SPINE_UP, _SPINE_DOWN, _NIC_DOWN) if cross else (_NIC_UP, _NIC_DOWN)
+    middle = ((_NIC_UP, _SPINE_UP, _CORE_UP, _CORE_DOWN, _SPINE_DOWN, _NIC_DOWN) if pods
+              else (_NIC_UP, _SPINE_UP, _SPINE_DOWN, _NIC_DOWN) if cross else (_NIC_UP, _NIC_DOWN))
     slots = (_SRC_NODE,) * len(up) + middle + (_DST_NODE,) * len(down)
     assert len(slots) == len(r.links)
     return _Template(slots, tuple(up) + (0,) * len(middle) + tuple(down), r.bandwidth_Bps,
@@ -217,6 +218,7 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
     inter = src_node != dst_node
     fabric = topology.fabric
     cross = np.zeros(n, dtype=bool)
+    pods = cross
     src_nic = dst_nic = np.zeros(n, dtype=np.int64)
     if fabric is not None and inter.any():
         src_nic, dst_nic = _gpu_nics(topology, src_node, src_gpu), _gpu_nics(topology, dst_node, dst_gpu)
@@ -224,9 +226,12 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
             k = int(np.flatnonzero(inter & ((src_nic < 0) | (dst_nic < 0)))[0])
             topology.route(int(src[k]), int(dst[k]))  # raises the TopologyError
         cross = inter & (fabric.leaf_of(src_nic) != fabric.leaf_of(dst_nic))
-    # class of a pair: (local source GPU, local destination GPU, inter-node, crosses the spine layer); its members'
-    # routes differ in the nodes, NICs and spine they are placed on only (simdist.hardware.topology)
-    code = ((src_gpu * g + dst_gpu) * 2 + inter) * 2 + cross
+        if fabric.cores_per_group:
+            pods = cross & (fabric.pod_of(fabric.leaf_of(src_nic)) != fabric.pod_of(fabric.leaf_of(dst_nic)))
+    # class of a pair: (local source GPU, local destination GPU, inter-node, crosses the spine layer, crosses the
+    # core); its members' routes differ in the nodes, NICs, spine and core they are placed on only
+    # (simdist.hardware.topology)
+    code = (((src_gpu * g + dst_gpu) * 2 + inter) * 2 + cross) * 2 + pods
     classes, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     num = len(classes)
@@ -237,7 +242,8 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
         if t is None:
             if len(known) >= ROUTE_TEMPLATES_MAX:
                 known.clear()
-            t = known[c] = _template(topology, int(src[k]), int(dst[k]), bool(inter[k]), bool(cross[k]))
+            t = known[c] = _template(topology, int(src[k]), int(dst[k]), bool(inter[k]), bool(cross[k]),
+                                     bool(pods[k]))
         templates.append(t)
     hops = np.fromiter((len(t.slots) for t in templates), dtype=np.int64, count=num)
     bw = np.fromiter((t.bandwidth_Bps for t in templates), dtype=float, count=num)
@@ -267,8 +273,16 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
             up, down = np.flatnonzero(slot == _SPINE_UP), np.flatnonzero(slot == _SPINE_DOWN)
             s_nic, d_nic = src_nic[owner[up]], dst_nic[owner[up]]  # the same pairs, in the same order
             spine = fabric.spine_for(s_nic, d_nic)
-            links[up] = layout.spine_up(fabric.leaf_of(s_nic), spine)
-            links[down] = layout.spine_down(fabric.leaf_of(d_nic), spine)
+            s_leaf, d_leaf = fabric.leaf_of(s_nic), fabric.leaf_of(d_nic)
+            links[up] = layout.spine_up(s_leaf, spine)
+            links[down] = layout.spine_down(d_leaf, spine)
+            if pods.any():
+                c_up, c_down = np.flatnonzero(slot == _CORE_UP), np.flatnonzero(slot == _CORE_DOWN)
+                s_nic, d_nic = src_nic[owner[c_up]], dst_nic[owner[c_up]]
+                spine, core = fabric.spine_for(s_nic, d_nic), fabric.core_for(s_nic, d_nic)
+                per_pod = fabric.num_spines
+                links[c_up] = layout.core_up(fabric.pod_of(fabric.leaf_of(s_nic)) * per_pod + spine, core)
+                links[c_down] = layout.core_down(fabric.pod_of(fabric.leaf_of(d_nic)) * per_pod + spine, core)
     return RouteBatch(src, dst, indptr, links, bw[inverse], eff[inverse], lat[inverse], kind[inverse])
 
 

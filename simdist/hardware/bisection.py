@@ -12,6 +12,10 @@ one node, and the figure is reported with the cut it used.
   where U = num_spines x uplink bandwidth is a leaf's capacity to the spine layer. Same-leaf pairs
   meet inside the leaf; the rest climbs to spines, limited by each leaf's uplinks; the spine layer,
   fully connected to every leaf, splits flow evenly and is never the bottleneck beyond that.
+  With 3 tiers the leaves' surpluses first meet inside their pod (its spines join all of its leaves), and what a
+  pod still sends or receives crosses the core, at most V = spines x cores per group x core link bandwidth per pod:
+      flow = sum_l min(a_l, b_l) c + sum_q min(u_q, d_q) + min( sum_q min((u_q - d_q)+, V), sum_q min((d_q - u_q)+, V) )
+  with u_q, d_q the pod's sums of min((a_l - b_l)+ c, U) and min((b_l - a_l)+ c, U).
   Tests check this against networkx max flow on the materialised graph.
 """
 
@@ -63,7 +67,19 @@ def bisection(topology: Topology) -> Bisection:
     b = np.bincount(leaves[~first], minlength=fabric.num_leaves).astype(float)
     direct = float(np.minimum(a, b).sum()) * per_nic
     uplink = fabric.num_spines * fabric.uplink_bandwidth_Bps
-    up = float(np.minimum(np.clip(a - b, 0, None) * per_nic, uplink).sum())
-    down = float(np.minimum(np.clip(b - a, 0, None) * per_nic, uplink).sum())
+    up_l = np.minimum(np.clip(a - b, 0, None) * per_nic, uplink)
+    down_l = np.minimum(np.clip(b - a, 0, None) * per_nic, uplink)
+    if fabric.cores_per_group:  # 3 tiers: leaves' surpluses meet inside their pod, the rest crosses the core
+        pod = fabric.pod_of(np.arange(fabric.num_leaves))
+        up_q = np.bincount(pod, weights=up_l, minlength=fabric.num_pods)
+        down_q = np.bincount(pod, weights=down_l, minlength=fabric.num_pods)
+        core = fabric.num_spines * fabric.cores_per_group * fabric.core_bandwidth_Bps
+        inside = float(np.minimum(up_q, down_q).sum())
+        up = float(np.minimum(np.clip(up_q - down_q, 0, None), core).sum())
+        down = float(np.minimum(np.clip(down_q - up_q, 0, None), core).sum())
+        last = topology.num_nodes - 1
+        return Bisection(direct + inside + min(up, down), f"nodes 0-{n_half - 1} | {n_half}-{last}")
+    up = float(up_l.sum())
+    down = float(down_l.sum())
     last = topology.num_nodes - 1
     return Bisection(direct + min(up, down), f"nodes 0-{n_half - 1} | {n_half}-{last}")

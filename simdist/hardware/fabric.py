@@ -14,8 +14,17 @@ downlink capacity / uplink capacity = ``oversubscription``: down_ports = floor(r
 With m NICs on the fullest leaf (down_ports once the cluster fills a leaf), there are ceil(m / o)
 spines and each leaf has one link to every spine of bandwidth m x nic_bw / (o x num_spines), so the
 ratio holds exactly whatever the rounding (with o = 1: one NIC-speed port per spine).
-# Assumption: the spine layer is non-blocking above the leaves (a folded Clos whose upper tiers are
-# collapsed into one spine tier); large clusters with a 3-tier core are modelled at their leaf tier.
+With ``tiers: 3`` the leaves form pods of ``leaves_per_pod`` (default: a spine's down ports,
+floor(radix x p / (1 + p)) for the pod oversubscription p), each pod with its own ``num_spines`` spines
+(every leaf of the pod linked to each), and a core layer above the pods: spine s of every pod is linked to
+the ``cores_per_group`` cores of group s (the k-ary fat tree's wiring, Al-Fares et al., SIGCOMM 2008, sec.
+3.2), ceil(P / p) of them, each link of bandwidth P x leaf uplink / (p x cores_per_group) so that a spine's
+downlink / uplink capacity is p exactly (P the leaves of a full pod). A pair on leaves of different pods
+climbs leaf -> spine s (the ECMP hash of `spine_for`) -> core (a second hash, `core_for`) -> spine s of the
+destination's pod -> leaf. A fabric whose leaves fit one pod is the 2-tier one.
+# Assumption: without tiers: 3 the spine layer is non-blocking above the leaves (a folded Clos whose upper
+# tiers are collapsed into one spine tier).
+# Assumption: every tier's switches have ``switch_radix`` ports.
 """
 
 from __future__ import annotations
@@ -48,6 +57,14 @@ class Fabric:
     num_leaves: int
     num_spines: int
     uplink_bandwidth_Bps: float
+    leaves_per_pod: int = 0
+    """Leaves per pod (3 tiers); 0: one pod of every leaf."""
+    num_pods: int = 1
+    cores_per_group: int = 0
+    """Cores above spine s of every pod (3 tiers; 0: no core layer)."""
+    core_bandwidth_Bps: float = 0.0
+    """Each spine <-> core link's bandwidth per direction."""
+    pod_oversubscription: float = 1.0
     failed_uplinks: frozenset[tuple[int, int]] = frozenset()
     """(leaf, spine) pairs whose link is down, both directions (scenario ``faults.failed_links``): ECMP routes
     around them (`spine_for`)."""
@@ -72,6 +89,33 @@ class Fabric:
             node, local = divmod(nic, self.nics_per_node)  # nic_location, inline: Topology.route's hot path
             return (node // self.down_ports) * self.nics_per_node + local
         return nic // self.down_ports
+
+    @property
+    def num_cores(self) -> int:
+        return self.num_spines * self.cores_per_group
+
+    @property
+    def nodes_per_pod(self) -> int:
+        """Nodes whose NICs all sit in one pod, every pod alike (3 tiers), 0 where pods split nodes unevenly."""
+        if not self.cores_per_group:
+            return self.num_nodes
+        if self.shape == "rail_optimized":
+            groups, rest = divmod(self.leaves_per_pod, self.nics_per_node)
+            return groups * self.down_ports if not rest else 0
+        nodes, rest = divmod(self.leaves_per_pod * self.down_ports, self.nics_per_node)
+        return nodes if not rest else 0
+
+    def pod_of(self, leaf: IntOrArray) -> IntOrArray:
+        """Pod of ``leaf`` (0 without a core layer)."""
+        return leaf // self.leaves_per_pod if self.cores_per_group else leaf * 0
+
+    def core_for(self, src_nic: IntOrArray, dst_nic: IntOrArray) -> IntOrArray:
+        """ECMP at the spine: a stable core of spine s's group for a NIC pair (a second fixed hash, independent of
+        `spine_for`'s)."""
+        # Assumption: static per-flow ECMP hashing at the spines too.
+        h = fmix64(fmix64((_uint64(src_nic) << 32) | _uint64(dst_nic)) ^ _CORE_SALT)
+        core = h % self.cores_per_group
+        return core if type(core) is int else core.astype(np.int64)
 
     def leaf_of_all(self) -> np.ndarray:
         """Leaf of every NIC, as an array (for bisection and load summaries)."""
@@ -136,6 +180,7 @@ def _failure_tables(num_leaves: int, num_spines: int, failed: frozenset[tuple[in
     return bad, bad.any(axis=1)
 
 
+_CORE_SALT = 0x9E3779B97F4A7C15
 _C1 = 0xFF51AFD7ED558CCD
 _C2 = 0xC4CEB9FE1A85EC53
 _MASK64 = (1 << 64) - 1
@@ -190,6 +235,14 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
             attached = min(down, num_nodes if spec.fabric == "rail_optimized" else num_nics)
             spines = max(1, math.ceil(attached / o))
             uplink = attached * spec.nic_bandwidth / (o * spines)
+    per_pod, pods, cores, core_bw = leaves, 1, 0, 0.0
+    p = spec.pod_oversubscription
+    if spec.tiers == 3 and spines:
+        full = spec.leaves_per_pod or max(1, math.floor(radix * p / (1.0 + p)))
+        if leaves > full:
+            per_pod, pods = full, math.ceil(leaves / full)
+            cores = max(1, math.ceil(full / p))
+            core_bw = full * uplink / (p * cores)
     return Fabric(
         kind=spec.kind,
         shape=spec.fabric,
@@ -203,4 +256,9 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
         num_leaves=leaves,
         num_spines=spines,
         uplink_bandwidth_Bps=uplink,
+        leaves_per_pod=per_pod,
+        num_pods=pods,
+        cores_per_group=cores,
+        core_bandwidth_Bps=core_bw,
+        pod_oversubscription=p,
     )

@@ -28,6 +28,8 @@ def _links_by_kind(topology: Topology) -> dict[str, dict[str, Any]]:
         add(fabric.kind, topology.layout.num_nic_links, fabric.nic_bandwidth_Bps)
         if topology.layout.num_spine_links:
             add(fabric.kind, topology.layout.num_spine_links, fabric.uplink_bandwidth_Bps)
+        if topology.layout.num_core_links:
+            add(fabric.kind, topology.layout.num_core_links, fabric.core_bandwidth_Bps)
     return {k: {"count": v["count"], "bandwidths_Bps": sorted(v["bandwidths_Bps"])} for k, v in sorted(out.items())}
 
 
@@ -128,7 +130,13 @@ def describe(topology: Topology) -> dict[str, Any]:
             "shape": fabric.shape,
             "oversubscription": fabric.oversubscription,
             "num_leaves": fabric.num_leaves,
-            "num_spines": fabric.num_spines,
+            "num_spines": fabric.num_spines * fabric.num_pods,
+            "tiers": 3 if fabric.cores_per_group else (2 if fabric.num_spines else 1),
+            "num_pods": fabric.num_pods,
+            "leaves_per_pod": fabric.leaves_per_pod if fabric.cores_per_group else fabric.num_leaves,
+            "num_cores": fabric.num_cores,
+            "core_bandwidth_Bps": fabric.core_bandwidth_Bps,
+            "pod_oversubscription": fabric.pod_oversubscription,
             "nics_per_leaf": fabric.down_ports,
             "uplink_bandwidth_Bps": fabric.uplink_bandwidth_Bps,
             "latency_s": fabric.latency_s,

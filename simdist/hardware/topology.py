@@ -20,7 +20,7 @@ from simdist.errors import TopologyError
 from simdist.hardware.clock import capped
 from simdist.hardware.fabric import Fabric, build_fabric
 from simdist.hardware.gpus import gpu_preset
-from simdist.hardware.layout import NIC, NODE, LinkLayout
+from simdist.hardware.layout import NIC, NODE, SPINE, LinkLayout
 from simdist.hardware.link import Link, PathShape, Route, join
 from simdist.hardware.memo import Memo
 from simdist.hardware.node import NodeGraph, build_node, injection_flow_Bps, nvlink_reach
@@ -86,6 +86,10 @@ class Topology:
                 )
             self.fabric = build_fabric(spec.inter_node, spec.num_nodes)
             failed = frozenset((int(a), int(b)) for a, b in failed_uplinks)
+            if failed and self.fabric.cores_per_group:
+                raise TopologyError("failed leaf-spine links of a 3-tier fabric are not modelled",
+                                    field="faults.failed_links", fix="drop faults.failed_links, or use "
+                                                                     "inter_node.tiers: 2")
             if failed:
                 self.fabric = dataclasses.replace(self.fabric, failed_uplinks=failed)
                 cut = self.fabric.unreachable_pairs()
@@ -122,6 +126,7 @@ class Topology:
             f = self.fabric
             self._nic_shape = PathShape((), f.nic_bandwidth_Bps, self.layout.nic_capacity_Bps, f.latency_s)
             self._uplink_shape = PathShape((), f.uplink_bandwidth_Bps, self.layout.uplink_capacity_Bps, f.latency_s)
+            self._core_shape = PathShape((), f.core_bandwidth_Bps, self.layout.core_capacity_Bps, f.latency_s)
 
     def with_failed_uplinks(self, failed: Iterable[tuple[int, int]]) -> Topology:
         """This cluster with the (leaf, spine) links in ``failed`` down: a new Topology (its routes and caches are
@@ -170,9 +175,14 @@ class Topology:
             a, b = f"n{node}/nic{local}", f"leaf{fabric.leaf_of(a_index)}"
             src, dst = (b, a) if down else (a, b)
             return Link(link_id, src, dst, fabric.kind, fabric.nic_bandwidth_Bps, fabric.latency_s, fabric.efficiency)
-        a, b = f"leaf{a_index}", f"spine{b_index}"
+        if link_class == SPINE:  # a leaf's spine b_index is its pod's
+            a, b = f"leaf{a_index}", f"spine{fabric.pod_of(a_index) * fabric.num_spines + b_index}"
+            src, dst = (b, a) if down else (a, b)
+            return Link(link_id, src, dst, fabric.kind, fabric.uplink_bandwidth_Bps, fabric.latency_s,
+                        fabric.efficiency)
+        a, b = f"spine{a_index}", f"core{(a_index % fabric.num_spines) * fabric.cores_per_group + b_index}"
         src, dst = (b, a) if down else (a, b)
-        return Link(link_id, src, dst, fabric.kind, fabric.uplink_bandwidth_Bps, fabric.latency_s, fabric.efficiency)
+        return Link(link_id, src, dst, fabric.kind, fabric.core_bandwidth_Bps, fabric.latency_s, fabric.efficiency)
 
     def links(self) -> Iterator[Link]:
         """Every directed link (lazily; a 16,384-GPU cluster has a few hundred thousand)."""
@@ -185,7 +195,9 @@ class Topology:
 
         Inside a node: the widest, then shortest, path (NVLink before PCIe). Between nodes: the
         source GPU's nearest NIC, its leaf, a spine picked by a stable ECMP hash when the leaves
-        differ, the destination's leaf, and the destination GPU's nearest NIC.
+        differ (and, 3 tiers, a core of that spine's group by a second hash when the pods differ, then the
+        same spine index in the destination's pod), the destination's leaf, and the destination GPU's
+        nearest NIC.
         """
         key = (src, dst)
         cached = self._routes.get(key)
@@ -232,6 +244,12 @@ class Topology:
             spine = fabric.spine_for(src_nic, dst_nic)
             uplink = self._uplink_shape
             parts.append(((layout.spine_up(src_leaf, spine),), uplink))
+            src_pod, dst_pod = fabric.pod_of(src_leaf), fabric.pod_of(dst_leaf)
+            if src_pod != dst_pod:  # 3 tiers: spine -> core -> the same spine index of the destination's pod
+                core = fabric.core_for(src_nic, dst_nic)
+                s = fabric.num_spines
+                parts.append(((layout.core_up(src_pod * s + spine, core),), self._core_shape))
+                parts.append(((layout.core_down(dst_pod * s + spine, core),), self._core_shape))
             parts.append(((layout.spine_down(dst_leaf, spine),), uplink))
         parts.append(((layout.nic_down(dst_nic),), nic_link))
         parts.append((down.shifted(layout.node_link(dst_node, 0)), down))
@@ -272,7 +290,9 @@ class Topology:
         if self.fabric is not None:
             counts["leaf_switch"] = self.fabric.num_leaves
             if self.fabric.num_spines:
-                counts["spine_switch"] = self.fabric.num_spines
+                counts["spine_switch"] = self.fabric.num_spines * self.fabric.num_pods
+            if self.fabric.cores_per_group:
+                counts["core_switch"] = self.fabric.num_cores
         return counts
 
     def to_networkx(self, max_vertices: int = 200_000) -> nx.DiGraph:
@@ -281,7 +301,8 @@ class Topology:
 
         per_node = len(self.node.vertices)
         total = per_node * self.num_nodes + (
-            self.fabric.num_leaves + self.fabric.num_spines if self.fabric else 0
+            self.fabric.num_leaves + self.fabric.num_spines * self.fabric.num_pods + self.fabric.num_cores
+            if self.fabric else 0
         )
         if total > max_vertices:
             raise TopologyError(
@@ -295,8 +316,10 @@ class Topology:
         if self.fabric is not None:
             for leaf in range(self.fabric.num_leaves):
                 g.add_node(f"leaf{leaf}", kind="leaf_switch")
-            for spine in range(self.fabric.num_spines):
+            for spine in range(self.fabric.num_spines * self.fabric.num_pods):
                 g.add_node(f"spine{spine}", kind="spine_switch")
+            for core in range(self.fabric.num_cores):
+                g.add_node(f"core{core}", kind="core_switch")
         for lk in self.links():
             g.add_edge(lk.src, lk.dst, link=lk.id, kind=lk.kind, bandwidth_Bps=lk.bandwidth_Bps,
                        latency_s=lk.latency_s, efficiency=lk.efficiency)

@@ -25,10 +25,11 @@ import plotly.graph_objects as go
 from simdist.hardware.topology import Topology
 from simdist.units import format_bandwidth
 
-LAYER_Y = {"spine_switch": 7.2, "leaf_switch": 5.7, "nic": 4.0, "cpu": 3.0, "pcie_switch": 2.0,
+LAYER_Y = {"core_switch": 8.7, "spine_switch": 7.2, "leaf_switch": 5.7, "nic": 4.0, "cpu": 3.0, "pcie_switch": 2.0,
            "gpu": 1.0, "nvswitch": 0.0, "nodes": 2.5}
 # kind -> (legend label, marker symbol, colour, size)
 VERTEX_STYLE = {
+    "core_switch": ("core switch", "star", "#450a0a", 16),
     "spine_switch": ("spine switch", "pentagon", "#7f1d1d", 16),
     "leaf_switch": ("leaf switch", "triangle-down", "#d62728", 15),
     "nic": ("NIC", "diamond", "#ff7f0e", 12),
@@ -38,7 +39,8 @@ VERTEX_STYLE = {
     "nvswitch": ("NVSwitch", "square", "#3b5e1b", 12),
     "nodes": ("other nodes", "square", "#7f7f7f", 40),
 }
-TEXT_POSITION = {"spine_switch": "middle right", "leaf_switch": "middle right", "nvswitch": "middle right"}
+TEXT_POSITION = {"core_switch": "middle right",
+                 "spine_switch": "middle right", "leaf_switch": "middle right", "nvswitch": "middle right"}
 LINK_COLOR = {"nvlink": "#76b900", "pcie": "#1f77b4", "cpu_interconnect": "#9467bd",
               "infiniband": "#d62728", "roce": "#ff7f0e", "ethernet": "#8c564b"}
 HOST_GAP, NODE_GAP = 0.8, 2.0  # in GPU slots
@@ -139,7 +141,8 @@ def _full_graph(topology: Topology) -> _Drawn:
     width = topology.num_nodes * pitch - NODE_GAP
     fabric = topology.fabric
     if fabric is not None:
-        for prefix, count in (("leaf", fabric.num_leaves), ("spine", fabric.num_spines)):
+        for prefix, count in (("leaf", fabric.num_leaves), ("spine", fabric.num_spines * fabric.num_pods),
+                              ("core", fabric.num_cores)):
             for i, x in enumerate(_spread(count, width)):
                 pos[f"{prefix}{i}"] = (x, LAYER_Y[f"{prefix}_switch"])
     return g, pos, local, width
@@ -173,14 +176,22 @@ def _summary_graph(topology: Topology) -> _Drawn:
     g.add_edge("nodes", "leaves", kind=fabric.kind, bandwidth_Bps=nic_bw, count=n_links,
                note=f"{n_links:,} NIC links x {format_bandwidth(nic_bw)}")
     if fabric.num_spines:
-        g.add_node("spines", kind="spine_switch", count=fabric.num_spines,
-                   label=f"{fabric.num_spines:,} spine switches",
-                   note="every leaf has one link to every spine")
+        pods = fabric.num_pods
+        g.add_node("spines", kind="spine_switch", count=fabric.num_spines * pods,
+                   label=f"{fabric.num_spines * pods:,} spine switches" + (f" in {pods:,} pods" if pods > 1 else ""),
+                   note="every leaf has one link to every spine" + (" of its pod" if pods > 1 else ""))
         pos["spines"] = (x_fab, LAYER_Y["spine_switch"])
         n_up = fabric.num_leaves * fabric.num_spines
         g.add_edge("leaves", "spines", kind=fabric.kind, bandwidth_Bps=up_bw, count=n_up,
                    note=f"{fabric.num_leaves:,} x {fabric.num_spines:,} = {n_up:,} links "
                         f"x {format_bandwidth(up_bw)}")
+    if fabric.cores_per_group:
+        core_bw, n_core = fabric.core_bandwidth_Bps, fabric.num_pods * fabric.num_spines * fabric.cores_per_group
+        g.add_node("cores", kind="core_switch", count=fabric.num_cores, label=f"{fabric.num_cores:,} core switches",
+                   note=f"spine s of every pod to the {fabric.cores_per_group:,} cores of group s")
+        pos["cores"] = (x_fab, LAYER_Y["core_switch"])
+        g.add_edge("spines", "cores", kind=fabric.kind, bandwidth_Bps=core_bw, count=n_core,
+                   note=f"{n_core:,} links x {format_bandwidth(core_bw)}")
     return g, pos, local, x_rest + 1
 
 

@@ -47,6 +47,8 @@ def render_topology(d: dict[str, Any]) -> str:
             f"  fabric          {fab['shape']}, {fab['num_leaves']} leaves ({fab['nics_per_leaf']} NIC ports each)"
             + (f", {fab['num_spines']} spines, oversubscription {fab['oversubscription']:g}"
                if fab["num_spines"] else "")
+            + (f"; 3 tiers: {fab['num_pods']} pods of {fab['leaves_per_pod']} leaves, {fab['num_cores']} cores, "
+               f"pod oversubscription {fab['pod_oversubscription']:g}" if fab.get("num_cores") else "")
         )
     inj = ", ".join(f"{k} {format_bandwidth(v)}" for k, v in d["injection_bandwidth_per_gpu_Bps"].items())
     lines.append(f"  per-GPU inject  {inj}")

@@ -57,7 +57,7 @@ class ContendedPricer(CommPricer):
 
     def __init__(self, topology: Topology, mesh: Mesh, alone: CommPricer | None = None) -> None:
         super().__init__(topology)
-        self._gpn = 0  # every group priced where it is (`CommPricer._position`)
+        self._gpn = self._period = 0  # every group priced where it is (`CommPricer._position`)
         self.mesh = mesh
         self.alone = alone if alone is not None else CommPricer(topology)
         self._axes = tuple(a for a in TRANSLATE_AXES if mesh.size(a) > 1)

@@ -117,6 +117,17 @@ class InterNodeSpec(Spec):
     )
     switch_radix: count(SWITCH_RADIX, minimum=2) = Field(default=64, description="ports per leaf switch (64 for NDR "
                                                                                "Quantum-2); at least 2")
+    tiers: Literal[2, 3] = Field(
+        default=2, description="switch tiers: 2 (leaves and a spine layer) or 3 (leaves and spines in pods, a core "
+                               "layer above the pods: simdist.hardware.fabric); a 3-tier fabric whose leaves fit one "
+                               "pod is a 2-tier one")
+    pod_oversubscription: float = Field(
+        default=1.0, ge=1.0, le=OVERSUBSCRIPTION.value,
+        description="with tiers: 3, a spine's downlink (to its pod's leaves) / uplink (to the core) capacity; 1 = "
+                    "non-blocking, 7 for the 1:7 above Llama 3's 3,072-GPU pods")
+    leaves_per_pod: count(SWITCH_RADIX) | None = Field(
+        default=None, description="with tiers: 3, leaves in a pod; default: a spine's down ports, "
+                                  "floor(switch_radix x pod_oversubscription / (1 + pod_oversubscription))")
     latency: Latency | None = Field(default=None, description="per fabric link; default by kind")
     efficiency: Fraction | None = Field(default=None, description="achieved/nominal; default by kind")
 
