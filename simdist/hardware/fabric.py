@@ -22,6 +22,13 @@ the ``cores_per_group`` cores of group s (the k-ary fat tree's wiring, Al-Fares 
 downlink / uplink capacity is p exactly (P the leaves of a full pod). A pair on leaves of different pods
 climbs leaf -> spine s (the ECMP hash of `spine_for`) -> core (a second hash, `core_for`) -> spine s of the
 destination's pod -> leaf. A fabric whose leaves fit one pod is the 2-tier one.
+
+``routing: adaptive`` (InfiniBand adaptive routing, NVIDIA Spectrum-X's per-packet spraying: each packet takes the
+least loaded uplink, so no two flows pile on one link while another idles) is modelled as the perfectly spread
+limit: a pod's spines act as one spine whose link to each leaf carries the sum of the leaf's uplinks, and the core
+likewise (``spines_merged``, ``cores_merged`` physical switches stand behind each modelled one). A flow then
+loads every uplink in proportion, which is what spraying achieves over a step's many packets.
+# Assumption: spraying balances a leaf's uplinks perfectly (no reordering cost, no imbalance from packet sizes).
 # Assumption: without tiers: 3 the spine layer is non-blocking above the leaves (a folded Clos whose upper
 # tiers are collapsed into one spine tier).
 # Assumption: every tier's switches have ``switch_radix`` ports.
@@ -65,6 +72,11 @@ class Fabric:
     core_bandwidth_Bps: float = 0.0
     """Each spine <-> core link's bandwidth per direction."""
     pod_oversubscription: float = 1.0
+    routing: str = "ecmp"
+    spines_merged: int = 1
+    """Physical spines behind each modelled one (adaptive routing: a pod's spines as one)."""
+    cores_merged: int = 1
+    """Physical cores behind each modelled one (adaptive routing)."""
     failed_uplinks: frozenset[tuple[int, int]] = frozenset()
     """(leaf, spine) pairs whose link is down, both directions (scenario ``faults.failed_links``): ECMP routes
     around them (`spine_for`)."""
@@ -93,6 +105,15 @@ class Fabric:
     @property
     def num_cores(self) -> int:
         return self.num_spines * self.cores_per_group
+
+    @property
+    def physical_spines(self) -> int:
+        """Spine switches of the whole fabric (every pod's)."""
+        return self.num_spines * self.spines_merged * self.num_pods
+
+    @property
+    def physical_cores(self) -> int:
+        return self.num_cores * self.cores_merged
 
     @property
     def nodes_per_pod(self) -> int:
@@ -243,6 +264,11 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
             per_pod, pods = full, math.ceil(leaves / full)
             cores = max(1, math.ceil(full / p))
             core_bw = full * uplink / (p * cores)
+    spines_merged = cores_merged = 1
+    if spec.routing == "adaptive" and spines > 1:
+        spines_merged, spines, uplink = spines, 1, spines * uplink
+        if cores:
+            cores_merged, core_bw, cores = spines_merged * cores, spines_merged * cores * core_bw, 1
     return Fabric(
         kind=spec.kind,
         shape=spec.fabric,
@@ -261,4 +287,7 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
         cores_per_group=cores,
         core_bandwidth_Bps=core_bw,
         pod_oversubscription=p,
+        routing=spec.routing,
+        spines_merged=spines_merged,
+        cores_merged=cores_merged,
     )

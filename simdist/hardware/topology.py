@@ -86,6 +86,10 @@ class Topology:
                 )
             self.fabric = build_fabric(spec.inter_node, spec.num_nodes)
             failed = frozenset((int(a), int(b)) for a, b in failed_uplinks)
+            if failed and self.fabric.routing == "adaptive":
+                raise TopologyError("failed leaf-spine links under adaptive routing are not modelled (its spines are "
+                                    "one pipe)", field="faults.failed_links",
+                                    fix="drop faults.failed_links, or use inter_node.routing: ecmp")
             if failed and self.fabric.cores_per_group:
                 raise TopologyError("failed leaf-spine links of a 3-tier fabric are not modelled",
                                     field="faults.failed_links", fix="drop faults.failed_links, or use "

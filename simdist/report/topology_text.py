@@ -49,6 +49,8 @@ def render_topology(d: dict[str, Any]) -> str:
                if fab["num_spines"] else "")
             + (f"; 3 tiers: {fab['num_pods']} pods of {fab['leaves_per_pod']} leaves, {fab['num_cores']} cores, "
                f"pod oversubscription {fab['pod_oversubscription']:g}" if fab.get("num_cores") else "")
+            + ("; adaptive routing (every flow spread over the spines: one modelled spine per pod)"
+               if fab.get("routing") == "adaptive" else "")
         )
     inj = ", ".join(f"{k} {format_bandwidth(v)}" for k, v in d["injection_bandwidth_per_gpu_Bps"].items())
     lines.append(f"  per-GPU inject  {inj}")

@@ -125,6 +125,11 @@ class InterNodeSpec(Spec):
         default=1.0, ge=1.0, le=OVERSUBSCRIPTION.value,
         description="with tiers: 3, a spine's downlink (to its pod's leaves) / uplink (to the core) capacity; 1 = "
                     "non-blocking, 7 for the 1:7 above Llama 3's 3,072-GPU pods")
+    routing: Literal["ecmp", "adaptive"] = Field(
+        default="ecmp", description="how a flow that climbs above its leaf picks its path: ecmp (a static hash per "
+                                    "flow: two flows may share an uplink while another idles) or adaptive (packets "
+                                    "sprayed over every spine and core: InfiniBand adaptive routing, Spectrum-X; no "
+                                    "collisions); simdist.hardware.fabric")
     leaves_per_pod: count(SWITCH_RADIX) | None = Field(
         default=None, description="with tiers: 3, leaves in a pod; default: a spine's down ports, "
                                   "floor(switch_radix x pod_oversubscription / (1 + pod_oversubscription))")
