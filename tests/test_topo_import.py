@@ -91,3 +91,69 @@ def test_bad_descriptions_exit_2_with_one_line(tmp_path, content, args, words):
     r = run_cli(["topo", "import", str(path), "--out", str(out), *args])
     assert r.one_line_error() and words in r.err, r.err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- ibnetdiscover: the fabric
+def test_ibnetdiscover_fabric_over_a_preset_node():
+    text, topology, notes = import_topology(MACHINES / "rails-2to1.ibnetdiscover.txt", node="dgx-h100")
+    f = topology.fabric
+    # 4 hosts of 2 HCAs, HCA i of every host on leaf i, each leaf 4 HCAs down and 2 NDR links up
+    assert (topology.num_nodes, f.nics_per_node, f.shape) == (4, 2, "rail_optimized")
+    assert (f.num_leaves, f.down_ports, f.num_spines, f.oversubscription) == (2, 4, 2, 2.0)
+    assert f.nic_bandwidth_Bps == 50e9 and topology.gpus_per_node == 8
+    assert any("dgx-h100" in n for n in notes) and "rail_optimized" in text
+
+
+def _ibnet_three_tier() -> str:
+    """ibnetdiscover text of tests/data/topologies/tiny-three-tier.yaml's fabric: 8 hosts of one HDR HCA, 2 per
+    leaf, pods of 2 leaves under 2 spines, spine s of each pod linked to core s."""
+    blocks: dict[str, list[str]] = {}
+    kinds: dict[str, str] = {}
+
+    def link(a: str, b: str) -> None:
+        pa, pb = len(blocks.setdefault(a, [])) + 1, len(blocks.setdefault(b, [])) + 1
+        blocks[a].append(f'[{pa}]\t"{b}"[{pb}]\t\t# "{b}" lid 1 4xHDR')
+        blocks[b].append(f'[{pb}]\t"{a}"[{pa}]\t\t# "{a}" lid 1 4xHDR')
+
+    hcas = [f"H-00000000000{h:04x}" for h in range(8)]
+    leaves = [f"S-00000000001{i:04x}" for i in range(4)]
+    spines = [f"S-00000000002{i:04x}" for i in range(4)]
+    cores = [f"S-00000000003{i:04x}" for i in range(2)]
+    for h, g in enumerate(hcas):
+        kinds[g] = f"node{h} mlx5_0"
+        link(g, leaves[h // 2])
+    for leaf in range(4):
+        for s in range(2):
+            link(leaves[leaf], spines[(leaf // 2) * 2 + s])
+    for pod in range(2):
+        for s in range(2):
+            link(spines[pod * 2 + s], cores[s])
+    out = []
+    for guid, ports in blocks.items():
+        head = "Ca" if guid.startswith("H-") else "Switch"
+        out.append(f'{head}\t{len(ports)} "{guid}"\t\t# "{kinds.get(guid, "switch " + guid)}"')
+        out += [*ports, ""]
+    return "\n".join(out)
+
+
+def test_ibnetdiscover_three_tiers_match_the_fixture(tmp_path):
+    path = tmp_path / "fabric.txt"
+    path.write_text(_ibnet_three_tier())
+    fixture = str(Path(__file__).resolve().parent / "data" / "topologies" / "tiny-three-tier.yaml")
+    _, topology, _ = import_topology(path, node=fixture)
+    expected = load_topology(fixture).fabric
+    f = topology.fabric
+    assert (f.num_leaves, f.down_ports, f.num_spines, f.leaves_per_pod, f.num_pods, f.cores_per_group) == (
+        expected.num_leaves, expected.down_ports, expected.num_spines, expected.leaves_per_pod, expected.num_pods,
+        expected.cores_per_group)
+    assert (f.oversubscription, f.pod_oversubscription, f.shape) == (1.0, 2.0, "fat_tree")
+    assert f.core_bandwidth_Bps == expected.core_bandwidth_Bps
+
+
+def test_ibnetdiscover_needs_the_node(tmp_path):
+    r = run_cli(["topo", "import", str(MACHINES / "rails-2to1.ibnetdiscover.txt")])
+    assert r.one_line_error() and "--node" in r.err, r.err
+    bad = tmp_path / "bad.txt"
+    bad.write_text('Switch\t4 "S-01"\t# "leaf"\n[1]\t"H-02"[1]\t# "h mlx5_0" lid 3\n')
+    r = run_cli(["topo", "import", str(bad), "--node", "dgx-h100"])
+    assert r.one_line_error() and "without a width and speed" in r.err, r.err

@@ -77,8 +77,8 @@ def topo_show(
 
 @topo_app.command("import")
 def topo_import(
-    path: Annotated[Path, typer.Argument(help="An NCCL topology dump (NCCL_TOPO_DUMP_FILE) or `nvidia-smi topo -m` "
-                                              "output, told apart by content.")],
+    path: Annotated[Path, typer.Argument(help="An NCCL topology dump (NCCL_TOPO_DUMP_FILE), `nvidia-smi topo -m` "
+                                              "output or `ibnetdiscover` output, told apart by content.")],
     out: Annotated[Path | None, typer.Option("--out", help="Write the topology file here (default: print it).")] = None,
     name: Annotated[str | None, typer.Option("--name", help="The topology's name (default: the file's stem).")] = None,
     gpu: Annotated[str | None, typer.Option(
@@ -89,9 +89,13 @@ def topo_import(
         "--nic-bandwidth", help="Per NIC, e.g. '400 Gb/s' (default: the dump's speed, else 400 Gb/s).")] = None,
     pcie_generation: Annotated[int | None, typer.Option("--pcie-generation", help="PCIe generation for nvidia-smi "
                                                                                   "output (default by GPU).")] = None,
+    node: Annotated[str | None, typer.Option(
+        "--node", help="With ibnetdiscover output: the preset or topology file whose node (server) the fabric "
+                       "joins.")] = None,
 ) -> None:
     """Write a topology file from the machine's own description: its node as a graph (GPUs, NVLink, PCIe switches,
-    sockets, NICs), what the description did not say stated as '# Assumption:' lines."""
+    sockets, NICs) from an NCCL dump or nvidia-smi, or its fabric (leaves, spines, cores, speeds) from ibnetdiscover
+    over the node of --node; what the description did not say stated as '# Assumption:' lines."""
     from simdist.api.topology_import import import_topology
     from simdist.hardware.summary import describe
     from simdist.report.topology_text import render_topology
@@ -99,7 +103,8 @@ def topo_import(
     if out is not None:
         check_target(out, field="--out")
     text, topology, assumptions = import_topology(path, name=name, gpu=gpu, nic_kind=nic_kind,
-                                                  nic_bandwidth=nic_bandwidth, pcie_generation=pcie_generation)
+                                                  nic_bandwidth=nic_bandwidth, pcie_generation=pcie_generation,
+                                                  node=node)
     if out is None:
         emit(text.rstrip())
         return
