@@ -28,9 +28,9 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from simdist.errors import OutputError, SpecError
+from simdist.errors import OutputError, SpecError, note
 from simdist.limits import INPUT_BYTES, Limit
 
 __all__ = ["check_target", "json_text", "open_append", "read_bytes", "read_text", "sigint_held", "write_files",
@@ -147,7 +147,7 @@ def check_target(path: str | Path, *, field: str | None = None) -> Path:
         raise OutputError(f"cannot write {str(target)!r}: it names a folder, not a file", field=field,
                           fix="give a file name, e.g. report.html")
     try:
-        st: os.stat_result | None = os.stat(target)
+        st: os.stat_result | None = os.lstat(target)  # a symbolic link is replaced itself, never followed
     except (FileNotFoundError, NotADirectoryError):
         st = None
     except OSError as err:
@@ -155,7 +155,7 @@ def check_target(path: str | Path, *, field: str | None = None) -> Path:
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(f"cannot write {target}: it is a folder", field=field,
                           fix="give the path of a file (in that folder or elsewhere)")
-    if st is not None and not stat.S_ISREG(st.st_mode):
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
         raise OutputError(f"cannot write {target}: it exists as {_kind(st.st_mode)}", field=field,
                           fix="remove it or give another file name")
     # the nearest existing ancestor must be a writable folder
@@ -224,7 +224,12 @@ def write_files(files: Mapping[str | Path, str | bytes], *, field: str | None = 
     try:
         staged: list[tuple[str, Path, str | None]] = []
         for target, content, where in targets:
-            real = Path(os.path.realpath(target))  # a symlink: replace the file it points to, keep the link
+            # Never through a symbolic link: a link planted where an output goes (report.json -> ~/.bashrc) is
+            # replaced by the file itself, the file it pointed to untouched (and the user told).
+            real = target
+            if target.is_symlink():
+                note(f"{target} was a symbolic link (to {os.readlink(target)}): replaced by the file itself, the "
+                     "file it pointed to left unchanged")
             _make_parents(real.parent, created, target, where)
             data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
             try:
@@ -290,6 +295,28 @@ def _non_finite_path(doc: object, path: str = "") -> str | None:
         if found:
             return found
     return None
+
+
+class JsonProblem(ValueError):
+    """Why a JSON text could not be read (`loads_json`), with its line where the syntax is at fault."""
+
+    def __init__(self, reason: str, lineno: int | None = None) -> None:
+        super().__init__(reason if lineno is None else f"line {lineno}: {reason}")
+        self.reason, self.lineno = reason, lineno
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads(text)``, every way it can fail a `JsonProblem` (a ValueError) whose message says where in one
+    line: bad syntax (its line), nesting past the interpreter's recursion limit, or an integer of more digits than
+    Python converts (sys.get_int_max_str_digits(), 4,300 by default: a guard against quadratic-time conversion)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise JsonProblem(err.msg, err.lineno) from None
+    except RecursionError:
+        raise JsonProblem("nested too deep") from None
+    except ValueError as err:  # int() past the digit limit
+        raise JsonProblem(f"a number too long to read ({' '.join(str(err).split())[:120]})") from None
 
 
 def json_text(doc: object, *, indent: int | None = 2, compact: bool = False) -> str:

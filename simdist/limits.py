@@ -161,6 +161,18 @@ WORKERS = _limit("workers", 256, "processes", "local worker processes of a sweep
 TOKENS = _limit("tokens", 1e18, "tokens", "10^5 times the largest training runs (15T tokens)")
 PUE = _limit("pue", 10.0, "", "data centres run at a PUE of 1.1-2")
 PRICE = _limit("price", 1e6, "USD per GPU-hour", "GPU-hours rent for a few dollars")
+CORRECTION_MIN = _limit("correction_min", 1e-3, "x",
+                        "a calibration factor a thousand times below the model does not describe this cluster's "
+                        "links or kernels: a unit error, or another machine's measurements")
+CORRECTION_MAX = _limit("correction_max", 1e3, "x",
+                        "a calibration factor a thousand times above the model does not describe this cluster's "
+                        "links or kernels: a unit error, or another machine's measurements")
+LINK_FRACTION_MIN = _limit("link_fraction_min", 1e-6, "",
+                           "a link at a millionth of its bandwidth carries nothing: it is down (faults.failed_links)")
+LINK_FRACTION_MAX = _limit("link_fraction_max", 1.0, "", "a fault slows a link; it cannot make it faster")
+MEASURED_TIME_MIN = _limit("measured_time_min", 1e-9, "s",
+                           "a nanosecond: no collective or kernel call returns sooner (a time in the wrong unit?)")
+MEASURED_TIME_MAX = _limit("measured_time_max", 86_400.0, "s", "a day for one call: a hung run, not a measurement")
 STAGE_TIME_MIN = _limit("stage_time_min", 1e-9, "s", "a nanosecond: shorter than any kernel")
 STAGE_TIME_MAX = _limit("stage_time_max", 1e9, "s", "about 30 years")
 

@@ -148,6 +148,17 @@ _NCCL_SIZE_RE = re.compile(r"^(?P<number>\d+(?:\.\d+)?)\s*(?P<suffix>[KMGT]?)$",
 _FACTOR_RE = re.compile(r"^(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 
 
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+def ascii_int(text: str) -> int | None:
+    """The whole number ``text`` writes in ASCII digits (at most 18 of them), else None: the one parser of counts and
+    indices inside names (``leaf12``, ``dgx-a100:1024``, a log's size column). ``str.isdigit`` accepts superscripts
+    ('¹') and other scripts' digits that ``int`` then refuses or reads, and an unbounded digit string costs
+    quadratic time to convert."""
+    return int(text) if _DIGITS.fullmatch(text) else None
+
+
 def parse_size(text: str) -> float:
     """A message size as nccl-tests writes it (``8``, ``32K``, ``8G``: K/M/G are powers of 1024),
     or with an explicit unit (``400 MiB``, ``1 GB``)."""

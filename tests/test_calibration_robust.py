@@ -100,7 +100,7 @@ def test_an_old_file_with_efficiencies_above_one_is_refused(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("topology: dgx-a100\ncollectives:\n  all_reduce:\n    latency: 35 us\n    bandwidth_factor: 1.05\n"
                    "    efficiency_sizes: [32768 B, 65536 B]\n    efficiency: [1.478, 1.0]\n")
-    with pytest.raises(SpecError, match=r"\(0, 1\].*fit it again"):
+    with pytest.raises(SpecError, match=r"\[0.001, 1\].*fit it again"):
         cb.load_calibration(old)
 
 

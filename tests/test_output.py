@@ -13,7 +13,7 @@ import time
 import pytest
 
 from simdist import files
-from simdist.errors import OutputError, SpecError
+from simdist.errors import OutputError, SimdistNote, SpecError
 from simdist.limits import INPUT_BYTES, Limit
 
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
@@ -113,12 +113,24 @@ def test_interrupt_while_writing_leaves_no_temporary_file(tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_symlink_is_written_through(tmp_path):
-    real = tmp_path / "real.json"
-    real.write_text("old")
-    (tmp_path / "link.json").symlink_to(real)
-    files.write_text(tmp_path / "link.json", "new")
-    assert (tmp_path / "link.json").is_symlink() and real.read_text() == "new"
+def test_a_symlink_is_replaced_never_written_through(tmp_path):
+    # a link planted in an output folder (report.json -> another user's file) must not make simdist write there
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "bashrc"
+    victim.write_text("old")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.json").symlink_to(victim)
+    with pytest.warns(SimdistNote, match="was a symbolic link"):
+        files.write_text(tmp_path / "out" / "report.json", "new")
+    assert not (tmp_path / "out" / "report.json").is_symlink()
+    assert (tmp_path / "out" / "report.json").read_text() == "new" and victim.read_text() == "old"
+    # a dangling link and a link to a folder are replaced likewise
+    (tmp_path / "out" / "a.html").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "out" / "b.html").symlink_to(outside)
+    with pytest.warns(SimdistNote):
+        files.write_files({tmp_path / "out" / "a.html": "a", tmp_path / "out" / "b.html": "b"})
+    assert (tmp_path / "out" / "b.html").read_text() == "b" and outside.is_dir()
 
 
 def test_open_append_creates_the_file_and_its_folder(tmp_path):

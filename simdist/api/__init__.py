@@ -188,14 +188,12 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
 
 
 def _read_json(path: str | Path) -> Any:
-    import json
-
-    from simdist.files import read_text
+    from simdist.files import loads_json, read_text
 
     text = read_text(Path(path), field="SCENARIO")
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
+        return loads_json(text)
+    except ValueError as err:
         raise SpecError(f"{path} is not JSON: {err}", field="SCENARIO",
                         fix="give a report.json of simdist run") from None
 

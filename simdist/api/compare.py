@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from simdist.errors import LayoutError, SpecError
+from simdist.units import ascii_int
 
 DEADLINE_MAX_DOUBLINGS = 12
 """A deadline sizes a cluster by doubling its nodes from one: at most 2**12 nodes (each size is a search)."""
@@ -31,12 +32,12 @@ def parse_cluster_items(items: list[str]) -> list[tuple[str, int | None]]:
     out = []
     for item in items:
         name, sep, count = item.strip().rpartition(":")
-        if not sep or not count.strip().isdigit():
-            name, count = item.strip(), ""
+        gpus = ascii_int(count.strip()) if sep else None
+        if gpus is None:
+            name = item.strip()
         if not name:
             raise SpecError(f"--cluster '{item}' names no cluster", field="--cluster",
                             fix="write PRESET_OR_FILE:GPUS, e.g. dgx-a100:1024 or my-roce.yaml:512")
-        gpus = int(count) if count else None
         if gpus is not None and gpus < 1:
             raise SpecError(f"--cluster {item}: the GPU count must be at least 1", field="--cluster",
                             fix="write e.g. dgx-a100:1024")

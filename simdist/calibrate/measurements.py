@@ -40,6 +40,7 @@ from pathlib import Path
 
 from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError, SpecError
+from simdist.limits import MEASURED_TIME_MAX, MEASURED_TIME_MIN
 
 __all__ = ["CSV_COLUMNS", "REQUIRED_COLUMNS", "Measurement", "read_measurements", "write_measurements_csv",
            "write_text_atomic"]
@@ -229,6 +230,11 @@ def _row_to_measurement(row: dict[str, str], source: str) -> Measurement:
     nbytes = int(_number(row, "nbytes", integer=True))
     num_ranks = int(_number(row, "num_ranks", integer=True, positive=True))
     time_s = _number(row, "time_s", positive=True)
+    if not MEASURED_TIME_MIN.value <= time_s <= MEASURED_TIME_MAX.value:
+        limit = MEASURED_TIME_MIN if time_s < MEASURED_TIME_MIN.value else MEASURED_TIME_MAX
+        raise SpecError(f"time_s {row.get('time_s')} is {'below' if limit is MEASURED_TIME_MIN else 'above'} "
+                        f"{limit.text()} ({limit.reason})", source=source,
+                        fix="write time_s in seconds (nccl-tests prints microseconds)")
     algbw = _number(row, "algbw_Bps") if row.get("algbw_Bps") else algbw_Bps(nbytes, time_s)
     busbw = _number(row, "busbw_Bps") if row.get("busbw_Bps") else busbw_Bps(op, num_ranks, nbytes, time_s)
     if row.get("algbw_Bps") and nbytes > 0:

@@ -40,13 +40,14 @@ holding ``time`` (us; ``cpu_time`` with -C 1), ``alg_bw``, ``bus_bw`` (GB/s) and
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import PurePath
 
 from simdist.calibrate.measurements import Measurement
 from simdist.errors import SimdistError, SpecError
+from simdist.files import JsonProblem, loads_json
+from simdist.units import ascii_int
 
 __all__ = ["looks_like_nccltests_text", "op_from_binary", "op_from_row", "parse_nccltests_json",
            "parse_nccltests_text"]
@@ -201,7 +202,7 @@ def parse_nccltests_text(
             in_table = _header_line(line, sec, in_table)
             continue
         tokens = line.split()
-        if not in_table or not tokens or not tokens[0].isdigit():
+        if not in_table or not tokens or ascii_int(tokens[0]) is None:
             continue  # NCCL INFO lines, warnings, launcher noise
         where = f"{source}:{number}"
         ranks = num_ranks or max(len(sec.ranks), sec.local_ranks)
@@ -269,7 +270,7 @@ def _row(tokens: list[str], header: list[str] | None, where: str, null_body: boo
     dtype = next((t for t in tokens[2:first] if not re.fullmatch(r"-?\d+", t)), None)
     named = dict(zip(header, tokens, strict=False)) if header and n >= len(header) - 4 else {}
     pre = tokens[:first]  # size count type redop root (older versions: no root)
-    preamble = {"count": int(pre[1]) if len(pre) > 1 and pre[1].isdigit() else 0,
+    preamble = {"count": (ascii_int(pre[1]) or 0) if len(pre) > 1 else 0,
                 "redop": named.get("redop", pre[3] if len(pre) > 3 else None),
                 "root": named.get("root", pre[4] if len(pre) > 4 else None)}
     values = []
@@ -298,9 +299,10 @@ def parse_nccltests_json(
 ) -> list[Measurement]:
     """Measurements from an nccl-tests ``-J`` file (schema in the module docstring)."""
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"not valid JSON ({exc.msg})", source=f"{source}:{exc.lineno}", fix=_JSON_FIX) from None
+        doc = loads_json(text)
+    except JsonProblem as exc:
+        where = source if exc.lineno is None else f"{source}:{exc.lineno}"
+        raise SpecError(f"not valid JSON ({exc.reason})", source=where, fix=_JSON_FIX) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise SpecError("no 'results' list: not an nccl-tests -J file", source=source, fix=_JSON_FIX)
     config = doc.get("config") if isinstance(doc.get("config"), dict) else {}

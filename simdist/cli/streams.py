@@ -8,12 +8,18 @@
   and stdout pointed at /dev/null so that the interpreter's final flush does not fail again.
 - `notes_to_stderr` prints each `simdist.errors.SimdistWarning` as ``note: ...`` and any other warning as
   ``warning: ...``, one line each.
+- Nothing reaches the terminal raw that could drive it: every control character but newline and tab (ESC
+  sequences, OSC hyperlinks and titles, carriage returns), C1 controls and the Unicode bidirectional overrides
+  and isolates (which reorder what a reader sees, CVE-2021-42574 "Trojan Source") are written as ``\\uXXXX``
+  escapes (`terminal_safe`), in documents, JSON (where the escape means the same character) and stderr lines
+  alike: scenario names, grid values, file names and calibration fields are users' strings.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -21,6 +27,14 @@ from typing import Any
 
 from simdist.errors import SimdistNote, SimdistWarning
 from simdist.files import json_text, sigint_held
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every character that could drive a terminal or reorder what it shows as a ``\\uXXXX`` escape
+    (newline and tab kept; see the module docstring)."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class OutputClosed(Exception):
@@ -43,6 +57,7 @@ def emit(text: str, *, stream: Any = None) -> None:
         return
     if text and not text.endswith("\n"):
         text += "\n"
+    text = terminal_safe(text)
     with sigint_held():
         try:
             try:
@@ -67,7 +82,7 @@ def print_json(doc: Any) -> None:
 def to_stderr(text: str) -> None:
     """One line on stderr, if there is a stderr to write to (it may be closed: ``2>&-``)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stderr.write(" ".join(text.split()) + "\n")
+        sys.stderr.write(terminal_safe(" ".join(text.split())) + "\n")
         sys.stderr.flush()
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from simdist.errors import SpecError
 from simdist.hardware.link_defaults import pcie_bandwidth_Bps
+from simdist.units import ascii_int
 
 __all__ = ["MachineDraft", "NvlinkGeneration", "import_machine", "nvlink_generation"]
 
@@ -203,8 +204,7 @@ def parse_smi(text: str, source: str, *, architecture: str, pcie_generation: int
                 draft.link(local[a], local[b], "nvlink", c * gen.nominal_Bps)
     # sockets from the NUMA affinity column; a NIC on the socket of a GPU it reaches without crossing sockets
     socket_of: dict[str, int] = {}
-    numa_ids = sorted({numa.get(g, "0") for g in gpus}, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0,
-                                                                       s))
+    numa_ids = sorted({numa.get(g, "0") for g in gpus}, key=lambda s: (ascii_int(s) is None, ascii_int(s) or 0, s))
     for g in gpus:
         socket_of[g] = numa_ids.index(numa.get(g, "0"))
     if any(numa.get(g) in (None, "N/A") for g in gpus):

@@ -21,6 +21,7 @@ from simdist.errors import SpecError
 from simdist.hardware.topology import Topology
 from simdist.plan.step import StepConfig, StepPlan
 from simdist.spec.faults import FaultsSpec
+from simdist.units import ascii_int
 
 
 def degraded_links(faults: FaultsSpec, topology: Topology) -> dict[int, float]:
@@ -54,15 +55,16 @@ def failed_uplinks(faults: FaultsSpec, topology: Topology) -> list[tuple[int, in
     for i, d in enumerate(faults.failed_links):
         ends = sorted((d.src, d.dst), key=lambda v: not v.startswith("leaf"))  # the leaf first
         leaf, spine = ends
-        ok = leaf.startswith("leaf") and spine.startswith("spine") and leaf[4:].isdigit() and spine[5:].isdigit()
-        if not ok or f is None or int(leaf[4:]) >= f.num_leaves or int(spine[5:]) >= f.num_spines:
+        a = ascii_int(leaf[4:]) if leaf.startswith("leaf") else None
+        b = ascii_int(spine[5:]) if spine.startswith("spine") else None
+        if a is None or b is None or f is None or a >= f.num_leaves or b >= f.num_spines:
             have = (f"leaf0..leaf{f.num_leaves - 1} and spine0..spine{f.num_spines - 1}" if f is not None
                     and f.num_spines else "no leaf-spine links (one switch or one node)")
             raise SpecError(f"no leaf-spine link {d.src} - {d.dst} in this cluster ({have})",
                             field=f"faults.failed_links.{i}",
                             fix="name a leaf and a spine as `simdist topo` writes them, e.g. src: leaf0, dst: spine1; "
                                 "a NIC or NVLink at reduced speed is a degraded_links entry")
-        out.append((int(leaf[4:]), int(spine[5:])))
+        out.append((a, b))
     return out
 
 

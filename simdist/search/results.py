@@ -10,7 +10,6 @@ is one error naming the line: the file was not written by `simdist search`, or w
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from simdist.errors import SpecError, note
-from simdist.files import json_text, open_append
+from simdist.files import json_text, loads_json, open_append
 from simdist.limits import RESULT_LINE_BYTES
 from simdist.search.space import OPTIONAL_FIELDS, Candidate, SearchProblem
 
@@ -85,10 +84,10 @@ def _scan(path: Path, problem: SearchProblem, *, quiet: bool = False) -> _Scan:
                 raise _damaged(path, number, f"is longer than {RESULT_LINE_BYTES.text()}")
             try:
                 text = raw.decode("utf-8")
-                row = json.loads(text) if text.strip() else None
+                row = loads_json(text) if text.strip() else None
             except UnicodeDecodeError:
                 raise _damaged(path, number, "holds bytes that are not text") from None
-            except (json.JSONDecodeError, RecursionError):
+            except ValueError:
                 if not complete:  # the torn last line of a killed sweep: drop it, continue
                     if not quiet:
                             note(f"{path}:{number}: dropped the incomplete last line (a search stopped while writing "

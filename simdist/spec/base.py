@@ -107,6 +107,19 @@ def count(limit: Limit | None = None, *, minimum: int = 1) -> Any:
                      WithJsonSchema({"type": "integer", "minimum": minimum, "maximum": int(limit.value)})]
 
 
+def _within(low: Limit, high: Limit, what: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        return _bounds(what, low, high, value, value)
+
+    return check
+
+
+def bounded(low: Limit, high: Limit, what: str = "value") -> Any:
+    """A finite float in [low, high], each refusal giving the limit's reason (simdist.limits)."""
+    return Annotated[float, AfterValidator(_within(low, high, what)),
+                     WithJsonSchema({"type": "number", "minimum": low.value, "maximum": high.value})]
+
+
 Count = count()
 """A positive whole number (a float such as 2.5 or a string is refused)."""
 

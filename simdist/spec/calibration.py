@@ -34,18 +34,23 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from simdist.spec.base import AnyBandwidth, ByteSize, Count, Duration, Fraction, Spec
+from simdist.limits import CORRECTION_MAX, CORRECTION_MIN
+from simdist.spec.base import AnyBandwidth, ByteSize, Count, Duration, Fraction, Latency, Spec, bounded
 from simdist.spec.topology import TopologySpec
+
+Factor = bounded(CORRECTION_MIN, CORRECTION_MAX, "factor")
+"""A calibration's multiplier on a modelled rate: within 1000x of the model either way (simdist.limits)."""
 
 
 class CollectiveCalibration(Spec):
     """Correction of one collective op: t = latency + t_model / (bandwidth_factor x efficiency(size))."""
 
-    latency: Duration = Field(description="extra latency per call, added to the predicted time")
-    latency_by_ranks: dict[int, Duration] | None = Field(
+    latency: Latency = Field(description="extra latency per call, added to the predicted time")
+    latency_by_ranks: dict[int, Latency] | None = Field(
         default=None, description="extra latency per call at each measured rank count (ranks that are processes "
                                   "sharing cores pay more per call in larger groups); other counts take `latency`")
-    bandwidth_factor: float = Field(gt=0.0, description="multiplier on the predicted bandwidth (1 = as predicted)")
+    bandwidth_factor: Factor = Field(description="multiplier on the predicted bandwidth (1 = as predicted), within "
+                                                 "1000x either way")
     efficiency_sizes: list[ByteSize] | None = Field(
         default=None, description="sizes (nccl-tests bytes, increasing) of the size-dependent efficiency knots")
     efficiency: list[float] | None = Field(
@@ -55,8 +60,8 @@ class CollectiveCalibration(Spec):
     size_range: list[ByteSize] | None = Field(
         default=None, description="[smallest, largest] size measured: above the largest the correction falls back to "
                                   "the physical model (latency + t_model / above_range_factor), with a warning")
-    above_range_factor: float = Field(
-        default=1.0, gt=0.0, description="multiplier on the predicted bandwidth above size_range: the measured "
+    above_range_factor: Factor = Field(
+        default=1.0, description="multiplier on the predicted bandwidth above size_range: the measured "
                                          "plateau's when the sweep reached the bandwidth-bound regime, else 1")
 
     @model_validator(mode="after")
@@ -69,9 +74,10 @@ class CollectiveCalibration(Spec):
                 raise ValueError(f"{len(sizes)} efficiency_sizes but {len(values)} efficiency values")
             if any(b <= a for a, b in itertools.pairwise(sizes)) or sizes[0] <= 0:
                 raise ValueError("efficiency_sizes must be positive and increasing")
-            if any(not 0.0 < v <= 1.0 for v in values):
-                raise ValueError("efficiency values must be in (0, 1] (a file from an older simdist: fit it again "
-                                 "with simdist calibrate)")
+            if any(not CORRECTION_MIN.value <= v <= 1.0 for v in values):
+                raise ValueError(f"efficiency values must be in [{CORRECTION_MIN.value:g}, 1] "
+                                 f"({CORRECTION_MIN.reason}; a file from an older simdist: fit it again with "
+                                 "simdist calibrate)")
         if self.size_range is not None and (len(self.size_range) != 2 or not 0 < self.size_range[0]
                                             <= self.size_range[1]):
             raise ValueError("size_range must be [smallest, largest] measured size, both positive")
@@ -82,10 +88,11 @@ class ComputeCalibration(Spec):
     """Roofline constants (simdist.hardware.compute.ComputeEfficiency); absent ones keep the GPU's defaults."""
 
     gemm_peak_efficiency: Fraction = Field(description="share of the dense peak large GEMMs reach (the plateau)")
-    gemm_knee_dim: float | None = Field(default=None, gt=0.0, description="GEMM dimension at half the plateau")
+    gemm_knee_dim: float | None = Field(default=None, gt=0.0, le=1e6,
+                                        description="GEMM dimension at half the plateau (at most 10^6)")
     memory_efficiency: Fraction | None = Field(default=None, description="share of the HBM bandwidth "
                                                                         "memory-bound kernels reach")
-    launch_overhead: Duration | None = Field(default=None, description="per kernel launch and tail")
+    launch_overhead: Latency | None = Field(default=None, description="per kernel launch and tail")
 
 
 class TierFit(Spec):
@@ -205,4 +212,28 @@ class CalibrationSpec(Spec):
         if unknown:
             valid = ", ".join(sorted(allowed))
             raise ValueError(f"unknown topology field '{unknown[0]}' in overrides (valid: {valid})")
+        for path in _leaves(value):
+            if not _link_correction(path):
+                raise ValueError(
+                    f"overrides.{'.'.join(map(str, path))}: a calibration corrects the links' efficiency and latency "
+                    "only; this would change the cluster itself (its GPU, size or links) without the scenario "
+                    "saying so (fix: set it in the topology or the scenario's cluster, where it is seen)")
         return value
+
+
+def _leaves(tree: Any, path: tuple = ()) -> list[tuple]:
+    """The paths to every non-mapping value of a nested mapping."""
+    if isinstance(tree, dict):
+        return [leaf for key, sub in tree.items() for leaf in _leaves(sub, (*path, key))]
+    return [path]
+
+
+_LINK_TIERS = (("scale_up",), ("host", "pcie"), ("host", "cpu_interconnect"), ("inter_node",))
+
+
+def _link_correction(path: tuple) -> bool:
+    """A path a calibration may set: a link tier's efficiency or latency (simdist.calibrate.points.tier_field), or a
+    node graph's efficiency per link kind."""
+    if len(path) == 3 and path[:2] == ("node", "efficiency"):
+        return True
+    return bool(path) and path[-1] in ("efficiency", "latency") and tuple(path[:-1]) in _LINK_TIERS

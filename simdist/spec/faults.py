@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from simdist.spec.base import Duration, Spec, count
+from simdist.limits import LINK_FRACTION_MAX, LINK_FRACTION_MIN
+from simdist.spec.base import Duration, Spec, bounded, count
 
 STRAGGLER_MAX = 100.0
 """A GPU at most 100 x slower (slower_by 99): beyond that it is a failure, not a straggler."""
@@ -32,8 +33,9 @@ class DegradedLinkSpec(Spec):
 
     src: str = Field(description="one end of the link, e.g. n0/nic0")
     dst: str = Field(description="the other end, e.g. leaf0")
-    bandwidth_fraction: float = Field(gt=0.0, le=1.0, description="the link's bandwidth as a fraction of its "
-                                                                   "nominal bandwidth (0.5: half)")
+    bandwidth_fraction: bounded(LINK_FRACTION_MIN, LINK_FRACTION_MAX, "bandwidth fraction") = Field(
+                                      description="the link's bandwidth as a fraction of its nominal bandwidth (0.5: "
+                                                  "half), at least 1e-6 (slower is down: failed_links)")
     one_way: bool = Field(default=False, description="degrade only src -> dst (default: both directions)")
 
 

@@ -16,13 +16,12 @@ n_group groups), ``topk_method``, ``scoring_func``, ``routed_scaling_factor``, `
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import SpecError
-from simdist.files import read_text
+from simdist.files import loads_json, read_text
 from simdist.limits import (
     FFN_HIDDEN_SIZE,
     HIDDEN_SIZE,
@@ -92,10 +91,9 @@ def check_hf_config(path: str | Path, *, field: str = "model.hf_config") -> dict
     p = Path(path)
     text = read_text(p, field=field)
     try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        where = f"line {err.lineno}" if isinstance(err, json.JSONDecodeError) else "nesting"
-        raise SpecError(f"{p} is not JSON ({where})", field=field, fix="give a Hugging Face config.json") from None
+        doc = loads_json(text)
+    except ValueError as err:
+        raise SpecError(f"{p} is not JSON ({err})", field=field, fix="give a Hugging Face config.json") from None
     if not isinstance(doc, dict):
         raise SpecError(f"{p} is not a JSON object", field=field, fix="give a Hugging Face config.json")
     if isinstance(doc.get("text_config"), dict):

@@ -1,0 +1,105 @@
+"""Issue 35's number and I/O examples, each one clear line and exit 2 (or a correct answer): link names read with
+ASCII digits only, JSON with a 5,000-digit integer, calibration and fault values far outside any cluster, and
+measurement times in the wrong unit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from simdist.units import ascii_int
+from tests.cli_harness import run_cli
+
+TINY = {"name": "tiny", "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+        "model": {"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 512,
+                  "vocab_size": 32000},
+        "parallel": {"tp": 8, "dp": 2}, "training": {"micro_batch_size": 1, "global_batch_size": 2}}
+
+
+def test_ascii_int_reads_only_ascii_digits():
+    assert ascii_int("12") == 12 and ascii_int("007") == 7
+    for text in ("¹", "1¹", "٣", "", "-1", "1e3", " 1", "9" * 19):
+        assert ascii_int(text) is None
+
+
+def _scenario(tmp_path, **extra) -> str:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **extra}, allow_unicode=True))
+    return str(path)
+
+
+@pytest.mark.parametrize(("faults", "words"), [
+    ({"failed_links": [{"src": "leaf0", "dst": "spine\u00b9"}]}, "no leaf-spine link leaf0 - spine\u00b9"),
+    ({"degraded_links": [{"src": "n0/nic0", "dst": "leaf0", "bandwidth_fraction": 1e-300}]},
+     "faults.degraded_links[0].bandwidth_fraction: bandwidth fraction 1e-300 is below 1e-06"),
+])
+def test_fault_values_outside_any_cluster_are_refused(tmp_path, faults, words):
+    r = run_cli(["run", _scenario(tmp_path, faults=faults), "--fidelity", "closed_form"])
+    assert r.one_line_error() and words in r.err, r.err
+
+
+def test_a_report_with_a_5000_digit_integer_is_refused(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text('{"scenario": {"name": "x", "parallel": {"tp": ' + "9" * 5000 + "}}}")
+    r = run_cli(["run", str(report)])
+    assert r.one_line_error() and "too long" in r.err, r.err
+
+
+def test_a_config_json_with_a_5000_digit_integer_is_refused(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": ' + "1" * 5000 + "}")
+    r = run_cli(["run", _scenario(tmp_path, model={"hf_config": str(config), "seq_length": 512})])
+    assert r.one_line_error() and "too long" in r.err, r.err
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("bandwidth_factor", 1e-300, "below"), ("bandwidth_factor", 1e300, "above"),
+    ("above_range_factor", 1e-300, "below"), ("latency", "1e9 us", "latency"),
+])
+def test_calibration_values_outside_any_cluster_are_refused(tmp_path, field, value, words):
+    cal = {"topology": "dgx-h100", "gpu": "NVIDIA H100 80GB HBM3", "num_nodes": 1,
+           "collectives": {"all_reduce": {"latency": "10 us", "bandwidth_factor": 0.9, field: value}}}
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(cal))
+    r = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--calibration", str(path)])
+    assert r.one_line_error() and words in r.err and field in r.err, r.err
+
+
+def test_measurements_in_the_wrong_unit_are_refused(tmp_path):
+    csv = tmp_path / "m.csv"
+    csv.write_text("op,nbytes,num_ranks,time_s\n" + "".join(f"all_reduce,{2**k},8,1e-300\n" for k in range(10, 20)))
+    out = tmp_path / "cal.yaml"
+    r = run_cli(["calibrate", str(csv), "--topology", "dgx-h100", "--out", str(out)])
+    assert r.one_line_error() and "time_s" in r.err and "below" in r.err, r.err
+    assert not out.exists()
+
+
+def test_json_documents_stay_exact(tmp_path):
+    # a plain report still reads back (the one JSON reader changes nothing for good input)
+    from simdist.files import loads_json
+
+    assert loads_json(json.dumps({"a": [1, 2.5, "x"]})) == {"a": [1, 2.5, "x"]}
+    with pytest.raises(ValueError, match="line 1"):
+        loads_json("{")
+
+
+@pytest.mark.parametrize("overrides", [{"gpu": "b200"}, {"num_nodes": 64}, {"inter_node": {"nic_bandwidth": "1 Gb/s"}},
+                                       {"scale_up": {"bandwidth": "1 GB/s"}}])
+def test_a_calibration_cannot_change_the_cluster(tmp_path, overrides):
+    cal = {"topology": "dgx-h100", "overrides": overrides}
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(cal))
+    r = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--calibration", str(path)])
+    assert r.one_line_error() and "corrects the links' efficiency and latency only" in r.err, r.err
+
+
+def test_a_calibration_of_efficiencies_still_applies(tmp_path):
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump({"topology": "dgx-h100", "overrides": {"scale_up": {"efficiency": 0.5},
+                                                                          "inter_node": {"latency": "2 us"}}}))
+    plain = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--json"])
+    slow = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--json", "--calibration", str(path)])
+    assert slow.code == 0, slow.err
+    assert json.loads(slow.out)["step_time_s"] > json.loads(plain.out)["step_time_s"]
