@@ -106,9 +106,14 @@ def read_text(path: str | Path, *, field: str | None = None, limit: Limit = INPU
 
 
 # --------------------------------------------------------------------------- writing
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""The signals a block of renames holds back (`sigint_held`): Ctrl-C, a kill, a closed terminal."""
+
+
 @contextlib.contextmanager
 def sigint_held() -> Iterator[None]:
-    """Hold a SIGINT back until the block is done, then act on it as the handler before would have.
+    """Hold SIGINT (and SIGTERM, SIGHUP: `HELD_SIGNALS`) back until the block is done, then act on each as the
+    handler before would have (the default: KeyboardInterrupt for SIGINT, the signal's own action for the others).
 
     The Python-level handler is swapped (masking the signal would not do: the kernel may hand a process-directed
     signal to another thread, whose C handler still trips the main thread's KeyboardInterrupt). Outside the main
@@ -118,16 +123,22 @@ def sigint_held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    olds = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in HELD_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
-    if pending and old is not signal.SIG_IGN:
+        for s, old in olds.items():
+            signal.signal(s, old)
+    for signum in dict.fromkeys(pending):
+        old = olds[signum]
+        if old is signal.SIG_IGN or old is None:
+            continue
         if callable(old):
-            old(signal.SIGINT, None)
-        else:
+            old(signum, None)
+        elif signum == signal.SIGINT:
             raise KeyboardInterrupt
+        else:
+            os.kill(os.getpid(), signum)  # the default action, now that the block is done
 
 
 def _umask() -> int:

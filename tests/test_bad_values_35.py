@@ -103,3 +103,56 @@ def test_a_calibration_of_efficiencies_still_applies(tmp_path):
     slow = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--json", "--calibration", str(path)])
     assert slow.code == 0, slow.err
     assert json.loads(slow.out)["step_time_s"] > json.loads(plain.out)["step_time_s"]
+
+
+def test_a_fifo_as_calibration_is_read_once_and_never_waited_on(tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "cal.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "w") as fh:
+            fh.write("topology: dgx-h100\noverrides: {scale_up: {efficiency: 0.7}}\n")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    r = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--calibration", str(fifo), "--json"],
+                timeout_s=60)
+    writer.join(5)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_while_writing_leaves_no_temporary(tmp_path, monkeypatch, signame):
+    import os
+    import signal
+
+    out = tmp_path / "report"
+    real_fsync = os.fsync
+
+    def killed(fd):  # the signal lands while the report's temporary file is being written
+        os.kill(os.getpid(), getattr(signal, signame))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", killed)
+    before = signal.getsignal(getattr(signal, signame))
+    r = run_cli(["run", _scenario(tmp_path), "--fidelity", "closed_form", "--out", str(out)])
+    assert r.code == 128 + getattr(signal, signame) and f"terminated by {signame}" in r.err, r.err
+    assert not out.exists() or not [p for p in out.iterdir()]  # nothing written, no .report.json.*.tmp
+    assert signal.getsignal(getattr(signal, signame)) == before  # the handler before is back
+
+
+@pytest.mark.parametrize("extra", [
+    {"faults": {"stragglers": [{"rank": 99, "slower_by": 0.2}]}},
+    {"faults": {"degraded_links": [{"src": "n0/nic0", "dst": "leaf9", "bandwidth_fraction": 0.5}]}},
+    {"training": {"micro_batch_size": 1, "global_batch_size": 2, "tp_comm_overlap": True}},
+])
+def test_check_refuses_what_run_refuses(tmp_path, extra):
+    path = _scenario(tmp_path, **extra)
+    run = run_cli(["run", path, "--fidelity", "closed_form"])
+    check = run_cli(["check", path])
+    assert run.one_line_error() and check.one_line_error(), (run.err, check.err)
+    assert check.err.splitlines()[-1] == run.err.splitlines()[-1]

@@ -41,6 +41,7 @@ __all__ = [
     "bubble_sweep",
     "bundled_scenarios",
     "calibrate",
+    "check_document",
     "cluster_of",
     "collective",
     "collective_curves",
@@ -199,6 +200,29 @@ def _read_json(path: str | Path) -> Any:
 
 
 RUN_FILES = ("report.json", "trace.json", "report.html")
+
+
+def check_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
+                   base_dir: str | Path | None = None, source: str = "", calibration: str | Path | None = None
+                   ) -> Scenario:
+    """Everything `run_document` checks before it simulates, on the same path: the scenario and its cluster, the
+    calibration it names (or ``calibration``) applied to them, the model, the layout, the execution fields and the
+    faults (simdist.predict.step.checked_step). ``simdist check`` says ok exactly where ``simdist run`` would
+    start simulating."""
+    from simdist.api.calibration import _calibration_hooks, _scenario_calibration
+    from simdist.predict.step import checked_step
+
+    if not isinstance(doc, Document):
+        doc = scenario_document(doc, source)
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    assignments = scenario_assignments(assignments or [])
+    cal, cal_assignments = _scenario_calibration(doc.with_assignments(assignments) if assignments else doc, base,
+                                                 calibration)
+    every = [*cal_assignments, *assignments]
+    scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
+    _calibration_hooks(cal, scenario.topology)
+    checked_step(scenario.spec, scenario.topology, base_dir=base)
+    return scenario
 
 
 def run_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import simdist
-from simdist.errors import SpecError
+from simdist.errors import SimdistError, SpecError
+from simdist.files import read_bytes
 from simdist.hardware import Topology
 from simdist.spec import ScenarioSpec
 from simdist.spec.load import Document
@@ -46,9 +49,12 @@ def inputs_sha256(scenario: dict[str, Any], topology: Topology, options: dict[st
     doc = {"scenario": scenario, "cluster": topology.spec.model_dump(mode="json"), "options": options}
     cal = scenario.get("calibration")
     if cal:
+        # a regular file's bytes only: a FIFO was read once already (reading it again would wait for a writer that
+        # is gone), and its bytes cannot be read back
         try:
-            doc["calibration_sha256"] = hashlib.sha256(Path(cal).read_bytes()).hexdigest()
-        except OSError:
+            regular = stat.S_ISREG(os.stat(cal).st_mode)
+            doc["calibration_sha256"] = hashlib.sha256(read_bytes(cal)).hexdigest() if regular else None
+        except (OSError, SimdistError):
             doc["calibration_sha256"] = None
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

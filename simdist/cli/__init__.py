@@ -7,10 +7,13 @@ Bad input never prints a traceback: a `SimdistError` or a usage error becomes on
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
+import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -80,9 +83,41 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
     sys.exit(code)
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind (every writer removes its temporary files on the way), then exit 128 + the
+    signal number, as the signal's default action would, without leaving ``.report.json.*.tmp`` behind."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def terminate_as_exception() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Terminated` in the main thread while the block runs (the handlers before are put
+    back after it; a no-op outside the main thread, where handlers cannot be set; an ignored signal stays ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    olds = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:
+            olds[signum] = signal.signal(signum, _terminate)
+    try:
+        yield
+    finally:
+        for signum, old in olds.items():
+            signal.signal(signum, old)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``simdist`` console script and ``python -m simdist``."""
-    with notes_to_stderr():
+    with notes_to_stderr(), terminate_as_exception():
         _main(argv)
 
 
@@ -133,6 +168,9 @@ def _main(argv: list[str] | None) -> None:
     except (*_ABORT, KeyboardInterrupt):
         to_stderr("interrupted")
         sys.exit(130)
+    except Terminated as err:
+        to_stderr(f"terminated by {signal.Signals(err.signum).name}: nothing half-written was left")
+        sys.exit(128 + err.signum)
     except (OutputClosed, BrokenPipeError) as err:
         _silence_stdout()
         if isinstance(err, OutputClosed) and str(err):  # a write error other than a closed pipe

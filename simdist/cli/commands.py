@@ -33,8 +33,12 @@ def check(
     assignments: SetOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Validate a scenario: its fields, its cluster, and that the layout fills the cluster."""
-    loaded = api.load_scenario(scenario, assignments or [])
+    """Validate a scenario as `simdist run` does before it simulates: its fields, its cluster, its calibration, the
+    layout, the execution fields and the faults."""
+    from simdist.spec.load import read_yaml
+
+    loaded = api.check_document(read_yaml(scenario), assignments or [], base_dir=scenario.parent,
+                                source=str(scenario))
     p = loaded.spec.parallel
     result = {
         "scenario": str(scenario),

@@ -32,6 +32,7 @@ from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepPlan, build_step, collective_runs, step_memory
+from simdist.plan.step_config import StepConfig
 from simdist.predict.band_ranges import CalibratedRanges
 from simdist.predict.bands import BandWork, band_ratios
 from simdist.predict.engine_step import EngineStep, collector_paused, engine_step, first_replica
@@ -130,6 +131,15 @@ FULL_AUTO_MAX_OPS = 100_000
 hold at most this many ops (about a second or two of simulation)."""
 
 
+def checked_step(spec: ScenarioSpec, topology: Topology, *, base_dir: Path | None = None
+                 ) -> tuple[Any, StepConfig, dict[int, float]]:
+    """(model, step configuration, degraded link factors) of a scenario on its cluster: every check a prediction
+    makes before it simulates (the layout, the execution fields, the faults), the one owner of them (`simdist check`
+    runs it too)."""
+    model = resolve_model(spec.model, base_dir=base_dir)
+    return model, step_config_of(spec, topology, model), degraded_links(spec.faults, topology)
+
+
 def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", base_dir: Path | None = None,
                  compute_efficiency: ComputeEfficiency | None = None, adjust: Adjust | None = None,
                  band_ranges: CalibratedRanges | None = None, simulate: str = "auto", fidelity: str = "engine",
@@ -152,9 +162,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     if fidelity not in FIDELITIES:
         raise LayoutError(f"unknown fidelity '{fidelity}'", field="--fidelity",
                           fix=f"use one of: {', '.join(FIDELITIES)}")
-    model = resolve_model(spec.model, base_dir=base_dir)
-    cfg = step_config_of(spec, topology, model)
-    degraded = degraded_links(spec.faults, topology)
+    model, cfg, degraded = checked_step(spec, topology, base_dir=base_dir)
     if compute_efficiency is not None:
         cfg = dataclasses.replace(cfg, compute_efficiency=compute_efficiency)
     tokens = spec.training.global_batch_size * (model.seq_length if model.kind == "decoder" else 1)
