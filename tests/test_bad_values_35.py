@@ -156,3 +156,35 @@ def test_check_refuses_what_run_refuses(tmp_path, extra):
     check = run_cli(["check", path])
     assert run.one_line_error() and check.one_line_error(), (run.err, check.err)
     assert check.err.splitlines()[-1] == run.err.splitlines()[-1]
+
+
+def test_set_beside_model_is_applied_by_search_and_refused_by_compare():
+    base = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "64", "--global-batch", "64",
+            "--top", "1", "--json", "--rows", "1"]
+    plain = run_cli(base)
+    slow = run_cli([*base, "--set", "training.attention=materialized"])
+    assert plain.code == 0 and slow.code == 0, slow.err
+    a, b = json.loads(plain.out), json.loads(slow.out)
+    assert b["scenario_resolved"]["training"]["attention"] == "materialized"
+    assert b["ranked"][0]["step_time_s"] > a["ranked"][0]["step_time_s"]
+    r = run_cli(["compare", "--model", "gpt3-175b", "--cluster", "dgx-a100:64", "--tokens", "1e9", "--set",
+                 "training.recompute=full"])
+    assert r.one_line_error() and "compare --model has no scenario" in r.err, r.err
+
+
+def test_a_barrier_row_has_no_bandwidth():
+    r = run_cli(["collective", "--cluster", "dgx-h100", "--op", "barrier", "--ranks", "8", "--bytes", "1M"])
+    assert r.code == 0 and r.out.splitlines()[-1].split()[4:6] == ["-", "-"], r.out
+    doc = json.loads(run_cli(["collective", "--cluster", "dgx-h100", "--op", "barrier", "--ranks", "8", "--bytes",
+                              "1M", "--json"]).out)
+    assert doc["rows"][0]["algbw_GBps"] is None and doc["rows"][0]["busbw_GBps"] is None
+    assert doc["rows"][0]["time_s"] > 0
+
+
+def test_a_leaf_cut_off_from_every_spine_is_named_once(tmp_path):
+    extra = {"cluster": {"preset": "dgx-h100", "num_nodes": 4, "inter_node": {"fabric": "fat_tree",
+                                                                             "switch_radix": 16}},
+             "parallel": {"tp": 8, "dp": 4}, "training": {"micro_batch_size": 1, "global_batch_size": 4},
+             "faults": {"failed_links": [{"src": "leaf0", "dst": f"spine{s}"} for s in range(8)]}}
+    r = run_cli(["run", _scenario(tmp_path, **extra), "--fidelity", "closed_form"])
+    assert r.one_line_error() and "leave leaf0 with no spine at all" in r.err, r.err

@@ -40,8 +40,9 @@ class CollectiveRow:
     fidelity: str
     time_s: float
     closed_form_s: float
-    algbw_GBps: float
-    busbw_GBps: float
+    algbw_GBps: float | None
+    """None for a barrier: it moves no payload, so it has no bandwidth (its time is the figure)."""
+    busbw_GBps: float | None
     max_bytes_sent_per_rank: float
     max_bytes_received_per_rank: float
     busiest_links: tuple[dict[str, Any], ...]
@@ -180,8 +181,9 @@ def collective(
             fidelity="fast" if builder is algo.build_fast else "detailed", time_s=run.time_s,
             closed_form_s=(correction.time_s(choice.predicted_s, nbytes, num_ranks) if correction
                            else choice.predicted_s),
-            algbw_GBps=(nbytes / run.time_s / 1e9) if run.time_s > 0 else 0.0,
-            busbw_GBps=(busbw_Bps(op, num_ranks, nbytes, run.time_s) / 1e9) if run.time_s > 0 else 0.0,
+            algbw_GBps=None if op == "barrier" else (nbytes / run.time_s / 1e9) if run.time_s > 0 else 0.0,
+            busbw_GBps=None if op == "barrier" else (busbw_Bps(op, num_ranks, nbytes, run.time_s) / 1e9)
+            if run.time_s > 0 else 0.0,
             max_bytes_sent_per_rank=max(sent), max_bytes_received_per_rank=max(received),
             busiest_links=tuple(_link_load(topology, link, b, run.time_s) for link, b in busiest),
         ))
@@ -225,7 +227,7 @@ def curves_for_report(series: dict[str, list[CollectiveRow]]) -> list[Any]:
     from simdist.report.collective_html import Curve, CurvePoint
 
     return [Curve.of(auto_label(rows) if name == "auto" else name,
-                     [CurvePoint(r.nbytes, r.time_s, r.busbw_GBps * 1e9) for r in rows])
+                     [CurvePoint(r.nbytes, r.time_s, (r.busbw_GBps or 0.0) * 1e9) for r in rows])
             for name, rows in series.items()]
 
 

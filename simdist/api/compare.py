@@ -122,6 +122,10 @@ def compare(model: str | None = None, clusters: list[str] | None = None, gpus: i
         number(days, "--days", low=0.0, low_inclusive=False, example="30")
     bounds = {"max_tp": max_tp, "max_pp": max_pp, "max_cp": max_cp, "max_vpp": max_vpp,
               "max_micro_batch": max_micro_batch, "schedules": tuple(dict.fromkeys(schedules))}
+    if scenario is None and assignments:
+        raise SpecError("--set sets a scenario's fields, and compare --model has no scenario", field="--set",
+                        fix="put the model and training in a scenario file and compare it (simdist compare "
+                            "SCENARIO --cluster ...), or drop --set")
     base = {"scenario": scenario, "assignments": assignments or [], "model": model,
             "global_batch_size": global_batch_size, "seq_length": seq_length, "precision": precision,
             "bounds": bounds}

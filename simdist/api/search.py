@@ -82,6 +82,8 @@ def search(model: str | None = None, cluster: str | None = None, gpus: int | Non
         assert model is not None and cluster is not None and gpus is not None and global_batch_size is not None
         problem = preset_problem(model, cluster, gpus, global_batch_size, seq_length=seq_length,
                                  precision=precision or "bf16", zero3_fetch=zero3_fetch or "prefetch", **bounds)
+        if assignments:  # --set on the scenario the flags describe, as on a scenario file's
+            problem = scenario_problem(_preset_document(problem), assignments, zero3_fetch=zero3_fetch, **bounds)
         return _search_one(problem, results_file=results_file, html=html, **run)
     from simdist.api.search_grid import grid_points, search_grid
 
@@ -141,18 +143,34 @@ def preset_problem(model: str, cluster: str, gpus: int, global_batch_size: int, 
                          seq_length=seq_length, precision=precision, zero3_fetch=zero3_fetch, **bounds)
 
 
-def scenario_problem(scenario: str | Path, assignments: list[str], *, num_gpus: int | None = None,
+def _preset_document(problem: Any) -> Any:
+    """The scenario ``--model --cluster --gpus --global-batch`` stand for, as a document `scenario_problem` reads
+    (``--set`` then applies to it as to a file's)."""
+    from simdist.api.provenance import resolved_scenario
+    from simdist.search.evaluate import base_spec
+    from simdist.spec.load import Document
+
+    data = resolved_scenario(base_spec(problem), base_dir=Path.cwd())
+    data["name"] = f"{problem.model} on {problem.cluster}"
+    return Document(data=data, source="--model")
+
+
+def scenario_problem(scenario: str | Path | Any, assignments: list[str], *, num_gpus: int | None = None,
                      zero3_fetch: str | None = None, cluster: dict[str, Any] | None = None, **bounds: Any) -> Any:
-    """The search problem over a base scenario file: its cluster (``cluster``: another one, as the scenario's
-    ``cluster:`` section), model and training after ``assignments``; ``num_gpus``: the cluster's size (whole
-    nodes). The scenario's own layout is not checked: the search replaces it."""
+    """The search problem over a base scenario file (or a `Document`: `_preset_document`): its cluster
+    (``cluster``: another one, as the scenario's ``cluster:`` section), model and training after ``assignments``;
+    ``num_gpus``: the cluster's size (whole nodes). The scenario's own layout is not checked: the search replaces
+    it."""
     from simdist.api import scenario_assignments, scenario_cluster
     from simdist.api.provenance import resolved_scenario
     from simdist.search.space import SearchProblem, canonical_json
-    from simdist.spec.load import read_yaml
+    from simdist.spec.load import Document, read_yaml
 
-    path = Path(scenario)
-    doc = read_yaml(path)
+    if isinstance(scenario, Document):
+        doc, path = scenario, Path.cwd() / "model.yaml"
+    else:
+        path = Path(scenario)
+        doc = read_yaml(path)
     if cluster is not None:  # compare: the scenario's cluster section replaced, not merged
         data = dict(doc.data)
         data["cluster"] = cluster

@@ -121,8 +121,9 @@ def collective_cmd(
              f"{'busbw(GB/s)':>12}  fidelity"]
     for rows in series.values():
         for r in rows:
+            bw = ("-" if v is None else f"{v:.2f}" for v in (r.algbw_GBps, r.busbw_GBps))  # barrier: no payload
             lines.append(f"  {int(r.nbytes):>12} {r.algorithm:>16} {r.protocol:>6} {r.time_s * 1e6:>11.2f} "
-                         f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}  {r.fidelity}")
+                         f"{next(bw):>12} {next(bw):>12}  {r.fidelity}")
     if measured is not None:
         lines += _compare_lines(api.compare_rows(series, measured), next(iter(series)))
     if html is not None:

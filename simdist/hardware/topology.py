@@ -100,6 +100,7 @@ class Topology:
                 if cut:
                     a, b = cut[0]
                     raise TopologyError(
+                        f"the failed leaf-spine links leave leaf{a} with no spine at all" if a == b else
                         f"the failed leaf-spine links leave leaf{a} and leaf{b} without a spine both reach",
                         field="faults.failed_links", fix="fail fewer uplinks: every pair of leaves needs one spine "
                                                          "they both still reach")
