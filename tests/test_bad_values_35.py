@@ -188,3 +188,10 @@ def test_a_leaf_cut_off_from_every_spine_is_named_once(tmp_path):
              "faults": {"failed_links": [{"src": "leaf0", "dst": f"spine{s}"} for s in range(8)]}}
     r = run_cli(["run", _scenario(tmp_path, **extra), "--fidelity", "closed_form"])
     assert r.one_line_error() and "leave leaf0 with no spine at all" in r.err, r.err
+
+
+@pytest.mark.parametrize("budget", [["--budget-kw", "1e9"], ["--budget-usd-per-hour", "1e12", "--price",
+                                                                 "dgx-a100=2"]])
+def test_an_over_budget_names_the_budget_not_a_flag_compare_lacks(budget):
+    r = run_cli(["compare", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--tokens", "1e9", *budget])
+    assert r.one_line_error() and f"error: {budget[0]}:" in r.err and "--num-nodes" not in r.err, r.err

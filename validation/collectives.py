@@ -55,7 +55,7 @@ from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError
 from simdist.units import parse_size_list
 from validation.machine import device_name, start_rank
-from validation.spawn import HarnessError, cli_guard, doing, launch, partial_path, report
+from validation.spawn import HarnessError, HarnessParser, cli_guard, doing, launch, partial_path, report
 from validation.timing import device_sync, median_s, over_ranks, timed_iterations
 
 __all__ = ["BENCH_OPS", "DEFAULT_OPS", "BenchConfig", "Sample", "benchmark", "host_memory_bytes", "keep_partial",
@@ -246,7 +246,7 @@ def write_samples_csv(samples: list[Sample], path: str | Path, metadata: dict[st
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m validation.collectives", description=__doc__.splitlines()[0])
+    parser = HarnessParser(prog="python -m validation.collectives", description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--bytes", default="1K:1M:x4", help="nccl-tests sizes: 8:8G:x2, 1M:4M:+1M or 1M,64M")
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = benchmark(config, args.ranks, timeout_s=args.timeout, partial=out, progress=True)
     except HarnessError as exc:
-        raise HarnessError(f"{exc}; {keep_partial(exc.items, str(exc), out)}") from None
+        raise exc.amended(keep_partial(exc.items, str(exc), out)) from None
     if result is None or not result[2]:
         return 0  # a torchrun rank other than 0: rank 0 writes the files
     rows, samples, meta = result

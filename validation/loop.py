@@ -49,7 +49,7 @@ from simdist.units import parse_size_list
 from validation.collectives import BENCH_OPS, BenchConfig, benchmark, parse_sizes
 from validation.mlp.harness import ALL_CUTS, CheckResult, StepConfig, run_steps
 from validation.mlp.model import MLPConfig
-from validation.spawn import HarnessError, cli_guard
+from validation.spawn import HarnessError, HarnessParser, cli_guard
 
 __all__ = ["LOOP_OPS", "LoopConfig", "Measured", "Outcome", "fit_and_report", "main", "measure"]
 
@@ -283,7 +283,7 @@ def report_markdown(measured: Measured, validations: dict[str, dict[str, Any]], 
 
 # --------------------------------------------------------------------------- command line
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m validation.loop", description=__doc__.splitlines()[0])
+    parser = HarnessParser(prog="python -m validation.loop", description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--ranks", default="4", help="rank counts, comma list (2,4: also hold out a rank count)")
     parser.add_argument("--topology", default="cpu-loopback", help="the topology preset to calibrate")

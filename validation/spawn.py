@@ -32,6 +32,8 @@ Faults never hang a spawned run, and every message names the rank and what it wa
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import ctypes
 import datetime
 import math
@@ -46,7 +48,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from validation.supervise import REPORTED_EXIT, STOPPED_GRACE_S, Watch, blame, check, read_activity, reap, take
 
@@ -66,9 +68,15 @@ class HarnessError(RuntimeError):
     ``items``: what rank 0 handed over with `report` before the failure (results so far), in order.
     """
 
-    def __init__(self, message: str, items: list[Any] | None = None) -> None:
+    def __init__(self, message: str, items: list[Any] | None = None, status: int = 2) -> None:
         super().__init__(" ".join(message.split()))
         self.items: list[Any] = list(items or [])
+        self.status = status
+        """The CLI's exit status: 2, or 130 for a run stopped by Ctrl-C (`cli_guard`)."""
+
+    def amended(self, note: str) -> HarnessError:
+        """The same failure with ``note`` (where the partial results went) appended."""
+        return HarnessError(f"{self}; {note}", self.items, self.status)
 
 
 def free_port() -> int:
@@ -204,15 +212,41 @@ def launch(
     return _spawn(fn, world_size, backend, args, timeout_s, init_timeout_s, on_item, salvage)
 
 
+class HarnessParser(argparse.ArgumentParser):
+    """The harnesses' argument parser: a bad argument is one `HarnessError` line naming the fix (``--help``), not
+    argparse's usage dump."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise HarnessError(f"{message} (fix: see {self.prog} --help)")
+
+
+def _stderr(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 def cli_guard(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a harness CLI ``main``; a `HarnessError` or simdist error becomes ``error: <one line>``, status 2."""
+    """Run a harness CLI ``main``; a `HarnessError` or simdist error becomes ``error: <one line>``, status 2; Ctrl-C
+    ``interrupted`` (status 130, after the harness kept what it had: its own ``finally``), and a closed stdout ends
+    it quietly (its results are in its files, written before it prints)."""
     from simdist.errors import SimdistError
 
     try:
         return main(argv)
-    except (HarnessError, SimdistError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except HarnessError as exc:
+        _stderr(f"error: {exc}")
+        return exc.status
+    except SimdistError as exc:
+        _stderr(f"error: {exc}")
         return 2
+    except KeyboardInterrupt:
+        _stderr("interrupted")
+        return 130
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "torch":
             raise
@@ -301,16 +335,20 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
     done: dict[int, Any] = {}
     items: list[Any] = []
     failure: str | None = None
+    interrupted = False
     try:
-        while len(done) < world_size and failure is None:
-            try:
-                rank, status, value = results.get(timeout=0.1)
-            except queue.Empty:
-                failure = check(watch, done, deadline, timeout_s, results, items, on_item)
-                continue
-            error = take(status, rank, value, done, items, on_item)
-            if error is not None:
-                failure = blame(watch, done, rank, error)
+        try:
+            while len(done) < world_size and failure is None:
+                try:
+                    rank, status, value = results.get(timeout=0.1)
+                except queue.Empty:
+                    failure = check(watch, done, deadline, timeout_s, results, items, on_item)
+                    continue
+                error = take(status, rank, value, done, items, on_item)
+                if error is not None:
+                    failure = blame(watch, done, rank, error)
+        except KeyboardInterrupt:  # Ctrl-C: stop the ranks, keep what rank 0 reported (the CLIs keep it as partial)
+            failure, interrupted = "interrupted (Ctrl-C)", True
         if failure is None:
             for p in procs:
                 p.join(timeout=max(1.0, deadline - time.monotonic()))
@@ -318,5 +356,5 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
         reap(procs)
         results.close()
     if failure is not None:
-        raise HarnessError(failure, items)
+        raise HarnessError(failure, items, status=130 if interrupted else 2)
     return done[0]

@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import LayoutError, SpecError
+from simdist.errors import LayoutError, LimitError, SpecError
+from simdist.limits import GPUS
 from simdist.units import ascii_int
 
 DEADLINE_MAX_DOUBLINGS = 12
@@ -245,6 +246,11 @@ def _compare_rows(entries: list[tuple[str, int | None]], base: dict[str, Any], b
                 if nodes < 1:
                     rows.append({"cluster": name, "num_gpus": 0, "note": how, "error": "the budget buys no node"})
                     continue
+                if nodes * gpn > GPUS.value:  # the budget's own flag, not --num-nodes (compare has none)
+                    flag = "--budget-usd-per-hour" if budget["usd_per_hour"] is not None else "--budget-kw"
+                    raise LimitError(f"{how}: {nodes * gpn:,} GPUs, above the limit of {GPUS.text()} "
+                                     f"({GPUS.reason})", field=flag,
+                                     fix=f"give a budget of at most {GPUS.value / (nodes * gpn):.3g} x this one")
                 gpus = nodes * gpn
             size, problem = _problem(name, gpus, base, rounded=True)
             if how:  # a budget: the most nodes within it whose GPUs split the global batch (and fit)

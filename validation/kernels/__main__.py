@@ -12,7 +12,7 @@ from simdist.calibrate.kernels import write_kernel_measurements_csv
 from validation.collectives import parse_sizes
 from validation.kernels.measure import KernelRunConfig, keep_partial, measure
 from validation.kernels.shapes import attention_cases, gemm_sweep, memory_cases, parse_attention, scenario_cases
-from validation.spawn import HarnessError, cli_guard
+from validation.spawn import HarnessError, HarnessParser, cli_guard
 
 # Defaults per device: (gemm sizes, attention shapes, memory sizes in elements, largest FLOPs of one kernel)
 DEFAULTS = {
@@ -23,7 +23,7 @@ QUICK = ("16:128:x2", "1,2,64,32", "4K:64K:x4")  # --quick (CPU): tiny shapes, s
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m validation.kernels",
+    parser = HarnessParser(prog="python -m validation.kernels",
                                      description="Time GEMM, attention and memory kernels on one device.")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows, meta = measure(config, timeout_s=args.timeout, partial=args.out)
     except HarnessError as exc:
-        raise HarnessError(f"{exc}; {keep_partial(exc.items, str(exc), args.out)}") from None
+        raise exc.amended(keep_partial(exc.items, str(exc), args.out)) from None
     write_kernel_measurements_csv(rows, args.out, metadata={**meta, **({"notes": "; ".join(notes)} if notes else {})})
     print(f"wrote {len(rows)} kernel measurements to {args.out}")
     return 0

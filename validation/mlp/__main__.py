@@ -13,11 +13,11 @@ from validation.collectives import host_memory_bytes
 from validation.mlp.cuts import DDP_BUCKET_BYTES
 from validation.mlp.harness import ALL_CUTS, StepConfig, keep_partial, run_steps
 from validation.mlp.model import MLPConfig
-from validation.spawn import HarnessError, cli_guard
+from validation.spawn import HarnessError, HarnessParser, cli_guard
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m validation.mlp",
+    parser = HarnessParser(prog="python -m validation.mlp",
                                      description="Check and time the CS336 MLP's data, tensor and pipeline cuts.")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--ranks", type=int, default=2)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         if args.out is None:
             raise
-        raise HarnessError(f"{exc}; {keep_partial(exc.items, str(exc), args.out)}") from None
+        raise exc.amended(keep_partial(exc.items, str(exc), args.out)) from None
     if not meta:
         return 0  # a torchrun rank other than 0
     for r in rows:

@@ -13,14 +13,14 @@ from simdist.calibrate.measurements import write_measurements_csv
 from validation.collectives import host_memory_bytes
 from validation.moe.harness import DTYPES, MoERunConfig, keep_partial, run_moe
 from validation.moe.layer import MoEConfig
-from validation.spawn import HarnessError, cli_guard
+from validation.spawn import HarnessError, HarnessParser, cli_guard
 
 TOLERANCE = 1e-9
 """Largest max |difference| / max |reference| of the float64 check (module doc of validation.moe.harness)."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m validation.moe",
+    parser = HarnessParser(prog="python -m validation.moe",
                                      description="Check and time a small expert-parallel MoE layer.")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--ranks", type=int, default=4, help="ranks = the expert-parallel group")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         if args.out is None and args.kernels_out is None:
             raise
-        raise HarnessError(f"{exc}; {keep_partial(exc.items, str(exc), args.out, args.kernels_out)}") from None
+        raise exc.amended(keep_partial(exc.items, str(exc), args.out, args.kernels_out)) from None
     if not meta:
         return 0  # a torchrun rank other than 0
     for m in a2a:
