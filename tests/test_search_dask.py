@@ -17,7 +17,8 @@ SMALL = SearchProblem("llama3-8b", "dgx-h100", 2, 32, max_cp=1, max_vpp=2, max_m
 def test_dask_local_cluster_matches_in_process():
     feasible, *_ = enumerate_feasible(SMALL)
     local, local_bounded, _, local_new, _ = sweep(SMALL, feasible, Executor())
-    with (distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as lc,
+    with (distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None,
+                                   protocol="tcp://") as lc,
           DaskExecutor(lc.scheduler_address, timeout_s=10) as ex):  # by address, as --dask does
         remote, bounded, interrupted, new, _ = sweep(SMALL, feasible, ex)
     # branch and bound: the same layouts timed exactly, the same ones bounded, whoever runs the batches
@@ -29,3 +30,70 @@ def test_unreachable_scheduler_is_one_clear_error():
     with pytest.raises(SpecError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:9") as info:
         DaskExecutor("tcp://127.0.0.1:9", timeout_s=1)
     assert info.value.field == "--dask" and "\n" not in info.value.one_line()
+
+
+@pytest.mark.parametrize(("address", "words"), [
+    ("ucx://10.0.0.1:8786", "the ucx:// scheme is not supported"),
+    ("tls://10.0.0.1:8786", "the tls:// scheme is not supported"),
+    ("inproc://x/1/2", "the inproc:// scheme is not supported"),
+    ("tcp://10.0.0.1", "not a host:port address"),
+    ("tcp://10.0.0.1:99999", "not a host:port address"),
+    ("tcp://10.0.0.1:8\u00b9", "not a host:port address"),
+])
+def test_only_plain_tcp_addresses(address, words):
+    with pytest.raises(SpecError, match=words) as info:
+        DaskExecutor(address, timeout_s=1)
+    assert info.value.field == "--dask"
+
+
+def _serve(handler):
+    """A TCP server on a free local port running ``handler(conn)`` per connection, in a daemon thread."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=handler, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("kind", ["web server", "silent port"])
+def test_what_is_not_a_dask_scheduler_is_one_line_within_seconds(kind):
+    import time
+
+    def web(conn):
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + b"\xff" * 64)
+
+    def silent(conn):
+        time.sleep(60)
+
+    server = _serve(web if kind == "web server" else silent)
+    start = time.monotonic()
+    try:
+        with pytest.raises(SpecError, match="cannot reach the Dask scheduler") as info:
+            DaskExecutor(f"tcp://127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
+    finally:
+        server.close()
+    assert time.monotonic() - start < 20 and "\n" not in info.value.one_line()
+
+
+def test_a_cluster_without_workers_stops_with_one_line(monkeypatch):
+    from simdist.search import executors
+
+    monkeypatch.setattr(executors, "DASK_NO_WORKER_S", 1.0)
+    with (distributed.LocalCluster(processes=False, n_workers=0, dashboard_address=None, protocol="tcp://") as lc,
+          DaskExecutor(lc.scheduler_address, timeout_s=10) as ex,
+          pytest.raises(SpecError, match="has had no worker for 1 s; 3 evaluation") as info):
+        list(ex.run(abs, [(-1,), (-2,), (-3,)]))
+    assert "--out" in info.value.one_line()

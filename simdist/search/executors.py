@@ -3,6 +3,13 @@
 Every executor takes a function and a list of argument tuples and yields ``(index, result)`` as results
 arrive; callers order results by index, so output order never depends on the executor. Dask is optional
 (``pip install simdist[dask]``) and imported only when ``--dask`` is given.
+
+The Dask scheduler is trusted: it runs simdist's code with the search's inputs, and whatever answers at the address
+is sent them (Dask's own model, distributed.readthedocs.io "Security"). So ``--dask`` takes a plain ``tcp://host:port``
+(or ``host:port``) only, refuses TLS, UCX and in-process schemes with that reason, gives up on an address that does
+not answer as a Dask scheduler within DASK_CONNECT_TIMEOUT_S (a silent port, a web server: one line, never a hang or
+an out-of-memory), and while it waits for results stops with one line when the cluster has had no worker for
+DASK_NO_WORKER_S or the scheduler goes away; the rows finished so far are in the search's results file.
 """
 
 from __future__ import annotations
@@ -15,6 +22,27 @@ from typing import Any
 from simdist.errors import SpecError
 
 DASK_CONNECT_TIMEOUT_S = 10.0
+DASK_NO_WORKER_S = 30.0
+"""Seconds the search waits on a Dask cluster without a single worker before it stops (workers restarting come
+back within seconds)."""
+_DASK_FIX = "start one (dask scheduler; dask worker ADDRESS) or check the address, e.g. tcp://host:8786"
+
+
+def dask_address(address: str) -> str:
+    """``tcp://host:port`` from ``--dask`` (``host:port`` accepted), or a SpecError naming what is wrong."""
+    text = address.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "tcp", text
+    if scheme != "tcp":
+        raise SpecError(f"{address}: the {scheme}:// scheme is not supported (simdist talks to a trusted Dask "
+                        "scheduler over plain tcp://)", field="--dask",
+                        fix="give tcp://host:port (a TLS or UCX cluster: reach it through a tunnel to its tcp port)")
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError(f"{address}: not a host:port address", field="--dask",
+                        fix="give tcp://host:port, e.g. tcp://127.0.0.1:8786")
+    return f"tcp://{host}:{int(port)}"
 
 
 class Executor:
@@ -78,30 +106,90 @@ class DaskExecutor(Executor):
         if not self._own:
             self.client = address
         else:
-            try:
-                self.client = Client(address, timeout=timeout_s)
-            except (OSError, TimeoutError, ValueError) as err:
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise SpecError(f"cannot reach the Dask scheduler at {address} within {timeout_s:g} s ({reason})",
-                                field="--dask", fix="start one (dask scheduler; dask worker ADDRESS) or check the "
-                                                    "address, e.g. tcp://host:8786") from None
-        self.name = f"Dask at {self.client.scheduler.address}"
+            address = dask_address(str(address))
+            self.client = _connect(Client, address, timeout_s)
+        self.address = self.client.scheduler.address
+        self.name = f"Dask at {self.address}"
         self._futures: list[Any] = []
 
     def run(self, fn: Callable[..., Any], jobs: list[tuple]) -> Iterator[tuple[int, Any]]:
-        from distributed import as_completed
+        import time
+
+        from distributed import wait as dask_wait
 
         futures = [self.client.submit(fn, *args, pure=False) for args in jobs]
         self._futures = futures
         index = {f.key: i for i, f in enumerate(futures)}
-        for f in as_completed(futures):
-            yield index[f.key], f.result()
+        pending = set(futures)
+        lonely_since: float | None = None
+        while pending:
+            try:
+                done, _ = dask_wait(list(pending), timeout=2.0, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # nothing finished: is anyone working?
+                done = set()
+            except Exception as err:  # the scheduler went away (CommClosedError, OSError, ...)
+                raise self._lost(err) from None
+            for f in done:
+                pending.discard(f)
+                try:
+                    yield index[f.key], f.result()
+                except (OSError, TimeoutError) as err:
+                    raise self._lost(err) from None
+            if done:
+                lonely_since = None
+                continue
+            try:
+                workers = len(self.client.scheduler_info().get("workers", {}))
+            except Exception as err:
+                raise self._lost(err) from None
+            now = time.monotonic()
+            lonely_since = (lonely_since or now) if workers == 0 else None
+            if lonely_since is not None and now - lonely_since > DASK_NO_WORKER_S:
+                raise SpecError(f"the Dask cluster at {self.address} has had no worker for {DASK_NO_WORKER_S:g} s; "
+                                f"{len(pending)} evaluation(s) wait", field="--dask",
+                                fix="start a worker (dask worker ADDRESS); rerun with the same --out to resume "
+                                    "from the rows already written")
+
+    def _lost(self, err: BaseException) -> SpecError:
+        reason = " ".join(str(err).split())[:160] or type(err).__name__
+        return SpecError(f"lost the Dask scheduler at {self.address} ({reason})", field="--dask",
+                         fix="restart it and rerun with the same --out to resume from the rows already written")
 
     def close(self) -> None:
         if self._futures:
             self.client.cancel(self._futures)
         if self._own:
             self.client.close()
+
+
+def _connect(client_cls: Any, address: str, timeout_s: float) -> Any:
+    """A Dask client of ``address``, or a SpecError within ``timeout_s`` + 5 s whatever answers there: nothing, a
+    silent port (the client's own timeout is not always kept), or a server that is not Dask (whose reply the Dask
+    protocol can read as a huge frame: a MemoryError)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            box["client"] = client_cls(address, timeout=timeout_s)
+        except BaseException as err:  # reported below, whatever it is
+            box["error"] = err
+
+    thread = threading.Thread(target=connect, name="simdist-dask-connect", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 5.0)
+    if "client" in box:
+        return box["client"]
+    err = box.get("error")
+    if err is None:
+        why = f"no answer within {timeout_s + 5:g} s"
+    elif isinstance(err, MemoryError):
+        why = "what answers there is not a Dask scheduler"
+    else:
+        why = " ".join(str(err).split())[:160] or type(err).__name__
+    raise SpecError(f"cannot reach the Dask scheduler at {address} within {timeout_s:g} s ({why})", field="--dask",
+                    fix=_DASK_FIX)
 
 
 def make_executor(*, workers: int = 1, dask: Any = None) -> Executor:
