@@ -195,3 +195,34 @@ def test_a_leaf_cut_off_from_every_spine_is_named_once(tmp_path):
 def test_an_over_budget_names_the_budget_not_a_flag_compare_lacks(budget):
     r = run_cli(["compare", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--tokens", "1e9", *budget])
     assert r.one_line_error() and f"error: {budget[0]}:" in r.err and "--num-nodes" not in r.err, r.err
+
+
+def test_mxfp8_on_another_gpus_nodes_is_refused_as_on_the_cluster(tmp_path):
+    extra = {"cluster": {"preset": "dgx-b200", "num_nodes": 2},
+             "training": {"micro_batch_size": 1, "global_batch_size": 2, "precision": "fp8", "fp8_recipe": "mxfp8"},
+             "faults": {"heterogeneous_nodes": [{"nodes": [1], "gpu": "h100-sxm"}]}}
+    r = run_cli(["run", _scenario(tmp_path, **extra), "--fidelity", "closed_form"])
+    assert r.one_line_error() and "mxfp8 needs Blackwell" in r.err and "heterogeneous_nodes" in r.err, r.err
+    extra["faults"]["heterogeneous_nodes"][0]["gpu"] = "b300"
+    assert run_cli(["run", _scenario(tmp_path, **extra), "--fidelity", "closed_form"]).code == 0
+
+
+def test_compare_prices_goodput_with_the_scenarios_checkpoints(tmp_path):
+    extra = {"cluster": {"preset": "dgx-h100", "num_nodes": 2}, "parallel": {"tp": 8, "dp": 2},
+             "training": {"micro_batch_size": 1, "global_batch_size": 2},
+             "faults": {"checkpoint": {"write": "600 s", "interval": "1200 s", "restart": "900 s"}}}
+    path = _scenario(tmp_path, **extra)
+    run = json.loads(run_cli(["run", path, "--fidelity", "closed_form", "--json"]).out)["goodput"]["fraction"]
+    r = run_cli(["compare", path, "--cluster", "dgx-h100:16", "--tokens", "1e9", "--json"])
+    assert r.code == 0, r.err
+    # write 600 s every 1,200 s: at most 2/3 of the time training, far below the default checkpoints' 0.99+
+    assert json.loads(r.out)["rows"][0]["goodput"] == pytest.approx(run, rel=1e-9) and run < 0.67
+
+
+def test_a_documented_alias_over_the_files_own_name(tmp_path):
+    path = _scenario(tmp_path)  # parallel: {tp: 8, ...}
+    same = run_cli(["check", path, "--set", "parallel.tensor_model_parallel_size=8"])
+    assert same.code == 0, same.err
+    other = run_cli(["check", path, "--set", "parallel.tensor_model_parallel_size=4"])
+    assert other.one_line_error() and "tp (8) and tensor_model_parallel_size (4) name the same field" in other.err
+    assert "unknown field" not in other.err

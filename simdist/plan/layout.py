@@ -343,6 +343,10 @@ def _with_other_gpus(cfg: StepConfig, spec: ScenarioSpec, topology: Topology) ->
         if cfg.precision == "fp8" and gpu.peak_flops("fp8") <= 0:
             raise SpecError(f"{gpu.name} has no fp8 tensor cores, and the step trains in fp8", field=f"{field}.gpu",
                             fix="give a GPU with fp8 (Hopper or Blackwell), or train in bf16")
+        if cfg.precision == "fp8" and spec.training.fp8_recipe == "mxfp8" and architecture(gpu).name not in BLACKWELL:
+            # the same rule check_fp8 applies to the cluster's own GPU: every GPU of the step runs the recipe
+            raise SpecError(f"fp8_recipe mxfp8 needs Blackwell block-scaled tensor cores; {gpu.name} has none",
+                            field=f"{field}.gpu", fix="give a Blackwell GPU, or use delayed, tensorwise or blockwise")
         # the same host costs (the host is not the GPU), the other GPU's uncalibrated kernel model
         other = chunk_cost(dataclasses.replace(cfg, gpu=gpu, compute_efficiency=None, host=cfg.host_overhead),
                            cfg.part_layers(0), True, cfg.mesh.pp * cfg.vpp == 1)

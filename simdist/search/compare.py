@@ -113,12 +113,13 @@ def compare_row(size: ClusterSize, outcome: SearchOutcome, *, tokens: float, pri
     extra: dict[str, Any] = {}
     if num_params is not None:
         from simdist.predict.goodput import goodput
-        from simdist.spec.faults import CheckpointSpec
+        from simdist.search.evaluate import base_spec
 
         inter = ctx_topology.spec.inter_node
+        # the scenario's own checkpoint settings (faults.checkpoint), as `simdist run` prices its goodput
         good = goodput(num_gpus=size.num_gpus, num_hosts=size.num_nodes,
                        num_nics=(inter.nics_per_node if inter is not None else 0) * size.num_nodes,
-                       num_params=num_params, checkpoint=CheckpointSpec())
+                       num_params=num_params, checkpoint=base_spec(outcome.problem).faults.checkpoint)
         extra = {"goodput": good["fraction"], "mtbf_s": good["mtbf_s"],
                  "time_to_train_with_failures_days": train_s / 86400.0 / good["fraction"] if good["fraction"] > 0
                  else None}

@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
 
 from simdist.errors import UnitError
 from simdist.limits import (
@@ -37,6 +47,28 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False,
                               defer_build=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_per_field(cls, data: Any) -> Any:
+        """A field given under two of its names (``tp`` in a file and ``--set parallel.tensor_model_parallel_size``):
+        one value under both is kept once; two values are one error naming both (pydantic would keep one and call
+        the other an unknown field)."""
+        if not isinstance(data, dict):
+            return data
+        for info in cls.model_fields.values():
+            alias = info.validation_alias
+            if not isinstance(alias, AliasChoices):
+                continue
+            present = [c for c in alias.choices if isinstance(c, str) and c in data]
+            if len(present) < 2:
+                continue
+            if len({repr(data[n]) for n in present}) > 1:
+                shown = " and ".join(f"{n} ({data[n]!r})" for n in present)
+                raise FieldProblem((present[-1],), f"{shown} name the same field (fix: give one of them, e.g. set "
+                                                   f"{present[0]} where {present[-1]} is set)")
+            data = {k: v for k, v in data.items() if k not in present[1:]}
+        return data
 
 
 def _bounds(what: str, low: Limit | None, high: Limit | None, raw: object, value: float) -> float:
