@@ -226,3 +226,17 @@ def test_a_documented_alias_over_the_files_own_name(tmp_path):
     other = run_cli(["check", path, "--set", "parallel.tensor_model_parallel_size=4"])
     assert other.one_line_error() and "tp (8) and tensor_model_parallel_size (4) name the same field" in other.err
     assert "unknown field" not in other.err
+
+
+def test_zb_h1_with_full_recompute_simulates_every_rank(tmp_path):
+    # the recompute's forward all-reduces and the backward's share a name under zb_h1 (both 'B0 all_reduce x4'):
+    # each pairs with its own kind on the tp peer, so no collective waits for itself (no false deadlock)
+    extra = {"model": {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 512,
+                       "vocab_size": 32000},
+             "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "parallel": {"tp": 2, "pp": 4},
+             "training": {"micro_batch_size": 1, "global_batch_size": 8, "recompute": "full"}, "schedule": "zb_h1"}
+    path = _scenario(tmp_path, **extra)
+    full = run_cli(["run", path, "--simulate", "full", "--json"])
+    reps = run_cli(["run", path, "--json"])
+    assert full.code == 0 and reps.code == 0, full.err
+    assert json.loads(full.out)["step_time_s"] == pytest.approx(json.loads(reps.out)["step_time_s"], rel=1e-9)

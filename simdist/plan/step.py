@@ -447,14 +447,20 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
 
 
 def _link_instances(graph: OpGraph) -> None:
-    """Give the member ops of one collective (same group, op, size, step) on different ranks one sync id."""
+    """Give the member ops of one collective (same group, op, size, step) on different ranks one sync id.
+
+    One step may hold two alike collectives on a rank (a full recompute's forward all-reduces and the backward's,
+    both ``B0 all_reduce x4`` under zb_h1): the k-th of them on one rank pairs with the k-th on another (an ordinal in
+    the key), never with its own rank's other one, which would wait for itself."""
     by_key: dict[tuple, list[int]] = {}
+    seen: dict[tuple, int] = {}
     for i, op in enumerate(graph.ops):
         c = op.comm
         if c is not None and c.op != "send_recv":
-            by_key.setdefault((c.op, c.ranks, c.nbytes, c.imbalance, c.count, op.name, op.microbatch, op.chunk,
-                               op.stage),
-                              []).append(i)
+            key = (c.op, c.ranks, c.nbytes, c.imbalance, c.count, op.name, op.microbatch, op.chunk, op.stage)
+            ordinal = seen.get((key, op.rank), 0)
+            seen[(key, op.rank)] = ordinal + 1
+            by_key.setdefault((*key, ordinal), []).append(i)
     next_id = 0
     for members in by_key.values():
         if len({graph.ops[i].rank for i in members}) > 1:
