@@ -240,3 +240,11 @@ def test_zb_h1_with_full_recompute_simulates_every_rank(tmp_path):
     reps = run_cli(["run", path, "--json"])
     assert full.code == 0 and reps.code == 0, full.err
     assert json.loads(full.out)["step_time_s"] == pytest.approx(json.loads(reps.out)["step_time_s"], rel=1e-9)
+
+
+def test_a_skewed_dp_batch_split_is_in_the_work_estimate(tmp_path):
+    extra = {"cluster": {"preset": "dgx-h100", "num_nodes": 2}, "parallel": {"tp": 8, "dp": 2},
+             "training": {"micro_batch_size": 1, "global_batch_size": 4_000_000,
+                          "dp_batch_split": [1, 3_999_999]}}
+    r = run_cli(["run", _scenario(tmp_path, **extra)], timeout_s=30)
+    assert r.one_line_error() and "3,999,999 micro-batch(es)" in r.err, r.err

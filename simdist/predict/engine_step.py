@@ -323,7 +323,8 @@ def engine_step(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full
                 own.close()
         if found_step is not None:
             return found_step or None
-    check(M)
+    # unequal local batches (dp_batch_split): the busiest replica's micro-batches bound the work, not replica 0's
+    check(max(cfg.microbatches(d) for d in range(cfg.mesh.dp)) if cfg.dp_batch_split is not None else M)
     plan, priced = priced_plan(cfg, topology, adjust, full, None)
     if rather(plan, priced):
         return None
