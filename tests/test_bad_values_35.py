@@ -5,6 +5,7 @@ measurement times in the wrong unit."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -248,3 +249,18 @@ def test_a_skewed_dp_batch_split_is_in_the_work_estimate(tmp_path):
                           "dp_batch_split": [1, 3_999_999]}}
     r = run_cli(["run", _scenario(tmp_path, **extra)], timeout_s=30)
     assert r.one_line_error() and "3,999,999 micro-batch(es)" in r.err, r.err
+
+
+def test_a_report_reads_files_outside_its_folder_only_when_trusted(tmp_path):
+    fixture = Path(__file__).resolve().parent / "data" / "topologies" / "tiny-graph-odd-link.yaml"
+    extra = {"cluster": {"file": str(fixture)}, "parallel": {"tp": 4, "dp": 2},
+             "training": {"micro_batch_size": 1, "global_batch_size": 2}}
+    out = tmp_path / "out"
+    first = run_cli(["run", _scenario(tmp_path, **extra), "--fidelity", "closed_form", "--out", str(out)])
+    assert first.code == 0, first.err
+    refused = run_cli(["run", str(out / "report.json")])
+    assert refused.one_line_error() and "outside the report's folder" in refused.err, refused.err
+    assert "--trust-paths" in refused.err
+    trusted = run_cli(["run", str(out / "report.json"), "--trust-paths", "--json"])
+    assert trusted.code == 0 and f"reads {fixture}" in trusted.err, trusted.err
+    assert json.loads(trusted.out)["step_time_s"] == json.loads((out / "report.json").read_text())["step_time_s"]

@@ -151,7 +151,7 @@ def predict(spec: ScenarioSpec, topology: Topology | None = None, *, fidelity: s
 
 def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str | Path | None = None,
         strict: bool = False, calibration: str | Path | None = None, simulate: str | None = None,
-        fidelity: str | None = None, timeline: bool = False) -> RunOutput:
+        fidelity: str | None = None, timeline: bool = False, trust_paths: bool = False) -> RunOutput:
     """Predict one training step of a scenario file (``simdist run``).
 
     Writes ``report.json``, ``trace.json`` (Chrome/Perfetto), ``report.html`` and, where the step was simulated,
@@ -164,9 +164,11 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     ``prediction`` (as ``out_dir`` does).
 
     ``path`` may also be a ``report.json`` that `run` wrote: its ``scenario_resolved`` runs again, with the
-    simulate and fidelity it recorded unless given (simdist.api.provenance), so the numbers are the same.
+    simulate and fidelity it recorded unless given (simdist.api.provenance), so the numbers are the same. The files
+    such a report names (cluster file, hf_config, calibration) are read only inside the report's folder unless
+    ``trust_paths`` (a report from elsewhere must not make simdist read any file here); each is reported.
     """
-    from simdist.api.provenance import scenario_document_of_report
+    from simdist.api.provenance import check_report_paths, scenario_document_of_report
     from simdist.files import check_target
 
     if out_dir is not None:  # refuse an unwritable target before reading anything
@@ -180,6 +182,7 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
             raise SpecError(f"{path} is JSON but not a report of simdist run (no 'scenario_resolved')",
                             field="SCENARIO", fix="give a scenario YAML file or a report.json of simdist run --out")
         options = report.get("run_options") if isinstance(report.get("run_options"), dict) else {}
+        check_report_paths(doc, Path(path), trust=trust_paths)
     if doc is None:
         doc = read_yaml(path)
     return run_document(doc, assignments, base_dir=Path(path).parent, source=str(path),

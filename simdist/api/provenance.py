@@ -60,6 +60,33 @@ def inputs_sha256(scenario: dict[str, Any], topology: Topology, options: dict[st
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+REPORT_PATHS = (("cluster", "file"), ("cluster", "preset"), ("model", "hf_config"), ("calibration",))
+"""Where a resolved scenario names a file (a cluster preset may be a topology file's path)."""
+
+
+def check_report_paths(doc: Document, report: Path, *, trust: bool) -> None:
+    """Refuse (unless ``trust``) a report whose scenario names a file outside the report's folder, and say which files
+    a report reads: a report.json from elsewhere is input like any other, and must not make simdist read any file
+    of this machine (its paths were absolute where it was written)."""
+    from simdist.errors import note
+
+    folder = report.resolve().parent
+    for path in REPORT_PATHS:
+        node: Any = doc.data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, str) or (path[-1] == "preset" and Path(node).suffix not in (".yaml", ".yml")):
+            continue
+        target = Path(node) if Path(node).is_absolute() else folder / node
+        inside = target.resolve().is_relative_to(folder)
+        field = ".".join(path)
+        if not inside and not trust:
+            raise SpecError(f"{report} names {node} ({field}), outside the report's folder: a report from elsewhere "
+                            "could make simdist read any file here", field="--trust-paths",
+                            fix=f"copy that file next to the report, or pass --trust-paths to read {node}")
+        note(f"{report} reads {target} ({field})")
+
+
 def scenario_document_of_report(data: Any, source: str) -> Document | None:
     """The scenario a ``report.json`` of `simdist run` records (its ``scenario_resolved``), or None when ``data``
     is not such a report."""

@@ -190,10 +190,13 @@ def run_cmd(
     fidelity: Annotated[str | None, typer.Option(
         "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
                            "what search ranks by); default engine (a report.json: the one it recorded)")] = None,
+    trust_paths: Annotated[bool, typer.Option(
+        "--trust-paths", help="a report.json may read the files it names (cluster file, hf_config, calibration) "
+                              "outside its own folder")] = False,
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
     output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,
-                     simulate=simulate, fidelity=fidelity)
+                     simulate=simulate, fidelity=fidelity, trust_paths=trust_paths)
     if as_json:
         _print_json(output.result)
         return
