@@ -83,6 +83,12 @@ def test_cli_writes_the_file_and_topo_show_reads_it(tmp_path):
     ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n", [], "nvidia-smi topo -m does not name the GPU"),
     ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n", ["--gpu", "h900"], "h900"),
     ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\n", ["--gpu", "h100-sxm"], "row GPU1 has 1 recognisable cells"),
+    # a billion-laughs entity bomb and an external entity: expat refuses both (nothing expanded, nothing read)
+    ("<?xml version='1.0'?>\n<!DOCTYPE l [<!ENTITY a 'aaaaaaaaaa'>" + "".join(
+        f"<!ENTITY {chr(98 + i)} '{('&' + chr(97 + i) + ';') * 10}'>" for i in range(8))
+     + "]>\n<system version='1'><cpu numaid='0' d='&i;'/></system>\n", ["--gpu", "h100-sxm"], "not well-formed XML"),
+    ("<?xml version='1.0'?>\n<!DOCTYPE x [<!ENTITY e SYSTEM 'file:///etc/passwd'>]>\n"
+     "<system version='1'><cpu numaid='0' d='&e;'/></system>\n", ["--gpu", "h100-sxm"], "external entity"),
 ])
 def test_bad_descriptions_exit_2_with_one_line(tmp_path, content, args, words):
     path = tmp_path / "machine.txt"
