@@ -205,6 +205,23 @@ def _read_json(path: str | Path) -> Any:
 RUN_FILES = ("report.json", "trace.json", "report.html")
 
 
+def _calibrated_scenario(doc: Document | dict[str, Any], assignments: list[str] | None, *,
+                         base_dir: str | Path | None, source: str, calibration: str | Path | None
+                         ) -> tuple[Scenario, Any, Path, list[str]]:
+    """(scenario after its calibration's and the caller's assignments, the loaded calibration, the base folder, the
+    caller's assignments normalised): what `check_document` and `run_document` both start from."""
+    from simdist.api.calibration import _scenario_calibration
+
+    if not isinstance(doc, Document):
+        doc = scenario_document(doc, source)
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    items = scenario_assignments(assignments or [])
+    cal, cal_assignments = _scenario_calibration(doc.with_assignments(items) if items else doc, base, calibration)
+    every = [*cal_assignments, *items]
+    scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
+    return scenario, cal, base, items
+
+
 def check_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
                    base_dir: str | Path | None = None, source: str = "", calibration: str | Path | None = None
                    ) -> Scenario:
@@ -212,17 +229,11 @@ def check_document(doc: Document | dict[str, Any], assignments: list[str] | None
     calibration it names (or ``calibration``) applied to them, the model, the layout, the execution fields and the
     faults (simdist.predict.step.checked_step). ``simdist check`` says ok exactly where ``simdist run`` would
     start simulating."""
-    from simdist.api.calibration import _calibration_hooks, _scenario_calibration
+    from simdist.api.calibration import _calibration_hooks
     from simdist.predict.step import checked_step
 
-    if not isinstance(doc, Document):
-        doc = scenario_document(doc, source)
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    assignments = scenario_assignments(assignments or [])
-    cal, cal_assignments = _scenario_calibration(doc.with_assignments(assignments) if assignments else doc, base,
-                                                 calibration)
-    every = [*cal_assignments, *assignments]
-    scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
+    scenario, cal, base, _ = _calibrated_scenario(doc, assignments, base_dir=base_dir, source=source,
+                                                  calibration=calibration)
     _calibration_hooks(cal, scenario.topology)
     checked_step(scenario.spec, scenario.topology, base_dir=base)
     return scenario
@@ -234,21 +245,14 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
                  fidelity: str = "engine", timeline: bool = False) -> RunOutput:
     """`run` of a scenario given as data (a `Document` read from a file, or a plain dict): no file is written
     but the reports in ``out_dir``. ``base_dir``: where the scenario's relative paths start (default: here)."""
-    from simdist.api.calibration import _scenario_calibration
     from simdist.files import check_target, json_text, write_files
     from simdist.predict.step import link_counters
     names = RUN_FILES
     if out_dir is not None:  # refuse an unwritable target now, not after the simulation
         for name in names:
             check_target(Path(out_dir) / name, field="--out")
-    if not isinstance(doc, Document):
-        doc = scenario_document(doc, source)
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    assignments = scenario_assignments(assignments or [])
-    cal, cal_assignments = _scenario_calibration(doc.with_assignments(assignments) if assignments else doc, base,
-                                                 calibration)
-    every = [*cal_assignments, *assignments]
-    scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
+    scenario, cal, base, assignments = _calibrated_scenario(doc, assignments, base_dir=base_dir, source=source,
+                                                            calibration=calibration)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
                          base_dir=base, source=source, calibration=cal, timeline=timeline or out_dir is not None)
     result = _with_provenance(prediction.result, scenario, assignments, base=base, calibration=calibration,

@@ -73,27 +73,32 @@ def _import_fabric(text: str, source: str, *, name: str | None, node: str | None
                 description=f"{base.get('description', node)}; fabric imported from ibnetdiscover ({source})",
                 num_nodes=draft.num_nodes, inter_node=inter)
     notes = [*draft.notes, f"the servers' inside is {node}'s"]
-    if "node" in base:
-        out = render(base, notes, source)
-    else:
-        head = [f"# Imported by `simdist topo import` from {source} on {dt.date.today().isoformat()}."]
-        out = "\n".join([*head, *(f"# Assumption: {a}" for a in notes),
-                         yaml.safe_dump(base, sort_keys=False, width=120).rstrip()]) + "\n"
+    out = render(base, notes, source)
     spec = validate(TopologySpec, parse_yaml(out, f"the topology imported from {source}"))
     return out, Topology(spec), notes
 
 
 def render(doc: dict[str, Any], assumptions: list[str], source: str) -> str:
     """The topology file: a header (where it came from, what was assumed), then the fields, one link per line."""
-    head = [f"# Imported by `simdist topo import` from {source} on {dt.date.today().isoformat()}.",
-            "# The node is given as a graph (simdist/spec/node_graph.py); edit links or add an inter_node fabric "
-            "as needed."]
+    head = [f"# Imported by `simdist topo import` from {source} on {dt.date.today().isoformat()}."]
+    if "node" in doc:
+        head.append("# The node is given as a graph (simdist/spec/node_graph.py); edit links or add an inter_node "
+                    "fabric as needed.")
     head += [f"# Assumption: {a}" for a in assumptions]
     top = {k: v for k, v in doc.items() if k not in ("node", "inter_node")}
-    lines = [*head, yaml.safe_dump(top, sort_keys=False, width=120).rstrip(), "node:"]
-    node = doc["node"]
+    lines = [*head, yaml.safe_dump(top, sort_keys=False, width=120).rstrip()]
+    if "node" in doc:
+        lines += ["node:", *_node_lines(doc["node"])]
+    if "inter_node" in doc:
+        lines.append(yaml.safe_dump({"inter_node": doc["inter_node"]}, sort_keys=False, width=120).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _node_lines(node: dict[str, Any]) -> list[str]:
+    """A node graph's section, one vertex and one link per line."""
+    lines: list[str] = []
     flow = _flow
-    if node["vertices"]:
+    if node.get("vertices"):
         lines.append("  vertices:")
         lines += [f"    - {flow(v)}" for v in node["vertices"]]
     if "efficiency" in node:
@@ -101,9 +106,7 @@ def render(doc: dict[str, Any], assumptions: list[str], source: str) -> str:
                      "(hardware/data/nvlink_links.csv)")
     lines.append("  links:")
     lines += [f"    - {flow(lk)}" for lk in node["links"]]
-    if "inter_node" in doc:
-        lines.append(yaml.safe_dump({"inter_node": doc["inter_node"]}, sort_keys=False, width=120).rstrip())
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _flow(value: dict[str, Any]) -> str:
