@@ -164,10 +164,19 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     cost_tokens = []
     recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
     simple: list[_Simple | None] = [None] * (len(chunks) * 6)
-    for c, (n, first, last_part) in enumerate(chunks):
+    seen: dict[tuple[LayerKinds, bool, bool], int] = {}
+    for c, chunk in enumerate(chunks):
+        n, first, last_part = chunk
         cost, cost_token = chunk_cost_entry(cfg, n, first, last_part, cost_config)
         costs.append(cost)
         cost_tokens.append(cost_token)
+        same = seen.setdefault(chunk, c)
+        if same != c:  # an interleaved stage's chunks of the same layers: the same priced recipes (same keys)
+            for kind in kinds:
+                for edge in (False, True):
+                    code, code_ = recipe_code(c, kind, edge), recipe_code(same, kind, edge)
+                    recipes[code], simple[code] = recipes[code_], simple[code_]
+            continue
         for kind in kinds:
             for edge in (False, True):
                 r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
@@ -217,22 +226,33 @@ class _Geometry:
 
 def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     """Where each stage sits (see `_Geometry`), memoised by what decides it: the mesh, the layer split and the
-    send's bytes (a search's layouts share their mesh across micro-batch sizes, recompute and ZeRO stages)."""
+    send's bytes (a search's layouts share their mesh across micro-batch sizes, recompute and ZeRO stages). The
+    placement part (groups, shapes, chunks, send pairs: `_find_geometry`) is memoised without the bytes, so the
+    layouts of one mesh and split that send different bytes (micro-batch sizes) find it once."""
     p2p = send(cfg)
     key = ("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp, p2p.op, p2p.nbytes)
-    return pricer.memo(key, lambda: _find_geometry(cfg, pricer))
+    return pricer.memo(key, lambda: _sized_geometry(cfg, pricer, p2p.op, p2p.nbytes))
+
+
+def _sized_geometry(cfg: StepConfig, pricer: CommPricer, op: str, nbytes: float) -> list[_Geometry]:
+    placed = pricer.memo(("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp),
+                         lambda: _find_geometry(cfg, pricer))
+    return [dataclasses.replace(g, sends=tuple(
+        (index, pricer.key(op, pair, nbytes) if nbytes > 0 else None)  # the key `CommPricer.time_s` prices
+        for index, pair in g.sends)) for g in placed]
 
 
 def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
+    """`_geometry` without the send's bytes: each send as its (index, pair of ranks)."""
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
     kinds = _part_kinds(cfg)
-    p2p = send(cfg)
     # (size, stride or offsets) of every group axis: the same for every stage, whose groups differ in their first rank
     # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
     shapes = {axis: mesh.shape(axis) for axis in GROUP_AXES if axis != "pp"}
+    stage_ranks = [mesh.rank(pp=s) for s in range(K)]
     out = []
     for s in range(K):
-        rank = mesh.rank(pp=s)
+        rank = stage_ranks[s]
         # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
         # of the two generators agree: simdist.plan.layout.check_experts)
         groups = {axis: (rank, *shape) for axis, shape in shapes.items()}
@@ -244,10 +264,7 @@ def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
             for kind, step in (("F", 1), ("B", -1)):
                 part = c * K + s + step
                 if 0 <= part < K * V and part % K != s:
-                    pair = (rank, mesh.rank(pp=part % K))
-                    # the pair and bytes `CommPricer.time_s` prices (none: it takes no time)
-                    sends.append((c * 3 + KIND_INDEX[kind], pricer.key(p2p.op, pair, p2p.nbytes)
-                                  if p2p.nbytes > 0 else None))
+                    sends.append((c * 3 + KIND_INDEX[kind], (rank, stage_ranks[part % K])))
         shape = pricer.shape_key(groups)
         out.append(_Geometry(rank, groups, shape, chunks, tuple(sends), token(("stage", chunks, shape))))
     return out

@@ -55,13 +55,18 @@ class ContendedPricer(CommPricer):
     # both scale with it; where the tuner switches algorithm between sizes, the reference size's stands).
     """
 
-    def __init__(self, topology: Topology, mesh: Mesh, alone: CommPricer | None = None) -> None:
+    def __init__(self, topology: Topology, mesh: Mesh, alone: CommPricer | None = None,
+                 shared: dict[tuple, float] | None = None) -> None:
         super().__init__(topology)
         self._gpn = self._period = 0  # every group priced where it is (`CommPricer._position`)
         self.mesh = mesh
         self.alone = alone if alone is not None else CommPricer(topology)
         self._axes = tuple(a for a in TRANSLATE_AXES if mesh.size(a) > 1)
         self._factors: dict[tuple, float] = {}
+        # factors by what decides them (op, imbalance, the group and its translates placed), shared by the pricers
+        # of every mesh on one topology: meshes that differ only in axes a group and its translates fill alike
+        # (tp 4 innermost, whatever pp and dp) place the same images and get one price_comm between them
+        self._shared = shared if shared is not None else {}
 
     def factor(self, op: str, placed: tuple[int, ...], imbalance: float = 1.0) -> float:
         """How many times longer the transfer of ``op`` on the group ``placed`` takes beside its translates than
@@ -75,11 +80,15 @@ class ContendedPricer(CommPricer):
                 hit = self._factors[key] = 1.0
                 return hit
             images = self._images(placed)
-            priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
-                                translates=images if len(images) > 1 else None)
-            transfer = priced.time_s - priced.latency_s
-            hit = self._factors[key] = max(1.0, class_bottleneck_s(self.topology, priced) / transfer) \
-                if transfer > 0 else 1.0
+            placed_key = (op, placed, imbalance, images.shape, images.tobytes())
+            hit = self._shared.get(placed_key)
+            if hit is None:
+                priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
+                                    translates=images if len(images) > 1 else None)
+                transfer = priced.time_s - priced.latency_s
+                hit = self._shared[placed_key] = max(1.0, class_bottleneck_s(self.topology, priced) / transfer) \
+                    if transfer > 0 else 1.0
+            self._factors[key] = hit
         return hit
 
     def _images(self, placed: tuple[int, ...]) -> np.ndarray:

@@ -48,6 +48,8 @@ class Context:
     """The problem as a scenario; every candidate is a copy with its layout set."""
     contended: dict[Mesh, ContendedPricer] = field(default_factory=dict)
     """A contention-aware pricer per mesh (`contended_pricer`), kept for the candidates that share the mesh."""
+    factors: dict[tuple, float] = field(default_factory=dict)
+    """Contention factors by group and translates placed, shared by the meshes' pricers (ContendedPricer)."""
 
 
 def contended_pricer(ctx: Context, mesh: Mesh) -> ContendedPricer:
@@ -56,7 +58,7 @@ def contended_pricer(ctx: Context, mesh: Mesh) -> ContendedPricer:
     if hit is None:
         if len(ctx.contended) >= 64:
             ctx.contended.clear()
-        hit = ctx.contended[mesh] = ContendedPricer(ctx.topology, mesh, ctx.pricer)
+        hit = ctx.contended[mesh] = ContendedPricer(ctx.topology, mesh, ctx.pricer, ctx.factors)
     return hit
 
 
