@@ -251,7 +251,9 @@ def test_breakdown_adds_up():
 def test_search_lower_bound_never_exceeds_the_closed_form(x):
     # simdist.search.rank's branch and bound rules out a layout whose lower bound is slower than the incumbent: it
     # is sound only if the bound is a bound of the exact closed form, on every kind of layout.
-    from simdist.analytic.bound import lower_bound_s
+    # The search's first screen, compute alone, must be a bound of that bound (it refines a layout only where the
+    # compute bound cannot rule it out), and above zero (every layout computes).
+    from simdist.analytic.bound import compute_bound_s, lower_bound_s
 
     made = _config(x)
     if made is None:
@@ -261,3 +263,4 @@ def test_search_lower_bound_never_exceeds_the_closed_form(x):
     exact = analytic_step(cfg, pricer).step_time_s
     bound = lower_bound_s(cfg, pricer)
     assert 0 < bound <= exact * (1 + 1e-12)
+    assert 0 < compute_bound_s(cfg) <= bound * (1 + 1e-12)

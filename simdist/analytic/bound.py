@@ -1,8 +1,10 @@
-"""A lower bound of a layout's step, O(stages x chunks): what `simdist search` screens layouts with before it times
+"""Lower bounds of a layout's step, O(stages x chunks): what `simdist search` screens layouts with before it times
 the survivors with the exact closed form (simdist.analytic.step, simdist.search.rank's branch and bound).
 
-It reads the same priced stages (recipes, sends, tails) as the closed form, so it can never exceed it
-(tests/test_search.py checks bound <= exact).
+`lower_bound_s` reads the same priced stages (recipes, sends, tails) as the closed form, so it can never exceed it
+(tests/test_search.py checks bound <= exact). `compute_bound_s` reads only the chunks' compute seconds (no recipe,
+no collective priced): a looser bound, about 5x cheaper cold, that the search screens every layout with first
+(below `lower_bound_s` by construction: tests/test_search.py).
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces
+from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces, chunk_cost_entry, chunk_cost_key, token
 from simdist.analytic.program import KIND_INDEX, recipe_code
-from simdist.analytic.step import _DP, _num_microbatches, _Stage, _stages
+from simdist.analytic.step import _DP, _num_microbatches, _part_kinds, _Stage, _stages
 from simdist.plan.recipe import is_edge
 from simdist.plan.schedule import schedule_order
 from simdist.plan.step_config import StepConfig
 
-__all__ = ["lower_bound_s"]
+__all__ = ["compute_bound_s", "lower_bound_s"]
 
 
 def _span(r: PricedPieces) -> float:
@@ -78,6 +80,37 @@ def _sums(st: _Stage, V: int, kinds: tuple[str, ...]) -> _Sums:
         box[1] = _Sums(span, dp, sum(d for d, cat in zip(t.durations, t.categories, strict=True) if cat == "optimizer"),
                        sum(d for d, sc in zip(t.durations, t.streams, strict=True) if sc == _DP))
     return box[1]
+
+
+def compute_bound_s(cfg: StepConfig) -> float:
+    """A lower bound of `lower_bound_s` (and so of the closed-form and engine steps) from compute alone: its terms
+    with each step recipe's span replaced by the compute seconds of its chunk (simdist.plan.chunk_cost, cached as
+    the closed form caches it), its sends, optimizer and dp stream left out.
+
+    Every step recipe runs its chunk's compute on the one compute stream, from its first piece to its last, each
+    piece at least its share of these seconds (host gaps, interference taxes and a straggler's factor only add to
+    them; zb_h1 splits the backward over B and W, both summed in the work), so a recipe's span is at least its
+    chunk's forward (F) or recompute + backward (B) seconds. Stage s then runs after micro-batch 0's chunk-0
+    forwards of the stages before it (fill), M steps of each of its chunks (work), and, but for zb_h1, before the
+    chunk-0 backwards of the stages before it drain (Narayanan et al. 2021 sec 2.2.1's (M + K - 1)(t_f + t_b))."""
+    M = _num_microbatches(cfg)
+    K, V = cfg.mesh.pp, cfg.vpp
+    kinds = _part_kinds(cfg)
+    config = token(chunk_cost_key(cfg))
+    drains = cfg.schedule != "zb_h1"  # zb_h1's last chunk-0 backward may be followed by deferred W steps
+    best = fill = drain = 0.0
+    for s in range(K):
+        work = first_f = first_b = 0.0
+        for c in range(len(cfg.stage_chunks(s))):
+            part = c * K + s
+            cost = chunk_cost_entry(cfg, kinds[part], part == 0, part == K * V - 1, config)[0]
+            work += cost.forward_s + cost.backward_s + cost.recompute_s
+            if c == 0:
+                first_f, first_b = cost.forward_s, cost.backward_s + cost.recompute_s
+        best = max(best, fill + M * work + (drain if drains else 0.0))
+        fill += first_f
+        drain += first_b
+    return best
 
 
 def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simdist.analytic.bound import lower_bound_s
+from simdist.analytic.bound import compute_bound_s, lower_bound_s
 from simdist.analytic.step import CommPricer, analytic_step
 from simdist.errors import SimdistError, SpecError
 from simdist.hardware import load_topology
@@ -170,18 +170,33 @@ def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str
     return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg), **step.as_dict()}
 
 
+def _bound_row(problem: SearchProblem, c: Candidate, cfg: StepConfig, bound: float, kind: str) -> dict[str, Any]:
+    ctx = context(problem)
+    tokens = problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
+    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg),
+            "step_time_lower_bound_s": bound, "tokens_per_s_upper_bound": tokens / bound if bound > 0 else 0.0,
+            "lower_bound": kind}
+
+
+def quick_screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:
+    """`screen_batch` with the looser compute-only bound (simdist.analytic.bound.compute_bound_s): every layout's
+    first screen, cheap; the search refines it with `screen_batch` only where it cannot rule a layout out."""
+    ctx = context(problem)
+    out = []
+    for c in batch:
+        cfg = step_config(problem, c, ctx)
+        out.append(_bound_row(problem, c, cfg, compute_bound_s(cfg), "compute"))
+    return out
+
+
 def screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:
     """A lower bound of each candidate's step (simdist.analytic.bound.lower_bound_s, O(stages x chunks)), its
     memory, and the upper bound of its throughput, in ``batch``'s order."""
     ctx = context(problem)
-    tokens = problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
     out = []
     for c in batch:
         cfg = step_config(problem, c, ctx)
-        bound = lower_bound_s(cfg, ctx.pricer)
-        out.append({"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg),
-                    "step_time_lower_bound_s": bound, "tokens_per_s_upper_bound": tokens / bound if bound > 0
-                    else 0.0})
+        out.append(_bound_row(problem, c, cfg, lower_bound_s(cfg, ctx.pricer), "schedule"))
     return out
 
 

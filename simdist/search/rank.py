@@ -16,7 +16,7 @@ from typing import Any
 from simdist.analytic.step import analytic_step
 from simdist.errors import LayoutError, SimdistError
 from simdist.predict.step import StepPrediction, predict_step
-from simdist.search.evaluate import candidate_spec, context, evaluate_batch, screen_batch
+from simdist.search.evaluate import candidate_spec, context, evaluate_batch, quick_screen_batch, screen_batch
 from simdist.search.executors import Executor
 from simdist.search.prune import RULES, Pruned, why_pruned
 from simdist.search.results import ResultsWriter, read_results
@@ -142,12 +142,20 @@ def _dominated(memory: float, tokens: float, front: list[tuple[float, float]]) -
     return any(m <= memory and t >= tokens for m, t in front)
 
 
+def _open(row: dict[str, Any], threshold: float, front: list[tuple[float, float]]) -> bool:
+    """A layout whose compute bound (``row``) the final threshold and exact front cannot rule out: its schedule's
+    bound decides whether it is reported exactly, and is the one reported."""
+    return row["step_time_lower_bound_s"] <= threshold or not _dominated(row["memory_per_gpu_bytes"],
+                                                                          row["tokens_per_s_upper_bound"], front)
+
+
 def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executor, *,
           results_file: Path | None = None, on_progress: Callable[..., None] | None = None, exact_top: int = 10
           ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], bool, int, int]:
     """(exact closed-form results by key, bounded rows by key, interrupted, new, resumed).
 
-    Branch and bound: every candidate gets a lower bound of its step first (`screen_batch`, cheap); candidates
+    Branch and bound: every candidate gets a lower bound of its step first (`quick_screen_batch`: compute alone,
+    cheap; refined by `screen_batch`, the schedule's bound, wherever that could change what happens to it); candidates
     are then evaluated exactly in order of their bound while the bound is no more than the ``exact_top``-th best
     exact step so far, so the top ``exact_top`` are exactly the closed form's; then every candidate whose
     optimistic point (its memory, its throughput bound) no exact layout dominates is evaluated too, so the
@@ -165,6 +173,7 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
     interrupted = False
     new = 0
     bounds: dict[str, dict[str, Any]] = {}
+    quick: dict[str, dict[str, Any]] = {}
     position = {c.key: i for i, c in enumerate(candidates)}
     lower: dict[str, float] = {}
 
@@ -179,9 +188,27 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
             if on_progress:
                 on_progress(len(rows), "lower bounds")
 
-        run(screen_batch, candidates, screened)
+        # Every layout gets the cheap compute-only bound first; the schedule's bound (the recipes and collectives
+        # priced) only where the cheap one cannot rule it out: before it is evaluated exactly, or while it is
+        # within the threshold or off the exact rows' Pareto front (a bound only rises when refined: compute <=
+        # schedule, simdist.analytic.bound).
+        run(quick_screen_batch, candidates, screened)
+        quick.update(bounds)
         lower = {k: r["step_time_lower_bound_s"] for k, r in bounds.items()}
-        left = sorted(todo, key=lambda c: (lower[c.key], position[c.key]))
+        refined: set[str] = set()
+
+        def refine(batch: list[Candidate]) -> None:
+            def sink(rows: list[dict[str, Any]]) -> None:
+                for r in rows:
+                    bounds[r["key"]] = r
+                    lower[r["key"]] = r["step_time_lower_bound_s"]
+                    refined.add(r["key"])
+            run(screen_batch, batch, sink)
+
+        def by_bound(c: Candidate) -> tuple[float, int]:
+            return lower[c.key], position[c.key]
+
+        left = sorted(todo, key=by_bound)
 
         def keep(rows: list[dict[str, Any]]) -> None:
             nonlocal new
@@ -201,7 +228,13 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         size = BATCH
         while left:  # the top: in order of the bound, while it is no more than the exact_top-th best so far
             threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
-            batch = [c for c in left[:size] if lower[c.key] <= threshold]
+            head = [c for c in left[:size] if lower[c.key] <= threshold]
+            rough = [c for c in head if c.key not in refined]
+            if rough:  # their schedule's bound first: it may put them past the threshold, or later in the order
+                refine(rough)
+                left.sort(key=by_bound)
+                continue
+            batch = head
             size = ROUND
             if not batch:
                 break
@@ -209,13 +242,26 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
             left = left[len(batch):]
         while left:  # the Pareto front: what no exact layout dominates even at its bound
             front = _optimistic_front(list(done.values()))
-            batch = [c for c in left if not _dominated(bounds[c.key]["memory_per_gpu_bytes"],
-                                                       bounds[c.key]["tokens_per_s_upper_bound"], front)][:BATCH]
+            open_ = [c for c in left if not _dominated(bounds[c.key]["memory_per_gpu_bytes"],
+                                                       bounds[c.key]["tokens_per_s_upper_bound"], front)]
+            rough = [c for c in open_[:BATCH] if c.key not in refined]
+            if rough:  # the next batch's schedule bounds first (the front grows as the batches before it come in)
+                refine(rough)
+                left.sort(key=by_bound)
+                continue
+            batch = open_[:BATCH]
             if not batch:
                 break
             evaluate(batch)
             taken = {c.key for c in batch}
             left = [c for c in left if c.key not in taken]
+        # The bounds reported are the schedule's wherever the final threshold and front could need it (`_open`),
+        # the compute bound elsewhere: the same whatever was refined on the way (rows resumed from a results file
+        # were never refined here, and the rounds refine some that end up needing less).
+        final = _kth([r["step_time_s"] for r in done.values()], exact_top), _optimistic_front(list(done.values()))
+        missing = [c for c in candidates if c.key not in refined and _open(quick[c.key], *final)]
+        if missing:
+            refine(missing)
         if on_progress and left:
             on_progress(len(left))
     except KeyboardInterrupt:
@@ -228,9 +274,11 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         # the exact_top-th best step (the same T whichever rounds found it), and the exact Pareto front; others
         # evaluated on the way are reported by their bound, as the ones never evaluated.
         threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
-        front = {(m, t) for m, t in _optimistic_front(list(done.values()))}
+        front_list = _optimistic_front(list(done.values()))
+        front = set(front_list)
         done = {k: r for k, r in done.items() if lower[k] <= threshold
                 or (r["memory_per_gpu_bytes"], r["tokens_per_s"]) in front}
+        bounds = {k: v if _open(quick[k], threshold, front_list) else quick[k] for k, v in bounds.items()}
     bounded = {k: v for k, v in bounds.items() if k not in done}
     return done, bounded, interrupted, new, resumed
 
