@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simdist.search.evaluate import evaluate_batch
 from simdist.search.executors import make_executor
-from simdist.search.rank import BATCH, enumerate_feasible, resimulate
+from simdist.search.rank import enumerate_feasible, resimulate
 from simdist.search.space import SearchProblem
+from simdist.search.sweep import BATCH
 
 
 def main() -> None:

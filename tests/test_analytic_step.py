@@ -264,3 +264,23 @@ def test_search_lower_bound_never_exceeds_the_closed_form(x):
     bound = lower_bound_s(cfg, pricer)
     assert 0 < bound <= exact * (1 + 1e-12)
     assert 0 < compute_bound_s(cfg) <= bound * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts, st.floats(1.0, 3.0), st.floats(1.0, 3.0))
+def test_the_closed_form_never_shortens_when_a_collective_lengthens(x, slow_a, slow_b):
+    # simdist.search.sweep's third bound: the closed form with every collective alone bounds the one with the
+    # contention estimate (each collective at least as long there) only if the step is monotone in every
+    # collective's time, on every kind of layout. Here each op and group size takes its own factor >= 1.
+    made = _config(x)
+    if made is None:
+        return
+    cfg, topology = made
+    pricer = CommPricer(topology)
+    base = analytic_step(cfg, pricer).step_time_s
+
+    def longer(op: str, n: int, nbytes: float, t: float) -> float:
+        return t * (slow_a if (len(op) + n) % 2 else slow_b)
+
+    slower = analytic_step(cfg, pricer.perturbed(longer)).step_time_s
+    assert slower >= base * (1 - 1e-12)

@@ -11,8 +11,9 @@ from simdist import api
 from simdist.errors import LayoutError, SpecError
 from simdist.search.evaluate import context, evaluate_batch, evaluate_one
 from simdist.search.executors import Executor, ProcessExecutor
-from simdist.search.rank import enumerate_feasible, run_search, sweep
+from simdist.search.rank import enumerate_feasible, run_search
 from simdist.search.space import Candidate, SearchProblem
+from simdist.search.sweep import sweep
 
 SMALL = SearchProblem("llama3-8b", "dgx-h100", 2, 32, max_cp=1, max_vpp=2, max_micro_batch=2)
 

@@ -6,8 +6,9 @@ import pytest
 
 from simdist.errors import SpecError
 from simdist.search.executors import DaskExecutor, Executor
-from simdist.search.rank import enumerate_feasible, sweep
+from simdist.search.rank import enumerate_feasible
 from simdist.search.space import SearchProblem
+from simdist.search.sweep import sweep
 
 distributed = pytest.importorskip("distributed")
 

@@ -442,10 +442,12 @@ def _finish(topology: Topology, p: _Pending, layout: _Layout | None = None) -> P
 
 
 def price_comm(topology: Topology, comm: Comm, *, translates: Sequence[tuple[int, ...]] | np.ndarray | None = None,
-               with_links: bool = True, adjust: Adjust | None = None) -> PricedComm:
+               with_links: bool = True, adjust: Adjust | None = None,
+               groups: dict[tuple[int, ...], Group] | None = None) -> PricedComm:
     """Price one run of ``comm`` (count ignored); ``translates``: the equivalent groups (first = comm.ranks),
-    as tuples or as one (groups, ranks) array (simdist.plan.mesh.Mesh.translates_array)."""
-    return _finish(topology, _prepare(topology, comm, translates, with_links, adjust))
+    as tuples or as one (groups, ranks) array (simdist.plan.mesh.Mesh.translates_array); ``groups``: groups already
+    made, by ranks (`request_of`: the tuner's choice and the plan are kept in them, for every later price)."""
+    return _finish(topology, _prepare(topology, comm, translates, with_links, adjust, groups))
 
 
 def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0.0) -> Job:

@@ -84,7 +84,8 @@ class ContendedPricer(CommPricer):
             hit = self._shared.get(placed_key)
             if hit is None:
                 priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
-                                    translates=images if len(images) > 1 else None)
+                                    translates=images if len(images) > 1 else None,
+                                    groups=self.topology.groups)  # type: ignore[arg-type]
                 transfer = priced.time_s - priced.latency_s
                 hit = self._shared[placed_key] = max(1.0, class_bottleneck_s(self.topology, priced) / transfer) \
                     if transfer > 0 else 1.0

@@ -49,6 +49,9 @@ class Context:
     contended: dict[Mesh, ContendedPricer] = field(default_factory=dict)
     """A contention-aware pricer per mesh (`contended_pricer`), kept for the candidates that share the mesh."""
     factors: dict[tuple, float] = field(default_factory=dict)
+    configs: dict[str, tuple[StepConfig, float]] = field(default_factory=dict)
+    """(StepConfig, peak memory per GPU) by candidate key, kept from pruning to the closed form (`configured`): a
+    search builds each feasible layout's once in its process."""
     """Contention factors by group and translates placed, shared by the meshes' pricers (ContendedPricer)."""
 
 
@@ -158,22 +161,43 @@ def context(problem: SearchProblem) -> Context:
 
 def step_config(problem: SearchProblem, c: Candidate, ctx: Context) -> StepConfig:
     """The candidate's StepConfig, built (and checked) as `simdist run` builds a scenario's."""
-    return step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
+    return configured(problem, c, ctx)[0]
+
+
+CONFIGS_MAX = 50_000
+"""Candidates whose StepConfig and memory a process keeps (`configured`; about 1 KiB each)."""
+
+
+def configured(problem: SearchProblem, c: Candidate, ctx: Context) -> tuple[StepConfig, float]:
+    """(the candidate's StepConfig, its peak memory per GPU: simdist.plan.step.peak_memory_bytes), built once per
+    process and candidate (pruning, the bounds and the closed form all read them)."""
+    hit = ctx.configs.get(c.key)
+    if hit is None:
+        if len(ctx.configs) >= CONFIGS_MAX:
+            ctx.configs.clear()
+        cfg = step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
+        hit = ctx.configs[c.key] = (cfg, peak_memory_bytes(cfg))
+    return hit
 
 
 def evaluate_one(problem: SearchProblem, c: Candidate, ctx: Context) -> dict[str, Any]:
     """The candidate's closed form: with its contention estimate where the problem asks (what search ranks by),
     else with every collective alone (`run --fidelity closed_form`'s)."""
-    cfg = step_config(problem, c, ctx)
+    cfg, memory = configured(problem, c, ctx)
     # compiled: a search times thousands of steps (simdist.analytic.step.COMPILE_STEPS), always the same path
     step = analytic_step(cfg, contended_pricer(ctx, cfg.mesh) if problem.contention else ctx.pricer, compiled=True)
-    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg), **step.as_dict()}
+    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": memory, **step.as_dict()}
 
 
-def _bound_row(problem: SearchProblem, c: Candidate, cfg: StepConfig, bound: float, kind: str) -> dict[str, Any]:
+def tokens_of(problem: SearchProblem) -> float:
+    """Tokens (samples for an encoder) of one step of the problem: what a throughput is counted in."""
     ctx = context(problem)
-    tokens = problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
-    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": peak_memory_bytes(cfg),
+    return problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
+
+
+def _bound_row(problem: SearchProblem, c: Candidate, memory: float, bound: float, kind: str) -> dict[str, Any]:
+    tokens = tokens_of(problem)
+    return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": memory,
             "step_time_lower_bound_s": bound, "tokens_per_s_upper_bound": tokens / bound if bound > 0 else 0.0,
             "lower_bound": kind}
 
@@ -184,8 +208,8 @@ def quick_screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[d
     ctx = context(problem)
     out = []
     for c in batch:
-        cfg = step_config(problem, c, ctx)
-        out.append(_bound_row(problem, c, cfg, compute_bound_s(cfg), "compute"))
+        cfg, memory = configured(problem, c, ctx)
+        out.append(_bound_row(problem, c, memory, compute_bound_s(cfg), "compute"))
     return out
 
 
@@ -195,9 +219,19 @@ def screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[st
     ctx = context(problem)
     out = []
     for c in batch:
-        cfg = step_config(problem, c, ctx)
-        out.append(_bound_row(problem, c, cfg, lower_bound_s(cfg, ctx.pricer), "schedule"))
+        cfg, memory = configured(problem, c, ctx)
+        out.append(_bound_row(problem, c, memory, lower_bound_s(cfg, ctx.pricer), "schedule"))
     return out
+
+
+def alone_screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:
+    """The closed form with every collective alone (`run --fidelity closed_form`'s step), as a lower bound of the
+    one with the contention estimate the search ranks by: with it a collective takes at least its time alone
+    (simdist.search.contention: a factor of at least 1 on its transfer) and the closed form's step never shortens
+    when a collective lengthens (simdist.search.sweep). Its stages are the ones `screen_batch` priced already."""
+    ctx = context(problem)
+    return [{"key": c.key, "step_time_lower_bound_s": analytic_step(step_config(problem, c, ctx), ctx.pricer,
+                                                                     compiled=True).step_time_s} for c in batch]
 
 
 def evaluate_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[str, Any]]:

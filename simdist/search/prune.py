@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from simdist.plan.layout import RULES as LAYOUT_RULES
 from simdist.plan.layout import LayoutRuleError
-from simdist.plan.step import peak_memory_bytes
-from simdist.search.evaluate import Context, step_config
+from simdist.search.evaluate import Context, configured
 from simdist.search.framework_layouts import why_not_run
 from simdist.search.space import Candidate, SearchProblem
 
@@ -42,13 +41,13 @@ def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | N
         if reason is not None:
             return Pruned(c, "framework", reason)
     try:
-        cfg = step_config(problem, c, ctx)
+        _, peak = configured(problem, c, ctx)
     except LayoutRuleError as err:
         return Pruned(c, err.rule, err.problem)
-    peak = peak_memory_bytes(cfg)
     gpu = ctx.topology.gpu
     headroom = problem.memory_headroom_bytes
     if peak + headroom > gpu.hbm_capacity:
+        ctx.configs.pop(c.key, None)  # pruned: no bound or closed form reads it
         extra = f" + {headroom / GIB:g} GiB headroom" if headroom else ""
         return Pruned(c, "memory", f"needs {peak / GIB:.1f} GiB per GPU{extra}, the GPU has "
                                    f"{gpu.hbm_capacity / GIB:.0f} GiB")

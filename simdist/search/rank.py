@@ -16,13 +16,11 @@ from typing import Any
 from simdist.analytic.step import analytic_step
 from simdist.errors import LayoutError, SimdistError
 from simdist.predict.step import StepPrediction, predict_step
-from simdist.search.evaluate import candidate_spec, context, evaluate_batch, quick_screen_batch, screen_batch
+from simdist.search.evaluate import candidate_spec, context, evaluate_batch
 from simdist.search.executors import Executor
 from simdist.search.prune import RULES, Pruned, why_pruned
-from simdist.search.results import ResultsWriter, read_results
 from simdist.search.space import Candidate, SearchProblem, base_order, placement_orders, raw_candidates
-
-BATCH = 64
+from simdist.search.sweep import sweep
 
 
 @dataclass(slots=True)
@@ -114,173 +112,6 @@ def enumerate_feasible(problem: SearchProblem) -> tuple[list[Candidate], list[Pr
             f"(e.g. {last.candidate.key}: {last.reason})", field="--gpus",
             fix="add GPUs, raise the global batch, or allow more recompute/ZeRO (see --explain-pruned)")
     return feasible, pruned, n, topo.num_gpus, topo.gpus_per_node
-
-
-ROUND = 4 * BATCH
-"""Candidates evaluated per round of the top's branch and bound after its first (a batch: a threshold early); the
-Pareto front's rounds are a batch each, so that the front tightens between them. Fixed, whatever the executor."""
-
-
-def _kth(values: list[float], k: int) -> float:
-    """The k-th smallest of ``values`` (inf when fewer)."""
-    return sorted(values)[k - 1] if len(values) >= k else float("inf")
-
-
-def _optimistic_front(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(memory, tokens/s) of the exact rows' Pareto front, by increasing memory."""
-    front: list[tuple[float, float]] = []
-    best = -1.0
-    for r in sorted(rows, key=lambda r: (r["memory_per_gpu_bytes"], -r["tokens_per_s"])):
-        if r["tokens_per_s"] > best:
-            front.append((r["memory_per_gpu_bytes"], r["tokens_per_s"]))
-            best = r["tokens_per_s"]
-    return front
-
-
-def _dominated(memory: float, tokens: float, front: list[tuple[float, float]]) -> bool:
-    """Some exact layout needs no more memory and is at least as fast (``front`` by increasing memory)."""
-    return any(m <= memory and t >= tokens for m, t in front)
-
-
-def _open(row: dict[str, Any], threshold: float, front: list[tuple[float, float]]) -> bool:
-    """A layout whose compute bound (``row``) the final threshold and exact front cannot rule out: its schedule's
-    bound decides whether it is reported exactly, and is the one reported."""
-    return row["step_time_lower_bound_s"] <= threshold or not _dominated(row["memory_per_gpu_bytes"],
-                                                                          row["tokens_per_s_upper_bound"], front)
-
-
-def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executor, *,
-          results_file: Path | None = None, on_progress: Callable[..., None] | None = None, exact_top: int = 10
-          ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], bool, int, int]:
-    """(exact closed-form results by key, bounded rows by key, interrupted, new, resumed).
-
-    Branch and bound: every candidate gets a lower bound of its step first (`quick_screen_batch`: compute alone,
-    cheap; refined by `screen_batch`, the schedule's bound, wherever that could change what happens to it); candidates
-    are then evaluated exactly in order of their bound while the bound is no more than the ``exact_top``-th best
-    exact step so far, so the top ``exact_top`` are exactly the closed form's; then every candidate whose
-    optimistic point (its memory, its throughput bound) no exact layout dominates is evaluated too, so the
-    memory-throughput Pareto front is exact. The rest are reported with their bound: each is slower than the
-    ``exact_top``-th best and dominated on memory and throughput.
-    """
-    done = read_results(results_file, problem) if results_file is not None else {}
-    wanted = {c.key for c in candidates}
-    done = {k: v for k, v in done.items() if k in wanted}
-    resumed = len(done)
-    if on_progress and resumed:
-        on_progress(resumed)
-    todo = [c for c in candidates if c.key not in done]
-    writer = ResultsWriter(results_file, problem) if results_file is not None else None
-    interrupted = False
-    new = 0
-    bounds: dict[str, dict[str, Any]] = {}
-    quick: dict[str, dict[str, Any]] = {}
-    position = {c.key: i for i, c in enumerate(candidates)}
-    lower: dict[str, float] = {}
-
-    def run(fn: Callable, batch: list[Candidate], sink: Callable[[list[dict[str, Any]]], None]) -> None:
-        """``fn`` over ``batch`` in jobs of BATCH, each job's rows to ``sink`` as it arrives (Ctrl-C keeps them)."""
-        for _, rows in executor.run(fn, [(problem, batch[i:i + BATCH]) for i in range(0, len(batch), BATCH)]):
-            sink(rows)
-
-    try:
-        def screened(rows: list[dict[str, Any]]) -> None:
-            bounds.update((r["key"], r) for r in rows)
-            if on_progress:
-                on_progress(len(rows), "lower bounds")
-
-        # Every layout gets the cheap compute-only bound first; the schedule's bound (the recipes and collectives
-        # priced) only where the cheap one cannot rule it out: before it is evaluated exactly, or while it is
-        # within the threshold or off the exact rows' Pareto front (a bound only rises when refined: compute <=
-        # schedule, simdist.analytic.bound).
-        run(quick_screen_batch, candidates, screened)
-        quick.update(bounds)
-        lower = {k: r["step_time_lower_bound_s"] for k, r in bounds.items()}
-        refined: set[str] = set()
-
-        def refine(batch: list[Candidate]) -> None:
-            def sink(rows: list[dict[str, Any]]) -> None:
-                for r in rows:
-                    bounds[r["key"]] = r
-                    lower[r["key"]] = r["step_time_lower_bound_s"]
-                    refined.add(r["key"])
-            run(screen_batch, batch, sink)
-
-        def by_bound(c: Candidate) -> tuple[float, int]:
-            return lower[c.key], position[c.key]
-
-        left = sorted(todo, key=by_bound)
-
-        def keep(rows: list[dict[str, Any]]) -> None:
-            nonlocal new
-            for row in rows:
-                done[row["key"]] = row
-            new += len(rows)
-            if writer is not None:
-                writer.write(rows)
-            if on_progress:
-                on_progress(len(rows))
-
-        def evaluate(batch: list[Candidate]) -> None:
-            run(evaluate_batch, batch, keep)
-
-        # A short first round sets a threshold early; the rounds (fixed, whatever the executor: the same layouts are
-        # evaluated on the way everywhere) decide how much is evaluated, not what is reported (the filter at the end)
-        size = BATCH
-        while left:  # the top: in order of the bound, while it is no more than the exact_top-th best so far
-            threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
-            head = [c for c in left[:size] if lower[c.key] <= threshold]
-            rough = [c for c in head if c.key not in refined]
-            if rough:  # their schedule's bound first: it may put them past the threshold, or later in the order
-                refine(rough)
-                left.sort(key=by_bound)
-                continue
-            batch = head
-            size = ROUND
-            if not batch:
-                break
-            evaluate(batch)
-            left = left[len(batch):]
-        while left:  # the Pareto front: what no exact layout dominates even at its bound
-            front = _optimistic_front(list(done.values()))
-            open_ = [c for c in left if not _dominated(bounds[c.key]["memory_per_gpu_bytes"],
-                                                       bounds[c.key]["tokens_per_s_upper_bound"], front)]
-            rough = [c for c in open_[:BATCH] if c.key not in refined]
-            if rough:  # the next batch's schedule bounds first (the front grows as the batches before it come in)
-                refine(rough)
-                left.sort(key=by_bound)
-                continue
-            batch = open_[:BATCH]
-            if not batch:
-                break
-            evaluate(batch)
-            taken = {c.key for c in batch}
-            left = [c for c in left if c.key not in taken]
-        # The bounds reported are the schedule's wherever the final threshold and front could need it (`_open`),
-        # the compute bound elsewhere: the same whatever was refined on the way (rows resumed from a results file
-        # were never refined here, and the rounds refine some that end up needing less).
-        final = _kth([r["step_time_s"] for r in done.values()], exact_top), _optimistic_front(list(done.values()))
-        missing = [c for c in candidates if c.key not in refined and _open(quick[c.key], *final)]
-        if missing:
-            refine(missing)
-        if on_progress and left:
-            on_progress(len(left))
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if writer is not None:
-            writer.close()
-    if not interrupted:
-        # Report what does not depend on how the work was batched (or resumed): every layout whose bound is within
-        # the exact_top-th best step (the same T whichever rounds found it), and the exact Pareto front; others
-        # evaluated on the way are reported by their bound, as the ones never evaluated.
-        threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
-        front_list = _optimistic_front(list(done.values()))
-        front = set(front_list)
-        done = {k: r for k, r in done.items() if lower[k] <= threshold
-                or (r["memory_per_gpu_bytes"], r["tokens_per_s"]) in front}
-        bounds = {k: v if _open(quick[k], threshold, front_list) else quick[k] for k, v in bounds.items()}
-    bounded = {k: v for k, v in bounds.items() if k not in done}
-    return done, bounded, interrupted, new, resumed
 
 
 def resimulate(problem: SearchProblem, row: dict[str, Any]) -> tuple[dict[str, Any], StepPrediction | None]:
