@@ -7,7 +7,6 @@ j-1, B of part j needs B of part j+1; within a stage steps run in program order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -26,24 +25,63 @@ def recipe_code(chunk: int, kind: str, edge: bool) -> int:
     return (chunk * 3 + KIND_INDEX[kind]) * 2 + int(edge)
 
 
-@dataclass(frozen=True, slots=True)
 class Program:
-    stage: tuple[int, ...]
-    kind: tuple[str, ...]
-    microbatch: tuple[int, ...]
-    chunk: tuple[int, ...]
-    upstream: tuple[int, ...]
-    """Index (in this program) of the step whose output this step receives; -1: none."""
-    downstream_stage: tuple[int, ...]
-    """Stage this step sends its output to (-1: none, or the same stage)."""
-    code: tuple[int, ...]
-    """`recipe_code` of the step (chunk, kind, edge micro-batch)."""
-    steps: np.ndarray = field(compare=False, repr=False)
-    """(4, len): ``stage``, ``code``, ``upstream`` and ``downstream_stage`` as one int64 array (to compare programs:
-    simdist.analytic.step._Trail)."""
+    """The steps of a schedule in program order: numpy arrays (``steps``, ``kinds``), and the same as tuples of
+    Python values for the step-by-step timeline (`stage`, `kind`, ...), made on first use: a search times its
+    thousands of steps compiled, from the arrays alone, and keeps hundreds of programs (`program`'s cache)."""
+
+    __slots__ = ("_tuples", "kinds", "steps")
+
+    def __init__(self, steps: np.ndarray, kinds: np.ndarray) -> None:
+        self.steps = steps
+        """(4, len) int64: stage, `recipe_code`, upstream (index in this program of the step whose output this step
+        receives; -1: none) and downstream stage (the stage it sends its output to; -1: none, or the same stage)."""
+        self.kinds = kinds
+        """(3, len) int64: kind index (`KIND_INDEX`), micro-batch and chunk of each step."""
+        self._tuples: tuple[tuple, ...] | None = None
+
+    def _columns(self) -> tuple[tuple, ...]:
+        if self._tuples is None:
+            names = np.array(STEP_KINDS)
+            self._tuples = (tuple(self.steps[0].tolist()), tuple(names[self.kinds[0]].tolist()),
+                            tuple(self.kinds[1].tolist()), tuple(self.kinds[2].tolist()),
+                            tuple(self.steps[2].tolist()), tuple(self.steps[3].tolist()),
+                            tuple(self.steps[1].tolist()))
+        return self._tuples
+
+    @property
+    def stage(self) -> tuple[int, ...]:
+        return self._columns()[0]
+
+    @property
+    def kind(self) -> tuple[str, ...]:
+        return self._columns()[1]
+
+    @property
+    def microbatch(self) -> tuple[int, ...]:
+        return self._columns()[2]
+
+    @property
+    def chunk(self) -> tuple[int, ...]:
+        return self._columns()[3]
+
+    @property
+    def upstream(self) -> tuple[int, ...]:
+        """Index (in this program) of the step whose output this step receives; -1: none."""
+        return self._columns()[4]
+
+    @property
+    def downstream_stage(self) -> tuple[int, ...]:
+        """Stage this step sends its output to (-1: none, or the same stage)."""
+        return self._columns()[5]
+
+    @property
+    def code(self) -> tuple[int, ...]:
+        """`recipe_code` of the step (chunk, kind, edge micro-batch)."""
+        return self._columns()[6]
 
     def __len__(self) -> int:
-        return len(self.stage)
+        return self.steps.shape[1]
 
 
 @lru_cache(maxsize=512)
@@ -111,12 +149,10 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     at[index_of] = np.arange(total, dtype=np.int64)
     up_at = up_position[at]
     upstream = np.where(up_at >= 0, index_of[np.maximum(up_at, 0)], -1)
-    names = np.array(STEP_KINDS)
     steps = np.stack([stage[at], code[at], upstream, down[at]])
-    steps.flags.writeable = False  # (cached: shared by every caller)
-    return Program(tuple(steps[0].tolist()), tuple(names[kind[at]].tolist()), tuple(mb[at].tolist()),
-                   tuple(chunk[at].tolist()), tuple(steps[2].tolist()), tuple(steps[3].tolist()),
-                   tuple(steps[1].tolist()), steps)
+    kinds = np.stack([kind[at], mb[at], chunk[at]])
+    steps.flags.writeable = kinds.flags.writeable = False  # (cached: shared by every caller)
+    return Program(steps, kinds)
 
 
 @lru_cache(maxsize=64)
@@ -126,11 +162,12 @@ def step_groups(schedule: str, num_stages: int, num_microbatches: int, vpp: int
     steps' indices in the program, in program order, which is micro-batch order). A timeline that records every
     step's start by program index groups them so (simdist.analytic.step._timeline_fast)."""
     prog = program(schedule, num_stages, num_microbatches, vpp)
-    stage = np.asarray(prog.stage, dtype=np.int64)
-    kind_chunk = np.asarray(prog.code, dtype=np.int64) >> 1  # recipe_code // 2: chunk * 3 + kind index
+    stage = prog.steps[0]
+    kind_chunk = prog.steps[1] >> 1  # recipe_code // 2: chunk * 3 + kind index
     key = (stage * 3 + kind_chunk % 3) * vpp + kind_chunk // 3
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     groups = np.split(order, bounds)
     groups.sort(key=lambda idx: int(idx[0]))
-    return tuple(((prog.stage[int(idx[0])], prog.kind[int(idx[0])], prog.chunk[int(idx[0])]), idx) for idx in groups)
+    return tuple(((int(stage[i]), STEP_KINDS[int(prog.kinds[0, i])], int(prog.kinds[2, i])), idx)
+                 for idx in groups for i in (int(idx[0]),))

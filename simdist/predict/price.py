@@ -366,12 +366,12 @@ def node_translate(topology: Topology, ranks: tuple[int, ...]) -> tuple[int, ...
     return tuple(r - base for r in ranks)
 
 
-def _tuned(topology: Topology, comm: Comm, groups: dict[tuple[int, ...], Group] | None
-           ) -> tuple[Choice, float, Request]:
+def _tuned(topology: Topology, comm: Comm, groups: dict[tuple[int, ...], Group] | None,
+           stand_in: tuple[int, ...] | None = None) -> tuple[Choice, float, Request]:
     """(the tuner's choice for ``comm`` alone, the closed form of that choice for one byte, the request they were
-    found on: ``comm`` on its group's `node_translate`), kept in that group's memo: a collective on every node's
-    copy of a group is priced once."""
-    ranks = node_translate(topology, comm.ranks)
+    found on: ``comm`` on its group's `node_translate`, or on ``stand_in``), kept in that group's memo: a
+    collective on every node's copy of a group is priced once."""
+    ranks = node_translate(topology, comm.ranks if stand_in is None else stand_in)
     basis = request_of(topology, comm.op, ranks, comm.nbytes, comm.imbalance, groups)
     key = ("tuned", comm.op, float(comm.nbytes), float(comm.imbalance))
     hit = basis.group.memo.get(key)
@@ -395,9 +395,10 @@ def _planned(topology: Topology, comm: Comm, basis: Request, choice: Choice
 
 
 def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...]] | np.ndarray | None,
-             with_links: bool, adjust: Adjust | None, groups: dict[tuple[int, ...], Group] | None = None) -> _Pending:
+             with_links: bool, adjust: Adjust | None, groups: dict[tuple[int, ...], Group] | None = None,
+             stand_in: tuple[int, ...] | None = None) -> _Pending:
     """`price_comm` up to its link loads: the choice, the times, the plan's transfers and the translates."""
-    choice, tiny_s, basis = _tuned(topology, comm, groups)
+    choice, tiny_s, basis = _tuned(topology, comm, groups, stand_in)
     time_s = choice.predicted_s
     latency_s = min(tiny_s, time_s)
     if adjust is not None:
@@ -443,11 +444,15 @@ def _finish(topology: Topology, p: _Pending, layout: _Layout | None = None) -> P
 
 def price_comm(topology: Topology, comm: Comm, *, translates: Sequence[tuple[int, ...]] | np.ndarray | None = None,
                with_links: bool = True, adjust: Adjust | None = None,
-               groups: dict[tuple[int, ...], Group] | None = None) -> PricedComm:
+               groups: dict[tuple[int, ...], Group] | None = None,
+               stand_in: tuple[int, ...] | None = None) -> PricedComm:
     """Price one run of ``comm`` (count ignored); ``translates``: the equivalent groups (first = comm.ranks),
     as tuples or as one (groups, ranks) array (simdist.plan.mesh.Mesh.translates_array); ``groups``: groups already
-    made, by ranks (`request_of`: the tuner's choice and the plan are kept in them, for every later price)."""
-    return _finish(topology, _prepare(topology, comm, translates, with_links, adjust, groups))
+    made, by ranks (`request_of`: the tuner's choice and the plan are kept in them, for every later price);
+    ``stand_in``: ranks, in comm.ranks's peer order, whose tuner choice, times and plan (in peers) stand for
+    comm.ranks's (a translate the caller prices alike, as simdist.analytic.pricing.CommPricer does); the link loads
+    are comm.ranks's and its translates' own."""
+    return _finish(topology, _prepare(topology, comm, translates, with_links, adjust, groups, stand_in))
 
 
 def job_of(topology: Topology, priced: PricedComm, count: int, host_s: float = 0.0) -> Job:

@@ -79,25 +79,42 @@ class ContendedPricer(CommPricer):
                 # inside one NVSwitch node every GPU has its own switch ports: its translates share no link with it
                 hit = self._factors[key] = 1.0
                 return hit
-            images = self._images(placed)
-            placed_key = (op, placed, imbalance, images.shape, images.tobytes())
+            axes = self._translate_axes(placed)
+            # the images are those of ``placed`` under these shifts (`_images`): they key it, not the images
+            placed_key = (op, placed, imbalance, tuple((a, self.mesh.size(a), self.mesh.stride(a)) for a in axes))
             hit = self._shared.get(placed_key)
             if hit is None:
+                images = self._images(placed, axes)
                 priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
                                     translates=images if len(images) > 1 else None,
-                                    groups=self.topology.groups)  # type: ignore[arg-type]
+                                    groups=self.topology.groups,  # type: ignore[arg-type]
+                                    stand_in=self._stand_in(placed))
                 transfer = priced.time_s - priced.latency_s
                 hit = self._shared[placed_key] = max(1.0, class_bottleneck_s(self.topology, priced) / transfer) \
                     if transfer > 0 else 1.0
             self._factors[key] = hit
         return hit
 
-    def _images(self, placed: tuple[int, ...]) -> np.ndarray:
-        """The group ``placed`` and its translates (rows, members in peer order): its images under every shift of
-        the axes its members do not span (shifting along its own axis maps a whole axis group to itself, and a
-        pair of pipeline stages onto a pair that never sends)."""
+    def _stand_in(self, placed: tuple[int, ...]) -> tuple[int, ...] | None:
+        """``placed`` moved by whole periods of the alone pricer (`CommPricer._position`: the nodes, or the pods of
+        three tiers) to the first it fits in, whose tuner choice and transfer alone stand for its own: the alone
+        pricer prices the two alike (and so the contended one's latency and transfer alone), so the groups of every
+        pipeline stage find the tuner's choice once. None where the alone pricer prices each group where it is."""
+        period = self.alone._period
+        if not period:
+            return None
+        shift = min(placed) // period * period
+        return tuple(r - shift for r in placed) if shift else None
+
+    def _translate_axes(self, placed: tuple[int, ...]) -> tuple[str, ...]:
+        """The axes the members of ``placed`` do not span: shifting along its own axis maps a whole axis group to
+        itself, and a pair of pipeline stages onto a pair that never sends."""
         coords = [self.mesh.coords(r) for r in placed]
-        axes = tuple(a for a in self._axes if len({c[a] for c in coords}) == 1)
+        return tuple(a for a in self._axes if len({c[a] for c in coords}) == 1)
+
+    def _images(self, placed: tuple[int, ...], axes: tuple[str, ...]) -> np.ndarray:
+        """The group ``placed`` and its translates (rows, members in peer order): its images under every shift of
+        ``axes`` (`_translate_axes`)."""
         order = sorted(range(len(placed)), key=placed.__getitem__)
         members = tuple(placed[i] for i in order)
         return self.mesh.translates_array(members, axes)[:, np.argsort(order)]

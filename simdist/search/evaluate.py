@@ -13,6 +13,7 @@ computed it or what it computed before.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -52,6 +53,8 @@ class Context:
     configs: dict[str, tuple[StepConfig, float]] = field(default_factory=dict)
     """(StepConfig, peak memory per GPU) by candidate key, kept from pruning to the closed form (`configured`): a
     search builds each feasible layout's once in its process."""
+    memory: dict[Candidate, float] = field(default_factory=dict)
+    """Peak memory per GPU by candidate without its placement (`configured`)."""
     """Contention factors by group and translates placed, shared by the meshes' pricers (ContendedPricer)."""
 
 
@@ -175,8 +178,15 @@ def configured(problem: SearchProblem, c: Candidate, ctx: Context) -> tuple[Step
     if hit is None:
         if len(ctx.configs) >= CONFIGS_MAX:
             ctx.configs.clear()
+            ctx.memory.clear()
         cfg = step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
-        hit = ctx.configs[c.key] = (cfg, peak_memory_bytes(cfg))
+        # the placements of one layout need the same memory (no input of simdist.plan.step's memory model is the
+        # mesh's axis order): found once
+        placed = dataclasses.replace(c, order="")
+        memory = ctx.memory.get(placed)
+        if memory is None:
+            memory = ctx.memory[placed] = peak_memory_bytes(cfg)
+        hit = ctx.configs[c.key] = (cfg, memory)
     return hit
 
 

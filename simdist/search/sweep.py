@@ -175,13 +175,16 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         def evaluate(batch: list[Candidate]) -> None:
             run(evaluate_batch, batch, keep)
 
-        def retighten(order: list[Candidate], rough: list[Candidate]) -> None:
-            """Tighten ``rough`` (some of ``order``, which is sorted by bound) and put them back in bound order."""
+        def retighten(order: list[Candidate], rough: list[Candidate], within: int,
+                      keep: Callable[[Candidate], bool] = lambda c: True) -> None:
+            """Tighten ``rough`` (some of the first ``within`` of ``order``, which is sorted by bound) and put those
+            to ``keep`` back in bound order."""
             bounds.tighten(rough)
             taken = {c.key for c in rough}
-            order[:] = [c for c in order if c.key not in taken]
+            order[:within] = [c for c in order[:within] if c.key not in taken]
             for c in rough:
-                insort(order, c, key=by_bound)
+                if keep(c):
+                    insort(order, c, key=by_bound)
 
         # A short first round sets a threshold early; the rounds decide how much is evaluated, not what is reported
         # (the filter at the end)
@@ -191,7 +194,7 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
             head = [c for c in left[:size] if lower[c.key] <= threshold]
             rough = [c for c in head if level[c.key] < bounds.top]
             if rough:  # a tighter bound first: it may put them past the threshold, or later in the order
-                retighten(left, rough)
+                retighten(left, rough, size)
                 continue
             size = ROUND
             if not head:
@@ -209,9 +212,7 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         while open_:
             rough = [c for c in open_[:BATCH] if level[c.key] < bounds.top]
             if rough:  # the next batch's tighter bounds first (the front grows as the batches before it come in)
-                retighten(open_, rough)
-                tightened = {c.key for c in rough}
-                open_ = [c for c in open_ if c.key not in tightened or not dominated(c, front)]
+                retighten(open_, rough, BATCH, lambda c, front=front: not dominated(c, front))
                 continue
             batch = open_[:BATCH]
             evaluate(batch)
