@@ -111,6 +111,7 @@ def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any
                         fix="pass our CSV, nccl-tests output (text or -J JSON), an MLP step CSV, a kernel CSV or "
                             "PyTorch profiler traces")
     from simdist.calibrate.trace_read import looks_like_trace
+    from simdist.files import read_text
 
     collectives: list[Any] = []
     steps: list[Any] = []
@@ -126,7 +127,7 @@ def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any
         p = Path(path)
         first = ""
         if p.is_file():
-            lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = read_text(p, errors="replace").splitlines()  # bounded (INPUT_BYTES): a 1 GB file is refused
             first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), "")
         header = {h.strip() for h in next(csv.reader([first]))} if first else set()
         if looks_like_kernel_csv(header):
