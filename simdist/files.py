@@ -33,8 +33,8 @@ from typing import Any, TextIO
 from simdist.errors import OutputError, SpecError, note
 from simdist.limits import INPUT_BYTES, Limit
 
-__all__ = ["check_target", "json_text", "open_append", "read_bytes", "read_text", "sigint_held", "write_files",
-           "write_text"]
+__all__ = ["check_target", "json_text", "open_append", "os_fix", "os_reason", "read_bytes", "read_text", "sigint_held",
+           "write_files", "write_text"]
 
 _KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -44,12 +44,27 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def _reason(err: OSError) -> str:
-    return {errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only file system",
+_REASONS = {errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only file system",
             errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
             errno.ENAMETOOLONG: "the name is too long", errno.ENOTDIR: "a parent is not a folder",
-            errno.EISDIR: "it is a folder", errno.ELOOP: "too many symbolic links"}.get(
-        err.errno or 0, (err.strerror or type(err).__name__).lower())
+            errno.EISDIR: "it is a folder", errno.ELOOP: "too many symbolic links",
+            errno.EFBIG: "larger than this process may write (the file size limit, ulimit -f)",
+            errno.EMFILE: "too many open files (the limit on open files, ulimit -n)",
+            errno.ENFILE: "too many open files on this machine", errno.EIO: "input/output error"}
+_FIXES = {errno.ENOSPC: "free space or give a path on another disk", errno.EDQUOT: "free space or give another path",
+          errno.EFBIG: "raise the file size limit (ulimit -f unlimited)",
+          errno.EMFILE: "raise the limit on open files (ulimit -n 1024) or use fewer --workers",
+          errno.ENFILE: "close other programs' files or use fewer --workers"}
+
+
+def os_reason(err: OSError) -> str:
+    """Why an operating-system call failed, as a reader says it (``no space left on the device``)."""
+    return _REASONS.get(err.errno or 0, (err.strerror or type(err).__name__).lower())
+
+
+def os_fix(err: OSError, default: str) -> str:
+    """What to do about ``err`` where the reason decides it (a full disk, a limit of ``ulimit``), else ``default``."""
+    return _FIXES.get(err.errno or 0, default)
 
 
 # --------------------------------------------------------------------------- reading
@@ -64,14 +79,14 @@ def read_bytes(path: str | Path, *, field: str | None = None, limit: Limit = INP
     except FileNotFoundError:
         raise SpecError(f"file not found: {p}", field=field, fix="check the path") from None
     except OSError as err:
-        raise SpecError(f"cannot read {p}: {_reason(err)}", field=field, fix=fix) from None
+        raise SpecError(f"cannot read {p}: {os_reason(err)}", field=field, fix=os_fix(err, fix)) from None
     if stat.S_ISDIR(mode) or stat.S_ISSOCK(mode):
         raise SpecError(f"cannot read {p}: it is {_kind(mode)}, not a file", field=field, fix=fix)
     try:
         # O_NONBLOCK: opening a FIFO nobody writes to returns at once instead of waiting for a writer.
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
-        raise SpecError(f"cannot read {p}: {_reason(err)}", field=field, fix=fix) from None
+        raise SpecError(f"cannot read {p}: {os_reason(err)}", field=field, fix=os_fix(err, fix)) from None
     try:
         os.set_blocking(fd, True)  # a FIFO with a writer: wait for its data; without one, read returns EOF
         chunks: list[bytes] = []
@@ -83,7 +98,7 @@ def read_bytes(path: str | Path, *, field: str | None = None, limit: Limit = INP
             chunks.append(chunk)
             size += len(chunk)
     except OSError as err:
-        raise SpecError(f"cannot read {p}: {_reason(err)}", field=field, fix=fix) from None
+        raise SpecError(f"cannot read {p}: {os_reason(err)}", field=field, fix=os_fix(err, fix)) from None
     finally:
         os.close(fd)
     if size > limit.value:
@@ -162,7 +177,7 @@ def check_target(path: str | Path, *, field: str | None = None) -> Path:
     except (FileNotFoundError, NotADirectoryError):
         st = None
     except OSError as err:
-        raise OutputError(f"cannot write {target}: {_reason(err)}", field=field, fix="give a writable path") from None
+        raise OutputError(f"cannot write {target}: {os_reason(err)}", field=field, fix="give a writable path") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(f"cannot write {target}: it is a folder", field=field,
                           fix="give the path of a file (in that folder or elsewhere)")
@@ -181,7 +196,7 @@ def check_target(path: str | Path, *, field: str | None = None) -> Path:
                                   fix="give a path in an existing folder") from None
             parent = parent.parent
         except OSError as err:
-            raise OutputError(f"cannot write {target}: {parent}: {_reason(err)}", field=field,
+            raise OutputError(f"cannot write {target}: {parent}: {os_reason(err)}", field=field,
                               fix="give a writable path") from None
     if not stat.S_ISDIR(pst.st_mode):
         raise OutputError(f"cannot write {target}: {parent} is {_kind(pst.st_mode)}, not a folder", field=field,
@@ -205,7 +220,7 @@ def _make_parents(folder: Path, created: list[Path], target: Path, field: str | 
         except FileExistsError:
             continue
         except OSError as err:
-            raise OutputError(f"cannot write {target}: cannot create folder {d}: {_reason(err)}", field=field,
+            raise OutputError(f"cannot write {target}: cannot create folder {d}: {os_reason(err)}", field=field,
                               fix="create the folder or give another path") from None
         created.append(d)
 
@@ -246,8 +261,8 @@ def write_files(files: Mapping[str | Path, str | bytes], *, field: str | None = 
             try:
                 fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
             except OSError as err:
-                raise OutputError(f"cannot write {target}: {_reason(err)}", field=where,
-                                  fix="give a path in a writable folder") from None
+                raise OutputError(f"cannot write {target}: {os_reason(err)}", field=where,
+                                  fix=os_fix(err, "give a path in a writable folder")) from None
             temps.append(tmp)
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -256,15 +271,15 @@ def write_files(files: Mapping[str | Path, str | bytes], *, field: str | None = 
                     os.fsync(fh.fileno())
                 os.chmod(tmp, mode)
             except OSError as err:
-                raise OutputError(f"cannot write {target}: {_reason(err)}", field=where,
-                                  fix="free space or give another path") from None
+                raise OutputError(f"cannot write {target}: {os_reason(err)}", field=where,
+                                  fix=os_fix(err, "free space or give another path")) from None
             staged.append((tmp, real, where))
         with sigint_held():  # a Ctrl-C lands after the renames: all targets are replaced, or none
             for tmp, real, where in staged:
                 try:
                     os.replace(tmp, real)
                 except OSError as err:
-                    raise OutputError(f"cannot write {real}: {_reason(err)}", field=where,
+                    raise OutputError(f"cannot write {real}: {os_reason(err)}", field=where,
                                       fix="give a writable path") from None
                 temps.remove(tmp)
                 done.append(real)
@@ -288,7 +303,8 @@ def open_append(path: str | Path, *, field: str | None = None) -> TextIO:
         return open(target, "a", encoding="utf-8")
     except OSError as err:
         _cleanup([], created)
-        raise OutputError(f"cannot write {target}: {_reason(err)}", field=field, fix="give a writable file") from None
+        raise OutputError(f"cannot write {target}: {os_reason(err)}", field=field,
+                          fix=os_fix(err, "give a writable file")) from None
 
 
 # --------------------------------------------------------------------------- strict JSON

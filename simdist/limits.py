@@ -175,6 +175,12 @@ MEASURED_TIME_MIN = _limit("measured_time_min", 1e-9, "s",
 MEASURED_TIME_MAX = _limit("measured_time_max", 86_400.0, "s", "a day for one call: a hung run, not a measurement")
 STAGE_TIME_MIN = _limit("stage_time_min", 1e-9, "s", "a nanosecond: shorter than any kernel")
 STAGE_TIME_MAX = _limit("stage_time_max", 1e9, "s", "about 30 years")
+KERNEL_ROWS = _limit(
+    "kernel_rows", 4_000, "kernels",
+    "measured kernels one `simdist calibrate` or `validate` fits: the fit searches 57 knees x 100 efficiencies over "
+    "every GEMM, again for each of its 100 bootstrap resamples (simdist.calibrate.kernel_fit): 4,000 kernels take "
+    "about 10 s on a 2-core machine, 38 s without memory kernels (the launch overhead is then fitted per "
+    "candidate); `python -m validation.kernels` writes a few hundred")
 
 # --------------------------------------------------------------------------- input files (simdist.files, spec.load)
 INPUT_BYTES = _limit("input_bytes", 64 * 2**20, "B",

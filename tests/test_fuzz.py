@@ -1,4 +1,6 @@
-"""Fuzzing every surface: the spec schemas (scenario, topology) and the arguments of every command.
+"""Fuzzing every surface: the spec schemas (scenario, topology), the arguments of every command (budgets and grids
+included), faults, calibration files, report.json files, NCCL topology dumps and the validation harnesses' arguments
+(each harness's main, stopped where it would start measuring).
 
 Each case runs the CLI in this process (tests/cli_harness.py) in a fresh folder with a per-case time limit
 enforced by the harness (a hang or unbounded work fails the case; nothing asserts speed) and asserts:
@@ -185,6 +187,136 @@ def test_fuzz_topology_schema(tmp_path_factory, mutations):
     _check(["topo", "show", "t.yaml", "--json"], folder, inputs={"t.yaml"}, name="topology")
 
 
+# --------------------------------------------------------------------------- faults, calibrations, report.json, dumps
+NODE_NAMES = st.one_of(st.sampled_from(["leaf0", "leaf1", "spine0", "spine\u00b9", "n0/nic0", "n1/nic0", "n0/gpu0",
+                                        "n99/nic0", "leaf-1", "", "leaf0 ", "LEAF0"]), TEXT)
+GPU_NAMES = st.one_of(st.sampled_from(["h100-sxm", "b200", "a100-sxm-80gb", "cpu-core", "nope", ""]), TEXT)
+FAULTS = st.fixed_dictionaries({}, optional={
+    "stragglers": st.lists(st.fixed_dictionaries({}, optional={"rank": INTS, "slower_by": FLOATS}), max_size=2),
+    "degraded_links": st.lists(st.fixed_dictionaries({}, optional={
+        "src": NODE_NAMES, "dst": NODE_NAMES, "bandwidth_fraction": FLOATS}), max_size=2),
+    "failed_links": st.lists(st.fixed_dictionaries({}, optional={"src": NODE_NAMES, "dst": NODE_NAMES}), max_size=3),
+    "heterogeneous_nodes": st.lists(st.fixed_dictionaries({}, optional={
+        "nodes": st.lists(INTS, max_size=3), "gpu": GPU_NAMES}), max_size=2),
+    "checkpoint": st.fixed_dictionaries({}, optional={k: st.one_of(UNIT_STRINGS, ANY)
+                                                       for k in ("write", "interval", "restart")}),
+    "bogus": ANY})
+TWO_NODES = {**TINY, "cluster": {"preset": "dgx-a100", "num_nodes": 2}, "parallel": {"tp": 2, "pp": 2, "dp": 4},
+             "training": {"global_batch_size": 8, "micro_batch_size": 1}}
+
+
+@_settings(25)
+@given(faults=FAULTS, fidelity=st.sampled_from(["engine", "closed_form"]))
+def test_fuzz_faults(tmp_path_factory, faults, fidelity):
+    folder = _fresh(tmp_path_factory)
+    (folder / "s.yaml").write_text(_dump({**TWO_NODES, "faults": faults}), encoding="utf-8")
+    _check(["run", "s.yaml", "--fidelity", fidelity, "--json"], folder, inputs={"s.yaml"}, name="faults")
+
+
+def _calibration_leaves() -> list[tuple[tuple, dict]]:
+    from simdist.spec.calibration import CalibrationSpec, CollectiveCalibration, ComputeCalibration
+
+    out = []
+    for prefix, model in (((), CalibrationSpec), (("collectives", "all_reduce"), CollectiveCalibration),
+                          (("compute",), ComputeCalibration)):
+        schema = model.model_json_schema()
+        out += [((*prefix, *path), leaf) for path, leaf in _leaves(schema, schema.get("$defs", {}))]
+    return [*out, (("collectives", "nope"), {}), (("overrides", "gpu"), {}),
+            (("overrides", "scale_up", "bandwidth"), {})]
+
+
+CALIBRATION = {"topology": "dgx-a100", "gpu": "NVIDIA A100-SXM4-80GB", "num_nodes": 1,
+               "overrides": {"scale_up": {"efficiency": 0.8}},
+               "collectives": {"all_reduce": {"latency": "10 us", "bandwidth_factor": 0.9,
+                                              "size_range": ["1 KiB", "1 GiB"], "above_range_factor": 0.95}},
+               "compute": {"gemm_peak_efficiency": 0.7, "launch_overhead": "5 us"}}
+
+
+@_settings(25)
+@given(mutations=_mutations(_calibration_leaves()), command=st.sampled_from(["run", "check"]))
+def test_fuzz_calibration_files(tmp_path_factory, mutations, command):
+    folder = _fresh(tmp_path_factory)
+    (folder / "s.yaml").write_text(_dump(TINY), encoding="utf-8")
+    (folder / "cal.yaml").write_text(_dump(_apply(CALIBRATION, mutations)), encoding="utf-8")
+    argv = [command, "s.yaml", "--calibration", "cal.yaml", "--json"] if command == "run" else [
+        "check", "s.yaml", "--set", "calibration=cal.yaml", "--json"]
+    _check(argv, folder, inputs={"s.yaml", "cal.yaml"}, name="calibration")
+
+
+@pytest.fixture(scope="module")
+def report_json(tmp_path_factory) -> dict:
+    """A report.json of the tiny scenario (``simdist run --out``), as JSON."""
+    folder = tmp_path_factory.mktemp("report")
+    (folder / "s.yaml").write_text(_dump(TINY), encoding="utf-8")
+    assert run_cli(["run", "s.yaml", "--fidelity", "closed_form", "--out", "out"], cwd=folder).code == 0
+    return json.loads((folder / "out" / "report.json").read_text())
+
+
+REPORT_EDITS = st.sampled_from(["truncate", "5000 digits", "not a scenario", "list", "drop key", "nan"])
+
+
+@_settings(20)
+@given(mutations=_mutations(SCENARIO_LEAVES), edit=st.one_of(st.none(), REPORT_EDITS), cut=st.floats(0.0, 1.0))
+def test_fuzz_report_json(tmp_path_factory, report_json, mutations, edit, cut):
+    folder = _fresh(tmp_path_factory)
+    doc = copy.deepcopy(report_json)
+    doc["scenario_resolved"] = _apply(doc["scenario_resolved"], mutations)
+    if edit == "not a scenario":
+        doc["scenario_resolved"] = [1, 2]
+    elif edit == "list":
+        doc = [doc]
+    elif edit == "drop key":
+        doc.pop("scenario_resolved")
+    text = json.dumps(doc, default=str)
+    if edit == "truncate":
+        text = text[:int(len(text) * cut)]
+    elif edit == "5000 digits":
+        text = text.replace('"tp": ', '"tp": ' + "9" * 5000, 1)
+    elif edit == "nan":
+        text = text.replace('"step_time_s": ', '"step_time_s": NaN, "x": ', 1)
+    (folder / "report.json").write_text(text, encoding="utf-8")
+    _check(["run", "report.json", "--json"], folder, inputs={"report.json"}, name="report.json")
+
+
+DUMP = (REPO / "tests" / "data" / "machines" / "dgx-h100.nccl-topo.xml").read_text()
+DUMP_ATTRIBUTES = ("sm", "count", "link_speed", "link_width", "speed", "dev", "busid", "target", "tclass", "class",
+                   "familyid", "modelid", "vendor", "arch")
+
+
+@st.composite
+def dump_text(draw) -> str:
+    """The NCCL dump with a few edits: an attribute's value replaced, a line dropped or doubled, the text cut."""
+    lines = DUMP.splitlines()
+    for _ in range(draw(st.integers(1, 3))):
+        if not lines:
+            break
+        how = draw(st.sampled_from(["attribute", "drop", "double", "cut", "element"]))
+        i = draw(st.integers(0, len(lines) - 1))
+        if how == "attribute":
+            name = draw(st.sampled_from(DUMP_ATTRIBUTES))
+            value = draw(st.one_of(NUM, TEXT)).replace('"', "'").replace("&", "").replace("<", "")
+            lines = [ln.replace(f' {name}="', f' {name}="{value}" x{name}="', 1) if k == i else ln
+                     for k, ln in enumerate(lines)]
+        elif how == "drop":
+            del lines[i]
+        elif how == "double":
+            lines.insert(i, lines[i])
+        elif how == "cut":
+            lines = lines[:i]
+        else:
+            lines.insert(i, draw(st.sampled_from(["<gpu dev='9' sm='90'/>", "<nic/>", "<pci/>", "<bogus>", "</cpu>",
+                                                 "<cpu><pci busid='x'><gpu dev='0'/></pci></cpu>"])))
+    return "\n".join(lines)
+
+
+@_settings(25)
+@given(text=dump_text())
+def test_fuzz_topology_dumps(tmp_path_factory, text):
+    folder = _fresh(tmp_path_factory)
+    (folder / "dump.xml").write_text(text, encoding="utf-8")
+    _check(["topo", "import", "dump.xml", "--out", "node.yaml"], folder, inputs={"dump.xml"}, name="topo dump")
+
+
 # --------------------------------------------------------------------------- every command's arguments
 NUM = st.one_of(INTS, FLOATS, TEXT).map(str)
 SIZES = st.one_of(st.sampled_from(["1:1G:+1", "8:8G:xabc", "8:8G:x", "1:4096:+1", "", "-1", "1e400", "8:4:x2", "0",
@@ -197,6 +329,8 @@ PRESETS = st.sampled_from(["dgx-a100", "dgx-h100", "gb200-nvl72", "pcie-gen4-8gp
 SETS = st.builds(lambda p, v: f"{'.'.join(p)}={v}", st.sampled_from([p for p, _ in TOPOLOGY_LEAVES]),
                  st.one_of(NUM, UNIT_STRINGS))
 JSON = st.sampled_from(["--json", None])
+GRID_ITEMS = st.builds(lambda p, vs: f"{'.'.join(p)}={','.join(vs)}", st.sampled_from([p for p, _ in SCENARIO_LEAVES]),
+                       st.lists(st.one_of(NUM, UNIT_STRINGS), min_size=1, max_size=3))
 
 
 def _c(*values: object) -> st.SearchStrategy:
@@ -269,6 +403,23 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[st.SearchStrategy, st.Searc
         "--pue": (_c(1, 1.2), NUM), "--price": (_c("dgx-h100=2.5"), _c("dgx-h100=nan", "x=1", "dgx-h100", "=",
                                                                        "dgx-h100=-1", "dgx-h100=1e400")),
         "--html": (_c("c.html"), BAD_OUT), "--json": (JSON, JSON)}),
+    # budgets size the clusters (each size a search): 20 kW buys 3 nodes of dgx-h100, 24 GPUs, a global batch of 48
+    "compare budget": (["compare", "--model", "llama3-8b", "--cluster", "dgx-h100", "--tokens", "1e9",
+                        "--global-batch", "48", "--schedules", "1f1b", "--max-cp", "1", "--max-micro-batch", "2",
+                        "--max-pp", "1", "--budget-kw", "20"], {
+        "--budget-kw": (_c(6, 20), st.one_of(_c(0, -1, "nan", "inf", "1e400", "1e9", "x", ""), NUM)),
+        "--budget-usd-per-hour": (_c(100), st.one_of(_c(0, "nan", "1e12", "-5"), NUM)),
+        "--price": (_c("dgx-h100=2.5"), _c("dgx-h100=0", "dgx-h100=nan", "dgx-a100=1", "dgx-h100=1e400")),
+        "--days": (_c("1e9"), st.one_of(_c(0, -1, "nan", "inf", "1e-300"), NUM)),
+        "--pue": (_c(1.2), NUM), "--json": (JSON, JSON)}),
+    "search grid": (["search", "in.yaml", "--grid", "training.micro_batch_size=1,2", "--schedules", "1f1b",
+                     "--max-cp", "1", "--max-micro-batch", "2", "--max-pp", "2", "--top", "0"], {
+        "--grid": (_c("training.recompute=none,full", "schedule=1f1b,gpipe", "training.micro_batch_size=1"),
+                   st.one_of(_c("", "=", "x=1,2", "training.micro_batch_size=", "training.micro_batch_size=0,-1",
+                                "training.micro_batch_size=1,,2", "model.num_layers=1e400", "a.b.c=1",
+                                "training.recompute=\x1b[31m", "training.micro_batch_size=" + ",".join(
+                                    str(i) for i in range(1, 200))), GRID_ITEMS)),
+        "--out": (_c("g.jsonl"), BAD_OUT), "--json": (JSON, JSON)}),
     "check/run": (["run", "in.yaml"], {
         "": (_c("in.yaml"), FILES), "--set": (_c("training.global_batch_size=16", "parallel.order=tp-dp-cp-pp",
                                                  "schedule=gpipe", "training.recompute=full"),
@@ -291,7 +442,7 @@ OTHER = [["assumptions", "--json"], ["topo", "list"], ["topo", "gpus", "--json"]
          ["run", "--nope"], ["validate", "x.csv"], ["check"], ["topo", "show"], ["schema"]]
 
 
-POSITIONAL = {"topo show FILE": 2, "check/run": 1, "calibrate": 1, "other": 1}
+POSITIONAL = {"topo show FILE": 2, "check/run": 1, "calibrate": 1, "other": 1, "search grid": 1}
 
 
 @st.composite
@@ -327,8 +478,8 @@ def _check_in_case_folder(argv: list[str], folder: Path, name: str) -> None:
     _check(argv, folder, inputs={"in.yaml", "bad.yaml", "fifo"}, name=f"cli {name}")
 
 
-# Each command its own cases (13 for each of the 11: 143, and the 12 fixed command lines once each: 155 in all, 160
-# before), so that no command is left to the luck of one shared draw.
+# Each command its own cases (13 for each of the 13: 169, and the 12 fixed command lines once each: 181 in all), so
+# that no command is left to the luck of one shared draw.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 @_settings(13)
@@ -341,6 +492,66 @@ def test_fuzz_command_arguments(tmp_path_factory, name, data):
 @pytest.mark.parametrize("argv", OTHER, ids=lambda argv: " ".join(argv) or "(no arguments)")
 def test_other_command_lines(tmp_path_factory, argv):
     _check_in_case_folder(argv, _fresh(tmp_path_factory), "misc")
+
+
+# --------------------------------------------------------------------------- the harnesses' arguments
+class _Measuring(Exception):
+    """A harness got past its argument checks to the measurement (stopped there: the fuzz checks the arguments)."""
+
+
+HARNESSES = {  # module: (its main's module, the function that starts measuring, its options)
+    "kernels": ("validation.kernels.__main__", "measure",
+                ["--device", "--dtype", "--scenario", "--gemm-sizes", "--attention", "--memory-sizes", "--norm-width",
+                 "--max-flops", "--quick", "--warmup", "--iters", "--out", "--timeout"]),
+    "collectives": ("validation.collectives", "benchmark",
+                    ["--backend", "--ranks", "--bytes", "--ops", "--warmup", "--iters", "--out", "--samples",
+                     "--timeout"]),
+    "mlp": ("validation.mlp.__main__", "run_steps",
+            ["--backend", "--ranks", "--cuts", "--width", "--layers", "--batch", "--microbatches", "--batch-split",
+             "--bucket-mb", "--lr", "--seed", "--warmup", "--iters", "--out", "--check", "--tolerance", "--timeout"]),
+    "moe": ("validation.moe.__main__", "run_moe",
+            ["--backend", "--ranks", "--experts", "--topk", "--hidden", "--ffn", "--tokens", "--imbalance",
+             "--no-check", "--tolerance", "--time-tokens", "--dtype", "--warmup", "--iters", "--seed", "--out",
+             "--kernels-out", "--timeout"]),
+    "loop": ("validation.loop", "measure", ["--backend", "--ranks", "--out-dir", "--quick", "--ops", "--iters"]),
+}
+HARNESS_VALUES = st.one_of(NUM, SIZES, _c("cpu", "cuda", "gloo", "nccl", "fp32", "bf16", "all_reduce,all_gather", "x",
+                                          ".", "out.csv", "fifo", "/dev/full", "single,tensor_parallel", "1,4,64,32"))
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESSES))
+@_settings(12)
+@given(data=st.data())
+def test_fuzz_harness_arguments(tmp_path_factory, monkeypatch, capsys, harness, data):
+    pytest.importorskip("torch")
+    import importlib
+
+    from validation.spawn import cli_guard
+
+    module_name, starts, options = HARNESSES[harness]
+    module = importlib.import_module(module_name)
+
+    def measuring(*args, **kwargs):
+        raise _Measuring
+
+    monkeypatch.setattr(module, starts, measuring)
+    argv: list[str] = []
+    for option in data.draw(st.lists(st.sampled_from(options), max_size=4), label="options"):
+        argv += [option, data.draw(HARNESS_VALUES, label=option)]
+    folder = _fresh(tmp_path_factory)
+    os.mkfifo(folder / "fifo")
+    monkeypatch.chdir(folder)
+    capsys.readouterr()
+    try:
+        code = cli_guard(module.main, argv)
+    except _Measuring:  # valid arguments: nothing to refuse
+        CASES[f"harness {harness} measuring"] += 1
+        return
+    err = capsys.readouterr().err
+    CASES[f"harness {harness} exit {code}"] += 1
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (argv, code, err)
+    assert "Traceback" not in err and "usage:" not in err, (argv, err)
+    assert {p.name for p in folder.iterdir()} == {"fifo"}, (argv, list(folder.iterdir()))  # nothing written
 
 
 # --------------------------------------------------------------------------- determinism

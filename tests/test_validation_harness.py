@@ -275,7 +275,7 @@ def test_the_default_output_calibrates_as_it_is(tmp_path, cli):
     ("mlp", ["--microbatches", "-2"], "--microbatches and --seed must be >= 0"),
     ("mlp", ["--cuts", ","], "--cuts: unknown cut(s) (none)"),
     ("mlp", ["--width", "100000000"], "more than half of this host's"),
-    ("mlp", ["--out", "."], "is a folder"),
+    ("mlp", ["--out", "."], "names a folder"),
     ("collectives", ["--bytes", "8:8G:xabc"], "--bytes"),
     ("collectives", ["--bytes", "8:8G:x"], "--bytes"),
     ("collectives", ["--timeout", "nan"], "--timeout must be a positive number of seconds"),
@@ -283,7 +283,7 @@ def test_the_default_output_calibrates_as_it_is(tmp_path, cli):
     ("collectives", ["--ranks", "1000"], "exceeds the 64 ranks"),
     ("collectives", ["--bytes", "64G", "--ranks", "8"], "more than half of this host's"),
     ("collectives", ["--ops", ","], "--ops: unknown op(s) (none)"),
-    ("collectives", ["--out", "."], "is a folder"),
+    ("collectives", ["--out", "."], "names a folder"),
     ("loop", ["--out-dir", "o", "--ranks", "2", "--timeout", "nan"], "--timeout a positive number of seconds"),
     ("loop", ["--out-dir", "o", "--ranks", "2", "--bytes", "1K:1M:xq"], "--bytes"),
 ])

@@ -18,7 +18,6 @@ size x factor / busbw; where it gives only a time (CS336), busbw is computed fro
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 from collections.abc import Iterable
@@ -693,9 +692,15 @@ NOT_MODELLED = """
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from validation.spawn import HarnessParser
+
+    parser = HarnessParser(prog="python -m validation.accuracy_collectives", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the markdown report here (default: print it)")
     args = parser.parse_args(argv)
+    if args.out:
+        from simdist.files import check_target
+
+        check_target(args.out, field="--out")  # before the work, not after it
     text = render()
     if args.out:
         from simdist.files import write_text  # atomic, creates the folder, one-line errors
@@ -707,4 +712,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from validation.spawn import cli_guard
+
+    raise SystemExit(cli_guard(main))

@@ -22,7 +22,6 @@ NCCL's constants and link specifications.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from dataclasses import dataclass
@@ -253,9 +252,15 @@ def report(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from validation.spawn import HarnessParser
+
+    parser = HarnessParser(prog="python -m validation.accuracy_training", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
     args = parser.parse_args(argv)
+    if args.out:
+        from simdist.files import check_target
+
+        check_target(args.out, field="--out")  # before the work, not after it
     text = report([predict(r) for r in rows()])
     if args.out:
         from simdist.files import write_text  # atomic, creates the folder, one-line errors
@@ -267,4 +272,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from validation.spawn import cli_guard
+
+    raise SystemExit(cli_guard(main))

@@ -15,7 +15,6 @@ counts, every 6th row predicted again): regenerate it when the step model moves 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass
@@ -109,9 +108,15 @@ def report(results: list[Banded], how: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from validation.spawn import HarnessParser
+
+    parser = HarnessParser(prog="python -m validation.bands", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
     args = parser.parse_args(argv)
+    if args.out:
+        from simdist.files import check_target
+
+        check_target(args.out, field="--out")  # before the work, not after it
     from simdist.api import run
 
     all_rows = rows()
@@ -127,4 +132,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from validation.spawn import cli_guard
+
+    raise SystemExit(cli_guard(main))

@@ -19,7 +19,6 @@ against the targets, and every 10th row predicted again; regenerate the document
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -197,20 +196,30 @@ def render(table: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from validation.spawn import HarnessParser
+
+    parser = HarnessParser(prog="python -m validation.closed_form_agreement", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--per-cluster", type=int, default=80)
     parser.add_argument("--published", action="store_true", help="also the scenarios/published/ files (slow)")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        from simdist.files import check_target
+
+        check_target(args.out, field="--out")  # before the work, not after it
     table = rows(args.per_cluster, args.published)
     text = render(table)
     if args.out is None:
         sys.stdout.write(text)
     else:
-        args.out.write_text(text, encoding="utf-8")
+        from simdist.files import write_text  # atomic: never half a report
+
+        write_text(args.out, text, field="--out")
         print(f"wrote {args.out}: {summary(table)}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from validation.spawn import cli_guard
+
+    raise SystemExit(cli_guard(main))

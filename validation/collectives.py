@@ -53,6 +53,7 @@ from typing import Any
 from simdist.calibrate.measurements import Measurement, _metadata_lines, write_measurements_csv, write_text_atomic
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError
+from simdist.files import check_target
 from simdist.units import parse_size_list
 from validation.machine import device_name, start_rank
 from validation.spawn import HarnessError, HarnessParser, cli_guard, doing, launch, partial_path, report
@@ -312,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = parse_sizes(args.bytes)
     _check_memory(sizes, args.ranks, args.backend)
     out = Path(args.out)
-    if out.is_dir():
-        raise HarnessError(f"--out {out} is a folder (fix: name a file, e.g. {out / 'collectives.csv'})")
+    for flag, path in (("--out", out), ("--samples", args.samples)):  # before timing: an unwritable output would
+        if path:                                                       # lose the results
+            check_target(path, field=flag)
     command = "python -m validation.collectives " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = BenchConfig(ops=ops, sizes=sizes, warmup=args.warmup, iters=args.iters, backend=args.backend,
                          command=command)

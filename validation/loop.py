@@ -44,6 +44,7 @@ from typing import Any
 from simdist import api
 from simdist.calibrate.measurements import Measurement, write_measurements_csv, write_text_atomic
 from simdist.calibrate.steps import StepMeasurement, write_step_measurements_csv
+from simdist.files import check_target
 from simdist.hardware.presets import topology_document
 from simdist.units import parse_size_list
 from validation.collectives import BENCH_OPS, BenchConfig, benchmark, parse_sizes
@@ -334,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise HarnessError(f"--out-dir {out_dir} is a file (fix: name a folder)")
+    check_target(out_dir / "validation.md", field="--out-dir")  # a folder it can write, before measuring
     print(f"measuring {len(config.ops)} collectives x {len(config.sizes)} sizes and the MLP cuts on "
           f"{', '.join(map(str, config.ranks))} {config.backend} ranks ...", flush=True)
     measured = measure(config, partial_dir=out_dir)

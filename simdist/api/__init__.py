@@ -166,7 +166,8 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     ``path`` may also be a ``report.json`` that `run` wrote: its ``scenario_resolved`` runs again, with the
     simulate and fidelity it recorded unless given (simdist.api.provenance), so the numbers are the same. The files
     such a report names (cluster file, hf_config, calibration) are read only inside the report's folder unless
-    ``trust_paths`` (a report from elsewhere must not make simdist read any file here); each is reported.
+    ``trust_paths`` (a report from elsewhere must not make simdist read any file here); each is reported. So is
+    the topology file a calibration names, inside the calibration's folder (simdist.api.calibration).
     """
     from simdist.api.provenance import check_report_paths, scenario_document_of_report
     from simdist.files import check_target
@@ -188,7 +189,8 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
     return run_document(doc, assignments, base_dir=Path(path).parent, source=str(path),
                         out_dir=out_dir, strict=strict, calibration=calibration,
                         simulate=simulate or options.get("simulate") or "auto",
-                        fidelity=fidelity or options.get("fidelity") or "engine", timeline=timeline)
+                        fidelity=fidelity or options.get("fidelity") or "engine", timeline=timeline,
+                        trust_paths=trust_paths)
 
 
 def _read_json(path: str | Path) -> Any:
@@ -206,8 +208,8 @@ RUN_FILES = ("report.json", "trace.json", "report.html")
 
 
 def _calibrated_scenario(doc: Document | dict[str, Any], assignments: list[str] | None, *,
-                         base_dir: str | Path | None, source: str, calibration: str | Path | None
-                         ) -> tuple[Scenario, Any, Path, list[str]]:
+                         base_dir: str | Path | None, source: str, calibration: str | Path | None,
+                         trust_paths: bool = False) -> tuple[Scenario, Any, Path, list[str]]:
     """(scenario after its calibration's and the caller's assignments, the loaded calibration, the base folder, the
     caller's assignments normalised): what `check_document` and `run_document` both start from."""
     from simdist.api.calibration import _scenario_calibration
@@ -216,15 +218,16 @@ def _calibrated_scenario(doc: Document | dict[str, Any], assignments: list[str] 
         doc = scenario_document(doc, source)
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     items = scenario_assignments(assignments or [])
-    cal, cal_assignments = _scenario_calibration(doc.with_assignments(items) if items else doc, base, calibration)
+    cal, cal_assignments = _scenario_calibration(doc.with_assignments(items) if items else doc, base, calibration,
+                                                 trust=trust_paths)
     every = [*cal_assignments, *items]
     scenario = scenario_of(doc.with_assignments(every) if every else doc, base_dir=base, source=source)
     return scenario, cal, base, items
 
 
 def check_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
-                   base_dir: str | Path | None = None, source: str = "", calibration: str | Path | None = None
-                   ) -> Scenario:
+                   base_dir: str | Path | None = None, source: str = "", calibration: str | Path | None = None,
+                   trust_paths: bool = False) -> Scenario:
     """Everything `run_document` checks before it simulates, on the same path: the scenario and its cluster, the
     calibration it names (or ``calibration``) applied to them, the model, the layout, the execution fields and the
     faults (simdist.predict.step.checked_step). ``simdist check`` says ok exactly where ``simdist run`` would
@@ -233,7 +236,7 @@ def check_document(doc: Document | dict[str, Any], assignments: list[str] | None
     from simdist.predict.step import checked_step
 
     scenario, cal, base, _ = _calibrated_scenario(doc, assignments, base_dir=base_dir, source=source,
-                                                  calibration=calibration)
+                                                  calibration=calibration, trust_paths=trust_paths)
     _calibration_hooks(cal, scenario.topology)
     checked_step(scenario.spec, scenario.topology, base_dir=base)
     return scenario
@@ -242,7 +245,7 @@ def check_document(doc: Document | dict[str, Any], assignments: list[str] | None
 def run_document(doc: Document | dict[str, Any], assignments: list[str] | None = None, *,
                  base_dir: str | Path | None = None, source: str = "", out_dir: str | Path | None = None,
                  strict: bool = False, calibration: str | Path | None = None, simulate: str = "auto",
-                 fidelity: str = "engine", timeline: bool = False) -> RunOutput:
+                 fidelity: str = "engine", timeline: bool = False, trust_paths: bool = False) -> RunOutput:
     """`run` of a scenario given as data (a `Document` read from a file, or a plain dict): no file is written
     but the reports in ``out_dir``. ``base_dir``: where the scenario's relative paths start (default: here)."""
     from simdist.files import check_target, json_text, write_files
@@ -252,7 +255,7 @@ def run_document(doc: Document | dict[str, Any], assignments: list[str] | None =
         for name in names:
             check_target(Path(out_dir) / name, field="--out")
     scenario, cal, base, assignments = _calibrated_scenario(doc, assignments, base_dir=base_dir, source=source,
-                                                            calibration=calibration)
+                                                            calibration=calibration, trust_paths=trust_paths)
     prediction = predict(scenario.spec, scenario.topology, fidelity=fidelity, simulate=simulate,
                          base_dir=base, source=source, calibration=cal, timeline=timeline or out_dir is not None)
     result = _with_provenance(prediction.result, scenario, assignments, base=base, calibration=calibration,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import SimdistWarning, SpecError
+from simdist.errors import SimdistNote, SimdistWarning, SpecError
 from simdist.hardware import Topology
 from simdist.hardware.presets import topology_document
 from simdist.spec.load import Document
@@ -17,16 +18,43 @@ from simdist.spec.load import Document
 HOLDOUT_HELP = "sizes (every other size of each sweep), large (the largest third), ranks (the largest rank count), none"
 
 
-def _cluster_calibration(calibration: str | Path | None, cluster: str | Path, *, field: str = "--cluster") -> Any:
+def names_a_file(topology: str) -> bool:
+    """Whether a calibration's ``topology`` names a topology file (a path) rather than a preset."""
+    return topology.endswith((".yaml", ".yml")) or "/" in topology or "\\" in topology
+
+
+def calibration_topology(cal: Any, *, trust: bool = False) -> str:
+    """The topology a calibration was fitted for: a preset name, or the file it names resolved relative to the
+    calibration file, inside its folder unless ``trust`` (simdist.api.provenance.confined_path: a calibration from
+    elsewhere must not make simdist read any file here), and reported."""
+    from simdist.api.provenance import confined_path
+
+    if not names_a_file(cal.spec.topology):
+        return cal.spec.topology
+    return str(confined_path(cal.spec.topology, Path(cal.source), kind="calibration", field="topology",
+                             trust=trust))
+
+
+def _cluster_calibration(calibration: str | Path | None, cluster: str | Path, *, field: str = "--cluster",
+                         trust: bool = False) -> Any:
     """The calibration file loaded and checked against the cluster's topology name (an error) and GPU (a
-    `SimdistWarning` naming both); None: no calibration."""
+    `SimdistWarning` naming both); None: no calibration. A calibration of a topology file fits the cluster of that
+    very file; another file is read (`calibration_topology`: confined unless ``trust``) and compared by name."""
     if calibration is None:
         return None
     from simdist.calibrate.calibration import load_calibration
 
     cal = load_calibration(calibration)
     data = topology_document(cluster).data
-    cal.check_topology(str(data.get("name", str(cluster))), field=field, gpu=_gpu_of(data))
+    fitted = None
+    if names_a_file(cal.spec.topology):
+        own = Path(cal.spec.topology)
+        own = own if own.is_absolute() else Path(cal.source).parent / own
+        if not (names_a_file(str(cluster)) and own.resolve() == Path(cluster).resolve()):
+            fitted = str(topology_document(calibration_topology(cal, trust=trust)).data.get("name", own.stem))
+        else:
+            fitted = str(data.get("name", str(cluster)))
+    cal.check_topology(str(data.get("name", str(cluster))), field=field, gpu=_gpu_of(data), fitted=fitted)
     return cal
 
 
@@ -44,19 +72,22 @@ def _gpu_of(topology_data: dict[str, Any]) -> Any:
 
 
 def _recording(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``fn()``'s document with the `SimdistWarning`s raised meanwhile as ``warnings`` (each once, in order)."""
+    """``fn()``'s document with the `SimdistWarning`s raised meanwhile as ``warnings`` (each once, in order); notes
+    (`SimdistNote`: a file read, a line dropped) pass on as they came."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SimdistWarning)
         doc = fn()
-    lines = [" ".join(str(w.message).split()) for w in caught if issubclass(w.category, SimdistWarning)]
-    for w in caught:  # anything else is passed on as it came
-        if not issubclass(w.category, SimdistWarning):
+    doubts = [w for w in caught if issubclass(w.category, SimdistWarning) and not issubclass(w.category, SimdistNote)]
+    lines = [" ".join(str(w.message).split()) for w in doubts]
+    for w in caught:  # anything else (notes: a file read) is passed on as it came
+        if not any(w is d for d in doubts):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     doc["warnings"] = list(dict.fromkeys(lines))
     return doc
 
 
-def _scenario_calibration(doc: Document, base_dir: Path, calibration: str | Path | None) -> tuple[Any, list[str]]:
+def _scenario_calibration(doc: Document, base_dir: Path, calibration: str | Path | None, *, trust: bool = False
+                          ) -> tuple[Any, list[str]]:
     """(calibration, its overrides as ``cluster.*`` assignments) of a scenario (``doc``, its overrides applied):
     ``calibration`` if given, else the scenario's ``calibration:`` field (relative to ``base_dir``, the scenario
     file's folder). The scenario's own cluster fields win."""
@@ -74,7 +105,7 @@ def _scenario_calibration(doc: Document, base_dir: Path, calibration: str | Path
         target = target if target.is_absolute() else base_dir / target
     if target is None:
         return None, []  # scenario_of reports the missing cluster
-    cal = _cluster_calibration(calibration, target, field="cluster.preset")
+    cal = _cluster_calibration(calibration, target, field="cluster.preset", trust=trust)
     return cal, cal.assignments("cluster", keep=cluster)
 
 
@@ -111,6 +142,7 @@ def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any
                         fix="pass our CSV, nccl-tests output (text or -J JSON), an MLP step CSV, a kernel CSV or "
                             "PyTorch profiler traces")
     from simdist.calibrate.trace_read import looks_like_trace
+    from simdist.files import read_text
 
     collectives: list[Any] = []
     steps: list[Any] = []
@@ -126,7 +158,7 @@ def read_measurement_kinds(paths: list[str | Path]) -> tuple[list[Any], list[Any
         p = Path(path)
         first = ""
         if p.is_file():
-            lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = read_text(p, errors="replace").splitlines()  # bounded (INPUT_BYTES): a 1 GB file is refused
             first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), "")
         header = {h.strip() for h in next(csv.reader([first]))} if first else set()
         if looks_like_kernel_csv(header):
@@ -153,6 +185,9 @@ def calibrate(paths: list[str | Path], topology: str, *, num_nodes: int | None =
         measurements, steps, kernels = read_measurement_kinds(paths)
         spec = fit_calibration(measurements, topology, num_nodes=num_nodes, steps=steps, holdout=holdout, seed=seed,
                                sources=[str(p) for p in paths], kernels=kernels)
+        if out is not None and names_a_file(topology):  # read relative to the calibration (calibration_topology)
+            spec = spec.model_copy(update={"topology": os.path.relpath(Path(topology).resolve(),
+                                                                       Path(out).resolve().parent)})
         text = to_yaml(spec)
         if out is not None:
             _write_text(Path(out), text, field="--out")
@@ -178,7 +213,7 @@ def _mapes(rows: list[dict[str, Any]], key: str, by: str = "op") -> dict[str, An
 
 
 def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str = "sizes",
-             html: str | Path | None = None) -> dict[str, Any]:
+             html: str | Path | None = None, trust_paths: bool = False) -> dict[str, Any]:
     """Fit on part of the measurements, predict the rest (`simdist validate`).
 
     The topology is the calibration file's. ``holdout`` (see `HOLDOUT_HELP`) selects the points to predict;
@@ -194,11 +229,11 @@ def validate(paths: list[str | Path], calibration: str | Path, *, holdout: str =
     file_s, errors) and ``kernel_mape_pct`` / ``kernel_uncalibrated_mape_pct`` / ``kernel_calibration_file_mape_pct``
     (``all`` and ``per_kernel``). Collective rows carry ``imbalance`` (1 for an even all_to_all).
     """
-    return _recording(lambda: _validate(paths, calibration, holdout=holdout, html=html))
+    return _recording(lambda: _validate(paths, calibration, holdout=holdout, html=html, trust=trust_paths))
 
 
-def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str, html: str | Path | None
-              ) -> dict[str, Any]:
+def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str, html: str | Path | None,
+              trust: bool = False) -> dict[str, Any]:
     from simdist.calibrate import calibration as cb
 
     cal = cb.load_calibration(calibration)
@@ -206,7 +241,7 @@ def _validate(paths: list[str | Path], calibration: str | Path, *, holdout: str,
     if not measurements and not kernels:
         raise SpecError("no collective or kernel measurements to validate", field="MEASUREMENTS",
                         fix="pass our CSV, nccl-tests output or a kernel CSV (python -m validation.kernels)")
-    name = cal.spec.topology
+    name = calibration_topology(cal, trust=trust)  # a file it names: beside it, unless --trust-paths
     points = cb.aggregate(measurements)
     train, test = cb.split_holdout(points, holdout) if points else ([], [])
     base = cb.build_cluster(name, points)

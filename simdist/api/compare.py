@@ -66,7 +66,7 @@ def compare(model: str | None = None, clusters: list[str] | None = None, gpus: i
     from simdist.api.checks import number
     from simdist.api.search import _check_search_args
     from simdist.limits import COMPARE_CLUSTERS, PRICE, PUE, TOKENS
-    from simdist.search.compare import parse_prices
+    from simdist.search.compare import parse_prices, size_cluster
 
     if tokens is None:
         raise SpecError("no --tokens given", field="--tokens", fix="give the tokens to train, e.g. 300e9")
@@ -108,6 +108,9 @@ def compare(model: str | None = None, clusters: list[str] | None = None, gpus: i
         raise SpecError(f"{sized_one} has a GPU count and {budgets[0]} sizes every cluster", field="--cluster",
                         fix=f"drop the counts (--cluster {sized_one}) or the budget")
     names = list(dict.fromkeys(name for name, _ in entries))
+    for name in names:  # every cluster resolved and built before any is searched: a typo in the last is refused
+        size_cluster(name, 1, field="--cluster")  # at once, not after the others' searches
+        _gpu_figures(name)
     price_map = parse_prices(prices or [], names)
     for name, usd in price_map.items():
         number(usd, f"--price {name}", high=PRICE, example="2.5")

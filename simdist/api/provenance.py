@@ -68,23 +68,29 @@ def check_report_paths(doc: Document, report: Path, *, trust: bool) -> None:
     """Refuse (unless ``trust``) a report whose scenario names a file outside the report's folder, and say which files
     a report reads: a report.json from elsewhere is input like any other, and must not make simdist read any file
     of this machine (its paths were absolute where it was written)."""
-    from simdist.errors import note
-
-    folder = report.resolve().parent
     for path in REPORT_PATHS:
         node: Any = doc.data
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if not isinstance(node, str) or (path[-1] == "preset" and Path(node).suffix not in (".yaml", ".yml")):
             continue
-        target = Path(node) if Path(node).is_absolute() else folder / node
-        inside = target.resolve().is_relative_to(folder)
-        field = ".".join(path)
-        if not inside and not trust:
-            raise SpecError(f"{report} names {node} ({field}), outside the report's folder: a report from elsewhere "
-                            "could make simdist read any file here", field="--trust-paths",
-                            fix=f"copy that file next to the report, or pass --trust-paths to read {node}")
-        note(f"{report} reads {target} ({field})")
+        confined_path(node, report, kind="report", field=".".join(path), trust=trust)
+
+
+def confined_path(node: str, owner: Path, *, kind: str, field: str, trust: bool) -> Path:
+    """The file ``node`` that the file ``owner`` (a report.json, a calibration) names in ``field``: resolved
+    relative to ``owner``'s folder, refused outside that folder unless ``trust`` (``--trust-paths``: a file from
+    elsewhere must not make simdist read any file of this machine), and reported (``note: OWNER reads FILE``)."""
+    from simdist.errors import note
+
+    folder = owner.resolve().parent
+    target = Path(node) if Path(node).is_absolute() else folder / node
+    if not target.resolve().is_relative_to(folder) and not trust:
+        raise SpecError(f"{owner} names {node} ({field}), outside the {kind}'s folder: a {kind} from elsewhere "
+                        "could make simdist read any file here", field="--trust-paths",
+                        fix=f"copy that file next to the {kind}, or pass --trust-paths to read {node}")
+    note(f"{owner} reads {target} ({field})")
+    return target
 
 
 def scenario_document_of_report(data: Any, source: str) -> Document | None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simdist.errors import LayoutError, SimdistError, SpecError
+from simdist.errors import LayoutError, OutputError, SimdistError, SpecError
 from simdist.search.space import DEFAULT_MEMORY_HEADROOM
 
 # --------------------------------------------------------------------------- layout search and hardware comparison
@@ -197,20 +198,32 @@ def scenario_problem(scenario: str | Path | Any, assignments: list[str], *, num_
                          base=canonical_json(resolved), **bounds)
 
 
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+"""Errors of a write (not of the search): a results log that cannot grow."""
+
+
 def _search_one(problem: Any, *, top_k: int, workers: int, dask: Any, results_file: str | Path | None,
                 html: str | Path | None, explain_pruned: bool, rows: int, on_total: Any, on_progress: Any
                 ) -> SearchOutput:
     """One search problem: ranked, its table, its HTML."""
-    from simdist.files import write_text
+    from simdist.files import os_fix, os_reason, write_text
     from simdist.report.search_html import search_report_html
     from simdist.report.search_table import search_text
     from simdist.search.executors import make_executor
     from simdist.search.rank import run_search
 
-    with make_executor(workers=workers, dask=dask) as executor:
-        outcome = run_search(problem, executor, top_k=top_k,
-                             results_file=Path(results_file) if results_file is not None else None,
-                             on_total=on_total, on_progress=on_progress, exact_top=rows)
+    try:
+        with make_executor(workers=workers, dask=dask) as executor:
+            outcome = run_search(problem, executor, top_k=top_k,
+                                 results_file=Path(results_file) if results_file is not None else None,
+                                 on_total=on_total, on_progress=on_progress, exact_top=rows)
+    except OSError as err:
+        if results_file is None or err.errno not in _WRITE_ERRORS:
+            raise
+        # The results log (simdist.search.results) is appended to batch by batch: what it held before the failed
+        # batch stays readable (--resume drops a torn last line).
+        raise OutputError(f"cannot write {results_file}: {os_reason(err)}; the results written before are kept",
+                          field="--out", fix=os_fix(err, "free space") + f", then --resume {results_file}") from None
     doc = search_document(outcome, explain_pruned=explain_pruned)
     text = search_text(doc, top=rows, explain_pruned=explain_pruned)
     files: dict[str, Path] = {}

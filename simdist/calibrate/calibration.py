@@ -167,11 +167,14 @@ class Calibration:
 
         return None if self.spec.compute is None else efficiency_of(gpu, self.spec.compute)
 
-    def check_topology(self, name: str, *, field: str = "--cluster", gpu: GpuSpec | None = None) -> None:
-        """One clear error when this calibration is used on another topology than it was fitted for; a
-        `SimdistWarning` naming both when the cluster's ``gpu`` is not the one the measurements ran on."""
-        if name != self.spec.topology:
-            raise SpecError(f"calibration {self.source} was fitted for topology '{self.spec.topology}', not "
+    def check_topology(self, name: str, *, field: str = "--cluster", gpu: GpuSpec | None = None,
+                       fitted: str | None = None) -> None:
+        """One clear error when this calibration is used on another topology than it was fitted for (``fitted``:
+        the name of the topology it names, where it names a file; else its ``topology`` field); a `SimdistWarning`
+        naming both when the cluster's ``gpu`` is not the one the measurements ran on."""
+        fitted = self.spec.topology if fitted is None else fitted
+        if name != fitted:
+            raise SpecError(f"calibration {self.source} was fitted for topology '{fitted}', not "
                             f"'{name}'", field=field,
                             fix=f"use a calibration fitted on {name} (simdist calibrate ... --topology {name}) "
                                 f"or the cluster {self.spec.topology}")

@@ -39,6 +39,7 @@ from simdist.calibrate.fit import fit_line, mape_pct
 from simdist.calibrate.kernels import KERNEL_KINDS, KernelMeasurement, kernel_of
 from simdist.errors import SpecError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency, gemm_rate, kernel_time_s
+from simdist.limits import KERNEL_ROWS, check_work
 from simdist.spec.calibration import ComputeCalibration, KernelFit, KernelKindFit
 from simdist.spec.gpu import GpuSpec
 
@@ -162,6 +163,9 @@ def fit_kernels(rows: Sequence[KernelMeasurement], gpu: GpuSpec, *, holdout: str
                 ) -> tuple[ComputeCalibration, KernelFit]:
     """Compute constants fitted to the measured kernels (module doc); ``holdout``: fit on part
     (`split_kernel_holdout`), the rest's error in ``heldout_per_kind``."""
+    check_work(len(rows), KERNEL_ROWS, what="the measured kernels to fit", field="kernel",
+               source=rows[0].source if rows else None,
+               fix="fit on fewer kernels (fewer sizes, or one file per device)")
     train, test = split_kernel_holdout(rows, holdout)
     gemms = [r for r in train if r.kernel == "gemm"]
     if not gemms:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from simdist.calibrate.measurements import _first_data_line, _number, read_csv_rows, write_dataclass_csv
 from simdist.errors import SpecError
+from simdist.files import read_text
+from simdist.limits import KERNEL_ROWS
 from simdist.plan.layer_cost import AttentionShape, Kernel
 
 __all__ = ["FUSED_ATTENTION", "KERNEL_CSV_COLUMNS", "KERNEL_KINDS", "KernelMeasurement", "kernel_of",
@@ -87,14 +89,14 @@ def read_kernel_measurements(path: str | Path) -> list[KernelMeasurement]:
     p = Path(path)
     if not p.is_file():
         raise SpecError("no such kernel measurement file", source=str(p), fix="check the path")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    text = read_text(p, errors="replace")
     if _first_data_line(text) is None:
         raise SpecError("kernel CSV is empty", source=str(p),
                         fix=f"write a header row {','.join(KERNEL_CSV_COLUMNS)} and one row per kernel")
     return read_csv_rows(text, str(p), _REQUIRED, _row_to_kernel, what="kernel CSV",
                          header_fix=f"the header must name at least {','.join(_REQUIRED)} "
                                     f"(columns: {','.join(KERNEL_CSV_COLUMNS)})",
-                         rows_fix="add one row per measured kernel")
+                         rows_fix="add one row per measured kernel", limit=KERNEL_ROWS)
 
 
 def _optional_int(row: dict[str, str], column: str) -> int | None:

@@ -40,7 +40,8 @@ from pathlib import Path
 
 from simdist.collectives.ops import OPS, algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError, SpecError
-from simdist.limits import MEASURED_TIME_MAX, MEASURED_TIME_MIN
+from simdist.files import read_text
+from simdist.limits import MEASURED_TIME_MAX, MEASURED_TIME_MIN, Limit, check_work
 
 __all__ = ["CSV_COLUMNS", "REQUIRED_COLUMNS", "Measurement", "read_measurements", "write_measurements_csv",
            "write_text_atomic"]
@@ -79,7 +80,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     p = Path(path)
     if not p.is_file():
         raise SpecError("no such measurement file", source=str(p), fix="check the path")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    text = read_text(p, errors="replace")
     if _first_data_line(text) is None:
         raise SpecError("measurement file is empty (no header, no rows)", source=str(p),
                         fix="pass a file with measurements; a run that failed before writing them leaves none")
@@ -149,11 +150,15 @@ def _first_data_line(text: str) -> tuple[int, str] | None:
 
 
 def read_csv_rows(text: str, source: str, required: tuple[str, ...], convert, *, what: str, header_fix: str,
-                  rows_fix: str) -> list:
+                  rows_fix: str, limit: Limit | None = None) -> list:
     """Rows of a CSV (``#`` lines and blank lines skipped) converted one by one by ``convert(row, source)``;
-    every problem is one SpecError naming ``source:line``. Shared by the collective and the step schemas."""
+    every problem is one SpecError naming ``source:line``. Shared by the collective and the step schemas.
+    ``limit``: the most rows the caller's work allows, refused (`LimitError`) before any row is converted."""
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
+    if limit is not None:
+        check_work(len(numbered) - 1, limit, what=f"the {what}'s row count", source=source,
+                   fix="fit on fewer measurements (every other size, or one file per device)")
     head_line, head_text = numbered[0]
     header = [h.strip() for h in next(csv.reader([head_text]))]
     missing = [c for c in required if c not in header]

@@ -28,6 +28,7 @@ from simdist.calibrate.measurements import (
     write_dataclass_csv,
 )
 from simdist.errors import SpecError
+from simdist.files import read_text
 
 __all__ = ["CUTS", "STEP_CSV_COLUMNS", "StepMeasurement", "read_csv_metadata", "read_step_measurements",
            "write_step_measurements_csv"]
@@ -78,7 +79,7 @@ def read_step_measurements(path: str | Path) -> list[StepMeasurement]:
     if not p.is_file():
         raise SpecError("no such step measurement file", source=str(p), fix="check the path")
     source = str(p)
-    text = p.read_text(encoding="utf-8", errors="replace")
+    text = read_text(p, errors="replace")
     first = _first_data_line(text)
     if first is None:
         raise SpecError("step CSV is empty", source=source,
@@ -91,7 +92,7 @@ def read_step_measurements(path: str | Path) -> list[StepMeasurement]:
 def read_csv_metadata(path: str | Path) -> dict[str, str]:
     """The leading ``# key: value`` lines of a CSV as a dict (a repeated key joins its lines with newlines)."""
     meta: dict[str, str] = {}
-    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in read_text(path, errors="replace").splitlines():
         stripped = line.strip()
         if not stripped:
             continue

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from simdist import api  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
 from simdist.cli.streams import OutputClosed, _silence_stdout, emit, notes_to_stderr, print_json, to_stderr
 from simdist.errors import EXIT_USAGE, SimdistError
-from simdist.files import check_target, write_text
+from simdist.files import check_target, os_fix, os_reason, write_text
 
 __all__ = ["app", "check_target", "console", "emit", "main", "print_json", "topo_app", "write_atomically"]
 
@@ -173,9 +173,12 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(128 + err.signum)
     except (OutputClosed, BrokenPipeError) as err:
         _silence_stdout()
-        if isinstance(err, OutputClosed) and str(err):  # a write error other than a closed pipe
-            _fail(f"cannot write the output: {err}")
+        if isinstance(err, OutputClosed) and err.args:  # a write error other than a closed pipe
+            _fail(f"cannot write to standard output: {err.args[0]} (fix: {err.args[1]})")
         sys.exit(0)
+    except OSError as err:  # the one I/O error path of whatever no writer or reader named (e.g. EMFILE in a pipe)
+        where = f"{err.filename}: " if isinstance(err.filename, str) else ""
+        _fail(f"{where}{os_reason(err)} (fix: {os_fix(err, 'check the file system and the limits (ulimit -a)')})")
     except MemoryError:
         _fail("ran out of memory (an input asks for more than this machine has; simdist.limits bounds the known "
               "cases) (fix: give a smaller cluster, fewer micro-batches or fewer sizes)")

@@ -152,6 +152,8 @@ def validate_cmd(
     assignments: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a scenario field with --trace, e.g. --set parallel.dp=4.")] = None,
     as_json: JsonOption = False,
+    trust_paths: Annotated[bool, typer.Option(
+        "--trust-paths", help="the calibration may read the topology file it names outside its own folder")] = False,
 ) -> None:
     """Fit on part of the measurements, predict the rest: per-point error and MAPE, calibrated and not. With
     --trace: a scenario's predicted step beside profiler traces' measured one."""
@@ -179,7 +181,7 @@ def validate_cmd(
                            fix="add --calibration cal.yaml (from simdist calibrate)")
     if html is not None:
         check_target(html, field="--html")
-    doc = api.validate(list(measurements or []), calibration, holdout=holdout, html=html)
+    doc = api.validate(list(measurements or []), calibration, holdout=holdout, html=html, trust_paths=trust_paths)
     _warn(doc)
     if as_json:
         _print_json(doc)

@@ -32,13 +32,16 @@ def check(
     scenario: Annotated[Path, typer.Argument(help="A scenario YAML file.")],
     assignments: SetOption = None,
     as_json: JsonOption = False,
+    trust_paths: Annotated[bool, typer.Option(
+        "--trust-paths", help="the scenario's calibration may read the topology file it names outside its own "
+                              "folder (as simdist run --trust-paths)")] = False,
 ) -> None:
     """Validate a scenario as `simdist run` does before it simulates: its fields, its cluster, its calibration, the
     layout, the execution fields and the faults."""
     from simdist.spec.load import read_yaml
 
     loaded = api.check_document(read_yaml(scenario), assignments or [], base_dir=scenario.parent,
-                                source=str(scenario))
+                                source=str(scenario), trust_paths=trust_paths)
     p = loaded.spec.parallel
     result = {
         "scenario": str(scenario),
@@ -191,8 +194,8 @@ def run_cmd(
         "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
                            "what search ranks by); default engine (a report.json: the one it recorded)")] = None,
     trust_paths: Annotated[bool, typer.Option(
-        "--trust-paths", help="a report.json may read the files it names (cluster file, hf_config, calibration) "
-                              "outside its own folder")] = False,
+        "--trust-paths", help="a report.json may read the files it names (cluster file, hf_config, calibration), "
+                              "and a calibration the topology file it names, outside their own folders")] = False,
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
     output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sys
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from simdist.errors import SimdistNote, SimdistWarning
-from simdist.files import json_text, sigint_held
+from simdist.files import json_text, os_fix, os_reason, sigint_held
 
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
@@ -38,7 +39,8 @@ def terminal_safe(text: str) -> str:
 
 
 class OutputClosed(Exception):
-    """stdout's reader went away (a closed pipe): stop quietly."""
+    """stdout's reader went away (a closed pipe: no arguments, stop quietly), or it could not be written (a full
+    disk behind a redirect: the reason and the fix, one ``error:`` line)."""
 
 
 def _silence_stdout() -> None:
@@ -71,7 +73,11 @@ def emit(text: str, *, stream: Any = None) -> None:
                 _silence_stdout()
             raise OutputClosed from None
         except OSError as err:  # e.g. a full disk behind a redirect: one line, not a traceback
-            raise OutputClosed(str(err)) from None
+            if out is sys.stdout:
+                _silence_stdout()  # the interpreter's last flush would fail again
+            fix = ("free space, or redirect the output to another disk" if err.errno in (errno.ENOSPC, errno.EDQUOT)
+                   else os_fix(err, "redirect the output to a writable file"))
+            raise OutputClosed(os_reason(err), fix) from None
 
 
 def print_json(doc: Any) -> None:

@@ -43,6 +43,8 @@ __all__ = ["GPU_OF_SM", "parse_nccl_xml"]
 GPU_OF_SM = {80: "a100-sxm-80gb", 90: "h100-sxm", 100: "b200", 103: "b300"}
 """# Assumption: the GPU preset a dump's compute capability most likely is (an H200 is sm 90 too: --gpu says so)."""
 NVSWITCH_CLASS = "0x068000"
+KNOWN_ELEMENTS = frozenset({"system", "cpu", "pci", "gpu", "nvlink", "c2c", "nic", "net"})
+"""The elements NCCL writes (src/graph/xml.cc); others are skipped with an assumption line saying so."""
 _DEFAULT_PCIE = (8.0, 16)
 """NCCL's PCI_BW, 12 GB/s, is a Gen3 x16 link (src/graph/topo.h): taken where a pci element gives no speed."""
 
@@ -137,6 +139,11 @@ def parse_nccl_xml(text: str, source: str) -> MachineDraft:
         walk(cpu, name)
     if not cpus:
         raise SpecError("the dump has no <cpu> element", source=source, fix="pass the file NCCL_TOPO_DUMP_FILE wrote")
+    _check_gpus(root, [g for _, _, g in gpus], source)
+    unknown = sorted({e.tag for e in root.iter() if e.tag not in KNOWN_ELEMENTS})
+    if unknown:  # a newer NCCL's additions are no reason to refuse the dump; the reader is told what was left out
+        draft.assumptions.append(f"elements simdist does not read were skipped with what they hold: "
+                                 f"{', '.join(f'<{t}>' for t in unknown)}")
     gpus.sort(key=lambda g: g[0])
     local = {key: f"gpu{i}" for i, (_, key, _) in enumerate(gpus)}
     draft.num_gpus = len(gpus)
@@ -170,6 +177,21 @@ def parse_nccl_xml(text: str, source: str) -> MachineDraft:
             for b in cpus[i + 1:]:
                 draft.link(a, b, "cpu_interconnect", bw)
     return draft
+
+
+def _check_gpus(root: ET.Element, found: list[ET.Element], source: str) -> None:
+    """One error for a dump without GPUs, or with a GPU outside the PCIe tree of every CPU (nothing links it to the
+    rest of the machine: a disconnected GPU, not one to leave out silently)."""
+    every = list(root.iter("gpu"))
+    if not every:
+        raise SpecError("the dump names no GPU (no <gpu> element inside a <pci> device)", source=source,
+                        fix="pass the file NCCL_TOPO_DUMP_FILE wrote on a machine with GPUs, unedited")
+    lost = [g for g in every if not any(g is f for f in found)]
+    if lost:
+        devs = ", ".join(g.get("dev", "?") for g in lost)
+        raise SpecError(f"GPU dev {devs} is not inside a <pci> device under a <cpu>: nothing in the dump links it to "
+                        "the machine (a disconnected GPU)", source=source,
+                        fix="pass the file NCCL_TOPO_DUMP_FILE wrote, unedited")
 
 
 def _net_Bps(net: ET.Element) -> float | None:

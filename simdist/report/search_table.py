@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,8 @@ def _table(title: str) -> Table:
 def _render(*items: Any) -> str:
     """``items`` as text, every cell whole: as wide as the table needs (never cut to a terminal's width), trailing
     spaces removed."""
-    console = Console(width=1000, record=True, force_terminal=False, color_system=None)
+    # file: never stdout (rich flushes its file when a capture ends: a full disk behind stdout would fail here)
+    console = Console(file=io.StringIO(), width=1000, record=True, force_terminal=False, color_system=None)
     with console.capture() as cap:
         for item in items:
             console.print(item)

@@ -282,6 +282,17 @@ def _render(path: Path_) -> str:
     return text
 
 
+_TYPE_FIXES = {
+    "list_type": "write a list, e.g. [a, b]", "dict_type": "write a mapping, e.g. {key: value}",
+    "model_type": "write a mapping of this section's fields", "model_attributes_type": "write a mapping of this "
+    "section's fields", "string_type": "write text", "bool_type": "write true or false",
+    "bool_parsing": "write true or false", "float_type": "write a number", "float_parsing": "write a number",
+    "finite_number": "write a finite number", "greater_than": "write a larger value",
+    "greater_than_equal": "write a larger value", "less_than": "write a smaller value",
+    "less_than_equal": "write a smaller value", "too_short": "give more items", "too_long": "give fewer items"}
+"""What to write instead, per pydantic error type that names no fix of its own."""
+
+
 def spec_error(err: ValidationError, doc: Document, model: type[BaseModel], prefix: str = "") -> SpecError:
     """Turn a pydantic error into one SpecError (the most specific problem first)."""
     errors = err.errors(include_url=False)
@@ -306,7 +317,12 @@ def spec_error(err: ValidationError, doc: Document, model: type[BaseModel], pref
     elif kind in ("int_from_float", "int_type", "int_parsing"):
         fix = "write a whole number, e.g. 2"
     elif kind == "literal_error":
+        given = first.get("input")
+        shown = repr(given) if len(repr(given)) <= 60 else repr(given)[:57] + "..."
+        message = f"{shown} is not accepted: {message[0].lower()}{message[1:]}"
         fix = "use one of the values listed"
+    elif kind in _TYPE_FIXES:  # the value's type or bound: say what to write
+        fix = _TYPE_FIXES[kind]
     elif "(fix: " in message:
         message, _, rest = message.partition(" (fix: ")
         fix = rest.rstrip(")")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from simdist.calibrate.kernels import write_kernel_measurements_csv
+from simdist.files import check_target
 from validation.collectives import parse_sizes
 from validation.kernels.measure import KernelRunConfig, keep_partial, measure
 from validation.kernels.shapes import attention_cases, gemm_sweep, memory_cases, parse_attention, scenario_cases
@@ -82,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         raise HarnessError("--warmup must be >= 0 and --iters >= 1")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise HarnessError(f"--timeout must be a finite number above 0, got {args.timeout:g}")
-    if Path(args.out).is_dir():
-        raise HarnessError(f"--out {args.out} is a folder (fix: name a file, e.g. {Path(args.out) / 'kernels.csv'})")
+    check_target(args.out, field="--out")  # before timing anything: an unwritable --out would lose the results
     if args.device == "cuda":
         import torch
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from simdist.calibrate.steps import write_step_measurements_csv
+from simdist.files import check_target
 from validation.collectives import host_memory_bytes
 from validation.mlp.cuts import DDP_BUCKET_BYTES
 from validation.mlp.harness import ALL_CUTS, StepConfig, keep_partial, run_steps
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         split = tuple(int(v) for v in args.batch_split.split(",")) if args.batch_split else None
     except ValueError:
         raise HarnessError(f"--batch-split '{args.batch_split}' is not a comma list of integers (e.g. 1,3)") from None
-    if args.out is not None and Path(args.out).is_dir():
-        raise HarnessError(f"--out {args.out} is a folder (fix: name a file, e.g. {Path(args.out) / 'steps.csv'})")
+    if args.out is not None:
+        check_target(args.out, field="--out")  # before timing anything: an unwritable --out would lose the results
     command = "python -m validation.mlp " + shlex.join(sys.argv[1:] if argv is None else argv)
     config = StepConfig(
         mlp=MLPConfig(num_layers=args.layers, width=args.width, batch=args.batch, seed=args.seed, lr=args.lr),

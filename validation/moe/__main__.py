@@ -6,10 +6,10 @@ import argparse
 import math
 import shlex
 import sys
-from pathlib import Path
 
 from simdist.calibrate.kernels import write_kernel_measurements_csv
 from simdist.calibrate.measurements import write_measurements_csv
+from simdist.files import check_target
 from validation.collectives import host_memory_bytes
 from validation.moe.harness import DTYPES, MoERunConfig, keep_partial, run_moe
 from validation.moe.layer import MoEConfig
@@ -83,8 +83,8 @@ def _validate(args: argparse.Namespace) -> tuple[int, ...]:
     tokens = _tokens(args.time_tokens)
     for flag in ("out", "kernels_out"):
         path = getattr(args, flag)
-        if path is not None and Path(path).is_dir():
-            raise HarnessError(f"--{flag.replace('_', '-')} {path} is a folder (fix: name a file)")
+        if path is not None:  # before timing anything: an unwritable output would lose the results
+            check_target(path, field=f"--{flag.replace('_', '-')}")
     memory = host_memory_bytes()
     largest = max((*tokens, args.tokens))
     # Assumption: per rank ~8 buffers of the routed rows (tokens x topk x max(hidden, ffn)), float64 at most.
