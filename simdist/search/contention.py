@@ -23,6 +23,8 @@ against the engine.
 
 from __future__ import annotations
 
+from hashlib import blake2b
+
 import numpy as np
 
 from simdist.analytic.pricing import CommPricer
@@ -80,18 +82,25 @@ class ContendedPricer(CommPricer):
                 hit = self._factors[key] = 1.0
                 return hit
             axes = self._translate_axes(placed)
-            # the images are those of ``placed`` under these shifts (`_images`): they key it, not the images
-            placed_key = (op, placed, imbalance, tuple((a, self.mesh.size(a), self.mesh.stride(a)) for a in axes))
-            hit = self._shared.get(placed_key)
+            # the images are those of ``placed`` under these shifts (`_images`), so these key them first; meshes
+            # whose shifts differ may still place the same images (then their digest keys them: one price_comm;
+            # 128 bits of BLAKE2b, where a search keeps thousands: no two distinct images meet in practice, and the
+            # thousands of bytes of each are not kept)
+            shifts_key = (op, placed, imbalance, tuple((a, self.mesh.size(a), self.mesh.stride(a)) for a in axes))
+            hit = self._shared.get(shifts_key)
             if hit is None:
                 images = self._images(placed, axes)
-                priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
-                                    translates=images if len(images) > 1 else None,
-                                    groups=self.topology.groups,  # type: ignore[arg-type]
-                                    stand_in=self._stand_in(placed))
-                transfer = priced.time_s - priced.latency_s
-                hit = self._shared[placed_key] = max(1.0, class_bottleneck_s(self.topology, priced) / transfer) \
-                    if transfer > 0 else 1.0
+                images_key = (op, placed, imbalance, images.shape, blake2b(images.tobytes(), digest_size=16).digest())
+                hit = self._shared.get(images_key)
+                if hit is None:
+                    priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
+                                        translates=images if len(images) > 1 else None,
+                                        groups=self.topology.groups,  # type: ignore[arg-type]
+                                        stand_in=self._stand_in(placed))
+                    transfer = priced.time_s - priced.latency_s
+                    hit = self._shared[images_key] = max(
+                        1.0, class_bottleneck_s(self.topology, priced) / transfer) if transfer > 0 else 1.0
+                self._shared[shifts_key] = hit
             self._factors[key] = hit
         return hit
 
