@@ -99,14 +99,19 @@ def compute_bound_s(cfg: StepConfig) -> float:
     config = token(chunk_cost_key(cfg))
     drains = cfg.schedule != "zb_h1"  # zb_h1's last chunk-0 backward may be followed by deferred W steps
     best = fill = drain = 0.0
+    seconds: dict[tuple, tuple[float, float]] = {}  # (forward, backward + recompute) by chunk (stages share them)
     for s in range(K):
         work = first_f = first_b = 0.0
         for c in range(len(cfg.stage_chunks(s))):
             part = c * K + s
-            cost = chunk_cost_entry(cfg, kinds[part], part == 0, part == K * V - 1, config)[0]
-            work += cost.forward_s + cost.backward_s + cost.recompute_s
+            chunk = (kinds[part], part == 0, part == K * V - 1)
+            f_b = seconds.get(chunk)
+            if f_b is None:
+                cost = chunk_cost_entry(cfg, *chunk, config)[0]
+                f_b = seconds[chunk] = (cost.forward_s, cost.backward_s + cost.recompute_s)
+            work += f_b[0] + f_b[1]
             if c == 0:
-                first_f, first_b = cost.forward_s, cost.backward_s + cost.recompute_s
+                first_f, first_b = f_b
         best = max(best, fill + M * work + (drain if drains else 0.0))
         fill += first_f
         drain += first_b

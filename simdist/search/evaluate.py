@@ -55,6 +55,9 @@ class Context:
     search builds each feasible layout's once in its process."""
     memory: dict[Candidate, float] = field(default_factory=dict)
     """Peak memory per GPU by candidate without its placement (`configured`)."""
+    verdicts: dict[Candidate, tuple[str, str] | None] = field(default_factory=dict)
+    """Pruning's verdict (rule and reason, or None: feasible) by candidate without its placement, for a dense model
+    (simdist.search.prune.why_pruned)."""
     """Contention factors by group and translates placed, shared by the meshes' pricers (ContendedPricer)."""
 
 

@@ -10,6 +10,7 @@ reports) plus the problem's headroom exceeds the GPU's memory.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from simdist.plan.layout import RULES as LAYOUT_RULES
@@ -40,6 +41,20 @@ def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | N
         reason = why_not_run(ctx.base.training.framework, c.zero_stage, c.pp)
         if reason is not None:
             return Pruned(c, "framework", reason)
+    # The placements of one layout of a dense model meet the same rules (the one rule that reads the mesh's axis
+    # order, `experts`, checks MoE pipeline groups: simdist.plan.layout.check_layout) and need the same memory
+    # (Context.memory): the first placement's verdict is every placement's, without building their configs.
+    twin = dataclasses.replace(c, order="") if c.order and ctx.model.num_experts == 0 else None
+    if twin is not None and twin in ctx.verdicts:
+        verdict = ctx.verdicts[twin]
+        return None if verdict is None else Pruned(c, *verdict)
+    found = _rules(problem, c, ctx)
+    if twin is not None:
+        ctx.verdicts[twin] = None if found is None else (found.rule, found.reason)
+    return found
+
+
+def _rules(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | None:
     try:
         _, peak = configured(problem, c, ctx)
     except LayoutRuleError as err:

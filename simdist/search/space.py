@@ -161,7 +161,7 @@ class Candidate:
                 + experts)
 
     def as_dict(self) -> dict:
-        out = asdict(self)
+        out = {name: getattr(self, name) for name in self.__slots__}  # flat: ints, strings and bools
         for name, default in OPTIONAL_FIELDS.items():
             if out[name] == default:  # the rows of results files written before placement / expert search
                 del out[name]
