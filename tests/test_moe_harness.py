@@ -67,6 +67,17 @@ def test_two_ranks_match_one_process_and_time_the_dispatch():
 
 
 @pytest.mark.slow
+def test_top_1_routing_checks_the_zero_router_gradient_absolutely():
+    # top-1: the one gate weight is normalised to 1, so the router gets no gradient; a relative error of it was 0/0
+    # (reported as inf, the check failed on a correct layer)
+    config = MoERunConfig(layer=MoEConfig(num_experts=8, topk=1, hidden=16, ffn_hidden=32, tokens_per_rank=24),
+                          imbalance=1.0, time_tokens=(32,), warmup=0, iters=1)
+    _, _, check, _ = run_moe(config, 2, timeout_s=60)
+    assert check.router_grad_ref_max == 0.0 and check.router_grad_rel_err < 1e-12
+    assert check.worst < 1e-9, check
+
+
+@pytest.mark.slow
 def test_a_router_without_its_gradient_path_fails_the_check(monkeypatch):
     real = harness.moe_forward
 

@@ -100,13 +100,21 @@ def search_text(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool =
     return _render(table) + "\n".join([LEGEND, *search_notes(doc, top=top, explain_pruned=explain_pruned)]) + "\n"
 
 
+def _timed(doc: Mapping[str, Any]) -> str:
+    """How many closed forms the sweep timed (a results file written before these keys: unknown)."""
+    if "evaluated_now" not in doc:
+        return "the top and the Pareto front"
+    resumed = f", {doc['resumed']} resumed" if doc.get("resumed") else ""
+    return f"{doc['evaluated_now']} timed{resumed}"
+
+
 def search_notes(doc: Mapping[str, Any], *, top: int = 10, explain_pruned: bool = False) -> list[str]:
     """The lines under a search's table: what was enumerated, pruned, ruled out and re-simulated, the placement."""
     placement = doc.get("placement")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(doc["pruned_counts"].items(), key=lambda kv: -kv[1])) or "none"
     lines = [
-             f"{doc['candidates']} layouts enumerated, {doc['feasible']} feasible, {doc['evaluated']} evaluated by "
-             f"the closed form in {doc['sweep_s']:.2f} s on {doc['executor']}; pruned: {counts}"]
+             f"{doc['candidates']} layouts enumerated, {doc['feasible']} feasible, {doc['evaluated']} reported by "
+             f"the closed form ({_timed(doc)}) in {doc['sweep_s']:.2f} s on {doc['executor']}; pruned: {counts}"]
     if doc.get("bounded_count"):
         lines.append(f"{doc['bounded_count']} feasible layouts ruled out by a lower bound of their step: slower than "
                      f"#{min(len(doc['ranked']), top)} and off the memory-throughput Pareto front")

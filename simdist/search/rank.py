@@ -58,7 +58,8 @@ class SearchOutcome:
     def to_dict(self, *, explain_pruned: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "problem": self.problem.as_dict(), "num_gpus": self.num_gpus, "candidates": self.candidates,
-            "feasible": self.feasible, "evaluated": len(self.ranked), "bounded_count": len(self.bounded),
+            "feasible": self.feasible, "evaluated": len(self.ranked), "evaluated_now": self.evaluated_now,
+            "resumed": self.resumed, "bounded_count": len(self.bounded),
             "interrupted": self.interrupted,
             "pruned_counts": self.pruned_counts(), "executor": self.executor, "sweep_s": self.sweep_s,
             "engine_s": self.engine_s, "ranked": self.ranked, "bounded": self.bounded, "engine": self.engine,
