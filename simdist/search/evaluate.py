@@ -55,6 +55,8 @@ class Context:
     search builds each feasible layout's once in its process."""
     memory: dict[Candidate, float] = field(default_factory=dict)
     """Peak memory per GPU by candidate without its placement (`configured`)."""
+    compute_bounds: dict[Candidate, tuple[float, float]] = field(default_factory=dict)
+    """(compute bound, memory) by candidate without its placement (`quick_screen_batch`)."""
     verdicts: dict[Candidate, tuple[str, str] | None] = field(default_factory=dict)
     """Pruning's verdict (rule and reason, or None: feasible) by candidate without its placement, for a dense model
     (simdist.search.prune.why_pruned)."""
@@ -221,8 +223,14 @@ def quick_screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[d
     ctx = context(problem)
     out = []
     for c in batch:
-        cfg, memory = configured(problem, c, ctx)
-        out.append(_bound_row(problem, c, memory, compute_bound_s(cfg), "compute"))
+        # the placements of one layout have the same compute bound and memory (neither reads the mesh's axis
+        # order): the first one's, without building the others' configs
+        twin = dataclasses.replace(c, order="")
+        hit = ctx.compute_bounds.get(twin)
+        if hit is None:
+            cfg, memory = configured(problem, c, ctx)
+            hit = ctx.compute_bounds[twin] = (compute_bound_s(cfg), memory)
+        out.append(_bound_row(problem, c, hit[1], hit[0], "compute"))
     return out
 
 
