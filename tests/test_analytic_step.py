@@ -249,7 +249,7 @@ def test_breakdown_adds_up():
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts)
 def test_search_lower_bound_never_exceeds_the_closed_form(x):
-    # simdist.search.rank's branch and bound rules out a layout whose lower bound is slower than the incumbent: it
+    # simdist.search.sweep's branch and bound rules out a layout whose lower bound is slower than the incumbent: it
     # is sound only if the bound is a bound of the exact closed form, on every kind of layout.
     # The search's first screen, compute alone, must be a bound of that bound (it refines a layout only where the
     # compute bound cannot rule it out), and above zero (every layout computes).

@@ -1,10 +1,10 @@
 """Lower bounds of a layout's step, O(stages x chunks): what `simdist search` screens layouts with before it times
-the survivors with the exact closed form (simdist.analytic.step, simdist.search.rank's branch and bound).
+the survivors with the exact closed form (simdist.analytic.step, simdist.search.sweep's branch and bound).
 
-`lower_bound_s` reads the same priced stages (recipes, sends, tails) as the closed form, so it can never exceed it
-(tests/test_search.py checks bound <= exact). `compute_bound_s` reads only the chunks' compute seconds (no recipe,
-no collective priced): a looser bound, about 5x cheaper cold, that the search screens every layout with first
-(below `lower_bound_s` by construction: tests/test_search.py).
+`lower_bound_s` reads the same priced stages (recipes, sends, tails) as the closed form, so it can never exceed it.
+`compute_bound_s` reads only the chunks' compute seconds (no recipe, no collective priced): a looser bound, about
+5x cheaper cold, that the search screens every layout with first. tests/test_analytic_step.py checks compute bound
+<= schedule bound <= exact on random layouts.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def compute_bound_s(cfg: StepConfig) -> float:
 
 def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
     """A lower bound of the closed-form step (and so of the engine's), O(stages x chunks): search ranks by the
-    exact closed form only the layouts this bound cannot rule out (simdist.search.rank).
+    exact closed form only the layouts this bound cannot rule out (simdist.search.sweep).
 
     Stage s starts no earlier than micro-batch 0's first forward reaches it (each stage before it ran its chunk-0
     forward, each send crossed); it runs its steps one after the other, each at least its recipe's span alone;

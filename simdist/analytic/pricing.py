@@ -140,6 +140,15 @@ class CommPricer:
         """What decides a piece's price on ``groups`` (axis -> (first rank, size, stride)): their shapes."""
         return tuple((a, self._position(*g), g[1], g[2]) for a, g in sorted(groups.items()))
 
+    def stand_in(self, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+        """``ranks`` moved by whole periods (`_position`'s: the nodes, or the pods of three tiers) to the first
+        period they reach into: a group this pricer prices as ``ranks`` (None: already there, or every group priced
+        where it is)."""
+        if not self._period:
+            return None
+        shift = min(ranks) // self._period * self._period
+        return tuple(r - shift for r in ranks) if shift else None
+
     def _position(self, rank: int, size: int = 1, stride: Stride = 1) -> int:
         """Where a group (first rank, size, stride) sits, as far as its price goes: its first rank's place in its node
         (the rank itself where failed links make the routes depend on the nodes); 0 for a group inside one node of

@@ -49,36 +49,15 @@ class Program:
                             tuple(self.steps[1].tolist()))
         return self._tuples
 
-    @property
-    def stage(self) -> tuple[int, ...]:
-        return self._columns()[0]
-
-    @property
-    def kind(self) -> tuple[str, ...]:
-        return self._columns()[1]
-
-    @property
-    def microbatch(self) -> tuple[int, ...]:
-        return self._columns()[2]
-
-    @property
-    def chunk(self) -> tuple[int, ...]:
-        return self._columns()[3]
-
-    @property
-    def upstream(self) -> tuple[int, ...]:
-        """Index (in this program) of the step whose output this step receives; -1: none."""
-        return self._columns()[4]
-
-    @property
-    def downstream_stage(self) -> tuple[int, ...]:
-        """Stage this step sends its output to (-1: none, or the same stage)."""
-        return self._columns()[5]
-
-    @property
-    def code(self) -> tuple[int, ...]:
-        """`recipe_code` of the step (chunk, kind, edge micro-batch)."""
-        return self._columns()[6]
+    stage = property(lambda self: self._columns()[0])
+    kind = property(lambda self: self._columns()[1])
+    microbatch = property(lambda self: self._columns()[2])
+    chunk = property(lambda self: self._columns()[3])
+    upstream = property(lambda self: self._columns()[4],
+                        doc="Index (in this program) of the step whose output this step receives; -1: none.")
+    downstream_stage = property(lambda self: self._columns()[5],
+                                doc="Stage this step sends its output to (-1: none, or the same stage).")
+    code = property(lambda self: self._columns()[6], doc="`recipe_code` of the step (chunk, kind, edge micro-batch).")
 
     def __len__(self) -> int:
         return self.steps.shape[1]

@@ -34,7 +34,7 @@ PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16, fp16, f
 
 def _progress(as_json: bool):
     """A rich progress bar on stderr (none with --json), one line per phase of the sweep: the lower bounds of every
-    feasible layout, then the closed form of those the bounds cannot rule out (simdist.search.rank.sweep), each
+    feasible layout, then the closed form of those the bounds cannot rule out (simdist.search.sweep), each
     moving as its batches finish, with its ETA. (on_total, on_progress, stop)."""
     if as_json:
         return None, None, lambda: None

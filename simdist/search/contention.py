@@ -96,24 +96,15 @@ class ContendedPricer(CommPricer):
                     priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
                                         translates=images if len(images) > 1 else None,
                                         groups=self.topology.groups,  # type: ignore[arg-type]
-                                        stand_in=self._stand_in(placed))
+                                        # its tuner choice and transfer alone found once for every stage's
+                                        # group: the alone pricer prices them as this stand-in
+                                        stand_in=self.alone.stand_in(placed))
                     transfer = priced.time_s - priced.latency_s
                     hit = self._shared[images_key] = max(
                         1.0, class_bottleneck_s(self.topology, priced) / transfer) if transfer > 0 else 1.0
                 self._shared[shifts_key] = hit
             self._factors[key] = hit
         return hit
-
-    def _stand_in(self, placed: tuple[int, ...]) -> tuple[int, ...] | None:
-        """``placed`` moved by whole periods of the alone pricer (`CommPricer._position`: the nodes, or the pods of
-        three tiers) to the first it fits in, whose tuner choice and transfer alone stand for its own: the alone
-        pricer prices the two alike (and so the contended one's latency and transfer alone), so the groups of every
-        pipeline stage find the tuner's choice once. None where the alone pricer prices each group where it is."""
-        period = self.alone._period
-        if not period:
-            return None
-        shift = min(placed) // period * period
-        return tuple(r - shift for r in placed) if shift else None
 
     def _translate_axes(self, placed: tuple[int, ...]) -> tuple[str, ...]:
         """The axes the members of ``placed`` do not span: shifting along its own axis maps a whole axis group to

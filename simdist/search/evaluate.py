@@ -13,7 +13,6 @@ computed it or what it computed before.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -50,17 +49,17 @@ class Context:
     contended: dict[Mesh, ContendedPricer] = field(default_factory=dict)
     """A contention-aware pricer per mesh (`contended_pricer`), kept for the candidates that share the mesh."""
     factors: dict[tuple, float] = field(default_factory=dict)
+    """Contention factors by group and translates placed, shared by the meshes' pricers (ContendedPricer)."""
     configs: dict[str, tuple[StepConfig, float]] = field(default_factory=dict)
     """(StepConfig, peak memory per GPU) by candidate key, kept from pruning to the closed form (`configured`): a
     search builds each feasible layout's once in its process."""
     memory: dict[Candidate, float] = field(default_factory=dict)
     """Peak memory per GPU by candidate without its placement (`configured`)."""
-    compute_bounds: dict[Candidate, tuple[float, float]] = field(default_factory=dict)
-    """(compute bound, memory) by candidate without its placement (`quick_screen_batch`)."""
+    compute_bounds: dict[Candidate, float] = field(default_factory=dict)
+    """Compute bound by candidate without its placement (`quick_screen_batch`)."""
     verdicts: dict[Candidate, tuple[str, str] | None] = field(default_factory=dict)
     """Pruning's verdict (rule and reason, or None: feasible) by candidate without its placement, for a dense model
     (simdist.search.prune.why_pruned)."""
-    """Contention factors by group and translates placed, shared by the meshes' pricers (ContendedPricer)."""
 
 
 def contended_pricer(ctx: Context, mesh: Mesh) -> ContendedPricer:
@@ -187,10 +186,10 @@ def configured(problem: SearchProblem, c: Candidate, ctx: Context) -> tuple[Step
         cfg = step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
         # the placements of one layout need the same memory (no input of simdist.plan.step's memory model is the
         # mesh's axis order): found once
-        placed = dataclasses.replace(c, order="")
-        memory = ctx.memory.get(placed)
+        layout = c.unplaced
+        memory = ctx.memory.get(layout)
         if memory is None:
-            memory = ctx.memory[placed] = peak_memory_bytes(cfg)
+            memory = ctx.memory[layout] = peak_memory_bytes(cfg)
         hit = ctx.configs[c.key] = (cfg, memory)
     return hit
 
@@ -210,8 +209,7 @@ def tokens_of(problem: SearchProblem) -> float:
     return problem.global_batch_size * (ctx.model.seq_length if ctx.model.kind == "decoder" else 1)
 
 
-def _bound_row(problem: SearchProblem, c: Candidate, memory: float, bound: float, kind: str) -> dict[str, Any]:
-    tokens = tokens_of(problem)
+def _bound_row(c: Candidate, memory: float, bound: float, kind: str, tokens: float) -> dict[str, Any]:
     return {"key": c.key, "layout": c.as_dict(), "memory_per_gpu_bytes": memory,
             "step_time_lower_bound_s": bound, "tokens_per_s_upper_bound": tokens / bound if bound > 0 else 0.0,
             "lower_bound": kind}
@@ -221,16 +219,17 @@ def quick_screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[d
     """`screen_batch` with the looser compute-only bound (simdist.analytic.bound.compute_bound_s): every layout's
     first screen, cheap; the search refines it with `screen_batch` only where it cannot rule a layout out."""
     ctx = context(problem)
+    tokens = tokens_of(problem)
     out = []
     for c in batch:
         # the placements of one layout have the same compute bound and memory (neither reads the mesh's axis
         # order): the first one's, without building the others' configs
-        twin = dataclasses.replace(c, order="")
-        hit = ctx.compute_bounds.get(twin)
-        if hit is None:
+        layout = c.unplaced
+        bound, memory = ctx.compute_bounds.get(layout), ctx.memory.get(layout)
+        if bound is None or memory is None:
             cfg, memory = configured(problem, c, ctx)
-            hit = ctx.compute_bounds[twin] = (compute_bound_s(cfg), memory)
-        out.append(_bound_row(problem, c, hit[1], hit[0], "compute"))
+            bound = ctx.compute_bounds[layout] = compute_bound_s(cfg)
+        out.append(_bound_row(c, memory, bound, "compute", tokens))
     return out
 
 
@@ -238,10 +237,11 @@ def screen_batch(problem: SearchProblem, batch: list[Candidate]) -> list[dict[st
     """A lower bound of each candidate's step (simdist.analytic.bound.lower_bound_s, O(stages x chunks)), its
     memory, and the upper bound of its throughput, in ``batch``'s order."""
     ctx = context(problem)
+    tokens = tokens_of(problem)
     out = []
     for c in batch:
         cfg, memory = configured(problem, c, ctx)
-        out.append(_bound_row(problem, c, memory, lower_bound_s(cfg, ctx.pricer), "schedule"))
+        out.append(_bound_row(c, memory, lower_bound_s(cfg, ctx.pricer), "schedule", tokens))
     return out
 
 

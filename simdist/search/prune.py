@@ -10,7 +10,6 @@ reports) plus the problem's headroom exceeds the GPU's memory.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from simdist.plan.layout import RULES as LAYOUT_RULES
@@ -44,7 +43,7 @@ def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | N
     # The placements of one layout of a dense model meet the same rules (the one rule that reads the mesh's axis
     # order, `experts`, checks MoE pipeline groups: simdist.plan.layout.check_layout) and need the same memory
     # (Context.memory): the first placement's verdict is every placement's, without building their configs.
-    twin = dataclasses.replace(c, order="") if c.order and ctx.model.num_experts == 0 else None
+    twin = c.unplaced if c.order and ctx.model.num_experts == 0 else None
     if twin is not None and twin in ctx.verdicts:
         verdict = ctx.verdicts[twin]
         return None if verdict is None else Pruned(c, *verdict)

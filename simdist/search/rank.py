@@ -36,7 +36,7 @@ class SearchOutcome:
     """Closed-form results, best first."""
     bounded: list[dict[str, Any]] = field(default_factory=list)
     """Layouts a lower bound rules out of the top (slower than the last ranked one shown, and dominated on
-    memory and throughput): their bound, not their closed form (simdist.search.rank.sweep)."""
+    memory and throughput): their bound, not their closed form (simdist.search.sweep)."""
     engine: list[dict[str, Any]] = field(default_factory=list)
     """The top k re-simulated by the engine: closed form and engine side by side."""
     interrupted: bool = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from itertools import permutations
 
 from simdist.errors import SpecError
@@ -159,6 +159,11 @@ class Candidate:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.micro_batch_size}-"
                 f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}" + (f"-{self.order}" if self.order else "")
                 + experts)
+
+    @property
+    def unplaced(self) -> Candidate:
+        """The layout without its placement (the mesh's axis order): what its placements share."""
+        return replace(self, order="") if self.order else self
 
     def as_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__slots__}  # flat: ints, strings and bools

@@ -226,6 +226,7 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         # within the threshold.
         threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
         front = _optimistic_front(list(done.values()))
+        final = threshold, front
         bounds.tighten([c for c in candidates if level[c.key] < 1 and _open(bounds.quick[c.key], threshold, front)],
                        to=1)
         bounds.tighten([c for c in candidates if c.key in done and level[c.key] < bounds.top
@@ -242,11 +243,10 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
         # Report what does not depend on how the work was batched (or resumed): every layout whose tightest bound is
         # within the exact_top-th best step (the same T whichever rounds found it), and the exact Pareto front;
         # others evaluated on the way are reported by their bound, as the ones never evaluated.
-        threshold = _kth([r["step_time_s"] for r in done.values()], exact_top)
-        front_list = _optimistic_front(list(done.values()))
-        front_set = set(front_list)
+        threshold, front = final
+        on_front = set(front)
         done = {k: r for k, r in done.items() if bounds.lower[k] <= threshold
-                or (r["memory_per_gpu_bytes"], r["tokens_per_s"]) in front_set}
-        rows = {k: v if _open(bounds.quick[k], threshold, front_list) else bounds.quick[k] for k, v in rows.items()}
+                or (r["memory_per_gpu_bytes"], r["tokens_per_s"]) in on_front}
+        rows = {k: v if _open(bounds.quick[k], threshold, front) else bounds.quick[k] for k, v in rows.items()}
     bounded = {k: v for k, v in rows.items() if k not in done}
     return done, bounded, interrupted, new, resumed
