@@ -12,6 +12,10 @@ mechanisms expose it (constants: ``data/host_overhead.csv``, each with its sourc
   GPU queue: the GPU idles ``step_gap_s`` until the host's first kernel of the step reaches it. It is paid per
   micro-batch, so it weighs more per sample at small micro-batches.
 
+The host CPU matters: a Grace CPU (GB200, GB300 superchips) takes about 2.75 times as long as a DGX server's
+x86 CPU to issue the same op (``data/host_cpu.csv``), so the dispatch and launch costs are scaled by the GPU's
+host factor; the step gap, a GPU-side idle time measured after a synchronize, is not.
+
 A CPU core standing in for a device (simdist.hardware.gpus.CPU_PRESETS) runs each op synchronously on the host:
 its dispatch is already part of every kernel's ``launch_overhead_s`` (simdist.hardware.compute) and there is no
 device queue to drain, so it has no host costs of its own here.
@@ -27,7 +31,7 @@ from importlib import resources
 from simdist.hardware.gpus import CPU_PRESETS, GPU_PRESETS
 from simdist.spec.gpu import GpuSpec
 
-__all__ = ["NONE", "HostOverhead", "host_overhead"]
+__all__ = ["NONE", "HostOverhead", "host_op_factor", "host_overhead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +61,33 @@ _CPU_DEVICES = frozenset(GPU_PRESETS[p].name for p in CPU_PRESETS)
 
 
 def host_overhead(gpu: GpuSpec | None = None) -> HostOverhead:
-    """The defaults of ``data/host_overhead.csv`` (`NONE` for a CPU core standing in for ``gpu``)."""
+    """The defaults of ``data/host_overhead.csv`` for ``gpu``'s host CPU (`host_op_factor`), `NONE` for a CPU core
+    standing in for ``gpu``."""
     if gpu is not None and gpu.name in _CPU_DEVICES:
         return NONE
-    return _defaults()
+    base = _defaults()
+    factor = host_op_factor(gpu)
+    if factor == 1.0:
+        return base
+    # Assumption: the step gap (GPU idle from a host call to its kernel after a synchronize) is driver and
+    # device latency, not host compute, so the host CPU does not scale it.
+    return HostOverhead(launch_s=base.launch_s * factor, dispatch_s=base.dispatch_s * factor,
+                        step_gap_s=base.step_gap_s)
+
+
+def host_op_factor(gpu: GpuSpec | None) -> float:
+    """How long ``gpu``'s host CPU takes to issue one framework op, relative to a DGX server's x86 CPU
+    (``data/host_cpu.csv``; 1 for a GPU without a row)."""
+    if gpu is None:
+        return 1.0
+    return _host_cpus().get(gpu.name, 1.0)
+
+
+@cache
+def _host_cpus() -> dict[str, float]:
+    text = (resources.files("simdist.hardware") / "data" / "host_cpu.csv").read_text(encoding="utf-8")
+    return {r["gpu"]: float(r["op_time_factor"])
+            for r in csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))}
 
 
 @cache

@@ -122,14 +122,26 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         # (simdist.hardware.compute.ComputeEfficiency.graph_launch_overhead_s).
         eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
 
-    def total(kernels_of) -> float:
+    def total(kernels_of, syncs_of=lambda w: ()) -> float:
         # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
         # (simdist.hardware.host: one eager op per modelled kernel); under CUDA graphs the GPU's time alone.
         # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
-        if ex.cuda_graphs:
-            return sum(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, eff) * n for w, n in parts)
-        return sum(host.kernels_time_s(kernels_time_s(cfg.gpu, kernels_of(w), cfg.precision, eff),
-                                       len(kernels_of(w))) * n for w, n in parts)
+        # Where the host waits for the device (Work.host_syncs: an MoE layer's token counts), its lead is lost: the
+        # kernels on either side are issued and run as runs of their own, and the GPU idles from the end of its queue
+        # until the host's next kernel reaches it, the step gap (simdist.hardware.host: the same idle as after
+        # Megatron's synchronize following a pipeline send/recv).
+        # Assumption: under CUDA graphs the synchronization stays (a dropless MoE layer's expert part is not
+        # captured: Megatron-Core's partial graphs stop at it) and costs the gap.
+        out = 0.0
+        for w, n in parts:
+            kernels, cuts = kernels_of(w), syncs_of(w)
+            runs = [kernels[a:b] for a, b in zip((0, *cuts), (*cuts, len(kernels)), strict=True)]
+            t = len(cuts) * host.step_gap_s
+            for run in runs:
+                gpu_s = kernels_time_s(cfg.gpu, run, cfg.precision, eff)
+                t += gpu_s if ex.cuda_graphs else host.kernels_time_s(gpu_s, len(run))
+            out += t * n
+        return out
 
     def comm(phase: str, overlappable: bool | None, ring: bool = False) -> tuple:
         out: dict[tuple[str, float, str, float], int] = {}
@@ -207,9 +219,9 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 if f > 1.0:
                     tax += n * (f - 1.0) * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
     return ChunkCost(
-        forward_s=total(lambda w: w.forward) + tax,
+        forward_s=total(lambda w: w.forward, lambda w: w.host_syncs) + tax,
         backward_s=total(lambda w: w.backward) + tax_backward,
-        recompute_s=total(lambda w: w.recompute),
+        recompute_s=total(lambda w: w.recompute, lambda w: w.recompute_syncs),
         forward_comm=comm("forward", False) + comm("forward", True),
         ring_forward_comm=comm("forward", None, ring=True),
         ring_backward_comm=comm("backward", None, ring=True),

@@ -78,6 +78,12 @@ class Work:
     comm: tuple[CommWork, ...]
     model_flops: float
     hardware_flops: float
+    host_syncs: tuple[int, ...] = ()
+    """Forward kernel counts after which the host waits for the device (a device-to-host copy the next kernels'
+    launch needs: an MoE dispatcher's token counts), in order; the GPU's queue then runs dry
+    (simdist.plan.chunk_cost)."""
+    recompute_syncs: tuple[int, ...] = ()
+    """The same for ``recompute``'s kernels (full recompute redoes the forward's synchronizations)."""
 
 
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -182,7 +188,8 @@ def elementwise(name: str, elements: float, bytes_per: float, flops_per: float =
                   useful_flops=None if useful_share is None else flops * useful_share)
 
 
-def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0) -> Work:
+def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0, host_syncs: tuple[int, ...] = (),
+            recompute_syncs: tuple[int, ...] = ()) -> Work:
     """Model FLOPs: the matmul FLOPs the convention counts (causal half, no recompute, a token's topk experts at the
     balanced share); hardware FLOPs: what the kernels execute, recompute included (Korthikanti et al. 2022,
     arXiv:2205.05198 sec. 6.3's MFU / HFU)."""
@@ -194,7 +201,7 @@ def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0) -> Work:
 
     model_flops = counted(fwd) + counted(bwd) - extra_hardware
     return Work(tuple(fwd), tuple(bwd), tuple(redo), tuple(comm), model_flops,
-                executed(fwd) + executed(bwd) + executed(redo))
+                executed(fwd) + executed(bwd) + executed(redo), tuple(host_syncs), tuple(recompute_syncs))
 
 
 @dataclass(slots=True)
@@ -205,6 +212,8 @@ class Pass:
     phase: str
     kernels: list[Kernel] = field(default_factory=list)
     comm: list[CommWork] = field(default_factory=list)
+    syncs: list[int] = field(default_factory=list)
+    """Kernel counts after which the host waits for the device (`Work.host_syncs`)."""
 
     def add(self, *kernels: Kernel) -> Pass:
         self.kernels.extend(kernels)
@@ -216,9 +225,15 @@ class Pass:
                                   imbalance=imbalance))
         return self
 
+    def sync(self) -> Pass:
+        """The host waits here for the device to finish every kernel issued so far (a blocking device-to-host copy)."""
+        self.syncs.append(len(self.kernels))
+        return self
+
     def then(self, other: Pass) -> Pass:
-        """Append ``other``'s kernels and collectives (its ``issued_after`` shifted past this pass's kernels)."""
+        """Append ``other``'s kernels, collectives and synchronizations (shifted past this pass's kernels)."""
         n = len(self.kernels)
+        self.syncs.extend(i + n for i in other.syncs)
         self.kernels.extend(other.kernels)
         self.comm.extend(dataclasses.replace(c, phase=self.phase, issued_after=c.issued_after + n)
                          for c in other.comm)

@@ -204,7 +204,10 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
         sub["mlp_up"] = (1, 1)  # torchtitan's w1 and w3: two matmuls in simdist's one gate+up GEMM
     redo, redo_comm = recomputed(recompute, fwd, tags, recompute_modules, sub)
     comm += redo_comm
-    return work_of(fwd.kernels, bwd.kernels, redo, comm, attn.extra_hardware_flops)
+    # full recompute redoes the forward, its synchronizations too; Assumption: a selective or op-level redo of part of
+    # an MoE block reuses the forward's token counts (no new synchronization)
+    return work_of(fwd.kernels, bwd.kernels, redo, comm, attn.extra_hardware_flops, host_syncs=tuple(fwd.syncs),
+                   recompute_syncs=tuple(fwd.syncs) if recompute == "full" else ())
 
 
 _MLA_UP = frozenset({"q_up", "q_proj", "kv_up", "mla_rope_concat", "q_up_fp8_cast", "kv_up_fp8_cast"})

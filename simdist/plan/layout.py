@@ -45,6 +45,7 @@ from simdist.hardware.topology import Topology
 from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.execution import execution_of
 from simdist.plan.layer_split import LayerSplit, choose_split
+from simdist.plan.memory import optimizer_state_bytes
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
@@ -313,6 +314,8 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
+        optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
+                                                    exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype),
         execution=execution_of(spec, p.pp),
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg

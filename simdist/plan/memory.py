@@ -114,9 +114,25 @@ def layer_tensors(model: Model, layer: int, *, ep: int = 1) -> int:
     return attention + norm + 1 + 2 * per_linear * (model.num_experts // ep) + shared
 
 
+_STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def optimizer_state_bytes(precision: str, *, exp_avg: str = "fp32", exp_avg_sq: str = "fp32",
+                          main_params: str = "fp32") -> float | None:
+    """Adam's optimizer state per parameter: the master copy of 16-bit training's parameters (none for fp32/tf32
+    training) and the two moments, each in its dtype (Megatron-LM --use-precision-aware-optimizer with
+    --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype: megatron/core/optimizer/distrib_optimizer.py keeps
+    them in Transformer Engine's FusedAdam of those dtypes; fp8 moments are 1 byte, their per-tensor scale not
+    counted); None where every dtype is the default (`model_state_bytes`' 12, or 8)."""
+    if (exp_avg, exp_avg_sq, main_params) == ("fp32", "fp32", "fp32"):
+        return None
+    wide = ELEMENT_BYTES[precision] == 4
+    return float((0 if wide else _STATE_BYTES[main_params]) + _STATE_BYTES[exp_avg] + _STATE_BYTES[exp_avg_sq])
+
+
 def model_state_bytes(
     num_params: float, *, dp: int = 1, zero_stage: int = 0, precision: str = "bf16",
-    grad_reduce_in_fp32: bool | None = None,
+    grad_reduce_in_fp32: bool | None = None, optimizer_bytes: float | None = None,
 ) -> tuple[float, float, float]:
     """(parameter, gradient, optimizer-state) bytes on one GPU holding ``num_params`` parameters.
 
@@ -132,6 +148,7 @@ def model_state_bytes(
     ZeRO's 2-byte gradients. ``grad_reduce_in_fp32`` (Megatron-LM --accumulate-allreduce-grads-in-fp32,
     Megatron-Bridge ddp.grad_reduce_in_fp32) overrides that default for 16-bit training. The data-parallel
     reduction moves the same gradient bytes (simdist.plan.step_config.grad_bytes_per_element).
+    ``optimizer_bytes`` replaces K (`optimizer_state_bytes`: the state kept in narrower dtypes).
     """
     check_choice(precision, PRECISIONS, "training.precision")
     check_positive(dp, "parallel.dp")
@@ -143,6 +160,8 @@ def model_state_bytes(
 
     param_b, grad_b, optim_b = (4.0, 4.0, 8.0) if wide else (
         2.0, float(grad_bytes_per_element(precision, grad_reduce_in_fp32)), 12.0)
+    if optimizer_bytes is not None:
+        optim_b = optimizer_bytes
     params = num_params * param_b / (dp if zero_stage >= 3 else 1)
     grads = num_params * grad_b / (dp if zero_stage >= 2 else 1)
     optim = num_params * optim_b / (dp if zero_stage >= 1 else 1)
@@ -226,6 +245,7 @@ def stage_memory(
     full_share: float = 1.0,
     unsharded: str = "",
     shard_group: int | None = None,
+    optimizer_bytes: float | None = None,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
 
@@ -233,7 +253,8 @@ def stage_memory(
     ``full_share``: under recompute full, the share of the layers recomputed (recompute_method block / every), the
     others keeping everything; ``unsharded``: ZeRO-3 kept gathered (``params``: FSDP reshard_after_forward false;
     ``params_grads``: also the gradients accumulated unsharded until one reduce-scatter per step, FSDP under PyTorch
-    pipelining); ``shard_group``: the data-parallel ranks ZeRO shards over (hybrid sharding; None: dp).
+    pipelining); ``shard_group``: the data-parallel ranks ZeRO shards over (hybrid sharding; None: dp);
+    ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default).
 
     ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
     layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
@@ -290,7 +311,7 @@ def stage_memory(
                                       last_stage=last_stage, tp=tp, layers=layers, ep=experts.ep, etp=experts.etp)
     shards = (shard_group or dp) * cp
     params, grads, optim = model_state_bytes(n, dp=shards, zero_stage=zero_stage, precision=precision,
-                                             grad_reduce_in_fp32=grad_reduce_in_fp32)
+                                             grad_reduce_in_fp32=grad_reduce_in_fp32, optimizer_bytes=optimizer_bytes)
     if zero_stage == 3 and unsharded:
         # FSDP keeping the gathered 16-bit parameters through the step (and the gradients until the step's one
         # reduce-scatter), beside the sharded ones: ZeRO-2's (ZeRO-1's) memory plus the shards
@@ -306,7 +327,7 @@ def stage_memory(
                               field="parallel.ep", fix="choose ep and etp whose product divides tp x cp x dp")
         edp = ranks // (experts.ep * experts.etp)
         p_e, g_e, o_e = model_state_bytes(n_experts, dp=edp, zero_stage=zero_stage, precision=precision,
-                                          grad_reduce_in_fp32=grad_reduce_in_fp32)
+                                          grad_reduce_in_fp32=grad_reduce_in_fp32, optimizer_bytes=optimizer_bytes)
         params, grads, optim = params + p_e, grads + g_e, optim + o_e
 
     e = ELEMENT_BYTES[precision]

@@ -209,6 +209,29 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     return fwd, bwd
 
 
+def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_factor: float | None) -> str:
+    """Where a dropless MoE layer's forward waits for the device: the host needs the routed token counts on the CPU
+    (the all-to-all's split sizes, the grouped GEMM's rows per expert).
+
+    ``alltoall``: Megatron-Core MoEAlltoAllTokenDispatcher.preprocess sets ``cuda_sync_point``: ``before_permutation_1``
+    when a capacity factor drops tokens (num_out_tokens), else ``before_ep_alltoall`` when ep > 1 or the rank holds
+    several experts (input_splits / output_splits), else ``before_finish`` (tokens_per_expert), and
+    _maybe_update_cuda_sync_point synchronizes the stream there (megatron/core/transformer/moe/token_dispatcher.py).
+    ``flex`` (DeepEP's normal-mode dispatch): the CPU waits for the received-token counts the notify kernel writes to
+    host-mapped memory before it sizes the dispatch's output (deep_ep buffer.py / intranode.cu, notify_dispatch): at the
+    dispatch. ``allgather``: MoEAllGatherTokenDispatcher copies tokens_per_expert to the CPU after the gathers, before
+    the local permutation.
+    # Assumption: backward reuses the forward's counts (TE GroupedLinear keeps m_splits), so it has no synchronization.
+    """
+    if dispatcher == "allgather":
+        return "before_finish"
+    if dispatcher == "alltoall" and capacity_factor is not None:
+        return "before_permutation_1"
+    if ep > 1 or num_local_experts > 1:
+        return "before_ep_alltoall"
+    return "before_finish"
+
+
 def _activation(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
     if model.swiglu:
         return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0, useful_share=share)
@@ -239,8 +262,14 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     fwd, bwd = Pass("forward"), Pass("backward")
 
     # ---- dispatch
+    # The host learns the token counts once per layer forward, in a blocking device-to-host copy (`host_sync`).
+    sync_at = _sync_point(kind, ep, nl, experts.capacity_factor)
+    if sync_at == "before_permutation_1":
+        fwd.sync()
     if kind == "alltoall":
         fwd.add(elementwise("moe_permute", r.sent * h, 2 * bpe, 0.0))  # permutation 1: a row per chosen expert
+    if sync_at == "before_ep_alltoall":
+        fwd.sync()
     if a2a and ep > 1:
         fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
     if a2a and etp > 1:
@@ -250,6 +279,8 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         for axis, size in gathers:  # the tokens, then their routing map and probabilities
             fwd.issue("all_gather", size * h * bpe, axis=axis)
             fwd.issue("all_gather", size * e * _ROUTING_BYTES, axis=axis)
+    if sync_at == "before_finish":
+        fwd.sync()
     if sort:
         # alltoall: permutation 2 (sort_chunks_by_idxs); allgather: the local experts' rows out of every token;
         # flex: a received token expanded to each of its local experts: the busiest rank's rows, read and written

@@ -88,6 +88,9 @@ class StepConfig:
     grad_reduce_in_fp32: bool | None = None
     """Gradients of 16-bit training accumulated and reduced in fp32; None: Megatron-LM's default
     (`grad_bytes_per_element`)."""
+    optimizer_state_bytes: float | None = None
+    """Bytes of optimizer state per parameter (the master copy and Adam's moments:
+    `simdist.plan.memory.optimizer_state_bytes`); None: mixed-precision Adam's 12 (fp32 training: 8)."""
     execution: Execution = MEGATRON
     """How the framework runs the work (simdist.plan.execution): kernel style, CUDA graphs, optimizer, FSDP,
     recompute policy, context-parallel communication, async TP."""

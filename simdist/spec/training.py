@@ -144,6 +144,15 @@ class TrainingSpec(Spec):
         description="16-bit training's gradients accumulated and reduced in fp32 (4 bytes each) or in the parameters' "
                     "16-bit dtype (false, as Megatron-Bridge's performance recipes run); default as Megatron-LM: fp32 "
                     "for bf16 and fp8, fp16 for fp16 (alias accumulate_allreduce_grads_in_fp32)")
+    exp_avg_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
+        default="fp32", description="dtype of Adam's first moment (Megatron-LM --exp-avg-dtype with "
+                                    "--use-precision-aware-optimizer; DeepSeek-V3 keeps it in bf16): 4, 2, 2 or 1 "
+                                    "bytes per parameter of optimizer state")
+    exp_avg_sq_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
+        default="fp32", description="dtype of Adam's second moment (Megatron-LM --exp-avg-sq-dtype)")
+    main_params_dtype: Literal["fp32", "fp16"] = Field(
+        default="fp32", description="dtype of the optimizer's master copy of 16-bit training's parameters "
+                                    "(Megatron-LM --main-params-dtype); fp32 and tf32 training keep none")
     grad_bucket_size: BucketSize | None = Field(
         default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
                                   "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "

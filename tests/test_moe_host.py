@@ -1,0 +1,138 @@
+"""Where an MoE layer's forward waits for the device (the dispatcher's token counts), what the host CPU costs per op
+(Grace vs x86), and optimizer state kept in narrower dtypes: hand-checked tiny cases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simdist import api
+from simdist.hardware.compute import compute_efficiency, kernels_time_s
+from simdist.hardware.gpus import GPU_PRESETS
+from simdist.hardware.host import HostOverhead, host_op_factor, host_overhead
+from simdist.plan.chunk_cost import chunk_cost
+from simdist.plan.layer_cost import layer_work
+from simdist.plan.layout import step_config_of
+from simdist.plan.memory import model_state_bytes, optimizer_state_bytes, stage_memory
+from simdist.plan.model import Model
+from simdist.plan.model_presets import resolve_model
+from simdist.plan.moe_cost import ExpertParallel
+
+TINY = Model("tiny-moe", "decoder", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=4,
+             ffn_hidden_size=256, seq_length=128, vocab_size=1000, swiglu=True, num_experts=8, moe_router_topk=2,
+             moe_ffn_hidden_size=128, moe_layer_freq=(0, 1, 1, 1))
+
+
+def names(work) -> list[str]:
+    return [k.name for k in work.forward]
+
+
+# ----------------------------------------------------------------------------- where the forward synchronizes
+@pytest.mark.parametrize("experts, before", [
+    # Megatron-Core alltoall, dropless, ep > 1: before the expert-parallel all-to-all, after permutation 1
+    (ExpertParallel(ep=4), "after moe_permute"),
+    # a capacity factor: before permutation 1 (num_out_tokens)
+    (ExpertParallel(ep=4, capacity_factor=1.5), "before moe_permute"),
+    # allgather: after the gathers, before the local permutation
+    (ExpertParallel(ep=4, dispatcher="allgather"), "before moe_sort_chunks"),
+    # flex (DeepEP): at the dispatch
+    (ExpertParallel(ep=4, dispatcher="flex"), "before_a2a"),
+])
+def test_a_dropless_moe_layer_forward_waits_once_for_the_token_counts(experts, before):
+    work = layer_work(TINY, layer=1, attention="flash", experts=experts)
+    (cut,) = work.host_syncs
+    order = names(work)
+    if before == "after moe_permute":
+        assert order[cut - 1] == "moe_permute"
+    elif before == "before_a2a":
+        first_a2a = next(c for c in work.comm if c.op == "all_to_all" and c.phase == "forward")
+        assert cut == first_a2a.issued_after
+    else:
+        assert order[cut] == before.split()[1]
+    # no synchronization in the backward, nor in a dense layer, nor in a redo that is not the whole forward
+    assert layer_work(TINY, layer=0, attention="flash", experts=experts).host_syncs == ()
+    assert work.recompute_syncs == ()
+    full = layer_work(TINY, layer=1, attention="flash", experts=experts, recompute="full")
+    assert full.recompute_syncs == full.host_syncs == work.host_syncs
+
+
+def test_a_synchronization_splits_the_forward_into_two_host_bound_runs(tmp_path):
+    p = tmp_path / "tiny.yaml"
+    p.write_text(
+        "cluster: {preset: dgx-h100, num_nodes: 1}\n"
+        "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, num_query_groups: 4, ffn_hidden_size: 256,"
+        " seq_length: 128, vocab_size: 1000, swiglu: true, num_experts: 8, moe_router_topk: 2,"
+        " moe_ffn_hidden_size: 128, moe_layer_freq: [1, 1]}\n"
+        "parallel: {tp: 1, pp: 1, dp: 8, ep: 4}\n"
+        "training: {micro_batch_size: 1, global_batch_size: 16, precision: bf16}\n", encoding="utf-8")
+    sc = api.load_scenario(str(p))
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    # a host that takes 1 ms per op: every run of kernels is host-bound, so each run costs its ops x 1 ms
+    host = HostOverhead(launch_s=0.5e-3, dispatch_s=0.5e-3, step_gap_s=7e-6)
+    cfg = dataclasses.replace(cfg, host=host)
+    work = layer_work(cfg.model, layer=0, attention=cfg.attention, experts=cfg.expert_parallel)
+    (cut,) = work.host_syncs
+    n = len(work.forward)
+    gpu = kernels_time_s(cfg.gpu, work.forward, cfg.precision, compute_efficiency(cfg.gpu))
+    assert gpu < n * 1e-3  # host-bound indeed
+    cost = chunk_cost(cfg, ((0, 2),), False, False)
+    # each of the 2 layers: max(GPU, host) of the kernels before the sync, the gap, max(GPU, host) after: host-bound,
+    # so cut x 1 ms + 7 us + (n - cut) x 1 ms = n ms + 7 us, as if not split, plus the gap
+    assert cost.forward_s == pytest.approx(2 * (n * 1e-3 + 7e-6), rel=1e-12)
+    # a GPU-bound layer (a host of 1 ns per op): the two runs' GPU times add up to the whole; the gap is added
+    fast = dataclasses.replace(cfg, host=HostOverhead(launch_s=0.5e-9, dispatch_s=0.5e-9, step_gap_s=7e-6))
+    assert chunk_cost(fast, ((0, 2),), False, False).forward_s == pytest.approx(2 * (gpu + 7e-6), rel=1e-12)
+    # a host between the two runs' GPU time per op: one run is host-bound, the other GPU-bound, and the split costs
+    # time (the host's lead from the GPU-bound run is lost at the sync)
+    pre = kernels_time_s(cfg.gpu, work.forward[:cut], cfg.precision, compute_efficiency(cfg.gpu))
+    post = gpu - pre
+    op = (pre / cut * post / (n - cut)) ** 0.5
+    assert min(pre / cut, post / (n - cut)) < op < max(pre / cut, post / (n - cut))
+    mid = dataclasses.replace(cfg, host=HostOverhead(launch_s=op / 2, dispatch_s=op / 2, step_gap_s=0.0))
+    expect = max(pre, cut * op) + max(post, (n - cut) * op)
+    assert expect > max(gpu, n * op) * (1 + 1e-6)
+    assert chunk_cost(mid, ((0, 2),), False, False).forward_s == pytest.approx(2 * expect, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- host CPU
+def test_a_grace_host_issues_each_op_2_75_times_as_slowly_as_a_dgx_x86_host():
+    x86, grace = host_overhead(GPU_PRESETS["h100-sxm"]), host_overhead(GPU_PRESETS["gb200"])
+    # TransformerEngine issue #2053: torch.nn.Linear forward CPU time 37.08 us (GB200) / 13.48 us (DGX H100)
+    assert host_op_factor(GPU_PRESETS["gb200"]) == 2.75 == host_op_factor(GPU_PRESETS["gb300"])
+    assert host_op_factor(GPU_PRESETS["b200"]) == 1.0 == host_op_factor(None)
+    assert grace.launch_s == pytest.approx(2.75 * x86.launch_s, rel=1e-12)
+    assert grace.dispatch_s == pytest.approx(2.75 * x86.dispatch_s, rel=1e-12)
+    assert grace.step_gap_s == x86.step_gap_s  # a GPU-side idle, not host compute
+    assert host_overhead(GPU_PRESETS["cpu-core"]).op_s == 0.0
+
+
+# ----------------------------------------------------------------------------- optimizer state dtypes
+def test_bf16_moments_keep_8_bytes_of_optimizer_state_per_parameter():
+    # DeepSeek-V3 / Megatron-LM --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16:
+    # fp32 master (4) + bf16 m (2) + bf16 v (2)
+    assert optimizer_state_bytes("bf16", exp_avg="bf16", exp_avg_sq="bf16") == 8.0
+    assert optimizer_state_bytes("bf16", exp_avg="fp8", exp_avg_sq="bf16", main_params="fp16") == 5.0
+    assert optimizer_state_bytes("fp32", exp_avg="bf16", exp_avg_sq="bf16") == 4.0  # no master copy in fp32
+    assert optimizer_state_bytes("bf16") is None  # the defaults: model_state_bytes' 12
+    _, _, default = model_state_bytes(1e9, dp=4, zero_stage=1)
+    _, _, narrow = model_state_bytes(1e9, dp=4, zero_stage=1, optimizer_bytes=8.0)
+    assert default == 12e9 / 4 and narrow == 8e9 / 4
+    kw = dict(layers_on_stage=4, first_stage=True, last_stage=True, dp=4, zero_stage=1, layers=(0, 1, 2, 3),
+              experts=ExpertParallel(ep=4))
+    a, b = stage_memory(TINY, **kw), stage_memory(TINY, optimizer_bytes=8.0, **kw)
+    assert b.optimizer_bytes == pytest.approx(a.optimizer_bytes * 8 / 12, rel=1e-12)
+    assert (b.params_bytes, b.grads_bytes, b.activations_bytes) == (a.params_bytes, a.grads_bytes, a.activations_bytes)
+
+
+def test_the_bundled_deepseek_v3_scenario_fits_as_nvidia_ran_it():
+    sc = api.load_scenario("scenarios/deepseek-v3-gb200.yaml")
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    assert cfg.optimizer_state_bytes == 8.0 and cfg.execution.recompute_modules == ("mlp", "mla_up_proj")
+    from simdist.plan.step import step_memory
+
+    memory = step_memory(cfg)
+    assert all(m.fits for m in memory)
+    # without the guide's recompute and BF16 moments it does not (the scenario's own comment)
+    bare = dataclasses.replace(cfg, optimizer_state_bytes=None, recompute="none")
+    assert not all(m.fits for m in step_memory(bare))
