@@ -136,3 +136,49 @@ def test_the_bundled_deepseek_v3_scenario_fits_as_nvidia_ran_it():
     # without the guide's recompute and BF16 moments it does not (the scenario's own comment)
     bare = dataclasses.replace(cfg, optimizer_state_bytes=None, recompute="none")
     assert not all(m.fits for m in step_memory(bare))
+
+
+# ----------------------------------------------------------------------------- routing load as a distribution
+def test_routing_distributions_give_the_busiest_ranks_expected_load():
+    from simdist.plan.moe_routing import routing_imbalance
+
+    # two experts on two ranks, two routed copies: loads (2, 0), (1, 1), (0, 2) with probabilities 1/4, 1/2, 1/4, so
+    # E[max] = 2 x 1/2 + 1 x 1/2 = 1.5 against a mean of 1 (standard error 0.5 / sqrt(20000) = 0.0035)
+    assert routing_imbalance("multinomial", num_experts=2, ep=2, tokens=2, topk=1, draws=20000) == \
+        pytest.approx(1.5, abs=0.015)
+    # Zipf, one expert per rank and ten million copies (fluctuation ~1e-4): the busiest rank holds the most popular
+    # expert, p_1 = 1 / H_4 = 1 / (1 + 1/2 + 1/3 + 1/4), so the factor is ep x p_1 = 4 / 2.0833 = 1.92
+    assert routing_imbalance("zipf", num_experts=4, ep=4, tokens=10**7, topk=1, skew=1.0) == \
+        pytest.approx(4 / (1 + 1 / 2 + 1 / 3 + 1 / 4), rel=2e-3)
+    kw = dict(num_experts=64, ep=8, tokens=4096, topk=4)
+    # skew 0 is the uniform multinomial; balanced routing and a single rank are exactly 1
+    assert routing_imbalance("zipf", skew=0.0, **kw) == routing_imbalance("multinomial", **kw) > 1.0
+    assert routing_imbalance("balanced", **kw) == 1.0 == routing_imbalance("zipf", **{**kw, "ep": 1})
+    # more skew, a busier rank; more tokens, less fluctuation
+    skews = [routing_imbalance("zipf", skew=s, **kw) for s in (0.25, 0.5, 1.0, 2.0)]
+    assert skews == sorted(skews) and skews[-1] <= kw["ep"]
+    assert routing_imbalance("multinomial", **{**kw, "tokens": 40960}) < routing_imbalance("multinomial", **kw)
+
+
+def test_a_scenario_routes_by_a_distribution_or_states_the_imbalance(tmp_path):
+    base = ("cluster: {preset: dgx-h100, num_nodes: 1}\n"
+            "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, num_query_groups: 4, ffn_hidden_size: 256,"
+            " seq_length: 128, vocab_size: 1000, swiglu: true, num_experts: 8, moe_router_topk: 2,"
+            " moe_ffn_hidden_size: 128, moe_layer_freq: [1, 1]}\n"
+            "parallel: {tp: 1, pp: 1, dp: 8, ep: 4}\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(base + "training: {micro_batch_size: 1, global_batch_size: 16, moe_routing: zipf, "
+                        "moe_routing_skew: 1.5}\n", encoding="utf-8")
+    sc = api.load_scenario(str(p))
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    from simdist.plan.moe_routing import routing_imbalance
+
+    # the ep group of 4 routes 4 x 128 tokens per micro-batch, 2 copies each
+    assert cfg.moe_imbalance == routing_imbalance("zipf", num_experts=8, ep=4, tokens=512, topk=2, skew=1.5) > 1.2
+    assert cfg.expert_parallel.imbalance == cfg.moe_imbalance
+    for training, field in (("moe_routing: zipf, moe_imbalance: 1.5", "moe_imbalance"),
+                            ("moe_routing: multinomial, moe_routing_skew: 2", "moe_routing_skew")):
+        p.write_text(base + f"training: {{micro_batch_size: 1, global_batch_size: 16, {training}}}\n",
+                     encoding="utf-8")
+        with pytest.raises(Exception, match=field):
+            api.load_scenario(str(p))

@@ -50,6 +50,7 @@ from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
 from simdist.plan.moe_cost import check_experts as check_moe_cost
+from simdist.plan.moe_routing import routing_imbalance
 from simdist.plan.schedule import check_schedule
 from simdist.plan.step_config import StepConfig
 from simdist.spec.gpu import GpuSpec
@@ -311,7 +312,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),
         layers_per_part=split.parts, split_method=split.method,
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
-        moe_imbalance=t.moe_imbalance, moe_capacity_factor=t.moe_expert_capacity_factor,
+        moe_imbalance=_moe_imbalance(spec, model), moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
@@ -319,6 +320,18 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         execution=execution_of(spec, p.pp),
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
+
+
+def _moe_imbalance(spec: ScenarioSpec, model: Model) -> float:
+    """training.moe_imbalance, or the one training.moe_routing's distribution gives (simdist.plan.moe_routing) for the
+    tokens the expert-parallel group routes per micro-batch: each ep rank its own micro-batch's tokens of its context-
+    parallel slice (split over tp under sequence parallelism)."""
+    t, p = spec.training, spec.parallel
+    if t.moe_routing is None or not model.num_experts:
+        return t.moe_imbalance
+    local = model.seq_length * t.micro_batch_size // p.cp // (p.tp if p.sequence_parallel else 1)
+    return routing_imbalance(t.moe_routing, num_experts=model.num_experts, ep=p.ep, tokens=local * p.ep,
+                             topk=model.moe_router_topk, skew=t.moe_routing_skew)
 
 
 def _with_other_gpus(cfg: StepConfig, spec: ScenarioSpec, topology: Topology) -> StepConfig:

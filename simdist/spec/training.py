@@ -129,6 +129,14 @@ class TrainingSpec(Spec):
         default=1.0, ge=1.0, le=1024.0,
         description="routing imbalance: the busiest expert-parallel rank's routed tokens / the mean (1.0: "
                     "perfectly balanced); the busiest rank's extra tokens cost compute and all-to-all time")
+    moe_routing: Literal["balanced", "multinomial", "zipf"] | None = Field(
+        default=None, description="routing load as a distribution instead of moe_imbalance (simdist.plan.moe_routing): "
+                                  "balanced (force-balanced, Megatron-LM --moe-router-force-load-balancing), "
+                                  "multinomial (uniform experts, per-micro-batch fluctuation) or zipf (expert "
+                                  "popularity ~ rank^-moe_routing_skew); the busiest ep rank's expected load per "
+                                  "micro-batch becomes the imbalance")
+    moe_routing_skew: float = Field(
+        default=1.0, ge=0.0, le=8.0, description="the Zipf exponent s of moe_routing: zipf (0: uniform)")
     moe_grouped_gemm: bool = Field(
         default=True, description="the local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm) instead of "
                                   "one GEMM per expert")
@@ -252,6 +260,16 @@ class TrainingSpec(Spec):
         # Megatron-LM's --overlap-grad-reduce: the gradient buckets reduce while the backward runs.
         data = switch(data, "overlap_grad_reduce", "grad_reduce", "overlapped", None)
         return torchtitan_checkpointing(data)
+
+    @model_validator(mode="after")
+    def _routing_fields(self) -> TrainingSpec:
+        if self.moe_routing is not None and "moe_imbalance" in self.model_fields_set:
+            raise FieldProblem(("moe_imbalance",), "moe_imbalance states the imbalance that moe_routing derives (fix: "
+                                                   "give one of them)")
+        if "moe_routing_skew" in self.model_fields_set and self.moe_routing != "zipf":
+            raise FieldProblem(("moe_routing_skew",), "moe_routing_skew is the exponent of moe_routing: zipf (fix: set "
+                                                      "moe_routing: zipf, or drop moe_routing_skew)")
+        return self
 
     @model_validator(mode="after")
     def _recompute_fields(self) -> TrainingSpec:
