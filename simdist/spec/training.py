@@ -263,10 +263,11 @@ class TrainingSpec(Spec):
 
     @model_validator(mode="after")
     def _routing_fields(self) -> TrainingSpec:
-        if self.moe_routing is not None and "moe_imbalance" in self.model_fields_set:
+        # (a value other than the default: a dumped and re-read spec sets every field)
+        if self.moe_routing is not None and self.moe_imbalance != 1.0:
             raise FieldProblem(("moe_imbalance",), "moe_imbalance states the imbalance that moe_routing derives (fix: "
                                                    "give one of them)")
-        if "moe_routing_skew" in self.model_fields_set and self.moe_routing != "zipf":
+        if self.moe_routing_skew != 1.0 and self.moe_routing != "zipf":
             raise FieldProblem(("moe_routing_skew",), "moe_routing_skew is the exponent of moe_routing: zipf (fix: set "
                                                       "moe_routing: zipf, or drop moe_routing_skew)")
         return self
