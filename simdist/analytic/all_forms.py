@@ -4,5 +4,6 @@ import simdist.analytic.direct
 import simdist.analytic.halving_doubling
 import simdist.analytic.hierarchical
 import simdist.analytic.nvls
+import simdist.analytic.pat
 import simdist.analytic.tree  # noqa: F401
 from simdist.analytic import ring  # noqa: F401
