@@ -1,5 +1,6 @@
 """Imports every closed-form module so that each registers itself in simdist.analytic.registry."""
 
+import simdist.analytic.collnet
 import simdist.analytic.direct
 import simdist.analytic.halving_doubling
 import simdist.analytic.hierarchical

@@ -1,5 +1,6 @@
 """Imports every algorithm module so that each registers itself in simdist.collectives.registry."""
 
+import simdist.collectives.collnet
 import simdist.collectives.direct
 import simdist.collectives.halving_doubling
 import simdist.collectives.hierarchical

@@ -13,6 +13,8 @@ protocol costs beyond the wire:
   exposed"), and so does simdist;
 - PAT (one rank per node) pays NCCL's per-step interLat / 3.5 (the Tree's network hwLat) per transfer,
   its linear nRanks x 2.8 us in the start-up and its 0.75 bandwidth factor in the rate factor;
+- CollNetDirect (SHARP) pays NCCL's interLat over its two network hops (half each), its intraLat per NVLink
+  hop, 2 (ppn - 1) x 0.4 us in the start-up, and NCCL's 0.85 on Hopper and later as its rate factor;
 - ``rate_factor``: payload per wire byte. LL moves 8-byte lines of 4 data + 4 flag bytes (0.5, and NCCL
   caps LL at llMaxBw); LL128 keeps 120 of every 128 bytes, NCCL applies 0.92 x busBw; Simple 1.
 """
@@ -33,16 +35,23 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 # Assumption: direct (p2p), halving-doubling and hierarchical have no NCCL tuning entry of their own;
 # they pay Ring's per-hop constants (NCCL's p2p path uses the same Simple/LL128/LL machinery).
 NCCL_ALGORITHM = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "direct": "Ring",
-                  "halving_doubling": "Ring", "hierarchical": "Ring", "pat": "PAT"}
+                  "halving_doubling": "Ring", "hierarchical": "Ring", "pat": "PAT",
+                  "collnet": "CollNetDirect"}
 
 # Payload efficiency per protocol (tuning.cc: LL bw = busBw x 0.5 capped at llMaxBw, LL128 = 0.92 x busBw).
 RATE_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 
 _CLASS_TO_NCCL = {"nvlink": "NVLINK", "pcie": "PCI", "net": "NET"}
 
-SIMPLE_ONLY = frozenset({"NVLS", "PAT"})
+SIMPLE_ONLY = frozenset({"NVLS", "PAT", "CollNetDirect"})
 """NCCL algorithms that run the Simple protocol only (tuning.cc, ncclTopoTuneModel: NVLS and NVLSTree skip
-p != Simple; PAT for AllGather/ReduceScatter likewise)."""
+p != Simple; PAT for AllGather/ReduceScatter likewise; CollNetDirect's LL and LL128 bandwidth is 0, "Not used")."""
+
+COLLNET_ARITY_LATENCY_S = 0.4e-6
+"""tuning.cc, CollNetDirect latency: "(nRanks/nNodes-1) * 0.4" us of "arity serialization", twice (into the
+heads, out of them): added to the start-up."""
+COLLNET_HOPPER_FACTOR = 0.85
+"""tuning.cc: CollNetDirect "if (minCompCap >= 90) busBw *= .85"; the rate factor on Hopper and Blackwell."""
 
 PAT_BANDWIDTH_FACTOR = 0.75
 """tuning.cc, ncclTopoTuneModel: "if (a == NCCL_ALGO_PAT) busBw *= .75"; simdist's PAT rate factor."""
@@ -62,7 +71,7 @@ node: a PAT step pays hwLat[NET][Tree][protocol] / 3.5."""
 # ncclTopoTuneModel zeroes its bandwidth. barrier is not an NCCL op (frameworks run a tiny all_reduce):
 # None = any algorithm.
 NCCL_RUNS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "nvls"),
+    "all_reduce": ("ring", "tree", "nvls", "collnet"),
     "all_gather": ("ring", "nvls", "pat"),
     "reduce_scatter": ("ring", "nvls", "pat"),
     "broadcast": ("ring",),
@@ -148,8 +157,12 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         exposed = group.size > 1 and len(group.by_node()) == group.size
         for cls, link in _CLASS_TO_NCCL.items():
             wire = table[("hwLat", "Ring", "LL", link)]
-            hw = "Tree" if exposed and link == "NET" else nccl
-            per_class[cls] = max(0.0, table[("hwLat", hw, protocol, link)] - wire) * 1e-6
+            hw = table[("hwLat", "Tree" if exposed and link == "NET" else nccl, protocol, link)]
+            if nccl == "CollNetDirect" and link == "NET":
+                hw /= 2  # NCCL's one interLat, for the two network hops (up to the switches, back down)
+            per_class[cls] = max(0.0, hw - wire) * 1e-6
+        if nccl == "CollNetDirect":
+            base += 2 * (group.size / len(group.by_node()) - 1) * COLLNET_ARITY_LATENCY_S
     factor = RATE_FACTOR[protocol]
     if nccl == "NVLS":
         # NCCL scales NVLS bandwidth by nvlsEfficiency (Hopper 0.85, Blackwell 0.74; tuning.cc) on top
@@ -160,6 +173,8 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         factor *= bandwidth_caps().get(("nvlsEfficiency", gpu_arch(group.topology.gpu.name), "factor"), 1.0)
     if nccl == "PAT":
         factor *= PAT_BANDWIDTH_FACTOR
+    if nccl == "CollNetDirect" and gpu_arch(group.topology.gpu.name) in ("Hopper", "Blackwell"):
+        factor *= COLLNET_HOPPER_FACTOR
     if protocol == "LL":
         # NCCL caps LL bandwidth at llMaxBw (tuning.cc): one node indexes by GPU arch.
         nodes = len(group.by_node())
