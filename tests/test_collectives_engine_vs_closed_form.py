@@ -1,9 +1,9 @@
 """The engine is never faster than the closed form, and equals it uncontended (docs/architecture.md).
 
 Over random collectives (every op and every algorithm that can run it, 2-64 peers, random sizes, roots,
-channels and protocols) on a few topologies (bundled presets with a few nodes, and three tiny fixtures in
+channels and protocols) on a few topologies (bundled presets with a few nodes, and tiny fixtures in
 tests/data/topologies whose 4-port leaves make routes climb to thin spines, one of them a node given as a graph
-whose GPUs are linked pairwise, one a 3-tier fat tree):
+whose GPUs are linked pairwise, one a 3-tier fat tree, one whose switches reduce (SHARP: collnet)):
 
 - the detailed plan's engine time >= its closed form (1e-9 relative), always;
 - equal (1e-9) when the run is uncontended: every transfer moved at its planned rate for its whole time
@@ -49,6 +49,7 @@ TOPOLOGIES = (
     (str(FIXTURES / "tiny-pcie-fat-tree.yaml"), 3, ()),
     (str(FIXTURES / "tiny-graph-odd-link.yaml"), 2, ()),
     (str(FIXTURES / "tiny-three-tier.yaml"), 8, ()),
+    (str(FIXTURES / "tiny-nvswitch-rails.yaml"), 4, ("inter_node.sharp=true",)),  # collnet: the switches reduce
 )
 MAX_TRANSFERS = 2500
 """Largest detailed plan an example runs (keeps the test to a few seconds per hundred examples)."""
@@ -149,3 +150,35 @@ def test_every_op_and_algorithm_is_uncontended_on_nvswitch_peers(index):
             plan, run = _run(algo.build, req, SIMPLE)
             assert uncontended(plan, group, run), (algo.name, op)
             assert run.time_s == pytest.approx(closed_form(algo.name)(req, SIMPLE), rel=1e-9), (algo.name, op)
+
+
+@pytest.mark.parametrize("index", [1, 2, 3, 5, 6, 8, 9])
+@pytest.mark.parametrize("protocol", ["simple", "Simple"])
+def test_pat_and_collnet_are_no_faster_than_their_closed_forms(index, protocol):
+    # The random collectives above rarely draw one GPU per node (PAT) or the fabric that reduces (collnet):
+    # every fabric here, one rank per node for PAT (in node order and shuffled), whole nodes for collnet.
+    t = topology(index)
+    gpn, nodes = t.gpus_per_node, t.num_nodes
+    one_per_node = [tuple(n * gpn for n in range(nodes)), tuple(n * gpn + n % gpn for n in reversed(range(nodes)))]
+    cases = [(Request(op, Group(t, ranks), 3e6), "pat") for ranks in one_per_node
+             for op in ("all_gather", "reduce_scatter")]
+    cases += [(Request("all_reduce", Group.first(t, min(t.num_gpus, 2 * gpn)), size), "collnet")
+              for size in (0.0, 1e5, 3e6)]
+    ran = 0
+    for request, name in cases:
+        if name not in {a.name for a in candidates(request)}:
+            continue
+        algo = next(a for a in candidates(request) if a.name == name)
+        if protocol == "simple":
+            proto = SIMPLE
+        else:
+            priced = protocol_cost(name, protocol, request.group)
+            request, proto = priced_request(request, priced), priced.cost
+        plan, run = _run(algo.build, request, proto)
+        closed = closed_form(name)(request, proto)
+        assert run.time_s >= closed * (1 - 1e-9), (name, index)
+        if uncontended(plan, request.group, run):
+            assert run.time_s == pytest.approx(closed, rel=1e-9), (name, index)
+            assert _run(algo.build_fast, request, proto)[1].time_s == pytest.approx(closed, rel=1e-9)
+        ran += 1
+    assert ran >= 2 or index != 9

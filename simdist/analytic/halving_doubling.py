@@ -7,7 +7,7 @@ fold and unfold steps, alpha + S/B each (the whole buffer between the paired pee
 
 Here each step's message of n bytes from a to b takes its route's latency (plus the protocol's) and
 n at its planned rate, its share of the busiest link it crosses in that step in proportion to its bytes
-(simdist.collectives.halving_doubling.exchange_rates): the step's bytes on that link over its capacity,
+(simdist.collectives.exchange_steps.exchange_rates): the step's bytes on that link over its capacity,
 exactly alpha + n/B when no two messages of a step share a link, as on an NVSwitch. A message starts
 when both its peers have finished their previous step (the plan's dependencies), so the time is that
 recurrence's last finish: with equal messages in every step it is the sum over steps; with the uneven
@@ -21,8 +21,9 @@ link at once; the engine is never faster (what it was before the planned rates: 
 from __future__ import annotations
 
 from simdist.analytic.registry import register_closed_form
+from simdist.collectives.exchange_steps import steps_time_s
 from simdist.collectives.group import Group
-from simdist.collectives.halving_doubling import halving_doubling_schedule, step_arrays
+from simdist.collectives.halving_doubling import step_arrays
 from simdist.collectives.protocols import ProtocolCost
 from simdist.collectives.request import Request
 
@@ -31,13 +32,8 @@ def halving_doubling_time_s(group: Group, op: str, nbytes: float, per_transfer_l
                             rate_factor: float = 1.0) -> float:
     """Time of the halving/doubling plan of ``op`` over ``group`` (without the protocol's start-up)."""
     proto = ProtocolCost(per_transfer_latency_s=per_transfer_latency_s, rate_factor=rate_factor)
-    num_chunks = step_arrays(op, group.size)[1]
-    size = nbytes / num_chunks
-    end = 0.0
-    for _, start, latency, rates in halving_doubling_schedule(Request(op, group, nbytes, protocol=proto)):
-        wire_s = size / rate_factor / rates if size > 0 else 0.0
-        end = max(end, float((start + latency + wire_s).max()))
-    return end
+    steps, num_chunks = step_arrays(op, group.size)
+    return steps_time_s(group, proto, steps, nbytes / num_chunks)
 
 
 def halving_doubling_closed_form(req: Request, proto: ProtocolCost) -> float:

@@ -26,7 +26,7 @@ import numpy as np
 from simdist.analytic.select import evaluate, rank_choices
 from simdist.calibrate.measurements import Measurement
 from simdist.collectives.group import Group
-from simdist.collectives.registry import ALGORITHMS
+from simdist.collectives.registry import ALGORITHMS, candidates
 from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.errors import SimdistError, SimdistWarning, SpecError
@@ -221,7 +221,8 @@ def predict_without_nvls(topology: Topology, points: Sequence[Point]) -> list[fl
         if not choices or choices[0].algorithm != "nvls":
             out.append(None)
             continue
-        others = [a for a in (nccl_algorithms(p.op) or ()) if a != "nvls"]
+        able = {a.name for a in candidates(request)}
+        others = [a for a in (nccl_algorithms(p.op) or ()) if a != "nvls" and a in able]
         rest = rank_choices(request, algorithms=others) if others else []
         out.append(rest[0].predicted_s if rest else None)
     return out

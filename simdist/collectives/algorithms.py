@@ -1,8 +1,10 @@
 """Imports every algorithm module so that each registers itself in simdist.collectives.registry."""
 
+import simdist.collectives.collnet
 import simdist.collectives.direct
 import simdist.collectives.halving_doubling
 import simdist.collectives.hierarchical
 import simdist.collectives.nvls
+import simdist.collectives.pat
 import simdist.collectives.tree  # noqa: F401
 from simdist.collectives import ring  # noqa: F401

@@ -1,7 +1,8 @@
 """A communicator: peers placed on GPUs of a topology, their routes and ring orders.
 
 Peer ``i`` of a group is GPU ``ranks[i]``. Routes between peers are the topology's; the NVSwitch
-pseudo-peer (``SWITCH``) is reached over the GPU's own NVLink port.
+pseudo-peer (``SWITCH``) is reached over the GPU's own NVLink port, the fabric's (``FABRIC``, SHARP) over
+the GPU's path to its NIC and the NIC's link to its leaf switch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simdist.collectives.plan import SWITCH
+from simdist.collectives.plan import FABRIC, SWITCH
 from simdist.errors import SimdistError
 from simdist.hardware import batch
 from simdist.hardware.link import Route
@@ -66,7 +67,7 @@ class Group:
         return Group(self.topology, tuple(self.ranks[p] for p in peers), dict(self.extra_latency_by_class))
 
     def path(self, src: int, dst: int) -> Route:
-        """Route from peer ``src`` to peer ``dst`` (either may be SWITCH), cached."""
+        """Route from peer ``src`` to peer ``dst`` (either may be SWITCH or FABRIC), cached."""
         key = (src, dst)
         route = self._paths.get(key)
         if route is None:
@@ -92,7 +93,7 @@ class Group:
         links, bandwidths and latency (protocol extra included) as ``path(src[i], dst[i])``."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        switch = (src == SWITCH) | (dst == SWITCH)
+        switch = (src < 0) | (dst < 0)  # SWITCH or FABRIC: resolved one by one
         ranks = np.asarray(self.ranks, dtype=np.int64)
         plain = ~switch
         a, b = ranks[src[plain]], ranks[dst[plain]]
@@ -106,7 +107,8 @@ class Group:
         if not switch.any():
             return out
         routes = [self.path(int(s), int(d)) for s, d in zip(src[switch], dst[switch], strict=True)]
-        masks = [batch.KIND_BIT[self.topology.link(r.links[0]).kind] if r.links else 0 for r in routes]
+        masks = [int(np.bitwise_or.reduce([batch.KIND_BIT[self.topology.link(link).kind] for link in r.links]))
+                 if r.links else 0 for r in routes]
         return batch.interleave(switch, out, batch.RouteBatch.from_routes(routes, np.asarray(masks)))
 
     def extra_latency(self, kind_mask: np.ndarray) -> np.ndarray:
@@ -123,6 +125,8 @@ class Group:
 
     def _resolve(self, src: int, dst: int) -> Route:
         t = self.topology
+        if src == FABRIC or dst == FABRIC:
+            return t.fabric_port(self.ranks[dst if src == FABRIC else src], upward=dst == FABRIC)
         if src == SWITCH or dst == SWITCH:
             rank = self.ranks[dst if src == SWITCH else src]
             up, down = t.nvswitch_ports(rank)

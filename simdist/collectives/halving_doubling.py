@@ -22,28 +22,13 @@ segments 2i and 2i+1, the others for one, so its blocks are uneven when P is not
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from itertools import repeat
-from typing import NamedTuple
-
 import numpy as np
 
+from simdist.collectives.exchange_steps import Exchange, Step, steps_fast, steps_plan, steps_schedule
 from simdist.collectives.group import Group
-from simdist.collectives.pacing import proportional_rates
-from simdist.collectives.plan import Plan, Transfer
+from simdist.collectives.plan import Plan
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
-
-
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    """One message of a step: ``chunks`` from ``src`` to ``dst`` (one transfer per chunk)."""
-
-    src: int
-    dst: int
-    chunks: tuple[int, ...]
-    reduce: bool
 
 
 def fold(num_peers: int) -> tuple[int, int, list[int]]:
@@ -98,15 +83,6 @@ def schedule(op: str, num_peers: int) -> tuple[list[list[Exchange]], int, tuple[
     return steps, num_chunks, segment
 
 
-class Step(NamedTuple):
-    """A step's exchanges as arrays: ``src[e]`` sends ``chunks[e]`` chunks to ``dst[e]``."""
-
-    src: np.ndarray
-    dst: np.ndarray
-    chunks: np.ndarray
-    reduce: bool
-
-
 def step_arrays(op: str, num_peers: int) -> tuple[list[Step], int]:
     """(steps, num_chunks) of ``op`` as `schedule` lays them out, without listing chunks: the same
     exchanges, each with its chunk count (O(P log P) for any P)."""
@@ -146,60 +122,17 @@ def step_arrays(op: str, num_peers: int) -> tuple[list[Step], int]:
     return steps, num_chunks
 
 
-def exchange_rates(group: Group | None, step: list[Exchange] | Step, size: float) -> np.ndarray:
-    """Planned rate of each exchange's transfers (one per chunk, ``size`` bytes each): a transfer's share
-    of the busiest link of its route among the step's transfers, in proportion to its bytes
-    (simdist.collectives.pacing.proportional_rates); inf without a group (a plan to verify)."""
-    if isinstance(step, Step):
-        src, dst, count = step.src, step.dst, step.chunks.astype(float)
-    else:
-        src = np.fromiter((ex.src for ex in step), dtype=np.int64, count=len(step))
-        dst = np.fromiter((ex.dst for ex in step), dtype=np.int64, count=len(step))
-        count = np.fromiter((len(ex.chunks) for ex in step), dtype=float, count=len(step))
-    if group is None:
-        return np.full(len(src), math.inf)
-    # an exchange's chunks share its route: its rate split evenly among them
-    return proportional_rates(group, src, dst, count * size) / np.maximum(count, 1.0)
-
-
 def halving_doubling_schedule(req: Request) -> list[tuple[Step, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per step, uncontended: (the step, when each exchange starts, its latency (protocol's included),
-    its transfers' rate). An exchange starts once both its peers finished their previous step and lands
-    after its latency plus one chunk's wire time at its rate (its chunks travel together)."""
-    group, proto = req.group, req.protocol
-    steps, num_chunks = step_arrays(req.op, group.size)
-    size = req.nbytes / num_chunks
-    ready = np.zeros(group.size)  # when each peer finished its last step
-    out = []
-    for step in steps:
-        rates = exchange_rates(group, step, size)
-        latency = group.paths(step.src, step.dst).latency_s + proto.per_transfer_latency_s
-        start = np.maximum(ready[step.src], ready[step.dst])
-        wire_s = size / proto.rate_factor / rates if size > 0 else np.zeros(len(step.src))
-        end = start + latency + wire_s
-        ready = ready.copy()
-        np.maximum.at(ready, step.src, end)
-        np.maximum.at(ready, step.dst, end)
-        out.append((step, start, latency, rates))
-    return out
+    """Per step, uncontended: (the step, when each exchange starts, its latency, its transfers' rate)
+    (simdist.collectives.exchange_steps.steps_schedule)."""
+    steps, num_chunks = step_arrays(req.op, req.group.size)
+    return steps_schedule(req.group, req.protocol, steps, req.nbytes / num_chunks)
 
 
 def halving_doubling_fast(req: Request) -> Plan:
-    """Fast fidelity: one flow per exchange carrying its chunks, starting when the exchange does
-    uncontended (`halving_doubling_schedule`, with the request's protocol: an extra latency) at the
-    exchange's rate, so it lands when the exchange does and alone the plan takes the detailed plan's
-    time; next to other traffic the flows share links as the exchanges do, without holding up the
-    steps after them. O(P log P) flows."""
-    num_chunks = step_arrays(req.op, req.num_peers)[1]
-    size = req.nbytes / num_chunks
-    transfers: list[Transfer] = []
-    for step, start, _, rates in halving_doubling_schedule(req):
-        n = len(step.src)
-        transfers.extend(map(Transfer, step.src.tolist(), step.dst.tolist(), (step.chunks * size).tolist(),
-                             repeat(-1, n), repeat(step.reduce, n), repeat((), n), start.tolist(),
-                             (rates * step.chunks).tolist()))
-    return Plan(op=req.op, algorithm="halving_doubling", num_peers=req.num_peers, nbytes=req.nbytes,
-                transfers=tuple(transfers), num_chunks=0, verifiable=False)
+    """Fast fidelity: one flow per exchange (simdist.collectives.exchange_steps.steps_fast). O(P log P) flows."""
+    steps, num_chunks = step_arrays(req.op, req.num_peers)
+    return steps_fast(req, "halving_doubling", steps, req.nbytes / num_chunks)
 
 
 def detailed_size(req: Request) -> int:
@@ -208,29 +141,12 @@ def detailed_size(req: Request) -> int:
 
 
 def halving_doubling_plan(op: str, num_peers: int, nbytes: float, group: Group | None = None) -> Plan:
-    """The plan of ``op`` (all_reduce, barrier, reduce_scatter, all_gather) over ``num_peers`` peers.
-
-    An exchange starts once both its peers have finished their previous step (its transfers depend on
-    every transfer of that step touching either peer), as MPI's blocking sendrecv does; all of an
-    exchange's chunks travel together, sharing the route like one message. With ``group`` every
-    transfer carries its planned rate (`exchange_rates`).
-    """
+    """The plan of ``op`` (all_reduce, barrier, reduce_scatter, all_gather) over ``num_peers`` peers
+    (simdist.collectives.exchange_steps.steps_plan: an exchange starts once both its peers have finished
+    their previous step, as MPI's blocking sendrecv does). With ``group`` every transfer carries its
+    planned rate."""
     steps, num_chunks, segment = schedule(op, num_peers)
-    size = nbytes / num_chunks
-    transfers: list[Transfer] = []
-    last: dict[int, list[int]] = {}  # peer -> transfers of the last step it took part in
-    for step in steps:
-        touched: dict[int, list[int]] = {}
-        rates = exchange_rates(group, step, size).tolist()
-        for ex, rate in zip(step, rates, strict=True):
-            deps = tuple(sorted(set(last.get(ex.src, ())) | set(last.get(ex.dst, ()))))
-            for chunk in ex.chunks:
-                transfers.append(Transfer(ex.src, ex.dst, size, chunk, ex.reduce, deps, max_rate_Bps=rate))
-                touched.setdefault(ex.src, []).append(len(transfers) - 1)
-                touched.setdefault(ex.dst, []).append(len(transfers) - 1)
-        last.update(touched)
-    return Plan(op=op, algorithm="halving_doubling", num_peers=num_peers, nbytes=nbytes,
-                transfers=tuple(transfers), num_chunks=num_chunks, chunk_segment=segment)
+    return steps_plan(op, "halving_doubling", num_peers, steps, num_chunks, segment, nbytes, group)
 
 
 def _build(req: Request) -> Plan:

@@ -9,6 +9,12 @@ protocol costs beyond the wire:
 - per transfer, by the path's class (nvlink / pcie / net): hwLat[class][algorithm][protocol] minus
   the wire latency the route already has (hwLat[class][Ring][LL]);
 - NVLS pays its hwLat once (a multimem operation, not a per-step hop): added to the base latency;
+- with one rank per node NCCL prices every network hop at the Tree's network hwLat ("latencies are fully
+  exposed"), and so does simdist;
+- PAT (one rank per node) pays NCCL's per-step interLat / 3.5 (the Tree's network hwLat) per transfer,
+  its linear nRanks x 2.8 us in the start-up and its 0.75 bandwidth factor in the rate factor;
+- CollNetDirect (SHARP) pays NCCL's interLat over its two network hops (half each), its intraLat per NVLink
+  hop, 2 (ppn - 1) x 0.4 us in the start-up, and NCCL's 0.85 on Hopper and later as its rate factor;
 - ``rate_factor``: payload per wire byte. LL moves 8-byte lines of 4 data + 4 flag bytes (0.5, and NCCL
   caps LL at llMaxBw); LL128 keeps 120 of every 128 bytes, NCCL applies 0.92 x busBw; Simple 1.
 """
@@ -29,24 +35,45 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 # Assumption: direct (p2p), halving-doubling and hierarchical have no NCCL tuning entry of their own;
 # they pay Ring's per-hop constants (NCCL's p2p path uses the same Simple/LL128/LL machinery).
 NCCL_ALGORITHM = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "direct": "Ring",
-                  "halving_doubling": "Ring", "hierarchical": "Ring"}
+                  "halving_doubling": "Ring", "hierarchical": "Ring", "pat": "PAT",
+                  "collnet": "CollNetDirect"}
 
 # Payload efficiency per protocol (tuning.cc: LL bw = busBw x 0.5 capped at llMaxBw, LL128 = 0.92 x busBw).
 RATE_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 
 _CLASS_TO_NCCL = {"nvlink": "NVLINK", "pcie": "PCI", "net": "NET"}
 
+SIMPLE_ONLY = frozenset({"NVLS", "PAT", "CollNetDirect"})
+"""NCCL algorithms that run the Simple protocol only (tuning.cc, ncclTopoTuneModel: NVLS and NVLSTree skip
+p != Simple; PAT for AllGather/ReduceScatter likewise; CollNetDirect's LL and LL128 bandwidth is 0, "Not used")."""
+
+COLLNET_ARITY_LATENCY_S = 0.4e-6
+"""tuning.cc, CollNetDirect latency: "(nRanks/nNodes-1) * 0.4" us of "arity serialization", twice (into the
+heads, out of them): added to the start-up."""
+COLLNET_HOPPER_FACTOR = 0.85
+"""tuning.cc: CollNetDirect "if (minCompCap >= 90) busBw *= .85"; the rate factor on Hopper and Blackwell."""
+
+PAT_BANDWIDTH_FACTOR = 0.75
+"""tuning.cc, ncclTopoTuneModel: "if (a == NCCL_ALGO_PAT) busBw *= .75"; simdist's PAT rate factor."""
+PAT_LINEAR_LATENCY_S = 2.8e-6
+"""tuning.cc: PAT latency "+ nRanks * 2.8" us ("still a linear part"), added to PAT's start-up per rank."""
+PAT_STEP_LATENCY_DIVISOR = 3.5
+"""tuning.cc: PAT's "log2i(nNodes) * (interLat / 3.5)", interLat the Tree's network hwLat at one rank per
+node: a PAT step pays hwLat[NET][Tree][protocol] / 3.5."""
+
 # The simdist algorithms NCCL itself runs for each op, i.e. what its tuner chooses among (NVIDIA/nccl
 # src/graph/tuning.cc, ncclTopoTuneModel: "if (coll == ncclFuncBroadcast && a != NCCL_ALGO_RING) continue;",
 # likewise Reduce; AllGather and ReduceScatter: Ring, NVLS, CollNetDirect (and PAT at one rank per node);
-# AllReduce: every algorithm). Ops NCCL has no collective kernel for (all_to_all, scatter, gather,
+# AllReduce: every algorithm but PAT). Ops NCCL has no collective kernel for (all_to_all, scatter, gather,
 # send/recv) run as grouped ncclSend/ncclRecv, NCCL's p2p path: simdist's "direct".
-# simdist's halving_doubling and hierarchical are not NCCL algorithms; CollNet, NVLSTree and PAT are
-# not modelled here. barrier is not an NCCL op (frameworks run a tiny all_reduce): None = any algorithm.
+# simdist's halving_doubling and hierarchical are not NCCL algorithms. Where an algorithm cannot run on a
+# group (its Algorithm.check: PAT off one GPU per node, NVLS off an NVSwitch), the tuner skips it, as
+# ncclTopoTuneModel zeroes its bandwidth. barrier is not an NCCL op (frameworks run a tiny all_reduce):
+# None = any algorithm.
 NCCL_RUNS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "nvls"),
-    "all_gather": ("ring", "nvls"),
-    "reduce_scatter": ("ring", "nvls"),
+    "all_reduce": ("ring", "tree", "nvls", "collnet"),
+    "all_gather": ("ring", "nvls", "pat"),
+    "reduce_scatter": ("ring", "nvls", "pat"),
     "broadcast": ("ring",),
     "reduce": ("ring",),
     "all_to_all": ("direct",),
@@ -98,7 +125,7 @@ def gpu_arch(gpu_name: str) -> str:
 def supports(algorithm: str, protocol: str) -> bool:
     """Whether NCCL runs ``algorithm`` with ``protocol`` (NVLS: Simple only)."""
     nccl = NCCL_ALGORITHM[algorithm]
-    if nccl == "NVLS":
+    if nccl in SIMPLE_ONLY:
         return protocol == "Simple"
     return protocol in PROTOCOLS
 
@@ -117,10 +144,25 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
     per_class: dict[str, float] = {}
     if nccl == "NVLS":
         base += table[("hwLat", "NVLS", protocol, "NVLINK")] * 1e-6
-    else:
+    elif nccl == "PAT":
+        # one rank per node: NCCL prices a step at the Tree's network latency / 3.5, plus 2.8 us per rank
+        base += group.size * PAT_LINEAR_LATENCY_S
         for cls, link in _CLASS_TO_NCCL.items():
             wire = table[("hwLat", "Ring", "LL", link)]
-            per_class[cls] = max(0.0, table[("hwLat", nccl, protocol, link)] - wire) * 1e-6
+            step = table[("hwLat", "Tree" if link == "NET" else "PAT", protocol, link)]
+            step /= PAT_STEP_LATENCY_DIVISOR if link == "NET" else 1.0
+            per_class[cls] = max(0.0, step - wire) * 1e-6
+    else:
+        # "With ppn=1 latencies are fully exposed, use the Tree network latency" (tuning.cc): one rank per node
+        exposed = group.size > 1 and len(group.by_node()) == group.size
+        for cls, link in _CLASS_TO_NCCL.items():
+            wire = table[("hwLat", "Ring", "LL", link)]
+            hw = table[("hwLat", "Tree" if exposed and link == "NET" else nccl, protocol, link)]
+            if nccl == "CollNetDirect" and link == "NET":
+                hw /= 2  # NCCL's one interLat, for the two network hops (up to the switches, back down)
+            per_class[cls] = max(0.0, hw - wire) * 1e-6
+        if nccl == "CollNetDirect":
+            base += 2 * (group.size / len(group.by_node()) - 1) * COLLNET_ARITY_LATENCY_S
     factor = RATE_FACTOR[protocol]
     if nccl == "NVLS":
         # NCCL scales NVLS bandwidth by nvlsEfficiency (Hopper 0.85, Blackwell 0.74; tuning.cc) on top
@@ -129,6 +171,10 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         # Checks: H200 8 GPUs -> 2 x 450 x 0.82 x 0.85 x 7/9 = 488 GB/s busbw (measured 473-480),
         # B200 -> 2 x 900 x 0.80 x 0.74 x 7/9 = 829 (measured 838); nccl_collectives_ml_engineering.csv.
         factor *= bandwidth_caps().get(("nvlsEfficiency", gpu_arch(group.topology.gpu.name), "factor"), 1.0)
+    if nccl == "PAT":
+        factor *= PAT_BANDWIDTH_FACTOR
+    if nccl == "CollNetDirect" and gpu_arch(group.topology.gpu.name) in ("Hopper", "Blackwell"):
+        factor *= COLLNET_HOPPER_FACTOR
     if protocol == "LL":
         # NCCL caps LL bandwidth at llMaxBw (tuning.cc): one node indexes by GPU arch.
         nodes = len(group.by_node())

@@ -7,7 +7,8 @@ An algorithm lowers (op, peers, size) to a `Plan`; the engine executes it over t
 Data model used by the verifier: the collective's buffer is cut into ``num_chunks`` chunks. A
 transfer moves one chunk from ``src`` to ``dst``; with ``reduce`` the receiver combines it into its
 own copy, otherwise it stores it. ``SWITCH`` as a peer is the NVSwitch's in-network reduction and
-multicast engine (NVLS): it accumulates what GPUs push to it and sends results back.
+multicast engine (NVLS): it accumulates what GPUs push to it and sends results back; ``FABRIC`` is the
+same for the inter-node fabric's switches (SHARP).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from dataclasses import dataclass
 
 SWITCH = -1
 """Pseudo-peer: the NVSwitch (NVLS). Transfers to or from it use the GPU's NVLink port."""
+FABRIC = -2
+"""Pseudo-peer: the inter-node fabric's in-network reduction (SHARP, simdist.collectives.collnet): it
+accumulates what GPUs push to it and multicasts results back. Transfers to or from it use the GPU's path to
+its NIC and the NIC's link to its leaf switch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +78,16 @@ class Plan:
         return len(self.transfers)
 
     def bytes_sent(self) -> list[float]:
-        """Bytes each peer sends (pushes to the switch count for the sender)."""
+        """Bytes each peer sends (pushes to a switch count for the sender)."""
         out = [0.0] * self.num_peers
         for t in self.transfers:
-            if t.src != SWITCH:
+            if t.src >= 0:
                 out[t.src] += t.nbytes
         return out
 
     def bytes_received(self) -> list[float]:
         out = [0.0] * self.num_peers
         for t in self.transfers:
-            if t.dst != SWITCH:
+            if t.dst >= 0:
                 out[t.dst] += t.nbytes
         return out

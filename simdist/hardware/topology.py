@@ -269,6 +269,27 @@ class Topology:
         return (self.layout.node_link(node, self.node.link_index(name, "nvswitch")),
                 self.layout.node_link(node, self.node.link_index("nvswitch", name)))
 
+    def fabric_port(self, rank: int, upward: bool) -> Route:
+        """GPU ``rank`` up to its leaf switch (its path to its nearest NIC, then the NIC's link to the leaf), or
+        back down: the path of in-network reduction traffic (SHARP, simdist.collectives.collnet); the other end
+        is -1 (the fabric)."""
+        if self.fabric is None:
+            raise TopologyError(f"{self.spec.name} has one node and no fabric", fix="use num_nodes >= 2")
+        node_index, gpu = self.locate(rank)
+        node, layout = self.node, self.layout
+        local = node.nic_of_gpu[gpu]
+        if local is None:
+            raise TopologyError(f"GPU {node.gpus[gpu]} of a node has no NIC it can reach",
+                                field="inter_node.nics_per_node", fix="give every host at least one NIC")
+        nic = self.fabric.nic_id(node_index, local)
+        if upward:
+            up = node.path(node.gpus[gpu], node.nics[local])
+            return join(rank, -1, [(up.shifted(layout.node_link(node_index, 0)), up),
+                                   ((layout.nic_up(nic),), self._nic_shape)])
+        down = node.path(node.nics[local], node.gpus[gpu])
+        return join(-1, rank, [((layout.nic_down(nic),), self._nic_shape),
+                               (down.shifted(layout.node_link(node_index, 0)), down)])
+
     def route_vertices(self, route: Route) -> list[str]:
         """Vertex names along a route, source GPU first."""
         if not route.links:

@@ -124,7 +124,7 @@ def _peak_flows(compact: np.ndarray, num_ids: int, levels: np.ndarray | None) ->
 def _routes(topology: Topology, ranks: tuple[int, ...], transfers: list[tuple[int, int, float]]
             ) -> tuple[np.ndarray, np.ndarray]:
     """(links of every route, hops per transfer) of ``transfers`` on the group ``ranks``."""
-    if not any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers):
+    if not any(src < 0 or dst < 0 for src, dst, _ in transfers):  # no SWITCH nor FABRIC pseudo-peer
         peers = np.asarray(ranks, dtype=np.int64)
         src, dst = _pairs(transfers)
         routes = batch.routes(topology, peers[src], peers[dst])
@@ -410,15 +410,16 @@ def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...
     transfers, levels = _planned(topology, comm, basis, choice)
     groups = np.asarray(translates if translates is not None and len(translates) else [comm.ranks], dtype=np.int64)
     gpn = topology.gpus_per_node
-    if len(groups) > 1 and all(src == SWITCH or dst == SWITCH or comm.ranks[src] // gpn == comm.ranks[dst] // gpn
-                               for src, dst, _ in transfers):
+    if len(groups) > 1 and all(src == SWITCH or dst == SWITCH
+                               or (src >= 0 and dst >= 0 and comm.ranks[src] // gpn == comm.ranks[dst] // gpn)
+                               for src, dst, _ in transfers):  # FABRIC (SHARP) leaves the node
         # The plan stays inside its nodes (a route between GPUs of one node, or to its NVSwitch, crosses node
         # links only): a translate on other nodes shares no link with it, and its own bottleneck is the same
         # (every node is built alike), so only translates on the same nodes matter.
         shares = np.isin(groups // gpn, np.asarray(comm.ranks, dtype=np.int64) // gpn).any(axis=1)
         shares[0] = True
         groups = groups[shares]
-    switch = any(src == SWITCH or dst == SWITCH for src, dst, _ in transfers)
+    switch = any(src < 0 or dst < 0 for src, dst, _ in transfers)  # SWITCH or FABRIC
     return _Pending(comm, choice, time_s, latency_s, transfers, levels, groups, len(groups) > 1 and not switch)
 
 

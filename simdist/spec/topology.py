@@ -135,6 +135,19 @@ class InterNodeSpec(Spec):
                                   "floor(switch_radix x pod_oversubscription / (1 + pod_oversubscription))")
     latency: Latency | None = Field(default=None, description="per fabric link; default by kind")
     efficiency: Fraction | None = Field(default=None, description="achieved/nominal; default by kind")
+    sharp: bool = Field(
+        default=False, description="the InfiniBand switches reduce in the network (NVIDIA SHARP on Quantum switches, "
+                                   "NCCL's CollNet through the nccl-rdma-sharp-plugins): enables the all_reduce "
+                                   "algorithm collnet (simdist.collectives.collnet); infiniband only")
+
+    @model_validator(mode="after")
+    def _sharp_needs_infiniband(self) -> InterNodeSpec:
+        # SHARP aggregation runs in NVIDIA's InfiniBand (Quantum) switches; NCCL reaches it through the CollNet
+        # plugin of nccl-rdma-sharp-plugins (Mellanox/nccl-rdma-sharp-plugins), an InfiniBand verbs plugin.
+        if self.sharp and self.kind != "infiniband":
+            raise FieldProblem(("sharp",), f"sharp (in-network reduction) needs InfiniBand switches, but kind is "
+                                           f"{self.kind} (fix: set sharp: false, or kind: infiniband)")
+        return self
 
 
 class TopologySpec(Spec):
