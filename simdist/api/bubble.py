@@ -59,8 +59,12 @@ def _check_time(value: float, flag: str) -> None:
 
 
 def _steps(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> int:
-    """Compute steps of a pipeline (F, B and, for zb_h1, W per micro-batch, chunk and stage)."""
-    return num_stages * num_microbatches * vpp * (3 if schedule == "zb_h1" else 2)
+    """Compute steps of a pipeline (F, B and, for the split-backward schedules, W per micro-batch, chunk and stage;
+    zb_v and dualpipev run two chunks a stage, dualpipe two half-loads of micro-batches)."""
+    from simdist.plan.schedule import SPLIT_BACKWARD
+
+    chunks = 2 if schedule in ("zb_v", "dualpipev") else vpp
+    return num_stages * num_microbatches * chunks * (3 if schedule in SPLIT_BACKWARD else 2)
 
 
 def _check_steps(schedule: str, num_stages: int, num_microbatches: int, vpp: int, limit: Limit, fix: str) -> None:
