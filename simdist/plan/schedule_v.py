@@ -39,9 +39,20 @@ from collections.abc import Callable
 
 from simdist.errors import SpecError
 
-__all__ = ["TWO_CHUNK_SCHEDULES", "V_SCHEDULES", "check_two_chunk", "dualpipe_order", "dualpipev_order", "late_sends",
-           "microbatch_direction", "part_location", "two_chunk_part", "two_chunk_text", "two_chunk_bubble",
-           "zb_v_order"]
+__all__ = [
+    "TWO_CHUNK_SCHEDULES",
+    "V_SCHEDULES",
+    "check_two_chunk",
+    "dualpipe_order",
+    "dualpipev_order",
+    "late_sends",
+    "microbatch_direction",
+    "part_location",
+    "two_chunk_bubble",
+    "two_chunk_part",
+    "two_chunk_text",
+    "zb_v_order",
+]
 
 V_SCHEDULES = ("zb_v", "dualpipev")
 """Schedules of the V placement: stage s holds model parts s and 2K-1-s (vpp = 2)."""
@@ -173,7 +184,7 @@ def _dual_phases(rank: int, ranks: int, chunks: int, run: Callable[[str, int, bo
         run("B", 1, True)
         run("W", 0, False)
         run("F", 1, False)
-    for i in range(chunks - ranks + h + 1):  # 4: the steady state, F0&B1 then F1&B0 (outputs after each pair)
+    for _ in range(chunks - ranks + h + 1):  # 4: the steady state, F0&B1 then F1&B0 (outputs after each pair)
         f0 = run("F", 0, False)
         if held >= 0:
             late(held, f0)
@@ -242,7 +253,8 @@ def _dual(name: str, k: int, m: int) -> list[tuple[list[tuple[str, int, int]], d
     return [_dual_order(s, 2 * k, m, lambda phase: phase, lambda chunk, n: n, s == k - 1) for s in range(k)]
 
 
-def late_sends(name: str, num_stages: int, num_microbatches: int) -> dict[tuple[int, str, int, int], tuple[str, int, int]]:
+def late_sends(name: str, num_stages: int, num_microbatches: int
+               ) -> dict[tuple[int, str, int, int], tuple[str, int, int]]:
     """DualPipe(V)'s sends that wait for a later step on the stage: (stage, kind, micro-batch, chunk) of the step
     whose output is sent -> (kind, micro-batch, chunk) of the step whose end sends it. Empty for other schedules."""
     if name not in ("dualpipe", "dualpipev"):
