@@ -186,3 +186,18 @@ def test_training_steps_refuse_them_naming_the_schedule_field(tmp_path, name, vp
     with pytest.raises(SimdistError) as err:
         api.run(path)
     assert err.value.field == "schedule" and f"simdist bubble --schedule {name}" in (err.value.fix or "")
+
+
+def test_bubble_api_and_sweep_keep_the_counts_dualpipe_runs():
+    from simdist import api
+
+    doc = api.bubble("dualpipe", num_stages=4, num_microbatches=8)
+    assert doc["makespan_s"] == pytest.approx(26.0) and doc["bubble_fraction"] == pytest.approx(doc["formula"])
+    rows = api.bubble_sweep("dualpipe", num_stages=4, microbatches=[4, 8, 9, 10])
+    assert [r["microbatches"] for r in rows] == [8, 10]
+    with pytest.raises(SpecError) as err:
+        api.bubble_sweep("dualpipev", num_stages=4, microbatches=[1, 3], vpp=2)
+    assert err.value.field == "--sweep-microbatches"
+    with pytest.raises(SpecError) as err:
+        api.bubble("zb_v", num_stages=4, num_microbatches=8)
+    assert err.value.field == "--virtual"

@@ -189,7 +189,14 @@ def bubble_sweep(schedule: str, *, num_stages: int, microbatches: list[int], vpp
                  **costs: Any) -> list[dict[str, Any]]:
     """`bubble` for each micro-batch count (interleaved_1f1b keeps the multiples of the stage count)."""
     counts = list(microbatches)
-    _check_pipeline(schedule, num_stages, num_stages, vpp)
+    two_chunk = schedule in ("zb_v", "dualpipe", "dualpipev")
+    _check_pipeline(schedule, num_stages, 2 * num_stages if two_chunk else num_stages, vpp)
+    if schedule in ("dualpipe", "dualpipev"):  # keep the counts DualPipe runs (simdist.plan.schedule_v)
+        counts = [m for m in counts if m >= 2 * num_stages and (schedule == "dualpipev" or m % 2 == 0)]
+        if not counts:
+            raise SpecError(f"no micro-batch count in the sweep suits {schedule} on {num_stages} stages (at least "
+                            f"{2 * num_stages}{', even' if schedule == 'dualpipe' else ''})",
+                            field="--sweep-microbatches", fix=f"sweep e.g. {2 * num_stages}:{num_stages * 16}:2")
     if schedule == "interleaved_1f1b":
         counts = [m for m in counts if m % num_stages == 0]
         if not counts:
