@@ -80,7 +80,7 @@ def test_zb_h1_simulated_bubble_equals_formula(k, m, f):
 
 
 @settings(max_examples=60, deadline=None)
-@given(schedule=st.sampled_from(SCHEDULES), k=st.integers(1, 8), m=st.integers(1, 20), v=st.integers(1, 4))
+@given(schedule=st.sampled_from(SCHEDULES[:4]), k=st.integers(1, 8), m=st.integers(1, 20), v=st.integers(1, 4))
 def test_every_step_appears_exactly_once_per_stage_and_chunk(schedule, k, m, v):
     if schedule != "interleaved_1f1b":
         v = 1

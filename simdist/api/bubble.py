@@ -59,8 +59,12 @@ def _check_time(value: float, flag: str) -> None:
 
 
 def _steps(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> int:
-    """Compute steps of a pipeline (F, B and, for zb_h1, W per micro-batch, chunk and stage)."""
-    return num_stages * num_microbatches * vpp * (3 if schedule == "zb_h1" else 2)
+    """Compute steps of a pipeline (F, B and, for the split-backward schedules, W per micro-batch, chunk and stage;
+    zb_v and dualpipev run two chunks a stage, dualpipe two half-loads of micro-batches)."""
+    from simdist.plan.schedule import SPLIT_BACKWARD
+
+    chunks = 2 if schedule in ("zb_v", "dualpipev") else vpp
+    return num_stages * num_microbatches * chunks * (3 if schedule in SPLIT_BACKWARD else 2)
 
 
 def _check_steps(schedule: str, num_stages: int, num_microbatches: int, vpp: int, limit: Limit, fix: str) -> None:
@@ -185,7 +189,14 @@ def bubble_sweep(schedule: str, *, num_stages: int, microbatches: list[int], vpp
                  **costs: Any) -> list[dict[str, Any]]:
     """`bubble` for each micro-batch count (interleaved_1f1b keeps the multiples of the stage count)."""
     counts = list(microbatches)
-    _check_pipeline(schedule, num_stages, num_stages, vpp)
+    two_chunk = schedule in ("zb_v", "dualpipe", "dualpipev")
+    _check_pipeline(schedule, num_stages, 2 * num_stages if two_chunk else num_stages, vpp)
+    if schedule in ("dualpipe", "dualpipev"):  # keep the counts DualPipe runs (simdist.plan.schedule_v)
+        counts = [m for m in counts if m >= 2 * num_stages and (schedule == "dualpipev" or m % 2 == 0)]
+        if not counts:
+            raise SpecError(f"no micro-batch count in the sweep suits {schedule} on {num_stages} stages (at least "
+                            f"{2 * num_stages}{', even' if schedule == 'dualpipe' else ''})",
+                            field="--sweep-microbatches", fix=f"sweep e.g. {2 * num_stages}:{num_stages * 16}:2")
     if schedule == "interleaved_1f1b":
         counts = [m for m in counts if m % num_stages == 0]
         if not counts:

@@ -20,9 +20,11 @@ from simdist.errors import SimdistError
 
 # --------------------------------------------------------------------------- pipeline bubble and schedules
 # (issue 4: `simdist bubble`, `simdist schedule`; keep this section contiguous)
-ScheduleOption = Annotated[str, typer.Option("--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1.")]
+ScheduleOption = Annotated[str, typer.Option(
+    "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, dualpipe or dualpipev.")]
 StagesOption = Annotated[int, typer.Option("--stages", help="Pipeline stages K.")]
-VirtualOption = Annotated[int, typer.Option("--virtual", help="Model chunks per stage V (interleaved_1f1b).")]
+VirtualOption = Annotated[int, typer.Option(
+    "--virtual", help="Model chunks per stage V (interleaved_1f1b; 2 for zb_v and dualpipev).")]
 ForwardOption = Annotated[float, typer.Option("--forward-time", help="A stage's forward time per micro-batch.")]
 BackwardOption = Annotated[float, typer.Option("--backward-time", help="A stage's backward time (input + weight).")]
 StageTimesOption = Annotated[str | None, typer.Option(

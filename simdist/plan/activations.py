@@ -18,7 +18,7 @@ from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
 
 RECOMPUTE = ("none", "selective", "full", "op")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe", "dualpipev")
 
 # Assumption: fp8 training (Transformer Engine) keeps bf16 activations, bf16 weights and fp32 master state;
 # the fp8 copies are transient casts, so fp8 is costed as bf16.
@@ -281,6 +281,11 @@ def in_flight_microbatches(
       chunk micro-batches: min(vp + p - 2k - 1, M v) chunk-micro-batches, each 1/v of a stage micro-batch.
       Stage 0: p + (p - 1)/v = p (1 + (p - 1)/(p v)), Korthikanti et al. 2022 sec. 4.2.3's factor over L layers.
       (Megatron runs every micro-batch as warm-up when M = p; the count then is p on every stage; not modelled.)
+    - zb_v (Qi et al. 2023 sec. 6): 1F1B's peak on every stage: 2p half-size chunks (F done, W not), min(p, M).
+    - dualpipe (DeepSeek-V3, arXiv:2412.19437 Table 2): PP+1 micro-batches of one part on every stage; the stage
+      holds two parts (two copies), so (p + 1)/2 of the stage's layers; with M < 2p not allowed.
+    - dualpipev (deepseek-ai/DualPipe README): PP+1 = 2p+1 half-size chunks: p + 1/2.
+    The three counts are those of simdist.plan.schedule_v's orders (tests/test_schedules_zb_v_dualpipe.py).
     """
     check_choice(schedule, SCHEDULES, "schedule")
     check_positive(num_stages, "parallel.pp")
@@ -292,6 +297,12 @@ def in_flight_microbatches(
     p, m, v = num_stages, num_microbatches, vpp
     if schedule == "gpipe":
         return float(m)
+    if schedule == "zb_v":
+        return float(min(p, m))
+    if schedule == "dualpipe":
+        return (p + 1) / 2
+    if schedule == "dualpipev":
+        return p + 0.5
     if schedule in ("1f1b", "zb_h1") or v == 1:
         return float(min(p - stage, m))
     return min(v * p + p - 2 * stage - 1, m * v) / v

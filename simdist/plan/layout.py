@@ -51,7 +51,7 @@ from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
 from simdist.plan.moe_cost import check_experts as check_moe_cost
 from simdist.plan.moe_routing import routing_imbalance
-from simdist.plan.schedule import check_schedule
+from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, check_schedule
 from simdist.plan.step_config import StepConfig
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
@@ -118,6 +118,13 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
                     f"use a multiple of {t.micro_batch_size * p.dp}, or change micro_batch_size or dp")
     else:
         counts = [t.global_batch_size // (t.micro_batch_size * p.dp)]
+    if spec.schedule in TWO_CHUNK_SCHEDULES:
+        # The op graph times these orders (simdist.plan.pipeline), but a training step's layer split, chunk costs,
+        # memory and closed form still place model parts as Megatron's interleaving does: refused, not mis-placed.
+        raise _fail("interleaving", f"schedule {spec.schedule} is timed by `simdist bubble` and `simdist schedule`; "
+                    "training steps do not model its V / bidirectional placement yet", "schedule",
+                    f"use 1f1b, interleaved_1f1b or zb_h1 for a training step; time {spec.schedule} with `simdist "
+                    f"bubble --schedule {spec.schedule}`")
     if p.vpp > 1 and spec.schedule != "interleaved_1f1b":
         raise _fail("interleaving", f"vpp = {p.vpp} needs schedule: interleaved_1f1b (got {spec.schedule})",
                     "parallel.vpp", "set parallel.vpp: 1, or schedule: interleaved_1f1b")

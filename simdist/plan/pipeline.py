@@ -5,6 +5,8 @@ communication, recompute, ... inside a step) and for the op that moves an activa
 stages, then adds the dependencies a pipeline imposes (Narayanan et al. 2021, arXiv:2104.04473 sec. 2.2):
 F of model part j needs F of part j-1; B of part j needs B of part j+1 (the last part's B needs its own F);
 every B needs its own F; every W needs its B. `pipeline_graph` builds the uniform graph `simdist bubble` runs.
+Parts sit where the schedule places them (simdist.plan.schedule.model_part: Megatron's interleaving, the V of
+zb_v and dualpipev, dualpipe's two directions), so a send goes wherever the next part is (none within a stage).
 """
 
 from __future__ import annotations
@@ -15,7 +17,19 @@ from typing import Protocol
 
 from simdist.errors import SpecError
 from simdist.plan.opgraph import Comm, Op, OpGraph
-from simdist.plan.schedule import WEIGHT_GRAD_SHARE, Step, check_schedule, schedule_order
+from simdist.plan.schedule import (
+    SPLIT_BACKWARD,
+    TWO_CHUNK_SCHEDULES,
+    WEIGHT_GRAD_SHARE,
+    Step,
+    check_schedule,
+    chunks_per_stage,
+    model_part,
+    num_model_parts,
+    part_location,
+    schedule_order,
+)
+from simdist.plan.schedule_v import late_sends, microbatch_direction
 
 __all__ = ["PipelineEmitter", "UniformCosts", "UniformEmitter", "build_pipeline", "pipeline_graph"]
 
@@ -37,15 +51,18 @@ class PipelineEmitter(Protocol):
         ...
 
 
-def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmitter, *, vpp: int = 1
-                   ) -> dict[StepKey, tuple[int, int]]:
+def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmitter, *, vpp: int = 1,
+                   schedule: str = "1f1b") -> dict[StepKey, tuple[int, int]]:
     """Add every stage's steps (program order) and the cross-stage dependencies; return the steps' op ids.
 
     Pass 1 creates the ops, stage by stage in program order: a step's compute chain, then (for F and B with
     a neighbour part) its transfer op, which depends on the chain's last op. Pass 2 adds the dependencies
-    that point across stages (they may point forward in op-id order).
+    that point across stages (they may point forward in op-id order). ``schedule`` places the parts
+    (`model_part`); ``vpp`` is the scenario's (zb_v, dualpipe and dualpipev run two chunks a stage).
     """
     k = len(order)
+    if schedule in TWO_CHUNK_SCHEDULES:
+        return _build_placed(graph, order, emitter, vpp=vpp, schedule=schedule)
     num_parts = k * vpp
     steps: dict[StepKey, tuple[int, int]] = {}
     sends: dict[StepKey, int] = {}
@@ -104,9 +121,89 @@ def build_pipeline(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmi
     return steps
 
 
+def _build_placed(graph: OpGraph, order: list[list[Step]], emitter: PipelineEmitter, *, vpp: int, schedule: str
+                  ) -> dict[StepKey, tuple[int, int]]:
+    """`build_pipeline` for the two-chunk placements (simdist.plan.schedule_v): the same two passes, with the
+    parts located by `model_part` and `part_location` (dualpipe's by the micro-batch's direction)."""
+    k = len(order)
+    chunks = chunks_per_stage(schedule, vpp)
+    num_parts = num_model_parts(schedule, k, vpp)
+    m = len({st.microbatch for st in order[0]}) if order else 0
+    late = late_sends(schedule, k, m)  # DualPipe(V) sends that leave when a later step on the stage ends
+    waiting: dict[StepKey, list[Step]] = {}  # the step whose end sends them -> those steps
+    steps: dict[StepKey, tuple[int, int]] = {}
+    sends: dict[StepKey, int] = {}
+    ops = graph.ops
+
+    def near(part: int, mb: int) -> tuple[int, int]:
+        return part_location(part, k, schedule, microbatch_direction(schedule, mb, m))
+
+    def send(stage: int, step: Step, last: int) -> None:
+        """The output of ``step`` leaves ``stage`` when op ``last`` ends."""
+        part = model_part(stage, step.chunk, k, schedule)
+        nxt = part + 1 if step.kind == "F" else part - 1
+        if not 0 <= nxt < num_parts:
+            return
+        dst = near(nxt, step.microbatch)[0]
+        op = emitter.transfer(graph, stage, dst, step) if dst != stage else None  # the V's turn: no send
+        if op is None:
+            sends[(stage, step.kind, step.microbatch, step.chunk)] = last
+            return
+        if last not in ops[op].deps:
+            ops[op].deps.append(last)
+        sends[(stage, step.kind, step.microbatch, step.chunk)] = op
+
+    for stage, stage_order in enumerate(order):
+        for step in stage_order:
+            kind, mb, chunk = step.kind, step.microbatch, step.chunk
+            key = (stage, kind, mb, chunk)
+            if key in steps:
+                raise SpecError(f"stage {stage} runs {step.label(chunks)} twice", field="schedule",
+                                fix="give each (kind, micro-batch, chunk) once per stage")
+            if not 0 <= chunk < chunks:
+                raise SpecError(f"stage {stage} step {step.label(chunks)} names chunk {chunk} of {chunks}",
+                                field="parallel.vpp", fix=f"use chunks 0..{chunks - 1}")
+            first, last = emitter.compute(graph, stage, step)
+            steps[key] = (first, last)
+            if kind != "W":
+                target = late.get(key)
+                if target is None:
+                    send(stage, step, last)
+                else:
+                    waiting.setdefault((stage, *target), []).append(step)
+            for held in waiting.pop(key, ()):
+                send(stage, held, last)
+    if waiting:  # pragma: no cover - late_sends names later steps of the same stage only
+        raise SpecError(f"sends wait for steps never run: {sorted(waiting)[:3]}", field="schedule",
+                        fix="run every step on every stage")
+    for (stage, kind, mb, chunk), (first, _) in steps.items():
+        deps = ops[first].deps
+        part = model_part(stage, chunk, k, schedule)
+        if kind in ("F", "B"):
+            src = part - 1 if kind == "F" else part + 1
+            if 0 <= src < num_parts:
+                src_stage, src_chunk = near(src, mb)
+                src_key = (src_stage, kind, mb, src_chunk)
+                if src_key not in steps:
+                    raise SpecError(f"stage {stage} runs {kind}{mb} of part {part}, but part {src}'s {kind}{mb} "
+                                    "is never run", field="schedule", fix="run every step on every stage")
+                d = sends[src_key]
+                if d not in deps:
+                    deps.append(d)
+        if kind in ("B", "W"):
+            got = steps.get((stage, "F" if kind == "B" else "B", mb, chunk))
+            if got is None:
+                raise SpecError(f"stage {stage} runs {kind}{mb} without its {'F' if kind == 'B' else 'B'}{mb}",
+                                field="schedule", fix="run every step on every stage")
+            if got[1] not in deps:
+                deps.append(got[1])
+    return steps
+
+
 @dataclass(frozen=True, slots=True)
 class UniformCosts:
-    """Step times for `simdist bubble`: per stage (len K), for a whole stage's model part; chunk time = /vpp."""
+    """Step times for `simdist bubble`: per stage (len K), for a whole stage's model part; chunk time = /vpp
+    (zb_v, dualpipev: /2, the stage's two halves; dualpipe: each chunk is a whole stage's part, a copy)."""
 
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
@@ -144,6 +241,8 @@ class UniformEmitter:
     vpp: int = 1
     split_backward: bool = False
     """zb_h1: B is the input gradient only (1 - weight_grad_share of the backward time), W the rest."""
+    share: int | None = None
+    """Parts per stage: a chunk takes 1/share of the stage's times (None: vpp; dualpipe: 1, a whole part)."""
 
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
         c = self.costs
@@ -154,7 +253,7 @@ class UniformEmitter:
         else:
             time_s = c.backward_s[stage] * ((1 - c.weight_grad_share) if self.split_backward else 1.0)
         op = graph.add(Op(name=f"{step.label(self.vpp)}@s{stage}", rank=stage, stream="compute",
-                          kind=KIND_NAMES[step.kind], duration_s=time_s / self.vpp, stage=stage,
+                          kind=KIND_NAMES[step.kind], duration_s=time_s / (self.share or self.vpp), stage=stage,
                           microbatch=step.microbatch, chunk=step.chunk))
         return op, op
 
@@ -174,5 +273,7 @@ def pipeline_graph(schedule: str, *, num_stages: int, num_microbatches: int, vpp
     costs.check(num_stages)
     order = schedule_order(schedule, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
     graph = OpGraph()
-    build_pipeline(graph, order, UniformEmitter(costs, vpp, split_backward=schedule == "zb_h1"), vpp=vpp)
+    em = UniformEmitter(costs, chunks_per_stage(schedule, vpp), split_backward=schedule in SPLIT_BACKWARD,
+                        share=num_model_parts(schedule, num_stages, vpp) // num_stages)
+    build_pipeline(graph, order, em, vpp=vpp, schedule=schedule)
     return graph

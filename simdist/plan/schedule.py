@@ -17,7 +17,11 @@
   backwards, so at most K micro-batches are in flight on any stage (1F1B's peak, on stage 0) while the
   deferred W passes fill the cool-down bubble.
 
-Chunk c of stage s holds model part c*K + s (Megatron's layout), so a micro-batch visits stages 0..K-1 V times.
+- ``zb_v``, ``dualpipe``, ``dualpipev``: two chunks per stage with B split from W (simdist.plan.schedule_v: their
+  sources, orders, placements and formulas).
+
+Chunk c of stage s holds model part c*K + s (Megatron's layout), so a micro-batch visits stages 0..K-1 V times;
+zb_v and dualpipev place parts as a V and dualpipe bidirectionally (`model_part`, `part_location`).
 """
 
 from __future__ import annotations
@@ -29,11 +33,16 @@ from functools import lru_cache
 import numpy as np
 
 from simdist.errors import SpecError
+from simdist.plan import schedule_v
+from simdist.plan.schedule_v import TWO_CHUNK_SCHEDULES, V_SCHEDULES
 
-__all__ = ["SCHEDULES", "WEIGHT_GRAD_SHARE", "Step", "bubble_formula", "bubble_formula_text", "model_part",
-           "schedule_order", "stage_steps"]
+__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "TWO_CHUNK_SCHEDULES", "V_SCHEDULES", "WEIGHT_GRAD_SHARE", "Step",
+           "bubble_formula", "bubble_formula_text", "chunks_per_stage", "model_part", "num_model_parts",
+           "part_location", "schedule_order", "stage_steps"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", *TWO_CHUNK_SCHEDULES)
+SPLIT_BACKWARD = ("zb_h1", *TWO_CHUNK_SCHEDULES)
+"""Schedules whose B is the input gradient only, with a W step per (micro-batch, chunk) for the weight gradient."""
 STEP_KINDS = ("F", "B", "W")
 # Assumption: zb_h1's weight-gradient pass W is half of the backward (2 of its 4 GEMM passes: Qi et al. 2023 sec 2.1
 # measure T_W close to T_B, the input-gradient pass); the training step and `simdist bubble` both use this share.
@@ -53,9 +62,30 @@ class Step:
         return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if vpp > 1 else "")
 
 
-def model_part(stage: int, chunk: int, num_stages: int) -> int:
-    """The model part that chunk ``chunk`` of ``stage`` holds (Megatron-LM's interleaved layout)."""
+def model_part(stage: int, chunk: int, num_stages: int, schedule: str = "1f1b") -> int:
+    """The model part that chunk ``chunk`` of ``stage`` holds: Megatron-LM's interleaved layout, or the V /
+    bidirectional placement of zb_v, dualpipev, dualpipe (simdist.plan.schedule_v.two_chunk_part)."""
+    if schedule in TWO_CHUNK_SCHEDULES:
+        return schedule_v.two_chunk_part(schedule, stage, chunk, num_stages)
     return chunk * num_stages + stage
+
+
+def part_location(part: int, num_stages: int, schedule: str = "1f1b", direction: int = 0) -> tuple[int, int]:
+    """(stage, chunk) that holds model ``part`` (`model_part`'s inverse; dualpipe: for micro-batches of
+    ``direction``, simdist.plan.schedule_v.microbatch_direction)."""
+    if schedule in TWO_CHUNK_SCHEDULES:
+        return schedule_v.part_location(schedule, part, num_stages, direction)
+    return part % num_stages, part // num_stages
+
+
+def chunks_per_stage(schedule: str, vpp: int) -> int:
+    """Model chunks a stage runs: vpp, or 2 for zb_v, dualpipe (two copies) and dualpipev."""
+    return 2 if schedule in TWO_CHUNK_SCHEDULES else vpp
+
+
+def num_model_parts(schedule: str, num_stages: int, vpp: int) -> int:
+    """Parts the model is cut into: K vpp (dualpipe: K, each held twice)."""
+    return num_stages if schedule == "dualpipe" else num_stages * vpp
 
 
 def check_schedule(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1) -> None:
@@ -72,6 +102,9 @@ def check_schedule(name: str, *, num_stages: int, num_microbatches: int, vpp: in
     if not isinstance(vpp, int) or vpp < 1:
         raise SpecError(f"virtual pipeline size must be a whole number >= 1, not {vpp}", field="parallel.vpp",
                         fix="use vpp 1 (no interleaving) or more")
+    if name in TWO_CHUNK_SCHEDULES:
+        schedule_v.check_two_chunk(name, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp)
+        return
     if vpp > 1 and name != "interleaved_1f1b":
         raise SpecError(f"schedule {name} runs one model chunk per stage, but vpp is {vpp}", field="parallel.vpp",
                         fix="set vpp to 1, or use schedule interleaved_1f1b")
@@ -98,6 +131,7 @@ def stage_steps(name: str, *, num_stages: int, num_microbatches: int, vpp: int =
     k, m = num_stages, num_microbatches
     if name == "interleaved_1f1b":
         return [_interleaved(s, k, m, vpp) for s in range(k)]
+    vpp = chunks_per_stage(name, vpp)
     return [np.fromiter(((_KIND[st.kind] * m + st.microbatch) * vpp + st.chunk for st in row), dtype=np.int64,
                         count=len(row)) for row in _orders(name, k, m, vpp)]
 
@@ -107,6 +141,7 @@ def _orders(name: str, k: int, m: int, vpp: int) -> tuple[tuple[Step, ...], ...]
     """`schedule_order`, cached by its arguments (the closed form's program and the op graph of one step read
     the same orders; a few entries: one of 2,048 micro-batches of 7 chunks on 16 stages holds 460,000 references),
     its steps shared by every stage that runs them (values: they are frozen)."""
+    vpp = chunks_per_stage(name, vpp)
     table = [Step(kind, i, c) for kind in STEP_KINDS for i in range(m) for c in range(vpp)]
 
     def step(kind: str, i: int, chunk: int = 0) -> Step:
@@ -114,6 +149,10 @@ def _orders(name: str, k: int, m: int, vpp: int) -> tuple[tuple[Step, ...], ...]
 
     if name == "interleaved_1f1b":
         return tuple(tuple(table[j] for j in _interleaved(s, k, m, vpp).tolist()) for s in range(k))
+    if name in TWO_CHUNK_SCHEDULES:
+        build_all = {"zb_v": schedule_v.zb_v_order, "dualpipe": schedule_v.dualpipe_order,
+                     "dualpipev": schedule_v.dualpipev_order}[name]
+        return tuple(tuple(row) for row in build_all(k, m, step))
     build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb_h1": _zb_h1}[name]
     return tuple(tuple(build(s, k, m, step)) for s in range(k))
 
@@ -185,6 +224,9 @@ def bubble_formula(name: str, *, num_stages: int, num_microbatches: int, vpp: in
     T_W = T_B <= T_F, e.g. W = B/2 with tb = 2 tf: (K-1)/(3M+K-1). Otherwise the simulation shows more bubble.
     """
     k, m, v = num_stages, num_microbatches, vpp
+    if name in TWO_CHUNK_SCHEDULES:
+        return schedule_v.two_chunk_bubble(name, num_stages=k, num_microbatches=m, forward_s=forward_s,
+                                           backward_s=backward_s, weight_grad_share=weight_grad_share)
     if name == "interleaved_1f1b":
         return (k - 1) / (v * m + k - 1)
     if name == "zb_h1":
@@ -197,6 +239,8 @@ def bubble_formula(name: str, *, num_stages: int, num_microbatches: int, vpp: in
 
 def bubble_formula_text(name: str) -> str:
     """The formula ``bubble_formula`` evaluates, as text for tables."""
+    if name in TWO_CHUNK_SCHEDULES:
+        return schedule_v.two_chunk_text(name)
     return {
         "interleaved_1f1b": "(K-1)/(V*M+K-1)",
         "zb_h1": "(K-1)(F+Bi-W)/(M(F+B)+(K-1)(F+Bi-W)), M>=K",

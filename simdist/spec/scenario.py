@@ -319,7 +319,7 @@ class ParallelSpec(Spec):
         return self.tp * self.pp * self.dp * self.cp
 
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe", "dualpipev"]
 
 
 class ScenarioSpec(Spec):
@@ -338,7 +338,8 @@ class ScenarioSpec(Spec):
     parallel: ParallelSpec = Field(default=ParallelSpec(), description="the parallel layout")
     training: TrainingSpec = Field(description="batch, recompute, precision and gradient reduction")
     schedule: Schedule = Field(default="1f1b", description="pipeline schedule: gpipe, 1f1b, interleaved_1f1b or "
-                                                           "zb_h1")
+                                                           "zb_h1 (zb_v, dualpipe, dualpipev: simdist bubble "
+                                                           "only, for now)")
     calibration: Path | None = Field(
         default=None, description="a calibration file (simdist calibrate), relative to this scenario file")
     faults: FaultsSpec = Field(default_factory=FaultsSpec, description="what-ifs: slow GPUs, degraded links, and "
