@@ -193,10 +193,7 @@ def _stage_param_split(model: Model, *, layers_on_stage: int, first_stage: bool,
             raise LayoutError(f"model {model.name!r} has layers of different sizes: the stage's layer indices are "
                               "needed", field="model.moe_layer_freq", fix="pass the stage's layers")
         layers = (0,) * layers_on_stage
-    split = replicated = routed = 0
-    for i in layers:
-        s_i, r_i, e_i = layer_param_shards(model, i)
-        split, replicated, routed = split + s_i, replicated + r_i, routed + e_i
+    _, split, replicated, routed = _layer_sums(model, layers)
     mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
     if mtp:
         s_i, r_i, e_i = layer_param_shards(model, model.num_layers - 1)
@@ -216,6 +213,21 @@ def _stage_param_split(model: Model, *, layers_on_stage: int, first_stage: bool,
             n += word
         n += model.hidden_size if model.swiglu else 2 * model.hidden_size  # final norm (model.num_params)
     return n, experts
+
+
+@lru_cache(maxsize=4096)
+def _layer_sums(model: Model, layers: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], int, int, int]:
+    """Of a stage's ``layers``: how many have each kind of activations (`activation_kind`: (first layer of the
+    kind, count)), and their parameters split over tp, replicated and routed (`layer_param_shards`), summed. Cached:
+    a search asks for the memory of thousands of layouts whose stages hold the same layers."""
+    kinds: dict[int, int] = {}
+    split = replicated = routed = 0
+    for i in layers:
+        key = activation_kind(model, i)
+        kinds[key] = kinds.get(key, 0) + 1
+        s_i, r_i, e_i = layer_param_shards(model, i)
+        split, replicated, routed = split + s_i, replicated + r_i, routed + e_i
+    return tuple(kinds.items()), split, replicated, routed
 
 
 def stage_memory(
@@ -276,10 +288,7 @@ def stage_memory(
     if layers is None:
         stage_params(model, layers_on_stage=layers_on_stage, first_stage=first_stage, last_stage=last_stage, tp=tp)
         layers = (0,) * layers_on_stage
-    kinds: dict[int, int] = {}
-    for i in layers:
-        key = activation_kind(model, i)
-        kinds[key] = kinds.get(key, 0) + 1
+    kinds = dict(_layer_sums(model, layers)[0])
     def per_layer(i: int) -> float:
         own = activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=i, experts=experts,
                                          modules=modules, style=style, **kw)
@@ -346,11 +355,11 @@ def stage_memory(
         # ZeRO-3 gathers one layer's full parameters before using it and prefetches the next (Rajbhandari
         # sec. 5.3 "constant size buffers"; Assumption: two layers gathered at once).
         param_bytes = 4 if e == 4 else 2  # model_state_bytes: 16-bit parameters, or fp32 ones
+        # (a layer's shards follow its kind: `_layer_sums`' first layer of each kind stands for the others)
         biggest = sorted((sum(layer_param_shards(model, i)[:2]) / tp + layer_param_shards(model, i)[2]
-                          / (experts.ep * experts.etp) for i in set(layers)), reverse=True)
+                          / (experts.ep * experts.etp) for i in kinds), reverse=True)
         other += sum((biggest * 2)[:min(len(layers), 2)]) * param_bytes
-    moe_layers = [i for i in set(layers) if model.kind == "decoder" and model.moe_layer_flags()[i]]
-    if moe_layers:
+    if model.kind == "decoder" and model.is_moe and any(model.moe_layer_flags()[i] for i in kinds):
         # The token dispatcher's send / receive buffers, one MoE layer at a time (transient).
         other += dispatcher_buffer_bytes(model, tokens=model.seq_length * micro_batch_size // (cp * split),
                                          precision=precision, experts=experts)
