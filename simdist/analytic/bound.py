@@ -117,6 +117,8 @@ def compute_bound_s(cfg: StepConfig) -> float:
             if c == 0:
                 first_f, first_b = f_b
         best = max(best, fill + work + (drain if drains else 0.0))
+        if cfg.schedule == "dualpipe":  # its far end starts at once, with the other direction's micro-batches
+            continue
         fill += first_f
         drain += first_b
     return best
@@ -155,6 +157,9 @@ def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
         dp += x.tail_dp_s
         tail = sum(x.span[c, kind, last] for kind, c, last in after[s])
         # the dp stream runs its collectives one after the other too (ZeRO-3's gathers, ZeRO-2/3's scatters)
+        if cfg.schedule == "dualpipe":  # both ends start at once (two directions): no fill, and no one drain path
+            best = max(best, work + x.optimizer_s, dp)
+            continue
         best = max(best, fill + work + x.optimizer_s, fill + work - tail + drain + sums[0].optimizer_s, dp)
         # micro-batch 0's chunk-0 forward, then its send, before stage s + 1 can start
         fill += x.span[0, "F", True] + st.sends[KIND_INDEX["F"]]  # micro-batch 0: the edge forward
