@@ -118,8 +118,8 @@ def _spec(x: dict) -> ScenarioSpec:
     if x.get("param_overlap"):
         x = {**x, "zero_stage": 1, "grad_reduce": "overlapped"}
     gpn = x["tp"] * x["cp"]  # tensor and context peers in one node, data and pipeline ranks across nodes
-    vpp = x["vpp"] if x["schedule"] == "interleaved_1f1b" else 1
-    m = x["microbatches"] * (x["pp"] if vpp > 1 else 1)
+    vpp = x["vpp"] if x["schedule"] in ("interleaved_1f1b", "zb_v", "dualpipev") else 1
+    m = x["microbatches"] * (x["pp"] if vpp > 1 and x["schedule"] == "interleaved_1f1b" else 1)
     moe_model, moe_parallel, moe_training = _moe_fields(x)
     return ScenarioSpec.model_validate({
         "cluster": {"preset": "dgx-h100", "num_nodes": x["pp"] * x["dp"], "gpus_per_node": gpn,

@@ -17,6 +17,7 @@ from simdist.analytic.step import CommPricer, fast_forward_plan
 from simdist.plan import fastforward
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
+from simdist.plan.schedule import SPLIT_BACKWARD
 from tests.test_analytic_step import _spec
 
 
@@ -29,7 +30,8 @@ def _cfg(schedule: str, vpp: int, microbatches: int):
 
 
 @pytest.mark.parametrize("schedule,k,m,vpp", [("interleaved_1f1b", 4, 8, 2), ("1f1b", 3, 5, 1), ("zb_h1", 4, 6, 1),
-                                              ("gpipe", 2, 3, 1)])
+                                              ("gpipe", 2, 3, 1), ("zb_v", 4, 6, 2), ("dualpipe", 4, 8, 1),
+                                              ("dualpipev", 2, 5, 2)])
 def test_step_groups_are_the_program_grouped_by_stage_kind_and_chunk(schedule, k, m, vpp):
     prog = program(schedule, k, m, vpp)
     by_hand: dict[tuple, list[int]] = {}
@@ -44,7 +46,8 @@ def test_step_groups_are_the_program_grouped_by_stage_kind_and_chunk(schedule, k
         assert {(prog.stage[i], prog.kind[i], prog.chunk[i]) for i in idx} == {(s, kind, chunk)}
 
 
-@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)])
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("zb_v", 2),
+                                          ("dualpipe", 1), ("dualpipev", 2)])
 def test_fast_timeline_starts_equal_the_generic_timelines(schedule, vpp):
     # _timeline (step by step, its starts recorded as it goes) and the compiled timeline (starts by program index,
     # grouped at the end) on the same stages: the same starts, exactly, and the same step
@@ -57,7 +60,7 @@ def test_fast_timeline_starts_equal_the_generic_timelines(schedule, vpp):
     generic = closed._timeline(cfg, stages, 12, generic_starts)[0]
     assert fast == generic
     assert fast_starts == generic_starts
-    assert len(fast_starts) == cfg.mesh.pp * vpp * (3 if schedule == "zb_h1" else 2)
+    assert len(fast_starts) == cfg.mesh.pp * cfg.chunks * (3 if schedule in SPLIT_BACKWARD else 2)
     timelines = closed._Timelines(cfg, stages)
     assert timelines.step_of(12) == fast == timelines.timeline(12)[1]
     assert timelines.timeline(12)[0] == fast_starts

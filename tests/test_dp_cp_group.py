@@ -207,6 +207,17 @@ def test_closed_form_is_the_uncontended_graph_on_any_order(order: str, zero: int
     assert groups == {mesh.group("dp_cp", mesh.rank(pp=s)) for s in range(mesh.pp)}
 
 
+@pytest.mark.parametrize("schedule,vpp", [("zb_v", 2), ("dualpipe", 1), ("dualpipev", 2)])
+def test_closed_form_is_the_uncontended_graph_with_the_two_chunk_schedules(schedule: str, vpp: int) -> None:
+    # the V placement and dualpipe's two copies, with DualPipe(V)'s held sends, over a dp x cp group
+    made = _ordered({**BASE, "schedule": schedule, "vpp": vpp, "microbatches": 4, "grad_reduce": "overlapped"},
+                    "tp-dp-cp-pp")
+    assert made is not None
+    cfg, topology = made
+    closed, _ = analytic_observables(cfg, CommPricer(topology), fast_forward=False)
+    _agree(_graph_observables(cfg, topology), closed, 1e-9)
+
+
 orders = st.sampled_from(["-".join(p) for p in itertools.permutations(("tp", "cp", "dp", "pp"))])
 
 

@@ -16,7 +16,7 @@ from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces, chunk_co
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.analytic.step import _DP, _num_microbatches, _part_kinds, _Stage, _stages
 from simdist.plan.recipe import is_edge
-from simdist.plan.schedule import schedule_order
+from simdist.plan.schedule import SPLIT_BACKWARD, chunk_microbatches, schedule_order
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["compute_bound_s", "lower_bound_s"]
@@ -37,14 +37,15 @@ def _span(r: PricedPieces) -> float:
 
 @lru_cache(maxsize=512)
 def _after_last_backward(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> tuple[tuple, ...]:
-    """Per stage, the (kind, chunk, edge) of the steps its order runs after its last chunk-0 backward (ZB-H1's
-    deferred weight gradients; none for the others, whose last step it is)."""
-    if schedule != "zb_h1":  # every other schedule ends each stage with its last chunk-0 backward
+    """Per stage, the (kind, chunk, edge) of the steps its order runs after its last chunk-0 backward (a split
+    backward's deferred weight gradients, and the two-chunk schedules' chunk-1 steps; none for the others, whose
+    last step it is)."""
+    if schedule not in SPLIT_BACKWARD:  # every other schedule ends each stage with its last chunk-0 backward
         return ((),) * num_stages
     out = []
     for order in schedule_order(schedule, num_stages=num_stages, num_microbatches=num_microbatches, vpp=vpp):
         i = max(j for j, st in enumerate(order) if st.kind == "B" and st.chunk == 0)
-        out.append(tuple((st.kind, st.chunk, is_edge(st.kind, st.microbatch, num_microbatches))
+        out.append(tuple((st.kind, st.chunk, is_edge(st.kind, st.microbatch, num_microbatches, schedule, st.chunk))
                          for st in order[i + 1:]))
     return tuple(out)
 
@@ -89,30 +90,35 @@ def compute_bound_s(cfg: StepConfig) -> float:
 
     Every step recipe runs its chunk's compute on the one compute stream, from its first piece to its last, each
     piece at least its share of these seconds (host gaps, interference taxes and a straggler's factor only add to
-    them; zb_h1 splits the backward over B and W, both summed in the work), so a recipe's span is at least its
-    chunk's forward (F) or recompute + backward (B) seconds. Stage s then runs after micro-batch 0's chunk-0
-    forwards of the stages before it (fill), M steps of each of its chunks (work), and, but for zb_h1, before the
-    chunk-0 backwards of the stages before it drain (Narayanan et al. 2021 sec 2.2.1's (M + K - 1)(t_f + t_b))."""
+    them; a split backward (zb_h1, zb_v, dualpipe, dualpipev) puts B and W both in the work), so a recipe's span is
+    at least its chunk's forward (F) or recompute + backward (B) seconds. Stage s then runs after micro-batch 0's
+    chunk-0 forwards of the stages before it (fill), M steps of each of its chunks (work; dualpipe's run M/2 each),
+    and, but for a split backward, before the chunk-0 backwards of the stages before it drain (Narayanan et al.
+    2021 sec 2.2.1's (M + K - 1)(t_f + t_b))."""
     M = _num_microbatches(cfg)
-    K, V = cfg.mesh.pp, cfg.vpp
+    K = cfg.mesh.pp
     kinds = _part_kinds(cfg)
     config = token(chunk_cost_key(cfg))
-    drains = cfg.schedule != "zb_h1"  # zb_h1's last chunk-0 backward may be followed by deferred W steps
+    # a split backward's last chunk-0 backward may be followed by deferred W steps (and chunk-1 steps)
+    drains = cfg.schedule not in SPLIT_BACKWARD
     best = fill = drain = 0.0
     seconds: dict[tuple, tuple[float, float]] = {}  # (forward, backward + recompute) by chunk (stages share them)
     for s in range(K):
         work = first_f = first_b = 0.0
         for c in range(len(cfg.stage_chunks(s))):
-            part = c * K + s
-            chunk = (kinds[part], part == 0, part == K * V - 1)
+            part = cfg.part_of(s, c)
+            chunk = (kinds[part], part == 0, part == cfg.num_parts - 1)
             f_b = seconds.get(chunk)
             if f_b is None:
                 cost = chunk_cost_entry(cfg, *chunk, config)[0]
                 f_b = seconds[chunk] = (cost.forward_s, cost.backward_s + cost.recompute_s)
-            work += f_b[0] + f_b[1]
+            first, last = chunk_microbatches(cfg.schedule, c, M)  # (dualpipe's chunks run M/2 each)
+            work += (last - first + 1) * (f_b[0] + f_b[1])
             if c == 0:
                 first_f, first_b = f_b
-        best = max(best, fill + M * work + (drain if drains else 0.0))
+        best = max(best, fill + work + (drain if drains else 0.0))
+        if cfg.schedule == "dualpipe":  # its far end starts at once, with the other direction's micro-batches
+            continue
         fill += first_f
         drain += first_b
     return best
@@ -130,11 +136,12 @@ def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
     stages this is (M + K - 1)(t_f + t_b) (Narayanan et al. 2021 sec 2.2.1) plus the optimizer. The sums over a
     stage's recipes are made once per distinct stage (`_Sums`), the same sums in the same order each time."""
     M = _num_microbatches(cfg)
-    K, V = cfg.mesh.pp, cfg.vpp
-    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
+    K, V = cfg.mesh.pp, cfg.chunks
+    kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
     stages = _stages(cfg, pricer)
     sums = [_sums(st, V, kinds) for st in stages]
-    after = _after_last_backward(cfg.schedule, K, M, V)
+    after = _after_last_backward(cfg.schedule, K, M, cfg.vpp)
+    runs = [chunk_microbatches(cfg.schedule, c, M) for c in range(V)]  # (first, last) micro-batch of each chunk
     last_b = [x.span[0, "B", True] for x in sums]
     fill = drain = 0.0
     best = 0.0
@@ -143,13 +150,16 @@ def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
         work = dp = 0.0
         for c in range(V):
             for kind in kinds:
-                for last, count in ((False, M - 1), (True, 1)):
+                for last, count in ((False, runs[c][1] - runs[c][0]), (True, 1)):
                     if count and (c, kind, last) in x.span:
                         work += count * x.span[c, kind, last]
                         dp += count * x.dp[c, kind, last]
         dp += x.tail_dp_s
         tail = sum(x.span[c, kind, last] for kind, c, last in after[s])
         # the dp stream runs its collectives one after the other too (ZeRO-3's gathers, ZeRO-2/3's scatters)
+        if cfg.schedule == "dualpipe":  # both ends start at once (two directions): no fill, and no one drain path
+            best = max(best, work + x.optimizer_s, dp)
+            continue
         best = max(best, fill + work + x.optimizer_s, fill + work - tail + drain + sums[0].optimizer_s, dp)
         # micro-batch 0's chunk-0 forward, then its send, before stage s + 1 can start
         fill += x.span[0, "F", True] + st.sends[KIND_INDEX["F"]]  # micro-batch 0: the edge forward

@@ -2,7 +2,9 @@
 each step after the step on its stage before it and after the neighbouring stage's step it receives from.
 
 The dependencies are simdist.plan.pipeline's (Narayanan et al. 2021 sec. 2.2): F of model part j needs F of part
-j-1, B of part j needs B of part j+1; within a stage steps run in program order. Cached per (schedule, K, M, V).
+j-1, B of part j needs B of part j+1, wherever the schedule places the parts (Megatron's interleaving, the V of zb_v
+and dualpipev, dualpipe's two directions); within a stage steps run in program order; DualPipe(V)'s held sends
+leave when the step that sends them ends. Cached per (schedule, K, M, V).
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from functools import lru_cache
 import numpy as np
 
 from simdist.errors import SpecError
-from simdist.plan.schedule import STEP_KINDS, stage_steps
+from simdist.plan.schedule import (
+    STEP_KINDS,
+    chunks_per_stage,
+    model_part,
+    num_model_parts,
+    part_location,
+    stage_steps,
+)
+from simdist.plan.schedule_v import late_sends
 
 __all__ = ["KIND_INDEX", "Program", "program", "recipe_code", "step_groups"]
 
@@ -34,8 +44,11 @@ class Program:
 
     def __init__(self, steps: np.ndarray, kinds: np.ndarray) -> None:
         self.steps = steps
-        """(4, len) int64: stage, `recipe_code`, upstream (index in this program of the step whose output this step
-        receives; -1: none) and downstream stage (the stage it sends its output to; -1: none, or the same stage)."""
+        """(7, len) int64: stage, `recipe_code`, upstream (index in this program of the step whose output this step
+        receives; -1: none), downstream stage (the stage it sends its output to; -1: none, or the same stage), and
+        DualPipe(V)'s held sends (simdist.plan.schedule_v.late_sends): late (1: the step's output waits for a later
+        step of its stage), held first (the first late step whose output this step's end sends, after its own;
+        -1: none) and held next (the next late step of the same sender; -1: the last)."""
         self.kinds = kinds
         """(3, len) int64: kind index (`KIND_INDEX`), micro-batch and chunk of each step."""
         self._tuples: tuple[tuple, ...] | None = None
@@ -65,9 +78,10 @@ class Program:
 
 @lru_cache(maxsize=512)
 def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> Program:
-    k, v, M = num_stages, vpp, num_microbatches
-    rows = stage_steps(schedule, num_stages=k, num_microbatches=M, vpp=v)
-    num_parts = k * v
+    k, M = num_stages, num_microbatches
+    v = chunks_per_stage(schedule, vpp)
+    rows = stage_steps(schedule, num_stages=k, num_microbatches=M, vpp=vpp)
+    num_parts = num_model_parts(schedule, k, vpp)
     # every stage's steps, in program order, as arrays: kind index, micro-batch, chunk (from their numbers:
     # (kind index x M + micro-batch) x V + chunk)
     lengths = [len(row) for row in rows]
@@ -75,32 +89,47 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     chunk, q = steps % v, steps // v
     mb, kind = q % M, q // M
     stage = np.repeat(np.arange(k, dtype=np.int64), lengths)
-    part = chunk * k + stage  # simdist.plan.schedule.model_part
+    # where the parts sit (simdist.plan.schedule.model_part, part_location; dualpipe's by the micro-batch's direction)
+    part_of = np.array([[model_part(s, c, k, schedule) for c in range(v)] for s in range(k)], dtype=np.int64)
+    where = np.array([[part_location(p, k, schedule, d) for p in range(num_parts)] for d in (0, 1)],
+                     dtype=np.int64).reshape(2, num_parts, 2)
+    direction = (mb >= M // 2).astype(np.int64) if schedule == "dualpipe" else np.zeros(len(steps), dtype=np.int64)
+    part = part_of[stage, chunk]
     # a step's key: (stage, kind, micro-batch, chunk) as one number; its upstream's key (-1: none) and the stage it
     # sends to (-1: none, or itself): F of part j receives from F of part j - 1, B of part j from B of part j + 1
     key = ((stage * 3 + kind) * M + mb) * v + chunk
     fwd, bwd = kind == 0, kind == 1
-    nxt, prv = part + 1, part - 1
+    nxt, prv = np.minimum(part + 1, num_parts - 1), np.maximum(part - 1, 0)
+    nxt_at, prv_at = where[direction, nxt], where[direction, prv]  # (stage, chunk) of the next and previous part
     up = np.full(len(steps), -1, dtype=np.int64)
     down = np.full(len(steps), -1, dtype=np.int64)
     sel = fwd & (part > 0)
-    up[sel] = (((prv[sel] % k) * 3) * M + mb[sel]) * v + prv[sel] // k
-    sel = fwd & (nxt < num_parts) & (nxt % k != stage)
-    down[sel] = nxt[sel] % k
-    sel = bwd & (nxt < num_parts)
-    up[sel] = (((nxt[sel] % k) * 3 + 1) * M + mb[sel]) * v + nxt[sel] // k
-    sel = bwd & (part > 0) & (prv % k != stage)
-    down[sel] = prv[sel] % k
-    code = (chunk * 3 + kind) * 2 + (mb == np.where(fwd, 0, M - 1))  # recipe_code, with is_edge
-    # Merge the stages into one order: sweep the stages in turn, each run as far as its next step's input is there.
-    # Each step's upstream as a position in the stages' arrays (-1: none; ``total``: a step no stage runs, which
-    # never enters the program); the sweep gives each step its index in the program (-1: not yet in it), from which
-    # the order and the upstream indices follow in numpy.
+    up[sel] = ((prv_at[sel, 0] * 3) * M + mb[sel]) * v + prv_at[sel, 1]
+    sel = fwd & (part + 1 < num_parts) & (nxt_at[:, 0] != stage)
+    down[sel] = nxt_at[sel, 0]
+    sel = bwd & (part + 1 < num_parts)
+    up[sel] = ((nxt_at[sel, 0] * 3 + 1) * M + mb[sel]) * v + nxt_at[sel, 1]
+    sel = bwd & (part > 0) & (prv_at[:, 0] != stage)
+    down[sel] = prv_at[sel, 0]
+    first = np.where(direction == 1, M // 2, 0) if schedule == "dualpipe" else 0  # simdist.plan.recipe.is_edge
+    last = np.where(direction == 1, M - 1, M // 2 - 1) if schedule == "dualpipe" else M - 1
+    code = (chunk * 3 + kind) * 2 + (mb == np.where(fwd, first, last))  # recipe_code, with is_edge
     total = len(steps)
     position_of = np.full(k * 3 * M * v, total, dtype=np.int64)  # a step's position, by key
     position_of[key] = np.arange(total, dtype=np.int64)
+    # DualPipe(V)'s sends held for a later step of the stage (simdist.plan.schedule_v.late_sends): the step whose end
+    # sends each step's output, as a position (itself where the output leaves as the step ends)
+    sender = np.arange(total, dtype=np.int64)
+    for (s, kd, i, c), (kd2, i2, c2) in late_sends(schedule, k, M).items():
+        sender[position_of[((s * 3 + KIND_INDEX[kd]) * M + i) * v + c]] = \
+            position_of[((s * 3 + KIND_INDEX[kd2]) * M + i2) * v + c2]
+    # Merge the stages into one order: sweep the stages in turn, each run as far as its next step's input is there
+    # (sent: its upstream step's sender has run). Each step's upstream as a position in the stages' arrays (-1: none;
+    # ``total``: a step no stage runs, which never enters the program); the sweep gives each step its index in the
+    # program (-1: not yet in it), from which the order and the upstream indices follow in numpy.
     up_position = np.where(up >= 0, position_of[np.maximum(up, 0)], -1)
-    up_positions = up_position.tolist()
+    gate = np.where(up_position >= 0, np.append(sender, total)[np.maximum(up_position, 0)], -1)
+    up_positions = gate.tolist()
     firsts = np.cumsum([0, *lengths]).tolist()
     position = firsts[:-1]
     index = [-1] * (total + 1)  # per position: its index in the program
@@ -128,7 +157,21 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
     at[index_of] = np.arange(total, dtype=np.int64)
     up_at = up_position[at]
     upstream = np.where(up_at >= 0, index_of[np.maximum(up_at, 0)], -1)
-    steps = np.stack([stage[at], code[at], upstream, down[at]])
+    # the held sends as program indices: a held step is late (it does not send as it ends); its sender sends, after
+    # its own, the held ones in program order (first held, then each one's next: -1 ends the chain)
+    late = np.zeros(total, dtype=np.int64)
+    held_first = np.full(total, -1, dtype=np.int64)
+    held_next = np.full(total, -1, dtype=np.int64)
+    tail_of: dict[int, int] = {}
+    for pos in np.flatnonzero(sender != np.arange(total)).tolist():  # positions in program order within a stage
+        i, j = int(index_of[pos]), int(index_of[sender[pos]])
+        late[i] = 1
+        if j in tail_of:
+            held_next[tail_of[j]] = i
+        else:
+            held_first[j] = i
+        tail_of[j] = i
+    steps = np.stack([stage[at], code[at], upstream, down[at], late, held_first, held_next])
     kinds = np.stack([kind[at], mb[at], chunk[at]])
     steps.flags.writeable = kinds.flags.writeable = False  # (cached: shared by every caller)
     return Program(steps, kinds)
@@ -143,7 +186,7 @@ def step_groups(schedule: str, num_stages: int, num_microbatches: int, vpp: int
     prog = program(schedule, num_stages, num_microbatches, vpp)
     stage = prog.steps[0]
     kind_chunk = prog.steps[1] >> 1  # recipe_code // 2: chunk * 3 + kind index
-    key = (stage * 3 + kind_chunk % 3) * vpp + kind_chunk // 3
+    key = (stage * 3 + kind_chunk % 3) * chunks_per_stage(schedule, vpp) + kind_chunk // 3
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     groups = np.split(order, bounds)

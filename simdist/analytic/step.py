@@ -42,6 +42,7 @@ from simdist.plan.accounting import CATEGORIES, Block, Interval, account, partit
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
+from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
 from simdist.plan.step_config import LayerKinds, StepConfig, layer_kinds
 
 __all__ = ["AnalyticStep", "CommPricer", "analytic_observables", "analytic_step", "cached_chunk_cost",
@@ -155,7 +156,7 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor); ``config``:
     the `token` of `chunk_cost_key` and of `recipe_key` of ``cfg``, ``shape``: `CommPricer.shape_key` of
     ``groups``, if already computed."""
-    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
+    kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
     cost_config, config_ = config if config is not None else (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     # the groups' shape as one number for the priced-recipe lookups below (dozens per stage; hashing the shape's
     # nested tuples each time cost more than the lookups)
@@ -198,7 +199,7 @@ _KINDS_CACHE: dict[tuple, tuple[LayerKinds, ...]] = {}
 def _part_kinds(cfg: StepConfig) -> tuple[LayerKinds, ...]:
     """`StepConfig.part_layers` of every model part, in model order, cached by what decides them (a search and the
     step bands time many configurations of one split)."""
-    key = (cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.mesh.pp, cfg.vpp)
+    key = (cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.mesh.pp, cfg.vpp, cfg.schedule)
     hit = _KINDS_CACHE.get(key)
     if hit is None:
         if len(_KINDS_CACHE) >= 4096:
@@ -230,22 +231,30 @@ def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     placement part (groups, shapes, chunks, send pairs: `_find_geometry`) is memoised without the bytes, so the
     layouts of one mesh and split that send different bytes (micro-batch sizes) find it once."""
     p2p = send(cfg)
-    key = ("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp, p2p.op, p2p.nbytes)
+    key = ("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp, _placement(cfg),
+           p2p.op, p2p.nbytes)
     return pricer.memo(key, lambda: _sized_geometry(cfg, pricer, p2p.op, p2p.nbytes))
 
 
 def _sized_geometry(cfg: StepConfig, pricer: CommPricer, op: str, nbytes: float) -> list[_Geometry]:
-    placed = pricer.memo(("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp),
-                         lambda: _find_geometry(cfg, pricer))
+    placed = pricer.memo(("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp,
+                          _placement(cfg)), lambda: _find_geometry(cfg, pricer))
     return [dataclasses.replace(g, sends=tuple(
         (index, pricer.key(op, pair, nbytes) if nbytes > 0 else None)  # the key `CommPricer.time_s` prices
         for index, pair in g.sends)) for g in placed]
 
 
+def _placement(cfg: StepConfig) -> str:
+    """What places the model parts on the stages, for the geometry memo's key: Megatron's interleaving, or the
+    schedule's own placement (simdist.plan.schedule.model_part)."""
+    return cfg.schedule if cfg.schedule in TWO_CHUNK_SCHEDULES else ""
+
+
 def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     """`_geometry` without the send's bytes: each send as its (index, pair of ranks)."""
-    mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
+    mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.chunks
     kinds = _part_kinds(cfg)
+    num_parts = cfg.num_parts
     # (size, stride or offsets) of every group axis: the same for every stage, whose groups differ in their first rank
     # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
     shapes = {axis: mesh.shape(axis) for axis in GROUP_AXES if axis != "pp"}
@@ -256,15 +265,19 @@ def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
         # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
         # of the two generators agree: simdist.plan.layout.check_experts)
         groups = {axis: (rank, *shape) for axis, shape in shapes.items()}
-        # Megatron's interleaved layout: chunk c of stage s is model part c*K + s (simdist.plan.step.chunk_costs_of)
-        chunks = tuple((kinds[c * K + s], c * K + s == 0, c * K + s == K * V - 1)
-                       for c in range(len(cfg.stage_chunks(s))))
+        # chunk c of stage s is model part c*K + s (Megatron's interleaving), or the schedule's V / two copies
+        # (StepConfig.part_of; simdist.plan.step.chunk_costs_of)
+        chunks = tuple((kinds[part], part == 0, part == num_parts - 1)
+                       for part in (cfg.part_of(s, c) for c in range(V)))
         sends = []
         for c in range(V):
             for kind, step in (("F", 1), ("B", -1)):
-                part = c * K + s + step
-                if 0 <= part < K * V and part % K != s:
-                    sends.append((c * 3 + KIND_INDEX[kind], (rank, stage_ranks[part % K])))
+                part = cfg.part_of(s, c) + step
+                if 0 <= part < num_parts:
+                    # dualpipe's chunk c carries the micro-batches of direction c
+                    dst = part_location(part, K, cfg.schedule, c if cfg.schedule == "dualpipe" else 0)[0]
+                    if dst != s:
+                        sends.append((c * 3 + KIND_INDEX[kind], (rank, stage_ranks[dst])))
         shape = pricer.shape_key(groups)
         out.append(_Geometry(rank, groups, shape, chunks, tuple(sends), token(("stage", chunks, shape))))
     return out
@@ -282,7 +295,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
             *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None]))
-        sends = [0.0] * (cfg.vpp * 3)
+        sends = [0.0] * (cfg.chunks * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * p2p.count
         out.append(_Stage(recipes, simple, sends, stage_tail, unit))
@@ -323,9 +336,10 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
     intervals: list[list[Interval]] = [[] for _ in range(K)]
     blocks: list[list[Block]] = [[] for _ in range(K)]
     model = hardware = 0.0
-    zb = cfg.schedule == "zb_h1"
+    zb = cfg.schedule in SPLIT_BACKWARD
     p_stage, p_kind, p_chunk, p_up, p_down, p_code = (prog.stage, prog.kind, prog.chunk, prog.upstream,
                                                       prog.downstream_stage, prog.code)
+    p_late, p_held, p_next = (prog.steps[4].tolist(), prog.steps[5].tolist(), prog.steps[6].tolist())
     for i in range(n):
         s = p_stage[i]
         st = stages[s]
@@ -385,13 +399,16 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
         kind = p_kind[i]
         if kind == "W" or (kind == "B" and not zb):
             last_bwd[s] = max(last_bwd[s], end)
-        if p_down[i] >= 0:
-            t = f[_PP] if f[_PP] > end else end
-            e = t + st.sends[p_chunk[i] * 3 + KIND_INDEX[kind]]
-            f[_PP] = e  # a send ends before its receiver's work starts: inside the phase, it is never charged
-            out[i] = e
-        else:
-            out[i] = end
+        j = i if not p_late[i] else p_held[i]  # the sends this step's end makes: its own (unless held), the held
+        while j >= 0:
+            if p_down[j] >= 0:
+                t = f[_PP] if f[_PP] > end else end
+                e = t + st.sends[p_chunk[j] * 3 + KIND_INDEX[p_kind[j]]]
+                f[_PP] = e  # a send ends before its receiver's work starts: inside the phase, it is never charged
+                out[j] = e
+            else:
+                out[j] = end
+            j = p_held[i] if j == i else p_next[j]
     step = max(prev, default=0.0)
     for s in range(K):
         r = stages[s].tail
@@ -472,7 +489,7 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
     ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    result = run_program(packed, prog.steps, _backward_codes(packed.kind.shape[1], cfg.schedule == "zb_h1"),
+    result = run_program(packed, prog.steps, _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD),
                          starts is not None, spans)
     if starts is not None:
         at = result[5]

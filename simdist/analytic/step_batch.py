@@ -15,7 +15,8 @@ plan (`simdist run`), every copy is sampled at its counts instead, as `analytic_
 batch is then timed on those three counts only, not on a detection timeline and, where a copy would not have
 paid for its own detection, not on every micro-batch (a copy whose samples are not collinear is still timed
 whole). Where the batch cannot be timed
-this way (a recipe that is not simple, copies whose recipes differ in shape, unequal replicas), `perturbed_step_s`
+this way (a recipe that is not simple, copies whose recipes differ in shape, unequal replicas, DualPipe(V)'s held
+sends), `perturbed_step_s`
 times each copy alone.
 """
 
@@ -45,6 +46,7 @@ from simdist.hardware.compute import ComputeEfficiency
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
+from simdist.plan.schedule import SPLIT_BACKWARD
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["perturbed_step_s"]
@@ -82,7 +84,7 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
         return _tails(batch, step, *(np.zeros((NUM_CORE, K, n)), np.zeros((K, n)), np.zeros((K, n)),
                                      np.zeros((K, n))))
     tab = batch.tables()
-    zb = cfg.schedule == "zb_h1"
+    zb = cfg.schedule in SPLIT_BACKWARD
     stage = np.asarray(prog.stage, dtype=np.int64)
     code = np.asarray(prog.code, dtype=np.int64)
     send_at = code >> 1  # recipe_code // 2: chunk * 3 + kind index
@@ -282,8 +284,8 @@ def _batch_step_s(cfg: StepConfig, nominal: list[_Stage], copies: list[tuple[Ste
                   counts: tuple[int, int, int] | None = None) -> np.ndarray | None:
     """The step time of ``cfg`` (its stages ``nominal``) and of each copy, or None where they cannot share a pass;
     ``counts``: the micro-batch counts to sample (the engine's fast-forward plan), else each copy finds its own."""
-    if cfg.compute_slowdown or cfg.dp_batch_split is not None:
-        return None
+    if cfg.compute_slowdown or cfg.dp_batch_split is not None or cfg.schedule in ("dualpipe", "dualpipev"):
+        return None  # (DualPipe(V)'s held sends leave after a later step: not in the waves' recurrence)
     geometry = _geometry(cfg, copies[0][1]) if copies else None  # the copies' mesh and cluster are cfg's
     staged = [nominal, *(_stages(c, p, geometry=geometry) for c, p in copies)]
     if not all(_fast(st) for st in staged):

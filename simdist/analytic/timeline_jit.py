@@ -82,7 +82,6 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         s = steps[0, i]
         code = steps[1, i]
         up = steps[2, i]
-        down = steps[3, i]
         f = free[s]
         t0 = prev[s]
         if f[0] > t0:
@@ -132,12 +131,16 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         prev[s] = end
         if backward[code] and end > last_bwd[s]:
             last_bwd[s] = end
-        if down >= 0:
-            t = f[_PP] if f[_PP] > end else end
-            f[_PP] = t + sends[s, code >> 1]
-            out[i] = f[_PP]
-        else:
-            out[i] = end
+        # the sends this step's end makes: its own (unless DualPipe holds it for a later step), then the held ones
+        j = i if steps[4, i] == 0 else steps[5, i]
+        while j >= 0:
+            if steps[3, j] >= 0:
+                t = f[_PP] if f[_PP] > end else end
+                f[_PP] = t + sends[s, steps[1, j] >> 1]
+                out[j] = f[_PP]
+            else:
+                out[j] = end
+            j = steps[5, i] if j == i else steps[6, j]
     step = 0.0
     for s in range(K):
         if s == 0 or prev[s] > step:

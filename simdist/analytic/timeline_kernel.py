@@ -12,7 +12,8 @@ once here for the steps whose core streams are free when they start (`simdist.an
   gathers issued ahead of it on the dp stream; its dp pieces behind queue on the dp stream;
 - any other step (a chunk's first forward with its gathers) and each stage's tail run piece by piece, each
   piece when its stream is free and its dependencies are done;
-- a step that feeds another stage sends on its pp stream after it ends.
+- a step that feeds another stage sends on its pp stream after it ends (DualPipe(V)'s held sends after the later
+  step that sends them).
 
 `pack` lays a configuration's stages out as arrays once; `run_program` times a program over them (the compiled
 loop: simdist.analytic.timeline_jit, loaded on first use) and returns every interval that the accounting
@@ -222,7 +223,8 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
 
 
 def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool, spans: bool) -> tuple:
-    """Time the program ``steps`` ((4, n): stage, recipe code, upstream step, downstream stage: `Program.steps`)
+    """Time the program ``steps`` ((7, n): stage, recipe code, upstream step, downstream stage, held sends:
+    `Program.steps`)
     over ``p``; ``backward`` (per recipe code): the step counts as its stage's backward work; ``record``: return
     each step's start; ``spans``: return each simple step's span (start, end, stage).
 

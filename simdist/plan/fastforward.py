@@ -26,6 +26,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from simdist.plan.schedule import TWO_CHUNK_SCHEDULES
+
 __all__ = ["FastForward", "detection_microbatches", "extrapolate", "find_cycle", "group_of", "plan", "sample_counts",
            "samples_cost", "steady_counts", "warmup_of"]
 
@@ -138,7 +140,15 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
     candidate samples (`steady_counts`). ``count_detection``: those timelines cost as much as the samples (the
     closed form detecting its own cycle), else nothing (the closed form detecting the engine's). ``step_of(m)``:
     ``timeline(m)``'s step time alone, where that is cheaper (no starts recorded), for the candidate samples.
-    ``beside``: the samples' cost is `samples_cost`'s beside (the engine's, with a CPU to spare)."""
+    ``beside``: the samples' cost is `samples_cost`'s beside (the engine's, with a CPU to spare).
+
+    # Assumption: zb_v, dualpipe and dualpipev are not fast-forwarded (every micro-batch simulated): their orders
+    # are built per micro-batch count (DualPipe's phases from M, ZB-V's greedy order: simdist.plan.schedule_v),
+    # their steady state's cycle has not been checked as the other schedules' has, and dualpipe runs even counts
+    # >= 2 pp only, which the samples M1, M1 + c, M1 + 2c would have to keep.
+    """
+    if schedule in TWO_CHUNK_SCHEDULES:
+        return None
     g = group_of(schedule, num_stages)
     total = detection_microbatches(schedule, num_stages, vpp)
     # the cheapest samples there can be (the shortest cycle, the earliest steady state): when even they do not pay,

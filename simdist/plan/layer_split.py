@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from simdist.errors import LayoutError
 from simdist.plan.model import Model
+from simdist.plan.schedule import V_SCHEDULES, chunks_per_stage, model_part
 
 __all__ = ["LayerSplit", "auto_split", "choose_split", "chunk_layers", "deepspeed_layers", "layout_string",
            "parse_layout", "partition_balanced", "partition_uniform"]
@@ -37,20 +38,26 @@ __all__ = ["LayerSplit", "auto_split", "choose_split", "chunk_layers", "deepspee
 
 @dataclass(frozen=True, slots=True)
 class LayerSplit:
-    """Decoder layers of every model part (part c * pp + s: chunk c of stage s), and how the split was chosen."""
+    """Decoder layers of every model part in model order, and how the split was chosen. Part c * pp + s is chunk c
+    of stage s, but under ``schedule`` zb_v and dualpipev (the V: chunk 1 of stage s is part 2 pp - 1 - s) and
+    dualpipe (pp parts, stage s holding parts s and pp - 1 - s: two copies; simdist.plan.schedule.model_part)."""
 
     parts: tuple[int, ...]
     num_stages: int
     method: str
     """How the split was decided, for reports ("auto: ...", "pipeline_layout", "partition_method: uniform")."""
+    schedule: str = "1f1b"
+    """The pipeline schedule, which places the parts on the stages."""
 
     @property
     def vpp(self) -> int:
         return len(self.parts) // self.num_stages
 
     def chunk_layers(self, stage: int) -> tuple[int, ...]:
-        """Decoder layers of each chunk of ``stage``."""
-        return tuple(self.parts[c * self.num_stages + stage] for c in range(self.vpp))
+        """Decoder layers of each chunk of ``stage`` (dualpipe: its two copies' parts)."""
+        k = self.num_stages
+        return tuple(self.parts[model_part(stage, c, k, self.schedule)]
+                     for c in range(chunks_per_stage(self.schedule, self.vpp)))
 
     @property
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -264,11 +271,18 @@ def chunk_layers(n: int, vpp: int) -> list[int]:
     return [base + (1 if c < extra else 0) for c in range(vpp)]
 
 
-def _from_stages(stages: list[list[int]], pp: int, vpp: int) -> tuple[int, ...]:
+def _from_stages(stages: list[list[int]], pp: int, vpp: int, schedule: str = "1f1b") -> tuple[int, ...]:
+    """Per-stage chunk counts as parts in model order, placed as ``schedule`` places them (`LayerSplit`)."""
+    if schedule in V_SCHEDULES:
+        parts = [0] * (pp * vpp)
+        for s, chunks in enumerate(stages):
+            for c, n in enumerate(chunks):
+                parts[model_part(s, c, pp, schedule)] = n
+        return tuple(parts)
     return tuple(stages[p % pp][p // pp] for p in range(pp * vpp))
 
 
-def _explicit(value: list, model: Model, pp: int, vpp: int) -> tuple[int, ...]:
+def _explicit(value: list, model: Model, pp: int, vpp: int, schedule: str = "1f1b") -> tuple[int, ...]:
     field = "parallel.layers_per_stage"
     if len(value) != pp:
         raise _fail(f"layers_per_stage lists {len(value)} stages, but pp = {pp}", field, f"give {pp} entries")
@@ -288,7 +302,7 @@ def _explicit(value: list, model: Model, pp: int, vpp: int) -> tuple[int, ...]:
     if total != model.num_layers:
         raise _fail(f"layers_per_stage {value} holds {total} layers, but the model has {model.num_layers}", field,
                     f"give counts that add up to {model.num_layers}")
-    return _from_stages(stages, pp, vpp)
+    return _from_stages(stages, pp, vpp, schedule)
 
 
 def _accounting(model: Model, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[int, ...] | None:
@@ -369,9 +383,18 @@ def _lighter_ends(model: Model, pp: int, vpp: int) -> tuple[int, ...]:
 def choose_split(model: Model, *, pp: int, vpp: int, pipeline_split: str = "auto",
                  layers_per_stage: list | None = None, pipeline_layout: str | None = None,
                  account_for_embedding: bool = False, account_for_loss: bool = False,
-                 partition_method: str | None = None, precision: str = "bf16") -> LayerSplit:
+                 partition_method: str | None = None, precision: str = "bf16", schedule: str = "1f1b") -> LayerSplit:
     """The split of ``model`` over ``pp`` stages x ``vpp`` chunks from a scenario's ``parallel`` fields (one
-    source at most: see the module docstring); raises a LayoutError naming the field."""
+    source at most: see the module docstring), its parts placed as ``schedule`` places them; raises a LayoutError
+    naming the field."""
+    split = _choose(model, pp, vpp, pipeline_split, layers_per_stage, pipeline_layout, account_for_embedding,
+                    account_for_loss, partition_method, precision, schedule)
+    return LayerSplit(split.parts, pp, split.method, schedule)
+
+
+def _choose(model: Model, pp: int, vpp: int, pipeline_split: str, layers_per_stage: list | None,
+            pipeline_layout: str | None, account_for_embedding: bool, account_for_loss: bool,
+            partition_method: str | None, precision: str, schedule: str) -> LayerSplit:
     sources = [name for name, on in (("layers_per_stage", layers_per_stage is not None),
                                      ("pipeline_layout", pipeline_layout is not None),
                                      ("partition_method", partition_method is not None),
@@ -381,7 +404,7 @@ def choose_split(model: Model, *, pp: int, vpp: int, pipeline_split: str = "auto
         raise _fail(f"the layer split is given twice: {' and '.join(sources)}", f"parallel.{sources[1]}",
                     f"keep one of {', '.join(sources)}")
     if layers_per_stage is not None:
-        return LayerSplit(_explicit(layers_per_stage, model, pp, vpp), pp, "layers_per_stage")
+        return LayerSplit(_explicit(layers_per_stage, model, pp, vpp, schedule), pp, "layers_per_stage")
     if pipeline_layout is not None:
         return LayerSplit(_layout_parts(pipeline_layout, model, pp, vpp), pp, "pipeline_layout (Megatron-LM)")
     if partition_method is not None:
@@ -402,7 +425,13 @@ def choose_split(model: Model, *, pp: int, vpp: int, pipeline_split: str = "auto
         if n % pp:
             raise _fail(f"{n} layers do not split evenly over pp = {pp} stages", "parallel.pp",
                         "choose pp dividing the layer count, or set parallel.pipeline_split: auto")
-        return LayerSplit(_explicit([n // pp] * pp, model, pp, vpp), pp, "even")
+        return LayerSplit(_explicit([n // pp] * pp, model, pp, vpp, schedule), pp, "even")
+    if pipeline_split == "lighter_ends" and schedule in V_SCHEDULES:
+        # the V puts the first and the last model part both on stage 0: Llama 3's rule (the first and the last
+        # stage one layer lighter, for the embedding and the loss) has no one reading there
+        raise _fail(f"pipeline_split: lighter_ends lightens the first and the last stage, but schedule {schedule} "
+                    "puts the embedding and the loss both on stage 0", "parallel.pipeline_split",
+                    "use pipeline_split: auto or even, or list parallel.layers_per_stage")
     if pipeline_split == "lighter_ends":
         return LayerSplit(_lighter_ends(model, pp, vpp), pp, "lighter_ends (Llama 3)")
     if pipeline_split != "auto":

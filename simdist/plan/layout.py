@@ -51,7 +51,7 @@ from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
 from simdist.plan.moe_cost import check_experts as check_moe_cost
 from simdist.plan.moe_routing import routing_imbalance
-from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, check_schedule
+from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, check_schedule
 from simdist.plan.step_config import StepConfig
 from simdist.spec.gpu import GpuSpec
 from simdist.spec.scenario import ScenarioSpec
@@ -118,14 +118,7 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
                     f"use a multiple of {t.micro_batch_size * p.dp}, or change micro_batch_size or dp")
     else:
         counts = [t.global_batch_size // (t.micro_batch_size * p.dp)]
-    if spec.schedule in TWO_CHUNK_SCHEDULES:
-        # The op graph times these orders (simdist.plan.pipeline), but a training step's layer split, chunk costs,
-        # memory and closed form still place model parts as Megatron's interleaving does: refused, not mis-placed.
-        raise _fail("interleaving", f"schedule {spec.schedule} is timed by `simdist bubble` and `simdist schedule`; "
-                    "training steps do not model its V / bidirectional placement yet", "schedule",
-                    f"use 1f1b, interleaved_1f1b or zb_h1 for a training step; time {spec.schedule} with `simdist "
-                    f"bubble --schedule {spec.schedule}`")
-    if p.vpp > 1 and spec.schedule != "interleaved_1f1b":
+    if p.vpp > 1 and spec.schedule not in ("interleaved_1f1b", *TWO_CHUNK_SCHEDULES):
         raise _fail("interleaving", f"vpp = {p.vpp} needs schedule: interleaved_1f1b (got {spec.schedule})",
                     "parallel.vpp", "set parallel.vpp: 1, or schedule: interleaved_1f1b")
     for m in sorted(set(counts)):
@@ -138,7 +131,7 @@ def check_layout(spec: ScenarioSpec, model: Model) -> LayerSplit:
                               layers_per_stage=p.layers_per_stage, pipeline_layout=p.pipeline_layout,
                               account_for_embedding=p.account_for_embedding_in_pipeline_split,
                               account_for_loss=p.account_for_loss_in_pipeline_split,
-                              partition_method=p.partition_method, precision=t.precision)
+                              partition_method=p.partition_method, precision=t.precision, schedule=spec.schedule)
     except LayoutError as err:
         rule = "interleaving" if err.field == "parallel.vpp" else "layers"
         raise _fail(rule, err.problem, err.field or "parallel.pp", err.fix or "") from None
@@ -276,9 +269,9 @@ def check_execution(spec: ScenarioSpec) -> None:
         raise SpecError(f"dp_shard = {p.dp_shard} (hybrid sharding) shards ZeRO-3 / FSDP's parameters inside groups; "
                         f"zero_stage is {p.zero_stage}", field="parallel.dp_shard",
                         fix="set parallel.zero_stage: 3, or drop dp_shard")
-    if p.zero_stage == 3 and t.zero3_fetch == "per_layer" and spec.schedule == "zb_h1":
-        raise SpecError("zero3_fetch per_layer reduce-scatters each unit's gradients in its backward; zb_h1 splits "
-                        "the weight gradients out of it", field="training.zero3_fetch",
+    if p.zero_stage == 3 and t.zero3_fetch == "per_layer" and spec.schedule in SPLIT_BACKWARD:
+        raise SpecError(f"zero3_fetch per_layer reduce-scatters each unit's gradients in its backward; "
+                        f"{spec.schedule} splits the weight gradients out of it", field="training.zero3_fetch",
                         fix="use schedule 1f1b, or zero3_fetch prefetch")
     if p.cp > 1 and t.cp_comm_type == "a2a+p2p":
         raise SpecError("cp_comm_type a2a+p2p (a2a inside a group, p2p across) is not modelled: its two groups are not "

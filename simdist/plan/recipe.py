@@ -27,8 +27,9 @@ Per representative rank, in program order (the rules, with their sources):
   all-reduce, launched after dgrad and hidden behind wgrad) on the tp stream beside it -> the exposed backward
   collectives -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on
   the dp stream; per_parameter: one per tensor, blocking].
-- W (zb_h1 only): the weight-gradient share of the backward; zb_h1's B is the input-gradient share, with every
-  backward collective exposed.
+- W (split-backward schedules only: zb_h1, zb_v, dualpipe, dualpipev, simdist.plan.schedule.SPLIT_BACKWARD): the
+  weight-gradient share of the backward; their B is the input-gradient share, with every backward collective
+  exposed.
 - after the stage's last backwards: its gradient reduction on the dp stream (all_reduce, or reduce_scatter
   under ZeRO-1 = Megatron's distributed optimizer), per parameter or in buckets, unless overlapped; then the
   optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`; with
@@ -63,7 +64,7 @@ from simdist.plan.pieces import (
     Recipe,
     StageTail,
 )
-from simdist.plan.schedule import WEIGHT_GRAD_SHARE
+from simdist.plan.schedule import SPLIT_BACKWARD, WEIGHT_GRAD_SHARE, chunk_microbatches
 from simdist.plan.step_config import StepConfig, grad_bytes_per_element
 
 __all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "data_parallel_groups", "dense_data_parallel_axis",
@@ -191,11 +192,13 @@ def num_buckets(cfg: StepConfig, cost: ChunkCost, params: float | None = None) -
     return 1
 
 
-def is_edge(kind: str, microbatch: int, num_microbatches: int) -> bool:
+def is_edge(kind: str, microbatch: int, num_microbatches: int, schedule: str = "1f1b", chunk: int = 0) -> bool:
     """Whether a step is its chunk's *edge* micro-batch, the one whose recipe differs from the others': a forward's
     first (where overlapped parameter gathers come in), a backward's or W's last (where overlapped gradient buckets
-    go out). Recipes are keyed (stage, chunk, kind, edge)."""
-    return microbatch == (0 if kind == "F" else num_microbatches - 1)
+    go out); dualpipe's chunks run half the micro-batches each (simdist.plan.schedule.chunk_microbatches). Recipes
+    are keyed (stage, chunk, kind, edge)."""
+    first, last = chunk_microbatches(schedule, chunk, num_microbatches)
+    return microbatch == (first if kind == "F" else last)
 
 
 def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Recipe:
@@ -264,8 +267,9 @@ def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: Builder, shards: list
 
 
 def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
-    """The chunk's last backward (zb_h1: its last W), with overlapped reduction: its buckets go out as it runs."""
-    final = last and (kind == "W" or cfg.schedule != "zb_h1")
+    """The chunk's last backward (a split backward, zb_h1 and the two-chunk schedules: its last W), with overlapped
+    reduction: its buckets go out as it runs."""
+    final = last and (kind == "W" or cfg.schedule not in SPLIT_BACKWARD)
     return cfg.grad_reduce == "overlapped" and final and cfg.zero_stage < 2 and kind != "F"
 
 
@@ -367,7 +371,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     # on an empty GPU queue, idle until the host's first kernel arrives (simdist.hardware.host). Charged to the
     # step's first compute piece (zb_h1's W follows its B without a send).
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 and kind != "W" else 0.0
-    split = cfg.schedule == "zb_h1"
+    split = cfg.schedule in SPLIT_BACKWARD
     if kind == "F":
         hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups)
         gathered = first and cfg.overlap_param_gather and cfg.zero_stage == 1 and bool(shards)

@@ -37,8 +37,8 @@ from simdist.plan import schedule_v
 from simdist.plan.schedule_v import TWO_CHUNK_SCHEDULES, V_SCHEDULES
 
 __all__ = ["SCHEDULES", "SPLIT_BACKWARD", "TWO_CHUNK_SCHEDULES", "V_SCHEDULES", "WEIGHT_GRAD_SHARE", "Step",
-           "bubble_formula", "bubble_formula_text", "chunks_per_stage", "model_part", "num_model_parts",
-           "part_location", "schedule_order", "stage_steps"]
+           "bubble_formula", "bubble_formula_text", "chunk_microbatches", "chunks_per_stage", "model_part",
+           "num_model_parts", "part_location", "schedule_order", "stage_steps"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", *TWO_CHUNK_SCHEDULES)
 SPLIT_BACKWARD = ("zb_h1", *TWO_CHUNK_SCHEDULES)
@@ -86,6 +86,15 @@ def chunks_per_stage(schedule: str, vpp: int) -> int:
 def num_model_parts(schedule: str, num_stages: int, vpp: int) -> int:
     """Parts the model is cut into: K vpp (dualpipe: K, each held twice)."""
     return num_stages if schedule == "dualpipe" else num_stages * vpp
+
+
+def chunk_microbatches(schedule: str, chunk: int, num_microbatches: int) -> tuple[int, int]:
+    """(first, last) micro-batch that ``chunk`` of a stage runs: 0 and M-1, or dualpipe's half for the chunk's
+    direction (chunk c runs micro-batches c M/2 .. (c+1) M/2 - 1: simdist.plan.schedule_v.microbatch_direction)."""
+    if schedule == "dualpipe":
+        half = num_microbatches // 2
+        return chunk * half, chunk * half + half - 1
+    return 0, num_microbatches - 1
 
 
 def check_schedule(name: str, *, num_stages: int, num_microbatches: int, vpp: int = 1) -> None:

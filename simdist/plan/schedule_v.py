@@ -28,6 +28,12 @@ zb_h1 does (simdist.plan.schedule); the orders are data in the same form (per st
 # their communication hides under each other's compute). The op graph runs one compute step at a time per stage,
 # so F&B takes F + B here: no overlap gain; `bubble_formula` evaluates Table 2 with F&B = F + B, which the
 # simulation matches exactly for uniform stages when F = B_input = W (tests).
+# Assumption: DualPipe's two copies are two modules with their own parameters, gradients and optimizer state
+# (deepseek-ai/DualPipe examples/example_dualpipe.py builds rank r's DualPipe from two PipelineStage modules
+# loaded with parts r and PP-1-r, and sums each copy's gradients with its twin's on rank PP-1-r after the step):
+# a training step's memory counts both copies' (simdist.plan.step: layers_on_stage and the stage's layers), its
+# data-parallel reduction and optimizer run per copy (a chunk each, simdist.plan.recipe.tail), and the exchange
+# of the twins' gradients between ranks r and PP-1-r is not timed.
 # A DualPipe backward that is not deferred (its "full" backward) is B followed at once by its W, and its gradient
 # goes out after the W, as the whole pass ends; an F&B pair's outputs both go out when the pair ends, and the
 # other sends DualPipe holds back (step 2's) wait as there (`late_sends`; the op graph sends then).

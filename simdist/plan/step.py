@@ -40,7 +40,14 @@ from simdist.plan.recipe import (
     tail,
 )
 from simdist.plan.recompute import full_layers
-from simdist.plan.schedule import Step, schedule_order
+from simdist.plan.schedule import (
+    SPLIT_BACKWARD,
+    TWO_CHUNK_SCHEDULES,
+    Step,
+    chunk_microbatches,
+    part_location,
+    schedule_order,
+)
 from simdist.plan.step_config import (
     StepConfig,
     chunk_layers,
@@ -130,8 +137,11 @@ class _Emitter:
         self._sends: dict[tuple[int, int], tuple[int, str, Comm, int]] = {}
         self._tagged: Step | None = None
         self._tag_text = ""
-        self._chunked = cfg.vpp > 1  # a step's tag names its chunk (Step.label)
-        self._b_ends_backward = cfg.schedule != "zb_h1"  # a B ends its chunk's backward (zb_h1: its W does)
+        self._chunked = cfg.chunks > 1  # a step's tag names its chunk (Step.label)
+        # a B ends its chunk's backward (a split backward, zb_h1 and the two-chunk schedules: its W does)
+        self._b_ends_backward = cfg.schedule not in SPLIT_BACKWARD
+        # each chunk's edge micro-batches (simdist.plan.recipe.is_edge): (first F, last B or W) by chunk
+        self._edges = [chunk_microbatches(cfg.schedule, c, num_microbatches) for c in range(cfg.chunks)]
 
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
         key = (axis, stage)
@@ -209,14 +219,14 @@ class _Emitter:
     def _tag(self, step: Step) -> str:
         """``step.label(vpp)``, kept for the step's transfer (asked for right after its compute)."""
         if step is not self._tagged:
-            self._tagged, self._tag_text = step, step.label(self.cfg.vpp)
+            self._tagged, self._tag_text = step, step.label(self.cfg.chunks)
         return self._tag_text
 
     # -- PipelineEmitter
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
         kind, microbatch, chunk = step.kind, step.microbatch, step.chunk
-        # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches)), is_edge inline
-        key = (stage, chunk, kind, microbatch == (0 if kind == "F" else self.num_microbatches - 1))
+        # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches, schedule, chunk)), inline
+        key = (stage, chunk, kind, microbatch == self._edges[chunk][kind != "F"])
         got = self._templates.get(key)
         rows, end_piece, entry_piece, dp_piece, block, taxes = got if got is not None else self._template(stage, key)
         self.log.blocks.append(block)
@@ -291,7 +301,7 @@ class _Emitter:
 
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:
     """Every distinct step recipe: (stage, chunk, kind, edge micro-batch: simdist.plan.recipe.is_edge) -> Recipe."""
-    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
+    kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
     # chunks of one cost (the same object: `_parts_of` gives alike chunks one) share their recipes, each made once
     made: dict[tuple[int, str, bool], Recipe] = {}
     out: dict[tuple, Recipe] = {}
@@ -315,7 +325,7 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
     """(chunk costs, recipes, stage tails) of a configuration, computed once for its several op graphs (the
     fast-forward samples of one step; `collective_runs`). Read-only: callers copy what they keep."""
     K = cfg.mesh.pp
-    num_parts = K * cfg.vpp
+    num_parts = cfg.num_parts
     parts, firsts = cfg.model_parts(), cfg.part_first_layers()  # once: each is a pass over every part
     costs: dict[tuple[int, int], ChunkCost] = {}
     # `chunk_cost` reads the configuration and its arguments only: alike chunks (the same layer kinds, neither or
@@ -323,7 +333,7 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
     alike: dict[tuple, ChunkCost] = {}
     for s in range(K):
         for c in range(len(cfg.stage_chunks(s))):
-            part = c * K + s  # Megatron's interleaved layout: chunk c of stage s is model part c*K + s
+            part = cfg.part_of(s, c)  # Megatron's interleaved layout c*K + s, or the schedule's V / two copies
             # cfg.part_layers(part), from the parts and first layers computed once
             key = (layer_kinds(cfg.model, firsts[part], parts[part]), part == 0, part == num_parts - 1)
             cost = alike.get(key)
@@ -333,7 +343,7 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
     tails_of: dict[tuple[int, ...], StageTail] = {}  # by the stage's chunk costs (`tail` reads those and cfg only)
     tails = []
     for s in range(K):
-        chunk_list = [costs[(s, c)] for c in range(cfg.vpp)]
+        chunk_list = [costs[(s, c)] for c in range(cfg.chunks)]
         ids = tuple(map(id, chunk_list))
         t = tails_of.get(ids)
         if t is None:
@@ -346,8 +356,11 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
     mesh, K, ex = cfg.mesh, cfg.mesh.pp, cfg.execution
     replicas = range(mesh.dp) if cfg.dp_batch_split is not None else (0,)
     most = max(cfg.microbatches(d) for d in replicas)
+    # the stage's model parts: the embedding is on part 0, the output layer and loss on the last (the V puts both on
+    # stage 0; dualpipe's two copies put both on stages 0 and K-1)
+    held = {cfg.part_of(s, c) for c in range(cfg.chunks)}
     args = dict(
-        layers_on_stage=cfg.layers_per_stage[s], first_stage=s == 0, last_stage=s == K - 1,
+        layers_on_stage=cfg.layers_per_stage[s], first_stage=0 in held, last_stage=cfg.num_parts - 1 in held,
         tp=mesh.tp, pp=K, dp=mesh.dp, cp=mesh.cp, vpp=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
         zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
         precision=cfg.precision,
@@ -393,6 +406,8 @@ def peak_memory_bytes(cfg: StepConfig) -> float:
     the last, and for each other layer count the earliest stage with it (a schedule's in-flight micro-batches
     never grow with the stage index, simdist.plan.activations.in_flight_microbatches)."""
     K = cfg.mesh.pp
+    if cfg.schedule in TWO_CHUNK_SCHEDULES:  # (each stage's parts and in-flight count differ: every stage)
+        return max(_stage_memory(cfg, s).total_bytes for s in range(K))
     wanted = {0, K - 1}
     seen: set[int] = set()
     for s in range(1, K - 1):
@@ -433,7 +448,7 @@ def build_step(cfg: StepConfig, *, full: bool = False, num_microbatches: int | N
             order = schedule_order(cfg.schedule, num_stages=K, num_microbatches=m, vpp=cfg.vpp)
             factors = {s: (cfg.rank_factor(r) if full else cfg.compute_factor(s, d)) for s, r in ranks.items()}
             em = _Emitter(cfg, recipes, ranks, m, {s: f for s, f in factors.items() if f != 1.0}, log)
-            build_pipeline(graph, order, em, vpp=cfg.vpp)
+            build_pipeline(graph, order, em, vpp=cfg.vpp, schedule=cfg.schedule)
             emitters.append(em)
     for s in range(K):
         for em in emitters:
@@ -475,10 +490,10 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
     """(op, ranks, nbytes, axis, imbalance) -> runs of that collective in one step by the representative ranks of
     data-parallel replica ``dp_index`` (tp and cp coordinate 0), counted from the recipes over the whole micro-batch
     count (the same runs the op graph holds, without building it)."""
-    mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.vpp
+    mesh, K = cfg.mesh, cfg.mesh.pp
     M = cfg.microbatches(dp_index)
     _, recipes, tails = _parts_of(cfg)
-    kinds = ("F", "B", "W") if cfg.schedule == "zb_h1" else ("F", "B")
+    kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
     p2p = send(cfg)
     runs: dict[tuple, int] = {}
 
@@ -500,15 +515,19 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
 
     for s in range(K):
         rank = mesh.rank(pp=s, dp=dp_index)
-        for c in range(V):
+        for c in range(cfg.chunks):
+            first, last = chunk_microbatches(cfg.schedule, c, M)
+            runs_c = last - first + 1  # micro-batches the chunk runs (dualpipe: half, one direction)
             for kind in kinds:
-                pieces(s, recipes[(s, c, kind, False)].pieces, M - 1)
+                pieces(s, recipes[(s, c, kind, False)].pieces, runs_c - 1)
                 pieces(s, recipes[(s, c, kind, True)].pieces, 1)
             for step in (1, -1):  # F sends down, B back
-                part = c * K + s + step
-                if 0 <= part < K * V and part % K != s:
-                    add((p2p.op, (rank, mesh.rank(pp=part % K, dp=dp_index)), p2p.nbytes, p2p.axis, p2p.imbalance),
-                        M * p2p.count)
+                part = cfg.part_of(s, c) + step
+                if 0 <= part < cfg.num_parts:
+                    dst = part_location(part, K, cfg.schedule, c if cfg.schedule == "dualpipe" else 0)[0]
+                    if dst != s:
+                        add((p2p.op, (rank, mesh.rank(pp=dst, dp=dp_index)), p2p.nbytes, p2p.axis, p2p.imbalance),
+                            runs_c * p2p.count)
         pieces(s, tails[s].pieces, 1)
     return runs
 

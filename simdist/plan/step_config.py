@@ -18,6 +18,7 @@ from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
+from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, chunks_per_stage, model_part, num_model_parts
 from simdist.spec.gpu import GpuSpec
 
 
@@ -30,6 +31,7 @@ class StepConfig:
     micro_batch_size: int
     global_batch_size: int
     layers_per_stage: tuple[int, ...]
+    """Decoder layers each stage holds, over its chunks (dualpipe: both copies, parts s and pp - 1 - s)."""
     vpp: int = 1
     recompute: str = "none"
     precision: str = "bf16"
@@ -64,8 +66,9 @@ class StepConfig:
     host: HostOverhead | None = None
     """Host-side costs per op and per pipeline step (simdist.hardware.host); None: its data file's defaults."""
     layers_per_part: tuple[int, ...] | None = None
-    """Decoder layers of every model part (part c * pp + s: chunk c of stage s; simdist.plan.layer_split), summing
-    per stage to layers_per_stage; None: each stage's layers over its chunks by layer_split.chunk_layers."""
+    """Decoder layers of every model part in model order (part `part_of`(s, c) is chunk c of stage s: c * pp + s,
+    or the schedule's V / bidirectional placement; simdist.plan.layer_split), summing per stage to
+    layers_per_stage; None: each stage's layers over its chunks by layer_split.chunk_layers."""
     split_method: str = ""
     """How the layer split was chosen (reports)."""
     # Mixture of experts (scenario parallel.ep / etp and training.moe_*; simdist.plan.model for the model's side).
@@ -98,22 +101,39 @@ class StepConfig:
     def __post_init__(self) -> None:
         parts = self.layers_per_part
         if parts is not None:
-            K = self.mesh.pp
-            if len(parts) != K * self.vpp or any(sum(parts[c * K + s] for c in range(self.vpp)) != n
-                                                 for s, n in enumerate(self.layers_per_stage)):
+            if len(parts) != self.num_parts or any(sum(parts[self.part_of(s, c)] for c in range(self.chunks)) != n
+                                                   for s, n in enumerate(self.layers_per_stage)):
                 raise LayoutError(f"layers_per_part {list(parts)} does not match layers_per_stage "
                                   f"{list(self.layers_per_stage)} with vpp = {self.vpp}", field="parallel.vpp",
-                                  fix="give pp x vpp part counts summing per stage to layers_per_stage")
+                                  fix=f"give {self.num_parts} part counts summing per stage to layers_per_stage")
+        elif self.schedule in TWO_CHUNK_SCHEDULES:
+            raise LayoutError(f"schedule {self.schedule} places the model's parts as a V or in two copies: its "
+                              "StepConfig needs layers_per_part", field="schedule",
+                              fix="build the StepConfig with simdist.plan.layout.step_config_of")
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks each stage runs: vpp, or 2 under zb_v, dualpipe and dualpipev
+        (simdist.plan.schedule.chunks_per_stage)."""
+        return chunks_per_stage(self.schedule, self.vpp)
+
+    @property
+    def num_parts(self) -> int:
+        """Parts the model is cut into: pp x vpp (dualpipe: pp, each held by two stages)."""
+        return num_model_parts(self.schedule, self.mesh.pp, self.vpp)
+
+    def part_of(self, stage: int, chunk: int) -> int:
+        """The model part that ``chunk`` of ``stage`` holds (simdist.plan.schedule.model_part)."""
+        return model_part(stage, chunk, self.mesh.pp, self.schedule)
 
     def stage_chunks(self, stage: int) -> tuple[int, ...]:
-        """Decoder layers of each of ``stage``'s vpp model chunks."""
+        """Decoder layers of each of ``stage``'s model chunks."""
         if self.layers_per_part is not None:
-            K = self.mesh.pp
-            return tuple(self.layers_per_part[c * K + stage] for c in range(self.vpp))
+            return tuple(self.layers_per_part[self.part_of(stage, c)] for c in range(self.chunks))
         return tuple(chunk_layers(self.layers_per_stage[stage], self.vpp))
 
     def model_parts(self) -> tuple[int, ...]:
-        """Decoder layers of every model part in model order (part c * pp + s: chunk c of stage s)."""
+        """Decoder layers of every model part in model order."""
         return _parts(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp)[0]
 
     def part_first_layers(self) -> tuple[int, ...]:
@@ -121,12 +141,14 @@ class StepConfig:
         return _parts(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp)[1]
 
     def part_layers(self, part: int) -> LayerKinds:
-        """The decoder layers of model ``part`` (c * pp + s: chunk c of stage s) as `layer_kinds`."""
+        """The decoder layers of model ``part`` (in model order) as `layer_kinds`."""
         return layer_kinds(self.model, self.part_first_layers()[part], self.model_parts()[part])
 
     def stage_layers(self, stage: int) -> tuple[int, ...]:
-        """Indices (0-based) of every decoder layer that pipeline ``stage`` holds, over its vpp chunks."""
-        return _stage_layers(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp, stage)
+        """Indices (0-based) of every decoder layer that pipeline ``stage`` holds, over its chunks (dualpipe: both
+        copies' layers)."""
+        return _stage_layers(self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp, stage,
+                             self.schedule)
 
     @property
     def expert_parallel(self) -> ExpertParallel:
@@ -257,7 +279,7 @@ def _parts(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int,
 
 @functools.lru_cache(maxsize=4096)
 def _stage_layers(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int, ...], pp: int, vpp: int,
-                  stage: int) -> tuple[int, ...]:
+                  stage: int, schedule: str = "1f1b") -> tuple[int, ...]:
     counts, firsts = _parts(layers_per_part, layers_per_stage, pp, vpp)
-    parts = [c * pp + stage for c in range(vpp)]
+    parts = [model_part(stage, c, pp, schedule) for c in range(chunks_per_stage(schedule, vpp))]
     return tuple(i for p in parts for i in range(firsts[p], firsts[p] + counts[p]))
