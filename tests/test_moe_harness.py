@@ -62,8 +62,21 @@ def test_two_ranks_match_one_process_and_time_the_dispatch():
     (row,) = a2a
     assert (row.op, row.num_ranks, row.nbytes) == ("all_to_all", 2, 32 * 2 * 16 * 4)  # tokens x topk x h x fp32
     assert 1.0 <= row.imbalance <= 2.0 and row.time_s > 0
-    assert {g.name.split()[0] for g in gemms} == {"expert_fc1", "expert_fc2"}
-    assert sum(g.m for g in gemms if g.name.startswith("expert_fc1")) <= 2 * 32 * 2  # rows the experts received
+    assert {g.name.split()[0] for g in gemms} == {"expert_fc1", "expert_fc2", "expert_fc1_grouped",
+                                                  "expert_fc2_grouped", "moe_permute"}
+    single = [g for g in gemms if g.name.split()[0] == "expert_fc1"]
+    assert sum(g.m for g in single) <= 2 * 32 * 2  # rows the experts received
+    # per rank: the grouped GEMMs and the permutation cover the rows it received, every local expert's in one call
+    h, f = TINY.hidden, TINY.ffn_hidden
+    received = 0
+    for rank in (0, 1):
+        of = {g.name.split()[0]: g for g in gemms if g.name.endswith(f"rank {rank}")}
+        rows = of["moe_permute"].hbm_bytes / (2 * h * 4)  # read + written, fp32
+        assert of["moe_permute"].kernel == "memory" and rows == int(rows) > 0
+        assert of["expert_fc1_grouped"].flops == 2.0 * rows * f * h == of["expert_fc2_grouped"].flops
+        assert of["expert_fc1_grouped"].batch <= TINY.num_experts // 2 and of["expert_fc1_grouped"].kernel == "gemm"
+        received += rows
+    assert received == 2 * 32 * TINY.topk  # dropless: every routed copy lands on one rank
 
 
 @pytest.mark.slow
@@ -108,12 +121,15 @@ def test_four_skewed_ranks_check_and_their_timings_calibrate(tmp_path, cli, caps
 
     cal = json.loads(text)["calibration"]
     assert set(cal["collectives"]) == {"all_to_all"} and cal["compute"]["gemm_peak_efficiency"] > 0
-    assert cal["fit"]["kernels"]["per_kind"]["gemm"]["points"] == len(read_kernel_measurements(gemms))
+    measured = read_kernel_measurements(gemms)
+    per_kind = cal["fit"]["kernels"]["per_kind"]
+    assert per_kind["gemm"]["points"] == sum(m.kernel == "gemm" for m in measured)
+    assert per_kind["memory"]["points"] == sum(m.kernel == "memory" for m in measured) == 4 * 4  # a rank, a size
     code, text, err = cli("validate", str(a2a), str(gemms), "--calibration", str(tmp_path / "cal.yaml"), "--json")
     assert code == 0, err
     doc = json.loads(text)
     assert [r["imbalance"] for r in doc["rows"]] == pytest.approx([m.imbalance for m in rows][1::2])
-    assert doc["kernel_rows"] and set(doc["kernel_mape_pct"]["per_kernel"]) == {"gemm"}
+    assert doc["kernel_rows"] and set(doc["kernel_mape_pct"]["per_kernel"]) == {"gemm", "memory"}
 
 
 @pytest.mark.parametrize(("argv", "words"), [

@@ -3,9 +3,9 @@ row is priced as (no torch here).
 
 ``python -m validation.kernels`` times single kernels on one device (GEMMs of a scenario's layers and a size sweep,
 attention through torch's scaled_dot_product_attention, norm and element-wise kernels) and ``python -m
-validation.moe`` its experts' GEMMs; both write one row per kernel. The CSV has a header row (order free, extra
-columns ignored), optional leading ``# key: value`` metadata lines (torch version, device, command), and blank or
-``#`` lines anywhere, which readers skip. Columns:
+validation.moe`` its experts' GEMMs, one at a time and as a grouped call, and its token permutation; both write one
+row per kernel. The CSV has a header row (order free, extra columns ignored), optional leading ``# key: value``
+metadata lines (torch version, device, command), and blank or ``#`` lines anywhere, which readers skip. Columns:
 
 - ``kernel``: gemm | attention | memory (the roofline's kinds, simdist.hardware.compute; memory = element-wise,
   norm and softmax kernels, bandwidth-bound)

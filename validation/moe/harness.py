@@ -20,8 +20,9 @@ dispatch ``all_to_all_single`` with its unequal splits is timed with the collect
 written as an nccl-tests style row: op all_to_all, ``nbytes`` = each rank's send buffer (tokens x top-k x h x
 element size, the same on every rank: dropless routing), ``imbalance`` = the busiest rank's received bytes / the
 mean, as realised. Then each rank's local expert GEMMs (fc1: rows x h -> f, fc2: rows x f -> h, rows = the tokens
-that expert received) are timed one rank at a time (the others wait at a barrier, so CPU ranks do not share cores
-while timing) and written as kernel rows.
+that expert received), the same as one grouped call over its experts, and the permutation of its received rows into
+expert order are timed one rank at a time (the others wait at a barrier, so CPU ranks do not share cores while
+timing) and written as kernel rows (gemm, and memory for the permutation).
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def _time_experts(rank: int, config: MoERunConfig, cfg: MoEConfig, w1: Any, w2: 
     elt = torch.empty((), dtype=dtype).element_size()
     label = device_name(config.backend)
     seen: set[int] = set()
-    out = []
+    out = _time_grouped(rank, config, cfg, w1, w2, counts, dtype, device, sync, elt, label)
     for e, rows in enumerate(counts):
         if rows == 0 or rows in seen:
             continue
@@ -266,4 +267,46 @@ def _time_experts(rank: int, config: MoERunConfig, cfg: MoEConfig, w1: Any, w2: 
                 kernel="gemm", name=f"{name} rank {rank}", dtype=config.dtype, flops=2.0 * m * n * k,
                 hbm_bytes=float(m * k + k * n + m * n) * elt, time_s=t, time_mean_s=sum(times) / len(times),
                 num_samples=len(times), device=label, source="validation.moe", m=m, n=n, k=k))
+    return out
+
+
+def _time_grouped(rank: int, config: MoERunConfig, cfg: MoEConfig, w1: Any, w2: Any, counts: list[int], dtype: Any,
+                  device: Any, sync: Any, elt: int, label: str) -> list[KernelMeasurement]:
+    """The rank's grouped expert GEMMs and its permutation, as simdist prices them (simdist.plan.moe_cost): fc1 and
+    fc2 of every local expert in one call (``batch`` = local experts, ``m`` = the mean rows per expert, ``flops``
+    the experts' own sum: the grouped GEMM of --moe-grouped-gemm), and the permutation that gathers the received
+    rows into expert order (a memory kernel: each row read and written, 2 x rows x h x element bytes).
+    # Assumption: off a GPU there is no grouped GEMM kernel: the grouped call is the experts' matmuls back to back
+    # (Transformer Engine's GroupedLinear on CPU-less paths and its multi-stream cuBLAS path run one GEMM each).
+    """
+    import torch
+
+    h, f = cfg.hidden, cfg.ffn_hidden
+    rows = [n for n in counts if n > 0]
+    experts = [e for e, n in enumerate(counts) if n > 0]
+    if not rows:
+        return []
+    total = sum(rows)
+    inputs = [torch.randn(n, h, dtype=torch.float64).to(dtype=dtype, device=device) for n in rows]
+    hiddens = [torch.randn(n, f, dtype=torch.float64).to(dtype=dtype, device=device) for n in rows]
+    mean = max(1, round(total / len(rows)))
+    out = []
+    for name, (n_, k_), run in (
+            ("expert_fc1_grouped", (f, h), lambda: [a @ w1[e] for a, e in zip(inputs, experts, strict=True)]),
+            ("expert_fc2_grouped", (h, f), lambda: [x @ w2[e] for x, e in zip(hiddens, experts, strict=True)])):
+        times = timed_iterations(run, warmup=config.warmup, iters=config.iters, sync=sync,
+                                 what=f"{name} of {len(rows)} experts on rank {rank}")
+        out.append(KernelMeasurement(
+            kernel="gemm", name=f"{name} rank {rank}", dtype=config.dtype, flops=2.0 * total * n_ * k_,
+            hbm_bytes=float(total * k_ + len(rows) * k_ * n_ + total * n_) * elt, time_s=median_s(times),
+            time_mean_s=sum(times) / len(times), num_samples=len(times), device=label, source="validation.moe",
+            m=mean, n=n_, k=k_, batch=len(rows)))
+    received = torch.randn(total, h, dtype=torch.float64).to(dtype=dtype, device=device)
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(rank)).to(device)
+    times = timed_iterations(lambda: received.index_select(0, order), warmup=config.warmup, iters=config.iters,
+                             sync=sync, what=f"the permutation of {total} rows on rank {rank}")
+    out.append(KernelMeasurement(
+        kernel="memory", name=f"moe_permute rank {rank}", dtype=config.dtype, flops=0.0,
+        hbm_bytes=2.0 * total * h * elt, time_s=median_s(times), time_mean_s=sum(times) / len(times),
+        num_samples=len(times), device=label, source="validation.moe"))
     return out
