@@ -4,12 +4,14 @@ Run from the repository root with the project's virtualenv active:
 
     python benchmarks/search.py [--model gpt3-175b] [--cluster dgx-a100] [--gpus 1024] [--global-batch 1536]
                                 [--workers 1] [--top 3] [--min-configs 10000] [--readme] [--any-layout]
+                                [--dask-local 2]
 
 Figures:
 - cold: the first sweep over the feasible layouts (collective prices computed and cached), of the closed form with
   every collective alone (`run --fidelity closed_form`'s) and with the contention estimate search ranks by;
 - warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost;
-- 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, wall time;
+- 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, or on a Dask LocalCluster of
+  --dask-local workers (issue 32: 10^6 configurations on 2 workers), wall time;
 - engine: simdist.predict.step.predict_step on the top k, seconds each;
 - --readme: the README's default search (`simdist search --model gpt3-175b ...`) as a whole process, median wall of
   three runs and peak resident memory.
@@ -45,6 +47,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--min-configs", type=int, default=10_000)
     ap.add_argument("--readme", action="store_true", help="also time the README's default search, whole process")
+    ap.add_argument("--dask-local", type=int, default=0, metavar="N",
+                    help="run the --min-configs evaluations on a Dask LocalCluster of N single-threaded worker "
+                         "processes (pip install 'simdist[dask]') instead of --workers")
     ap.add_argument("--any-layout", action="store_true", help="every layout, not only those Megatron-Core runs "
                     "(the space the issue-32 figures of 12-20 ms per configuration were measured on)")
     a = ap.parse_args()
@@ -69,13 +74,24 @@ def main() -> None:
               f"{warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, {warm / len(feasible) * 1e6:.0f} us per config)")
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
     jobs = [(problem, many[i:i + BATCH]) for i in range(0, len(many), BATCH)]
+    cluster = client = None
+    if a.dask_local:
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=a.dask_local, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+    where = f"a Dask LocalCluster of {a.dask_local} worker(s)" if client is not None else f"{a.workers} worker(s)"
     t = time.perf_counter()
-    with make_executor(workers=a.workers) as ex:
-        for _ in ex.run(evaluate_batch, jobs):
-            pass
+    try:
+        with make_executor(workers=a.workers, dask=client) as ex:
+            for _ in ex.run(evaluate_batch, jobs):
+                pass
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
     big = time.perf_counter() - t
-    print(f"{len(many):,} configs on {a.workers} worker(s) (cold caches per worker): {big:.2f} s "
-          f"({len(many) / big:,.0f} configs/s)")
+    print(f"{len(many):,} configs on {where} (cold caches per worker): {big:.2f} s ({len(many) / big:,.0f} configs/s)")
     if a.readme:
         readme_search(a.workers)
     rows.sort(key=lambda r: -r["tokens_per_s"])
