@@ -22,6 +22,15 @@ FABRIC = -2
 """Pseudo-peer: the inter-node fabric's in-network reduction (SHARP, simdist.collectives.collnet): it
 accumulates what GPUs push to it and multicasts results back. Transfers to or from it use the GPU's path to
 its NIC and the NIC's link to its leaf switch."""
+NODE_SWITCH = -3
+"""Pseudo-peers ``NODE_SWITCH - n``: the NVSwitch of the group's n-th node (in `Group.by_node` order), for plans
+that run NVLS in several nodes at once (NVLS-Tree, simdist.collectives.nvls_tree): each node's switch reduces
+only what its own GPUs push. Transfers to or from one use the GPU's NVLink port, as for ``SWITCH``."""
+
+
+def node_switch(index: int) -> int:
+    """The pseudo-peer of the NVSwitch of the group's ``index``-th node (see NODE_SWITCH)."""
+    return NODE_SWITCH - index
 
 
 @dataclass(frozen=True, slots=True)
