@@ -136,6 +136,21 @@ class Group:
                          link.bandwidth_Bps, link.effective_bandwidth_Bps, link.latency_s)
         return t.route(self.ranks[src], self.ranks[dst])
 
+    def crosses_planes(self) -> bool:
+        """Whether routes between the peers cross from one plane of a multi-plane fabric to another (relayed over
+        NVLink by NCCL's PXN, `Topology.send_nic`): a peer's inter-node routes then leave by several NICs, which the
+        per-peer NIC structure of simdist.collectives.all_pairs does not describe."""
+        hit = self.memo.get("crosses_planes")
+        if hit is None:
+            t = self.topology
+            fabric = t.fabric
+            hit = False
+            if fabric is not None and fabric.planes > 1 and len(self.by_node()) > 1:
+                nics = {t.node.nic_of_gpu[t.locate(r)[1]] for r in self.ranks}
+                hit = len({fabric.plane_of_local(n) for n in nics if n is not None}) > 1
+            self.memo["crosses_planes"] = hit
+        return hit
+
     def nodes(self) -> list[int]:
         """Node of each peer."""
         gpn = self.topology.gpus_per_node  # the ranks are checked: GPU r is on node r // gpus_per_node
