@@ -123,3 +123,17 @@ def test_topo_show_prints_the_planes():
     assert "2 planes of 2 leaves and 2 spines" in r.out and "100 GB/s per direction" in r.out
     r = run_cli(["topo", "show", TWO_PLANE, "--json"])
     assert '"planes": 2' in r.out
+
+
+def test_the_100k_multi_plane_preset():
+    # topologies/mpft-100k.yaml: 12,500 servers x 8 H100, NIC i on plane i; a plane's 12,500 NICs on 256-port leaves
+    # (128 down, 128 up): 98 leaves and 128 spines per plane; non-blocking: half the NICs x 50 GB/s = 2,500 TB/s
+    t = load_topology("mpft-100k")
+    f = t.fabric
+    assert t.num_gpus == 100_000 and f.planes == 8 and f.down_ports == 128
+    assert (f.leaves_per_pod, f.num_spines, f.num_leaves) == (98, 128, 784)
+    assert t.vertex_counts["spine_switch"] == 1024
+    assert bisection(t).bandwidth_Bps == pytest.approx(50_000 * 50e9)
+    # GPU 0 of server 0 to GPU 7 of server 9,999: over NVLink to GPU 7, out by NIC 7 on plane 7
+    kinds = [t.link(i).kind for i in t.route(0, 9_999 * 8 + 7).links]
+    assert kinds[:2] == ["nvlink", "nvlink"] and kinds.count("infiniband") == 4
