@@ -13,7 +13,10 @@ same for the inter-node fabric's switches (SHARP).
 
 from __future__ import annotations
 
+import gc
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 SWITCH = -1
@@ -100,3 +103,18 @@ class Plan:
             if t.dst >= 0:
                 out[t.dst] += t.nbytes
         return out
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a plan builds its transfers: they form no cycles, and every
+    collection the allocations trigger walks all live objects, so building a 100,000-GPU ring's 800,000 fast flows
+    took twice as long with it (2.2 s against 1.1 s; benchmarks/topology.py, the 100k-GPU all-reduces). Reference
+    counting still frees everything; the collector resumes as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -314,9 +314,9 @@ class Topology:
         """The local NIC a route from local GPU ``src_gpu`` to local GPU ``dst_gpu`` of another node leaves by: the
         source GPU's nearest NIC, or, where the fabric has planes and that NIC is on another plane than the
         destination's, the NIC of the destination's plane beside it (the same host's group of ``planes`` NICs):
-        NCCL's PXN (PCI x NVLink, NCCL 2.12: the data crosses to the GPU next to a NIC on the destination's rail over
-        NVLink, and that GPU's NIC sends it; NVIDIA/nccl src/graph/paths.cc, ncclTopoGetPxnRanks / the
-        NCCL_PXN_DISABLE note in docs/env). None: the GPU reaches no NIC."""
+        NCCL's PXN (PCI x NVLink, NCCL 2.12: the data crosses over NVLink to the GPU next to the NIC the peer is
+        reached by, whose proxy sends it; NVIDIA/nccl src/graph/paths.cc, ncclTopoGetIntermediateRank and
+        ncclTopoGetPxnRanks, on unless NCCL_PXN_DISABLE). None: the GPU reaches no NIC."""
         node, fabric = self.node, self.fabric
         own = node.nic_of_gpu[src_gpu]
         dst = node.nic_of_gpu[dst_gpu]
