@@ -196,3 +196,23 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         if cap and nominal > 0:
             factor = min(factor, cap * 1e9 / nominal)
     return PricedProtocol(ProtocolCost(protocol, base, 0.0, factor), per_class)
+
+
+NVLS_CHANNELS = {4: 16, 5: 32}
+"""NCCL's NVLS channels by NVLink generation (src/transport/nvls.cc: NVLS_NCHANNELS_SM90 16, NVLS_NCHANNELS_SM100 32
+across nodes)."""
+
+
+def nvls_tree_chunk_bytes(nbytes: float, num_nodes: int, num_heads: int, nvlink_generation: int) -> int:
+    """NCCL's NVLSTree chunk (a pipeline piece): NCCL_NVLS_CHUNKSIZE's 128 KiB, capped at 64 KiB from 4 nodes on
+    (src/transport/nvls.cc, ncclNvlsTuning: treeMaxChunkSize), halved down to 32 KiB for small buffers against the
+    concurrent operations nvlsChannels x nHeads (src/enqueue.cc, the NCCL_ALGO_NVLS_TREE chunk rules: 64 KiB below
+    4 chunks per operation, 32 KiB below 1).
+    # Assumption: the Hopper defaults on Blackwell too (ncclNvlsTreeSm100Tuning's own sizes are not modelled)."""
+    chunk = 128 * 1024 if num_nodes < 4 else 64 * 1024
+    ops = NVLS_CHANNELS.get(nvlink_generation, 16) * num_heads
+    if nbytes < 4 * ops * chunk and chunk > 65536:
+        chunk = 65536
+    if nbytes < ops * chunk and chunk > 32768:
+        chunk = 32768
+    return chunk

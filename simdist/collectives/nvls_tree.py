@@ -11,7 +11,8 @@ it to every GPU (multimem.st; the gather warps). The tree between the nodes is N
 index), simdist.collectives.tree.dtree_parents: half of the buffer on each tree.
 
 Here, for tree t (0, 1), segment h (the NICs the group's ranks use in a node: one head each,
-simdist.collectives.collnet.heads_by_node) and pipeline piece j (NCCL's 512 KiB Simple step), with ``S_n`` node n's
+simdist.collectives.collnet.heads_by_node) and pipeline piece j (NCCL's NVLSTree chunk, 32-128 KiB:
+`nvls_tree_chunk_bytes`), with ``S_n`` node n's
 NVSwitch (pseudo-peer ``node_switch(n)``, simdist.collectives.plan.NODE_SWITCH):
 
 A. every peer of node n pushes its copy to S_n (reduce: the switch accumulates);
@@ -49,7 +50,7 @@ import numpy as np
 
 from simdist.collectives.collnet import heads_by_node
 from simdist.collectives.group import Group
-from simdist.collectives.nccl_model import bandwidth_caps
+from simdist.collectives.nccl_model import bandwidth_caps, nvls_tree_chunk_bytes
 from simdist.collectives.nvls import nvls_link_efficiency
 from simdist.collectives.pacing import edge_shares
 from simdist.collectives.plan import Plan, Transfer, node_switch
@@ -196,7 +197,11 @@ def nvls_tree_rate(group: Group) -> float:
 
 
 def nvls_tree_pieces(req: Request) -> int:
-    return pipeline_pieces(req.nbytes / (TREES * nvls_tree_shape(req.group).num_heads))
+    """Pipeline pieces of each (tree, segment) share: NCCL's NVLSTree chunks (`nvls_tree_chunk_bytes`)."""
+    shape = nvls_tree_shape(req.group)
+    up = req.group.topology.spec.scale_up
+    chunk = nvls_tree_chunk_bytes(req.nbytes, shape.num_nodes, shape.num_heads, up.nvlink_generation if up else 4)
+    return pipeline_pieces(req.nbytes / (TREES * shape.num_heads), chunk)
 
 
 @dataclass(frozen=True, slots=True)
