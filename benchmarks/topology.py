@@ -30,6 +30,9 @@ Figures per size:
   ``simdist collective --cluster llama3-24k --num-nodes 12500 --op all_reduce --ranks 100000 --bytes 1M
   --algorithm ring`` (100,000 GPUs in 33 pods: build the topology, route and price a 1 MB ring all-reduce),
   median of 3 subprocesses.
+- multi-plane at 100k GPUs (issue 33's budget, the same): the same command on ``mpft-100k`` (8 planes, each a
+  two-tier fat tree of 12,500 NICs; a ring between nodes stays on each NIC's plane). ``--only multi_plane`` (or
+  ``three_tier``) runs that figure alone.
 """
 
 from __future__ import annotations
@@ -159,12 +162,17 @@ print("RSS_KIB", hwm[0].split()[1] if hwm else 0, file=sys.stderr)
 """
 
 
-def three_tier_seconds(runs: int = 3) -> dict:
-    """Whole-process wall time and peak RSS of the 100k-GPU 3-tier all-reduce (medians of ``runs``)."""
+MULTI_PLANE = ["collective", "--cluster", "mpft-100k", "--num-nodes", "12500", "--op", "all_reduce", "--ranks",
+               "100000", "--bytes", "1M", "--algorithm", "ring"]
+
+
+def three_tier_seconds(runs: int = 3, argv: list[str] = THREE_TIER) -> dict:
+    """Whole-process wall time and peak RSS of the 100k-GPU all-reduce ``argv`` (3-tier by default; medians of
+    ``runs``)."""
     times, rss_mib = [], []
     for _ in range(runs):
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", THREE_TIER_CHILD, *THREE_TIER], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", THREE_TIER_CHILD, *argv], capture_output=True, text=True,
                              check=True)
         times.append(time.perf_counter() - start)
         kib = [line.split()[1] for line in out.stderr.splitlines() if line.startswith("RSS_KIB")]
@@ -201,16 +209,33 @@ def render(doc: dict) -> str:
     ms = {k: v * 1e3 for k, v in doc["cli"].items()}
     lines.append(f"CLI `simdist topo show dgx-h100 --json` (median of 3): 1 node {ms['1_node_s']:.0f} ms, "
                  f"2048 nodes {ms['2048_nodes_s']:.0f} ms (difference {ms['difference_s']:+.0f} ms)")
+    lines += hundred_k_lines(doc)
+    r = doc.get("ratios")
+    if r:
+        lines.append(f"dgx-h100 16384 vs 1024 GPUs (16x): build time x{r['build_16384_over_1024']:.2f}, "
+                     f"describe time x{r['describe_16384_over_1024']:.2f}")
+    return "\n".join(lines)
+
+
+def hundred_k_lines(doc: dict) -> list[str]:
+    """The 100k-GPU whole-process figures of ``doc`` (3-tier, multi-plane), as `render` prints them."""
+    lines = []
     tt = doc.get("three_tier")
     if tt:
         lines.append(f"3-tier, 100,000 GPUs (llama3-24k at 12,500 nodes), 1 MB ring all_reduce, whole process "
                      f"(median of 3): {tt['seconds']:.2f} s, peak RSS {tt['max_rss_mib']:.0f} MiB "
                      "(budget: <= 5 s, < 1 GB)")
-    r = doc["ratios"]
-    if r:
-        lines.append(f"dgx-h100 16384 vs 1024 GPUs (16x): build time x{r['build_16384_over_1024']:.2f}, "
-                     f"describe time x{r['describe_16384_over_1024']:.2f}")
-    return "\n".join(lines)
+    mp = doc.get("multi_plane")
+    if mp:
+        lines.append(f"multi-plane, 100,000 GPUs (mpft-100k: 8 planes of 12,500 NICs), 1 MB ring all_reduce, whole "
+                     f"process (median of 3): {mp['seconds']:.2f} s, peak RSS {mp['max_rss_mib']:.0f} MiB "
+                     "(budget: <= 5 s, < 1 GB)")
+    return lines
+
+
+def render_only(doc: dict) -> str:
+    """The 100k-GPU lines alone (``--only``)."""
+    return "\n".join(hundred_k_lines(doc))
 
 
 def main() -> None:
@@ -219,7 +244,14 @@ def main() -> None:
     parser.add_argument("--max-gpus", type=int, default=None, help="skip sizes above this many GPUs")
     parser.add_argument("--nx-max-gpus", type=int, default=1024, help="largest size for to_networkx()")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--only", choices=["three_tier", "multi_plane"], default=None,
+                        help="run only this 100k-GPU whole-process figure")
     args = parser.parse_args()
+    if args.only:
+        figure = three_tier_seconds(argv=THREE_TIER if args.only == "three_tier" else MULTI_PLANE)
+        doc = {args.only: figure}
+        print(json.dumps(doc, indent=2) if args.json else render_only(doc))
+        return
     cases = [c for c in CASES if args.max_gpus is None or c[1] <= args.max_gpus]
     rows = [bench_case(*case, repeat=args.repeat, nx_max=args.nx_max_gpus) for case in cases]
     one, big = cli_seconds(1), cli_seconds(2048)
@@ -229,7 +261,8 @@ def main() -> None:
     meta = {"python": sys.version.split()[0], "repeat": args.repeat, "pairs": NUM_PAIRS, "seed": SEED,
             "nx_max_gpus": args.nx_max_gpus}
     cli = {"1_node_s": one, "2048_nodes_s": big, "difference_s": big - one}
-    doc = {"meta": meta, "rows": rows, "cli": cli, "ratios": ratios, "three_tier": three_tier_seconds()}
+    doc = {"meta": meta, "rows": rows, "cli": cli, "ratios": ratios, "three_tier": three_tier_seconds(),
+           "multi_plane": three_tier_seconds(argv=MULTI_PLANE)}
     print(json.dumps(doc, indent=2) if args.json else render(doc))
 
 

@@ -14,6 +14,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "validation" / "reference"
 EXPECTED_PRESETS = {
     "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-gen4-8gpu", "pcie-gen5-8gpu",
     "cpu-loopback", "dgx-b300", "gb300-nvl72", "hgx-h200-4gpu", "llama3-24k",
+    "mpft-100k",
 }
 
 
@@ -122,6 +123,7 @@ def test_nvls_only_where_the_switch_has_it():
         "dgx-a100": False, "dgx-h100": True, "hgx-h200": True, "dgx-b200": True, "gb200-nvl72": True,
         "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False, "cpu-loopback": False, "dgx-b300": True,
         "gb300-nvl72": True, "hgx-h200-4gpu": False, "llama3-24k": True,
+        "mpft-100k": True,
     }
 
 

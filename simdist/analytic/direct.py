@@ -41,7 +41,7 @@ def direct_time_s(group: Group, op: str, nbytes: float, root: int = 0, matrix: M
     from the route structure (simdist.collectives.all_pairs) unless ``by_structure`` is False; the
     others, and those then, block by block over their routes (the same figures)."""
     steps = ALL_PAIRS_STEPS.get(op) if matrix is None else None
-    if by_structure and steps and group.size > 1:
+    if by_structure and steps and group.size > 1 and not group.crosses_planes():
         pairs = all_pairs(group)
         block = nbytes / group.size
         if steps == 1:

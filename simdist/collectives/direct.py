@@ -207,9 +207,9 @@ def direct_fast(req: Request) -> Plan:
     """Fast fidelity: the all-pairs steps (all_to_all without a matrix, all_gather, reduce_scatter,
     all_reduce, barrier) as few paced flows (simdist.collectives.direct_fast); the others, whose
     detailed plans have a transfer per peer (rooted ops, send_recv) or per given block (uneven
-    all_to_all), as their detailed plan."""
+    all_to_all), as their detailed plan; so are groups whose routes cross planes (PXN: `Group.crosses_planes`)."""
     steps = ALL_PAIRS_STEPS.get(req.op) if req.matrix is None else None
-    if not steps or req.num_peers < 2:
+    if not steps or req.num_peers < 2 or req.group.crosses_planes():
         return _build(req)
     check_direct(req)
     return all_pairs_fast(req, steps, reduce_first=req.op in ("reduce_scatter", "all_reduce", "barrier"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simdist.collectives.plan import FABRIC, SWITCH
+from simdist.collectives.plan import FABRIC, NODE_SWITCH, SWITCH
 from simdist.errors import SimdistError
 from simdist.hardware import batch
 from simdist.hardware.link import Route
@@ -67,7 +67,7 @@ class Group:
         return Group(self.topology, tuple(self.ranks[p] for p in peers), dict(self.extra_latency_by_class))
 
     def path(self, src: int, dst: int) -> Route:
-        """Route from peer ``src`` to peer ``dst`` (either may be SWITCH or FABRIC), cached."""
+        """Route from peer ``src`` to peer ``dst`` (either may be SWITCH, a node's NVSwitch or FABRIC), cached."""
         key = (src, dst)
         route = self._paths.get(key)
         if route is None:
@@ -127,13 +127,29 @@ class Group:
         t = self.topology
         if src == FABRIC or dst == FABRIC:
             return t.fabric_port(self.ranks[dst if src == FABRIC else src], upward=dst == FABRIC)
-        if src == SWITCH or dst == SWITCH:
-            rank = self.ranks[dst if src == SWITCH else src]
+        if SWITCH in (src, dst) or min(src, dst) <= NODE_SWITCH:
+            downward = src < 0  # SWITCH or a node's NVSwitch (NODE_SWITCH - n) sends
+            rank = self.ranks[dst if downward else src]
             up, down = t.nvswitch_ports(rank)
-            link = t.link(down if src == SWITCH else up)
-            return Route(rank if dst == SWITCH else -1, rank if src == SWITCH else -1, (link.id,),
+            link = t.link(down if downward else up)
+            return Route(-1 if downward else rank, rank if downward else -1, (link.id,),
                          link.bandwidth_Bps, link.effective_bandwidth_Bps, link.latency_s)
         return t.route(self.ranks[src], self.ranks[dst])
+
+    def crosses_planes(self) -> bool:
+        """Whether routes between the peers cross from one plane of a multi-plane fabric to another (relayed over
+        NVLink by NCCL's PXN, `Topology.send_nic`): a peer's inter-node routes then leave by several NICs, which the
+        per-peer NIC structure of simdist.collectives.all_pairs does not describe."""
+        hit = self.memo.get("crosses_planes")
+        if hit is None:
+            t = self.topology
+            fabric = t.fabric
+            hit = False
+            if fabric is not None and fabric.planes > 1 and len(self.by_node()) > 1:
+                nics = {t.node.nic_of_gpu[t.locate(r)[1]] for r in self.ranks}
+                hit = len({fabric.plane_of_local(n) for n in nics if n is not None}) > 1
+            self.memo["crosses_planes"] = hit
+        return hit
 
     def nodes(self) -> list[int]:
         """Node of each peer."""

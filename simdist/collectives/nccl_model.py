@@ -13,6 +13,10 @@ protocol costs beyond the wire:
   exposed"), and so does simdist;
 - PAT (one rank per node) pays NCCL's per-step interLat / 3.5 (the Tree's network hwLat) per transfer,
   its linear nRanks x 2.8 us in the start-up and its 0.75 bandwidth factor in the rate factor;
+- NVLSTree pays NCCL's intraLat (hwLat[NVLINK][NVLSTree], 25 us) once in the start-up, as NVLS does, and its
+  interLat (hwLat[NET][NVLSTree], 20.9 us) per network hop of the tree (NCCL: 2 log2i(nNodes) of them); its NVLink
+  hops nothing beyond the wire; nvlsEfficiency and perChMaxNVLSTreeBws are in the plan's rate
+  (simdist.collectives.nvls_tree), as they bound its NVLink and tree hops, not the protocol;
 - CollNetDirect (SHARP) pays NCCL's interLat over its two network hops (half each), its intraLat per NVLink
   hop, 2 (ppn - 1) x 0.4 us in the start-up, and NCCL's 0.85 on Hopper and later as its rate factor;
 - ``rate_factor``: payload per wire byte. LL moves 8-byte lines of 4 data + 4 flag bytes (0.5, and NCCL
@@ -36,14 +40,14 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 # they pay Ring's per-hop constants (NCCL's p2p path uses the same Simple/LL128/LL machinery).
 NCCL_ALGORITHM = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "direct": "Ring",
                   "halving_doubling": "Ring", "hierarchical": "Ring", "pat": "PAT",
-                  "collnet": "CollNetDirect"}
+                  "collnet": "CollNetDirect", "nvls_tree": "NVLSTree"}
 
 # Payload efficiency per protocol (tuning.cc: LL bw = busBw x 0.5 capped at llMaxBw, LL128 = 0.92 x busBw).
 RATE_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 
 _CLASS_TO_NCCL = {"nvlink": "NVLINK", "pcie": "PCI", "net": "NET"}
 
-SIMPLE_ONLY = frozenset({"NVLS", "PAT", "CollNetDirect"})
+SIMPLE_ONLY = frozenset({"NVLS", "NVLSTree", "PAT", "CollNetDirect"})
 """NCCL algorithms that run the Simple protocol only (tuning.cc, ncclTopoTuneModel: NVLS and NVLSTree skip
 p != Simple; PAT for AllGather/ReduceScatter likewise; CollNetDirect's LL and LL128 bandwidth is 0, "Not used")."""
 
@@ -71,7 +75,7 @@ node: a PAT step pays hwLat[NET][Tree][protocol] / 3.5."""
 # ncclTopoTuneModel zeroes its bandwidth. barrier is not an NCCL op (frameworks run a tiny all_reduce):
 # None = any algorithm.
 NCCL_RUNS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "nvls", "collnet"),
+    "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet"),
     "all_gather": ("ring", "nvls", "pat"),
     "reduce_scatter": ("ring", "nvls", "pat"),
     "broadcast": ("ring",),
@@ -144,6 +148,12 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
     per_class: dict[str, float] = {}
     if nccl == "NVLS":
         base += table[("hwLat", "NVLS", protocol, "NVLINK")] * 1e-6
+    elif nccl == "NVLSTree":
+        # tuning.cc: "intraLat + 2 * log2i(nNodes) * interLat": intraLat once, interLat per network hop of the tree
+        base += table[("hwLat", "NVLSTree", protocol, "NVLINK")] * 1e-6
+        wire = table[("hwLat", "Ring", "LL", "NET")]
+        per_class = {"nvlink": 0.0, "pcie": 0.0,
+                     "net": max(0.0, table[("hwLat", "NVLSTree", protocol, "NET")] - wire) * 1e-6}
     elif nccl == "PAT":
         # one rank per node: NCCL prices a step at the Tree's network latency / 3.5, plus 2.8 us per rank
         base += group.size * PAT_LINEAR_LATENCY_S
@@ -186,3 +196,23 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         if cap and nominal > 0:
             factor = min(factor, cap * 1e9 / nominal)
     return PricedProtocol(ProtocolCost(protocol, base, 0.0, factor), per_class)
+
+
+NVLS_CHANNELS = {4: 16, 5: 32}
+"""NCCL's NVLS channels by NVLink generation (src/transport/nvls.cc: NVLS_NCHANNELS_SM90 16, NVLS_NCHANNELS_SM100 32
+across nodes)."""
+
+
+def nvls_tree_chunk_bytes(nbytes: float, num_nodes: int, num_heads: int, nvlink_generation: int) -> int:
+    """NCCL's NVLSTree chunk (a pipeline piece): NCCL_NVLS_CHUNKSIZE's 128 KiB, capped at 64 KiB from 4 nodes on
+    (src/transport/nvls.cc, ncclNvlsTuning: treeMaxChunkSize), halved down to 32 KiB for small buffers against the
+    concurrent operations nvlsChannels x nHeads (src/enqueue.cc, the NCCL_ALGO_NVLS_TREE chunk rules: 64 KiB below
+    4 chunks per operation, 32 KiB below 1).
+    # Assumption: the Hopper defaults on Blackwell too (ncclNvlsTreeSm100Tuning's own sizes are not modelled)."""
+    chunk = 128 * 1024 if num_nodes < 4 else 64 * 1024
+    ops = NVLS_CHANNELS.get(nvlink_generation, 16) * num_heads
+    if nbytes < 4 * ops * chunk and chunk > 65536:
+        chunk = 65536
+    if nbytes < ops * chunk and chunk > 32768:
+        chunk = 32768
+    return chunk

@@ -38,7 +38,7 @@ import numpy as np
 
 from simdist.collectives.group import Group
 from simdist.collectives.pacing import edge_shares
-from simdist.collectives.plan import Plan, Transfer
+from simdist.collectives.plan import Plan, Transfer, gc_paused
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 
@@ -240,8 +240,10 @@ def ring_fast(req: Request) -> Plan:
     extra = chain_latency_s(lat, steps)[:, None] - lat
     rates = np.repeat(channel_rates(group, orders), p)
     n = channels * p
-    transfers = tuple(map(Transfer, src.reshape(-1).tolist(), dst.reshape(-1).tolist(), repeat(steps * piece, n),
-                          repeat(-1, n), repeat(False, n), repeat((), n), extra.reshape(-1).tolist(), rates.tolist()))
+    with gc_paused():
+        transfers = tuple(map(Transfer, src.reshape(-1).tolist(), dst.reshape(-1).tolist(), repeat(steps * piece, n),
+                              repeat(-1, n), repeat(False, n), repeat((), n), extra.reshape(-1).tolist(),
+                              rates.tolist()))
     return Plan(op=req.op, algorithm="ring", num_peers=p, nbytes=req.nbytes, transfers=transfers,
                 num_chunks=0, channels=channels, verifiable=False)
 

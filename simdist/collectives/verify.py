@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from simdist.collectives.ops import op_info
-from simdist.collectives.plan import FABRIC, SWITCH, Plan
+from simdist.collectives.plan import Plan
 
 
 class PlanError(AssertionError):
@@ -22,9 +22,8 @@ class PlanError(AssertionError):
 
 def _initial(plan: Plan) -> dict[int, dict[int, frozenset[int]]]:
     p, c = plan.num_peers, plan.num_chunks
-    state: dict[int, dict[int, frozenset[int]]] = {peer: {} for peer in range(p)}
-    state[SWITCH] = {}
-    state[FABRIC] = {}
+    state: dict[int, dict[int, frozenset[int]]] = defaultdict(dict)  # pseudo-peers (switches, fabric) start empty
+    state.update({peer: {} for peer in range(p)})
     op = plan.op
     seg = plan.chunk_segment
     for peer in range(p):

@@ -150,6 +150,17 @@ def _gpu_nics(topology: Topology, node: np.ndarray, gpu: np.ndarray) -> np.ndarr
     return np.where(local >= 0, fabric.nic_id(node, local), -1)
 
 
+def _send_nics(topology: Topology, node: np.ndarray, gpu: np.ndarray, dst_gpu: np.ndarray) -> np.ndarray:
+    """Global NIC a route from GPU ``gpu`` of node ``node`` to local GPU ``dst_gpu`` of another node leaves by
+    (`Topology.send_nic`: its own, or PXN's on a multi-plane fabric), -1 where the GPU has none."""
+    fabric = topology.fabric
+    assert fabric is not None
+    if fabric.planes == 1:
+        return _gpu_nics(topology, node, gpu)
+    local = topology.send_nic_table[gpu, dst_gpu]
+    return np.where(local >= 0, fabric.nic_id(node, local), -1)
+
+
 def _kind_mask(topology: Topology, links: tuple[int, ...]) -> int:
     return _kinds_mask(topology.link(link).kind for link in links)
 
@@ -190,7 +201,7 @@ def _template(topology: Topology, src: int, dst: int, inter: bool, cross: bool, 
         return _Template((_SRC_NODE,) * len(shape.links), shape.links, r.bandwidth_Bps, r.effective_bandwidth_Bps,
                          r.latency_s, _kinds_mask(node.links[i].kind for i in shape.links))
     r = topology.route(src, dst)
-    up = node.path(node.gpus[src_gpu], node.nics[node.nic_of_gpu[src_gpu]]).links
+    up = tuple(link for shape in topology.send_path(src_gpu, dst_gpu) for link in shape.links)
     down = node.path(node.nics[node.nic_of_gpu[dst_gpu]], node.gpus[dst_gpu]).links
     middle = ((_NIC_UP, _SPINE_UP, _CORE_UP, _CORE_DOWN, _SPINE_DOWN, _NIC_DOWN) if pods
               else (_NIC_UP, _SPINE_UP, _SPINE_DOWN, _NIC_DOWN) if cross else (_NIC_UP, _NIC_DOWN))
@@ -221,7 +232,8 @@ def routes(topology: Topology, src: np.ndarray, dst: np.ndarray) -> RouteBatch:
     pods = cross
     src_nic = dst_nic = np.zeros(n, dtype=np.int64)
     if fabric is not None and inter.any():
-        src_nic, dst_nic = _gpu_nics(topology, src_node, src_gpu), _gpu_nics(topology, dst_node, dst_gpu)
+        src_nic = _send_nics(topology, src_node, src_gpu, dst_gpu)
+        dst_nic = _gpu_nics(topology, dst_node, dst_gpu)
         if (src_nic[inter] < 0).any() or (dst_nic[inter] < 0).any():
             k = int(np.flatnonzero(inter & ((src_nic < 0) | (dst_nic < 0)))[0])
             topology.route(int(src[k]), int(dst[k]))  # raises the TopologyError
@@ -313,7 +325,7 @@ def fabric_hops(topology: Topology, src: np.ndarray, dst: np.ndarray) -> tuple[n
     g = topology.gpus_per_node
     src_node, src_gpu = np.divmod(src, g)
     dst_node, dst_gpu = np.divmod(dst, g)
-    src_nic, dst_nic = _gpu_nics(topology, src_node, src_gpu), _gpu_nics(topology, dst_node, dst_gpu)
+    src_nic, dst_nic = _send_nics(topology, src_node, src_gpu, dst_gpu), _gpu_nics(topology, dst_node, dst_gpu)
     src_leaf, dst_leaf = f.leaf_of(src_nic), f.leaf_of(dst_nic)
     climbs = (src_node != dst_node) & (src_leaf != dst_leaf) & (src_nic >= 0) & (dst_nic >= 0)
     spine = f.spine_for(np.where(climbs, src_nic, 0), np.where(climbs, dst_nic, 0))

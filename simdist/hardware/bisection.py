@@ -16,6 +16,9 @@ one node, and the figure is reported with the cut it used.
   pod still sends or receives crosses the core, at most V = spines x cores per group x core link bandwidth per pod:
       flow = sum_l min(a_l, b_l) c + sum_q min(u_q, d_q) + min( sum_q min((u_q - d_q)+, V), sum_q min((d_q - u_q)+, V) )
   with u_q, d_q the pod's sums of min((a_l - b_l)+ c, U) and min((b_l - a_l)+ c, U).
+  With planes (simdist.hardware.fabric) the leaves' surpluses meet inside their plane only (each plane its own
+  spines, no core), and a node feeds every plane through its NICs (PXN relays cross-plane pairs over NVLink):
+      flow = sum_l min(a_l, b_l) c + sum_q min(u_q, d_q), q the planes.
   Tests check this against networkx max flow on the materialised graph.
 """
 
@@ -79,7 +82,12 @@ def bisection(topology: Topology) -> Bisection:
         down = float(np.minimum(np.clip(down_q - up_q, 0, None), core).sum())
         last = topology.num_nodes - 1
         return Bisection(direct + inside + min(up, down), f"nodes 0-{n_half - 1} | {n_half}-{last}")
+    last = topology.num_nodes - 1
+    if fabric.planes > 1:  # a leaf's surplus meets the others' inside its plane (no core; PXN feeds each plane)
+        plane = fabric.pod_of(np.arange(fabric.num_leaves))
+        up_q = np.bincount(plane, weights=up_l, minlength=fabric.planes)
+        down_q = np.bincount(plane, weights=down_l, minlength=fabric.planes)
+        return Bisection(direct + float(np.minimum(up_q, down_q).sum()), f"nodes 0-{n_half - 1} | {n_half}-{last}")
     up = float(up_l.sum())
     down = float(down_l.sum())
-    last = topology.num_nodes - 1
     return Bisection(direct + min(up, down), f"nodes 0-{n_half - 1} | {n_half}-{last}")

@@ -28,6 +28,15 @@ least loaded uplink, so no two flows pile on one link while another idles) is mo
 limit: a pod's spines act as one spine whose link to each leaf carries the sum of the leaf's uplinks, and the core
 likewise (``spines_merged``, ``cores_merged`` physical switches stand behind each modelled one). A flow then
 loads every uplink in proportion, which is what spraying achieves over a step's many packets.
+``planes`` > 1 (a multi-plane fabric: DeepSeek-V3's "multi-plane two-layer fat-tree", arXiv:2505.09343 sec. 5.1,
+each of a node's 8 NICs on its own plane; the 8-plane Ethernet clusters of 2024-25): NIC i of a node sits on plane
+i mod planes (hosts have the same NICs per plane: `TopologySpec` checks it), and each plane is its own two-tier
+fabric, laid out as ``fabric`` says over the plane's NICs (rail_optimized: the plane's j-th NIC of every group of
+``down_ports`` nodes on one leaf; fat_tree: the plane's NICs in node order), with its own ``num_spines`` spines. The
+leaves are numbered plane by plane, and a plane is a pod without a core: `pod_of` gives a leaf's plane, and spine s
+of a leaf is spine s of its plane. No route crosses planes in the fabric: a flow towards a NIC of another plane
+leaves its node by the NIC of the destination's plane (`Topology.send_nic`: NCCL's PXN, the data crossing the node
+over NVLink first).
 # Assumption: spraying balances a leaf's uplinks perfectly (no reordering cost, no imbalance from packet sizes).
 # Assumption: without tiers: 3 the spine layer is non-blocking above the leaves (a folded Clos whose upper
 # tiers are collapsed into one spine tier).
@@ -77,6 +86,9 @@ class Fabric:
     """Physical spines behind each modelled one (adaptive routing: a pod's spines as one)."""
     cores_merged: int = 1
     """Physical cores behind each modelled one (adaptive routing)."""
+    planes: int = 1
+    """Independent planes (multi-plane fabric): NIC i of a node on plane i mod planes; a plane is a pod of
+    ``leaves_per_pod`` leaves without a core layer."""
     failed_uplinks: frozenset[tuple[int, int]] = frozenset()
     """(leaf, spine) pairs whose link is down, both directions (scenario ``faults.failed_links``): ECMP routes
     around them (`spine_for`)."""
@@ -97,10 +109,26 @@ class Fabric:
 
     def leaf_of(self, nic: IntOrArray) -> IntOrArray:
         """Leaf switch of global NIC ``nic`` (see the module docstring for the two shapes)."""
+        if self.planes > 1:
+            return self._plane_leaf(nic)
         if self.shape == "rail_optimized":
             node, local = divmod(nic, self.nics_per_node)  # nic_location, inline: Topology.route's hot path
             return (node // self.down_ports) * self.nics_per_node + local
         return nic // self.down_ports
+
+    def plane_of_local(self, local: IntOrArray) -> IntOrArray:
+        """Plane of a node's local NIC ``local`` (0 with one plane)."""
+        return local % self.planes
+
+    def _plane_leaf(self, nic: IntOrArray) -> IntOrArray:
+        node, local = divmod(nic, self.nics_per_node)
+        plane, j = local % self.planes, local // self.planes
+        m = self.nics_per_node // self.planes  # a node's NICs on one plane
+        if self.shape == "rail_optimized":
+            inside = (node // self.down_ports) * m + j
+        else:
+            inside = (node * m + j) // self.down_ports
+        return plane * self.leaves_per_pod + inside
 
     @property
     def num_cores(self) -> int:
@@ -127,8 +155,8 @@ class Fabric:
         return nodes if not rest else 0
 
     def pod_of(self, leaf: IntOrArray) -> IntOrArray:
-        """Pod of ``leaf`` (0 without a core layer)."""
-        return leaf // self.leaves_per_pod if self.cores_per_group else leaf * 0
+        """Pod of ``leaf`` (0 without a core layer); with planes, the leaf's plane."""
+        return leaf // self.leaves_per_pod if self.cores_per_group or self.planes > 1 else leaf * 0
 
     def core_for(self, src_nic: IntOrArray, dst_nic: IntOrArray) -> IntOrArray:
         """ECMP at the spine: a stable core of spine s's group for a NIC pair (a second fixed hash, independent of
@@ -234,6 +262,23 @@ def fmix64(key: IntOrArray) -> IntOrArray:
     return key
 
 
+def _plane_fabric(spec: InterNodeSpec, num_nodes: int) -> tuple[int, int, int, float]:
+    """(down ports, leaves per plane, spines per plane, uplink bandwidth) of one plane of a multi-plane fabric:
+    the two-tier sizing of `build_fabric` over the plane's NICs (a node's nics_per_node / planes on each)."""
+    o, radix = spec.oversubscription, spec.switch_radix
+    m = spec.nics_per_node // spec.planes
+    nics = num_nodes * m
+    if spec.fabric == "fat_tree" and nics <= radix:
+        return nics, 1, 0, 0.0
+    down = max(1, math.floor(radix * o / (1.0 + o)))
+    leaves = math.ceil(num_nodes / down) * m if spec.fabric == "rail_optimized" else math.ceil(nics / down)
+    if leaves == 1:
+        return down, 1, 0, 0.0
+    attached = min(down, num_nodes if spec.fabric == "rail_optimized" else nics)
+    spines = max(1, math.ceil(attached / o))
+    return down, leaves, spines, attached * spec.nic_bandwidth / (o * spines)
+
+
 def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
     kind_defaults = LINK_DEFAULTS[spec.kind]
     num_nics = num_nodes * spec.nics_per_node
@@ -257,6 +302,10 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
             spines = max(1, math.ceil(attached / o))
             uplink = attached * spec.nic_bandwidth / (o * spines)
     per_pod, pods, cores, core_bw = leaves, 1, 0, 0.0
+    if spec.planes > 1:
+        down, per_pod, spines, uplink = _plane_fabric(spec, num_nodes)
+        pods = spec.planes
+        leaves = per_pod * pods
     p = spec.pod_oversubscription
     if spec.tiers == 3 and spines:
         full = spec.leaves_per_pod or max(1, math.floor(radix * p / (1.0 + p)))
@@ -290,4 +339,5 @@ def build_fabric(spec: InterNodeSpec, num_nodes: int) -> Fabric:
         routing=spec.routing,
         spines_merged=spines_merged,
         cores_merged=cores_merged,
+        planes=spec.planes,
     )

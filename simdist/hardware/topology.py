@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from simdist.errors import TopologyError
 from simdist.hardware.clock import capped
 from simdist.hardware.fabric import Fabric, build_fabric
@@ -90,6 +92,10 @@ class Topology:
                 raise TopologyError("failed leaf-spine links under adaptive routing are not modelled (its spines are "
                                     "one pipe)", field="faults.failed_links",
                                     fix="drop faults.failed_links, or use inter_node.routing: ecmp")
+            if failed and self.fabric.planes > 1:
+                raise TopologyError("failed leaf-spine links of a multi-plane fabric are not modelled",
+                                    field="faults.failed_links", fix="drop faults.failed_links, or use "
+                                                                     "inter_node.planes: 1")
             if failed and self.fabric.cores_per_group:
                 raise TopologyError("failed leaf-spine links of a 3-tier fabric are not modelled",
                                     field="faults.failed_links", fix="drop faults.failed_links, or use "
@@ -225,7 +231,7 @@ class Topology:
                           dst_gpu: int) -> Route:
         node, fabric = self.node, self.fabric
         assert fabric is not None
-        src_nic_local = node.nic_of_gpu[src_gpu]
+        src_nic_local = self.send_nic(src_gpu, dst_gpu)
         dst_nic_local = node.nic_of_gpu[dst_gpu]
         if src_nic_local is None or dst_nic_local is None:
             gpu = src_gpu if src_nic_local is None else dst_gpu
@@ -237,20 +243,19 @@ class Topology:
         src_nic = fabric.nic_id(src_node, src_nic_local)
         dst_nic = fabric.nic_id(dst_node, dst_nic_local)
         layout = self.layout
-        up = node.path(node.gpus[src_gpu], node.nics[src_nic_local])
         down = node.path(node.nics[dst_nic_local], node.gpus[dst_gpu])
         nic_link = self._nic_shape
-        parts = [
-            (up.shifted(layout.node_link(src_node, 0)), up),
-            ((layout.nic_up(src_nic),), nic_link),
-        ]
+        offset = layout.node_link(src_node, 0)
+        parts = [(up.shifted(offset), up) for up in self.send_path(src_gpu, dst_gpu)]
+        parts.append(((layout.nic_up(src_nic),), nic_link))
         src_leaf, dst_leaf = fabric.leaf_of(src_nic), fabric.leaf_of(dst_nic)
         if src_leaf != dst_leaf:
             spine = fabric.spine_for(src_nic, dst_nic)
             uplink = self._uplink_shape
             parts.append(((layout.spine_up(src_leaf, spine),), uplink))
             src_pod, dst_pod = fabric.pod_of(src_leaf), fabric.pod_of(dst_leaf)
-            if src_pod != dst_pod:  # 3 tiers: spine -> core -> the same spine index of the destination's pod
+            # 3 tiers: spine -> core -> the same spine index of the destination's pod (planes: never, PXN)
+            if src_pod != dst_pod and fabric.cores_per_group:
                 core = fabric.core_for(src_nic, dst_nic)
                 s = fabric.num_spines
                 parts.append(((layout.core_up(src_pod * s + spine, core),), self._core_shape))
@@ -304,6 +309,41 @@ class Topology:
         if self.fabric is None:
             raise TopologyError(f"{self.spec.name} has one node and no fabric", fix="use num_nodes >= 2")
         return injection_flow_Bps(self.node, self.fabric.nic_bandwidth_Bps)
+
+    def send_nic(self, src_gpu: int, dst_gpu: int) -> int | None:
+        """The local NIC a route from local GPU ``src_gpu`` to local GPU ``dst_gpu`` of another node leaves by: the
+        source GPU's nearest NIC, or, where the fabric has planes and that NIC is on another plane than the
+        destination's, the NIC of the destination's plane beside it (the same host's group of ``planes`` NICs):
+        NCCL's PXN (PCI x NVLink, NCCL 2.12: the data crosses over NVLink to the GPU next to the NIC the peer is
+        reached by, whose proxy sends it; NVIDIA/nccl src/graph/paths.cc, ncclTopoGetIntermediateRank and
+        ncclTopoGetPxnRanks, on unless NCCL_PXN_DISABLE). None: the GPU reaches no NIC."""
+        node, fabric = self.node, self.fabric
+        own = node.nic_of_gpu[src_gpu]
+        dst = node.nic_of_gpu[dst_gpu]
+        if fabric is None or fabric.planes == 1 or own is None or dst is None:
+            return own
+        planes = fabric.planes
+        return own - own % planes + dst % planes
+
+    @cached_property
+    def send_nic_table(self) -> np.ndarray:
+        """[g, g] `send_nic` of every pair of local GPUs (-1: none), for `simdist.hardware.batch`."""
+        g = self.gpus_per_node
+        return np.array([[-1 if (x := self.send_nic(a, b)) is None else x for b in range(g)] for a in range(g)],
+                        dtype=np.int64)
+
+    def send_path(self, src_gpu: int, dst_gpu: int) -> list:
+        """The node-local path shapes (`NodeGraph.path`) from local GPU ``src_gpu`` to the NIC `send_nic` picks:
+        its own path to its nearest NIC, or (PXN) the path to the GPU next to the NIC of the destination's plane and
+        on from that GPU to its NIC (the GPU through which the route reaches the NIC directly where none is)."""
+        node = self.node
+        nic = self.send_nic(src_gpu, dst_gpu)
+        if nic == node.nic_of_gpu[src_gpu]:
+            return [node.path(node.gpus[src_gpu], node.nics[nic])]
+        relay = next((g for g, n in enumerate(node.nic_of_gpu) if n == nic), None)
+        if relay is None or relay == src_gpu:
+            return [node.path(node.gpus[src_gpu], node.nics[nic])]
+        return [node.path(node.gpus[src_gpu], node.gpus[relay]), node.path(node.gpus[relay], node.nics[nic])]
 
     # ----------------------------------------------------------------- whole graph
     @cached_property

@@ -177,9 +177,10 @@ def _summary_graph(topology: Topology) -> _Drawn:
                note=f"{n_links:,} NIC links x {format_bandwidth(nic_bw)}")
     if fabric.num_spines:
         pods = fabric.num_pods
+        unit = "plane" if fabric.planes > 1 else "pod"  # a plane is a pod without a core (simdist.hardware.fabric)
         g.add_node("spines", kind="spine_switch", count=fabric.num_spines * pods,
-                   label=f"{fabric.num_spines * pods:,} spine switches" + (f" in {pods:,} pods" if pods > 1 else ""),
-                   note="every leaf has one link to every spine" + (" of its pod" if pods > 1 else ""))
+                   label=f"{fabric.num_spines * pods:,} spine switches" + (f" in {pods:,} {unit}s" if pods > 1 else ""),
+                   note="every leaf has one link to every spine" + (f" of its {unit}" if pods > 1 else ""))
         pos["spines"] = (x_fab, LAYER_Y["spine_switch"])
         n_up = fabric.num_leaves * fabric.num_spines
         g.add_edge("leaves", "spines", kind=fabric.kind, bandwidth_Bps=up_bw, count=n_up,

@@ -49,6 +49,9 @@ def render_topology(d: dict[str, Any]) -> str:
                if fab["num_spines"] else "")
             + (f"; 3 tiers: {fab['num_pods']} pods of {fab['leaves_per_pod']} leaves, {fab['num_cores']} cores, "
                f"pod oversubscription {fab['pod_oversubscription']:g}" if fab.get("num_cores") else "")
+            + (f"; {fab['planes']} planes of {fab['leaves_per_plane']} leaves and {fab['spines_per_plane']} spines "
+               "(NIC i on plane i mod planes; cross-plane traffic relayed over NVLink: PXN)"
+               if fab.get("planes", 1) > 1 else "")
             + ("; adaptive routing (every flow spread over the spines: one modelled spine per pod)"
                if fab.get("routing") == "adaptive" else "")
         )

@@ -133,6 +133,13 @@ class InterNodeSpec(Spec):
     leaves_per_pod: count(SWITCH_RADIX) | None = Field(
         default=None, description="with tiers: 3, leaves in a pod; default: a spine's down ports, "
                                   "floor(switch_radix x pod_oversubscription / (1 + pod_oversubscription))")
+    planes: count(NICS_PER_NODE) = Field(
+        default=1, description="independent network planes (multi-plane fabric: DeepSeek's multi-plane two-layer fat "
+                               "tree, 8-plane Ethernet clusters): NIC i of every host sits on plane i mod planes, each "
+                               "plane its own leaves and spines, laid out as `fabric` says over its NICs; a flow "
+                               "between NICs of different planes crosses the sending host over NVLink to the GPU whose "
+                               "NIC is on the destination's plane (NCCL's PXN); must divide the NICs per host; "
+                               "simdist.hardware.fabric")
     latency: Latency | None = Field(default=None, description="per fabric link; default by kind")
     efficiency: Fraction | None = Field(default=None, description="achieved/nominal; default by kind")
     sharp: bool = Field(
@@ -144,6 +151,13 @@ class InterNodeSpec(Spec):
     def _sharp_needs_infiniband(self) -> InterNodeSpec:
         # SHARP aggregation runs in NVIDIA's InfiniBand (Quantum) switches; NCCL reaches it through the CollNet
         # plugin of nccl-rdma-sharp-plugins (Mellanox/nccl-rdma-sharp-plugins), an InfiniBand verbs plugin.
+        if self.planes > 1 and self.tiers == 3:
+            raise FieldProblem(("planes",), f"a multi-plane fabric ({self.planes} planes) of 3 tiers is not modelled "
+                                            "(each plane is a two-tier fat tree) (fix: set tiers: 2, or planes: 1)")
+        if self.nics_per_node and self.planes > self.nics_per_node:
+            raise FieldProblem(("planes",), f"{self.planes} planes but {self.nics_per_node} NICs per node: every plane "
+                                            "needs a NIC of every host (fix: planes <= nics_per_node, one NIC per "
+                                            "plane per host)")
         if self.sharp and self.kind != "infiniband":
             raise FieldProblem(("sharp",), f"sharp (in-network reduction) needs InfiniBand switches, but kind is "
                                            f"{self.kind} (fix: set sharp: false, or kind: infiniband)")
@@ -190,6 +204,7 @@ class TopologySpec(Spec):
                 self.node.check(self.gpus_per_node, nics, self.num_nodes)
             except FieldProblem as problem:
                 raise FieldProblem(("node", *problem.path), str(problem)) from None
+            self._check_planes(nics)
             self._check_size()
             return self
         if self.host is None:
@@ -211,8 +226,18 @@ class TopologySpec(Spec):
                 f"inter_node.nics_per_node ({self.inter_node.nics_per_node}) must be a multiple of "
                 f"hosts_per_node ({self.hosts_per_node})"
             )
+        self._check_planes(self.inter_node.nics_per_node // self.hosts_per_node if self.inter_node else 0)
         self._check_size()
         return self
+
+    def _check_planes(self, nics_per_host: int) -> None:
+        """Each host has one NIC (or the same number of NICs) on every plane: planes divide its NICs."""
+        planes = self.inter_node.planes if self.inter_node is not None else 1
+        if planes > 1 and nics_per_host % planes:
+            raise FieldProblem(("inter_node", "planes"), (
+                f"{planes} planes do not divide the {nics_per_host} NICs of a host (NIC i sits on plane i mod "
+                f"{planes}, and every host needs the same NICs on every plane) (fix: planes a divisor of "
+                f"{nics_per_host}, e.g. {nics_per_host} for one NIC per plane per host)"))
 
     def _check_size(self) -> None:
         """Bounded work (simdist.limits): the cluster's GPUs, and the components routing searches in a node."""
