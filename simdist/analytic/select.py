@@ -46,8 +46,9 @@ def rank_choices(request: Request, algorithms: list[str] | None = None,
     if algorithms is not None:
         names = algorithms
     else:
-        able = [a.name for a in candidates(request)]
+        # NCCL's own first (their checks alone): the others are checked only where none of NCCL's can run
         nccl = nccl_algorithms(request.op)
-        names = [a for a in able if nccl is None or a in nccl] or able
+        names = ([a.name for a in candidates(request, nccl)] if nccl is not None else []) or [
+            a.name for a in candidates(request)]
     out = [evaluate(request, a, p) for a in names for p in protocols if supports(a, p)]
     return sorted(out, key=lambda c: (c.predicted_s, c.algorithm, c.protocol))

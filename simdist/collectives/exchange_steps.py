@@ -60,6 +60,17 @@ def exchange_rates(group: Group | None, step: list[Exchange] | Step, size: float
     return proportional_rates(group, src, dst, count * size) / np.maximum(count, 1.0)
 
 
+def _unit_rates(group: Group, steps: list[Step]) -> list[np.ndarray]:
+    """`exchange_rates` of every step, kept in the group's memo (the rates are shares of link capacity in
+    proportion to the exchanges' bytes, so every size and protocol of the group has the same ones); keyed by the
+    steps list, which the entry holds so that its id stays its own."""
+    key = ("exchange_rates", id(steps))
+    hit = group.memo.get(key)
+    if hit is None or hit[0] is not steps:
+        hit = group.memo[key] = (steps, [exchange_rates(group, step, 1.0) for step in steps])
+    return hit[1]
+
+
 def steps_schedule(group: Group, proto: ProtocolCost, steps: list[Step], size: float
                    ) -> list[tuple[Step, np.ndarray, np.ndarray, np.ndarray]]:
     """Per step, uncontended: (the step, when each exchange starts, its latency (protocol's included),
@@ -67,8 +78,7 @@ def steps_schedule(group: Group, proto: ProtocolCost, steps: list[Step], size: f
     after its latency plus one chunk's wire time at its rate (its chunks travel together)."""
     ready = np.zeros(group.size)  # when each peer finished its last step
     out = []
-    for step in steps:
-        rates = exchange_rates(group, step, size)
+    for step, rates in zip(steps, _unit_rates(group, steps), strict=True):
         latency = group.paths(step.src, step.dst).latency_s + proto.per_transfer_latency_s
         start = np.maximum(ready[step.src], ready[step.dst])
         wire_s = size / proto.rate_factor / rates if size > 0 else np.zeros(len(step.src))

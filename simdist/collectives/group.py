@@ -145,7 +145,7 @@ class Group:
             t = self.topology
             fabric = t.fabric
             hit = False
-            if fabric is not None and fabric.planes > 1 and len(self.by_node()) > 1:
+            if fabric is not None and fabric.planes > 1 and self.num_nodes > 1:
                 nics = {t.node.nic_of_gpu[t.locate(r)[1]] for r in self.ranks}
                 hit = len({fabric.plane_of_local(n) for n in nics if n is not None}) > 1
             self.memo["crosses_planes"] = hit
@@ -159,6 +159,11 @@ class Group:
     def by_node(self) -> dict[int, list[int]]:
         """Peers grouped by node, in peer order."""
         return {node: list(peers) for node, peers in self._placement()[0]}
+
+    @property
+    def num_nodes(self) -> int:
+        """How many nodes the group's peers sit on (`by_node`'s length, without building it)."""
+        return len(self._placement()[0])
 
     def _placement(self) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
         """((node, its peers) in order of first peer, default channels), memoised by the topology (by ranks):

@@ -22,6 +22,8 @@ segments 2i and 2i+1, the others for one, so its blocks are uneven when P is not
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from simdist.collectives.exchange_steps import Exchange, Step, steps_fast, steps_plan, steps_schedule
@@ -83,9 +85,11 @@ def schedule(op: str, num_peers: int) -> tuple[list[list[Exchange]], int, tuple[
     return steps, num_chunks, segment
 
 
+@lru_cache(maxsize=256)
 def step_arrays(op: str, num_peers: int) -> tuple[list[Step], int]:
     """(steps, num_chunks) of ``op`` as `schedule` lays them out, without listing chunks: the same
-    exchanges, each with its chunk count (O(P log P) for any P)."""
+    exchanges, each with its chunk count (O(P log P) for any P); cached by op and size: shared lists and arrays,
+    read only."""
     p = num_peers
     p2, r, _ = fold(p)
     peer_of = np.concatenate((2 * np.arange(r) + 1, np.arange(2 * r, p))).astype(np.int64)

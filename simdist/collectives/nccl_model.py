@@ -164,7 +164,7 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
             per_class[cls] = max(0.0, step - wire) * 1e-6
     else:
         # "With ppn=1 latencies are fully exposed, use the Tree network latency" (tuning.cc): one rank per node
-        exposed = group.size > 1 and len(group.by_node()) == group.size
+        exposed = group.size > 1 and group.num_nodes == group.size
         for cls, link in _CLASS_TO_NCCL.items():
             wire = table[("hwLat", "Ring", "LL", link)]
             hw = table[("hwLat", "Tree" if exposed and link == "NET" else nccl, protocol, link)]
@@ -172,7 +172,7 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
                 hw /= 2  # NCCL's one interLat, for the two network hops (up to the switches, back down)
             per_class[cls] = max(0.0, hw - wire) * 1e-6
         if nccl == "CollNetDirect":
-            base += 2 * (group.size / len(group.by_node()) - 1) * COLLNET_ARITY_LATENCY_S
+            base += 2 * (group.size / group.num_nodes - 1) * COLLNET_ARITY_LATENCY_S
     factor = RATE_FACTOR[protocol]
     if nccl == "NVLS":
         # NCCL scales NVLS bandwidth by nvlsEfficiency (Hopper 0.85, Blackwell 0.74; tuning.cc) on top
@@ -187,7 +187,7 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         factor *= COLLNET_HOPPER_FACTOR
     if protocol == "LL":
         # NCCL caps LL bandwidth at llMaxBw (tuning.cc): one node indexes by GPU arch.
-        nodes = len(group.by_node())
+        nodes = group.num_nodes
         key = "nNodes=1" if nodes == 1 else ("nNodes=2" if nodes == 2 else "nNodes>=3")
         # Assumption: rows are read by GPU architecture for multi-node groups too (the table's
         # multi-node columns of older NCCL were indexed by CPU vendor; Hopper/Blackwell rows exist).

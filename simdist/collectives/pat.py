@@ -33,6 +33,8 @@ sec. 4.1 for recursive doubling; Bruck et al. 1997), any P works without folding
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from simdist.collectives.exchange_steps import Exchange, Step, steps_fast, steps_plan
@@ -80,8 +82,10 @@ def schedule(op: str, num_peers: int) -> list[list[Exchange]]:
     return out
 
 
+@lru_cache(maxsize=256)
 def step_arrays(op: str, num_peers: int) -> list[Step]:
-    """The same steps as arrays (O(P log P)), each exchange with its chunk count."""
+    """The same steps as arrays (O(P log P)), each exchange with its chunk count (cached by op and size: shared
+    lists and arrays, read only)."""
     p = num_peers
     x = np.arange(p, dtype=np.int64)
     out = []

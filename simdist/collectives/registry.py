@@ -52,12 +52,13 @@ def algorithm_for(name: str, request: Request) -> Algorithm:
     return algo
 
 
-def candidates(request: Request) -> list[Algorithm]:
-    """Algorithms that implement ``request.op`` and can run it on this group."""
+def candidates(request: Request, among: frozenset[str] | tuple[str, ...] | None = None) -> list[Algorithm]:
+    """Algorithms that implement ``request.op`` and can run it on this group (``among``: only those named, their
+    checks alone run)."""
     _load_all()
     out = []
     for algo in ALGORITHMS.values():
-        if request.op not in algo.ops:
+        if request.op not in algo.ops or (among is not None and algo.name not in among):
             continue
         try:
             if algo.check is not None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from simdist.errors import LayoutError
 from simdist.plan.deepspeed_split import deepspeed_layers, deepspeed_parts, partition_balanced, partition_uniform
 from simdist.plan.model import Model
-from simdist.plan.schedule import V_SCHEDULES, chunks_per_stage, model_part
+from simdist.plan.schedule import V_SCHEDULES, model_part, part_table
 
 __all__ = ["LayerSplit", "auto_split", "choose_split", "chunk_layers", "deepspeed_layers", "layout_string",
            "parse_layout", "partition_balanced", "partition_uniform"]
@@ -56,9 +56,7 @@ class LayerSplit:
 
     def chunk_layers(self, stage: int) -> tuple[int, ...]:
         """Decoder layers of each chunk of ``stage`` (dualpipe: its two copies' parts)."""
-        k = self.num_stages
-        return tuple(self.parts[model_part(stage, c, k, self.schedule)]
-                     for c in range(chunks_per_stage(self.schedule, self.vpp)))
+        return tuple(self.parts[p] for p in part_table(self.num_stages, self.vpp, self.schedule)[stage])
 
     @property
     def layers_per_stage(self) -> tuple[int, ...]:

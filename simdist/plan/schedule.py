@@ -38,7 +38,7 @@ from simdist.plan.schedule_v import TWO_CHUNK_SCHEDULES, V_SCHEDULES
 
 __all__ = ["SCHEDULES", "SPLIT_BACKWARD", "TWO_CHUNK_SCHEDULES", "V_SCHEDULES", "WEIGHT_GRAD_SHARE", "Step",
            "bubble_formula", "bubble_formula_text", "chunk_microbatches", "chunks_per_stage", "model_part",
-           "num_model_parts", "part_location", "schedule_order", "stage_steps"]
+           "num_model_parts", "part_location", "part_table", "schedule_order", "stage_steps"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", *TWO_CHUNK_SCHEDULES)
 SPLIT_BACKWARD = ("zb_h1", *TWO_CHUNK_SCHEDULES)
@@ -68,6 +68,14 @@ def model_part(stage: int, chunk: int, num_stages: int, schedule: str = "1f1b") 
     if schedule in TWO_CHUNK_SCHEDULES:
         return schedule_v.two_chunk_part(schedule, stage, chunk, num_stages)
     return chunk * num_stages + stage
+
+
+@lru_cache(maxsize=1024)
+def part_table(num_stages: int, vpp: int, schedule: str = "1f1b") -> tuple[tuple[int, ...], ...]:
+    """Per stage, the model part each of its chunks holds (`model_part` of every stage and chunk), made once per
+    shape: layer splits and step configurations read it for thousands of layouts."""
+    return tuple(tuple(model_part(s, c, num_stages, schedule) for c in range(chunks_per_stage(schedule, vpp)))
+                 for s in range(num_stages))
 
 
 def part_location(part: int, num_stages: int, schedule: str = "1f1b", direction: int = 0) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
-from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, chunks_per_stage, model_part, num_model_parts
+from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, chunks_per_stage, num_model_parts, part_table
 from simdist.spec.gpu import GpuSpec
 
 
@@ -101,8 +101,7 @@ class StepConfig:
     def __post_init__(self) -> None:
         parts = self.layers_per_part
         if parts is not None:
-            if len(parts) != self.num_parts or any(sum(parts[self.part_of(s, c)] for c in range(self.chunks)) != n
-                                                   for s, n in enumerate(self.layers_per_stage)):
+            if not _parts_match(tuple(parts), tuple(self.layers_per_stage), self.mesh.pp, self.vpp, self.schedule):
                 raise LayoutError(f"layers_per_part {list(parts)} does not match layers_per_stage "
                                   f"{list(self.layers_per_stage)} with vpp = {self.vpp}", field="parallel.vpp",
                                   fix=f"give {self.num_parts} part counts summing per stage to layers_per_stage")
@@ -124,12 +123,18 @@ class StepConfig:
 
     def part_of(self, stage: int, chunk: int) -> int:
         """The model part that ``chunk`` of ``stage`` holds (simdist.plan.schedule.model_part)."""
-        return model_part(stage, chunk, self.mesh.pp, self.schedule)
+        return part_table(self.mesh.pp, self.vpp, self.schedule)[stage][chunk]
+
+    @property
+    def part_table(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, the model part each of its chunks holds (`part_of` of every stage and chunk)."""
+        return part_table(self.mesh.pp, self.vpp, self.schedule)
 
     def stage_chunks(self, stage: int) -> tuple[int, ...]:
         """Decoder layers of each of ``stage``'s model chunks."""
         if self.layers_per_part is not None:
-            return tuple(self.layers_per_part[self.part_of(stage, c)] for c in range(self.chunks))
+            parts = self.layers_per_part
+            return tuple(parts[p] for p in part_table(self.mesh.pp, self.vpp, self.schedule)[stage])
         return tuple(chunk_layers(self.layers_per_stage[stage], self.vpp))
 
     def model_parts(self) -> tuple[int, ...]:
@@ -261,6 +266,15 @@ def grad_bytes_per_element(precision: str, fp32: bool | None = None) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
+def _parts_match(parts: tuple[int, ...], layers_per_stage: tuple[int, ...], pp: int, vpp: int, schedule: str
+                 ) -> bool:
+    """Whether ``parts`` (decoder layers per model part) sum per stage to ``layers_per_stage``."""
+    table = part_table(pp, vpp, schedule)
+    return len(parts) == num_model_parts(schedule, pp, vpp) and len(layers_per_stage) == pp and all(
+        sum(parts[p] for p in row) == n for row, n in zip(table, layers_per_stage, strict=True))
+
+
+@functools.lru_cache(maxsize=4096)
 def _parts(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int, ...], pp: int, vpp: int
            ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(`StepConfig.model_parts`, `StepConfig.part_first_layers`) of a layer split (cached: a search and the
@@ -281,5 +295,4 @@ def _parts(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int,
 def _stage_layers(layers_per_part: tuple[int, ...] | None, layers_per_stage: tuple[int, ...], pp: int, vpp: int,
                   stage: int, schedule: str = "1f1b") -> tuple[int, ...]:
     counts, firsts = _parts(layers_per_part, layers_per_stage, pp, vpp)
-    parts = [model_part(stage, c, pp, schedule) for c in range(chunks_per_stage(schedule, vpp))]
-    return tuple(i for p in parts for i in range(firsts[p], firsts[p] + counts[p]))
+    return tuple(i for p in part_table(pp, vpp, schedule)[stage] for i in range(firsts[p], firsts[p] + counts[p]))
