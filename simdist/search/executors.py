@@ -23,6 +23,10 @@ from simdist.errors import SpecError
 
 DASK_CONNECT_TIMEOUT_S = 10.0
 DASK_NO_WORKER_S = 30.0
+DASK_WINDOW_MIN = 16
+DASK_WINDOW_PER_WORKER = 4
+"""Jobs kept on a Dask cluster at a time: 4 per worker (each worker busy, the next batches queued beside it), at
+least 16 (a cluster whose workers are still joining)."""
 """Seconds the search waits on a Dask cluster without a single worker before it stops (workers restarting come
 back within seconds)."""
 _DASK_FIX = "start one (dask scheduler; dask worker ADDRESS) or check the address, e.g. tcp://host:8786"
@@ -113,14 +117,34 @@ class DaskExecutor(Executor):
         self._futures: list[Any] = []
 
     def run(self, fn: Callable[..., Any], jobs: list[tuple]) -> Iterator[tuple[int, Any]]:
+        """Each job's result as it completes, with at most `_window` jobs on the cluster at a time: a finished job's
+        future is dropped once its result is read, so a search of 10^6 configurations holds a few batches, not every
+        batch's rows (and the wait below scans a short list)."""
         import time
 
         from distributed import wait as dask_wait
 
-        futures = [self.client.submit(fn, *args, pure=False) for args in jobs]
-        self._futures = futures
-        index = {f.key: i for i, f in enumerate(futures)}
-        pending = set(futures)
+        queue = iter(enumerate(jobs))
+        index: dict[Any, int] = {}
+        pending: set[Any] = set()
+        self._futures = pending  # in flight: what close() cancels
+        workers = self._workers()
+
+        def top_up() -> None:
+            while len(pending) < max(DASK_WINDOW_MIN, DASK_WINDOW_PER_WORKER * workers):
+                nxt = next(queue, None)
+                if nxt is None:
+                    return
+                i, args = nxt
+                try:
+                    f = self.client.submit(fn, *args, pure=False)
+                except Exception as err:  # the scheduler went away
+                    raise self._lost(err) from None
+                index[f.key] = i
+                pending.add(f)
+
+        top_up()
+        finished = 0
         lonely_since: float | None = None
         while pending:
             try:
@@ -132,23 +156,31 @@ class DaskExecutor(Executor):
             for f in done:
                 pending.discard(f)
                 try:
-                    yield index[f.key], f.result()
+                    result = f.result()
                 except (OSError, TimeoutError) as err:
                     raise self._lost(err) from None
+                finished += 1
+                yield index.pop(f.key), result
             if done:
                 lonely_since = None
+                top_up()
                 continue
-            try:
-                workers = len(self.client.scheduler_info().get("workers", {}))
-            except Exception as err:
-                raise self._lost(err) from None
+            workers = self._workers()
             now = time.monotonic()
             lonely_since = (lonely_since or now) if workers == 0 else None
             if lonely_since is not None and now - lonely_since > DASK_NO_WORKER_S:
                 raise SpecError(f"the Dask cluster at {self.address} has had no worker for {DASK_NO_WORKER_S:g} s; "
-                                f"{len(pending)} evaluation(s) wait", field="--dask",
+                                f"{len(jobs) - finished} evaluation(s) wait", field="--dask",
                                 fix="start a worker (dask worker ADDRESS); rerun with the same --out to resume "
                                     "from the rows already written")
+            top_up()
+
+    def _workers(self) -> int:
+        """Workers the scheduler has now."""
+        try:
+            return len(self.client.scheduler_info().get("workers", {}))
+        except Exception as err:
+            raise self._lost(err) from None
 
     def _lost(self, err: BaseException) -> SpecError:
         reason = " ".join(str(err).split())[:160] or type(err).__name__
