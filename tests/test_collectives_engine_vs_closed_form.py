@@ -154,10 +154,10 @@ def test_every_op_and_algorithm_is_uncontended_on_nvswitch_peers(index):
 
 @pytest.mark.parametrize("index", [1, 2, 3, 5, 6, 8, 9])
 @pytest.mark.parametrize("protocol", ["simple", "Simple"])
-def test_pat_collnet_and_nvls_tree_are_no_faster_than_their_closed_forms(index, protocol):
+def test_pat_collnet_and_nvls_multi_node_are_no_faster_than_their_closed_forms(index, protocol):
     # The random collectives above rarely draw one GPU per node (PAT), the fabric that reduces (collnet) or whole
-    # NVLS nodes (nvls_tree): every fabric here, one rank per node for PAT (in node order and shuffled), whole
-    # nodes for collnet and nvls_tree.
+    # NVLS nodes (nvls_tree; nvls_sharp, whose switches reduce too): every fabric here, one rank per node for PAT (in
+    # node order and shuffled), whole nodes for collnet, nvls_tree and nvls_sharp.
     t = topology(index)
     gpn, nodes = t.gpus_per_node, t.num_nodes
     one_per_node = [tuple(n * gpn for n in range(nodes)), tuple(n * gpn + n % gpn for n in reversed(range(nodes)))]
@@ -165,8 +165,9 @@ def test_pat_collnet_and_nvls_tree_are_no_faster_than_their_closed_forms(index, 
              for op in ("all_gather", "reduce_scatter")]
     cases += [(Request("all_reduce", Group.first(t, min(t.num_gpus, 2 * gpn)), size), "collnet")
               for size in (0.0, 1e5, 3e6)]
-    cases += [(Request("all_reduce", Group.first(t, min(t.num_gpus, n * gpn)), size), "nvls_tree")
-              for n in (2, 3) for size in (0.0, 3e6)]  # NVLS nodes (dgx-h100, tiny-nvswitch-rails)
+    cases += [(Request("all_reduce", Group.first(t, min(t.num_gpus, n * gpn)), size), name)
+              for name in ("nvls_tree", "nvls_sharp") for n in (2, 3) for size in (0.0, 3e6)]
+    # NVLS nodes (dgx-h100, tiny-nvswitch-rails), with switches that reduce for nvls_sharp
     ran = 0
     for request, name in cases:
         if name not in {a.name for a in candidates(request)}:

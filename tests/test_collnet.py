@@ -119,11 +119,15 @@ def test_sharp_needs_infiniband():
 
 
 def test_auto_takes_collnet_only_where_the_switches_reduce():
-    # 16 DGX H100 nodes: SHARP's time does not grow with the nodes, the ring's and the tree's do
+    # 16 nodes: SHARP's time does not grow with the nodes, the ring's and the tree's do. On DGX A100 (no NVLS)
+    # CollNetDirect takes every size; on DGX H100 NVLS across nodes (simdist.collectives.nvls_sharp, SHARP too) takes
+    # the large ones, as in NCCL's model (its NVLS bandwidth is not CollNetDirect's 0.85 x), collnet the small ones.
+    a100 = load_topology("dgx-a100", num_nodes=16, assignments=["inter_node.sharp=true"])
     plain = load_topology("dgx-h100", num_nodes=16)
     sharp = load_topology("dgx-h100", num_nodes=16, assignments=["inter_node.sharp=true"])
-    for nbytes in (1e5, 1e7, 1e9):
-        assert rank_choices(Request("all_reduce", Group.first(sharp, 128), nbytes))[0].algorithm == "collnet"
+    for nbytes, on_h100 in ((1e5, "collnet"), (1e7, "nvls_sharp"), (1e9, "nvls_sharp")):
+        assert rank_choices(Request("all_reduce", Group.first(a100, 128), nbytes))[0].algorithm == "collnet"
+        assert rank_choices(Request("all_reduce", Group.first(sharp, 128), nbytes))[0].algorithm == on_h100
         without = rank_choices(Request("all_reduce", Group.first(plain, 128), nbytes))
-        assert all(c.algorithm != "collnet" for c in without)
+        assert all(c.algorithm not in ("collnet", "nvls_sharp") for c in without)
     assert "collnet" not in {a.name for a in candidates(Request("all_reduce", Group.first(sharp, 8), 1e6))}

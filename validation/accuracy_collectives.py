@@ -320,7 +320,9 @@ _GTC_MAP: dict[tuple[str, str, str], tuple[Mapping, str] | str] = {
         Mapping("dgx-h100", 32, 4, fidelity="fast"),
         "4 DGX H100 (32 GPUs), `auto` (NCCL runs NVLS across nodes only with IB SHARP, the other bar)"),
     ("all_reduce", "multi-node", "SHARP 8x 400Gb RDMA (DGX H100)"): (
-        "needs IB SHARP (NCCL CollNet / NVLSTree with in-network reduction), not modelled"),
+        Mapping("dgx-h100", 32, 4, ("inter_node.sharp=true",), fidelity="fast"),
+        "4 DGX H100 (32 GPUs) whose InfiniBand switches reduce (`inter_node.sharp=true`), `auto`: NCCL's NVLS across "
+        "nodes (`nvls_sharp`: NVLS in each node, SHARP between them), which NCCL enables only with CollNet/SHARP"),
     ("all_reduce", "multi-node", "NVLink (GB200 NVL72)"): (
         Mapping("gb200-nvl72", 32, algorithm="ring", fidelity="fast"),
         "32 GPUs of one NVL72 NVLink domain; the non-SHARP bar: `ring`"),
@@ -412,6 +414,33 @@ def _cs336() -> Dataset:
         tuple(points))
 
 
+H20_AS_H100 = "dgx-h100"
+"""No H20 preset: an H20 node is a DGX H100 for collectives (the same 900 GB/s NVLink 4 on NVSwitch gen3 with NVLS,
+NVIDIA's H20 product brief; NCCL prices both as Hopper), and NVIDIA/nccl#1244's 16 CX7 NDR NICs over 2 nodes are the
+preset's 8 x 400 Gb/s per node. The H20's lower compute does not enter a collective's time."""
+
+
+def _nvls_tree_floor() -> Dataset:
+    """NVIDIA/nccl#1244: 2 nodes x 8 H20, NCCL 2.21.5, NCCL_ALGO=NVLSTree, out-of-place times at 4, 64 and 512 B."""
+    (row,) = [r for r in _rows(REPORTS) if r["thread"] == "NVIDIA/nccl#1244"]
+    points = []
+    for nbytes, time_us in ((4, 47.54), (64, 46.30), (512, 46.58)):  # the row's reported_numbers
+        label = f"16x H20 NVLSTree {nbytes}B"
+        m = _measurement("all_reduce", nbytes, 16, source=row["source_url"], label=label, time_s=time_us * 1e-6,
+                         nodes=2, algorithm="nvls_tree", version="2.21.5")
+        points.append(Point(m, Mapping(H20_AS_H100, 16, 2, algorithm="nvls_tree"), label))
+    return Dataset(
+        "nccl_issue_1244_nvls_tree_floor", "NVIDIA/nccl#1244: NVLSTree latency floor, 2 nodes x 8 H20", REPORTS,
+        "nccl-tests all_reduce_perf (user report, excerpt): NCCL 2.21.5 with NCCL_ALGO=NVLSTree, 2 nodes x 8 H20, 16 "
+        "CX7 NDR NICs; out-of-place time per all-reduce, ~46-48 us from 4 B to 512 B.",
+        f"`{H20_AS_H100}` (no H20 preset: the H20's NVLink 4 and NVSwitch are the H100's, the "
+        "NICs 8 x 400 Gb/s per node as the preset), 16 ranks on 2 nodes, `nvls_tree` as the run forced. Below 1 MiB: "
+        "reported only. It checks the latency of NCCL's NVLSTree model (tuning.cc: 25 us + 2 log2(nNodes) x 20.9 us "
+        "= 66.8 us at 2 nodes), which simdist pays with its wire latencies: the measured floor lies ~20 us below "
+        "NCCL's own model, and the constants are kept as NCCL states them, not fitted to it.",
+        tuple(points))
+
+
 def _reports() -> Dataset:
     points = []
     for r in _rows(REPORTS):
@@ -437,14 +466,15 @@ NOT_COVERED_FIXED: tuple[NotCovered, ...] = (
     NotCovered(f"{REPORTS}: other rows",
                "consumer PCIe cards without presets (RTX 2080Ti/4090/5090, DGX Spark), a partially NVLinked "
                "A100 box, an H800 (no preset), vague figures (A100 '~200 GB/s'), latency floors below 1 MiB "
-               "and nvbandwidth p2p: informative, not predicted"),
+               "other than NVIDIA/nccl#1244's NVLSTree floor (predicted above) and nvbandwidth p2p: informative, "
+               "not predicted"),
 )
 
 
 @cache
 def datasets() -> tuple[tuple[Dataset, ...], tuple[NotCovered, ...]]:
     gtc, skipped = _gtc()
-    return (*_mle(), *gtc, _cs336(), _reports()), (*skipped, *NOT_COVERED_FIXED)
+    return (*_mle(), *gtc, _cs336(), _reports(), _nvls_tree_floor()), (*skipped, *NOT_COVERED_FIXED)
 
 
 KNOWN_DEVIATIONS: dict[str, Deviation] = {
@@ -677,10 +707,12 @@ NOT_MODELLED = """
   hwLat once): below ~4 MiB the prediction is NCCL's own latency model, and the measurements exceed it.
 - **Not modelled from NCCL**: the channel count of its ring graph and the per-channel caps that need it
   (perChMaxRingLL128Bw, perChMaxTreeBw), the tree correction factor (it corrects NCCL's one-line tree model;
-  simdist simulates the pipelined tree, so applying it would count the same effect twice), CollNet / IB
-  SHARP, NVLSTree, PAT, PXN, the multi-node ring's 'plateau effect' (x1.4 latency) and per-step network
-  post overhead, and the rules by which NCCL keeps NVLS off at 4 (H200) or 4-5 (B200) GPUs: those rows are
-  predicted with what ran.
+  simdist simulates the pipelined tree, so applying it would count the same effect twice), PXN, the
+  multi-node ring's 'plateau effect' (x1.4 latency) and per-step network post overhead, and the rules by
+  which NCCL keeps NVLS off at 4 (H200) or 4-5 (B200) GPUs: those rows are predicted with what ran.
+  CollNetDirect, NVLS across nodes with IB SHARP (`nvls_sharp`), NVLSTree and PAT are modelled; of them
+  only the GTC SHARP bar (`nvls_sharp`, chosen by `auto`) and NVIDIA/nccl#1244's NVLSTree latency floor
+  are checked here.
 - **Tuner plugins and fabrics without a model**: AWS's aws-ofi-nccl tuner choosing algorithms on p6-b200,
   EFA's latency, first-call connection setup.
 - **all_to_all** is NCCL's p2p, priced with the ring's link efficiency; measured all-to-all on NVLink runs

@@ -5,6 +5,7 @@ import simdist.analytic.direct
 import simdist.analytic.halving_doubling
 import simdist.analytic.hierarchical
 import simdist.analytic.nvls
+import simdist.analytic.nvls_sharp
 import simdist.analytic.nvls_tree
 import simdist.analytic.pat
 import simdist.analytic.tree  # noqa: F401

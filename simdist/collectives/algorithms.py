@@ -5,6 +5,7 @@ import simdist.collectives.direct
 import simdist.collectives.halving_doubling
 import simdist.collectives.hierarchical
 import simdist.collectives.nvls
+import simdist.collectives.nvls_sharp
 import simdist.collectives.nvls_tree
 import simdist.collectives.pat
 import simdist.collectives.tree  # noqa: F401

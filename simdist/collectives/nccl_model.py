@@ -17,6 +17,11 @@ protocol costs beyond the wire:
   interLat (hwLat[NET][NVLSTree], 20.9 us) per network hop of the tree (NCCL: 2 log2i(nNodes) of them); its NVLink
   hops nothing beyond the wire; nvlsEfficiency and perChMaxNVLSTreeBws are in the plan's rate
   (simdist.collectives.nvls_tree), as they bound its NVLink and tree hops, not the protocol;
+- NVLS across nodes (nvls_sharp: NVLS in each node, SHARP between them) pays NCCL's intraLat (hwLat[NVLINK][NVLS],
+  25 us) once in the start-up and its interLat (hwLat[NET][NVLS], 18 us: tuning.cc "if (nNodes > 1) latency +=
+  interLat") over its two network hops (up to the switches, back down: half each), its NVLink hops nothing beyond
+  the wire; nvlsEfficiency is in the plan's rate (simdist.collectives.nvls_sharp), as it bounds its NVLink hops only
+  (tuning.cc: min(intraBw, interBw), nvlsEfficiency in intraBw);
 - CollNetDirect (SHARP) pays NCCL's interLat over its two network hops (half each), its intraLat per NVLink
   hop, 2 (ppn - 1) x 0.4 us in the start-up, and NCCL's 0.85 on Hopper and later as its rate factor;
 - ``rate_factor``: payload per wire byte. LL moves 8-byte lines of 4 data + 4 flag bytes (0.5, and NCCL
@@ -40,7 +45,7 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 # they pay Ring's per-hop constants (NCCL's p2p path uses the same Simple/LL128/LL machinery).
 NCCL_ALGORITHM = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "direct": "Ring",
                   "halving_doubling": "Ring", "hierarchical": "Ring", "pat": "PAT",
-                  "collnet": "CollNetDirect", "nvls_tree": "NVLSTree"}
+                  "collnet": "CollNetDirect", "nvls_tree": "NVLSTree", "nvls_sharp": "NVLS"}
 
 # Payload efficiency per protocol (tuning.cc: LL bw = busBw x 0.5 capped at llMaxBw, LL128 = 0.92 x busBw).
 RATE_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
@@ -68,14 +73,15 @@ node: a PAT step pays hwLat[NET][Tree][protocol] / 3.5."""
 # The simdist algorithms NCCL itself runs for each op, i.e. what its tuner chooses among (NVIDIA/nccl
 # src/graph/tuning.cc, ncclTopoTuneModel: "if (coll == ncclFuncBroadcast && a != NCCL_ALGO_RING) continue;",
 # likewise Reduce; AllGather and ReduceScatter: Ring, NVLS, CollNetDirect (and PAT at one rank per node);
-# AllReduce: every algorithm but PAT). Ops NCCL has no collective kernel for (all_to_all, scatter, gather,
-# send/recv) run as grouped ncclSend/ncclRecv, NCCL's p2p path: simdist's "direct".
+# AllReduce: every algorithm but PAT; NVLS across nodes is simdist's nvls_sharp, which needs SHARP as CollNet
+# does). Ops NCCL has no collective kernel for (all_to_all, scatter, gather, send/recv) run as grouped
+# ncclSend/ncclRecv, NCCL's p2p path: simdist's "direct".
 # simdist's halving_doubling and hierarchical are not NCCL algorithms. Where an algorithm cannot run on a
 # group (its Algorithm.check: PAT off one GPU per node, NVLS off an NVSwitch), the tuner skips it, as
 # ncclTopoTuneModel zeroes its bandwidth. barrier is not an NCCL op (frameworks run a tiny all_reduce):
 # None = any algorithm.
 NCCL_RUNS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet"),
+    "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet", "nvls_sharp"),
     "all_gather": ("ring", "nvls", "pat"),
     "reduce_scatter": ("ring", "nvls", "pat"),
     "broadcast": ("ring",),
@@ -146,7 +152,14 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
     nccl = NCCL_ALGORITHM[algorithm]
     base = table[("baseLat", nccl, protocol, "")] * 1e-6
     per_class: dict[str, float] = {}
-    if nccl == "NVLS":
+    if algorithm == "nvls_sharp":
+        # tuning.cc: NVLS latency "intraLat", "if (nNodes > 1) ... += interLat": intraLat once, interLat over the
+        # two network hops (half each, as CollNetDirect's); NVLink hops nothing beyond the wire
+        base += table[("hwLat", "NVLS", protocol, "NVLINK")] * 1e-6
+        wire = table[("hwLat", "Ring", "LL", "NET")]
+        per_class = {"nvlink": 0.0, "pcie": 0.0,
+                     "net": max(0.0, table[("hwLat", "NVLS", protocol, "NET")] / 2 - wire) * 1e-6}
+    elif nccl == "NVLS":
         base += table[("hwLat", "NVLS", protocol, "NVLINK")] * 1e-6
     elif nccl == "NVLSTree":
         # tuning.cc: "intraLat + 2 * log2i(nNodes) * interLat": intraLat once, interLat per network hop of the tree
@@ -174,7 +187,7 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         if nccl == "CollNetDirect":
             base += 2 * (group.size / group.num_nodes - 1) * COLLNET_ARITY_LATENCY_S
     factor = RATE_FACTOR[protocol]
-    if nccl == "NVLS":
+    if algorithm == "nvls":
         # NCCL scales NVLS bandwidth by nvlsEfficiency (Hopper 0.85, Blackwell 0.74; tuning.cc) on top
         # of its per-link NVLink model (20.6 x 18 = 370.8 of 450 GB/s on Hopper), which the topology's
         # link efficiency already carries: NVLS moves S(1 + 1/P) per port at efficiency x nvlsEfficiency.
@@ -215,4 +228,29 @@ def nvls_tree_chunk_bytes(nbytes: float, num_nodes: int, num_heads: int, nvlink_
         chunk = 65536
     if nbytes < ops * chunk and chunk > 32768:
         chunk = 32768
+    return chunk
+
+
+NVLS_CHUNK_BYTES = 128 * 1024
+"""NCCL_NVLS_CHUNKSIZE's default (src/transport/nvls.cc, ncclNvlsTuning: comm->nvlsChunkSize)."""
+NVLS_SLOW_CHUNK_BYTES = 32 * 1024
+NVLS_SLOW_ALGBW_Bps = 150e9
+"""src/enqueue.cc, the NCCL_ALGO_NVLS chunk rules: with nNodes > 1 and NCCL's NVLS all-reduce bandwidth below 150
+GB/s (comm->bandwidths, the algorithm bandwidth), the chunk is capped at 32 KiB."""
+
+
+def nvls_sharp_chunk_bytes(nbytes: float, num_heads: int, algbw_Bps: float, nvlink_generation: int) -> int:
+    """NCCL's NVLS chunk across nodes (a pipeline piece of simdist.collectives.nvls_sharp): NVLS_CHUNK_BYTES, 32 KiB
+    where the algorithm bandwidth is below 150 GB/s, halved for small buffers against the concurrent operations
+    nChannels x nHeads (src/enqueue.cc, the NCCL_ALGO_NVLS chunk rules: 64 KiB below 64 chunks per operation, 32 KiB
+    below 8, 16 KiB below 2).
+    # Assumption: nChannels = min(nvlsChannels, comm->nChannels) (enqueue.cc) is nvlsChannels (NVLS_CHANNELS): the
+    # ring's channels are at least as many on NVSwitch nodes; the Hopper chunk on Blackwell too
+    # (ncclNvlsTreeSm100Tuning's sizes are not modelled).
+    # Assumption: NCCL's model bandwidth is read as the plan's own algorithm bandwidth (``algbw_Bps``)."""
+    chunk = NVLS_CHUNK_BYTES if algbw_Bps >= NVLS_SLOW_ALGBW_Bps else NVLS_SLOW_CHUNK_BYTES
+    ops = NVLS_CHANNELS.get(nvlink_generation, 16) * num_heads
+    for times, smaller in ((64, 65536), (8, 32768), (2, 16384)):
+        if nbytes < times * ops * chunk and chunk > smaller:
+            chunk = smaller
     return chunk

@@ -145,7 +145,8 @@ class InterNodeSpec(Spec):
     sharp: bool = Field(
         default=False, description="the InfiniBand switches reduce in the network (NVIDIA SHARP on Quantum switches, "
                                    "NCCL's CollNet through the nccl-rdma-sharp-plugins): enables the all_reduce "
-                                   "algorithm collnet (simdist.collectives.collnet); infiniband only")
+                                   "algorithms collnet (simdist.collectives.collnet) and, on NVLS nodes, nvls_sharp "
+                                   "(simdist.collectives.nvls_sharp); infiniband only")
 
     @model_validator(mode="after")
     def _sharp_needs_infiniband(self) -> InterNodeSpec:
