@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--min-configs", type=int, default=10_000)
     ap.add_argument("--readme", action="store_true", help="also time the README's default search, whole process")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"configurations per job (default {BATCH}, the sweep's)")
     ap.add_argument("--dask-local", type=int, default=0, metavar="N",
                     help="run the --min-configs evaluations on a Dask LocalCluster of N single-threaded worker "
                          "processes (pip install 'simdist[dask]') instead of --workers")
@@ -73,7 +74,7 @@ def main() -> None:
         print(f"{label}: cold {cold:.2f} s ({cold / len(feasible) * 1e6:.0f} us per config), warm (median of 3) "
               f"{warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, {warm / len(feasible) * 1e6:.0f} us per config)")
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
-    jobs = [(problem, many[i:i + BATCH]) for i in range(0, len(many), BATCH)]
+    jobs = [(problem, many[i:i + a.batch]) for i in range(0, len(many), a.batch)]
     cluster = client = None
     if a.dask_local:
         from distributed import Client, LocalCluster
