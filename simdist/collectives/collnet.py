@@ -40,7 +40,7 @@ import numpy as np
 
 from simdist.collectives.group import Group
 from simdist.collectives.pacing import edge_shares
-from simdist.collectives.plan import FABRIC, Plan, Transfer
+from simdist.collectives.plan import FABRIC, Plan, Transfer, steady_plan
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 from simdist.collectives.ring import pipeline_pieces
@@ -212,19 +212,12 @@ def collnet_fast(req: Request) -> Plan:
     every flow shares its links spread over the whole collective. (Without bytes a flow waits out the time.)"""
     check_collnet(req)
     sched = collnet_schedule(req)
-    src, dst = _connections(collnet_shape(req.group))
-    wire = sched.pieces * sched.piece_bytes / req.protocol.rate_factor
-    end, lat = sched.time_s, sched.latency_s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where((wire > 0) & (end > lat), wire / (end - lat), math.inf)
-    extra = np.zeros(len(src)) if wire > 0 else np.maximum(end - lat, 0.0)
     shape = collnet_shape(req.group)
+    src, dst = _connections(shape)
     nh = shape.num_nodes * shape.num_heads
     reduce = np.arange(len(src)) < len(shape.a_src) + nh  # A and B reduce; C and D copy
-    transfers = tuple(Transfer(int(a), int(b), sched.pieces * sched.piece_bytes, -1, bool(r), (), float(x), float(v))
-                      for a, b, r, x, v in zip(src, dst, reduce, extra, rate, strict=True))
-    return Plan(op=req.op, algorithm="collnet", num_peers=req.num_peers, nbytes=req.nbytes, transfers=transfers,
-                num_chunks=0, verifiable=False)
+    return steady_plan(req.op, "collnet", req.num_peers, req.nbytes, src, dst, reduce, sched.latency_s,
+                       sched.pieces * sched.piece_bytes, req.protocol.rate_factor, sched.time_s)
 
 
 def detailed_size(req: Request) -> int:

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from simdist.collectives.group import Group
 from simdist.collectives.nccl_model import bandwidth_caps
 from simdist.collectives.plan import SWITCH, Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 from simdist.errors import SimdistError
+from simdist.hardware.batch import link_capacities
 from simdist.hardware.topology import Topology
 
 NVLS_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
@@ -65,6 +68,22 @@ def nvls_link_efficiency(topology: Topology) -> float | None:
     """NCCL's nvlsEfficiency for this topology's NVLink generation (None: no NVLS or unknown)."""
     up = topology.spec.scale_up
     return NVLS_EFFICIENCY.get(up.nvlink_generation) if up is not None and up.nvls else None
+
+
+def nvls_port_rate(group: Group, heads: np.ndarray, copies: int = 1) -> float:
+    """The rate (wire bytes/s) every NVLink hop of a multi-node NVLS plan can keep on ``group``'s switch ports, times
+    nvlsEfficiency: each GPU's uplink carries its push of every one of the H segments and, where it is a head, the
+    store of its own segments (``heads``: [N, H] head peers); its downlink the H segments it gets back (the reduced
+    sum where a head, the multicast otherwise); ``copies`` of all that at once (NVLS-Tree's two trees).
+    (simdist.collectives.nvls_tree, nvls_sharp.)"""
+    t = group.topology
+    h = heads.shape[1]
+    ports = np.asarray([t.nvswitch_ports(r) for r in group.ranks], dtype=np.int64)  # [P, (up, down)]
+    caps = link_capacities(t, ports.reshape(-1)).reshape(-1, 2)
+    heads_of = np.bincount(heads.reshape(-1), minlength=group.size)
+    up = caps[:, 0] / (copies * (h + heads_of))
+    down = caps[:, 1] / (copies * h)
+    return float(min(up.min(), down.min())) * nvls_link_efficiency(t)
 
 
 def nvls_rate_factor(topology: Topology) -> float | None:

@@ -61,14 +61,14 @@ import numpy as np
 from simdist.collectives.collnet import heads_by_node
 from simdist.collectives.group import Group
 from simdist.collectives.nccl_model import nvls_sharp_chunk_bytes
-from simdist.collectives.nvls import nvls_link_efficiency
+from simdist.collectives.nvls import nvls_port_rate
+from simdist.collectives.nvls_tree import check_nvls_nodes
 from simdist.collectives.pacing import edge_shares
-from simdist.collectives.plan import FABRIC, Plan, Transfer, node_switch
+from simdist.collectives.plan import FABRIC, Plan, Transfer, node_switch, steady_plan
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 from simdist.collectives.ring import pipeline_pieces
 from simdist.errors import SimdistError
-from simdist.hardware.batch import link_capacities
 
 NVLS_SHARP_OPS = frozenset({"all_reduce"})
 STAGES = ("A", "B", "U", "V", "D", "E")
@@ -129,15 +129,8 @@ def nvls_sharp_rate(group: Group) -> float:
     hit = group.memo.get("nvls_sharp_rate")
     if hit is not None:
         return hit
-    t = group.topology
     conns = nvls_sharp_connections(group)
-    h = conns.num_heads
-    ports = np.asarray([t.nvswitch_ports(r) for r in group.ranks], dtype=np.int64)  # [P, (up, down)]
-    caps = link_capacities(t, ports.reshape(-1)).reshape(-1, 2)
-    heads_of = np.bincount(conns.heads.reshape(-1), minlength=group.size)
-    up = caps[:, 0] / (h + heads_of)  # A for every segment, D where a head
-    down = caps[:, 1] / h  # B where a head, E for the other segments
-    port = float(min(up.min(), down.min())) * nvls_link_efficiency(t)
+    port = nvls_port_rate(group, conns.heads)  # A for every segment, D where a head; B or E down
     (u_src, u_dst), (v_src, v_dst) = conns.stages["U"], conns.stages["V"]
     net = float(edge_shares(group, np.concatenate((u_src, v_src)), np.concatenate((u_dst, v_dst))).min())
     hit = group.memo["nvls_sharp_rate"] = min(port, net)
@@ -243,16 +236,8 @@ def nvls_sharp_fast(req: Request) -> Plan:
     dst = np.concatenate([stages[s][1] for s in STAGES])
     lat = np.concatenate([sched.latency_s[s] for s in STAGES])
     reduce = np.concatenate([np.full(len(stages[s][0]), s in REDUCING) for s in STAGES])
-    nbytes = sched.pieces * sched.piece_bytes
-    wire = nbytes / req.protocol.rate_factor
-    end = sched.time_s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where((wire > 0) & (end > lat), wire / (end - lat), math.inf)
-    extra = np.zeros(len(src)) if wire > 0 else np.maximum(end - lat, 0.0)
-    transfers = tuple(Transfer(int(a), int(b), nbytes, -1, bool(r), (), float(x), float(v))
-                      for a, b, r, x, v in zip(src, dst, reduce, extra, rate, strict=True))
-    return Plan(op=req.op, algorithm="nvls_sharp", num_peers=req.num_peers, nbytes=req.nbytes, transfers=transfers,
-                num_chunks=0, verifiable=False)
+    return steady_plan(req.op, "nvls_sharp", req.num_peers, req.nbytes, src, dst, reduce, lat,
+                       sched.pieces * sched.piece_bytes, req.protocol.rate_factor, sched.time_s)
 
 
 def detailed_size(req: Request) -> int:
@@ -267,13 +252,12 @@ def check_nvls_sharp(req: Request) -> None:
     in a node), CollNet support (switches that reduce: inter_node.sharp), 2+ nodes (on one node NVLS is `nvls`),
     2+ NVLS channels (one head per NIC: "NVLS/NVLStree needs at least 2 channels"), and here the same number of NICs
     in use on every node (one SHARP tree per head index, as ncclCollNetSetup builds one communicator per head)."""
+    check_nvls_nodes(req, "nvls_sharp", joins="through the fabric", per_head="SHARP tree",
+                     others="collnet, ring, tree or auto", fabric=_check_sharp)
+
+
+def _check_sharp(req: Request) -> None:
     t = req.group.topology
-    up = t.spec.scale_up
-    if up is None or not up.nvls:
-        have = "no NVSwitch" if up is None else f"an NVSwitch (NVLink {up.nvlink_generation}) without NVLS"
-        raise SimdistError(
-            f"nvls_sharp reduces inside each node with NVLink SHARP (H100/H200/B200/GB200); {t.spec.name} has {have}",
-            field="--algorithm", fix="use --algorithm ring, tree, collnet or auto")
     fabric = t.spec.inter_node
     if fabric is None or not fabric.sharp:
         raise SimdistError(
@@ -282,22 +266,6 @@ def check_nvls_sharp(req: Request) -> None:
             f"fabric)", field="--algorithm",
             fix="use --algorithm nvls_tree, ring or auto, or set inter_node.sharp: true where the switches run SHARP "
                 "(--set inter_node.sharp=true)")
-    nodes = req.group.by_node()
-    if len(nodes) < 2:
-        raise SimdistError("nvls_sharp joins several nodes through the fabric, but the group is inside one node",
-                           field="--algorithm", fix="use --algorithm nvls or auto")
-    if min(len(peers) for peers in nodes.values()) < 2:
-        raise SimdistError("nvls_sharp needs 2+ GPUs of the group in every node (NVLS multicast is off for one GPU)",
-                           field="--ranks", fix="use several GPUs per node, or --algorithm collnet, ring or auto")
-    counts = sorted({len(h) for h in heads_by_node(req.group)})
-    if len(counts) > 1:
-        raise SimdistError(
-            f"nvls_sharp runs one SHARP tree per NIC head, but the group's nodes use {counts} NICs",
-            field="--ranks", fix="use the same GPUs on every node, or --algorithm ring, tree or auto")
-    if counts[0] < 2:
-        raise SimdistError(
-            "nvls_sharp needs 2+ NVLS channels, one head per NIC (tuning.cc), but the group's GPUs reach one NIC per "
-            "node", field="--ranks", fix="use GPUs on 2+ NIC rails, or --algorithm collnet, ring or auto")
 
 
 def _build(req: Request) -> Plan:

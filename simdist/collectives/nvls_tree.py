@@ -44,6 +44,7 @@ piece's wire time d, plus (k - 1) d (simdist.analytic.nvls_tree).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,15 +52,14 @@ import numpy as np
 from simdist.collectives.collnet import heads_by_node
 from simdist.collectives.group import Group
 from simdist.collectives.nccl_model import bandwidth_caps, nvls_tree_chunk_bytes
-from simdist.collectives.nvls import nvls_link_efficiency
+from simdist.collectives.nvls import nvls_port_rate
 from simdist.collectives.pacing import edge_shares
-from simdist.collectives.plan import Plan, Transfer, node_switch
+from simdist.collectives.plan import Plan, Transfer, node_switch, steady_plan
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 from simdist.collectives.ring import pipeline_pieces
 from simdist.collectives.tree import dtree_parents
 from simdist.errors import SimdistError
-from simdist.hardware.batch import link_capacities
 
 NVLS_TREE_OPS = frozenset({"all_reduce"})
 TREES = 2
@@ -181,15 +181,8 @@ def nvls_tree_rate(group: Group) -> float:
     hit = group.memo.get("nvls_tree_rate")
     if hit is not None:
         return hit
-    t = group.topology
     shape = nvls_tree_shape(group)
-    ports = np.asarray([t.nvswitch_ports(r) for r in group.ranks], dtype=np.int64)  # [P, (up, down)]
-    caps = link_capacities(t, ports.reshape(-1)).reshape(-1, 2)
-    h = shape.num_heads
-    heads_of = np.bincount(shape.heads.reshape(-1), minlength=group.size)
-    up = caps[:, 0] / (TREES * (h + heads_of))  # A for every (t, h), D where a head
-    down = caps[:, 1] / (TREES * h)  # B where a head, E for the other segments
-    port = float(min(up.min(), down.min())) * nvls_link_efficiency(t)
+    port = nvls_port_rate(group, shape.heads, TREES)  # A for every (t, h), D where a head; B or E down
     src, dst = _connections(group).stages["U"]
     tree = float(edge_shares(group, np.concatenate((src, dst)), np.concatenate((dst, src))).min())
     hit = group.memo["nvls_tree_rate"] = min(port, tree, cap_rate_Bps(group))
@@ -325,16 +318,8 @@ def nvls_tree_fast(req: Request) -> Plan:
     dst = np.concatenate([stages[s][1] for s in stages])
     lat = np.concatenate([sched.latency_s[s] for s in stages])
     reduce = np.concatenate([np.full(len(stages[s][0]), s in ("A", "U")) for s in stages])
-    wire = sched.pieces * sched.piece_bytes / req.protocol.rate_factor
-    end = sched.time_s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where((wire > 0) & (end > lat), wire / (end - lat), math.inf)
-    extra = np.zeros(len(src)) if wire > 0 else np.maximum(end - lat, 0.0)
-    nbytes = sched.pieces * sched.piece_bytes
-    transfers = tuple(Transfer(int(a), int(b), nbytes, -1, bool(r), (), float(x), float(v))
-                      for a, b, r, x, v in zip(src, dst, reduce, extra, rate, strict=True))
-    return Plan(op=req.op, algorithm="nvls_tree", num_peers=req.num_peers, nbytes=req.nbytes, transfers=transfers,
-                num_chunks=0, verifiable=False)
+    return steady_plan(req.op, "nvls_tree", req.num_peers, req.nbytes, src, dst, reduce, lat,
+                       sched.pieces * sched.piece_bytes, req.protocol.rate_factor, sched.time_s)
 
 
 def detailed_size(req: Request) -> int:
@@ -349,29 +334,41 @@ def check_nvls_tree(req: Request) -> None:
     (an NVSwitch with NVLink SHARP, 2+ GPUs of the communicator in a node), 2+ nodes ("Disable NVLS Tree on a single
     node"), 2+ NVLS channels (one head per NIC: "NVLS/NVLStree needs at least 2 channels"), and here the same NICs in
     use on every node (one tree per head index)."""
+    check_nvls_nodes(req, "nvls_tree", joins="by a tree (NCCL disables it on one node)", per_head="tree",
+                     others="ring, tree or auto")
+
+
+def check_nvls_nodes(req: Request, name: str, *, joins: str, per_head: str, others: str,
+                     fabric: Callable[[Request], None] | None = None) -> None:
+    """What every multi-node NVLS plan needs (NVLS-Tree here, NVLS with SHARP in simdist.collectives.nvls_sharp):
+    NVLS hardware, then ``fabric``'s own check of the network, 2+ nodes, 2+ GPUs of the group in every node, and the
+    same 2+ NIC heads on every node; one error each naming ``name``, what it ``joins`` the nodes by, the ``per_head``
+    plan each NIC head runs, and the ``others`` to use instead."""
     t = req.group.topology
     up = t.spec.scale_up
     if up is None or not up.nvls:
         have = "no NVSwitch" if up is None else f"an NVSwitch (NVLink {up.nvlink_generation}) without NVLS"
         raise SimdistError(
-            f"nvls_tree reduces inside each node with NVLink SHARP (H100/H200/B200/GB200); {t.spec.name} has {have}",
-            field="--algorithm", fix="use --algorithm ring, tree or auto")
+            f"{name} reduces inside each node with NVLink SHARP (H100/H200/B200/GB200); {t.spec.name} has {have}",
+            field="--algorithm", fix=f"use --algorithm {others}")
+    if fabric is not None:
+        fabric(req)
     nodes = req.group.by_node()
     if len(nodes) < 2:
-        raise SimdistError("nvls_tree joins several nodes by a tree (NCCL disables it on one node), but the group is "
-                           "inside one node", field="--algorithm", fix="use --algorithm nvls or auto")
+        raise SimdistError(f"{name} joins several nodes {joins}, but the group is inside one node",
+                           field="--algorithm", fix="use --algorithm nvls or auto")
     if min(len(peers) for peers in nodes.values()) < 2:
-        raise SimdistError("nvls_tree needs 2+ GPUs of the group in every node (NVLS multicast is off for one GPU)",
-                           field="--ranks", fix="use several GPUs per node, or --algorithm ring, tree or auto")
+        raise SimdistError(f"{name} needs 2+ GPUs of the group in every node (NVLS multicast is off for one GPU)",
+                           field="--ranks", fix=f"use several GPUs per node, or --algorithm {others}")
     counts = sorted({len(h) for h in heads_by_node(req.group)})
     if len(counts) > 1:
         raise SimdistError(
-            f"nvls_tree runs one tree per NIC head, but the group's nodes use {counts} NICs",
-            field="--ranks", fix="use the same GPUs on every node, or --algorithm ring, tree or auto")
+            f"{name} runs one {per_head} per NIC head, but the group's nodes use {counts} NICs",
+            field="--ranks", fix=f"use the same GPUs on every node, or --algorithm {others}")
     if counts[0] < 2:
         raise SimdistError(
-            "nvls_tree needs 2+ NVLS channels, one head per NIC (tuning.cc), but the group's GPUs reach one NIC per "
-            "node", field="--ranks", fix="use GPUs on 2+ NIC rails, or --algorithm ring, tree or auto")
+            f"{name} needs 2+ NVLS channels, one head per NIC (tuning.cc), but the group's GPUs reach one NIC per "
+            "node", field="--ranks", fix=f"use GPUs on 2+ NIC rails, or --algorithm {others}")
 
 
 def _build(req: Request) -> Plan:

@@ -13,11 +13,10 @@ same for the inter-node fabric's switches (SHARP).
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
+
+import numpy as np
 
 SWITCH = -1
 """Pseudo-peer: the NVSwitch (NVLS). Transfers to or from it use the GPU's NVLink port."""
@@ -105,16 +104,18 @@ class Plan:
         return out
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused while a plan builds its transfers: they form no cycles, and every
-    collection the allocations trigger walks all live objects, so building a 100,000-GPU ring's 800,000 fast flows
-    took twice as long with it (2.2 s against 1.1 s; benchmarks/topology.py, the 100k-GPU all-reduces). Reference
-    counting still frees everything; the collector resumes as it was."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+def steady_plan(op: str, algorithm: str, num_peers: int, nbytes: float, src, dst, reduce, latency_s, flow_bytes: float,
+                rate_factor: float, end_s: float) -> Plan:
+    """Fast fidelity for a pipelined plan whose connections all carry the same ``flow_bytes``: one flow per connection
+    (``src``, ``dst``, ``reduce`` and its ``latency_s``: arrays, one entry per connection) at the steady rate that
+    lands it at ``end_s``, when the detailed plan ends alone (below the plan's rate): next to other traffic every flow
+    shares its links over the whole collective. Without bytes a flow waits out the time. (simdist.collectives.collnet,
+    nvls_tree, nvls_sharp.)"""
+    wire = flow_bytes / rate_factor
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where((wire > 0) & (end_s > latency_s), wire / (end_s - latency_s), math.inf)
+    extra = np.zeros(len(src)) if wire > 0 else np.maximum(end_s - latency_s, 0.0)
+    transfers = tuple(Transfer(int(a), int(b), flow_bytes, -1, bool(r), (), float(x), float(v))
+                      for a, b, r, x, v in zip(src, dst, reduce, extra, rate, strict=True))
+    return Plan(op=op, algorithm=algorithm, num_peers=num_peers, nbytes=nbytes, transfers=transfers, num_chunks=0,
+                verifiable=False)

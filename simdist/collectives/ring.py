@@ -38,9 +38,10 @@ import numpy as np
 
 from simdist.collectives.group import Group
 from simdist.collectives.pacing import edge_shares
-from simdist.collectives.plan import Plan, Transfer, gc_paused
+from simdist.collectives.plan import Plan, Transfer
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
+from simdist.collector import collector_paused
 
 # NCCL's Simple protocol moves a connection's buffer in NCCL_STEPS = 8 slots of DEFAULT_BUFFSIZE / 8:
 # 4 MiB / 8 = 512 KiB per pipeline step (src/include/device.h, src/init.cc;
@@ -240,7 +241,7 @@ def ring_fast(req: Request) -> Plan:
     extra = chain_latency_s(lat, steps)[:, None] - lat
     rates = np.repeat(channel_rates(group, orders), p)
     n = channels * p
-    with gc_paused():
+    with collector_paused():
         transfers = tuple(map(Transfer, src.reshape(-1).tolist(), dst.reshape(-1).tolist(), repeat(steps * piece, n),
                               repeat(-1, n), repeat(False, n), repeat((), n), extra.reshape(-1).tolist(),
                               rates.tolist()))

@@ -12,15 +12,14 @@ on by a cycle (samples not yet collinear) resumes from the state the previous la
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from simdist.analytic.step import CommPricer, analytic_observables, fast_forward_plan
+from simdist.collector import collector_paused
 from simdist.engine.contention import Alone, departs, engine_alone, first_divergence
 from simdist.engine.graph import GraphTrace, run_graph
 from simdist.engine.prefix import Prefix, resumed_trace, shared_prefix
@@ -39,37 +38,6 @@ __all__ = ["FAST_FORWARD_MIN_OPS", "EngineStep", "alone_and_cut", "capacities", 
 
 FAST_FORWARD_MIN_OPS = 20_000
 """A step whose whole op graph would hold fewer ops than this is simulated whole (a fraction of a second)."""
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause CPython's cyclic garbage collector while a step is simulated; it resumes as it was afterwards.
-
-    The simulation allocates 10^4-10^5 small objects that reference counting frees (ops, the engine's jobs
-    with one (link, bytes) pair per link, events; a run leaves a few dozen objects in cycles): the collector
-    would scan the young ones every 700 allocations and, every 100th time, everything the process holds, for
-    next to nothing to free (up to a tenth of a 16,384-GPU step's in-process time). Results are
-    unchanged: only when garbage is collected changes.
-
-    On resuming, the objects allocated meanwhile (10^6 after a long interleaved step: its samples' graphs, traces
-    and prices, most alive still) would all sit in the youngest generation, and the first allocation after would
-    scan them all at once (a quarter of a second here). They join the oldest generation instead (`gc.freeze`
-    then `gc.unfreeze`: two list splices), where the next full collection, whenever CPython's own rule calls it,
-    frees any cycles among them. Not where the process had frozen objects of its own (a pre-fork server): those
-    stay frozen, and the collector resumes plainly.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.enable()
-                gc.unfreeze()
-            else:
-                gc.enable()
 
 
 def priced_plan(cfg: StepConfig, topology: Topology, adjust: Adjust | None, full: bool,
