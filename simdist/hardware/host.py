@@ -83,16 +83,18 @@ def host_op_factor(gpu: GpuSpec | None) -> float:
     return _host_cpus().get(gpu.name, 1.0)
 
 
+def _rows(name: str) -> list[dict[str, str]]:
+    """The rows of ``data/<name>``, its ``#`` lines skipped."""
+    text = (resources.files("simdist.hardware") / "data" / name).read_text(encoding="utf-8")
+    return list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+
+
 @cache
 def _host_cpus() -> dict[str, float]:
-    text = (resources.files("simdist.hardware") / "data" / "host_cpu.csv").read_text(encoding="utf-8")
-    return {r["gpu"]: float(r["op_time_factor"])
-            for r in csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))}
+    return {r["gpu"]: float(r["op_time_factor"]) for r in _rows("host_cpu.csv")}
 
 
 @cache
 def _defaults() -> HostOverhead:
-    text = (resources.files("simdist.hardware") / "data" / "host_overhead.csv").read_text(encoding="utf-8")
-    rows = {r["parameter"]: float(r["value"])
-            for r in csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))}
+    rows = {r["parameter"]: float(r["value"]) for r in _rows("host_overhead.csv")}
     return HostOverhead(**{k: rows[k] for k in _FIELDS})
