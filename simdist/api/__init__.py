@@ -165,9 +165,9 @@ def run(path: str | Path, assignments: list[str] | None = None, *, out_dir: str 
 
     ``path`` may also be a ``report.json`` that `run` wrote: its ``scenario_resolved`` runs again, with the
     simulate and fidelity it recorded unless given (simdist.api.provenance), so the numbers are the same. The files
-    such a report names (cluster file, hf_config, calibration) are read only inside the report's folder unless
-    ``trust_paths`` (a report from elsewhere must not make simdist read any file here); each is reported. So is
-    the topology file a calibration names, inside the calibration's folder (simdist.api.calibration).
+    such a report names (cluster file, hf_config, calibration, moe_routing_file) are read only inside the report's
+    folder unless ``trust_paths`` (a report from elsewhere must not make simdist read any file here); each is
+    reported. So is the topology file a calibration names, inside the calibration's folder (simdist.api.calibration).
     """
     from simdist.api.provenance import check_report_paths, scenario_document_of_report
     from simdist.files import check_target

@@ -41,26 +41,33 @@ def resolved_scenario(spec: ScenarioSpec, *, base_dir: Path, calibration: str | 
     cal = Path(calibration) if calibration is not None else spec.calibration
     if cal is not None:
         updates["calibration"] = cal if cal.is_absolute() else (base_dir / cal).resolve()
+    routing = spec.training.moe_routing_file
+    if routing is not None and not routing.is_absolute():
+        updates["training"] = spec.training.model_copy(update={"moe_routing_file": (base_dir / routing).resolve()})
     return spec.model_copy(update=updates).model_dump(mode="json", exclude_none=True)
 
 
 def inputs_sha256(scenario: dict[str, Any], topology: Topology, options: dict[str, Any]) -> str:
     """sha256 of the resolved scenario, the resolved cluster, the calibration file's bytes and the run options."""
     doc = {"scenario": scenario, "cluster": topology.spec.model_dump(mode="json"), "options": options}
-    cal = scenario.get("calibration")
-    if cal:
+    files = {"calibration_sha256": scenario.get("calibration"),
+             "moe_routing_file_sha256": (scenario.get("training") or {}).get("moe_routing_file")}
+    for key, path in files.items():
+        if not path:
+            continue
         # a regular file's bytes only: a FIFO was read once already (reading it again would wait for a writer that
         # is gone), and its bytes cannot be read back
         try:
-            regular = stat.S_ISREG(os.stat(cal).st_mode)
-            doc["calibration_sha256"] = hashlib.sha256(read_bytes(cal)).hexdigest() if regular else None
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+            doc[key] = hashlib.sha256(read_bytes(path)).hexdigest() if regular else None
         except (OSError, SimdistError):
-            doc["calibration_sha256"] = None
+            doc[key] = None
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-REPORT_PATHS = (("cluster", "file"), ("cluster", "preset"), ("model", "hf_config"), ("calibration",))
+REPORT_PATHS = (("cluster", "file"), ("cluster", "preset"), ("model", "hf_config"), ("calibration",),
+                ("training", "moe_routing_file"))
 """Where a resolved scenario names a file (a cluster preset may be a topology file's path)."""
 
 

@@ -87,6 +87,7 @@ def scenario_assignments(assignments: list[str]) -> list[str]:
 def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]:
     """A scenario document validated and its cluster built, its layout not checked (a search replaces it)."""
     spec = validate_spec(ScenarioSpec, doc)
+    spec = _routing_file_read(spec, base, doc)
     if spec.model.hf_config is not None:
         from simdist.spec.hf_config import check_hf_config
 
@@ -116,6 +117,23 @@ def scenario_cluster(doc: Document, base: Path) -> tuple[ScenarioSpec, Topology]
         raise type(err)(err.problem, field=err.field, source=doc.where(tuple((err.field or "faults").split("."))),
                         fix=err.fix) from None
     return spec, topology
+
+
+def _routing_file_read(spec: ScenarioSpec, base: Path, doc: Document) -> ScenarioSpec:
+    """``spec`` with training.moe_routing_file made absolute (relative to the scenario's folder) once the file has
+    been read and found well formed (simdist.spec.routing_histogram): a problem is one error located at the field."""
+    path = spec.training.moe_routing_file
+    if path is None:
+        return spec
+    from simdist.spec.routing_histogram import read_routing_histogram
+
+    full = path if path.is_absolute() else (base / path)
+    try:
+        read_routing_histogram(full)
+    except SpecError as err:
+        raise err.located(source=doc.where(("training", "moe_routing_file"))) from None
+    training = spec.training.model_copy(update={"moe_routing_file": full.resolve()})
+    return spec.model_copy(update={"training": training})
 
 
 def _check_layout(spec: ScenarioSpec, topology: Topology, doc: Document) -> None:

@@ -194,8 +194,9 @@ def run_cmd(
         "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
                            "what search ranks by); default engine (a report.json: the one it recorded)")] = None,
     trust_paths: Annotated[bool, typer.Option(
-        "--trust-paths", help="a report.json may read the files it names (cluster file, hf_config, calibration), "
-                              "and a calibration the topology file it names, outside their own folders")] = False,
+        "--trust-paths", help="a report.json may read the files it names (cluster file, hf_config, calibration, "
+                              "moe_routing_file), and a calibration the topology file it names, outside their own "
+                              "folders")] = False,
 ) -> None:
     """Predict one training step: step time, throughput, MFU, bubble, breakdown, memory, links."""
     output = api.run(scenario, assignments or [], out_dir=out, strict=strict, calibration=calibration,

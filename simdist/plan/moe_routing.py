@@ -9,6 +9,9 @@ derives it from a stated model of where tokens go instead, per MoE layer and mic
   auxiliary loss has balanced the experts on average, per-micro-batch fluctuation only).
 - ``zipf``: expert popularity falls as a power law of its popularity rank, p_i proportional to i^-s
   (``moe_routing_skew`` s; s = 0 is ``multinomial``), the ranks shuffled over the experts at random.
+- ``histogram``: each expert's share measured in a real run (``moe_routing_file``, simdist.spec.routing_histogram),
+  kept on the expert it was measured on (no shuffle: the file knows which expert is which). A file with a histogram
+  per MoE layer gives each layer its factor, and the step takes their mean.
 
 The N = tokens x topk routed copies of one micro-batch of the expert-parallel group land on the experts by a
 multinomial draw of those probabilities; rank r holds experts r x E/ep .. (r + 1) x E/ep - 1 (Megatron-Core's
@@ -18,6 +21,9 @@ estimated from ``DRAWS`` draws of a generator seeded with ``SEED`` (the same ans
 supports).
 # Assumption: a token's topk copies are drawn independently (the router picks topk distinct experts; with E >> topk
 # the difference is small); the popularity order is independent of which rank holds which expert.
+# Assumption: with per-layer histograms the step uses the mean of the layers' factors: a layer's time is close to
+# linear in its busiest rank's load (its expert GEMMs, permutations and all-to-all bytes), so the mean factor gives
+# the layers' summed time up to the GEMM efficiency's small change with size.
 """
 
 from __future__ import annotations
@@ -28,32 +34,43 @@ import numpy as np
 
 __all__ = ["DISTRIBUTIONS", "DRAWS", "SEED", "routing_imbalance"]
 
-DISTRIBUTIONS = ("balanced", "multinomial", "zipf")
+DISTRIBUTIONS = ("balanced", "multinomial", "zipf", "histogram")
 DRAWS = 512
 """Micro-batches drawn per estimate: the standard error of the mean of the maximum is its spread / sqrt(512)."""
 SEED = 20261205
 
 
 def routing_imbalance(distribution: str, *, num_experts: int, ep: int, tokens: int, topk: int,
-                      skew: float = 1.0, draws: int = DRAWS) -> float:
+                      skew: float = 1.0, shares: tuple[tuple[float, ...], ...] | None = None,
+                      draws: int = DRAWS) -> float:
     """The busiest expert-parallel rank's routed copies / the mean rank's, expected per micro-batch: ``tokens`` are
-    the tokens the whole ep group routes in one micro-batch (each sends ``topk`` copies)."""
+    the tokens the whole ep group routes in one micro-batch (each sends ``topk`` copies); ``shares``: the measured
+    histograms of ``histogram`` (simdist.spec.routing_histogram.RoutingHistogram.layers), one per MoE layer."""
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown routing distribution {distribution!r}")
     if distribution == "balanced" or ep == 1:
         return 1.0
-    return _imbalance(num_experts, ep, tokens * topk, skew if distribution == "zipf" else 0.0, draws)
+    copies = tokens * topk
+    if distribution == "histogram":
+        if not shares or any(len(layer) != num_experts for layer in shares):
+            raise ValueError(f"histogram routing needs shares of {num_experts} experts per layer")
+        return float(np.mean([_busiest(layer, ep, copies, False, draws) for layer in shares]))
+    skew = skew if distribution == "zipf" else 0.0
+    popularity = np.arange(1, num_experts + 1, dtype=float) ** -skew
+    popularity /= popularity.sum()
+    return _busiest(tuple(popularity.tolist()), ep, copies, skew != 0.0, draws)
 
 
 @lru_cache(maxsize=256)
-def _imbalance(num_experts: int, ep: int, copies: int, skew: float, draws: int) -> float:
+def _busiest(shares: tuple[float, ...], ep: int, copies: int, shuffle: bool, draws: int) -> float:
+    """E[max over ranks of a rank's copies] / (copies / ep), the copies drawn multinomially over the experts'
+    ``shares`` (summing to 1; ``shuffle``: the shares permuted over the experts at random in each draw)."""
     rng = np.random.default_rng(SEED)
-    popularity = np.arange(1, num_experts + 1, dtype=float) ** -skew
-    popularity /= popularity.sum()
-    per_rank = num_experts // ep
+    popularity = np.asarray(shares, dtype=float)
+    per_rank = len(shares) // ep
     busiest = np.empty(draws)
     for d in range(draws):
-        p = rng.permutation(popularity) if skew else popularity
+        p = rng.permutation(popularity) if shuffle else popularity
         loads = rng.multinomial(copies, p).reshape(ep, per_rank).sum(axis=1)
         busiest[d] = loads.max()
     return float(busiest.mean() / (copies / ep))

@@ -8,6 +8,7 @@ a field given in the file wins. The frameworks' own argument names are accepted 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -129,14 +130,19 @@ class TrainingSpec(Spec):
         default=1.0, ge=1.0, le=1024.0,
         description="routing imbalance: the busiest expert-parallel rank's routed tokens / the mean (1.0: "
                     "perfectly balanced); the busiest rank's extra tokens cost compute and all-to-all time")
-    moe_routing: Literal["balanced", "multinomial", "zipf"] | None = Field(
+    moe_routing: Literal["balanced", "multinomial", "zipf", "histogram"] | None = Field(
         default=None, description="routing load as a distribution instead of moe_imbalance (simdist.plan.moe_routing): "
                                   "balanced (force-balanced, Megatron-LM --moe-router-force-load-balancing), "
-                                  "multinomial (uniform experts, per-micro-batch fluctuation) or zipf (expert "
-                                  "popularity ~ rank^-moe_routing_skew); the busiest ep rank's expected load per "
-                                  "micro-batch becomes the imbalance")
+                                  "multinomial (uniform experts, per-micro-batch fluctuation), zipf (expert "
+                                  "popularity ~ rank^-moe_routing_skew) or histogram (each expert's share measured "
+                                  "in a run, moe_routing_file); the busiest ep rank's expected load per micro-batch "
+                                  "becomes the imbalance")
     moe_routing_skew: float = Field(
         default=1.0, ge=0.0, le=8.0, description="the Zipf exponent s of moe_routing: zipf (0: uniform)")
+    moe_routing_file: Path | None = Field(
+        default=None, description="moe_routing: histogram's measured tokens per expert, a CSV file relative to this "
+                                  "scenario: header 'expert,tokens' (or 'layer,expert,tokens', one histogram per MoE "
+                                  "layer), one row per expert (simdist.spec.routing_histogram)")
     moe_grouped_gemm: bool = Field(
         default=True, description="the local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm) instead of "
                                   "one GEMM per expert")
@@ -270,6 +276,12 @@ class TrainingSpec(Spec):
         if self.moe_routing_skew != 1.0 and self.moe_routing != "zipf":
             raise FieldProblem(("moe_routing_skew",), "moe_routing_skew is the exponent of moe_routing: zipf (fix: set "
                                                       "moe_routing: zipf, or drop moe_routing_skew)")
+        if (self.moe_routing == "histogram") != (self.moe_routing_file is not None):
+            if self.moe_routing_file is None:
+                raise FieldProblem(("moe_routing",), "moe_routing: histogram reads its shares from moe_routing_file "
+                                                     "(fix: give moe_routing_file: a CSV of tokens per expert)")
+            raise FieldProblem(("moe_routing_file",), "moe_routing_file is the histogram of moe_routing: histogram "
+                                                      "(fix: set moe_routing: histogram, or drop moe_routing_file)")
         return self
 
     @model_validator(mode="after")
