@@ -43,7 +43,8 @@ BRIDGE_MOE_TOLERANCE = 0.5
 HybridEP dispatch, CUDA graphs and fused routers simdist does not model; the bound says how far off it may be."""
 FULL = ["training.recompute=full", "parallel.sequence_parallel=false"]
 FSDP_FAMILY = "fsdp_family_published_runs"
-"""The PyTorch FSDP-family check set (IBM/Meta FSDP1 on A100 and H100, KempnerForge FSDP2 on H200)."""
+"""The PyTorch FSDP-family check set (IBM/Meta FSDP1 on A100 and H100, KempnerForge FSDP2 on H200, OLMo-core's FSDP2
+with torch.compile in BF16 and torchao float8 on H100)."""
 FSDP_FAMILY_TARGET = 0.15
 """Issue 30's goal for these rows; rows beyond it are flagged in the document (**!**)."""
 FSDP_FAMILY_BOUND = 0.35
@@ -135,9 +136,12 @@ def rows() -> list[Row]:
                 continue  # its note says why: a setting not published, or a run at the edge of memory
             gpus = int(r["num_gpus"])
             measured = int(r["global_batch_size"]) * int(r["seq_length"]) / (float(r["tokens_per_s_per_gpu"]) * gpus)
+            # the framework profile the row's scenario runs: FSDP1 (IBM/Meta) or torchtitan's FSDP2 (KempnerForge and
+            # OLMo-core, both torchtitan-style FSDP2 loops)
             framework = "fsdp" if r["framework"].startswith("PyTorch FSDP1") else "torchtitan"
+            tags = (" compiled" if r["compile"] == "yes" else "") + (" FP8" if "float8" in r["precision"] else "")
             out.append(Row(FSDP_FAMILY, f"{r['id']} {r['model'].split(' (')[0]} {gpus}x {r['gpu'].split('-')[0]} "
-                           f"{r['layout']}{' compiled' if r['compile'] == 'yes' else ''}", r["scenario"], (), measured,
+                           f"{r['layout']}{tags}", r["scenario"], (), measured,
                            f"{r['source'].split(' (')[0]} ({r['published_metric']})", framework,
                            "ampere" if r["gpu"].startswith("A100") else "hopper"))
     return out
@@ -198,7 +202,9 @@ def report(results: list[Result]) -> str:
         "graphs and fine-grained recompute simdist does not model, and their memory is reported, not required to "
         "fit. The PyTorch FSDP-family rows (`validation/reference/fsdp_family_published_runs.csv`: IBM and Meta's "
         "FSDP1 runs of the Llama 2 family on 128 A100 and 96 H100, eager and compiled; KempnerForge's FSDP2 + "
-        "DTensor TP runs on 1-360 H200) are predicted with the framework profiles `training.framework: fsdp` and "
+        "DTensor TP runs on 1-360 H200; OLMo-core's README throughput table of its training scripts, FSDP2 + "
+        "torch.compile in BF16 and torchao float8 on H100, taken at the scripts' default launch of one 8-GPU node) "
+        "are predicted with the framework profiles `training.framework: fsdp` and "
         "`torchtitan` (README, Frameworks); their goal is the issue's "
         f"{FSDP_FAMILY_TARGET:.0%} (rows beyond it flagged **!**), their test bound {FSDP_FAMILY_BOUND:.0%} guards "
         "against regressions, and their memory is reported, not required to fit (the eager activation memory of "
