@@ -89,9 +89,10 @@ def compute_bound_s(cfg: StepConfig) -> float:
     the closed form caches it), its sends, optimizer and dp stream left out.
 
     Every step recipe runs its chunk's compute on the one compute stream, from its first piece to its last, each
-    piece at least its share of these seconds (host gaps, interference taxes and a straggler's factor only add to
-    them; a split backward (zb_h1, zb_v, dualpipe, dualpipev) puts B and W both in the work), so a recipe's span is
-    at least its chunk's forward (F) or recompute + backward (B) seconds. Stage s then runs after micro-batch 0's
+    piece at least its share of these seconds times the GPUs' spread factor (StepConfig.gpu_variability; host gaps,
+    interference taxes and a straggler's larger factor only add to them; a split backward (zb_h1, zb_v, dualpipe,
+    dualpipev) puts B and W both in the work), so a recipe's span is at least that factor times its chunk's forward
+    (F) or recompute + backward (B) seconds. Stage s then runs after micro-batch 0's
     chunk-0 forwards of the stages before it (fill), M steps of each of its chunks (work; dualpipe's run M/2 each),
     and, but for a split backward, before the chunk-0 backwards of the stages before it drain (Narayanan et al.
     2021 sec 2.2.1's (M + K - 1)(t_f + t_b))."""
@@ -111,7 +112,8 @@ def compute_bound_s(cfg: StepConfig) -> float:
             f_b = seconds.get(chunk)
             if f_b is None:
                 cost = chunk_cost_entry(cfg, *chunk, config)[0]
-                f_b = seconds[chunk] = (cost.forward_s, cost.backward_s + cost.recompute_s)
+                slow = cfg.gpu_variability  # every stage's compute pieces at least this x (StepConfig.compute_factor)
+                f_b = seconds[chunk] = (cost.forward_s * slow, (cost.backward_s + cost.recompute_s) * slow)
             first, last = chunk_microbatches(cfg.schedule, c, M)  # (dualpipe's chunks run M/2 each)
             work += (last - first + 1) * (f_b[0] + f_b[1])
             if c == 0:

@@ -41,6 +41,7 @@ from simdist.analytic.timeline_kernel import GENERIC, SIMPLE, Packed, pack, pack
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account, partition_pieces
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
+from simdist.plan.pieces import SLOWED_KINDS, Piece
 from simdist.plan.recipe import DP_DONE, GROUP_AXES, LAST_BACKWARDS, PREV, send
 from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
 from simdist.plan.step_config import LayerKinds, StepConfig, layer_kinds
@@ -138,14 +139,18 @@ class _Stage:
     bound sums of them (simdist.analytic.bound)."""
 
 
-def _slowed(r: PricedPieces, factor: float) -> PricedPieces:
-    """``r`` on a straggler GPU: its kernels (compute, recompute, optimizer pieces) ``factor`` x as long, the same
-    pieces simdist.plan.step slows (SLOWED_KINDS; a zero-length wait stays zero)."""
-    return dataclasses.replace(r, durations=tuple(d * factor if c in _SLOWED else d
-                                                  for d, c in zip(r.durations, r.categories, strict=True)))
-
-
-_SLOWED = frozenset({"compute", "recompute", "optimizer"})
+def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
+    """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces simdist.plan.step slows
+    (SLOWED_KINDS); a tax piece (simdist.plan.interference) taxes the collectives beside the slowed compute, up to it:
+    share x min(their time, factor x its compute), as simdist.plan.step caps it."""
+    out = list(r.durations)
+    for j, p in enumerate(pieces):
+        slowed = p.comm is None and p.kind in SLOWED_KINDS
+        if p.tax_of:
+            out[j] = p.tax_share * min(sum(out[k] for k in p.tax_of), p.duration_s * (factor if slowed else 1.0))
+        elif slowed:
+            out[j] *= factor
+    return dataclasses.replace(r, durations=tuple(out))
 
 
 def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
@@ -153,7 +158,8 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
            shape: tuple | None = None) -> tuple[list, list, PricedPieces]:
     """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
     ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
-    ``groups``; ``factor``: the time factor of its compute (a straggler, StepConfig.compute_factor); ``config``:
+    ``groups``; ``factor``: the time factor of its compute (a straggler, the spread of GPU speeds:
+    StepConfig.compute_factor); ``config``:
     the `token` of `chunk_cost_key` and of `recipe_key` of ``cfg``, ``shape``: `CommPricer.shape_key` of
     ``groups``, if already computed."""
     kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
@@ -183,14 +189,28 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
                 r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
                 # a recipe's simple form depends on its priced pieces only: made once per priced recipe
                 code = recipe_code(c, kind, edge)
-                recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple, shape=shape,
-                                                            pieces_token=pieces_token)
-                if factor != 1.0:
-                    recipes[code] = _slowed(recipes[code], factor)  # type: ignore[arg-type]
-                    simple[code] = _simple(recipes[code])  # type: ignore[arg-type]
+                if factor == 1.0:
+                    recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple,
+                                                                shape=shape, pieces_token=pieces_token)
+                else:  # slowed once per (recipe, shape, factor): a search's layouts share one job size's factor
+                    recipes[code], simple[code] = pricer.memo(
+                        ("slowed", pieces_token, shape, factor),
+                        lambda r=r, pieces_token=pieces_token: _slowed_pair(pricer, r.pieces, r.end, groups, shape,
+                                                                            pieces_token, factor))
     t, pieces_token = tail_entry(cfg, tuple(costs), tuple(cost_tokens), config_)
-    priced_tail = pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape, pieces_token=pieces_token)[0]
-    return (recipes, simple, _slowed(priced_tail, factor) if factor != 1.0 else priced_tail)
+    if factor == 1.0:
+        return recipes, simple, pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape,
+                                              pieces_token=pieces_token)[0]
+    tail_key = ("slowed", pieces_token, shape, factor)
+    return recipes, simple, pricer.memo(tail_key, lambda: _slowed_pair(
+        pricer, t.pieces, len(t.pieces) - 1, groups, shape, pieces_token, factor, compile=False))[0]
+
+
+def _slowed_pair(pricer: CommPricer, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], shape: int,
+                 pieces_token: int, factor: float, compile: bool = True) -> tuple[PricedPieces, _Simple | None]:
+    """(``pieces`` priced on ``groups`` and `_slowed` by ``factor``, its simple form unless not ``compile``)."""
+    slow = _slowed(pricer.priced(pieces, end, groups, shape=shape, pieces_token=pieces_token)[0], factor, pieces)
+    return slow, _simple(slow) if compile else None
 
 
 _KINDS_CACHE: dict[tuple, tuple[LayerKinds, ...]] = {}
@@ -291,7 +311,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
     config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     out: list[_Stage] = []
     for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
-        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else 1.0
+        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
             *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None]))

@@ -21,7 +21,9 @@ Only kernels marked ``dtype="fp8"`` run at the fp8 rate: under ``precision: fp8`
 norms, the logits GEMM) is a bf16 kernel (Transformer Engine's FP8 recipes cast only the linear layers' GEMMs).
 
 The constants are data: ``data/compute_efficiency.csv`` (one row per GPU name and parameter, with a source
-and what it was fitted on). A GPU without rows of its own uses the ``default`` rows.
+and what it was fitted on). A GPU without rows of its own uses the ``default`` rows. Its ``reference_gpus`` rows say
+how many GPUs ran together in the measurements the constants reproduce (`reference_gpus`: the slowest of them set
+the pace; simdist.hardware.variability).
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ def compute_efficiency(gpu: GpuSpec) -> ComputeEfficiency:
     table = _table()
     own = table.get(gpu.name, {})
     return ComputeEfficiency(**{k: own.get(k, table["default"][k]) for k in _FIELDS})
+
+
+def reference_gpus(gpu: GpuSpec) -> int:
+    """GPUs that ran together in the measurements ``gpu``'s constants reproduce (the ``reference_gpus`` rows of
+    compute_efficiency.csv: 8 for the A100's, fitted on layer times under TP 8; 1, a typical GPU, by default)."""
+    table = _table()
+    return int(table.get(gpu.name, {}).get("reference_gpus", table["default"]["reference_gpus"]))
 
 
 def gemm_efficiency(eff: ComputeEfficiency, mnk: tuple[int, int, int] | None) -> float:

@@ -42,6 +42,7 @@ from simdist.hardware.gemm import BLACKWELL, architecture
 from simdist.hardware.gpus import gpu_preset
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.hardware.topology import Topology
+from simdist.hardware.variability import gpu_variability
 from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.execution import execution_of
 from simdist.plan.layer_split import LayerSplit, choose_split
@@ -313,6 +314,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         zero3_fetch=t.zero3_fetch, scatter_gather=p.scatter_gather,
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
         capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),
+        gpu_variability=gpu_variability(topology.gpu, topology.spec.gpu_speed_cv, mesh.num_ranks),
         layers_per_part=split.parts, split_method=split.method,
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=_moe_imbalance(spec, model), moe_capacity_factor=t.moe_expert_capacity_factor,

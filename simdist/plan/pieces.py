@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DP_DONE", "LAST_BACKWARDS", "PREV", "STREAM_OF_AXIS", "Builder", "CommItem", "Piece", "Recipe", "StageTail",
-           "stream_of"]
+__all__ = ["DP_DONE", "LAST_BACKWARDS", "PREV", "SLOWED_KINDS", "STREAM_OF_AXIS", "Builder", "CommItem", "Piece",
+           "Recipe", "StageTail", "stream_of"]
 
 PREV = -1
 """A dependency on the end of the stage's previous step (program order)."""
@@ -17,6 +17,9 @@ LAST_BACKWARDS = -2
 """(tail only) A dependency on the end of every chunk's last backward of the stage."""
 DP_DONE = -3
 """(tail only) A dependency on every data-parallel collective the stage issued before (the dp stream's last op)."""
+SLOWED_KINDS = frozenset({"forward", "backward", "weight_grad", "recompute", "optimizer"})
+"""Pieces a slower GPU runs slower (a straggler, the spread of GPU speeds: StepConfig.compute_factor): its kernels (not
+its waits, not its collectives, which the links time); both fidelities slow the same ones."""
 
 
 @dataclass(frozen=True, slots=True)

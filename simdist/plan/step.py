@@ -27,6 +27,7 @@ from simdist.plan.chunk_cost import ChunkCost, chunk_cost
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, stage_memory
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
+from simdist.plan.pieces import SLOWED_KINDS
 from simdist.plan.pipeline import build_pipeline
 from simdist.plan.recipe import (
     DP_DONE,
@@ -76,8 +77,6 @@ class StepPlan:
 
 
 # ----------------------------------------------------------------------------- graph
-SLOWED_KINDS = frozenset({"forward", "backward", "weight_grad", "recompute", "optimizer"})
-"""Pieces a straggler GPU runs slower: its kernels (not its waits, not its collectives, which the links time)."""
 
 
 _Row = tuple[str, Comm | None, int, bool, float, float]
@@ -296,7 +295,8 @@ class _Emitter:
                 deps += backwards
             ids.append(self._add(graph, stage, p, p.label, deps, -1, -1))
             if p.tax_of:
-                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of), p.tax_share, p.duration_s))
+                cap = p.duration_s * (self.factors.get(stage, 1.0) if p.kind in SLOWED_KINDS else 1.0)
+                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of), p.tax_share, cap))
 
 
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:

@@ -60,6 +60,10 @@ class StepConfig:
     compute_slowdown: tuple[tuple[int, float], ...] = ()
     """(rank, time factor) of straggler GPUs whose compute kernels take ``factor`` x as long (scenario
     ``faults.stragglers``); data-parallel replicas are then simulated one by one, as with ``dp_batch_split``."""
+    gpu_variability: float = 1.0
+    """Time factor of every compute piece of the step (forward, backward, weight gradient, recompute, optimizer: the
+    pieces a straggler slows) from the spread of the GPUs' speeds: the slowest of the job's GPUs sets the pace
+    (simdist.hardware.variability, cluster.gpu_speed_cv); 1: identical GPUs."""
     capacity_bytes: float = math.inf
     compute_efficiency: ComputeEfficiency | None = None
     """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
@@ -186,12 +190,14 @@ class StepConfig:
 
     def compute_factor(self, stage: int, dp_index: int) -> float:
         """Time factor of the compute kernels of the representative of ``stage`` in replica ``dp_index`` (1: every
-        GPU healthy): its slowest tensor/context-parallel peer's.
+        GPU healthy and alike): its slowest tensor/context-parallel peer's, at least `gpu_variability`.
 
         # Assumption: a straggler slows its whole tensor/context-parallel group: the peers meet at a collective
         # after every forward and backward compute of a chunk (simdist.plan.recipe), so each waits for the slowest.
+        # Assumption: a straggler's factor, stated against a typical GPU, replaces the spread of speeds'
+        # (`gpu_variability`) where it is larger: the group runs at the larger of the two, not their product.
         """
-        f = 1.0
+        f = self.gpu_variability
         for rank, x in self.compute_slowdown:
             c = self.mesh.coords(rank)
             if c["pp"] == stage and c["dp"] == dp_index:
@@ -199,8 +205,8 @@ class StepConfig:
         return f
 
     def rank_factor(self, rank: int) -> float:
-        """Time factor of the compute kernels of GPU ``rank`` itself (1: healthy)."""
-        return max([1.0, *(x for r, x in self.compute_slowdown if r == rank)])
+        """Time factor of the compute kernels of GPU ``rank`` itself (1: healthy, identical GPUs)."""
+        return max([self.gpu_variability, *(x for r, x in self.compute_slowdown if r == rank)])
 
     def microbatches(self, dp_index: int) -> int:
         if self.dp_batch_split is None:

@@ -26,6 +26,7 @@ from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
+from simdist.hardware.variability import variability_report
 from simdist.limits import check_step_work
 from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layer_split import layout_string
@@ -270,6 +271,9 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
                                 num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
                                 num_params=model.num_params, checkpoint=spec.faults.checkpoint)
+    spread = variability_report(topology.gpu, topology.spec.gpu_speed_cv, cfg.mesh.num_ranks)
+    if spread is not None:  # cluster.gpu_speed_cv: every compute piece x the factor (StepConfig.gpu_variability)
+        result["gpu_variability_factor"], result["gpu_variability"] = spread["factor"], spread
     faults = faults_report(cfg, spec.faults, topology, degraded, plan, trace, fidelity)
     if faults is not None:
         result["faults"] = faults

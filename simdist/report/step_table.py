@@ -34,6 +34,7 @@ __all__ = [
     "render_text",
     "split_line",
     "step_tables",
+    "variability_line",
 ]
 
 TEXT_WIDTH = 120
@@ -213,6 +214,20 @@ def placement_line(result: Mapping[str, Any]) -> str:
             f"({where.get('num_nodes')} node(s) x {where.get('gpus_per_node')} GPUs), {idle} GPUs idle")
 
 
+def variability_line(result: Mapping[str, Any]) -> str:
+    """The spread of the GPUs' speeds (cluster.gpu_speed_cv: simdist.hardware.variability), empty where they are
+    identical."""
+    v = result.get("gpu_variability")
+    if not v:
+        return ""
+    line = (f"GPU speed spread (gpu_speed_cv {v['gpu_speed_cv']:g}): the slowest of {v['num_gpus']} GPUs sets the "
+            f"pace, compute x {v['factor']:.4f}")
+    if v["reference_gpus"] > 1:
+        line += (f" ({v['slowest_of_job']:.4f} / {v['slowest_of_reference']:.4f}: the compute constants hold the "
+                 f"slowest of {v['reference_gpus']})")
+    return line
+
+
 def step_tables(result: Mapping[str, Any]) -> list[Table]:
     """Metrics, breakdown, memory per stage and busiest links (and collectives when the result lists any)."""
     tables = [metrics_table(result), breakdown_table(result), memory_table(result), links_table(result)]
@@ -255,6 +270,9 @@ def render_text(result: Mapping[str, Any]) -> str:
     for line in (placement_line(result), split_line(result)):
         if line:
             console.print(line, markup=False)
+    spread = variability_line(result)
+    if spread:
+        console.print(spread, markup=False, soft_wrap=True)  # one line, however long
     for table in step_tables(result):
         console.print(table)
     band = band_line(result.get("step_time_band_sources"))

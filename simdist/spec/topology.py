@@ -9,9 +9,9 @@ GPUs and NICs under the PCIe switches. GPUs of a node may also share a scale-up 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from simdist.limits import (
     CPU_SOCKETS,
@@ -37,6 +37,27 @@ FabricKind = Literal["infiniband", "roce", "ethernet"]
 FabricShape = Literal["fat_tree", "rail_optimized"]
 
 _EFFICIENCY = "achieved / nominal bandwidth in (0, 1]; default by link kind (simdist/hardware/link_defaults.py)"
+
+GPU_SPEED_CV_MAX = 0.2
+"""The largest ``gpu_speed_cv`` taken: about four times the spread Sinha et al. 2022 (arXiv:2208.11035v3) measured
+across whole clusters (22 % between a cluster's GPUs at most: cv 0.055; the SC22 abstract's 72 %: 0.18;
+simdist.hardware.variability), and the limit of a normal model of a speed, which at 0.2 already puts one GPU in
+10,000 near a quarter of the median's speed."""
+
+
+def _speed_cv(value: float) -> float:
+    if value < 0.0:
+        raise ValueError(f"{value:g} is negative: a spread of speeds is at least 0 (fix: write 0 for identical GPUs, "
+                         "or a fraction such as 0.02 for a 2 % spread)")
+    if value > GPU_SPEED_CV_MAX:
+        raise ValueError(f"{value:g} is above {GPU_SPEED_CV_MAX:g}, outside the normal model's range (measured "
+                         "clusters spread by 0.015-0.055) (fix: write a fraction, e.g. 0.02 for a 2 % spread; a "
+                         "few much slower GPUs are faults.stragglers)")
+    return value
+
+
+SpeedCv = Annotated[float, AfterValidator(_speed_cv),
+                    WithJsonSchema({"type": "number", "minimum": 0.0, "maximum": GPU_SPEED_CV_MAX})]
 
 
 class PcieSpec(Spec):
@@ -176,6 +197,16 @@ class TopologySpec(Spec):
         description="the GPUs' power cap in watts when set below the preset's tdp_w (nvidia-smi -pl), e.g. 500 for "
                     "power-capped H100 SXM: compute-bound kernels run at the clock the cap sustains "
                     "(simdist.hardware.clock)")
+    gpu_speed_cv: SpeedCv = Field(
+        default=0.0,
+        description="coefficient of variation (standard deviation / mean) of the sustained compute speed of the "
+                    "cluster's GPUs, 0 to 0.2; default 0: identical GPUs. A synchronous step waits for the slowest of "
+                    "the job's N GPUs, so every compute kernel takes 1 + cv x z(N) as long, z(N) the expected "
+                    "largest of N standard normals (2.3 for 64 GPUs, 4.0 for 16,384; over 1 + cv x z(8) on the "
+                    "A100, whose constants were fitted on 8 GPUs; simdist.hardware.variability). "
+                    "Guidance: Sinha et al. 2022 (SC22, arXiv:2208.11035) measured an average 8 % (at most 22 %) "
+                    "spread between the GPUs of one model across whole clusters; read as the range of 4 standard "
+                    "deviations, that is cv 0.02 (at most 0.055)")
     num_nodes: count(NUM_NODES) = Field(default=1, description="nodes in the cluster (a node is a server, or a rack "
                                                           "for gb200-nvl72)")
     gpus_per_node: count(GPUS_PER_NODE) = Field(description="GPUs per node")
