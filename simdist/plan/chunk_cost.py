@@ -106,14 +106,14 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
     if first_part and m.kind == "decoder":
         parts.append((embedding_work(m, style=ex.style, **kw), 1))
     if last_part:
-        parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, **kw), 1))
+        parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style, **kw), 1))
     mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
     if mtp:
         # DeepSeek-V3 sec. 2.2 / Megatron-LM: the MTP modules run on the last pipeline stage after the main model:
         # each an embedding lookup, its norms and projection, a layer built like the last one, the shared head.
         parts += [(layer(m.num_layers - 1), mtp), (mtp_work(m, **kw), mtp),
                   (embedding_work(m, style=ex.style, **kw), mtp),
-                  (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, **kw), mtp)]
+                  (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style, **kw), mtp)]
 
     host = cfg.host_overhead
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)

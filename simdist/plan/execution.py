@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from simdist.plan.elementwise import kernel_style
 
-__all__ = ["MEGATRON", "Execution", "execution_of"]
+__all__ = ["LOSS_COMPILED_WITH_MODEL", "MEGATRON", "Execution", "execution_of", "loss_compiled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,8 @@ class Execution:
     framework: str = "megatron_core"
     style: str = "fused"
     """fused | eager | compiled (simdist.plan.elementwise)."""
+    loss_style: str = "fused"
+    """The cross-entropy loss's style: compiled only where the framework compiles the loss (`loss_compiled`)."""
     cuda_graphs: bool = False
     """Kernels replayed from CUDA graphs: no host launch per kernel, the graph's gap between kernels."""
     optimizer: str = "fused"
@@ -51,6 +53,22 @@ class Execution:
 
 MEGATRON = Execution()
 
+LOSS_COMPILED_WITH_MODEL = frozenset({"torchtitan"})
+"""Frameworks whose torch.compile covers the loss as well as the model unless told otherwise: torchtitan's
+compile.components defaults to ["model", "loss"] (pytorch/torchtitan PR #1608, 2025-08-20; @ 29624e37
+torchtitan/config/job_config.py, Compile). Elsewhere the loss runs outside the compiled model: KempnerForge calls
+F.cross_entropy on the compiled model's logits (KempnerInstitute/KempnerForge scripts/train.py: model =
+torch.compile(model); kempnerforge/training/loss.py), OLMo-core compiles each block (allenai/OLMo-core
+TransformerTrainModule compile_model), fms-fsdp and plain FSDP loops compile the model and call the loss after it."""
+
+
+def loss_compiled(training) -> bool:
+    """Whether the step's cross-entropy runs compiled: training.compile_loss, else the framework's way
+    (`LOSS_COMPILED_WITH_MODEL`: with the model's compile)."""
+    if training.compile_loss is not None:
+        return bool(training.compile_loss)
+    return bool(training.compile) and training.framework in LOSS_COMPILED_WITH_MODEL
+
 
 def execution_of(spec, pp: int) -> Execution:
     """The `Execution` of a validated ScenarioSpec (``pp``: its pipeline stages)."""
@@ -63,7 +81,8 @@ def execution_of(spec, pp: int) -> Execution:
     grad_sync = "step" if pipelined_fsdp else "microbatch"
     reshard = p.reshard_after_forward and not pipelined_fsdp
     return Execution(
-        framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile), cuda_graphs=t.cuda_graphs,
+        framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile),
+        loss_style=kernel_style(t.kernel_fusion, loss_compiled(t)), cuda_graphs=t.cuda_graphs,
         optimizer=t.optimizer_implementation, loss_fusion=t.cross_entropy_loss_fusion, fsdp_version=t.fsdp_version,
         reshard_after_forward=reshard, backward_prefetch=t.backward_prefetch, grad_sync=grad_sync,
         recompute_modules=tuple(t.recompute_modules or ("core_attn",)), recompute_method=t.recompute_method,

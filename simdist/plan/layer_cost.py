@@ -312,12 +312,17 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
 
 def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
               micro_batch_size: int = 1, precision: str = "bf16", style: str = "fused",
-              loss_fusion: bool = False) -> Work:
+              loss_fusion: bool = False, loss_style: str | None = None) -> Work:
     """Final norm + logits GEMM + vocab-parallel softmax cross-entropy (decoder); squared-mean loss (mlp).
 
-    ``style``: the loss's kernels as the framework runs them (simdist.plan.elementwise: fused is Megatron-LM's
-    vocab-parallel loss, eager the fp32 upcast, log_softmax and nll_loss of torch.nn.functional.cross_entropy,
-    compiled Inductor's fused reduction); ``loss_fusion``: one fused softmax cross-entropy kernel per pass."""
+    ``style``: the final norm's kernels as the framework runs them (simdist.plan.elementwise); ``loss_style``: the
+    loss's (None: ``style``; fused is Megatron-LM's vocab-parallel loss, eager the fp32 upcast, log_softmax and
+    nll_loss of torch.nn.functional.cross_entropy, compiled Inductor's fused reduction: the loss is compiled only
+    where the framework compiles it, simdist.plan.execution.Execution.loss_style); ``loss_fusion``: one fused softmax
+    cross-entropy kernel per pass.
+    # Assumption: the final norm runs in the blocks' style (torchtitan and OLMo-core compile each block and leave
+    # the final norm eager; one norm over the tokens is a few hundred microseconds either way)."""
+    loss_style = style if loss_style is None else loss_style
     bpe = bytes_per_element(precision)
     b = micro_batch_size
     h = model.hidden_size
@@ -329,11 +334,11 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
     resid = m * h // tp if sequence_parallel else m * h
     norm = "rmsnorm" if model.swiglu else "layernorm"
     loss = "fused_cross_entropy" if loss_fusion else "cross_entropy"
-    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_l, bpe, style)]
+    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_l, bpe, loss_style)]
     dgrad, wgrad = gemm_grads("logits", m, v_l, h, bpe)
-    bwd = [*ew(f"{loss}_grad", m * v_l, bpe, style), dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
+    bwd = [*ew(f"{loss}_grad", m * v_l, bpe, loss_style), dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
     at_logits = len(ew(norm, 1.0, bpe, style)) + 1  # the forward's kernels up to the logits GEMM
-    at_dgrad = len(ew(f"{loss}_grad", 1.0, bpe, style)) + 1  # the backward's up to the input-gradient GEMM
+    at_dgrad = len(ew(f"{loss}_grad", 1.0, bpe, loss_style)) + 1  # the backward's up to the input-gradient GEMM
     comm: list[CommWork] = []
     if tp > 1:
         full = float(m * h * bpe)

@@ -207,6 +207,12 @@ class TrainingSpec(Spec):
         description="torch.compile of each block (torchtitan compile, Composer compile_config): Inductor fuses each "
                     "chain of element-wise and reduction ops between two GEMM or attention kernels into one kernel "
                     "(simdist.plan.elementwise); GEMMs and attention unchanged (alias torch_compile)")
+    compile_loss: bool | None = Field(
+        default=None,
+        description="torch.compile of the cross-entropy loss (torchtitan --compile.components loss): Inductor fuses "
+                    "its upcast, softmax and gradient; false: the loss runs eagerly after the compiled model "
+                    "(KempnerForge, OLMo-core, fms-fsdp, torchtitan before 2025-08); null: the framework's way, "
+                    "compiled with the model in torchtitan, eager elsewhere (simdist.plan.execution)")
     cuda_graphs: bool = Field(
         default=False, validation_alias=alias("cuda_graphs", "enable_cuda_graph"),
         description="the step's kernels replayed from CUDA graphs (Megatron-LM --enable-cuda-graph, torch.compile "
