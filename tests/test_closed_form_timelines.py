@@ -1,4 +1,4 @@
-"""The closed form's timelines for the fast-forward plan (simdist.analytic.step._Timelines, program.step_groups).
+"""The closed form's timelines for the fast-forward plan (simdist.analytic.timeline._Timelines, program.step_groups).
 
 A timeline records each step's start by its index in the program and groups them once at the end; the candidate
 samples are timed without recording starts; a step too short to fast-forward is never priced. Each must give what
@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 
 from simdist import api
-from simdist.analytic import step as closed
+from simdist.analytic import timeline as closed
 from simdist.analytic.program import program, step_groups
-from simdist.analytic.step import CommPricer, fast_forward_plan
+from simdist.analytic.stages import _stages
+from simdist.analytic.step import CommPricer, _plan, fast_forward_plan
 from simdist.plan import fastforward
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
@@ -52,7 +53,7 @@ def test_fast_timeline_starts_equal_the_generic_timelines(schedule, vpp):
     # _timeline (step by step, its starts recorded as it goes) and the compiled timeline (starts by program index,
     # grouped at the end) on the same stages: the same starts, exactly, and the same step
     cfg, topology = _cfg(schedule, vpp, 12)
-    stages = closed._stages(cfg, CommPricer(topology))
+    stages = _stages(cfg, CommPricer(topology))
     assert closed._fast(stages)
     fast_starts: dict = {}
     generic_starts: dict = {}
@@ -70,7 +71,7 @@ def test_fast_timeline_starts_equal_the_generic_timelines(schedule, vpp):
 def test_plan_with_step_of_is_the_plan_of_timelines_alone(schedule, vpp, microbatches):
     # the candidate samples timed without starts (step_of) give the plan that timing them with starts gives
     cfg, topology = _cfg(schedule, vpp, microbatches)
-    timelines = closed._Timelines(cfg, closed._stages(cfg, CommPricer(topology)))
+    timelines = closed._Timelines(cfg, _stages(cfg, CommPricer(topology)))
     M = cfg.microbatches(0)
     with_starts = fastforward.plan(cfg.schedule, cfg.mesh.pp, M, timelines.timeline, vpp=vpp)
     without = fastforward.plan(cfg.schedule, cfg.mesh.pp, M, timelines.timeline, vpp=vpp,
@@ -87,13 +88,13 @@ def test_a_step_too_short_to_fast_forward_is_not_priced():
     def refuse():
         raise AssertionError("stages priced for a step that is not fast-forwarded")
 
-    assert closed._plan(cfg, refuse, True) is None
+    assert _plan(cfg, refuse, True) is None
     pricer = CommPricer(topology)
     assert fast_forward_plan(cfg, pricer, for_engine=True) is None
     assert pricer.misses == 0 and not pricer._memo
     # a long one prices its stages once, on the first timeline
     calls = []
     cfg, topology = _cfg("1f1b", 1, 192)
-    stages = closed._stages(cfg, CommPricer(topology))
-    assert closed._plan(cfg, lambda: calls.append(1) or stages, True) is not None
+    stages = _stages(cfg, CommPricer(topology))
+    assert _plan(cfg, lambda: calls.append(1) or stages, True) is not None
     assert calls == [1]

@@ -8,8 +8,10 @@ import pytest
 
 from simdist import api
 from simdist.analytic.bound import lower_bound_s
-from simdist.analytic.step import CommPricer, _fast, _stages, analytic_observables, analytic_step
+from simdist.analytic.stages import _stages
+from simdist.analytic.step import CommPricer, analytic_observables, analytic_step
 from simdist.analytic.step_batch import _batch_step_s
+from simdist.analytic.timeline import _fast
 from simdist.engine.uncontended import uncontended
 from simdist.plan.layout import LayoutRuleError, step_config_of
 from simdist.plan.model_presets import resolve_model

@@ -1,6 +1,6 @@
 """The compiled closed form (simdist.analytic.timeline_kernel, simdist.plan.accounting_kernel) against its oracle.
 
-The oracle is the step-by-step timeline (simdist.analytic.step._timeline: every piece of every step run on its
+The oracle is the step-by-step timeline (simdist.analytic.timeline._timeline: every piece of every step run on its
 streams) and simdist.plan.accounting's numpy sweep. On any layout whose steps the compiled recurrence may time
 (`_fast`), both give every additive quantity of the step (step time, phase, seconds per category, bubble, idle,
 FLOPs) to 1e-9 of the step time; the breakdown sweep alone gives accounting's answer on any intervals.
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simdist.analytic import step as closed
-from simdist.analytic.step import CommPricer
+from simdist.analytic import timeline as closed
+from simdist.analytic.stages import _stages
+from simdist.analytic.step import CommPricer, _num_microbatches
 from simdist.plan.accounting import CATEGORIES, BlockSummary, account
 from simdist.plan.accounting_kernel import BUBBLE, IDLE, account_stages
 from tests.test_analytic_step import _agree, _config, layouts
@@ -36,10 +37,10 @@ def test_compiled_closed_form_is_the_step_by_step_timeline(x):
     if found is None:
         return
     cfg, topology = found
-    stages = closed._stages(cfg, CommPricer(topology))
+    stages = _stages(cfg, CommPricer(topology))
     if not closed._fast(stages):
         return
-    m = closed._num_microbatches(cfg)
+    m = _num_microbatches(cfg)
     _agree(_oracle(cfg, stages, m), closed._observables(cfg, stages, m, closed._pack(stages)), 1e-9)
 
 
@@ -52,7 +53,7 @@ def test_overlapped_parameter_gathers_run_their_first_forwards_piece_by_piece_an
                      "sp": True, "per_parameter": True, "param_overlap": True})
     assert found is not None
     cfg, topology = found
-    stages = closed._stages(cfg, CommPricer(topology))
+    stages = _stages(cfg, CommPricer(topology))
     assert closed._fast(stages)
     packed = closed._pack(stages)
     assert (packed.kind == 2).any()  # GENERIC: some step runs piece by piece
@@ -66,7 +67,7 @@ def test_alike_stages_share_one_unit():
                      "sp": False, "per_parameter": False})
     assert found is not None
     cfg, topology = found
-    packed = closed._pack(closed._stages(cfg, CommPricer(topology)))
+    packed = closed._pack(_stages(cfg, CommPricer(topology)))
     assert len(packed.slot) == 4
     assert packed.kind.shape[0] < 4
     assert packed.slot[1] == packed.slot[2]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from simdist.analytic.pricing import NUM_CORE
-from simdist.analytic.step import _Stage
+from simdist.analytic.stages import _Stage
 
 __all__: list[str] = []
 
@@ -28,7 +28,7 @@ class _Batch:
         self.tails: list[tuple] = []
         rows: dict[tuple, list[tuple | None]] = {}
         for s, st in enumerate(first):
-            # alike stages share their priced recipes in every copy (simdist.analytic.step._stages): one row for them
+            # alike stages share their priced recipes in every copy (simdist.analytic.stages._stages): one row for them
             key = tuple(id(c[s].simple) for c in copies) + tuple(id(c[s].recipes) for c in copies)
             row = rows.get(key)
             if row is None:
@@ -59,7 +59,7 @@ def _row(copies: list[list[_Stage]], s: int) -> list[tuple | None]:
             if r is None:
                 row.append(None)
                 continue
-            # a chunk's first forward run piece by piece (simdist.analytic.step._fast): its pieces' shape
+            # a chunk's first forward run piece by piece (simdist.analytic.timeline._fast): its pieces' shape
             # is every copy's, their durations one row per piece
             rs = [c[s].recipes[code] for c in copies]
             if any(x is None or x.streams != r.streams or x.deps != r.deps or x.needs_input != r.needs_input

@@ -14,7 +14,8 @@ from functools import lru_cache
 
 from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces, chunk_cost_entry, chunk_cost_key, token
 from simdist.analytic.program import KIND_INDEX, recipe_code
-from simdist.analytic.step import _DP, _num_microbatches, _part_kinds, _Stage, _stages
+from simdist.analytic.stages import _DP, _part_kinds, _Stage, _stages
+from simdist.analytic.step import _num_microbatches
 from simdist.plan.recipe import is_edge
 from simdist.plan.schedule import SPLIT_BACKWARD, chunk_microbatches, schedule_order
 from simdist.plan.step_config import StepConfig

@@ -2,7 +2,7 @@
 
 The prediction band (simdist.predict.bands) times the same step under 32 sets of perturbed costs. Every copy runs
 the same program (the same schedule, stages, recipes and dependencies); only the durations differ. So the
-max-plus recurrence of simdist.analytic.step's `_timeline_fast` is run once with a vector of times per stream, one
+max-plus recurrence of simdist.analytic.timeline's `_timeline_fast` is run once with a vector of times per stream, one
 entry per copy: each step is the same few additions and maxima, done on the whole batch, which costs about as much
 as timing one copy in Python (a chunk's first forward with its parameter gathers, which the closed form runs piece by
 piece, is run piece by piece here too, on the batch). Only the step time is computed (no intervals, no accounting).
@@ -31,17 +31,9 @@ import numpy as np
 from simdist.analytic.batch_tables import _Batch, _Mismatch
 from simdist.analytic.pricing import NUM_CORE, Adjust, CommPricer
 from simdist.analytic.program import KIND_INDEX, program, step_groups
-from simdist.analytic.step import (
-    _DP,
-    _PP,
-    _fast,
-    _geometry,
-    _num_microbatches,
-    _Stage,
-    _stages,
-    analytic_observables,
-    fast_forward_plan,
-)
+from simdist.analytic.stages import _DP, _PP, _geometry, _Stage, _stages
+from simdist.analytic.step import _num_microbatches, analytic_observables, fast_forward_plan
+from simdist.analytic.timeline import _fast
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
@@ -177,7 +169,7 @@ def _step_alone(batch: _Batch, i: int, s: int, code: int, up: int, down: bool, b
     recv = OUT[up].copy() if up < len(OUT) - 1 else None
     if recv is not None:
         t0 = maximum(t0, recv)
-    if len(entry) == 6:  # piece by piece (simdist.analytic.step._run_pieces)
+    if len(entry) == 6:  # piece by piece (simdist.analytic.timeline._run_pieces)
         if T0 is not None:
             T0[i] = t0
         streams, deps, needs_input, last, durations, _ = entry
@@ -218,7 +210,7 @@ def _step_alone(batch: _Batch, i: int, s: int, code: int, up: int, down: bool, b
 
 def _tails(batch: _Batch, step: np.ndarray, F: np.ndarray, FDP: np.ndarray, FPP: np.ndarray, LB: np.ndarray
            ) -> np.ndarray:
-    """``step`` (the latest step end) extended by each stage's tail (simdist.analytic.step._run_tail)."""
+    """``step`` (the latest step end) extended by each stage's tail (simdist.analytic.timeline._run_tail)."""
     maximum = np.maximum
     for s in range(batch.num_stages):
         streams, deps, durations = batch.tails[s]
@@ -235,7 +227,7 @@ def _run_streams(streams: Sequence[int], deps: Sequence[Sequence[int]], duration
     """Run pieces one by one on vectors (one entry per copy): each when its stream is free (``free``, advanced in
     place) and its dependencies are done: earlier pieces, and the special ones of simdist.plan.recipe: the stage's
     previous step (PREV: ``prev``), its last backwards (LAST_BACKWARDS) and the dp stream (DP_DONE); piece
-    ``needs_input`` also waits for the input (``recv``). A step's pieces (simdist.analytic.step._run_pieces) and a
+    ``needs_input`` also waits for the input (``recv``). A step's pieces (simdist.analytic.timeline._run_pieces) and a
     stage's tail (``_run_tail``) alike. Returns each piece's end."""
     maximum = np.maximum
     ends: list[np.ndarray] = []

@@ -4,8 +4,8 @@ arrays (numba; the README says why a JIT and not numpy).
 Each step of a schedule's program depends on the one before it on its stage and on its upstream step: a
 max-plus recurrence that numpy cannot vectorise (every step reads what the previous one wrote) and that costs
 3-5 us per step in Python, or 12-20 ms for one configuration of a layout search. Compiled, a step costs tens of
-nanoseconds. The rule is simdist.analytic.step's (the engine's execution rule with nothing contending), stated
-once here for the steps whose core streams are free when they start (`simdist.analytic.step._fast`):
+nanoseconds. The rule is simdist.analytic.timeline's (the engine's execution rule with nothing contending), stated
+once here for the steps whose core streams are free when they start (`simdist.analytic.timeline._fast`):
 
 - a *simple* step (a recipe whose core pieces follow each other without a gap: `_Simple`) costs one addition:
   it starts when its stage's previous step, its compute stream and its input are done, after any parameter
@@ -18,7 +18,7 @@ once here for the steps whose core streams are free when they start (`simdist.an
 `pack` lays a configuration's stages out as arrays once; `run_program` times a program over them (the compiled
 loop: simdist.analytic.timeline_jit, loaded on first use) and returns every interval that the accounting
 (simdist.plan.accounting_kernel) needs. tests/test_timeline_kernel.py checks
-it against the step-by-step timeline (`simdist.analytic.step._timeline`), the oracle.
+it against the step-by-step timeline (`simdist.analytic.timeline._timeline`), the oracle.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Unit:
 
 
 def pack_stage(recipes: list, simple: list, tail: object) -> Unit:
-    """A stage's priced recipes (by recipe code), their simple forms (simdist.analytic.step._Simple; None: timed
+    """A stage's priced recipes (by recipe code), their simple forms (simdist.analytic.stages._Simple; None: timed
     piece by piece, or no such recipe) and its priced tail, as a `Unit`."""
     C = len(simple)
     kind = np.zeros(C, dtype=np.int8)

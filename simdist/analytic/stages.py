@@ -1,0 +1,304 @@
+"""The closed form's stages: each pipeline stage's recipes priced into pieces (docs/architecture.md).
+
+The closed-form step (simdist.analytic.step) reads the one step model (simdist.plan.recipe) the op-graph builder
+reads. Here each stage's recipes (its chunks' steps and its tail) are priced, their collectives alone by group shape
+(simdist.analytic.pricing.CommPricer), on the groups where the stage sits on the mesh (`_geometry`), its compute
+slowed where its GPU is slower (`_slowed`); a recipe whose core pieces run as one gapless block gets its simple form
+(`_Simple`), and alike stages share their priced recipes (`_stages`). simdist.analytic.timeline times them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from simdist.analytic.pricing import (
+    NUM_CORE,
+    CommPricer,
+    PricedPieces,
+    Shape,
+    chunk_cost_entry,
+    chunk_cost_key,
+    recipe_entry,
+    recipe_key,
+    tail_entry,
+    token,
+)
+from simdist.analytic.program import KIND_INDEX, recipe_code
+from simdist.plan.accounting import Interval, partition_pieces
+from simdist.plan.pieces import SLOWED_KINDS, Piece
+from simdist.plan.recipe import GROUP_AXES, PREV, send
+from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
+from simdist.plan.step_config import LayerKinds, StepConfig, layer_kinds
+
+_PP = 5  # STREAMS indices of the pp and dp streams (simdist.analytic.pricing)
+_DP = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Simple:
+    """A recipe whose pieces on the compute, tp and cp streams, started with those streams free, follow each other
+    without a gap from its first piece (the step's input) to its end: their timeline relative to its start is
+    fixed, so the step costs one addition and is accounted as a `Block`. Pieces on the dp stream run around it:
+    ``ahead`` ones the first piece waits for (ZeRO-3's prefetched parameter gathers, issued with nothing to wait
+    for), ``behind`` ones that only wait for it (ZeRO-2/3 reduce-scatters, overlapped gradient buckets)."""
+
+    duration_s: float
+    frees: tuple[float, float, float, float]
+    """When the compute, tp, cp and ep streams are free again, relative to the start (-1: not used)."""
+    parts: dict[str, float]
+    ahead: tuple[tuple[float, str, bool], ...]
+    """dp pieces issued ahead: (duration, category, pipeline work), in program order."""
+    behind: tuple[tuple[float, float, str, bool], ...]
+    """dp pieces behind: (ready relative to the start, duration, category, pipeline work), in program order."""
+    model_flops: float
+    hardware_flops: float
+
+
+def _simple(r: PricedPieces) -> _Simple | None:
+    streams = r.streams
+    dp = [j for j, code in enumerate(streams) if code >= NUM_CORE]
+    if any(streams[j] != _DP for j in dp):
+        return None
+    ahead = [j for j in dp if not r.deps[j]]
+    behind = [j for j in dp if r.deps[j]]
+    core = [j for j, code in enumerate(streams) if code < NUM_CORE]
+    if not core or r.needs_input != core[0] or r.end not in core:
+        return None
+    entry = core[0]
+    if PREV not in r.deps[entry] or any(d >= 0 and d not in ahead for d in r.deps[entry]):
+        return None  # the first piece waits for the previous step and (only) the gathers issued ahead
+    if any(PREV in r.deps[j] or any(x < 0 or x not in core for x in r.deps[j]) for j in core[1:]):
+        return None  # a later core piece waits for the previous step again, or for a dp piece
+    if any(any(x < 0 or x not in core for x in r.deps[j]) for j in behind):
+        return None  # a dp piece waits for another dp piece
+    if any(j > entry for j in ahead) or any(j in r.deps[k] for j in ahead for k in core[1:]):
+        return None
+    free = [0.0] * NUM_CORE
+    ends: dict[int, float] = {}
+    used = [False] * NUM_CORE
+    intervals: list[Interval] = []
+    for j in core:
+        code = streams[j]
+        t = max([free[code], *(ends[d] for d in r.deps[j] if d >= 0 and d in ends)])
+        e = t + r.durations[j]
+        free[code] = e
+        used[code] = True
+        ends[j] = e
+        intervals.append((t, e, r.categories[j], r.work[j]))
+    duration = ends[r.end]
+    if max(ends.values()) > duration:
+        return None
+    # gapless: the work pieces cover [0, duration]
+    covered = 0.0
+    for t, e, _, work in sorted(intervals):
+        if work:
+            if t > covered:
+                return None
+            covered = max(covered, e)
+    if covered < duration:
+        return None
+    frees = tuple(free[k] if used[k] else -1.0 for k in range(NUM_CORE))
+    return _Simple(duration, frees, partition_pieces(intervals, duration),  # type: ignore[arg-type]
+                   tuple((r.durations[j], r.categories[j], r.work[j]) for j in ahead),
+                   tuple((max(ends[d] for d in r.deps[j]), r.durations[j], r.categories[j], r.work[j])
+                         for j in behind),
+                   r.model_flops, r.hardware_flops)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """A stage's priced recipes (by simdist.analytic.program.recipe_code), send times and tail."""
+
+    recipes: list[PricedPieces | None]
+    simple: list[_Simple | None]
+    sends: list[float]
+    """By chunk * 3 + kind index: seconds of the send to the neighbouring stage."""
+    tail: PricedPieces
+    unit: list | None = None
+    """A box shared by alike stages (with their priced recipes), filled by the first reader that needs it: [0]
+    ``recipes``, ``simple`` and ``tail`` as arrays (`Unit`: the compiled timeline), [1] what the search's lower
+    bound sums of them (simdist.analytic.bound)."""
+
+
+def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
+    """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces simdist.plan.step slows
+    (SLOWED_KINDS); a tax piece (simdist.plan.interference) taxes the collectives beside the slowed compute, up to it:
+    share x min(their time, factor x its compute), as simdist.plan.step caps it."""
+    out = list(r.durations)
+    for j, p in enumerate(pieces):
+        slowed = p.comm is None and p.kind in SLOWED_KINDS
+        if p.tax_of:
+            out[j] = p.tax_share * min(sum(out[k] for k in p.tax_of), p.duration_s * (factor if slowed else 1.0))
+        elif slowed:
+            out[j] *= factor
+    return dataclasses.replace(r, durations=tuple(out))
+
+
+def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
+           groups: dict[str, Shape], factor: float = 1.0, config: tuple[int, int] | None = None,
+           shape: tuple | None = None) -> tuple[list, list, PricedPieces]:
+    """(priced recipes by recipe_code, their simple forms, the priced tail) of a stage whose chunks hold
+    ``chunks`` (layers as StepConfig.part_layers, first model part, last model part) on the mesh groups
+    ``groups``; ``factor``: the time factor of its compute (a straggler, the spread of GPU speeds:
+    StepConfig.compute_factor); ``config``:
+    the `token` of `chunk_cost_key` and of `recipe_key` of ``cfg``, ``shape``: `CommPricer.shape_key` of
+    ``groups``, if already computed."""
+    kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
+    cost_config, config_ = config if config is not None else (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
+    # the groups' shape as one number for the priced-recipe lookups below (dozens per stage; hashing the shape's
+    # nested tuples each time cost more than the lookups)
+    shape = token(("shape", pricer.shape_key(groups) if shape is None else shape))
+    costs = []
+    cost_tokens = []
+    recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
+    simple: list[_Simple | None] = [None] * (len(chunks) * 6)
+    seen: dict[tuple[LayerKinds, bool, bool], int] = {}
+    for c, chunk in enumerate(chunks):
+        n, first, last_part = chunk
+        cost, cost_token = chunk_cost_entry(cfg, n, first, last_part, cost_config)
+        costs.append(cost)
+        cost_tokens.append(cost_token)
+        same = seen.setdefault(chunk, c)
+        if same != c:  # an interleaved stage's chunks of the same layers: the same priced recipes (same keys)
+            for kind in kinds:
+                for edge in (False, True):
+                    code, code_ = recipe_code(c, kind, edge), recipe_code(same, kind, edge)
+                    recipes[code], simple[code] = recipes[code_], simple[code_]
+            continue
+        for kind in kinds:
+            for edge in (False, True):
+                r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
+                # a recipe's simple form depends on its priced pieces only: made once per priced recipe
+                code = recipe_code(c, kind, edge)
+                if factor == 1.0:
+                    recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple,
+                                                                shape=shape, pieces_token=pieces_token)
+                else:  # slowed once per (recipe, shape, factor): a search's layouts share one job size's factor
+                    recipes[code], simple[code] = pricer.memo(
+                        ("slowed", pieces_token, shape, factor),
+                        lambda r=r, pieces_token=pieces_token: _slowed_pair(pricer, r.pieces, r.end, groups, shape,
+                                                                            pieces_token, factor))
+    t, pieces_token = tail_entry(cfg, tuple(costs), tuple(cost_tokens), config_)
+    if factor == 1.0:
+        return recipes, simple, pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape,
+                                              pieces_token=pieces_token)[0]
+    tail_key = ("slowed", pieces_token, shape, factor)
+    return recipes, simple, pricer.memo(tail_key, lambda: _slowed_pair(
+        pricer, t.pieces, len(t.pieces) - 1, groups, shape, pieces_token, factor, compile=False))[0]
+
+
+def _slowed_pair(pricer: CommPricer, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], shape: int,
+                 pieces_token: int, factor: float, compile: bool = True) -> tuple[PricedPieces, _Simple | None]:
+    """(``pieces`` priced on ``groups`` and `_slowed` by ``factor``, its simple form unless not ``compile``)."""
+    slow = _slowed(pricer.priced(pieces, end, groups, shape=shape, pieces_token=pieces_token)[0], factor, pieces)
+    return slow, _simple(slow) if compile else None
+
+
+_KINDS_CACHE: dict[tuple, tuple[LayerKinds, ...]] = {}
+
+
+def _part_kinds(cfg: StepConfig) -> tuple[LayerKinds, ...]:
+    """`StepConfig.part_layers` of every model part, in model order, cached by what decides them (a search and the
+    step bands time many configurations of one split)."""
+    key = (cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.mesh.pp, cfg.vpp, cfg.schedule)
+    hit = _KINDS_CACHE.get(key)
+    if hit is None:
+        if len(_KINDS_CACHE) >= 4096:
+            _KINDS_CACHE.clear()
+        firsts, counts = cfg.part_first_layers(), cfg.model_parts()
+        hit = _KINDS_CACHE[key] = tuple(layer_kinds(cfg.model, f, n) for f, n in zip(firsts, counts, strict=True))
+    return hit
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """Where a stage sits, as far as its prices go: what `_stages` reads off the mesh, the same for every copy of a
+    step whose costs differ (simdist.analytic.step_batch)."""
+
+    rank: int
+    groups: dict[str, Shape]
+    shape: tuple
+    """`CommPricer.shape_key` of ``groups``."""
+    chunks: tuple[tuple[LayerKinds, bool, bool], ...]
+    sends: tuple[tuple[int, tuple | None], ...]
+    """(chunk * 3 + kind index, `CommPricer.key` of the send) of each send to a neighbouring stage."""
+    key: int
+    """`token` of (``chunks``, ``shape``): what of the stage decides its priced recipes, for the memo's key."""
+
+
+def _geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
+    """Where each stage sits (see `_Geometry`), memoised by what decides it: the mesh, the layer split and the
+    send's bytes (a search's layouts share their mesh across micro-batch sizes, recompute and ZeRO stages). The
+    placement part (groups, shapes, chunks, send pairs: `_find_geometry`) is memoised without the bytes, so the
+    layouts of one mesh and split that send different bytes (micro-batch sizes) find it once."""
+    p2p = send(cfg)
+    key = ("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp, _placement(cfg),
+           p2p.op, p2p.nbytes)
+    return pricer.memo(key, lambda: _sized_geometry(cfg, pricer, p2p.op, p2p.nbytes))
+
+
+def _sized_geometry(cfg: StepConfig, pricer: CommPricer, op: str, nbytes: float) -> list[_Geometry]:
+    placed = pricer.memo(("geometry", cfg.mesh, cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.vpp,
+                          _placement(cfg)), lambda: _find_geometry(cfg, pricer))
+    return [dataclasses.replace(g, sends=tuple(
+        (index, pricer.key(op, pair, nbytes) if nbytes > 0 else None)  # the key `CommPricer.time_s` prices
+        for index, pair in g.sends)) for g in placed]
+
+
+def _placement(cfg: StepConfig) -> str:
+    """What places the model parts on the stages, for the geometry memo's key: Megatron's interleaving, or the
+    schedule's own placement (simdist.plan.schedule.model_part)."""
+    return cfg.schedule if cfg.schedule in TWO_CHUNK_SCHEDULES else ""
+
+
+def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
+    """`_geometry` without the send's bytes: each send as its (index, pair of ranks)."""
+    mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.chunks
+    kinds = _part_kinds(cfg)
+    num_parts = cfg.num_parts
+    # (size, stride or offsets) of every group axis: the same for every stage, whose groups differ in their first rank
+    # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
+    shapes = {axis: mesh.shape(axis) for axis in GROUP_AXES if axis != "pp"}
+    stage_ranks = [mesh.rank(pp=s) for s in range(K)]
+    out = []
+    for s in range(K):
+        rank = stage_ranks[s]
+        # the stage's representative has coordinate 0 along tp, cp, dp, and so along etp, ep, edp (the pipeline groups
+        # of the two generators agree: simdist.plan.layout.check_experts)
+        groups = {axis: (rank, *shape) for axis, shape in shapes.items()}
+        # chunk c of stage s is model part c*K + s (Megatron's interleaving), or the schedule's V / two copies
+        # (StepConfig.part_of; simdist.plan.step.chunk_costs_of)
+        chunks = tuple((kinds[part], part == 0, part == num_parts - 1)
+                       for part in (cfg.part_of(s, c) for c in range(V)))
+        sends = []
+        for c in range(V):
+            for kind, step in (("F", 1), ("B", -1)):
+                part = cfg.part_of(s, c) + step
+                if 0 <= part < num_parts:
+                    # dualpipe's chunk c carries the micro-batches of direction c
+                    dst = part_location(part, K, cfg.schedule, c if cfg.schedule == "dualpipe" else 0)[0]
+                    if dst != s:
+                        sends.append((c * 3 + KIND_INDEX[kind], (rank, stage_ranks[dst])))
+        shape = pricer.shape_key(groups)
+        out.append(_Geometry(rank, groups, shape, chunks, tuple(sends), token(("stage", chunks, shape))))
+    return out
+
+
+def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: list[_Geometry] | None = None
+            ) -> list[_Stage]:
+    """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute); ``geometry``:
+    `_geometry` of ``cfg``'s mesh on ``pricer``'s cluster, if already found."""
+    p2p = send(cfg)
+    config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
+    out: list[_Stage] = []
+    for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
+        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
+        # alike stages (same layers, positions, group shapes and speed) share their priced recipes
+        recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
+            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None]))
+        sends = [0.0] * (cfg.chunks * 3)
+        for index, key in g.sends:
+            sends[index] = pricer.time_of_key(key) * p2p.count
+        out.append(_Stage(recipes, simple, sends, stage_tail, unit))
+    return out
