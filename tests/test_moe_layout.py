@@ -96,6 +96,14 @@ def test_step_config_carries_the_expert_mesh():
      "training.overlap_moe_expert_parallel_comm", "interleaved_1f1b"),
     ({"dp": 16}, {"overlap_moe_expert_parallel_comm": True}, None, "training.overlap_moe_expert_parallel_comm",
      "needs ep > 1"),
+    # Megatron-Core's TransformerConfig checks of the 1F1B A2A overlap
+    ({"dp": 16, "ep": 2}, {"overlap_moe_expert_parallel_comm": True, "precision": "fp32"}, None,
+     "training.overlap_moe_expert_parallel_comm", "bf16 or fp16 parameters"),
+    ({"dp": 16, "ep": 2}, {"overlap_moe_expert_parallel_comm": True, "recompute": "selective",
+                           "recompute_modules": ["moe"]}, None,
+     "training.overlap_moe_expert_parallel_comm", "moe module recomputed"),
+    ({"dp": 16, "ep": 2}, {"overlap_moe_expert_parallel_comm": True}, {**TINY_MOE, "mtp_num_layers": 2},
+     "training.overlap_moe_expert_parallel_comm", "at most one multi-token-prediction layer"),
     ({"tp": 2, "dp": 4, "pp": 2, "ep": 2, "etp": 1, "order": "tp-pp-cp-ep-dp", "sequence_parallel": True}, {}, None,
      "parallel.order",
      "pipeline groups"),
@@ -111,3 +119,20 @@ def test_ep_may_take_ranks_of_tp_where_etp_is_smaller():
     # Megatron-Core carves etp x ep out of a stage's tp x cp x dp: ep 8 with etp 1 on tp 2 x dp 4
     spec = _spec({"tp": 2, "dp": 4, "ep": 8, "etp": 1, "sequence_parallel": True}, num_nodes=1)
     check_layout(spec, resolve_model(spec.model))
+
+
+def test_the_a2a_overlap_runs_in_fp8_and_holds_one_more_warm_up_micro_batch():
+    # Megatron-Core checks bf16/fp16 parameters, which fp8 training has (--fp8-format beside --bf16): accepted
+    spec = _spec({"dp": 16, "ep": 2}, {"overlap_moe_expert_parallel_comm": True, "precision": "fp8"})
+    check_layout(spec, resolve_model(spec.model))
+    # interleaved with the overlap: one chunk forward more before the first backward (schedules.py
+    # get_pp_rank_microbatches), so stage 0 of pp 4 x vpp 2 holds (2 x 4 + 4 - 1 + 1) / 2 = 6 micro-batches, not 5.5
+    from simdist.plan.activations import in_flight_microbatches
+
+    base = in_flight_microbatches("interleaved_1f1b", num_stages=4, num_microbatches=16, vpp=2)
+    assert base == 5.5
+    assert in_flight_microbatches("interleaved_1f1b", num_stages=4, num_microbatches=16, vpp=2,
+                                  extra_warmup=1) == base + 0.5 == 6.0
+    # capped by the micro-batches there are
+    assert in_flight_microbatches("interleaved_1f1b", num_stages=4, num_microbatches=2, vpp=2,
+                                  extra_warmup=1) == 2.0

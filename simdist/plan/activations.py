@@ -267,9 +267,14 @@ def embedding_activation_bytes(
 
 
 def in_flight_microbatches(
-    schedule: str, *, num_stages: int, num_microbatches: int, vpp: int = 1, stage: int = 0
+    schedule: str, *, num_stages: int, num_microbatches: int, vpp: int = 1, stage: int = 0, extra_warmup: int = 0
 ) -> float:
     """Micro-batches (each worth the whole stage's layers) whose activations a stage holds at its peak.
+
+    ``extra_warmup``: chunk forwards run before the first backward beyond the schedule's own warm-up (interleaved
+    only): Megatron-Core's 1F1B A2A overlap (--overlap-moe-expert-parallel-comm) schedules one more micro-batch
+    forward "before the 1f1b stages. This is needed to ensure the forward and backward computations are independent
+    in all 1f1b steps" (megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches).
 
     - gpipe: all M forward passes run before any backward (Huang et al. 2019, arXiv:1811.06965 sec. 2.2).
     - 1f1b (PipeDream-Flush, Narayanan et al. 2021 sec. 2.2.1): stage k runs p - k - 1 warm-up forwards, then
@@ -305,6 +310,6 @@ def in_flight_microbatches(
         return p + 0.5
     if schedule in ("1f1b", "zb_h1") or v == 1:
         return float(min(p - stage, m))
-    return min(v * p + p - 2 * stage - 1, m * v) / v
+    return min(v * p + p - 2 * stage - 1 + extra_warmup, m * v) / v
 
 

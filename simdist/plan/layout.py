@@ -218,10 +218,15 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
                     "rank cannot receive more than every routed token", "training.moe_imbalance",
                     f"use a value between 1 and {p.ep}")
     if t.overlap_moe_expert_parallel_comm:
+        # Megatron-Core's TransformerConfig checks (megatron/core/transformer/transformer_config.py): bf16 or fp16
+        # parameters (fp8 GEMMs run beside bf16 ones), no full recompute and no recomputed "moe" module, at most one
+        # MTP layer, and virtual pipeline stages when pp > 1.
         why = ("needs ep > 1" if p.ep == 1 else
                "needs moe_token_dispatcher_type alltoall or flex" if t.moe_token_dispatcher_type == "allgather" else
                "does not run with full recompute" if t.recompute == "full" else
-               "needs bf16 or fp16 training" if t.precision not in ("bf16", "fp16") else
+               "does not run with the moe module recomputed" if "moe" in (t.recompute_modules or ()) else
+               "needs bf16 or fp16 parameters (fp8 runs with bf16)" if t.precision in ("fp32", "tf32") else
+               "supports at most one multi-token-prediction layer" if model.mtp_num_layers > 1 else
                "needs schedule: interleaved_1f1b with pp > 1" if p.pp > 1 and spec.schedule != "interleaved_1f1b"
                else "")
         if why:

@@ -365,7 +365,7 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         zero_stage=cfg.zero_stage, micro_batch_size=cfg.micro_batch_size, recompute=cfg.recompute,
         precision=cfg.precision,
         in_flight_microbatches=in_flight_microbatches(cfg.schedule, num_stages=K, num_microbatches=most, vpp=cfg.vpp,
-                                                      stage=s),
+                                                      stage=s, extra_warmup=1 if cfg.moe_overlap and K > 1 else 0),
         capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, layers=cfg.stage_layers(s),
         experts=cfg.expert_parallel, grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
