@@ -286,6 +286,10 @@ def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple
     # forward and backward all_to_alls move the same bytes (they do: adjoints, same imbalance). The warm-up
     # forwards and cool-down backwards, which Megatron runs unpaired, are overlapped too (optimistic by their
     # all_to_alls where they are exposed). The expert-TP collectives stay in the layer's path.
+    # Assumption: the one extra warm-up forward Megatron's combined 1F1B runs first (schedules.py
+    # get_pp_rank_microbatches) is held in memory (simdist.plan.activations.in_flight_microbatches) but not timed:
+    # the schedule's order keeps the plain interleaved warm-up (one chunk forward earlier, about one chunk's
+    # forward on the step).
     """
     a2a = cfg.moe_overlap and groups.get("ep", 1) >= 2
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel all-gathers and
