@@ -78,7 +78,7 @@ layouts = st.fixed_dictionaries({
     "dispatcher": st.sampled_from(["alltoall", "alltoall", "allgather", "flex"]),
     "a2a_overlap": st.sampled_from([False, False, True]),
     # Megatron-LM --overlap-param-gather: drawn, it brings the distributed optimizer and the overlapped reduction it
-    # needs (simdist.plan.recipe._gathered_forward)
+    # needs (simdist.plan.data_parallel._gathered_forward)
     "param_overlap": st.sampled_from([False, False, False, True]),
 })
 

@@ -11,9 +11,9 @@ from simdist import api
 from simdist.analytic.pricing import CommPricer
 from simdist.errors import SimdistError
 from simdist.plan.chunk_cost import chunk_cost
+from simdist.plan.data_parallel import tail
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.recipe import tail
 from tests.conftest import TOY_TOPOLOGY
 
 SCENARIO = f"""

@@ -2,7 +2,7 @@
 
 Megatron-Core reduces the dense gradients and shards the distributed optimizer over the data-parallel group with
 context parallelism (parallel_state.py ``get_ranks("dp-cp")``): the cp ranks of a replica hold the same weights.
-simdist names that group ``dp_cp`` where cp > 1 (simdist.plan.recipe.dense_data_parallel_axis) and charges it to
+simdist names that group ``dp_cp`` where cp > 1 (simdist.plan.data_parallel.dense_data_parallel_axis) and charges it to
 the breakdown's dp. These tests pin the group's ranks on hand-checkable meshes (orders where cp and dp are not
 adjacent included), the bytes and group of the reduction on a tiny cluster, the memory and optimizer shards, and
 that both fidelities and the reduced graph agree on such groups.
@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from simdist import api
 from simdist.analytic.step import CommPricer, analytic_observables
 from simdist.plan.accounting import category_of
+from simdist.plan.data_parallel import data_parallel_groups, optimizer_params
 from simdist.plan.layout import LayoutRuleError, step_config_of
 from simdist.plan.memory import stage_memory
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.recipe import data_parallel_groups, optimizer_params
 from simdist.plan.step import build_step, chunk_costs_of, grad_bytes_per_element
 from simdist.predict.price import translate_axes
 from simdist.predict.step import predict_step

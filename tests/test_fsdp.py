@@ -12,10 +12,10 @@ from simdist import api
 from simdist.analytic.pricing import CommPricer
 from simdist.analytic.step import analytic_step
 from simdist.plan.chunk_cost import chunk_cost
+from simdist.plan.data_parallel import tail
 from simdist.plan.fsdp import units_of
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.recipe import tail
 from simdist.predict.step import predict_step
 from tests.conftest import TOY_TOPOLOGY
 

@@ -11,9 +11,10 @@ from simdist.engine.uncontended import uncontended
 from simdist.errors import SpecError
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.host import NONE, HostOverhead, host_overhead
+from simdist.plan.data_parallel import megatron_bucket_params, num_buckets
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.recipe import megatron_bucket_params, num_buckets, step_recipe
+from simdist.plan.recipe import step_recipe
 from simdist.plan.step import build_step, chunk_costs_of
 from simdist.predict.price import price_graph
 from simdist.report.step_metrics import observables

@@ -295,14 +295,14 @@ def test_recompute_ordering(model: Model, layout: dict, tp: int) -> None:
 
 def test_gradient_dtype_sets_the_data_parallel_reduction_bytes() -> None:
     # The bucketed all-reduce after the backward moves the gradient buffer: 4 bytes a parameter by Megatron-LM's
-    # default for bf16, 2 with grad_reduce_in_fp32 false (simdist.plan.recipe.tail).
+    # default for bf16, 2 with grad_reduce_in_fp32 false (simdist.plan.data_parallel.tail).
     import dataclasses
 
     from simdist import api
     from simdist.plan.chunk_cost import chunk_cost
+    from simdist.plan.data_parallel import tail
     from simdist.plan.layout import step_config_of
     from simdist.plan.model_presets import resolve_model
-    from simdist.plan.recipe import tail
     from tests.test_analytic_step import _spec
 
     spec = _spec({"tp": 1, "pp": 1, "dp": 2, "cp": 1, "vpp": 1, "zero_stage": 0, "recompute": "none",

@@ -97,7 +97,7 @@ def test_doubling_the_imbalance_doubles_the_all_to_alls_transfer_in_the_step():
 def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     # dp 8, ep 4 on 8 GPUs: edp = 8 / 4 = 2. The stage's dense gradients all-reduce over dp (8 ranks), the routed
     # experts' over edp (2 ranks: the ranks holding the same experts); ZeRO-1 shards each over its own group.
-    from simdist.plan.recipe import optimizer_params, tail
+    from simdist.plan.data_parallel import optimizer_params, tail
     from simdist.plan.step import chunk_costs_of
 
     cfg, _, _ = _cfg({"dp": 8, "ep": 4}, gpus_per_node=8)

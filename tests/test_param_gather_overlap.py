@@ -1,6 +1,6 @@
 """Megatron-LM --overlap-param-gather with the distributed optimizer (issue 14, item 4): the updated parameters'
 all-gather moves from after the optimizer into each chunk's first forward, bucket by bucket
-(simdist.plan.recipe._gathered_forward), the same in the closed form, its batched band and the op graph."""
+(simdist.plan.data_parallel._gathered_forward), the same in the closed form, its batched band and the op graph."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from simdist.analytic.step import CommPricer, analytic_observables, analytic_ste
 from simdist.analytic.step_batch import _batch_step_s
 from simdist.analytic.timeline import _fast
 from simdist.engine.uncontended import uncontended
+from simdist.plan.data_parallel import num_buckets, param_bytes_per_element, tail
 from simdist.plan.layout import LayoutRuleError, step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.recipe import edge_recipe, is_edge, num_buckets, param_bytes_per_element, tail
+from simdist.plan.recipe import edge_recipe, is_edge
 from simdist.plan.step import build_step, chunk_costs_of
 from simdist.predict.price import price_graph
 from tests.cli_harness import REPO, run_cli

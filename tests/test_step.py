@@ -205,7 +205,7 @@ def test_zero3_gathers_parameters_and_zero1_reduce_scatters(tmp_path: Path) -> N
 
 
 def test_zero3_per_parameter_blocks_per_tensor(tmp_path: Path) -> None:
-    # DeepSpeed 2021 ZeRO-3 (simdist.plan.step._Emitter._per_parameter): one all_gather per tensor before the
+    # DeepSpeed 2021 ZeRO-3 (simdist.plan.data_parallel._per_parameter): one all_gather per tensor before the
     # forward and again before the backward, one reduce_scatter per tensor, each blocking and each paying
     # dp host copies (list collectives). The MLP has 2 tensors per layer.
     base = mlp_scenario(tmp_path, dp=8)

@@ -22,8 +22,9 @@ from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
 from simdist.plan.chunk_cost import ChunkCost, chunk_cost
+from simdist.plan.data_parallel import tail
 from simdist.plan.interference import tax_s
-from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe, tail
+from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe
 from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "chunk_cost_entry",
@@ -282,7 +283,7 @@ def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, e
 
 def tail_entry(cfg: StepConfig, costs: tuple[ChunkCost, ...], cost_tokens: tuple[int, ...],
                config: int | None = None) -> tuple[StageTail, int]:
-    """(`simdist.plan.recipe.tail` of the stage's chunk costs, cached, and the `token` of its (pieces, end):
+    """(`simdist.plan.data_parallel.tail` of the stage's chunk costs, cached, and the `token` of its (pieces, end):
     `CommPricer.priced`'s ``pieces_token``); ``cost_tokens``:
     the `token` of each cost, ``config``: `token` of `recipe_key` of ``cfg``, if already computed."""
     key = ("tail", token(recipe_key(cfg)) if config is None else config, cost_tokens)

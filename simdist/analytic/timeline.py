@@ -166,7 +166,7 @@ def _closed(r: PricedPieces) -> bool:
 
 
 def _fast(stages: list[_Stage]) -> bool:
-    """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.recipe
+    """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.data_parallel
     ._gathered_forward) that leaves the core streams free when it ends, which `_timeline_fast` runs piece by
     piece."""
     return all(r is None or sm is not None or (_edge_forward(code) and _closed(r))

@@ -7,7 +7,7 @@ trace) or the closed form computed it (simdist.analytic.step), and `simdist bubb
 Each op of a stage's rank is an interval of a *category* (compute, recompute, optimizer, tp, cp, ep, etp, pp, dp,
 edp: a collective's category is its axis, the expert generator's ep / etp / edp included; dp covers the dense
 parameters' data-parallel collectives, over the data-parallel group with context parallelism, dp x cp ranks, whose
-axis is dp_cp where cp > 1: simdist.plan.recipe.dense_data_parallel_axis). Some
+axis is dp_cp where cp > 1: simdist.plan.data_parallel.dense_data_parallel_axis). Some
 of it is *pipeline work*: the forward, backward, weight-gradient and recompute compute of the schedule's steps,
 and the collectives those steps issue per micro-batch (tensor/context-parallel, per-micro-batch ZeRO). A
 pipeline send, a gradient bucket or reduction, the optimizer and a zero-length wait are not.

@@ -1,9 +1,11 @@
-"""The one step model: what each pipeline step of a model chunk emits, and what a stage does after its last one.
+"""The one step model: what each pipeline step of a model chunk emits.
 
-Both fidelities read this module and nothing else about a training step's structure: the op-graph builder
-(simdist.plan.step) instantiates a recipe once per scheduled step on every simulated rank, and the closed form
-(simdist.analytic.step) times the same pieces without building a graph. A rule (what ZeRO-3 gathers, where a
-gradient bucket goes, how many bytes cross a pipeline boundary, what the optimizer updates) is decided here once.
+Both fidelities read this module and its data-parallel side (simdist.plan.data_parallel: the groups, gradient
+buckets and parameter gathers, and a stage's `tail` after its last step), nothing else about a training step's
+structure: the op-graph builder (simdist.plan.step) instantiates a recipe once per scheduled step on every
+simulated rank, and the closed form (simdist.analytic.step) times the same pieces without building a graph. A rule
+(what ZeRO-3 gathers, where a gradient bucket goes, how many bytes cross a pipeline boundary, what the optimizer
+updates) is decided once, in one of the two.
 
 A `Recipe` is a small DAG of `Piece`s on the streams of one rank (compute, tp, cp, dp): compute pieces carry
 their duration, communication pieces a `CommItem` (op, nbytes, axis: the group is resolved by the consumer, on
@@ -15,45 +17,45 @@ step on the stage follows it, and the send to the neighbouring stage leaves afte
 Per representative rank, in program order (the rules, with their sources):
 - F (forward of micro-batch m on chunk c): [ZeRO-3 all_gather of the chunk's parameters on the dp stream: issued
   ahead, with no dependency (prefetch, as PyTorch FSDP); or, ``zero3_fetch: per_parameter``, one blocking
-  all_gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021: `_per_parameter`)] -> forward compute -> the
-  forward's exposed TP/CP collectives (Megatron-LM runs them between the GEMMs, Shoeybi et al. 2019 sec 3;
+  all_gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021: data_parallel._per_parameter)] -> forward compute
+  -> the forward's exposed TP/CP collectives (Megatron-LM runs them between the GEMMs, Shoeybi et al. 2019 sec 3;
   counted back to back here). With ``overlap_param_gather`` the chunk's first micro-batch (its *edge* forward,
   `is_edge`) gathers the updated parameters bucket by bucket on the dp stream, its forward compute cut into one
-  slice per bucket, each slice waiting for its bucket's gather (`_gathered_forward`).
+  slice per bucket, each slice waiting for its bucket's gather (data_parallel._gathered_forward).
 - B: [ZeRO-3 all_gather] -> recompute (the recompute mode's forward, with its collectives) -> [per_parameter:
   the all_gathers again, as the recompute's forward released them] -> backward compute: the input gradients
   (dgrad), then the weight gradients (wgrad; cut into the chunk's gradient buckets on the last micro-batch when
   the reduction overlaps it) with the overlappable collectives (Megatron's asynchronous input-gradient
   all-reduce, launched after dgrad and hidden behind wgrad) on the tp stream beside it -> the exposed backward
-  collectives -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on
-  the dp stream; per_parameter: one per tensor, blocking].
+  collectives -> [ZeRO-2/3 reduce_scatter of this micro-batch's gradients on the dp stream; per_parameter: one
+  per tensor, blocking].
 - W (split-backward schedules only: zb_h1, zb_v, dualpipe, dualpipev, simdist.plan.schedule.SPLIT_BACKWARD): the
   weight-gradient share of the backward; their B is the input-gradient share, with every backward collective
   exposed.
-- after the stage's last backwards: its gradient reduction on the dp stream (all_reduce, or reduce_scatter
-  under ZeRO-1 = Megatron's distributed optimizer), per parameter or in buckets, unless overlapped; then the
-  optimizer on the compute stream and, under ZeRO-1/2, the all_gather of the updated parameters (`tail`; with
-  ``overlap_param_gather`` it moves to the edge forwards instead).
+- after the stage's last backwards: gradient reduction, optimizer, parameter all_gather (data_parallel.tail).
 - between stages: the activation (F) or its gradient (B) as a send_recv on the sender's pp stream (`send`).
-
-The data-parallel collectives of the dense parameters (ZeRO gathers and scatters, the gradient reduction, the
-distributed optimizer's gather) run over dp x cp ranks, the experts' over edp (`data_parallel_groups`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
-from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.tp_overlap import exposed_share
 from simdist.plan.chunk_cost import ChunkCost
+from simdist.plan.data_parallel import (
+    _bucket_order,
+    _gathered_forward,
+    _label,
+    _per_parameter,
+    data_parallel_groups,
+    overlaps_reduction,
+    param_bytes_per_element,
+)
 from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward, replica_reduce
 from simdist.plan.interference import tax
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.mesh import Mesh
-from simdist.plan.optimizer import optimizer_step_kernels
 from simdist.plan.pieces import (
     DP_DONE,
     LAST_BACKWARDS,
@@ -67,27 +69,12 @@ from simdist.plan.pieces import (
 from simdist.plan.schedule import SPLIT_BACKWARD, WEIGHT_GRAD_SHARE, chunk_microbatches
 from simdist.plan.step_config import StepConfig, grad_bytes_per_element
 
-__all__ = ["PREV", "CommItem", "Piece", "Recipe", "StageTail", "data_parallel_groups", "dense_data_parallel_axis",
-           "edge_recipe", "is_edge", "p2p_bytes", "send", "step_recipe", "tail"]
+__all__ = ["DP_DONE", "GROUP_AXES", "LAST_BACKWARDS", "PREV", "CommItem", "Piece", "Recipe", "StageTail",
+           "edge_recipe", "is_edge", "p2p_bytes", "send", "step_recipe"]
 
 GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp_cp", "dps", "dpr", "dps_cp")
 """The axes a recipe's collectives run along (simdist.plan.mesh: the dense and the expert generators' groups, and
 the data-parallel group with context parallelism)."""
-
-
-def dense_data_parallel_axis(cfg: StepConfig) -> str:
-    """The group the dense parameters' gradients, ZeRO shards and distributed-optimizer state live over: the
-    data-parallel group with context parallelism, dp x cp ranks (Megatron-Core: the cp ranks of a replica hold the
-    same weights and reduce their gradients together; parallel_state.py ``get_data_parallel_group(
-    with_context_parallel=True)``, the group of the dense grad buffers in distributed_data_parallel.py and of the
-    distributed optimizer's shards, megatron/core/optimizer/__init__.py ``intra_dp_cp_group``; Megatron-FSDP shards
-    over it too, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py, so ZeRO-2/3 here as well). Named ``dp_cp``
-    where cp > 1 and ``dp`` where cp = 1 (the same ranks): either way its collectives run on the dp stream and are
-    charged to the breakdown's dp (simdist.plan.accounting)."""
-    if cfg.mesh.dp_shard:
-        # hybrid sharding: the shards live over a shard group (with cp), replicated across (simdist.plan.mesh)
-        return "dps_cp" if cfg.mesh.cp > 1 else "dps"
-    return "dp_cp" if cfg.mesh.cp > 1 else "dp"
 
 
 def _groups(cfg: StepConfig) -> dict[str, int]:
@@ -99,97 +86,6 @@ def _groups(cfg: StepConfig) -> dict[str, int]:
 def _group_sizes(mesh: Mesh) -> dict[str, int]:
     """`_groups` of a mesh, computed once per mesh (every recipe of a search's layouts asks)."""
     return {a: mesh.size(a) for a in GROUP_AXES}
-
-
-def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, deps: tuple[int, ...], label: str,
-                   axis: str = "dp") -> Piece:
-    """ZeRO-3 ``per_parameter``: one blocking ``op`` per parameter tensor of the chunk (``nbytes`` in all).
-
-    DeepSpeed's ZeRO-3 of 2021 gathered each parameter with ``torch.distributed.all_gather`` into a list of dp
-    views, one per rank, and reduce-scattered each gradient from such a list (deepspeed/runtime/zero/
-    partition_parameters.py, ``_allgather_param`` and ``_reduce_scatter_gradient``, v0.3); the fetch of a module
-    waits for its gathers before the module runs, and the gradient hook waits for its scatters. PyTorch's list
-    collectives copy every rank's view to (from) one flat buffer, one eager op per rank (ProcessGroupNCCL::
-    allgather / reduce_scatter with tensor lists), so each run also costs dp host ops.
-    # Assumption: equal-sized tensors (the chunk's bytes / its tensors); small tensors are latency-bound either
-    # way, and above a few MB a collective's time is linear in its size.
-    """
-    n = cost.num_tensors
-    if axis == "edp" or cost.expert_params:
-        # Assumption: the dense and the expert parameters' tensors in proportion to their parameters
-        share = (cost.expert_params if axis == "edp" else cost.num_params - cost.expert_params) / cost.num_params
-        n = max(1, round(n * share))
-    prefix = "expert " if axis == "edp" else ""
-    return Piece("dp", "comm", f"{prefix}{label} per parameter x{n}",
-                 comm=CommItem(op, nbytes / n, axis, n, cfg.mesh.size(axis) * cfg.host_op_s), deps=deps)
-
-
-def data_parallel_groups(cfg: StepConfig, params: float, expert_params: float) -> list[tuple[str, float]]:
-    """(axis, parameters) of each data-parallel group whose gradients, ZeRO shards and distributed-optimizer state
-    the ``params`` of a chunk (``expert_params`` of them routed experts) live over, groups of one rank left out:
-    the dense parameters over dp x cp (`dense_data_parallel_axis`), the routed experts' over the
-    expert-data-parallel group edp, whose generator has no cp, so it already spans the cp ranks: tp x cp x dp /
-    (etp x ep) of them (simdist.plan.mesh; Megatron-Core
-    DistributedDataParallel: expert parameters in their own buffers, reduced over the expert data-parallel group,
-    megatron/core/distributed/distributed_data_parallel.py ``expert_parallel_buffers``; parallel_state.py
-    ``EXPERT_DATA_PARALLEL_GROUP``)."""
-    out = []
-    dense = params - expert_params
-    axis = dense_data_parallel_axis(cfg)
-    if cfg.mesh.size(axis) >= 2 and dense > 0:
-        out.append((axis, dense))
-    if expert_params > 0 and cfg.mesh.size("edp") >= 2:
-        out.append(("edp", expert_params))
-    return out
-
-
-def _label(axis: str, text: str) -> str:
-    return f"expert {text}" if axis == "edp" else text
-
-
-MEGATRON_BUCKET_PARAMS = 40_000_000
-"""Megatron-Core's default gradient bucket: max(40,000,000, 1,000,000 x dp) parameters
-(megatron/core/distributed/distributed_data_parallel.py, DistributedDataParallel.__init__, and the bucket_size
-field of distributed_data_parallel_config.py: "larger DP sizes need larger buckets to ensure collectives do not
-become latency-bound"); Megatron-LM's training loop sets it before building the model's DDP wrappers with the
-data-and-context-parallel group's size, max(40M, 1M x dp x cp) (megatron/training/training.py,
-resolve_ddp_bucket_size(ddp_config, pg_collection.dp_cp, ...))."""
-MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
-
-
-def megatron_bucket_params(dp: int) -> int:
-    """Parameters per gradient bucket Megatron-LM uses when ``--ddp-bucket-size`` is not given, on a data-parallel
-    (x context-parallel) group of ``dp`` ranks."""
-    return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp)
-
-
-def param_bytes_per_element(cfg: StepConfig) -> int:
-    """Bytes per parameter element of the data-parallel parameter all-gathers (ZeRO-3's fetch, the distributed
-    optimizer's / ZeRO-1,2's gather of updated shards): the 16-bit copy, or 1 B with ``fp8_param_gather``
-    (Megatron-LM --fp8-param-gather: parameters kept and gathered in fp8 under fp8 training). Activations, TP
-    collectives and pipeline messages stay bf16 under fp8 (simdist.plan.layer_cost._BYTES)."""
-    return 1 if cfg.fp8_param_gather and cfg.precision == "fp8" else bytes_per_element(cfg.precision)
-
-
-def num_buckets(cfg: StepConfig, cost: ChunkCost, params: float | None = None) -> int:
-    """Gradient buckets of a chunk (of ``params`` of its parameters: its dense or its expert ones, which
-    Megatron-Core buckets separately with the same bucket size, distributed_data_parallel.py; None: all).
-
-    ``grad_bucket_size`` given: the chunk's gradient bytes / the bucket size, on every chunk (as PyTorch DDP's
-    bucket_cap_mb). Unset: Megatron-Core's defaults. Without overlap one bucket per chunk (its contiguous gradient
-    buffer, reduced at once: bucket_size is set to None unless overlap_grad_reduce). With ``grad_reduce:
-    overlapped`` buckets of `megatron_bucket_params` (of dp x cp) parameters on model part 0 only (pipeline rank
-    0's first chunk), one bucket elsewhere: Megatron-Core turns bucketing off on pipeline ranks > 0, "since
-    data-parallel communication on these stages is not on the critical path" (distributed_data_parallel.py), and on
-    model chunks after the first (megatron/training/models/dist_utils.py: disable_bucketing = model_chunk_idx > 0).
-    """
-    n = cost.num_params if params is None else params
-    b = cfg.grad_bucket_bytes
-    if b is not None:
-        return max(1, math.ceil(n * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32) / b))
-    if cfg.grad_reduce == "overlapped" and cost.first_part:
-        return max(1, math.ceil(n / megatron_bucket_params(cfg.mesh.dp * cfg.mesh.cp)))
-    return 1
 
 
 def is_edge(kind: str, microbatch: int, num_microbatches: int, schedule: str = "1f1b", chunk: int = 0) -> bool:
@@ -204,73 +100,6 @@ def is_edge(kind: str, microbatch: int, num_microbatches: int, schedule: str = "
 def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Recipe:
     """`step_recipe` of a ``kind`` step that is (``edge``) or is not its chunk's edge micro-batch (`is_edge`)."""
     return step_recipe(cfg, cost, kind, first=edge and kind == "F", last=edge and kind != "F")
-
-
-def _bucket_order(cfg: StepConfig, cost: ChunkCost, shards: list[tuple[str, float]]) -> list[tuple[str, int, float]]:
-    """(axis, bucket index, parameters) of the chunk's gradient buckets in the order the backward fills them: one
-    compute slice per bucket, the groups' buckets interleaved in proportion (Megatron-Core fills the dense and the
-    expert buffers as the backward runs through each layer's MLP and attention)."""
-    return [(axis, k, n) for _, axis, k, n in sorted(((k + 1) / m, axis, k, n / m) for axis, n in shards
-                                                      for m in (num_buckets(cfg, cost, n),) for k in range(m))]
-
-
-def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: Builder, shards: list[tuple[str, float]],
-                      start: tuple[int, ...], gap: float, needs_input: bool) -> list[int]:
-    """The forward compute of a chunk's first micro-batch under ``overlap_param_gather``: one slice per parameter
-    bucket, each waiting for its bucket's all_gather on the dp stream (returns the slices' ids).
-
-    Megatron-Core (megatron/core/distributed/distributed_data_parallel.py, param_and_grad_buffer.py): with
-    --overlap-param-gather the distributed optimizer's step does not gather the updated parameters; each bucket
-    group's all_gather is launched asynchronously and a forward pre-hook on every module waits for the gather of
-    the buckets its parameters live in (``_make_forward_pre_hook`` -> ``finish_param_sync``), so the gathers hide
-    behind the first micro-batch's forward but for the first bucket's. The buckets are the gradient buckets
-    (`num_buckets`), gathered in reverse order of the backward's (``next_param_gather_bucket_group``): the first
-    layers' first. Without interleaving (align_param_gather is off: megatron/training/arguments.py) the first
-    bucket's gather is launched by the first module's pre-hook, i.e. when the chunk's forward starts, after its
-    input; each pre-hook that waited for bucket k launches bucket k+1's. With interleaving (vpp > 1,
-    align_param_gather on by default) the schedule launches every bucket of a chunk at once, chunks 0 and 1 at the
-    step's start, chunk c + 1 at chunk c's first micro-batch (megatron/core/pipeline_parallel/schedules.py,
-    ``param_sync_func``), and the pre-hooks only wait.
-    # Assumption: the host runs ahead of the GPU, so each pre-hook's launch of the next bucket reaches the dp stream
-    # before the previous gather ends: a chunk's gathers run back to back from the first one's launch (the code's
-    # one gather in flight gives the same timeline where the buckets are alike: bucket k+1's gather overlaps
-    # bucket k's forward either way). Under interleaving every chunk's gathers are issued at the step's start,
-    # queued on the dp stream in chunk order (Megatron launches chunk c + 1's at chunk c's first micro-batch: the
-    # same timeline wherever the dp stream is still busy with the earlier chunks' gathers then, an earlier start
-    # here otherwise).
-    # Assumption: simdist times one steady-state step, so the gather that belongs to the next step's first forward
-    # is modelled as this step's (the same thing in steady state): the gathers wait for no optimizer (the previous
-    # step's ran before this one started).
-    # Assumption: the forward's compute splits evenly over the buckets (the buckets hold equal parameters: the
-    # chunk's / their number, as the backward's slices), and the gathers are pipeline work (collectives the
-    # forward waits for, as ZeRO-3's): exposed, they are charged to dp, not to the bubble.
-    """
-    order = list(reversed(_bucket_order(cfg, cost, shards)))  # forward order: the backward's last bucket first
-    pbpe = param_bytes_per_element(cfg)
-    ahead = cfg.vpp > 1
-    gates = [b.add(Piece("dp", "comm", _label(axis, f"params bucket {j} all_gather"),
-                         comm=CommItem("all_gather", n * pbpe, axis), deps=() if ahead else start))
-             for axis, j, n in order]
-    slices: list[int] = []
-    m = len(gates)
-    for k in range(m):
-        deps = (*(start if k == 0 else (slices[-1],)), gates[k])
-        slices.append(b.add(Piece("compute", "forward", f"/{k}" if m > 1 else "",
-                                  cost.forward_s / m + (gap if k == 0 else 0.0), deps=deps,
-                                  needs_input=needs_input and k == 0, model_flops=cost.model_flops_forward / m,
-                                  hardware_flops=cost.model_flops_forward / m)))
-    if m > 1:  # every gather but the first runs beside the slices before it (simdist.plan.interference)
-        end = tax(b, slices[-1], gates[1:], cost.forward_s * (m - 1) / m, cfg.interference, "forward")
-        if end != slices[-1]:
-            slices.append(end)
-    return slices
-
-
-def overlaps_reduction(cfg: StepConfig, kind: str, last: bool) -> bool:
-    """The chunk's last backward (a split backward, zb_h1 and the two-chunk schedules: its last W), with overlapped
-    reduction: its buckets go out as it runs."""
-    final = last and (kind == "W" or cfg.schedule not in SPLIT_BACKWARD)
-    return cfg.grad_reduce == "overlapped" and final and cfg.zero_stage < 2 and kind != "F"
 
 
 def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int]) -> tuple[tuple, tuple]:
@@ -494,7 +323,6 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     return Recipe(tuple(b.pieces), chain[-1])
 
 
-
 def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: int, hidden_items: list,
                   items: list, groups: dict[str, int], ring: tuple) -> Recipe:
     """A forward's end after its compute piece ``c``: the all-to-alls hidden behind it (from ``entry``) with the
@@ -506,6 +334,7 @@ def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: i
     if hidden:
         chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
     return Recipe(tuple(b.pieces), chain[-1])
+
 
 def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups: dict[str, int],
                ring: tuple = (0.0, ())) -> Recipe:
@@ -575,71 +404,3 @@ def p2p_bytes(cfg: StepConfig) -> float:
 def send(cfg: StepConfig) -> CommItem:
     """The send_recv a pipeline step's output crosses to the neighbouring stage with (sender's pp stream)."""
     return CommItem("send_recv", p2p_bytes(cfg), "pp")
-
-
-def optimizer_params(cfg: StepConfig, params: float, expert_params: float = 0.0) -> float:
-    """Parameters one GPU's optimizer updates: its shard of the stage's ``params`` under ZeRO-1+
-    (Rajbhandari et al. 2020 sec 5.1: each data-parallel rank updates 1/N_d of the states), the dense ones sharded
-    over dp x cp, the routed experts' ``expert_params`` of them over the expert-data-parallel group (Megatron-Core's
-    distributed optimizer shards each buffer over its own data-parallel group: `data_parallel_groups`)."""
-    if cfg.zero_stage < 1:
-        return params
-    dense = cfg.mesh.size(dense_data_parallel_axis(cfg))
-    return (params - expert_params) / dense + expert_params / cfg.mesh.size("edp")
-
-
-def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
-    """What a stage with these chunks runs after its last backwards.
-
-    Gradient reduction (unless overlapped or ZeRO-2/3, which reduce as they go): as Megatron-LM without
-    --overlap-grad-reduce (and the lecture's data parallelism), it starts once the stage's whole backward is done
-    (Korthikanti et al. 2022 sec 6.3 ran 530B this way); per parameter (the lecture: one all_reduce per tensor) or
-    per bucket. all_reduce and reduce_scatter both take the whole gradient buffer as their nccl-tests size (for a
-    reduce_scatter, the full input each rank contributes; each keeps 1/(dp x cp) of the reduced result). Then the
-    optimizer after every data-parallel collective of the stage (collectives end together on all members), and
-    under ZeRO-1/2 the all_gather of the updated parameter shards (Megatron's distributed optimizer / ZeRO-1,2).
-    """
-    b = Builder()
-    op = "reduce_scatter" if cfg.zero_stage == 1 else "all_reduce"
-    if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_layer" and cfg.execution.grad_sync == "step":
-        # FSDP under PyTorch pipelining: every micro-batch's backward runs without gradient sync, and each stage
-        # reduce-scatters its accumulated gradients once after its last backward (torch/distributed/pipelining/
-        # stage.py, perform_reduce_grad), not overlapped with the pipeline.
-        for c, cost in enumerate(chunk_costs):
-            for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):
-                total = params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
-                rs = b.add(Piece("dp", "comm", _label(axis, "grads reduce_scatter") + (f" chunk {c}" if len(
-                    chunk_costs) > 1 else ""), comm=CommItem("reduce_scatter", total, axis), deps=(LAST_BACKWARDS,),
-                    per_step=True))
-                replica_reduce(b, cfg, axis, total, (rs,))
-    if cfg.grad_reduce != "overlapped" and cfg.zero_stage < 2:
-        for c, cost in enumerate(chunk_costs):
-            for axis, params in data_parallel_groups(cfg, cost.num_params, cost.expert_params):
-                total = params * grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
-                if cfg.grad_reduce == "per_parameter":
-                    n = _per_parameter(cfg, cost, op, total, (), "", axis).comm.count  # type: ignore[union-attr]
-                    label = f"grads {op} per parameter x{n}"
-                else:
-                    n = num_buckets(cfg, cost, params)
-                    label = f"grads {op} x{n}"
-                b.add(Piece("dp", "comm", _label(axis, label) + (f" chunk {c}" if len(chunk_costs) > 1 else ""),
-                            comm=CommItem(op, total / n, axis, n), deps=(LAST_BACKWARDS,), per_step=True))
-    params = sum(c.num_params for c in chunk_costs)
-    experts = sum(c.expert_params for c in chunk_costs)
-    shard = optimizer_params(cfg, params, experts)
-    ex = cfg.execution
-    tensors = sum(c.num_tensors for c in chunk_costs)
-    kernels = optimizer_step_kernels(shard, precision=cfg.precision, implementation=ex.optimizer, num_tensors=tensors,
-                                     master_copy=ex.master_copy, clip=ex.clip_grad)
-    # the host issues each of them (CUDA graphs do not cover the optimizer: Megatron-LM's full_iteration graph
-    # leaves it out)
-    t = cfg.host_overhead.kernels_time_s(kernels_time_s(cfg.gpu, kernels, cfg.precision, cfg.compute_efficiency),
-                                         len(kernels))
-    opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
-    if cfg.zero_stage in (1, 2) and not (cfg.overlap_param_gather and cfg.zero_stage == 1):
-        # (overlap_param_gather: gathered bucket by bucket in each chunk's first forward instead, `_gathered_forward`)
-        for axis, n in data_parallel_groups(cfg, params, experts):
-            b.add(Piece("dp", "comm", _label(axis, "params all_gather"),
-                        comm=CommItem("all_gather", n * param_bytes_per_element(cfg), axis), deps=(opt,),
-                        per_step=True))
-    return StageTail(tuple(b.pieces))

@@ -32,7 +32,7 @@ zb_h1 does (simdist.plan.schedule); the orders are data in the same form (per st
 # (deepseek-ai/DualPipe examples/example_dualpipe.py builds rank r's DualPipe from two PipelineStage modules
 # loaded with parts r and PP-1-r, and sums each copy's gradients with its twin's on rank PP-1-r after the step):
 # a training step's memory counts both copies' (simdist.plan.step: layers_on_stage and the stage's layers), its
-# data-parallel reduction and optimizer run per copy (a chunk each, simdist.plan.recipe.tail), and the exchange
+# data-parallel reduction and optimizer run per copy (a chunk each, simdist.plan.data_parallel.tail), and the exchange
 # of the twins' gradients between ranks r and PP-1-r is not timed.
 # A DualPipe backward that is not deferred (its "full" backward) is B followed at once by its W, and its gradient
 # goes out after the W, as the whole pass ends; an F&B pair's outputs both go out when the pair ends, and the

@@ -24,6 +24,7 @@ import numpy as np
 
 from simdist.plan.activations import in_flight_microbatches
 from simdist.plan.chunk_cost import ChunkCost, chunk_cost
+from simdist.plan.data_parallel import tail
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown, stage_memory
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
@@ -38,7 +39,6 @@ from simdist.plan.recipe import (
     StageTail,
     edge_recipe,
     send,
-    tail,
 )
 from simdist.plan.recompute import full_layers
 from simdist.plan.schedule import (
@@ -284,7 +284,7 @@ class _Emitter:
                             comm))
 
     def finish(self, graph: OpGraph, stage: int, stage_tail: StageTail) -> None:
-        """The stage's tail (simdist.plan.recipe.tail): gradient reduction, optimizer, parameter all_gather."""
+        """The stage's tail (simdist.plan.data_parallel.tail): gradient reduction, optimizer, parameter all_gather."""
         backwards = [v for (s, _), v in self.last_backward.items() if s == stage]
         ids: list[int] = []
         for p in stage_tail.pieces:

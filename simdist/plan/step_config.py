@@ -50,7 +50,7 @@ class StepConfig:
     """None: one bucket per model chunk (Megatron-LM's contiguous gradient buffer, reduced at once)."""
     overlap_param_gather: bool = False
     """Megatron-LM --overlap-param-gather: the distributed optimizer's parameter all-gather runs bucket by bucket
-    beside the first micro-batch's forward of each chunk instead of after the optimizer (simdist.plan.recipe)."""
+    beside the first micro-batch's forward of each chunk instead of after the optimizer (simdist.plan.data_parallel)."""
     zero3_fetch: str = "prefetch"
     """ZeRO-3 parameter traffic: ``prefetch`` or ``per_parameter`` (simdist.plan.step's module docstring)."""
     scatter_gather: bool = True

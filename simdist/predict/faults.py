@@ -115,7 +115,7 @@ def waits(plan: StepPlan, trace: GraphTrace) -> list[dict[str, Any]]:
     ready = _ready_times(plan, trace)
     members: dict[int, list[int]] = {}
     for i, op in enumerate(plan.graph.ops):
-        # (the dense gradients' group is dp_cp where cp > 1: simdist.plan.recipe.dense_data_parallel_axis)
+        # (the dense gradients' group is dp_cp where cp > 1: simdist.plan.data_parallel.dense_data_parallel_axis)
         if op.sync >= 0 and op.comm is not None and op.comm.axis in ("dp", "dp_cp", "dps", "dps_cp", "dpr"):
             members.setdefault(op.sync, []).append(i)
     rank_of = {r: (s, d) for (s, d), r in plan.stage_ranks.items()}
