@@ -1,4 +1,4 @@
-"""The flows a priced collective drives across each link (simdist.predict.price), which weigh its share of a
+"""The flows a priced collective drives across each link (simdist.predict.link_loads), which weigh its share of a
 link in the engine (simdist.engine.links): the most of its plan's transfers on the link in one dependency level,
 for the group and for its translates together."""
 
@@ -16,15 +16,15 @@ from simdist.collectives.ring import pipeline_pieces, ring_fast
 from simdist.hardware import load_topology
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Comm
-from simdist.predict import price
+from simdist.predict import link_loads
 from simdist.predict.price import job_of, price_comm
 
 
 def test_levels_follow_dependencies_and_connection_order():
     transfers = [Transfer(0, 1, 1.0, 0), Transfer(1, 2, 1.0, 0, deps=(0,)), Transfer(2, 3, 1.0, 0, deps=(1,)),
                  Transfer(3, 0, 1.0, 0, deps=(0,)), Transfer(0, 1, 1.0, 0, after=2)]
-    assert price._levels(transfers).tolist() == [0, 1, 2, 1, 3]
-    assert price._levels([transfers[0], Transfer(2, 3, 1.0, 0)]) is None  # nothing waits: all level 0
+    assert link_loads._levels(transfers).tolist() == [0, 1, 2, 1, 3]
+    assert link_loads._levels([transfers[0], Transfer(2, 3, 1.0, 0)]) is None  # nothing waits: all level 0
 
 
 def test_a_pipelined_chain_is_one_flow_per_link():
@@ -78,10 +78,10 @@ def test_batched_class_loads_equal_one_group_at_a_time_with_levels():
     groups = np.asarray(mesh.translates(group, ("tp",)), dtype=np.int64)
     req = Request("broadcast", Group(t, group), 2**22)
     for transfers, levels in (
-            (lambda plan: ([(x.src, x.dst, x.nbytes) for x in plan.transfers], price._levels(plan.transfers)))(p)
+            (lambda plan: ([(x.src, x.dst, x.nbytes) for x in plan.transfers], link_loads._levels(plan.transfers)))(p)
             for p in (ring_fast(req), ring_fast(Request("all_reduce", Group(t, group), 2**26)))):
-        one = price._class_loads(t, list(map(tuple, groups.tolist())), transfers, levels)
-        batched = price._class_loads_batched(t, groups, transfers, levels)
+        one = link_loads._class_loads(t, list(map(tuple, groups.tolist())), transfers, levels)
+        batched = link_loads._class_loads_batched(t, groups, transfers, levels)
         assert one[2] == batched[2]
         for a, b in zip(one[:2] + one[3:], batched[:2] + batched[3:], strict=True):
             assert sorted(a) == sorted(b)

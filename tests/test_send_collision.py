@@ -17,7 +17,7 @@ import pytest
 
 from simdist import api
 from simdist.engine.contention import alone_durations
-from simdist.predict.price import capacity_of
+from simdist.predict.link_loads import capacity_of
 from simdist.predict.step import predict_step
 
 # Four one-GPU nodes with one NIC each on 4-port leaves (2 down, 2 up): nodes 0, 1 on leaf0, nodes 2, 3 on leaf1,

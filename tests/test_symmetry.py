@@ -181,7 +181,7 @@ def test_translates_array_and_peer_order() -> None:
 
 
 def test_capacity_of_is_the_links_effective_bandwidth(tmp_path: Path) -> None:
-    from simdist.predict.price import capacity_of
+    from simdist.predict.link_loads import capacity_of
 
     for name in LAYOUTS:
         topology = load(tmp_path, LAYOUTS[name]).topology
@@ -215,7 +215,8 @@ def _fresh(topology, comm):
     """The price parts of ``comm`` computed on its own group (no re-placing, no memo): the tuner's choice, its
     one-byte time, and its plan's transfers and levels."""
     from simdist.analytic.select import evaluate, rank_choices
-    from simdist.predict.price import _plan_links, request_of
+    from simdist.predict.link_loads import _plan_links
+    from simdist.predict.price import request_of
 
     request = request_of(topology, comm.op, comm.ranks, comm.nbytes, comm.imbalance)
     choice = rank_choices(request)[0]

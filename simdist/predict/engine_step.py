@@ -30,7 +30,8 @@ from simdist.plan.fastforward import SAVING, FastForward, extrapolate
 from simdist.plan.step import StepConfig, StepPlan, build_step
 from simdist.predict.beside import Beside, can_fork
 from simdist.predict.faults import scaled_capacities
-from simdist.predict.price import Adjust, PricedComm, capacity_of, price_graph
+from simdist.predict.link_loads import capacity_of
+from simdist.predict.price import Adjust, PricedComm, price_graph
 from simdist.report.step_metrics import observables
 
 __all__ = ["FAST_FORWARD_MIN_OPS", "EngineStep", "alone_and_cut", "capacities", "collector_paused",

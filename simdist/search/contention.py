@@ -17,7 +17,7 @@ tensor-parallel traffic) are not charged to each other. `benchmarks/contention.p
 against the engine.
 
 # Assumption: translates of a collective run in lockstep (the engine's symmetric reduction,
-# simdist.predict.price); a layout whose translates finish at different times (asymmetric routes) is charged its
+# simdist.predict.link_loads); a layout whose translates finish at different times (asymmetric routes) is charged its
 # busiest link's whole class.
 """
 
