@@ -129,7 +129,7 @@ def test_the_bundled_deepseek_v3_scenario_fits_as_nvidia_ran_it():
     sc = api.load_scenario("scenarios/deepseek-v3-gb200.yaml")
     cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
     assert cfg.optimizer_state_bytes == 8.0 and cfg.execution.recompute_modules == ("mlp", "mla_up_proj")
-    from simdist.plan.step import step_memory
+    from simdist.plan.step_memory import step_memory
 
     memory = step_memory(cfg)
     assert all(m.fits for m in memory)

@@ -52,7 +52,7 @@ def test_the_scenarios_framework_decides_the_layouts_searched():
 
 def test_memory_headroom_prunes_layouts_near_the_capacity():
     # a layout whose modelled peak leaves less than the headroom free is pruned, saying so; 0 keeps it
-    from simdist.plan.step import peak_memory_bytes
+    from simdist.plan.step_memory import peak_memory_bytes
     from simdist.search.evaluate import step_config
 
     none = dataclasses.replace(SMALL, memory_headroom_bytes=0.0)

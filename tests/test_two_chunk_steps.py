@@ -15,7 +15,8 @@ from simdist.errors import SimdistError
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.schedule import bubble_formula
-from simdist.plan.step import build_step, collective_runs, step_memory
+from simdist.plan.step import build_step, collective_runs
+from simdist.plan.step_memory import step_memory
 from tests.test_analytic_step import _agree, _graph_observables
 
 VPP = {"zb_v": 2, "dualpipe": 1, "dualpipev": 2, "1f1b": 1, "zb_h1": 1}

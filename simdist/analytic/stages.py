@@ -122,9 +122,10 @@ class _Stage:
 
 
 def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
-    """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces simdist.plan.step slows
-    (SLOWED_KINDS); a tax piece (simdist.plan.interference) taxes the collectives beside the slowed compute, up to it:
-    share x min(their time, factor x its compute), as simdist.plan.step caps it."""
+    """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces
+    simdist.plan.step_emitter slows (SLOWED_KINDS); a tax piece (simdist.plan.interference) taxes the collectives
+    beside the slowed compute, up to it: share x min(their time, factor x its compute), as simdist.plan.step_emitter
+    caps it."""
     out = list(r.durations)
     for j, p in enumerate(pieces):
         slowed = p.comm is None and p.kind in SLOWED_KINDS

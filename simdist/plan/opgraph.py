@@ -83,7 +83,7 @@ class Op:
 @dataclass(frozen=True, slots=True, eq=False)
 class OpRows:
     """Some fields of a graph's ops, known without reading each op: a builder that emits its ops from templates
-    (simdist.plan.step) lists the distinct rows (kind, Comm, rank, whether the op belongs to a micro-batch
+    (simdist.plan.step_emitter) lists the distinct rows (kind, Comm, rank, whether the op belongs to a micro-batch
     (``microbatch >= 0``), model and hardware FLOPs) and per op the index of its row. Rows are in order of their
     first op (a row's first op comes after the first op of every row before it)."""
 

@@ -31,7 +31,7 @@ zb_h1 does (simdist.plan.schedule); the orders are data in the same form (per st
 # Assumption: DualPipe's two copies are two modules with their own parameters, gradients and optimizer state
 # (deepseek-ai/DualPipe examples/example_dualpipe.py builds rank r's DualPipe from two PipelineStage modules
 # loaded with parts r and PP-1-r, and sums each copy's gradients with its twin's on rank PP-1-r after the step):
-# a training step's memory counts both copies' (simdist.plan.step: layers_on_stage and the stage's layers), its
+# a training step's memory counts both copies' (simdist.plan.step_memory: layers_on_stage and the stage's layers), its
 # data-parallel reduction and optimizer run per copy (a chunk each, simdist.plan.data_parallel.tail), and the exchange
 # of the twins' gradients between ranks r and PP-1-r is not timed.
 # A DualPipe backward that is not deferred (its "full" backward) is B followed at once by its W, and its gradient

@@ -52,7 +52,7 @@ class StepConfig:
     """Megatron-LM --overlap-param-gather: the distributed optimizer's parameter all-gather runs bucket by bucket
     beside the first micro-batch's forward of each chunk instead of after the optimizer (simdist.plan.data_parallel)."""
     zero3_fetch: str = "prefetch"
-    """ZeRO-3 parameter traffic: ``prefetch`` or ``per_parameter`` (simdist.plan.step's module docstring)."""
+    """ZeRO-3 parameter traffic: ``prefetch`` or ``per_parameter`` (simdist.plan.data_parallel's module docstring)."""
     scatter_gather: bool = True
     """Megatron's pipeline scatter/gather (Narayanan et al. 2021 sec 4.1): each tp peer sends 1/tp."""
     dp_batch_split: tuple[int, ...] | None = None

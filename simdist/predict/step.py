@@ -32,8 +32,9 @@ from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.step import StepPlan, build_step, collective_runs, step_memory
+from simdist.plan.step import StepPlan, build_step, collective_runs
 from simdist.plan.step_config import StepConfig
+from simdist.plan.step_memory import step_memory
 from simdist.predict.band_ranges import CalibratedRanges
 from simdist.predict.bands import BandWork, band_ratios
 from simdist.predict.engine_step import EngineStep, collector_paused, engine_step, first_replica

@@ -49,7 +49,7 @@ def _columns(graph: OpGraph, trace: TraceLike, ranks: list[int]
     """Per rank of ``ranks``, its ops in op order as columns (start, end, category: index into CATEGORIES,
     pipeline work), and the model and hardware FLOPs of those ranks' ops (summed in op order)."""
     table = graph.op_rows()
-    if table is not None:  # the builder's rows (simdist.plan.step): each distinct row categorised once
+    if table is not None:  # the builder's rows (simdist.plan.step_emitter): each distinct row categorised once
         category_of_row, work_of_row = _categorised(table.kind, table.axis)
         row = table.row
         category = category_of_row[row]

@@ -30,7 +30,8 @@ from simdist.plan.layout import step_config_of
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.step import StepConfig, peak_memory_bytes
+from simdist.plan.step import StepConfig
+from simdist.plan.step_memory import peak_memory_bytes
 from simdist.predict.cluster import cluster_of
 from simdist.search.contention import ContendedPricer
 from simdist.search.space import Candidate, SearchProblem
@@ -176,7 +177,7 @@ CONFIGS_MAX = 50_000
 
 
 def configured(problem: SearchProblem, c: Candidate, ctx: Context) -> tuple[StepConfig, float]:
-    """(the candidate's StepConfig, its peak memory per GPU: simdist.plan.step.peak_memory_bytes), built once per
+    """(the candidate's StepConfig, its peak memory per GPU: simdist.plan.step_memory.peak_memory_bytes), built once per
     process and candidate (pruning, the bounds and the closed form all read them)."""
     hit = ctx.configs.get(c.key)
     if hit is None:
@@ -184,7 +185,7 @@ def configured(problem: SearchProblem, c: Candidate, ctx: Context) -> tuple[Step
             ctx.configs.clear()
             ctx.memory.clear()
         cfg = step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
-        # the placements of one layout need the same memory (no input of simdist.plan.step's memory model is the
+        # the placements of one layout need the same memory (no input of simdist.plan.step_memory's memory model is the
         # mesh's axis order): found once
         layout = c.unplaced
         memory = ctx.memory.get(layout)

@@ -4,7 +4,7 @@ The rules are `simdist run`'s own (simdist.plan.layout.check_layout, named by si
 to the candidate's scenario; the search adds two filters: ``framework``, a layout the scenario's framework cannot
 run (simdist.search.framework_layouts; off with ``SearchProblem.framework_layouts`` False; a base scenario's own
 ZeRO stage, with or without pipeline stages as it has them, is always in: its user runs it), and ``memory``: the
-peak per GPU over the pipeline stages (simdist.plan.step.peak_memory_bytes, the memory model `simdist run`
+peak per GPU over the pipeline stages (simdist.plan.step_memory.peak_memory_bytes, the memory model `simdist run`
 reports) plus the problem's headroom exceeds the GPU's memory.
 """
 
