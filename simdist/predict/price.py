@@ -277,8 +277,8 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
     known = known or {}
     images: dict[tuple, np.ndarray] = {}  # translates by (group, axes): shared by its collectives
     made: dict[tuple[int, ...], Group] = topology.groups  # type: ignore[assignment]  # shared with the closed form
-    # A step's ops share their Comm objects (one per recipe piece and stage, simdist.plan.step): each one's key is
-    # made and hashed once (by the object's id: every Comm stays alive in the graph meanwhile)
+    # A step's ops share their Comm objects (one per recipe piece and stage, simdist.plan.step_emitter): each one's
+    # key is made and hashed once (by the object's id: every Comm stays alive in the graph meanwhile)
     key_of: dict[int, tuple] = {}
     comms: dict[int, Comm] = {}  # id -> Comm, each distinct object once, in order of first use
     rows = graph.op_rows()
