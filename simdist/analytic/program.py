@@ -182,7 +182,7 @@ def step_groups(schedule: str, num_stages: int, num_microbatches: int, vpp: int
                 ) -> tuple[tuple[tuple[int, str, int], np.ndarray], ...]:
     """The steps of `program` grouped by (stage, kind, chunk), in order of each group's first step: (the key, its
     steps' indices in the program, in program order, which is micro-batch order). A timeline that records every
-    step's start by program index groups them so (simdist.analytic.timeline._timeline_fast)."""
+    step's start by program index groups them so (simdist.analytic.timeline._compiled_timeline)."""
     prog = program(schedule, num_stages, num_microbatches, vpp)
     stage = prog.steps[0]
     kind_chunk = prog.steps[1] >> 1  # recipe_code // 2: chunk * 3 + kind index

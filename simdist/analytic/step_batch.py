@@ -2,10 +2,11 @@
 
 The prediction band (simdist.predict.bands) times the same step under 32 sets of perturbed costs. Every copy runs
 the same program (the same schedule, stages, recipes and dependencies); only the durations differ. So the
-max-plus recurrence of simdist.analytic.timeline's `_timeline_fast` is run once with a vector of times per stream, one
-entry per copy: each step is the same few additions and maxima, done on the whole batch, which costs about as much
-as timing one copy in Python (a chunk's first forward with its parameter gathers, which the closed form runs piece by
-piece, is run piece by piece here too, on the batch). Only the step time is computed (no intervals, no accounting).
+max-plus recurrence of simdist.analytic.timeline's `_compiled_timeline` is run once with a vector of times per
+stream, one entry per copy: each step is the same few additions and maxima, done on the whole batch, which costs
+about as much as timing one copy in Python (a chunk's first forward with its parameter gathers, which the closed
+form runs piece by piece, is run piece by piece here too, on the batch). Only the step time is computed (no
+intervals, no accounting).
 
 The result equals `analytic_observables(copy)["step_s"]` of each copy (tests/test_step_batch.py): the same
 operations in the same order, per copy; where the closed form fast-forwards a long step (simdist.plan.fastforward)
@@ -61,7 +62,7 @@ def _levels(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> 
 
 def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, starts: dict | None = None
               ) -> np.ndarray:
-    """The step time of every copy for ``num_microbatches`` (`_timeline_fast`'s recurrence, on vectors);
+    """The step time of every copy for ``num_microbatches`` (`_compiled_timeline`'s recurrence, on vectors);
     ``starts``: filled with each step's start (micro-batch x copy), by (stage, kind, chunk), in micro-batch order.
 
     The steps are timed wave by wave (`_levels`): the simple steps without gathers ahead of a wave as one array

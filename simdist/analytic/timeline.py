@@ -155,7 +155,7 @@ def _edge_forward(code: int) -> bool:
 
 def _closed(r: PricedPieces) -> bool:
     """Every piece of ``r`` on the compute, tp, cp or ep stream is ``r``'s end or one it waits for (transitively):
-    the step leaves those streams free when it ends, as `_timeline_fast` takes them at every step's start."""
+    the step leaves those streams free when it ends, as `_compiled_timeline` takes them at every step's start."""
     seen, todo = {r.end}, [r.end]
     while todo:
         for d in r.deps[todo.pop()]:
@@ -167,7 +167,7 @@ def _closed(r: PricedPieces) -> bool:
 
 def _fast(stages: list[_Stage]) -> bool:
     """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.data_parallel
-    ._gathered_forward) that leaves the core streams free when it ends, which `_timeline_fast` runs piece by
+    ._gathered_forward) that leaves the core streams free when it ends, which `_compiled_timeline` runs piece by
     piece."""
     return all(r is None or sm is not None or (_edge_forward(code) and _closed(r))
                for st in stages for code, (r, sm) in enumerate(zip(st.recipes, st.simple, strict=True)))
