@@ -11,8 +11,14 @@ closed form, which prices every transfer at its planned rate, is a strict lower 
 
 from __future__ import annotations
 
+import dataclasses
+
 from simdist.collectives.group import Group
 from simdist.collectives.plan import Plan
+from simdist.collectives.protocols import SIMPLE
+from simdist.collectives.registry import algorithm_for
+from simdist.collectives.request import Request
+from simdist.engine.simulate import simulate
 
 
 def wire_intervals(plan: Plan, group: Group, run) -> list[tuple[float, float]]:
@@ -36,3 +42,15 @@ def uncontended(plan: Plan, group: Group, run, rel: float = 1e-9) -> bool:
         if end - begin > planned * (1 + rel) + 1e-15 * max(1.0, end):
             return False
     return True
+
+
+def engine_and_fast(algorithm: str, req: Request, proto=SIMPLE) -> tuple[float, float]:
+    """(the engine's time of ``algorithm``'s detailed plan, of its fast plan) for ``req`` under protocol ``proto``;
+    the detailed run is asserted uncontended, so it is comparable with the closed form."""
+    algo = algorithm_for(algorithm, req)
+    plan = dataclasses.replace(algo.build(req), base_latency_s=proto.base_latency_s, rate_factor=proto.rate_factor)
+    run = simulate([(plan, req.group)])[0]
+    assert uncontended(plan, req.group, run)
+    fast = dataclasses.replace(algo.build_fast(req), base_latency_s=proto.base_latency_s,
+                               rate_factor=proto.rate_factor)
+    return run.time_s, simulate([(fast, req.group)])[0].time_s

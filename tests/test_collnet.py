@@ -2,8 +2,6 @@
 stories on the toy fabric, the engine reproduces the closed form, NCCL's CollNetDirect constants, the errors,
 and what auto picks."""
 
-import dataclasses
-
 import pytest
 
 from simdist.analytic.registry import closed_form
@@ -16,11 +14,10 @@ from simdist.collectives.protocols import SIMPLE
 from simdist.collectives.registry import algorithm_for, candidates
 from simdist.collectives.request import Request
 from simdist.collectives.verify import verify
-from simdist.engine.simulate import simulate
 from simdist.errors import SimdistError
 from simdist.hardware import load_topology
 from tests.conftest import TOY_TOPOLOGY
-from tests.plan_timing import uncontended
+from tests.plan_timing import engine_and_fast
 
 # tests/fixtures/toy-nvswitch.yaml: 4 GPUs per node on an NVSwitch (100 GB/s per port, 1 us a link), one NIC per
 # GPU (25 GB/s), GPU -> PCIe switch -> NIC -> leaf: 3 links of 1 us; every efficiency 1. Its switches reduce.
@@ -29,13 +26,7 @@ PLAIN = load_topology(TOY_TOPOLOGY, num_nodes=3)
 
 
 def _engine(req, proto=SIMPLE):
-    algo = algorithm_for("collnet", req)
-    plan = dataclasses.replace(algo.build(req), base_latency_s=proto.base_latency_s, rate_factor=proto.rate_factor)
-    run = simulate([(plan, req.group)])[0]
-    assert uncontended(plan, req.group, run)
-    fast = dataclasses.replace(algo.build_fast(req), base_latency_s=proto.base_latency_s,
-                               rate_factor=proto.rate_factor)
-    return run.time_s, simulate([(fast, req.group)])[0].time_s
+    return engine_and_fast("collnet", req, proto)
 
 
 @pytest.mark.parametrize("ranks", [(0, 4), (0, 4, 8), tuple(range(8)), tuple(range(12)), (1, 2, 5, 6, 9, 10),

@@ -16,11 +16,10 @@ from simdist.collectives.protocols import SIMPLE
 from simdist.collectives.registry import algorithm_for, candidates
 from simdist.collectives.request import Request
 from simdist.collectives.verify import PlanError, verify
-from simdist.engine.simulate import simulate
 from simdist.errors import SimdistError
 from simdist.hardware import load_topology
 from tests.conftest import TOY_TOPOLOGY
-from tests.plan_timing import uncontended
+from tests.plan_timing import engine_and_fast
 
 # tests/fixtures/toy-nvswitch.yaml with NVLS on: 4 GPUs per node on an NVSwitch of NVLink generation 4 (100 GB/s per
 # port, 1 us), one 25 GB/s NIC per GPU on a rail-optimized fabric (GPU -> PCIe switch -> NIC -> leaf: 3 links of
@@ -30,13 +29,7 @@ PLAIN = load_topology(TOY_TOPOLOGY, num_nodes=3)
 
 
 def _engine(req, proto=SIMPLE):
-    algo = algorithm_for("nvls_tree", req)
-    plan = dataclasses.replace(algo.build(req), base_latency_s=proto.base_latency_s, rate_factor=proto.rate_factor)
-    run = simulate([(plan, req.group)])[0]
-    assert uncontended(plan, req.group, run)
-    fast = dataclasses.replace(algo.build_fast(req), base_latency_s=proto.base_latency_s,
-                               rate_factor=proto.rate_factor)
-    return run.time_s, simulate([(fast, req.group)])[0].time_s
+    return engine_and_fast("nvls_tree", req, proto)
 
 
 @pytest.mark.parametrize("ranks", [tuple(range(8)), tuple(range(12)), (0, 1, 4, 5), (1, 2, 5, 6, 9, 10),
