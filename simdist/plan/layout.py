@@ -51,11 +51,10 @@ from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
 from simdist.plan.moe_cost import check_experts as check_moe_cost
-from simdist.plan.moe_routing import routing_imbalance
+from simdist.plan.moe_routing import checked_histogram, scenario_imbalance
 from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, check_schedule
 from simdist.plan.step_config import StepConfig
 from simdist.spec.gpu import GpuSpec
-from simdist.spec.routing_histogram import RoutingHistogram, read_routing_histogram
 from simdist.spec.scenario import ScenarioSpec
 
 __all__ = ["RULES", "LayoutRuleError", "check_fp8", "check_layout", "step_config_of"]
@@ -202,7 +201,10 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
         raise _fail("experts", "the flex (DeepEP) dispatcher is modelled with etp 1 only",
                     "training.moe_token_dispatcher_type", "use etp 1, or the alltoall dispatcher")
     if t.moe_routing == "histogram":
-        _routing_histogram(spec, model)
+        try:
+            checked_histogram(t.moe_routing_file, model)
+        except LayoutError as err:
+            raise _fail("experts", err.problem, err.field or "training.moe_routing_file", err.fix or "") from None
     try:  # what the MoE layer's cost relies on (simdist.plan.moe_cost), so search prunes what run would refuse
         check_moe_cost(model, tp=p.tp, sequence_parallel=p.sequence_parallel, experts=ExpertParallel(
             p.ep, etp, t.moe_token_dispatcher_type, t.moe_imbalance, t.moe_expert_capacity_factor,
@@ -322,7 +324,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         gpu_variability=gpu_variability(topology.gpu, topology.spec.gpu_speed_cv, mesh.num_ranks),
         layers_per_part=split.parts, split_method=split.method,
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
-        moe_imbalance=_moe_imbalance(spec, model), moe_capacity_factor=t.moe_expert_capacity_factor,
+        moe_imbalance=scenario_imbalance(t, p, model), moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
@@ -330,34 +332,6 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         execution=execution_of(spec, p.pp),
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
-
-
-def _moe_imbalance(spec: ScenarioSpec, model: Model) -> float:
-    """training.moe_imbalance, or the one training.moe_routing's distribution gives (simdist.plan.moe_routing) for the
-    tokens the expert-parallel group routes per micro-batch: each ep rank its own micro-batch's tokens of its context-
-    parallel slice (split over tp under sequence parallelism)."""
-    t, p = spec.training, spec.parallel
-    if t.moe_routing is None or not model.num_experts:
-        return t.moe_imbalance
-    local = model.seq_length * t.micro_batch_size // p.cp // (p.tp if p.sequence_parallel else 1)
-    shares = _routing_histogram(spec, model).layers if t.moe_routing == "histogram" else None
-    return routing_imbalance(t.moe_routing, num_experts=model.num_experts, ep=p.ep, tokens=local * p.ep,
-                             topk=model.moe_router_topk, skew=t.moe_routing_skew, shares=shares)
-
-
-def _routing_histogram(spec: ScenarioSpec, model: Model) -> RoutingHistogram:
-    """training.moe_routing_file read, its experts and MoE layers checked against the model's (the ``experts`` rule).
-    A relative path starts in the current folder: the scenario loader (simdist.api.scenario) makes it absolute."""
-    hist = read_routing_histogram(spec.training.moe_routing_file)
-    if hist.num_experts != model.num_experts:
-        raise _fail("experts", f"{hist.path} lists {hist.num_experts} experts, the model has {model.num_experts}",
-                    "training.moe_routing_file", "give the histogram of this model's experts")
-    moe_layers = sum(model.moe_layer_flags())
-    if len(hist.layers) > 1 and len(hist.layers) != moe_layers:
-        raise _fail("experts", f"{hist.path} holds {len(hist.layers)} layers' histograms, the model has {moe_layers} "
-                    "MoE layers", "training.moe_routing_file",
-                    "give one histogram per MoE layer, or one (no layer column) for all")
-    return hist
 
 
 def _with_other_gpus(cfg: StepConfig, spec: ScenarioSpec, topology: Topology) -> StepConfig:

@@ -29,10 +29,16 @@ supports).
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["DISTRIBUTIONS", "DRAWS", "SEED", "routing_imbalance"]
+from simdist.errors import LayoutError
+from simdist.plan.model import Model
+from simdist.spec.routing_histogram import RoutingHistogram, read_routing_histogram
+
+__all__ = ["DISTRIBUTIONS", "DRAWS", "SEED", "checked_histogram", "routing_imbalance", "scenario_imbalance"]
 
 DISTRIBUTIONS = ("balanced", "multinomial", "zipf", "histogram")
 DRAWS = 512
@@ -74,3 +80,33 @@ def _busiest(shares: tuple[float, ...], ep: int, copies: int, shuffle: bool, dra
         loads = rng.multinomial(copies, p).reshape(ep, per_rank).sum(axis=1)
         busiest[d] = loads.max()
     return float(busiest.mean() / (copies / ep))
+
+
+def scenario_imbalance(training: Any, parallel: Any, model: Model) -> float:
+    """A scenario's training.moe_imbalance, or the one its training.moe_routing gives for the tokens the
+    expert-parallel group routes per micro-batch: each ep rank its own micro-batch's tokens of its context-parallel
+    slice (split over tp under sequence parallelism)."""
+    t, p = training, parallel
+    if t.moe_routing is None or not model.num_experts:
+        return t.moe_imbalance
+    local = model.seq_length * t.micro_batch_size // p.cp // (p.tp if p.sequence_parallel else 1)
+    shares = checked_histogram(t.moe_routing_file, model).layers if t.moe_routing == "histogram" else None
+    return routing_imbalance(t.moe_routing, num_experts=model.num_experts, ep=p.ep, tokens=local * p.ep,
+                             topk=model.moe_router_topk, skew=t.moe_routing_skew, shares=shares)
+
+
+def checked_histogram(path: Path, model: Model) -> RoutingHistogram:
+    """training.moe_routing_file read, its experts and MoE layers checked against the model's (a LayoutError naming
+    the field; simdist.plan.layout reports it under the ``experts`` rule). A relative path starts in the current
+    folder: the scenario loader (simdist.api.scenario) makes it absolute."""
+    hist = read_routing_histogram(path)
+    field = "training.moe_routing_file"
+    if hist.num_experts != model.num_experts:
+        raise LayoutError(f"{hist.path} lists {hist.num_experts} experts, the model has {model.num_experts}",
+                          field=field, fix="give the histogram of this model's experts")
+    moe_layers = sum(model.moe_layer_flags())
+    if len(hist.layers) > 1 and len(hist.layers) != moe_layers:
+        raise LayoutError(f"{hist.path} holds {len(hist.layers)} layers' histograms, the model has {moe_layers} MoE "
+                          "layers", field=field,
+                          fix="give one histogram per MoE layer, or one (no layer column) for all")
+    return hist
