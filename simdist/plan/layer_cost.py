@@ -315,14 +315,11 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
               loss_fusion: bool = False, loss_style: str | None = None) -> Work:
     """Final norm + logits GEMM + vocab-parallel softmax cross-entropy (decoder); squared-mean loss (mlp).
 
-    ``style``: the final norm's kernels as the framework runs them (simdist.plan.elementwise); ``loss_style``: the
-    loss's (None: ``style``; fused is Megatron-LM's vocab-parallel loss, eager the fp32 upcast, log_softmax and
-    nll_loss of torch.nn.functional.cross_entropy, compiled Inductor's fused reduction: the loss is compiled only
-    where the framework compiles it, simdist.plan.execution.Execution.loss_style); ``loss_fusion``: one fused softmax
-    cross-entropy kernel per pass.
-    # Assumption: the final norm runs in the blocks' style (torchtitan and OLMo-core compile each block and leave
-    # the final norm eager; one norm over the tokens is a few hundred microseconds either way)."""
-    loss_style = style if loss_style is None else loss_style
+    ``style``: the final norm's kernels (simdist.plan.elementwise); ``loss_style``: the loss's (None: ``style``; fused
+    Megatron-LM's vocab-parallel loss, eager F.cross_entropy's upcast, log_softmax and nll_loss, compiled Inductor's
+    fused reduction; simdist.plan.execution.loss_compiled); ``loss_fusion``: one fused kernel per pass.
+    # Assumption: the final norm runs in the blocks' style (a few hundred microseconds either way)."""
+    loss_style = loss_style or style
     bpe = bytes_per_element(precision)
     b = micro_batch_size
     h = model.hidden_size
