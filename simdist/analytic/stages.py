@@ -118,7 +118,8 @@ class _Stage:
     unit: list | None = None
     """A box shared by alike stages (with their priced recipes), filled by the first reader that needs it: [0]
     ``recipes``, ``simple`` and ``tail`` as arrays (`Unit`: the compiled timeline), [1] what the search's lower
-    bound sums of them (simdist.analytic.bound)."""
+    bound sums of them (simdist.analytic.bound), [2] whether the compiled timeline can run them and whether they
+    put pipeline work beside the blocks (simdist.analytic.timeline `_flags`)."""
 
 
 def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
@@ -297,7 +298,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
-            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None]))
+            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None, None]))
         sends = [0.0] * (cfg.chunks * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * p2p.count

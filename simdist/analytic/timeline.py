@@ -169,16 +169,43 @@ def _fast(stages: list[_Stage]) -> bool:
     """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.data_parallel
     ._gathered_forward) that leaves the core streams free when it ends, which `_compiled_timeline` runs piece by
     piece."""
-    return all(r is None or sm is not None or (_edge_forward(code) and _closed(r))
-               for st in stages for code, (r, sm) in enumerate(zip(st.recipes, st.simple, strict=True)))
+    return all(_flags(st)[0] for st in _distinct(stages))
 
 
 def _overlapping_work(stages: list[_Stage]) -> bool:
     """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3), or some recipe
     is not simple (its pieces are intervals beside the blocks)."""
-    return any((sm is None and r is not None)
-               or (sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind)))
-               for st in stages for r, sm in zip(st.recipes, st.simple, strict=True))
+    return any(_flags(st)[1] for st in _distinct(stages))
+
+
+def _distinct(stages: list[_Stage]) -> list[_Stage]:
+    """One stage of each set of alike stages (those sharing a `_Stage.unit` box, whose recipes are the same
+    objects); every stage without a box."""
+    seen: set[int] = set()
+    out = []
+    for st in stages:
+        if st.unit is None:
+            out.append(st)
+        elif id(st.unit) not in seen:
+            seen.add(id(st.unit))
+            out.append(st)
+    return out
+
+
+def _flags(st: _Stage) -> tuple[bool, bool]:
+    """(`_fast` of the stage alone, `_overlapping_work` of it), kept in its unit box ([2]) for the alike stages."""
+    box = st.unit
+    if box is not None and box[2] is not None:
+        return box[2]
+    pairs = list(zip(st.recipes, st.simple, strict=True))
+    fast = all(r is None or sm is not None or (_edge_forward(code) and _closed(r))
+               for code, (r, sm) in enumerate(pairs))
+    overlapping = any((sm is None and r is not None)
+                      or (sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind)))
+                      for r, sm in pairs)
+    if box is not None:
+        box[2] = (fast, overlapping)
+    return fast, overlapping
 
 
 def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, intervals: list[Interval]) -> float:
@@ -254,7 +281,7 @@ def _pack(stages: list[_Stage]) -> Packed:
     """``stages`` as arrays for the compiled timeline; each distinct stage packed once (`_Stage.unit`)."""
     units = []
     for st in stages:
-        box = st.unit if st.unit is not None else [None, None]
+        box = st.unit if st.unit is not None else [None, None, None]
         if box[0] is None:
             box[0] = pack_stage(st.recipes, st.simple, st.tail)
         units.append(box[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simdist.analytic.timeline_kernel import GENERIC
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
 __all__ = ["run"]
@@ -62,11 +63,32 @@ def _interval(intervals, count, start, end, category, work, stage):  # pragma: n
 
 
 @njit(cache=True)
+def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, steps):  # pragma: no cover - compiled
+    """Rows of intervals a program can write: every step's pieces run on their own (issued ahead, behind, or piece
+    by piece) and the tails."""
+    C = kind.shape[1]
+    total = 0
+    for i in range(steps.shape[1]):
+        u = slot[steps[0, i]]
+        code = steps[1, i]
+        k = u * C + code
+        total += ahead_ptr[k + 1] - ahead_ptr[k] + behind_ptr[k + 1] - behind_ptr[k]
+        if kind[u, code] == GENERIC:
+            r = recipe[u, code]
+            total += recipe_ptr[r + 1] - recipe_ptr[r]
+    for s in range(slot.shape[0]):
+        r = tail[slot[s]]
+        total += recipe_ptr[r + 1] - recipe_ptr[r]
+    return total
+
+
+@njit(cache=True)
 def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
-         recipe_end, piece, dep_ptr, deps, tail, sends, steps, backward, record, spans, capacity):  # pragma: no cover
+         recipe_end, piece, dep_ptr, deps, tail, sends, steps, backward, record, spans):  # pragma: no cover
     K = slot.shape[0]
     C = kind.shape[1]
     n = steps.shape[1]
+    capacity = _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, steps)
     free = np.zeros((K, 6))
     prev = np.full(K, -1.0)
     last_bwd = np.zeros(K)
@@ -91,7 +113,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
             t0 = recv
         used[s, code] += 1
         u = slot[s]
-        if kind[u, code] == 2:  # GENERIC: piece by piece
+        if kind[u, code] == GENERIC:  # piece by piece
             if record:
                 starts[i] = t0
             r = recipe[u, code]

@@ -231,17 +231,8 @@ def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool
     Returns (step end, intervals (n, 5: start, end, category, work, stage) of every piece run on its own or on
     the dp stream, in run order, uses (K, C) of each recipe, first and last simple step per stage (K, 2; -1:
     none), spans (n, 3), starts (n))."""
-    K = len(p.slot)
-    U, C = p.kind.shape
-    # capacity: every step's pieces run on their own (ahead, behind, or piece by piece), and the tails
-    per_code = (np.diff(p.ahead_ptr) + np.diff(p.behind_ptr)).reshape(U, C)
-    generic = p.kind == GENERIC
-    per_code[generic] += np.diff(p.recipe_ptr)[p.recipe[generic]]
-    n = steps.shape[1]
-    capacity = int(per_code[p.slot[steps[0]], steps[1]].sum()) if n else 0
-    capacity += int(np.diff(p.recipe_ptr)[p.tail[p.slot]].sum()) if K else 0
     from simdist.analytic.timeline_jit import run  # numba: loaded where a timeline is first compiled
 
     return run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
                 p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail, p.sends, steps,
-                backward, record, spans, capacity)
+                backward, record, spans)
