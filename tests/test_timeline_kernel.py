@@ -8,12 +8,15 @@ FLOPs) to 1e-9 of the step time; the breakdown sweep alone gives accounting's an
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdist.analytic import timeline as closed
+from simdist.analytic.program import program
 from simdist.analytic.stages import _stages
 from simdist.analytic.step import CommPricer, _num_microbatches
 from simdist.plan.accounting import CATEGORIES, BlockSummary, account
@@ -42,6 +45,33 @@ def test_compiled_closed_form_is_the_step_by_step_timeline(x):
         return
     m = _num_microbatches(cfg)
     _agree(_oracle(cfg, stages, m), closed._observables(cfg, stages, m, closed._pack(stages)), 1e-9)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts)
+def test_flags_kept_per_unit_follow_each_stage_and_the_interval_buffer_is_filled_exactly(x):
+    # the fast/overlapping flags found once per set of alike stages are what every stage's own recipes say; the
+    # compiled loop sizes its interval buffer (timeline_jit._capacity) to exactly the rows it writes: one per piece
+    # issued ahead or behind, run piece by piece, or of a tail
+    found = _config(x)
+    if found is None:
+        return
+    cfg, topology = found
+    stages = _stages(cfg, CommPricer(topology))
+    bare = [dataclasses.replace(s, unit=None) for s in stages]
+    assert closed._fast(stages) == closed._fast(bare)
+    assert closed._overlapping_work(stages) == closed._overlapping_work(bare)
+    if not closed._fast(stages):
+        return
+    from simdist.analytic.timeline_jit import _capacity
+
+    m = _num_microbatches(cfg)
+    packed = closed._pack(stages)
+    steps = program(cfg.schedule, cfg.mesh.pp, m, cfg.vpp).steps
+    rows = _capacity(packed.slot, packed.kind, packed.recipe, packed.ahead_ptr, packed.behind_ptr,
+                     packed.recipe_ptr, packed.tail, steps)
+    intervals = closed._compiled_timeline(cfg, packed, m)[1]
+    assert len(intervals) == rows
 
 
 def test_overlapped_parameter_gathers_run_their_first_forwards_piece_by_piece_and_agree():

@@ -64,7 +64,7 @@ class _Sums:
 
 
 def _sums(st: _Stage, V: int, kinds: tuple[str, ...]) -> _Sums:
-    box = st.unit if st.unit is not None else [None, None, None]
+    box = st.box()
     if box[1] is None:
         span: dict[tuple[int, str, bool], float] = {}
         dp: dict[tuple[int, str, bool], float] = {}

@@ -121,6 +121,15 @@ class _Stage:
     bound sums of them (simdist.analytic.bound), [2] whether the compiled timeline can run them and whether they
     put pipeline work beside the blocks (simdist.analytic.timeline `_flags`)."""
 
+    def box(self) -> list:
+        """The stage's unit box, or a fresh one for a stage that shares none (its contents then are not kept)."""
+        return self.unit if self.unit is not None else _empty_unit()
+
+
+def _empty_unit() -> list:
+    """A `_Stage.unit` box with nothing filled yet."""
+    return [None, None, None]
+
 
 def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
     """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces
@@ -298,7 +307,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
-            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), [None, None, None]))
+            *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), _empty_unit()))
         sends = [0.0] * (cfg.chunks * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * p2p.count

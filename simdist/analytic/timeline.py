@@ -194,18 +194,16 @@ def _distinct(stages: list[_Stage]) -> list[_Stage]:
 
 def _flags(st: _Stage) -> tuple[bool, bool]:
     """(`_fast` of the stage alone, `_overlapping_work` of it), kept in its unit box ([2]) for the alike stages."""
-    box = st.unit
-    if box is not None and box[2] is not None:
-        return box[2]
-    pairs = list(zip(st.recipes, st.simple, strict=True))
-    fast = all(r is None or sm is not None or (_edge_forward(code) and _closed(r))
-               for code, (r, sm) in enumerate(pairs))
-    overlapping = any((sm is None and r is not None)
-                      or (sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind)))
-                      for r, sm in pairs)
-    if box is not None:
+    box = st.box()
+    if box[2] is None:
+        pairs = list(zip(st.recipes, st.simple, strict=True))
+        fast = all(r is None or sm is not None or (_edge_forward(code) and _closed(r))
+                   for code, (r, sm) in enumerate(pairs))
+        overlapping = any((sm is None and r is not None)
+                          or (sm is not None and (any(w for _, _, w in sm.ahead) or any(w for _, _, _, w in sm.behind)))
+                          for r, sm in pairs)
         box[2] = (fast, overlapping)
-    return fast, overlapping
+    return box[2]
 
 
 def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, intervals: list[Interval]) -> float:
@@ -281,7 +279,7 @@ def _pack(stages: list[_Stage]) -> Packed:
     """``stages`` as arrays for the compiled timeline; each distinct stage packed once (`_Stage.unit`)."""
     units = []
     for st in stages:
-        box = st.unit if st.unit is not None else [None, None, None]
+        box = st.box()
         if box[0] is None:
             box[0] = pack_stage(st.recipes, st.simple, st.tail)
         units.append(box[0])
