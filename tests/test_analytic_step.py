@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdist import api
+from simdist.analytic.pricing import chunk_cost_entry, price_pieces, recipe_entry
 from simdist.analytic.select import rank_choices
+from simdist.analytic.stages import _geometry, _simple
 from simdist.analytic.step import CommPricer, analytic_observables, analytic_step
 from simdist.collectives.group import Group
 from simdist.collectives.request import Request
@@ -232,6 +234,30 @@ def test_pricer_caches_by_group_shape():
     pricer.time_s("all_reduce", (1, 9, 17, 25), 1e9)
     assert pricer.misses == 2
     assert pricer.time_s("all_reduce", (0,), 1e9) == 0.0
+
+
+def test_a_recipe_priced_alike_is_one_priced_recipe_and_equals_the_exact_pricing():
+    """CommPricer.priced shares a priced recipe (and its simple form) between pricers and group shapes that time its
+    pieces alike, and what it returns is price_pieces' own: equal field by field, and another timing (every
+    collective twice as long) another object."""
+    sc = api.load_scenario(K22, DP4)
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    pricer = CommPricer(sc.topology)
+    g = _geometry(cfg, pricer)[0]
+    layers, first, last = g.chunks[0]
+    cost, cost_token = chunk_cost_entry(cfg, layers, first, last)
+    slow = CommPricer(sc.topology).scaled(lambda nbytes: 2.0)
+    for kind in ("F", "B"):
+        r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, False)
+        assert any(p.comm is not None for p in r.pieces)
+        priced = [p.priced(r.pieces, r.end, g.groups, compile=_simple, pieces_token=pieces_token)
+                  for p in (pricer, CommPricer(sc.topology), slow)]
+        (a, simple_a), (b, simple_b), (c, _) = priced
+        assert a is b and simple_a is simple_b  # one timing: one priced recipe, one simple form
+        assert a == price_pieces(pricer, r.pieces, r.end, g.groups) and simple_a == _simple(a)
+        assert c is not a and c == price_pieces(slow, r.pieces, r.end, g.groups)
+        comm = [j for j, p in enumerate(r.pieces) if p.comm is not None and a.durations[j] > 0]
+        assert comm and all(c.durations[j] > a.durations[j] for j in comm)
 
 
 def test_breakdown_adds_up():

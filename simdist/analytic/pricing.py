@@ -175,8 +175,12 @@ class CommPricer:
         if hit is None:
             if len(self._priced) >= _CACHE_MAX:
                 self._priced.clear()
-            priced = price_pieces(self, pieces, end, groups)
-            hit = self._priced[key] = (priced, compile(priced) if compile is not None else None)
+            if pieces_token is None:
+                priced = price_pieces(self, pieces, end, groups)
+                hit = (priced, compile(priced) if compile is not None else None)
+            else:
+                hit = _priced_by_durations(pieces, end, pieces_token, piece_durations(self, pieces, groups), compile)
+            self._priced[key] = hit
         return hit
 
     def _price(self, key: tuple) -> float:
@@ -324,18 +328,47 @@ def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, Shape]) -> flo
     return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes, c.imbalance) + c.host_s) * c.count
 
 
-def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,
-                 groups: dict[str, Shape]) -> PricedPieces:
-    """``pieces`` timed on the mesh groups ``groups`` (axis -> (first rank, size, stride or offsets))."""
+def piece_durations(pricer: CommPricer, pieces: tuple[Piece, ...], groups: dict[str, Shape]) -> tuple[float, ...]:
+    """Seconds of each of ``pieces`` on the mesh groups ``groups`` (axis -> (first rank, size, stride or offsets))."""
     durations: list[float] = []
     for p in pieces:
         if p.tax_of:  # the compute the collectives beside it slow (simdist.plan.interference.tax_s)
             durations.append(tax_s(p, (durations[k] for k in p.tax_of)))
         else:
             durations.append(_duration(pricer, p, groups))
+    return tuple(durations)
+
+
+_BY_DURATIONS: dict[tuple, tuple[PricedPieces, Any]] = {}
+
+
+def _priced_by_durations(pieces: tuple[Piece, ...], end: int, pieces_token: int, durations: tuple[float, ...],
+                         compile: Callable[[PricedPieces], Any] | None) -> tuple[PricedPieces, Any]:
+    """(the `PricedPieces` of ``pieces`` taking ``durations``, ``compile`` of it), shared by every pricer and group
+    shape that times the pieces alike: a priced recipe is its pieces and their durations, nothing else, and a
+    search prices one recipe on many shapes and pricers (one per mesh with contention) that mostly give the same
+    durations (groups inside a node, collectives priced alike), so its simple form (simdist.analytic.stages) is
+    made once per distinct timing, not once per shape."""
+    key = (pieces_token, durations, compile)
+    hit = _BY_DURATIONS.get(key)
+    if hit is None:
+        if len(_BY_DURATIONS) >= _CACHE_MAX:
+            _BY_DURATIONS.clear()
+        priced = _with_durations(pieces, end, durations)
+        hit = _BY_DURATIONS[key] = (priced, compile(priced) if compile is not None else None)
+    return hit
+
+
+def price_pieces(pricer: CommPricer, pieces: tuple[Piece, ...], end: int,
+                 groups: dict[str, Shape]) -> PricedPieces:
+    """``pieces`` timed on the mesh groups ``groups`` (axis -> (first rank, size, stride or offsets))."""
+    return _with_durations(pieces, end, piece_durations(pricer, pieces, groups))
+
+
+def _with_durations(pieces: tuple[Piece, ...], end: int, durations: tuple[float, ...]) -> PricedPieces:
     return PricedPieces(
         streams=tuple(STREAM_CODE[p.stream] for p in pieces),
-        durations=tuple(durations),
+        durations=durations,
         deps=tuple(p.deps for p in pieces),
         needs_input=next((i for i, p in enumerate(pieces) if p.needs_input), -1),
         end=end,

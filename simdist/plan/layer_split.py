@@ -60,7 +60,8 @@ class LayerSplit:
 
     @property
     def layers_per_stage(self) -> tuple[int, ...]:
-        return tuple(sum(self.chunk_layers(s)) for s in range(self.num_stages))
+        parts = self.parts
+        return tuple(sum(parts[p] for p in row) for row in part_table(self.num_stages, self.vpp, self.schedule))
 
     @property
     def layers_per_chunk(self) -> tuple[tuple[int, ...], ...]:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from simdist.errors import SpecError, note
 from simdist.files import json_text, loads_json, open_append
 from simdist.limits import RESULT_LINE_BYTES
-from simdist.search.space import OPTIONAL_FIELDS, Candidate, SearchProblem
+from simdist.search.space import LAYOUT_FIELDS, OPTIONAL_FIELDS, Candidate, SearchProblem
 
 ROW_NUMBERS = ("step_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes")
 """Numbers every result row carries (the ranking and the tables read them)."""
@@ -51,7 +51,7 @@ def _check_row(row: dict[str, Any], path: Path, number: int) -> None:
     if bad:
         raise _damaged(path, number, f"has {bad[0]} = {row[bad[0]]!r}, not a number >= 0")
     # order, ep, etp: only where placement / expert parallelism is searched
-    names = [f.name for f in fields(Candidate) if f.name not in OPTIONAL_FIELDS]
+    names = [name for name in LAYOUT_FIELDS if name not in OPTIONAL_FIELDS]
     absent = [n for n in names if n not in row["layout"]]
     if absent:
         raise _damaged(path, number, f"has a layout without {', '.join(absent)}")

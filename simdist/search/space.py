@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from itertools import permutations
 
 from simdist.errors import SpecError
@@ -151,22 +151,29 @@ class Candidate:
     """Expert parallelism (parallel.ep; 1: a dense model's, or experts unsharded)."""
     etp: int = 0
     """Expert tensor parallelism (parallel.etp); 0: tp (Megatron-Core's default, the scenario's etp unset)."""
+    key: str = field(init=False, repr=False, compare=False)
+    """The candidate's name in results and reports, made once (a search looks it up hundreds of thousands of times:
+    sorting by bound, the rows' dictionaries); not a layout field."""
 
-    @property
-    def key(self) -> str:
+    def __post_init__(self) -> None:
         sp = "sp" if self.sequence_parallel else "nosp"
         experts = (f"-ep{self.ep}" if self.ep > 1 else "") + (f"-etp{self.etp}" if self.etp else "")
-        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.micro_batch_size}-"
-                f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}" + (f"-{self.order}" if self.order else "")
-                + experts)
+        object.__setattr__(self, "key", (
+            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.micro_batch_size}-"
+            f"z{self.zero_stage}-{self.recompute}-{sp}-{self.schedule}" + (f"-{self.order}" if self.order else "")
+            + experts))
 
     @property
     def unplaced(self) -> Candidate:
         """The layout without its placement (the mesh's axis order): what its placements share."""
-        return replace(self, order="") if self.order else self
+        if not self.order:
+            return self
+        # positional (dataclasses.replace costs several times as much: a search asks for tens of thousands)
+        return Candidate(self.tp, self.pp, self.dp, self.cp, self.vpp, self.micro_batch_size, self.zero_stage,
+                         self.recompute, self.sequence_parallel, self.schedule, "", self.ep, self.etp)
 
     def as_dict(self) -> dict:
-        out = {name: getattr(self, name) for name in self.__slots__}  # flat: ints, strings and bools
+        out = {name: getattr(self, name) for name in LAYOUT_FIELDS}  # flat: ints, strings and bools
         for name, default in OPTIONAL_FIELDS.items():
             if out[name] == default:  # the rows of results files written before placement / expert search
                 del out[name]
@@ -174,9 +181,11 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.name not in OPTIONAL_FIELDS})
+        return cls(**{name: data[name] for name in LAYOUT_FIELDS if name in data or name not in OPTIONAL_FIELDS})
 
 
+LAYOUT_FIELDS = tuple(f.name for f in fields(Candidate) if f.init)
+"""Candidate's fields that make the layout (its dict's), in order: every field but its `Candidate.key`."""
 OPTIONAL_FIELDS = {"order": "", "ep": 1, "etp": 0}
 """Candidate fields left out of its dict (and key) at their default."""
 
