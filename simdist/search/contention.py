@@ -121,6 +121,8 @@ class ContendedPricer(CommPricer):
 
     def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float) -> float:
         alone = self.alone.time_s(op, placed, nbytes, imbalance)
-        latency = min(self.alone.time_s(op, placed, 1.0, imbalance), alone)
         f = self.factor(op, placed, imbalance)
-        return alone if f == 1.0 else latency + (alone - latency) * f
+        if f == 1.0:  # (its latency, a one-byte pricing, is not needed)
+            return alone
+        latency = min(self.alone.time_s(op, placed, 1.0, imbalance), alone)
+        return latency + (alone - latency) * f
