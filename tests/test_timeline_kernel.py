@@ -19,6 +19,7 @@ from simdist.analytic import timeline as closed
 from simdist.analytic.program import program
 from simdist.analytic.stages import _stages
 from simdist.analytic.step import CommPricer, _num_microbatches
+from simdist.analytic.timeline_kernel import pack, pack_stage
 from simdist.plan.accounting import CATEGORIES, BlockSummary, account
 from simdist.plan.accounting_kernel import BUBBLE, IDLE, account_stages
 from tests.test_analytic_step import _agree, _config, layouts
@@ -101,6 +102,50 @@ def test_alike_stages_share_one_unit():
     assert len(packed.slot) == 4
     assert packed.kind.shape[0] < 4
     assert packed.slot[1] == packed.slot[2]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts, layouts)
+def test_packed_units_read_back_as_each_unit_alone(x, y):
+    # the stages of two layouts (their codes may differ in number: a shorter unit is padded) packed together, each
+    # unit given twice: every stage's codes, dp pieces, recipes' pieces and dependencies and tail read back through
+    # the packed pointers as its own unit has them
+    units, sends = [], []
+    for found in (_config(x), _config(y)):
+        if found is None:
+            return
+        cfg, topology = found
+        for stage in _stages(cfg, CommPricer(topology)):
+            units.append(pack_stage(stage.recipes, stage.simple, stage.tail))
+            sends.append(stage.sends)
+    units, sends = units + units, sends + sends
+    p = pack(units, sends)
+    C = p.kind.shape[1]
+
+    def rows(table, ptr, k):
+        return table[ptr[k]:ptr[k + 1]]
+
+    def recipe_rows(q, r):  # recipe r's pieces of q (a Unit or the Packed), each with its dependencies
+        return [(q.piece[j].tolist(), rows(q.deps, q.dep_ptr, j).tolist())
+                for j in range(q.recipe_ptr[r], q.recipe_ptr[r + 1])]
+
+    for s, u in enumerate(units):
+        j, c = p.slot[s], len(u.kind)
+        assert p.slot[s] == p.slot[s % (len(units) // 2)]  # a unit given twice is packed once
+        assert np.array_equal(p.sends[s, :len(sends[s])], sends[s])
+        assert p.kind[j, :c].tolist() == u.kind.tolist() and (p.kind[j, c:] == 0).all()
+        assert np.array_equal(p.duration[j, :c], u.duration) and np.array_equal(p.parts[j, :c], u.parts)
+        for code in range(C):
+            mine = code < c
+            for name in ("ahead", "behind"):
+                got = rows(getattr(p, name), getattr(p, f"{name}_ptr"), j * C + code).tolist()
+                assert got == (rows(getattr(u, name), getattr(u, f"{name}_ptr"), code).tolist() if mine else [])
+            r = p.recipe[j, code]
+            assert (r >= 0) == (mine and u.recipe[code] >= 0)
+            if r >= 0:
+                assert recipe_rows(p, r) == recipe_rows(u, u.recipe[code])
+                assert p.recipe_needs[r] == u.recipe_needs[u.recipe[code]]
+        assert recipe_rows(p, p.tail[j]) == recipe_rows(u, u.tail)
 
 
 intervals_of_a_stage = st.lists(
