@@ -24,6 +24,7 @@ it against the step-by-step timeline (`simdist.analytic.timeline._timeline`), th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,9 +36,9 @@ _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
 NONE, SIMPLE, GENERIC = 0, 1, 2
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """One stage's priced recipes as arrays (C recipe codes), made once per distinct stage (`pack_stage`).
+class Unit(NamedTuple):
+    """One stage's priced recipes as arrays (C recipe codes), made once per distinct stage (`pack_stage`). A named
+    tuple: `pack` reads one field of all the units it joins at once (``zip(*units)``).
 
     ``kind`` (C): NONE, SIMPLE or GENERIC (timed piece by piece: ``recipe`` (C) names its entry in the pieces
     table). Simple recipes: ``duration`` (C), ``frees`` (C, 4: when each core stream is free again, relative to
@@ -172,61 +173,56 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
             j = index[id(u)] = len(distinct)
             distinct.append(u)
         slot[s] = j
-    C = max((len(u.kind) for u in distinct), default=0)
     U = len(distinct)
+    if not U:
+        raise ValueError("pack: a configuration has at least one stage")
+    (kinds, recipes, durations, frees, ahead_ptrs, aheads, behind_ptrs, behinds, recipe_ptrs, needs, ends, pieces,
+     dep_ptrs, deps, tails, simple_flops, parts, recipe_flops) = zip(*distinct, strict=True)
+    sizes = [len(x) for x in kinds]
+    C = max(sizes)
+    even = min(sizes) == C
 
-    def padded(name: str, fill: float, dtype: type = float) -> np.ndarray:
-        rows = [getattr(u, name) for u in distinct]
-        if U and all(len(x) == C for x in rows):
+    def padded(rows: tuple[np.ndarray, ...], fill: float, dtype: type = float) -> np.ndarray:
+        if even:
             return np.array(rows, dtype=dtype)
-        out = np.full((U, C, *(rows[0].shape[1:] if U else ())), fill, dtype=dtype)
+        out = np.full((U, C, *rows[0].shape[1:]), fill, dtype=dtype)
         for j, x in enumerate(rows):
             out[j, :len(x)] = x
         return out
 
-    kind = padded("kind", NONE, np.int8)
-    duration = padded("duration", 0.0)
-    frees = padded("frees", -1.0)
-    simple_flops = padded("simple_flops", 0.0)
-    parts = padded("parts", 0.0)
-
     # the units' tables end to end: each unit's indices into them moved on by the rows of the units before it,
     # for every unit at once (a configuration with contention has as many units as stages: a loop of numpy
     # operations per unit cost 0.35 ms of a 1 ms closed form)
-    def starts(sizes: list[int]) -> np.ndarray:
-        return np.cumsum([0, *sizes[:-1]], dtype=np.int64) if U else np.zeros(0, dtype=np.int64)
+    def starts(tables: tuple[np.ndarray, ...]) -> np.ndarray:
+        return np.cumsum([0, *(len(x) for x in tables[:-1])], dtype=np.int64)
 
-    def ptr(name: str, table: str) -> np.ndarray:
-        """The units' CSR pointers (by u * C + code; a unit with fewer codes repeats its last pointer), moved on."""
-        rows = [getattr(u, name)[1:] for u in distinct]
-        rows = [x if len(x) == C else np.concatenate((x, np.full(C - len(x), x[-1] if len(x) else 0))) for x in rows]
-        moved = np.concatenate(rows) + np.repeat(starts([len(getattr(u, table)) for u in distinct]), C) if U else \
-            np.zeros(0, dtype=np.int64)
-        return np.concatenate((np.zeros(1, dtype=np.int64), moved))
+    def ptr(ptrs: tuple[np.ndarray, ...], tables: tuple[np.ndarray, ...], width: int) -> np.ndarray:
+        """CSR pointers of the joined units (by u * ``width`` + entry; a unit with fewer entries repeats its last
+        pointer), each unit's moved on by the rows of ``tables`` before it."""
+        rows = [x[1:] for x in ptrs]
+        if not even and width == C:
+            rows = [x if len(x) == C else np.concatenate((x, np.full(C - len(x), x[-1] if len(x) else 0)))
+                    for x in rows]
+        counts = [len(x) for x in rows]
+        return np.concatenate((_ZERO, *rows)) + np.concatenate((_ZERO, np.repeat(starts(tables), counts)))
 
-    first_recipe = starts([len(u.recipe_needs) for u in distinct])
-    recipe = padded("recipe", -1, np.int64)
+    first_recipe = starts(needs)
+    recipe = padded(recipes, -1, np.int64)
     recipe = np.where(recipe >= 0, recipe + first_recipe[:, None], -1)
-    tail = np.array([u.tail for u in distinct], dtype=np.int64) + first_recipe
-    counts = [len(u.recipe_ptr) - 1 for u in distinct]
-    recipe_ptr = np.concatenate((np.zeros(1, dtype=np.int64), *(u.recipe_ptr[1:] for u in distinct))) + \
-        np.concatenate((np.zeros(1, dtype=np.int64), np.repeat(starts([len(u.piece) for u in distinct]), counts)))
-    counts = [len(u.dep_ptr) - 1 for u in distinct]
-    dep_ptr = np.concatenate((np.zeros(1, dtype=np.int64), *(u.dep_ptr[1:] for u in distinct))) + \
-        np.concatenate((np.zeros(1, dtype=np.int64), np.repeat(starts([len(u.deps) for u in distinct]), counts)))
     V3 = max((len(x) for x in sends), default=0)
     send = np.zeros((K, V3))
     for s, x in enumerate(sends):
         send[s, :len(x)] = x
+    return Packed(slot, send, padded(kinds, NONE, np.int8), recipe, padded(durations, 0.0), padded(frees, -1.0),
+                  ptr(ahead_ptrs, aheads, C), np.concatenate(aheads), ptr(behind_ptrs, behinds, C),
+                  np.concatenate(behinds), ptr(recipe_ptrs, pieces, 0),
+                  np.concatenate(needs).astype(np.int64), np.concatenate(ends).astype(np.int64),
+                  np.concatenate(pieces), ptr(dep_ptrs, deps, 0), np.concatenate(deps).astype(np.int64),
+                  np.array(tails, dtype=np.int64) + first_recipe, padded(simple_flops, 0.0), padded(parts, 0.0),
+                  np.concatenate(recipe_flops))
 
-    def joined(name: str, width: int) -> np.ndarray:
-        return np.concatenate([getattr(u, name) for u in distinct]) if U else np.zeros((0, width))
 
-    return Packed(slot, send, kind, recipe, duration, frees, ptr("ahead_ptr", "ahead"), joined("ahead", 3),
-                  ptr("behind_ptr", "behind"), joined("behind", 4), recipe_ptr,
-                  joined("recipe_needs", 0).astype(np.int64), joined("recipe_end", 0).astype(np.int64),
-                  joined("piece", 4), dep_ptr, joined("deps", 0).astype(np.int64), tail,
-                  simple_flops, parts, joined("recipe_flops", 2))
+_ZERO = np.zeros(1, dtype=np.int64)
 
 
 def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool, spans: bool) -> tuple:
