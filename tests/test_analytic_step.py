@@ -7,6 +7,7 @@ observable by observable; and where no collective shares a link with another, th
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from simdist import api
 from simdist.analytic.pricing import chunk_cost_entry, price_pieces, recipe_entry
 from simdist.analytic.select import rank_choices
-from simdist.analytic.stages import _geometry, _simple
+from simdist.analytic.stages import _geometry, _simple, _stages
 from simdist.analytic.step import CommPricer, analytic_observables, analytic_step
 from simdist.collectives.group import Group
 from simdist.collectives.request import Request
@@ -258,6 +259,28 @@ def test_a_recipe_priced_alike_is_one_priced_recipe_and_equals_the_exact_pricing
         assert c is not a and c == price_pieces(slow, r.pieces, r.end, g.groups)
         comm = [j for j, p in enumerate(r.pieces) if p.comm is not None and a.durations[j] > 0]
         assert comm and all(c.durations[j] > a.durations[j] for j in comm)
+
+
+def test_a_layouts_stages_are_priced_once_per_pricer_replica_and_straggler():
+    # read twice on one pricer: the same stages (a search's bound and its closed form); another replica with a
+    # straggler in it, or the same layout without the straggler, or another pricer: their own, priced alike
+    sc = api.load_scenario(K22, ["cluster.num_nodes=4", "parallel.dp=2", "parallel.pp=2",
+                                 "training.global_batch_size=16", "faults.stragglers=[{rank: 8, slower_by: 0.3}]"])
+    cfg = step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    assert cfg.compute_slowdown and cfg.mesh.coords(8)["dp"] == 1
+    pricer = CommPricer(sc.topology)
+    first = _stages(cfg, pricer)
+    assert _stages(cfg, pricer) is first
+    slowed = _stages(cfg, pricer, dp_index=1)
+    assert slowed is not first and _stages(cfg, pricer, dp_index=1) is slowed
+    stage = cfg.mesh.coords(8)["pp"]
+    assert slowed[stage].recipes[0].durations != first[stage].recipes[0].durations
+    healthy = _stages(dataclasses.replace(cfg, compute_slowdown=()), pricer, dp_index=1)
+    assert healthy is not slowed and healthy[stage].recipes[0].durations == first[stage].recipes[0].durations
+    fresh = _stages(cfg, CommPricer(sc.topology))
+    assert fresh is not first
+    assert [(st.sends, [r.durations if r else None for r in st.recipes]) for st in fresh] == \
+        [(st.sends, [r.durations if r else None for r in st.recipes]) for st in first]
 
 
 def test_breakdown_adds_up():

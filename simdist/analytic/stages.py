@@ -299,17 +299,29 @@ def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
 def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: list[_Geometry] | None = None
             ) -> list[_Stage]:
     """The stages of data-parallel replica ``dp_index`` (they differ only by a straggler's compute); ``geometry``:
-    `_geometry` of ``cfg``'s mesh on ``pricer``'s cluster, if already found."""
+    `_geometry` of ``cfg``'s mesh on ``pricer``'s cluster, if already found. Kept by ``pricer`` for what decides
+    them (the recipes' and chunk costs' configuration, the geometry, the replica's compute factors): a search reads
+    a layout's stages for its bounds and again for its closed form, and a benchmark again and again. Callers only
+    read the list."""
     p2p = send(cfg)
     config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
+    geometry = geometry if geometry is not None else _geometry(cfg, pricer)
+    # keyed by the geometry list's id, the list kept in the entry: alive while the entry is, its id no other's
+    key = ("stages", config, id(geometry), dp_index, cfg.compute_slowdown, cfg.gpu_variability, p2p.count)
+    return pricer.memo(key, lambda: (geometry, _priced_stages(cfg, pricer, dp_index, geometry, config,
+                                                              p2p.count)))[1]
+
+
+def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry: list[_Geometry],
+                   config: tuple[int, int], count: int) -> list[_Stage]:
     out: list[_Stage] = []
-    for s, g in enumerate(geometry if geometry is not None else _geometry(cfg, pricer)):
+    for s, g in enumerate(geometry):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
         recipes, simple, stage_tail, unit = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor: (
             *_stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape), _empty_unit()))
         sends = [0.0] * (cfg.chunks * 3)
         for index, key in g.sends:
-            sends[index] = pricer.time_of_key(key) * p2p.count
+            sends[index] = pricer.time_of_key(key) * count
         out.append(_Stage(recipes, simple, sends, stage_tail, unit))
     return out
