@@ -251,3 +251,14 @@ def test_the_progress_reports_the_lower_bounds_phase_first():
 def test_zero3_fetch_needs_zero3(cli, tmp_path):
     code, _, err = cli("run", "scenarios/default.yaml", "--set", "training.zero3_fetch=per_parameter")
     assert code == 2 and "training.zero3_fetch" in err and "zero_stage: 3" in err
+
+
+@pytest.mark.parametrize("candidate", [
+    Candidate(4, 8, 32, 2, 4, 1, 1, "selective", True, "interleaved_1f1b", "tcdp", 2, 1),
+    Candidate(2, 1, 8, 1, 1, 2, 3, "full", False, "1f1b", "tdcp"),
+    Candidate(8, 4, 4, 1, 1, 4, 0, "none", True, "gpipe")])
+def test_a_candidate_without_its_placement_keeps_every_other_field_and_its_key_follows(candidate):
+    bare = candidate.unplaced
+    assert bare == dataclasses.replace(candidate, order="")  # every layout field but the order, as it was
+    assert bare.key == dataclasses.replace(candidate, order="").key and not bare.order
+    assert Candidate.from_dict(candidate.as_dict()) == candidate and Candidate.from_dict(bare.as_dict()).key == bare.key

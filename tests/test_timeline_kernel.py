@@ -25,6 +25,15 @@ from simdist.plan.accounting_kernel import BUBBLE, IDLE, account_stages
 from tests.test_analytic_step import _agree, _config, layouts
 
 
+def _priced(x: dict):
+    """(the StepConfig of layout ``x``, its stages priced on a fresh pricer), or None where the layout cannot run."""
+    found = _config(x)
+    if found is None:
+        return None
+    cfg, topology = found
+    return cfg, _stages(cfg, CommPricer(topology))
+
+
 def _oracle(cfg, stages, m: int) -> dict[str, float]:
     step, intervals, blocks, model, hardware = closed._timeline(cfg, stages, m)
     acct = account(intervals, step, blocks)
@@ -37,11 +46,10 @@ def _oracle(cfg, stages, m: int) -> dict[str, float]:
 def test_compiled_closed_form_is_the_step_by_step_timeline(x):
     # ZeRO 0-3 (its parameter gathers issued ahead, its per-micro-batch reduce-scatters overlapping the blocks),
     # buckets, recompute, every schedule, uneven chunks, host costs: the same step and the same breakdown
-    found = _config(x)
+    found = _priced(x)
     if found is None:
         return
-    cfg, topology = found
-    stages = _stages(cfg, CommPricer(topology))
+    cfg, stages = found
     if not closed._fast(stages):
         return
     m = _num_microbatches(cfg)
@@ -54,11 +62,10 @@ def test_flags_kept_per_unit_follow_each_stage_and_the_interval_buffer_is_filled
     # the fast/overlapping flags found once per set of alike stages are what every stage's own recipes say; the
     # compiled loop sizes its interval buffer (timeline_jit._capacity) to exactly the rows it writes: one per piece
     # issued ahead or behind, run piece by piece, or of a tail
-    found = _config(x)
+    found = _priced(x)
     if found is None:
         return
-    cfg, topology = found
-    stages = _stages(cfg, CommPricer(topology))
+    cfg, stages = found
     bare = [dataclasses.replace(s, unit=None) for s in stages]
     assert closed._fast(stages) == closed._fast(bare)
     assert closed._overlapping_work(stages) == closed._overlapping_work(bare)
@@ -111,11 +118,10 @@ def test_packed_units_read_back_as_each_unit_alone(x, y):
     # unit given twice: every stage's codes, dp pieces, recipes' pieces and dependencies and tail read back through
     # the packed pointers as its own unit has them
     units, sends = [], []
-    for found in (_config(x), _config(y)):
+    for found in (_priced(x), _priced(y)):
         if found is None:
             return
-        cfg, topology = found
-        for stage in _stages(cfg, CommPricer(topology)):
+        for stage in found[1]:
             units.append(pack_stage(stage.recipes, stage.simple, stage.tail))
             sends.append(stage.sends)
     units, sends = units + units, sends + sends

@@ -197,11 +197,11 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
     def starts(tables: tuple[np.ndarray, ...]) -> np.ndarray:
         return np.fromiter(accumulate(map(len, tables[:-1]), initial=0), dtype=np.int64, count=U)
 
-    def ptr(ptrs: tuple[np.ndarray, ...], tables: tuple[np.ndarray, ...], width: int) -> np.ndarray:
-        """CSR pointers of the joined units (by u * ``width`` + entry; a unit with fewer entries repeats its last
-        pointer), each unit's moved on by the rows of ``tables`` before it: joined, each unit's leading 0 but the
-        first one's left out."""
-        if not even and width == C:
+    def ptr(ptrs: tuple[np.ndarray, ...], tables: tuple[np.ndarray, ...], by_code: bool = False) -> np.ndarray:
+        """CSR pointers of the joined units, each unit's moved on by the rows of ``tables`` before it: joined, each
+        unit's leading 0 but the first one's left out. ``by_code``: pointers by u * C + code, a unit with fewer codes
+        repeating its last pointer."""
+        if by_code and not even:
             ptrs = tuple(x if len(x) == C + 1 else np.concatenate((x, np.full(C + 1 - len(x), x[-1]))) for x in ptrs)
         lengths = list(map(len, ptrs))
         heads = np.fromiter(accumulate(lengths[:-1], initial=0), dtype=np.int64, count=U)
@@ -216,15 +216,12 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
     for s, x in enumerate(sends):
         send[s, :len(x)] = x
     return Packed(slot, send, padded(kinds, NONE, np.int8), recipe, padded(durations, 0.0), padded(frees, -1.0),
-                  ptr(ahead_ptrs, aheads, C), np.concatenate(aheads), ptr(behind_ptrs, behinds, C),
-                  np.concatenate(behinds), ptr(recipe_ptrs, pieces, 0),
+                  ptr(ahead_ptrs, aheads, by_code=True), np.concatenate(aheads),
+                  ptr(behind_ptrs, behinds, by_code=True), np.concatenate(behinds), ptr(recipe_ptrs, pieces),
                   np.concatenate(needs).astype(np.int64), np.concatenate(ends).astype(np.int64),
-                  np.concatenate(pieces), ptr(dep_ptrs, deps, 0), np.concatenate(deps).astype(np.int64),
+                  np.concatenate(pieces), ptr(dep_ptrs, deps), np.concatenate(deps).astype(np.int64),
                   np.array(tails, dtype=np.int64) + first_recipe, padded(simple_flops, 0.0), padded(parts, 0.0),
                   np.concatenate(recipe_flops))
-
-
-_ZERO = np.zeros(1, dtype=np.int64)
 
 
 def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool, spans: bool) -> tuple:

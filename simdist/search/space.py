@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from itertools import permutations
+from operator import attrgetter
 
 from simdist.errors import SpecError
 from simdist.limits import GLOBAL_BATCH, GPUS, SEARCH_CANDIDATES, SEQ_LENGTH, VPP, check_work
@@ -168,9 +169,10 @@ class Candidate:
         """The layout without its placement (the mesh's axis order): what its placements share."""
         if not self.order:
             return self
-        # positional (dataclasses.replace costs several times as much: a search asks for tens of thousands)
-        return Candidate(self.tp, self.pp, self.dp, self.cp, self.vpp, self.micro_batch_size, self.zero_stage,
-                         self.recompute, self.sequence_parallel, self.schedule, "", self.ep, self.etp)
+        # positionally, from the layout's fields (dataclasses.replace costs several times as much: a search asks for
+        # tens of thousands)
+        values = _layout_values(self)
+        return Candidate(*values[:_ORDER], "", *values[_ORDER + 1:])
 
     def as_dict(self) -> dict:
         out = {name: getattr(self, name) for name in LAYOUT_FIELDS}  # flat: ints, strings and bools
@@ -186,6 +188,8 @@ class Candidate:
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Candidate) if f.init)
 """Candidate's fields that make the layout (its dict's), in order: every field but its `Candidate.key`."""
+_layout_values = attrgetter(*LAYOUT_FIELDS)
+_ORDER = LAYOUT_FIELDS.index("order")
 OPTIONAL_FIELDS = {"order": "", "ep": 1, "etp": 0}
 """Candidate fields left out of its dict (and key) at their default."""
 
