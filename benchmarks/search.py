@@ -11,7 +11,9 @@ Figures:
   every collective alone (`run --fidelity closed_form`'s) and with the contention estimate search ranks by;
 - warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost;
 - 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, or on a Dask LocalCluster of
-  --dask-local workers (issue 32: 10^6 configurations on 2 workers), wall time;
+  --dask-local workers (issue 32: 10^6 configurations on 2 workers; the workers with the README's settings,
+  simdist.search.executors.DASK_WORKER_SETTINGS, in jobs of DaskExecutor.job_size as a search splits them), wall
+  time;
 - engine: simdist.predict.step.predict_step on the top k, seconds each;
 - --readme: the README's default search (`simdist search --model gpt3-175b ...`) as a whole process, median wall of
   three runs and peak resident memory.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import statistics
 import subprocess
@@ -31,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simdist.search.evaluate import evaluate_batch
-from simdist.search.executors import make_executor
+from simdist.search.executors import DASK_WORKER_SETTINGS, make_executor
 from simdist.search.rank import enumerate_feasible, resimulate
 from simdist.search.space import SearchProblem
 from simdist.search.sweep import BATCH
@@ -74,17 +77,22 @@ def main() -> None:
         print(f"{label}: cold {cold:.2f} s ({cold / len(feasible) * 1e6:.0f} us per config), warm (median of 3) "
               f"{warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, {warm / len(feasible) * 1e6:.0f} us per config)")
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
-    jobs = [(problem, many[i:i + a.batch]) for i in range(0, len(many), a.batch)]
     cluster = client = None
     if a.dask_local:
         from distributed import Client, LocalCluster
 
+        # the worker settings the README recommends (DASK_WORKER_SETTINGS), as environment variables the spawned
+        # worker processes read when they start
+        for key, value in DASK_WORKER_SETTINGS.items():
+            os.environ.setdefault("DASK_" + key.upper().replace(".", "__").replace("-", "_"), str(value))
         cluster = LocalCluster(n_workers=a.dask_local, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     where = f"a Dask LocalCluster of {a.dask_local} worker(s)" if client is not None else f"{a.workers} worker(s)"
     t = time.perf_counter()
     try:
         with make_executor(workers=a.workers, dask=client) as ex:
+            size = ex.job_size(len(many), a.batch)  # as simdist.search.sweep splits a phase's candidates
+            jobs = [(problem, many[i:i + size]) for i in range(0, len(many), size)]
             for _ in ex.run(evaluate_batch, jobs):
                 pass
     finally:

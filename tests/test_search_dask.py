@@ -27,6 +27,26 @@ def test_dask_local_cluster_matches_in_process():
     assert remote == local and bounded == local_bounded
 
 
+def test_dask_jobs_grow_where_many_candidates_wait():
+    """One worker: a phase of n candidates goes out in jobs of ceil(n / 4), at least the sweep's 64 and at most 512;
+    in-process and on local processes always 64. Whatever the job size, the rows are the same and in order."""
+    from simdist.search.executors import DASK_JOB_MAX, ProcessExecutor
+
+    assert Executor().job_size(100_000, 64) == 64
+    with ProcessExecutor(1) as pool:
+        assert pool.job_size(100_000, 64) == 64
+    with (distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None,
+                                   protocol="tcp://") as lc,
+          DaskExecutor(lc.scheduler_address, timeout_s=10) as ex):
+        assert [ex.job_size(n, 64) for n in (10, 256, 257, 1000, 2048, 2049, 10**6)] == [64, 64, 65, 250, 512, 512,
+                                                                                        DASK_JOB_MAX]
+        feasible, *_ = enumerate_feasible(SMALL)
+        assert len(feasible) == 476 and ex.job_size(len(feasible), 64) == 119  # the screening: jobs of 119
+        remote, bounded, *_ = sweep(SMALL, feasible, ex)
+    local, local_bounded, *_ = sweep(SMALL, feasible, Executor())
+    assert remote == local and bounded == local_bounded
+
+
 def test_unreachable_scheduler_is_one_clear_error():
     with pytest.raises(SpecError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:9") as info:
         DaskExecutor("tcp://127.0.0.1:9", timeout_s=1)

@@ -23,12 +23,30 @@ from simdist.errors import SpecError
 
 DASK_CONNECT_TIMEOUT_S = 10.0
 DASK_NO_WORKER_S = 30.0
+"""Seconds the search waits on a Dask cluster without a single worker before it stops (workers restarting come
+back within seconds)."""
 DASK_WINDOW_MIN = 16
 DASK_WINDOW_PER_WORKER = 4
 """Jobs kept on a Dask cluster at a time: 4 per worker (each worker busy, the next batches queued beside it), at
 least 16 (a cluster whose workers are still joining)."""
-"""Seconds the search waits on a Dask cluster without a single worker before it stops (workers restarting come
-back within seconds)."""
+DASK_JOB_MAX = 512
+"""The most candidates `DaskExecutor.job_size` puts in one job. A Dask task costs the scheduler, the worker and the
+client a few milliseconds each whatever it carries, against about 1 ms of closed form per candidate: on a
+LocalCluster of 2 single-threaded workers on this 2-core machine the same 60,000 warm evaluations ran at 1,428
+candidates/s in jobs of 64, 1,581 in jobs of 256 and 1,604 in jobs of 1,024 (scratch script timing
+simdist.search.evaluate.evaluate_batch through `DaskExecutor.run`, 2026-12-05). 512 is past the knee and keeps
+what a Ctrl-C loses to about half a second per worker."""
+DASK_WORKER_SETTINGS = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1000ms",
+    "distributed.worker.memory.monitor-interval": "1000ms",
+}
+"""Dask configuration that keeps a worker's own threads off the CPU a search's closed form runs on (README, Search:
+give them to ``dask worker`` as DASK_* environment variables; benchmarks/search.py gives them to its LocalCluster).
+By default a worker samples its running task's stack every 10 ms (its profiler), checks its event loop every 20 ms
+and its memory every 100 ms, each taking the interpreter lock from the task: one worker evaluating the README's
+1,801 layouts warm took 1,108 us a layout against 926 us in a plain process, 1,045 us without the profiler and
+1,009 us with all three (scratch script, 2026-12-05; the rest is the worker's event loop and heartbeats)."""
 _DASK_FIX = "start one (dask scheduler; dask worker ADDRESS) or check the address, e.g. tcp://host:8786"
 
 
@@ -53,6 +71,12 @@ class Executor:
     """Runs ``fn(*args)`` for each args tuple; ``run`` yields (index, result) as each finishes."""
 
     name = "in-process"
+
+    def job_size(self, num_candidates: int, base: int) -> int:
+        """Candidates per job when ``num_candidates`` are to be evaluated at once: ``base`` (simdist.search.sweep's
+        BATCH). In-process and on local processes a job costs nothing beyond its candidates (a process pool's
+        pickling: about 0.3 ms a job of 64), so small jobs keep the progress bar and Ctrl-C fine-grained."""
+        return base
 
     def run(self, fn: Callable[..., Any], jobs: list[tuple]) -> Iterator[tuple[int, Any]]:
         for i, args in enumerate(jobs):
@@ -174,6 +198,15 @@ class DaskExecutor(Executor):
                                 fix="start a worker (dask worker ADDRESS); rerun with the same --out to resume "
                                     "from the rows already written")
             top_up()
+
+    def job_size(self, num_candidates: int, base: int) -> int:
+        """Larger jobs where many candidates wait (a search's screening of every layout): ``num_candidates`` spread
+        over `DASK_WINDOW_PER_WORKER` jobs per worker, at least ``base`` and at most `DASK_JOB_MAX` a job, since a
+        Dask task has a fixed cost of its own (`DASK_JOB_MAX`). A few candidates (the branch and bound's rounds)
+        stay in jobs of ``base``, so every worker still gets one."""
+        workers = max(1, self._workers())
+        even = -(-num_candidates // (DASK_WINDOW_PER_WORKER * workers))
+        return max(base, min(DASK_JOB_MAX, even))
 
     def _workers(self) -> int:
         """Workers the scheduler has now."""

@@ -30,7 +30,8 @@ from simdist.search.space import Candidate, SearchProblem
 __all__ = ["BATCH", "ROUND", "sweep"]
 
 BATCH = 64
-"""Candidates per job an executor runs (and per round of the Pareto front's evaluations)."""
+"""Candidates per job an executor runs (a Dask cluster more where many wait: simdist.search.executors.
+DaskExecutor.job_size), and per round of the Pareto front's evaluations."""
 
 ROUND = 4 * BATCH
 """Candidates evaluated per round of the top's branch and bound after its first (a batch: a threshold early); the
@@ -144,8 +145,10 @@ def sweep(problem: SearchProblem, candidates: list[Candidate], executor: Executo
     position = {c.key: i for i, c in enumerate(candidates)}
 
     def run(fn: Callable, batch: list[Candidate], sink: Callable[[list[dict[str, Any]]], None]) -> None:
-        """``fn`` over ``batch`` in jobs of BATCH, each job's rows to ``sink`` as it arrives (Ctrl-C keeps them)."""
-        for _, rows in executor.run(fn, [(problem, batch[i:i + BATCH]) for i in range(0, len(batch), BATCH)]):
+        """``fn`` over ``batch`` in jobs of BATCH (the executor's `job_size`: larger on Dask where many wait), each
+        job's rows to ``sink`` as it arrives (Ctrl-C keeps them)."""
+        size = executor.job_size(len(batch), BATCH)
+        for _, rows in executor.run(fn, [(problem, batch[i:i + size]) for i in range(0, len(batch), size)]):
             sink(rows)
 
     bounds = _Bounds(problem, run, tokens_of(problem))
