@@ -76,6 +76,25 @@ def test_doubling_imbalance_doubles_the_busiest_ranks_expert_work_and_the_all_to
     assert [c.imbalance for c in a2a(two)] == [2.0] * 4 and [c.nbytes for c in a2a(two)] == [c.nbytes for c in a2a(one)]
 
 
+def test_the_experts_activation_weights_the_rows_and_the_unpermutation_only_sums():
+    """Megatron-LM !2668 (April 2025): the router probabilities travel with the permuted rows and the experts'
+    activation multiplies them in (TEGroupedMLP's weighted bias-SwiGLU), so the unpermutation sums a token's copies and
+    its backward is a gather. ep 4: a rank sends T x topk = 256 rows and its 2 local experts get 256 rows of width F."""
+    work = layer_work(TINY, layer=1, attention="flash", experts=ExpertParallel(ep=4))
+    rows, e = T * K, 2
+    (act,), (act_grad,) = kernels(work, "expert_swiglu"), kernels(work, "expert_swiglu_grad", backward=True)
+    # SwiGLU: read gate and up, write the output (3 x 2 B an element), plus each row's fp32 probability read once;
+    # backward: 5 x 2 B an element, plus the probability read and its gradient written (8 B a row)
+    assert act.hbm_bytes == pytest.approx(rows * F * 3 * e + rows * 4, rel=1e-12)
+    assert act_grad.hbm_bytes == pytest.approx(rows * F * 5 * e + rows * 8, rel=1e-12)
+    assert act.flops == pytest.approx(rows * F * 7.0) and act_grad.flops == pytest.approx(rows * F * 10.0)
+    (unperm,), (unperm_grad,) = kernels(work, "moe_unpermute"), kernels(work, "moe_unpermute_grad", backward=True)
+    # forward: the 256 returned rows read, the 128 tokens written, one add an element; backward: the tokens'
+    # gradients gathered into the rows (read and write 2 B an element), no FLOPs
+    assert unperm.hbm_bytes == rows * H * e + T * H * e and unperm.flops == rows * H
+    assert unperm_grad.hbm_bytes == rows * H * 2 * e and unperm_grad.flops == 0
+
+
 def test_capacity_factor_caps_the_busiest_rank_and_drops_below_the_balanced_share():
     capped = layer_work(TINY, layer=1, experts=ExpertParallel(ep=4, imbalance=2.0, capacity_factor=1.5))
     # min(2.0, 1.5) x 128 rows per local expert = 192; the busiest peer receives 1.5 x the mean
@@ -306,12 +325,14 @@ def test_activations_of_an_moe_layer_and_of_mla_by_hand():
     e, s, h = 2, 128, 64
     common = 4 * e * s * h + 2 * s * (2 * 64 + 2 * 64) + 4 * 4 * s  # norms' and QKV/MLP inputs; Q, K, V, proj; lse
     rows = 2 * s  # ep 4: T x topk = 256 rows on 2 local experts
-    routed = e * rows * (h + 3 * F) + s * 8 * (4 + 1) + e * s * K * h  # expert tensors, router, unpermute input
+    # expert tensors, router, each row's fp32 probability (the weighted activation's; the unpermutation keeps nothing
+    # since Megatron-LM !2668: before it, the expert outputs s x K x h for the probabilities' gradient)
+    routed = e * rows * (h + 3 * F) + s * 8 * (4 + 1) + 4 * rows
     assert activation_bytes_per_layer(TINY, attention="flash", layer=1, experts=ExpertParallel(ep=4)) == \
         common + routed
     assert activation_bytes_per_layer(TINY, attention="flash", layer=0) == common + 3 * e * s * 256
     hot = activation_bytes_per_layer(TINY, attention="flash", layer=1, experts=ExpertParallel(ep=4, imbalance=2.0))
-    assert hot - (common + routed) == e * rows * (h + 3 * F)  # the busiest rank keeps twice the expert rows
+    assert hot - (common + routed) == rows * (e * (h + 3 * F) + 4)  # the busiest rank keeps twice the expert rows
     # MLA (DeepSeek-V3, tp 8 with sequence parallelism): Q, K of 16 x 192, V and the projection input of 16 x 128,
     # the two latents' norm and up-projection inputs on the peer's own tokens
     s, h, t = 4096, 7168, 8

@@ -133,9 +133,12 @@ def test_the_bundled_deepseek_v3_scenario_fits_as_nvidia_ran_it():
 
     memory = step_memory(cfg)
     assert all(m.fits for m in memory)
-    # without the guide's recompute and BF16 moments it does not (the scenario's own comment)
+    # the guide's recompute and BF16 moments are what leave it room: without them its peak stage grows by 44 %, to
+    # 184 of 186 GiB (it fits, barely, since the combine keeps no expert outputs: Megatron-LM !2668)
     bare = dataclasses.replace(cfg, optimizer_state_bytes=None, recompute="none")
-    assert not all(m.fits for m in step_memory(bare))
+    peak, bare_peak = (max(m.total_bytes for m in step_memory(c)) for c in (cfg, bare))
+    assert bare_peak > 1.4 * peak and all(b.total_bytes > m.total_bytes for b, m in zip(step_memory(bare), memory,
+                                                                                         strict=True))
 
 
 # ----------------------------------------------------------------------------- routing load as a distribution

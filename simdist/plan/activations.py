@@ -75,10 +75,11 @@ def activation_bytes_per_layer(
 
     An MoE layer keeps, in place of the dense MLP's tensors: the router's fp32 scores and routing map (T x experts),
     each local expert's fc1 input, fc1 output and fc2 input for the busiest rank's rows (simdist.plan.moe_cost:
-    T x topk x etp x min(imbalance, capacity)), the expert outputs its unpermutation weights (T x topk x h, for the
-    probabilities' gradient), and the shared experts' tensors as a dense MLP of their width. Multi-latent attention
-    keeps Q and K (heads x (qk_head_dim + qk_pos_emb_head_dim)), V and the projection input (heads x v_head_dim), and
-    its two latents' norm and up-projection inputs.
+    T x topk x etp x min(imbalance, capacity)) with each row's fp32 probability (the experts' activation weights the
+    rows since Megatron-LM !2668, April 2025, so the unpermutation keeps nothing: before it, the expert outputs, T x
+    topk x h, were kept for the probabilities' gradient), and the shared experts' tensors as a dense MLP of their
+    width. Multi-latent attention keeps Q and K (heads x (qk_head_dim + qk_pos_emb_head_dim)), V and the projection
+    input (heads x v_head_dim), and its two latents' norm and up-projection inputs.
 
     A fused ``attention`` kernel (flash = flash2, flash3, cudnn; Dao et al. 2022, arXiv:2205.14135 sec. 3.1):
     the a x s x s scores are never stored; the backward recomputes them from Q, K, V and the per-row softmax
@@ -214,7 +215,7 @@ def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertP
     # fc1 input; fc1 output (SwiGLU: 2f) + fc2 input
     per_row = model.hidden_size + ((3 if model.swiglu else 2) - (0 if act else 1)) * f_l
     router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
-    return e * rows * per_row + router + e * tokens * k * experts.kept_share * model.hidden_size
+    return e * rows * per_row + router + 4 * rows  # each row's fp32 probability, kept by the weighted activation
 
 
 def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, experts: ExpertParallel) -> float:

@@ -12,10 +12,12 @@ experts.py, shared_experts.py), forward:
    destination (T x topk rows); all-to-all over the ep group; with etp > 1 an all-gather over the expert-TP group
    (gather_from_sequence_parallel_region on expt_tp); permutation 2 sorts the received rows by local expert
    (sort_chunks_by_idxs, when a rank holds more than one expert);
-4. the local experts (num_experts / ep of them): fc1 h -> moe_ffn (x 2 with SwiGLU) / etp, the activation,
-   fc2 -> h; one grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP);
-5. the reverse: unsort, reduce-scatter over etp, all-to-all back (combine), unpermutation (weighting each copy by
-   its router probability and summing a token's copies), plus the shared experts' output.
+4. the local experts (num_experts / ep of them): fc1 h -> moe_ffn (x 2 with SwiGLU) / etp, the activation, which
+   weights each row by its router probability (the permuted probabilities travel with the rows: Megatron-LM !2668,
+   "perf(MoE): Memory efficient token permutation", April 2025, TEGroupedMLP's weighted bias-SwiGLU), fc2 -> h; one
+   grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP);
+5. the reverse: unsort, reduce-scatter over etp, all-to-all back (combine), unpermutation (summing a token's copies:
+   `unpermute` without probabilities in every dispatcher since !2668), plus the shared experts' output.
 
 ``allgather`` (MoEAllGatherTokenDispatcher) gathers every token of the expert-TP x EP group (tp_ep group) with its
 routing map and probabilities, permutes out the local experts' rows, and reduce-scatters the unpermuted outputs back
@@ -232,16 +234,28 @@ def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_facto
     return "before_finish"
 
 
-def _activation(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
-    if model.swiglu:
-        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe, 6.0, useful_share=share)
-    return elementwise(f"{prefix}_gelu", elements, 2 * bpe, 8.0, useful_share=share)
+_PROB_BYTES = 4
+"""A routed row's probability: fp32 (the router's scores; Megatron-Core's permuted_probs)."""
 
 
-def _activation_grad(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None) -> Kernel:
+def _activation(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None,
+                width: float | None = None) -> Kernel:
+    """The experts' activation of ``elements`` outputs; ``width``: outputs per routed row, where the activation also
+    weights each row by its probability (read once a row, one more multiply an element)."""
+    probs = (_PROB_BYTES / width, 1.0) if width else (0.0, 0.0)
     if model.swiglu:
-        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe, 8.0, useful_share=share)
-    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe, 10.0, useful_share=share)
+        return elementwise(f"{prefix}_swiglu", elements, 3 * bpe + probs[0], 6.0 + probs[1], useful_share=share)
+    return elementwise(f"{prefix}_gelu", elements, 2 * bpe + probs[0], 8.0 + probs[1], useful_share=share)
+
+
+def _activation_grad(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None,
+                     width: float | None = None) -> Kernel:
+    """Its backward; ``width``: also the probability's gradient, a row's dot product of the output gradient and the
+    unweighted activation (the probability read, its gradient written: 2 x 4 bytes a row, 2 FLOPs an element)."""
+    probs = (2 * _PROB_BYTES / width, 2.0) if width else (0.0, 0.0)
+    if model.swiglu:
+        return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe + probs[0], 8.0 + probs[1], useful_share=share)
+    return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe + probs[0], 10.0 + probs[1], useful_share=share)
 
 
 def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r: RoutedTokens) -> tuple[Pass, Pass]:
@@ -302,7 +316,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         return [*fp8_cast(f"{name}_grad", te * n * batch, recipe),
                 *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
-    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe, even),
+    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe, even, f_l),
             *linear("expert_fc2", h, f_l, useful_down))
 
     # ---- combine
@@ -313,30 +327,32 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if a2a and ep > 1:
         fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
     if kind == "allgather":
-        # the outputs, weighted by their probabilities, scattered into a zero-filled fp32 buffer of every gathered
+        # the outputs (weighted by their probabilities in the experts' activation), scattered into a zero-filled fp32
+        # buffer of every gathered
         # token and reduce-scattered back in fp32 (token_combine: reduce_scatter_to_sequence_parallel_region on tp_ep)
         fwd.add(elementwise("moe_unpermute_fill", gathered * h, 4.0 + bpe * rows / gathered, 1.0))
         for axis, size in reversed(gathers):
             fwd.issue("reduce_scatter", size * h * 4.0, axis=axis)
     else:
-        # unpermutation 1 (flex: DeepEP's combine): each returned row weighted by its probability and summed into its
-        # token: the rows read, T x h written
-        fwd.add(elementwise("moe_unpermute", r.sent * h, bpe + bpe * t / r.sent, 2.0))
+        # unpermutation 1 (flex: DeepEP's combine): each returned row summed into its token (already weighted by the
+        # experts' activation): the rows read, T x h written
+        fwd.add(elementwise("moe_unpermute", r.sent * h, bpe + bpe * t / r.sent, 1.0))
 
     # ---- backward, in reverse
     if kind == "allgather":
         for axis, size in gathers:
             bwd.issue("all_gather", size * h * 4.0, axis=axis)
-        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 3 * bpe, 2.0, useful_share=even))
+        bwd.add(elementwise("moe_unpermute_fill_grad", rows * h, 2 * bpe, 0.0, useful_share=even))  # a gather
     else:
-        bwd.add(elementwise("moe_unpermute_grad", r.sent * h, 3 * bpe, 2.0))  # d(row) = p dy; dp = <dy, row>
+        bwd.add(elementwise("moe_unpermute_grad", r.sent * h, 2 * bpe, 0.0))  # d(row) = dy of its token: a gather
     if a2a and ep > 1:
         bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
     if a2a and etp > 1:
         bwd.issue("all_gather", rows * h * bpe, axis="etp")
     if sort and kind != "allgather":
         bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0, useful_share=even))
-    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down), _activation_grad("expert", model, rows * f_l, bpe, even),
+    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down),
+            _activation_grad("expert", model, rows * f_l, bpe, even, f_l),
             *linear_grads("expert_fc1", up_n, h, useful_up))
     if sort:
         bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0, useful_share=even))
