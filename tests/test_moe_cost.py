@@ -145,6 +145,51 @@ def test_flex_dispatcher_sends_a_token_once_per_destination_rank():
     assert expected_destination_ranks(8, 2, 1) == 1.0 and expected_destination_ranks(8, 8, 4) == 4.0
 
 
+def test_flex_across_nvlink_domains_crosses_the_network_once_per_remote_domain():
+    """ep 4 as 2 NVLink domains of 2 ranks (4 experts each): a token misses a domain with probability
+    C(4, 2) / C(8, 2) = 6 / 28, so it reaches D = 2 (1 - 6 / 28) = 44 / 28 domains on average. Priced as the even
+    all-to-all of T x D rows, whose cross-domain half is the one copy per remote domain (22 / 28 of a token) the
+    network carries; alltoall would send 2 copies (topk) and flex inside one domain 4 x 13 / 28."""
+    hier = layer_work(TINY, layer=1, experts=ExpertParallel(ep=4, dispatcher="flex", domains=2))
+    assert [c.nbytes for c in a2a(hier)] == [pytest.approx(T * (44 / 28) * H * 2.0, rel=1e-12)] * 4
+    flat = layer_work(TINY, layer=1, experts=ExpertParallel(ep=4, dispatcher="flex"))
+    assert a2a(hier)[0].nbytes < a2a(flat)[0].nbytes < T * K * H * 2.0
+    # the rows the experts and the unpermutation process are the same: only the wire changes
+    assert [k for k in hier.forward if k.kind != "comm"] == [k for k in flat.forward if k.kind != "comm"]
+    # Megatron's alltoall ignores the domains (NCCL's all-to-all sends every copy)
+    a, b = (layer_work(TINY, layer=1, experts=ExpertParallel(ep=4, domains=d)) for d in (1, 2))
+    assert [c.nbytes for c in a2a(a)] == [c.nbytes for c in a2a(b)] == [T * K * H * 2.0] * 4
+    with pytest.raises(LayoutError, match="unevenly over 3 NVLink domains"):
+        layer_work(TINY, layer=1, experts=ExpertParallel(ep=4, dispatcher="flex", domains=3))
+
+
+def test_a_step_counts_the_nvlink_domains_its_expert_groups_span(tmp_path):
+    """Two 8-GPU DGX H100 nodes, ep 16: the group spans both nodes; ep 8 stays in one (dp 16 outer)."""
+    from simdist.plan.model_presets import resolve_model
+
+    def cfg(ep: int):
+        f = tmp_path / f"ep{ep}.yaml"
+        f.write_text("cluster: {preset: dgx-h100, num_nodes: 2}\nmodel: {preset: qwen3-30b-a3b, seq_length: 1024}\n"
+                     f"parallel: {{dp: 16, ep: {ep}}}\n"
+                     "training: {global_batch_size: 16, moe_token_dispatcher_type: flex}\n")
+        sc = api.load_scenario(f)
+        return step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+
+    two, one = cfg(16), cfg(8)
+    assert (two.moe_ep_domains, one.moe_ep_domains) == (2, 1)
+    assert two.expert_parallel.domains == 2
+    # ep 12 of 24 experts on three nodes: 8 ranks in the first node, 4 in the second; DeepEP cannot run it
+    f = tmp_path / "uneven.yaml"
+    f.write_text("cluster: {preset: dgx-h100, num_nodes: 3}\nmodel: {num_layers: 2, hidden_size: 1024, "
+                 "num_attention_heads: 8, ffn_hidden_size: 2048, seq_length: 1024, vocab_size: 32000, swiglu: true, "
+                 "num_experts: 24, moe_router_topk: 2, moe_ffn_hidden_size: 512}\nparallel: {dp: 24, ep: 12}\n"
+                 "training: {global_batch_size: 24, moe_token_dispatcher_type: flex}\n")
+    sc = api.load_scenario(f)
+    with pytest.raises(LayoutError, match="8/4 ranks in the 2 NVLink domains") as err:
+        step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
+    assert err.value.field == "parallel.ep"
+
+
 def test_expert_tensor_parallelism_adds_its_gather_and_scatter_on_the_etp_axis():
     w = layer_work(TINY, layer=1, experts=ExpertParallel(ep=2, etp=2))
     rows = T * K * 2  # received over ep, then gathered over the expert-TP pair

@@ -39,8 +39,9 @@ BRIDGE_TOLERANCE = 0.25
 (parameter-gather overlap with the optimizer step, CUDA graphs; TP communication overlap it does:
 training.tp_comm_overlap): a check with a stated bound, reported with its bias, not a calibration target."""
 BRIDGE_MOE_TOLERANCE = 0.5
-"""The MoE rows of the Megatron-Bridge table: a check of a young model (issue 15) against runs that use DeepEP /
-HybridEP dispatch, CUDA graphs and fused routers simdist does not model; the bound says how far off it may be."""
+"""The MoE rows of the Megatron-Bridge table: a check of a young model (issue 15) against runs that use CUDA graphs,
+fused routers and the SMs of DeepEP / HybridEP dispatch, which simdist does not model (their dispatch itself it
+prices where a scenario says flex); the bound says how far off it may be."""
 FULL = ["training.recompute=full", "parallel.sequence_parallel=false"]
 FSDP_FAMILY = "fsdp_family_published_runs"
 """The PyTorch FSDP-family check set (IBM/Meta FSDP1 on A100 and H100, KempnerForge FSDP2 on H200, OLMo-core's FSDP2
@@ -198,9 +199,10 @@ def report(results: list[Result]) -> str:
         "256 GPUs or more are predicted with the closed form (`--fidelity closed_form`; on these layouts the "
         "engine's contended step is within 0.3 % of it, and takes 6-20 s a row). The mixture-of-experts rows of the "
         f"same table (DeepSeek-V3, Qwen3 MoE, GPT-OSS; routing force-balanced there) are a dataset of their own with "
-        f"a {BRIDGE_MOE_TOLERANCE:.0%} bound, closed form too: their recipes use DeepEP/HybridEP dispatch, CUDA "
-        "graphs and fine-grained recompute simdist does not model, and their memory is reported, not required to "
-        "fit. The PyTorch FSDP-family rows (`validation/reference/fsdp_family_published_runs.csv`: IBM and Meta's "
+        f"a {BRIDGE_MOE_TOLERANCE:.0%} bound, closed form too: their recipes use CUDA graphs and kernels simdist "
+        "does not model (the SMs DeepEP/HybridEP take, fused routers; where a recipe's flex dispatch is known, its "
+        "scenario says flex and simdist prices it), and their memory is reported, not required to fit. The PyTorch "
+        "FSDP-family rows (`validation/reference/fsdp_family_published_runs.csv`: IBM and Meta's "
         "FSDP1 runs of the Llama 2 family on 128 A100 and 96 H100, eager and compiled; KempnerForge's FSDP2 + "
         "DTensor TP runs on 1-360 H200; OLMo-core's README throughput table of its training scripts, FSDP2 + "
         "torch.compile in BF16 and torchao float8 on H100, taken at the scripts' default launch of one 8-GPU node) "

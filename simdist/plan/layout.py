@@ -36,6 +36,7 @@ Llama 3 405B trained with (Dubey et al. 2024 sec 3.3.2).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 from simdist.errors import LayoutError, SimdistError, SpecError
 from simdist.hardware.gemm import BLACKWELL, architecture
@@ -289,6 +290,23 @@ def check_execution(spec: ScenarioSpec) -> None:
                         "axes of simdist's mesh", field="training.cp_comm_type", fix="use p2p, all_gather or a2a")
 
 
+def _ep_domains(mesh: Mesh, topology: Topology, dispatcher: str) -> int:
+    """NVLink domains (blocks of `Topology.nvlink_domain_size` GPUs; rank r on GPU r) one expert-parallel group
+    spans; the flex dispatcher (DeepEP, HybridEP) takes the same number of its ranks in each.
+    # Assumption: every expert-parallel group spans as many domains as the first (the mesh's groups are translates).
+    """
+    if mesh.ep <= 1:
+        return 1
+    size = max(1, topology.nvlink_domain_size)
+    counts = Counter(r // size for r in mesh.group("ep", 0))
+    if dispatcher == "flex" and len(set(counts.values())) > 1:
+        raise _fail("experts", f"the flex dispatcher's expert-parallel group of {mesh.ep} has "
+                    f"{'/'.join(str(n) for n in counts.values())} ranks in the {len(counts)} NVLink domains "
+                    f"({size} GPUs each) it spans; DeepEP and HybridEP take the same number in each", "parallel.ep",
+                    f"choose an ep that fills whole domains (a multiple of {size}) or stays inside one")
+    return len(counts)
+
+
 def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> StepConfig:
     """The step configuration of a scenario on its cluster (after `check_layout`): the one place a StepConfig is
     built from a scenario."""
@@ -325,7 +343,8 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         layers_per_part=split.parts, split_method=split.method,
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=scenario_imbalance(t, p, model), moe_capacity_factor=t.moe_expert_capacity_factor,
-        moe_grouped_gemm=t.moe_grouped_gemm, moe_overlap=t.overlap_moe_expert_parallel_comm,
+        moe_grouped_gemm=t.moe_grouped_gemm, moe_ep_domains=_ep_domains(mesh, topology, t.moe_token_dispatcher_type),
+        moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
                                                     exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype),

@@ -21,10 +21,22 @@ experts.py, shared_experts.py), forward:
 
 ``allgather`` (MoEAllGatherTokenDispatcher) gathers every token of the expert-TP x EP group (tp_ep group) with its
 routing map and probabilities, permutes out the local experts' rows, and reduce-scatters the unpermuted outputs back
-(in the probabilities' fp32). ``flex`` (MoEFlexTokenDispatcher with DeepEP, DeepSeek-V3 sec. 3.2.2): fused
-dispatch/combine kernels that send a token once per destination rank rather than once per expert (and sum a token's
-local experts' outputs before sending it back), so the all-to-all moves T x (expected distinct destination ranks)
-rows instead of T x topk; the received rows are permuted to the local experts as in ``alltoall``.
+(in the probabilities' fp32). ``flex`` (MoEFlexTokenDispatcher with DeepEP or HybridEP, DeepSeek-V3 sec. 3.2.2):
+fused dispatch/combine kernels that send a token once per destination rank rather than once per expert (and sum a
+token's local experts' outputs before sending it back), so the all-to-all moves T x (expected distinct destination
+ranks) rows instead of T x topk; the received rows are permuted to the local experts as in ``alltoall``. Where the
+expert-parallel group spans several NVLink domains (``ExpertParallel.domains``: nodes of 8 GPUs; a GB200 NVL72 rack
+is one), both send a token over RDMA once per destination domain, to the GPU of the same local index there, which
+forwards it over NVLink to its destination ranks (DeepEP's internode normal kernels: "forwarding data from NVLink
+domain to RDMA domain", github.com/deepseek-ai/DeepEP docs/legacy.md; HybridEP likewise, Megatron-LM
+moe_flex_dispatcher_backend), and combine back the same way: the network carries T x (expected distinct remote
+domains) rows a GPU, not T x (remote destination ranks).
+
+# Assumption: a cross-domain flex dispatch is priced as an even all-to-all over ep of T x (expected distinct
+# destination domains) rows: its cross-domain share, (domains - 1) / domains of it, is the one copy per remote
+# domain the network carries; the NVLink forwarding inside each domain runs beside it (DeepEP pipelines the two)
+# and is not priced on its own (the network is the slower of the two: 50 GB/s a GPU against 450 on an H100 node;
+# DeepEP measures its RDMA side as the bottleneck in the table of github.com/deepseek-ai/DeepEP docs/legacy.md).
 
 Routing imbalance: ``moe_imbalance`` x = the busiest expert-parallel rank's routed tokens / the mean. Every rank
 waits for the busiest at the combine, so the layer runs at the busiest rank's pace: its permutation 2, expert GEMMs
@@ -60,6 +72,9 @@ class ExpertParallel:
     imbalance: float = 1.0
     capacity_factor: float | None = None
     grouped_gemm: bool = True
+    domains: int = 1
+    """NVLink domains the expert-parallel group spans (its ranks on that many nodes of NVLink-connected GPUs): where
+    more than one, the flex dispatcher sends a token once per destination domain over the network."""
 
     @property
     def busiest_share(self) -> float:
@@ -136,6 +151,10 @@ def check_experts(model: Model, *, tp: int, sequence_parallel: bool, experts: Ex
         # Megatron-Core MoELayer.forward raises in training when tp > 1 without sequence parallelism.
         raise LayoutError("an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer)",
                           field="parallel.sequence_parallel", fix="set parallel.sequence_parallel: true, or tp 1")
+    if experts.domains < 1 or experts.ep % experts.domains:
+        raise LayoutError(f"the expert-parallel group of {experts.ep} spreads unevenly over {experts.domains} NVLink "
+                          "domains (DeepEP's internode kernels take the same number of ranks in each)",
+                          field="parallel.ep", fix="choose an ep that fills whole nodes, or one inside a node")
     if experts.dispatcher == "flex" and experts.etp > 1:
         raise SpecError("the flex (DeepEP) dispatcher is modelled with etp 1 only",
                         field="training.moe_token_dispatcher_type", fix="use etp 1, or the alltoall dispatcher")
@@ -267,6 +286,10 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     kind = experts.dispatcher
     a2a = kind in ("alltoall", "flex")
     send_bytes = r.sent * h * bpe
+    if kind == "flex" and experts.domains > 1:
+        # a token once per destination domain (the module docstring): the even all-to-all of T x D_domains rows
+        send_bytes = t * expected_destination_ranks(e, model.moe_router_topk, experts.domains) * experts.kept_share \
+            * h * bpe
     gathered = t * etp * ep  # allgather: every token of the expert-TP x EP group
     # (axis, gathered rows) of the allgather dispatcher's one all-gather over the expert-TP x EP group, written as one
     # over etp then one over ep: a ring moves (etp ep - 1) T rows per rank either way ((etp - 1) T + (ep - 1) etp T).

@@ -87,6 +87,8 @@ class StepConfig:
     moe_capacity_factor: float | None = None
     """Tokens an expert takes / its balanced share; None: dropless."""
     moe_grouped_gemm: bool = True
+    moe_ep_domains: int = 1
+    """NVLink domains one expert-parallel group spans (simdist.plan.moe_cost.ExpertParallel.domains)."""
     moe_overlap: bool = False
     """Megatron-LM --overlap-moe-expert-parallel-comm."""
     tp_comm_overlap: bool = False
@@ -163,7 +165,7 @@ class StepConfig:
     def expert_parallel(self) -> ExpertParallel:
         """How this step's MoE layers run (simdist.plan.moe_cost)."""
         return ExpertParallel(self.ep, self.etp, self.moe_dispatcher, self.moe_imbalance, self.moe_capacity_factor,
-                              self.moe_grouped_gemm)
+                              self.moe_grouped_gemm, self.moe_ep_domains)
 
     @property
     def num_stages(self) -> int:

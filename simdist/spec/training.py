@@ -122,6 +122,11 @@ class TrainingSpec(Spec):
                                         "--moe-token-dispatcher-type): alltoall (dispatch and combine all-to-all over "
                                         "ep), allgather (gather every token, reduce-scatter back), flex (DeepEP-style "
                                         "fused dispatch)")
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] = Field(
+        default="deepep", description="the flex dispatcher's kernels (Megatron-LM --moe-flex-dispatcher-backend): "
+                                      "deepep or hybridep; both send a token once per destination rank, and once "
+                                      "per destination NVLink domain over the network where ep spans several "
+                                      "(simdist.plan.moe_cost), and are priced alike")
     moe_expert_capacity_factor: float | None = Field(
         default=None, gt=0.0, le=1024.0,
         description="tokens an expert takes, as a multiple of its balanced share (--moe-expert-capacity-factor); "
