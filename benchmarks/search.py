@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simdist.search.evaluate import evaluate_batch
-from simdist.search.executors import DASK_WORKER_SETTINGS, make_executor
+from simdist.search.executors import DASK_WORKER_SETTINGS, dask_env_name, make_executor
 from simdist.search.rank import enumerate_feasible, resimulate
 from simdist.search.space import SearchProblem
 from simdist.search.sweep import BATCH
@@ -84,7 +84,7 @@ def main() -> None:
         # the worker settings the README recommends (DASK_WORKER_SETTINGS), as environment variables the spawned
         # worker processes read when they start
         for key, value in DASK_WORKER_SETTINGS.items():
-            os.environ.setdefault("DASK_" + key.upper().replace(".", "__").replace("-", "_"), str(value))
+            os.environ.setdefault(dask_env_name(key), str(value))
         cluster = LocalCluster(n_workers=a.dask_local, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     where = f"a Dask LocalCluster of {a.dask_local} worker(s)" if client is not None else f"{a.workers} worker(s)"

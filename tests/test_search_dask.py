@@ -15,6 +15,7 @@ distributed = pytest.importorskip("distributed")
 SMALL = SearchProblem("llama3-8b", "dgx-h100", 2, 32, max_cp=1, max_vpp=2, max_micro_batch=2)
 
 
+@pytest.mark.filterwarnings("ignore::simdist.errors.SimdistNote")  # the workers' settings
 def test_dask_local_cluster_matches_in_process():
     feasible, *_ = enumerate_feasible(SMALL)
     local, local_bounded, _, local_new, _ = sweep(SMALL, feasible, Executor())
@@ -27,6 +28,7 @@ def test_dask_local_cluster_matches_in_process():
     assert remote == local and bounded == local_bounded
 
 
+@pytest.mark.filterwarnings("ignore::simdist.errors.SimdistNote")  # the workers' settings
 def test_dask_jobs_grow_where_many_candidates_wait():
     """One worker: a phase of n candidates goes out in jobs of ceil(n / 4), at least the sweep's 64 and at most 512;
     in-process and on local processes always 64. Whatever the job size, the rows are the same and in order."""
@@ -45,6 +47,33 @@ def test_dask_jobs_grow_where_many_candidates_wait():
         remote, bounded, *_ = sweep(SMALL, feasible, ex)
     local, local_bounded, *_ = sweep(SMALL, feasible, Executor())
     assert remote == local and bounded == local_bounded
+
+
+def test_workers_without_the_recommended_settings_get_one_note():
+    """Dask's defaults (the worker profiler every 10 ms, the loop and memory checks every 20 and 100 ms) earn one
+    note naming the environment variables, once per executor; workers with DASK_WORKER_SETTINGS earn none."""
+    import warnings
+
+    import dask
+
+    from simdist.errors import SimdistNote
+    from simdist.search.executors import DASK_WORKER_SETTINGS
+
+    def cluster():
+        return distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None,
+                                        protocol="tcp://")  # in-process workers read this process's Dask config
+
+    with cluster() as lc, DaskExecutor(lc.scheduler_address, timeout_s=10) as ex:
+        with pytest.warns(SimdistNote, match="1 of 1 Dask workers .*DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False "
+                                             "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL=1000ms"):
+            assert list(ex.run(abs, [(-1,)])) == [(0, 1)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SimdistNote)
+            assert list(ex.run(abs, [(-2,)])) == [(0, 2)]  # once per executor
+    with (dask.config.set(DASK_WORKER_SETTINGS), cluster() as lc,
+          DaskExecutor(lc.scheduler_address, timeout_s=10) as ex, warnings.catch_warnings()):
+        warnings.simplefilter("error", SimdistNote)
+        assert list(ex.run(abs, [(-3,)])) == [(0, 3)]
 
 
 def test_unreachable_scheduler_is_one_clear_error():
