@@ -137,11 +137,16 @@ def rows(per_cluster: int, published: bool) -> list[dict[str, Any]]:
     return [row(*entry) for entry in layouts(per_cluster, published)]
 
 
+def _percent(x: float) -> str:
+    """``x`` in percent to 2 decimals, a rounding residue below them (1e-16 of a step) shown as 0.00, not -0.00."""
+    return f"{round(100 * x, 2) + 0.0:.2f} %"
+
+
 def table_line(r: dict[str, Any]) -> str:
     """A row as the document's table shows it."""
     return (f"| {r['group']} | {r['label']} | {r['engine_s']:.6g} | {r['closed_form_s']:.6g} | "
-            f"{100 * r['error']:+.4f} % | {100 * r['contention_share']:.2f} % | "
-            f"{100 * r['bubble_engine']:.2f} % | {100 * r['bubble_closed_form']:.2f} % |")
+            f"{100 * r['error']:+.4f} % | {_percent(r['contention_share'])} | "
+            f"{_percent(r['bubble_engine'])} | {_percent(r['bubble_closed_form'])} |")
 
 
 def summary(table: list[dict[str, Any]]) -> dict[str, Any]:
