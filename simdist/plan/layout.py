@@ -291,15 +291,15 @@ def check_execution(spec: ScenarioSpec) -> None:
 
 
 def _ep_domains(mesh: Mesh, topology: Topology, dispatcher: str) -> int:
-    """NVLink domains (blocks of `Topology.nvlink_domain_size` GPUs; rank r on GPU r) one expert-parallel group
-    spans; the flex dispatcher (DeepEP, HybridEP) takes the same number of its ranks in each.
+    """NVLink domains (`Topology.nvlink_domain_size` GPUs each; rank r on GPU r) one expert-parallel group spans, for
+    flex (DeepEP, HybridEP: the same number of ranks in each); 1 for the dispatchers that do not read it.
     # Assumption: every expert-parallel group spans as many domains as the first (the mesh's groups are translates).
     """
-    if mesh.ep <= 1:
+    if mesh.ep <= 1 or dispatcher != "flex":
         return 1
     size = max(1, topology.nvlink_domain_size)
     counts = Counter(r // size for r in mesh.group("ep", 0))
-    if dispatcher == "flex" and len(set(counts.values())) > 1:
+    if len(set(counts.values())) > 1:
         raise _fail("experts", f"the flex dispatcher's expert-parallel group of {mesh.ep} has "
                     f"{'/'.join(str(n) for n in counts.values())} ranks in the {len(counts)} NVLink domains "
                     f"({size} GPUs each) it spans; DeepEP and HybridEP take the same number in each", "parallel.ep",

@@ -151,7 +151,7 @@ def check_experts(model: Model, *, tp: int, sequence_parallel: bool, experts: Ex
         # Megatron-Core MoELayer.forward raises in training when tp > 1 without sequence parallelism.
         raise LayoutError("an MoE model with tp > 1 trains with sequence parallelism (Megatron-Core MoELayer)",
                           field="parallel.sequence_parallel", fix="set parallel.sequence_parallel: true, or tp 1")
-    if experts.domains < 1 or experts.ep % experts.domains:
+    if experts.dispatcher == "flex" and (experts.domains < 1 or experts.ep % experts.domains):
         raise LayoutError(f"the expert-parallel group of {experts.ep} spreads unevenly over {experts.domains} NVLink "
                           "domains (DeepEP's internode kernels take the same number of ranks in each)",
                           field="parallel.ep", fix="choose an ep that fills whole nodes, or one inside a node")
@@ -285,11 +285,11 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     imb = experts.a2a_imbalance
     kind = experts.dispatcher
     a2a = kind in ("alltoall", "flex")
-    send_bytes = r.sent * h * bpe
-    if kind == "flex" and experts.domains > 1:
-        # a token once per destination domain (the module docstring): the even all-to-all of T x D_domains rows
-        send_bytes = t * expected_destination_ranks(e, model.moe_router_topk, experts.domains) * experts.kept_share \
-            * h * bpe
+    # flex across NVLink domains: a token once per destination domain (the module docstring), the even all-to-all of
+    # T x (expected distinct destination domains) rows
+    wire = (t * expected_destination_ranks(e, model.moe_router_topk, experts.domains) * experts.kept_share
+            if kind == "flex" and experts.domains > 1 else r.sent)
+    send_bytes = wire * h * bpe
     gathered = t * etp * ep  # allgather: every token of the expert-TP x EP group
     # (axis, gathered rows) of the allgather dispatcher's one all-gather over the expert-TP x EP group, written as one
     # over etp then one over ep: a ring moves (etp ep - 1) T rows per rank either way ((etp - 1) T + (ep - 1) etp T).

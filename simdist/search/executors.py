@@ -33,9 +33,9 @@ DASK_JOB_MAX = 512
 """The most candidates `DaskExecutor.job_size` puts in one job. A Dask task costs the scheduler, the worker and the
 client a few milliseconds each whatever it carries, against about 1 ms of closed form per candidate: on a
 LocalCluster of 2 single-threaded workers on this 2-core machine the same 60,000 warm evaluations ran at 1,428
-candidates/s in jobs of 64, 1,581 in jobs of 256 and 1,604 in jobs of 1,024 (scratch script timing
-simdist.search.evaluate.evaluate_batch through `DaskExecutor.run`, 2026-12-05). 512 is past the knee and keeps
-what a Ctrl-C loses to about half a second per worker."""
+candidates/s in jobs of 64, 1,581 in jobs of 256, 1,738 in jobs of 512 and 1,604 in jobs of 1,024 (scratch script
+timing simdist.search.evaluate.evaluate_batch through `DaskExecutor.run`, 2026-12-05; runs vary by about 5 %). 512
+is past the knee and keeps what a Ctrl-C loses to about half a second per worker."""
 DASK_WORKER_SETTINGS = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "1000ms",
