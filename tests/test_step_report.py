@@ -230,3 +230,36 @@ def test_text_tables_mark_a_layout_that_does_not_fit_and_missing_values():
     text = render_text(bad)
     assert "NO" in text and "n/a" in text
     assert format_percent(0.5712) == "57.1 %" and format_percent(float("nan")) == "n/a"
+
+
+def test_busiest_links_rank_by_how_full_not_by_bytes(tmp_path) -> None:
+    # Two DGX H100 hosts with one 100 Gb/s NIC each, TP 8 inside a host and DP 2 across: every NVLink port carries
+    # the tensor-parallel traffic (more bytes than the NIC, at a small share of 900 GB/s), the NIC the gradient
+    # all-reduce (fewer bytes, at a larger share of 12.5 GB/s). The table lists the fullest links: the NIC first.
+    from simdist import api
+
+    path = tmp_path / "links.yaml"
+    path.write_text("name: links\n"
+                    "cluster: {preset: dgx-h100, num_nodes: 2,\n"
+                    "          inter_node: {nics_per_node: 1, nic_bandwidth: 100 Gb/s}}\n"
+                    "model: {preset: llama3-8b, seq_length: 2048}\n"
+                    "parallel: {tp: 8, dp: 2, sequence_parallel: true}\n"
+                    "training: {micro_batch_size: 1, global_batch_size: 8}\n")
+    result = api.run(path, fidelity="closed_form").result
+    rows = result["links"]
+    step_s = result["step_time_s"]
+    assert [r["utilization"] for r in rows] == sorted((r["utilization"] for r in rows), reverse=True)
+    top = rows[0]
+    assert (top["kind"], top["src"], top["dst"]) == ("infiniband", "n0/nic0", "leaf0")
+    assert top["utilization"] == pytest.approx(top["bytes"] / (100e9 / 8 * 0.96 * step_s), rel=1e-9)
+    # every link the step's collectives use: an NVLink port carries more bytes than the NIC, which still ranks first
+    from simdist.plan.step import collective_runs
+    from simdist.predict.price import price_runs
+    from simdist.predict.step import _links, checked_step
+
+    scenario = api.load_scenario(path)
+    _, cfg, _ = checked_step(scenario.spec, scenario.topology)
+    runs = collective_runs(cfg)
+    every = _links(runs, price_runs(runs, scenario.topology), scenario.topology, step_s, top=10**6)
+    assert every[:len(rows)] == rows
+    assert top["bytes"] < max(r["bytes"] for r in every if r["kind"] == "nvlink")

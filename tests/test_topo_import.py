@@ -82,7 +82,10 @@ def test_cli_writes_the_file_and_topo_show_reads_it(tmp_path):
     ("<?xml version='1.0'?>\n<system version='1'></system>\n", [], "no <cpu> element"),
     ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n", [], "nvidia-smi topo -m does not name the GPU"),
     ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n", ["--gpu", "h900"], "h900"),
-    ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\n", ["--gpu", "h100-sxm"], "row GPU1 has 1 recognisable cells"),
+    ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\n", ["--gpu", "h100-sxm"], "row GPU1 has 1 cells for 2 columns"),
+    # an edited cell is named, row and column, with what nvidia-smi writes there
+    ("\tGPU0\tGPU1\nGPU0\t X \tQQ\nGPU1\tNV4\t X \n", ["--gpu", "h100-sxm"],
+     "row GPU0, column GPU1: 'QQ' is not a connection nvidia-smi writes"),
     # a billion-laughs entity bomb and an external entity: expat refuses both (nothing expanded, nothing read)
     ("<?xml version='1.0'?>\n<!DOCTYPE l [<!ENTITY a 'aaaaaaaaaa'>" + "".join(
         f"<!ENTITY {chr(98 + i)} '{('&' + chr(97 + i) + ';') * 10}'>" for i in range(8))

@@ -167,9 +167,15 @@ def parse_smi(text: str, source: str, *, architecture: str, pcie_generation: int
                 break
             continue
         cells = tokens[1:1 + len(columns)]
-        if len(cells) < len(columns) or not all(c in _SMI_RELATIONS or _NV.match(c) for c in cells):
-            raise SpecError(f"row {tokens[0]} has {len(cells)} recognisable cells for {len(columns)} columns",
+        if len(cells) < len(columns):
+            raise SpecError(f"row {tokens[0]} has {len(cells)} cells for {len(columns)} columns",
                             source=source, fix="pass the unedited output of `nvidia-smi topo -m`")
+        odd = next(((col, c) for col, c in zip(columns, cells, strict=True)
+                    if not (c in _SMI_RELATIONS or _NV.match(c))), None)
+        if odd is not None:
+            raise SpecError(f"row {tokens[0]}, column {odd[0]}: {odd[1]!r} is not a connection nvidia-smi writes "
+                            f"({', '.join(sorted(_SMI_RELATIONS))} or NV<links>)", source=source,
+                            fix="pass the unedited output of `nvidia-smi topo -m`")
         rows[tokens[0]] = cells
         rest = tokens[1 + len(columns):]
         if rest:  # CPU affinity, NUMA affinity (newer drivers): the NUMA node, else the CPU list, names the socket

@@ -24,6 +24,7 @@ from simdist.engine.graph import GraphTrace
 from simdist.engine.sharing import unique_inverse
 from simdist.engine.uncontended import uncontended
 from simdist.errors import LayoutError
+from simdist.hardware import batch
 from simdist.hardware.compute import ComputeEfficiency
 from simdist.hardware.topology import Topology
 from simdist.hardware.variability import variability_report
@@ -57,7 +58,10 @@ class StepPrediction:
 
 def _links(runs: dict[tuple, int], priced: dict[tuple, PricedComm], topology: Topology, step_s: float,
            top: int = 12) -> list[dict[str, Any]]:
-    """The busiest links: bytes the step's collectives (``runs``: simdist.plan.step.collective_runs) put on each."""
+    """The busiest links: the ``top`` links whose capacity the step's collectives (``runs``:
+    simdist.plan.step.collective_runs) use most, their bytes over the link's capacity and the step time (a NIC
+    or PCIe link that is nearly full ranks above an NVLink port that carries more bytes at a small share of its
+    bandwidth); ties in order of first use."""
     if not runs:
         return []
     # bytes per link, summed collective by collective in order (numpy: the same sums in the same order)
@@ -72,12 +76,14 @@ def _links(runs: dict[tuple, int], priced: dict[tuple, PricedComm], topology: To
     first = np.full(len(links), len(ids), dtype=np.int64)
     np.minimum.at(first, inverse, np.arange(len(ids), dtype=np.int64))
     seen = np.argsort(first, kind="stable")  # links in order of first use
-    busiest = seen[np.argsort(-load[seen], kind="stable")[:top]]  # most bytes first; ties in order of first use
+    drain_s = load / batch.link_capacities(topology, links)  # seconds each link is busy carrying its bytes
+    busiest = seen[np.argsort(-drain_s[seen], kind="stable")[:top]]  # fullest first; ties in order of first use
     rows = []
-    for link_id, b in zip(links[busiest].tolist(), load[busiest].tolist(), strict=True):
+    for link_id, b, busy_s in zip(links[busiest].tolist(), load[busiest].tolist(), drain_s[busiest].tolist(),
+                                  strict=True):
         link = topology.link(link_id)
         rows.append({"link": link_id, "kind": link.kind, "src": link.src, "dst": link.dst, "bytes": b,
-                     "utilization": b / (link.effective_bandwidth_Bps * step_s) if step_s > 0 else 0.0})
+                     "utilization": busy_s / step_s if step_s > 0 else 0.0})
     return rows
 
 
