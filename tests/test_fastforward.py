@@ -5,7 +5,10 @@ the closed form's answer, which the uncontended engine equals)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simdist import api
 from simdist.plan import fastforward
@@ -102,3 +105,59 @@ def test_samples_slide_until_the_engine_is_steady(tmp_path, monkeypatch):
     assert fast.simulated_microbatches == third[-1] < full.simulated_microbatches
     for key, value in full.observables.items():
         assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def _find_cycle_by_loops(schedule, num_stages, starts, step_s, total, vpp=1):
+    """find_cycle as loops over the sequences and their micro-batches (the oracle of the vectorised one)."""
+    g = fastforward.group_of(schedule, num_stages)
+    end = total - fastforward._cooldown_margin(schedule, num_stages, vpp)
+    tol = fastforward.REL_TOLERANCE * max(step_s, 1e-300)
+    longest = fastforward._max_cycle(schedule, num_stages)
+    a = end - 2 * longest
+    if a < 0:
+        return None
+    for c in range(g, longest + 1, g):
+        ok, shifts = True, []
+        for seq in starts.values():
+            if len(seq) < end:
+                return None
+            shift = seq[a + c] - seq[a]
+            if any(abs(seq[m + c] - seq[m] - shift) > tol for m in range(a + 1, end - c)):
+                ok = False
+                break
+            shifts.append(shift)
+        if ok:
+            seqs = list(starts.values())
+            start = a
+            while start > 0 and all(abs(seq[start - 1 + c] - seq[start - 1] - d) <= tol
+                                    for seq, d in zip(seqs, shifts, strict=True)):
+                start -= 1
+            return c, start
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["1f1b", "interleaved_1f1b", "gpipe"]), st.integers(2, 5), st.integers(1, 3),
+       st.integers(1, 3), st.integers(0, 40), st.integers(0, 3), st.booleans(), st.integers(0, 2**31 - 1))
+def test_find_cycle_is_the_loops_answer(schedule, k, vpp, periods, transient, extra, short, seed):
+    # sequences that repeat every `cycle` micro-batches after a transient (a jitter before it), one per stage, kind
+    # and chunk; the vectorised search finds what the loops over them find (a cycle and where it began, or none:
+    # too long a transient, a cycle beyond the longest looked for, a sequence too short)
+    rng = np.random.default_rng(seed)
+    v = vpp if schedule == "interleaved_1f1b" else 1
+    cycle = fastforward.group_of(schedule, k) * periods
+    total = fastforward.detection_microbatches(schedule, k, v) + extra * k
+    pattern = rng.random(cycle)
+    starts = {}
+    for key in range(2 * k * v):
+        steps = np.cumsum(np.tile(pattern, total // cycle + 1)[:total] + rng.random() * 0.1)
+        steps[:transient] += rng.random(min(transient, total)) * 1e-3
+        starts[(key, "F", 0)] = steps.tolist()
+    if short:
+        starts[(0, "F", 0)] = starts[(0, "F", 0)][:total // 2]
+    step_s = max(max(s) for s in starts.values())
+    assert fastforward.find_cycle(schedule, k, starts, step_s, total, v) == \
+        _find_cycle_by_loops(schedule, k, starts, step_s, total, v)
+    arrays = {key: np.asarray(s) for key, s in starts.items()}
+    assert fastforward.find_cycle(schedule, k, arrays, step_s, total, v) == \
+        _find_cycle_by_loops(schedule, k, starts, step_s, total, v)

@@ -75,9 +75,13 @@ def test_flags_kept_per_unit_follow_each_stage_and_the_interval_buffer_is_filled
 
     m = _num_microbatches(cfg)
     packed = closed._pack(stages)
-    steps = program(cfg.schedule, cfg.mesh.pp, m, cfg.vpp).steps
+    prog = program(cfg.schedule, cfg.mesh.pp, m, cfg.vpp)
     rows = _capacity(packed.slot, packed.kind, packed.recipe, packed.ahead_ptr, packed.behind_ptr,
-                     packed.recipe_ptr, packed.tail, steps)
+                     packed.recipe_ptr, packed.tail, prog.counts)
+    # the counts are the program's steps per (stage, recipe code)
+    assert prog.counts.sum() == len(prog)
+    assert all(prog.counts[s, c] == int(((prog.steps[0] == s) & (prog.steps[1] == c)).sum())
+               for s in range(prog.counts.shape[0]) for c in range(prog.counts.shape[1]))
     intervals = closed._compiled_timeline(cfg, packed, m)[1]
     assert len(intervals) == rows
 

@@ -40,7 +40,7 @@ class Program:
     Python values for the step-by-step timeline (`stage`, `kind`, ...), made on first use: a search times its
     thousands of steps compiled, from the arrays alone, and keeps hundreds of programs (`program`'s cache)."""
 
-    __slots__ = ("_tuples", "kinds", "steps")
+    __slots__ = ("_counts", "_tuples", "kinds", "steps")
 
     def __init__(self, steps: np.ndarray, kinds: np.ndarray) -> None:
         self.steps = steps
@@ -52,6 +52,20 @@ class Program:
         self.kinds = kinds
         """(3, len) int64: kind index (`KIND_INDEX`), micro-batch and chunk of each step."""
         self._tuples: tuple[tuple, ...] | None = None
+        self._counts: np.ndarray | None = None
+
+    @property
+    def counts(self) -> np.ndarray:
+        """(K, codes) int64: how many steps each stage runs of each `recipe_code` (made on first use): what the
+        compiled timeline sizes its buffers by without a pass over the steps."""
+        if self._counts is None:
+            stage, code = self.steps[0], self.steps[1]
+            num_codes = int(code.max()) + 1 if len(code) else 1
+            num_stages = int(stage.max()) + 1 if len(stage) else 1
+            counts = np.bincount(stage * num_codes + code, minlength=num_stages * num_codes)
+            self._counts = counts.reshape(num_stages, num_codes).astype(np.int64)
+            self._counts.flags.writeable = False
+        return self._counts
 
     def _columns(self) -> tuple[tuple, ...]:
         if self._tuples is None:

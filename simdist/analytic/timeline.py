@@ -53,7 +53,7 @@ def _run_tail(r: PricedPieces, free: list[float], last_backward_s: float, interv
 def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, starts: dict | None = None
               ) -> tuple[float, list[list[Interval]], list[list[Block]], float, float]:
     """(step end, per-stage intervals and blocks, model and hardware FLOPs per GPU) of ``num_microbatches``;
-    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order."""
+    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order (an array each)."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
     n = len(prog)
@@ -239,15 +239,17 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
                        spans: bool = False) -> tuple:
     """`run_program` over the schedule's program of ``num_microbatches``: where `_fast` holds, each step's core
     streams are free when it starts, so a simple step costs one addition (simdist.analytic.timeline_kernel);
-    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order."""
+    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order (an array each)."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    result = run_program(packed, prog.steps, _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD),
+    result = run_program(packed, prog.steps, prog.counts,
+                         _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD),
                          starts is not None, spans)
     if starts is not None:
         at = result[5]
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
-            starts.setdefault(key, []).extend(at[idx].tolist())
+            got = starts.get(key)
+            starts[key] = at[idx] if got is None else [*got, *at[idx].tolist()]  # an array: find_cycle reads rows
     return result
 
 

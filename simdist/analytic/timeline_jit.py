@@ -63,19 +63,24 @@ def _interval(intervals, count, start, end, category, work, stage):  # pragma: n
 
 
 @njit(cache=True)
-def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, steps):  # pragma: no cover - compiled
+def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, counts):  # pragma: no cover - compiled
     """Rows of intervals a program can write: every step's pieces run on their own (issued ahead, behind, or piece
-    by piece) and the tails."""
+    by piece) and the tails; ``counts`` (K, codes): the program's steps per stage and recipe code
+    (simdist.analytic.program.Program.counts)."""
     C = kind.shape[1]
     total = 0
-    for i in range(steps.shape[1]):
-        u = slot[steps[0, i]]
-        code = steps[1, i]
-        k = u * C + code
-        total += ahead_ptr[k + 1] - ahead_ptr[k] + behind_ptr[k + 1] - behind_ptr[k]
-        if kind[u, code] == GENERIC:
-            r = recipe[u, code]
-            total += recipe_ptr[r + 1] - recipe_ptr[r]
+    for s in range(counts.shape[0]):
+        u = slot[s]
+        for code in range(counts.shape[1]):
+            n = counts[s, code]
+            if n == 0:
+                continue
+            k = u * C + code
+            rows = ahead_ptr[k + 1] - ahead_ptr[k] + behind_ptr[k + 1] - behind_ptr[k]
+            if kind[u, code] == GENERIC:
+                r = recipe[u, code]
+                rows += recipe_ptr[r + 1] - recipe_ptr[r]
+            total += n * rows
     for s in range(slot.shape[0]):
         r = tail[slot[s]]
         total += recipe_ptr[r + 1] - recipe_ptr[r]
@@ -84,16 +89,20 @@ def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, steps
 
 @njit(cache=True)
 def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
-         recipe_end, piece, dep_ptr, deps, tail, sends, steps, backward, record, spans):  # pragma: no cover
+         recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts, backward, record, spans):  # pragma: no cover
+    # The loop indexes free[s, k] rather than taking a row view per step: a view is a new array whose reference
+    # count numba raises and drops (two atomic operations), which cost more than the rest of a simple step
+    # (tests/test_timeline_kernel.py holds the results to the step-by-step timeline; benchmarks/search.py the time).
     K = slot.shape[0]
     C = kind.shape[1]
     n = steps.shape[1]
-    capacity = _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, steps)
+    capacity = _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, counts)
     free = np.zeros((K, 6))
     prev = np.full(K, -1.0)
     last_bwd = np.zeros(K)
     first_last = np.full((K, 2), -1.0)
-    used = np.zeros((K, max(C, 1)), dtype=np.int64)
+    used = np.zeros((K, max(C, 1)), dtype=np.int64)  # steps run per stage and recipe code: the program's counts
+    used[:, :counts.shape[1]] = counts
     out = np.zeros(n)
     intervals = np.empty((capacity, 5))
     count = 0
@@ -104,32 +113,30 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         s = steps[0, i]
         code = steps[1, i]
         up = steps[2, i]
-        f = free[s]
         t0 = prev[s]
-        if f[0] > t0:
-            t0 = f[0]
+        if free[s, 0] > t0:
+            t0 = free[s, 0]
         recv = out[up] if up >= 0 else 0.0
         if up >= 0 and recv > t0:
             t0 = recv
-        used[s, code] += 1
         u = slot[s]
         if kind[u, code] == GENERIC:  # piece by piece
             if record:
                 starts[i] = t0
             r = recipe[u, code]
-            ends, count = _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, f, prev[s], recv, 0.0, False,
-                                  s, intervals, count)
+            ends, count = _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, free[s], prev[s], recv, 0.0,
+                                  False, s, intervals, count)
             end = ends[recipe_end[r]]
         else:
             k = u * C + code
             a0, a1 = ahead_ptr[k], ahead_ptr[k + 1]
             if a1 > a0:  # the gathers issued ahead queue on the dp stream; the step waits for them
                 for x in range(a0, a1):
-                    t = f[_DP]
-                    f[_DP] = t + ahead[x, 0]
-                    count = _interval(intervals, count, t, f[_DP], ahead[x, 1], ahead[x, 2], s)
-                if f[_DP] > t0:
-                    t0 = f[_DP]
+                    t = free[s, _DP]
+                    free[s, _DP] = t + ahead[x, 0]
+                    count = _interval(intervals, count, t, free[s, _DP], ahead[x, 1], ahead[x, 2], s)
+                if free[s, _DP] > t0:
+                    t0 = free[s, _DP]
             if first_last[s, 0] < 0:
                 first_last[s, 0] = t0
             if record:
@@ -143,13 +150,13 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
                 num_spans += 1
             for k2 in range(4):
                 if frees[u, code, k2] >= 0:
-                    f[k2] = t0 + frees[u, code, k2]
+                    free[s, k2] = t0 + frees[u, code, k2]
             for x in range(behind_ptr[k], behind_ptr[k + 1]):
                 t = t0 + behind[x, 0]
-                if f[_DP] > t:
-                    t = f[_DP]
-                f[_DP] = t + behind[x, 1]
-                count = _interval(intervals, count, t, f[_DP], behind[x, 2], behind[x, 3], s)
+                if free[s, _DP] > t:
+                    t = free[s, _DP]
+                free[s, _DP] = t + behind[x, 1]
+                count = _interval(intervals, count, t, free[s, _DP], behind[x, 2], behind[x, 3], s)
         prev[s] = end
         if backward[code] and end > last_bwd[s]:
             last_bwd[s] = end
@@ -157,9 +164,9 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         j = i if steps[4, i] == 0 else steps[5, i]
         while j >= 0:
             if steps[3, j] >= 0:
-                t = f[_PP] if f[_PP] > end else end
-                f[_PP] = t + sends[s, steps[1, j] >> 1]
-                out[j] = f[_PP]
+                t = free[s, _PP] if free[s, _PP] > end else end
+                free[s, _PP] = t + sends[s, steps[1, j] >> 1]
+                out[j] = free[s, _PP]
             else:
                 out[j] = end
             j = steps[5, i] if j == i else steps[6, j]
@@ -168,10 +175,9 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         if s == 0 or prev[s] > step:
             step = prev[s]
     for s in range(K):
-        f = free[s]
-        ends, count = _pieces(tail[slot[s]], recipe_ptr, recipe_needs, piece, dep_ptr, deps, f, -1.0, 0.0, last_bwd[s],
-                              True, s, intervals, count)
+        ends, count = _pieces(tail[slot[s]], recipe_ptr, recipe_needs, piece, dep_ptr, deps, free[s], -1.0, 0.0,
+                              last_bwd[s], True, s, intervals, count)
         for k2 in range(6):
-            if f[k2] > step:
-                step = f[k2]
+            if free[s, k2] > step:
+                step = free[s, k2]
     return step, intervals[:count], used, first_last, span[:num_spans], starts

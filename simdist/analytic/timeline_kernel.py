@@ -224,9 +224,10 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
                   np.concatenate(recipe_flops))
 
 
-def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool, spans: bool) -> tuple:
+def run_program(p: Packed, steps: np.ndarray, counts: np.ndarray, backward: np.ndarray, record: bool,
+                spans: bool) -> tuple:
     """Time the program ``steps`` ((7, n): stage, recipe code, upstream step, downstream stage, held sends:
-    `Program.steps`)
+    `Program.steps`; ``counts``: its `Program.counts`)
     over ``p``; ``backward`` (per recipe code): the step counts as its stage's backward work; ``record``: return
     each step's start; ``spans``: return each simple step's span (start, end, stage).
 
@@ -237,4 +238,4 @@ def run_program(p: Packed, steps: np.ndarray, backward: np.ndarray, record: bool
 
     return run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
                 p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail, p.sends, steps,
-                backward, record, spans)
+                counts, backward, record, spans)

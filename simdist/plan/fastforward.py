@@ -26,6 +26,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from simdist.plan.schedule import TWO_CHUNK_SCHEDULES
 
 __all__ = ["FastForward", "detection_microbatches", "extrapolate", "find_cycle", "group_of", "plan", "sample_counts",
@@ -108,25 +110,24 @@ def find_cycle(schedule: str, num_stages: int, starts: Mapping[tuple, Sequence[f
     a = end - 2 * longest  # every candidate is checked over the same window: two of the longest cycles
     if a < 0:
         return None
+    seqs = list(starts.values())
+    if any(len(seq) < end for seq in seqs):
+        return None
+    # every sequence as a row (its first `end` starts): each check below is the same subtraction per element as a
+    # loop over the sequences would make, for all of them at once
+    rows = np.array([np.asarray(seq, dtype=float)[:end] for seq in seqs]).reshape(len(seqs), end)
     for c in range(g, longest + 1, g):
-        ok = True
-        shifts = []
-        for seq in starts.values():
-            if len(seq) < end:
-                return None
-            shift = seq[a + c] - seq[a]  # each its own: GPipe's stages run their forwards at their own pace
-            if any(abs(seq[m + c] - seq[m] - shift) > tol for m in range(a + 1, end - c)):
-                ok = False
-                break
-            shifts.append(shift)
-        if ok:
-            # back to where the cycle began: the earliest micro-batch from which every sequence keeps its shift
-            seqs = list(starts.values())
-            start = a
-            while start > 0 and all(abs(seq[start - 1 + c] - seq[start - 1] - d) <= tol
-                                    for seq, d in zip(seqs, shifts, strict=True)):
-                start -= 1
-            return c, start
+        shifts = rows[:, a + c] - rows[:, a]  # each its own: GPipe's stages run their forwards at their own pace
+        window = rows[:, a + 1 + c:end] - rows[:, a + 1:end - c]
+        if window.size and (np.abs(window - shifts[:, None]) > tol).any():
+            continue
+        # back to where the cycle began: the earliest micro-batch from which every sequence keeps its shift
+        back = np.abs(rows[:, c:a + c] - rows[:, :a] - shifts[:, None]) <= tol  # column m: micro-batch m
+        kept = back.all(axis=0)
+        start = a
+        while start > 0 and kept[start - 1]:
+            start -= 1
+        return c, start
     return None
 
 
