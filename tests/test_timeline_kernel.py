@@ -213,3 +213,21 @@ def test_breakdown_sweep_is_accountings(stages, extra, block_list, covered):
         got = {c: seconds[s, j] for j, c in enumerate(CATEGORIES)} | {"bubble": seconds[s, BUBBLE],
                                                                        "idle": seconds[s, IDLE]}
         assert got == pytest.approx(expected.stages[s], abs=1e-9)
+
+
+def test_stage_flags_follow_the_stages_asked_about():
+    # _fast and _overlapping_work remember the last stages they answered for: asked in turn about stages with work
+    # beside their blocks (parameter gathers run piece by piece) and stages without, each gets its own answer, and a
+    # list holding other stage objects is answered afresh
+    base = {"tp": 2, "pp": 2, "dp": 2, "cp": 1, "vpp": 1, "zero_stage": 1, "recompute": "none", "schedule": "1f1b",
+            "bucket": None, "microbatches": 4, "mbs": 1, "sp": True, "per_parameter": True}
+    overlapped = _config({**base, "grad_reduce": "overlapped", "param_overlap": True})
+    plain = _config({**base, "grad_reduce": "bucketed", "param_overlap": False})
+    assert overlapped is not None and plain is not None
+    busy = _stages(overlapped[0], CommPricer(overlapped[1]))
+    idle = _stages(plain[0], CommPricer(plain[1]))
+    for _ in range(2):
+        assert closed._overlapping_work(busy) and not closed._overlapping_work(idle)
+        assert closed._fast(busy) and closed._fast(idle)
+    bare = [dataclasses.replace(s, unit=None) for s in busy]
+    assert closed._overlapping_work(bare) and not closed._overlapping_work(idle)

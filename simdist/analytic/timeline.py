@@ -169,13 +169,30 @@ def _fast(stages: list[_Stage]) -> bool:
     """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.data_parallel
     ._gathered_forward) that leaves the core streams free when it ends, which `_compiled_timeline` runs piece by
     piece."""
-    return all(_flags(st)[0] for st in _distinct(stages))
+    return _stage_flags(stages)[0]
 
 
 def _overlapping_work(stages: list[_Stage]) -> bool:
     """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3), or some recipe
     is not simple (its pieces are intervals beside the blocks)."""
-    return any(_flags(st)[1] for st in _distinct(stages))
+    return _stage_flags(stages)[1]
+
+
+_LAST_FLAGS: list = [((), (True, False))]
+"""The stages `_stage_flags` last answered for (held, so that no other stage takes their ids) with its answer, as
+one tuple (read and replaced whole, so threads sharing it never pair one's stages with another's answer): a step's
+timelines ask it of the same stages several times (`_compiled`, `_compiled_observables`, each sample)."""
+
+
+def _stage_flags(stages: list[_Stage]) -> tuple[bool, bool]:
+    """(`_fast`, `_overlapping_work`) of ``stages``, from each distinct stage's `_flags`."""
+    last, answer = _LAST_FLAGS[0]
+    if stages and len(last) == len(stages) and all(a is b for a, b in zip(last, stages, strict=True)):
+        return answer
+    flags = [_flags(st) for st in _distinct(stages)]
+    answer = (all(f for f, _ in flags), any(o for _, o in flags))
+    _LAST_FLAGS[0] = (tuple(stages), answer)
+    return answer
 
 
 def _distinct(stages: list[_Stage]) -> list[_Stage]:

@@ -168,7 +168,10 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
         spent[0] += m
         return step_of(m)
 
-    while SAVING * (least + ((spent[0] + total) if count_detection else 0)) < num_microbatches:
+    # Counted where the closed form times its own samples (count_detection): the detection timelines and the four
+    # step times `steady_counts` checks the earliest samples with, each as long as a timeline of its micro-batches.
+    checks = sum(first + j * g for j in range(4))
+    while SAVING * (least + ((spent[0] + total + checks) if count_detection else 0)) < num_microbatches:
         starts, step_s = read(total)
         found = find_cycle(schedule, num_stages, starts, step_s, total, vpp)
         if found is not None:
