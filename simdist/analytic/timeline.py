@@ -23,7 +23,7 @@ import numpy as np
 from simdist.analytic.pricing import NUM_CORE, STREAMS, PricedPieces
 from simdist.analytic.program import KIND_INDEX, program, step_groups
 from simdist.analytic.stages import _DP, _PP, _Stage
-from simdist.analytic.timeline_kernel import GENERIC, SIMPLE, Packed, pack, pack_stage, run_program
+from simdist.analytic.timeline_kernel import Packed, pack, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
 from simdist.plan.schedule import SPLIT_BACKWARD
@@ -274,22 +274,14 @@ def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed,
                           ) -> dict[str, float]:
     """`_observables` where `_fast` holds: the compiled timeline and the compiled breakdown sweep
     (simdist.plan.accounting_kernel); the simple steps are blocks whose parts are charged as they are."""
-    from simdist.plan.accounting_kernel import account_stages  # numba: loaded with the compiled timeline
+    from simdist.analytic.timeline_jit import observe  # numba: loaded with the compiled timeline
 
     K = cfg.mesh.pp
     cover = _overlapping_work(stages)
     step, intervals, used, first_last, spans, _ = _compiled_timeline(cfg, packed, num_microbatches, spans=cover)
-    kind = packed.kind[packed.slot]  # (K, C): each stage's recipe kinds
-    used = used[:, :kind.shape[1]]
-    simple = np.where(kind == SIMPLE, used, 0)
-    totals = (simple * packed.duration[packed.slot]).sum(axis=1)
-    lo, hi, seconds = account_stages(intervals, K, step, first_last, totals, spans, cover)
-    seconds[:, :len(CATEGORIES)] += np.einsum("kc,kcn->kn", simple, packed.parts[packed.slot])
-    generic = kind == GENERIC
-    flops = (np.einsum("kc,kcf->f", simple, packed.simple_flops[packed.slot])
-             + (used[generic][:, None] * packed.recipe_flops[packed.recipe[packed.slot][generic]]).sum(axis=0)
-             + packed.recipe_flops[packed.tail[packed.slot]].sum(axis=0))
-    mean = seconds.mean(axis=0) if K else np.zeros(seconds.shape[1])
+    lo, hi, mean, flops = observe(intervals, step, used, first_last, spans, cover, packed.slot, packed.kind,
+                                  packed.duration, packed.parts, packed.simple_flops, packed.recipe,
+                                  packed.recipe_flops, packed.tail)
     return {"step_s": step, "phase_s": max(hi - lo, 0.0), "model_flops": flops[0] / K, "hardware_flops": flops[1] / K,
             **{f"{c}_s": float(mean[j]) for j, c in enumerate((*CATEGORIES, "bubble", "idle"))}}
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from simdist.analytic.timeline_kernel import GENERIC
+from simdist.analytic.timeline_kernel import GENERIC, SIMPLE
+from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
-__all__ = ["run"]
+__all__ = ["observe", "run"]
 
 _DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
 _PP = 5
@@ -181,3 +182,45 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
             if free[s, k2] > step:
                 step = free[s, k2]
     return step, intervals[:count], used, first_last, span[:num_spans], starts
+
+
+@njit(cache=True)
+def observe(intervals, step_s, used, first_last, spans, covered, slot, kind, duration, parts, simple_flops, recipe,
+            recipe_flops, tail):  # pragma: no cover - compiled
+    """The additive quantities of a timeline `run` timed: (phase start, phase end, seconds per category + bubble +
+    idle averaged over the stages, model and hardware FLOPs summed over them). A stage's simple steps are blocks
+    charged their parts as they are (``used`` x each recipe's parts and FLOPs); the sweep of
+    simdist.plan.accounting_kernel charges the rest; the piece-by-piece recipes and the tails add their FLOPs."""
+    K = slot.shape[0]
+    C = kind.shape[1]
+    totals = np.zeros(K)
+    for s in range(K):
+        u = slot[s]
+        for c in range(C):
+            if kind[u, c] == SIMPLE:
+                totals[s] += used[s, c] * duration[u, c]
+    lo, hi, seconds = account_stages(intervals, K, step_s, first_last, totals, spans, covered)
+    flops = np.zeros(2)
+    for s in range(K):
+        u = slot[s]
+        for c in range(C):
+            n = used[s, c]
+            if kind[u, c] == SIMPLE:
+                for j in range(parts.shape[2]):
+                    seconds[s, j] += n * parts[u, c, j]
+                flops[0] += n * simple_flops[u, c, 0]
+                flops[1] += n * simple_flops[u, c, 1]
+            elif kind[u, c] == GENERIC:
+                r = recipe[u, c]
+                flops[0] += n * recipe_flops[r, 0]
+                flops[1] += n * recipe_flops[r, 1]
+        r = tail[u]
+        flops[0] += recipe_flops[r, 0]
+        flops[1] += recipe_flops[r, 1]
+    mean = np.zeros(seconds.shape[1])
+    if K:
+        for s in range(K):
+            for j in range(seconds.shape[1]):
+                mean[j] += seconds[s, j]
+        mean /= K
+    return lo, hi, mean, flops
