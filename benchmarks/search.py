@@ -79,12 +79,15 @@ def main() -> None:
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
     cluster = client = None
     if a.dask_local:
+        import dask
         from distributed import Client, LocalCluster
 
         # the worker settings the README recommends (DASK_WORKER_SETTINGS), as environment variables the spawned
-        # worker processes read when they start
+        # worker processes read when they start, and in this process's configuration, which a LocalCluster's
+        # nannies hand their workers (over the variables: without it the workers ran at Dask's defaults)
         for key, value in DASK_WORKER_SETTINGS.items():
             os.environ.setdefault(dask_env_name(key), str(value))
+        dask.config.set(DASK_WORKER_SETTINGS)
         cluster = LocalCluster(n_workers=a.dask_local, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     where = f"a Dask LocalCluster of {a.dask_local} worker(s)" if client is not None else f"{a.workers} worker(s)"
