@@ -231,3 +231,28 @@ def test_stage_flags_follow_the_stages_asked_about():
         assert closed._fast(busy) and closed._fast(idle)
     bare = [dataclasses.replace(s, unit=None) for s in busy]
     assert closed._overlapping_work(bare) and not closed._overlapping_work(idle)
+
+
+def test_stages_priced_alike_share_one_unit_box_under_the_contention_estimate():
+    # a search's contended pricer prices each stage with its own group shapes, and the pricing shares the recipes
+    # it times alike: stages whose recipes, simple forms and tail are the same objects share one unit box (packed
+    # once, summed once by the bound), and stages that differ keep their own
+    from simdist.search.evaluate import configured, contended_pricer, context
+    from simdist.search.rank import enumerate_feasible
+    from simdist.search.space import SearchProblem
+
+    problem = SearchProblem("gpt3-175b", "dgx-a100", 16, 256)
+    feasible, *_ = enumerate_feasible(problem)
+    c = next(c for c in feasible if c.pp >= 8 and c.vpp == 1)
+    ctx = context(problem)
+    cfg, _ = configured(problem, c, ctx)
+    stages = _stages(cfg, contended_pricer(ctx, cfg.mesh))
+
+    def content(stage):
+        return tuple(map(id, stage.recipes)), tuple(map(id, stage.simple)), id(stage.tail)
+
+    by_content: dict = {}
+    for stage in stages:
+        by_content.setdefault(content(stage), set()).add(id(stage.unit))
+    assert all(len(boxes) == 1 for boxes in by_content.values())
+    assert len({id(stage.unit) for stage in stages}) == len(by_content) < len(stages)

@@ -17,6 +17,7 @@ its timelines.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
@@ -245,11 +246,14 @@ def _run_pieces(r: PricedPieces, free: list[float], prev_s: float, recv: float, 
     return ends[r.end]
 
 
+@lru_cache(maxsize=64)
 def _backward_codes(num_codes: int, zb: bool) -> np.ndarray:
     """Per recipe code: whether the step counts as its stage's backward work (its last one ends the pipeline
-    work): a W, or a B where B does not leave its weight gradients for a W (ZB-H1)."""
+    work): a W, or a B where B does not leave its weight gradients for a W (ZB-H1). Cached (read-only)."""
     kind = (np.arange(max(num_codes, 1)) >> 1) % 3
-    return (kind == KIND_INDEX["W"]) | ((kind == KIND_INDEX["B"]) & (not zb))
+    out = (kind == KIND_INDEX["W"]) | ((kind == KIND_INDEX["B"]) & (not zb))
+    out.flags.writeable = False
+    return out
 
 
 def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, starts: dict | None = None,
