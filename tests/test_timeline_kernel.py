@@ -216,9 +216,9 @@ def test_breakdown_sweep_is_accountings(stages, extra, block_list, covered):
 
 
 def test_stage_flags_follow_the_stages_asked_about():
-    # _fast and _overlapping_work remember the last stages they answered for: asked in turn about stages with work
-    # beside their blocks (parameter gathers run piece by piece) and stages without, each gets its own answer, and a
-    # list holding other stage objects is answered afresh
+    # _fast and _overlapping_work asked in turn about stages with work beside their blocks (parameter gathers run
+    # piece by piece) and stages without: each gets its own answer (the flags kept in each stage's unit box), and a
+    # list holding other stage objects (no box) the same
     base = {"tp": 2, "pp": 2, "dp": 2, "cp": 1, "vpp": 1, "zero_stage": 1, "recompute": "none", "schedule": "1f1b",
             "bucket": None, "microbatches": 4, "mbs": 1, "sp": True, "per_parameter": True}
     overlapped = _config({**base, "grad_reduce": "overlapped", "param_overlap": True})

@@ -170,30 +170,13 @@ def _fast(stages: list[_Stage]) -> bool:
     """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.data_parallel
     ._gathered_forward) that leaves the core streams free when it ends, which `_compiled_timeline` runs piece by
     piece."""
-    return _stage_flags(stages)[0]
+    return all(_flags(st)[0] for st in _distinct(stages))
 
 
 def _overlapping_work(stages: list[_Stage]) -> bool:
     """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3), or some recipe
     is not simple (its pieces are intervals beside the blocks)."""
-    return _stage_flags(stages)[1]
-
-
-_LAST_FLAGS: list = [((), (True, False))]
-"""The stages `_stage_flags` last answered for (held, so that no other stage takes their ids) with its answer, as
-one tuple (read and replaced whole, so threads sharing it never pair one's stages with another's answer): a step's
-timelines ask it of the same stages several times (`_compiled`, `_compiled_observables`, each sample)."""
-
-
-def _stage_flags(stages: list[_Stage]) -> tuple[bool, bool]:
-    """(`_fast`, `_overlapping_work`) of ``stages``, from each distinct stage's `_flags`."""
-    last, answer = _LAST_FLAGS[0]
-    if stages and len(last) == len(stages) and all(a is b for a, b in zip(last, stages, strict=True)):
-        return answer
-    flags = [_flags(st) for st in _distinct(stages)]
-    answer = (all(f for f, _ in flags), any(o for _, o in flags))
-    _LAST_FLAGS[0] = (tuple(stages), answer)
-    return answer
+    return any(_flags(st)[1] for st in _distinct(stages))
 
 
 def _distinct(stages: list[_Stage]) -> list[_Stage]:
@@ -260,18 +243,17 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
                        spans: bool = False) -> tuple:
     """`run_program` over the schedule's program of ``num_microbatches``: where `_fast` holds, each step's core
     streams are free when it starts, so a simple step costs one addition (simdist.analytic.timeline_kernel);
-    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order (an array each)."""
+    ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order (an array each).
+    Returns run_program's answer with, third, the program's steps per stage and recipe code (Program.counts)."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    result = run_program(packed, prog.steps, prog.counts,
-                         _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD),
-                         starts is not None, spans)
+    step, intervals, first_last, spans_out, at = run_program(
+        packed, prog.steps, prog.counts, _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD),
+        starts is not None, spans)
     if starts is not None:
-        at = result[5]
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
-            got = starts.get(key)
-            starts[key] = at[idx] if got is None else [*got, *at[idx].tolist()]  # an array: find_cycle reads rows
-    return result
+            starts[key] = at[idx]
+    return step, intervals, prog.counts, first_last, spans_out, at
 
 
 def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed, num_microbatches: int

@@ -102,8 +102,6 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
     prev = np.full(K, -1.0)
     last_bwd = np.zeros(K)
     first_last = np.full((K, 2), -1.0)
-    used = np.zeros((K, max(C, 1)), dtype=np.int64)  # steps run per stage and recipe code: the program's counts
-    used[:, :counts.shape[1]] = counts
     out = np.zeros(n)
     intervals = np.empty((capacity, 5))
     count = 0
@@ -181,7 +179,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         for k2 in range(6):
             if free[s, k2] > step:
                 step = free[s, k2]
-    return step, intervals[:count], used, first_last, span[:num_spans], starts
+    return step, intervals[:count], first_last, span[:num_spans], starts
 
 
 @njit(cache=True)
@@ -189,10 +187,11 @@ def observe(intervals, step_s, used, first_last, spans, covered, slot, kind, dur
             recipe_flops, tail):  # pragma: no cover - compiled
     """The additive quantities of a timeline `run` timed: (phase start, phase end, seconds per category + bubble +
     idle averaged over the stages, model and hardware FLOPs summed over them). A stage's simple steps are blocks
-    charged their parts as they are (``used`` x each recipe's parts and FLOPs); the sweep of
-    simdist.plan.accounting_kernel charges the rest; the piece-by-piece recipes and the tails add their FLOPs."""
+    charged their parts as they are (``used``, the program's steps per stage and recipe code: Program.counts, x
+    each recipe's parts and FLOPs); the sweep of simdist.plan.accounting_kernel charges the rest; the piece-by-piece
+    recipes and the tails add their FLOPs."""
     K = slot.shape[0]
-    C = kind.shape[1]
+    C = min(kind.shape[1], used.shape[1])  # codes past the program's are run by no step
     totals = np.zeros(K)
     for s in range(K):
         u = slot[s]

@@ -235,8 +235,8 @@ def run_program(p: Packed, steps: np.ndarray, counts: np.ndarray, backward: np.n
     each step's start; ``spans``: return each simple step's span (start, end, stage).
 
     Returns (step end, intervals (n, 5: start, end, category, work, stage) of every piece run on its own or on
-    the dp stream, in run order, uses (K, C) of each recipe, first and last simple step per stage (K, 2; -1:
-    none), spans (n, 3), starts (n))."""
+    the dp stream, in run order, first and last simple step per stage (K, 2; -1: none), spans (n, 3), starts
+    (n)); how often each stage ran each recipe is ``counts``."""
     from simdist.analytic.timeline_jit import run  # numba: loaded where a timeline is first compiled
 
     return run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
