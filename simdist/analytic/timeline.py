@@ -24,6 +24,7 @@ import numpy as np
 from simdist.analytic.pricing import NUM_CORE, STREAMS, PricedPieces
 from simdist.analytic.program import KIND_INDEX, program, step_groups
 from simdist.analytic.stages import _DP, _PP, _Stage
+from simdist.analytic.steady import steady_form
 from simdist.analytic.timeline_kernel import Packed, pack, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
@@ -244,12 +245,16 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
     """`run_program` over the schedule's program of ``num_microbatches``: where `_fast` holds, each step's core
     streams are free when it starts, so a simple step costs one addition (simdist.analytic.timeline_kernel);
     ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order (an array each).
+    Where neither starts nor ``spans`` are asked for, the program runs in its steady form (simdist.analytic.steady:
+    the loop jumps over the steady state's repeating bodies once their times repeat).
     Returns run_program's answer with, third, the program's steps per stage and recipe code (Program.counts)."""
     K = cfg.mesh.pp
     prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    step, intervals, first_last, spans_out, at = run_program(
-        packed, prog.steps, prog.counts, _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD),
-        starts is not None, spans)
+    steady = None if starts is not None or spans else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp)
+    step, intervals, first_last, spans_out, at, _ = run_program(
+        packed, prog.steps if steady is None else steady.steps, prog.counts,
+        _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD), starts is not None, spans,
+        None if steady is None else steady.body)
     if starts is not None:
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
             starts[key] = at[idx]

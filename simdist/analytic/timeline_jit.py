@@ -10,7 +10,7 @@ from simdist.analytic.timeline_kernel import GENERIC, SIMPLE
 from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
-__all__ = ["observe", "run"]
+__all__ = ["observe", "run", "waves"]
 
 _DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
 _PP = 5
@@ -89,11 +89,87 @@ def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, count
 
 
 @njit(cache=True)
+def waves(stage, upstream, num_stages):  # pragma: no cover - compiled
+    """Each step's wave (simdist.analytic.steady): one more than the later of its stage's previous step's and its
+    upstream step's waves (0: neither)."""
+    out = np.empty(stage.shape[0], dtype=np.int64)
+    last = np.full(num_stages, -1, dtype=np.int64)
+    for i in range(stage.shape[0]):
+        w = last[stage[i]] + 1
+        up = upstream[i]
+        if up >= 0 and out[up] >= w:
+            w = out[up] + 1
+        out[i] = w
+        last[stage[i]] = w
+    return out
+
+
+@njit(cache=True)
+def _snapshot(row, prev, free, last_bwd, first_last, out, at, lookback):  # pragma: no cover - compiled
+    """The timeline's state at program index ``at`` into ``row``: per stage its previous end, stream-free times,
+    last backward and last simple end, then the outputs of the ``lookback`` steps before ``at``."""
+    K = prev.shape[0]
+    for s in range(K):
+        row[s * 9] = prev[s]
+        for k in range(6):
+            row[s * 9 + 1 + k] = free[s, k]
+        row[s * 9 + 7] = last_bwd[s]
+        row[s * 9 + 8] = first_last[s, 1]
+    for t in range(lookback):
+        row[K * 9 + t] = out[at - lookback + t]
+
+
+@njit(cache=True)
+def _shift(newer, older, tolerance):  # pragma: no cover - compiled
+    """The one time by which every state entry that moved between two snapshots moved (within ``tolerance`` of the
+    largest time), or -1.0: none (an entry moved by another time, or nothing moved). An entry that did not move at
+    all is one the body never writes (a stream it does not use)."""
+    shift = 0.0
+    scale = 0.0
+    for x in range(newer.shape[0]):
+        d = newer[x] - older[x]
+        if d > shift:
+            shift = d
+        if abs(newer[x]) > scale:
+            scale = abs(newer[x])
+    if shift <= 0.0:
+        return -1.0
+    tol = tolerance * scale
+    for x in range(newer.shape[0]):
+        d = newer[x] - older[x]
+        if d != 0.0 and abs(d - shift) > tol:
+            return -1.0
+    return shift
+
+
+@njit(cache=True)
+def _jump(newer, older, times, prev, free, last_bwd, first_last, out, at, to, lookback):  # pragma: no cover
+    """Move the state from program index ``at`` to ``to``, ``times`` shifts later: every entry that moved between the
+    snapshots ``older`` and ``newer`` (the state at ``at``) by that many of its moves; the outputs read back from
+    ``to`` on are those before ``at``, shifted."""
+    K = prev.shape[0]
+    for s in range(K):
+        b = s * 9
+        prev[s] += times * (newer[b] - older[b])
+        for k in range(6):
+            free[s, k] += times * (newer[b + 1 + k] - older[b + 1 + k])
+        last_bwd[s] += times * (newer[b + 7] - older[b + 7])
+        first_last[s, 1] += times * (newer[b + 8] - older[b + 8])
+    for t in range(lookback):
+        x = K * 9 + t
+        out[to - lookback + t] = newer[x] + times * (newer[x] - older[x])
+
+
+@njit(cache=True)
 def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
-         recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts, backward, record, spans):  # pragma: no cover
+         recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts, backward, record, spans, body,
+         tolerance):  # pragma: no cover
     # The loop indexes free[s, k] rather than taking a row view per step: a view is a new array whose reference
     # count numba raises and drops (two atomic operations), which cost more than the rest of a simple step
     # (tests/test_timeline_kernel.py holds the results to the step-by-step timeline; benchmarks/search.py the time).
+    # ``body`` (simdist.analytic.steady.SteadyForm.body: first step, length, repeats, lookback; first -1: none):
+    # at each body's start the state is kept; once a body (or two: the steady state's cyclicity) moved every entry
+    # it writes by one time, and wrote no interval, the remaining whole bodies are jumped (simdist.analytic.steady).
     K = slot.shape[0]
     C = kind.shape[1]
     n = steps.shape[1]
@@ -108,7 +184,38 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
     span = np.empty((n if spans else 0, 3))
     num_spans = 0
     starts = np.empty(n if record else 0)
-    for i in range(n):
+    first, length, repeats, lookback = body[0], body[1], body[2], body[3]
+    jumping = first >= 0 and not record and not spans
+    snaps = np.empty((3 if jumping else 0, K * 9 + lookback))
+    snap_count = np.zeros(3, dtype=np.int64)
+    bodies = 0  # whole bodies run before the next boundary
+    skipped = 0
+    boundary = first if jumping else n
+    i = 0
+    while i < n:
+        if i == boundary:
+            row = bodies % 3
+            _snapshot(snaps[row], prev, free, last_bwd, first_last, out, i, lookback)
+            snap_count[row] = count
+            for q in range(1, 3):
+                left = ((repeats - bodies) // q) * q
+                if bodies < q or left <= 0 or snap_count[(bodies - q) % 3] != count:
+                    continue
+                older = snaps[(bodies - q) % 3]
+                if _shift(snaps[row], older, tolerance) > 0.0:
+                    to = i + left * length
+                    _jump(snaps[row], older, left // q, prev, free, last_bwd, first_last, out, i, to, lookback)
+                    skipped = to - i
+                    i = to
+                    bodies = repeats
+                    break
+            if bodies < repeats:
+                bodies += 1
+                boundary = first + bodies * length
+            else:
+                boundary = n
+            if i == n:
+                break
         s = steps[0, i]
         code = steps[1, i]
         up = steps[2, i]
@@ -169,6 +276,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
             else:
                 out[j] = end
             j = steps[5, i] if j == i else steps[6, j]
+        i += 1
     step = 0.0
     for s in range(K):
         if s == 0 or prev[s] > step:
@@ -179,7 +287,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         for k2 in range(6):
             if free[s, k2] > step:
                 step = free[s, k2]
-    return step, intervals[:count], first_last, span[:num_spans], starts
+    return step, intervals[:count], first_last, span[:num_spans], starts, n - skipped
 
 
 @njit(cache=True)

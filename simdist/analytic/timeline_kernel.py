@@ -228,7 +228,7 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
 
 
 def run_program(p: Packed, steps: np.ndarray, counts: np.ndarray, backward: np.ndarray, record: bool,
-                spans: bool) -> tuple:
+                spans: bool, body: np.ndarray | None = None) -> tuple:
     """Time the program ``steps`` ((7, n): stage, recipe code, upstream step, downstream stage, held sends:
     `Program.steps`; ``counts``: its `Program.counts`)
     over ``p``; ``backward`` (per recipe code): the step counts as its stage's backward work; ``record``: return
@@ -236,9 +236,13 @@ def run_program(p: Packed, steps: np.ndarray, counts: np.ndarray, backward: np.n
 
     Returns (step end, intervals (n, 5: start, end, category, work, stage) of every piece run on its own or on
     the dp stream, in run order, first and last simple step per stage (K, 2; -1: none), spans (n, 3), starts
-    (n)); how often each stage ran each recipe is ``counts``."""
+    (n), the number of steps run: fewer than the program's where the loop jumped); how often each stage ran each
+    recipe is ``counts``. ``body``: the repeating body of ``steps``
+    (simdist.analytic.steady.SteadyForm, whose steps they are), which the loop jumps over once its times repeat
+    (not where it records starts or spans); None: every step is run."""
+    from simdist.analytic.steady import NO_BODY, SHIFT_TOLERANCE
     from simdist.analytic.timeline_jit import run  # numba: loaded where a timeline is first compiled
 
     return run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
                 p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail, p.sends, steps,
-                counts, backward, record, spans)
+                counts, backward, record, spans, NO_BODY if body is None else body, SHIFT_TOLERANCE)
