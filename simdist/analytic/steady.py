@@ -73,47 +73,15 @@ def _cycle_steps(schedule: str, num_stages: int, steps_per_microbatch: int) -> t
 def steady_form(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> SteadyForm | None:
     """`program`(schedule, K, M, V) in wave order with its body, or None: a program with held sends (DualPipe(V):
     a step's output leaves with a later step), or whose body does not repeat `MIN_BODIES` times."""
-    from simdist.analytic.timeline_jit import waves  # numba: loaded with the compiled timeline
+    from simdist.analytic.timeline_jit import steady_order  # numba: loaded with the compiled timeline
 
-    prog = program(schedule, num_stages, num_microbatches, vpp)
-    steps = prog.steps
+    steps = program(schedule, num_stages, num_microbatches, vpp).steps
     n = steps.shape[1]
-    if n == 0 or num_microbatches <= 0 or (steps[4] != 0).any():
+    if n == 0 or num_microbatches <= 0 or steps[4].any():
         return None
-    wave = waves(steps[0], steps[2], num_stages)
-    order = np.lexsort((steps[0], wave))  # by wave, then stage: each stage's steps keep their order
-    renumber = np.empty(n, dtype=np.int64)
-    renumber[order] = np.arange(n, dtype=np.int64)
-    ordered = steps[:, order]
-    for row in (2, 5, 6):  # indices into the program: renumbered (-1 stays)
-        col = ordered[row]
-        ordered[row] = np.where(col >= 0, renumber[np.maximum(col, 0)], -1)
-    # relative form: a step's upstream and held sends as distances back, so that recurring steps compare equal
-    index = np.arange(n, dtype=np.int64)
-    relative = ordered.copy()
-    for row in (2, 5, 6):
-        relative[row] = np.where(ordered[row] >= 0, index - ordered[row], -1)
-    best = None
-    for length in _cycle_steps(schedule, num_stages, n // num_microbatches):
-        if length <= 0 or MIN_BODIES * length > n:
-            continue
-        same = (relative[:, length:] == relative[:, :-length]).all(axis=0)  # step i recurs at i + length
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], same.astype(np.int8), [0]))))
-        if not len(edges):
-            continue
-        starts, ends = edges[0::2], edges[1::2]
-        j = int(np.argmax(ends - starts))
-        first, repeats = int(starts[j]), int((ends[j] - starts[j]) // length) + 1  # steps [a, b) recur: b - a + length
-        if repeats >= MIN_BODIES and (best is None or repeats * length > best[1] * best[2]):
-            best = (first, length, repeats)
-    if best is None:
+    lengths = np.array(_cycle_steps(schedule, num_stages, n // num_microbatches), dtype=np.int64)
+    ordered, body = steady_order(steps, num_stages, lengths, MIN_BODIES)
+    if body[0] < 0:
         return None
-    first, length, repeats = best
-    tail = relative[2, first:]
-    lookback = int(tail.max()) if len(tail) else 0
-    if lookback > first:  # the loop shifts the outputs read back across a body's start: they must exist
-        return None
-    ordered.flags.writeable = False
-    body = np.array([first, length, repeats, max(lookback, 0)], dtype=np.int64)
-    body.flags.writeable = False
+    ordered.flags.writeable = body.flags.writeable = False
     return SteadyForm(ordered, body)

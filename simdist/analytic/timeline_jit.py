@@ -10,7 +10,7 @@ from simdist.analytic.timeline_kernel import GENERIC, SIMPLE
 from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
-__all__ = ["observe", "run", "waves"]
+__all__ = ["observe", "run", "steady_order"]
 
 _DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
 _PP = 5
@@ -89,18 +89,94 @@ def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, count
 
 
 @njit(cache=True)
-def waves(stage, upstream, num_stages):  # pragma: no cover - compiled
-    """Each step's wave (simdist.analytic.steady): one more than the later of its stage's previous step's and its
-    upstream step's waves (0: neither)."""
-    out = np.empty(stage.shape[0], dtype=np.int64)
-    last = np.full(num_stages, -1, dtype=np.int64)
-    for i in range(stage.shape[0]):
-        w = last[stage[i]] + 1
-        up = upstream[i]
-        if up >= 0 and out[up] >= w:
-            w = out[up] + 1
-        out[i] = w
-        last[stage[i]] = w
+def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - compiled
+    """(the program ``steps`` in wave order, its body: first step, length, repeats, lookback; first -1: none) for
+    simdist.analytic.steady. A step's wave is one more than the later of its stage's previous step's and its upstream
+    step's (0: neither); the order is by wave, then stage (two stable counting sorts), the upstream and held-send
+    indices renumbered. The body is the longest run of steps that recurs at one of ``lengths`` steps (all seven
+    fields equal, upstream and held sends as distances back), kept if it repeats at least ``min_bodies`` times."""
+    n = steps.shape[1]
+    K = num_stages
+    wave = np.empty(n, dtype=np.int64)
+    last = np.full(K, -1, dtype=np.int64)
+    top = 0
+    for i in range(n):
+        w = last[steps[0, i]] + 1
+        up = steps[2, i]
+        if up >= 0 and wave[up] >= w:
+            w = wave[up] + 1
+        wave[i] = w
+        last[steps[0, i]] = w
+        if w > top:
+            top = w
+    # stable counting sorts: by stage, then by wave (each stage's steps keep their order: their waves increase)
+    by_stage = _counting_order(steps[0], K, np.arange(n))
+    order = _counting_order(wave, top + 1, by_stage)
+    renumber = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        renumber[order[j]] = j
+    ordered = np.empty((7, n), dtype=np.int64)
+    relative = np.empty((7, n), dtype=np.int64)
+    for j in range(n):
+        i = order[j]
+        for r in range(7):
+            x = steps[r, i]
+            if (r == 2 or r == 5 or r == 6) and x >= 0:
+                x = renumber[x]
+                ordered[r, j] = x
+                relative[r, j] = j - x
+            else:
+                ordered[r, j] = x
+                relative[r, j] = x
+    body = np.array([-1, 0, 0, 0], dtype=np.int64)
+    best = 0
+    for length in lengths:
+        if length <= 0 or min_bodies * length > n:
+            continue
+        run = 0
+        for i in range(n - length + 1):
+            same = True
+            if i < n - length:
+                for r in range(7):
+                    if relative[r, i] != relative[r, i + length]:
+                        same = False
+                        break
+            else:
+                same = False
+            if same:
+                run += 1
+            elif run:
+                repeats = run // length + 1  # steps [i - run, i) recur: they and one more body
+                if repeats >= min_bodies and repeats * length > best:
+                    best = repeats * length
+                    body[0] = i - run
+                    body[1] = length
+                    body[2] = repeats
+                run = 0
+    if body[0] >= 0:
+        lookback = 0
+        for j in range(body[0], n):
+            if relative[2, j] > lookback:
+                lookback = relative[2, j]
+        body[3] = lookback
+        if lookback > body[0]:
+            body[0] = -1
+    return ordered, body
+
+
+@njit(cache=True)
+def _counting_order(key, num_keys, order):  # pragma: no cover - compiled
+    """``order`` stably sorted by ``key`` of its entries (keys 0 .. num_keys - 1)."""
+    counts = np.zeros(num_keys + 1, dtype=np.int64)
+    for j in range(order.shape[0]):
+        counts[key[order[j]] + 1] += 1
+    for k in range(num_keys):
+        counts[k + 1] += counts[k]
+    out = np.empty(order.shape[0], dtype=np.int64)
+    for j in range(order.shape[0]):
+        k = key[order[j]]
+        out[counts[k]] = order[j]
+        counts[k] += 1
     return out
 
 
@@ -161,6 +237,29 @@ def _jump(newer, older, times, prev, free, last_bwd, first_last, out, at, to, lo
 
 
 @njit(cache=True)
+def _boundary(snaps, snap_count, count, bodies, repeats, first, length, lookback, tolerance, prev, free, last_bwd,
+              first_last, out, i, n, skipped):  # pragma: no cover - compiled
+    """At the start of body ``bodies`` (program index ``i``): keep the state, and where the last body (or two)
+    moved every entry it writes by one time and wrote no interval, jump over the remaining whole bodies. Returns
+    (the index to go on from, bodies run, the next boundary: ``n`` once jumped or past the last, steps skipped)."""
+    row = bodies % 3
+    _snapshot(snaps[row], prev, free, last_bwd, first_last, out, i, lookback)
+    snap_count[row] = count
+    for q in range(1, 3):
+        left = ((repeats - bodies) // q) * q
+        if bodies < q or left <= 0 or snap_count[(bodies - q) % 3] != count:
+            continue
+        older = snaps[(bodies - q) % 3]
+        if _shift(snaps[row], older, tolerance) > 0.0:
+            to = i + left * length
+            _jump(snaps[row], older, left // q, prev, free, last_bwd, first_last, out, i, to, lookback)
+            return to, repeats, n, skipped + to - i
+    if bodies < repeats:
+        return i, bodies + 1, first + (bodies + 1) * length, skipped
+    return i, bodies, n, skipped
+
+
+@njit(cache=True)
 def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
          recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts, backward, record, spans, body,
          tolerance):  # pragma: no cover
@@ -194,26 +293,9 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
     i = 0
     while i < n:
         if i == boundary:
-            row = bodies % 3
-            _snapshot(snaps[row], prev, free, last_bwd, first_last, out, i, lookback)
-            snap_count[row] = count
-            for q in range(1, 3):
-                left = ((repeats - bodies) // q) * q
-                if bodies < q or left <= 0 or snap_count[(bodies - q) % 3] != count:
-                    continue
-                older = snaps[(bodies - q) % 3]
-                if _shift(snaps[row], older, tolerance) > 0.0:
-                    to = i + left * length
-                    _jump(snaps[row], older, left // q, prev, free, last_bwd, first_last, out, i, to, lookback)
-                    skipped = to - i
-                    i = to
-                    bodies = repeats
-                    break
-            if bodies < repeats:
-                bodies += 1
-                boundary = first + bodies * length
-            else:
-                boundary = n
+            i, bodies, boundary, skipped = _boundary(snaps, snap_count, count, bodies, repeats, first, length,
+                                                     lookback, tolerance, prev, free, last_bwd, first_last, out, i,
+                                                     n, skipped)
             if i == n:
                 break
         s = steps[0, i]
