@@ -30,7 +30,7 @@ import numpy as np
 from simdist.analytic.program import program
 from simdist.plan.fastforward import group_of
 
-__all__ = ["MIN_BODIES", "SHIFT_TOLERANCE", "SteadyForm", "steady_form"]
+__all__ = ["MIN_BODIES", "NO_BODY", "SHIFT_TOLERANCE", "SteadyForm", "steady_form"]
 
 SHIFT_TOLERANCE = 1e-12
 """How far (relative to the largest time compared) the state entries' shifts over a body may differ for the loop to
