@@ -174,13 +174,14 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
     K = len(units)
     index: dict[int, int] = {}
     distinct: list[Unit] = []
-    slot = np.empty(K, dtype=np.int64)
-    for s, u in enumerate(units):
+    slots = []
+    for u in units:
         j = index.get(id(u))
         if j is None:
             j = index[id(u)] = len(distinct)
             distinct.append(u)
-        slot[s] = j
+        slots.append(j)
+    slot = np.array(slots, dtype=np.int64)
     U = len(distinct)
     if not U:
         raise ValueError("pack: a configuration has at least one stage")
@@ -215,9 +216,12 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
     recipe = padded(recipes, -1, np.int64)
     recipe = np.where(recipe >= 0, recipe + first_recipe[:, None], -1)
     V3 = max((len(x) for x in sends), default=0)
-    send = np.zeros((K, V3))
-    for s, x in enumerate(sends):
-        send[s, :len(x)] = x
+    if all(len(x) == V3 for x in sends):  # every stage's sends by the same chunks (one conversion, not K)
+        send = np.array(sends, dtype=float).reshape(K, V3)
+    else:
+        send = np.zeros((K, V3))
+        for s, x in enumerate(sends):
+            send[s, :len(x)] = x
     return Packed(slot, send, padded(kinds, NONE, np.int8), recipe, padded(durations, 0.0), padded(frees, -1.0),
                   ptr(ahead_lens, by_code=True), np.concatenate(aheads),
                   ptr(behind_lens, by_code=True), np.concatenate(behinds), ptr(recipe_lens),
