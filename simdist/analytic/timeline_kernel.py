@@ -207,10 +207,9 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
         """CSR pointers of the joined units from each unit's rows per entry (a unit's pointers end at its table's
         length, so the joined ones are the running sum of every unit's lengths in turn). ``by_code``: entries by
         u * C + code, a unit with fewer codes given no rows for the codes it lacks."""
-        rows = padded(lengths, 0, np.int64).ravel() if by_code else np.concatenate(lengths)
-        out = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(rows, out=out[1:])
-        return out
+        if by_code and not even:
+            return np.cumsum(np.concatenate(([0], padded(lengths, 0, np.int64).ravel())))
+        return np.cumsum(np.concatenate(([0], *lengths)))  # each unit's rows per code (or per recipe, piece)
 
     first_recipe = starts(needs)
     recipe = padded(recipes, -1, np.int64)
@@ -225,8 +224,8 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
     return Packed(slot, send, padded(kinds, NONE, np.int8), recipe, padded(durations, 0.0), padded(frees, -1.0),
                   ptr(ahead_lens, by_code=True), np.concatenate(aheads),
                   ptr(behind_lens, by_code=True), np.concatenate(behinds), ptr(recipe_lens),
-                  np.concatenate(needs).astype(np.int64), np.concatenate(ends).astype(np.int64),
-                  np.concatenate(pieces), ptr(dep_lens), np.concatenate(deps).astype(np.int64),
+                  np.concatenate(needs), np.concatenate(ends),  # int64 as pack_stage makes them
+                  np.concatenate(pieces), ptr(dep_lens), np.concatenate(deps),
                   np.array(tails, dtype=np.int64) + first_recipe, padded(simple_flops, 0.0), padded(parts, 0.0),
                   np.concatenate(recipe_flops))
 
