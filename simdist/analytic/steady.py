@@ -73,7 +73,7 @@ def _cycle_steps(schedule: str, num_stages: int, steps_per_microbatch: int) -> t
 def steady_form(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> SteadyForm | None:
     """`program`(schedule, K, M, V) in wave order with its body, or None: a program with held sends (DualPipe(V):
     a step's output leaves with a later step), or whose body does not repeat `MIN_BODIES` times."""
-    from simdist.analytic.timeline_jit import steady_order  # numba: loaded with the compiled timeline
+    from simdist.analytic.steady_jit import steady_order  # numba: loaded with the compiled timeline
 
     steps = program(schedule, num_stages, num_microbatches, vpp).steps
     n = steps.shape[1]

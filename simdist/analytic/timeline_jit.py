@@ -10,7 +10,7 @@ from simdist.analytic.timeline_kernel import GENERIC, SIMPLE
 from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
-__all__ = ["observe", "run", "steady_order"]
+__all__ = ["observe", "run"]
 
 _DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
 _PP = 5
@@ -86,98 +86,6 @@ def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, count
         r = tail[slot[s]]
         total += recipe_ptr[r + 1] - recipe_ptr[r]
     return total
-
-
-@njit(cache=True)
-def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - compiled
-    """(the program ``steps`` in wave order, its body: first step, length, repeats, lookback; first -1: none) for
-    simdist.analytic.steady. A step's wave is one more than the later of its stage's previous step's and its upstream
-    step's (0: neither); the order is by wave, then stage (two stable counting sorts), the upstream and held-send
-    indices renumbered. The body is the longest run of steps that recurs at one of ``lengths`` steps (all seven
-    fields equal, upstream and held sends as distances back), kept if it repeats at least ``min_bodies`` times."""
-    n = steps.shape[1]
-    K = num_stages
-    wave = np.empty(n, dtype=np.int64)
-    last = np.full(K, -1, dtype=np.int64)
-    top = 0
-    for i in range(n):
-        w = last[steps[0, i]] + 1
-        up = steps[2, i]
-        if up >= 0 and wave[up] >= w:
-            w = wave[up] + 1
-        wave[i] = w
-        last[steps[0, i]] = w
-        if w > top:
-            top = w
-    # stable counting sorts: by stage, then by wave (each stage's steps keep their order: their waves increase)
-    by_stage = _counting_order(steps[0], K, np.arange(n))
-    order = _counting_order(wave, top + 1, by_stage)
-    renumber = np.empty(n, dtype=np.int64)
-    for j in range(n):
-        renumber[order[j]] = j
-    ordered = np.empty((7, n), dtype=np.int64)
-    relative = np.empty((7, n), dtype=np.int64)
-    for j in range(n):
-        i = order[j]
-        for r in range(7):
-            x = steps[r, i]
-            if (r == 2 or r == 5 or r == 6) and x >= 0:
-                x = renumber[x]
-                ordered[r, j] = x
-                relative[r, j] = j - x
-            else:
-                ordered[r, j] = x
-                relative[r, j] = x
-    body = np.array([-1, 0, 0, 0], dtype=np.int64)
-    best = 0
-    for length in lengths:
-        if length <= 0 or min_bodies * length > n:
-            continue
-        run = 0
-        for i in range(n - length + 1):
-            same = True
-            if i < n - length:
-                for r in range(7):
-                    if relative[r, i] != relative[r, i + length]:
-                        same = False
-                        break
-            else:
-                same = False
-            if same:
-                run += 1
-            elif run:
-                repeats = run // length + 1  # steps [i - run, i) recur: they and one more body
-                if repeats >= min_bodies and repeats * length > best:
-                    best = repeats * length
-                    body[0] = i - run
-                    body[1] = length
-                    body[2] = repeats
-                run = 0
-    if body[0] >= 0:
-        lookback = 0
-        for j in range(body[0], n):
-            if relative[2, j] > lookback:
-                lookback = relative[2, j]
-        body[3] = lookback
-        if lookback > body[0]:
-            body[0] = -1
-    return ordered, body
-
-
-@njit(cache=True)
-def _counting_order(key, num_keys, order):  # pragma: no cover - compiled
-    """``order`` stably sorted by ``key`` of its entries (keys 0 .. num_keys - 1)."""
-    counts = np.zeros(num_keys + 1, dtype=np.int64)
-    for j in range(order.shape[0]):
-        counts[key[order[j]] + 1] += 1
-    for k in range(num_keys):
-        counts[k + 1] += counts[k]
-    out = np.empty(order.shape[0], dtype=np.int64)
-    for j in range(order.shape[0]):
-        k = key[order[j]]
-        out[counts[k]] = order[j]
-        counts[k] += 1
-    return out
 
 
 @njit(cache=True)
