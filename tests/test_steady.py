@@ -8,20 +8,27 @@ random layouts to 1e-9 of the step time.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdist.analytic import timeline as closed
+from simdist.analytic.pricing import CommPricer
 from simdist.analytic.program import program
 from simdist.analytic.steady import MIN_BODIES, steady_form
+from simdist.analytic.step import analytic_observables
 from simdist.analytic.timeline import _backward_codes
 from simdist.analytic.timeline_kernel import SIMPLE, Packed, run_program
+from simdist.api.scenario import load_scenario
 from simdist.plan.fastforward import group_of
+from simdist.predict.step import checked_step
 from tests.test_analytic_step import _agree, layouts
 from tests.test_timeline_kernel import _oracle, _priced
 
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios" / "published"
 SCHEDULES = [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 3)]
 
 
@@ -149,3 +156,18 @@ def test_jumping_compiled_closed_form_is_the_step_by_step_timeline(x, groups):
     # the step time alone, as the fast-forward's samples and the search's bound ask for it (no spans: every layout
     # with a steady form jumps here, whatever its breakdown needs)
     assert closed._compiled_timeline(cfg, packed, m)[0] == pytest.approx(oracle["step_s"], rel=1e-9)
+
+
+def test_a_search_jumps_where_a_run_samples_and_both_are_the_whole_step():
+    # Narayanan et al.'s 175B on 384 GPUs: 384 micro-batches on 12 stages. `simdist run`'s closed form samples three
+    # short steps (the fast-forward); a search's (compiled=True) times every micro-batch with the loop's jump and
+    # spends no detection timeline; both equal the whole step timed without either to 1e-9
+    scenario = load_scenario(str(SCENARIOS / "megatron2021-175b-ptdp-384.yaml"), [])
+    _, cfg, _ = checked_step(scenario.spec, scenario.topology)
+    pricer = CommPricer(scenario.topology)
+    sampled, how = analytic_observables(cfg, pricer)
+    searched, searched_how = analytic_observables(cfg, pricer, compiled=True)
+    whole, _ = analytic_observables(cfg, pricer, fast_forward=False, compiled=False)
+    assert how is not None and searched_how is None
+    _agree(whole, sampled, 1e-9)
+    _agree(whole, searched, 1e-9)

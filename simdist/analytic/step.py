@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from simdist.analytic.pricing import CommPricer, cached_chunk_cost
 from simdist.analytic.stages import _Stage, _stages
 from simdist.analytic.timeline import COMPILE_STEPS as COMPILE_STEPS
-from simdist.analytic.timeline import _compiled, _observables, _pack, _Timelines
+from simdist.analytic.timeline import _compiled, _jumps, _observables, _pack, _Timelines
 from simdist.plan.fastforward import FastForward, extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.step_config import StepConfig
@@ -78,8 +78,16 @@ def _replica_observables(cfg: StepConfig, pricer: CommPricer, dp_index: int,
                          ) -> tuple[dict[str, float], FastForward | None]:
     stages = _stages(cfg, pricer, dp_index)
     M = _num_microbatches(cfg)
-    found = (fast_forward if isinstance(fast_forward, tuple) else _plan(cfg, stages, False, compiled=compiled)) \
-        if fast_forward else None
+    if not fast_forward:
+        found = None
+    elif isinstance(fast_forward, tuple):
+        found = fast_forward
+    elif compiled is True and _jumps(cfg, stages, M):
+        # a caller timing many steps compiled (a search): the loop jumps over the steady state itself, exactly, so
+        # no detection timeline is spent looking for a cycle to sample (what `_plan` would cost every such step)
+        found = None
+    else:
+        found = _plan(cfg, stages, False, compiled=compiled)
     if found is not None:
         cycle, *counts = found
         packed = _pack(stages) if _compiled(cfg, stages, sum(counts), compiled) else None

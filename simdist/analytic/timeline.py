@@ -180,6 +180,14 @@ def _overlapping_work(stages: list[_Stage]) -> bool:
     return any(_flags(st)[1] for st in _distinct(stages))
 
 
+def _jumps(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> bool:
+    """Whether the compiled observables of ``num_microbatches`` jump over the steady state (`_compiled_timeline`):
+    the recipes allow the compiled loop (`_fast`), no work beside the blocks asks for spans (`_overlapping_work`)
+    and the program has a steady form (simdist.analytic.steady)."""
+    return (_fast(stages) and not _overlapping_work(stages)
+            and steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp) is not None)
+
+
 def _distinct(stages: list[_Stage]) -> list[_Stage]:
     """One stage of each set of alike stages (those sharing a `_Stage.unit` box, whose recipes are the same
     objects); every stage without a box."""

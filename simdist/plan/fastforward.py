@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -150,12 +151,9 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
     """
     if schedule in TWO_CHUNK_SCHEDULES:
         return None
-    g = group_of(schedule, num_stages)
-    total = detection_microbatches(schedule, num_stages, vpp)
-    # the cheapest samples there can be (the shortest cycle, the earliest steady state): when even they do not pay,
-    # do not look
-    first = _first_sample(schedule, num_stages, vpp)
-    least = samples_cost((first, first + g, first + 2 * g), beside)
+    g, total, least, checks = _first_look(schedule, num_stages, vpp, beside)
+    if not SAVING * (least + ((total + checks) if count_detection else 0)) < num_microbatches:
+        return None  # even the first look would not pay (most steps: decided without timing anything)
     spent = [0]
 
     def read(m: int) -> tuple[Mapping[tuple, Sequence[float]], float]:
@@ -168,9 +166,6 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
         spent[0] += m
         return step_of(m)
 
-    # Counted where the closed form times its own samples (count_detection): the detection timelines and the four
-    # step times `steady_counts` checks the earliest samples with, each as long as a timeline of its micro-batches.
-    checks = sum(first + j * g for j in range(4))
     while SAVING * (least + ((spent[0] + total + checks) if count_detection else 0)) < num_microbatches:
         starts, step_s = read(total)
         found = find_cycle(schedule, num_stages, starts, step_s, total, vpp)
@@ -182,6 +177,20 @@ def plan(schedule: str, num_stages: int, num_microbatches: int,
             return None if counts is None else (cycle, *counts)
         total = g * math.ceil((total + 2 * _max_cycle(schedule, num_stages)) / g)
     return None
+
+
+@lru_cache(maxsize=1024)
+def _first_look(schedule: str, num_stages: int, vpp: int, beside: bool) -> tuple[int, int, int, int]:
+    """What `plan` weighs before timing anything, by schedule shape: (the micro-batch group, the first detection
+    timeline's micro-batches, the cheapest samples there can be: the shortest cycle, the earliest steady state, and
+    the four step times `steady_counts` checks the earliest samples with, in micro-batches). The
+    detection timelines and the checks are counted where the closed form times its own samples (count_detection),
+    each as long as a timeline of its micro-batches."""
+    g = group_of(schedule, num_stages)
+    first = _first_sample(schedule, num_stages, vpp)
+    least = samples_cost((first, first + g, first + 2 * g), beside)
+    checks = sum(first + j * g for j in range(4))
+    return g, detection_microbatches(schedule, num_stages, vpp), least, checks
 
 
 def _first_sample(schedule: str, num_stages: int, vpp: int) -> int:
