@@ -15,7 +15,7 @@ from one cycle to the next, so its steps do not recur at a fixed distance. Any o
 its stage's previous step and its upstream step gives every step the same start, bitwise: each step reads only its
 stage's state and its upstream step's output. `steady_form` reorders the program by wave (one more than the later of
 the stage's previous step's and the upstream step's waves; ties by stage), an order that does recur, and finds the
-body: the first run of steps that repeats at the cycle's length to the end of the steady state.
+body: the longest run of steps that repeats at one or two cycles' length.
 
 This module is structure only (which steps repeat); the compiled loop checks the times (the shift equal for every
 state entry a body writes, to `SHIFT_TOLERANCE`) before it jumps, and runs every step where they never settle.
@@ -46,9 +46,10 @@ find the shift (two where the cyclicity is two bodies) and the rest to gain from
 class SteadyForm:
     """A program in wave order with its repeating body.
 
-    ``steps``: the program's (7, n) steps (`Program.steps`) in wave order, upstream and held-send indices
-    renumbered; ``body``: (4,) int64: the body's first step, its length in steps, how many times it repeats back to
-    back from there, and the farthest any step from the body's start on reads back (its index minus its upstream's).
+    ``steps``: the program's (7, n) steps (`Program.steps`) in wave order, upstream indices renumbered (a program
+    with held sends has no steady form); ``body``: (4,) int64: the body's first step, its length in steps, how many
+    times it repeats back to back from there, and the farthest any step from the body's start on reads back (its
+    index minus its upstream's).
     """
 
     __slots__ = ("body", "steps")

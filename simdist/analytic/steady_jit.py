@@ -12,10 +12,11 @@ __all__ = ["steady_order"]
 @njit(cache=True)
 def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - compiled
     """(the program ``steps`` in wave order, its body: first step, length, repeats, lookback; first -1: none) for
-    simdist.analytic.steady. A step's wave is one more than the later of its stage's previous step's and its upstream
-    step's (0: neither); the order is by wave, then stage (two stable counting sorts), the upstream and held-send
-    indices renumbered. The body is the longest run of steps that recurs at one of ``lengths`` steps (all seven
-    fields equal, upstream and held sends as distances back), kept if it repeats at least ``min_bodies`` times."""
+    simdist.analytic.steady, whose programs hold no sends (rows 4-6: 0, -1, -1, left as they are). A step's wave is
+    one more than the later of its stage's previous step's and its upstream step's (0: neither); the order is by
+    wave, then stage (two stable counting sorts), the upstream indices renumbered. The body is the longest run of
+    steps that recurs at one of ``lengths`` steps (stage, recipe code, upstream as a distance back, downstream stage
+    equal), kept if it repeats at least ``min_bodies`` times."""
     n = steps.shape[1]
     K = num_stages
     wave = np.empty(n, dtype=np.int64)
@@ -37,18 +38,17 @@ def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - 
     for j in range(n):
         renumber[order[j]] = j
     ordered = np.empty((7, n), dtype=np.int64)
-    relative = np.empty((7, n), dtype=np.int64)
+    relative = np.empty((4, n), dtype=np.int64)  # what decides a step: stage, code, upstream distance, downstream
     for j in range(n):
         i = order[j]
         for r in range(7):
-            x = steps[r, i]
-            if (r == 2 or r == 5 or r == 6) and x >= 0:
-                x = renumber[x]
-                ordered[r, j] = x
-                relative[r, j] = j - x
-            else:
-                ordered[r, j] = x
-                relative[r, j] = x
+            ordered[r, j] = steps[r, i]
+        up = steps[2, i]
+        ordered[2, j] = renumber[up] if up >= 0 else -1
+        relative[0, j] = steps[0, i]
+        relative[1, j] = steps[1, i]
+        relative[2, j] = j - ordered[2, j] if up >= 0 else -1
+        relative[3, j] = steps[3, i]
     body = np.array([-1, 0, 0, 0], dtype=np.int64)
     best = 0
     for length in lengths:
@@ -58,7 +58,7 @@ def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - 
         for i in range(n - length + 1):
             same = True
             if i < n - length:
-                for r in range(7):
+                for r in range(4):
                     if relative[r, i] != relative[r, i + length]:
                         same = False
                         break
