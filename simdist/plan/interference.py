@@ -4,10 +4,14 @@ computes more slowly while its collectives run.
 
     compute time while overlapped = (1 + x) x its time alone,   x = ComputeEfficiency.comm_interference
 
-(Lee et al. 2025, arXiv:2507.03114: 18.9 % on average over training workloads on A100, H100, MI250, MI210). A step's
-recipe (simdist.plan.recipe, simdist.plan.data_parallel, simdist.plan.fsdp) adds after the compute that collectives
-overlap a *tax* piece: the work left undone while they ran, x / (1 + x) of the time they overlap it, min(their
-priced time, that compute's time) (`tax_s`). Both fidelities price it once they have priced its collectives
+per GPU in simdist/hardware/data/compute_efficiency.csv: 0.40 on Hopper (H100, H200), from a kernel-level
+microbenchmark of an 8192^3 matmul beside an NVLink all-gather on 8 H100 (pytorch/pytorch PR #172714; reproduced in
+tests/test_interference.py), and 0.189 elsewhere (Lee et al. 2025, arXiv:2507.03114: 18.9 % on average over training
+workloads on A100, H100, MI250, MI210).
+
+A step's recipe (simdist.plan.recipe, simdist.plan.data_parallel, simdist.plan.fsdp) adds after the compute that
+collectives overlap a *tax* piece: the work left undone while they ran, x / (1 + x) of the time they overlap it,
+min(their priced time, that compute's time) (`tax_s`). Both fidelities price it once they have priced its collectives
 (simdist.analytic.pricing.price_pieces; simdist.plan.opgraph.OpGraph.apply_taxes for the engine).
 # Assumption: the collectives overlap the compute from its start (a tax of their whole time where shorter than it); the
 # tensor-parallel collectives Megatron overlaps with the weight gradients are left out (simdist's A100 constants were
