@@ -11,8 +11,9 @@ Datasets (copied unchanged into validation/reference/, source columns kept):
   iteration (eq. (3), full recomputation included), so the measured iteration time is F / (GPUs x TFLOP/s).
 - NVIDIA Megatron-Bridge's performance summary (github.com/NVIDIA-NeMo/Megatron-Bridge,
   docs/performance-summary-archive.md): tokens per second per GPU of Megatron-Core pre-training on DGX H100,
-  DGX B200 and GB200 NVL72 in FP8/MXFP8 (2025-26), each with its layout; the step time is global batch x
-  sequence / (tokens/s/GPU x GPUs). A check of the H100/B200-era step model, never a fit (rows with a scenario).
+  DGX B200, DGX B300, GB200 NVL72 and GB300 NVL72 in BF16, FP8 and MXFP8 (2025-26), each with its layout; the
+  step time is global batch x sequence / (tokens/s/GPU x GPUs). A check of the H100/B200-era step model, never a
+  fit (rows with a scenario).
 
 Each row is predicted by `simdist.api.run` on a scenario file under scenarios/published/ (plus the
 overrides listed). No model constant is fitted to these rows: compute efficiency is calibrated on the 22B
@@ -191,7 +192,8 @@ def report(results: list[Result]) -> str:
         "GPU counted with their eq. (3), F = 96 B s l h^2 (1 + s/6h + V/16lh), so the measured time is "
         "F / (GPUs x TFLOP/s). The Megatron-Bridge rows (NVIDIA's Megatron-Core performance summary, "
         "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md) give tokens/s/GPU of FP8 and "
-        "MXFP8 pre-training on DGX H100, DGX B200 and GB200 NVL72, so the measured time is global batch x "
+        "MXFP8 pre-training on DGX H100, DGX B200, DGX B300, GB200 NVL72 and GB300 NVL72, so the measured time is "
+        "global batch x "
         f"sequence / (tokens/s/GPU x GPUs); their bound is {BRIDGE_TOLERANCE:.0%}, a check: the recipes' "
         "CUDA graphs are left off in these scenarios (`training.cuda_graphs` exists; which graph scopes each recipe "
         "captures is not in the table), their TP communication overlap and parameter-gather overlap are on, as the "
@@ -217,7 +219,8 @@ def report(results: list[Result]) -> str:
         "No constant is fitted to these rows. Compute efficiency comes from the 22B single-layer times of "
         "Korthikanti Table 4 (`simdist/hardware/data/compute_efficiency.csv`), communication from NCCL's cost "
         "constants and the link specifications of each row's cluster preset (`dgx-a100`: Selene's DGX A100 nodes "
-        "with 8 HDR InfiniBand NICs; `dgx-h100`, `dgx-b200`, `gb200-nvl72` for the Megatron-Bridge rows).",
+        "with 8 HDR InfiniBand NICs; `dgx-h100`, `dgx-b200`, `dgx-b300`, `gb200-nvl72`, `gb300-nvl72` for the "
+        "Megatron-Bridge rows).",
         "",
         "## Summary",
         "",
