@@ -191,8 +191,9 @@ def run_cmd(
                            "default auto (a report.json: the one it recorded)"
     )] = None,
     fidelity: Annotated[str | None, typer.Option(
-        "--fidelity", help="engine (collectives share links) | closed_form (the same step, no contention; "
-                           "what search ranks by); default engine (a report.json: the one it recorded)")] = None,
+        "--fidelity", help="engine (collectives share links) | closed_form (the same step, every collective "
+                           "alone; search ranks by it with a contention estimate added); default engine (a "
+                           "report.json: the one it recorded)")] = None,
     trust_paths: Annotated[bool, typer.Option(
         "--trust-paths", help="a report.json may read the files it names (cluster file, hf_config, calibration, "
                               "moe_routing_file), and a calibration the topology file it names, outside their own "
