@@ -5,8 +5,9 @@
 Every row of validation/reference/gemm_kernels_published.csv (one GEMM, or one grouped GEMM of ``groups`` equal
 GEMMs as a mixture-of-experts layer runs its local experts, timed alone on one GPU, from the public pages named in its
 source column) is predicted with simdist.hardware.compute.kernel_time_s on the GPU preset of that name: the kernel
-simdist.plan.kernel_work.gemm builds for it (bf16, 2 m n k FLOPs per GEMM), its roofline time and launch gap. A row
-that reports only the best of a sweep of square sizes is predicted as the best simdist gives over the same sizes.
+simdist.plan.kernel_work.gemm builds for it (bf16, or fp8 for a row of an fp8 dtype or recipe; 2 m n k FLOPs per
+GEMM), its roofline time and launch gap. A row that reports only the best of a sweep of square sizes is predicted as
+the best simdist gives over the same sizes.
 `records()` returns one `Record` per row, which tests/test_accuracy_kernels.py reuses; `render()` writes
 docs/accuracy-kernels.md, which a test keeps equal to this script's output.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from simdist.hardware.compute import kernel_time_s
 from simdist.hardware.gpus import GPU_PRESETS
-from simdist.plan.kernel_work import gemm
+from simdist.plan.kernel_work import FP8_RECIPES, gemm
 from simdist.spec.gpu import GpuSpec
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "gemm_kernels_published.csv"
@@ -90,13 +91,10 @@ def _gpus() -> dict[str, GpuSpec]:
     return {spec.name: spec for spec in GPU_PRESETS.values()}
 
 
-FP8_DTYPES = ("fp8", "mxfp8")
-"""A row's dtype priced as an fp8 GEMM (1-byte operands, the GPU's fp8 peak x its fp8 efficiency ratio); the
-scaling recipe (tensorwise or MXFP8 blocks) does not change simdist's GEMM rate."""
-
-
 def _tflops(gpu: GpuSpec, groups: int, m: int, n: int, k: int, dtype: str = "bf16") -> float:
-    fp8 = dtype in FP8_DTYPES
+    # a row of dtype fp8, or named by its fp8 recipe (mxfp8, ...), is priced as an fp8 GEMM (1-byte operands, the fp8
+    # peak x the GPU's fp8 efficiency ratio): the scaling recipe does not change simdist's GEMM rate
+    fp8 = dtype == "fp8" or dtype in FP8_RECIPES
     kernel = gemm("gemm", m, n, k, 2, fp8, batch=groups)
     return kernel.flops / kernel_time_s(gpu, kernel, "fp8" if fp8 else "bf16") / 1e12
 

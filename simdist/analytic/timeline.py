@@ -184,7 +184,8 @@ def _jumps(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> bool
     """Whether the compiled observables of ``num_microbatches`` jump over the steady state (`_compiled_timeline`):
     the recipes allow the compiled loop (`_fast`), no work beside the blocks asks for spans (`_overlapping_work`)
     and the program has a steady form (simdist.analytic.steady)."""
-    return (_fast(stages) and not _overlapping_work(stages)
+    # `_fast` and not `_overlapping_work`, in one pass over the distinct stages' flags
+    return (all(fast and not overlapping for fast, overlapping in map(_flags, _distinct(stages)))
             and steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp) is not None)
 
 
