@@ -8,6 +8,7 @@ import pytest
 from simdist.analytic.pricing import CommPricer
 from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
+from simdist.collectives.nccl_model import p2p_nvlink_share
 from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.errors import SimdistError
@@ -16,9 +17,10 @@ from simdist.plan.opgraph import Comm
 from simdist.predict.price import price_comm
 from tests.conftest import TOY_TOPOLOGY
 
-# tests/fixtures/toy-nvswitch.yaml: 4 GPUs per node on one 100 GB/s NVSwitch, efficiencies 1.0
+# tests/fixtures/toy-nvswitch.yaml: 4 GPUs per node on one 100 GB/s NVSwitch, efficiencies 1.0; NCCL's all_to_all
+# inside the node reaches the share p2p_nvlink_share of it (simdist.collectives.nccl_model, the toy's GPU generation)
 TOY = load_topology(TOY_TOPOLOGY, num_nodes=2)
-PORT_BPS = 100e9
+PORT_BPS = 100e9 * p2p_nvlink_share(Group.first(TOY, 4))
 
 
 def test_imbalanced_matrix_keeps_every_send_and_loads_the_busiest_receiver():

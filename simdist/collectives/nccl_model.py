@@ -25,7 +25,9 @@ protocol costs beyond the wire:
 - CollNetDirect (SHARP) pays NCCL's interLat over its two network hops (half each), its intraLat per NVLink
   hop, 2 (ppn - 1) x 0.4 us in the start-up, and NCCL's 0.85 on Hopper and later as its rate factor;
 - ``rate_factor``: payload per wire byte. LL moves 8-byte lines of 4 data + 4 flag bytes (0.5, and NCCL
-  caps LL at llMaxBw); LL128 keeps 120 of every 128 bytes, NCCL applies 0.92 x busBw; Simple 1.
+  caps LL at llMaxBw); LL128 keeps 120 of every 128 bytes, NCCL applies 0.92 x busBw; Simple 1;
+- NCCL's all_to_all (ncclSend/ncclRecv to every peer, simdist's direct) inside one NVLink domain reaches a smaller
+  share of NVLink than the ring (`p2p_nvlink_share`, measured: ``data/nccl_p2p_nvlink.csv``), in the rate factor.
 """
 
 from __future__ import annotations
@@ -121,6 +123,37 @@ def bandwidth_caps() -> dict[tuple[str, str, str], float]:
     return out
 
 
+@cache
+def _p2p_nvlink_shares() -> dict[str, float]:
+    """GPU architecture -> NCCL all_to_all busbw / all_reduce (ring) busbw on NVLink, the mean over its platforms."""
+    by_arch: dict[str, list[float]] = {}
+    for r in _rows("nccl_p2p_nvlink.csv"):
+        by_arch.setdefault(r["arch"], []).append(float(r["all_to_all_busbw_GBps"]) / float(r["all_reduce_busbw_GBps"]))
+    return {arch: sum(v) / len(v) for arch, v in by_arch.items()}
+
+
+def p2p_nvlink_share(group: Group) -> float:
+    """The share of the ring's NVLink bandwidth NCCL's all_to_all reaches on ``group`` (1 where it does not apply).
+
+    NCCL runs all_to_all as concurrent ncclSend/ncclRecv to every peer (its p2p path: per-peer channels and
+    P2P chunks, not the ring's pipelined channels); nccl-tests on NVLink measure its busbw at 0.87-0.94 of the
+    all_reduce ring's on the same GPUs (``data/nccl_p2p_nvlink.csv``: A100 210/232 = 0.905, H100 320/370 = 0.865,
+    B200 640/700 = 0.914, 32 GPUs of a GB200 NVL72 640/680 = 0.941; Blackwell takes the mean of its two, 0.928),
+    while the topology's NVLink efficiency is the ring's (NCCL's per-link figure). Applied to groups inside one
+    NVLink domain whose routes are NVLink only.
+    # Assumption: a group spanning nodes is bound by its NICs, where the same slides show NCCL's all_to_all at the
+    # NIC rate (48 of 50 GB/s a NIC on 4 DGX H100, as the ring), so its NVLink hops keep the ring's efficiency;
+    # GPUs without a row (none today) keep 1.
+    # Assumption: the flex dispatcher's DeepEP / HybridEP kernels, priced as the same all_to_all
+    # (simdist.plan.moe_cost), pay it too. DeepEP's README measures its intranode dispatch on H800 at 153 GB/s
+    # of NVLink, 0.93 of NCCL's per-link model there (8 links x 20.6 GB/s), against Hopper's 0.865 here: flex
+    # inside a node may be up to 7 % faster than priced.
+    """
+    if group.size < 2 or group.num_nodes != 1 or group.path_class(group.path(0, 1)) != "nvlink":
+        return 1.0
+    return _p2p_nvlink_shares().get(gpu_arch(group.topology.gpu.name), 1.0)
+
+
 def gpu_arch(gpu_name: str) -> str:
     """NCCL's architecture bucket of a GPU name."""
     name = gpu_name.upper()
@@ -146,8 +179,9 @@ class PricedProtocol:
     latency_by_class_s: dict[str, float]
 
 
-def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol:
-    """What ``protocol`` adds to ``algorithm`` on ``group``'s paths (see the module docstring)."""
+def protocol_cost(algorithm: str, protocol: str, group: Group, op: str | None = None) -> PricedProtocol:
+    """What ``protocol`` adds to ``algorithm`` on ``group``'s paths (see the module docstring); ``op``: the
+    collective (NCCL's all_to_all pays `p2p_nvlink_share` inside an NVLink domain)."""
     table = latency_table()
     nccl = NCCL_ALGORITHM[algorithm]
     base = table[("baseLat", nccl, protocol, "")] * 1e-6
@@ -194,6 +228,8 @@ def protocol_cost(algorithm: str, protocol: str, group: Group) -> PricedProtocol
         # Checks: H200 8 GPUs -> 2 x 450 x 0.82 x 0.85 x 7/9 = 488 GB/s busbw (measured 473-480),
         # B200 -> 2 x 900 x 0.80 x 0.74 x 7/9 = 829 (measured 838); nccl_collectives_ml_engineering.csv.
         factor *= bandwidth_caps().get(("nvlsEfficiency", gpu_arch(group.topology.gpu.name), "factor"), 1.0)
+    if algorithm == "direct" and op == "all_to_all":
+        factor *= p2p_nvlink_share(group)
     if nccl == "PAT":
         factor *= PAT_BANDWIDTH_FACTOR
     if nccl == "CollNetDirect" and gpu_arch(group.topology.gpu.name) in ("Hopper", "Blackwell"):
