@@ -99,6 +99,8 @@ def test_auto_fidelity_takes_the_fast_plan_above_64_ranks(cli):
         (["--fidelity", "exact"], ["unknown fidelity"]),
         (["--protocol", "LL64"], ["unknown protocol"]),
         (["--op", "broadcast", "--root", "8"], ["--root", "root 8"]),
+        (["--op", "all_to_all", "--kernel", "nvshmem"], ["--kernel", "unknown kernel 'nvshmem'", "hybridep"]),
+        (["--kernel", "deepep"], ["--kernel", "not all_reduce", "--op all_to_all"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, argv, needles):

@@ -203,7 +203,8 @@ def test_price_graph_batches_like_price_comm(tmp_path: Path) -> None:
     cfg = step_config(s.spec, s.topology, resolve_model(s.spec.model))
     plan = build_step(cfg)
     priced = price_graph(plan.graph, s.topology, mesh=cfg.mesh, reduced_axes=plan.reduced_axes)
-    comms = {(c.op, c.ranks, c.nbytes, c.axis, c.imbalance): c for op in plan.graph.ops if (c := op.comm) is not None}
+    comms = {(c.op, c.ranks, c.nbytes, c.axis, c.imbalance, c.kernel): c
+             for op in plan.graph.ops if (c := op.comm) is not None}
     assert any(p.num_translates > 1 for p in priced.values())
     for key, c in comms.items():
         axes = tuple(a for a in plan.reduced_axes if a != c.axis)

@@ -65,7 +65,7 @@ def test_an_overlapped_collective_leaves_one_chunk_exposed() -> None:
     cost = chunk_cost(cfg, cfg.part_layers(0), True, True)
     pieces = step_recipe(cfg, cost, "F").pieces
     tp = [p for p in pieces if p.comm is not None and p.comm.axis == "tp" and p.comm.op == "all_gather"]
-    total = sum(n * nbytes for op, nbytes, axis, n, _ in cost.forward_comm if axis == "tp" and op == "all_gather")
+    total = sum(n * nbytes for op, nbytes, axis, n, *_ in cost.forward_comm if axis == "tp" and op == "all_gather")
     exposed = sum(p.comm.nbytes * p.comm.count for p in tp if not p.label.startswith("overlapped"))
     assert exposed == pytest.approx(total / 4)
 

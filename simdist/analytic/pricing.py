@@ -94,37 +94,40 @@ class CommPricer:
             return time_of(op, n, nbytes, base(op, n, nbytes, t) if base is not None else t)
 
         out = CommPricer(self.topology, adjust)
-        # a key is (op, ranks, nbytes, imbalance) or (op, position, size, stride, nbytes, imbalance): see `key`
-        out._cache = {key: time_of(key[0], len(key[1]) if len(key) == 4 else key[2], key[-2], t)
+        # a key is (op, ranks, nbytes, imbalance, kernel) or (op, position, size, stride, nbytes, imbalance, kernel):
+        # see `key`
+        out._cache = {key: time_of(key[0], len(key[1]) if len(key) == 5 else key[2], key[-3], t)
                       for key, t in self._cache.items()}
         out._groups = self._groups
         return out
 
-    def key(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> tuple:
+    def key(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0, kernel: str = "nccl"
+            ) -> tuple:
         n = len(ranks)
         stride = ranks[1] - ranks[0] if n > 1 else 0
         regular = all(ranks[i + 1] - ranks[i] == stride for i in range(n - 1)) and stride > 0
         if not regular:
-            return (op, ranks, float(nbytes), float(imbalance))
-        return (op, self._position(ranks[0], n, stride), n, stride, float(nbytes), float(imbalance))
+            return (op, ranks, float(nbytes), float(imbalance), kernel)
+        return (op, self._position(ranks[0], n, stride), n, stride, float(nbytes), float(imbalance), kernel)
 
-    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0) -> float:
+    def time_s(self, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0, kernel: str = "nccl"
+               ) -> float:
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
-        return self._price(self.key(op, ranks, nbytes, imbalance))
+        return self._price(self.key(op, ranks, nbytes, imbalance, kernel))
 
     def time_of_key(self, key: tuple | None) -> float:
         """`time_s` of the collective whose `key` is ``key`` (None: one that takes no time, as `time_s` has it), for
         a caller that prices it on several pricers of one cluster (their keys are the same)."""
         return 0.0 if key is None else self._price(key)
 
-    def shape_time_s(self, op: str, first: int, size: int, stride: Stride, nbytes: float, imbalance: float = 1.0
-                     ) -> float:
+    def shape_time_s(self, op: str, first: int, size: int, stride: Stride, nbytes: float, imbalance: float = 1.0,
+                     kernel: str = "nccl") -> float:
         """The group ``first + i * stride`` for i < size (a mesh axis group), without listing its ranks; ``stride``
         a tuple: the group ``first + offset`` for each of its offsets."""
         if size < 2 or nbytes <= 0:
             return 0.0
-        key = (op, self._position(first, size, stride), size, stride, float(nbytes), float(imbalance))
+        key = (op, self._position(first, size, stride), size, stride, float(nbytes), float(imbalance), kernel)
         hit = self._cache.get(key)
         return hit if hit is not None else self._price(key)
 
@@ -188,12 +191,13 @@ class CommPricer:
         if hit is not None:
             return hit
         self.misses += 1
-        op, nbytes, imbalance = key[0], key[-2], key[-1]
-        placed = key[1] if len(key) == 4 else tuple(key[1] + o for o in _offsets(key[2], key[3]))
-        t = self._cache[key] = self._time(op, placed, nbytes, imbalance)
+        op, nbytes, imbalance, kernel = key[0], key[-3], key[-2], key[-1]
+        placed = key[1] if len(key) == 5 else tuple(key[1] + o for o in _offsets(key[2], key[3]))
+        t = self._cache[key] = self._time(op, placed, nbytes, imbalance, kernel)
         return t
 
-    def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float) -> float:
+    def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float, kernel: str = "nccl"
+              ) -> float:
         """Seconds of ``op`` on the ranks ``placed``, alone (what `_price` caches; a subclass may time it otherwise:
         simdist.search.contention)."""
         group = self._groups.get(placed)
@@ -201,9 +205,10 @@ class CommPricer:
             group = self._groups[placed] = Group(self.topology, placed)
         if op == "all_to_all" and imbalance != 1.0:
             # the uneven all_to_all of routing imbalance, as simdist.predict.price.request_of builds it
-            request = Request(op, group, nbytes, matrix=imbalanced_matrix(len(placed), nbytes, imbalance))
+            request = Request(op, group, nbytes, matrix=imbalanced_matrix(len(placed), nbytes, imbalance),
+                              kernel=kernel)
         else:
-            request = Request(op, group, nbytes)
+            request = Request(op, group, nbytes, kernel=kernel)
         t = rank_choices(request)[0].predicted_s
         if self.adjust is not None:
             t = self.adjust(op, len(placed), nbytes, t)
@@ -325,7 +330,7 @@ def _duration(pricer: CommPricer, piece: Piece, groups: dict[str, Shape]) -> flo
     if size < 2 or c.nbytes <= 0:
         return 0.0
     # simdist.predict.price.price_graph: count back-to-back runs, each with its host time.
-    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes, c.imbalance) + c.host_s) * c.count
+    return (pricer.shape_time_s(c.op, first, size, stride, c.nbytes, c.imbalance, c.kernel) + c.host_s) * c.count
 
 
 def piece_durations(pricer: CommPricer, pieces: tuple[Piece, ...], groups: dict[str, Shape]) -> tuple[float, ...]:

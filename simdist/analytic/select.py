@@ -30,7 +30,7 @@ def priced_request(request: Request, priced: PricedProtocol) -> Request:
 
 
 def evaluate(request: Request, algorithm: str, protocol: str) -> Choice:
-    priced = protocol_cost(algorithm, protocol, request.group, request.op)
+    priced = protocol_cost(algorithm, protocol, request.group, request.op, request.kernel)
     t = closed_form(algorithm)(priced_request(request, priced), priced.cost)
     return Choice(algorithm, protocol, t, priced)
 

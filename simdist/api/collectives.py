@@ -72,12 +72,14 @@ def collective(
     root: int = 0,
     calibration: str | Path | None = None,
     matrix: list[list[float]] | None = None,
+    kernel: str = "nccl",
 ) -> list[CollectiveRow]:
     """Simulate ``op`` over the first ``num_ranks`` GPUs of a cluster for every size.
 
     ``matrix`` (all_to_all only): uneven pieces, ``matrix[i][j]`` bytes from peer i to peer j (MoE token dispatch
     with unbalanced routing); ``sizes`` is then ignored and one row returned, its ``nbytes`` the mean peer's send
-    buffer (the nccl-tests size of the balanced all-to-all moving the same bytes).
+    buffer (the nccl-tests size of the balanced all-to-all moving the same bytes). ``kernel`` (all_to_all only): what
+    runs it, nccl or the MoE flex dispatcher's deepep / hybridep (simdist.collectives.ep_kernels).
 
     ``algorithm='auto'`` (and ``protocol='auto'``) take, per size, the pair with the least predicted
     time, as NCCL's tuner does; the chosen plan then runs in the engine. ``calibration``: a calibration
@@ -85,6 +87,7 @@ def collective(
     """
     from simdist.analytic.select import evaluate, priced_request, rank_choices
     from simdist.api.checks import whole
+    from simdist.collectives.ep_kernels import EP_KERNELS
     from simdist.collectives.group import Group
     from simdist.collectives.nccl_model import PROTOCOLS, supports
     from simdist.collectives.ops import busbw_Bps, op_info
@@ -94,6 +97,11 @@ def collective(
 
     info = op_info(op)
     whole(num_ranks, "--ranks", example="8")
+    if kernel not in EP_KERNELS:
+        raise SpecError(f"unknown kernel '{kernel}'", field="--kernel", fix=f"use one of: {', '.join(EP_KERNELS)}")
+    if kernel != "nccl" and op != "all_to_all":
+        raise SpecError(f"the {kernel} kernels run the MoE dispatch's all_to_all, not {op}", field="--kernel",
+                        fix="use --op all_to_all, or --kernel nccl")
     if isinstance(root, bool) or not isinstance(root, int):
         raise SpecError(f"--root {root!r} is not a whole number", field="--root", fix="give e.g. 0")
     if fidelity not in FIDELITIES:
@@ -132,7 +140,7 @@ def collective(
     for nbytes in sizes:
         if nbytes < 0 or (nbytes == 0 and op != "barrier"):
             raise SpecError(f"size {nbytes:g} must be positive", field="--bytes", fix="give sizes such as 8:8G:x2")
-        request = Request(op, group, 0.0 if op == "barrier" else nbytes, root=root, matrix=uneven)
+        request = Request(op, group, 0.0 if op == "barrier" else nbytes, root=root, matrix=uneven, kernel=kernel)
         protocols = PROTOCOLS if protocol == "auto" else (protocol,)
         if algorithm == "auto":
             choices = rank_choices(request, protocols=protocols)

@@ -70,6 +70,8 @@ def collective_cmd(
     fidelity: Annotated[str, typer.Option("--fidelity", help="auto, detailed or fast.")] = "auto",
     num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Number of nodes.")] = None,
     root: Annotated[int, typer.Option("--root", help="Root rank of rooted collectives.")] = 0,
+    kernel: Annotated[str, typer.Option("--kernel", help="all_to_all: nccl, or the MoE flex dispatcher's deepep or "
+                                                         "hybridep kernels.")] = "nccl",
     assignments: SetOption = None,
     as_json: JsonOption = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write a busbw/time chart per algorithm.")] = None,
@@ -96,14 +98,15 @@ def collective_cmd(
         measured = _matching(read_measurements(compare), op, ranks, compare)
     series = {name: api.collective(cluster, op, ranks, size_list, algorithm=name, protocol=protocol,
                                    num_nodes=num_nodes, assignments=assignments or [], fidelity=fidelity,
-                                   root=root, calibration=calibration)
+                                   root=root, calibration=calibration, kernel=kernel)
               for name in names}
     if html is not None:
         # The algorithms asked for; auto alone is drawn with the algorithms it chooses from (the why of its
         # choice), its label naming what it chose at each size.
         extra = {} if names != ["auto"] else api.collective_curves(cluster, op, ranks, size_list, num_nodes=num_nodes,
                                       assignments=assignments or [], fidelity=fidelity, root=root,
-                                      protocol=protocol, skip=set(series), calibration=calibration)
+                                      protocol=protocol, skip=set(series), calibration=calibration,
+                                      kernel=kernel)
         from simdist.report.collective_html import collective_figure_html
 
         curves = {**series, **extra}

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from simdist.collectives.ep_kernels import ep_kernel_share
 from simdist.collectives.group import Group
 from simdist.collectives.protocols import ProtocolCost
 
@@ -143,11 +144,8 @@ def p2p_nvlink_share(group: Group) -> float:
     NVLink domain whose routes are NVLink only.
     # Assumption: a group spanning nodes is bound by its NICs, where the same slides show NCCL's all_to_all at the
     # NIC rate (48 of 50 GB/s a NIC on 4 DGX H100, as the ring), so its NVLink hops keep the ring's efficiency;
-    # GPUs without a row (none today) keep 1.
-    # Assumption: the flex dispatcher's DeepEP / HybridEP kernels, priced as the same all_to_all
-    # (simdist.plan.moe_cost), pay it too. DeepEP's README measures its intranode dispatch on H800 at 153 GB/s
-    # of NVLink, 0.93 of NCCL's per-link model there (8 links x 20.6 GB/s), against Hopper's 0.865 here: flex
-    # inside a node may be up to 7 % faster than priced.
+    # GPUs without a row (none today) keep 1. The flex dispatcher's DeepEP / HybridEP kernels pay their own
+    # measured shares instead (simdist.collectives.ep_kernels).
     """
     if group.size < 2 or group.num_nodes != 1 or group.path_class(group.path(0, 1)) != "nvlink":
         return 1.0
@@ -179,9 +177,11 @@ class PricedProtocol:
     latency_by_class_s: dict[str, float]
 
 
-def protocol_cost(algorithm: str, protocol: str, group: Group, op: str | None = None) -> PricedProtocol:
+def protocol_cost(algorithm: str, protocol: str, group: Group, op: str | None = None,
+                  kernel: str = "nccl") -> PricedProtocol:
     """What ``protocol`` adds to ``algorithm`` on ``group``'s paths (see the module docstring); ``op``: the
-    collective (NCCL's all_to_all pays `p2p_nvlink_share` inside an NVLink domain)."""
+    collective (an all_to_all inside an NVLink domain pays its kernel's share of NVLink: NCCL's `p2p_nvlink_share`,
+    or DeepEP's / HybridEP's, simdist.collectives.ep_kernels)."""
     table = latency_table()
     nccl = NCCL_ALGORITHM[algorithm]
     base = table[("baseLat", nccl, protocol, "")] * 1e-6
@@ -229,7 +229,7 @@ def protocol_cost(algorithm: str, protocol: str, group: Group, op: str | None = 
         # B200 -> 2 x 900 x 0.80 x 0.74 x 7/9 = 829 (measured 838); nccl_collectives_ml_engineering.csv.
         factor *= bandwidth_caps().get(("nvlsEfficiency", gpu_arch(group.topology.gpu.name), "factor"), 1.0)
     if algorithm == "direct" and op == "all_to_all":
-        factor *= p2p_nvlink_share(group)
+        factor *= ep_kernel_share(kernel, group)
     if nccl == "PAT":
         factor *= PAT_BANDWIDTH_FACTOR
     if nccl == "CollNetDirect" and gpu_arch(group.topology.gpu.name) in ("Hopper", "Blackwell"):

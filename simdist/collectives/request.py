@@ -23,6 +23,9 @@ class Request:
     """The protocol the plan will run with (its rate factor and per-transfer latency): fast plans whose
     flows are timed to land when the detailed plan's transfers do need it (simdist.analytic.select.
     priced_request sets it; the plan itself carries no protocol until the caller sets it)."""
+    kernel: str = "nccl"
+    """What runs an all_to_all: NCCL, or the flex dispatcher's DeepEP / HybridEP kernels (simdist.collectives.
+    ep_kernels: the share of NVLink each reaches, in the protocol's rate factor)."""
 
     @property
     def num_peers(self) -> int:

@@ -25,15 +25,16 @@ class ChunkCost:
     forward_s: float
     backward_s: float
     recompute_s: float
-    forward_comm: tuple[tuple[str, float, str, int, float], ...]
-    """(op, nbytes, axis, count, imbalance) run back to back after the forward compute; ``imbalance``: an
-    all_to_all's busiest peer's bytes / the mean (simdist.plan.layer_cost.CommWork.imbalance; 1.0: even)."""
-    recompute_comm: tuple[tuple[str, float, str, int, float], ...]
-    backward_overlapped_comm: tuple[tuple[str, float, str, int, float], ...]
-    backward_comm: tuple[tuple[str, float, str, int, float], ...]
-    ring_forward_comm: tuple[tuple[str, float, str, int, float], ...]
+    forward_comm: tuple[tuple[str, float, str, int, float, str], ...]
+    """(op, nbytes, axis, count, imbalance, kernel) run back to back after the forward compute; ``imbalance``: an
+    all_to_all's busiest peer's bytes / the mean (simdist.plan.layer_cost.CommWork.imbalance; 1.0: even); ``kernel``:
+    what moves it (CommWork.kernel)."""
+    recompute_comm: tuple[tuple[str, float, str, int, float, str], ...]
+    backward_overlapped_comm: tuple[tuple[str, float, str, int, float, str], ...]
+    backward_comm: tuple[tuple[str, float, str, int, float, str], ...]
+    ring_forward_comm: tuple[tuple[str, float, str, int, float, str], ...]
     """Context-parallel ring exchanges (cp_comm_type p2p) of the forward, beside ``ring_forward_s`` of its compute."""
-    ring_backward_comm: tuple[tuple[str, float, str, int, float], ...]
+    ring_backward_comm: tuple[tuple[str, float, str, int, float, str], ...]
     ring_forward_s: float
     """Of forward_s, the ring steps' attention (the compute the ring exchanges overlap)."""
     ring_backward_s: float
@@ -59,14 +60,14 @@ class ChunkCost:
 
 
 def _comm_groups(work_comm: tuple, phase: str, overlappable: bool | None, times: int, ring: bool = False) -> tuple:
-    """(op, nbytes, axis, count, imbalance) of a Work's collectives of one phase (``overlappable`` None: either), alike
-    ones counted together; ``ring``: the context-parallel ring exchanges instead of the others."""
-    agg: dict[tuple[str, float, str, float], int] = {}
+    """(op, nbytes, axis, count, imbalance, kernel) of a Work's collectives of one phase (``overlappable`` None:
+    either), alike ones counted together; ``ring``: the context-parallel ring exchanges instead of the others."""
+    agg: dict[tuple[str, float, str, float, str], int] = {}
     for c in work_comm:
         if c.phase == phase and (overlappable is None or c.overlappable == overlappable) and c.ring == ring:
-            key = (c.op, float(c.nbytes), c.axis, float(c.imbalance))
+            key = (c.op, float(c.nbytes), c.axis, float(c.imbalance), c.kernel)
             agg[key] = agg.get(key, 0) + times
-    return tuple((op, nbytes, axis, n, x) for (op, nbytes, axis, x), n in agg.items())
+    return tuple((op, nbytes, axis, n, x, kernel) for (op, nbytes, axis, x, kernel), n in agg.items())
 
 
 def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last_part: bool) -> ChunkCost:
@@ -144,11 +145,11 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         return out
 
     def comm(phase: str, overlappable: bool | None, ring: bool = False) -> tuple:
-        out: dict[tuple[str, float, str, float], int] = {}
+        out: dict[tuple[str, float, str, float, str], int] = {}
         for w, n in parts:
-            for op, nbytes, axis, k, x in _comm_groups(w.comm, phase, overlappable, n, ring):
-                out[(op, nbytes, axis, x)] = out.get((op, nbytes, axis, x), 0) + k
-        return tuple((op, nb, ax, k, x) for (op, nb, ax, x), k in out.items())
+            for op, nbytes, axis, k, x, kernel in _comm_groups(w.comm, phase, overlappable, n, ring):
+                out[(op, nbytes, axis, x, kernel)] = out.get((op, nbytes, axis, x, kernel), 0) + k
+        return tuple((op, nb, ax, k, x, kernel) for (op, nb, ax, x, kernel), k in out.items())
 
     def ring_s(kernels_of) -> float:
         # Context-parallel ring attention (cp_comm_type p2p): the cp - 1 ring steps of each attention core run beside

@@ -68,6 +68,9 @@ class CommWork:
     rank's send buffer (the nccl-tests alltoall size)."""
     ring: bool = False
     """A context-parallel ring exchange: runs beside the ring steps' attention (simdist.plan.context_parallel)."""
+    kernel: str = "nccl"
+    """all_to_all over ep: what moves the tokens (nccl, or the flex dispatcher's deepep / hybridep:
+    simdist.collectives.ep_kernels)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +223,9 @@ class Pass:
         return self
 
     def issue(self, op: str, nbytes: float, *, overlappable: bool = False, axis: str = "tp",
-              imbalance: float = 1.0) -> Pass:
+              imbalance: float = 1.0, kernel: str = "nccl") -> Pass:
         self.comm.append(CommWork(op, float(nbytes), self.phase, overlappable, axis, len(self.kernels),
-                                  imbalance=imbalance))
+                                  imbalance=imbalance, kernel=kernel))
         return self
 
     def sync(self) -> Pass:

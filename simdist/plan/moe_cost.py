@@ -75,6 +75,9 @@ class ExpertParallel:
     domains: int = 1
     """NVLink domains the expert-parallel group spans (its ranks on that many nodes of NVLink-connected GPUs): where
     more than one, the flex dispatcher sends a token once per destination domain over the network."""
+    kernel: str = "nccl"
+    """What moves the all_to_alls: nccl (alltoall dispatcher), or the flex dispatcher's deepep / hybridep kernels
+    (simdist.collectives.ep_kernels prices their share of NVLink)."""
 
     @property
     def busiest_share(self) -> float:
@@ -308,7 +311,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if sync_at == "before_ep_alltoall":
         fwd.sync()
     if a2a and ep > 1:
-        fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+        fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb, kernel=experts.kernel)
     if a2a and etp > 1:
         # the busiest expert-TP group gathers its peers' received rows (every peer of the group is equally busy)
         fwd.issue("all_gather", rows * h * bpe, axis="etp")
@@ -348,7 +351,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if a2a and etp > 1:
         fwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
     if a2a and ep > 1:
-        fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+        fwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb, kernel=experts.kernel)
     if kind == "allgather":
         # the outputs (weighted by their probabilities in the experts' activation), scattered into a zero-filled fp32
         # buffer of every gathered
@@ -369,7 +372,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     else:
         bwd.add(elementwise("moe_unpermute_grad", r.sent * h, 2 * bpe, 0.0))  # d(row) = dy of its token: a gather
     if a2a and ep > 1:
-        bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+        bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb, kernel=experts.kernel)
     if a2a and etp > 1:
         bwd.issue("all_gather", rows * h * bpe, axis="etp")
     if sort and kind != "allgather":
@@ -382,7 +385,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if a2a and etp > 1:
         bwd.issue("reduce_scatter", rows * h * bpe, axis="etp")
     if a2a and ep > 1:
-        bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb)
+        bwd.issue("all_to_all", send_bytes, axis="ep", imbalance=imb, kernel=experts.kernel)
     if kind == "allgather":
         for axis, size in reversed(gathers):
             bwd.issue("reduce_scatter", size * h * bpe, axis=axis)

@@ -37,6 +37,8 @@ class Comm:
     """Host time each run adds on top of the collective (list collectives' per-rank copies; simdist.plan.step)."""
     imbalance: float = 1.0
     """all_to_all: the busiest peer receives this many times the mean (simdist.collectives.uneven; 1.0: even)."""
+    kernel: str = "nccl"
+    """all_to_all: what moves it (nccl, or the flex dispatcher's deepep / hybridep: simdist.collectives.ep_kernels)."""
 
 
 @dataclass(frozen=True, slots=True)

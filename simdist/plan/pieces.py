@@ -35,6 +35,8 @@ class CommItem:
     count: int = 1
     host_s: float = 0.0
     imbalance: float = 1.0
+    kernel: str = "nccl"
+    """all_to_all: what moves it (simdist.collectives.ep_kernels.EP_KERNELS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +109,11 @@ class Builder:
         """One comm piece per item, back to back after ``after``; axes whose group has < 2 ranks are skipped."""
         ids: list[int] = []
         deps = after
-        for op, nbytes, axis, count, imbalance in items:
+        for op, nbytes, axis, count, imbalance, kernel in items:
             if groups.get(axis, 1) < 2:
                 continue
             i = self.add(Piece(stream_of(axis), "comm", f"{label} {op} x{count}",
-                               comm=CommItem(op, nbytes, axis, count, imbalance=imbalance), deps=deps))
+                               comm=CommItem(op, nbytes, axis, count, imbalance=imbalance, kernel=kernel), deps=deps))
             ids.append(i)
             deps = (i,)
         return ids

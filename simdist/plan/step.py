@@ -165,7 +165,7 @@ def _link_instances(graph: OpGraph) -> None:
     for i, op in enumerate(graph.ops):
         c = op.comm
         if c is not None and c.op != "send_recv":
-            key = (c.op, c.ranks, c.nbytes, c.imbalance, c.count, op.name, op.microbatch, op.chunk, op.stage)
+            key = (c.op, c.ranks, c.nbytes, c.imbalance, c.kernel, c.count, op.name, op.microbatch, op.chunk, op.stage)
             ordinal = seen.get((key, op.rank), 0)
             seen[(key, op.rank)] = ordinal + 1
             by_key.setdefault((*key, ordinal), []).append(i)
@@ -178,9 +178,9 @@ def _link_instances(graph: OpGraph) -> None:
 
 
 def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
-    """(op, ranks, nbytes, axis, imbalance) -> runs of that collective in one step by the representative ranks of
-    data-parallel replica ``dp_index`` (tp and cp coordinate 0), counted from the recipes over the whole micro-batch
-    count (the same runs the op graph holds, without building it)."""
+    """(op, ranks, nbytes, axis, imbalance, kernel) -> runs of that collective in one step by the representative
+    ranks of data-parallel replica ``dp_index`` (tp and cp coordinate 0), counted from the recipes over the whole
+    micro-batch count (the same runs the op graph holds, without building it)."""
     mesh, K = cfg.mesh, cfg.mesh.pp
     M = cfg.microbatches(dp_index)
     _, recipes, tails = _parts_of(cfg)
@@ -202,7 +202,7 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
                 if group is None:
                     group = groups[(c.axis, stage)] = mesh.group(c.axis, mesh.rank(pp=stage, dp=dp_index))
                 if len(group) >= 2 and c.nbytes > 0:
-                    add((c.op, group, c.nbytes, c.axis, c.imbalance), c.count * times)
+                    add((c.op, group, c.nbytes, c.axis, c.imbalance, c.kernel), c.count * times)
 
     for s in range(K):
         rank = mesh.rank(pp=s, dp=dp_index)
@@ -217,7 +217,8 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
                 if 0 <= part < cfg.num_parts:
                     dst = part_location(part, K, cfg.schedule, c if cfg.schedule == "dualpipe" else 0)[0]
                     if dst != s:
-                        add((p2p.op, (rank, mesh.rank(pp=dst, dp=dp_index)), p2p.nbytes, p2p.axis, p2p.imbalance),
+                        add((p2p.op, (rank, mesh.rank(pp=dst, dp=dp_index)), p2p.nbytes, p2p.axis, p2p.imbalance,
+                             p2p.kernel),
                             runs_c * p2p.count)
         pieces(s, tails[s].pieces, 1)
     return runs

@@ -89,6 +89,9 @@ class StepConfig:
     moe_grouped_gemm: bool = True
     moe_ep_domains: int = 1
     """NVLink domains one expert-parallel group spans (simdist.plan.moe_cost.ExpertParallel.domains)."""
+    moe_kernel: str = "nccl"
+    """What moves the expert-parallel all_to_alls: nccl, or the flex dispatcher's deepep / hybridep
+    (simdist.collectives.ep_kernels)."""
     moe_overlap: bool = False
     """Megatron-LM --overlap-moe-expert-parallel-comm."""
     tp_comm_overlap: bool = False
@@ -165,7 +168,7 @@ class StepConfig:
     def expert_parallel(self) -> ExpertParallel:
         """How this step's MoE layers run (simdist.plan.moe_cost)."""
         return ExpertParallel(self.ep, self.etp, self.moe_dispatcher, self.moe_imbalance, self.moe_capacity_factor,
-                              self.moe_grouped_gemm, self.moe_ep_domains)
+                              self.moe_grouped_gemm, self.moe_ep_domains, self.moe_kernel)
 
     @property
     def num_stages(self) -> int:

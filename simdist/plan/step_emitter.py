@@ -107,7 +107,7 @@ class StepEmitter:
              chunk: int) -> int:
         c = piece.comm
         comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count, c.host_s,
-                                           c.imbalance)
+                                           c.imbalance, c.kernel)
         duration = math.nan if c is not None else piece.duration_s
         if c is None and piece.kind in SLOWED_KINDS:
             duration *= self.factors.get(stage, 1.0)
@@ -142,7 +142,7 @@ class StepEmitter:
                     taxes.append((j, p.tax_of, p.tax_share, p.duration_s * (factor if p.kind in SLOWED_KINDS else 1)))
                 c = p.comm
                 comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count,
-                                                   c.host_s, c.imbalance)
+                                                   c.host_s, c.imbalance, c.kernel)
                 duration = math.nan if c is not None else p.duration_s
                 if c is None and p.kind in SLOWED_KINDS:
                     duration *= factor

@@ -99,18 +99,19 @@ class _Pending:
 
 
 def request_of(topology: Topology, op: str, ranks: tuple[int, ...], nbytes: float, imbalance: float = 1.0,
-               groups: dict[tuple[int, ...], Group] | None = None) -> Request:
+               groups: dict[tuple[int, ...], Group] | None = None, kernel: str = "nccl") -> Request:
     """The collectives layer's request for ``op`` over ``ranks``; an all_to_all with ``imbalance`` > 1 is the
-    uneven all_to_all whose busiest peer receives that many times the mean (simdist.collectives.uneven).
-    ``groups``: groups already made, by ranks (a group memoises its routes' structure for every op and size)."""
+    uneven all_to_all whose busiest peer receives that many times the mean (simdist.collectives.uneven); ``kernel``:
+    what runs an all_to_all (simdist.collectives.ep_kernels). ``groups``: groups already made, by ranks (a group
+    memoises its routes' structure for every op and size)."""
     group = groups.get(ranks) if groups is not None else None
     if group is None:
         group = Group(topology, ranks)
         if groups is not None:
             groups[ranks] = group
     if op == "all_to_all" and imbalance != 1.0:
-        return Request(op, group, nbytes, matrix=imbalanced_matrix(len(ranks), nbytes, imbalance))
-    return Request(op, group, nbytes)
+        return Request(op, group, nbytes, matrix=imbalanced_matrix(len(ranks), nbytes, imbalance), kernel=kernel)
+    return Request(op, group, nbytes, kernel=kernel)
 
 
 def node_translate(topology: Topology, ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -137,13 +138,13 @@ def _tuned(topology: Topology, comm: Comm, groups: dict[tuple[int, ...], Group] 
     found on: ``comm`` on its group's `node_translate`, or on ``stand_in``), kept in that group's memo: a
     collective on every node's copy of a group is priced once."""
     ranks = node_translate(topology, comm.ranks if stand_in is None else stand_in)
-    basis = request_of(topology, comm.op, ranks, comm.nbytes, comm.imbalance, groups)
-    key = ("tuned", comm.op, float(comm.nbytes), float(comm.imbalance))
+    basis = request_of(topology, comm.op, ranks, comm.nbytes, comm.imbalance, groups, comm.kernel)
+    key = ("tuned", comm.op, float(comm.nbytes), float(comm.imbalance), comm.kernel)
     hit = basis.group.memo.get(key)
     if hit is None:
         choice = rank_choices(basis)[0]
-        tiny = evaluate(request_of(topology, comm.op, ranks, 1.0, comm.imbalance, groups), choice.algorithm,
-                        choice.protocol)
+        tiny = evaluate(request_of(topology, comm.op, ranks, 1.0, comm.imbalance, groups, comm.kernel),
+                        choice.algorithm, choice.protocol)
         hit = basis.group.memo[key] = (choice, tiny.predicted_s)
     return (*hit, basis)
 
@@ -152,7 +153,8 @@ def _planned(topology: Topology, comm: Comm, basis: Request, choice: Choice
              ) -> tuple[list[tuple[int, int, float]], np.ndarray | None]:
     """`_plan_links` of ``choice`` on ``basis`` (``comm``'s `_tuned` request: the plan, in peers, of every node's
     copy of the group), kept in its group's memo (read-only: shared by every collective priced with it)."""
-    key = ("planned", comm.op, float(comm.nbytes), float(comm.imbalance), choice.algorithm, choice.protocol)
+    key = ("planned", comm.op, float(comm.nbytes), float(comm.imbalance), comm.kernel, choice.algorithm,
+           choice.protocol)
     hit = basis.group.memo.get(key)
     if hit is None:
         hit = basis.group.memo[key] = _plan_links(topology, basis, choice)
@@ -287,7 +289,7 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
         if c is None or id(c) in comms:  # an object already seen: its key is in ``pending`` already
             continue
         comms[id(c)] = c
-        key = key_of[id(c)] = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance)
+        key = key_of[id(c)] = (c.op, c.ranks, c.nbytes, c.axis, c.imbalance, c.kernel)
         if key in pending:
             continue
         if key in known:
@@ -347,12 +349,13 @@ def price_graph(graph: OpGraph, topology: Topology, *, mesh: Mesh | None = None,
 
 def price_runs(runs: dict[tuple, int], topology: Topology, *, adjust: Adjust | None = None
                ) -> dict[tuple, PricedComm]:
-    """Each (op, ranks, nbytes, axis, imbalance) of ``runs`` (simdist.plan.step.collective_runs) priced alone with
-    the bytes it puts on its own group's links."""
+    """Each (op, ranks, nbytes, axis, imbalance, kernel) of ``runs`` (simdist.plan.step.collective_runs) priced alone
+    with the bytes it puts on its own group's links."""
     out: dict[tuple, PricedComm] = {}
     for key in runs:
-        op, ranks, nbytes, axis, imbalance = key
-        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis, imbalance=imbalance), adjust=adjust)
+        op, ranks, nbytes, axis, imbalance, kernel = key
+        out[key] = price_comm(topology, Comm(op, ranks, nbytes, axis, imbalance=imbalance, kernel=kernel),
+                              adjust=adjust)
     return out
 
 

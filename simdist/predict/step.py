@@ -101,7 +101,7 @@ def link_counters(prediction: StepPrediction, *, top: int = 8) -> list[dict[str,
         duration = trace.end_s[i] - trace.start_s[i]
         if c is None or duration <= 0:
             continue
-        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis, c.imbalance)]
+        pc = prediction.priced[(c.op, c.ranks, c.nbytes, c.axis, c.imbalance, c.kernel)]
         for link, nbytes in pc.link_bytes.items():
             if link in events:
                 rate = nbytes * c.count / duration
@@ -119,14 +119,16 @@ def link_counters(prediction: StepPrediction, *, top: int = 8) -> list[dict[str,
 
 
 def _collectives(runs: dict[tuple, int], priced: dict[tuple, PricedComm]) -> list[dict[str, Any]]:
-    """The step's collectives, one row per (axis, op, size, group size, algorithm)."""
+    """The step's collectives, one row per (axis, op, size, group size, algorithm, kernel); ``kernel``: what runs it
+    (nccl, or the flex dispatcher's deepep / hybridep: simdist.collectives.ep_kernels)."""
     rows: dict[tuple, dict[str, Any]] = {}
     for key, count in runs.items():
         pc = priced[key]
-        row_key = (pc.axis, pc.op, pc.nbytes, pc.num_ranks, pc.algorithm, pc.protocol, round(pc.time_s, 15))
+        kernel = key[5]
+        row_key = (pc.axis, pc.op, pc.nbytes, pc.num_ranks, pc.algorithm, pc.protocol, kernel, round(pc.time_s, 15))
         row = rows.setdefault(row_key, {"axis": pc.axis, "op": pc.op, "nbytes": pc.nbytes, "num_ranks": pc.num_ranks,
-                                        "algorithm": pc.algorithm, "protocol": pc.protocol, "time_s": pc.time_s,
-                                        "count": 0})
+                                        "algorithm": pc.algorithm, "protocol": pc.protocol, "kernel": kernel,
+                                        "time_s": pc.time_s, "count": 0})
         row["count"] += count
     order = {"tp": 0, "cp": 1, "pp": 2, "dp": 3}
     return sorted(rows.values(), key=lambda r: (order.get(r["axis"], 9), r["op"], -r["nbytes"], r["time_s"]))

@@ -70,10 +70,10 @@ class ContendedPricer(CommPricer):
         # (tp 4 innermost, whatever pp and dp) place the same images and get one price_comm between them
         self._shared = shared if shared is not None else {}
 
-    def factor(self, op: str, placed: tuple[int, ...], imbalance: float = 1.0) -> float:
+    def factor(self, op: str, placed: tuple[int, ...], imbalance: float = 1.0, kernel: str = "nccl") -> float:
         """How many times longer the transfer of ``op`` on the group ``placed`` takes beside its translates than
         alone (at least 1)."""
-        key = (op, placed, imbalance)
+        key = (op, placed, imbalance, kernel)
         hit = self._factors.get(key)
         if hit is None:
             gpn = self.topology.gpus_per_node
@@ -86,14 +86,17 @@ class ContendedPricer(CommPricer):
             # whose shifts differ may still place the same images (then their digest keys them: one price_comm;
             # 128 bits of BLAKE2b, where a search keeps thousands: no two distinct images meet in practice, and the
             # thousands of bytes of each are not kept)
-            shifts_key = (op, placed, imbalance, tuple((a, self.mesh.size(a), self.mesh.stride(a)) for a in axes))
+            shifts_key = (op, placed, imbalance, kernel,
+                          tuple((a, self.mesh.size(a), self.mesh.stride(a)) for a in axes))
             hit = self._shared.get(shifts_key)
             if hit is None:
                 images = self._images(placed, axes)
-                images_key = (op, placed, imbalance, images.shape, blake2b(images.tobytes(), digest_size=16).digest())
+                images_key = (op, placed, imbalance, kernel, images.shape,
+                              blake2b(images.tobytes(), digest_size=16).digest())
                 hit = self._shared.get(images_key)
                 if hit is None:
-                    priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance),
+                    priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance,
+                                                            kernel=kernel),
                                         translates=images if len(images) > 1 else None,
                                         groups=self.topology.groups,  # type: ignore[arg-type]
                                         # its tuner choice and transfer alone found once for every stage's
@@ -119,10 +122,11 @@ class ContendedPricer(CommPricer):
         members = tuple(placed[i] for i in order)
         return self.mesh.translates_array(members, axes)[:, np.argsort(order)]
 
-    def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float) -> float:
-        alone = self.alone.time_s(op, placed, nbytes, imbalance)
-        f = self.factor(op, placed, imbalance)
+    def _time(self, op: str, placed: tuple[int, ...], nbytes: float, imbalance: float, kernel: str = "nccl"
+              ) -> float:
+        alone = self.alone.time_s(op, placed, nbytes, imbalance, kernel)
+        f = self.factor(op, placed, imbalance, kernel)
         if f == 1.0:  # (its latency, a one-byte pricing, is not needed)
             return alone
-        latency = min(self.alone.time_s(op, placed, 1.0, imbalance), alone)
+        latency = min(self.alone.time_s(op, placed, 1.0, imbalance, kernel), alone)
         return latency + (alone - latency) * f

@@ -126,7 +126,9 @@ class TrainingSpec(Spec):
         default="deepep", description="the flex dispatcher's kernels (Megatron-LM --moe-flex-dispatcher-backend): "
                                       "deepep or hybridep; both send a token once per destination rank, and once "
                                       "per destination NVLink domain over the network where ep spans several "
-                                      "(simdist.plan.moe_cost), and are priced alike")
+                                      "(simdist.plan.moe_cost); inside an NVLink domain each reaches the share of "
+                                      "NVLink its published benchmarks measure at Megatron's SM count "
+                                      "(simdist.collectives.ep_kernels: HybridEP 0.65, DeepEP 0.44 on Blackwell)")
     moe_expert_capacity_factor: float | None = Field(
         default=None, gt=0.0, le=1024.0,
         description="tokens an expert takes, as a multiple of its balanced share (--moe-expert-capacity-factor); "

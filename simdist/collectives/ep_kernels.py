@@ -1,0 +1,99 @@
+"""Expert-parallel dispatch kernels that are not NCCL: DeepEP and HybridEP inside an NVLink domain.
+
+Megatron-Core's flex token dispatcher (``moe_token_dispatcher_type: flex``) moves tokens with DeepEP's or HybridEP's
+own kernels (``moe_flex_dispatcher_backend``), not NCCL's all_to_all. simdist prices their dispatch and combine as the
+same all_to_all over the expert-parallel group (simdist.plan.moe_cost) at the share of the ring's NVLink rate their
+published benchmarks reach (`ep_kernel_share`), in the protocol's rate factor as NCCL's own all_to_all pays its p2p
+share (simdist.collectives.nccl_model.p2p_nvlink_share), so both fidelities pay it.
+
+Data: ``data/ep_dispatch_kernels.csv``, the libraries' own benchmark tables (github.com/deepseek-ai/DeepEP
+docs/README_Hybrid-EP.md: HybridEP and DeepEP on B200 and GB200, tests/test_hybrid_ep.py; DeepEP's V1 README on H800).
+Each row's rate is the bytes a rank receives (dispatch) or sends (combine) over NVLink, its own tokens included, over
+the time of the call ("Torch API": the kernel with its metadata preprocessing and launch, as Megatron-Core calls it;
+the kernel alone runs 25-40 % faster). simdist's all_to_all of those bytes on P ranks of one NVSwitch domain moves
+(P-1)/P of them through each GPU's port at NCCL's NVLink rate B (its per-link figure x links: B200 / GB200 40.1 x 18 =
+721.8 GB/s, H800 20.6 x 8 = 164.8), so a row's share is (P-1)/P x rate / B: HybridEP on B200 / GB200 0.56-0.69, DeepEP
+on B200 / GB200 0.17-0.78 (it grows with the SMs it is given and falls with the ranks), DeepEP on H800 0.81-0.84.
+
+`ep_kernel_share` averages, per GPU architecture, the dispatch (BF16; FP8 where only that is published) and combine
+rates of every published series (GPU, ranks) at the SM count Megatron runs the library with
+(`DEFAULT_NUM_SMS`: linear between the published counts, clamped at their ends).
+# Assumption: the kernels' rate scales with the bytes moved (dispatch in BF16 as simdist sizes it; FP8 dispatch moves
+# fewer bytes at a lower byte rate, not modelled apart); a library without rows on an architecture takes the other
+# library's share there (HybridEP on Hopper: DeepEP's H800 rows), then NCCL's p2p share; groups spanning NVLink domains
+# keep 1 (the published inter-node rates are at or above the NIC's: 43-58 GB/s on 50 GB/s NICs).
+"""
+
+from __future__ import annotations
+
+import csv
+from functools import cache
+from importlib import resources
+
+import numpy as np
+
+from simdist.collectives.group import Group
+
+__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "ep_kernel_share"]
+
+EP_KERNELS = ("nccl", "deepep", "hybridep")
+"""What moves an expert-parallel all_to_all's tokens: NCCL's all_to_all (the alltoall dispatcher's), or the flex
+dispatcher's DeepEP or HybridEP kernels."""
+
+DEFAULT_NUM_SMS = {"deepep": 20, "hybridep": 32}
+"""SMs a flex backend's kernels run on as Megatron runs them: DeepEP 20 (Megatron-Core transformer_config.py,
+moe_deepep_num_sms: "historical default 20"), HybridEP 32 (Megatron-Bridge perf_recipes/_common.py
+_benchmark_common: moe_hybridep_num_sms = 32 for every HybridEP recipe)."""
+
+_ARCH = {"B200": "Blackwell", "GB200": "Blackwell", "H800": "Hopper"}
+_NCCL_NVLINK_GBPS = {"B200": 40.1 * 18, "GB200": 40.1 * 18, "H800": 20.6 * 8}
+"""NCCL's NVLink rate per GPU of each benchmarked platform: its per-link figure (src/graph/topo.h SM100_NVLINK_BW 40.1,
+SM90_NVLINK_BW 20.6) x the GPU's links (B200 / GB200 18, H800 8: NVIDIA's H800 spec, 400 GB/s of NVLink)."""
+
+
+@cache
+def _series() -> dict[tuple[str, str, int], list[tuple[int, float]]]:
+    """(library, gpu, ranks) -> [(SMs, share of NCCL's NVLink rate)] of the Torch-API rows, dispatch and combine."""
+    text = (resources.files("simdist.collectives") / "data" / "ep_dispatch_kernels.csv").read_text(encoding="utf-8")
+    out: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
+    for r in csv.DictReader(text.splitlines()):
+        if r["measured"] != "torch_api":
+            continue
+        ranks = int(r["ranks"])
+        dispatch = r["dispatch_bf16_GBps"] or r["dispatch_fp8_GBps"]
+        for rate in (dispatch, r["combine_GBps"]):
+            share = (ranks - 1) / ranks * float(rate) / _NCCL_NVLINK_GBPS[r["gpu"]]
+            out.setdefault((r["library"], r["gpu"], ranks), []).append((int(r["num_sms"]), share))
+    return out
+
+
+@cache
+def _shares(library: str) -> dict[str, float]:
+    """GPU architecture -> the library's mean share at its default SM count (the module docstring)."""
+    sms = DEFAULT_NUM_SMS[library]
+    by_arch: dict[str, list[float]] = {}
+    for (lib, gpu, _), points in _series().items():
+        if lib != library:
+            continue
+        counts = sorted({s for s, _ in points})
+        # each SM count's mean of dispatch and combine, then linear in SMs between the published counts
+        means = [float(np.mean([v for s, v in points if s == c])) for c in counts]
+        by_arch.setdefault(_ARCH[gpu], []).append(float(np.interp(sms, counts, means)))
+    return {arch: float(np.mean(v)) for arch, v in by_arch.items()}
+
+
+def ep_kernel_share(kernel: str, group: Group) -> float:
+    """The share of the ring's NVLink rate ``kernel``'s all_to_all reaches on ``group`` (1 where it does not apply:
+    groups spanning NVLink domains, or not on NVLink)."""
+    from simdist.collectives.nccl_model import gpu_arch, p2p_nvlink_share
+
+    if kernel == "nccl":
+        return p2p_nvlink_share(group)
+    if group.size < 2 or group.num_nodes != 1 or group.path_class(group.path(0, 1)) != "nvlink":
+        return 1.0
+    arch = gpu_arch(group.topology.gpu.name)
+    for library in (kernel, *(k for k in DEFAULT_NUM_SMS if k != kernel)):
+        share = _shares(library).get(arch)
+        if share is not None:
+            return share
+    return p2p_nvlink_share(group)
