@@ -101,6 +101,8 @@ def test_auto_fidelity_takes_the_fast_plan_above_64_ranks(cli):
         (["--op", "broadcast", "--root", "8"], ["--root", "root 8"]),
         (["--op", "all_to_all", "--kernel", "nvshmem"], ["--kernel", "unknown kernel 'nvshmem'", "hybridep"]),
         (["--kernel", "deepep"], ["--kernel", "not all_reduce", "--op all_to_all"]),
+        (["--op", "all_to_all", "--kernel", "deepep:many"], ["--kernel", "unknown kernel 'deepep:many'", "deepep:24"]),
+        (["--op", "all_to_all", "--kernel", "nccl:8"], ["--kernel", "unknown kernel 'nccl:8'"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, argv, needles):

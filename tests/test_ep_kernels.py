@@ -9,7 +9,7 @@ import pytest
 from simdist import api
 from simdist.analytic.pricing import CommPricer
 from simdist.analytic.select import evaluate
-from simdist.collectives.ep_kernels import DEFAULT_NUM_SMS, _shares, ep_kernel_share
+from simdist.collectives.ep_kernels import DEFAULT_NUM_SMS, _shares, ep_kernel_name, ep_kernel_share
 from simdist.collectives.group import Group
 from simdist.collectives.nccl_model import p2p_nvlink_share
 from simdist.collectives.request import Request
@@ -117,3 +117,23 @@ def test_collective_cli_times_a_hybridep_dispatch(cli):
     code, out, _ = cli("collective", "--cluster", "dgx-b200", "--op", "all_to_all", "--ranks", "8", "--bytes", "256M",
                        "--json")
     assert json.loads(out)["rows"][0]["algbw_GBps"] > row["algbw_GBps"] * 1.3  # NCCL: 0.93 of the ring
+
+
+def test_the_sm_count_moves_deepep_along_its_published_series(tmp_path):
+    # DeepEP on B200 (8 ranks) from 16 to 48 SMs: 348 -> 646 GB/s dispatch; simdist follows the series
+    b200 = Group.first(load_topology("dgx-b200"), 8)
+    shares = [ep_kernel_share(f"deepep:{sms}", b200) for sms in (8, 16, 20, 32, 64)]
+    assert shares[0] == shares[1] < shares[2] < shares[3] < shares[4]  # clamped below the published 16
+    assert ep_kernel_share("deepep:20", b200) == ep_kernel_share("deepep", b200)  # Megatron's default
+    assert ep_kernel_name("deepep", 20) == "deepep" and ep_kernel_name("hybridep", 64) == "hybridep:64"
+    # the scenario field, under Megatron-Core's name or its deprecated aliases
+    from simdist.plan.layout import step_config_of
+    from simdist.plan.model_presets import resolve_model
+
+    for field in ("moe_flex_dispatcher_num_sms", "moe_deepep_num_sms"):
+        f = tmp_path / f"{field}.yaml"
+        f.write_text("cluster: {preset: dgx-b200, num_nodes: 1}\nmodel: {preset: qwen3-30b-a3b, seq_length: 1024}\n"
+                     "parallel: {dp: 8, ep: 8}\ntraining: {global_batch_size: 16, moe_token_dispatcher_type: flex, "
+                     f"{field}: 32}}\n")
+        sc = api.load_scenario(f)
+        assert step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)).moe_kernel == "deepep:32"

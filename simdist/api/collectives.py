@@ -87,7 +87,7 @@ def collective(
     """
     from simdist.analytic.select import evaluate, priced_request, rank_choices
     from simdist.api.checks import whole
-    from simdist.collectives.ep_kernels import EP_KERNELS
+    from simdist.collectives.ep_kernels import parse_kernel
     from simdist.collectives.group import Group
     from simdist.collectives.nccl_model import PROTOCOLS, supports
     from simdist.collectives.ops import busbw_Bps, op_info
@@ -97,9 +97,7 @@ def collective(
 
     info = op_info(op)
     whole(num_ranks, "--ranks", example="8")
-    if kernel not in EP_KERNELS:
-        raise SpecError(f"unknown kernel '{kernel}'", field="--kernel", fix=f"use one of: {', '.join(EP_KERNELS)}")
-    if kernel != "nccl" and op != "all_to_all":
+    if parse_kernel(kernel)[0] != "nccl" and op != "all_to_all":
         raise SpecError(f"the {kernel} kernels run the MoE dispatch's all_to_all, not {op}", field="--kernel",
                         fix="use --op all_to_all, or --kernel nccl")
     if isinstance(root, bool) or not isinstance(root, int):

@@ -71,7 +71,7 @@ def collective_cmd(
     num_nodes: Annotated[int | None, typer.Option("--num-nodes", min=1, help="Number of nodes.")] = None,
     root: Annotated[int, typer.Option("--root", help="Root rank of rooted collectives.")] = 0,
     kernel: Annotated[str, typer.Option("--kernel", help="all_to_all: nccl, or the MoE flex dispatcher's deepep or "
-                                                         "hybridep kernels.")] = "nccl",
+                                                         "hybridep kernels (deepep:24: on 24 SMs).")] = "nccl",
     assignments: SetOption = None,
     as_json: JsonOption = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write a busbw/time chart per algorithm.")] = None,

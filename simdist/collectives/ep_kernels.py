@@ -16,8 +16,9 @@ the kernel alone runs 25-40 % faster). simdist's all_to_all of those bytes on P 
 on B200 / GB200 0.17-0.78 (it grows with the SMs it is given and falls with the ranks), DeepEP on H800 0.81-0.84.
 
 `ep_kernel_share` averages, per GPU architecture, the dispatch (BF16; FP8 where only that is published) and combine
-rates of every published series (GPU, ranks) at the SM count Megatron runs the library with
-(`DEFAULT_NUM_SMS`: linear between the published counts, clamped at their ends).
+rates of every published series (GPU, ranks) at the kernel's SM count (``training.moe_flex_dispatcher_num_sms``;
+Megatron's `DEFAULT_NUM_SMS` unless given; linear between the published counts, clamped at their ends). A kernel is
+named ``deepep`` / ``hybridep`` at the default count, ``deepep:24`` at another (`ep_kernel_name`).
 # Assumption: the kernels' rate scales with the bytes moved (dispatch in BF16 as simdist sizes it; FP8 dispatch moves
 # fewer bytes at a lower byte rate, not modelled apart); a library without rows on an architecture takes the other
 # library's share there (HybridEP on Hopper: DeepEP's H800 rows), then NCCL's p2p share; groups spanning NVLink domains
@@ -34,7 +35,7 @@ import numpy as np
 
 from simdist.collectives.group import Group
 
-__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "ep_kernel_share"]
+__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "ep_kernel_name", "ep_kernel_share", "parse_kernel"]
 
 EP_KERNELS = ("nccl", "deepep", "hybridep")
 """What moves an expert-parallel all_to_all's tokens: NCCL's all_to_all (the alltoall dispatcher's), or the flex
@@ -67,10 +68,27 @@ def _series() -> dict[tuple[str, str, int], list[tuple[int, float]]]:
     return out
 
 
+def ep_kernel_name(library: str, num_sms: int | None = None) -> str:
+    """The kernel identifier a collective carries: ``library`` at Megatron's default SM count, ``library:num_sms``
+    at another."""
+    return library if num_sms is None or num_sms == DEFAULT_NUM_SMS[library] else f"{library}:{num_sms}"
+
+
+def parse_kernel(kernel: str) -> tuple[str, int | None]:
+    """(library, SMs or None) of a kernel identifier (`ep_kernel_name`); a SpecError naming --kernel if malformed."""
+    from simdist.errors import SpecError
+
+    library, _, sms = kernel.partition(":")
+    if library not in EP_KERNELS or (sms and (library == "nccl" or not sms.isdigit() or int(sms) < 1)):
+        raise SpecError(f"unknown kernel '{kernel}'", field="--kernel",
+                        fix=f"use one of: {', '.join(EP_KERNELS)} (deepep and hybridep may name SMs: deepep:24)")
+    return library, int(sms) if sms else None
+
+
 @cache
-def _shares(library: str) -> dict[str, float]:
-    """GPU architecture -> the library's mean share at its default SM count (the module docstring)."""
-    sms = DEFAULT_NUM_SMS[library]
+def _shares(library: str, num_sms: int | None = None) -> dict[str, float]:
+    """GPU architecture -> the library's mean share at ``num_sms`` (None: its default; the module docstring)."""
+    sms = DEFAULT_NUM_SMS[library] if num_sms is None else num_sms
     by_arch: dict[str, list[float]] = {}
     for (lib, gpu, _), points in _series().items():
         if lib != library:
@@ -92,8 +110,9 @@ def ep_kernel_share(kernel: str, group: Group) -> float:
     if group.size < 2 or group.num_nodes != 1 or group.path_class(group.path(0, 1)) != "nvlink":
         return 1.0
     arch = gpu_arch(group.topology.gpu.name)
-    for library in (kernel, *(k for k in DEFAULT_NUM_SMS if k != kernel)):
-        share = _shares(library).get(arch)
-        if share is not None:
-            return share
-    return p2p_nvlink_share(group)
+    library, sms = parse_kernel(kernel)
+    share = _shares(library, sms).get(arch)
+    if share is None:  # no row of this library on the architecture: the other library's, at its default count
+        share = next((s for k in DEFAULT_NUM_SMS if k != library
+                      if (s := _shares(k).get(arch)) is not None), None)
+    return share if share is not None else p2p_nvlink_share(group)

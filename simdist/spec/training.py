@@ -129,6 +129,13 @@ class TrainingSpec(Spec):
                                       "(simdist.plan.moe_cost); inside an NVLink domain each reaches the share of "
                                       "NVLink its published benchmarks measure at Megatron's SM count "
                                       "(simdist.collectives.ep_kernels: HybridEP 0.65, DeepEP 0.44 on Blackwell)")
+    moe_flex_dispatcher_num_sms: int | None = Field(
+        default=None, ge=1, le=1024,
+        validation_alias=alias("moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"),
+        description="SMs the flex dispatcher's kernels run on (Megatron-Core moe_flex_dispatcher_num_sms; aliases "
+                    "moe_deepep_num_sms, moe_hybridep_num_sms): their NVLink rate follows the published rates at "
+                    "that count, linear between the counts published and flat beyond them; null: Megatron's "
+                    "default (DeepEP 20, HybridEP 32 as Megatron-Bridge runs it)")
     moe_expert_capacity_factor: float | None = Field(
         default=None, gt=0.0, le=1024.0,
         description="tokens an expert takes, as a multiple of its balanced share (--moe-expert-capacity-factor); "
