@@ -93,12 +93,17 @@ def test_a_flex_step_carries_its_backend(tmp_path):
         f.write_text("cluster: {preset: dgx-b200, num_nodes: 1}\nmodel: {preset: qwen3-30b-a3b, seq_length: 1024}\n"
                      "parallel: {dp: 8, ep: 8}\n"
                      f"training: {{global_batch_size: 16, moe_token_dispatcher_type: {kind}{extra}}}\n")
-        return api.run(f, fidelity=fidelity).result
+        out = api.run(f, fidelity=fidelity)
+        texts[dispatch] = out.text
+        return out.result
+
+    texts: dict[str, str] = {}
 
     hybrid, deep, nccl = (run(d, "closed_form") for d in ("flex-hybridep", "flex-deepep", "alltoall"))
     ep = {k: r["breakdown"]["exposed_comm_s"]["ep"] for k, r in (("h", hybrid), ("d", deep), ("n", nccl))}
     assert ep["h"] < ep["d"]  # 0.65 of NVLink against 0.44, the same rows (once per destination rank)
     assert {c["kernel"] for c in hybrid["collectives"] if c["op"] == "all_to_all"} == {"hybridep"}
+    assert "direct (hybridep)" in texts["flex-hybridep"] and "(hybridep)" not in texts["alltoall"]  # the text table
     engine = run("flex-hybridep", "engine")
     assert engine["step_time_s"] == pytest.approx(hybrid["step_time_s"], rel=1e-6)
 

@@ -154,3 +154,25 @@ def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute():
     slowed = x / (1 + x) * plain["ep_s"]
     assert hidden["compute_s"] == pytest.approx(plain["compute_s"] + slowed, rel=1e-12)
     assert hidden["step_s"] == pytest.approx(plain["step_s"] - plain["ep_s"] + slowed, rel=1e-12)
+
+
+def test_flex_kernels_beside_compute_take_their_sms_from_it():
+    # The flex dispatcher's kernels hold s of the GPU's N SMs while they run (a persistent grid,
+    # moe_flex_dispatcher_num_sms): the compute beside them runs on N - s, N / (N - s) as long, x = s / (N - s)
+    # (simdist.plan.step_config.StepConfig.expert_interference), in place of the GPU's NCCL interference
+    from simdist.analytic.step import analytic_observables
+    from simdist.hardware.gemm import architecture
+
+    model = {"hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
+    flex = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep",
+            "moe_flex_dispatcher_num_sms": 16}
+    obs = {}
+    for overlap in (False, True):
+        cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, {**flex, "overlap_moe_expert_parallel_comm": overlap},
+                                model=model)
+        obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+    n = architecture(cfg.gpu).num_sms
+    assert cfg.moe_kernel == "hybridep:16" and cfg.expert_interference == pytest.approx(16 / (n - 16))
+    plain, hidden = obs[False], obs[True]
+    x = cfg.expert_interference
+    assert hidden["compute_s"] == pytest.approx(plain["compute_s"] + x / (1 + x) * plain["ep_s"], rel=1e-12)

@@ -7,7 +7,8 @@ computes more slowly while its collectives run.
 per GPU in simdist/hardware/data/compute_efficiency.csv: 0.40 on Hopper (H100, H200), from a kernel-level
 microbenchmark of an 8192^3 matmul beside an NVLink all-gather on 8 H100 (pytorch/pytorch PR #172714; reproduced in
 tests/test_interference.py), and 0.189 elsewhere (Lee et al. 2025, arXiv:2507.03114: 18.9 % on average over training
-workloads on A100, H100, MI250, MI210).
+workloads on A100, H100, MI250, MI210). Beside the MoE flex dispatcher's DeepEP / HybridEP kernels x is instead the
+share of SMs they hold, s / (N - s) (simdist.plan.step_config.StepConfig.expert_interference).
 
 A step's recipe (simdist.plan.recipe, simdist.plan.data_parallel, simdist.plan.fsdp) adds after the compute that
 collectives overlap a *tax* piece: the work left undone while they ran, x / (1 + x) of the time they overlap it,

@@ -294,7 +294,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
                            compute_kind)
         chain.append(last_compute)
     if hidden:
-        last_compute = tax(b, last_compute, _expert_comm(b, hidden), b_s, cfg.interference, compute_kind)
+        last_compute = tax(b, last_compute, _expert_comm(b, hidden), b_s, cfg.expert_interference, compute_kind)
         chain.append(last_compute)
     if kind == "B" and (ring[0] > 0 or ring[1]):
         last_compute = _ring(b, last_compute, *ring, groups, cfg.interference)
@@ -328,7 +328,7 @@ def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: i
     """A forward's end after its compute piece ``c``: the all-to-alls hidden behind it (from ``entry``) with the
     compute they slow down, the context-parallel ring, the exposed collectives, and a wait for the hidden ones."""
     hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
-    c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.interference, "forward")
+    c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.expert_interference, "forward")
     c = _ring(b, c, *ring, groups, cfg.interference)
     chain = [c, *b.chain(items, (c,), "", groups)]
     if hidden:
@@ -376,7 +376,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups:
     # the backward here (torchtitan and FSDP's tensor parallelism issue them synchronously).
     computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, per_microbatch,
                              cost.backward_s, cost.model_flops_backward)
-    computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.interference, "backward"))
+    computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.expert_interference, "backward"))
     computes.append(_ring(b, computes[-1], *ring, groups, cfg.interference))
     chain += computes
     exposed = b.chain(items, (computes[-1],), "", groups)

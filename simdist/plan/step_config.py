@@ -10,8 +10,10 @@ import functools
 import math
 from dataclasses import dataclass
 
+from simdist.collectives.ep_kernels import DEFAULT_NUM_SMS, parse_kernel
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
+from simdist.hardware.gemm import architecture
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.plan.execution import MEGATRON, Execution
 from simdist.plan.layer_split import choose_split, chunk_layers
@@ -182,6 +184,20 @@ class StepConfig:
     def interference(self) -> float:
         """How much longer compute takes beside collectives (simdist.plan.interference)."""
         return (self.compute_efficiency or compute_efficiency(self.gpu)).comm_interference
+
+    @property
+    def expert_interference(self) -> float:
+        """`interference` of the compute beside the MoE all_to_alls (Megatron-Core's 1F1B A2A overlap): NCCL's the
+        GPU's; the flex dispatcher's DeepEP / HybridEP kernels hold their SMs while they run (a persistent grid of
+        moe_flex_dispatcher_num_sms blocks), so the compute beside them runs on the N - s others: N / (N - s) as
+        long, x = s / (N - s) (N: the GPU's SMs, simdist.hardware.gemm.architecture).
+        # Assumption: their HBM traffic slows the compute no further (the SMs they take bound it)."""
+        if self.moe_kernel == "nccl":
+            return self.interference
+        library, sms = parse_kernel(self.moe_kernel)
+        taken = DEFAULT_NUM_SMS[library] if sms is None else sms
+        total = architecture(self.gpu).num_sms
+        return taken / (total - taken) if taken < total else self.interference
 
     @property
     def host_op_s(self) -> float:

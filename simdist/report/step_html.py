@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from simdist.plan.opgraph import Op, OpGraph
 from simdist.report.step_table import (
     MEMORY_PARTS,
+    algorithm_label,
     breakdown_rows,
     format_gib,
     format_percent,
@@ -206,7 +207,7 @@ def _collectives_table(result: Mapping[str, Any]) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
             r.get("axis"), r.get("op"), format_bytes(float(r.get("nbytes") or 0.0)), r.get("num_ranks"),
-            r.get("algorithm"), r.get("protocol"), format_seconds(r.get("time_s")), r.get("count"))) + "</tr>"
+            algorithm_label(r), r.get("protocol"), format_seconds(r.get("time_s")), r.get("count"))) + "</tr>"
         for r in rows)
     return f'<h2>collectives per step</h2><table class="coll"><tr>{head}</tr>{body}</table>'
 

@@ -173,9 +173,16 @@ def collectives_table(result: Mapping[str, Any]) -> Table:
     for row in result.get("collectives") or []:
         table.add_row(str(row.get("axis", NA)), str(row.get("op", NA)),
                       NA if _missing(row.get("nbytes")) else format_bytes(row["nbytes"]),
-                      str(row.get("num_ranks", NA)), str(row.get("algorithm", NA)), str(row.get("protocol", NA)),
+                      str(row.get("num_ranks", NA)), algorithm_label(row), str(row.get("protocol", NA)),
                       format_seconds(row.get("time_s")), str(row.get("count", NA)))
     return table
+
+
+def algorithm_label(row: Mapping[str, Any]) -> str:
+    """A collectives row's algorithm, with the kernel that runs it where it is not NCCL's: "direct (hybridep)"."""
+    kernel = row.get("kernel")
+    algorithm = str(row.get("algorithm", NA))
+    return algorithm if kernel in (None, "nccl") else f"{algorithm} ({kernel})"
 
 
 def _runs(values: list[int]) -> str:
