@@ -19,6 +19,7 @@ size x factor / busbw; where it gives only a time (CS336), busbw is computed fro
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class Mapping:
     assignments: tuple[str, ...] = ()
     algorithm: str = "auto"
     fidelity: str = "auto"
+    kernel: str = "nccl"
+    """What runs an all_to_all (simdist.collectives.ep_kernels): nccl, or MoE dispatch's deepep / hybridep."""
 
     def describe(self) -> str:
         parts = [f"`{self.cluster}`", f"{self.num_ranks} ranks"]
@@ -67,6 +70,8 @@ class Mapping:
             parts.append(f"{self.num_nodes} nodes")
         parts += [f"`{a}`" for a in self.assignments]
         parts.append(f"algorithm {self.algorithm}")
+        if self.kernel != "nccl":
+            parts.append(f"kernel {self.kernel}")
         return ", ".join(parts)
 
 
@@ -473,10 +478,48 @@ NOT_COVERED_FIXED: tuple[NotCovered, ...] = (
 )
 
 
+EP_KERNELS_DATA = "simdist/collectives/data/ep_dispatch_kernels.csv"
+HYBRIDEP_SOURCE = "github.com/deepseek-ai/DeepEP docs/README_Hybrid-EP.md @ 41cad94449628adfb1cd1cadd82aeda83d4fbf0f"
+
+
+def _hybridep() -> Dataset:
+    """HybridEP's own benchmark (github.com/deepseek-ai/DeepEP docs/README_Hybrid-EP.md), Torch-API rows at the SM
+    count simdist prices by default (GB200: 32; B200: 16, the only one published): each rank dispatches 4096 tokens of
+    hidden 7168 in BF16, top-8 of 8 experts per rank drawn uniformly, so it receives (and in the combine sends) the
+    tokens of every rank that chose one of its experts, its own included: R = 4096 x E x 7168 x 2 bytes, E = P (1 -
+    C(8P - 8, 8) / C(8P, 8)) the expected ranks a token reaches; the rate is R / time. Predicted as simdist's even
+    all_to_all of R bytes a rank (each rank sends what it receives, on average) with the hybridep kernel."""
+    points = []
+    text = (REPO / EP_KERNELS_DATA).read_text(encoding="utf-8")
+    for r in csv.DictReader(text.splitlines()):
+        if r["library"] != "hybridep" or r["measured"] != "torch_api" or r["num_sms"] != (
+                "16" if r["gpu"] == "B200" else "32"):
+            continue
+        ranks = int(r["ranks"])
+        reached = ranks * (1 - math.comb(8 * ranks - 8, 8) / math.comb(8 * ranks, 8))
+        nbytes = round(4096 * reached * 7168 * 2)
+        for what, rate in (("dispatch BF16", r["dispatch_bf16_GBps"]), ("combine", r["combine_GBps"])):
+            label = f"HybridEP {r['gpu']} {ranks} ranks {r['num_sms']} SMs {what}"
+            m = _measurement("all_to_all", nbytes, ranks, source=HYBRIDEP_SOURCE, label=label,
+                             time_s=nbytes / (float(rate) * 1e9), nodes=1)
+            cluster = "dgx-b200" if r["gpu"] == "B200" else "gb200-nvl72"
+            points.append(Point(m, Mapping(cluster, ranks, kernel="hybridep"), label))
+    return Dataset(
+        "hybridep_dispatch_kernels", "HybridEP's dispatch and combine inside an NVLink domain (B200, GB200 NVL72)",
+        EP_KERNELS_DATA,
+        "the library's own benchmark (github.com/deepseek-ai/DeepEP tests/test_hybrid_ep.py: 4096 tokens per "
+        "rank, hidden 7168, top-8, random uniform routing, 8 local experts; 'Torch API' timing, the call as "
+        "Megatron-Core makes it); rates read from github.com/deepseek-ai/DeepEP docs/README_Hybrid-EP.md.",
+        "`dgx-b200` (8 ranks) and `gb200-nvl72` (8-36 ranks of one rack), `--kernel hybridep`: a prior, not a "
+        "check: simdist's HybridEP share of NVLink (simdist.collectives.ep_kernels) is these rows' mean, so the "
+        "errors show only how the rows scatter about it (ranks, dispatch against combine).",
+        tuple(points))
+
+
 @cache
 def datasets() -> tuple[tuple[Dataset, ...], tuple[NotCovered, ...]]:
     gtc, skipped = _gtc()
-    return (*_mle(), *gtc, _cs336(), _reports(), _nvls_tree_floor()), (*skipped, *NOT_COVERED_FIXED)
+    return (*_mle(), *gtc, _cs336(), _reports(), _nvls_tree_floor(), _hybridep()), (*skipped, *NOT_COVERED_FIXED)
 
 
 KNOWN_DEVIATIONS: dict[str, Deviation] = {
@@ -540,7 +583,7 @@ def _predict(points: Iterable[Point]) -> list[api.CollectiveRow]:
     for (mp, op), idx in groups.items():
         sizes = [float(points[i].measurement.nbytes) for i in idx]
         rows = api.collective(mp.cluster, op, mp.num_ranks, sizes, algorithm=mp.algorithm, num_nodes=mp.num_nodes,
-                              assignments=list(mp.assignments), fidelity=mp.fidelity)
+                              assignments=list(mp.assignments), fidelity=mp.fidelity, kernel=mp.kernel)
         for i, row in zip(idx, rows, strict=True):
             out[i] = row
     return [r for r in out if r is not None]
@@ -612,7 +655,8 @@ def _fabric(mapping: Mapping) -> str:
 def _by_fabric(records: Iterable[Record]) -> dict[tuple[str, str, str], list[Record]]:
     out: dict[tuple[str, str, str], list[Record]] = {}
     for r in records:
-        out.setdefault((_fabric(r.mapping), r.measurement.op, r.prediction.algorithm), []).append(r)
+        algorithm = r.prediction.algorithm + ("" if r.mapping.kernel == "nccl" else f" ({r.mapping.kernel})")
+        out.setdefault((_fabric(r.mapping), r.measurement.op, algorithm), []).append(r)
     return out
 
 
@@ -670,14 +714,15 @@ def render(rep: Report | None = None) -> str:
         "deviation*, and its tests assert the bound the model achieves there instead (and fail once a point "
         "meets the requirement, so that the list shrinks).",
         "",
-        "No model constant is fitted to these points. Three priors come from sources that reappear here, so "
+        "No model constant is fitted to these points. Four priors come from sources that reappear here, so "
         "those points check the mapping rather than the constant: the RDMA NIC efficiency 0.96 is the GTC24 "
         "slide's 400 Gb bar (48 of 50 GB/s), the PCIe presets' P2P efficiency 0.762 is NCCL's PCIe link "
         "model (24 / 48 / 96 GB/s for Gen4/5/6 x16), which the GTC PCIe bars equal, and NCCL's all_to_all "
         "inside an NVLink domain reaches the GTC25 all-to-all / all-reduce bar ratios of its GPU generation "
         "(`simdist.collectives.nccl_model.p2p_nvlink_share`: A100 0.905, H100 0.865, Blackwell 0.928, the mean "
         "of B200 and GB200 NVL72), so the four NVLink all_to_all bars check only how that ratio carries to "
-        "simdist's ring.",
+        "simdist's ring; and HybridEP's share of NVLink (simdist.collectives.ep_kernels) is the mean of the "
+        "hybridep_dispatch_kernels rows' own rates.",
         "",
         "## Summary",
         "",
@@ -700,7 +745,8 @@ def render(rep: Report | None = None) -> str:
         lines.append(_fabric_row(fabric, op, algorithm, recs))
     for d in rep.datasets:
         recs = by_set[d.name]
-        lines += ["", f"## {d.name}", "", f"**{d.title}** (`validation/reference/{d.reference}`)", "",
+        where = d.reference if "/" in d.reference else f"validation/reference/{d.reference}"
+        lines += ["", f"## {d.name}", "", f"**{d.title}** (`{where}`)", "",
                   f"- Measured with: {d.harness}", f"- Predicted with: {d.mapping}"]
         dev = KNOWN_DEVIATIONS.get(d.name)
         if dev is not None:
