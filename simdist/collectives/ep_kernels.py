@@ -34,6 +34,7 @@ from importlib import resources
 import numpy as np
 
 from simdist.collectives.group import Group
+from simdist.errors import SpecError
 
 __all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "ep_kernel_name", "ep_kernel_share", "parse_kernel"]
 
@@ -76,8 +77,6 @@ def ep_kernel_name(library: str, num_sms: int | None = None) -> str:
 
 def parse_kernel(kernel: str) -> tuple[str, int | None]:
     """(library, SMs or None) of a kernel identifier (`ep_kernel_name`); a SpecError naming --kernel if malformed."""
-    from simdist.errors import SpecError
-
     library, _, sms = kernel.partition(":")
     if library not in EP_KERNELS or (sms and (library == "nccl" or not sms.isdigit() or int(sms) < 1)):
         raise SpecError(f"unknown kernel '{kernel}'", field="--kernel",
@@ -103,7 +102,7 @@ def _shares(library: str, num_sms: int | None = None) -> dict[str, float]:
 def ep_kernel_share(kernel: str, group: Group) -> float:
     """The share of the ring's NVLink rate ``kernel``'s all_to_all reaches on ``group`` (1 where it does not apply:
     groups spanning NVLink domains, or not on NVLink)."""
-    from simdist.collectives.nccl_model import gpu_arch, p2p_nvlink_share
+    from simdist.collectives.nccl_model import gpu_arch, p2p_nvlink_share  # it imports this module
 
     if kernel == "nccl":
         return p2p_nvlink_share(group)
