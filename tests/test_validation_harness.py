@@ -130,6 +130,11 @@ def _die(rank, world):
 
 
 def _hang(rank, world):
+    import torch.distributed as dist
+
+    # both ranks past init first: rank 0 leaving while rank 1 still connects its gloo mesh would fail rank 1's init
+    # (a race this test once lost under load) instead of leaving it hanging in its function
+    dist.barrier()
     if rank == 1:
         time.sleep(60)
 
