@@ -36,7 +36,8 @@ import numpy as np
 from simdist.collectives.group import Group
 from simdist.errors import SpecError
 
-__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "ep_kernel_name", "ep_kernel_share", "parse_kernel"]
+__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "dispatch_kernel", "ep_kernel_name", "ep_kernel_share",
+           "inside_nvlink_domain", "parse_kernel"]
 
 EP_KERNELS = ("nccl", "deepep", "hybridep")
 """What moves an expert-parallel all_to_all's tokens: NCCL's all_to_all (the alltoall dispatcher's), or the flex
@@ -69,6 +70,12 @@ def _series() -> dict[tuple[str, str, int], list[tuple[int, float]]]:
     return out
 
 
+def dispatch_kernel(dispatcher: str, backend: str, num_sms: int | None) -> str:
+    """The kernel a MoE token dispatcher's all_to_alls run on: the flex dispatcher's ``backend`` (`ep_kernel_name`),
+    every other dispatcher NCCL's."""
+    return ep_kernel_name(backend, num_sms) if dispatcher == "flex" else "nccl"
+
+
 def ep_kernel_name(library: str, num_sms: int | None = None) -> str:
     """The kernel identifier a collective carries: ``library`` at Megatron's default SM count, ``library:num_sms``
     at another."""
@@ -99,6 +106,16 @@ def _shares(library: str, num_sms: int | None = None) -> dict[str, float]:
     return {arch: float(np.mean(v)) for arch, v in by_arch.items()}
 
 
+def inside_nvlink_domain(group: Group) -> bool:
+    """Whether ``group``'s peers share one NVLink domain, reached over NVLink only (where an all_to_all kernel's share
+    of NVLink applies), kept in the group's memo: asked for by every protocol an all_to_all is priced with."""
+    hit = group.memo.get("inside_nvlink_domain")
+    if hit is None:
+        hit = group.memo["inside_nvlink_domain"] = (group.size >= 2 and group.num_nodes == 1
+                                                    and group.path_class(group.path(0, 1)) == "nvlink")
+    return hit
+
+
 def ep_kernel_share(kernel: str, group: Group) -> float:
     """The share of the ring's NVLink rate ``kernel``'s all_to_all reaches on ``group`` (1 where it does not apply:
     groups spanning NVLink domains, or not on NVLink)."""
@@ -106,7 +123,7 @@ def ep_kernel_share(kernel: str, group: Group) -> float:
 
     if kernel == "nccl":
         return p2p_nvlink_share(group)
-    if group.size < 2 or group.num_nodes != 1 or group.path_class(group.path(0, 1)) != "nvlink":
+    if not inside_nvlink_domain(group):
         return 1.0
     arch = gpu_arch(group.topology.gpu.name)
     library, sms = parse_kernel(kernel)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from simdist.collectives.ep_kernels import ep_kernel_share
+from simdist.collectives.ep_kernels import ep_kernel_share, inside_nvlink_domain
 from simdist.collectives.group import Group
 from simdist.collectives.protocols import ProtocolCost
 
@@ -147,7 +147,7 @@ def p2p_nvlink_share(group: Group) -> float:
     # GPUs without a row (none today) keep 1. The flex dispatcher's DeepEP / HybridEP kernels pay their own
     # measured shares instead (simdist.collectives.ep_kernels).
     """
-    if group.size < 2 or group.num_nodes != 1 or group.path_class(group.path(0, 1)) != "nvlink":
+    if not inside_nvlink_domain(group):
         return 1.0
     return _p2p_nvlink_shares().get(gpu_arch(group.topology.gpu.name), 1.0)
 
