@@ -385,3 +385,22 @@ def test_activations_of_an_moe_layer_and_of_mla_by_hand():
     expect = (4 * e * s * h / t + e * s * (2 * 16 * 192 + 2 * 16 * 128) + 2 * e * s * (1536 + 512) / t
               + 3 * e * s * 18432 / t + 4 * 128 * s / t)
     assert mla == pytest.approx(expect, rel=1e-12)
+
+
+def test_fp8_routed_experts_keep_their_linears_inputs_at_one_byte_as_grouped_linear_saves_them():
+    # Transformer Engine's GroupedLinear saves each expert's quantized input (fc1's, and fc2's: the activation's
+    # output) under fp8; the activation keeps its 16-bit input. TINY's MoE layer 1 on one rank: 128 tokens x top-2
+    # = 256 rows (32 per expert). A row keeps fc1's input (H = 64), fc1's output (2F = 256) and fc2's input (F = 128):
+    # bf16 2 x (64 + 256 + 128) = 896 B, fp8 64 + 2 x 256 + 128 = 704 B, 192 B less a row, 49,152 B in all
+    from simdist.plan.activations import _routed_activation_bytes
+
+    router = T * 8 * 5 + 4 * 256  # fp32 scores and the routing map per token and expert; each row's fp32 probability
+    assert _routed_activation_bytes(TINY, 2, T, ExpertParallel()) == 256 * 896 + router
+    assert _routed_activation_bytes(TINY, 2, T, ExpertParallel(), lin=1) == 256 * 704 + router
+    # moe_act recomputed: fc2's input is not kept (F = 128 elements at 1 B: 128 B a row less)
+    assert _routed_activation_bytes(TINY, 2, T, ExpertParallel(), act=False, lin=1) == 256 * 576 + router
+    # through the layer: fp8 saves the dense layer 0 its MLP's down-projection input (F' = 256 wide: 1 B x 128 tokens
+    # x 256 less) and the MoE layer 1 its routed rows' 49,152 B; every other tensor of the two layers is alike
+    saved = {layer: activation_bytes_per_layer(TINY, layer=layer, precision="bf16", attention="flash")
+             - activation_bytes_per_layer(TINY, layer=layer, precision="fp8", attention="flash") for layer in (0, 1)}
+    assert saved[1] - saved[0] == 256 * 192 - 128 * 256

@@ -161,7 +161,7 @@ def activation_bytes_per_layer(
         if "moe" not in dropped:
             tokens = s * b // (cp * replicated_div)
             total += cp * _routed_activation_bytes(model, e, tokens, experts or ExpertParallel(),
-                                                   act="moe_act" not in dropped)
+                                                   act="moe_act" not in dropped, lin=lin)
     if style == "eager" and recompute == "none" and model.kind == "decoder":
         total += eager_saved_bytes(model, e, s * b, tp, replicated_div)
     core_kept = recompute == "none" or (recompute == "selective" and "core_attn" not in dropped)
@@ -206,16 +206,25 @@ def eager_saved_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div
     return tokens * (norms + 4.0 * (q_l + kv_l) + e * model.ffn_hidden_size / tp)
 
 
-def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel, act: bool = True) -> float:
+def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel, act: bool = True,
+                             lin: float | None = None) -> float:
     """What an MoE layer's routing and routed experts keep for backward on the busiest rank (activation_bytes_per_layer;
-    token counts as simdist.plan.moe_cost.routed_tokens); ``act``: the experts' activation output (fc2's input) too."""
+    token counts as simdist.plan.moe_cost.routed_tokens); ``act``: the experts' activation output (fc2's input) too;
+    ``lin``: bytes an element of the two grouped linears' saved inputs (default ``e``).
+
+    Under fp8 Transformer Engine's GroupedLinear saves each expert's input as the quantized copy its GEMM read
+    (transformer_engine/pytorch/module/grouped_linear.py, _GroupedLinear.forward: the split-quantized ``inputmats``
+    go to ctx.save_for_backward with their columnwise usage, unless save_original_input), as its dense linears do:
+    fc1's input and fc2's input (the activation's output) at 1 byte an element (``lin``; the scales, 1 per 32 or 128
+    elements, not counted); the activation keeps its 16-bit input (fc1's output)."""
+    lin = e if lin is None else lin
     k, nl = model.moe_router_topk, model.num_experts // experts.ep
     rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
     f_l = model.moe_ffn_hidden_size / experts.etp
-    # fc1 input; fc1 output (SwiGLU: 2f) + fc2 input
-    per_row = model.hidden_size + ((3 if model.swiglu else 2) - (0 if act else 1)) * f_l
+    # fc1 input (lin); fc1 output (SwiGLU: 2f, e) + fc2 input (f, lin)
+    per_row = lin * model.hidden_size + e * (2 if model.swiglu else 1) * f_l + (lin * f_l if act else 0.0)
     router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
-    return e * rows * per_row + router + 4 * rows  # each row's fp32 probability, kept by the weighted activation
+    return rows * per_row + router + 4 * rows  # each row's fp32 probability, kept by the weighted activation
 
 
 def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, experts: ExpertParallel) -> float:
