@@ -17,6 +17,12 @@ order (each step an assumption stated where it is taken):
 3. a head dimension not published for a direction: the nearest measured one, scaled by the other direction's ratio
    between the two head dimensions.
 
+A kernel run in fp8 (``dtype`` fp8: per-tensor scales; mxfp8: MX block scales; Transformer Engine's FP8
+DotProductAttention, training.fp8_attention) runs at its bf16 efficiency times its fp8 / bf16 throughput ratio measured
+in one benchmark file at the same point (``data/attention_fp8.csv``), interpolated like the curves.
+# Assumption: the ratio, measured at head dimension 128, holds at every head dimension; an architecture without fp8
+# figures (along `_ARCH_FALLBACK`) runs fp8 attention at its bf16 rate (ratio 1).
+
 Kernel names: flash2 (FlashAttention-2, also PyTorch SDPA's flash backend), flash3 (Hopper), flash4 (Blackwell, CuTe
 DSL), cudnn (cuDNN fused attention: Transformer Engine's and SDPA's cuDNN backend), efficient (the memory-efficient /
 xformers kernel), triton (FlashAttention in Triton), flex (FlexAttention); ``flash`` is flash2 and ``sdpa`` is the
@@ -36,7 +42,7 @@ from simdist.errors import SpecError
 from simdist.hardware.gemm import architecture
 from simdist.spec.gpu import GpuSpec
 
-__all__ = ["KERNELS", "SDPA_BACKEND", "attention_efficiency", "has_attention_data", "kernel_family",
+__all__ = ["KERNELS", "SDPA_BACKEND", "attention_efficiency", "fp8_ratio", "has_attention_data", "kernel_family",
            "padded_head_dim"]
 
 KERNELS = ("flash2", "flash3", "flash4", "cudnn", "efficient", "triton", "flex", "flash1")
@@ -75,6 +81,30 @@ def _table() -> dict[tuple[str, str, str, bool, int], Curve]:
         key = (r["architecture"], r["kernel"], r["direction"], r["causal"] == "true", int(r["head_dim"]))
         out.setdefault(key, []).append((math.log2(float(r["seq_len"])), float(r["tflops"]) / float(r["peak_tflops"])))
     return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+@cache
+def _fp8_table() -> dict[tuple[str, str, str, str, bool], Curve]:
+    """(architecture, kernel, dtype, direction, causal) -> ((log2 seq_len, fp8 / bf16 throughput), ...) sorted."""
+    out: dict[tuple[str, str, str, str, bool], list[tuple[float, float]]] = {}
+    for r in _rows("attention_fp8.csv"):
+        key = (r["architecture"], r["kernel"], r["dtype"], r["direction"], r["causal"] == "true")
+        out.setdefault(key, []).append((math.log2(float(r["seq_len"])), float(r["tflops"]) / float(r["bf16_tflops"])))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def fp8_ratio(arch: str, kernel: str, dtype: str, direction: str, causal: bool, seq_len: float) -> float:
+    """How much faster (or slower) ``kernel`` runs in ``dtype`` than in bf16 on ``arch`` (the module docstring):
+    the measured ratio along `_ARCH_FALLBACK`, 1.0 for bf16 or where none is measured."""
+    if dtype == "bf16":
+        return 1.0
+    table = _fp8_table()
+    while arch is not None:
+        points = table.get((arch, kernel, dtype, direction, causal))
+        if points:
+            return _curve(points, math.log2(max(seq_len, 1.0)))
+        arch = _ARCH_FALLBACK.get(arch)  # type: ignore[assignment]
+    return 1.0
 
 
 @cache
@@ -215,8 +245,13 @@ def _efficiency(arch: str, kernel: str, direction: str, causal: bool, x: float, 
 
 
 def attention_efficiency(gpu: GpuSpec, kernel: str, direction: str, causal: bool, seq_len: float,
-                         head_dim: int = 128) -> float:
-    """Share of the GPU's bf16 peak the kernel reaches (FLOPs counted as the papers count them)."""
+                         head_dim: int = 128, dtype: str = "bf16") -> float:
+    """Share of the GPU's bf16 peak the kernel reaches (FLOPs counted as the papers count them); ``dtype``: the data
+    type it runs in (bf16, or fp8 / mxfp8: `fp8_ratio` times the bf16 figure)."""
+    if dtype != "bf16":
+        family = kernel_family(kernel, gpu)
+        return (attention_efficiency(gpu, kernel, direction, causal, seq_len, head_dim)
+                * fp8_ratio(architecture(gpu).name, family, dtype, direction, causal, seq_len))
     kernel = kernel_family(kernel, gpu)
     arch = _measured_arch(architecture(gpu).name, kernel)
     x = math.log2(max(seq_len, 1.0))

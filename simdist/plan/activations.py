@@ -60,6 +60,7 @@ def activation_bytes_per_layer(
     experts: ExpertParallel | None = None,
     modules: tuple[str, ...] = ("core_attn",),
     style: str = "fused",
+    fp8_attention: bool = False,
 ) -> float:
     """Bytes one layer (``layer``, 0-based: MoE or dense, by Model.moe_layer_flags) keeps for its backward pass, for
     one micro-batch, on one GPU.
@@ -80,6 +81,11 @@ def activation_bytes_per_layer(
     topk x h, were kept for the probabilities' gradient), and the shared experts' tensors as a dense MLP of their
     width. Multi-latent attention keeps Q and K (heads x (qk_head_dim + qk_pos_emb_head_dim)), V and the projection
     input (heads x v_head_dim), and its two latents' norm and up-projection inputs.
+
+    ``fp8_attention`` (under fp8): Transformer Engine's FP8 DotProductAttention keeps its Q, K and V for backward as
+    the fp8 copies its kernel read, 1 byte an element (transformer_engine/pytorch/attention/dot_product_attention/
+    backends.py, FusedAttnFunc.forward: fp8_tensors = (q_fp8, k_fp8, v_fp8, ...); the scales, 1 per tensor or per 32
+    elements, not counted); the projection's input stays as the linear keeps it.
 
     A fused ``attention`` kernel (flash = flash2, flash3, cudnn; Dao et al. 2022, arXiv:2205.14135 sec. 3.1):
     the a x s x s scores are never stored; the backward recomputes them from Q, K, V and the per-row softmax
@@ -123,18 +129,21 @@ def activation_bytes_per_layer(
     # input is what ctx saves), 1 byte an element (plus 1 scale per 32 or 128 elements: not counted); norms,
     # attention and the activation functions keep their 16-bit inputs.
     lin = 1 if precision == "fp8" else e
+    qkv = 1 if precision == "fp8" and fp8_attention else e  # what the attention keeps of Q, K and V an element
     replicated = (2 * e + 2 * lin + 2 * mask) * sbh
     # Terms split by tensor parallelism ("24 sbh / t"): attention Q and K (4sbh), V (2sbh), the output
     # projection input (2sbh); with GQA K and V have width kv = g x head_dim instead of h, and Q and the
     # projection input width q = a x head_dim (h unless kv_channels differs). When t > g each
     # rank still holds one whole K/V group (Megatron-LM replicates the groups), hence the max.
     kv_local = max(model.kv_hidden_size / tp, float(model.head_dim))
-    attention_sharded = s * b * ((e + lin) * model.q_hidden_size / tp + 2 * e * kv_local)
+    attention_sharded = s * b * ((qkv + lin) * model.q_hidden_size / tp + 2 * qkv * kv_local)
+    mla_core = 0.0
     if model.multi_latent_attention:
         a_l = model.num_attention_heads / tp
         d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
         latents = model.q_lora_rank + model.kv_lora_rank
-        attention_sharded = e * s * b * (2 * a_l * d_qk + 2 * a_l * d_v) + 2 * e * s * b * latents / replicated_div
+        mla_core = s * b * (qkv * (2 * a_l * d_qk + a_l * d_v) + e * a_l * d_v)  # Q, K, V; the projection's input
+        attention_sharded = mla_core + 2 * e * s * b * latents / replicated_div
     if model.qk_layernorm and not model.multi_latent_attention:
         attention_sharded += e * s * b * (model.q_hidden_size / tp + kv_local)  # the QK-norms' inputs
     # SwiGLU: Megatron-LM's fused swiglu (megatron/core/fusions/fused_bias_swiglu.py) saves its 2f-wide input
@@ -150,9 +159,7 @@ def activation_bytes_per_layer(
         # the norms' outputs, the QKV and first MLP matmuls' inputs, are regenerated in backward
         replicated -= 2 * lin * sbh
     if "mla_up_proj" in dropped and model.multi_latent_attention:
-        a_l = model.num_attention_heads / tp
-        attention_sharded -= e * s * b * (2 * a_l * (model.qk_head_dim + model.qk_pos_emb_head_dim)
-                                          + 2 * a_l * model.v_head_dim)
+        attention_sharded -= mla_core
     mlp_sharded = 0.0 if moe or "mlp" in dropped else mlp_bytes * s * b * model.ffn_hidden_size / tp
     total = replicated / replicated_div + attention_sharded + mlp_sharded
     if moe:

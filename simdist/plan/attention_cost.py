@@ -217,10 +217,10 @@ def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted
     io = (m * q_l + m * a_l * d_v + b * s_k * (k_l + v_l)) * bpe  # read Q, K, V; write O
     head_dim = max(d_qk, d_v)
     core = [Kernel("flash_attention", (qk + pv) * counted, io + 4.0 * m * a_l, "attention", (s_q, s_k, head_dim),
-                   attention=AttentionShape(family, "forward", head_dim, parts))]
+                   attention=AttentionShape(family, "forward", head_dim, parts, shape.attention_dtype))]
     core_bwd = [Kernel("flash_attention_grad", (3.0 * qk + 2.0 * pv) * counted, 2.0 * io + 4.0 * m * a_l,
                        "attention", (s_q, s_k, head_dim), attention=AttentionShape(family, "backward", head_dim,
-                                                                                   parts))]
+                                                                                   parts, shape.attention_dtype))]
     return core, core_bwd, qk * counted  # the backward's recomputed QK^T (and P): beyond 2x the forward
 
 

@@ -88,7 +88,8 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         return layer_work(m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
                           attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts,
                           style=ex.style, fp8_weight_cache=ex.fp8_weight_cache,
-                          recompute_modules=ex.recompute_modules, cp_comm_type=ex.cp_comm_type, **kw)
+                          recompute_modules=ex.recompute_modules, cp_comm_type=ex.cp_comm_type,
+                          fp8_attention=ex.fp8_attention, **kw)
 
     parts: list[tuple[Work, int]] = []
     if cfg.recompute == "full" and ex.recompute_method not in (None, "uniform"):

@@ -45,6 +45,8 @@ class Execution:
     fp8_weight_cache: bool = True
     """FP8 weights cast once per step and reused by its micro-batches (Transformer Engine, given is_first_microbatch);
     False: cast in every forward (torchao Float8Linear)."""
+    fp8_attention: bool = False
+    """The fused attention runs in fp8 (Transformer Engine's FP8 DotProductAttention: training.fp8_attention)."""
     clip_grad: bool = True
     """Gradient clipping by the global norm before the optimizer step (simdist.plan.optimizer)."""
     master_copy: bool = True
@@ -87,7 +89,7 @@ def execution_of(spec, pp: int) -> Execution:
         reshard_after_forward=reshard, backward_prefetch=t.backward_prefetch, grad_sync=grad_sync,
         recompute_modules=tuple(t.recompute_modules or ("core_attn",)), recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers, cp_comm_type=t.cp_comm_type, async_tp=t.async_tp,
-        fp8_weight_cache=t.kernel_fusion == "fused", clip_grad=t.clip_grad > 0,
+        fp8_weight_cache=t.kernel_fusion == "fused", fp8_attention=t.fp8_attention, clip_grad=t.clip_grad > 0,
         # PyTorch FSDP's mixed precision keeps the sharded fp32 parameters as the optimizer's (FSDP2
         # MixedPrecisionPolicy, FSDP1 MixedPrecision): no separate 16-bit copy to write
         master_copy=not (p.zero_stage == 3 and t.framework in ("torchtitan", "fsdp", "composer")))

@@ -46,6 +46,8 @@ class AttentionShape:
     head_dim: int
     parts: tuple[tuple[float, bool, float], ...]
     """(share of the kernel's FLOPs, causal, sequence length) of each piece of work it does."""
+    dtype: str = "bf16"
+    """bf16 | fp8 | mxfp8: the data type it runs in (fp8 ones: training.fp8_attention)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +267,17 @@ class LayerShape:
     """layernorm (GPT) | rmsnorm (Llama-style models: SwiGLU ones here)."""
     fp8_weight_cache: bool = True
     """FP8 weights cast once per step (Transformer Engine) rather than in every forward (torchao)."""
+    fp8_attention: bool = False
+    """The fused attention runs in fp8 (Transformer Engine's FP8 DotProductAttention)."""
+
+    @property
+    def attention_dtype(self) -> str:
+        """The data type the fused attention runs in: mxfp8 under the MXFP8 recipe, fp8 (per-tensor scales) under the
+        delayed and tensorwise ones, where fp8_attention; bf16 otherwise (Transformer Engine FusedAttnFunc's qkv_type
+        follows the recipe)."""
+        if not (self.fp8_attention and self.recipe is not None):
+            return "bf16"
+        return "mxfp8" if self.recipe == "mxfp8" else "fp8"
 
     @property
     def tokens(self) -> int:

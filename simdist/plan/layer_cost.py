@@ -126,7 +126,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
                tp_style: str = "megatron", attention: str = "materialized", attention_mask: str = "causal",
                fp8_recipe: str = "delayed", layer: int = 0, experts: ExpertParallel | None = None,
                style: str = "fused", fp8_weight_cache: bool = True,
-               recompute_modules: tuple[str, ...] = ("core_attn",), cp_comm_type: str = "p2p") -> Work:
+               recompute_modules: tuple[str, ...] = ("core_attn",), cp_comm_type: str = "p2p",
+               fp8_attention: bool = False) -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
@@ -151,7 +152,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
 
     ``style``: how element-wise work runs (simdist.plan.elementwise: fused, eager, compiled); ``fp8_weight_cache``:
     FP8 weights cast once per step (Transformer Engine) or in every forward (torchao); ``recompute_modules``: what
-    ``recompute: selective`` redoes, and ``recompute: op`` torchtitan's op-level policy (simdist.plan.recompute).
+    ``recompute: selective`` redoes, and ``recompute: op`` torchtitan's op-level policy (simdist.plan.recompute);
+    ``fp8_attention``: the fused attention runs in fp8 under ``precision: fp8`` (LayerShape.attention_dtype).
     """
     _check(model, tp, cp, sequence_parallel, micro_batch_size, recompute, tp_style)
     if attention not in ATTENTION_KERNELS:
@@ -174,7 +176,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     # Llama-style (SwiGLU) models without dropout (Dubey et al. 2024 use none), but with rotary embeddings.
     shape = LayerShape(micro_batch_size, model.seq_length // cp, model.seq_length, tp, cp, sequence_parallel, bpe,
                        recipe, dropout=not model.swiglu, style=style, norm="rmsnorm" if model.swiglu else "layernorm",
-                       fp8_weight_cache=fp8_weight_cache)
+                       fp8_weight_cache=fp8_weight_cache, fp8_attention=fp8_attention)
     h, m = model.hidden_size, shape.tokens
     resid = m * h // tp if sequence_parallel else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
     attn = attention_block(model, shape, attention=attention, causal=attention_mask == "causal",

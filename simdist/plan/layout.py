@@ -258,6 +258,19 @@ def check_fp8(spec: ScenarioSpec, topology: Topology) -> None:
         if t.fp8_recipe == "mxfp8" and architecture(gpu).name not in BLACKWELL:
             raise SpecError(f"fp8_recipe mxfp8 needs Blackwell block-scaled tensor cores; {gpu.name} has none",
                             field="training.fp8_recipe", fix="use delayed, tensorwise or blockwise on this GPU")
+    if t.fp8_attention:
+        # Transformer Engine's FP8 DotProductAttention in its FusedAttention (cuDNN) backend quantizes Q, K and V as
+        # the recipe does: delayed, current (tensorwise) or MXFP8 (transformer_engine/pytorch/attention/
+        # dot_product_attention/backends.py FusedAttnFunc: qkv_type delayed | current | mxfp8); simdist prices it
+        # from cuDNN's fp8 figures (simdist/hardware/data/attention_fp8.csv)
+        why = ("needs precision fp8" if t.precision != "fp8" else
+               "needs attention cudnn (Transformer Engine's FusedAttention, the kernel whose fp8 figures simdist "
+               "has)" if t.attention != "cudnn" else
+               "runs under the delayed, tensorwise or mxfp8 recipe" if t.fp8_recipe == "blockwise" else "")
+        if why:
+            raise SpecError(f"fp8_attention {why}", field="training.fp8_attention",
+                            fix="set precision: fp8, attention: cudnn and a delayed, tensorwise or mxfp8 recipe, or "
+                                "drop fp8_attention")
     if t.fp8_param_gather and (t.precision != "fp8" or spec.parallel.zero_stage < 1):
         raise SpecError("fp8_param_gather gathers fp8 parameters of fp8 training with the distributed optimizer "
                         "or ZeRO", field="training.fp8_param_gather",

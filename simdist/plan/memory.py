@@ -258,6 +258,7 @@ def stage_memory(
     unsharded: str = "",
     shard_group: int | None = None,
     optimizer_bytes: float | None = None,
+    fp8_attention: bool = False,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
 
@@ -266,7 +267,8 @@ def stage_memory(
     others keeping everything; ``unsharded``: ZeRO-3 kept gathered (``params``: FSDP reshard_after_forward false;
     ``params_grads``: also the gradients accumulated unsharded until one reduce-scatter per step, FSDP under PyTorch
     pipelining); ``shard_group``: the data-parallel ranks ZeRO shards over (hybrid sharding; None: dp);
-    ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default).
+    ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default);
+    ``fp8_attention``: the attention keeps its Q, K and V in fp8 (activations.py).
 
     ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
     layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
@@ -291,10 +293,10 @@ def stage_memory(
     kinds = dict(_layer_sums(model, layers)[0])
     def per_layer(i: int) -> float:
         own = activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=i, experts=experts,
-                                         modules=modules, style=style, **kw)
+                                         modules=modules, style=style, fp8_attention=fp8_attention, **kw)
         if recompute == "full" and full_share < 1.0:
             rest = activation_bytes_per_layer(model, recompute="none", attention=attention, layer=i, experts=experts,
-                                              style=style, **kw)
+                                              style=style, fp8_attention=fp8_attention, **kw)
             return full_share * own + (1.0 - full_share) * rest
         return own
 

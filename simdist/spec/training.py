@@ -117,6 +117,13 @@ class TrainingSpec(Spec):
         default=False, description="overlap the sequence-parallel all-gathers and reduce-scatters with their GEMMs "
                                    "(Megatron-LM --tp-comm-overlap, Transformer Engine userbuffers); needs "
                                    "parallel.sequence_parallel and tp > 1")
+    fp8_attention: bool = Field(
+        default=False, validation_alias=alias("fp8_attention", "fp8_dot_product_attention", "fp8_dpa"),
+        description="the fused attention runs in fp8 (Megatron-LM --fp8-dot-product-attention, Transformer Engine's "
+                    "FP8 DotProductAttention on cuDNN): its kernels at cuDNN's measured fp8 (mxfp8 under the mxfp8 "
+                    "recipe) rate, and it keeps Q, K and V for backward at 1 byte an element; needs precision fp8 "
+                    "with the delayed, tensorwise or mxfp8 recipe and attention cudnn (aliases "
+                    "fp8_dot_product_attention, fp8_dpa)")
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
         default="alltoall", description="how MoE layers move tokens to their experts (Megatron-LM "
                                         "--moe-token-dispatcher-type): alltoall (dispatch and combine all-to-all over "
