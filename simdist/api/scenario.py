@@ -55,8 +55,9 @@ def scenario_of(doc: Document | dict[str, Any], assignments: list[str] | None = 
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     spec, topology = scenario_cluster(doc, base)
     _check_layout(spec, topology, doc)
-    from simdist.plan.layout import check_fp8, check_layout
+    from simdist.plan.layout import check_layout
     from simdist.plan.model_presets import resolve_model
+    from simdist.plan.training_checks import check_fp8
 
     check_fp8(spec, topology)  # fp8 on a GPU without fp8, mxfp8 off Blackwell: `simdist check` refuses as `run`
     try:
