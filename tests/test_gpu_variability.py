@@ -8,7 +8,7 @@ from pathlib import Path
 from statistics import NormalDist
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simdist import api
@@ -69,11 +69,16 @@ def test_the_a100_constants_hold_the_slowest_of_8():
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 20_000), more=st.integers(0, 20_000), ref=st.sampled_from([1, 8]),
        cv=st.floats(0.0, 0.2), dcv=st.floats(0.0, 0.2))
+@example(n=9, more=0, ref=8, cv=0.03125, dcv=4.335234022310063e-17)
 def test_the_factor_grows_with_the_gpus_and_the_spread(n, more, ref, cv, dcv):
-    assert variability_factor(cv, n + more, ref) >= variability_factor(cv, n, ref)
+    # monotone to rounding: a spread larger by 4e-17 may round the ratio 1 ulp lower (a CI run found cv 0.03125 on 9
+    # GPUs against 8), so each comparison allows 1e-12 relative
+    tol = 1.0 - 1e-12
+    assert variability_factor(cv, n + more, ref) >= variability_factor(cv, n, ref) * tol
     if n >= ref:  # at least the reference group: slower with a wider spread
         higher = min(0.2, cv + dcv)
-        assert variability_factor(higher, n, ref) >= variability_factor(cv, n, ref) >= 1.0
+        assert variability_factor(higher, n, ref) >= variability_factor(cv, n, ref) * tol
+        assert variability_factor(cv, n, ref) >= tol
 
 
 # ----------------------------------------------------------------------------- a step
