@@ -37,7 +37,7 @@ from simdist.collectives.group import Group
 from simdist.errors import SpecError
 
 __all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "dispatch_kernel", "ep_kernel_name", "ep_kernel_share",
-           "inside_nvlink_domain", "parse_kernel"]
+           "inside_nvlink_domain", "kernel_sms", "parse_kernel"]
 
 EP_KERNELS = ("nccl", "deepep", "hybridep")
 """What moves an expert-parallel all_to_all's tokens: NCCL's all_to_all (the alltoall dispatcher's), or the flex
@@ -80,6 +80,12 @@ def ep_kernel_name(library: str, num_sms: int | None = None) -> str:
     """The kernel identifier a collective carries: ``library`` at Megatron's default SM count, ``library:num_sms``
     at another."""
     return library if num_sms is None or num_sms == DEFAULT_NUM_SMS[library] else f"{library}:{num_sms}"
+
+
+def kernel_sms(kernel: str) -> int:
+    """SMs a flex kernel identifier's kernels hold (`parse_kernel`; Megatron's `DEFAULT_NUM_SMS` if it names none)."""
+    library, sms = parse_kernel(kernel)
+    return DEFAULT_NUM_SMS[library] if sms is None else sms
 
 
 def parse_kernel(kernel: str) -> tuple[str, int | None]:

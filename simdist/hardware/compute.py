@@ -145,8 +145,7 @@ def _attention_s(gpu: GpuSpec, kernel: KernelLike, shape) -> float:
     padded = padded_head_dim(family, shape.head_dim)
     peak = gpu.peak_flops("bf16")
     return sum(kernel.flops * share * padded / shape.head_dim
-               / (peak * attention_efficiency(gpu, family, shape.direction, causal, seq, padded,
-                                              getattr(shape, "dtype", "bf16")))
+               / (peak * attention_efficiency(gpu, family, shape.direction, causal, seq, padded, shape.dtype))
                for share, causal, seq in shape.parts)
 
 

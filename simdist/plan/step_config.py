@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from simdist.collectives.ep_kernels import DEFAULT_NUM_SMS, parse_kernel
+from simdist.collectives.ep_kernels import kernel_sms
 from simdist.errors import LayoutError
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.gemm import architecture
@@ -194,8 +194,7 @@ class StepConfig:
         # Assumption: their HBM traffic slows the compute no further (the SMs they take bound it)."""
         if self.moe_kernel == "nccl":
             return self.interference
-        library, sms = parse_kernel(self.moe_kernel)
-        taken = DEFAULT_NUM_SMS[library] if sms is None else sms
+        taken = kernel_sms(self.moe_kernel)
         total = architecture(self.gpu).num_sms
         return taken / (total - taken) if taken < total else self.interference
 
