@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from simdist.errors import LayoutError, SpecError
 from simdist.plan.activations import activation_bytes_per_layer, in_flight_microbatches
-from simdist.plan.memory import MemoryBreakdown, model_state_bytes, stage_memory
+from simdist.plan.memory import MemoryBreakdown, model_state_bytes, optimizer_state_bytes, stage_memory
 from simdist.plan.model import Model
 
 GIB = 2**30
@@ -316,3 +316,59 @@ def test_gradient_dtype_sets_the_data_parallel_reduction_bytes() -> None:
 
     assert reduced(cfg) == pytest.approx(4 * cost.num_params)
     assert reduced(dataclasses.replace(cfg, grad_reduce_in_fp32=False)) == pytest.approx(2 * cost.num_params)
+
+
+def test_pytorch_fsdp_keeps_the_fp32_parameter_as_the_master_weight() -> None:
+    # FSDP2's MixedPrecisionPolicy (pytorch torch/distributed/fsdp/_fully_shard/_fsdp_api.py): the optimizer step uses
+    # the sharded fp32 parameter, and the reduced gradient is cast back to its dtype: 4 + 4 + 8 bytes per parameter
+    # over the 8 shards, whatever dtype the reduction ran in
+    for fp32_reduce in (True, False):
+        assert model_state_bytes(1e9, dp=8, zero_stage=3, grad_reduce_in_fp32=fp32_reduce,
+                                 master_copy=False) == (0.5e9, 0.5e9, 1e9)
+    # Megatron-LM's scheme on the same shards: 16-bit parameters, fp32 gradients, fp32 main copy and moments
+    assert model_state_bytes(1e9, dp=8, zero_stage=3) == (0.25e9, 0.5e9, 1.5e9)
+    # fp32 training keeps no 16-bit copy either way
+    assert model_state_bytes(1e9, precision="fp32", master_copy=False) == (4e9, 4e9, 8e9)
+    # narrower moments: no main copy to count beside them
+    assert optimizer_state_bytes("bf16", exp_avg="bf16", exp_avg_sq="bf16", master_copy=False) == 4.0
+    assert optimizer_state_bytes("bf16", exp_avg="bf16", exp_avg_sq="bf16") == 8.0
+    # a model built in bf16 (KempnerForge): bf16 shards and gradients, bf16 moments: 2 + 2 + 4
+    assert model_state_bytes(1e9, dp=8, zero_stage=3, master_copy=False, master_dtype="bf16",
+                             optimizer_bytes=4.0) == (0.25e9, 0.25e9, 0.5e9)
+
+
+def test_a_torchtitan_step_holds_16_bytes_a_parameter_where_megatron_fsdp_holds_18(tmp_path) -> None:
+    from simdist import api
+    from tests.conftest import TOY_TOPOLOGY
+
+    text = f"""
+cluster: {{file: {TOY_TOPOLOGY}, num_nodes: 2}}
+model: {{num_layers: 4, hidden_size: 1024, num_attention_heads: 8, seq_length: 1024, vocab_size: 4096, swiglu: true}}
+parallel: {{dp: 8, zero_stage: 3}}
+training: {{framework: FRAMEWORK, micro_batch_size: 1, global_batch_size: 16, grad_reduce_in_fp32: true}}
+"""
+    memory = {}
+    for framework in ("megatron_core", "torchtitan"):
+        path = tmp_path / f"{framework}.yaml"
+        path.write_text(text.replace("FRAMEWORK", framework))
+        memory[framework] = api.run(path).result["memory"][0]
+    mega, titan = memory["megatron_core"], memory["torchtitan"]
+    shard = mega["params_bytes"] / 2  # Megatron-FSDP's 16-bit shard: 2 bytes a parameter
+    assert (titan["params_bytes"], titan["grads_bytes"], titan["optimizer_bytes"]) == pytest.approx(
+        (4 * shard, 4 * shard, 8 * shard), rel=1e-12)
+    assert (mega["grads_bytes"], mega["optimizer_bytes"]) == pytest.approx((4 * shard, 12 * shard), rel=1e-12)
+
+    # the same model built in bf16 with bf16 moments (KempnerForge): 2 + 2 + 4 bytes a parameter
+    path = tmp_path / "bf16.yaml"
+    path.write_text(text.replace("FRAMEWORK", "torchtitan").replace(
+        "grad_reduce_in_fp32: true}", "grad_reduce_in_fp32: true, main_params_dtype: bf16, exp_avg_dtype: bf16, "
+        "exp_avg_sq_dtype: bf16}"))
+    bf16 = api.run(path).result["memory"][0]
+    assert (bf16["params_bytes"], bf16["grads_bytes"], bf16["optimizer_bytes"]) == pytest.approx(
+        (2 * shard, 2 * shard, 4 * shard), rel=1e-12)
+    # Megatron's master copy is fp32 or fp16 (--main-params-dtype): bf16 is refused, naming the field
+    path.write_text(text.replace("FRAMEWORK", "megatron_core").replace(
+        "grad_reduce_in_fp32: true}", "grad_reduce_in_fp32: true, main_params_dtype: bf16}"))
+    with pytest.raises(SpecError) as err:
+        api.run(path)
+    assert err.value.field == "training.main_params_dtype"

@@ -52,6 +52,9 @@ class Execution:
     master_copy: bool = True
     """The optimizer keeps fp32 master weights beside 16-bit model weights and writes both (Megatron-LM, DeepSpeed);
     False: the fp32 shard is the parameter and the gather casts it (PyTorch FSDP with mixed precision)."""
+    master_dtype: str = "fp32"
+    """The master weights' dtype (training.main_params_dtype): the optimizer's copy, or where ``master_copy`` is
+    False the sharded parameters themselves (bf16 for a model built in bf16)."""
 
 MEGATRON = Execution()
 
@@ -92,4 +95,5 @@ def execution_of(spec, pp: int) -> Execution:
         fp8_weight_cache=t.kernel_fusion == "fused", fp8_attention=t.fp8_attention, clip_grad=t.clip_grad > 0,
         # PyTorch FSDP's mixed precision keeps the sharded fp32 parameters as the optimizer's (FSDP2
         # MixedPrecisionPolicy, FSDP1 MixedPrecision): no separate 16-bit copy to write
-        master_copy=not (p.zero_stage == 3 and t.framework in ("torchtitan", "fsdp", "composer")))
+        master_copy=not (p.zero_stage == 3 and t.framework in ("torchtitan", "fsdp", "composer")),
+        master_dtype=t.main_params_dtype)

@@ -280,6 +280,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
                         "parallel.sequence_parallel", field="training.tp_comm_overlap",
                         fix="set parallel.sequence_parallel: true with tp > 1, or drop tp_comm_overlap")
     check_execution(spec)
+    ex = execution_of(spec, p.pp)
     mesh = _expert_mesh(spec)
     slow = []
     for i, st in enumerate(spec.faults.stragglers):
@@ -308,8 +309,9 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
                                    t.moe_flex_dispatcher_num_sms), moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
-                                                    exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype),
-        execution=execution_of(spec, p.pp),
+                                                    exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype,
+                                                    master_copy=ex.master_copy),
+        execution=ex,
     )
     return _with_other_gpus(cfg, spec, topology) if spec.faults.heterogeneous_nodes else cfg
 

@@ -118,21 +118,25 @@ _STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 def optimizer_state_bytes(precision: str, *, exp_avg: str = "fp32", exp_avg_sq: str = "fp32",
-                          main_params: str = "fp32") -> float | None:
+                          main_params: str = "fp32", master_copy: bool = True) -> float | None:
     """Adam's optimizer state per parameter: the master copy of 16-bit training's parameters (none for fp32/tf32
-    training) and the two moments, each in its dtype (Megatron-LM --use-precision-aware-optimizer with
-    --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype: megatron/core/optimizer/distrib_optimizer.py keeps
-    them in Transformer Engine's FusedAdam of those dtypes; fp8 moments are 1 byte, their per-tensor scale not
-    counted); None where every dtype is the default (`model_state_bytes`' 12, or 8)."""
+    training, nor where the parameters themselves are the fp32 master weights: ``master_copy`` False, PyTorch FSDP's
+    mixed precision, `model_state_bytes`) and the two moments, each in its dtype (Megatron-LM
+    --use-precision-aware-optimizer with --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype:
+    megatron/core/optimizer/distrib_optimizer.py keeps them in Transformer Engine's FusedAdam of those dtypes; fp8
+    moments are 1 byte, their per-tensor scale not counted); None where every dtype is the default
+    (`model_state_bytes`' 12, or 8)."""
     if (exp_avg, exp_avg_sq, main_params) == ("fp32", "fp32", "fp32"):
         return None
     wide = ELEMENT_BYTES[precision] == 4
-    return float((0 if wide else _STATE_BYTES[main_params]) + _STATE_BYTES[exp_avg] + _STATE_BYTES[exp_avg_sq])
+    master = 0 if wide or not master_copy else _STATE_BYTES[main_params]
+    return float(master + _STATE_BYTES[exp_avg] + _STATE_BYTES[exp_avg_sq])
 
 
 def model_state_bytes(
     num_params: float, *, dp: int = 1, zero_stage: int = 0, precision: str = "bf16",
-    grad_reduce_in_fp32: bool | None = None, optimizer_bytes: float | None = None,
+    grad_reduce_in_fp32: bool | None = None, optimizer_bytes: float | None = None, master_copy: bool = True,
+    master_dtype: str = "fp32",
 ) -> tuple[float, float, float]:
     """(parameter, gradient, optimizer-state) bytes on one GPU holding ``num_params`` parameters.
 
@@ -149,6 +153,17 @@ def model_state_bytes(
     Megatron-Bridge ddp.grad_reduce_in_fp32) overrides that default for 16-bit training. The data-parallel
     reduction moves the same gradient bytes (simdist.plan.step_config.grad_bytes_per_element).
     ``optimizer_bytes`` replaces K (`optimizer_state_bytes`: the state kept in narrower dtypes).
+
+    ``master_copy`` False: PyTorch FSDP's mixed precision (FSDP1 MixedPrecision, FSDP2 MixedPrecisionPolicy), whose
+    parameters stay in their original fp32 and are the optimizer's master weights: "FSDP does not require any extra
+    memory to keep a high-precision copy of the parameters for the optimizer step" and "the optimizer step uses the
+    sharded parameter in the original dtype" (pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_api.py,
+    MixedPrecisionPolicy); the 16-bit copy exists only gathered, one unit at a time (`stage_memory`'s other). The
+    reduced gradient is cast back to the parameter's dtype for the step (FSDP1: _runtime_utils.py
+    _cast_grad_to_param_dtype; FSDP2: _fsdp_collectives.py foreach_reduce), so 4 + 4 + 8 = 16 bytes per parameter
+    whatever the reduction's dtype (Megatron-LM's scheme: 2 + 4 + 12 = 18 with fp32 gradients). ``master_dtype``:
+    the dtype of such a parameter, and so of its gradient (2 for a model built in bf16: KempnerForge's
+    build_parallel_model casts the model to train.param_dtype, bf16, before fully_shard).
     """
     check_choice(precision, PRECISIONS, "training.precision")
     check_positive(dp, "parallel.dp")
@@ -160,6 +175,10 @@ def model_state_bytes(
 
     param_b, grad_b, optim_b = (4.0, 4.0, 8.0) if wide else (
         2.0, float(grad_bytes_per_element(precision, grad_reduce_in_fp32)), 12.0)
+    if not wide and not master_copy:
+        # the parameter is the master weight and the gradient is cast to its dtype; no 16-bit copy at rest
+        param_b = grad_b = float(_STATE_BYTES[master_dtype])
+        optim_b = 8.0
     if optimizer_bytes is not None:
         optim_b = optimizer_bytes
     params = num_params * param_b / (dp if zero_stage >= 3 else 1)
@@ -259,6 +278,8 @@ def stage_memory(
     shard_group: int | None = None,
     optimizer_bytes: float | None = None,
     fp8_attention: bool = False,
+    master_copy: bool = True,
+    master_dtype: str = "fp32",
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
 
@@ -268,7 +289,8 @@ def stage_memory(
     ``params_grads``: also the gradients accumulated unsharded until one reduce-scatter per step, FSDP under PyTorch
     pipelining); ``shard_group``: the data-parallel ranks ZeRO shards over (hybrid sharding; None: dp);
     ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default);
-    ``fp8_attention``: the attention keeps its Q, K and V in fp8 (activations.py).
+    ``fp8_attention``: the attention keeps its Q, K and V in fp8 (activations.py); ``master_copy`` False: the fp32
+    parameters are the master weights (PyTorch FSDP, `model_state_bytes`), in ``master_dtype``.
 
     ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
     layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
@@ -322,10 +344,12 @@ def stage_memory(
                                       last_stage=last_stage, tp=tp, layers=layers, ep=experts.ep, etp=experts.etp)
     shards = (shard_group or dp) * cp
     params, grads, optim = model_state_bytes(n, dp=shards, zero_stage=zero_stage, precision=precision,
-                                             grad_reduce_in_fp32=grad_reduce_in_fp32, optimizer_bytes=optimizer_bytes)
+                                             grad_reduce_in_fp32=grad_reduce_in_fp32, optimizer_bytes=optimizer_bytes,
+                                             master_copy=master_copy, master_dtype=master_dtype)
     if zero_stage == 3 and unsharded:
         # FSDP keeping the gathered 16-bit parameters through the step (and the gradients until the step's one
-        # reduce-scatter), beside the sharded ones: ZeRO-2's (ZeRO-1's) memory plus the shards
+        # reduce-scatter), beside the sharded ones: ZeRO-2's (ZeRO-1's) memory plus the shards (the gathered copy
+        # is the 16-bit one whoever keeps the master weights)
         full_p, full_g, _ = model_state_bytes(n, dp=shards, zero_stage=1 if unsharded == "params_grads" else 2,
                                               precision=precision, grad_reduce_in_fp32=grad_reduce_in_fp32)
         params += full_p
@@ -338,7 +362,8 @@ def stage_memory(
                               field="parallel.ep", fix="choose ep and etp whose product divides tp x cp x dp")
         edp = ranks // (experts.ep * experts.etp)
         p_e, g_e, o_e = model_state_bytes(n_experts, dp=edp, zero_stage=zero_stage, precision=precision,
-                                          grad_reduce_in_fp32=grad_reduce_in_fp32, optimizer_bytes=optimizer_bytes)
+                                          grad_reduce_in_fp32=grad_reduce_in_fp32, optimizer_bytes=optimizer_bytes,
+                                          master_copy=master_copy, master_dtype=master_dtype)
         params, grads, optim = params + p_e, grads + g_e, optim + o_e
 
     e = ELEMENT_BYTES[precision]

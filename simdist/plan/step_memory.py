@@ -35,7 +35,7 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
         unsharded="" if ex.reshard_after_forward else "params_grads" if ex.grad_sync == "step" else "params",
         shard_group=cfg.mesh.dp_shard or None, optimizer_bytes=cfg.optimizer_state_bytes,
-        fp8_attention=ex.fp8_attention)
+        fp8_attention=ex.fp8_attention, master_copy=ex.master_copy, master_dtype=ex.master_dtype)
     # a search asks for the memory of thousands of layouts, three times each (pruning, screening, ranking), and
     # many share a stage's every input (they differ in the schedule or the placement): cached by all of them
     key = (cfg.model, *args.values())

@@ -8,6 +8,7 @@ from __future__ import annotations
 from simdist.errors import SpecError
 from simdist.hardware.gemm import BLACKWELL, architecture
 from simdist.hardware.topology import Topology
+from simdist.plan.execution import execution_of
 from simdist.plan.schedule import SPLIT_BACKWARD
 from simdist.spec.scenario import ScenarioSpec
 
@@ -64,6 +65,11 @@ def check_execution(spec: ScenarioSpec) -> None:
         raise SpecError(f"zero3_fetch per_layer reduce-scatters each unit's gradients in its backward; "
                         f"{spec.schedule} splits the weight gradients out of it", field="training.zero3_fetch",
                         fix="use schedule 1f1b, or zero3_fetch prefetch")
+    if t.main_params_dtype == "bf16" and t.precision not in ("fp32", "tf32") and execution_of(spec, p.pp).master_copy:
+        raise SpecError("main_params_dtype bf16 is a model built in bf16 whose FSDP shards are the master weights; "
+                        "an optimizer's separate master copy (Megatron-LM --main-params-dtype) is fp32 or fp16",
+                        field="training.main_params_dtype",
+                        fix="use fp32 or fp16, or run framework torchtitan, fsdp or composer with zero_stage 3")
     if p.cp > 1 and t.cp_comm_type == "a2a+p2p":
         raise SpecError("cp_comm_type a2a+p2p (a2a inside a group, p2p across) is not modelled: its two groups are not "
                         "axes of simdist's mesh", field="training.cp_comm_type", fix="use p2p, all_gather or a2a")

@@ -185,9 +185,13 @@ class TrainingSpec(Spec):
                                     "bytes per parameter of optimizer state")
     exp_avg_sq_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
         default="fp32", description="dtype of Adam's second moment (Megatron-LM --exp-avg-sq-dtype)")
-    main_params_dtype: Literal["fp32", "fp16"] = Field(
-        default="fp32", description="dtype of the optimizer's master copy of 16-bit training's parameters "
-                                    "(Megatron-LM --main-params-dtype); fp32 and tf32 training keep none")
+    main_params_dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        default="fp32", description="dtype of 16-bit training's master weights: the optimizer's copy of the "
+                                    "parameters (Megatron-LM --main-params-dtype: fp32 or fp16) or, under PyTorch "
+                                    "FSDP's mixed precision (torchtitan, fsdp, composer at ZeRO-3), the sharded "
+                                    "parameters themselves, the model's own dtype (bf16 for a model built in bf16, "
+                                    "as KempnerForge's train.mixed_precision bf16 builds it); fp32 and tf32 training "
+                                    "keep none")
     grad_bucket_size: BucketSize | None = Field(
         default=None, description="gradient bucket size (at least 1 MB), on every model chunk; default as "
                                   "Megatron-Core: one bucket per chunk, and with grad_reduce: overlapped buckets of "
