@@ -34,8 +34,9 @@ class Execution:
     backward_prefetch: str = "pre"
     """pre (the next unit's gather issued before the current unit's gradient computation) | post (after it)."""
     grad_sync: str = "microbatch"
-    """microbatch: ZeRO-2/3 reduce-scatter every micro-batch's gradients; step: once after the last backward (PyTorch
-    pipelining's REDUCE_GRAD, DeepSpeed's pipeline engine)."""
+    """microbatch: ZeRO-2/3 reduce-scatter every micro-batch's gradients; last: FSDP accumulates them unsharded and
+    reduce-scatters unit by unit in the last micro-batch's backward (training.fsdp_no_sync); step: once after the last
+    backward, the parameters kept gathered (PyTorch pipelining's REDUCE_GRAD, DeepSpeed's pipeline engine)."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     recompute_method: str | None = None
     """uniform | block | every (full recompute's layers); None: every layer."""
@@ -83,7 +84,7 @@ def execution_of(spec, pp: int) -> Execution:
     # after the last one (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad);
     # torchtitan keeps the parameters gathered between forward and backward under PP (parallelize.py: reshard_after_
     # forward = not pp_enabled). DeepSpeed's pipeline engine reduces gradients at the last step (pipe/schedule.py).
-    grad_sync = "step" if pipelined_fsdp else "microbatch"
+    grad_sync = "step" if pipelined_fsdp else "last" if t.fsdp_no_sync else "microbatch"
     reshard = p.reshard_after_forward and not pipelined_fsdp
     return Execution(
         framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile),

@@ -69,8 +69,9 @@ def units_of(cost) -> Units:
     return Units(units, first, per_layer if layers else gathered, gathered, max(1, units - (1 if head else 0)))
 
 
-def _copies_s(cfg, params: float, units: int, gather: bool, reduce_bytes: int) -> float:
-    """Seconds of FSDP's copies on the compute stream for ``params`` parameters in ``units`` units."""
+def _copies_s(cfg, params: float, units: int, gather: bool, reduce_bytes: int, accumulate_bytes: int = 0) -> float:
+    """Seconds of FSDP's copies on the compute stream for ``params`` parameters in ``units`` units (and, under
+    no_sync, the additions of each micro-batch's gradients into the unsharded accumulated ones)."""
     if params <= 0:
         return 0.0
     kernels = []
@@ -78,6 +79,8 @@ def _copies_s(cfg, params: float, units: int, gather: bool, reduce_bytes: int) -
         kernels += [elementwise("fsdp_all_gather_copy_out", params / units, 4.0, 0.0)] * units
     if reduce_bytes:
         kernels += [elementwise("fsdp_reduce_scatter_copy_in", params / units, reduce_bytes, 0.0)] * units
+    if accumulate_bytes:
+        kernels += [elementwise("fsdp_grad_accumulate", params / units, accumulate_bytes, 1.0)] * units
     return kernels_time_s(cfg.gpu, kernels, cfg.precision, cfg.compute_efficiency) if kernels else 0.0
 
 
@@ -142,18 +145,25 @@ def backward_first_gather(b: Builder, shards, cost, pbpe: int) -> list[int]:
 
 
 def fsdp_backward(b: Builder, cfg, cost, shards, pbpe: int, gbpe: int, deps: tuple[int, ...], gap: float,
-                  needs_input: bool, gather: bool, reduce: bool, backward_s: float, flops: float) -> list[int]:
+                  needs_input: bool, gather: bool, reduce: bool, backward_s: float, flops: float,
+                  accumulate: bool = False) -> list[int]:
     """The backward compute of a chunk's micro-batch, after ``deps`` (its recompute, which waited for
     `backward_first_gather` where ``gather``), with the other units' gathers (``gather``) and every unit's
-    reduce-scatter (``reduce``); returns the compute pieces in order."""
+    reduce-scatter (``reduce``); ``accumulate``: under no_sync, each unit's gradients added into the unsharded ones
+    accumulated in the reduction's dtype; returns the compute pieces in order."""
     u = units_of(cost)
     n = u.count
     reduce_bytes = 0
     if reduce:
         wider = gbpe > pbpe
         reduce_bytes = (pbpe + gbpe) if cfg.execution.fsdp_version == 2 else (pbpe + gbpe if wider else 0)
+    # no_sync: the new gradient (compute dtype) read, the accumulated one (reduction dtype) read and written: FSDP2's
+    # FSDPParam.accumulate_unsharded_grad_if_needed (unsharded_accumulated_grad += unsharded_param.grad)
+    # Assumption: every micro-batch pays the addition (the first only casts into the accumulator: the same bytes less
+    # one read)
+    accumulate_bytes = pbpe + 2 * gbpe if accumulate else 0
     bwd = backward_s + _copies_s(cfg, cost.num_params * u.backward_gathered, u.backward_units, gather, 0) \
-        + _copies_s(cfg, cost.num_params, n, False, reduce_bytes)
+        + _copies_s(cfg, cost.num_params, n, False, reduce_bytes, accumulate_bytes)
     if n == 1:
         c = b.add(Piece("compute", "backward", "", bwd + gap, deps=deps, needs_input=needs_input,
                         model_flops=flops, hardware_flops=flops))

@@ -287,7 +287,8 @@ def stage_memory(
     ``full_share``: under recompute full, the share of the layers recomputed (recompute_method block / every), the
     others keeping everything; ``unsharded``: ZeRO-3 kept gathered (``params``: FSDP reshard_after_forward false;
     ``params_grads``: also the gradients accumulated unsharded until one reduce-scatter per step, FSDP under PyTorch
-    pipelining); ``shard_group``: the data-parallel ranks ZeRO shards over (hybrid sharding; None: dp);
+    pipelining; ``grads``: the gradients alone, FSDP's no_sync with resharded parameters); ``shard_group``: the
+    data-parallel ranks ZeRO shards over (hybrid sharding; None: dp);
     ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default);
     ``fp8_attention``: the attention keeps its Q, K and V in fp8 (activations.py); ``master_copy`` False: the fp32
     parameters are the master weights (PyTorch FSDP, `model_state_bytes`), in ``master_dtype``.
@@ -349,11 +350,13 @@ def stage_memory(
     if zero_stage == 3 and unsharded:
         # FSDP keeping the gathered 16-bit parameters through the step (and the gradients until the step's one
         # reduce-scatter), beside the sharded ones: ZeRO-2's (ZeRO-1's) memory plus the shards (the gathered copy
-        # is the 16-bit one whoever keeps the master weights)
-        full_p, full_g, _ = model_state_bytes(n, dp=shards, zero_stage=1 if unsharded == "params_grads" else 2,
+        # is the 16-bit one whoever keeps the master weights; the accumulated gradients are in the reduction's dtype:
+        # FSDP2's FSDPParam.to_accumulated_grad_if_needed upcasts them to reduce_dtype)
+        full_p, full_g, _ = model_state_bytes(n, dp=shards, zero_stage=2 if unsharded == "params" else 1,
                                               precision=precision, grad_reduce_in_fp32=grad_reduce_in_fp32)
-        params += full_p
-        if unsharded == "params_grads":
+        if unsharded != "grads":
+            params += full_p
+        if unsharded != "params":
             grads = full_g
     if n_experts:
         ranks = tp * cp * dp

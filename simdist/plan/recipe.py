@@ -183,7 +183,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
         cost = dataclasses.replace(cost, forward_s=cost.forward_s - cost.ring_forward_s,
                                    backward_s=cost.backward_s - cost.ring_backward_s)
     if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_layer" and kind in ("F", "B"):
-        return _fsdp_step(cfg, cost, kind, first, groups, ring)
+        return _fsdp_step(cfg, cost, kind, first, last, groups, ring)
     b = Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
     shards = data_parallel_groups(cfg, cost.num_params, cost.expert_params)
@@ -336,17 +336,19 @@ def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: i
     return Recipe(tuple(b.pieces), chain[-1])
 
 
-def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups: dict[str, int],
+def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: bool, groups: dict[str, int],
                ring: tuple = (0.0, ())) -> Recipe:
     """A forward or backward of ZeRO-3 run as FSDP runs it (``zero3_fetch: per_layer``, simdist.plan.fsdp): the
-    chunk's units gathered one ahead of their compute, their gradients reduce-scattered behind it; the step's tensor-
-    and context-parallel collectives after its compute, as `step_recipe`'s (the overlapped ones hidden likewise)."""
+    chunk's units gathered one ahead of their compute, their gradients reduce-scattered behind it (under no_sync only
+    in the ``last`` micro-batch, the others' accumulated unsharded); the step's tensor- and context-parallel
+    collectives after its compute, as `step_recipe`'s (the overlapped ones hidden likewise)."""
     b = Builder()
     ex = cfg.execution
     shards = data_parallel_groups(cfg, cost.num_params, cost.expert_params)
     pbpe = param_bytes_per_element(cfg)
     gbpe = grad_bytes_per_element(cfg.precision, cfg.grad_reduce_in_fp32)
-    per_microbatch = ex.grad_sync == "microbatch"
+    per_microbatch = ex.grad_sync != "step"  # the parameters resharded and gathered again every micro-batch
+    reduce = ex.grad_sync == "microbatch" or (ex.grad_sync == "last" and last)
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 else 0.0
     if kind == "F":
         hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups)
@@ -374,8 +376,9 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, groups:
         deps, needs_input = (entry,), False
     # Assumption: the tensor-parallel input-gradient collectives Megatron overlaps with the weight gradients run after
     # the backward here (torchtitan and FSDP's tensor parallelism issue them synchronously).
-    computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, per_microbatch,
-                             cost.backward_s, cost.model_flops_backward)
+    computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, reduce,
+                             cost.backward_s, cost.model_flops_backward,
+                             accumulate=ex.grad_sync == "last" and cfg.microbatches(0) > 1)
     computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.expert_interference, "backward"))
     computes.append(_ring(b, computes[-1], *ring, groups, cfg.interference))
     chain += computes

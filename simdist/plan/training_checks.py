@@ -65,6 +65,11 @@ def check_execution(spec: ScenarioSpec) -> None:
         raise SpecError(f"zero3_fetch per_layer reduce-scatters each unit's gradients in its backward; "
                         f"{spec.schedule} splits the weight gradients out of it", field="training.zero3_fetch",
                         fix="use schedule 1f1b, or zero3_fetch prefetch")
+    if t.fsdp_no_sync and not (p.zero_stage == 3 and t.zero3_fetch == "per_layer"):
+        raise SpecError("fsdp_no_sync is FSDP's gradient accumulation (no_sync, set_requires_gradient_sync(False)): it "
+                        f"needs ZeRO-3 run unit by unit; zero_stage is {p.zero_stage}, zero3_fetch {t.zero3_fetch}",
+                        field="training.fsdp_no_sync",
+                        fix="set parallel.zero_stage: 3 with training.zero3_fetch: per_layer, or drop fsdp_no_sync")
     if t.main_params_dtype == "bf16" and t.precision not in ("fp32", "tf32") and execution_of(spec, p.pp).master_copy:
         raise SpecError("main_params_dtype bf16 is a model built in bf16 whose FSDP shards are the master weights; "
                         "an optimizer's separate master copy (Megatron-LM --main-params-dtype) is fp32 or fp16",

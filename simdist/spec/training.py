@@ -215,6 +215,12 @@ class TrainingSpec(Spec):
                                "gathers into and reduces from one flat buffer) or 2 (fully_shard, per-parameter "
                                "DTensor shards: a copy into the gather buffer and out of it per unit, and a copy "
                                "into the reduce-scatter buffer; simdist.plan.fsdp)")
+    fsdp_no_sync: bool = Field(
+        default=False, description="under zero3_fetch: per_layer, accumulate the gradients of every micro-batch but "
+                                   "the last unsharded, in the reduction's dtype, and reduce-scatter them once, unit "
+                                   "by unit in the last micro-batch's backward (PyTorch FSDP1 no_sync(), FSDP2 "
+                                   "set_requires_gradient_sync(False): FSDPParam.to_accumulated_grad_if_needed); "
+                                   "false: every micro-batch reduce-scatters its own (torchtitan's way)")
     backward_prefetch: Literal["pre", "post"] = Field(
         default="pre", description="under zero3_fetch: per_layer, when the next unit's parameter all-gather is issued "
                                    "in backward (PyTorch FSDP backward_prefetch: BACKWARD_PRE / BACKWARD_POST): pre "
