@@ -198,6 +198,16 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
     bodies = 0  # whole bodies run before the next boundary
     skipped = 0
     boundary = first if jumping else n
+    # the plain steps (a simple recipe with no dp piece ahead or behind, where neither starts nor spans are kept) take
+    # the short path below: the general one's arithmetic without its branches (99.98 % of a search's steps)
+    U = kind.shape[0]
+    plain = np.zeros((U, C), dtype=np.bool_)
+    if not record and not spans:
+        for u in range(U):
+            for c in range(C):
+                k = u * C + c
+                plain[u, c] = (kind[u, c] == SIMPLE and ahead_ptr[k + 1] == ahead_ptr[k]
+                               and behind_ptr[k + 1] == behind_ptr[k])
     i = 0
     while i < n:
         if i == boundary:
@@ -216,6 +226,26 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         if up >= 0 and recv > t0:
             t0 = recv
         u = slot[s]
+        if plain[u, code] and steps[4, i] == 0 and steps[5, i] < 0:  # the general path's steps, nothing skipped
+            end = t0 + duration[u, code]
+            if first_last[s, 0] < 0:
+                first_last[s, 0] = t0
+            first_last[s, 1] = end
+            for k2 in range(4):
+                fr = frees[u, code, k2]
+                if fr >= 0:
+                    free[s, k2] = t0 + fr
+            prev[s] = end
+            if backward[code] and end > last_bwd[s]:
+                last_bwd[s] = end
+            if steps[3, i] >= 0:
+                t = free[s, _PP] if free[s, _PP] > end else end
+                free[s, _PP] = t + sends[s, code >> 1]
+                out[i] = free[s, _PP]
+            else:
+                out[i] = end
+            i += 1
+            continue
         if kind[u, code] == GENERIC:  # piece by piece
             if record:
                 starts[i] = t0
