@@ -9,7 +9,8 @@ Run from the repository root with the project's virtualenv active:
 Figures:
 - cold: the first sweep over the feasible layouts (collective prices computed and cached), of the closed form with
   every collective alone (`run --fidelity closed_form`'s) and with the contention estimate search ranks by;
-- warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost;
+- warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost; and of
+  it the compiled timeline loop alone (its arguments captured during one sweep and run again: median of 5 passes);
 - 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, or on a Dask LocalCluster of
   --dask-local workers (issue 32: 10^6 configurations on 2 workers; the workers with the README's settings,
   simdist.search.executors.DASK_WORKER_SETTINGS, in jobs of DaskExecutor.job_size as a search splits them), wall
@@ -76,6 +77,7 @@ def main() -> None:
         warm = statistics.median(warms)
         print(f"{label}: cold {cold:.2f} s ({cold / len(feasible) * 1e6:.0f} us per config), warm (median of 3) "
               f"{warm:.3f} s ({len(feasible) / warm:,.0f} configs/s, {warm / len(feasible) * 1e6:.0f} us per config)")
+    loop_alone(problem, feasible)
     many = (feasible * (a.min_configs // len(feasible) + 1))[:a.min_configs]
     cluster = client = None
     if a.dask_local:
@@ -112,6 +114,32 @@ def main() -> None:
         out, _ = resimulate(problem, row)
         print(f"engine {row['key']}: {time.perf_counter() - t:.2f} s, closed form {row['step_time_s']:.3f} s vs engine "
               f"{out.get('engine_step_time_s', float('nan')):.3f} s")
+
+
+def loop_alone(problem: SearchProblem, feasible: list) -> None:
+    """The compiled timeline loop alone (simdist.analytic.timeline_jit.run, what the warm figure spends in numba):
+    its arguments captured during one warm sweep, then run again, median of 5 passes, per configuration."""
+    import simdist.analytic.timeline_jit as jit
+
+    run, calls = jit.run, []
+
+    def capture(*args):
+        calls.append(args)
+        return run(*args)
+
+    jit.run = capture  # simdist.analytic.timeline_kernel.run_program imports it at each call
+    try:
+        evaluate_batch(problem, feasible)
+    finally:
+        jit.run = run
+    passes = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for args in calls:
+            run(*args)
+        passes.append(time.perf_counter() - t)
+    print(f"  of which the compiled timeline loop alone: {statistics.median(passes) / len(feasible) * 1e6:.0f} us "
+          f"per config (median of 5 passes over the {len(calls)} loops of one sweep)")
 
 
 README_SEARCH = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024", "--global-batch", "1536",
