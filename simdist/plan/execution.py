@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from simdist.plan.elementwise import kernel_style
 
-__all__ = ["LOSS_COMPILED_WITH_MODEL", "MEGATRON", "Execution", "execution_of", "loss_compiled"]
+__all__ = ["LOSS_COMPILED_WITH_MODEL", "MEGATRON", "Execution", "execution_of", "keeps_master_copy", "loss_compiled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +76,13 @@ def loss_compiled(training) -> bool:
     return bool(training.compile) and training.framework in LOSS_COMPILED_WITH_MODEL
 
 
+def keeps_master_copy(spec) -> bool:
+    """Whether the optimizer keeps master weights beside the model's 16-bit ones (`Execution.master_copy`): not under
+    PyTorch FSDP's mixed precision, whose sharded parameters are the optimizer's (FSDP2 MixedPrecisionPolicy, FSDP1
+    MixedPrecision): no separate 16-bit copy to keep or write."""
+    return not (spec.parallel.zero_stage == 3 and spec.training.framework in ("torchtitan", "fsdp", "composer"))
+
+
 def execution_of(spec, pp: int) -> Execution:
     """The `Execution` of a validated ScenarioSpec (``pp``: its pipeline stages)."""
     t, p = spec.training, spec.parallel
@@ -94,7 +101,5 @@ def execution_of(spec, pp: int) -> Execution:
         recompute_modules=tuple(t.recompute_modules or ("core_attn",)), recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers, cp_comm_type=t.cp_comm_type, async_tp=t.async_tp,
         fp8_weight_cache=t.kernel_fusion == "fused", fp8_attention=t.fp8_attention, clip_grad=t.clip_grad > 0,
-        # PyTorch FSDP's mixed precision keeps the sharded fp32 parameters as the optimizer's (FSDP2
-        # MixedPrecisionPolicy, FSDP1 MixedPrecision): no separate 16-bit copy to write
-        master_copy=not (p.zero_stage == 3 and t.framework in ("torchtitan", "fsdp", "composer")),
+        master_copy=keeps_master_copy(spec),
         master_dtype=t.main_params_dtype)

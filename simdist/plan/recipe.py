@@ -378,7 +378,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
     # the backward here (torchtitan and FSDP's tensor parallelism issue them synchronously).
     computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, reduce,
                              cost.backward_s, cost.model_flops_backward,
-                             accumulate=ex.grad_sync == "last" and cfg.microbatches(0) > 1)
+                             accumulate=cfg.no_sync_accumulates)
     computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.expert_interference, "backward"))
     computes.append(_ring(b, computes[-1], *ring, groups, cfg.interference))
     chain += computes

@@ -233,6 +233,15 @@ class StepConfig:
             return self.global_batch_size // (self.micro_batch_size * self.mesh.dp)
         return self.dp_batch_split[dp_index] // self.micro_batch_size
 
+    @property
+    def no_sync_accumulates(self) -> bool:
+        """Whether FSDP's no_sync (training.fsdp_no_sync) holds gradients unsharded across micro-batches: some replica
+        runs more than one (a single micro-batch reduce-scatters as it goes)."""
+        if self.execution.grad_sync != "last":
+            return False
+        replicas = range(self.mesh.dp) if self.dp_batch_split is not None else (0,)
+        return max(self.microbatches(d) for d in replicas) > 1
+
 
 # ----------------------------------------------------------------------------- layer split
 def split_layers(num_layers: int, num_stages: int, how: str | tuple[int, ...] = "even", vpp: int = 1

@@ -33,7 +33,7 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, layers=cfg.stage_layers(s),
         experts=cfg.expert_parallel, grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
-        unsharded=_unsharded(ex.reshard_after_forward, ex.grad_sync, most),
+        unsharded=_unsharded(ex.reshard_after_forward, ex.grad_sync == "step" or cfg.no_sync_accumulates),
         shard_group=cfg.mesh.dp_shard or None, optimizer_bytes=cfg.optimizer_state_bytes,
         fp8_attention=ex.fp8_attention, master_copy=ex.master_copy, master_dtype=ex.master_dtype)
     # a search asks for the memory of thousands of layouts, three times each (pruning, screening, ranking), and
@@ -50,11 +50,10 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
 _MEMORY: dict[tuple, MemoryBreakdown] = {}
 
 
-def _unsharded(reshard_after_forward: bool, grad_sync: str, num_microbatches: int) -> str:
+def _unsharded(reshard_after_forward: bool, grads: bool) -> str:
     """What ZeRO-3 keeps unsharded through the step (simdist.plan.memory.stage_memory): the gathered parameters where
-    they are not resharded after forward, the gradients where they accumulate before one reduce-scatter (no_sync: over
-    more than one micro-batch)."""
-    grads = grad_sync == "step" or (grad_sync == "last" and num_microbatches > 1)
+    they are not resharded after forward, the gradients where they accumulate before one reduce-scatter (``grads``:
+    PyTorch pipelining's once per step, or no_sync over more than one micro-batch)."""
     if reshard_after_forward:
         return "grads" if grads else ""
     return "params_grads" if grads else "params"

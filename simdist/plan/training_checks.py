@@ -8,7 +8,7 @@ from __future__ import annotations
 from simdist.errors import SpecError
 from simdist.hardware.gemm import BLACKWELL, architecture
 from simdist.hardware.topology import Topology
-from simdist.plan.execution import execution_of
+from simdist.plan.execution import keeps_master_copy
 from simdist.plan.schedule import SPLIT_BACKWARD
 from simdist.spec.scenario import ScenarioSpec
 
@@ -70,7 +70,7 @@ def check_execution(spec: ScenarioSpec) -> None:
                         f"needs ZeRO-3 run unit by unit; zero_stage is {p.zero_stage}, zero3_fetch {t.zero3_fetch}",
                         field="training.fsdp_no_sync",
                         fix="set parallel.zero_stage: 3 with training.zero3_fetch: per_layer, or drop fsdp_no_sync")
-    if t.main_params_dtype == "bf16" and t.precision not in ("fp32", "tf32") and execution_of(spec, p.pp).master_copy:
+    if t.main_params_dtype == "bf16" and t.precision not in ("fp32", "tf32") and keeps_master_copy(spec):
         raise SpecError("main_params_dtype bf16 is a model built in bf16 whose FSDP shards are the master weights; "
                         "an optimizer's separate master copy (Megatron-LM --main-params-dtype) is fp32 or fp16",
                         field="training.main_params_dtype",
