@@ -87,3 +87,23 @@ def test_batched_class_loads_equal_one_group_at_a_time_with_levels():
             assert sorted(a) == sorted(b)
             assert [a[k] for k in sorted(a)] == pytest.approx([b[k] for k in sorted(b)], rel=1e-12)
         assert any(one[4][k] > one[3][k] for k in one[3])  # the translates share links
+
+
+def test_collectives_on_the_same_ring_pairs_share_one_kept_layout_and_price_as_a_fresh_topology_does():
+    # A search's contention estimate prices the all-gather and reduce-scatter of one data-parallel group beside its
+    # translates: the same ring pairs on the same groups, so the routes are resolved once (Topology.link_layouts),
+    # and the loads are those a topology that never saw the first collective computes.
+    def priced(t, op):
+        mesh = Mesh(tp=2, pp=4, dp=8)
+        group = mesh.group("dp", 0)
+        return price_comm(t, Comm(op, group, 2**28, "dp"), translates=mesh.translates(group, ("tp",)))
+
+    t = load_topology("pcie-gen4-8gpu", num_nodes=8)
+    gather = priced(t, "all_gather")
+    kept = len(t.link_layouts)
+    scatter = priced(t, "reduce_scatter")
+    assert gather.algorithm == scatter.algorithm == "ring" and kept >= 1
+    assert len(t.link_layouts) == kept  # the reduce-scatter found the all-gather's layout
+    fresh = priced(load_topology("pcie-gen4-8gpu", num_nodes=8), "reduce_scatter")
+    assert (scatter.link_bytes, scatter.class_bytes, scatter.link_flows, scatter.class_flows, scatter.symmetric) == (
+        fresh.link_bytes, fresh.class_bytes, fresh.link_flows, fresh.class_flows, fresh.symmetric)

@@ -45,6 +45,11 @@ ROUTE_BATCH_MEMO = (1024, 2**30)
 8 channels charge 19 MiB, a 512-rank all_to_all's fast plan 80 MiB (`RouteBatch.nbytes`)."""
 RING_ORDER_MEMO = (4096, 128 * 2**20)
 """(entries, bytes) kept of `ring_orders`: ring orders by (ranks, channels); 16,384 ranks x 8 channels charge 5 MiB."""
+LINK_LAYOUT_MEMO = (4096, 256 * 2**20)
+"""(entries, bytes) kept of `link_layouts`: where a plan's transfers land for a set of translates, by (groups, source
+peers, destination peers) (simdist.predict.link_loads._Layout: a search's contention estimate prices the all-gather,
+reduce-scatter and all-reduce of one group and its translates on the same ring pairs: one layout for the three). A
+1,024-rank class of 8-rank rings charges about 0.2 MiB."""
 PLACEMENT_MEMO = (4096, 128 * 2**20)
 """(entries, bytes) kept of `placements`: peers by node and default channels by ranks; 16,384 ranks charge 1.4 MiB."""
 
@@ -124,6 +129,10 @@ class Topology:
         # (never by an object's id), freed with the topology.
         self.route_batches: Memo[tuple[bytes, bytes], RouteBatch] = Memo("route_batches", *ROUTE_BATCH_MEMO)
         """Vectorised routes (`simdist.hardware.batch.routes`) by (sources, destinations) as int64 bytes."""
+        self.link_layouts: Memo[tuple[tuple[int, ...], bytes, bytes, bytes], object] = Memo(
+            "link_layouts", *LINK_LAYOUT_MEMO)
+        """Where a plan's transfers land for a class of translates (`simdist.predict.link_loads._layout`) by (groups
+        shape, groups, source peers, destination peers) as int64 bytes."""
         self.ring_orders: Memo[tuple[tuple[int, ...], int], tuple[tuple[int, ...], ...]] = Memo(
             "ring_orders", *RING_ORDER_MEMO)
         """Ring orders by (group ranks, channels) (`simdist.collectives.group.Group.ring_orders`)."""

@@ -186,6 +186,11 @@ class _Layout:
     own_in_class: np.ndarray
     """Index into ``ids`` of every own link."""
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes its arrays hold (what `Topology.link_layouts` charges it)."""
+        return sum(int(getattr(self, f).nbytes) for f in self.__dataclass_fields__)
+
 
 def _layout_of(topology: Topology, links: np.ndarray, hops: np.ndarray, per_group: int) -> _Layout:
     """The `_Layout` of routes given as their links (CSR, ``hops`` per route), ``per_group`` routes a translate."""
@@ -198,10 +203,17 @@ def _layout_of(topology: Topology, links: np.ndarray, hops: np.ndarray, per_grou
 
 
 def _layout(topology: Topology, groups: np.ndarray, src: np.ndarray, dst: np.ndarray) -> _Layout:
-    """The `_Layout` of transfers from peer ``src[i]`` to ``dst[i]`` in every group (row) of ``groups``."""
+    """The `_Layout` of transfers from peer ``src[i]`` to ``dst[i]`` in every group (row) of ``groups``, kept by the
+    topology (`Topology.link_layouts`: collectives on the same groups and pairs share it, whatever their bytes)."""
     ranks = np.asarray(groups, dtype=np.int64)  # (G, P)
-    routes = batch.routes(topology, ranks[:, src].reshape(-1), ranks[:, dst].reshape(-1))
-    return _layout_of(topology, routes.links, routes.hops, len(src))
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    key = (ranks.shape, ranks.tobytes(), src.tobytes(), dst.tobytes())
+    hit = topology.link_layouts.get(key)
+    if hit is None:
+        routes = batch.routes(topology, ranks[:, src].reshape(-1), ranks[:, dst].reshape(-1))
+        hit = topology.link_layouts.put(key, _layout_of(topology, routes.links, routes.hops, len(src)))
+    return hit  # type: ignore[return-value]
 
 
 _BATCH_PAIRS = 1 << 17
