@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,19 +162,78 @@ class Result:
     bubble: float
     memory_gib: float
     fits: bool
+    composition: dict[str, float] = field(default_factory=dict)
+    """What simdist says the step is made of (`COMPOSITION`): the report's "What the errors track"."""
 
     @property
     def error(self) -> float:
         return self.predicted_s / self.row.measured_s - 1
 
 
+COMPOSITION = {
+    "gemm": "GEMMs' share of the kernels' seconds",
+    "attention": "attention kernels' share",
+    "memory": "memory-bound kernels' share",
+    "kernels_per_ms": "kernels per ms of kernel time",
+    "exposed_comm": "exposed communication's share of the step",
+    "bubble": "the bubble's share of the step",
+}
+"""The quantities of a row's step the report correlates its error with: the kernel shares and kernels per
+millisecond of simdist.plan.kernel_mix (one micro-batch of every model part), the exposed communication (every axis)
+and the bubble of the run's breakdown, over its step time."""
+
+
 def predict(row: Row) -> Result:
-    from simdist.api import run
+    from simdist.api import load_scenario, run
+    from simdist.plan.kernel_mix import kernel_mix
+    from simdist.predict.step import checked_step
 
     out = run(SCENARIOS / row.scenario, list(row.overrides), fidelity=row.fidelity)
     r = out.result
-    return Result(row, r["step_time_s"], r["mfu"], r["bubble_fraction"], r["memory_per_gpu_bytes"] / 2**30,
-                  r["fits_in_memory"])
+    sc = load_scenario(SCENARIOS / row.scenario, list(row.overrides))
+    mix = kernel_mix(checked_step(sc.spec, sc.topology)[1])
+    step, b = r["step_time_s"], r["breakdown"]
+    composition = {"gemm": mix.share("gemm"), "attention": mix.share("attention"), "memory": mix.share("memory"),
+                   "kernels_per_ms": mix.kernels_per_ms,
+                   "exposed_comm": sum(b["exposed_comm_s"].values()) / step, "bubble": b["bubble_s"] / step}
+    return Result(row, step, r["mfu"], r["bubble_fraction"], r["memory_per_gpu_bytes"] / 2**30,
+                  r["fits_in_memory"], composition)
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float:
+    """Pearson's correlation coefficient (0 where either side does not vary)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0
+
+
+def _tracks(results: list[Result]) -> list[str]:
+    """The report's "What the errors track" section."""
+    off = [r for r in results if r.row.generation != "ampere"]
+    lines = ["", "## What the errors track", "",
+             "For each row, simdist's own account of its step (`validation.accuracy_training.COMPOSITION`): the "
+             "share of its kernels' roofline seconds in GEMMs, attention and memory-bound kernels and how many "
+             "kernels a millisecond of them holds (`simdist.plan.kernel_mix`, one micro-batch of every model part), "
+             "and the shares of the predicted step that exposed communication and the bubble take. Pearson's r between "
+             f"each and the error, over all {len(results)} rows and over the {len(off)} rows off the A100 (the GPU "
+             "whose compute constants are fitted, on Korthikanti's layer times), and the bias of the third of the "
+             "rows with the most of it against the third with the least. A negative r: simdist is the more "
+             "optimistic the more of the step that part is, so that part's mechanism is where its bias comes from. "
+             "Nothing is fitted to this; it says where to look.",
+             "", f"| quantity | r, all {len(results)} | r, off A100 | bias % of the third with the most | "
+             "bias % of the third with the least |", "|---|---:|---:|---:|---:|"]
+    third = max(1, len(results) // 3)
+    for key, label in COMPOSITION.items():
+        values = [r.composition[key] for r in results]
+        ranked = sorted(results, key=lambda r: r.composition[key])
+        low = sum(r.error for r in ranked[:third]) / third * 100
+        high = sum(r.error for r in ranked[-third:]) / third * 100
+        r_all = _pearson(values, [r.error for r in results])
+        r_off = _pearson([r.composition[key] for r in off], [r.error for r in off])
+        lines.append(f"| {label} | {r_all:+.2f} | {r_off:+.2f} | {high:+.1f} | {low:+.1f} |")
+    return lines
 
 
 def report(results: list[Result]) -> str:
@@ -254,6 +313,7 @@ def report(results: list[Result]) -> str:
             ok = sum(abs(r.error) <= FSDP_FAMILY_TARGET for r in sel)
             lines.append(f"| {value} | {len(sel)} | {sum(errs) / len(errs):.1f} | {bias:+.1f} | {max(errs):.1f} | "
                          f"{ok}/{len(sel)} |")
+    lines += _tracks(results)
     lines += ["", "## Rows", "",
               "| row | scenario | overrides | measured s | predicted s | error % | MFU | bubble | memory GiB | fits |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]

@@ -16,7 +16,7 @@ from simdist.plan.memory import layer_param_shards, layer_tensors
 from simdist.plan.recompute import full_layers
 from simdist.plan.step_config import LayerKinds, StepConfig
 
-__all__ = ["ChunkCost", "chunk_cost"]
+__all__ = ["ChunkCost", "chunk_cost", "chunk_parts"]
 
 @dataclass(frozen=True, slots=True)
 class ChunkCost:
@@ -70,19 +70,13 @@ def _comm_groups(work_comm: tuple, phase: str, overlappable: bool | None, times:
     return tuple((op, nbytes, axis, n, x, kernel) for (op, nbytes, axis, x, kernel), n in agg.items())
 
 
-def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last_part: bool) -> ChunkCost:
-    """Cost of the decoder ``layers`` of one model part (`StepConfig.part_layers`; an int n: n layers of a model whose
-    layers are all alike) + the embedding on the first model part, + the head (and the multi-token-prediction
-    modules) on the last, per micro-batch."""
-    m = cfg.model
-    if isinstance(layers, int):
-        if m.kind == "decoder" and len(set(zip(m.moe_layer_flags(), m.window_layer_flags(), strict=True))) > 1:
-            raise LayoutError(f"model {m.name!r} mixes kinds of layers: a chunk's cost needs its layer indices",
-                              field="model.moe_layer_freq", fix="pass StepConfig.part_layers(part)")
-        layers = ((0, layers),) if layers else ()
+def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool) -> list[tuple[Work, int]]:
+    """The work of one model chunk as `chunk_cost` prices it: (a layer's or module's `Work`, how many of it) for the
+    decoder ``layers`` of one model part (full recompute split over them as simdist.plan.recompute says), the
+    embedding on the first part, the head and the multi-token-prediction modules on the last."""
     kw = dict(tp=cfg.mesh.tp, cp=cfg.mesh.cp, sequence_parallel=cfg.sequence_parallel,
               micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
-    experts, ex = cfg.expert_parallel, cfg.execution
+    m, experts, ex = cfg.model, cfg.expert_parallel, cfg.execution
 
     def layer(i: int, recompute: str = cfg.recompute) -> Work:
         return layer_work(m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
@@ -116,7 +110,22 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         parts += [(layer(m.num_layers - 1), mtp), (mtp_work(m, **kw), mtp),
                   (embedding_work(m, style=ex.style, **kw), mtp),
                   (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style, **kw), mtp)]
+    return parts
 
+
+def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last_part: bool) -> ChunkCost:
+    """Cost of the decoder ``layers`` of one model part (`StepConfig.part_layers`; an int n: n layers of a model whose
+    layers are all alike) + the embedding on the first model part, + the head (and the multi-token-prediction
+    modules) on the last, per micro-batch."""
+    m = cfg.model
+    if isinstance(layers, int):
+        if m.kind == "decoder" and len(set(zip(m.moe_layer_flags(), m.window_layer_flags(), strict=True))) > 1:
+            raise LayoutError(f"model {m.name!r} mixes kinds of layers: a chunk's cost needs its layer indices",
+                              field="model.moe_layer_freq", fix="pass StepConfig.part_layers(part)")
+        layers = ((0, layers),) if layers else ()
+    parts = chunk_parts(cfg, layers, first_part, last_part)
+    ex = cfg.execution
+    mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
     host = cfg.host_overhead
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     if ex.cuda_graphs:
