@@ -42,8 +42,8 @@ from simdist.errors import SpecError
 from simdist.hardware.gemm import architecture
 from simdist.spec.gpu import GpuSpec
 
-__all__ = ["KERNELS", "SDPA_BACKEND", "attention_efficiency", "fp8_ratio", "has_attention_data", "kernel_family",
-           "padded_head_dim"]
+__all__ = ["KERNELS", "SDPA_BACKEND", "WINDOW_AS_CAUSAL", "attention_efficiency", "fp8_ratio", "has_attention_data",
+           "kernel_family", "padded_head_dim", "window_efficiency"]
 
 KERNELS = ("flash2", "flash3", "flash4", "cudnn", "efficient", "triton", "flex", "flash1")
 _HEAD_DIMS = {"flash2": (32, 64, 96, 128, 160, 192, 224, 256), "flash1": (16, 32, 64, 128),
@@ -270,3 +270,61 @@ def attention_efficiency(gpu: GpuSpec, kernel: str, direction: str, causal: bool
                         fix=f"use one of {', '.join(['flash', 'sdpa', *have, 'materialized'])} on this GPU, or add "
                             "rows to simdist/hardware/data/attention_kernels.csv")
     return value
+
+
+WINDOW_AS_CAUSAL = 2048
+"""From this many keys per query a sliding window is priced as a causal kernel over that many keys
+(`window_efficiency`): the shortest sequence the Blackwell causal curves measure."""
+
+
+@cache
+def _window_table() -> dict[tuple[str, str, str, str], tuple[int, Curve]]:
+    """(architecture, kernel, dtype, direction) -> (the window measured, ((log2 seq_len, efficiency), ...) sorted), from
+    ``data/attention_window.csv`` (one window and head dimension per key: the only ones published)."""
+    out: dict[tuple[str, str, str, str], tuple[int, list[tuple[float, float]]]] = {}
+    for r in _rows("attention_window.csv"):
+        key = (r["architecture"], r["kernel"], r["dtype"], r["direction"])
+        window, points = out.setdefault(key, (int(r["window"]), []))
+        if int(r["window"]) != window:
+            raise ValueError(f"attention_window.csv: {key} measured at two windows")  # one curve per key, as read
+        points.append((math.log2(float(r["seq_len"])), float(r["tflops"]) / float(r["peak_tflops"])))
+    return {k: (w, tuple(sorted(v))) for k, (w, v) in out.items()}
+
+
+def window_efficiency(gpu: GpuSpec, kernel: str, direction: str, window: float, seq_len: float, head_dim: int = 128,
+                      dtype: str = "bf16") -> float:
+    """Share of the GPU's bf16 peak a causal sliding-window kernel reaches, each query meeting ``window`` keys of a
+    ``seq_len`` sequence (FLOPs counted over the band: simdist.plan.attention_cost.window_share).
+
+    A banded kernel does a few key blocks per query block, so it runs far below the full causal kernel: cuDNN 9.22
+    on GB200 runs GPT-OSS's 128-key window at 153-167 TFLOP/s forward and 176-188 backward from 2k to 16k tokens,
+    where its causal kernel reaches 1,097-1,708 over as many tokens (``data/attention_window.csv``,
+    ``data/attention_kernels.csv``). Where the band is measured for the GPU's architecture (along `_ARCH_FALLBACK`),
+    kernel, dtype and direction, a window up to the measured one runs at the measured curve (interpolated in
+    log2(seq_len), clamped at its ends); from `WINDOW_AS_CAUSAL` keys on, as the causal kernel over ``window`` keys
+    (`attention_efficiency`); between the two, linearly in log2(window). Elsewhere (no band measured: Hopper, Ampere;
+    or a dtype without rows) the causal kernel over ``window`` keys.
+    # Assumption: the band's efficiency does not depend on the head dimension (measured at 64 only) nor on the
+    # number of heads; a window wider than the measured one gains towards the causal kernel's efficiency as its key
+    # blocks per query block grow, reaching it at WINDOW_AS_CAUSAL keys (interpolated in log2 of the window).
+    # Assumption: without a band measured, a sliding-window kernel runs at the efficiency of a causal kernel over
+    # window keys (each query block meets about W keys, masked at both edges of its band).
+    """
+    causal = attention_efficiency(gpu, kernel, direction, True, window, head_dim, dtype)
+    family = kernel_family(kernel, gpu)
+    arch: str | None = architecture(gpu).name
+    while arch is not None:
+        hit = _window_table().get((arch, family, dtype, direction))
+        if hit is not None:
+            break
+        arch = _ARCH_FALLBACK.get(arch)
+    if hit is None:
+        return causal
+    measured_window, points = hit
+    band = _curve(points, math.log2(max(seq_len, 1.0)))
+    if window <= measured_window:
+        return band
+    if window >= WINDOW_AS_CAUSAL:
+        return causal
+    t = (math.log2(window) - math.log2(measured_window)) / (math.log2(WINDOW_AS_CAUSAL) - math.log2(measured_window))
+    return band + t * (causal - band)

@@ -36,7 +36,13 @@ from importlib import resources
 from typing import Protocol
 
 from simdist.errors import SpecError
-from simdist.hardware.attention import attention_efficiency, has_attention_data, kernel_family, padded_head_dim
+from simdist.hardware.attention import (
+    attention_efficiency,
+    has_attention_data,
+    kernel_family,
+    padded_head_dim,
+    window_efficiency,
+)
 from simdist.hardware.clock import clock_share
 from simdist.hardware.gemm import quantization
 from simdist.spec.gpu import GpuSpec
@@ -144,6 +150,11 @@ def _attention_s(gpu: GpuSpec, kernel: KernelLike, shape) -> float:
     family = kernel_family(shape.kernel, gpu)
     padded = padded_head_dim(family, shape.head_dim)
     peak = gpu.peak_flops("bf16")
+    window = getattr(shape, "window", 0)
+    if window:  # a causal sliding window (simdist.plan.kernel_work.AttentionShape.window)
+        return sum(kernel.flops * share * padded / shape.head_dim
+                   / (peak * window_efficiency(gpu, family, shape.direction, window, seq, padded, shape.dtype))
+                   for share, _, seq in shape.parts)
     return sum(kernel.flops * share * padded / shape.head_dim
                / (peak * attention_efficiency(gpu, family, shape.direction, causal, seq, padded, shape.dtype))
                for share, causal, seq in shape.parts)

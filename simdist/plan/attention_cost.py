@@ -202,10 +202,11 @@ def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted
         ]
         return core, core_bwd, 0.0
     family = "flash2" if attention == "flash" else attention
+    band = 0
     if window and causal:
-        # Assumption: a sliding-window kernel runs at the efficiency of a causal kernel over window_size keys
-        # (each query block meets about W keys, masked at both edges of its band).
-        parts: tuple[tuple[float, bool, float], ...] = ((1.0, True, float(min(window_size, s_k))),)
+        # a band of min(W, s) keys per query over the whole sequence (simdist.hardware.attention.window_efficiency)
+        band = min(window_size, s_k)
+        parts: tuple[tuple[float, bool, float], ...] = ((1.0, True, float(s_k)),)
     elif full_sequence:
         # Ulysses (cp_comm_type a2a): the kernel runs over the whole sequence on heads / cp
         parts = ((1.0, causal, float(s_k)),)
@@ -217,10 +218,11 @@ def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted
     io = (m * q_l + m * a_l * d_v + b * s_k * (k_l + v_l)) * bpe  # read Q, K, V; write O
     head_dim = max(d_qk, d_v)
     core = [Kernel("flash_attention", (qk + pv) * counted, io + 4.0 * m * a_l, "attention", (s_q, s_k, head_dim),
-                   attention=AttentionShape(family, "forward", head_dim, parts, shape.attention_dtype))]
+                   attention=AttentionShape(family, "forward", head_dim, parts, shape.attention_dtype, band))]
     core_bwd = [Kernel("flash_attention_grad", (3.0 * qk + 2.0 * pv) * counted, 2.0 * io + 4.0 * m * a_l,
                        "attention", (s_q, s_k, head_dim), attention=AttentionShape(family, "backward", head_dim,
-                                                                                   parts, shape.attention_dtype))]
+                                                                                   parts, shape.attention_dtype,
+                                                                                   band))]
     return core, core_bwd, qk * counted  # the backward's recomputed QK^T (and P): beyond 2x the forward
 
 

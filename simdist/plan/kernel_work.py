@@ -48,6 +48,9 @@ class AttentionShape:
     """(share of the kernel's FLOPs, causal, sequence length) of each piece of work it does."""
     dtype: str = "bf16"
     """bf16 | fp8 | mxfp8: the data type it runs in (fp8 ones: training.fp8_attention)."""
+    window: int = 0
+    """A causal sliding window's keys per query (0: none): the parts then run over the whole sequence, each query
+    meeting ``window`` keys (simdist.hardware.attention.window_efficiency prices the band)."""
 
 
 @dataclass(frozen=True, slots=True)
