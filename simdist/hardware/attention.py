@@ -37,6 +37,7 @@ import csv
 import math
 from functools import cache, lru_cache
 from importlib import resources
+from typing import Any
 
 from simdist.errors import SpecError
 from simdist.hardware.gemm import architecture
@@ -98,13 +99,19 @@ def fp8_ratio(arch: str, kernel: str, dtype: str, direction: str, causal: bool, 
     the measured ratio along `_ARCH_FALLBACK`, 1.0 for bf16 or where none is measured."""
     if dtype == "bf16":
         return 1.0
-    table = _fp8_table()
+    points = _along_fallback(_fp8_table(), arch, (kernel, dtype, direction, causal))
+    return _curve(points, math.log2(max(seq_len, 1.0))) if points else 1.0
+
+
+def _along_fallback(table: dict, arch: str | None, rest: tuple) -> Any:
+    """``table``'s entry for (``arch``, *``rest``), else for the first architecture along `_ARCH_FALLBACK` that has
+    one (None: none has)."""
     while arch is not None:
-        points = table.get((arch, kernel, dtype, direction, causal))
-        if points:
-            return _curve(points, math.log2(max(seq_len, 1.0)))
-        arch = _ARCH_FALLBACK.get(arch)  # type: ignore[assignment]
-    return 1.0
+        hit = table.get((arch, *rest))
+        if hit:
+            return hit
+        arch = _ARCH_FALLBACK.get(arch)
+    return None
 
 
 @cache
@@ -310,21 +317,13 @@ def window_efficiency(gpu: GpuSpec, kernel: str, direction: str, window: float, 
     # Assumption: without a band measured, a sliding-window kernel runs at the efficiency of a causal kernel over
     # window keys (each query block meets about W keys, masked at both edges of its band).
     """
+    hit = _along_fallback(_window_table(), architecture(gpu).name, (kernel_family(kernel, gpu), dtype, direction))
+    if hit is not None and window <= hit[0]:
+        return _curve(hit[1], math.log2(max(seq_len, 1.0)))
     causal = attention_efficiency(gpu, kernel, direction, True, window, head_dim, dtype)
-    family = kernel_family(kernel, gpu)
-    arch: str | None = architecture(gpu).name
-    while arch is not None:
-        hit = _window_table().get((arch, family, dtype, direction))
-        if hit is not None:
-            break
-        arch = _ARCH_FALLBACK.get(arch)
-    if hit is None:
+    if hit is None or window >= WINDOW_AS_CAUSAL:
         return causal
     measured_window, points = hit
     band = _curve(points, math.log2(max(seq_len, 1.0)))
-    if window <= measured_window:
-        return band
-    if window >= WINDOW_AS_CAUSAL:
-        return causal
     t = (math.log2(window) - math.log2(measured_window)) / (math.log2(WINDOW_AS_CAUSAL) - math.log2(measured_window))
     return band + t * (causal - band)

@@ -150,13 +150,14 @@ def _attention_s(gpu: GpuSpec, kernel: KernelLike, shape) -> float:
     family = kernel_family(shape.kernel, gpu)
     padded = padded_head_dim(family, shape.head_dim)
     peak = gpu.peak_flops("bf16")
-    window = getattr(shape, "window", 0)
-    if window:  # a causal sliding window (simdist.plan.kernel_work.AttentionShape.window)
-        return sum(kernel.flops * share * padded / shape.head_dim
-                   / (peak * window_efficiency(gpu, family, shape.direction, window, seq, padded, shape.dtype))
-                   for share, _, seq in shape.parts)
-    return sum(kernel.flops * share * padded / shape.head_dim
-               / (peak * attention_efficiency(gpu, family, shape.direction, causal, seq, padded, shape.dtype))
+    window = shape.window  # a causal sliding window's keys per query (0: none)
+
+    def efficiency(causal: bool, seq: float) -> float:
+        if window:
+            return window_efficiency(gpu, family, shape.direction, window, seq, padded, shape.dtype)
+        return attention_efficiency(gpu, family, shape.direction, causal, seq, padded, shape.dtype)
+
+    return sum(kernel.flops * share * padded / shape.head_dim / (peak * efficiency(causal, seq))
                for share, causal, seq in shape.parts)
 
 

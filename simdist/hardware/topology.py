@@ -46,11 +46,8 @@ ROUTE_BATCH_MEMO = (1024, 2**30)
 RING_ORDER_MEMO = (4096, 128 * 2**20)
 """(entries, bytes) kept of `ring_orders`: ring orders by (ranks, channels); 16,384 ranks x 8 channels charge 5 MiB."""
 LINK_LAYOUT_MEMO = (64, 8 * 2**20)
-"""(entries, bytes) kept of `link_layouts`: where a plan's transfers land for a set of translates, by (groups, source
-peers, destination peers) (simdist.predict.link_loads._Layout). A search's contention estimate prices the all-gather,
-reduce-scatter and all-reduce of one group and its translates on the same ring pairs one after the other, so a short
-memory finds them: in the README's search (1,024 GPUs) 2,178 layouts are asked, 1,372 distinct, 1,548 resolved with
-these bounds (a layout there holds 32 KiB median, 0.3 MiB at most; keeping all of them took 40 MB more peak memory)."""
+"""(entries, bytes) kept of `link_layouts`: short, as its reuse is the same ring's next op (the contention estimate's
+all-gather, reduce-scatter and all-reduce of one group); a layout of the README's search holds 32 KiB median."""
 PLACEMENT_MEMO = (4096, 128 * 2**20)
 """(entries, bytes) kept of `placements`: peers by node and default channels by ranks; 16,384 ranks charge 1.4 MiB."""
 
@@ -130,10 +127,8 @@ class Topology:
         # (never by an object's id), freed with the topology.
         self.route_batches: Memo[tuple[bytes, bytes], RouteBatch] = Memo("route_batches", *ROUTE_BATCH_MEMO)
         """Vectorised routes (`simdist.hardware.batch.routes`) by (sources, destinations) as int64 bytes."""
-        self.link_layouts: Memo[tuple[tuple[int, ...], bytes, bytes, bytes], object] = Memo(
-            "link_layouts", *LINK_LAYOUT_MEMO)
-        """Where a plan's transfers land for a class of translates (`simdist.predict.link_loads._layout`) by (groups
-        shape, groups, source peers, destination peers) as int64 bytes."""
+        self.link_layouts: Memo[tuple, object] = Memo("link_layouts", *LINK_LAYOUT_MEMO)
+        """Where a plan's transfers land for its translates (`simdist.predict.link_loads._layout`), by their ranks."""
         self.ring_orders: Memo[tuple[tuple[int, ...], int], tuple[tuple[int, ...], ...]] = Memo(
             "ring_orders", *RING_ORDER_MEMO)
         """Ring orders by (group ranks, channels) (`simdist.collectives.group.Group.ring_orders`)."""
