@@ -137,30 +137,37 @@ def test_run_reports_all_to_all_time_per_axis(tmp_path):
     assert any(c["axis"] == "ep" and c["op"] == "all_to_all" for c in result["collectives"])
 
 
-def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute():
+def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute_but_the_unpaired_steps():
     # --overlap-moe-expert-parallel-comm on pp 1: each step's all_to_alls run beside its compute (simdist.plan.recipe.
     # _a2a_overlap); where a step's compute outlasts them, the step loses its all_to_all time but for the compute they
-    # slow meanwhile (simdist.plan.interference: x / (1 + x) of their time)
-    from simdist.analytic.step import analytic_observables
+    # slow meanwhile (simdist.plan.interference: x / (1 + x) of their time). Megatron-Core runs the first
+    # micro-batch's forward and the last one's backward alone (combined_1f1b_schedule_for_no_pipelining: "executed
+    # alone, no a2a overlapping"): of M micro-batches' all_to_alls, one micro-batch's stay exposed.
+    from simdist.analytic.step import _num_microbatches, analytic_observables
 
     model = {"hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
-    obs = {}
-    for overlap in (False, True):
-        cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, {"overlap_moe_expert_parallel_comm": overlap}, model=model)
-        obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
-    plain, hidden = obs[False], obs[True]
-    assert plain["ep_s"] > 0 and hidden["ep_s"] == 0.0
-    x = cfg.interference
-    slowed = x / (1 + x) * plain["ep_s"]
-    assert hidden["compute_s"] == pytest.approx(plain["compute_s"] + slowed, rel=1e-12)
-    assert hidden["step_s"] == pytest.approx(plain["step_s"] - plain["ep_s"] + slowed, rel=1e-12)
+    for gbs in (8, 16):  # 2 and 4 micro-batches of 1 per replica
+        obs = {}
+        for overlap in (False, True):
+            cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, {"overlap_moe_expert_parallel_comm": overlap,
+                                                         "global_batch_size": gbs}, model=model)
+            obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+        plain, hidden = obs[False], obs[True]
+        M = gbs // 4
+        assert _num_microbatches(cfg) == M and plain["ep_s"] > 0
+        assert hidden["ep_s"] == pytest.approx(plain["ep_s"] / M, rel=1e-12)
+        x = cfg.interference
+        paired = plain["ep_s"] * (M - 1) / M  # the all_to_alls of the steps run in pairs
+        slowed = x / (1 + x) * paired
+        assert hidden["compute_s"] == pytest.approx(plain["compute_s"] + slowed, rel=1e-12)
+        assert hidden["step_s"] == pytest.approx(plain["step_s"] - paired + slowed, rel=1e-12)
 
 
 def test_flex_kernels_beside_compute_take_their_sms_from_it():
     # The flex dispatcher's kernels hold s of the GPU's N SMs while they run (a persistent grid,
     # moe_flex_dispatcher_num_sms): the compute beside them runs on N - s, N / (N - s) as long, x = s / (N - s)
     # (simdist.plan.step_config.StepConfig.expert_interference), in place of the GPU's NCCL interference
-    from simdist.analytic.step import analytic_observables
+    from simdist.analytic.step import _num_microbatches, analytic_observables
     from simdist.hardware.gemm import architecture
 
     model = {"hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
@@ -175,4 +182,7 @@ def test_flex_kernels_beside_compute_take_their_sms_from_it():
     assert cfg.moe_kernel == "hybridep:16" and cfg.expert_interference == pytest.approx(16 / (n - 16))
     plain, hidden = obs[False], obs[True]
     x = cfg.expert_interference
-    assert hidden["compute_s"] == pytest.approx(plain["compute_s"] + x / (1 + x) * plain["ep_s"], rel=1e-12)
+    M = _num_microbatches(cfg)  # the first forward and last backward run alone: their all_to_alls slow nothing
+    assert M >= 2
+    assert hidden["compute_s"] == pytest.approx(plain["compute_s"] + x / (1 + x) * plain["ep_s"] * (M - 1) / M,
+                                                rel=1e-12)
