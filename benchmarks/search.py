@@ -10,7 +10,8 @@ Figures:
 - cold: the first sweep over the feasible layouts (collective prices computed and cached), of the closed form with
   every collective alone (`run --fidelity closed_form`'s) and with the contention estimate search ranks by;
 - warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost; and of
-  it the compiled timeline loop alone (its arguments captured during one sweep and run again: median of 5 passes);
+  it the compiled timeline loop with its breakdown sweep alone (its arguments captured during one sweep and run
+  again: median of 5 passes);
 - 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, or on a Dask LocalCluster of
   --dask-local workers (issue 32: 10^6 configurations on 2 workers; the workers with the README's settings,
   simdist.search.executors.DASK_WORKER_SETTINGS, in jobs of DaskExecutor.job_size as a search splits them), wall
@@ -117,29 +118,31 @@ def main() -> None:
 
 
 def loop_alone(problem: SearchProblem, feasible: list) -> None:
-    """The compiled timeline loop alone (simdist.analytic.timeline_jit.run, what the warm figure spends in numba):
-    its arguments captured during one warm sweep, then run again, median of 5 passes, per configuration."""
+    """The compiled timeline loop with its breakdown sweep alone (simdist.analytic.timeline_jit.timed, what the warm
+    figure spends in numba): its arguments captured during one warm sweep, then run again, median of 5 passes, per
+    configuration."""
     import simdist.analytic.timeline_jit as jit
 
-    run, calls = jit.run, []
+    timed, calls = jit.timed, []
 
     def capture(*args):
         calls.append(args)
-        return run(*args)
+        return timed(*args)
 
-    jit.run = capture  # simdist.analytic.timeline_kernel.run_program imports it at each call
+    jit.timed = capture  # simdist.analytic.timeline._compiled_observables imports it at each call
     try:
         evaluate_batch(problem, feasible)
     finally:
-        jit.run = run
+        jit.timed = timed
     passes = []
     for _ in range(5):
         t = time.perf_counter()
         for args in calls:
-            run(*args)
+            timed(*args)
         passes.append(time.perf_counter() - t)
-    print(f"  of which the compiled timeline loop alone: {statistics.median(passes) / len(feasible) * 1e6:.0f} us "
-          f"per config (median of 5 passes over the {len(calls)} loops of one sweep)")
+    per_config_us = statistics.median(passes) / len(feasible) * 1e6
+    print(f"  of which the compiled timeline loop and breakdown alone: {per_config_us:.0f} us per config (median of 5 "
+          f"passes over the {len(calls)} calls of one sweep)")
 
 
 README_SEARCH = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024", "--global-batch", "1536",

@@ -21,8 +21,9 @@ from simdist.analytic.program import program
 from simdist.analytic.steady import MIN_BODIES, steady_form
 from simdist.analytic.step import analytic_observables
 from simdist.analytic.timeline import _backward_codes
-from simdist.analytic.timeline_kernel import SIMPLE, Packed, run_program
+from simdist.analytic.timeline_kernel import SIMPLE, Packed, Unit, pack, run_program
 from simdist.api.scenario import load_scenario
+from simdist.plan.accounting import CATEGORIES
 from simdist.plan.fastforward import group_of
 from simdist.predict.step import checked_step
 from tests.test_analytic_step import _agree, layouts
@@ -85,22 +86,26 @@ def test_no_steady_form_where_the_steady_state_is_short_or_sends_are_held():
     assert steady_form("1f1b", 4, 64, 1) is not None
 
 
-def _uniform(num_stages: int, forward_s: float, backward_s: float, send_s: float) -> Packed:
-    """K stages of one unit whose forward takes ``forward_s`` and backward ``backward_s`` (simple steps, no streams
-    beside), sends ``send_s``, and an empty tail."""
+def _unit(forward_s: float, backward_s: float) -> Unit:
+    """A stage whose forward takes ``forward_s`` and backward ``backward_s`` (simple steps, no streams beside) and
+    whose tail is empty."""
     C = 6  # recipe codes of one chunk: (F, B, W) x (edge or not)
-    kind = np.zeros((1, C), dtype=np.int8)
-    kind[0, :4] = SIMPLE
-    duration = np.array([[forward_s, forward_s, backward_s, backward_s, 0.0, 0.0]])
+    kind = np.zeros(C, dtype=np.int8)
+    kind[:4] = SIMPLE
     empty = np.zeros((0, 4))
-    return Packed(slot=np.zeros(num_stages, dtype=np.int64), sends=np.full((num_stages, 3), send_s), kind=kind,
-                  recipe=np.full((1, C), -1, dtype=np.int64), duration=duration, frees=np.full((1, C, 4), -1.0),
-                  ahead_ptr=np.zeros(C + 1, dtype=np.int64), ahead=np.zeros((0, 3)),
-                  behind_ptr=np.zeros(C + 1, dtype=np.int64), behind=empty,
-                  recipe_ptr=np.zeros(2, dtype=np.int64), recipe_needs=np.array([-1], dtype=np.int64),
-                  recipe_end=np.array([-1], dtype=np.int64), piece=empty, dep_ptr=np.zeros(1, dtype=np.int64),
-                  deps=np.zeros(0, dtype=np.int64), tail=np.zeros(1, dtype=np.int64),
-                  simple_flops=np.zeros((1, C, 2)), parts=np.zeros((1, C, 8)), recipe_flops=np.zeros((1, 2)))
+    return Unit(kind=kind, recipe=np.full(C, -1, dtype=np.int64),
+                duration=np.array([forward_s, forward_s, backward_s, backward_s, 0.0, 0.0]),
+                frees=np.full((C, 4), -1.0), ahead_ptr=np.zeros(C + 1, dtype=np.int64), ahead=np.zeros((0, 3)),
+                behind_ptr=np.zeros(C + 1, dtype=np.int64), behind=empty,
+                recipe_ptr=np.zeros(2, dtype=np.int64), recipe_needs=np.array([-1], dtype=np.int64),
+                recipe_end=np.array([-1], dtype=np.int64), piece=empty, dep_ptr=np.zeros(1, dtype=np.int64),
+                deps=np.zeros(0, dtype=np.int64), tail=0, simple_flops=np.zeros((C, 2)),
+                parts=np.zeros((C, len(CATEGORIES))), recipe_flops=np.zeros((1, 2)))
+
+
+def _uniform(num_stages: int, forward_s: float, backward_s: float, send_s: float) -> Packed:
+    """K stages of one unit (`_unit`), sends ``send_s``."""
+    return pack([_unit(forward_s, backward_s)] * num_stages, [[send_s] * 3] * num_stages)
 
 
 @pytest.mark.parametrize(("num_stages", "m"), [(4, 32), (8, 100)])
@@ -120,15 +125,7 @@ def test_uniform_1f1b_jumps_and_is_the_textbook_step(num_stages, m):
 
 def test_sends_and_uneven_ends_jump_to_the_same_step():
     # sends of 0.3 and a last stage 1.5x as slow: a longer transient, the same step as running every step
-    packed = _uniform(6, 1.0, 2.0, 0.3)
-    packed = Packed(**{**{f: getattr(packed, f) for f in packed.__dataclass_fields__},
-                       "slot": np.array([0, 0, 0, 0, 0, 1]),
-                       "kind": np.repeat(packed.kind, 2, axis=0), "recipe": np.repeat(packed.recipe, 2, axis=0),
-                       "duration": np.concatenate([packed.duration, 1.5 * packed.duration]),
-                       "frees": np.repeat(packed.frees, 2, axis=0),
-                       "ahead_ptr": np.zeros(13, dtype=np.int64), "behind_ptr": np.zeros(13, dtype=np.int64),
-                       "tail": np.zeros(2, dtype=np.int64), "simple_flops": np.zeros((2, 6, 2)),
-                       "parts": np.zeros((2, 6, 8))})
+    packed = pack([_unit(1.0, 2.0)] * 5 + [_unit(1.5, 3.0)], [[0.3] * 3] * 6)
     prog, form = program("1f1b", 6, 200, 1), steady_form("1f1b", 6, 200, 1)
     backward = _backward_codes(6, False)
     whole = run_program(packed, prog.steps, prog.counts, backward, False, False)

@@ -80,8 +80,8 @@ def test_flags_kept_per_unit_follow_each_stage_and_the_interval_buffer_is_filled
     m = _num_microbatches(cfg)
     packed = closed._pack(stages)
     prog = program(cfg.schedule, cfg.mesh.pp, m, cfg.vpp)
-    rows = _capacity(packed.slot, packed.kind, packed.recipe, packed.ahead_ptr, packed.behind_ptr,
-                     packed.recipe_ptr, packed.tail, prog.counts)
+    rows = _capacity(packed.slot, packed.code_base, packed.num_codes, packed.kind, packed.recipe, packed.ahead_ptr,
+                     packed.behind_ptr, packed.recipe_ptr, packed.tail, prog.counts)
     # the counts are the program's steps per (stage, recipe code)
     assert prog.counts.sum() == len(prog)
     assert all(prog.counts[s, c] == int(((prog.steps[0] == s) & (prog.steps[1] == c)).sum())
@@ -115,16 +115,17 @@ def test_alike_stages_share_one_unit():
     cfg, topology = found
     packed = closed._pack(_stages(cfg, CommPricer(topology)))
     assert len(packed.slot) == 4
-    assert packed.kind.shape[0] < 4
+    assert len(set(packed.slot.tolist())) < 4
     assert packed.slot[1] == packed.slot[2]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts, layouts)
 def test_packed_units_read_back_as_each_unit_alone(x, y):
-    # the stages of two layouts (their codes may differ in number: a shorter unit is padded) packed together, each
-    # unit given twice: every stage's codes, dp pieces, recipes' pieces and dependencies and tail read back through
-    # the packed pointers as its own unit has them
+    # the stages of two layouts (their codes may differ in number: a code a unit lacks is the arena's entry 0, no
+    # recipe) packed together, each unit given twice, then packed again in a second configuration: every stage's
+    # codes, dp pieces, recipes' pieces and dependencies and tail read back through the arena's pointers as its own
+    # unit has them, and a unit already in the arena is not laid in again
     units, sends = [], []
     for found in (_priced(x), _priced(y)):
         if found is None:
@@ -134,7 +135,9 @@ def test_packed_units_read_back_as_each_unit_alone(x, y):
             sends.append(stage.sends)
     units, sends = units + units, sends + sends
     p = pack(units, sends)
-    C = p.kind.shape[1]
+    again = pack(units[::-1], sends[::-1])
+    assert again.slot.tolist() == p.slot.tolist()[::-1]
+    C = max(len(u.kind) for u in units)
 
     def rows(table, ptr, k):
         return table[ptr[k]:ptr[k + 1]]
@@ -143,23 +146,50 @@ def test_packed_units_read_back_as_each_unit_alone(x, y):
         return [(q.piece[j].tolist(), rows(q.deps, q.dep_ptr, j).tolist())
                 for j in range(q.recipe_ptr[r], q.recipe_ptr[r + 1])]
 
+    def entry(j, code):
+        return p.code_base[j] + code if code < p.num_codes[j] else 0
+
     for s, u in enumerate(units):
         j, c = p.slot[s], len(u.kind)
         assert p.slot[s] == p.slot[s % (len(units) // 2)]  # a unit given twice is packed once
+        assert p.num_codes[j] == c
         assert np.array_equal(p.sends[s, :len(sends[s])], sends[s])
-        assert p.kind[j, :c].tolist() == u.kind.tolist() and (p.kind[j, c:] == 0).all()
-        assert np.array_equal(p.duration[j, :c], u.duration) and np.array_equal(p.parts[j, :c], u.parts)
         for code in range(C):
-            mine = code < c
+            g, mine = entry(j, code), code < c
+            assert p.kind[g] == (u.kind[code] if mine else 0)
+            assert p.duration[g] == (u.duration[code] if mine else 0.0)
+            assert p.parts[g].tolist() == (u.parts[code].tolist() if mine else [0.0] * p.parts.shape[1])
+            plain = mine and u.kind[code] == 1 and u.ahead_ptr[code] == u.ahead_ptr[code + 1] \
+                and u.behind_ptr[code] == u.behind_ptr[code + 1]
+            assert p.plain[g] == plain
             for name in ("ahead", "behind"):
-                got = rows(getattr(p, name), getattr(p, f"{name}_ptr"), j * C + code).tolist()
+                got = rows(getattr(p, name), getattr(p, f"{name}_ptr"), g).tolist()
                 assert got == (rows(getattr(u, name), getattr(u, f"{name}_ptr"), code).tolist() if mine else [])
-            r = p.recipe[j, code]
+            r = p.recipe[g]
             assert (r >= 0) == (mine and u.recipe[code] >= 0)
             if r >= 0:
                 assert recipe_rows(p, r) == recipe_rows(u, u.recipe[code])
                 assert p.recipe_needs[r] == u.recipe_needs[u.recipe[code]]
         assert recipe_rows(p, p.tail[j]) == recipe_rows(u, u.tail)
+
+
+def test_a_full_arena_starts_over_and_earlier_configurations_keep_theirs(monkeypatch):
+    # past ARENA_ROWS rows the next pack starts a new arena; a Packed made before keeps the arrays it was given, so
+    # both time their own stages alike
+    import simdist.analytic.timeline_kernel as tk
+
+    found = _config({"tp": 1, "pp": 4, "dp": 1, "cp": 1, "vpp": 1, "zero_stage": 1, "recompute": "none",
+                     "schedule": "1f1b", "grad_reduce": "bucketed", "bucket": None, "microbatches": 8, "mbs": 1,
+                     "sp": False, "per_parameter": False})
+    assert found is not None
+    cfg, topology = found
+    stages = _stages(cfg, CommPricer(topology))
+    before = closed._pack(stages)
+    monkeypatch.setattr(tk, "ARENA_ROWS", 1)  # every arena is full from now on
+    after = closed._pack(stages)
+    assert after.kind is not before.kind  # a new arena's arrays
+    assert after.slot[0] == 0 and after.slot.tolist() == sorted(after.slot.tolist())  # laid in afresh, in order
+    assert closed._compiled_timeline(cfg, before, 8)[0] == closed._compiled_timeline(cfg, after, 8)[0]
 
 
 intervals_of_a_stage = st.lists(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from simdist.analytic.pricing import (
     NUM_CORE,
     CommPricer,
@@ -303,18 +305,67 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
     them (the recipes' and chunk costs' configuration, the geometry, the replica's compute factors): a search reads
     a layout's stages for its bounds and again for its closed form, and a benchmark again and again. Callers only
     read the list."""
+    # by the identity of the configuration asked (kept in the box, so its id is no other's meanwhile): a search asks
+    # for one layout's stages for its bound and again for its closed form, and the keys below hash it whole
+    box = pricer.memo(("stages of", id(cfg), dp_index), lambda: [None, None]) if geometry is None else None
+    if box is not None and box[0] is cfg:
+        return box[1]
     p2p = send(cfg)
     config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     geometry = geometry if geometry is not None else _geometry(cfg, pricer)
     # keyed by the geometry list's id, the list kept in the entry: alive while the entry is, its id no other's
     key = ("stages", config, id(geometry), dp_index, cfg.compute_slowdown, cfg.gpu_variability, p2p.count)
-    return pricer.memo(key, lambda: (geometry, _priced_stages(cfg, pricer, dp_index, geometry, config,
-                                                              p2p.count)))[1]
+    stages = pricer.memo(key, lambda: (geometry, _priced_stages(cfg, pricer, dp_index, geometry, config,
+                                                                p2p.count)))[1]
+    if box is not None:
+        box[0], box[1] = cfg, stages
+    return stages
+
+
+class Stages(list):
+    """A replica's priced stages as `_stages` keeps them, with ``flags``: what the closed form asks of all of them
+    (simdist.analytic.timeline `_all_flags`: whether the compiled loop can time them, whether they put work beside
+    the blocks), found on first use and kept with them. Callers only read the list."""
+
+    __slots__ = ("distinct", "flags", "sends", "unit_of")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flags: tuple[bool, bool] | None = None
+        self.sends: np.ndarray | None = None
+        """(K, 3V): every stage's `_Stage.sends` as one array (what the compiled timeline reads), made with them."""
+        self.distinct: list[_Stage] = []
+        """`distinct_stages`: one stage of each set of alike stages; ``unit_of`` (K): each stage's among them."""
+        self.unit_of: np.ndarray | None = None
+
+    def seal(self, chunks: int) -> Stages:
+        """Made once its stages are in: the arrays above."""
+        self.sends = np.array([st.sends for st in self], dtype=float).reshape(len(self), chunks * 3)
+        self.distinct, self.unit_of = distinct_stages(self)
+        for a in (self.sends, self.unit_of):
+            a.flags.writeable = False  # (read by every timeline of these stages)
+        return self
+
+
+def distinct_stages(stages: list[_Stage]) -> tuple[list[_Stage], np.ndarray]:
+    """(one stage of each set of alike stages: those sharing a `_Stage.unit` box, whose recipes are the same objects;
+    every stage without a box is its own, each stage's index among them)."""
+    index: dict[int, int] = {}
+    out: list[_Stage] = []
+    unit_of = np.empty(len(stages), dtype=np.int64)
+    for s, st in enumerate(stages):
+        key = id(st.unit) if st.unit is not None else -1 - s
+        j = index.get(key)
+        if j is None:
+            j = index[key] = len(out)
+            out.append(st)
+        unit_of[s] = j
+    return out, unit_of
 
 
 def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry: list[_Geometry],
                    config: tuple[int, int], count: int) -> list[_Stage]:
-    out: list[_Stage] = []
+    out = Stages()
     for s, g in enumerate(geometry):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
@@ -330,4 +381,4 @@ def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry:
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * count
         out.append(_Stage(recipes, simple, sends, stage_tail, unit))
-    return out
+    return out.seal(cfg.chunks)

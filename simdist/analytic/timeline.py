@@ -23,9 +23,9 @@ import numpy as np
 
 from simdist.analytic.pricing import NUM_CORE, STREAMS, PricedPieces
 from simdist.analytic.program import KIND_INDEX, program, step_groups
-from simdist.analytic.stages import _DP, _PP, _Stage
+from simdist.analytic.stages import _DP, _PP, Stages, _Stage, distinct_stages
 from simdist.analytic.steady import steady_form
-from simdist.analytic.timeline_kernel import Packed, pack, pack_stage, run_program
+from simdist.analytic.timeline_kernel import Packed, pack_stage, pack_units, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
 from simdist.plan.schedule import SPLIT_BACKWARD
@@ -171,36 +171,39 @@ def _fast(stages: list[_Stage]) -> bool:
     """Every recipe is simple, or is a chunk's first forward (its parameter gathers: simdist.plan.data_parallel
     ._gathered_forward) that leaves the core streams free when it ends, which `_compiled_timeline` runs piece by
     piece."""
-    return all(_flags(st)[0] for st in _distinct(stages))
+    return _all_flags(stages)[0]
 
 
 def _overlapping_work(stages: list[_Stage]) -> bool:
     """Some simple recipe issues pipeline work on the dp stream, which may overlap blocks (ZeRO-2/3), or some recipe
     is not simple (its pieces are intervals beside the blocks)."""
-    return any(_flags(st)[1] for st in _distinct(stages))
+    return _all_flags(stages)[1]
 
 
 def _jumps(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> bool:
     """Whether the compiled observables of ``num_microbatches`` jump over the steady state (`_compiled_timeline`):
     the recipes allow the compiled loop (`_fast`), no work beside the blocks asks for spans (`_overlapping_work`)
     and the program has a steady form (simdist.analytic.steady)."""
-    # `_fast` and not `_overlapping_work`, in one pass over the distinct stages' flags
-    return (all(fast and not overlapping for fast, overlapping in map(_flags, _distinct(stages)))
-            and steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp) is not None)
+    fast, overlapping = _all_flags(stages)
+    return fast and not overlapping and steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp) is not None
+
+
+def _all_flags(stages: list[_Stage]) -> tuple[bool, bool]:
+    """(`_fast`, `_overlapping_work`) of ``stages``, from each distinct stage's `_flags`; kept with the stages where
+    they are the priced replica `_stages` keeps (simdist.analytic.stages.Stages), so that a step reads them once."""
+    hit = getattr(stages, "flags", None)
+    if hit is None:
+        flags = [_flags(st) for st in _distinct(stages)]
+        hit = (all(fast for fast, _ in flags), any(overlapping for _, overlapping in flags))
+        if isinstance(stages, Stages):
+            stages.flags = hit
+    return hit
 
 
 def _distinct(stages: list[_Stage]) -> list[_Stage]:
-    """One stage of each set of alike stages (those sharing a `_Stage.unit` box, whose recipes are the same
-    objects); every stage without a box."""
-    seen: set[int] = set()
-    out = []
-    for st in stages:
-        if st.unit is None:
-            out.append(st)
-        elif id(st.unit) not in seen:
-            seen.add(id(st.unit))
-            out.append(st)
-    return out
+    """One stage of each set of alike stages (simdist.analytic.stages.distinct_stages; kept with the stages where
+    they are the priced replica `_stages` keeps)."""
+    return stages.distinct if isinstance(stages, Stages) else distinct_stages(stages)[0]
 
 
 def _flags(st: _Stage) -> tuple[bool, bool]:
@@ -262,7 +265,7 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
     steady = None if starts is not None or spans else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp)
     step, intervals, first_last, spans_out, at, _ = run_program(
         packed, prog.steps if steady is None else steady.steps, prog.counts,
-        _backward_codes(packed.kind.shape[1], cfg.schedule in SPLIT_BACKWARD), starts is not None, spans,
+        _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD), starts is not None, spans,
         None if steady is None else steady.body)
     if starts is not None:
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
@@ -273,28 +276,45 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
 def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed, num_microbatches: int
                           ) -> dict[str, float]:
     """`_observables` where `_fast` holds: the compiled timeline and the compiled breakdown sweep
-    (simdist.plan.accounting_kernel); the simple steps are blocks whose parts are charged as they are."""
-    from simdist.analytic.timeline_jit import observe  # numba: loaded with the compiled timeline
+    (simdist.plan.accounting_kernel) in one compiled call (simdist.analytic.timeline_jit.timed); the simple steps
+    are blocks whose parts are charged as they are. The program runs in its steady form where no spans are asked for
+    (as `_compiled_timeline` runs it)."""
+    from simdist.analytic.steady import NO_BODY, SHIFT_TOLERANCE
+    from simdist.analytic.timeline_jit import timed  # numba: loaded with the compiled timeline
 
     K = cfg.mesh.pp
     cover = _overlapping_work(stages)
-    step, intervals, used, first_last, spans, _ = _compiled_timeline(cfg, packed, num_microbatches, spans=cover)
-    lo, hi, mean, flops = observe(intervals, step, used, first_last, spans, cover, packed.slot, packed.kind,
-                                  packed.duration, packed.parts, packed.simple_flops, packed.recipe,
-                                  packed.recipe_flops, packed.tail)
-    return {"step_s": step, "phase_s": max(hi - lo, 0.0), "model_flops": flops[0] / K, "hardware_flops": flops[1] / K,
-            **{f"{c}_s": float(mean[j]) for j, c in enumerate((*CATEGORIES, "bubble", "idle"))}}
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
+    steady = None if cover else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp)
+    p = packed
+    step, lo, hi, mean, flops = timed(
+        p.slot, p.code_base, p.num_codes, p.kind, p.recipe, p.duration, p.frees, p.plain, p.ahead_ptr, p.ahead,
+        p.behind_ptr, p.behind, p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail,
+        p.recipe_flops, p.simple_flops, p.parts, p.sends, prog.steps if steady is None else steady.steps,
+        prog.counts, _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD), cover,
+        NO_BODY if steady is None else steady.body, SHIFT_TOLERANCE)
+    out = {"step_s": step, "phase_s": max(hi - lo, 0.0), "model_flops": flops[0] / K, "hardware_flops": flops[1] / K}
+    out.update(zip(_MEAN_KEYS, mean.tolist(), strict=True))
+    return out
+
+
+_MEAN_KEYS = tuple(f"{c}_s" for c in (*CATEGORIES, "bubble", "idle"))
+"""The observables' names of `observe`'s mean seconds, in its order."""
 
 
 def _pack(stages: list[_Stage]) -> Packed:
     """``stages`` as arrays for the compiled timeline; each distinct stage packed once (`_Stage.unit`)."""
+    if isinstance(stages, Stages):  # its distinct stages and which each stage is, found when they were priced
+        distinct, unit_of, sends = stages.distinct, stages.unit_of, stages.sends
+    else:
+        (distinct, unit_of), sends = distinct_stages(stages), [st.sends for st in stages]
     units = []
-    for st in stages:
+    for st in distinct:
         box = st.box()
         if box[0] is None:
             box[0] = pack_stage(st.recipes, st.simple, st.tail)
         units.append(box[0])
-    return pack(units, [st.sends for st in stages])
+    return pack_units(units, unit_of, sends)
 
 
 COMPILE_STEPS = 50_000

@@ -10,7 +10,7 @@ from simdist.analytic.timeline_kernel import GENERIC, SIMPLE
 from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
 
-__all__ = ["observe", "run"]
+__all__ = ["observe", "run", "timed"]
 
 _DP = 4  # simdist.analytic.pricing.STREAMS: compute, tp, cp, ep, dp, pp
 _PP = 5
@@ -64,11 +64,18 @@ def _interval(intervals, count, start, end, category, work, stage):  # pragma: n
 
 
 @njit(cache=True)
-def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, counts):  # pragma: no cover - compiled
+def _entry(code_base, num_codes, u, code):  # pragma: no cover - compiled
+    """Unit ``u``'s code entry of recipe code ``code`` in the arena (simdist.analytic.timeline_kernel.Packed); 0,
+    the entry of no recipe, for a code the unit lacks."""
+    return code_base[u] + code if code < num_codes[u] else 0
+
+
+@njit(cache=True)
+def _capacity(slot, code_base, num_codes, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, counts
+              ):  # pragma: no cover - compiled
     """Rows of intervals a program can write: every step's pieces run on their own (issued ahead, behind, or piece
     by piece) and the tails; ``counts`` (K, codes): the program's steps per stage and recipe code
     (simdist.analytic.program.Program.counts)."""
-    C = kind.shape[1]
     total = 0
     for s in range(counts.shape[0]):
         u = slot[s]
@@ -76,10 +83,10 @@ def _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, count
             n = counts[s, code]
             if n == 0:
                 continue
-            k = u * C + code
-            rows = ahead_ptr[k + 1] - ahead_ptr[k] + behind_ptr[k + 1] - behind_ptr[k]
-            if kind[u, code] == GENERIC:
-                r = recipe[u, code]
+            g = _entry(code_base, num_codes, u, code)
+            rows = ahead_ptr[g + 1] - ahead_ptr[g] + behind_ptr[g + 1] - behind_ptr[g]
+            if kind[g] == GENERIC:
+                r = recipe[g]
                 rows += recipe_ptr[r + 1] - recipe_ptr[r]
             total += n * rows
     for s in range(slot.shape[0]):
@@ -168,9 +175,9 @@ def _boundary(snaps, snap_count, count, bodies, repeats, first, length, lookback
 
 
 @njit(cache=True)
-def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
-         recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts, backward, record, spans, body,
-         tolerance):  # pragma: no cover
+def run(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahead_ptr, ahead, behind_ptr, behind,
+        recipe_ptr, recipe_needs, recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts, backward, record,
+        spans, body, tolerance):  # pragma: no cover
     # The loop indexes free[s, k] rather than taking a row view per step: a view is a new array whose reference
     # count numba raises and drops (two atomic operations), which cost more than the rest of a simple step
     # (tests/test_timeline_kernel.py holds the results to the step-by-step timeline; benchmarks/search.py the time).
@@ -178,9 +185,8 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
     # at each body's start the state is kept; once a body (or two: the steady state's cyclicity) moved every entry
     # it writes by one time, and wrote no interval, the remaining whole bodies are jumped (simdist.analytic.steady).
     K = slot.shape[0]
-    C = kind.shape[1]
     n = steps.shape[1]
-    capacity = _capacity(slot, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, counts)
+    capacity = _capacity(slot, code_base, num_codes, kind, recipe, ahead_ptr, behind_ptr, recipe_ptr, tail, counts)
     free = np.zeros((K, 6))
     prev = np.full(K, -1.0)
     last_bwd = np.zeros(K)
@@ -198,16 +204,10 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
     bodies = 0  # whole bodies run before the next boundary
     skipped = 0
     boundary = first if jumping else n
-    # the plain steps (a simple recipe with no dp piece ahead or behind, where neither starts nor spans are kept) take
-    # the short path below: the general one's arithmetic without its branches (99.98 % of a search's steps)
-    U = kind.shape[0]
-    plain = np.zeros((U, C), dtype=np.bool_)
-    if not record and not spans:
-        for u in range(U):
-            for c in range(C):
-                k = u * C + c
-                plain[u, c] = (kind[u, c] == SIMPLE and ahead_ptr[k + 1] == ahead_ptr[k]
-                               and behind_ptr[k + 1] == behind_ptr[k])
+    # the plain steps (a simple recipe with no dp piece ahead or behind: the arena's ``plain``, where neither starts
+    # nor spans are kept) take the short path below: the general one's arithmetic without its branches (99.98 % of a
+    # search's steps)
+    short = not record and not spans
     i = 0
     while i < n:
         if i == boundary:
@@ -225,14 +225,14 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
         recv = out[up] if up >= 0 else 0.0
         if up >= 0 and recv > t0:
             t0 = recv
-        u = slot[s]
-        if plain[u, code] and steps[4, i] == 0 and steps[5, i] < 0:  # the general path's steps, nothing skipped
-            end = t0 + duration[u, code]
+        g = _entry(code_base, num_codes, slot[s], code)
+        if short and plain[g] and steps[4, i] == 0 and steps[5, i] < 0:  # the general path's, nothing skipped
+            end = t0 + duration[g]
             if first_last[s, 0] < 0:
                 first_last[s, 0] = t0
             first_last[s, 1] = end
             for k2 in range(4):
-                fr = frees[u, code, k2]
+                fr = frees[g, k2]
                 if fr >= 0:
                     free[s, k2] = t0 + fr
             prev[s] = end
@@ -246,16 +246,15 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
                 out[i] = end
             i += 1
             continue
-        if kind[u, code] == GENERIC:  # piece by piece
+        if kind[g] == GENERIC:  # piece by piece
             if record:
                 starts[i] = t0
-            r = recipe[u, code]
+            r = recipe[g]
             ends, count = _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, free[s], prev[s], recv, 0.0,
                                   False, s, intervals, count)
             end = ends[recipe_end[r]]
         else:
-            k = u * C + code
-            a0, a1 = ahead_ptr[k], ahead_ptr[k + 1]
+            a0, a1 = ahead_ptr[g], ahead_ptr[g + 1]
             if a1 > a0:  # the gathers issued ahead queue on the dp stream; the step waits for them
                 for x in range(a0, a1):
                     t = free[s, _DP]
@@ -267,7 +266,7 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
                 first_last[s, 0] = t0
             if record:
                 starts[i] = t0
-            end = t0 + duration[u, code]
+            end = t0 + duration[g]
             first_last[s, 1] = end
             if spans:
                 span[num_spans, 0] = t0
@@ -275,9 +274,9 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
                 span[num_spans, 2] = s
                 num_spans += 1
             for k2 in range(4):
-                if frees[u, code, k2] >= 0:
-                    free[s, k2] = t0 + frees[u, code, k2]
-            for x in range(behind_ptr[k], behind_ptr[k + 1]):
+                if frees[g, k2] >= 0:
+                    free[s, k2] = t0 + frees[g, k2]
+            for x in range(behind_ptr[g], behind_ptr[g + 1]):
                 t = t0 + behind[x, 0]
                 if free[s, _DP] > t:
                     t = free[s, _DP]
@@ -311,34 +310,36 @@ def run(slot, kind, recipe, duration, frees, ahead_ptr, ahead, behind_ptr, behin
 
 
 @njit(cache=True)
-def observe(intervals, step_s, used, first_last, spans, covered, slot, kind, duration, parts, simple_flops, recipe,
-            recipe_flops, tail):  # pragma: no cover - compiled
+def observe(intervals, step_s, used, first_last, spans, covered, slot, code_base, num_codes, kind, duration, parts,
+            simple_flops, recipe, recipe_flops, tail):  # pragma: no cover - compiled
     """The additive quantities of a timeline `run` timed: (phase start, phase end, seconds per category + bubble +
     idle averaged over the stages, model and hardware FLOPs summed over them). A stage's simple steps are blocks
     charged their parts as they are (``used``, the program's steps per stage and recipe code: Program.counts, x
     each recipe's parts and FLOPs); the sweep of simdist.plan.accounting_kernel charges the rest; the piece-by-piece
     recipes and the tails add their FLOPs."""
     K = slot.shape[0]
-    C = min(kind.shape[1], used.shape[1])  # codes past the program's are run by no step
+    C = used.shape[1]
     totals = np.zeros(K)
     for s in range(K):
         u = slot[s]
         for c in range(C):
-            if kind[u, c] == SIMPLE:
-                totals[s] += used[s, c] * duration[u, c]
+            g = _entry(code_base, num_codes, u, c)
+            if kind[g] == SIMPLE:
+                totals[s] += used[s, c] * duration[g]
     lo, hi, seconds = account_stages(intervals, K, step_s, first_last, totals, spans, covered)
     flops = np.zeros(2)
     for s in range(K):
         u = slot[s]
         for c in range(C):
             n = used[s, c]
-            if kind[u, c] == SIMPLE:
-                for j in range(parts.shape[2]):
-                    seconds[s, j] += n * parts[u, c, j]
-                flops[0] += n * simple_flops[u, c, 0]
-                flops[1] += n * simple_flops[u, c, 1]
-            elif kind[u, c] == GENERIC:
-                r = recipe[u, c]
+            g = _entry(code_base, num_codes, u, c)
+            if kind[g] == SIMPLE:
+                for j in range(parts.shape[1]):
+                    seconds[s, j] += n * parts[g, j]
+                flops[0] += n * simple_flops[g, 0]
+                flops[1] += n * simple_flops[g, 1]
+            elif kind[g] == GENERIC:
+                r = recipe[g]
                 flops[0] += n * recipe_flops[r, 0]
                 flops[1] += n * recipe_flops[r, 1]
         r = tail[u]
@@ -351,3 +352,19 @@ def observe(intervals, step_s, used, first_last, spans, covered, slot, kind, dur
                 mean[j] += seconds[s, j]
         mean /= K
     return lo, hi, mean, flops
+
+
+@njit(cache=True)
+def timed(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahead_ptr, ahead, behind_ptr, behind,
+          recipe_ptr, recipe_needs, recipe_end, piece, dep_ptr, deps, tail, recipe_flops, simple_flops, parts, sends,
+          steps, counts, backward, spans, body, tolerance):  # pragma: no cover - compiled
+    """`run` (no starts recorded) then `observe` of what it timed, in one call: (step end, phase start, phase
+    end, seconds per category + bubble + idle averaged over the stages, FLOPs), what a search's closed form reads
+    of a configuration, without handing the intervals back and forth."""
+    step, intervals, first_last, span, _, _ = run(slot, code_base, num_codes, kind, recipe, duration, frees, plain,
+                                                  ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
+                                                  recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts,
+                                                  backward, False, spans, body, tolerance)
+    lo, hi, mean, flops = observe(intervals, step, counts, first_last, span, spans, slot, code_base, num_codes,
+                                  kind, duration, parts, simple_flops, recipe, recipe_flops, tail)
+    return step, lo, hi, mean, flops

@@ -15,7 +15,10 @@ once here for the steps whose core streams are free when they start (`simdist.an
 - a step that feeds another stage sends on its pp stream after it ends (DualPipe(V)'s held sends after the later
   step that sends them).
 
-`pack` lays a configuration's stages out as arrays once; `run_program` times a program over them (the compiled
+`pack_stage` lays a distinct stage's recipes out as arrays once (a `Unit`), and `pack` lays each unit into one
+arena the first time a configuration uses it, so that a configuration is its stages' places in the arena and its
+sends: a search's thousands of configurations, whose stages are priced and kept already, join no arrays of their
+own. `run_program` times a program over them (the compiled
 loop: simdist.analytic.timeline_jit, loaded on first use) and returns every interval that the accounting
 (simdist.plan.accounting_kernel) needs. tests/test_timeline_kernel.py checks
 it against the step-by-step timeline (`simdist.analytic.timeline._timeline`), the oracle.
@@ -24,22 +27,22 @@ it against the step-by-step timeline (`simdist.analytic.timeline._timeline`), th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+from threading import Lock
 from typing import NamedTuple
 
 import numpy as np
 
 from simdist.plan.accounting import CATEGORIES
 
-__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_stage", "run_program"]
+__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_stage", "pack_units", "run_program"]
 
 _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
 NONE, SIMPLE, GENERIC = 0, 1, 2
 
 
 class Unit(NamedTuple):
-    """One stage's priced recipes as arrays (C recipe codes), made once per distinct stage (`pack_stage`). A named
-    tuple: `pack` reads one field of all the units it joins at once (``zip(*units)``).
+    """One stage's priced recipes as arrays (C recipe codes), made once per distinct stage (`pack_stage`) and laid
+    into the arena once (`pack`).
 
     ``kind`` (C): NONE, SIMPLE or GENERIC (timed piece by piece: ``recipe`` (C) names its entry in the pieces
     table). Simple recipes: ``duration`` (C), ``frees`` (C, 4: when each core stream is free again, relative to
@@ -71,13 +74,6 @@ class Unit(NamedTuple):
     """(C, categories): each simple recipe's seconds per category (its block's parts)."""
     recipe_flops: np.ndarray
     """(R, 2): those of each piece-by-piece recipe and of the tail."""
-    ahead_len: np.ndarray
-    """(C): the rows of ``ahead`` of each code (np.diff(ahead_ptr)); likewise ``behind_len`` (C), ``recipe_len``
-    (R: pieces per recipe) and ``dep_len`` (pieces: dependencies per piece). `pack` joins the units' pointers as
-    one cumulative sum of their lengths."""
-    behind_len: np.ndarray
-    recipe_len: np.ndarray
-    dep_len: np.ndarray
 
 
 def pack_stage(recipes: list, simple: list, tail: object) -> Unit:
@@ -135,23 +131,29 @@ def pack_stage(recipes: list, simple: list, tail: object) -> Unit:
     return Unit(kind, recipe, duration, frees, ptrs[0], np.array(ahead, dtype=float).reshape(-1, 3), ptrs[1],
                 np.array(behind, dtype=float).reshape(-1, 4), ptrs[2], np.array(needs, dtype=np.int64),
                 np.array(ends, dtype=np.int64), np.array(pieces, dtype=float).reshape(-1, 4), ptrs[3],
-                np.array(deps, dtype=np.int64), t, simple_flops, parts, np.array(flops, dtype=float).reshape(-1, 2),
-                *(np.diff(x) for x in ptrs))
+                np.array(deps, dtype=np.int64), t, simple_flops, parts, np.array(flops, dtype=float).reshape(-1, 2))
 
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """A configuration's stages as arrays: its distinct stages' `Unit`s laid end to end (U of them, C codes each:
-    a unit with fewer codes is padded with NONE), ``slot`` (K): each stage's unit, ``sends`` (K, 3V): each
-    send's seconds by chunk * 3 + kind index. The per-unit fields are `Unit`'s, indexed by unit (``kind``
-    (U, C), CSR pointers by ``u * C + code``, recipe indices into the joined pieces table, ``tail`` (U))."""
+    """A configuration's stages as arrays: ``slot`` (K): each stage's unit in the arena the units are laid into
+    once (`pack`), ``sends`` (K, 3V): each send's seconds by chunk * 3 + kind index; the rest is the arena's.
+
+    Code entries (one per unit and recipe code, a unit's from ``code_base[u]``, ``num_codes[u]`` of them; entry 0 is
+    no recipe, what a stage asks of a code its unit lacks): ``kind``, ``recipe`` (into the recipes), ``duration``,
+    ``frees``, ``plain`` (a simple recipe with no dp piece ahead or behind), ``simple_flops``, ``parts``, and the
+    CSR pointers of the dp pieces ahead and behind; recipes (``recipe_ptr`` into the pieces, ``recipe_needs``,
+    ``recipe_end``, ``recipe_flops``), pieces (``piece``, ``dep_ptr`` into ``deps``) and per unit its ``tail``."""
 
     slot: np.ndarray
     sends: np.ndarray
+    code_base: np.ndarray
+    num_codes: np.ndarray
     kind: np.ndarray
     recipe: np.ndarray
     duration: np.ndarray
     frees: np.ndarray
+    plain: np.ndarray
     ahead_ptr: np.ndarray
     ahead: np.ndarray
     behind_ptr: np.ndarray
@@ -168,52 +170,150 @@ class Packed:
     recipe_flops: np.ndarray
 
 
-def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
+class _Table:
+    """Arrays that grow together (capacity doubling), ``n`` rows used and one spare: a CSR pointer column holds
+    each row's start, and the spare row the end of the last (the next rows' first start)."""
+
+    __slots__ = ("arrays", "n")
+
+    def __init__(self, n: int, **columns: tuple[tuple[int, ...], type]) -> None:
+        self.arrays = {name: np.zeros((max(n + 1, 64), *shape), dtype=dtype)
+                       for name, (shape, dtype) in columns.items()}
+        self.n = n
+
+    def reserve(self, extra: int) -> int:
+        """Room for ``extra`` more rows (and the spare); returns the first of them (the arrays may be new ones)."""
+        first = self.n
+        need = first + extra + 1
+        arrays = self.arrays
+        capacity = len(next(iter(arrays.values())))
+        if need > capacity:
+            capacity = max(need, 2 * capacity)
+            for name, a in arrays.items():
+                grown = np.zeros((capacity, *a.shape[1:]), dtype=a.dtype)
+                grown[:first + 1] = a[:first + 1]
+                arrays[name] = grown
+        self.n = first + extra
+        return first
+
+
+ARENA_ROWS = 1 << 20
+"""Rows of any arena table (code entries, pieces, ...) past which `pack` starts a new arena: a search keeps
+thousands of units, a few hundred rows each at most; a Packed made before keeps the arrays it was given."""
+
+
+class _Arena:
+    """Every unit `pack` was given, laid end to end once: a configuration's `Packed` is its stages' places in it and
+    its sends, not a copy of its units (alike stages share one unit; a search's configurations share the arena)."""
+
+    def __init__(self) -> None:
+        cats = len(CATEGORIES)
+        # code entry 0: no recipe (kind NONE, no dp pieces), for the codes a unit lacks
+        self.codes = _Table(1, kind=((), np.int8), recipe=((), np.int64), duration=((), float), frees=((4,), float),
+                            plain=((), np.bool_), simple_flops=((2,), float), parts=((cats,), float),
+                            ahead_ptr=((), np.int64), behind_ptr=((), np.int64))
+        self.codes.arrays["recipe"][0] = -1
+        self.codes.arrays["frees"][0] = -1.0
+        self.aheads = _Table(0, ahead=((3,), float))
+        self.behinds = _Table(0, behind=((4,), float))
+        self.recipes = _Table(0, recipe_ptr=((), np.int64), recipe_needs=((), np.int64), recipe_end=((), np.int64),
+                              recipe_flops=((2,), float))
+        self.pieces = _Table(0, piece=((4,), float), dep_ptr=((), np.int64))
+        self.deps = _Table(0, deps=((), np.int64))
+        self.units = _Table(0, code_base=((), np.int64), num_codes=((), np.int64), tail=((), np.int64))
+        self.tables = (self.codes, self.aheads, self.behinds, self.recipes, self.pieces, self.deps, self.units)
+        self.index: dict[int, tuple[Unit, int]] = {}
+        self.rows = 1  # the most rows of any table
+        self._arrays: tuple | None = None
+
+    def full(self) -> bool:
+        return self.rows >= ARENA_ROWS
+
+    def place(self, unit: Unit) -> int:
+        """``unit``'s index in the arena, laid in on its first call."""
+        hit = self.index.get(id(unit))
+        if hit is not None and hit[0] is unit:
+            return hit[1]
+        C, R, P = len(unit.kind), len(unit.recipe_needs), len(unit.piece)
+        g = self.codes.reserve(C)
+        a0 = self.aheads.reserve(len(unit.ahead))
+        b0 = self.behinds.reserve(len(unit.behind))
+        r0 = self.recipes.reserve(R)
+        p0 = self.pieces.reserve(P)
+        d0 = self.deps.reserve(len(unit.deps))
+        u = self.units.reserve(1)
+        c = self.codes.arrays
+        c["kind"][g:g + C] = unit.kind
+        c["recipe"][g:g + C] = np.where(unit.recipe >= 0, unit.recipe + r0, -1)
+        c["duration"][g:g + C] = unit.duration
+        c["frees"][g:g + C] = unit.frees
+        c["simple_flops"][g:g + C] = unit.simple_flops
+        c["parts"][g:g + C] = unit.parts
+        c["plain"][g:g + C] = (unit.kind == SIMPLE) & (np.diff(unit.ahead_ptr) == 0) & (np.diff(unit.behind_ptr) == 0)
+        # CSR pointers: the unit's own shifted by the rows before it (their first is the end of the rows before)
+        c["ahead_ptr"][g:g + C + 1] = unit.ahead_ptr + a0
+        c["behind_ptr"][g:g + C + 1] = unit.behind_ptr + b0
+        self.aheads.arrays["ahead"][a0:a0 + len(unit.ahead)] = unit.ahead
+        self.behinds.arrays["behind"][b0:b0 + len(unit.behind)] = unit.behind
+        r = self.recipes.arrays
+        r["recipe_ptr"][r0:r0 + R + 1] = unit.recipe_ptr + p0
+        r["recipe_needs"][r0:r0 + R] = unit.recipe_needs  # piece numbers within their recipe, as the deps
+        r["recipe_end"][r0:r0 + R] = unit.recipe_end
+        r["recipe_flops"][r0:r0 + R] = unit.recipe_flops
+        self.pieces.arrays["piece"][p0:p0 + P] = unit.piece
+        self.pieces.arrays["dep_ptr"][p0:p0 + P + 1] = unit.dep_ptr + d0
+        self.deps.arrays["deps"][d0:d0 + len(unit.deps)] = unit.deps
+        x = self.units.arrays
+        x["code_base"][u], x["num_codes"][u], x["tail"][u] = g, C, unit.tail + r0
+        self.index[id(unit)] = (unit, u)
+        self.rows = max(t.n for t in self.tables)
+        self._arrays = None  # (a table may have grown into new arrays)
+        return u
+
+    def arrays(self) -> tuple:
+        """`Packed`'s fields after ``sends``, the arena's arrays as they stand (whole: rows past the used ones are
+        never indexed)."""
+        if self._arrays is None:
+            c, r, x = self.codes.arrays, self.recipes.arrays, self.units.arrays
+            self._arrays = (x["code_base"], x["num_codes"], c["kind"], c["recipe"], c["duration"], c["frees"],
+                            c["plain"], c["ahead_ptr"], self.aheads.arrays["ahead"], c["behind_ptr"],
+                            self.behinds.arrays["behind"], r["recipe_ptr"], r["recipe_needs"], r["recipe_end"],
+                            self.pieces.arrays["piece"], self.pieces.arrays["dep_ptr"], self.deps.arrays["deps"],
+                            x["tail"], c["simple_flops"], c["parts"], r["recipe_flops"])
+        return self._arrays
+
+
+_ARENA = _Arena()
+_ARENA_LOCK = Lock()
+
+
+def pack(units: list[Unit], sends: list[list[float]] | np.ndarray) -> Packed:
     """The `Packed` of stages whose units are ``units`` (one per stage; alike stages share theirs, by identity) and
-    whose sends are ``sends``."""
-    K = len(units)
+    whose sends are ``sends`` (per stage, or as a (K, 3V) array)."""
     index: dict[int, int] = {}
     distinct: list[Unit] = []
-    slots = []
     for u in units:
-        j = index.get(id(u))
-        if j is None:
-            j = index[id(u)] = len(distinct)
+        if id(u) not in index:
+            index[id(u)] = len(distinct)
             distinct.append(u)
-        slots.append(j)
-    slot = np.array(slots, dtype=np.int64)
-    U = len(distinct)
-    if not U:
+    return pack_units(distinct, np.array([index[id(u)] for u in units], dtype=np.int64), sends)
+
+
+def pack_units(units: list[Unit], unit_of: np.ndarray, sends: list[list[float]] | np.ndarray) -> Packed:
+    """`pack` of stages given as their distinct units and each stage's index among them (``unit_of``, K): each unit
+    laid into the arena on its first use, then only its place looked up."""
+    global _ARENA
+    K = len(unit_of)
+    if not K:
         raise ValueError("pack: a configuration has at least one stage")
-    (kinds, recipes, durations, frees, _, aheads, _, behinds, _, needs, ends, pieces, _, deps, tails, simple_flops,
-     parts, recipe_flops, ahead_lens, behind_lens, recipe_lens, dep_lens) = zip(*distinct, strict=True)
-    sizes = [len(x) for x in kinds]
-    C = max(sizes)
-    even = min(sizes) == C
-
-    def padded(rows: tuple[np.ndarray, ...], fill: float, dtype: type = float) -> np.ndarray:
-        if even:
-            return np.array(rows, dtype=dtype)
-        out = np.full((U, C, *rows[0].shape[1:]), fill, dtype=dtype)
-        for j, x in enumerate(rows):
-            out[j, :len(x)] = x
-        return out
-
-    def starts(tables: tuple[np.ndarray, ...]) -> np.ndarray:
-        """Each unit's first row in the joined ``tables``."""
-        return np.fromiter(accumulate(map(len, tables[:-1]), initial=0), dtype=np.int64, count=U)
-
-    def ptr(lengths: tuple[np.ndarray, ...], by_code: bool = False) -> np.ndarray:
-        """CSR pointers of the joined units from each unit's rows per entry (a unit's pointers end at its table's
-        length, so the joined ones are the running sum of every unit's lengths in turn). ``by_code``: entries by
-        u * C + code, a unit with fewer codes given no rows for the codes it lacks."""
-        if by_code and not even:
-            return np.cumsum(np.concatenate(([0], padded(lengths, 0, np.int64).ravel())))
-        return np.cumsum(np.concatenate(([0], *lengths)))  # each unit's rows per code (or per recipe, piece)
-
-    first_recipe = starts(needs)
-    recipe = padded(recipes, -1, np.int64)
-    recipe = np.where(recipe >= 0, recipe + first_recipe[:, None], -1)
+    with _ARENA_LOCK:  # a Dask worker may run several evaluations in threads
+        arena = _ARENA
+        if arena.full():
+            arena = _ARENA = _Arena()
+        slot = np.array([arena.place(u) for u in units], dtype=np.int64)[unit_of]
+        arrays = arena.arrays()
+    if isinstance(sends, np.ndarray):  # already (K, 3V)
+        return Packed(slot, sends, *arrays)
     V3 = max((len(x) for x in sends), default=0)
     if all(len(x) == V3 for x in sends):  # every stage's sends by the same chunks (one conversion, not K)
         send = np.array(sends, dtype=float).reshape(K, V3)
@@ -221,13 +321,7 @@ def pack(units: list[Unit], sends: list[list[float]]) -> Packed:
         send = np.zeros((K, V3))
         for s, x in enumerate(sends):
             send[s, :len(x)] = x
-    return Packed(slot, send, padded(kinds, NONE, np.int8), recipe, padded(durations, 0.0), padded(frees, -1.0),
-                  ptr(ahead_lens, by_code=True), np.concatenate(aheads),
-                  ptr(behind_lens, by_code=True), np.concatenate(behinds), ptr(recipe_lens),
-                  np.concatenate(needs), np.concatenate(ends),  # int64 as pack_stage makes them
-                  np.concatenate(pieces), ptr(dep_lens), np.concatenate(deps),
-                  np.array(tails, dtype=np.int64) + first_recipe, padded(simple_flops, 0.0), padded(parts, 0.0),
-                  np.concatenate(recipe_flops))
+    return Packed(slot, send, *arrays)
 
 
 def run_program(p: Packed, steps: np.ndarray, counts: np.ndarray, backward: np.ndarray, record: bool,
@@ -246,6 +340,7 @@ def run_program(p: Packed, steps: np.ndarray, counts: np.ndarray, backward: np.n
     from simdist.analytic.steady import NO_BODY, SHIFT_TOLERANCE
     from simdist.analytic.timeline_jit import run  # numba: loaded where a timeline is first compiled
 
-    return run(p.slot, p.kind, p.recipe, p.duration, p.frees, p.ahead_ptr, p.ahead, p.behind_ptr, p.behind,
-                p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail, p.sends, steps,
-                counts, backward, record, spans, NO_BODY if body is None else body, SHIFT_TOLERANCE)
+    return run(p.slot, p.code_base, p.num_codes, p.kind, p.recipe, p.duration, p.frees, p.plain, p.ahead_ptr,
+               p.ahead, p.behind_ptr, p.behind, p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr,
+               p.deps, p.tail, p.sends, steps, counts, backward, record, spans, NO_BODY if body is None else body,
+               SHIFT_TOLERANCE)
