@@ -73,7 +73,7 @@ layouts = st.fixed_dictionaries({
     "split": st.sampled_from(["auto", "lighter_ends", "chunks", "uniform", "parameters", "account_for_loss"]),
     "chunk_seed": st.integers(0, 2**16),
     # mixture of experts: ep x etp carved out of tp x cp x dp, uneven all_to_alls, the dispatchers, mixed dense and
-    # MoE layers, the 1F1B A2A overlap (simdist.plan.recipe._a2a_overlap)
+    # MoE layers, the 1F1B A2A overlap (simdist.plan.comm_overlap.overlapped_comm)
     "moe": st.sampled_from([None, None, {"freq": 1}, {"freq": 2}]),
     "ep": st.sampled_from([1, 2, 4]),
     "etp": st.sampled_from([None, 1]),

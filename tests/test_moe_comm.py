@@ -138,11 +138,12 @@ def test_run_reports_all_to_all_time_per_axis(tmp_path):
 
 
 def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute_but_the_unpaired_steps():
-    # --overlap-moe-expert-parallel-comm on pp 1: each step's all_to_alls run beside its compute (simdist.plan.recipe.
-    # _a2a_overlap); where a step's compute outlasts them, the step loses its all_to_all time but for the compute they
-    # slow meanwhile (simdist.plan.interference: x / (1 + x) of their time). Megatron-Core runs the first
-    # micro-batch's forward and the last one's backward alone (combined_1f1b_schedule_for_no_pipelining: "executed
-    # alone, no a2a overlapping"): of M micro-batches' all_to_alls, one micro-batch's stay exposed.
+    # --overlap-moe-expert-parallel-comm on pp 1: each step's all_to_alls run beside its compute
+    # (simdist.plan.comm_overlap.overlapped_comm); where a step's compute outlasts them, the step loses its
+    # all_to_all time but for the compute they slow meanwhile (simdist.plan.interference: x / (1 + x) of their
+    # time). Megatron-Core runs the first micro-batch's forward and the last one's backward alone
+    # (combined_1f1b_schedule_for_no_pipelining: "executed alone, no a2a overlapping"): of M micro-batches'
+    # all_to_alls, one micro-batch's stay exposed.
     from simdist.analytic.step import _num_microbatches, analytic_observables
 
     model = {"hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}

@@ -41,8 +41,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from simdist.hardware.tp_overlap import exposed_share
 from simdist.plan.chunk_cost import ChunkCost
+from simdist.plan.comm_overlap import overlapped_comm, unpaired
 from simdist.plan.data_parallel import (
     _bucket_order,
     _gathered_forward,
@@ -102,69 +102,6 @@ def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Reci
     return step_recipe(cfg, cost, kind, first=edge and kind == "F", last=edge and kind != "F")
 
 
-def _a2a_overlap(cfg: StepConfig, items: tuple, groups: dict[str, int], alone: bool = False
-                 ) -> tuple[tuple, tuple]:
-    """(the token all_to_alls a step runs beside its compute, the collectives it still runs after it); ``alone``:
-    a step Megatron runs without a partner (`unpaired`), whose all_to_alls stay in its path.
-
-    Megatron-Core's 1F1B A2A overlap (--overlap-moe-expert-parallel-comm; megatron/core/pipeline_parallel/
-    combined_1f1b.py): the forward of one micro-batch and the backward of another are scheduled layer by layer
-    together, "EP A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice
-    versa", on separate communication streams. Here each step's expert-parallel all_to_alls run on the ep stream
-    from the step's start, beside its compute; the step ends when both are done.
-    # Assumption: a step's all_to_alls hide behind its own compute, where Megatron hides them behind the paired
-    # step's: per 1F1B pair max(F, a_B) + max(B, a_F) against max(F, a_F) + max(B, a_B) here, the same where the
-    # forward and backward all_to_alls move the same bytes (they do: adjoints, same imbalance). Megatron's own
-    # per-layer order (megatron/core/models/common/model_chunk_schedule_plan.py, schedule_layer_1f1b: combine_bwd
-    # beside pre_dispatch_fwd, dispatch_fwd beside mlp_bwd, dispatch_bwd beside mlp_fwd, combine_fwd beside
-    # pre_dispatch_bwd) hides them all wherever each all_to_all is shorter than the compute it is paired with.
-    # Without pipeline stages the step's first forward and last backward run alone (`unpaired`), their
-    # all_to_alls in their path; with stages (interleaved 1F1B) each stage's warm-up forwards and cool-down
-    # backwards, which Megatron also runs unpaired, are overlapped here (optimistic by their all_to_alls where
-    # they are exposed). The expert-TP collectives stay in the layer's path.
-    # Assumption: the one extra warm-up forward Megatron's combined 1F1B runs first (schedules.py
-    # get_pp_rank_microbatches) is held in memory (simdist.plan.activations.in_flight_microbatches) but not timed:
-    # the schedule's order keeps the plain interleaved warm-up (one chunk forward earlier, about one chunk's
-    # forward on the step).
-    """
-    a2a = cfg.moe_overlap and groups.get("ep", 1) >= 2 and not alone
-    # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel all-gathers and
-    # reduce-scatters of the layers run chunk by chunk beside the GEMMs they feed or drain, on their own stream.
-    # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)) but for each one's
-    # exposed chunk (its first or last: simdist.hardware.tp_overlap.exposed_share), which stays in the path; the
-    # GEMMs' lost SMs are charged too (simdist.plan.chunk_cost.chunk_cost).
-    # torchtitan's async TP (micro-pipelined all-gather-matmul / matmul-reduce-scatter, torch/_inductor
-    # micro_pipeline_tp): the same hiding, each collective in tp pieces, so one piece of tp stays exposed.
-    async_tp = cfg.execution.async_tp and groups.get("tp", 1) >= 2
-    tp = (cfg.tp_comm_overlap or async_tp) and groups.get("tp", 1) >= 2
-
-    def hide(x: tuple) -> bool:
-        return (a2a and x[0] == "all_to_all" and x[2] == "ep") or (tp and x[2] == "tp"
-                                                                  and x[0] in ("all_gather", "reduce_scatter"))
-
-    if not (a2a or tp):
-        return (), items
-    hidden = [x for x in items if hide(x)]
-    kept = [x for x in items if not hide(x)]
-    if tp:
-        # each overlapped tp collective leaves one chunk exposed, in the step's path (simdist.hardware.tp_overlap)
-        for i, x in enumerate(hidden):
-            if x[2] == "tp":
-                share = 1.0 / groups["tp"] if async_tp else exposed_share(x[0], cfg.precision, groups["tp"])
-                hidden[i] = (x[0], x[1] * (1 - share), *x[2:])
-                kept.append((x[0], x[1] * share, *x[2:]))
-    return tuple(hidden), tuple(kept)
-
-
-def unpaired(groups: dict[str, int], kind: str, first: bool, last: bool) -> bool:
-    """Whether Megatron-Core's 1F1B A2A overlap runs this step alone: without pipeline stages its combined 1F1B
-    (megatron/core/pipeline_parallel/combined_1f1b.py, combined_1f1b_schedule_for_no_pipelining) runs the first
-    micro-batch's forward before any backward and the last one's backward after every forward, each without a
-    partner; every other forward runs beside the previous micro-batch's backward. ``first`` / ``last``: the
-    step is its chunk's first forward / last backward (`is_edge`: with one stage and one chunk, the step's)."""
-    return groups.get("pp", 1) < 2 and ((kind == "F" and first) or (kind == "B" and last))
-
-
 def _ring(b: Builder, after: int, ring_s: float, items: tuple, groups: dict[str, int], interference: float = 0.0
           ) -> int:
     """The context-parallel ring steps (cp_comm_type p2p, simdist.plan.context_parallel): ``ring_s`` of attention on
@@ -222,7 +159,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 and kind != "W" else 0.0
     split = cfg.schedule in SPLIT_BACKWARD
     if kind == "F":
-        hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups, unpaired(groups, kind, first, last))
+        hidden_items, items = overlapped_comm(cfg, cost.forward_comm, groups, unpaired(groups, kind, first, last))
         gathered = first and cfg.overlap_param_gather and cfg.zero_stage == 1 and bool(shards)
         entry = -1
         if hidden_items or (gathered and cfg.vpp == 1):
@@ -264,7 +201,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     hidden: list[int] = []
     if kind == "B":
         comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
-        hidden_items, comm_items = _a2a_overlap(cfg, comm_items, groups, unpaired(groups, kind, first, last)) \
+        hidden_items, comm_items = overlapped_comm(cfg, comm_items, groups, unpaired(groups, kind, first, last)) \
             if not split else ((), comm_items)
         if hidden_items:
             entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=deps, needs_input=needs_input))
@@ -368,7 +305,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
     reduce = ex.grad_sync == "microbatch" or (ex.grad_sync == "last" and last)
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 else 0.0
     if kind == "F":
-        hidden_items, items = _a2a_overlap(cfg, cost.forward_comm, groups, unpaired(groups, kind, first, last))
+        hidden_items, items = overlapped_comm(cfg, cost.forward_comm, groups, unpaired(groups, kind, first, last))
         entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=(PREV,), needs_input=True)) \
             if hidden_items else -1
         start = (PREV,) if entry < 0 else (entry,)
@@ -385,7 +322,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
         needs_input, gap = False, 0.0
         chain += [r, *b.chain(cost.recompute_comm, (r,), "recompute", groups)]
         deps = (chain[-1],)
-    hidden_items, items = _a2a_overlap(cfg, cost.backward_comm + cost.backward_overlapped_comm, groups,
+    hidden_items, items = overlapped_comm(cfg, cost.backward_comm + cost.backward_overlapped_comm, groups,
                                        unpaired(groups, kind, first, last))
     hidden: list[int] = []
     if hidden_items:
