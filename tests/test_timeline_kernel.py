@@ -185,10 +185,16 @@ def test_a_full_arena_starts_over_and_earlier_configurations_keep_theirs(monkeyp
     cfg, topology = found
     stages = _stages(cfg, CommPricer(topology))
     before = closed._pack(stages)
+    generation = tk._ARENA.generation
+    boxes = [st.box() for st in stages.distinct]
+    assert all(box[0] == (generation, slot) for box, slot in zip(boxes, sorted(set(before.slot.tolist())),
+                                                                  strict=True))
+    assert closed._pack(stages).slot.tolist() == before.slot.tolist()  # the same places while the arena holds
     monkeypatch.setattr(tk, "ARENA_ROWS", 1)  # every arena is full from now on
     after = closed._pack(stages)
     assert after.kind is not before.kind  # a new arena's arrays
     assert after.slot[0] == 0 and after.slot.tolist() == sorted(after.slot.tolist())  # laid in afresh, in order
+    assert all(box[0][0] == generation + 1 for box in boxes)  # the boxes name the new arena
     assert closed._compiled_timeline(cfg, before, 8)[0] == closed._compiled_timeline(cfg, after, 8)[0]
 
 

@@ -119,7 +119,8 @@ class _Stage:
     tail: PricedPieces
     unit: list | None = None
     """A box shared by alike stages (with their priced recipes), filled by the first reader that needs it: [0]
-    ``recipes``, ``simple`` and ``tail`` as arrays (`Unit`: the compiled timeline), [1] what the search's lower
+    where ``recipes``, ``simple`` and ``tail`` as arrays sit in the compiled timeline's arena (its generation and the
+    unit's index: simdist.analytic.timeline_kernel.pack_boxed), [1] what the search's lower
     bound sums of them (simdist.analytic.bound), [2] whether the compiled timeline can run them and whether they
     put pipeline work beside the blocks (simdist.analytic.timeline `_flags`)."""
 

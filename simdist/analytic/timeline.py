@@ -25,7 +25,7 @@ from simdist.analytic.pricing import NUM_CORE, STREAMS, PricedPieces
 from simdist.analytic.program import KIND_INDEX, program, step_groups
 from simdist.analytic.stages import _DP, _PP, Stages, _Stage, distinct_stages
 from simdist.analytic.steady import steady_form
-from simdist.analytic.timeline_kernel import Packed, pack_stage, pack_units, run_program
+from simdist.analytic.timeline_kernel import Packed, Unit, pack_boxed, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
 from simdist.plan.schedule import SPLIT_BACKWARD
@@ -308,13 +308,11 @@ def _pack(stages: list[_Stage]) -> Packed:
         distinct, unit_of, sends = stages.distinct, stages.unit_of, stages.sends
     else:
         (distinct, unit_of), sends = distinct_stages(stages), [st.sends for st in stages]
-    units = []
-    for st in distinct:
-        box = st.box()
-        if box[0] is None:
-            box[0] = pack_stage(st.recipes, st.simple, st.tail)
-        units.append(box[0])
-    return pack_units(units, unit_of, sends)
+    def make(i: int) -> Unit:
+        st = distinct[i]
+        return pack_stage(st.recipes, st.simple, st.tail)
+
+    return pack_boxed([st.box() for st in distinct], make, unit_of, sends)
 
 
 COMPILE_STEPS = 50_000

@@ -26,6 +26,7 @@ it against the step-by-step timeline (`simdist.analytic.timeline._timeline`), th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from threading import Lock
 from typing import NamedTuple
@@ -34,7 +35,8 @@ import numpy as np
 
 from simdist.plan.accounting import CATEGORIES
 
-__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_stage", "pack_units", "run_program"]
+__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_boxed", "pack_stage", "pack_units",
+           "run_program"]
 
 _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
 NONE, SIMPLE, GENERIC = 0, 1, 2
@@ -188,7 +190,7 @@ class _Table:
         arrays = self.arrays
         capacity = len(next(iter(arrays.values())))
         if need > capacity:
-            capacity = max(need, 2 * capacity)
+            capacity = max(need, capacity + capacity // 2)  # 1.5x: a third of the rows at most unused
             for name, a in arrays.items():
                 grown = np.zeros((capacity, *a.shape[1:]), dtype=a.dtype)
                 grown[:first + 1] = a[:first + 1]
@@ -206,7 +208,9 @@ class _Arena:
     """Every unit `pack` was given, laid end to end once: a configuration's `Packed` is its stages' places in it and
     its sends, not a copy of its units (alike stages share one unit; a search's configurations share the arena)."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int = 0) -> None:
+        self.generation = generation
+        """Which arena of the process this is (`pack_boxed`'s boxes name the arena their unit was laid into)."""
         cats = len(CATEGORIES)
         # code entry 0: no recipe (kind NONE, no dp pieces), for the codes a unit lacks
         self.codes = _Table(1, kind=((), np.int8), recipe=((), np.int64), duration=((), float), frees=((4,), float),
@@ -229,9 +233,10 @@ class _Arena:
     def full(self) -> bool:
         return self.rows >= ARENA_ROWS
 
-    def place(self, unit: Unit) -> int:
-        """``unit``'s index in the arena, laid in on its first call."""
-        hit = self.index.get(id(unit))
+    def place(self, unit: Unit, keep: bool = True) -> int:
+        """``unit``'s index in the arena, laid in on its first call (``keep``: found again by its identity, the unit
+        kept; else the caller remembers the index, and the unit's own arrays may go)."""
+        hit = self.index.get(id(unit)) if keep else None
         if hit is not None and hit[0] is unit:
             return hit[1]
         C, R, P = len(unit.kind), len(unit.recipe_needs), len(unit.piece)
@@ -265,7 +270,8 @@ class _Arena:
         self.deps.arrays["deps"][d0:d0 + len(unit.deps)] = unit.deps
         x = self.units.arrays
         x["code_base"][u], x["num_codes"][u], x["tail"][u] = g, C, unit.tail + r0
-        self.index[id(unit)] = (unit, u)
+        if keep:
+            self.index[id(unit)] = (unit, u)
         self.rows = max(t.n for t in self.tables)
         self._arrays = None  # (a table may have grown into new arrays)
         return u
@@ -302,16 +308,43 @@ def pack(units: list[Unit], sends: list[list[float]] | np.ndarray) -> Packed:
 def pack_units(units: list[Unit], unit_of: np.ndarray, sends: list[list[float]] | np.ndarray) -> Packed:
     """`pack` of stages given as their distinct units and each stage's index among them (``unit_of``, K): each unit
     laid into the arena on its first use, then only its place looked up."""
-    global _ARENA
-    K = len(unit_of)
-    if not K:
+    if not len(unit_of):
         raise ValueError("pack: a configuration has at least one stage")
     with _ARENA_LOCK:  # a Dask worker may run several evaluations in threads
-        arena = _ARENA
-        if arena.full():
-            arena = _ARENA = _Arena()
+        arena = _arena()
         slot = np.array([arena.place(u) for u in units], dtype=np.int64)[unit_of]
         arrays = arena.arrays()
+    return _packed(slot, arrays, sends)
+
+
+def pack_boxed(boxes: list[list], make: Callable[[int], Unit], unit_of: np.ndarray,
+               sends: list[list[float]] | np.ndarray) -> Packed:
+    """`pack_units` of stages whose distinct units remember their place in ``boxes`` (each box's [0]: the arena's
+    generation and the unit's index in it, or None) and are made by ``make(i)`` (`pack_stage`) only where the
+    current arena lacks them: a unit laid in keeps no arrays of its own."""
+    with _ARENA_LOCK:
+        arena = _arena()
+        ids = []
+        for i, box in enumerate(boxes):
+            hit = box[0]
+            if hit is None or hit[0] != arena.generation:
+                hit = box[0] = (arena.generation, arena.place(make(i), keep=False))
+            ids.append(hit[1])
+        slot = np.array(ids, dtype=np.int64)[unit_of]
+        arrays = arena.arrays()
+    return _packed(slot, arrays, sends)
+
+
+def _arena() -> _Arena:
+    """The process's arena (the caller holds `_ARENA_LOCK`), a new one once it is full."""
+    global _ARENA
+    if _ARENA.full():
+        _ARENA = _Arena(_ARENA.generation + 1)
+    return _ARENA
+
+
+def _packed(slot: np.ndarray, arrays: tuple, sends: list[list[float]] | np.ndarray) -> Packed:
+    K = len(slot)
     if isinstance(sends, np.ndarray):  # already (K, 3V)
         return Packed(slot, sends, *arrays)
     V3 = max((len(x) for x in sends), default=0)
