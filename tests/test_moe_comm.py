@@ -164,6 +164,39 @@ def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute_but_the_unpaired_
         assert hidden["step_s"] == pytest.approx(plain["step_s"] - paired + slowed, rel=1e-12)
 
 
+def test_interleaved_a2a_overlap_exposes_each_stages_warm_up_and_cool_down():
+    # pp 2, vpp 2 (one MoE layer per chunk), 4 micro-batches: with the overlap Megatron's interleaved warm-up is
+    # (K - s - 1) x 2 + (V - 1) x K + 1 forwards (schedules.py get_pp_rank_microbatches, "one extra micro-batch"
+    # with overlap_moe_expert_parallel_comm: 5 on stage 0, 3 on stage 1), which the combined 1F1B runs alone, as the
+    # backwards of its cool-down (as many): of each stage's M x V = 8 forwards and backwards, stage 0 exposes the
+    # all_to_alls of 5 and stage 1 of 3, half the un-overlapped step's on average; the engine's timeline (its step
+    # emitter finds the same steps as the closed form's program) agrees
+    from simdist import api
+    from simdist.analytic.program import program
+    from simdist.analytic.step import _num_microbatches, analytic_observables
+    from simdist.plan.layout import step_config_of
+    from simdist.plan.model_presets import resolve_model
+    from tests.test_analytic_step import _agree, _graph_observables
+    from tests.test_moe_layout import TINY_MOE, _spec
+
+    model = {**TINY_MOE, "hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
+    obs = {}
+    for overlap in (False, True):
+        spec = _spec({"pp": 2, "vpp": 2, "dp": 2, "ep": 2}, {"overlap_moe_expert_parallel_comm": overlap}, model,
+                     gpus_per_node=4, num_nodes=1, schedule="interleaved_1f1b")
+        topology = api.cluster_of(spec)
+        cfg = step_config_of(spec, topology, resolve_model(spec.model))
+        obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+        _agree(_graph_observables(cfg, topology), obs[overlap], 1e-9)  # the engine's rule, every collective alone
+    M, K, V = _num_microbatches(cfg), 2, 2
+    prog = program("interleaved_1f1b", K, M, V, True)
+    alone = prog.steps[1] >= 6 * V
+    warm_up = [int((alone & (prog.steps[0] == s) & (prog.kinds[0] == 0)).sum()) for s in range(K)]
+    cool_down = [int((alone & (prog.steps[0] == s) & (prog.kinds[0] == 1)).sum()) for s in range(K)]
+    assert M == 4 and warm_up == cool_down == [(K - s - 1) * 2 + (V - 1) * K + 1 for s in range(K)] == [5, 3]
+    assert obs[True]["ep_s"] == pytest.approx(obs[False]["ep_s"] * 4 / 8, rel=1e-9)
+
+
 def test_flex_kernels_beside_compute_take_their_sms_from_it():
     # The flex dispatcher's kernels hold s of the GPU's N SMs while they run (a persistent grid,
     # moe_flex_dispatcher_num_sms): the compute beside them runs on N - s, N / (N - s) as long, x = s / (N - s)

@@ -276,17 +276,17 @@ def recipe_key(cfg: StepConfig) -> tuple:
 
 
 def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, edge: bool,
-                 config: int | None = None) -> tuple[Recipe, int]:
+                 config: int | None = None, alone: bool = False) -> tuple[Recipe, int]:
     """(`simdist.plan.recipe.edge_recipe`, cached (``edge``: the chunk's first forward, last backward or W), and the
     `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_token``:
     `token` of ``cost`` (as `chunk_cost_entry` gives it), ``config``: `token` of `recipe_key` of ``cfg``, if already
-    computed."""
-    key = ("step", token(recipe_key(cfg)) if config is None else config, cost_token, kind, edge)
+    computed; ``alone``: a step the 1F1B A2A overlap runs without a partner (simdist.analytic.program.unpaired)."""
+    key = ("step", token(recipe_key(cfg)) if config is None else config, cost_token, kind, edge, alone)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:
         if len(_RECIPE_CACHE) >= _CACHE_MAX:
             _RECIPE_CACHE.clear()
-        r = edge_recipe(cfg, cost, kind, edge)
+        r = edge_recipe(cfg, cost, kind, edge, alone)
         hit = _RECIPE_CACHE[key] = (r, token(("pieces", r.pieces, r.end)))
     return hit  # type: ignore[return-value]
 

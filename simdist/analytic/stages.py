@@ -28,6 +28,7 @@ from simdist.analytic.pricing import (
 )
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.plan.accounting import Interval, partition_pieces
+from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.pieces import SLOWED_KINDS, Piece
 from simdist.plan.recipe import GROUP_AXES, PREV, send
 from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
@@ -159,14 +160,17 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
     the `token` of `chunk_cost_key` and of `recipe_key` of ``cfg``, ``shape``: `CommPricer.shape_key` of
     ``groups``, if already computed."""
     kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
+    # the steps the 1F1B A2A overlap runs alone have codes of their own after the others (simdist.analytic.program)
+    variants = (False, True) if a2a_overlapped(cfg) else (False,)
     cost_config, config_ = config if config is not None else (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     # the groups' shape as one number for the priced-recipe lookups below (dozens per stage; hashing the shape's
     # nested tuples each time cost more than the lookups)
     shape = token(("shape", pricer.shape_key(groups) if shape is None else shape))
     costs = []
     cost_tokens = []
-    recipes: list[PricedPieces | None] = [None] * (len(chunks) * 6)
-    simple: list[_Simple | None] = [None] * (len(chunks) * 6)
+    V6 = len(chunks) * 6
+    recipes: list[PricedPieces | None] = [None] * (V6 * len(variants))
+    simple: list[_Simple | None] = [None] * (V6 * len(variants))
     seen: dict[tuple[LayerKinds, bool, bool], int] = {}
     for c, chunk in enumerate(chunks):
         n, first, last_part = chunk
@@ -177,22 +181,23 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
         if same != c:  # an interleaved stage's chunks of the same layers: the same priced recipes (same keys)
             for kind in kinds:
                 for edge in (False, True):
-                    code, code_ = recipe_code(c, kind, edge), recipe_code(same, kind, edge)
-                    recipes[code], simple[code] = recipes[code_], simple[code_]
+                    for alone in variants:
+                        code = recipe_code(c, kind, edge) + V6 * alone
+                        code_ = recipe_code(same, kind, edge) + V6 * alone
+                        recipes[code], simple[code] = recipes[code_], simple[code_]
             continue
-        for kind in kinds:
-            for edge in (False, True):
-                r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_)
-                # a recipe's simple form depends on its priced pieces only: made once per priced recipe
-                code = recipe_code(c, kind, edge)
-                if factor == 1.0:
-                    recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple,
-                                                                shape=shape, pieces_token=pieces_token)
-                else:  # slowed once per (recipe, shape, factor): a search's layouts share one job size's factor
-                    recipes[code], simple[code] = pricer.memo(
-                        ("slowed", pieces_token, shape, factor),
-                        lambda r=r, pieces_token=pieces_token: _slowed_pair(pricer, r.pieces, r.end, groups, shape,
-                                                                            pieces_token, factor))
+        for kind, edge, alone in ((k, e, a) for k in kinds for e in (False, True) for a in variants):
+            r, pieces_token = recipe_entry(cfg, cost, cost_token, kind, edge, config_, alone)
+            # a recipe's simple form depends on its priced pieces only: made once per priced recipe
+            code = recipe_code(c, kind, edge) + V6 * alone
+            if factor == 1.0:
+                recipes[code], simple[code] = pricer.priced(r.pieces, r.end, groups, compile=_simple,
+                                                            shape=shape, pieces_token=pieces_token)
+            else:  # slowed once per (recipe, shape, factor): a search's layouts share one job size's factor
+                recipes[code], simple[code] = pricer.memo(
+                    ("slowed", pieces_token, shape, factor),
+                    lambda r=r, pieces_token=pieces_token: _slowed_pair(pricer, r.pieces, r.end, groups, shape,
+                                                                        pieces_token, factor))
     t, pieces_token = tail_entry(cfg, tuple(costs), tuple(cost_tokens), config_)
     if factor == 1.0:
         return recipes, simple, pricer.priced(t.pieces, len(t.pieces) - 1, groups, shape=shape,
@@ -339,9 +344,9 @@ class Stages(list):
         """`distinct_stages`: one stage of each set of alike stages; ``unit_of`` (K): each stage's among them."""
         self.unit_of: np.ndarray | None = None
 
-    def seal(self, chunks: int) -> Stages:
-        """Made once its stages are in: the arrays above."""
-        self.sends = np.array([st.sends for st in self], dtype=float).reshape(len(self), chunks * 3)
+    def seal(self, width: int) -> Stages:
+        """Made once its stages are in (``width``: each stage's sends): the arrays above."""
+        self.sends = np.array([st.sends for st in self], dtype=float).reshape(len(self), width)
         self.distinct, self.unit_of = distinct_stages(self)
         for a in (self.sends, self.unit_of):
             a.flags.writeable = False  # (read by every timeline of these stages)
@@ -367,6 +372,7 @@ def distinct_stages(stages: list[_Stage]) -> tuple[list[_Stage], np.ndarray]:
 def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry: list[_Geometry],
                    config: tuple[int, int], count: int) -> list[_Stage]:
     out = Stages()
+    overlapped = a2a_overlapped(cfg)
     for s, g in enumerate(geometry):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
         # alike stages (same layers, positions, group shapes and speed) share their priced recipes
@@ -381,5 +387,7 @@ def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry:
         sends = [0.0] * (cfg.chunks * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * count
+        if overlapped:  # the codes of the steps run alone name the chunks' sends again (code >> 1: 3V + ...)
+            sends = sends + sends
         out.append(_Stage(recipes, simple, sends, stage_tail, unit))
-    return out.seal(cfg.chunks)
+    return out.seal(cfg.chunks * 3 * (2 if overlapped else 1))

@@ -71,12 +71,13 @@ def _cycle_steps(schedule: str, num_stages: int, steps_per_microbatch: int) -> t
 
 
 @lru_cache(maxsize=512)
-def steady_form(schedule: str, num_stages: int, num_microbatches: int, vpp: int) -> SteadyForm | None:
-    """`program`(schedule, K, M, V) in wave order with its body, or None: a program with held sends (DualPipe(V):
-    a step's output leaves with a later step), or whose body does not repeat `MIN_BODIES` times."""
+def steady_form(schedule: str, num_stages: int, num_microbatches: int, vpp: int, alone: bool = False
+                ) -> SteadyForm | None:
+    """`program`(schedule, K, M, V, alone) in wave order with its body, or None: a program with held sends
+    (DualPipe(V): a step's output leaves with a later step), or whose body does not repeat `MIN_BODIES` times."""
     from simdist.analytic.steady_jit import steady_order  # numba: loaded with the compiled timeline
 
-    steps = program(schedule, num_stages, num_microbatches, vpp).steps
+    steps = program(schedule, num_stages, num_microbatches, vpp, alone).steps
     n = steps.shape[1]
     if n == 0 or num_microbatches <= 0 or steps[4].any():
         return None

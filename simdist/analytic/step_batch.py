@@ -36,6 +36,7 @@ from simdist.analytic.stages import _DP, _PP, _geometry, _Stage, _stages
 from simdist.analytic.step import _num_microbatches, analytic_observables, fast_forward_plan
 from simdist.analytic.timeline import _fast
 from simdist.hardware.compute import ComputeEfficiency
+from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
@@ -70,7 +71,7 @@ def _timeline(cfg: StepConfig, batch: _Batch, num_microbatches: int, n: int, sta
     does not move is selected, not recomputed: exact); the others (a chunk's first forward piece by piece, a step
     with gathers issued ahead) one by one."""
     K = batch.num_stages
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
     L = len(prog)
     if K == 0 or L == 0:
         step = np.zeros(n) if K == 0 else np.full(n, -1.0)

@@ -27,6 +27,7 @@ from simdist.analytic.stages import _DP, _PP, Stages, _Stage, distinct_stages
 from simdist.analytic.steady import steady_form
 from simdist.analytic.timeline_kernel import Packed, Unit, pack_boxed, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account
+from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
 from simdist.plan.schedule import SPLIT_BACKWARD
 from simdist.plan.step_config import StepConfig
@@ -57,7 +58,7 @@ def _timeline(cfg: StepConfig, stages: list[_Stage], num_microbatches: int, star
     """(step end, per-stage intervals and blocks, model and hardware FLOPs per GPU) of ``num_microbatches``;
     ``starts``: filled with each step's start, by (stage, kind, chunk), in micro-batch order (an array each)."""
     K = cfg.mesh.pp
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
     n = len(prog)
     free = [[0.0] * len(STREAMS) for _ in range(K)]
     prev = [-1.0] * K  # end of the stage's previous step (-1: none yet)
@@ -185,7 +186,8 @@ def _jumps(cfg: StepConfig, stages: list[_Stage], num_microbatches: int) -> bool
     the recipes allow the compiled loop (`_fast`), no work beside the blocks asks for spans (`_overlapping_work`)
     and the program has a steady form (simdist.analytic.steady)."""
     fast, overlapping = _all_flags(stages)
-    return fast and not overlapping and steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp) is not None
+    return fast and not overlapping and steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp,
+                                                        a2a_overlapped(cfg)) is not None
 
 
 def _all_flags(stages: list[_Stage]) -> tuple[bool, bool]:
@@ -261,8 +263,9 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
     the loop jumps over the steady state's repeating bodies once their times repeat).
     Returns run_program's answer with, third, the program's steps per stage and recipe code (Program.counts)."""
     K = cfg.mesh.pp
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    steady = None if starts is not None or spans else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp)
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
+    alone = a2a_overlapped(cfg)
+    steady = None if starts is not None or spans else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
     step, intervals, first_last, spans_out, at, _ = run_program(
         packed, prog.steps if steady is None else steady.steps, prog.counts,
         _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD), starts is not None, spans,
@@ -284,8 +287,8 @@ def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed,
 
     K = cfg.mesh.pp
     cover = _overlapping_work(stages)
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp)
-    steady = None if cover else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp)
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
+    steady = None if cover else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
     p = packed
     step, lo, hi, mean, flops = timed(
         p.slot, p.code_base, p.num_codes, p.kind, p.recipe, p.duration, p.frees, p.plain, p.ahead_ptr, p.ahead,

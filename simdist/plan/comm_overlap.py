@@ -1,7 +1,6 @@
 """What a pipeline step runs beside its compute rather than after it (simdist.plan.recipe reads it for every step
-recipe): the expert-parallel token all-to-alls under Megatron-Core's 1F1B A2A overlap, the tensor-parallel
-collectives under Transformer Engine's communication overlap and torchtitan's async TP; and which steps Megatron runs
-without a partner for the all-to-alls to hide behind (`unpaired`).
+recipe): the expert-parallel token all-to-alls under Megatron-Core's 1F1B A2A overlap (`a2a_overlapped`), the
+tensor-parallel collectives under Transformer Engine's communication overlap and torchtitan's async TP.
 """
 
 from __future__ import annotations
@@ -9,13 +8,13 @@ from __future__ import annotations
 from simdist.hardware.tp_overlap import exposed_share
 from simdist.plan.step_config import StepConfig
 
-__all__ = ["overlapped_comm", "unpaired"]
+__all__ = ["a2a_overlapped", "overlapped_comm"]
 
 
 def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone: bool = False
                  ) -> tuple[tuple, tuple]:
     """(the token all_to_alls a step runs beside its compute, the collectives it still runs after it); ``alone``:
-    a step Megatron runs without a partner (`unpaired`), whose all_to_alls stay in its path.
+    a step Megatron runs without a partner (simdist.analytic.program.unpaired), whose all_to_alls stay in its path.
 
     Megatron-Core's 1F1B A2A overlap (--overlap-moe-expert-parallel-comm; megatron/core/pipeline_parallel/
     combined_1f1b.py): the forward of one micro-batch and the backward of another are scheduled layer by layer
@@ -28,14 +27,15 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
     # per-layer order (megatron/core/models/common/model_chunk_schedule_plan.py, schedule_layer_1f1b: combine_bwd
     # beside pre_dispatch_fwd, dispatch_fwd beside mlp_bwd, dispatch_bwd beside mlp_fwd, combine_fwd beside
     # pre_dispatch_bwd) hides them all wherever each all_to_all is shorter than the compute it is paired with.
-    # Without pipeline stages the step's first forward and last backward run alone (`unpaired`), their
-    # all_to_alls in their path; with stages (interleaved 1F1B) each stage's warm-up forwards and cool-down
-    # backwards, which Megatron also runs unpaired, are overlapped here (optimistic by their all_to_alls where
-    # they are exposed). The expert-TP collectives stay in the layer's path.
-    # Assumption: the one extra warm-up forward Megatron's combined 1F1B runs first (schedules.py
-    # get_pp_rank_microbatches) is held in memory (simdist.plan.activations.in_flight_microbatches) but not timed:
-    # the schedule's order keeps the plain interleaved warm-up (one chunk forward earlier, about one chunk's
-    # forward on the step).
+    # The steps Megatron runs alone (each stage's warm-up forwards and cool-down backwards: without stages the
+    # step's first forward and last backward) keep their all_to_alls in their path (``alone``: the program gives
+    # them recipes of their own, simdist.analytic.program.unpaired). The expert-TP collectives stay in the layer's
+    # path.
+    # The one extra warm-up forward Megatron's combined 1F1B runs first (schedules.py get_pp_rank_microbatches) is
+    # held in memory (simdist.plan.activations.in_flight_microbatches); the schedule's order keeps the plain
+    # interleaved warm-up and then alternates, whose forwards before each stage's first backward are as many as
+    # the combined warm-up's, (K - s - 1) x 2 + (V - 1) x K + 1, and its backwards after the last forward as many
+    # as the combined cool-down's (tests/test_moe_comm.py): the unpaired steps are Megatron's in number and place.
     """
     a2a = cfg.moe_overlap and groups.get("ep", 1) >= 2 and not alone
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel all-gathers and
@@ -66,10 +66,7 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
     return tuple(hidden), tuple(kept)
 
 
-def unpaired(groups: dict[str, int], kind: str, first: bool, last: bool) -> bool:
-    """Whether Megatron-Core's 1F1B A2A overlap runs this step alone: without pipeline stages its combined 1F1B
-    (megatron/core/pipeline_parallel/combined_1f1b.py, combined_1f1b_schedule_for_no_pipelining) runs the first
-    micro-batch's forward before any backward and the last one's backward after every forward, each without a
-    partner; every other forward runs beside the previous micro-batch's backward. ``first`` / ``last``: the
-    step is its chunk's first forward / last backward (`is_edge`: with one stage and one chunk, the step's)."""
-    return groups.get("pp", 1) < 2 and ((kind == "F" and first) or (kind == "B" and last))
+def a2a_overlapped(cfg: StepConfig) -> bool:
+    """Whether Megatron-Core's 1F1B A2A overlap hides this step's expert-parallel all_to_alls (then the steps it runs
+    alone have recipes of their own: simdist.analytic.program.unpaired)."""
+    return cfg.moe_overlap and cfg.mesh.ep >= 2

@@ -42,7 +42,7 @@ import dataclasses
 import functools
 
 from simdist.plan.chunk_cost import ChunkCost
-from simdist.plan.comm_overlap import overlapped_comm, unpaired
+from simdist.plan.comm_overlap import overlapped_comm
 from simdist.plan.data_parallel import (
     _bucket_order,
     _gathered_forward,
@@ -97,9 +97,10 @@ def is_edge(kind: str, microbatch: int, num_microbatches: int, schedule: str = "
     return microbatch == (first if kind == "F" else last)
 
 
-def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool) -> Recipe:
-    """`step_recipe` of a ``kind`` step that is (``edge``) or is not its chunk's edge micro-batch (`is_edge`)."""
-    return step_recipe(cfg, cost, kind, first=edge and kind == "F", last=edge and kind != "F")
+def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool, alone: bool = False) -> Recipe:
+    """`step_recipe` of a ``kind`` step that is (``edge``) or is not its chunk's edge micro-batch (`is_edge`);
+    ``alone``: one the 1F1B A2A overlap runs without a partner (simdist.analytic.program.unpaired)."""
+    return step_recipe(cfg, cost, kind, first=edge and kind == "F", last=edge and kind != "F", alone=alone)
 
 
 def _ring(b: Builder, after: int, ring_s: float, items: tuple, groups: dict[str, int], interference: float = 0.0
@@ -124,10 +125,12 @@ def _expert_comm(b: Builder, pieces: list[int]) -> list[int]:
     return [i for i in pieces if b.pieces[i].comm is not None and b.pieces[i].comm.axis == "ep"]
 
 
-def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False, first: bool = False) -> Recipe:
+def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = False, first: bool = False,
+                alone: bool = False) -> Recipe:
     """The pieces of one ``kind`` ("F", "B", "W") step of a chunk of cost ``cost``; ``last``: its last
     micro-batch (where an overlapped gradient reduction goes out); ``first``: its first (where overlapped parameter
-    gathers come in)."""
+    gathers come in); ``alone``: a step the 1F1B A2A overlap runs without a partner (its all_to_alls in its path:
+    simdist.plan.comm_overlap.overlapped_comm)."""
     groups = _groups(cfg)
     ring = (cost.ring_forward_s, cost.ring_forward_comm) if kind == "F" else \
         (cost.ring_backward_s, cost.ring_backward_comm) if kind == "B" else (0.0, ())
@@ -136,7 +139,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
         cost = dataclasses.replace(cost, forward_s=cost.forward_s - cost.ring_forward_s,
                                    backward_s=cost.backward_s - cost.ring_backward_s)
     if cfg.zero_stage == 3 and cfg.zero3_fetch == "per_layer" and kind in ("F", "B"):
-        return _fsdp_step(cfg, cost, kind, first, last, groups, ring)
+        return _fsdp_step(cfg, cost, kind, first, last, groups, ring, alone)
     b = Builder()
     per_parameter = cfg.zero_stage == 3 and cfg.zero3_fetch == "per_parameter"
     shards = data_parallel_groups(cfg, cost.num_params, cost.expert_params)
@@ -159,7 +162,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 and kind != "W" else 0.0
     split = cfg.schedule in SPLIT_BACKWARD
     if kind == "F":
-        hidden_items, items = overlapped_comm(cfg, cost.forward_comm, groups, unpaired(groups, kind, first, last))
+        hidden_items, items = overlapped_comm(cfg, cost.forward_comm, groups, alone)
         gathered = first and cfg.overlap_param_gather and cfg.zero_stage == 1 and bool(shards)
         entry = -1
         if hidden_items or (gathered and cfg.vpp == 1):
@@ -201,7 +204,7 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
     hidden: list[int] = []
     if kind == "B":
         comm_items = cost.backward_comm + (cost.backward_overlapped_comm if split else ())
-        hidden_items, comm_items = overlapped_comm(cfg, comm_items, groups, unpaired(groups, kind, first, last)) \
+        hidden_items, comm_items = overlapped_comm(cfg, comm_items, groups, alone) \
             if not split else ((), comm_items)
         if hidden_items:
             entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=deps, needs_input=needs_input))
@@ -291,7 +294,7 @@ def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: i
 
 
 def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: bool, groups: dict[str, int],
-               ring: tuple = (0.0, ())) -> Recipe:
+               ring: tuple = (0.0, ()), alone: bool = False) -> Recipe:
     """A forward or backward of ZeRO-3 run as FSDP runs it (``zero3_fetch: per_layer``, simdist.plan.fsdp): the
     chunk's units gathered one ahead of their compute, their gradients reduce-scattered behind it (under no_sync only
     in the ``last`` micro-batch, the others' accumulated unsharded); the step's tensor- and context-parallel
@@ -305,7 +308,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
     reduce = ex.grad_sync == "microbatch" or (ex.grad_sync == "last" and last)
     gap = cfg.host_overhead.step_gap_s if groups["pp"] >= 2 else 0.0
     if kind == "F":
-        hidden_items, items = overlapped_comm(cfg, cost.forward_comm, groups, unpaired(groups, kind, first, last))
+        hidden_items, items = overlapped_comm(cfg, cost.forward_comm, groups, alone)
         entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=(PREV,), needs_input=True)) \
             if hidden_items else -1
         start = (PREV,) if entry < 0 else (entry,)
@@ -323,7 +326,7 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
         chain += [r, *b.chain(cost.recompute_comm, (r,), "recompute", groups)]
         deps = (chain[-1],)
     hidden_items, items = overlapped_comm(cfg, cost.backward_comm + cost.backward_overlapped_comm, groups,
-                                       unpaired(groups, kind, first, last))
+                                       alone)
     hidden: list[int] = []
     if hidden_items:
         entry = b.add(Piece("compute", "wait", "a2a overlap", 0.0, deps=deps, needs_input=needs_input))

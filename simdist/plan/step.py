@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from simdist.plan.chunk_cost import ChunkCost, chunk_cost
+from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.data_parallel import tail
 from simdist.plan.layer_cost import Kernel
 from simdist.plan.memory import MemoryBreakdown
@@ -58,18 +59,21 @@ class StepPlan:
 
 
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:
-    """Every distinct step recipe: (stage, chunk, kind, edge micro-batch: simdist.plan.recipe.is_edge) -> Recipe."""
+    """Every distinct step recipe: (stage, chunk, kind, edge micro-batch: simdist.plan.recipe.is_edge, run alone by
+    the 1F1B A2A overlap: simdist.analytic.program.unpaired) -> Recipe."""
     kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
+    variants = (False, True) if a2a_overlapped(cfg) else (False,)
     # chunks of one cost (the same object: `_parts_of` gives alike chunks one) share their recipes, each made once
-    made: dict[tuple[int, str, bool], Recipe] = {}
+    made: dict[tuple[int, str, bool, bool], Recipe] = {}
     out: dict[tuple, Recipe] = {}
     for (s, c), cost in costs.items():
         for kind in kinds:
             for edge in (False, True):
-                r = made.get((id(cost), kind, edge))
-                if r is None:
-                    r = made[(id(cost), kind, edge)] = edge_recipe(cfg, cost, kind, edge)
-                out[(s, c, kind, edge)] = r
+                for alone in variants:
+                    r = made.get((id(cost), kind, edge, alone))
+                    if r is None:
+                        r = made[(id(cost), kind, edge, alone)] = edge_recipe(cfg, cost, kind, edge, alone)
+                    out[(s, c, kind, edge, alone)] = r
     return out
 
 
@@ -209,9 +213,9 @@ def collective_runs(cfg: StepConfig, dp_index: int = 0) -> dict[tuple, int]:
         for c in range(cfg.chunks):
             first, last = chunk_microbatches(cfg.schedule, c, M)
             runs_c = last - first + 1  # micro-batches the chunk runs (dualpipe: half, one direction)
-            for kind in kinds:
-                pieces(s, recipes[(s, c, kind, False)].pieces, runs_c - 1)
-                pieces(s, recipes[(s, c, kind, True)].pieces, 1)
+            for kind in kinds:  # (the recipes of the steps run alone hold the same collectives, in the path)
+                pieces(s, recipes[(s, c, kind, False, False)].pieces, runs_c - 1)
+                pieces(s, recipes[(s, c, kind, True, False)].pieces, 1)
             for step in (1, -1):  # F sends down, B back
                 part = cfg.part_of(s, c) + step
                 if 0 <= part < cfg.num_parts:
