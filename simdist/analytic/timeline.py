@@ -263,8 +263,8 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
     the loop jumps over the steady state's repeating bodies once their times repeat).
     Returns run_program's answer with, third, the program's steps per stage and recipe code (Program.counts)."""
     K = cfg.mesh.pp
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
-    alone = a2a_overlapped(cfg)
+    alone = a2a_overlapped(cfg)  # the steps the 1F1B A2A overlap runs alone have recipe codes of their own
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
     steady = None if starts is not None or spans else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
     step, intervals, first_last, spans_out, at, _ = run_program(
         packed, prog.steps if steady is None else steady.steps, prog.counts,
@@ -287,8 +287,9 @@ def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed,
 
     K = cfg.mesh.pp
     cover = _overlapping_work(stages)
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
-    steady = None if cover else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, a2a_overlapped(cfg))
+    alone = a2a_overlapped(cfg)
+    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
+    steady = None if cover else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
     p = packed
     step, lo, hi, mean, flops = timed(
         p.slot, p.code_base, p.num_codes, p.kind, p.recipe, p.duration, p.frees, p.plain, p.ahead_ptr, p.ahead,
