@@ -280,7 +280,7 @@ def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, e
     """(`simdist.plan.recipe.edge_recipe`, cached (``edge``: the chunk's first forward, last backward or W), and the
     `token` of its (pieces, end): `CommPricer.priced`'s ``pieces_token``); ``cost_token``:
     `token` of ``cost`` (as `chunk_cost_entry` gives it), ``config``: `token` of `recipe_key` of ``cfg``, if already
-    computed; ``alone``: a step the 1F1B A2A overlap runs without a partner (simdist.analytic.program.unpaired)."""
+    computed; ``alone``: a step the 1F1B A2A overlap runs without a partner (simdist.plan.comm_overlap.unpaired)."""
     key = ("step", token(recipe_key(cfg)) if config is None else config, cost_token, kind, edge, alone)
     hit = _RECIPE_CACHE.get(key)
     if hit is None:

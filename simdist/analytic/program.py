@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from simdist.errors import SpecError
+from simdist.plan.comm_overlap import unpaired
 from simdist.plan.schedule import (
     STEP_KINDS,
     chunks_per_stage,
@@ -24,7 +25,7 @@ from simdist.plan.schedule import (
 )
 from simdist.plan.schedule_v import late_sends
 
-__all__ = ["KIND_INDEX", "Program", "program", "recipe_code", "step_groups", "unpaired"]
+__all__ = ["KIND_INDEX", "Program", "program", "recipe_code", "step_groups"]
 
 KIND_INDEX = {"F": 0, "B": 1, "W": 2}
 
@@ -93,9 +94,10 @@ class Program:
 @lru_cache(maxsize=512)
 def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int, alone: bool = False) -> Program:
     """The schedule's steps in an order that evaluates each after its stage's previous step and its input's sender.
-    ``alone``: the steps Megatron-Core's 1F1B A2A overlap runs without a partner (`unpaired`) take the recipe codes
-    after the stage's others, ``6 V + recipe_code`` (the same kind, chunk and edge: ``code >> 1`` then names the
-    chunk's sends a second time, and ``code % 6`` and ``(code >> 1) % 3`` read as before)."""
+    ``alone``: the steps Megatron-Core's 1F1B A2A overlap runs without a partner (simdist.plan.comm_overlap
+    .unpaired) take the recipe codes after the stage's others, ``6 V + recipe_code`` (the same kind, chunk and edge:
+    ``code >> 1`` then names the chunk's sends a second time, and ``code % 6`` and ``(code >> 1) % 3`` read as
+    before)."""
     k, M = num_stages, num_microbatches
     v = chunks_per_stage(schedule, vpp)
     rows = stage_steps(schedule, num_stages=k, num_microbatches=M, vpp=vpp)
@@ -195,28 +197,6 @@ def program(schedule: str, num_stages: int, num_microbatches: int, vpp: int, alo
     kinds = np.stack([kind[at], mb[at], chunk[at]])
     steps.flags.writeable = kinds.flags.writeable = False  # (cached: shared by every caller)
     return Program(steps, kinds)
-
-
-def unpaired(kind: np.ndarray, lengths: list[int]) -> np.ndarray:
-    """Of every stage's steps in its order (``kind``: their kind indices, stage after stage, ``lengths`` of them),
-    those Megatron-Core's 1F1B A2A overlap runs alone: the forwards before the stage's first backward (its warm-up)
-    and the backwards after its last forward (its cool-down). Megatron runs every other forward beside a backward
-    and vice versa (megatron/core/pipeline_parallel/combined_1f1b.py: without stages the first micro-batch's forward
-    and the last one's backward "executed alone, no a2a overlapping"; schedules.py forward_backward_helper_wrapper
-    with interleaving calls the combined step with only a forward in the warm-up and only a backward in the
-    cool-down)."""
-    out = np.zeros(len(kind), dtype=bool)
-    start = 0
-    for n in lengths:
-        own = kind[start:start + n]
-        backward = np.flatnonzero(own == 1)
-        forward = np.flatnonzero(own == 0)
-        first_b = int(backward[0]) if len(backward) else n
-        last_f = int(forward[-1]) if len(forward) else -1
-        at = np.arange(n)
-        out[start:start + n] = ((own == 0) & (at < first_b)) | ((own == 1) & (at > last_f))
-        start += n
-    return out
 
 
 @lru_cache(maxsize=64)

@@ -22,9 +22,9 @@ from functools import lru_cache
 import numpy as np
 
 from simdist.analytic.pricing import NUM_CORE, STREAMS, PricedPieces
-from simdist.analytic.program import KIND_INDEX, program, step_groups
+from simdist.analytic.program import KIND_INDEX, Program, program, step_groups
 from simdist.analytic.stages import _DP, _PP, Stages, _Stage, distinct_stages
-from simdist.analytic.steady import steady_form
+from simdist.analytic.steady import NO_BODY, SHIFT_TOLERANCE, steady_form
 from simdist.analytic.timeline_kernel import Packed, Unit, pack_boxed, pack_stage, run_program
 from simdist.plan.accounting import CATEGORIES, Block, Interval, account
 from simdist.plan.comm_overlap import a2a_overlapped
@@ -254,6 +254,17 @@ def _backward_codes(num_codes: int, zb: bool) -> np.ndarray:
     return out
 
 
+def _program_steps(cfg: StepConfig, num_microbatches: int, steady: bool) -> tuple[Program, np.ndarray, np.ndarray]:
+    """(the schedule's program of ``num_microbatches``, the steps the compiled loop runs, their repeating body):
+    with ``steady``, its steady form where it has one (simdist.analytic.steady: the loop jumps its repeating bodies),
+    else the program's own steps and `NO_BODY`. The steps the 1F1B A2A overlap runs alone have recipe codes of their
+    own (simdist.plan.comm_overlap.unpaired)."""
+    alone = a2a_overlapped(cfg)
+    prog = program(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp, alone)
+    form = steady_form(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp, alone) if steady else None
+    return (prog, prog.steps, NO_BODY) if form is None else (prog, form.steps, form.body)
+
+
 def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, starts: dict | None = None,
                        spans: bool = False) -> tuple:
     """`run_program` over the schedule's program of ``num_microbatches``: where `_fast` holds, each step's core
@@ -263,13 +274,10 @@ def _compiled_timeline(cfg: StepConfig, packed: Packed, num_microbatches: int, s
     the loop jumps over the steady state's repeating bodies once their times repeat).
     Returns run_program's answer with, third, the program's steps per stage and recipe code (Program.counts)."""
     K = cfg.mesh.pp
-    alone = a2a_overlapped(cfg)  # the steps the 1F1B A2A overlap runs alone have recipe codes of their own
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
-    steady = None if starts is not None or spans else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
+    prog, steps, body = _program_steps(cfg, num_microbatches, starts is None and not spans)
     step, intervals, first_last, spans_out, at, _ = run_program(
-        packed, prog.steps if steady is None else steady.steps, prog.counts,
-        _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD), starts is not None, spans,
-        None if steady is None else steady.body)
+        packed, steps, prog.counts, _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD),
+        starts is not None, spans, body)
     if starts is not None:
         for key, idx in step_groups(cfg.schedule, K, num_microbatches, cfg.vpp):
             starts[key] = at[idx]
@@ -282,21 +290,17 @@ def _compiled_observables(cfg: StepConfig, stages: list[_Stage], packed: Packed,
     (simdist.plan.accounting_kernel) in one compiled call (simdist.analytic.timeline_jit.timed); the simple steps
     are blocks whose parts are charged as they are. The program runs in its steady form where no spans are asked for
     (as `_compiled_timeline` runs it)."""
-    from simdist.analytic.steady import NO_BODY, SHIFT_TOLERANCE
     from simdist.analytic.timeline_jit import timed  # numba: loaded with the compiled timeline
 
     K = cfg.mesh.pp
     cover = _overlapping_work(stages)
-    alone = a2a_overlapped(cfg)
-    prog = program(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
-    steady = None if cover else steady_form(cfg.schedule, K, num_microbatches, cfg.vpp, alone)
+    prog, steps, body = _program_steps(cfg, num_microbatches, not cover)
     p = packed
     step, lo, hi, mean, flops = timed(
         p.slot, p.code_base, p.num_codes, p.kind, p.recipe, p.duration, p.frees, p.plain, p.ahead_ptr, p.ahead,
         p.behind_ptr, p.behind, p.recipe_ptr, p.recipe_needs, p.recipe_end, p.piece, p.dep_ptr, p.deps, p.tail,
-        p.recipe_flops, p.simple_flops, p.parts, p.sends, prog.steps if steady is None else steady.steps,
-        prog.counts, _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD), cover,
-        NO_BODY if steady is None else steady.body, SHIFT_TOLERANCE)
+        p.recipe_flops, p.simple_flops, p.parts, p.sends, steps, prog.counts,
+        _backward_codes(prog.counts.shape[1], cfg.schedule in SPLIT_BACKWARD), cover, body, SHIFT_TOLERANCE)
     out = {"step_s": step, "phase_s": max(hi - lo, 0.0), "model_flops": flops[0] / K, "hardware_flops": flops[1] / K}
     out.update(zip(_MEAN_KEYS, mean.tolist(), strict=True))
     return out

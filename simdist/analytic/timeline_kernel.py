@@ -35,8 +35,7 @@ import numpy as np
 
 from simdist.plan.accounting import CATEGORIES
 
-__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_boxed", "pack_stage", "pack_units",
-           "run_program"]
+__all__ = ["GENERIC", "NONE", "SIMPLE", "Packed", "Unit", "pack", "pack_boxed", "pack_stage", "run_program"]
 
 _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
 NONE, SIMPLE, GENERIC = 0, 1, 2
@@ -173,7 +172,7 @@ class Packed:
 
 
 class _Table:
-    """Arrays that grow together (capacity doubling), ``n`` rows used and one spare: a CSR pointer column holds
+    """Arrays that grow together (by half their capacity), ``n`` rows used and one spare: a CSR pointer column holds
     each row's start, and the spare row the end of the last (the next rows' first start)."""
 
     __slots__ = ("arrays", "n")
@@ -295,33 +294,23 @@ _ARENA_LOCK = Lock()
 
 def pack(units: list[Unit], sends: list[list[float]] | np.ndarray) -> Packed:
     """The `Packed` of stages whose units are ``units`` (one per stage; alike stages share theirs, by identity) and
-    whose sends are ``sends`` (per stage, or as a (K, 3V) array)."""
-    index: dict[int, int] = {}
-    distinct: list[Unit] = []
-    for u in units:
-        if id(u) not in index:
-            index[id(u)] = len(distinct)
-            distinct.append(u)
-    return pack_units(distinct, np.array([index[id(u)] for u in units], dtype=np.int64), sends)
-
-
-def pack_units(units: list[Unit], unit_of: np.ndarray, sends: list[list[float]] | np.ndarray) -> Packed:
-    """`pack` of stages given as their distinct units and each stage's index among them (``unit_of``, K): each unit
-    laid into the arena on its first use, then only its place looked up."""
-    if not len(unit_of):
+    whose sends are ``sends`` (per stage, or as a (K, 3V) array): each unit laid into the arena on its first use,
+    then only its place looked up."""
+    if not units:
         raise ValueError("pack: a configuration has at least one stage")
     with _ARENA_LOCK:  # a Dask worker may run several evaluations in threads
         arena = _arena()
-        slot = np.array([arena.place(u) for u in units], dtype=np.int64)[unit_of]
+        slot = np.array([arena.place(u) for u in units], dtype=np.int64)
         arrays = arena.arrays()
     return _packed(slot, arrays, sends)
 
 
 def pack_boxed(boxes: list[list], make: Callable[[int], Unit], unit_of: np.ndarray,
                sends: list[list[float]] | np.ndarray) -> Packed:
-    """`pack_units` of stages whose distinct units remember their place in ``boxes`` (each box's [0]: the arena's
-    generation and the unit's index in it, or None) and are made by ``make(i)`` (`pack_stage`) only where the
-    current arena lacks them: a unit laid in keeps no arrays of its own."""
+    """`pack` of stages given as their distinct stages' boxes and each stage's index among them (``unit_of``, K): a
+    box's [0] holds its unit's place (the arena's generation and the unit's index in it, or None), and the unit is
+    made by ``make(i)`` (`pack_stage`) only where the current arena lacks it: a unit laid in keeps no arrays of its
+    own."""
     with _ARENA_LOCK:
         arena = _arena()
         ids = []

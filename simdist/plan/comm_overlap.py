@@ -5,16 +5,21 @@ tensor-parallel collectives under Transformer Engine's communication overlap and
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
+
 from simdist.hardware.tp_overlap import exposed_share
+from simdist.plan.schedule import STEP_KINDS, chunks_per_stage, stage_steps
 from simdist.plan.step_config import StepConfig
 
-__all__ = ["a2a_overlapped", "overlapped_comm"]
+__all__ = ["a2a_overlapped", "overlapped_comm", "unpaired", "unpaired_steps"]
 
 
 def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone: bool = False
                  ) -> tuple[tuple, tuple]:
     """(the token all_to_alls a step runs beside its compute, the collectives it still runs after it); ``alone``:
-    a step Megatron runs without a partner (simdist.analytic.program.unpaired), whose all_to_alls stay in its path.
+    a step Megatron runs without a partner (`unpaired`), whose all_to_alls stay in its path.
 
     Megatron-Core's 1F1B A2A overlap (--overlap-moe-expert-parallel-comm; megatron/core/pipeline_parallel/
     combined_1f1b.py): the forward of one micro-batch and the backward of another are scheduled layer by layer
@@ -29,7 +34,7 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
     # pre_dispatch_bwd) hides them all wherever each all_to_all is shorter than the compute it is paired with.
     # The steps Megatron runs alone (each stage's warm-up forwards and cool-down backwards: without stages the
     # step's first forward and last backward) keep their all_to_alls in their path (``alone``: the program gives
-    # them recipes of their own, simdist.analytic.program.unpaired). The expert-TP collectives stay in the layer's
+    # them recipes of their own, `unpaired`). The expert-TP collectives stay in the layer's
     # path.
     # The one extra warm-up forward Megatron's combined 1F1B runs first (schedules.py get_pp_rank_microbatches) is
     # held in memory (simdist.plan.activations.in_flight_microbatches); the schedule's order keeps the plain
@@ -37,7 +42,7 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
     # the combined warm-up's, (K - s - 1) x 2 + (V - 1) x K + 1, and its backwards after the last forward as many
     # as the combined cool-down's (tests/test_moe_comm.py): the unpaired steps are Megatron's in number and place.
     """
-    a2a = cfg.moe_overlap and groups.get("ep", 1) >= 2 and not alone
+    a2a = a2a_overlapped(cfg) and not alone
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel all-gathers and
     # reduce-scatters of the layers run chunk by chunk beside the GEMMs they feed or drain, on their own stream.
     # Assumption: per step they hide behind its compute as a whole (max(compute, tp comm)) but for each one's
@@ -68,5 +73,42 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
 
 def a2a_overlapped(cfg: StepConfig) -> bool:
     """Whether Megatron-Core's 1F1B A2A overlap hides this step's expert-parallel all_to_alls (then the steps it runs
-    alone have recipes of their own: simdist.analytic.program.unpaired)."""
+    alone have recipes of their own: `unpaired`)."""
     return cfg.moe_overlap and cfg.mesh.ep >= 2
+
+
+def unpaired(kind: np.ndarray, lengths: list[int]) -> np.ndarray:
+    """Of every stage's steps in its order (``kind``: their kind indices, stage after stage, ``lengths`` of them),
+    those Megatron-Core's 1F1B A2A overlap runs alone: the forwards before the stage's first backward (its warm-up)
+    and the backwards after its last forward (its cool-down). Megatron runs every other forward beside a backward
+    and vice versa (megatron/core/pipeline_parallel/combined_1f1b.py: without stages the first micro-batch's forward
+    and the last one's backward "executed alone, no a2a overlapping"; schedules.py forward_backward_helper_wrapper
+    with interleaving calls the combined step with only a forward in the warm-up and only a backward in the
+    cool-down)."""
+    out = np.zeros(len(kind), dtype=bool)
+    start = 0
+    for n in lengths:
+        own = kind[start:start + n]
+        backward = np.flatnonzero(own == 1)
+        forward = np.flatnonzero(own == 0)
+        first_b = int(backward[0]) if len(backward) else n
+        last_f = int(forward[-1]) if len(forward) else -1
+        at = np.arange(n)
+        out[start:start + n] = ((own == 0) & (at < first_b)) | ((own == 1) & (at > last_f))
+        start += n
+    return out
+
+
+@lru_cache(maxsize=64)
+def unpaired_steps(schedule: str, num_stages: int, num_microbatches: int, vpp: int
+                   ) -> frozenset[tuple[int, str, int, int]]:
+    """The (stage, kind, micro-batch, chunk) of the steps `unpaired` marks in the schedule's per-stage orders
+    (simdist.plan.schedule.stage_steps, whose step numbers are (kind index x M + micro-batch) x V + chunk), for a
+    reader that meets the steps one by one (the engine's step emitter; the closed form's program marks the same)."""
+    M, v = num_microbatches, chunks_per_stage(schedule, vpp)
+    rows = stage_steps(schedule, num_stages=num_stages, num_microbatches=M, vpp=vpp)
+    steps = np.concatenate(rows)
+    chunk, q = steps % v, steps // v
+    stage = np.repeat(np.arange(num_stages), [len(row) for row in rows])
+    alone = np.flatnonzero(unpaired(q // M, [len(row) for row in rows]))
+    return frozenset((int(stage[i]), STEP_KINDS[int(q[i] // M)], int(q[i] % M), int(chunk[i])) for i in alone.tolist())

@@ -99,7 +99,7 @@ def is_edge(kind: str, microbatch: int, num_microbatches: int, schedule: str = "
 
 def edge_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, edge: bool, alone: bool = False) -> Recipe:
     """`step_recipe` of a ``kind`` step that is (``edge``) or is not its chunk's edge micro-batch (`is_edge`);
-    ``alone``: one the 1F1B A2A overlap runs without a partner (simdist.analytic.program.unpaired)."""
+    ``alone``: one the 1F1B A2A overlap runs without a partner (simdist.plan.comm_overlap.unpaired)."""
     return step_recipe(cfg, cost, kind, first=edge and kind == "F", last=edge and kind != "F", alone=alone)
 
 

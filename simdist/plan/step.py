@@ -60,7 +60,7 @@ class StepPlan:
 
 def recipes_of(cfg: StepConfig, costs: dict[tuple[int, int], ChunkCost]) -> dict[tuple, Recipe]:
     """Every distinct step recipe: (stage, chunk, kind, edge micro-batch: simdist.plan.recipe.is_edge, run alone by
-    the 1F1B A2A overlap: simdist.analytic.program.unpaired) -> Recipe."""
+    the 1F1B A2A overlap: simdist.plan.comm_overlap.unpaired) -> Recipe."""
     kinds = ("F", "B", "W") if cfg.schedule in SPLIT_BACKWARD else ("F", "B")
     variants = (False, True) if a2a_overlapped(cfg) else (False,)
     # chunks of one cost (the same object: `_parts_of` gives alike chunks one) share their recipes, each made once

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from simdist.plan.comm_overlap import a2a_overlapped
+from simdist.plan.comm_overlap import a2a_overlapped, unpaired_steps
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
 from simdist.plan.pieces import SLOWED_KINDS
 from simdist.plan.recipe import (
@@ -96,11 +96,9 @@ class StepEmitter:
         self._b_ends_backward = cfg.schedule not in SPLIT_BACKWARD
         # each chunk's edge micro-batches (simdist.plan.recipe.is_edge): (first F, last B or W) by chunk
         self._edges = [chunk_microbatches(cfg.schedule, c, num_microbatches) for c in range(cfg.chunks)]
-        # the steps the 1F1B A2A overlap runs alone (simdist.analytic.program.unpaired): a stage's forwards before its
-        # first backward, its backwards after its last forward (each stage's steps come here in its order)
-        self._pairs = a2a_overlapped(cfg)
-        self._forwards_left = dict.fromkeys(ranks, num_microbatches * cfg.chunks)
-        self._backward_seen: set[int] = set()
+        # the steps the 1F1B A2A overlap runs alone (simdist.plan.comm_overlap.unpaired, as the closed form's program)
+        self._alone = (unpaired_steps(cfg.schedule, cfg.mesh.pp, num_microbatches, cfg.vpp) if a2a_overlapped(cfg)
+                       else frozenset())
 
     def _group(self, axis: str, stage: int) -> tuple[int, ...]:
         key = (axis, stage)
@@ -185,14 +183,7 @@ class StepEmitter:
     def compute(self, graph: OpGraph, stage: int, step: Step) -> tuple[int, int]:
         kind, microbatch, chunk = step.kind, step.microbatch, step.chunk
         # the template of (stage, chunk, kind, is_edge(kind, microbatch, num_microbatches, schedule, chunk), alone)
-        alone = False
-        if self._pairs:
-            if kind == "F":
-                alone = stage not in self._backward_seen
-                self._forwards_left[stage] -= 1
-            elif kind == "B":
-                self._backward_seen.add(stage)
-                alone = self._forwards_left[stage] == 0
+        alone = bool(self._alone) and (stage, kind, microbatch, chunk) in self._alone
         key = (stage, chunk, kind, microbatch == self._edges[chunk][kind != "F"], alone)
         got = self._templates.get(key)
         rows, end_piece, entry_piece, dp_piece, block, taxes = got if got is not None else self._template(stage, key)
