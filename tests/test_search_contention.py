@@ -46,6 +46,30 @@ def test_two_data_parallel_groups_on_one_nic_take_twice_as_long(nics, factor):
         CommPricer(topology).time_s("all_reduce", (0, 1, 2, 3), 1e9), rel=1e-12)
 
 
+@pytest.mark.parametrize("order", [("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp")])
+def test_every_member_of_a_class_gets_its_own_price_comm_factor(order):
+    # 16 DGX A100 on a 3:1 oversubscribed RoCE fat tree, tp 8 x dp 4 x pp 4: each data-parallel and pipeline group's
+    # factor comes from one batch of its class's routes (ContendedPricer._class_factor); it must be what pricing
+    # that group itself with its translates gives (price_comm: its own busiest link's class bytes), group by group
+    topology = api.load_scenario("scenarios/gpt3-175b-roce.yaml",
+                                 ["cluster.inter_node.oversubscription=3", "cluster.num_nodes=16"]).topology
+    mesh = Mesh(tp=8, dp=4, pp=4, order=order)
+    pricer = ContendedPricer(topology, mesh)
+    checked = 0
+    for axis, op in (("dp", "all_reduce"), ("pp", "all_gather")):
+        for group in sorted({mesh.group(axis, r) for r in range(mesh.num_ranks)}):
+            images = pricer._images(group, pricer._translate_axes(group))
+            shared = pricer._class_factor(op, group, 1.0, "nccl", images)
+            if shared is None:
+                continue
+            priced = price_comm(topology, Comm(op, group, 2**26, axis), translates=images,
+                                stand_in=pricer.alone.stand_in(group))
+            own = max(1.0, class_bottleneck_s(topology, priced) / (priced.time_s - priced.latency_s))
+            assert shared == pytest.approx(own, rel=1e-12), (axis, group)
+            checked += 1
+    assert checked >= 8  # the dp groups of every stage at least
+
+
 def test_search_ranks_two_placements_as_the_engine_does():
     # GPT-3 175B tp 8, pp 4, dp 4 on 16 DGX A100 over a 3:1 oversubscribed RoCE fat tree: the engine separates the
     # placements tp-cp-dp-pp and tp-cp-pp-dp by > 10 % (the data-parallel groups of a stage share leaf uplinks);

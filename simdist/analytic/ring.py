@@ -44,10 +44,24 @@ def ring_time_s(group: Group, nbytes: float, orders: list[list[int]], steps: int
         return 0.0
     channels = len(orders)
     piece = nbytes / (p * channels)
-    src = np.array(orders, dtype=np.int64).reshape(channels, p)
-    lat = group.paths(src.reshape(-1), np.roll(src, -1, axis=1).reshape(-1)).latency_s.reshape(channels, p)
-    step_s = piece / rate_factor / channel_rates(group, orders)
-    return float((chain_latency_s(lat + per_transfer_latency_s, steps) + steps * step_s).max())
+    chains, rates = _size_free(group, orders, steps, per_transfer_latency_s)
+    step_s = piece / rate_factor / rates
+    return float((chains + steps * step_s).max())
+
+
+def _size_free(group: Group, orders: list[list[int]], steps: int, per_transfer_latency_s: float
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(each channel's chain latency, its rate): what `ring_time_s` reads of the group, whatever the size, kept in
+    the group's memo (shared by its protocols' priced copies: their extra latencies are in the key)."""
+    key = ("ring form", tuple(map(tuple, orders)), steps, per_transfer_latency_s,
+           tuple(sorted(group.extra_latency_by_class.items())))
+    hit = group.memo.get(key)
+    if hit is None:
+        channels, p = len(orders), group.size
+        src = np.array(orders, dtype=np.int64).reshape(channels, p)
+        lat = group.paths(src.reshape(-1), np.roll(src, -1, axis=1).reshape(-1)).latency_s.reshape(channels, p)
+        hit = group.memo[key] = (chain_latency_s(lat + per_transfer_latency_s, steps), channel_rates(group, orders))
+    return hit
 
 
 def chain_time_s(group: Group, nbytes: float, chain: list[int], pieces: int,

@@ -30,8 +30,15 @@ def priced_request(request: Request, priced: PricedProtocol) -> Request:
 
 
 def evaluate(request: Request, algorithm: str, protocol: str) -> Choice:
-    priced = protocol_cost(algorithm, protocol, request.group, request.op, request.kernel)
-    t = closed_form(algorithm)(priced_request(request, priced), priced.cost)
+    # what the protocol adds, and the group with it, depend on the group, op and kernel, not the size: kept in the
+    # group's memo for every size priced on it (the priced group keeps its resolved paths too)
+    key = ("priced", algorithm, protocol, request.op, request.kernel)
+    hit = request.group.memo.get(key)
+    if hit is None:
+        priced = protocol_cost(algorithm, protocol, request.group, request.op, request.kernel)
+        hit = request.group.memo[key] = (priced, request.group.priced(priced.latency_by_class_s))
+    priced, group = hit
+    t = closed_form(algorithm)(dataclasses.replace(request, group=group, protocol=priced.cost), priced.cost)
     return Choice(algorithm, protocol, t, priced)
 
 

@@ -258,18 +258,32 @@ def _pairs(transfers: list[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndar
             np.fromiter((t[1] for t in transfers), dtype=np.int64, count=len(transfers)))
 
 
+def _class_totals(lay: _Layout, transfers: list[tuple[int, int, float]], num_groups: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the bytes of every (route, link) entry, the class's bytes on each of its links (``lay.ids``), each
+    translate's bottleneck: seconds its busiest link takes to carry the class's bytes on it)."""
+    nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
+    weights = np.repeat(np.tile(nbytes, num_groups), lay.hops)
+    total = np.bincount(lay.compact, weights=weights, minlength=len(lay.ids))
+    necks = np.zeros(num_groups)
+    np.maximum.at(necks, lay.owner, (total / lay.capacity)[lay.compact])
+    return weights, total, necks
+
+
+def class_necks_s(topology: Topology, groups: np.ndarray, transfers: list[tuple[int, int, float]]) -> np.ndarray:
+    """Each translate's (row of ``groups``) class bottleneck, every translate running the plan ``transfers`` (in
+    peers): seconds its busiest link takes to carry what the whole class puts on it (`_class_loads_batched`'s
+    ``necks``; for the first translate the `_bottleneck` of its class bytes)."""
+    return _class_totals(_layout(topology, groups, *_pairs(transfers)), transfers, len(groups))[2]
+
+
 def _class_loads_batched(topology: Topology, groups: np.ndarray, transfers: list[tuple[int, int, float]],
                          levels: np.ndarray | None, layout: _Layout | None = None
                          ) -> tuple[dict[int, float], dict[int, float], bool, dict[int, int], dict[int, int]]:
     """`_class_loads` for many translates at once: every translate's routes in one numpy batch (``layout``:
     theirs, if already resolved)."""
-    nbytes = np.fromiter((t[2] for t in transfers), dtype=float, count=len(transfers))
     lay = layout if layout is not None else _layout(topology, groups, *_pairs(transfers))
-    weights = np.repeat(np.tile(nbytes, len(groups)), lay.hops)
-    total = np.bincount(lay.compact, weights=weights, minlength=len(lay.ids))
-    ratio = (total / lay.capacity)[lay.compact]
-    necks = np.zeros(len(groups))
-    np.maximum.at(necks, lay.owner, ratio)
+    weights, total, necks = _class_totals(lay, transfers, len(groups))
     symmetric = bool(necks.max() <= necks[0] * (1 + _SYMMETRY_REL) + 1e-300)
     own_bytes = np.bincount(lay.own_compact, weights=weights[lay.mine], minlength=len(lay.own_ids))
     class_bytes = total[lay.own_in_class]

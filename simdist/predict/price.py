@@ -40,6 +40,7 @@ from simdist.predict.link_loads import (
     _loads,
     _pairs,
     _plan_links,
+    class_necks_s,
 )
 
 
@@ -188,6 +189,34 @@ def _prepare(topology: Topology, comm: Comm, translates: Sequence[tuple[int, ...
         groups = groups[shares]
     switch = any(src < 0 or dst < 0 for src, dst, _ in transfers)  # SWITCH or FABRIC
     return _Pending(comm, choice, time_s, latency_s, transfers, levels, groups, len(groups) > 1 and not switch)
+
+
+def transfer_alone_s(topology: Topology, comm: Comm, groups: dict[tuple[int, ...], Group] | None = None,
+                     stand_in: tuple[int, ...] | None = None) -> float:
+    """`price_comm`'s time_s - latency_s of ``comm`` (no ``adjust``), without its link loads."""
+    choice, tiny_s, _ = _tuned(topology, comm, groups, stand_in)
+    return choice.predicted_s - min(tiny_s, choice.predicted_s)
+
+
+def plan_basis(topology: Topology, ranks: tuple[int, ...], stand_in: tuple[int, ...] | None = None
+               ) -> tuple[int, ...]:
+    """The group whose tuner choice and plan (in peers) `price_comm` prices ``ranks`` with (`_tuned`): groups with
+    the same basis run the same plan."""
+    return node_translate(topology, ranks if stand_in is None else stand_in)
+
+
+def translate_necks_s(topology: Topology, comm: Comm, translates: np.ndarray,
+                      groups: dict[tuple[int, ...], Group] | None = None, stand_in: tuple[int, ...] | None = None
+                      ) -> np.ndarray | None:
+    """`class_bottleneck_s` of `price_comm` of every row of ``translates`` (comm.ranks's translates, comm.ranks
+    among them, each in comm.ranks's peer order) as the group priced, its translates the others, for the rows
+    whose `plan_basis` is comm's (they run its plan): one batch of the class's routes for all of them. None where
+    `price_comm` would not price the class in one batch (a plan that stays inside its nodes, or through a switch):
+    price each with `price_comm`."""
+    p = _prepare(topology, comm, translates, True, None, groups, stand_in)
+    if not p.batched or p.groups is None or len(p.groups) != len(translates) or p.transfers is None:
+        return None
+    return class_necks_s(topology, p.groups, p.transfers)
 
 
 def _finish(topology: Topology, p: _Pending, layout: _Layout | None = None) -> PricedComm:

@@ -31,7 +31,7 @@ from simdist.analytic.pricing import CommPricer
 from simdist.hardware.topology import Topology
 from simdist.plan.mesh import Mesh
 from simdist.plan.opgraph import Comm
-from simdist.predict.price import class_bottleneck_s, price_comm
+from simdist.predict.price import class_bottleneck_s, plan_basis, price_comm, transfer_alone_s, translate_necks_s
 
 __all__ = ["ContendedPricer"]
 
@@ -52,7 +52,9 @@ class ContendedPricer(CommPricer):
     A collective of n bytes takes latency + transfer x its group's sharing factor (`factor`: the class's busiest
     link against the transfer alone, at `REFERENCE_BYTES`, at least 1), its latency and transfer the alone
     pricer's (``alone``: cached by group shape; latency: its one-byte time). One factor per (op, group) serves
-    every size, so a search's layouts of one mesh share them whatever their micro-batch.
+    every size, so a search's layouts of one mesh share them whatever their micro-batch; the members of a class of
+    translates that run one plan (a pipeline's stages, a replica's tp peers) share one batch of the class's routes,
+    each reading its own busiest link's class bytes (`_class_factor`).
     # Assumption: the sharing factor does not depend on the size (the class's link bytes and the transfer alone
     # both scale with it; where the tuner switches algorithm between sizes, the reference size's stands).
     """
@@ -91,23 +93,58 @@ class ContendedPricer(CommPricer):
             hit = self._shared.get(shifts_key)
             if hit is None:
                 images = self._images(placed, axes)
-                images_key = (op, placed, imbalance, kernel, images.shape,
-                              blake2b(images.tobytes(), digest_size=16).digest())
-                hit = self._shared.get(images_key)
-                if hit is None:
-                    priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance,
-                                                            kernel=kernel),
-                                        translates=images if len(images) > 1 else None,
-                                        groups=self.topology.groups,  # type: ignore[arg-type]
-                                        # its tuner choice and transfer alone found once for every stage's
-                                        # group: the alone pricer prices them as this stand-in
-                                        stand_in=self.alone.stand_in(placed))
-                    transfer = priced.time_s - priced.latency_s
-                    hit = self._shared[images_key] = max(
-                        1.0, class_bottleneck_s(self.topology, priced) / transfer) if transfer > 0 else 1.0
+                hit = self._class_factor(op, placed, imbalance, kernel, images)
+                if hit is None:  # a class not priced in one batch: this group with its translates
+                    hit = self._own_factor(op, placed, imbalance, kernel, images)
                 self._shared[shifts_key] = hit
             self._factors[key] = hit
         return hit
+
+    def _own_factor(self, op: str, placed: tuple[int, ...], imbalance: float, kernel: str, images: np.ndarray
+                    ) -> float:
+        """`factor` from `price_comm` of ``placed`` with its translates ``images``."""
+        images_key = (op, placed, imbalance, kernel, images.shape, blake2b(images.tobytes(), digest_size=16).digest())
+        hit = self._shared.get(images_key)
+        if hit is None:
+            priced = price_comm(self.topology, Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance,
+                                                    kernel=kernel),
+                                translates=images if len(images) > 1 else None,
+                                groups=self.topology.groups,  # type: ignore[arg-type]
+                                # its tuner choice and transfer alone found once for every stage's group: the
+                                # alone pricer prices them as this stand-in
+                                stand_in=self.alone.stand_in(placed))
+            transfer = priced.time_s - priced.latency_s
+            hit = self._shared[images_key] = max(
+                1.0, class_bottleneck_s(self.topology, priced) / transfer) if transfer > 0 else 1.0
+        return hit
+
+    def _class_factor(self, op: str, placed: tuple[int, ...], imbalance: float, kernel: str, images: np.ndarray
+                      ) -> float | None:
+        """`factor` from the class's bottlenecks, found once for every member of the class that runs one plan
+        (simdist.predict.price.translate_necks_s: a translate's factor is its own busiest link's class bytes against
+        its own transfer alone, the class's bytes the same whichever member asks); None where the class is not
+        priced in one batch. The class's rows in one order whichever member asks first, so each factor is the same
+        float whatever the order a search (or its workers) asks them in."""
+        if len(images) < 2:
+            return None
+        stand_in = self.alone.stand_in(placed)
+        basis = plan_basis(self.topology, placed, stand_in)
+        rows = images[np.lexsort(images.T[::-1])]  # (every member's images are the same set: its orbit)
+        key = ("class", op, imbalance, kernel, basis, rows.shape, blake2b(rows.tobytes(), digest_size=16).digest())
+        necks = self._shared.get(key)
+        comm = Comm(op, placed, REFERENCE_BYTES, "", imbalance=imbalance, kernel=kernel)
+        if necks is None:
+            found = translate_necks_s(self.topology, comm, rows, groups=self.topology.groups,  # type: ignore[arg-type]
+                                      stand_in=stand_in)
+            necks = self._shared[key] = found if found is not None else ()
+        if not len(necks):
+            return None
+        row = np.flatnonzero((rows == np.asarray(placed, dtype=np.int64)).all(axis=1))
+        if len(row) != 1:
+            return None
+        transfer = transfer_alone_s(self.topology, comm, self.topology.groups,  # type: ignore[arg-type]
+                                    stand_in)
+        return max(1.0, float(necks[row[0]]) / transfer) if transfer > 0 else 1.0
 
     def _translate_axes(self, placed: tuple[int, ...]) -> tuple[str, ...]:
         """The axes the members of ``placed`` do not span: shifting along its own axis maps a whole axis group to
