@@ -46,9 +46,27 @@ def test_grouped_gemms_follow_the_experts_rows_and_count():
 
 
 def test_every_row_cites_its_source_and_every_gpu_is_a_preset():
-    assert len(RECORDS) == 27 and all(r.source for r in RECORDS)
+    assert len(RECORDS) == 43 and all(r.source for r in RECORDS)
     assert {r.gpu for r in RECORDS} == {"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200-SXM-180GB",
-                                        "L40S-48GB"}
+                                        "B300-SXM-288GB", "L40S-48GB"}
+
+
+def test_b300_linears_of_transformer_engine_are_not_priced_optimistically():
+    """Transformer Engine's GEMM profiling on B300 (a 5B model's QKV, attention output, MLP up and down at 15,872
+    tokens): simdist's bf16 GEMMs are slower than torch.matmul's on every shape, and a te.Linear forward under
+    autocast is priced as its fp8 GEMM plus the casts of its input and weight, within -13 % / +34 % of the whole
+    call for current, delayed and MXFP8 scaling; on average simdist is the slower, so these kernels do not explain
+    its optimism on the Blackwell training rows."""
+    b300 = [r for r in RECORDS if r.gpu == "B300-SXM-288GB"]
+    assert len(b300) == 16 and {r.kind for r in b300} == {"dense", "linear"}
+    assert all(0.05 < r.error < 0.25 for r in b300 if r.kind == "dense")
+    linear = [r for r in b300 if r.kind == "linear"]
+    assert all(-0.13 < r.error < 0.35 for r in linear)
+    assert sum(r.error for r in b300) / len(b300) > 0.0
+    # a linear row is its GEMM and its two casts: dropping the casts would price it faster, never slower
+    mx = next(r for r in linear if r.shape == "(15872, 4096, 16384)" and "MXFP8" in r.software)
+    gemm_only = acc._tflops(acc._gpus()["B300-SXM-288GB"], 1, 15872, 4096, 16384, "mxfp8")
+    assert gemm_only > mx.predicted_tflops * 1.05
 
 
 def test_blackwell_mxfp8_grouped_gemms_are_priced_as_fp8_and_measured_slower():
