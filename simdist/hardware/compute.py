@@ -15,7 +15,9 @@ makes shapes that do not divide into the GPU's tiles and SMs slower per FLOP tha
 at the fp8 peak times ``fp8_gemm_efficiency_ratio`` (FP8 GEMMs reach a smaller share of their peak than 16-bit
 ones, from measured maximum-achievable matmul rates). Fused attention kernels (FlashAttention-2/3, cuDNN) have
 their own measured curves (simdist.hardware.attention). Element-wise ("memory") kernels run on the CUDA cores
-(fp32 vector rate) and are bandwidth-bound in practice.
+(fp32 vector rate) and are bandwidth-bound in practice; eager PyTorch ops of a chain that converts between 16-bit
+activations and fp32 (an RMSNorm or rotary embedding run op by op) reach ``eager_cast_share`` of that bandwidth
+(measured per GPU on such chains: data/compute_efficiency.csv).
 
 Only kernels marked ``dtype="fp8"`` run at the fp8 rate: under ``precision: fp8`` every other kernel (attention,
 norms, the logits GEMM) is a bf16 kernel (Transformer Engine's FP8 recipes cast only the linear layers' GEMMs).
@@ -85,10 +87,13 @@ class ComputeEfficiency:
     """Per kernel replayed from a CUDA graph: the gap between back-to-back kernels without a launch each."""
     comm_interference: float = 0.189
     """How much longer compute takes while collectives run beside it on the GPU (simdist.plan.interference)."""
+    eager_cast_share: float = 0.79
+    """Share of ``memory_efficiency``'s bandwidth that eager PyTorch element-wise ops reach in chains converting between
+    16-bit activations and fp32 (an RMSNorm's, a rotary embedding's ATen ops: `Kernel.eager_cast`)."""
 
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
-           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference")
+           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference", "eager_cast_share")
 
 
 @cache
@@ -179,7 +184,9 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
         compute_s = kernel.flops / gemm_rate(gpu, kernel, precision, eff) if kernel.flops else 0.0
     if gpu.power_limit_w is not None:
         compute_s /= clock_share(gpu)  # a power cap slows the SMs, not HBM (simdist.hardware.clock)
-    memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency)
+    # an eager op of a 16-bit <-> fp32 chain reaches a share of a streaming kernel's bandwidth (Kernel.eager_cast)
+    share = eff.eager_cast_share if getattr(kernel, "eager_cast", False) else 1.0
+    memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency * share)
     return max(compute_s, memory_s) + eff.launch_overhead_s
 
 

@@ -22,19 +22,28 @@ embedding as complex numbers casts to fp32, multiplies by the frequencies and ca
 apply_rotary_emb); SwiGLU is silu then mul; a LayerNorm is ATen's native kernel pair (row moments, then normalise:
 aten/src/ATen/native/cuda/layer_norm_kernel.cu); the loss upcasts the logits to fp32 and runs log_softmax and
 nll_loss (torch.nn.functional.cross_entropy), whose CUDA softmax reads a row three times when it does not fit in
-shared memory (max, sum of exponentials, write: aten/src/ATen/native/cuda/SoftMax.cu). Checked against kernel-level
-measurements of the same modules (tests/test_elementwise.py): an eager Llama RMSNorm forward is 9-10.5x the fused
-kernel's time on A100, its backward 8x; eager nn.LayerNorm's forward 1.57-1.66x a fused one (Liger-Kernel benchmark
-data, linkedin/Liger-Kernel @ ead96b6 benchmark/data/all_benchmark_data.csv, rows rms_norm and layer_norm).
+shared memory (max, sum of exponentials, write: aten/src/ATen/native/cuda/SoftMax.cu). The ops of the chains that
+convert between 16-bit activations and fp32 (`CAST_CHAINS`: the norms' and the rotary embedding's) reach a measured
+share of a streaming kernel's bandwidth (ComputeEfficiency.eager_cast_share). Checked against kernel-level
+measurements of the same modules (tests/test_elementwise.py; Liger-Kernel benchmark data, linkedin/Liger-Kernel @
+ead96b6 benchmark/data/all_benchmark_data.csv): an eager Llama RMSNorm on A100 at 2048 x 4096-32768 (forward +1 to
++12 %, backward -5 to -17 %), Llama 4's complex rotary embedding on H100 at 4096-16384 tokens (within 6 %), eager
+nn.LayerNorm's forward 1.57-1.66x a fused one (rows rms_norm, llama4_rope and layer_norm).
 """
 
 from __future__ import annotations
 
 from simdist.plan.kernel_work import Kernel, elementwise
 
-__all__ = ["STYLES", "ew", "kernel_style"]
+__all__ = ["CAST_CHAINS", "STYLES", "ew", "kernel_style"]
 
 STYLES = ("fused", "eager", "compiled")
+CAST_CHAINS = frozenset({"rmsnorm", "rmsnorm_grad", "qk_norm", "qk_norm_grad", "rotary", "rotary_grad"})
+"""Regions whose eager ops convert between the 16-bit activations and fp32 along the way (the upcast norms and the
+rotary embedding as complex numbers): their kernels reach a share of a streaming kernel's bandwidth
+(simdist.plan.kernel_work.Kernel.eager_cast, ComputeEfficiency.eager_cast_share: 0.63 on A100 from an eager RMSNorm,
+0.79 on H100 from an eager complex rotary embedding, measured op by op). The other eager ops (a residual add, silu and
+mul on the separate gate and up GEMMs' outputs, ATen's native LayerNorm and softmax) stream at full rate."""
 _F = 4.0
 
 
@@ -158,5 +167,6 @@ def ew(region: str, elements: float, a: float, style: str, *, per_tensor: int = 
     """The kernels of ``region`` over ``elements`` (activation bytes ``a``) in ``style``. ``per_tensor``: the region
     covers that many equal tensors, which eager code runs one by one (Q and K of a rotary embedding)."""
     n = per_tensor if style == "eager" else 1
-    return [elementwise(name, elements / n, bytes_per, flops_per)
+    cast = style == "eager" and region in CAST_CHAINS
+    return [elementwise(name, elements / n, bytes_per, flops_per, eager_cast=cast)
             for _ in range(n) for name, bytes_per, flops_per in passes(region, a, style)]

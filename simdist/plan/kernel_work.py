@@ -31,6 +31,10 @@ class Kernel:
     useful_flops: float | None = None
     """Model FLOPs of the kernel where they differ from ``flops`` (what it executes): a materialized attention
     GEMM computes the masked half of the scores too, which the causal convention does not count."""
+    eager_cast: bool = False
+    """An eager PyTorch element-wise op of a chain that converts between the 16-bit activations and fp32 (an RMSNorm's
+    or a rotary embedding's ATen ops): it reaches ``ComputeEfficiency.eager_cast_share`` of a streaming kernel's
+    bandwidth (simdist.hardware.compute)."""
 
     @property
     def model_flops(self) -> float:
@@ -188,12 +192,12 @@ def fp8_weight_cast(name: str, elements: float, shape: LayerShape) -> list[Kerne
 
 
 def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0, *,
-                useful_share: float | None = None) -> Kernel:
+                useful_share: float | None = None, eager_cast: bool = False) -> Kernel:
     """An element-wise (bandwidth-bound) kernel; ``useful_share``: the share of its FLOPs the model counts (the
-    balanced rows of a kernel the busiest MoE rank runs on its extra rows)."""
+    balanced rows of a kernel the busiest MoE rank runs on its extra rows); ``eager_cast``: see `Kernel.eager_cast`."""
     flops = flops_per * elements
     return Kernel(name, flops, bytes_per * elements, "memory",
-                  useful_flops=None if useful_share is None else flops * useful_share)
+                  useful_flops=None if useful_share is None else flops * useful_share, eager_cast=eager_cast)
 
 
 def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0, host_syncs: tuple[int, ...] = (),
