@@ -3,8 +3,8 @@
 Run from the repository root with the project's virtualenv active:
 
     python benchmarks/search.py [--model gpt3-175b] [--cluster dgx-a100] [--gpus 1024] [--global-batch 1536]
-                                [--workers 1] [--top 3] [--min-configs 10000] [--readme] [--any-layout]
-                                [--dask-local 2]
+                                [--workers 1] [--top 3] [--min-configs 10000] [--readme] [--readme-phases]
+                                [--any-layout] [--dask-local 2]
 
 Figures:
 - cold: the first sweep over the feasible layouts (collective prices computed and cached), of the closed form with
@@ -18,12 +18,17 @@ Figures:
   time;
 - engine: simdist.predict.step.predict_step on the top k, seconds each;
 - --readme: the README's default search (`simdist search --model gpt3-175b ...`) as a whole process, median wall of
-  three runs and peak resident memory.
+  three runs and peak resident memory;
+- --readme-phases: the same search three more times, each in a process of its own with its phases timed (enumeration,
+  compute bounds, schedule bounds, alone closed forms, closed forms with the contention estimate, the engine's
+  re-simulations, placement, and the rest: imports and output), medians: what moved when the whole process's wall
+  time is lost in a noisy machine's spread.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import resource
@@ -52,6 +57,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--min-configs", type=int, default=10_000)
     ap.add_argument("--readme", action="store_true", help="also time the README's default search, whole process")
+    ap.add_argument("--readme-phases", action="store_true", help="also time the README's default search's phases "
+                    "(three processes, medians)")
+    ap.add_argument("--phases-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=BATCH, help=f"configurations per job (default {BATCH}, the sweep's)")
     ap.add_argument("--dask-local", type=int, default=0, metavar="N",
                     help="run the --min-configs evaluations on a Dask LocalCluster of N single-threaded worker "
@@ -59,6 +67,9 @@ def main() -> None:
     ap.add_argument("--any-layout", action="store_true", help="every layout, not only those Megatron-Core runs "
                     "(the space the issue-32 figures of 12-20 ms per configuration were measured on)")
     a = ap.parse_args()
+    if a.phases_child:
+        phases_child()
+        return
     problem = SearchProblem(a.model, a.cluster, a.gpus // 8, a.global_batch, framework_layouts=not a.any_layout)
     t = time.perf_counter()
     feasible, pruned, n, *_ = enumerate_feasible(problem)
@@ -109,6 +120,8 @@ def main() -> None:
     print(f"{len(many):,} configs on {where} (cold caches per worker): {big:.2f} s ({len(many) / big:,.0f} configs/s)")
     if a.readme:
         readme_search(a.workers)
+    if a.readme_phases:
+        readme_phases()
     rows.sort(key=lambda r: -r["tokens_per_s"])
     for row in rows[:a.top]:
         t = time.perf_counter()
@@ -161,6 +174,68 @@ def readme_search(workers: int) -> None:
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux -> MiB
     print(f"README default search ({workers} worker(s)): median wall {statistics.median(walls):.2f} s "
           f"(runs {', '.join(f'{w:.2f}' for w in walls)}), peak RSS of the largest process {peak:.0f} MiB")
+
+
+PHASES = {"simdist.search.rank": ("enumerate_feasible", "resimulate", "placement_gain"),
+          "simdist.search.sweep": ("quick_screen_batch", "screen_batch", "alone_screen_batch", "evaluate_batch")}
+"""The functions each phase of a search runs in (in this process: the sweep's executor calls them here)."""
+PHASE_NAMES = {"enumerate_feasible": "enumeration", "quick_screen_batch": "compute bounds",
+               "screen_batch": "schedule bounds", "alone_screen_batch": "alone closed forms",
+               "evaluate_batch": "closed forms with contention", "resimulate": "engine",
+               "placement_gain": "placement (its own engine runs included)"}
+
+
+def phases_child() -> None:
+    """(In a process of its own, started by `readme_phases`.) The README's search with its phases timed: one line
+    ``PHASES {json}`` on stderr, seconds by phase and the whole process's."""
+    import importlib
+    import json
+
+    start = time.perf_counter()
+    spent: dict[str, float] = {}
+    active: list[str] = []  # a phase called inside another (placement's engine runs) counts as the outer one
+
+    def timing(name: str, f):
+        def timed(*args, **kwargs):
+            if active:
+                return f(*args, **kwargs)
+            active.append(name)
+            t = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+                active.pop()
+        return timed
+
+    for module, names in PHASES.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            setattr(mod, name, timing(name, getattr(mod, name)))
+    from simdist.cli import app
+
+    with contextlib.suppress(SystemExit):  # (the command line's exit)
+        app(README_SEARCH, prog_name="simdist")
+    spent["whole"] = time.perf_counter() - start
+    print("PHASES " + json.dumps(spent), file=sys.stderr)
+
+
+def readme_phases() -> None:
+    """`phases_child` three times, each in a fresh process: the median seconds of each phase."""
+    import json
+
+    runs = []
+    for _ in range(3):
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--phases-child"], check=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        line = next(x for x in reversed(done.stderr.splitlines()) if x.startswith("PHASES "))
+        runs.append(json.loads(line[len("PHASES "):]))
+    medians = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in (*PHASE_NAMES, "whole")}
+    # the rest: imports, the problem's set-up, the output (the interpreter's start is before "whole")
+    rest = medians["whole"] - sum(medians[k] for k in PHASE_NAMES)
+    parts = ", ".join(f"{PHASE_NAMES[k]} {medians[k]:.2f} s" for k in PHASE_NAMES)
+    print(f"README default search, phases (median of 3 processes, in-process executor): {parts}; rest "
+          f"{rest:.2f} s; whole {medians['whole']:.2f} s from the script's start")
 
 
 if __name__ == "__main__":
