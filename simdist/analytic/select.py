@@ -25,20 +25,23 @@ class Choice:
 
 
 def priced_request(request: Request, priced: PricedProtocol) -> Request:
-    """The request with its group's paths carrying the protocol's extra latency, and the protocol."""
-    return dataclasses.replace(request, group=request.group.priced(priced.latency_by_class_s), protocol=priced.cost)
+    """The request with its group's paths carrying the protocol's extra latency, and the protocol; the priced group
+    kept in the group's memo (it depends on the extra latencies alone, and keeps its resolved paths for every size)."""
+    key = ("priced group", tuple(sorted(priced.latency_by_class_s.items())))
+    group = request.group.memo.get(key)
+    if group is None:
+        group = request.group.memo[key] = request.group.priced(priced.latency_by_class_s)
+    return dataclasses.replace(request, group=group, protocol=priced.cost)
 
 
 def evaluate(request: Request, algorithm: str, protocol: str) -> Choice:
-    # what the protocol adds, and the group with it, depend on the group, op and kernel, not the size: kept in the
-    # group's memo for every size priced on it (the priced group keeps its resolved paths too)
-    key = ("priced", algorithm, protocol, request.op, request.kernel)
-    hit = request.group.memo.get(key)
-    if hit is None:
-        priced = protocol_cost(algorithm, protocol, request.group, request.op, request.kernel)
-        hit = request.group.memo[key] = (priced, request.group.priced(priced.latency_by_class_s))
-    priced, group = hit
-    t = closed_form(algorithm)(dataclasses.replace(request, group=group, protocol=priced.cost), priced.cost)
+    # what the protocol adds depends on the group, op and kernel, not the size: kept in the group's memo
+    key = ("protocol cost", algorithm, protocol, request.op, request.kernel)
+    priced = request.group.memo.get(key)
+    if priced is None:
+        priced = request.group.memo[key] = protocol_cost(algorithm, protocol, request.group, request.op,
+                                                         request.kernel)
+    t = closed_form(algorithm)(priced_request(request, priced), priced.cost)
     return Choice(algorithm, protocol, t, priced)
 
 

@@ -138,7 +138,7 @@ def _tuned(topology: Topology, comm: Comm, groups: dict[tuple[int, ...], Group] 
     """(the tuner's choice for ``comm`` alone, the closed form of that choice for one byte, the request they were
     found on: ``comm`` on its group's `node_translate`, or on ``stand_in``), kept in that group's memo: a
     collective on every node's copy of a group is priced once."""
-    ranks = node_translate(topology, comm.ranks if stand_in is None else stand_in)
+    ranks = plan_basis(topology, comm.ranks, stand_in)
     basis = request_of(topology, comm.op, ranks, comm.nbytes, comm.imbalance, groups, comm.kernel)
     key = ("tuned", comm.op, float(comm.nbytes), float(comm.imbalance), comm.kernel)
     hit = basis.group.memo.get(key)
