@@ -259,12 +259,15 @@ def embedding_activation_bytes(
     sequence_parallel: bool = False,
     micro_batch_size: int = 1,
     precision: str = "bf16",
+    loss_parallel: bool = True,
 ) -> float:
     """Activations outside the layers for one micro-batch, Korthikanti et al. 2022 sec. 4.3.
 
     First stage: the embedding dropout mask, sbh (sbh/t with SP; Korthikanti writes sbhp/t for p micro-batches).
     Last stage: the final layer-norm input 2sbh, the output-projection input 2sbh (both /t with SP) and the
-    fp32 logits the cross-entropy keeps, 4sbv/t (vocabulary-parallel, always split); together 4sbh/t (1 + v/h).
+    fp32 logits the cross-entropy keeps, 4sbv/t (vocabulary-parallel); together 4sbh/t (1 + v/h). Without loss
+    parallelism (``loss_parallel`` False, training.loss_parallel) every rank keeps the logits of the whole
+    vocabulary, 4sbv.
     For the lecture MLP, the loss (mean of squares) keeps the final activation on the last stage.
     """
     e = ELEMENT_BYTES[precision]
@@ -279,7 +282,7 @@ def embedding_activation_bytes(
     if first_stage and not model.swiglu:  # no embedding dropout in Llama-style models (Assumption above)
         total += MASK_BYTES * sbh / replicated_div
     if last_stage:
-        total += 2 * e * sbh / replicated_div + LOGITS_BYTES * s * b * model.vocab_size / tp
+        total += 2 * e * sbh / replicated_div + LOGITS_BYTES * s * b * model.vocab_size / (tp if loss_parallel else 1)
     return total / cp
 
 

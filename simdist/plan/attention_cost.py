@@ -37,6 +37,7 @@ from simdist.plan.kernel_work import (
     gemm_grads,
 )
 from simdist.plan.model import Model
+from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +111,10 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
     if model.multi_latent_attention:
         _mla_projections(model, shape, fwd, bwd_qkv, a_l)
     else:
+        projections = column_projections("attention", swiglu=model.swiglu)
         if tp > 1 and sp:
-            fwd.issue("all_gather", m * h * bpe)
+            for _ in range(forward_gathers(shape.tp_inputs, projections, compiled=style == "compiled")):
+                fwd.issue("all_gather", m * h * bpe)
         fwd.add(*fp8_cast("qkv", m * h, recipe), *fp8_weight_cast("qkv", h * (q_l + 2 * k_l), shape),
                 gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
         if model.qk_layernorm:
@@ -135,7 +138,8 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
         dgrad, wgrad = gemm_grads("qkv", m, q_l + 2 * k_l, h, bpe, fp8)
         bwd_qkv.add(dgrad)
         if tp > 1:
-            bwd_qkv.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe, overlappable=True)
+            for _ in range(input_reductions(shape.tp_inputs, projections)):
+                bwd_qkv.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe, overlappable=True)
         bwd_qkv.add(wgrad)
     cpc = cp_comm(cp_comm_type, cp=cp, tokens=m, q_width=q_l, kv_width=(k_l + v_l) // 2, bpe=bpe, style=style)
     core, core_bwd, extra = _core(shape, attention, causal, window, counted, scores, d_qk, d_v, q_l, k_l, v_l,

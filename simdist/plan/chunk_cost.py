@@ -83,7 +83,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
                           attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts,
                           style=ex.style, fp8_weight_cache=ex.fp8_weight_cache,
                           recompute_modules=ex.recompute_modules, cp_comm_type=ex.cp_comm_type,
-                          fp8_attention=ex.fp8_attention, **kw)
+                          fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs, **kw)
 
     parts: list[tuple[Work, int]] = []
     if cfg.recompute == "full" and ex.recompute_method not in (None, "uniform"):
@@ -102,14 +102,16 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
     if first_part and m.kind == "decoder":
         parts.append((embedding_work(m, style=ex.style, **kw), 1))
     if last_part:
-        parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style, **kw), 1))
+        parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style,
+                                loss_parallel=ex.loss_parallel, **kw), 1))
     mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
     if mtp:
         # DeepSeek-V3 sec. 2.2 / Megatron-LM: the MTP modules run on the last pipeline stage after the main model:
         # each an embedding lookup, its norms and projection, a layer built like the last one, the shared head.
         parts += [(layer(m.num_layers - 1), mtp), (mtp_work(m, **kw), mtp),
                   (embedding_work(m, style=ex.style, **kw), mtp),
-                  (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style, **kw), mtp)]
+                  (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style,
+                                loss_parallel=ex.loss_parallel, **kw), mtp)]
     return parts
 
 

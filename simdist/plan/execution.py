@@ -48,6 +48,11 @@ class Execution:
     False: cast in every forward (torchao Float8Linear)."""
     fp8_attention: bool = False
     """The fused attention runs in fp8 (Transformer Engine's FP8 DotProductAttention: training.fp8_attention)."""
+    tp_inputs: str = "module"
+    """module | per_projection: where a module's input changes layout for its column-parallel projections
+    (training.tp_input_layouts, simdist.plan.tp_plan)."""
+    loss_parallel: bool = True
+    """The loss runs on each tp rank's vocabulary shard; False: over the gathered logits (training.loss_parallel)."""
     clip_grad: bool = True
     """Gradient clipping by the global norm before the optimizer step (simdist.plan.optimizer)."""
     master_copy: bool = True
@@ -101,5 +106,5 @@ def execution_of(spec, pp: int) -> Execution:
         recompute_modules=tuple(t.recompute_modules or ("core_attn",)), recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers, cp_comm_type=t.cp_comm_type, async_tp=t.async_tp,
         fp8_weight_cache=t.kernel_fusion == "fused", fp8_attention=t.fp8_attention, clip_grad=t.clip_grad > 0,
-        master_copy=keeps_master_copy(spec),
+        master_copy=keeps_master_copy(spec), tp_inputs=t.tp_input_layouts, loss_parallel=t.loss_parallel,
         master_dtype=t.main_params_dtype)

@@ -276,6 +276,8 @@ class LayerShape:
     """FP8 weights cast once per step (Transformer Engine) rather than in every forward (torchao)."""
     fp8_attention: bool = False
     """The fused attention runs in fp8 (Transformer Engine's FP8 DotProductAttention)."""
+    tp_inputs: str = "module"
+    """Where a module's input changes layout for its column-parallel projections (simdist.plan.tp_plan)."""
 
     @property
     def attention_dtype(self) -> str:

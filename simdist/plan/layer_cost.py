@@ -52,6 +52,7 @@ from simdist.plan.kernel_work import (
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel, moe_mlp_block
 from simdist.plan.recompute import POLICIES, recomputed
+from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions
 
 __all__ = ["ATTENTION_KERNELS", "FP8_RECIPES", "AttentionShape", "CommWork", "ExpertParallel", "Kernel", "Work",
            "bytes_per_element", "embedding_work", "head_work", "layer_work", "model_flops_per_sequence", "mtp_work",
@@ -127,7 +128,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
                fp8_recipe: str = "delayed", layer: int = 0, experts: ExpertParallel | None = None,
                style: str = "fused", fp8_weight_cache: bool = True,
                recompute_modules: tuple[str, ...] = ("core_attn",), cp_comm_type: str = "p2p",
-               fp8_attention: bool = False) -> Work:
+               fp8_attention: bool = False, tp_inputs: str = "module") -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
@@ -153,7 +154,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     ``style``: how element-wise work runs (simdist.plan.elementwise: fused, eager, compiled); ``fp8_weight_cache``:
     FP8 weights cast once per step (Transformer Engine) or in every forward (torchao); ``recompute_modules``: what
     ``recompute: selective`` redoes, and ``recompute: op`` torchtitan's op-level policy (simdist.plan.recompute);
-    ``fp8_attention``: the fused attention runs in fp8 under ``precision: fp8`` (LayerShape.attention_dtype).
+    ``fp8_attention``: the fused attention runs in fp8 under ``precision: fp8`` (LayerShape.attention_dtype);
+    ``tp_inputs``: where a module's input changes layout for its column-parallel projections (simdist.plan.tp_plan).
     """
     _check(model, tp, cp, sequence_parallel, micro_batch_size, recompute, tp_style)
     if attention not in ATTENTION_KERNELS:
@@ -176,7 +178,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     # Llama-style (SwiGLU) models without dropout (Dubey et al. 2024 use none), but with rotary embeddings.
     shape = LayerShape(micro_batch_size, model.seq_length // cp, model.seq_length, tp, cp, sequence_parallel, bpe,
                        recipe, dropout=not model.swiglu, style=style, norm="rmsnorm" if model.swiglu else "layernorm",
-                       fp8_weight_cache=fp8_weight_cache, fp8_attention=fp8_attention)
+                       fp8_weight_cache=fp8_weight_cache, fp8_attention=fp8_attention, tp_inputs=tp_inputs)
     h, m = model.hidden_size, shape.tokens
     resid = m * h // tp if sequence_parallel else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
     attn = attention_block(model, shape, attention=attention, causal=attention_mask == "causal",
@@ -204,7 +206,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     sub = {"qkv": (q_l, kv_l, kv_l)}
     if model.swiglu:
         sub["mlp_up"] = (1, 1)  # torchtitan's w1 and w3: two matmuls in simdist's one gate+up GEMM
-    redo, redo_comm = recomputed(recompute, fwd, tags, recompute_modules, sub)
+    redo, redo_comm = recomputed(recompute, fwd, tags, recompute_modules, sub, compiled=style == "compiled")
     comm += redo_comm
     # full recompute redoes the forward, its synchronizations too; Assumption: a selective or op-level redo of part of
     # an MoE block reuses the forward's token counts (no new synchronization)
@@ -253,8 +255,10 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
     style = shape.style
     fwd, bwd = Pass("forward"), Pass("backward")
     fwd.add(*ew(shape.norm, resid, bpe, style))
+    projections = column_projections("mlp", swiglu=model.swiglu)
     if tp > 1 and sp:
-        fwd.issue("all_gather", full)
+        for _ in range(forward_gathers(shape.tp_inputs, projections, compiled=style == "compiled")):
+            fwd.issue("all_gather", full)
     fwd.add(*fp8_cast("mlp_up", m * h, recipe), *fp8_weight_cast("mlp_up", h * up_n, shape),
             gemm("mlp_up", m, up_n, h, bpe, fp8))
     fwd.add(*ew("swiglu" if model.swiglu else "gelu", m * f_l, bpe, style))
@@ -275,7 +279,8 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
         # issued after the input-gradient GEMM, it overlaps the weight-gradient GEMM
         # Assumption: Megatron-LM also re-gathers each column-parallel GEMM's input in backward for its
         # weight gradient, overlapped with the input-gradient GEMM; that all-gather is not modelled.
-        bwd.issue("reduce_scatter" if sp else "all_reduce", full, overlappable=True)
+        for _ in range(input_reductions(shape.tp_inputs, projections)):
+            bwd.issue("reduce_scatter" if sp else "all_reduce", full, overlappable=True)
     bwd.add(up_wgrad, *ew(f"{shape.norm}_grad", resid, bpe, style))
     return fwd, bwd
 
@@ -314,12 +319,13 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
 
 def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
               micro_batch_size: int = 1, precision: str = "bf16", style: str = "fused",
-              loss_fusion: bool = False, loss_style: str | None = None) -> Work:
+              loss_fusion: bool = False, loss_style: str | None = None, loss_parallel: bool = True) -> Work:
     """Final norm + logits GEMM + vocab-parallel softmax cross-entropy (decoder); squared-mean loss (mlp).
 
     ``style``: the final norm's kernels (simdist.plan.elementwise); ``loss_style``: the loss's (None: ``style``; fused
     Megatron-LM's vocab-parallel loss, eager F.cross_entropy's upcast, log_softmax and nll_loss, compiled Inductor's
-    fused reduction; simdist.plan.execution.loss_compiled); ``loss_fusion``: one fused kernel per pass.
+    fused reduction; simdist.plan.execution.loss_compiled); ``loss_fusion``: one fused kernel per pass;
+    ``loss_parallel`` False: the tp ranks' logits are all-gathered and each rank's loss covers the whole vocabulary.
     # Assumption: the final norm runs in the blocks' style (a few hundred microseconds either way)."""
     loss_style = loss_style or style
     bpe = bytes_per_element(precision)
@@ -333,9 +339,14 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
     resid = m * h // tp if sequence_parallel else m * h
     norm = "rmsnorm" if model.swiglu else "layernorm"
     loss = "fused_cross_entropy" if loss_fusion else "cross_entropy"
-    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_l, bpe, loss_style)]
+    # Without loss parallelism (tp > 1) DTensor's ColwiseParallel(output_layouts=Replicate()) all-gathers the logits
+    # after their GEMM and every rank computes the loss over the whole vocabulary; the gradient of the replicated
+    # logits is sliced back to the rank's columns (no collective).
+    gathered = tp > 1 and not loss_parallel
+    v_loss = model.vocab_size if gathered else v_l
+    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_loss, bpe, loss_style)]
     dgrad, wgrad = gemm_grads("logits", m, v_l, h, bpe)
-    bwd = [*ew(f"{loss}_grad", m * v_l, bpe, loss_style), dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
+    bwd = [*ew(f"{loss}_grad", m * v_loss, bpe, loss_style), dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
     at_logits = len(ew(norm, 1.0, bpe, style)) + 1  # the forward's kernels up to the logits GEMM
     at_dgrad = len(ew(f"{loss}_grad", 1.0, bpe, loss_style)) + 1  # the backward's up to the input-gradient GEMM
     comm: list[CommWork] = []
@@ -346,8 +357,11 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
             comm.append(CommWork("reduce_scatter", full, "backward", True, issued_after=at_dgrad))
         else:
             comm.append(CommWork("all_reduce", full, "backward", True, issued_after=at_dgrad))
-        # The cross-entropy's all-reduces of per-token max, sum of exps and target logit (fp32, b x s each).
-        comm += [CommWork("all_reduce", 4.0 * m, "forward", False, issued_after=at_logits) for _ in range(3)]
+        if gathered:
+            comm.append(CommWork("all_gather", float(m * v_l * tp * bpe), "forward", False, issued_after=at_logits))
+        else:
+            # The cross-entropy's all-reduces of per-token max, sum of exps and target logit (fp32, b x s each).
+            comm += [CommWork("all_reduce", 4.0 * m, "forward", False, issued_after=at_logits) for _ in range(3)]
     return work_of(fwd, bwd, (), comm)
 
 

@@ -280,6 +280,7 @@ def stage_memory(
     fp8_attention: bool = False,
     master_copy: bool = True,
     master_dtype: str = "fp32",
+    loss_parallel: bool = True,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
 
@@ -291,7 +292,8 @@ def stage_memory(
     data-parallel ranks ZeRO shards over (hybrid sharding; None: dp);
     ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default);
     ``fp8_attention``: the attention keeps its Q, K and V in fp8 (activations.py); ``master_copy`` False: the fp32
-    parameters are the master weights (PyTorch FSDP, `model_state_bytes`), in ``master_dtype``.
+    parameters are the master weights (PyTorch FSDP, `model_state_bytes`), in ``master_dtype``; ``loss_parallel`` False:
+    the last stage keeps the whole vocabulary's logits (training.loss_parallel).
 
     ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
     layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
@@ -324,13 +326,15 @@ def stage_memory(
         return own
 
     layer_bytes = sum(n * per_layer(i) for i, n in kinds.items())
-    outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage, **kw)
+    outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage,
+                                         loss_parallel=loss_parallel, **kw)
     mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
     if mtp:
         # each MTP module: a layer like the last one, its own logits (embedding_activation_bytes' last-stage terms)
         last = model.num_layers - 1
         layer_bytes += mtp * per_layer(last)
-        outside += mtp * embedding_activation_bytes(model, first_stage=False, last_stage=True, **kw)
+        outside += mtp * embedding_activation_bytes(model, first_stage=False, last_stage=True,
+                                                    loss_parallel=loss_parallel, **kw)
     # Assumption: the embedding and output-layer activations are held for as many micro-batches as the stage's
     # layers (Korthikanti sec. 4.3 multiplies the embedding dropout by p on the first 1F1B stage).
     activations = (layer_bytes + outside) * in_flight_microbatches

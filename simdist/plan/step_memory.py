@@ -35,7 +35,8 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
         unsharded=_unsharded(ex.reshard_after_forward, ex.grad_sync == "step" or cfg.no_sync_accumulates),
         shard_group=cfg.mesh.dp_shard or None, optimizer_bytes=cfg.optimizer_state_bytes,
-        fp8_attention=ex.fp8_attention, master_copy=ex.master_copy, master_dtype=ex.master_dtype)
+        fp8_attention=ex.fp8_attention, master_copy=ex.master_copy, master_dtype=ex.master_dtype,
+        loss_parallel=ex.loss_parallel)
     # a search asks for the memory of thousands of layouts, three times each (pruning, screening, ranking), and
     # many share a stage's every input (they differ in the schedule or the placement): cached by all of them
     key = (cfg.model, *args.values())

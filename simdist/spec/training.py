@@ -49,6 +49,7 @@ class TrainingSpec(Spec):
 
     TRANSLATED: ClassVar[dict[str, tuple[str, ...]]] = {
         "overlap_grad_reduce": ("grad_reduce",),
+        "disable_loss_parallel": ("loss_parallel",),
         "activation_checkpoint": ("recompute", "recompute_method", "recompute_num_layers"),
         "selective_ac_option": ("recompute", "recompute_method", "recompute_num_layers")}
     """The frameworks' argument names this section translates, and the fields each sets (simdist.spec.aliases)."""
@@ -276,6 +277,22 @@ class TrainingSpec(Spec):
                     "matmul-reduce-scatter over symmetric memory): each sequence-parallel collective runs in tp "
                     "pieces beside the GEMM it feeds, which runs as tp smaller GEMMs; needs "
                     "parallel.sequence_parallel, tp > 1 and compile (alias enable_async_tensor_parallel)")
+    tp_input_layouts: Literal["module", "per_projection"] = Field(
+        default="module",
+        description="where a tensor-parallel module's input changes layout (sequence-sharded to replicated): module "
+                    "(once per module: Megatron-LM's column-parallel region, torchtitan's PrepareModuleInput on "
+                    "attention and feed_forward) or per_projection (each column-parallel projection redistributes "
+                    "its own input: DTensor ColwiseParallel(input_layouts=Shard(1)) on each of q, k, v and of gate, "
+                    "up, as KempnerForge plans it): one backward reduce-scatter (all-reduce without sequence "
+                    "parallelism) per projection, and eagerly one forward all-gather per projection, one under "
+                    "compile (Inductor merges the gathers of one input); simdist.plan.tp_plan")
+    loss_parallel: bool = Field(
+        default=True,
+        description="the cross-entropy runs on each tensor-parallel rank's vocabulary shard (Megatron-LM's "
+                    "vocab-parallel loss, torchtitan's loss_parallel); false: the logits are all-gathered and every "
+                    "rank computes the loss over the whole vocabulary (DTensor ColwiseParallel(output_layouts="
+                    "Replicate()) on the output layer, KempnerForge; torchtitan --parallelism.disable_loss_parallel, "
+                    "alias disable_loss_parallel: true)")
     dp_batch_split: list[count(GLOBAL_BATCH)] | None = Field(
         default=None, description="local batch of each data-parallel rank (sums to global_batch_size)")
     host_overhead: HostOverheadSpec = Field(
@@ -302,6 +319,8 @@ class TrainingSpec(Spec):
     def _framework_names_of_fields(cls, data: Any) -> Any:
         # Megatron-LM's --overlap-grad-reduce: the gradient buckets reduce while the backward runs.
         data = switch(data, "overlap_grad_reduce", "grad_reduce", "overlapped", None)
+        # torchtitan's --parallelism.disable_loss_parallel.
+        data = switch(data, "disable_loss_parallel", "loss_parallel", False, True, framework="torchtitan")
         return torchtitan_checkpointing(data)
 
     @model_validator(mode="after")
