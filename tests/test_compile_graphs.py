@@ -14,8 +14,9 @@ from simdist import api
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.hardware.host import host_overhead
 from simdist.plan.chunk_cost import chunk_cost
-from simdist.plan.layer_cost import embedding_work, head_work, layer_work
+from simdist.plan.layer_cost import layer_work
 from simdist.plan.layout import step_config_of
+from simdist.plan.model_ends import embedding_work, head_work
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.optimizer import optimizer_step_kernels
 from tests.conftest import TOY_TOPOLOGY, toy_gpu

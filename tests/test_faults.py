@@ -10,8 +10,9 @@ from simdist import api
 from simdist.errors import SimdistError
 from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.gpus import GPU_PRESETS
-from simdist.plan.layer_cost import head_work, layer_work
+from simdist.plan.layer_cost import layer_work
 from simdist.plan.model import Model
+from simdist.plan.model_ends import head_work
 from simdist.plan.optimizer import optimizer_step_kernels
 
 MLP = Model("cs336-mlp", "mlp", num_layers=4, hidden_size=1024)

@@ -15,9 +15,10 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.hardware.host import host_overhead
 from simdist.hardware.presets import load_topology
-from simdist.plan.layer_cost import head_work, layer_work
+from simdist.plan.layer_cost import layer_work
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
+from simdist.plan.model_ends import head_work
 from simdist.plan.optimizer import optimizer_step_kernels
 from simdist.plan.step import StepConfig, build_step, split_layers
 from simdist.predict.step import predict_step

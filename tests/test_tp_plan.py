@@ -10,8 +10,9 @@ import shutil
 import pytest
 
 from simdist.errors import SpecError
-from simdist.plan.layer_cost import head_work, layer_work
+from simdist.plan.layer_cost import layer_work
 from simdist.plan.model import Model
+from simdist.plan.model_ends import head_work
 from simdist.plan.tp_plan import forward_gathers, input_reductions
 
 # validation.tp_plan_check's block: h 64, 4 query heads of 16, one K/V head (a quarter of h), SwiGLU of 128

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
-from simdist.plan.layer_cost import Work, embedding_work, head_work, layer_work, mtp_work
+from simdist.plan.layer_cost import Work, layer_work
 from simdist.plan.memory import layer_param_shards, layer_tensors
+from simdist.plan.model_ends import embedding_work, head_work, mtp_work
 from simdist.plan.recompute import full_layers
 from simdist.plan.step_config import LayerKinds, StepConfig
 
