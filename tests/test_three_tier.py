@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from simdist.analytic.direct import direct_time_s
 from simdist.collectives.group import Group
@@ -116,3 +118,26 @@ def test_llama3_preset_matches_its_source():
     assert inside.bandwidth_Bps == pytest.approx(192 * 8 * 50e9)
     # the cluster's halves (4 pods each) meet through the core at 1/7 of what they could send
     assert across.bandwidth_Bps == pytest.approx(4 * 3072 * 50e9 / 7, rel=0.02)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.integers(0, 15), b=st.integers(0, 15), nbytes=st.sampled_from([0.0, 1.0, 4096.0, 2.0**24, 7.5e8]),
+       latency=st.sampled_from([0.0, 1.9e-6]), rate_factor=st.sampled_from([1.0, 0.47]))
+def test_a_send_is_its_routes_latency_and_busiest_link_as_the_block_loop_prices_it(a, b, nbytes, latency,
+                                                                                   rate_factor):
+    # the two-peer send's fast path (route latency and rate read once per group) against the block-by-block loop,
+    # inside a node, across a leaf, across a spine and across the 2:1 core
+    assume(a != b)
+    tiny = load_topology(FIXTURE)
+    group = Group(tiny, (a, b))
+    fast = direct_time_s(group, "send_recv", nbytes, per_transfer_latency_s=latency, rate_factor=rate_factor)
+    loop = direct_time_s(Group(tiny, (a, b)), "send_recv", nbytes, per_transfer_latency_s=latency,
+                         rate_factor=rate_factor, by_structure=False)
+    assert fast == pytest.approx(loop, rel=1e-12, abs=0.0)
+    # a protocol's priced copy shares the group's memo but adds its latency to the routes
+    extra = {"net": 5.0e-6, "nvlink": 1.0e-6, "pcie": 2.0e-6}
+    priced = direct_time_s(group.priced(extra), "send_recv", nbytes, per_transfer_latency_s=latency,
+                           rate_factor=rate_factor)
+    loop = direct_time_s(Group(tiny, (a, b)).priced(extra), "send_recv", nbytes, per_transfer_latency_s=latency,
+                         rate_factor=rate_factor, by_structure=False)
+    assert priced == pytest.approx(loop, rel=1e-12, abs=0.0) and priced > fast

@@ -148,16 +148,20 @@ def lower_bound_s(cfg: StepConfig, pricer: CommPricer) -> float:
     last_b = [x.span[0, "B", True] for x in sums]
     fill = drain = 0.0
     best = 0.0
+    totals: dict[int, tuple[float, float]] = {}  # (work, dp) of each distinct stage's sums (alike stages share one)
     for s, st in enumerate(stages):
         x = sums[s]
-        work = dp = 0.0
-        for c in range(V):
-            for kind in kinds:
-                for last, count in ((False, runs[c][1] - runs[c][0]), (True, 1)):
-                    if count and (c, kind, last) in x.span:
-                        work += count * x.span[c, kind, last]
-                        dp += count * x.dp[c, kind, last]
-        dp += x.tail_dp_s
+        hit = totals.get(id(x))
+        if hit is None:
+            work = dp = 0.0
+            for c in range(V):
+                for kind in kinds:
+                    for last, count in ((False, runs[c][1] - runs[c][0]), (True, 1)):
+                        if count and (c, kind, last) in x.span:
+                            work += count * x.span[c, kind, last]
+                            dp += count * x.dp[c, kind, last]
+            hit = totals[id(x)] = (work, dp + x.tail_dp_s)
+        work, dp = hit
         tail = sum(x.span[c, kind, last] for kind, c, last in after[s])
         # the dp stream runs its collectives one after the other too (ZeRO-3's gathers, ZeRO-2/3's scatters)
         if cfg.schedule == "dualpipe":  # both ends start at once (two directions): no fill, and no one drain path

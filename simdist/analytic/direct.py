@@ -32,6 +32,10 @@ from simdist.collectives.group import Group
 from simdist.collectives.protocols import ProtocolCost
 from simdist.collectives.request import Request
 
+_SEND_LINE = "send_recv line"
+"""The group-memo key (with the group's extra latencies) of a two-peer group's send: (route latency, rate) of its
+one block."""
+
 
 def direct_time_s(group: Group, op: str, nbytes: float, root: int = 0, matrix: Matrix | None = None,
                   per_transfer_latency_s: float = 0.0, rate_factor: float = 1.0, by_structure: bool = True) -> float:
@@ -40,6 +44,18 @@ def direct_time_s(group: Group, op: str, nbytes: float, root: int = 0, matrix: M
     Steps of equal blocks between every pair (`simdist.collectives.direct.ALL_PAIRS_STEPS`) are priced
     from the route structure (simdist.collectives.all_pairs) unless ``by_structure`` is False; the
     others, and those then, block by block over their routes (the same figures)."""
+    if by_structure and op == "send_recv" and group.size == 2:
+        # one block 0 -> 1: its route's latency and its busiest link's capacity (a lone block's proportional share
+        # of each link is the whole link, whatever its bytes), read once per group; the loop below is the oracle
+        # (a group's memo is shared by its protocols' priced copies, whose routes' latencies differ: keyed by them)
+        key = (_SEND_LINE, tuple(sorted(group.extra_latency_by_class.items())))
+        line = group.memo.get(key)
+        if line is None:
+            step = direct_steps(op, 2, 1.0)[0]
+            line = group.memo[key] = (float(group.paths(step.src, step.dst).latency_s[0]),
+                                      float(step_rates(group, step)[0]))
+        latency_s, rate = line
+        return latency_s + per_transfer_latency_s + (nbytes / rate_factor / rate if nbytes > 0 else 0.0)
     steps = ALL_PAIRS_STEPS.get(op) if matrix is None else None
     if by_structure and steps and group.size > 1 and not group.crosses_planes():
         pairs = all_pairs(group)

@@ -373,17 +373,24 @@ def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry:
                    config: tuple[int, int], count: int) -> list[_Stage]:
     out = Stages()
     overlapped = a2a_overlapped(cfg)
+    seen: dict[tuple, tuple] = {}  # the stages of this replica alike in what prices them (a deep pipeline's middle)
     for s, g in enumerate(geometry):
         factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
-        # alike stages (same layers, positions, group shapes and speed) share their priced recipes
-        recipes, simple, stage_tail = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor:
-                                                  _stage(cfg, pricer, g.chunks, g.groups, factor, config, g.shape))
-        # stages whose priced recipes, simple forms and tail are the same objects (the pricing shares what it times
-        # alike, simdist.analytic.pricing), whatever their group shapes, share one box: the compiled timeline packs
-        # them once, the bound sums them once (the entry holds the objects: their ids are no other's meanwhile)
-        content = (tuple(map(id, recipes)), tuple(map(id, simple)), id(stage_tail))
-        unit = pricer.memo(("unit", config, content),
-                           lambda r=recipes, sm=simple, t=stage_tail: (r, sm, t, _empty_unit()))[3]
+        hit = seen.get((g.key, factor))
+        if hit is None:
+            # alike stages (same layers, positions, group shapes and speed) share their priced recipes
+            recipes, simple, stage_tail = pricer.memo(("stage", config, g.key, factor), lambda g=g, factor=factor:
+                                                      _stage(cfg, pricer, g.chunks, g.groups, factor, config,
+                                                             g.shape))
+            # stages whose priced recipes, simple forms and tail are the same objects (the pricing shares what it
+            # times alike, simdist.analytic.pricing), whatever their group shapes, share one box: the compiled
+            # timeline packs them once, the bound sums them once (the entry holds the objects: their ids are no
+            # other's meanwhile)
+            content = (tuple(map(id, recipes)), tuple(map(id, simple)), id(stage_tail))
+            unit = pricer.memo(("unit", config, content),
+                               lambda r=recipes, sm=simple, t=stage_tail: (r, sm, t, _empty_unit()))[3]
+            hit = seen[g.key, factor] = (recipes, simple, stage_tail, unit)
+        recipes, simple, stage_tail, unit = hit
         sends = [0.0] * (cfg.chunks * 3)
         for index, key in g.sends:
             sends[index] = pricer.time_of_key(key) * count

@@ -71,6 +71,19 @@ def _comm_groups(work_comm: tuple, phase: str, overlappable: bool | None, times:
     return tuple((op, nbytes, axis, n, x, kernel) for (op, nbytes, axis, x, kernel), n in agg.items())
 
 
+_LAYERS: dict[tuple, Work] = {}
+"""`layer_work` of each kind of layer under each configuration `chunk_parts` has asked for (a search prices the same
+layers in the chunks of every pipeline depth and stage), at most `_LAYERS_MAX`."""
+_LAYERS_MAX = 4096
+_HELD: dict[int, Work] = {}
+"""The Works `_LAYERS` holds, by id (alive while held: cleared together)."""
+_SECONDS: dict[tuple, float] = {}
+"""Seconds of one phase of a held layer's kernels under one pricing (`chunk_cost`'s ``total``): (its id, the phase,
+the pricing's token)."""
+_PRICINGS: dict[tuple, int] = {}
+"""A number for each (GPU, precision, efficiency constants, host costs, CUDA graphs) `chunk_cost` priced under."""
+
+
 def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool) -> list[tuple[Work, int]]:
     """The work of one model chunk as `chunk_cost` prices it: (a layer's or module's `Work`, how many of it) for the
     decoder ``layers`` of one model part (full recompute split over them as simdist.plan.recompute says), the
@@ -79,12 +92,27 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
               micro_batch_size=cfg.micro_batch_size, precision=cfg.precision)
     m, experts, ex = cfg.model, cfg.expert_parallel, cfg.execution
 
+    decoder = m.kind == "decoder"
+    base = (m, cfg.tp_style, cfg.attention, cfg.attention_mask, cfg.fp8_recipe, experts, ex.style, ex.fp8_weight_cache,
+            ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, *kw.values())
+
     def layer(i: int, recompute: str = cfg.recompute) -> Work:
-        return layer_work(m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
-                          attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts,
-                          style=ex.style, fp8_weight_cache=ex.fp8_weight_cache,
-                          recompute_modules=ex.recompute_modules, cp_comm_type=ex.cp_comm_type,
-                          fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs, **kw)
+        # what of the layer's index layer_work reads: whether its MLP is the experts and whether it attends over a
+        # window; the Work of one kind of layer is shared by every chunk of every layout that asks for it
+        key = (base, recompute, *((m.moe_layer_flags()[i], m.window_layer_flags()[i]) if decoder else ()))
+        w = _LAYERS.get(key)
+        if w is None:
+            if len(_LAYERS) >= _LAYERS_MAX:
+                _LAYERS.clear()
+                _HELD.clear()
+                _SECONDS.clear()
+            w = _LAYERS[key] = layer_work(
+                m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
+                attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts, style=ex.style,
+                fp8_weight_cache=ex.fp8_weight_cache, recompute_modules=ex.recompute_modules,
+                cp_comm_type=ex.cp_comm_type, fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs, **kw)
+            _HELD[id(w)] = w
+        return w
 
     parts: list[tuple[Work, int]] = []
     if cfg.recompute == "full" and ex.recompute_method not in (None, "uniform"):
@@ -136,7 +164,12 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         # (simdist.hardware.compute.ComputeEfficiency.graph_launch_overhead_s).
         eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
 
-    def total(kernels_of, syncs_of=lambda w: ()) -> float:
+    if len(_PRICINGS) >= _LAYERS_MAX:
+        _PRICINGS.clear()
+        _SECONDS.clear()  # (keyed by the numbers just forgotten)
+    pricing = _PRICINGS.setdefault((cfg.gpu, cfg.precision, eff, host, ex.cuda_graphs), len(_PRICINGS))
+
+    def total(phase: str) -> float:
         # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
         # (simdist.hardware.host: one eager op per modelled kernel); under CUDA graphs the GPU's time alone.
         # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
@@ -148,12 +181,19 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         # captured: Megatron-Core's partial graphs stop at it) and costs the gap.
         out = 0.0
         for w, n in parts:
-            kernels, cuts = kernels_of(w), syncs_of(w)
-            runs = [kernels[a:b] for a, b in zip((0, *cuts), (*cuts, len(kernels)), strict=True)]
-            t = len(cuts) * host.step_gap_s
-            for run in runs:
-                gpu_s = kernels_time_s(cfg.gpu, run, cfg.precision, eff)
-                t += gpu_s if ex.cuda_graphs else host.kernels_time_s(gpu_s, len(run))
+            held = _HELD.get(id(w)) is w
+            key = (id(w), phase, pricing)
+            t = _SECONDS.get(key) if held else None
+            if t is None:
+                kernels = getattr(w, phase)
+                cuts = w.host_syncs if phase == "forward" else w.recompute_syncs if phase == "recompute" else ()
+                runs = [kernels[a:b] for a, b in zip((0, *cuts), (*cuts, len(kernels)), strict=True)]
+                t = len(cuts) * host.step_gap_s
+                for run in runs:
+                    gpu_s = kernels_time_s(cfg.gpu, run, cfg.precision, eff)
+                    t += gpu_s if ex.cuda_graphs else host.kernels_time_s(gpu_s, len(run))
+                if held:
+                    _SECONDS[key] = t
             out += t * n
         return out
 
@@ -233,9 +273,9 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 if f > 1.0:
                     tax += n * (f - 1.0) * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
     return ChunkCost(
-        forward_s=total(lambda w: w.forward, lambda w: w.host_syncs) + tax,
-        backward_s=total(lambda w: w.backward) + tax_backward,
-        recompute_s=total(lambda w: w.recompute, lambda w: w.recompute_syncs),
+        forward_s=total("forward") + tax,
+        backward_s=total("backward") + tax_backward,
+        recompute_s=total("recompute"),
         forward_comm=comm("forward", False) + comm("forward", True),
         ring_forward_comm=comm("forward", None, ring=True),
         ring_backward_comm=comm("backward", None, ring=True),

@@ -58,9 +58,11 @@ class Context:
     """Peak memory per GPU by candidate without its placement (`configured`)."""
     compute_bounds: dict[Candidate, float] = field(default_factory=dict)
     """Compute bound by candidate without its placement (`quick_screen_batch`)."""
-    verdicts: dict[Candidate, tuple[str, str] | None] = field(default_factory=dict)
+    verdicts: dict[Candidate, tuple[str, Any] | None] = field(default_factory=dict)
     """Pruning's verdict (rule and reason, or None: feasible) by candidate without its placement, for a dense model
     (simdist.search.prune.why_pruned)."""
+    too_big: dict[tuple, int] = field(default_factory=dict)
+    """The smallest micro-batch pruned for memory, by the candidate's other fields (simdist.search.prune)."""
 
 
 def contended_pricer(ctx: Context, mesh: Mesh) -> ContendedPricer:

@@ -10,10 +10,13 @@ reports) plus the problem's headroom exceeds the GPU's memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from simdist.errors import SpecError
 from simdist.plan.layout import RULES as LAYOUT_RULES
 from simdist.plan.layout import LayoutRuleError
+from simdist.plan.schedule import check_schedule
 from simdist.search.evaluate import Context, configured
 from simdist.search.framework_layouts import why_not_run
 from simdist.search.space import Candidate, SearchProblem
@@ -30,7 +33,13 @@ cannot run is built)."""
 class Pruned:
     candidate: Candidate
     rule: str
-    reason: str
+    why: str | Callable[[], str]
+    """The reason, or what finds it when asked (`reason`): a layout pruned because a smaller micro-batch of it
+    does not fit (`_smaller_does_not_fit`) has its own peak memory worked out only if someone reads it."""
+
+    @property
+    def reason(self) -> str:
+        return self.why if isinstance(self.why, str) else self.why()
 
 
 def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | None:
@@ -47,10 +56,50 @@ def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | N
     if twin is not None and twin in ctx.verdicts:
         verdict = ctx.verdicts[twin]
         return None if verdict is None else Pruned(c, *verdict)
-    found = _rules(problem, c, ctx)
+    found = _smaller_does_not_fit(problem, c, ctx)
+    if found is None:
+        found = _rules(problem, c, ctx)
+        if found is not None and found.rule == "memory":
+            key = _without_micro_batch(c)
+            ctx.too_big[key] = min(ctx.too_big.get(key, c.micro_batch_size), c.micro_batch_size)
     if twin is not None:
-        ctx.verdicts[twin] = None if found is None else (found.rule, found.reason)
+        ctx.verdicts[twin] = None if found is None else (found.rule, found.why)
     return found
+
+
+def _without_micro_batch(c: Candidate) -> tuple:
+    """The candidate's fields but its micro-batch size."""
+    return (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero_stage, c.recompute, c.sequence_parallel, c.schedule, c.order, c.ep,
+            c.etp)
+
+
+def _smaller_does_not_fit(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | None:
+    """The memory verdict of a layout whose smaller micro-batch (all else alike) was pruned for memory, without
+    building its StepConfig: a layout's peak memory never falls as its micro-batch grows (its activations are
+    micro-batch x in-flight micro-batches, min(stages x b, the replica's batch) under 1F1B and alike under the
+    other schedules; the model states do not change: tests/test_search_prune.py checks it on random layouts), so
+    it does not fit either, provided it passes the layout rules that read the micro-batch (the batch split and the
+    schedule's micro-batch count), checked here first as `simdist.plan.layout.check_layout` orders them; the other
+    rules passed for the smaller one. Its reason (with its own peak) is worked out when read."""
+    smallest = ctx.too_big.get(_without_micro_batch(c))
+    if smallest is None or smallest >= c.micro_batch_size or ctx.base.training.dp_batch_split is not None:
+        return None
+    per_replica = c.micro_batch_size * c.dp
+    if problem.global_batch_size % per_replica:
+        return None  # the batch rule's verdict: `_rules` words it
+    try:
+        check_schedule(c.schedule, num_stages=c.pp, num_microbatches=problem.global_batch_size // per_replica,
+                       vpp=c.vpp)
+    except SpecError:
+        return None
+    return Pruned(c, "memory", lambda: _own_reason(problem, c, ctx, smallest))
+
+
+def _own_reason(problem: SearchProblem, c: Candidate, ctx: Context, smallest: int) -> str:
+    found = _rules(problem, c, ctx)
+    if found is not None and found.rule == "memory":
+        return found.reason
+    return f"micro-batch {smallest} of this layout does not fit the GPU's memory"  # (never: the peak is monotone)
 
 
 def _rules(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | None:

@@ -1,0 +1,55 @@
+"""Pruning a layout for memory because its smaller micro-batch does not fit (simdist.search.prune
+`_smaller_does_not_fit`): the same feasible layouts, rules and reasons as building every layout's StepConfig, and the
+peak memory it relies on never falling as the micro-batch grows."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import pytest
+
+from simdist.plan.layout import LayoutRuleError
+from simdist.search import prune, rank
+from simdist.search.evaluate import _CONTEXTS, configured, context
+from simdist.search.space import SearchProblem, raw_candidates
+
+DENSE = SearchProblem("llama3-70b", "dgx-h100", 2, 64, max_cp=2, max_vpp=2, max_pp=8, max_micro_batch=8)
+MOE = SearchProblem("qwen3-30b-a3b", "dgx-h100", 1, 32, max_cp=1, max_vpp=2, max_pp=4, max_micro_batch=8,
+                    schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 3))
+
+
+def _enumerate(problem: SearchProblem):
+    _CONTEXTS.clear()
+    feasible, pruned, n, *_ = rank.enumerate_feasible(problem)
+    return ([c.key for c in feasible], [(p.candidate.key, p.rule, p.reason) for p in pruned], n,
+            sum(1 for p in pruned if not isinstance(p.why, str)))
+
+
+@pytest.mark.parametrize("problem", [DENSE, MOE], ids=["dense", "moe"])
+def test_the_shortcut_prunes_what_building_every_layout_prunes(problem, monkeypatch):
+    feasible, pruned, n, lazy = _enumerate(problem)
+    assert lazy > 0  # the shortcut ran (else this test could not fail)
+    monkeypatch.setattr(prune, "_smaller_does_not_fit", lambda *args: None)
+    assert _enumerate(problem) == (feasible, pruned, n, 0)
+
+
+@pytest.mark.parametrize("problem", [DENSE, MOE], ids=["dense", "moe"])
+def test_peak_memory_never_falls_as_the_micro_batch_grows(problem):
+    _CONTEXTS.clear()
+    ctx = context(problem)
+    peaks: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+    for c in raw_candidates(problem, num_gpus=ctx.topology.num_gpus, gpus_per_node=ctx.topology.gpus_per_node,
+                            num_layers=ctx.model.num_layers, num_experts=ctx.model.num_experts):
+        try:
+            _, peak = configured(problem, c, ctx)
+        except LayoutRuleError:
+            continue
+        peaks[prune._without_micro_batch(c)].append((c.micro_batch_size, peak))
+    grown = 0
+    for runs in peaks.values():
+        runs.sort()
+        for (b0, p0), (b1, p1) in itertools.pairwise(runs):
+            assert p1 >= p0 * (1 - 1e-12), (b0, p0, b1, p1)
+            grown += p1 > p0
+    assert grown > 100
