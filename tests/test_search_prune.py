@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +27,17 @@ def _enumerate(problem: SearchProblem):
             sum(1 for p in pruned if not isinstance(p.why, str)))
 
 
-@pytest.mark.parametrize("problem", [DENSE, MOE], ids=["dense", "moe"])
+def _scenario() -> SearchProblem:
+    # a scenario's own batch and training (the problem's global_batch_size is a placeholder there)
+    from simdist.api.search import scenario_problem
+
+    return scenario_problem(Path(__file__).resolve().parents[1] / "scenarios" / "korthikanti2022-22b.yaml", [],
+                            max_cp=1, max_vpp=2, max_pp=8, max_micro_batch=8)
+
+
+@pytest.mark.parametrize("problem", [DENSE, MOE, "scenario"], ids=["dense", "moe", "scenario"])
 def test_the_shortcut_prunes_what_building_every_layout_prunes(problem, monkeypatch):
+    problem = _scenario() if problem == "scenario" else problem
     feasible, pruned, n, lazy = _enumerate(problem)
     assert lazy > 0  # the shortcut ran (else this test could not fail)
     monkeypatch.setattr(prune, "_smaller_does_not_fit", lambda *args: None)

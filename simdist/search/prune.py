@@ -85,11 +85,11 @@ def _smaller_does_not_fit(problem: SearchProblem, c: Candidate, ctx: Context) ->
     if smallest is None or smallest >= c.micro_batch_size or ctx.base.training.dp_batch_split is not None:
         return None
     per_replica = c.micro_batch_size * c.dp
-    if problem.global_batch_size % per_replica:
+    batch = ctx.base.training.global_batch_size  # (what the candidate's scenario has: `candidate_spec`)
+    if batch % per_replica:
         return None  # the batch rule's verdict: `_rules` words it
     try:
-        check_schedule(c.schedule, num_stages=c.pp, num_microbatches=problem.global_batch_size // per_replica,
-                       vpp=c.vpp)
+        check_schedule(c.schedule, num_stages=c.pp, num_microbatches=batch // per_replica, vpp=c.vpp)
     except SpecError:
         return None
     return Pruned(c, "memory", lambda: _own_reason(problem, c, ctx, smallest))
