@@ -63,3 +63,21 @@ def test_peak_memory_never_falls_as_the_micro_batch_grows(problem):
             assert p1 >= p0 * (1 - 1e-12), (b0, p0, b1, p1)
             grown += p1 > p0
     assert grown > 100
+
+
+def test_a_placement_built_from_another_equals_one_built_from_its_scenario():
+    # `configured` builds a dense layout's other placements from its first StepConfig with their axis order
+    from simdist.plan.layout import step_config_of
+    from simdist.search.evaluate import candidate_spec
+
+    problem = SearchProblem("llama3-8b", "dgx-h100", 4, 64, max_cp=2, max_vpp=2, max_pp=4, max_micro_batch=2,
+                            placement=True)
+    _CONTEXTS.clear()
+    feasible, *_ = rank.enumerate_feasible(problem)
+    ctx = context(problem)
+    placed = [c for c in feasible if c.order]
+    assert len({c.order for c in placed}) > 1
+    for c in placed:
+        fast, _ = configured(problem, c, ctx)
+        assert fast == step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model), c.key
+    assert any(ctx.placed.get(c.unplaced) is not configured(problem, c, ctx)[0] for c in placed)

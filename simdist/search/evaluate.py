@@ -13,6 +13,7 @@ computed it or what it computed before.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +28,7 @@ from simdist.hardware import load_topology
 from simdist.hardware.topology import Topology
 from simdist.plan.layer_split import parse_layout
 from simdist.plan.layout import step_config_of
-from simdist.plan.mesh import Mesh
+from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.step import StepConfig
@@ -61,6 +62,8 @@ class Context:
     verdicts: dict[Candidate, tuple[str, Any] | None] = field(default_factory=dict)
     """Pruning's verdict (rule and reason, or None: feasible) by candidate without its placement, for a dense model
     (simdist.search.prune.why_pruned)."""
+    placed: dict[Candidate, StepConfig] = field(default_factory=dict)
+    """A StepConfig of each dense layout built, by the layout without its placement (`configured`)."""
     too_big: dict[tuple, int] = field(default_factory=dict)
     """The smallest micro-batch pruned for memory, by the candidate's other fields (simdist.search.prune)."""
 
@@ -186,10 +189,21 @@ def configured(problem: SearchProblem, c: Candidate, ctx: Context) -> tuple[Step
         if len(ctx.configs) >= CONFIGS_MAX:
             ctx.configs.clear()
             ctx.memory.clear()
-        cfg = step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
+            ctx.placed.clear()
+        layout = c.unplaced
+        template = ctx.placed.get(layout)
+        if template is not None:
+            # another placement of a dense layout already built: its StepConfig with this one's axis order (the
+            # one field the order decides without experts or faults; tests/test_search_prune.py compares the two)
+            cfg = dataclasses.replace(template, mesh=dataclasses.replace(
+                template.mesh, order=parse_order(c.order or ctx.base.parallel.order)))
+        else:
+            cfg = step_config_of(candidate_spec(problem, ctx.base, c), ctx.topology, ctx.model)
+            faults = ctx.base.faults
+            if ctx.model.num_experts == 0 and not faults.stragglers and not faults.heterogeneous_nodes:
+                ctx.placed[layout] = cfg
         # the placements of one layout need the same memory (no input of simdist.plan.step_memory's memory model is the
         # mesh's axis order): found once
-        layout = c.unplaced
         memory = ctx.memory.get(layout)
         if memory is None:
             memory = ctx.memory[layout] = peak_memory_bytes(cfg)
