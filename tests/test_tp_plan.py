@@ -22,10 +22,11 @@ LLAMA = Model("llama-ish", "decoder", num_layers=2, hidden_size=1024, num_attent
               ffn_hidden_size=4096, seq_length=2048, vocab_size=32000, swiglu=True)
 
 
-def counts(model: Model, *, tp_inputs: str, style: str, recompute: str, sp: bool = True) -> dict[str, int]:
+def counts(model: Model, *, tp_inputs: str, style: str, recompute: str, sp: bool = True,
+           early_stop: bool = False) -> dict[str, int]:
     """{op: collectives of one layer's forward, backward and recompute}."""
     w = layer_work(model, tp=2, sequence_parallel=sp, micro_batch_size=2, recompute=recompute, style=style,
-                   tp_inputs=tp_inputs)
+                   tp_inputs=tp_inputs, early_stop=early_stop)
     out: dict[str, int] = {}
     for c in w.comm:
         if c.axis == "tp":
@@ -40,10 +41,25 @@ def counts(model: Model, *, tp_inputs: str, style: str, recompute: str, sp: bool
     ("compiled", "none", 4, 7),
     # compiled full recompute: the forward again but for the down projection's scatter (2 gathers, 1 scatter)
     ("compiled", "full", 6, 8),
+    # eager full recompute: the whole forward again (5 gathers, 2 scatters)
+    ("eager", "full", 12, 9),
 ])
 def test_per_projection_inputs_issue_one_collective_per_projection(style, recompute, gathers, scatters):
     assert counts(LLAMA, tp_inputs="per_projection", style=style, recompute=recompute) == {
         "all_gather": gathers, "reduce_scatter": scatters}
+
+
+def test_eager_early_stop_redoes_the_down_projection_but_not_its_scatter():
+    # torch's non-reentrant checkpoint stops once the down projection has packed its input: 5 + 1 redone
+    w = layer_work(LLAMA, tp=2, sequence_parallel=True, micro_batch_size=2, recompute="full", style="eager",
+                   tp_inputs="per_projection", early_stop=True)
+    assert sum(c.op == "reduce_scatter" for c in w.comm) == 8 and sum(c.op == "all_gather" for c in w.comm) == 12
+    names = [k.name for k in w.forward]
+    assert [k.name for k in w.recompute] == names[:names.index("mlp_down") + 1]
+    # a compiled layer ignores it (the partitioner's cut), an MoE layer's recompute is whole either way
+    compiled = layer_work(LLAMA, tp=2, sequence_parallel=True, micro_batch_size=2, recompute="full",
+                          style="compiled", early_stop=True)
+    assert "mlp_down" not in [k.name for k in compiled.recompute]
 
 
 @pytest.mark.parametrize("style", ["fused", "eager", "compiled"])
@@ -112,6 +128,14 @@ def test_torch_issues_what_simdist_counts_for_an_eager_block():
 
     measured = count_collectives("eager", False, timeout_s=120)
     expected = counts(BLOCK, tp_inputs="per_projection", style="eager", recompute="none")
+    assert (measured["all_gather"], measured["reduce_scatter"]) == (expected["all_gather"], expected["reduce_scatter"])
+
+
+def test_torch_issues_what_simdist_counts_for_an_eager_checkpointed_block():
+    from validation.tp_plan_check import count_collectives
+
+    measured = count_collectives("eager", True, timeout_s=120)
+    expected = counts(BLOCK, tp_inputs="per_projection", style="eager", recompute="full", early_stop=True)
     assert (measured["all_gather"], measured["reduce_scatter"]) == (expected["all_gather"], expected["reduce_scatter"])
 
 

@@ -94,7 +94,8 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
 
     decoder = m.kind == "decoder"
     base = (m, cfg.tp_style, cfg.attention, cfg.attention_mask, cfg.fp8_recipe, experts, ex.style, ex.fp8_weight_cache,
-            ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, *kw.values())
+            ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, ex.recompute_early_stop,
+            *kw.values())
 
     def layer(i: int, recompute: str = cfg.recompute) -> Work:
         # what of the layer's index layer_work reads: whether its MLP is the experts and whether it attends over a
@@ -110,7 +111,8 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
                 m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
                 attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts, style=ex.style,
                 fp8_weight_cache=ex.fp8_weight_cache, recompute_modules=ex.recompute_modules,
-                cp_comm_type=ex.cp_comm_type, fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs, **kw)
+                cp_comm_type=ex.cp_comm_type, fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs,
+                early_stop=ex.recompute_early_stop, **kw)
             _HELD[id(w)] = w
         return w
 

@@ -53,6 +53,8 @@ class Execution:
     (training.tp_input_layouts, simdist.plan.tp_plan)."""
     loss_parallel: bool = True
     """The loss runs on each tp rank's vocabulary shard; False: over the gathered logits (training.loss_parallel)."""
+    recompute_early_stop: bool = False
+    """Eager full recompute stops at the last tensor the backward saved (training.recompute_early_stop)."""
     clip_grad: bool = True
     """Gradient clipping by the global norm before the optimizer step (simdist.plan.optimizer)."""
     master_copy: bool = True
@@ -107,4 +109,5 @@ def execution_of(spec, pp: int) -> Execution:
         recompute_num_layers=t.recompute_num_layers, cp_comm_type=t.cp_comm_type, async_tp=t.async_tp,
         fp8_weight_cache=t.kernel_fusion == "fused", fp8_attention=t.fp8_attention, clip_grad=t.clip_grad > 0,
         master_copy=keeps_master_copy(spec), tp_inputs=t.tp_input_layouts, loss_parallel=t.loss_parallel,
+        recompute_early_stop=t.recompute_early_stop,
         master_dtype=t.main_params_dtype)

@@ -286,6 +286,13 @@ class TrainingSpec(Spec):
                     "up, as KempnerForge plans it): one backward reduce-scatter (all-reduce without sequence "
                     "parallelism) per projection, and eagerly one forward all-gather per projection, one under "
                     "compile (Inductor merges the gathers of one input); simdist.plan.tp_plan")
+    recompute_early_stop: bool = Field(
+        default=False,
+        description="eager full recompute stops once every tensor the backward saved is recomputed "
+                    "(torch.utils.checkpoint's non-reentrant early stop, torch's default, kept by KempnerForge's "
+                    "checkpoint_wrapper; torchtitan passes early_stop=False, Megatron-LM's checkpointing redoes the "
+                    "whole layer): a dense layer's last reduce-scatter and residual add are not redone "
+                    "(simdist.plan.recompute; under compile the down projection neither, whatever this says)")
     loss_parallel: bool = Field(
         default=True,
         description="the cross-entropy runs on each tensor-parallel rank's vocabulary shard (Megatron-LM's "
