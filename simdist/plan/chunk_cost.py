@@ -12,7 +12,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.layer_cost import Work, layer_work
-from simdist.plan.memory import layer_param_shards, layer_tensors
+from simdist.plan.layer_params import layer_param_shards, layer_tensors
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
 from simdist.plan.recompute import full_layers
 from simdist.plan.step_config import LayerKinds, StepConfig
@@ -75,11 +75,9 @@ _LAYERS: dict[tuple, Work] = {}
 """`layer_work` of each kind of layer under each configuration `chunk_parts` has asked for (a search prices the same
 layers in the chunks of every pipeline depth and stage), at most `_LAYERS_MAX`."""
 _LAYERS_MAX = 4096
-_HELD: dict[int, Work] = {}
-"""The Works `_LAYERS` holds, by id (alive while held: cleared together)."""
-_SECONDS: dict[tuple, float] = {}
-"""Seconds of one phase of a held layer's kernels under one pricing (`chunk_cost`'s ``total``): (its id, the phase,
-the pricing's token)."""
+_TIMES: dict[int, tuple[Work, dict[tuple[str, int], float]]] = {}
+"""For each Work `_LAYERS` holds, by id (alive while held: cleared together): the Work and the seconds of its kernels
+by (phase, pricing's number) (`chunk_cost`'s ``total``)."""
 _PRICINGS: dict[tuple, int] = {}
 """A number for each (GPU, precision, efficiency constants, host costs, CUDA graphs) `chunk_cost` priced under."""
 
@@ -105,15 +103,14 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
         if w is None:
             if len(_LAYERS) >= _LAYERS_MAX:
                 _LAYERS.clear()
-                _HELD.clear()
-                _SECONDS.clear()
+                _TIMES.clear()
             w = _LAYERS[key] = layer_work(
                 m, recompute=recompute, tp_style=cfg.tp_style, attention=cfg.attention,
                 attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts, style=ex.style,
                 fp8_weight_cache=ex.fp8_weight_cache, recompute_modules=ex.recompute_modules,
                 cp_comm_type=ex.cp_comm_type, fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs,
                 early_stop=ex.recompute_early_stop, **kw)
-            _HELD[id(w)] = w
+            _TIMES[id(w)] = (w, {})
         return w
 
     parts: list[tuple[Work, int]] = []
@@ -168,7 +165,8 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
 
     if len(_PRICINGS) >= _LAYERS_MAX:
         _PRICINGS.clear()
-        _SECONDS.clear()  # (keyed by the numbers just forgotten)
+        _TIMES.clear()  # (their seconds are keyed by the numbers just forgotten)
+        _LAYERS.clear()
     pricing = _PRICINGS.setdefault((cfg.gpu, cfg.precision, eff, host, ex.cuda_graphs), len(_PRICINGS))
 
     def total(phase: str) -> float:
@@ -183,9 +181,9 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         # captured: Megatron-Core's partial graphs stop at it) and costs the gap.
         out = 0.0
         for w, n in parts:
-            held = _HELD.get(id(w)) is w
-            key = (id(w), phase, pricing)
-            t = _SECONDS.get(key) if held else None
+            entry = _TIMES.get(id(w))
+            seconds = entry[1] if entry is not None and entry[0] is w else None
+            t = seconds.get((phase, pricing)) if seconds is not None else None
             if t is None:
                 kernels = getattr(w, phase)
                 cuts = w.host_syncs if phase == "forward" else w.recompute_syncs if phase == "recompute" else ()
@@ -194,8 +192,8 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 for run in runs:
                     gpu_s = kernels_time_s(cfg.gpu, run, cfg.precision, eff)
                     t += gpu_s if ex.cuda_graphs else host.kernels_time_s(gpu_s, len(run))
-                if held:
-                    _SECONDS[key] = t
+                if seconds is not None:
+                    seconds[phase, pricing] = t
             out += t * n
         return out
 
@@ -224,7 +222,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
     bwd_model = sum(sum(k.model_flops for k in w.backward if k.kind != "memory") * n for w, n in parts)
     rec = sum(sum(k.flops for k in w.recompute) * n for w, n in parts)
     # Parameters this chunk holds on one GPU: each layer's dense weights over tp and its routed experts over
-    # ep x etp (simdist.plan.memory.layer_param_shards), the embedding on the first part and the output
+    # ep x etp (simdist.plan.layer_params.layer_param_shards), the embedding on the first part and the output
     # projection on the last (each vocab x h / tp; Megatron's vocab-parallel embedding), the MTP modules there too.
     tp, experts_gpus = cfg.mesh.tp, cfg.ep * cfg.etp
     split = replicated = routed = tensors = 0

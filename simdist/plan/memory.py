@@ -27,6 +27,7 @@ from simdist.plan.activations import (
     dispatcher_buffer_bytes,
     embedding_activation_bytes,
 )
+from simdist.plan.layer_params import layer_param_shards
 from simdist.plan.model import Model
 from simdist.plan.moe_cost import ExpertParallel
 
@@ -68,50 +69,6 @@ class MemoryBreakdown:
         out["total_bytes"] = self.total_bytes
         out["fits"] = self.fits
         return out
-
-
-@lru_cache(maxsize=65536)
-def layer_param_shards(model: Model, layer: int) -> tuple[int, int, int]:
-    """(split over tp, replicated on every tp peer, routed experts) parameters of layer ``layer`` (0-based); together
-    Model.layer_params(layer).
-
-    Replicated: an MoE layer's router (Megatron-Core TopKRouter.weight is not tensor-parallel) and multi-latent
-    attention's down projections and latent norms (TELinear parallel_mode "duplicated", MLASelfAttention); the routed
-    experts are split over ep x etp instead of tp. Assumption: the small norm weights and biases are split over tp
-    with the rest (as stage_params always did).
-    """
-    total = model.layer_params(layer)
-    if model.kind != "decoder":
-        return total, 0, 0
-    replicated = routed = 0
-    if model.moe_layer_flags()[layer]:
-        replicated += model.router_params
-        routed = model.num_experts * model.expert_params
-    if model.multi_latent_attention:
-        h, qr, kvr = model.hidden_size, model.q_lora_rank, model.kv_lora_rank
-        replicated += h * (qr + kvr + model.qk_pos_emb_head_dim)
-        if model.qk_layernorm:
-            norm = 1 if model.swiglu else 2
-            replicated += norm * ((qr if qr else 0) + kvr)
-    return total - replicated - routed, replicated, routed
-
-
-def layer_tensors(model: Model, layer: int, *, ep: int = 1) -> int:
-    """Parameter tensors (weights and biases) of layer ``layer`` on one GPU, for per-parameter gradient reduction."""
-    if model.kind == "mlp":
-        return 2  # weight and bias
-    # Llama: q/k/v (fused qkv counts 1), proj, gate+up, down, 2 norms; GPT: + biases of each linear and norm.
-    per_linear, norm = (1, 1) if model.swiglu else (2, 2)
-    if model.multi_latent_attention:
-        linears = (2 if model.q_lora_rank else 1) + 2 + 1  # q (down, up), kv down, kv up, projection
-        attention = linears * per_linear + norm * (1 + (2 if model.qk_layernorm else 0))
-    else:
-        attention = 2 * per_linear + norm * (3 if model.qk_layernorm else 1)
-    if not model.moe_layer_flags()[layer]:
-        return attention + 2 * per_linear + norm
-    # Transformer Engine's GroupedLinear keeps one weight per local expert (weight0 ... weightN-1)
-    shared = 2 * per_linear if model.moe_shared_expert_intermediate_size else 0
-    return attention + norm + 1 + 2 * per_linear * (model.num_experts // ep) + shared
 
 
 _STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -326,15 +283,14 @@ def stage_memory(
         return own
 
     layer_bytes = sum(n * per_layer(i) for i, n in kinds.items())
-    outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage,
-                                         loss_parallel=loss_parallel, **kw)
+    ends = {**kw, "loss_parallel": loss_parallel}  # (the embedding's and the head's activations)
+    outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage, **ends)
     mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
     if mtp:
         # each MTP module: a layer like the last one, its own logits (embedding_activation_bytes' last-stage terms)
         last = model.num_layers - 1
         layer_bytes += mtp * per_layer(last)
-        outside += mtp * embedding_activation_bytes(model, first_stage=False, last_stage=True,
-                                                    loss_parallel=loss_parallel, **kw)
+        outside += mtp * embedding_activation_bytes(model, first_stage=False, last_stage=True, **ends)
     # Assumption: the embedding and output-layer activations are held for as many micro-batches as the stage's
     # layers (Korthikanti sec. 4.3 multiplies the embedding dropout by p on the first 1F1B stage).
     activations = (layer_bytes + outside) * in_flight_microbatches

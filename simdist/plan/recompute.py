@@ -86,9 +86,8 @@ def _op_policy(fwd: Pass, tags: Sequence[str], sub_matmuls: dict[str, tuple[int,
 
 
 def _read_by_backward(fwd: Pass, tags: Sequence[str]) -> int:
-    """How many of a compiled layer's forward kernels its recompute runs: up to, not including, the dense MLP's last
-    GEMM (its down projection), whose output, reduce-scatter and residual add no gradient reads (`recomputed`);
-    every kernel of a layer that does not end in a dense MLP."""
+    """The index of a layer's dense MLP's last GEMM (its down projection), whose output, reduce-scatter and residual add
+    no gradient reads (`recomputed`); the count of its forward kernels where it does not end in a dense MLP."""
     last = max((i for i, (k, tag) in enumerate(zip(fwd.kernels, tags, strict=True))
                 if tag == "mlp" and k.kind == "gemm"), default=None)
     if last is None or any(tag not in ("mlp", "residual") for tag in tags[last:]):
@@ -108,24 +107,18 @@ def recomputed(mode: str, fwd: Pass, tags: Sequence[str], modules: Sequence[str]
     if mode == "full":
         # Checkpointed layer input, whole forward redone before the backward (Korthikanti sec. 5), including its
         # collectives (the expert all-to-alls with their imbalance).
-        if compiled:
+        if compiled or early_stop:
             # Under torch.compile the checkpointed block is one graph whose backward the partitioner builds from what
             # the gradients read: the dense MLP's down-projection GEMM, the reduce-scatter of its output and the
             # residual add are not redone (measured: torch 2.13 Inductor, a two-rank gloo DTensor block with full
             # activation checkpointing runs 6 of its 7 projections' matmuls again and 1 of its 2 reduce-scatters;
-            # validation/tp_plan_check.py).
+            # validation/tp_plan_check.py). Eagerly, torch.utils.checkpoint's non-reentrant recompute with early
+            # stop (torch's default) runs the forward again until the last tensor the backward saved is packed, the
+            # down projection's input, which that GEMM packs as it runs: the GEMM is redone, its reduce-scatter and
+            # the residual add are not (measured: 12 all-gathers and 8 reduce-scatters, the same script).
             # Assumption: the fp8 casts before that GEMM are still redone (a few per cent of it).
             cut = _read_by_backward(fwd, tags)
-            return (tuple(fwd.kernels[:cut]),
-                    [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm
-                     if c.issued_after <= cut])
-        if early_stop:
-            # torch.utils.checkpoint's non-reentrant recompute with early stop (torch's default): it runs the forward
-            # again until the last tensor the backward saved is packed, the down projection's input, which that
-            # GEMM packs as it runs: the GEMM is redone, its reduce-scatter and the residual add after it are not
-            # (measured: 12 all-gathers and 8 reduce-scatters, validation/tp_plan_check.py).
-            cut = _read_by_backward(fwd, tags)
-            return (tuple(fwd.kernels[:cut + 1]),
+            return (tuple(fwd.kernels[:cut if compiled else cut + 1]),
                     [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm
                      if c.issued_after <= cut])
         return tuple(fwd.kernels), [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm]

@@ -1,9 +1,10 @@
 """The frameworks' own argument names, accepted in scenario files beside simdist's.
 
-Three kinds: a field's other names (``alias``: Megatron-LM's ``tensor_model_parallel_size`` for ``tp``), a boolean
+Kinds: a field's other names (``alias``: Megatron-LM's ``tensor_model_parallel_size`` for ``tp``), a boolean
 switch of a framework that sets one of simdist's fields (``switch``: Megatron-LM's ``overlap_grad_reduce: true`` is
-``grad_reduce: overlapped``), and a framework's enumerated option that sets several of simdist's fields (``choice``:
-PyTorch FSDP's ``sharding_strategy: SHARD_GRAD_OP`` is ``zero_stage: 3`` with ``reshard_after_forward: false``).
+``grad_reduce: overlapped``), a framework's enumerated option that sets several of simdist's fields (``choice``:
+PyTorch FSDP's ``sharding_strategy: SHARD_GRAD_OP`` is ``zero_stage: 3`` with ``reshard_after_forward: false``), and
+torchtitan's activation-checkpointing section (``torchtitan_checkpointing``).
 A translated name that contradicts the field it sets, given too, is refused with both named.
 """
 
@@ -15,7 +16,7 @@ from pydantic import AliasChoices
 
 from simdist.spec.base import FieldProblem
 
-__all__ = ["alias", "choice", "switch"]
+__all__ = ["alias", "choice", "switch", "torchtitan_checkpointing"]
 
 
 def alias(*names: str) -> AliasChoices:
@@ -62,4 +63,47 @@ def choice(data: Any, name: str, options: dict[str, dict[str, Any]], framework: 
             raise FieldProblem((name,), f"{name}: {value} means {field}: {wanted}, which contradicts {field}: "
                                         f"{out[field]} (fix: drop one of them)")
         out[field] = wanted
+    return out
+
+
+def torchtitan_checkpointing(data: Any) -> Any:
+    """torchtitan's ``activation_checkpoint: {mode, selective_ac_option}`` (or ``selective_ac_option`` alone, with mode
+    selective) as simdist's
+    recompute fields: mode none / full as themselves; selective with ``op`` is recompute: op; selective with an
+    integer N is full recompute of every N-th layer (torchtitan: "apply full AC to every N-th layer")."""
+    if not isinstance(data, dict):
+        return data
+    nested = data.get("activation_checkpoint")
+    if nested is None and "selective_ac_option" not in data:
+        return data
+    out = {k: v for k, v in data.items() if k not in ("activation_checkpoint", "selective_ac_option")}
+    given = dict(nested) if isinstance(nested, dict) else {}
+    if nested is not None and not isinstance(nested, dict):
+        raise FieldProblem(("activation_checkpoint",), "activation_checkpoint is torchtitan's section: write "
+                                                       "{mode: selective, selective_ac_option: op} (fix: or set "
+                                                       "recompute)")
+    if "selective_ac_option" in data:
+        given["selective_ac_option"] = data["selective_ac_option"]
+    unknown = set(given) - {"mode", "selective_ac_option"}
+    if unknown:
+        raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint: unknown key {sorted(unknown)[0]} (fix: "
+                                                       "use mode and selective_ac_option)")
+    mode = str(given.get("mode", "selective")).lower()
+    option = given.get("selective_ac_option", "2" if mode == "selective" else None)
+    if mode in ("none", "full"):
+        wanted: dict[str, Any] = {"recompute": mode}
+    elif mode == "selective" and str(option).lower() == "op":
+        wanted = {"recompute": "op"}
+    elif mode == "selective" and str(option).isascii() and str(option).isdecimal() and int(str(option)) >= 1:
+        wanted = {"recompute": "full", "recompute_method": "every", "recompute_num_layers": int(str(option))}
+    else:
+        raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint mode {given.get('mode')!r} with "
+                                                       f"selective_ac_option {option!r} is not torchtitan's (fix: mode "
+                                                       "none, full or selective; selective_ac_option op or a layer "
+                                                       "interval such as 2)")
+    for field, value in wanted.items():
+        if field in out and out[field] != value:
+            raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint means {field}: {value}, which "
+                                                           f"contradicts {field}: {out[field]} (fix: drop one of them)")
+        out[field] = value
     return out

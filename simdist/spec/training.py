@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from simdist.limits import GLOBAL_BATCH, NUM_LAYERS
-from simdist.spec.aliases import alias, switch
+from simdist.spec.aliases import alias, switch, torchtitan_checkpointing
 from simdist.spec.base import BucketSize, Duration, FieldProblem, Spec, count
 
 __all__ = ["FRAMEWORKS", "RECOMPUTE_MODULES", "HostOverheadSpec", "TrainingSpec"]
@@ -360,48 +360,3 @@ class TrainingSpec(Spec):
             raise FieldProblem(("recompute_method",), "recompute_method chooses the layers of full recompute (fix: "
                                                       "set recompute: full, or drop recompute_method)")
         return self
-
-
-def torchtitan_checkpointing(data: Any) -> Any:
-    """torchtitan's ``activation_checkpoint: {mode, selective_ac_option}`` (or ``selective_ac_option`` alone, with mode
-    selective) as simdist's
-    recompute fields: mode none / full as themselves; selective with ``op`` is recompute: op; selective with an
-    integer N is full recompute of every N-th layer (torchtitan: "apply full AC to every N-th layer")."""
-    if not isinstance(data, dict):
-        return data
-    nested = data.get("activation_checkpoint")
-    if nested is None and "selective_ac_option" not in data:
-        return data
-    out = {k: v for k, v in data.items() if k not in ("activation_checkpoint", "selective_ac_option")}
-    given = dict(nested) if isinstance(nested, dict) else {}
-    if nested is not None and not isinstance(nested, dict):
-        raise FieldProblem(("activation_checkpoint",), "activation_checkpoint is torchtitan's section: write "
-                                                       "{mode: selective, selective_ac_option: op} (fix: or set "
-                                                       "recompute)")
-    if "selective_ac_option" in data:
-        given["selective_ac_option"] = data["selective_ac_option"]
-    unknown = set(given) - {"mode", "selective_ac_option"}
-    if unknown:
-        raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint: unknown key {sorted(unknown)[0]} (fix: "
-                                                       "use mode and selective_ac_option)")
-    mode = str(given.get("mode", "selective")).lower()
-    option = given.get("selective_ac_option", "2" if mode == "selective" else None)
-    if mode in ("none", "full"):
-        wanted: dict[str, Any] = {"recompute": mode}
-    elif mode == "selective" and str(option).lower() == "op":
-        wanted = {"recompute": "op"}
-    elif mode == "selective" and str(option).isascii() and str(option).isdecimal() and int(str(option)) >= 1:
-        wanted = {"recompute": "full", "recompute_method": "every", "recompute_num_layers": int(str(option))}
-    else:
-        raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint mode {given.get('mode')!r} with "
-                                                       f"selective_ac_option {option!r} is not torchtitan's (fix: mode "
-                                                       "none, full or selective; selective_ac_option op or a layer "
-                                                       "interval such as 2)")
-    for field, value in wanted.items():
-        if field in out and out[field] != value:
-            raise FieldProblem(("activation_checkpoint",), f"activation_checkpoint means {field}: {value}, which "
-                                                           f"contradicts {field}: {out[field]} (fix: drop one of them)")
-        out[field] = value
-    return out
-
-
