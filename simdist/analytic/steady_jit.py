@@ -21,7 +21,7 @@ def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - 
     K = num_stages
     wave = np.empty(n, dtype=np.int64)
     last = np.full(K, -1, dtype=np.int64)
-    top = 0
+    top = np.int64(0)
     for i in range(n):
         w = last[steps[0, i]] + 1
         up = steps[2, i]
@@ -32,7 +32,8 @@ def steady_order(steps, num_stages, lengths, min_bodies):  # pragma: no cover - 
         if w > top:
             top = w
     # stable counting sorts: by stage, then by wave (each stage's steps keep their order: their waves increase)
-    by_stage = _counting_order(steps[0], K, np.arange(n))
+    # (a writable copy of the stage row: numba compiles a helper once per array type, read-only arrays apart)
+    by_stage = _counting_order(steps[0].copy(), K, np.arange(n))
     order = _counting_order(wave, top + 1, by_stage)
     renumber = np.empty(n, dtype=np.int64)
     for j in range(n):

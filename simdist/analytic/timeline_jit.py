@@ -193,7 +193,10 @@ def run(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahead_
     first_last = np.full((K, 2), -1.0)
     out = np.zeros(n)
     intervals = np.empty((capacity, 5))
-    count = 0
+    # Counters and flags handed to the helpers start as np.int64 / np.bool_, never bare literals: numba compiles a
+    # helper anew for each literal it is first called with (Literal[int](0), Literal[bool](False), ...), and a cold
+    # cache then compiles each helper's tree two or three times
+    count = np.int64(0)
     span = np.empty((n if spans else 0, 3))
     num_spans = 0
     starts = np.empty(n if record else 0)
@@ -201,14 +204,14 @@ def run(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahead_
     jumping = first >= 0 and not record and not spans
     snaps = np.empty((3 if jumping else 0, K * 9 + lookback))
     snap_count = np.zeros(3, dtype=np.int64)
-    bodies = 0  # whole bodies run before the next boundary
-    skipped = 0
+    bodies = np.int64(0)  # whole bodies run before the next boundary
+    skipped = np.int64(0)
     boundary = first if jumping else n
     # the plain steps (a simple recipe with no dp piece ahead or behind: the arena's ``plain``, where neither starts
     # nor spans are kept) take the short path below: the general one's arithmetic without its branches (99.98 % of a
     # search's steps)
     short = not record and not spans
-    i = 0
+    i = np.int64(0)
     while i < n:
         if i == boundary:
             i, bodies, boundary, skipped = _boundary(snaps, snap_count, count, bodies, repeats, first, length,
@@ -251,7 +254,7 @@ def run(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahead_
                 starts[i] = t0
             r = recipe[g]
             ends, count = _pieces(r, recipe_ptr, recipe_needs, piece, dep_ptr, deps, free[s], prev[s], recv, 0.0,
-                                  False, s, intervals, count)
+                                  np.bool_(False), s, intervals, count)
             end = ends[recipe_end[r]]
         else:
             a0, a1 = ahead_ptr[g], ahead_ptr[g + 1]
@@ -302,7 +305,7 @@ def run(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahead_
             step = prev[s]
     for s in range(K):
         ends, count = _pieces(tail[slot[s]], recipe_ptr, recipe_needs, piece, dep_ptr, deps, free[s], -1.0, 0.0,
-                              last_bwd[s], True, s, intervals, count)
+                              last_bwd[s], np.bool_(True), s, intervals, count)
         for k2 in range(6):
             if free[s, k2] > step:
                 step = free[s, k2]
@@ -364,7 +367,7 @@ def timed(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahea
     step, intervals, first_last, span, _, _ = run(slot, code_base, num_codes, kind, recipe, duration, frees, plain,
                                                   ahead_ptr, ahead, behind_ptr, behind, recipe_ptr, recipe_needs,
                                                   recipe_end, piece, dep_ptr, deps, tail, sends, steps, counts,
-                                                  backward, False, spans, body, tolerance)
+                                                  backward, np.bool_(False), spans, body, tolerance)
     lo, hi, mean, flops = observe(intervals, step, counts, first_last, span, spans, slot, code_base, num_codes,
                                   kind, duration, parts, simple_flops, recipe, recipe_flops, tail)
     return step, lo, hi, mean, flops

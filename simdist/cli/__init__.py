@@ -127,7 +127,7 @@ GC_THRESHOLDS = (50_000, 20, 20)
 A search builds hundreds of thousands of long-lived cached tuples and floats (prices, recipes, stage memories:
 about 516,000 objects tracked at the end of the README's search), none in a reference cycle, and the default
 thresholds walk them again and again: there 1,733 young, 146 middle and 6 full collections took 0.65 s (measured
-with `gc.callbacks`); with these, 20 young collections and 1 middle one, and the search is 6 % faster (farm-bench,
+with `gc.callbacks`); with these, 20 young collections and 1 middle one, and the search is 6 % faster (whole processes,
 3 pairs) at the same peak memory. `simdist run` of the bundled scenarios: the same time and peak memory (77-94
 MiB). Cycles that become garbage (SimPy's processes and events) are still collected, in fewer, larger passes."""
 

@@ -86,7 +86,7 @@ def account_stages(intervals, num_stages, step_s, first_last, totals, spans, cov
 def _partition(intervals, rows, lo, hi, step_s, spans, subtract, out):  # pragma: no cover - compiled
     m = rows.shape[0]
     marks = np.empty(4)
-    num_marks = 0
+    num_marks = np.int64(0)  # (np.int64, not a literal 0: see simdist.analytic.timeline_jit.run)
     for t in (0.0, step_s, lo, hi):
         if (t == 0.0 or t == step_s) or (0.0 < t < step_s):
             dup = False
@@ -96,7 +96,15 @@ def _partition(intervals, rows, lo, hi, step_s, spans, subtract, out):  # pragma
             if not dup:
                 marks[num_marks] = t
                 num_marks += 1
-    marks = np.sort(marks[:num_marks])
+    # at most four marks, in order by insertion (not np.sort: numba's sort would compile a quicksort for them)
+    for x in range(1, num_marks):
+        t = marks[x]
+        y = x - 1
+        while y >= 0 and marks[y] > t:
+            marks[y + 1] = marks[y]
+            y -= 1
+        marks[y + 1] = t
+    marks = marks[:num_marks]
     # events: ends (-1), marks (0), starts (+1), in that order, sorted stably by time
     E = 2 * m + num_marks
     times = np.empty(E)
@@ -150,7 +158,7 @@ def _partition(intervals, rows, lo, hi, step_s, spans, subtract, out):  # pragma
         inside = lo <= t0 and t1 <= hi and hi > lo
         # inside the phase: what counts there (pipeline work, the optimizer; not pp), else the bubble; outside:
         # anything running, else idle
-        which = _first_running(in_count, _PP) if inside else _first_running(any_count, -1)
+        which = _first_running(in_count, np.int64(_PP)) if inside else _first_running(any_count, np.int64(-1))
         out[which if which >= 0 else (BUBBLE if inside else IDLE)] += length
 
 
@@ -193,7 +201,8 @@ def _sorted_stably(times, first, count):  # pragma: no cover - compiled
 def _event_order(times, m, num_marks):  # pragma: no cover - compiled
     """The events (ends 0..m-1, marks m..m+num_marks-1, starts after) by time; at one instant ends before marks
     before starts, each in its list's order (what a stable sort of the three lists laid end to end gives)."""
-    lists = (_sorted_stably(times, 0, m), _sorted_stably(times, m, num_marks), _sorted_stably(times, m + num_marks, m))
+    lists = (_sorted_stably(times, np.int64(0), m), _sorted_stably(times, m, num_marks),
+             _sorted_stably(times, m + num_marks, m))
     out = np.empty(2 * m + num_marks, dtype=np.int64)
     pos = np.zeros(3, dtype=np.int64)
     sizes = np.array([m, num_marks, m])
