@@ -42,7 +42,7 @@ def test_every_published_row_is_covered() -> None:
     assert sum(r.dataset == "megatron2021_table2_zero3" for r in rows) == 6
     assert sum(r.dataset == acc.BRIDGE for r in rows) >= 5  # H100, B200 and GB200 FP8 runs of Llama 3 70B / 405B
     assert sum(r.dataset == acc.BRIDGE_MOE for r in rows) >= 4  # DeepSeek-V3, Qwen3 MoE, GPT-OSS
-    assert sum(r.dataset == acc.FSDP_FAMILY for r in rows) == 35  # 8 IBM FSDP1 + 19 KempnerForge + 8 OLMo-core rows
+    assert sum(r.dataset == acc.FSDP_FAMILY for r in rows) == 41  # 8 IBM FSDP1 + 25 KempnerForge + 8 OLMo-core rows
     assert {r.framework for r in rows} == {"megatron", "deepspeed", "fsdp", "torchtitan"}
     assert {r.generation for r in rows} == {"ampere", "hopper", "blackwell"}
     assert all((acc.SCENARIOS / r.scenario).is_file() for r in rows)
