@@ -149,3 +149,17 @@ def test_torch_compile_merges_the_gathers_and_skips_the_down_projection_in_recom
     assert (measured["all_gather"], measured["reduce_scatter"]) == (expected["all_gather"], expected["reduce_scatter"])
     # 7 projections' forward, 14 gradient matmuls, and the recompute's 6 (all but the down projection)
     assert measured["mm"] == 7 + 14 + 6
+
+
+def test_host_time_harness_runs_the_same_block_plain_and_under_dtensor():
+    # The harness's op counts, not its times (no wall-clock assertions): under the DTensor plan the block runs the
+    # plain block's matmuls and element-wise ops plus DTensor's redistributions and views, so it runs more ATen ops;
+    # full checkpointing runs the forward's again in the backward, plain and under DTensor alike.
+    from validation.tp_plan_check import host_time
+
+    bare, checkpointed = host_time(False, repeats=3, timeout_s=120), host_time(True, repeats=3, timeout_s=120)
+    for t in (bare, checkpointed):
+        assert t["plain_s"] > 0 and t["dtensor_s"] > 0
+        assert t["dtensor_aten_ops"] > t["plain_aten_ops"] > 0
+    assert checkpointed["plain_aten_ops"] > bare["plain_aten_ops"]
+    assert checkpointed["dtensor_aten_ops"] > bare["dtensor_aten_ops"]

@@ -12,8 +12,12 @@ functional collectives (``_c10d_functional::all_gather_into_tensor`` / ``reduce_
 (``aten::mm``) of one forward and backward after two warm-up steps, on rank 0.
 
     python -m validation.tp_plan_check            # eager and compiled, without and with checkpointing
+    python -m validation.tp_plan_check --host-time  # host time of the eager block, plain and under DTensor
 
-Prints one line per case: all-gathers, reduce-scatters, matmuls. Needs torch (``pip install '.[validation]'``);
+Prints one line per case: all-gathers, reduce-scatters, matmuls; with ``--host-time``, per case (eager, without
+and with checkpointing) the host milliseconds of one forward and backward of the plain block and of the same block
+under the DTensor plan on a one-rank mesh, and the ATen ops each runs (this machine's CPU: a host's own figure).
+Needs torch (``pip install '.[validation]'``);
 the compiled cases need a C++ compiler for Inductor's CPU kernels and take about 20 s each on 2 cores.
 """
 
@@ -29,11 +33,11 @@ HIDDEN = 64
 """Hidden size of the block (4 query heads' worth; K and V a quarter of it: grouped-query attention)."""
 
 
-def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[str, int]:
+def _block(mesh=None):
+    """The block (module doc), parallelised on ``mesh`` as KempnerForge plans it (None: left plain)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -41,8 +45,6 @@ def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[st
         SequenceParallel,
         parallelize_module,
     )
-    from torch.profiler import profile
-    from torch.utils.checkpoint import checkpoint
 
     h = HIDDEN
 
@@ -75,17 +77,9 @@ def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[st
             x = x + self.attention(self.attention_norm(x))
             return x + self.mlp(self.mlp_norm(x))
 
-    class Wrapped(nn.Module):
-        def __init__(self, block: nn.Module) -> None:
-            super().__init__()
-            self.block = block
-
-        def forward(self, x):
-            return checkpoint(self.block, x, use_reentrant=False) if checkpointed else self.block(x)
-
-    torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (world_size,))
     block = Block()
+    if mesh is None:
+        return block
     col, row = {"input_layouts": Shard(1)}, {"output_layouts": Shard(1)}
     parallelize_module(block, mesh, {
         "attention_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
@@ -99,10 +93,37 @@ def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[st
 
     block.attention.register_forward_hook(rewrap)
     block.mlp.register_forward_hook(rewrap)
-    model = Wrapped(block)
+    return block
+
+
+def _wrapped(block, checkpointed: bool):
+    """``block`` under full activation checkpointing (torch.utils.checkpoint, non-reentrant) or as it is."""
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = block
+
+        def forward(self, x):
+            return checkpoint(self.block, x, use_reentrant=False) if checkpointed else self.block(x)
+
+    return Wrapped()
+
+
+def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[str, int]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.profiler import profile
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = _wrapped(_block(mesh), checkpointed)
     if mode == "compiled":
         model = torch.compile(model)
-    x = DTensor.from_local(torch.randn(2, 16, h), mesh, [Shard(1)])
+    x = DTensor.from_local(torch.randn(2, 16, HIDDEN), mesh, [Shard(1)])
     for step in range(3):
         if step == 2:
             prof = profile()
@@ -119,6 +140,46 @@ def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[st
     return counts
 
 
+def _host_time(rank: int, world_size: int, checkpointed: bool, repeats: int) -> dict[str, float]:
+    """Host seconds of one eager forward and backward of the block, plain and under the DTensor plan on a mesh of
+    this one rank (its redistributions move nothing: what is left over the plain block is DTensor's own dispatch,
+    sharding propagation and wrapping), and the ATen ops each runs (one profiled forward and backward). The
+    tensors are tiny, so the times are the host's: Python, the dispatcher and DTensor, no arithmetic to speak of."""
+    import time
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.profiler import profile
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world_size,))
+    out: dict[str, float] = {}
+    for name, model, x in (("plain", _wrapped(_block(), checkpointed), torch.randn(2, 16, HIDDEN)),
+                           ("dtensor", _wrapped(_block(mesh), checkpointed),
+                            DTensor.from_local(torch.randn(2, 16, HIDDEN), mesh, [Shard(1)]))):
+        def step(model=model, x=x) -> None:
+            y = model(x)
+            (y.to_local() if isinstance(y, DTensor) else y).sum().backward()
+
+        for _ in range(5):  # warm-up: sharding propagation's caches, the allocator
+            step()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        out[f"{name}_s"] = (time.perf_counter() - start) / repeats
+        with profile() as prof:
+            step()
+        out[f"{name}_aten_ops"] = sum(1 for e in prof.events() if e.name.startswith("aten::"))
+    return out
+
+
+def host_time(checkpointed: bool, *, repeats: int = 200, timeout_s: float = 300.0) -> dict[str, float]:
+    """{plain_s, dtensor_s, plain_aten_ops, dtensor_aten_ops}: `_host_time` on one gloo rank."""
+    return launch(_host_time, world_size=1, backend="gloo", args=(checkpointed, repeats), timeout_s=timeout_s)
+
+
 def count_collectives(mode: str, checkpointed: bool, *, timeout_s: float = 300.0) -> dict[str, int]:
     """{all_gather, reduce_scatter, mm: events in one forward and backward of the block on rank 0 of two}."""
     return launch(_count, world_size=2, backend="gloo", args=(mode, checkpointed), timeout_s=timeout_s)
@@ -127,7 +188,17 @@ def count_collectives(mode: str, checkpointed: bool, *, timeout_s: float = 300.0
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m validation.tp_plan_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--eager-only", action="store_true", help="skip the compiled cases")
+    parser.add_argument("--host-time", action="store_true",
+                        help="instead: host time of one eager forward and backward, plain and under the DTensor plan")
     args = parser.parse_args(argv)
+    if args.host_time:
+        for checkpointed in (False, True):
+            t = host_time(checkpointed)
+            print(f"eager    {'full checkpointing' if checkpointed else 'no checkpointing  '}: plain "
+                  f"{t['plain_s'] * 1e3:.2f} ms ({t['plain_aten_ops']:.0f} ATen ops), DTensor plan "
+                  f"{t['dtensor_s'] * 1e3:.2f} ms ({t['dtensor_aten_ops']:.0f} ATen ops): "
+                  f"{(t['dtensor_s'] - t['plain_s']) * 1e3:.2f} ms more per forward and backward", flush=True)
+        return 0
     for mode, checkpointed in CASES:
         if args.eager_only and mode == "compiled":
             continue
