@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from simdist.errors import SpecError
 from simdist.plan.layout import RULES as LAYOUT_RULES
@@ -19,7 +20,7 @@ from simdist.plan.layout import LayoutRuleError
 from simdist.plan.schedule import check_schedule
 from simdist.search.evaluate import Context, configured
 from simdist.search.framework_layouts import why_not_run
-from simdist.search.space import Candidate, SearchProblem
+from simdist.search.space import LAYOUT_FIELDS, Candidate, SearchProblem
 
 __all__ = ["RULES", "Pruned", "why_pruned"]
 
@@ -67,10 +68,8 @@ def why_pruned(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | N
     return found
 
 
-def _without_micro_batch(c: Candidate) -> tuple:
-    """The candidate's fields but its micro-batch size."""
-    return (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero_stage, c.recompute, c.sequence_parallel, c.schedule, c.order, c.ep,
-            c.etp)
+_without_micro_batch = attrgetter(*(name for name in LAYOUT_FIELDS if name != "micro_batch_size"))
+"""The candidate's layout fields but its micro-batch size (`Candidate`'s own list: a field added there is in it)."""
 
 
 def _smaller_does_not_fit(problem: SearchProblem, c: Candidate, ctx: Context) -> Pruned | None:
