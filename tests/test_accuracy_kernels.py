@@ -54,14 +54,14 @@ def test_every_row_cites_its_source_and_every_gpu_is_a_preset():
 def test_b300_linears_of_transformer_engine_are_not_priced_optimistically():
     """Transformer Engine's GEMM profiling on B300 (a 5B model's QKV, attention output, MLP up and down at 15,872
     tokens): simdist's bf16 GEMMs are slower than torch.matmul's on every shape, and a te.Linear forward under
-    autocast is priced as its fp8 GEMM plus the casts of its input and weight, within -13 % / +34 % of the whole
+    autocast is priced as its fp8 GEMM plus the casts of its input and weight, within -10 % / +37 % of the whole
     call for current, delayed and MXFP8 scaling; on average simdist is the slower, so these kernels do not explain
     its optimism on the Blackwell training rows."""
     b300 = [r for r in RECORDS if r.gpu == "B300-SXM-288GB"]
     assert len(b300) == 16 and {r.kind for r in b300} == {"dense", "linear"}
     assert all(0.05 < r.error < 0.25 for r in b300 if r.kind == "dense")
     linear = [r for r in b300 if r.kind == "linear"]
-    assert all(-0.13 < r.error < 0.35 for r in linear)
+    assert all(-0.10 < r.error < 0.37 for r in linear)
     assert sum(r.error for r in b300) / len(b300) > 0.0
     # a linear row is its GEMM and its two casts: dropping the casts would price it faster, never slower
     mx = next(r for r in linear if r.shape == "(15872, 4096, 16384)" and "MXFP8" in r.software)

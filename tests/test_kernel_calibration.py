@@ -44,8 +44,9 @@ MEMORY = [_memory(e) for e in (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)]
 @pytest.mark.parametrize("gpu_name", ["h100-sxm", "cpu-core"])
 def test_the_fit_recovers_the_constants_the_times_were_made_with(gpu_name):
     gpu = gpu_preset(gpu_name)
+    # (a fitted memory_efficiency is applied to every memory kernel as measured: memory_kernel_share 1)
     truth = replace(compute_efficiency(gpu), gemm_peak_efficiency=0.63, gemm_knee_dim=KNEE_GRID[22],
-                    memory_efficiency=0.55, launch_overhead_s=7e-6)
+                    memory_efficiency=0.55, launch_overhead_s=7e-6, memory_kernel_share=1.0)
     cal, info = fit_kernels(_timed(SWEEP + MEMORY, gpu, truth), gpu, holdout="sizes")
     assert cal.gemm_peak_efficiency == 0.63 and cal.gemm_knee_dim == pytest.approx(KNEE_GRID[22], rel=1e-12)
     assert cal.memory_efficiency == pytest.approx(0.55, rel=1e-6)

@@ -229,11 +229,12 @@ def test_roofline_size_dependence_and_other_gpus():
     # Large bf16 GEMMs on H100: 60-75% of the 989 TFLOP/s dense peak (published cuBLAS/Megatron measurements).
     assert 0.60 < achieved(h100, 8192) / 989e12 < 0.75
     assert 0.70 < achieved(a100, 8192) / 312e12 < 0.82
-    # A memory-bound kernel runs at memory_efficiency x nominal bandwidth (plus the launch overhead).
+    # A memory-bound kernel runs at memory_efficiency x memory_kernel_share x nominal bandwidth (plus the launch
+    # overhead). H100: 0.87, a fused LayerNorm's measured 2.905 of 3.35 TB/s, x 0.89, the median of the H100 kernel
+    # timings of docs/accuracy-memory-kernels.md (compute_efficiency.csv)
     copy = Kernel("copy", 1e9, 4e9, "memory")
-    # H100: 0.87, a fused LayerNorm's measured 2.905 of 3.35 TB/s (compute_efficiency.csv)
     assert compute_efficiency(h100).memory_efficiency == 0.87
-    assert kernel_time_s(h100, copy, "bf16") == pytest.approx(4e9 / (3.35e12 * 0.87) + 2e-6)
+    assert kernel_time_s(h100, copy, "bf16") == pytest.approx(4e9 / (3.35e12 * 0.87 * 0.89) + 2e-6)
     for gpu in GPU_PRESETS.values():  # every preset resolves its constants (own rows or the defaults)
         assert 0 < compute_efficiency(gpu).gemm_peak_efficiency <= 1
     with pytest.raises(SpecError):

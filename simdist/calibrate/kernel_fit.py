@@ -56,10 +56,13 @@ def efficiency_of(gpu: GpuSpec, cal: ComputeCalibration | None) -> ComputeEffici
     if cal is None:
         return base
     launch = base.launch_overhead_s if cal.launch_overhead is None else float(cal.launch_overhead)
+    # a fitted memory_efficiency is the rate the machine's own memory kernels reached: every memory-bound kernel runs
+    # at it (memory_kernel_share 1), not at a share of it as the stated streaming rates are priced
+    memory = {} if cal.memory_efficiency is None else {"memory_efficiency": cal.memory_efficiency,
+                                                       "memory_kernel_share": 1.0}
     return replace(base, gemm_peak_efficiency=cal.gemm_peak_efficiency,
                    gemm_knee_dim=base.gemm_knee_dim if cal.gemm_knee_dim is None else cal.gemm_knee_dim,
-                   memory_efficiency=base.memory_efficiency if cal.memory_efficiency is None else cal.memory_efficiency,
-                   launch_overhead_s=launch)
+                   launch_overhead_s=launch, **memory)
 
 
 def predict_kernels(rows: Sequence[KernelMeasurement], gpu: GpuSpec, eff: ComputeEfficiency | None = None

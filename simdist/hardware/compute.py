@@ -17,7 +17,9 @@ ones, from measured maximum-achievable matmul rates). Fused attention kernels (F
 their own measured curves (simdist.hardware.attention). Element-wise ("memory") kernels run on the CUDA cores
 (fp32 vector rate) and are bandwidth-bound in practice; eager PyTorch ops of a chain that converts between 16-bit
 activations and fp32 (an RMSNorm or rotary embedding run op by op) reach ``eager_cast_share`` of that bandwidth
-(measured per GPU on such chains: data/compute_efficiency.csv).
+(measured per GPU on such chains: data/compute_efficiency.csv), and the step's other element-wise and normalisation
+kernels ``memory_kernel_share`` of it (``memory_efficiency`` is a streaming kernel's share; the median training
+kernel, forward and backward, reaches less: docs/accuracy-memory-kernels.md).
 
 Only kernels marked ``dtype="fp8"`` run at the fp8 rate: under ``precision: fp8`` every other kernel (attention,
 norms, the logits GEMM) is a bf16 kernel (Transformer Engine's FP8 recipes cast only the linear layers' GEMMs).
@@ -90,10 +92,15 @@ class ComputeEfficiency:
     eager_cast_share: float = 0.79
     """Share of ``memory_efficiency``'s bandwidth that eager PyTorch element-wise ops reach in chains converting between
     16-bit activations and fp32 (an RMSNorm's, a rotary embedding's ATen ops: `Kernel.eager_cast`)."""
+    memory_kernel_share: float = 1.0
+    """Share of ``memory_efficiency``'s bandwidth (a streaming kernel's) that a step's other element-wise and
+    normalisation kernels reach: the median over fused and ATen kernels, forward and backward, measured on H100
+    (docs/accuracy-memory-kernels.md); 1 where the constants were fitted on layer times that hold it (A100)."""
 
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
-           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference", "eager_cast_share")
+           "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference", "eager_cast_share",
+           "memory_kernel_share")
 
 
 @cache
@@ -184,8 +191,9 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
         compute_s = kernel.flops / gemm_rate(gpu, kernel, precision, eff) if kernel.flops else 0.0
     if gpu.power_limit_w is not None:
         compute_s /= clock_share(gpu)  # a power cap slows the SMs, not HBM (simdist.hardware.clock)
-    # an eager op of a 16-bit <-> fp32 chain reaches a share of a streaming kernel's bandwidth (Kernel.eager_cast)
-    share = eff.eager_cast_share if getattr(kernel, "eager_cast", False) else 1.0
+    # an eager op of a 16-bit <-> fp32 chain reaches a share of a streaming kernel's bandwidth (Kernel.eager_cast),
+    # fitted on such chains alone; the other element-wise kernels the median share (memory_kernel_share)
+    share = eff.eager_cast_share if getattr(kernel, "eager_cast", False) else eff.memory_kernel_share
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency * share)
     return max(compute_s, memory_s) + eff.launch_overhead_s
 

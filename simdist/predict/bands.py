@@ -1,23 +1,26 @@
 """Prediction bands: how sure a step time is, from the model's own stated uncertainty and a calibration's intervals.
 
 The step's assumed efficiencies carry stated ranges (simdist/predict/data/uncertainty.yaml, each with its reason):
-a time factor on every compute kernel (by GPU) and one on every collective (by message size). Each is a split
-log-normal with median 1 and the stated p10 and p90. A Latin-hypercube sample of both (seeded: the same band on
-every run) is propagated through the closed form (simdist.analytic.step.analytic_observables), which reads the
-same step model as the engine; the band is the prediction times the p10, p50 and p90 of the sampled step over
-the nominal closed-form step. The closed form leaves contention out, so the band is that of the step's compute
-and communication costs, not of how collectives share links.
+a time factor on every compute kernel (by GPU: the GEMMs' share of peak and the launch gap), one on every
+memory-bound kernel (by GPU: its share of HBM bandwidth, from kernel timings, docs/accuracy-memory-kernels.md) and
+one on every collective (by message size). Each is a split log-normal with median 1 and the stated p10 and p90. A
+Latin-hypercube sample of the three (seeded: the same band on every run) is propagated through the closed form
+(simdist.analytic.step.analytic_observables), which reads the same step model as the engine; the band is the
+prediction times the p10, p50 and p90 of the sampled step over the nominal closed-form step. The closed form
+leaves contention out, so the band is that of the step's compute and communication costs, not of how collectives
+share links.
 
 Where a calibration is applied (`simdist run --calibration`, a scenario's ``calibration:``), each constant it
 fitted with a confidence interval is sampled from that interval instead (simdist.predict.band_ranges: a split
 normal with the interval's ends at -/+1.96 sigma at 95 %), each in its own Latin-hypercube column: the roofline's
 gemm_peak_efficiency, gemm_knee_dim, memory_efficiency and launch overhead, and per calibrated collective its
 latency and bandwidth factor (sizes up to the largest calibrated). The rest keeps its stated range: compute
-constants the calibration did not fit (or fitted without an interval) take the compute time factor, collectives
+constants the calibration did not fit (or fitted without an interval) take the compute time factor (memory_efficiency
+the memory-bound one), collectives
 without a calibrated interval and sizes above an op's calibrated range the collective time factor of their size.
-# Assumption: the compute factor is one for the whole step (a GPU type's kernels are all off by the same share
-# of peak) and so is the communication factor within a size band (a fabric's collectives err together); compute
-# and communication errors are independent.
+# Assumption: the compute factor is one for the whole step (a GPU type's GEMMs are all off by the same share of
+# peak), so is the memory-bound factor (its element-wise kernels all reach the same share of HBM bandwidth) and the
+# communication factor within a size band (a fabric's collectives err together); the three are independent.
 # Assumption: a calibration's constants are independent of one another and of the stated factors (the bootstrap
 # reports each constant's interval alone, not their joint distribution).
 """
@@ -49,8 +52,10 @@ DATA = Path(__file__).parent / "data" / "uncertainty.yaml"
 DATA_NAME = "simdist/predict/data/uncertainty.yaml"
 Z90 = 1.2815515655446004
 """The standard normal's 90th percentile: a log-normal factor with p90 = x has sigma = ln x / Z90."""
-_STATED_COMPUTE = ("gemm_peak_efficiency", "memory_efficiency", "launch_overhead_s")
+_STATED_COMPUTE = ("gemm_peak_efficiency", "launch_overhead_s")
 """The constants the stated compute time factor moves (the knee is not: the factor is a share of peak)."""
+_STATED_MEMORY = "memory_efficiency"
+"""The constant the stated memory-bound time factor moves."""
 
 
 @lru_cache(maxsize=1)
@@ -74,22 +79,32 @@ def _normal_quantiles(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def _samples(columns: int = 2) -> list[np.ndarray]:
     """``columns`` Latin-hypercube columns of standard normal values: the stated compute and collective factors
-    first (the same draws with or without a calibration), then one per calibrated constant (`_columns`)."""
+    first (the same draws with or without a calibration), then one per calibrated constant (`_columns`), then the
+    stated memory-bound factor's."""
     data = uncertainty()
     rng = np.random.default_rng(int(data["seed"]))
     n = int(data["samples"])
     return [_normal_quantiles(n, rng) for _ in range(max(columns, 2))]
 
 
-def _scaled_efficiency(eff: ComputeEfficiency, factor: float) -> ComputeEfficiency:
-    """Kernels ``factor`` x as long: the GEMM share of peak and HBM efficiency divided by it, launch times it."""
+def _scaled_efficiency(eff: ComputeEfficiency, factor: float, memory_factor: float | None = None
+                       ) -> ComputeEfficiency:
+    """Kernels ``factor`` x as long: the GEMM share of peak divided by it, launch times it; memory-bound kernels
+    ``memory_factor`` x as long (their HBM efficiency divided by it; None: ``factor``)."""
+    memory = factor if memory_factor is None else memory_factor
     return dataclasses.replace(eff, gemm_peak_efficiency=eff.gemm_peak_efficiency / factor,
-                               memory_efficiency=eff.memory_efficiency / factor,
+                               memory_efficiency=eff.memory_efficiency / memory,
                                launch_overhead_s=eff.launch_overhead_s * factor)
 
 
 def compute_range(gpu_name: str) -> dict[str, Any]:
     table = uncertainty()["compute"]
+    return table.get(gpu_name, table["default"])
+
+
+def memory_range(gpu_name: str) -> dict[str, Any]:
+    """The stated range of the memory-bound time factor of ``gpu_name`` (its row, else the default's)."""
+    table = uncertainty()["memory"]
     return table.get(gpu_name, table["default"])
 
 
@@ -117,13 +132,14 @@ def _columns(ranges: CalibratedRanges | None, calibrated_compute: bool) -> list[
     return out
 
 
-def _compute_variant(eff: ComputeEfficiency, factor: float, ranges: CalibratedRanges | None,
+def _compute_variant(eff: ComputeEfficiency, factor: float, memory_factor: float, ranges: CalibratedRanges | None,
                      z: dict[tuple[str, str], float]) -> ComputeEfficiency:
-    """``eff`` with each calibrated constant at its sampled value and the others moved by the stated ``factor``."""
+    """``eff`` with each calibrated constant at its sampled value and the others moved by the stated ``factor``
+    (memory_efficiency by ``memory_factor``)."""
     if ranges is None or not any(key[0] == "compute" for key in z):
-        return _scaled_efficiency(eff, factor)
+        return _scaled_efficiency(eff, factor, memory_factor)
     stated = {"gemm_peak_efficiency": eff.gemm_peak_efficiency / factor,
-              "memory_efficiency": eff.memory_efficiency / factor,
+              "memory_efficiency": eff.memory_efficiency / memory_factor,
               "launch_overhead_s": eff.launch_overhead_s * factor, "gemm_knee_dim": eff.gemm_knee_dim}
     values = {}
     for name in COMPUTE_CONSTANTS:
@@ -203,14 +219,16 @@ def band_ratios(cfg: StepConfig, pricer: CommPricer, plan: tuple[int, int, int, 
     None: none, each closed form then decides its own; False: detect it there).
     """
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
-    crange = compute_range(cfg.gpu.name)
+    crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
     columns = _columns(ranges, cfg.compute_efficiency is not None)
-    zc, zn, *drawn = _samples(2 + len(columns))
+    # the memory-bound factor's column comes last: the others keep the draws they have without it
+    zc, zn, *drawn, zm = _samples(3 + len(columns))
     used: set[str] = set()
     variants = []
-    for i, (a, b) in enumerate(zip(zc.tolist(), zn.tolist(), strict=True)):
+    for i, (a, b, m) in enumerate(zip(zc.tolist(), zn.tolist(), zm.tolist(), strict=True)):
         z = {key: float(col[i]) for key, col in zip(columns, drawn, strict=True)}
-        variants.append((_compute_variant(eff, _factor(a, crange["p10"], crange["p90"]), ranges, z),
+        variants.append((_compute_variant(eff, _factor(a, crange["p10"], crange["p90"]),
+                                          _factor(m, mrange["p10"], mrange["p90"]), ranges, z),
                          _comm_variant(b, ranges, z, used)))
     base, steps = perturbed_step_s(cfg, pricer, variants, plan=plan)
     if not base > 0:
@@ -271,10 +289,12 @@ def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | No
     """(``step_time_band_how``, ``step_time_band_sources``) of a band sampled over ``columns`` (`_columns`); a
     calibrated op counts where the step priced it (``used``)."""
     data = uncertainty()
-    crange = compute_range(cfg.gpu.name)
+    crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
     gpu_key = cfg.gpu.name if cfg.gpu.name in data["compute"] else "default"
+    memory_key = cfg.gpu.name if cfg.gpu.name in data["memory"] else "default"
     sampled = [(op, name) for op, name in columns if op == "compute" or op in used]
     stated_compute = [name for name in _STATED_COMPUTE if ("compute", name) not in sampled]
+    stated_memory = ("compute", _STATED_MEMORY) not in sampled
     sources: list[dict[str, Any]] = []
     intervals = []
     for op, name in sampled:
@@ -293,8 +313,16 @@ def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | No
         entry = {"part": "compute", "constant": "kernel time factor", "applies_to": stated_compute,
                  "method": "stated_range", "source": f"{DATA_NAME} (compute.{gpu_key})",
                  "p10": crange["p10"], "p90": crange["p90"]}
-        if without:  # why a fitted constant is here: the calibration gave it no interval of any width
-            entry["calibrated_without_interval"] = without
+        others = [n for n in without if n != _STATED_MEMORY]
+        if others:  # why a fitted constant is here: the calibration gave it no interval of any width
+            entry["calibrated_without_interval"] = others
+        sources.append(entry)
+    if stated_memory:
+        entry = {"part": "memory", "constant": "memory-bound kernel time factor", "applies_to": [_STATED_MEMORY],
+                 "method": "stated_range", "source": f"{DATA_NAME} (memory.{memory_key})",
+                 "p10": mrange["p10"], "p90": mrange["p90"]}
+        if _STATED_MEMORY in without:
+            entry["calibrated_without_interval"] = [_STATED_MEMORY]
         sources.append(entry)
     comm_sampled = any(op != "compute" for op, _ in sampled)
     sources.append({"part": "collective", "constant": "collective time factor", "method": "stated_range",
@@ -306,16 +334,19 @@ def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | No
     head = f"closed form sampled {n} times (Latin hypercube, seed {data['seed']})"
     tail = "; band = prediction x sampled / nominal closed-form step"
     compute_text = f"compute time x {crange['p10']}-{crange['p90']} (p10-p90, {gpu_key})"
+    memory_text = f"memory-bound kernel time x {mrange['p10']}-{mrange['p90']} (p10-p90, {memory_key})"
     if ranges is None or not sampled:
         calibrated = " (around the calibrated constants)" if cfg.compute_efficiency is not None or pricer.adjust \
             else ""
         missing = f"; no calibration interval (zero width or absent) for {', '.join(without)}" if without else ""
-        return (f"{head} over the stated ranges of {DATA_NAME}{calibrated}: {compute_text}, collective time by "
-                f"message size{missing}{tail}"), sources
+        return (f"{head} over the stated ranges of {DATA_NAME}{calibrated}: {compute_text}, {memory_text}, "
+                f"collective time by message size{missing}{tail}"), sources
     missing = f" (no calibration interval, zero width or absent, for {', '.join(without)})" if without else ""
     fitted = ", ".join(f"{name if op == 'compute' else f'{op} {name}'} [{i.low:.4g}, {i.high:.4g}]"
                        for op, name, i in intervals)
     rest = [f"{compute_text} on {', '.join(stated_compute)}"] if stated_compute else []
+    if stated_memory:
+        rest.append(memory_text)
     rest.append("collective time by message size for "
                 + ("the other collectives and sizes above an op's calibrated range" if comm_sampled else
                    "every collective"))

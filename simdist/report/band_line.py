@@ -28,6 +28,8 @@ def band_line(sources: Sequence[Mapping[str, Any]] | None) -> str:
         if s.get("part") == "compute":
             on = f" ({', '.join(s['applies_to'])})" if fitted or s.get("calibrated_without_interval") else ""
             texts.append(f"compute time x {s['p10']:g}-{s['p90']:g}{on}")
+        elif s.get("part") == "memory":
+            texts.append(f"memory-bound kernel time x {s['p10']:g}-{s['p90']:g}")
         else:
             texts.append("other collectives' time by message size" if fitted else "collective time by message size")
     if texts:
