@@ -97,6 +97,13 @@ def _narayanan_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int)
     return 96 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
+def _bridge_source(source: str) -> str:
+    """What a Megatron-Bridge row is from: its performance summary, or the skill document of a controlled A/B."""
+    if "skills/" in source:
+        return "skill " + source.split("skills/")[1].split("/")[0]
+    return "performance summary"
+
+
 def rows() -> list[Row]:
     out: list[Row] = []
     with open(REFERENCE / "korthikanti2022_table5_iteration_time.csv", newline="") as fh:
@@ -136,7 +143,7 @@ def rows() -> list[Row]:
             closed = (gpus >= 256 or moe) and r["scenario"] not in CONTENDED
             out.append(Row(BRIDGE_MOE if moe else BRIDGE, f"{r['model']} {r['precision']} {gpus}x {r['system']}",
                            r["scenario"], (),
-                           measured, f"Megatron-Bridge performance summary ({r['container']}, "
+                           measured, f"Megatron-Bridge {_bridge_source(r['source'])} ({r['container']}, "
                            f"{r['tokens_per_s_per_gpu']} tokens/s/GPU)", "megatron",
                            "hopper" if "H100" in r["system"] else "blackwell", "closed_form" if closed else None))
     with open(REFERENCE / f"{FSDP_FAMILY}.csv", newline="") as fh:
