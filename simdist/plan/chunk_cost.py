@@ -131,7 +131,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
         parts.append((embedding_work(m, style=ex.style, **kw), 1))
     if last_part:
         parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style,
-                                loss_parallel=ex.loss_parallel, **kw), 1))
+                                loss_parallel=ex.loss_parallel, z_loss=ex.z_loss, **kw), 1))
     mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
     if mtp:
         # DeepSeek-V3 sec. 2.2 / Megatron-LM: the MTP modules run on the last pipeline stage after the main model:
@@ -139,7 +139,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
         parts += [(layer(m.num_layers - 1), mtp), (mtp_work(m, **kw), mtp),
                   (embedding_work(m, style=ex.style, **kw), mtp),
                   (head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style,
-                                loss_parallel=ex.loss_parallel, **kw), mtp)]
+                                loss_parallel=ex.loss_parallel, z_loss=ex.z_loss, **kw), mtp)]
     return parts
 
 

@@ -149,6 +149,21 @@ def _regions(a: float) -> dict[str, dict[str, list[tuple[str, float, float]]]]:
         # writes their gradient.
         "fused_cross_entropy": {s: [("fused_cross_entropy", a, 5.0)] for s in STYLES},
         "fused_cross_entropy_grad": {s: [("fused_cross_entropy_grad", 2 * a, 3.0)] for s in STYLES},
+        # The z-loss (PaLM's softmax normaliser penalty, multiplier x logsumexp(logits)^2; OLMo-core's
+        # z_loss_multiplier) on the logits the loss reads (elements: b s V / tp; eager: the fp32 logits of the loss's
+        # upcast): eager ATen logsumexp is amax, the difference to the row maxima, exp in place and the row sums
+        # (aten/src/ATen/native/ReduceOps.cpp logsumexp_out_impl; the log and add per row); its gradient
+        # exp(x - lse) times the row's incoming gradient (derivatives.yaml logsumexp_backward: the difference, exp,
+        # the product), then added to the cross-entropy's gradient of the same logits (autograd accumulates the
+        # two). Compiled: one fused reduction, one fused gradient pass that adds into the loss's. fused: none of its
+        # own (a fused loss computes lse^2 and its gradient in its pass: flash-attn's Triton cross_entropy
+        # lse_square_scale, OLMo-core's fused_cross_entropy_loss).
+        "z_loss": {"fused": [], "eager": [("z_loss_amax", f, 1.0), ("z_loss_sub_max", 2 * f, 1.0),
+                                          ("z_loss_exp", 2 * f, 4.0), ("z_loss_sum", f, 1.0)],
+                   "compiled": [("z_loss", a, 6.0)]},
+        "z_loss_grad": {"fused": [], "eager": [("z_loss_grad_sub", 2 * f, 1.0), ("z_loss_grad_exp", 2 * f, 4.0),
+                                               ("z_loss_grad_mul", 2 * f, 1.0), ("logits_grad_accumulate", 3 * f, 1.0)],
+                        "compiled": [("z_loss_grad", 3 * a, 6.0)]},
     }
 
 

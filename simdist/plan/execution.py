@@ -29,6 +29,8 @@ class Execution:
     """fused | foreach | for_loop (simdist.plan.optimizer)."""
     loss_fusion: bool = False
     """One fused softmax cross-entropy kernel per pass."""
+    z_loss: bool = False
+    """The loss adds a z-loss (training.z_loss_multiplier > 0): its log-sum-exp over the logits and gradient."""
     fsdp_version: int = 2
     reshard_after_forward: bool = True
     backward_prefetch: str = "pre"
@@ -103,7 +105,8 @@ def execution_of(spec, pp: int) -> Execution:
     return Execution(
         framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile),
         loss_style=kernel_style(t.kernel_fusion, loss_compiled(t)), cuda_graphs=t.cuda_graphs,
-        optimizer=t.optimizer_implementation, loss_fusion=t.cross_entropy_loss_fusion, fsdp_version=t.fsdp_version,
+        optimizer=t.optimizer_implementation, loss_fusion=t.cross_entropy_loss_fusion, z_loss=t.z_loss_multiplier > 0,
+        fsdp_version=t.fsdp_version,
         reshard_after_forward=reshard, backward_prefetch=t.backward_prefetch, grad_sync=grad_sync,
         recompute_modules=tuple(t.recompute_modules or ("core_attn",)), recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers, cp_comm_type=t.cp_comm_type, async_tp=t.async_tp,

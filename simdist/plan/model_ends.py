@@ -55,13 +55,16 @@ def embedding_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: boo
 
 def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = False,
               micro_batch_size: int = 1, precision: str = "bf16", style: str = "fused",
-              loss_fusion: bool = False, loss_style: str | None = None, loss_parallel: bool = True) -> Work:
+              loss_fusion: bool = False, loss_style: str | None = None, loss_parallel: bool = True,
+              z_loss: bool = False) -> Work:
     """Final norm + logits GEMM + vocab-parallel softmax cross-entropy (decoder); squared-mean loss (mlp).
 
     ``style``: the final norm's kernels (simdist.plan.elementwise); ``loss_style``: the loss's (None: ``style``; fused
     Megatron-LM's vocab-parallel loss, eager F.cross_entropy's upcast, log_softmax and nll_loss, compiled Inductor's
     fused reduction; simdist.plan.execution.loss_compiled); ``loss_fusion``: one fused kernel per pass;
-    ``loss_parallel`` False: the tp ranks' logits are all-gathered and each rank's loss covers the whole vocabulary.
+    ``loss_parallel`` False: the tp ranks' logits are all-gathered and each rank's loss covers the whole vocabulary;
+    ``z_loss``: the z-loss's log-sum-exp over the same logits and its gradient (simdist.plan.elementwise; none of its
+    own under ``loss_fusion``, whose kernel computes it).
     # Assumption: the final norm runs in the blocks' style (a few hundred microseconds either way)."""
     loss_style = loss_style or style
     bpe = bytes_per_element(precision)
@@ -80,11 +83,15 @@ def head_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = F
     # logits is sliced back to the rank's columns (no collective).
     gathered = tp > 1 and not loss_parallel
     v_loss = model.vocab_size if gathered else v_l
-    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_loss, bpe, loss_style)]
+    z = z_loss and not loss_fusion
+    z_fwd = ew("z_loss", m * v_loss, bpe, loss_style) if z else []
+    z_bwd = ew("z_loss_grad", m * v_loss, bpe, loss_style) if z else []
+    fwd = [*ew(norm, resid, bpe, style), gemm("logits", m, v_l, h, bpe), *ew(loss, m * v_loss, bpe, loss_style), *z_fwd]
     dgrad, wgrad = gemm_grads("logits", m, v_l, h, bpe)
-    bwd = [*ew(f"{loss}_grad", m * v_loss, bpe, loss_style), dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
+    loss_grad = [*ew(f"{loss}_grad", m * v_loss, bpe, loss_style), *z_bwd]
+    bwd = [*loss_grad, dgrad, wgrad, *ew(f"{norm}_grad", resid, bpe, style)]
     at_logits = len(ew(norm, 1.0, bpe, style)) + 1  # the forward's kernels up to the logits GEMM
-    at_dgrad = len(ew(f"{loss}_grad", 1.0, bpe, loss_style)) + 1  # the backward's up to the input-gradient GEMM
+    at_dgrad = len(loss_grad) + 1  # the backward's up to the input-gradient GEMM
     comm: list[CommWork] = []
     if tp > 1:
         full = float(m * h * bpe)

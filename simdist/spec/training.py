@@ -265,6 +265,13 @@ class TrainingSpec(Spec):
         default=False, description="the loss as one fused softmax cross-entropy kernel per pass (Megatron-LM "
                                    "--cross-entropy-loss-fusion, llm-foundry's fused_crossentropy) instead of the "
                                    "framework's separate fp32 kernels")
+    z_loss_multiplier: float = Field(
+        default=0.0, ge=0.0, le=1.0, validation_alias=alias("z_loss_multiplier", "z_loss", "lse_square_scale"),
+        description="the z-loss beside the cross-entropy (PaLM's multiplier x logsumexp(logits)^2; OLMo-core "
+                    "z_loss_multiplier, flash-attn lse_square_scale): above 0 the loss also takes the log-sum-exp "
+                    "of the logits and its gradient, in the loss's kernel style (simdist.plan.elementwise; inside the "
+                    "kernel under cross_entropy_loss_fusion); 0: off. Not Megatron-LM's --moe-z-loss-coeff (the "
+                    "router's)")
     cp_comm_type: Literal["p2p", "all_gather", "a2a", "a2a+p2p"] = Field(
         default="p2p", description="how context parallelism moves keys and values (Megatron-LM --cp-comm-type): p2p "
                                    "(ring attention: cp - 1 exchanges of a KV block, each beside a block's "
