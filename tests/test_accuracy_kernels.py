@@ -65,7 +65,7 @@ def test_b300_linears_of_transformer_engine_are_not_priced_optimistically():
     assert sum(r.error for r in b300) / len(b300) > 0.0
     # a linear row is its GEMM and its two casts: dropping the casts would price it faster, never slower
     mx = next(r for r in linear if r.shape == "(15872, 4096, 16384)" and "MXFP8" in r.software)
-    gemm_only = acc._tflops(acc._gpus()["B300-SXM-288GB"], 1, 15872, 4096, 16384, "mxfp8")
+    gemm_only = acc._tflops(acc.gpus_by_name()["B300-SXM-288GB"], 1, 15872, 4096, 16384, "mxfp8")
     assert gemm_only > mx.predicted_tflops * 1.05
 
 

@@ -100,7 +100,8 @@ class Record:
         return KNOWN_DEVIATIONS.get((self.gpu, self.shape, self.software))
 
 
-def _gpus() -> dict[str, GpuSpec]:
+def gpus_by_name() -> dict[str, GpuSpec]:
+    """The GPU presets by the spec names the reference CSVs use (e.g. H100-SXM5-80GB)."""
     return {spec.name: spec for spec in GPU_PRESETS.values()}
 
 
@@ -117,15 +118,16 @@ def _tflops(gpu: GpuSpec, groups: int, m: int, n: int, k: int, dtype: str = "bf1
     return kernel.flops / seconds / 1e12
 
 
-def _rows() -> list[dict[str, str]]:
-    with open(REFERENCE, newline="", encoding="utf-8") as fh:
+def reference_rows(path: Path = REFERENCE) -> list[dict[str, str]]:
+    """The rows of a reference CSV whose header comment lines start with '#'."""
+    with open(path, newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(line for line in fh if not line.startswith("#")))
 
 
 def records() -> list[Record]:
-    gpus = _gpus()
+    gpus = gpus_by_name()
     out = []
-    for row in _rows():
+    for row in reference_rows():
         gpu = gpus[row["gpu"]]
         groups = int(row["groups"])
         if row["best_of"]:
@@ -223,15 +225,20 @@ def render(recs: list[Record] | None = None) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def report_cli(render_report, description: str, argv: list[str] | None = None) -> None:
+    """A report script's command line: ``--out FILE`` writes ``render_report()`` there, else prints it."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", type=Path, default=None, help="write the report here (default: print it)")
-    a = ap.parse_args()
-    text = render()
+    a = ap.parse_args(argv)
+    text = render_report()
     if a.out is None:
         print(text, end="")
     else:
         a.out.write_text(text, encoding="utf-8")
+
+
+def main() -> None:
+    report_cli(render, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -33,18 +33,15 @@ the stated ranges of simdist/predict/data/uncertainty.yaml (its ``memory`` facto
 
 from __future__ import annotations
 
-import argparse
-import csv
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from simdist.hardware.compute import compute_efficiency, kernel_time_s
-from simdist.hardware.gpus import GPU_PRESETS
 from simdist.plan.elementwise import ew
 from simdist.plan.kernel_work import Kernel, elementwise
-from simdist.spec.gpu import GpuSpec
+from validation.accuracy_kernels import gpus_by_name, reference_rows, report_cli
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "memory_kernels_published.csv"
 REPO = Path(__file__).resolve().parents[1]
@@ -62,21 +59,22 @@ _TRITON = "Liger-Kernel"
 
 @dataclass(frozen=True)
 class Record:
-    gpu: str
-    region: str
-    implementation: str
-    direction: str
-    timed: str
-    rows: int
-    width: int
-    dtype: str
+    row: dict[str, str] = field(compare=False, repr=False)
+    """The reference row, as read (what `kernels` prices); its columns are the properties below."""
     measured_s: float
     predicted_s: float
-    role: str
     counted: bool
-    source: str
-    row: dict[str, str] = field(compare=False, repr=False)
-    """The reference row, as read (what `kernels` prices)."""
+
+    gpu = property(lambda self: self.row["gpu"])
+    region = property(lambda self: self.row["region"])
+    implementation = property(lambda self: self.row["implementation"])
+    direction = property(lambda self: self.row["direction"])
+    timed = property(lambda self: self.row["timed"])
+    dtype = property(lambda self: self.row["dtype"])
+    role = property(lambda self: self.row["role"])
+    source = property(lambda self: self.row["source"])
+    rows = property(lambda self: int(self.row["rows"]))
+    width = property(lambda self: int(self.row["width"]))
 
     @property
     def error(self) -> float:
@@ -88,13 +86,6 @@ class Record:
         """Measured time / predicted time: the factor simdist's time would need."""
         return self.measured_s / self.predicted_s
 
-    @property
-    def series(self) -> tuple[str, str, str, str]:
-        return self.gpu, self.region, self.implementation, self.direction
-
-
-def _gpus() -> dict[str, GpuSpec]:
-    return {spec.name: spec for spec in GPU_PRESETS.values()}
 
 
 def _styles(implementation: str, region: str) -> tuple[str, str]:
@@ -119,14 +110,9 @@ def kernels(row: dict[str, str]) -> list[Kernel]:
     return [*forward, elementwise("sum", elements, a, 1.0), *backward]
 
 
-def _rows() -> list[dict[str, str]]:
-    with open(REFERENCE, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
-
-
 def records() -> list[Record]:
-    gpus = _gpus()
-    rows = _rows()
+    gpus = gpus_by_name()
+    rows = reference_rows(REFERENCE)
     previous: dict[tuple, tuple[int, float]] = {}
     out = []
     for row in sorted(rows, key=lambda r: (r["gpu"], r["region"], r["implementation"], r["direction"],
@@ -139,16 +125,14 @@ def records() -> list[Record]:
         before = previous.get(key)
         in_regime = (before is not None and width == 2 * before[0] and measured >= BANDWIDTH_REGIME * before[1])
         previous[key] = (width, measured)
-        out.append(Record(row["gpu"], row["region"], row["implementation"], row["direction"], row["timed"],
-                          int(row["rows"]), width, row["dtype"], measured, predicted, row["role"],
-                          in_regime and row["role"] != MEMORY_EFFICIENCY_ROW, row["source"], row))
+        out.append(Record(row, measured, predicted, in_regime and row["role"] != MEMORY_EFFICIENCY_ROW))
     return out
 
 
 def fitted_share(recs: list[Record], gpu: str = "H100-SXM5-80GB") -> float:
     """The memory_kernel_share at which the median measured / predicted time of ``gpu``'s counted points is 1
     (bisection; the launch gap is not scaled, so it is not simply the median ratio at share 1)."""
-    spec = _gpus()[gpu]
+    spec = gpus_by_name()[gpu]
     base = compute_efficiency(spec)
     points = [r for r in recs if r.counted and r.gpu == gpu]
 
@@ -173,9 +157,8 @@ def ratio_quantiles(recs: list[Record], gpu: str | None = None) -> tuple[float, 
 
 def _line(label: str, rs: list[Record]) -> str:
     errs = [100.0 * r.error for r in rs]
-    ratios = sorted(r.ratio for r in rs)
     return (f"| {label} | {len(rs)} | {statistics.fmean(abs(e) for e in errs):.1f} | {statistics.fmean(errs):+.1f} | "
-            f"{min(errs):+.1f} | {max(errs):+.1f} | {statistics.median(ratios):.2f} |")
+            f"{min(errs):+.1f} | {max(errs):+.1f} | {statistics.median(r.ratio for r in rs):.2f} |")
 
 
 def _summary(recs: list[Record]) -> list[str]:
@@ -207,7 +190,7 @@ def render(recs: list[Record] | None = None) -> str:
     recs = records() if recs is None else recs
     h100, a100 = ratio_quantiles(recs, "H100-SXM5-80GB"), ratio_quantiles(recs, "A100-SXM4-80GB")
     share = fitted_share(recs)
-    stated = compute_efficiency(_gpus()["H100-SXM5-80GB"]).memory_kernel_share
+    stated = compute_efficiency(gpus_by_name()["H100-SXM5-80GB"]).memory_kernel_share
     lines = [
         "# Accuracy of simdist's memory-bound kernels against published kernel timings",
         "",
@@ -269,14 +252,7 @@ def render(recs: list[Record] | None = None) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="write the report here (default: print it)")
-    a = ap.parse_args()
-    text = render()
-    if a.out is None:
-        print(text, end="")
-    else:
-        a.out.write_text(text, encoding="utf-8")
+    report_cli(render, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ fitted with a confidence interval is sampled from that interval instead (simdist
 normal with the interval's ends at -/+1.96 sigma at 95 %), each in its own Latin-hypercube column: the roofline's
 gemm_peak_efficiency, gemm_knee_dim, memory_efficiency and launch overhead, and per calibrated collective its
 latency and bandwidth factor (sizes up to the largest calibrated). The rest keeps its stated range: compute
-constants the calibration did not fit (or fitted without an interval) take the compute time factor (memory_efficiency
-the memory-bound one), collectives
-without a calibrated interval and sizes above an op's calibrated range the collective time factor of their size.
+constants the calibration did not fit (or fitted without an interval) take the compute time factor
+(memory_efficiency the memory-bound one), collectives without a calibrated interval and sizes above an op's
+calibrated range the collective time factor of their size.
 # Assumption: the compute factor is one for the whole step (a GPU type's GEMMs are all off by the same share of
 # peak), so is the memory-bound factor (its element-wise kernels all reach the same share of HBM bandwidth) and the
 # communication factor within a size band (a fabric's collectives err together); the three are independent.
@@ -97,15 +97,19 @@ def _scaled_efficiency(eff: ComputeEfficiency, factor: float, memory_factor: flo
                                launch_overhead_s=eff.launch_overhead_s * factor)
 
 
+def _range_key(part: str, gpu_name: str) -> str:
+    """The row of uncertainty.yaml's ``part`` (compute, memory) that ``gpu_name`` takes: its own, else default."""
+    return gpu_name if gpu_name in uncertainty()[part] else "default"
+
+
 def compute_range(gpu_name: str) -> dict[str, Any]:
-    table = uncertainty()["compute"]
-    return table.get(gpu_name, table["default"])
+    """The stated range of the compute time factor of ``gpu_name``."""
+    return uncertainty()["compute"][_range_key("compute", gpu_name)]
 
 
 def memory_range(gpu_name: str) -> dict[str, Any]:
-    """The stated range of the memory-bound time factor of ``gpu_name`` (its row, else the default's)."""
-    table = uncertainty()["memory"]
-    return table.get(gpu_name, table["default"])
+    """The stated range of the memory-bound time factor of ``gpu_name``."""
+    return uncertainty()["memory"][_range_key("memory", gpu_name)]
 
 
 def _size_factor(z: float) -> Callable[[float], float]:
@@ -290,8 +294,7 @@ def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | No
     calibrated op counts where the step priced it (``used``)."""
     data = uncertainty()
     crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
-    gpu_key = cfg.gpu.name if cfg.gpu.name in data["compute"] else "default"
-    memory_key = cfg.gpu.name if cfg.gpu.name in data["memory"] else "default"
+    gpu_key, memory_key = _range_key("compute", cfg.gpu.name), _range_key("memory", cfg.gpu.name)
     sampled = [(op, name) for op, name in columns if op == "compute" or op in used]
     stated_compute = [name for name in _STATED_COMPUTE if ("compute", name) not in sampled]
     stated_memory = ("compute", _STATED_MEMORY) not in sampled
