@@ -405,3 +405,49 @@ def test_fp8_routed_experts_keep_their_linears_inputs_at_one_byte_as_grouped_lin
     saved = {layer: activation_bytes_per_layer(TINY, layer=layer, precision="bf16", attention="flash")
              - activation_bytes_per_layer(TINY, layer=layer, precision="fp8", attention="flash") for layer in (0, 1)}
     assert saved[1] - saved[0] == 256 * 192 - 128 * 256
+
+
+# ----------------------------------------------------------------------------- fp8 casts as TE launches them
+def test_te_current_scaling_casts_each_expert_in_three_kernels_delayed_scaling_fuses_the_experts_into_one():
+    # Transformer Engine @ d0067d0: Float8CurrentScalingQuantizer::quantize_impl launches compute_amax,
+    # compute_scale_from_amax and quantize per tensor; a GroupedLinear's input is split per expert and quantized tensor
+    # by tensor except under delayed scaling (one nvte_multi_cast_transpose). TINY's MoE layer 1 on ep 4: 2 local
+    # experts of 128 rows each; fc1's input is 256 rows x H = 64.
+    from simdist.plan.kernel_work import fp8_cast
+
+    n = 256 * H
+    tensorwise = fp8_cast("expert_fc1", n, "tensorwise", parts=2)
+    assert [k.name for k in tensorwise] == ["expert_fc1_fp8_amax", "expert_fc1_fp8_scale", "expert_fc1_fp8_cast"] * 2
+    # each expert's amax reads its 128 x 64 bf16 rows; the cast reads them again and writes the fp8 copy and its
+    # transpose; the scale kernel moves the two fp32 words: 6 bytes an element and 2 x 8 bytes in all
+    assert [k.hbm_bytes for k in tensorwise] == [128 * H * 2.0, 8.0, 128 * H * 4.0] * 2
+    assert sum(k.hbm_bytes for k in tensorwise) == 6.0 * n + 16.0
+    delayed = fp8_cast("expert_fc1", n, "delayed", parts=2)
+    assert [(k.name, k.hbm_bytes) for k in delayed] == [("expert_fc1_fp8_cast", 4.0 * n)]
+    mxfp8 = fp8_cast("expert_fc1", n, "mxfp8", parts=2)
+    assert len(mxfp8) == 2 and sum(k.hbm_bytes for k in mxfp8) == pytest.approx((2 + 2 * (1 + 1 / 32)) * n, rel=1e-12)
+    # torchao's casts (not Transformer Engine): one kernel a tensor, whatever the recipe
+    assert len(fp8_cast("x", n, "tensorwise", transformer_engine=False, parts=2)) == 1
+    assert fp8_cast("x", n, None, parts=2) == []
+
+
+def test_a_te_moe_layer_under_current_scaling_launches_its_expert_casts_per_expert_and_pays_their_launches():
+    experts = ExpertParallel(ep=4)  # 2 local experts, one grouped GEMM a linear
+    kw = dict(layer=1, attention="flash", precision="fp8", experts=experts)
+    cs, delayed = layer_work(TINY, fp8_recipe="tensorwise", **kw), layer_work(TINY, fp8_recipe="delayed", **kw)
+
+    def count(work, suffix, backward=False):
+        return sum(k.name.startswith("expert_") and k.name.endswith(suffix)
+                   for k in (work.backward if backward else work.forward))
+
+    # forward: fc1's and fc2's inputs, 2 experts each, 3 kernels an expert under current scaling, 1 kernel a linear
+    # under delayed scaling; backward: the two linears' output gradients alike
+    assert (count(cs, "_fp8_amax"), count(cs, "_fp8_scale"), count(cs, "_fp8_cast")) == (4, 4, 4)
+    assert (count(cs, "_fp8_amax", True), count(cs, "_fp8_cast", True)) == (4, 4)
+    assert (count(delayed, "_fp8_cast"), count(delayed, "_fp8_cast", True), count(delayed, "_fp8_amax")) == (2, 2, 0)
+    # the same bytes, more kernels: every extra launch costs the GPU its launch gap
+    gap = compute_efficiency(H100).launch_overhead_s
+    extra = (len(cs.forward) + len(cs.backward)) - (len(delayed.forward) + len(delayed.backward))
+    assert extra > 0
+    assert kernels_time_s(H100, [*cs.forward, *cs.backward], "fp8") > kernels_time_s(
+        H100, [*delayed.forward, *delayed.backward], "fp8") + extra * gap

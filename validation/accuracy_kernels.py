@@ -201,7 +201,7 @@ def render(recs: list[Record] | None = None) -> str:
         "which Megatron-Core runs, have no published Blackwell timing here, so simdist's rate is left as it is. "
         "On B300 (Blackwell Ultra), Transformer Engine's own GEMM profiling of a 5B model's four linear layers "
         "(15,872 tokens) has simdist slower than measured in bf16 on every shape (+6 to +24 %) and, for "
-        "te.Linear forwards under autocast with their input and weight casts, between -9 % and +36 % across "
+        "te.Linear forwards under autocast with their input and weight casts, between -7 % and +36 % across "
         "current, delayed and MXFP8 scaling (MXFP8 -5 to +18 %): Blackwell Ultra's dense GEMMs are not what makes "
         "simdist optimistic on the Blackwell training rows either.",
         "",

@@ -31,7 +31,6 @@ from simdist.plan.kernel_work import (
     LayerShape,
     Pass,
     elementwise,
-    fp8_cast,
     fp8_weight_cast,
     gemm,
     gemm_grads,
@@ -86,7 +85,7 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
     """The attention half of one layer (its norm, projections, core, output projection; no residual)."""
     b, s_q, s_k, tp, cp, bpe = shape.micro_batch_size, shape.seq_q, shape.seq_k, shape.tp, shape.cp, shape.bpe
     h, m = model.hidden_size, shape.tokens
-    recipe, fp8 = shape.recipe, shape.fp8
+    fp8 = shape.fp8
     a_l = model.num_attention_heads // tp
     sp = shape.sequence_parallel
     resid = m * h // tp if sp else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
@@ -115,7 +114,7 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
         if tp > 1 and sp:
             for _ in range(forward_gathers(shape.tp_inputs, projections, compiled=style == "compiled")):
                 fwd.issue("all_gather", m * h * bpe)
-        fwd.add(*fp8_cast("qkv", m * h, recipe), *fp8_weight_cast("qkv", h * (q_l + 2 * k_l), shape),
+        fwd.add(*shape.casts("qkv", m * h), *fp8_weight_cast("qkv", h * (q_l + 2 * k_l), shape),
                 gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
         if model.qk_layernorm:
             # Qwen3 / OLMo 2: RMSNorm over each head of Q and K (Megatron-LM q_layernorm / k_layernorm).
@@ -134,7 +133,7 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
             bwd_qkv.add(*ew("rotary_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
         if model.qk_layernorm:
             bwd_qkv.add(*ew("qk_norm_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
-        bwd_qkv.add(*fp8_cast("qkv_grad", m * (q_l + 2 * k_l), recipe))
+        bwd_qkv.add(*shape.casts("qkv_grad", m * (q_l + 2 * k_l)))
         dgrad, wgrad = gemm_grads("qkv", m, q_l + 2 * k_l, h, bpe, fp8)
         bwd_qkv.add(dgrad)
         if tp > 1:
@@ -150,14 +149,14 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
     fwd.add(*core, *cpc.merge_forward)
     fwd.comm += [dataclasses.replace(c, issued_after=len(fwd.kernels)) for c in cpc.forward if c.issued_after == 1]
     fwd.add(*ew("attention_layout", m * out_l, bpe, style))
-    fwd.add(*fp8_cast("projection", m * out_l, recipe), *fp8_weight_cast("projection", out_l * h, shape),
+    fwd.add(*shape.casts("projection", m * out_l), *fp8_weight_cast("projection", out_l * h, shape),
             gemm("projection", m, h, out_l, bpe, fp8))
     if tp > 1:
         fwd.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe)
 
     if tp > 1 and sp:
         bwd.issue("all_gather", m * h * bpe)
-    bwd.add(*fp8_cast("projection_grad", m * h, recipe), *gemm_grads("projection", m, h, out_l, bpe, fp8))
+    bwd.add(*shape.casts("projection_grad", m * h), *gemm_grads("projection", m, h, out_l, bpe, fp8))
     bwd.add(*ew("attention_layout_grad", m * out_l, bpe, style))
     bwd.comm += [dataclasses.replace(c, issued_after=len(bwd.kernels)) for c in cpc.backward if c.issued_after == 0]
     bwd.add(*core_bwd, *cpc.merge_backward)
@@ -233,7 +232,7 @@ def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted
 def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l: int) -> None:
     """MLA's projections after the input norm (forward, appended to ``fwd``) and their backward (``bwd``, in backward
     order: rotary, up projections, latent norms, down projections)."""
-    h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
+    h, m, bpe, tp, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.fp8
     sp = shape.sequence_parallel
     m_l = shape.local_tokens  # the duplicated down projections run on this peer's own tokens
     qr, kvr, r = model.q_lora_rank, model.kv_lora_rank, model.qk_pos_emb_head_dim
@@ -245,10 +244,10 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
     # sequence parallelism, are all-reduced with the other sequence-parallel weights once per step (Megatron-LM
     # finalize_model_grads); that small all-reduce is not modelled.
     if qr:
-        fwd.add(*fp8_cast("q_down", m_l * h, recipe), gemm("q_down", m_l, qr, h, bpe, fp8))
+        fwd.add(*shape.casts("q_down", m_l * h), gemm("q_down", m_l, qr, h, bpe, fp8))
         if norms:
             fwd.add(*ew("rmsnorm", m_l * qr, bpe, shape.style))
-    fwd.add(*fp8_cast("kv_down", m_l * h, recipe), gemm("kv_down", m_l, kvr + r, h, bpe, fp8))
+    fwd.add(*shape.casts("kv_down", m_l * h), gemm("kv_down", m_l, kvr + r, h, bpe, fp8))
     if norms:
         fwd.add(*ew("rmsnorm", m_l * kvr, bpe, shape.style))
     q_in = qr if qr else h  # what the (column-parallel) Q projection reads
@@ -259,8 +258,8 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
         # the same bytes here.
         fwd.issue("all_gather", m * q_in * bpe)
         fwd.issue("all_gather", m * (kvr + r) * bpe)
-    fwd.add(*fp8_cast("q_up", m * q_in, recipe), gemm("q_up" if qr else "q_proj", m, q_up, q_in, bpe, fp8))
-    fwd.add(*fp8_cast("kv_up", m * kvr, recipe), gemm("kv_up", m, kv_up, kvr, bpe, fp8))
+    fwd.add(*shape.casts("q_up", m * q_in), gemm("q_up" if qr else "q_proj", m, q_up, q_in, bpe, fp8))
+    fwd.add(*shape.casts("kv_up", m * kvr), gemm("kv_up", m, kv_up, kvr, bpe, fp8))
     # RoPE on the rotary parts of Q (every head) and K (one shared head), and the concatenation into the Q and K the
     # kernel reads (Megatron-LM: torch.cat of the no-position and rotary parts; k_pos_emb expanded over the heads).
     qk_elems = m * a_l * (d + r) * 2
@@ -268,7 +267,7 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
 
     bwd.add(elementwise("mla_rope_concat_grad", qk_elems, 2 * bpe, 1.0))
     for name, n, k in (("kv_up", kv_up, kvr), ("q_up" if qr else "q_proj", q_up, q_in)):
-        bwd.add(*fp8_cast(f"{name}_grad", m * n, recipe))
+        bwd.add(*shape.casts(f"{name}_grad", m * n))
         dgrad, wgrad = gemm_grads(name, m, n, k, bpe, fp8)
         bwd.add(dgrad)
         if tp > 1:
@@ -278,8 +277,8 @@ def _mla_projections(model: Model, shape: LayerShape, fwd: Pass, bwd: Pass, a_l:
         bwd.add(wgrad)
     if norms:
         bwd.add(*ew("rmsnorm_grad", m_l * kvr, bpe, shape.style))
-    bwd.add(*fp8_cast("kv_down_grad", m_l * (kvr + r), recipe), *gemm_grads("kv_down", m_l, kvr + r, h, bpe, fp8))
+    bwd.add(*shape.casts("kv_down_grad", m_l * (kvr + r)), *gemm_grads("kv_down", m_l, kvr + r, h, bpe, fp8))
     if qr:
         if norms:
             bwd.add(*ew("rmsnorm_grad", m_l * qr, bpe, shape.style))
-        bwd.add(*fp8_cast("q_down_grad", m_l * qr, recipe), *gemm_grads("q_down", m_l, qr, h, bpe, fp8))
+        bwd.add(*shape.casts("q_down_grad", m_l * qr), *gemm_grads("q_down", m_l, qr, h, bpe, fp8))

@@ -168,17 +168,44 @@ def gemm_grads(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False, *
     return dgrad, wgrad
 
 
-def fp8_cast(name: str, elements: float, recipe: str | None) -> list[Kernel]:
-    """The fp8 cast of a GEMM operand (Transformer Engine casts each input activation in forward and each output
-    gradient in backward); none without an FP8 recipe.
+_SCALE_BYTES = 8.0
+"""nvte_compute_scale_from_amax: reads the fp32 amax, writes the fp32 scale (its scale_inv beside it)."""
+
+
+def fp8_cast(name: str, elements: float, recipe: str | None, *, transformer_engine: bool = True,
+             parts: int = 1) -> list[Kernel]:
+    """The fp8 cast of a GEMM operand (each input activation in forward, each output gradient in backward), as the
+    kernels that run it; none without an FP8 recipe. ``parts``: the tensors the operand is quantized as (a grouped
+    GEMM's local experts, each with scales of its own); ``transformer_engine``: Transformer Engine's
+    quantizers (else torchao's: one cast kernel a tensor, `_CAST_BYTES` its traffic).
+
+    Transformer Engine (transformer_engine/pytorch/csrc/quantizer.cpp and extensions/cast.cpp @ d0067d0):
+    current scaling (tensorwise, Float8CurrentScalingQuantizer::quantize_impl) launches three kernels a tensor:
+    nvte_compute_amax (a pass over the input), nvte_compute_scale_from_amax (one scale from the amax) and
+    nvte_quantize_v2 (the cast and its transposed copy); the other recipes one (delayed: the amax recorded in the
+    cast's own pass; MXFP8 and blockwise: the block scales computed in it). A grouped GEMM's operand is split per
+    expert (split_quantize) and quantized tensor by tensor (multi_tensor_quantize_impl: "Currently only have fused
+    kernel for FP8 delayed scaling"), except under delayed scaling, whose experts' casts run as one
+    nvte_multi_cast_transpose kernel. Traffic per element is `_CAST_BYTES` however many kernels share it.
 
     # Assumption: weights are cast once per step, not per micro-batch (Megatron passes is_first_microbatch so TE
     # caches the fp8 weights across the micro-batches of a step), so their casts are not charged here; casts that
     # TE fuses into a preceding layer norm are charged as separate kernels (an upper bound on their traffic).
+    # Assumption: torchao's casts (torch.compile fuses a tensor's amax reduction and cast) are one kernel a tensor.
     """
     if recipe is None:
         return []
-    return [elementwise(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
+    if not transformer_engine:
+        return [elementwise(f"{name}_fp8_cast", elements, _CAST_BYTES[recipe], 3.0)]
+    tensors = 1 if recipe == "delayed" else parts  # TE fuses only the delayed-scaling casts of several tensors
+    each = elements / tensors
+    if recipe == "tensorwise":
+        kernels = [elementwise(f"{name}_fp8_amax", each, 2.0, 1.0),  # |x| reduced to one max: a read of the input
+                   elementwise(f"{name}_fp8_scale", 1, _SCALE_BYTES, 1.0),  # one thread: the amax read, scale written
+                   elementwise(f"{name}_fp8_cast", each, _CAST_BYTES[recipe] - 2.0, 2.0)]
+    else:
+        kernels = [elementwise(f"{name}_fp8_cast", each, _CAST_BYTES[recipe], 3.0)]
+    return kernels * tensors
 
 
 def fp8_weight_cast(name: str, elements: float, shape: LayerShape) -> list[Kernel]:
@@ -278,6 +305,12 @@ class LayerShape:
     """The fused attention runs in fp8 (Transformer Engine's FP8 DotProductAttention)."""
     tp_inputs: str = "module"
     """Where a module's input changes layout for its column-parallel projections (simdist.plan.tp_plan)."""
+
+    def casts(self, name: str, elements: float, parts: int = 1) -> list[Kernel]:
+        """The kernels that cast a GEMM operand of ``elements`` (``parts`` tensors) to fp8 under this shape's recipe
+        (`fp8_cast`): Transformer Engine's quantizers where the framework keeps the cast weights across a step
+        (``fp8_weight_cache``: it runs TE's modules), torchao's casts otherwise; none without a recipe."""
+        return fp8_cast(name, elements, self.recipe, transformer_engine=self.fp8_weight_cache, parts=parts)
 
     @property
     def attention_dtype(self) -> str:

@@ -42,7 +42,6 @@ from simdist.plan.kernel_work import (
     Work,
     bytes_per_element,
     elementwise,
-    fp8_cast,
     fp8_weight_cast,
     gemm,
     gemm_grads,
@@ -217,7 +216,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
                    recompute_syncs=tuple(fwd.syncs) if recompute == "full" else ())
 
 
-_MLA_UP = frozenset({"q_up", "q_proj", "kv_up", "mla_rope_concat", "q_up_fp8_cast", "kv_up_fp8_cast"})
+_MLA_UP = frozenset({"q_up", "q_proj", "kv_up", "mla_rope_concat",
+                     *(f"{p}_fp8_{k}" for p in ("q_up", "kv_up") for k in ("amax", "scale", "cast"))})
 
 
 def _module_tags(fwd: Pass, attn, residual_kernels: int, norm_kernels: int, *, moe: bool) -> list[str]:
@@ -249,7 +249,7 @@ def _module_tags(fwd: Pass, attn, residual_kernels: int, norm_kernels: int, *, m
 def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
     """(forward, backward) of the dense MLP half: its norm, up (SwiGLU: gate and up, h -> 2f), activation, down,
     with the tensor-parallel collectives (Shoeybi sec. 3; Korthikanti sec. 4.2.2 under sequence parallelism)."""
-    h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
+    h, m, bpe, tp, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.fp8
     sp = shape.sequence_parallel
     resid = m * h // tp if sp else m * h
     f_l = model.ffn_hidden_size // tp
@@ -262,10 +262,10 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
     if tp > 1 and sp:
         for _ in range(forward_gathers(shape.tp_inputs, projections, compiled=style == "compiled")):
             fwd.issue("all_gather", full)
-    fwd.add(*fp8_cast("mlp_up", m * h, recipe), *fp8_weight_cast("mlp_up", h * up_n, shape),
+    fwd.add(*shape.casts("mlp_up", m * h), *fp8_weight_cast("mlp_up", h * up_n, shape),
             gemm("mlp_up", m, up_n, h, bpe, fp8))
     fwd.add(*ew("swiglu" if model.swiglu else "gelu", m * f_l, bpe, style))
-    fwd.add(*fp8_cast("mlp_down", m * f_l, recipe), *fp8_weight_cast("mlp_down", f_l * h, shape),
+    fwd.add(*shape.casts("mlp_down", m * f_l), *fp8_weight_cast("mlp_down", f_l * h, shape),
             gemm("mlp_down", m, h, f_l, bpe, fp8))
     if tp > 1:
         fwd.issue("reduce_scatter" if sp else "all_reduce", full)
@@ -273,9 +273,9 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
     if tp > 1 and sp:
         # Korthikanti Fig. 5: in backward the adjoints swap (all-gather before the row-parallel GEMM's backward).
         bwd.issue("all_gather", full)
-    bwd.add(*fp8_cast("mlp_down_grad", m * h, recipe), *gemm_grads("mlp_down", m, h, f_l, bpe, fp8))
+    bwd.add(*shape.casts("mlp_down_grad", m * h), *gemm_grads("mlp_down", m, h, f_l, bpe, fp8))
     bwd.add(*ew("swiglu_grad" if model.swiglu else "gelu_grad", m * f_l, bpe, style))
-    bwd.add(*fp8_cast("mlp_up_grad", m * up_n, recipe))
+    bwd.add(*shape.casts("mlp_up_grad", m * up_n))
     up_dgrad, up_wgrad = gemm_grads("mlp_up", m, up_n, h, bpe, fp8)
     bwd.add(up_dgrad)
     if tp > 1:

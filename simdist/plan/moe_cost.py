@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from simdist.errors import LayoutError, SpecError
 from simdist.plan.elementwise import ew
-from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, fp8_cast, gemm, gemm_grads
+from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, gemm, gemm_grads
 from simdist.plan.model import Model
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -181,7 +181,7 @@ def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> R
 def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
     """(forward, backward) of one MoE layer's MLP half, from its norm to the combined output (no residual)."""
     check_experts(model, tp=shape.tp, sequence_parallel=shape.sequence_parallel, experts=experts)
-    h, m, bpe, tp, recipe, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.recipe, shape.fp8
+    h, m, bpe, tp, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.fp8
     sp = shape.sequence_parallel
     resid = m * h // tp if sp else m * h
     r = routed_tokens(model, shape, experts)
@@ -200,14 +200,14 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
         up_n = 2 * f_l if model.swiglu else f_l
         if tp > 1:
             fwd.issue("all_gather", m * h * bpe)
-        fwd.add(*fp8_cast("shared_up", m * h, recipe), gemm("shared_up", m, up_n, h, bpe, fp8),
-                _activation("shared", model, m * f_l, bpe), *fp8_cast("shared_down", m * f_l, recipe),
+        fwd.add(*shape.casts("shared_up", m * h), gemm("shared_up", m, up_n, h, bpe, fp8),
+                _activation("shared", model, m * f_l, bpe), *shape.casts("shared_down", m * f_l),
                 gemm("shared_down", m, h, f_l, bpe, fp8))
         if tp > 1:
             fwd.issue("reduce_scatter", m * h * bpe)
             shared_bwd.issue("all_gather", m * h * bpe)
-        shared_bwd.add(*fp8_cast("shared_down_grad", m * h, recipe), *gemm_grads("shared_down", m, h, f_l, bpe, fp8),
-                       _activation_grad("shared", model, m * f_l, bpe), *fp8_cast("shared_up_grad", m * up_n, recipe))
+        shared_bwd.add(*shape.casts("shared_down_grad", m * h), *gemm_grads("shared_down", m, h, f_l, bpe, fp8),
+                       _activation_grad("shared", model, m * f_l, bpe), *shape.casts("shared_up_grad", m * up_n))
         dgrad, wgrad = gemm_grads("shared_up", m, up_n, h, bpe, fp8)
         shared_bwd.add(dgrad)
         if tp > 1:
@@ -282,7 +282,7 @@ def _activation_grad(prefix: str, model: Model, elements: float, bpe: int, share
 
 def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r: RoutedTokens) -> tuple[Pass, Pass]:
     """Dispatch, the local experts, combine: forward and backward (backward in reverse order)."""
-    h, bpe, recipe, fp8 = model.hidden_size, shape.bpe, shape.recipe, shape.fp8
+    h, bpe, fp8 = model.hidden_size, shape.bpe, shape.fp8
     ep, etp, e = experts.ep, experts.etp, model.num_experts
     t, nl, rows = r.local, r.num_local_experts, r.busiest
     imb = experts.a2a_imbalance
@@ -333,13 +333,14 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     # Model FLOPs of each GEMM: the balanced rows (a token's topk experts, no imbalance, no drops)
     useful_up, useful_down = 2.0 * r.balanced * up_n * h, 2.0 * r.balanced * h * f_l
     batch, calls = (nl, 1) if experts.grouped_gemm else (1, nl)
+    # a grouped GEMM's operand is quantized expert by expert (simdist.plan.kernel_work.fp8_cast: TE's split_quantize)
 
     def linear(name: str, n: int, k: int, useful: float) -> list[Kernel]:
-        return [*fp8_cast(name, te * k * batch, recipe),
+        return [*shape.casts(name, te * k * batch, parts=batch),
                 gemm(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
     def linear_grads(name: str, n: int, k: int, useful: float) -> list[Kernel]:
-        return [*fp8_cast(f"{name}_grad", te * n * batch, recipe),
+        return [*shape.casts(f"{name}_grad", te * n * batch, parts=batch),
                 *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
     fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe, even, f_l),
