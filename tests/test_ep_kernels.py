@@ -4,6 +4,8 @@ libraries' own tables, a collective's time by hand, both fidelities, and a MoE s
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from simdist import api
@@ -142,3 +144,42 @@ def test_the_sm_count_moves_deepep_along_its_published_series(tmp_path):
                      f"{field}: 32}}\n")
         sc = api.load_scenario(f)
         assert step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)).moe_kernel == "deepep:32"
+
+
+def test_hybridep_across_nodes_takes_its_published_share_of_simdists_own_rate():
+    # github.com/deepseek-ai/DeepEP docs/README_Hybrid-EP.md, 'H100 Platform', Torch API at 16 SMs: derived shares
+    # 0.71 on 2 nodes, 1.046 on 4, 0.889 on 8 (data/ep_internode_shares.csv); Megatron's 32 SMs clamp to the 16
+    # published
+    from simdist.collectives.ep_kernels import internode_share
+
+    two = Group.first(load_topology("dgx-h100", num_nodes=2), 16)
+    assert ep_kernel_share("hybridep", two) == internode_share("hybridep", "Hopper", 2) == 0.71
+    assert ep_kernel_share("hybridep:8", two) == 0.755
+    # 3 nodes: linear in log2 of the nodes between 2 and 4
+    three = Group.first(load_topology("dgx-h100", num_nodes=3), 24)
+    assert ep_kernel_share("hybridep", three) == pytest.approx(0.71 + (1.046 - 0.71) * (math.log2(3) - 1), rel=1e-12)
+    # DeepEP has no inter-node rows priced (its V1 table routes to at most 4 nodes): 1; NCCL keeps its own share
+    assert ep_kernel_share("deepep", two) == 1.0
+    assert ep_kernel_share("nccl", two) == p2p_nvlink_share(two)
+
+    # the benchmark case by hand: 4096 tokens x the nodes a token reaches (64 of 128 experts a node, top-8, its own
+    # node included) x 7168 x 2 B; at the share, simdist's time is the published mean of dispatch and combine's rates
+    reached = 2 * (1 - math.comb(64, 8) / math.comb(128, 8))
+    nbytes = 4096 * reached * 7168 * 2
+
+    def t(b):
+        return evaluate(Request("all_to_all", two, b, kernel="hybridep:16"), "direct", "Simple").predicted_s
+
+    latency = 2 * t(nbytes) - t(2 * nbytes)
+    published = [nbytes / (rate * 1e9) - latency for rate in (54.47, 53.35)]  # dispatch BF16, combine
+    assert (t(nbytes) - latency) == pytest.approx(2 / sum(1 / p for p in published), rel=2e-3)
+
+
+def test_stored_internode_shares_are_what_their_derivation_gives():
+    from simdist.collectives.ep_kernels import _internode
+    from validation.accuracy_collectives import internode_shares
+
+    stored = {(lib, arch, n, s): v for (lib, arch), series in _internode().items()
+              for n, points in series.items() for s, v in points}
+    derived = {(lib, arch, n, s): v for lib, arch, n, s, v in internode_shares()}
+    assert stored == derived

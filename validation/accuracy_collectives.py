@@ -492,7 +492,7 @@ def _hybridep() -> Dataset:
     points = []
     text = (REPO / EP_KERNELS_DATA).read_text(encoding="utf-8")
     for r in csv.DictReader(text.splitlines()):
-        if r["library"] != "hybridep" or r["measured"] != "torch_api" or r["num_sms"] != (
+        if r["library"] != "hybridep" or r["measured"] != "torch_api" or r["nodes"] != "1" or r["num_sms"] != (
                 "16" if r["gpu"] == "B200" else "32"):
             continue
         ranks = int(r["ranks"])
@@ -516,10 +516,89 @@ def _hybridep() -> Dataset:
         tuple(points))
 
 
+INTERNODE_CLUSTERS = {"H100": "dgx-h100"}
+"""The preset each inter-node benchmark platform is priced on. # Assumption: the README's H100 nodes are DGX H100s
+(8 GPUs on NVSwitch, a 400 Gb/s NIC each); it states the GPU only."""
+BENCH_TOKENS, BENCH_HIDDEN, BENCH_TOPK, BENCH_LOCAL_EXPERTS = 4096, 7168, 8, 8
+"""HybridEP's benchmark (github.com/deepseek-ai/DeepEP tests/test_hybrid_ep.py at the README's commit): tokens per
+rank, hidden, top-k, local experts per rank."""
+
+
+def _internode_rows() -> list[dict[str, str]]:
+    text = (REPO / EP_KERNELS_DATA).read_text(encoding="utf-8")
+    return [r for r in csv.DictReader(text.splitlines()) if r["nodes"] != "1" and r["measured"] == "torch_api"]
+
+
+def _internode_case(r: dict[str, str]) -> tuple[Group, str, float]:
+    """(the group, the kernel, the bytes a rank moves) of an inter-node benchmark row: the README's IB bytes, a token
+    counted once per node it reaches, its own node included (github.com/deepseek-ai/DeepEP tests/utils.py
+    count_rdma_send_from_routing_map): T x
+    nodes x (1 - C(E - E/nodes, k) / C(E, k)) x hidden x 2 B, E = 8 experts a rank, the bytes simdist's cross-domain
+    flex all_to_all is sized with (simdist.plan.moe_cost)."""
+    from simdist.collectives.ep_kernels import ep_kernel_name
+
+    ranks, nodes = int(r["ranks"]), int(r["nodes"])
+    experts = BENCH_LOCAL_EXPERTS * ranks
+    reached = nodes * (1 - math.comb(experts - experts // nodes, BENCH_TOPK) / math.comb(experts, BENCH_TOPK))
+    group = Group.first(load_topology(INTERNODE_CLUSTERS[r["gpu"]], num_nodes=nodes), ranks)
+    return group, ep_kernel_name(r["library"], int(r["num_sms"])), BENCH_TOKENS * reached * BENCH_HIDDEN * 2.0
+
+
+def internode_shares() -> list[tuple[str, str, int, int, float]]:
+    """(library, GPU architecture, nodes, SMs, share) of every inter-node torch_api series of the EP kernels' data:
+    simdist's all_to_all time of the benchmark case at share 1 over the published one, dispatch (BF16) and combine
+    averaged (simdist.collectives.ep_kernels: the stored `data/ep_internode_shares.csv`, which tests rerun). The time
+    is affine in the bytes, t = L + X / s at the share s it is priced with now; two sizes give L and X."""
+    from simdist.analytic.select import evaluate
+    from simdist.collectives.ep_kernels import ep_kernel_share
+    from simdist.collectives.nccl_model import gpu_arch
+    from simdist.collectives.request import Request
+
+    out = []
+    for r in _internode_rows():
+        group, kernel, nbytes = _internode_case(r)
+        now = ep_kernel_share(kernel, group)
+        t1, t2 = (evaluate(Request("all_to_all", group, b, kernel=kernel), "direct", "Simple").predicted_s
+                  for b in (nbytes, 2 * nbytes))
+        latency, unshared = 2 * t1 - t2, now * (t2 - t1)
+        shares = [unshared / (nbytes / (float(r[c]) * 1e9) - latency) for c in ("dispatch_bf16_GBps", "combine_GBps")]
+        out.append((r["library"], gpu_arch(group.topology.gpu.name), int(r["nodes"]), int(r["num_sms"]),
+                    round(statistics.fmean(shares), 3)))
+    return out
+
+
+def _hybridep_internode() -> Dataset:
+    """HybridEP's inter-node rows (H100, 2-8 nodes) at the most SMs published (16), as Megatron-Core calls it."""
+    points = []
+    for r in _internode_rows():
+        if r["library"] != "hybridep" or r["num_sms"] != "16":
+            continue
+        _, kernel, nbytes = _internode_case(r)
+        ranks, nodes = int(r["ranks"]), int(r["nodes"])
+        for what, rate in (("dispatch BF16", r["dispatch_bf16_GBps"]), ("combine", r["combine_GBps"])):
+            label = f"HybridEP {r['gpu']} {ranks} ranks on {nodes} nodes {r['num_sms']} SMs {what}"
+            m = _measurement("all_to_all", round(nbytes), ranks, source=HYBRIDEP_SOURCE, label=label,
+                             time_s=nbytes / (float(rate) * 1e9), nodes=nodes)
+            points.append(Point(m, Mapping(INTERNODE_CLUSTERS[r["gpu"]], ranks, num_nodes=nodes, kernel=kernel),
+                                label))
+    return Dataset(
+        "hybridep_internode_kernels", "HybridEP's dispatch and combine across nodes (H100, 2-8 nodes of 8 GPUs)",
+        EP_KERNELS_DATA,
+        "the library's own benchmark (github.com/deepseek-ai/DeepEP tests/test_hybrid_ep.py: 4096 tokens per rank, "
+        "hidden 7168, top-8, random uniform routing, 8 local experts; 'Torch API' timing; its 'IB bandwidth' counts "
+        "a token once per node it reaches, its own node included, the bytes predicted here); rates read from "
+        "github.com/deepseek-ai/DeepEP docs/README_Hybrid-EP.md, 'H100 Platform'.",
+        "`dgx-h100` on 2, 4 and 8 nodes, `--kernel hybridep:16`: a prior, not a check: simdist's share of its own "
+        "all_to_all rate across nodes (simdist.collectives.ep_kernels.internode_share) is derived from these rows, so "
+        "the errors show only how dispatch and combine scatter about it.",
+        tuple(points))
+
+
 @cache
 def datasets() -> tuple[tuple[Dataset, ...], tuple[NotCovered, ...]]:
     gtc, skipped = _gtc()
-    return (*_mle(), *gtc, _cs336(), _reports(), _nvls_tree_floor(), _hybridep()), (*skipped, *NOT_COVERED_FIXED)
+    return ((*_mle(), *gtc, _cs336(), _reports(), _nvls_tree_floor(), _hybridep(), _hybridep_internode()),
+            (*skipped, *NOT_COVERED_FIXED))
 
 
 KNOWN_DEVIATIONS: dict[str, Deviation] = {

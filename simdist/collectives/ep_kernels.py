@@ -19,10 +19,20 @@ on B200 / GB200 0.17-0.78 (it grows with the SMs it is given and falls with the 
 rates of every published series (GPU, ranks) at the kernel's SM count (``training.moe_flex_dispatcher_num_sms``;
 Megatron's `DEFAULT_NUM_SMS` unless given; linear between the published counts, clamped at their ends). A kernel is
 named ``deepep`` / ``hybridep`` at the default count, ``deepep:24`` at another (`ep_kernel_name`).
+Across NVLink domains (a group on several nodes) the kernels send a token over RDMA once per node it reaches
+(simdist.plan.moe_cost sizes that all_to_all) and their published rate is again below what simdist's own all_to_all
+of the same bytes reaches: HybridEP's H100 table (README_Hybrid-EP.md, 'H100 Platform', EP 16/32/64 on 2/4/8 nodes of
+8 GPUs, 4-16 SMs) counts each token once per node it reaches, its own node included (github.com/deepseek-ai/DeepEP
+tests/utils.py count_rdma_send_from_routing_map), the bytes simdist sizes, so a row's share is simdist's time for that
+case at share 1 over the published one: 0.71 on 2 nodes, 1.05 on 4, 0.89 on 8 at 16 SMs (`data/ep_internode_shares.csv`,
+derived by validation.accuracy_collectives.internode_shares, which tests/test_ep_kernels.py reruns). `ep_kernel_share`
+interpolates it in the SMs (clamped) and then in log2 of the nodes (clamped).
 # Assumption: the kernels' rate scales with the bytes moved (dispatch in BF16 as simdist sizes it; FP8 dispatch moves
 # fewer bytes at a lower byte rate, not modelled apart); a library without rows on an architecture takes the other
-# library's share there (HybridEP on Hopper: DeepEP's H800 rows), then NCCL's p2p share; groups spanning NVLink domains
-# keep 1 (the published inter-node rates are at or above the NIC's: 43-58 GB/s on 50 GB/s NICs).
+# library's share there (HybridEP on Hopper: DeepEP's H800 rows), then NCCL's p2p share. Across domains only HybridEP
+# on Hopper has published rows (its benchmark's nodes taken as DGX H100s: 8 GPUs, a 400 Gb/s NIC each); DeepEP there,
+# and both on other architectures, keep 1 (DeepEP's V1 internode table routes each token to at most 4 nodes, a
+# routing simdist does not size).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from simdist.collectives.group import Group
 from simdist.errors import SpecError
 
 __all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "dispatch_kernel", "ep_kernel_name", "ep_kernel_share",
-           "inside_nvlink_domain", "kernel_sms", "parse_kernel"]
+           "inside_nvlink_domain", "internode_share", "kernel_sms", "parse_kernel"]
 
 EP_KERNELS = ("nccl", "deepep", "hybridep")
 """What moves an expert-parallel all_to_all's tokens: NCCL's all_to_all (the alltoall dispatcher's), or the flex
@@ -60,7 +70,7 @@ def _series() -> dict[tuple[str, str, int], list[tuple[int, float]]]:
     text = (resources.files("simdist.collectives") / "data" / "ep_dispatch_kernels.csv").read_text(encoding="utf-8")
     out: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
     for r in csv.DictReader(text.splitlines()):
-        if r["measured"] != "torch_api":
+        if r["measured"] != "torch_api" or r["nodes"] != "1":
             continue
         ranks = int(r["ranks"])
         dispatch = r["dispatch_bf16_GBps"] or r["dispatch_fp8_GBps"]
@@ -112,6 +122,34 @@ def _shares(library: str, num_sms: int | None = None) -> dict[str, float]:
     return {arch: float(np.mean(v)) for arch, v in by_arch.items()}
 
 
+@cache
+def _internode() -> dict[tuple[str, str], dict[int, list[tuple[int, float]]]]:
+    """(library, GPU architecture) -> {nodes: [(SMs, share)]} of ``data/ep_internode_shares.csv``."""
+    text = (resources.files("simdist.collectives") / "data" / "ep_internode_shares.csv").read_text(encoding="utf-8")
+    out: dict[tuple[str, str], dict[int, list[tuple[int, float]]]] = {}
+    for r in csv.DictReader(line for line in text.splitlines() if not line.startswith("#")):
+        out.setdefault((r["library"], r["arch"]), {}).setdefault(int(r["nodes"]), []).append(
+            (int(r["num_sms"]), float(r["share"])))
+    return out
+
+
+@cache
+def internode_share(library: str, arch: str, nodes: int, num_sms: int | None = None) -> float:
+    """The share of simdist's all_to_all rate ``library``'s kernels reach across ``nodes`` NVLink domains
+    (the module docstring): the published series at ``num_sms`` (default: the library's), clamped, then in log2 of
+    the nodes, clamped; 1 without published rows."""
+    series = _internode().get((library, arch))
+    if not series:
+        return 1.0
+    sms = DEFAULT_NUM_SMS[library] if num_sms is None else num_sms
+    counts = sorted(series)
+    at = []
+    for n in counts:
+        points = sorted(series[n])
+        at.append(float(np.interp(sms, [c for c, _ in points], [v for _, v in points])))
+    return float(np.interp(np.log2(nodes), np.log2(counts), at))
+
+
 def inside_nvlink_domain(group: Group) -> bool:
     """Whether ``group``'s peers share one NVLink domain, reached over NVLink only (where an all_to_all kernel's share
     of NVLink applies), kept in the group's memo: asked for by every protocol an all_to_all is priced with."""
@@ -123,16 +161,18 @@ def inside_nvlink_domain(group: Group) -> bool:
 
 
 def ep_kernel_share(kernel: str, group: Group) -> float:
-    """The share of the ring's NVLink rate ``kernel``'s all_to_all reaches on ``group`` (1 where it does not apply:
-    groups spanning NVLink domains, or not on NVLink)."""
+    """The share of the ring's NVLink rate ``kernel``'s all_to_all reaches on ``group`` inside one NVLink domain; of
+    simdist's all_to_all rate across domains (`internode_share`); 1 where neither applies (a group not on NVLink)."""
     from simdist.collectives.nccl_model import gpu_arch, p2p_nvlink_share  # it imports this module
 
     if kernel == "nccl":
         return p2p_nvlink_share(group)
-    if not inside_nvlink_domain(group):
-        return 1.0
     arch = gpu_arch(group.topology.gpu.name)
     library, sms = parse_kernel(kernel)
+    if group.num_nodes >= 2:
+        return internode_share(library, arch, group.num_nodes, sms)
+    if not inside_nvlink_domain(group):
+        return 1.0
     share = _shares(library, sms).get(arch)
     if share is None:  # no row of this library on the architecture: the other library's, at its default count
         share = next((s for k in DEFAULT_NUM_SMS if k != library
