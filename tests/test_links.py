@@ -22,8 +22,8 @@ from simdist.collectives.plan import SWITCH, Plan, Transfer
 from simdist.engine.executor import Trace, run_plan
 from simdist.engine.fluid import fluid_applicable, run_fluid
 from simdist.engine.graph import run_graph
-from simdist.engine.links import SharedLinks, job_flows
-from simdist.engine.sharing import max_min_rates, max_min_rates_small
+from simdist.engine.links import SharedLinks
+from simdist.engine.sharing import job_flows, max_min_rates, max_min_rates_small
 from simdist.hardware import load_topology
 from simdist.hardware.link import Route
 from simdist.plan.opgraph import Comm, Job, Op, OpGraph

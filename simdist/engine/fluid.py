@@ -6,7 +6,7 @@ Declared equal (tests/test_links.py checks both on random dependency-free plans)
 latency first, then joins as one flow (weight 1 on every link of its route, no cap of its own) of
 ``nbytes / rate_factor`` wire bytes; whenever flows join or finish, rates are re-shared by the engine's one
 solver (`simdist.engine.sharing.max_min_rates`); a flow is complete when what remains of it falls below
-the same fraction of its size (``links.DONE_FRACTION``) or would take less time than the clock resolves.
+the same fraction of its size (``transfer.DONE_FRACTION``) or would take less time than the clock resolves.
 Flow -> link incidence is built once, as CSR arrays, from the group's vectorised routes (`Group.paths`).
 
 Same arithmetic as the engine: begin = base latency + (route latency + protocol latency + extra
@@ -28,8 +28,8 @@ import numpy as np
 from simdist.collectives.group import Group
 from simdist.collectives.plan import Plan
 from simdist.engine.executor import Trace
-from simdist.engine.links import DONE_FRACTION
 from simdist.engine.sharing import max_min_rates
+from simdist.engine.transfer import DONE_FRACTION
 from simdist.hardware.batch import link_capacities, segment_positions
 
 

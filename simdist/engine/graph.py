@@ -22,8 +22,9 @@ from functools import partial
 import numpy as np
 import simpy
 
-from simdist.engine.links import NORMAL, SharedLinks, Tick
+from simdist.engine.links import SharedLinks
 from simdist.engine.private import Share, private_links
+from simdist.engine.ticks import NORMAL, Tick
 from simdist.errors import SimdistError
 from simdist.plan.opgraph import Job, OpGraph
 

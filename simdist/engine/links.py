@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import chain, count, repeat
 from operator import attrgetter
@@ -32,103 +31,13 @@ import numpy as np
 import simpy
 
 from simdist.engine.sharing import SMALL_ENTRIES, max_min_rates, max_min_rates_small, unique_inverse
+from simdist.engine.ticks import NORMAL, Tick
+from simdist.engine.transfer import DONE_FRACTION, LinkLoad, Transfer
 
 MEMO_ENTRIES = 1 << 16
 """Re-shares a `SharedLinks` remembers at most (then it forgets them all and starts again)."""
-DONE_FRACTION = 1e-12
-"""A transfer whose remaining bytes fall below this fraction of its size at an event is complete (residue
-of rate x time in floating point)."""
 _seq = attrgetter("seq")
 """A transfer's order of joining (a sort key)."""
-NORMAL = simpy.events.NORMAL
-"""SimPy's priority of a timeout (`Tick`s are scheduled with it, in the same order as timeouts)."""
-
-
-class Tick(simpy.events.Event):
-    """A timeout without a value, built with its one callback: ``env.schedule(Tick(env, [callback]), NORMAL, delay)``
-    is ``env.timeout(delay).callbacks.append(callback)`` (the same entry in SimPy's queue, the same order), without
-    the timeout's checks and the append (the engine schedules 10^5 of them per run); ``value``: the timeout's."""
-
-    def __init__(self, env: simpy.Environment, callbacks: list, value: object = None) -> None:
-        # (Event.__init__'s attributes, as Timeout sets them: a triggered event, ok, its value)
-        self.env = env
-        self.callbacks = callbacks
-        self._value = value
-        self._ok = True
-
-
-def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
-    """(size, weights) of a job that puts ``nbytes[i]`` bytes and ``flows[i]`` flows on its i-th link.
-
-    # Assumption: a job's flows are coupled: they progress together, each moving the same fraction of its
-    # bytes per second (a ring's hops move at its channel's bottleneck rate, and the collective ends when
-    # its last flow does). The job's rate is then that of its heaviest flows, whose bytes are its size
-    # (max over links of bytes / flows), and a flow carrying f times their bytes moves at f x that rate:
-    # on link i the job uses nbytes[i] / size x rate, i.e. its weight there is nbytes[i] / size, which is
-    # its flows on the link where they carry equal bytes (a fast ring's flows do). Fairness then compares
-    # jobs by the rate of their flows, per flow: a 10 MB send (one flow) next to a 4 GB transfer of one flow
-    # gets half the link, a collective of 8 channels next to one of 2 gets 80 %.
-    A link without bytes gets weight 0 (it takes no bandwidth); size 0: no bytes anywhere.
-    """
-    nbytes = np.asarray(nbytes, dtype=float)
-    flows = np.asarray(flows, dtype=float)
-    loaded = (nbytes > 0) & (flows > 0)
-    if not loaded.any():
-        return 0.0, np.zeros(len(nbytes))
-    size = float((nbytes[loaded] / flows[loaded]).max())
-    return size, np.where(nbytes > 0, nbytes / size, 0.0)
-
-
-@dataclass(slots=True)
-class LinkLoad:
-    """Bytes carried per directed link over a simulation (for per-link load reports), in order of first use."""
-
-    bytes_by_link: dict[int, float] = field(default_factory=dict)
-
-    def add(self, links: Sequence[int], nbytes: float, weights: Sequence[float] | None = None) -> None:
-        out = self.bytes_by_link
-        if weights is None:
-            for link in links:
-                out[link] = out.get(link, 0.0) + nbytes
-        else:
-            for link, w in zip(links, weights, strict=True):
-                out[link] = out.get(link, 0.0) + nbytes * w
-
-
-@dataclass(slots=True, eq=False)
-class _Transfer:
-    links: tuple[int, ...]
-    weights: tuple[float, ...] | None
-    """Flows per link (None: one on each)."""
-    size: float
-    left: float
-    """Bytes per flow it had left at ``at`` (progress is lazy: a transfer is touched only when its rate changes)."""
-    cap: float
-    done: simpy.Event | None
-    """Fires when it completes (None: ``then`` is called instead)."""
-    then: Callable[[], None] | None = None
-    seq: int = 0
-    """Order of joining (re-shares list transfers in this order)."""
-    rate: float = 0.0
-    sig: int = 0
-    """Its (links, weights, cap), numbered: transfers alike have the same (re-shares are memoised by them)."""
-    at: float = 0.0
-    """When its rate last changed (or it joined)."""
-    end: float = math.inf
-    """When it finishes at its rate: ``at + left / rate`` (inf: rate 0)."""
-    live: bool = True
-    """Not finished yet."""
-    entry: int = -1
-    """The push number of its entry in the heap of finishes (-1: none; others of its entries are stale)."""
-    key: float = math.inf
-    """That entry's finish: at most ``end`` (a finish moved later keeps its entry, fixed when it comes to the top)."""
-    near: set[_Transfer] = field(default_factory=set)
-    """The transfers under way that share a link with it (re-shares walk these to find what a change reaches)."""
-
-    def left_at(self, now: float) -> float:
-        """Bytes per flow it has left at ``now`` (at its rate since ``at``)."""
-        elapsed = now - self.at
-        return self.left - self.rate * elapsed if elapsed > 0 else self.left
 
 
 class SharedLinks:
@@ -154,9 +63,9 @@ class SharedLinks:
         self._owed = False
         """A re-share is due at the end of the current callback (`settle`), in place of a wake-up event."""
         self._capacity_of = capacity_of  # link id -> effective bytes/s
-        self._active: dict[int, _Transfer] = {}
+        self._active: dict[int, Transfer] = {}
         """Transfers under way by ``seq``, in joining order."""
-        self._on: dict[int, list[_Transfer]] = {}
+        self._on: dict[int, list[Transfer]] = {}
         """Active transfers per link: one whose links no other transfer uses is rated alone."""
         self._joined = 0
         self._capacity: dict[int, float] = {}
@@ -167,13 +76,13 @@ class SharedLinks:
         """Every capacity seen and every cap is finite or inf, none NaN (else re-shares take numpy's path)."""
         self._entries = 0  # (transfer, link) entries of the active transfers
         self._weighted = 0  # active transfers with weights
-        self._touched: set[_Transfer] = set()
+        self._touched: set[Transfer] = set()
         """Since the last re-share: the transfers that joined beside others, and those a leaving one shared a link
         with (a re-share reaches those of them under way and every transfer linked to them through shared links;
         empty: nothing to re-share)."""
         self._woken = False
         """A re-share is scheduled at this instant (after the transfers joining at it)."""
-        self._ends: list[tuple[float, int, int, _Transfer]] = []
+        self._ends: list[tuple[float, int, int, Transfer]] = []
         """Heap of (projected finish, seq, push number, transfer): per transfer under way with a finite finish, one
         entry (its ``entry``) at or before it (the finish it had when pushed; a later finish does not push, the
         entry is moved to it when it comes to the top, `_top`); others are stale (skipped when at the top). The
@@ -185,7 +94,7 @@ class SharedLinks:
         self.load = LinkLoad()
         self._record = record_load
         self._sigs: dict[tuple, int] = {}
-        """(links, weights, cap) -> its number (`_Transfer.sig`)."""
+        """(links, weights, cap) -> its number (`Transfer.sig`)."""
         self._memo: dict[tuple, list[float]] = {}
         """Re-shares done: the rates of a group of transfers, keyed by their signatures in order (after None where
         all of them took numpy's solver). Rates are a function of those alone (capacities do not change), and a
@@ -208,7 +117,7 @@ class SharedLinks:
         links = tuple(links)
         weights = None if weights is None else tuple(weights)
         self._joined += 1
-        self._join(_Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0,
+        self._join(Transfer(links, weights, size, size, cap, done, then, self._joined, 0.0,
                              self._sig(links, weights, cap), self.env.now))
         return done
 
@@ -227,10 +136,10 @@ class SharedLinks:
         if sig < 0:
             sig = route[3] = self._sig(links, weights, cap)
         self._joined += 1
-        self._join(_Transfer(links, weights, size, size, cap, None, then, self._joined, 0.0, sig, self.env.now))
+        self._join(Transfer(links, weights, size, size, cap, None, then, self._joined, 0.0, sig, self.env.now))
 
     def _sig(self, links: tuple[int, ...], weights: tuple[float, ...] | None, cap: float) -> int:
-        """The number of (links, weights, cap) (`_Transfer.sig`); the capacities of links not seen before learnt."""
+        """The number of (links, weights, cap) (`Transfer.sig`); the capacities of links not seen before learnt."""
         sigs = self._sigs
         key = (links, weights, cap)
         sig = sigs.get(key)
@@ -242,7 +151,7 @@ class SharedLinks:
                     self._learn(link)
         return sig
 
-    def _join(self, t: _Transfer) -> None:
+    def _join(self, t: Transfer) -> None:
         """Put ``t`` under way now: rated alone where it shares no link, else re-shared at this instant's end."""
         now = t.at
         links = t.links
@@ -265,7 +174,7 @@ class SharedLinks:
         if near:
             self._touched.add(t)
         else:
-            self._rerate((t,), (self._alone(t),), now)
+            self._rerate((t,), (t.alone_rate(self._capacity),), now)
         if self._record:
             self.load.add(links, t.size, t.weights)
         self._active[t.seq] = t
@@ -300,24 +209,7 @@ class SharedLinks:
         if not math.isfinite(c):
             self._finite = False
 
-    def _alone(self, t: _Transfer) -> float:
-        """Rate of a transfer sharing none of its links (the arithmetic of `max_min_rates` for it alone)."""
-        rate = t.cap
-        capacity = self._capacity
-        if t.weights is None:
-            for link in t.links:
-                c = capacity[link]
-                if c < rate:
-                    rate = c
-        else:
-            for link, w in zip(t.links, t.weights, strict=True):
-                if w > 0:
-                    c = capacity[link] / w
-                    if c < rate:
-                        rate = c
-        return rate
-
-    def _rerate(self, group: Sequence[_Transfer], rates: Sequence[float], now: float) -> None:
+    def _rerate(self, group: Sequence[Transfer], rates: Sequence[float], now: float) -> None:
         """Give each transfer of ``group`` its rate in ``rates`` from ``now`` (its progress so far at its old
         rate) and project its finish; one whose rate is unchanged keeps its projection."""
         ends = self._ends

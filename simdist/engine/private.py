@@ -10,8 +10,7 @@ from itertools import chain
 
 import numpy as np
 
-from simdist.engine.links import job_flows
-from simdist.engine.sharing import unique_inverse
+from simdist.engine.sharing import job_flows, unique_inverse
 from simdist.plan.opgraph import Job
 
 __all__ = ["Share", "private_links"]
@@ -24,7 +23,7 @@ class Share:
     links: tuple[int, ...]
     """The links it loads that another track may load too."""
     weights: tuple[float, ...]
-    """Its weight on each (simdist.engine.links.job_flows)."""
+    """Its weight on each (simdist.engine.sharing.job_flows)."""
     size: float
     """Bytes of each of its heaviest flows."""
     bandwidth_s: float

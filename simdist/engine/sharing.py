@@ -9,7 +9,7 @@ flows across a link counts ``w`` times there.
 A transfer here is anything whose flows move together at one rate ``r`` (bytes/s of each of its flows): a
 plain transfer of a detailed plan is one flow on every link of its route (weight 1); a collective of a
 training step drives several flows (one per channel and route) and crosses link ``l`` with weight
-``w[l]`` = its flows there (where its flows carry equal bytes; `simdist.engine.links.job_flows`). On
+``w[l]`` = its flows there (where its flows carry equal bytes; `job_flows`). On
 every link the transfers crossing it use ``sum w[l] r <= capacity[l]``; each transfer may carry a cap of
 its own (its uncontended speed, or a protocol's rate bound).
 
@@ -194,3 +194,25 @@ def max_min_rates_small(links: list[tuple[int, ...]], weights: list[tuple[float,
             remaining[link] = left if left > 0.0 else 0.0
         live = stay
     return rates
+
+
+def job_flows(nbytes: np.ndarray, flows: np.ndarray) -> tuple[float, np.ndarray]:
+    """(size, weights) of a job that puts ``nbytes[i]`` bytes and ``flows[i]`` flows on its i-th link.
+
+    # Assumption: a job's flows are coupled: they progress together, each moving the same fraction of its
+    # bytes per second (a ring's hops move at its channel's bottleneck rate, and the collective ends when
+    # its last flow does). The job's rate is then that of its heaviest flows, whose bytes are its size
+    # (max over links of bytes / flows), and a flow carrying f times their bytes moves at f x that rate:
+    # on link i the job uses nbytes[i] / size x rate, i.e. its weight there is nbytes[i] / size, which is
+    # its flows on the link where they carry equal bytes (a fast ring's flows do). Fairness then compares
+    # jobs by the rate of their flows, per flow: a 10 MB send (one flow) next to a 4 GB transfer of one flow
+    # gets half the link, a collective of 8 channels next to one of 2 gets 80 %.
+    A link without bytes gets weight 0 (it takes no bandwidth); size 0: no bytes anywhere.
+    """
+    nbytes = np.asarray(nbytes, dtype=float)
+    flows = np.asarray(flows, dtype=float)
+    loaded = (nbytes > 0) & (flows > 0)
+    if not loaded.any():
+        return 0.0, np.zeros(len(nbytes))
+    size = float((nbytes[loaded] / flows[loaded]).max())
+    return size, np.where(nbytes > 0, nbytes / size, 0.0)
