@@ -16,16 +16,8 @@ from simdist.collectives.hierarchical import hierarchical_plan, node_groups, rin
 from simdist.collectives.protocols import SIMPLE, ProtocolCost
 from simdist.collectives.registry import algorithm_for
 from simdist.collectives.request import Request
-from simdist.collectives.tree import (
-    children_of,
-    detailed_size,
-    dtree_parents,
-    peer_tree,
-    subtree_heights,
-    tree_parents_for,
-    tree_pieces,
-    tree_plan,
-)
+from simdist.collectives.tree import detailed_size, tree_parents_for, tree_pieces, tree_plan
+from simdist.collectives.tree_shape import children_of, dtree_parents, peer_tree, subtree_heights
 from simdist.collectives.verify import verify
 from simdist.engine.simulate import simulate
 from simdist.errors import SimdistError

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from simdist.engine.graph import ScheduleDeadlock, run_graph
+from simdist.engine.graph import run_graph
+from simdist.engine.graph_checks import ScheduleDeadlock
 from simdist.errors import SimdistError
 from simdist.plan.opgraph import Op, OpGraph
 from simdist.plan.pipeline import UniformCosts, UniformEmitter, build_pipeline, pipeline_graph

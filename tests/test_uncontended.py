@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simdist.engine.graph import ScheduleDeadlock, run_graph
+from simdist.engine.graph import run_graph
+from simdist.engine.graph_checks import ScheduleDeadlock
 from simdist.engine.uncontended import uncontended, uncontended_pair
 from simdist.plan.opgraph import Job, Op, OpGraph
 

@@ -8,7 +8,7 @@ children's sums from the network (treeDown) and send the total up the tree (tree
 its broadcast warps forward what comes down the tree to its children and store it to the switch, which multicasts
 it to every GPU (multimem.st; the gather warps). The tree between the nodes is NCCL's double binary tree
 (src/graph/connect.cc connectNvls: ncclGetDtree over the nodes, tree c % 2 on channel c, between the heads of one
-index), simdist.collectives.tree.dtree_parents: half of the buffer on each tree.
+index), simdist.collectives.tree_shape.dtree_parents: half of the buffer on each tree.
 
 Here, for tree t (0, 1), segment h (the NICs the group's ranks use in a node: one head each,
 simdist.collectives.collnet.heads_by_node) and pipeline piece j (NCCL's NVLSTree chunk, 32-128 KiB:
@@ -58,7 +58,7 @@ from simdist.collectives.plan import Plan, Transfer, node_switch, steady_plan
 from simdist.collectives.registry import Algorithm, register
 from simdist.collectives.request import Request
 from simdist.collectives.ring import pipeline_pieces
-from simdist.collectives.tree import dtree_parents
+from simdist.collectives.tree_shape import dtree_parents
 from simdist.errors import SimdistError
 
 NVLS_TREE_OPS = frozenset({"all_reduce"})

@@ -8,7 +8,7 @@ network's finish, its join re-shared without an event where it can be, `SharedLi
 decrements a counter per dependent (lists, no dicts) and starts, at the same instant and without a SimPy event,
 the dependents whose tracks waited for it, so 10^5 ops run in well under a second. A dependency cycle, or two
 tracks whose program orders contradict their dependencies, leaves tracks waiting for ops that never finish: SimPy
-runs out of events and returns, and `ScheduleDeadlock` names the stuck tracks.
+runs out of events and returns, and `simdist.engine.graph_checks.ScheduleDeadlock` names the stuck tracks.
 """
 
 from __future__ import annotations
@@ -22,20 +22,13 @@ from functools import partial
 import numpy as np
 import simpy
 
+from simdist.engine.graph_checks import check_graph, deadlock_error
 from simdist.engine.links import SharedLinks
 from simdist.engine.private import Share, private_links
 from simdist.engine.ticks import NORMAL, Tick
-from simdist.errors import SimdistError
 from simdist.plan.opgraph import Job, OpGraph
 
-__all__ = ["GraphTrace", "ScheduleDeadlock", "run_graph"]
-
-MAX_NAMED_TRACKS = 4
-
-
-class ScheduleDeadlock(SimdistError):
-    """Tracks wait forever: an op waits for an op that can never finish (a cycle or contradictory orders)."""
-
+__all__ = ["GraphTrace", "run_graph"]
 
 @dataclass(frozen=True, slots=True)
 class GraphTrace:
@@ -43,36 +36,6 @@ class GraphTrace:
     """Per op id; NaN for an op that never ran."""
     end_s: tuple[float, ...]
     makespan_s: float
-
-
-def _check(graph: OpGraph) -> None:
-    """Every op has a finite duration >= 0 and depends on ops of the graph (an int id in range); else a
-    SimdistError naming the first op that does not. One pass of C-level checks over all ops, and the per-op loop
-    below only where one fails (it finds which)."""
-    ops = graph.ops
-    n = len(ops)
-    durations = [op.duration_s if op.job is None else op.job.latency_s + op.job.bandwidth_s for op in ops]
-    deps = [d for op in ops for d in op.deps]
-    try:
-        values = np.asarray(durations, dtype=float)
-        finite = bool(np.isfinite(values).all() and (values >= 0).all())
-    except (TypeError, ValueError):  # not numbers
-        finite = False
-    if (finite and set(map(type, durations)) <= {int, float} and set(map(type, deps)) <= {int}
-            and (not deps or (min(deps) >= 0 and max(deps) < n))):
-        return
-    for i, op in enumerate(ops):
-        d = op.duration_s
-        if op.job is not None:
-            d = op.job.latency_s + op.job.bandwidth_s
-        if not (isinstance(d, int | float) and math.isfinite(d) and d >= 0):
-            raise SimdistError(
-                f"op {i} '{op.name}' (rank {op.rank}, stream {op.stream}) has no finite duration ({d})",
-                field=f"ops[{i}].duration_s", fix="price every op (comm ops via simdist.predict) before running")
-        for dep in op.deps:
-            if not (isinstance(dep, int) and 0 <= dep < n):
-                raise SimdistError(f"op {i} '{op.name}' depends on op {dep}, which is not in the graph",
-                                   field=f"ops[{i}].deps", fix=f"use op ids 0..{n - 1}")
 
 
 @dataclass(slots=True, eq=False)
@@ -112,7 +75,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
     ``record``: times (after the start) at which to take that state: each is filled with {op: bytes left}.
     """
     if not checked:
-        _check(graph)
+        check_graph(graph)
     ops = graph.ops
     n = len(ops)
     if n == 0:
@@ -367,7 +330,7 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
             position[key] = pos[k]
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
         if stuck:
-            raise _deadlock(graph, stuck, end)
+            raise deadlock_error(graph, stuck, end)
         return GraphTrace(tuple(start), tuple(end), max(end))
     finally:
         # The callbacks above name one another (proceed -> run_instance -> moved -> ...): a reference cycle that
@@ -381,25 +344,3 @@ def run_graph(graph: OpGraph, capacity_of: Callable[[int], float] | None = None,
 
 def _nothing() -> None:
     pass
-
-
-def _deadlock(graph: OpGraph, stuck: list[tuple[tuple[int, str], int]], end: list[float]) -> ScheduleDeadlock:
-    ops = graph.ops
-    parts = []
-    for (rank, stream), i in stuck[:MAX_NAMED_TRACKS]:
-        blockers = [d for d in ops[i].deps if math.isnan(end[d])]
-        if not blockers and ops[i].sync >= 0:
-            others = [j for j, o in enumerate(ops) if o.sync == ops[i].sync and j != i and math.isnan(end[j])]
-            b = ops[others[0]] if others else ops[i]
-            why = (f"waits for the other members of its collective (op {others[0] if others else i} '{b.name}' on "
-                   f"rank {b.rank} stream {b.stream})")
-        elif blockers:
-            b = ops[blockers[0]]
-            why = f"waits for op {blockers[0]} '{b.name}' on rank {b.rank} stream {b.stream}"
-        else:  # pragma: no cover - a stuck track always waits for an unfinished dependency
-            why = "waits"
-        parts.append(f"rank {rank} stream {stream} stuck at op {i} '{ops[i].name}', {why}")
-    more = f"; and {len(stuck) - MAX_NAMED_TRACKS} more tracks" if len(stuck) > MAX_NAMED_TRACKS else ""
-    return ScheduleDeadlock(
-        f"schedule deadlock: {len(stuck)} tracks wait forever: " + "; ".join(parts) + more, field="schedule",
-        fix="order each track so that every op's dependencies can finish before it (no cycles)")

@@ -21,7 +21,8 @@ from itertools import chain
 
 import numpy as np
 
-from simdist.engine.graph import GraphTrace, _check, _deadlock
+from simdist.engine.graph import GraphTrace
+from simdist.engine.graph_checks import check_graph, deadlock_error
 from simdist.plan.opgraph import OpGraph
 
 __all__ = ["uncontended", "uncontended_pair"]
@@ -47,7 +48,7 @@ def uncontended_pair(graph: OpGraph, durations: list[float], *, checked: bool = 
 def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, other: list[float] | None
                ) -> tuple[GraphTrace, GraphTrace | None]:
     if not checked:
-        _check(graph)
+        check_graph(graph)
     ops = graph.ops
     n = len(ops)
     duration = [op.duration_s for op in ops] if durations is None else durations
@@ -119,5 +120,5 @@ def _timelines(graph: OpGraph, checked: bool, durations: list[float] | None, oth
         position = {key: next((p for p, i in enumerate(ids) if math.isnan(end[i])), len(ids))
                     for key, ids in tracks.items()}
         stuck = [(key, ids[position[key]]) for key, ids in tracks.items() if position[key] < len(ids)]
-        raise _deadlock(graph, stuck, end)
+        raise deadlock_error(graph, stuck, end)
     return GraphTrace(tuple(start), tuple(end), max(end)), second_trace
