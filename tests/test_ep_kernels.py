@@ -183,3 +183,23 @@ def test_stored_internode_shares_are_what_their_derivation_gives():
               for n, points in series.items() for s, v in points}
     derived = {(lib, arch, n, s): v for lib, arch, n, s, v in internode_shares()}
     assert stored == derived
+
+
+@pytest.mark.parametrize("argv, field", [
+    # an H100 has 132 SMs: kernels named on all of them (or more) leave the compute beside them none
+    (["collective", "--cluster", "dgx-h100", "--op", "all_to_all", "--ranks", "8", "--bytes", "1M",
+      "--kernel", "hybridep:132"], "--kernel"),
+    (["check", "scenarios/published/nemo-qwen3-30b-h100-fp8.yaml", "--set",
+      "training.moe_flex_dispatcher_num_sms=200"], "training.moe_flex_dispatcher_num_sms"),
+])
+def test_kernels_on_every_sm_of_the_gpu_exit_2_naming_the_field(argv, field):
+    from tests.cli_harness import run_cli
+    from tests.conftest import REPO
+
+    r = run_cli(argv, cwd=REPO)
+    assert r.code == 2 and r.one_line_error(), r.err
+    assert r.err.strip().splitlines()[-1].startswith(f"error: {field}: hybridep's kernels on ")
+    assert "has only 132" in r.err
+    # one SM fewer runs
+    ok = run_cli([*argv[:-1], argv[-1].replace("132", "131").replace("=200", "=131")], cwd=REPO)
+    assert ok.code == 0, ok.err

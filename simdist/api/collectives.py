@@ -87,13 +87,14 @@ def collective(
     """
     from simdist.analytic.select import evaluate, priced_request, rank_choices
     from simdist.api.checks import whole
-    from simdist.collectives.ep_kernels import parse_kernel
+    from simdist.collectives.ep_kernels import check_kernel_sms, parse_kernel
     from simdist.collectives.group import Group
     from simdist.collectives.nccl_model import PROTOCOLS, supports
     from simdist.collectives.ops import busbw_Bps, op_info
     from simdist.collectives.registry import algorithm_for
     from simdist.collectives.request import Request
     from simdist.engine.simulate import simulate
+    from simdist.hardware.gemm import architecture
 
     info = op_info(op)
     whole(num_ranks, "--ranks", example="8")
@@ -112,6 +113,8 @@ def collective(
     topology = load_topology(cluster, num_nodes=num_nodes, assignments=assignments,
                              overrides=cal.overrides_document() if cal is not None else None)
     group = Group.first(topology, num_ranks)
+    if kernel != "nccl":
+        check_kernel_sms(kernel, architecture(topology.gpu).num_sms, topology.gpu.name, "--kernel")
     if num_ranks < 2 and op != "barrier":
         raise SpecError(f"{op} needs at least 2 ranks", field="--ranks", fix="give --ranks 2 or more")
     if info.rooted and not 0 <= root < num_ranks:

@@ -46,7 +46,7 @@ import numpy as np
 from simdist.collectives.group import Group
 from simdist.errors import SpecError
 
-__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "dispatch_kernel", "ep_kernel_name", "ep_kernel_share",
+__all__ = ["DEFAULT_NUM_SMS", "EP_KERNELS", "check_kernel_sms", "dispatch_kernel", "ep_kernel_name", "ep_kernel_share",
            "inside_nvlink_domain", "internode_share", "kernel_sms", "parse_kernel"]
 
 EP_KERNELS = ("nccl", "deepep", "hybridep")
@@ -90,6 +90,18 @@ def ep_kernel_name(library: str, num_sms: int | None = None) -> str:
     """The kernel identifier a collective carries: ``library`` at Megatron's default SM count, ``library:num_sms``
     at another."""
     return library if num_sms is None or num_sms == DEFAULT_NUM_SMS[library] else f"{library}:{num_sms}"
+
+
+def check_kernel_sms(kernel: str, num_sms: int, gpu_name: str, field: str) -> None:
+    """A SpecError naming ``field`` where ``kernel`` names as many SMs as its GPU has (``num_sms``) or more: the
+    compute beside its persistent blocks would have none (simdist.plan.step_config.StepConfig.expert_interference).
+    Megatron's defaults (`DEFAULT_NUM_SMS`) are not checked: they are the frameworks' own, on every GPU it runs."""
+    library, sms = parse_kernel(kernel)
+    if sms is not None and sms >= num_sms:
+        raise SpecError(f"{library}'s kernels on {sms} SMs ({kernel}), but the {gpu_name} has only {num_sms}: the "
+                        "compute beside them would have none", field=field,
+                        fix=f"give fewer than {num_sms} SMs (Megatron's defaults: DeepEP {DEFAULT_NUM_SMS['deepep']}, "
+                            f"HybridEP {DEFAULT_NUM_SMS['hybridep']})")
 
 
 def kernel_sms(kernel: str) -> int:

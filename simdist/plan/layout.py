@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from simdist.collectives.ep_kernels import dispatch_kernel
+from simdist.collectives.ep_kernels import check_kernel_sms, dispatch_kernel
 from simdist.errors import LayoutError, SimdistError, SpecError
 from simdist.hardware.gemm import BLACKWELL, architecture
 from simdist.hardware.gpus import gpu_preset
@@ -280,6 +280,11 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
                         "parallel.sequence_parallel", field="training.tp_comm_overlap",
                         fix="set parallel.sequence_parallel: true with tp > 1, or drop tp_comm_overlap")
     check_execution(spec)
+    moe_kernel = dispatch_kernel(t.moe_token_dispatcher_type, t.moe_flex_dispatcher_backend,
+                                 t.moe_flex_dispatcher_num_sms)
+    if moe_kernel != "nccl" and model.num_experts:
+        check_kernel_sms(moe_kernel, architecture(topology.gpu).num_sms, topology.gpu.name,
+                         "training.moe_flex_dispatcher_num_sms")
     ex = execution_of(spec, p.pp)
     mesh = _expert_mesh(spec)
     slow = []
@@ -305,8 +310,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=scenario_imbalance(t, p, model), moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_ep_domains=_ep_domains(mesh, topology, t.moe_token_dispatcher_type),
-        moe_kernel=dispatch_kernel(t.moe_token_dispatcher_type, t.moe_flex_dispatcher_backend,
-                                   t.moe_flex_dispatcher_num_sms), moe_overlap=t.overlap_moe_expert_parallel_comm,
+        moe_kernel=moe_kernel, moe_overlap=t.overlap_moe_expert_parallel_comm,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
                                                     exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype,
