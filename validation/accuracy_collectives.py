@@ -19,7 +19,6 @@ size x factor / busbw; where it gives only a time (CS336), busbw is computed fro
 from __future__ import annotations
 
 import csv
-import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from simdist.calibrate.measurements import Measurement
 from simdist.collectives.group import Group
 from simdist.collectives.ops import busbw_Bps, op_info
 from simdist.hardware.presets import load_topology
+from simdist.plan.moe_cost import expected_destination_ranks
 
 REFERENCE = Path(__file__).resolve().parent / "reference"
 REPO = Path(__file__).resolve().parents[1]
@@ -496,7 +496,7 @@ def _hybridep() -> Dataset:
                 "16" if r["gpu"] == "B200" else "32"):
             continue
         ranks = int(r["ranks"])
-        reached = ranks * (1 - math.comb(8 * ranks - 8, 8) / math.comb(8 * ranks, 8))
+        reached = expected_destination_ranks(8 * ranks, 8, ranks)
         nbytes = round(4096 * reached * 7168 * 2)
         for what, rate in (("dispatch BF16", r["dispatch_bf16_GBps"]), ("combine", r["combine_GBps"])):
             label = f"HybridEP {r['gpu']} {ranks} ranks {r['num_sms']} SMs {what}"
@@ -532,14 +532,13 @@ def _internode_rows() -> list[dict[str, str]]:
 def _internode_case(r: dict[str, str]) -> tuple[Group, str, float]:
     """(the group, the kernel, the bytes a rank moves) of an inter-node benchmark row: the README's IB bytes, a token
     counted once per node it reaches, its own node included (github.com/deepseek-ai/DeepEP tests/utils.py
-    count_rdma_send_from_routing_map): T x
-    nodes x (1 - C(E - E/nodes, k) / C(E, k)) x hidden x 2 B, E = 8 experts a rank, the bytes simdist's cross-domain
-    flex all_to_all is sized with (simdist.plan.moe_cost)."""
+    count_rdma_send_from_routing_map), T x (expected distinct nodes of its top-k experts) x hidden x 2 B: the bytes
+    simdist's cross-domain flex all_to_all is sized with (simdist.plan.moe_cost.expected_destination_ranks, the
+    nodes as its groups)."""
     from simdist.collectives.ep_kernels import ep_kernel_name
 
     ranks, nodes = int(r["ranks"]), int(r["nodes"])
-    experts = BENCH_LOCAL_EXPERTS * ranks
-    reached = nodes * (1 - math.comb(experts - experts // nodes, BENCH_TOPK) / math.comb(experts, BENCH_TOPK))
+    reached = expected_destination_ranks(BENCH_LOCAL_EXPERTS * ranks, BENCH_TOPK, nodes)
     group = Group.first(load_topology(INTERNODE_CLUSTERS[r["gpu"]], num_nodes=nodes), ranks)
     return group, ep_kernel_name(r["library"], int(r["num_sms"])), BENCH_TOKENS * reached * BENCH_HIDDEN * 2.0
 
