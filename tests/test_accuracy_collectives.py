@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import REPO
 from validation import accuracy_collectives as acc
+from validation.collective_points import REFERENCE, MiB, Record
+from validation.nccl_datasets import GTC, MLE
 
 DOC = REPO / "docs" / "accuracy-collectives.md"
 
@@ -21,7 +23,7 @@ DOC = REPO / "docs" / "accuracy-collectives.md"
 def _tested_points() -> list[tuple[str, str]]:
     """(dataset, label) of every point from 1 MiB, from the mapping alone (no prediction at collection)."""
     sets, _ = acc.datasets()
-    return [(d.name, p.label) for d in sets for p in d.points if p.measurement.nbytes >= 1 * acc.MiB]
+    return [(d.name, p.label) for d in sets for p in d.points if p.measurement.nbytes >= 1 * MiB]
 
 
 def _id(point: tuple[str, str]) -> str:
@@ -30,7 +32,7 @@ def _id(point: tuple[str, str]) -> str:
     return f"{dataset}-{label}" + ("-KNOWN-DEVIATION" if dev is not None and label in dev.points else "")
 
 
-def _record(dataset: str, label: str) -> acc.Record:
+def _record(dataset: str, label: str) -> Record:
     (rec,) = [r for r in acc.records() if r.dataset == dataset and r.label == label]
     return rec
 
@@ -69,13 +71,13 @@ def test_every_reference_row_is_predicted_or_listed_as_not_covered():
     sets, not_covered = acc.datasets()
     used = {d.name for d in sets}
     skipped = " ".join(n.what for n in not_covered)
-    with (acc.REFERENCE / acc.MLE).open(encoding="utf-8", newline="") as fh:
+    with (REFERENCE / MLE).open(encoding="utf-8", newline="") as fh:
         for name in {r["dataset"] for r in csv.DictReader(fh)}:
             assert name in used or name in skipped, name
-    with (acc.REFERENCE / acc.GTC).open(encoding="utf-8", newline="") as fh:
+    with (REFERENCE / GTC).open(encoding="utf-8", newline="") as fh:
         gtc_rows = list(csv.DictReader(fh))
-    gtc_points = sum(len(d.points) for d in sets if d.reference == acc.GTC)
-    gtc_skipped = sum(n.what.startswith(acc.GTC) for n in not_covered)
+    gtc_points = sum(len(d.points) for d in sets if d.reference == GTC)
+    gtc_skipped = sum(n.what.startswith(GTC) for n in not_covered)
     assert gtc_points + gtc_skipped == len(gtc_rows)
 
 

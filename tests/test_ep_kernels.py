@@ -177,7 +177,7 @@ def test_hybridep_across_nodes_takes_its_published_share_of_simdists_own_rate():
 
 def test_stored_internode_shares_are_what_their_derivation_gives():
     from simdist.collectives.ep_kernels import _internode
-    from validation.accuracy_collectives import internode_shares
+    from validation.ep_datasets import internode_shares
 
     stored = {(lib, arch, n, s): v for (lib, arch), series in _internode().items()
               for n, points in series.items() for s, v in points}

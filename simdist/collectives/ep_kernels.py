@@ -25,7 +25,7 @@ of the same bytes reaches: HybridEP's H100 table (README_Hybrid-EP.md, 'H100 Pla
 8 GPUs, 4-16 SMs) counts each token once per node it reaches, its own node included (github.com/deepseek-ai/DeepEP
 tests/utils.py count_rdma_send_from_routing_map), the bytes simdist sizes, so a row's share is simdist's time for that
 case at share 1 over the published one: 0.71 on 2 nodes, 1.05 on 4, 0.89 on 8 at 16 SMs (`data/ep_internode_shares.csv`,
-derived by validation.accuracy_collectives.internode_shares, which tests/test_ep_kernels.py reruns). `ep_kernel_share`
+derived by validation.ep_datasets.internode_shares, which tests/test_ep_kernels.py reruns). `ep_kernel_share`
 interpolates it in the SMs (clamped) and then in log2 of the nodes (clamped).
 # Assumption: the kernels' rate scales with the bytes moved (dispatch in BF16 as simdist sizes it; FP8 dispatch moves
 # fewer bytes at a lower byte rate, not modelled apart); a library without rows on an architecture takes the other
