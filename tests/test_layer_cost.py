@@ -5,15 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from simdist.analytic.select import rank_choices
 from simdist.collectives.group import Group
-from simdist.collectives.request import Request
 from simdist.errors import LayoutError, SpecError
 from simdist.hardware.compute import compute_efficiency, gemm_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.presets import load_topology
 from simdist.plan.layer_cost import (
-    CommWork,
     Kernel,
     bytes_per_element,
     embedding_work,
@@ -21,16 +18,14 @@ from simdist.plan.layer_cost import (
     layer_work,
     optimizer_kernels,
 )
-from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.spec import ModelSpec
+from validation.accuracy_layers import GPT22B, KORTHIKANTI_VARIANTS, layer_times_s
 
 GPT3 = resolve_model(ModelSpec(preset="gpt3-175b"))
 LLAMA70 = resolve_model(ModelSpec(preset="llama3-70b"))
 MLP = resolve_model(ModelSpec(preset="cs336-mlp"))
-# Korthikanti et al. 2022 Table 3 / Table 4: the 22B model.
-GPT22B = Model("22b", "decoder", num_layers=48, hidden_size=6144, num_attention_heads=64, num_query_groups=64,
-               ffn_hidden_size=4 * 6144, seq_length=2048, vocab_size=51200, tied_embeddings=True)
+# Korthikanti et al. 2022 Table 4 (the 22B model of Table 3: GPT22B, validation/accuracy_layers.py).
 TABLE4_CSV = (Path(__file__).resolve().parents[1] / "validation" / "reference"
               / "korthikanti2022_table4_layer_time_22B.csv")
 
@@ -247,41 +242,12 @@ def test_roofline_size_dependence_and_other_gpus():
 
 A100 = GPU_PRESETS["a100-sxm-80gb"]
 _GROUP = Group.first(load_topology("dgx-a100"), 8)
-VARIANTS = {  # Table 4 row -> (sequence_parallel, recompute)
-    "Baseline no recompute": (False, "none"),
-    "Sequence Parallelism": (True, "none"),
-    "Baseline with recompute": (False, "full"),
-    "Selective Recompute": (False, "selective"),
-    "Selective + Sequence": (True, "selective"),
-}
-
-
-def _comm_s(c: CommWork) -> float:
-    return rank_choices(Request(c.op, _GROUP, c.nbytes))[0].predicted_s
-
-
-def phase_time_s(kernels, comms) -> float:
-    """Kernels back to back on the compute stream; collectives in order on the TP stream, each issued after
-    ``issued_after`` kernels; a non-overlappable one holds the compute stream until it ends."""
-    t = comm_free = 0.0
-    pending = sorted(comms, key=lambda c: c.issued_after)
-    for i in range(len(kernels) + 1):
-        while pending and pending[0].issued_after == i:
-            c = pending.pop(0)
-            comm_free = max(t, comm_free) + _comm_s(c)
-            if not c.overlappable:
-                t = comm_free
-        if i < len(kernels):
-            t += kernel_time_s(A100, kernels[i], "bf16")
-    return max(t, comm_free)
 
 
 def predict_table4_ms(sp: bool, recompute: str) -> tuple[float, float]:
-    w = layer_work(GPT22B, tp=8, micro_batch_size=4, sequence_parallel=sp, recompute=recompute)
-    forward = phase_time_s(w.forward, [c for c in w.comm if c.phase == "forward"])
-    redo = phase_time_s(w.recompute, [c for c in w.comm if c.recompute]) if w.recompute else 0.0
-    backward = phase_time_s(w.backward, [c for c in w.comm if c.phase == "backward" and not c.recompute])
-    return forward * 1e3, (redo + backward) * 1e3
+    # the layer timing of validation/accuracy_layers.py (docs/accuracy-layers.md lists these rows beside the H100 ones)
+    times = layer_times_s(A100, _GROUP, GPT22B, micro_batch_size=4, sequence_parallel=sp, recompute=recompute)
+    return times[0] * 1e3, times[1] * 1e3
 
 
 # Korthikanti et al. 2022 (arXiv:2205.05198) Table 4, forward / backward ms (as in validation/reference/
@@ -298,7 +264,7 @@ TABLE4_MS = {
 @pytest.mark.parametrize("experiment", list(TABLE4_MS))
 def test_korthikanti_table4_layer_times_within_3_percent(experiment):
     # Largest error 3.02 % (forward of the non-SP rows; the fit balances it against the baseline backward, -3.02 %).
-    sp, recompute = VARIANTS[experiment]
+    sp, recompute = KORTHIKANTI_VARIANTS[experiment]
     forward_ms, backward_ms = predict_table4_ms(sp, recompute)
     measured_forward, measured_backward = TABLE4_MS[experiment]
     assert forward_ms == pytest.approx(measured_forward, rel=0.031)
