@@ -66,13 +66,66 @@ def test_megatron_layout_string_of_its_docstring() -> None:
     ("E|t*5|t*5|L", 2, 1, "parallel.vpp", "set parallel.vpp: 2"),
     ("t*10|EL", 2, 1, "parallel.pipeline_layout", "start with the embedding"),
     ("Et*5|t*4L", 2, 1, "parallel.pipeline_layout", "9 decoder layers"),
-    ("Et*5|t*5mL", 2, 1, "parallel.pipeline_layout", "multi-token prediction"),
+    ("Et*5|t*5mL", 2, 1, "parallel.pipeline_layout", "mtp_num_layers = 0"),  # the model has no MTP
     ("Et*5|t*5xL", 2, 1, "parallel.pipeline_layout", "unknown character"),
 ])
 def test_bad_layouts_name_the_field(layout: str, pp: int, vpp: int, field: str, needle: str) -> None:
     with pytest.raises(LayoutError, match=needle) as err:
         choose_split(_model(10), pp=pp, vpp=vpp, pipeline_layout=layout)
     assert err.value.field == field
+
+
+def _mtp_model(num_layers: int, mtp: int = 1) -> Model:
+    return Model(name="t", kind="decoder", num_layers=num_layers, hidden_size=1024, num_attention_heads=16,
+                 num_query_groups=16, ffn_hidden_size=4096, seq_length=512, vocab_size=32000, mtp_num_layers=mtp)
+
+
+def test_megatron_layouts_with_multi_token_prediction_layers() -> None:
+    # Megatron-LM's docstring example 'E|(tt|)*2,(t|)*4,mL' (pp 4, vpp 2) with its MTP layer, and the DeepSeek-V3
+    # proxy layout of Megatron-LM pull request #6311 ('Ett|(tt|)*6mL': 14 layers, MTP 1, pp 4 x vpp 2): the m's sit
+    # with the loss on the last part, where simdist prices the MTP layers; the split is the decoder layers'.
+    assert parse_layout("E|(tt|)*2,(t|)*4,mL") == ["E", "tt", "tt", "t", "t", "t", "t", "mL"]
+    split = choose_split(_mtp_model(8), pp=4, vpp=2, pipeline_layout="E|(tt|)*2,(t|)*4,mL")
+    assert split.layers_per_chunk == ((0, 1), (2, 1), (2, 1), (1, 0))
+    proxy = choose_split(_mtp_model(14), pp=4, vpp=2, pipeline_layout="Ett|(tt|)*6mL")
+    assert proxy.parts == (2, 2, 2, 2, 2, 2, 2, 0)
+    # the same split without the m's: simdist still places the MTP layer on the last part (Megatron-LM asks for m's)
+    assert choose_split(_mtp_model(14), pp=4, vpp=2, pipeline_layout="Ett|(tt|)*6L").parts == proxy.parts
+    assert layout_string(proxy.parts, 1) == "Et*2|(t*2|)*6,mL"
+    assert tuple(p.count("t") for p in parse_layout(layout_string((4, 4), 2))) == (4, 4)
+    assert layout_string((4, 4), 2) == "Et*4|t*4mmL"
+
+
+@pytest.mark.parametrize(("layout", "mtp", "needle", "fix"), [
+    ("Et*7|t*7mmL", 1, "holds 2 multi-token prediction layers", "write 1 m's before the L"),
+    ("Et*7|t*6mtL", 1, "decoder layer (t) after a multi-token", "after the last t"),
+    ("Et*7|t*7m|L", 1, "on part 1, not on the last part", "in the last part"),  # Megatron's standalone MTP stage
+])
+def test_bad_multi_token_prediction_layouts_name_the_field(layout: str, mtp: int, needle: str, fix: str) -> None:
+    pp = len(parse_layout(layout))
+    with pytest.raises(LayoutError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
+        choose_split(_mtp_model(14, mtp), pp=pp, vpp=1, pipeline_layout=layout)
+    assert err.value.field == "parallel.pipeline_layout" and fix in err.value.fix
+
+
+def test_a_deepseek_layout_with_its_mtp_layer_runs_and_prints_it() -> None:
+    # the bundled DeepSeek-V3 shape with 14 layers and its MTP layer, Megatron-LM's layout given with the m: the step
+    # runs in the closed form, and the layout it reports (with the m) is one Megatron-LM accepts for this model
+    sc = api.scenario_of({
+        "cluster": {"preset": "dgx-h100", "num_nodes": 8},
+        "model": {"preset": "deepseek-v3", "num_layers": 14, "mtp_num_layers": 1, "seq_length": 2048,
+                  "moe_layer_freq": [0, 0, 0, *[1] * 11]},
+        "parallel": {"tp": 1, "pp": 4, "vpp": 2, "dp": 16, "ep": 16, "use_distributed_optimizer": True,
+                     "pipeline_layout": "Ett|(tt|)*6mL"},
+        "training": {"micro_batch_size": 1, "global_batch_size": 256, "moe_token_dispatcher_type": "alltoall"},
+        "schedule": "interleaved_1f1b"})
+    result = api.predict(sc.spec, sc.topology, fidelity="closed_form").result
+    assert result["layout"]["pipeline_layout"] == "Et*2|(t*2|)*6,mL"
+    assert result["layout"]["layers_per_chunk"] == [[2, 2], [2, 2], [2, 2], [2, 0]]
+    no_m = sc.spec.model_copy(update={"parallel": sc.spec.parallel.model_copy(update={
+        "pipeline_layout": "Ett|(tt|)*6L"})})
+    same = api.predict(no_m, sc.topology, fidelity="closed_form").result
+    assert same["step_time_s"] == pytest.approx(result["step_time_s"], rel=1e-12)
 
 
 def test_layout_string_round_trips() -> None:

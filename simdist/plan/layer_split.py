@@ -10,8 +10,10 @@ no decoder layer (only the embedding, only the loss, or nothing: Megatron's "(em
 
 Where the split comes from (`choose_split`, one source per scenario):
 - ``parallel.pipeline_layout`` (alias ``pipeline_model_parallel_layout``): Megatron-LM's layout string, e.g.
-  ``"E|(t|)*126,L"``: parts separated by ``|``, ``E`` embedding, ``L`` loss, ``t`` a decoder layer, ``(...)*n``
-  and ``x*n`` repeat, commas are cosmetic (megatron/training/arguments.py ``--pipeline-model-parallel-layout``).
+  ``"E|(t|)*126,L"``: parts separated by ``|``, ``E`` embedding, ``L`` loss, ``t`` a decoder layer, ``m`` a
+  multi-token prediction layer (Megatron-LM's rules, and all of them in the last part with the loss, where simdist
+  prices them: `_check_mtp`), ``(...)*n`` and ``x*n`` repeat, commas are cosmetic (megatron/training/arguments.py
+  ``--pipeline-model-parallel-layout``).
 - ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split`` (Megatron-LM's flags):
   the embedding / the loss takes a decoder layer's place: (layers + e + l) split evenly over pp x vpp parts, one
   layer fewer on the first / last part (megatron/core/transformer/transformer_block.py
@@ -84,8 +86,8 @@ _LAYOUT_MAX_CHARS = 1_000_000
 
 
 def parse_layout(text: str) -> list[str]:
-    """Megatron-LM's layout string as one string of layer letters per model part: ``"E|(tt|)*2,L"`` ->
-    ``["E", "tt", "ttL"]`` (commas are cosmetic, ``(...)*n`` and ``x*n`` repeat)."""
+    """Megatron-LM's layout string as one string of layer letters per model part: ``"E|(tt|)*2,mL"`` ->
+    ``["E", "tt", "ttmL"]`` (commas are cosmetic, ``(...)*n`` and ``x*n`` repeat)."""
     field = "parallel.pipeline_layout"
     s = text.replace(",", "").replace(" ", "")
     for pattern in (_REPEAT_GROUP, _REPEAT_ONE):
@@ -98,12 +100,11 @@ def parse_layout(text: str) -> list[str]:
                 raise _fail(f"the layout expands to more than {_LAYOUT_MAX_CHARS:,} characters", field,
                             "write one letter per layer: at most a few thousand")
             s = s[:m.start()] + m.group(1) * int(m.group(2)) + s[m.end():]
-    bad = sorted(set(s) - set("ELt|"))
+    bad = sorted(set(s) - set("ELtm|"))
     if bad:
-        what = ("'m' (multi-token prediction layers) is not modelled" if bad == ["m"]
-                else f"unknown character(s) {', '.join(repr(c) for c in bad)}")
-        raise _fail(f"layout {text!r}: {what}", field,
-                    "write E (embedding), t (decoder layer), L (loss), | between parts, (...)*n or x*n to repeat")
+        raise _fail(f"layout {text!r}: unknown character(s) {', '.join(repr(c) for c in bad)}", field,
+                    "write E (embedding), t (decoder layer), m (multi-token prediction layer), L (loss), | between "
+                    "parts, (...)*n or x*n to repeat")
     return s.split("|")
 
 
@@ -125,12 +126,39 @@ def _layout_parts(text: str, model: Model, pp: int, vpp: int) -> tuple[int, ...]
     if sum(counts) != model.num_layers:
         raise _fail(f"the layout holds {sum(counts)} decoder layers (t) but the model has {model.num_layers}", field,
                     f"write {model.num_layers} t's in all")
+    _check_mtp(parts, model, field)
     return counts
 
 
-def layout_string(parts: tuple[int, ...]) -> str:
+def _check_mtp(parts: list[str], model: Model, field: str) -> None:
+    """The multi-token prediction layers ``m`` of a layout, as Megatron-LM checks them
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py validate_layer_layout: as many as mtp_num_layers,
+    after every decoder layer, all in one virtual stage), placed where simdist prices them: with the loss on the last
+    part (simdist.plan.chunk_cost). A layout without m's keeps that placement (Megatron-LM would ask for them)."""
+    flat = "".join(parts)
+    count = flat.count("m")
+    if not count:
+        return
+    mtp = model.mtp_num_layers if model.kind == "decoder" else 0
+    if count != mtp:
+        raise _fail(f"the layout holds {count} multi-token prediction layers (m) but the model has "
+                    f"mtp_num_layers = {mtp}", field,
+                    f"write {mtp} m's before the L" if mtp else "remove the m's, or set model.mtp_num_layers")
+    if "t" in flat[flat.index("m"):]:
+        raise _fail("the layout puts a decoder layer (t) after a multi-token prediction layer (m)", field,
+                    "put every m after the last t (Megatron-LM builds the MTP layers after the decoder)")
+    where = [i for i, p in enumerate(parts) if "m" in p]
+    if where != [len(parts) - 1]:
+        raise _fail(f"the layout puts its multi-token prediction layers (m) on part {where[0]}, not on the last "
+                    f"part with the loss: Megatron-LM's standalone MTP stage is not modelled", field,
+                    "put the m's in the last part, before the L")
+
+
+def layout_string(parts: tuple[int, ...], mtp_layers: int = 0) -> str:
     """Decoder-layer counts per part in Megatron-LM's layout syntax, runs of equal parts folded:
-    (0, 1, 1, 1, 0) -> ``"E|(t|)*3,L"``; (4, 4) -> ``"Et*4|t*4L"``."""
+    (0, 1, 1, 1, 0) -> ``"E|(t|)*3,L"``; (4, 4) -> ``"Et*4|t*4L"``; ``mtp_layers`` multi-token prediction layers
+    before the loss, where simdist places them: (4, 4) with 1 -> ``"Et*4|t*4mL"`` (Megatron-LM refuses a layout whose
+    m's do not match the model's mtp_num_layers)."""
     def part(n: int) -> str:
         return "t" if n == 1 else (f"t*{n}" if n > 1 else "")
 
@@ -146,7 +174,7 @@ def layout_string(parts: tuple[int, ...]) -> str:
                 out.append(f"({part(parts[i])}|)*{j - i + 1}")
                 i = j + 1
                 continue
-        text = ("E" if i == 0 else "") + part(parts[i]) + ("L" if i == last else "")
+        text = ("E" if i == 0 else "") + part(parts[i]) + ("m" * mtp_layers + "L" if i == last else "")
         out.append(text + ("" if i == last else "|"))
         i += 1
     # a cosmetic comma after each folded run, where the next part follows it

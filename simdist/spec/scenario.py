@@ -279,8 +279,9 @@ class ParallelSpec(Spec):
     pipeline_layout: str | None = Field(
         default=None, validation_alias=alias("pipeline_layout", "pipeline_model_parallel_layout"),
         description="Megatron-LM's --pipeline-model-parallel-layout: parts (chunk c of stage s is part c x pp + s) "
-                    "separated by '|', E embedding, t decoder layer, L loss, (...)*n and x*n repeat, e.g. "
-                    "'E|(t|)*126,L' (alias pipeline_model_parallel_layout)")
+                    "separated by '|', E embedding, t decoder layer, m multi-token prediction layer (all of them "
+                    "in the last part, before L), L loss, (...)*n and x*n repeat, e.g. 'E|(t|)*126,L' (alias "
+                    "pipeline_model_parallel_layout)")
     account_for_embedding_in_pipeline_split: bool = Field(
         default=False, description="Megatron-LM's flag: the embedding takes a decoder layer's place in the first "
                                    "chunk")
