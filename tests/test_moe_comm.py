@@ -164,6 +164,62 @@ def test_1f1b_a2a_overlap_hides_the_all_to_alls_behind_compute_but_the_unpaired_
         assert hidden["step_s"] == pytest.approx(plain["step_s"] - paired + slowed, rel=1e-12)
 
 
+def test_a2a_overlap_share_keeps_the_rest_of_each_hidden_all_to_all_in_the_path():
+    # training.moe_a2a_overlap_share s: of each all_to_all the overlap hides, s of its bytes run beside the compute
+    # (slowing it by x / (1 + x) of their time) and 1 - s after it, in the step's path: two all_to_alls, each paying
+    # the latency term L of an all_to_all of time L + b / B. Over the n paired all_to_alls (on pp 1 with M
+    # micro-batches one micro-batch's run alone, exposed, and M - 1 are paired): in the path n L + (1 - s) n b / B,
+    # beside the compute n L + s n b / B, together the paired time n (L + b / B) and one more n L.
+    from simdist.analytic.step import _num_microbatches, analytic_observables
+
+    # 32 MiB all_to_alls: the toy prices them, and any piece of them down to a tenth, on one protocol, so
+    # affinely in their bytes (smaller ones switch protocol: simdist.collectives.nccl_model)
+    model = {"hidden_size": 2048, "num_attention_heads": 16, "seq_length": 4096}
+    obs = {}
+    for share in (None, 1.0, 0.8, 0.5, 0.2):
+        training = {"overlap_moe_expert_parallel_comm": share is not None, "global_batch_size": 16}
+        if share is not None:
+            training["moe_a2a_overlap_share"] = share
+        cfg, topology, _ = _cfg({"dp": 4, "ep": 4}, training, model=model)
+        obs[share] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+    M, x = _num_microbatches(cfg), cfg.interference
+    exposed, paired = obs[None]["ep_s"] / M, obs[None]["ep_s"] * (M - 1) / M
+    assert M == 4 and cfg.moe_overlap_share == 0.2
+    assert obs[1.0]["ep_s"] == pytest.approx(exposed, rel=1e-12)  # 1: the model as before, nothing split
+    slope = (obs[0.2]["ep_s"] - obs[0.5]["ep_s"]) / 0.3  # n b / B
+    assert (obs[0.5]["ep_s"] - obs[0.8]["ep_s"]) / 0.3 == pytest.approx(slope, rel=1e-9)  # affine in 1 - s
+    latency = obs[0.5]["ep_s"] - exposed - 0.5 * slope  # n L
+    assert latency > 0 and slope + latency == pytest.approx(paired, rel=1e-9)
+    for share in (0.8, 0.5, 0.2):  # the compute beside them is slowed by what still runs there
+        beside = latency + share * slope
+        assert obs[share]["compute_s"] == pytest.approx(obs[None]["compute_s"] + x / (1 + x) * beside, rel=1e-9)
+    assert obs[1.0]["step_s"] < obs[0.8]["step_s"] < obs[0.5]["step_s"] < obs[0.2]["step_s"]
+
+
+def test_a2a_overlap_share_in_both_fidelities():
+    # the share splits the hidden all_to_alls in the step recipes both fidelities read: the engine's rule (every
+    # collective alone) meets the closed form on the interleaved pipeline of the test below
+    from simdist import api
+    from simdist.analytic.step import analytic_observables
+    from simdist.plan.layout import step_config_of
+    from simdist.plan.model_presets import resolve_model
+    from tests.test_analytic_step import _agree, _graph_observables
+    from tests.test_moe_layout import TINY_MOE, _spec
+
+    model = {**TINY_MOE, "hidden_size": 512, "num_attention_heads": 8, "seq_length": 1024}
+    steps = []
+    for share in (1.0, 0.4):
+        spec = _spec({"pp": 2, "vpp": 2, "dp": 2, "ep": 2}, {"overlap_moe_expert_parallel_comm": True,
+                                                             "moe_a2a_overlap_share": share}, model,
+                     gpus_per_node=4, num_nodes=1, schedule="interleaved_1f1b")
+        topology = api.cluster_of(spec)
+        cfg = step_config_of(spec, topology, resolve_model(spec.model))
+        obs = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+        _agree(_graph_observables(cfg, topology), obs, 1e-9)
+        steps.append(obs)
+    assert steps[1]["ep_s"] > steps[0]["ep_s"] and steps[1]["step_s"] > steps[0]["step_s"]
+
+
 def test_interleaved_a2a_overlap_exposes_each_stages_warm_up_and_cool_down():
     # pp 2, vpp 2 (one MoE layer per chunk), 4 micro-batches: with the overlap Megatron's interleaved warm-up is
     # (K - s - 1) x 2 + (V - 1) x K + 1 forwards (schedules.py get_pp_rank_microbatches, "one extra micro-batch"

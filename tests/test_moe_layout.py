@@ -112,6 +112,9 @@ def test_step_config_carries_the_expert_mesh():
     ({"tp": 2, "dp": 4, "pp": 2, "ep": 2, "etp": 1, "order": "tp-pp-cp-ep-dp", "sequence_parallel": True}, {}, None,
      "parallel.order",
      "pipeline groups"),
+    # the share the 1F1B A2A overlap hides is that overlap's: without it, it would do nothing
+    ({"dp": 16, "ep": 2}, {"moe_a2a_overlap_share": 0.5}, None, "training.moe_a2a_overlap_share",
+     "without overlap_moe_expert_parallel_comm"),
 ])
 def test_expert_layout_rules(parallel, training, model, field, match):
     spec = _spec(parallel, training, model)

@@ -61,6 +61,15 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
         return (), items
     hidden = [x for x in items if hide(x)]
     kept = [x for x in items if not hide(x)]
+    if a2a and cfg.moe_overlap_share < 1.0:
+        # training.moe_a2a_overlap_share: of each all_to_all the overlap hides, the share s beside the compute and
+        # 1 - s in the step's path after it (its bytes so split, as a tp collective's exposed chunk below).
+        # Assumption: the two pieces are priced as two all_to_alls of those bytes (one more latency term).
+        s = cfg.moe_overlap_share
+        for i, x in enumerate(hidden):
+            if x[0] == "all_to_all" and x[2] == "ep":
+                hidden[i] = (x[0], x[1] * s, *x[2:])
+                kept.append((x[0], x[1] * (1 - s), *x[2:]))
     if tp:
         # each overlapped tp collective leaves one chunk exposed, in the step's path (simdist.hardware.tp_overlap)
         for i, x in enumerate(hidden):

@@ -170,6 +170,11 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
     """The ``experts`` rules of the module docstring."""
     p, t = spec.parallel, spec.training
     etp = p.tp if p.etp is None else p.etp
+    if t.moe_a2a_overlap_share != 1.0 and not t.overlap_moe_expert_parallel_comm:
+        raise _fail("experts", f"moe_a2a_overlap_share {t.moe_a2a_overlap_share} without "
+                    "overlap_moe_expert_parallel_comm: it is the share that overlap hides",
+                    "training.moe_a2a_overlap_share",
+                    "set training.overlap_moe_expert_parallel_comm: true, or drop moe_a2a_overlap_share")
     if not model.is_moe:
         if p.ep > 1:
             raise _fail("experts", f"parallel.ep = {p.ep} on a model without experts", "parallel.ep",
@@ -311,6 +316,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         moe_imbalance=scenario_imbalance(t, p, model), moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_ep_domains=_ep_domains(mesh, topology, t.moe_token_dispatcher_type),
         moe_kernel=moe_kernel, moe_overlap=t.overlap_moe_expert_parallel_comm,
+        moe_overlap_share=t.moe_a2a_overlap_share,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
                                                     exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype,

@@ -96,6 +96,9 @@ class StepConfig:
     (simdist.collectives.ep_kernels)."""
     moe_overlap: bool = False
     """Megatron-LM --overlap-moe-expert-parallel-comm."""
+    moe_overlap_share: float = 1.0
+    """Of each all_to_all the overlap hides, the share that runs beside the compute (training.moe_a2a_overlap_share;
+    simdist.plan.comm_overlap)."""
     tp_comm_overlap: bool = False
     """Megatron-LM --tp-comm-overlap: the tp collectives run beside the compute (simdist.plan.recipe), the GEMMs whose
     reduce-scatter overlaps them on fewer SMs (simdist.hardware.tp_overlap)."""
