@@ -1,6 +1,7 @@
 """What a pipeline step runs beside its compute rather than after it (simdist.plan.recipe reads it for every step
-recipe): the expert-parallel token all-to-alls under Megatron-Core's 1F1B A2A overlap (`a2a_overlapped`), the
-tensor-parallel collectives under Transformer Engine's communication overlap and torchtitan's async TP.
+recipe): the expert-parallel token all-to-alls under Megatron-Core's 1F1B A2A overlap (`a2a_overlapped`; of each,
+the share training.moe_a2a_overlap_share, the rest after the compute), the tensor-parallel collectives under
+Transformer Engine's communication overlap and torchtitan's async TP.
 """
 
 from __future__ import annotations

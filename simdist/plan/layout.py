@@ -28,7 +28,8 @@ The rules are those Megatron-LM enforces (megatron/training/arguments.py and its
   expert pipeline groups coincide (Megatron-Core asserts it: with pp outer to every other axis they do); the
   busiest ep rank holds at most every routed token (moe_imbalance <= ep); --overlap-moe-expert-parallel-comm needs
   ep > 1, the alltoall or flex dispatcher, no full recompute, bf16/fp16, and with pp > 1 the interleaved schedule
-  (megatron/core/transformer/transformer_config.py).
+  (megatron/core/transformer/transformer_config.py); moe_a2a_overlap_share, the share of each all-to-all that
+  overlap runs beside the compute, needs the overlap.
 ZeRO-2/3 with pipeline parallelism is allowed: FSDP with pipeline stages is what torchtitan runs and what
 Llama 3 405B trained with (Dubey et al. 2024 sec 3.3.2).
 """
