@@ -16,7 +16,6 @@ predicted time - 1. Where a source gives only busbw (plateau bars, torch sweeps)
 size x factor / busbw; where it gives only a time (CS336), busbw is computed from it.
 """
 
-
 from __future__ import annotations
 
 import statistics

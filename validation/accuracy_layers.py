@@ -29,7 +29,6 @@ other reports.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import statistics
 from collections.abc import Iterable
@@ -49,7 +48,7 @@ from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.spec import ModelSpec
 from simdist.spec.gpu import GpuSpec
-from validation.accuracy_kernels import report_cli
+from validation.accuracy_kernels import reference_rows, report_cli
 
 METHOD = (
     "Rows: Korthikanti et al. 2022 Table 4 (one 22B layer, hidden 6144, 64 heads, TP 8, micro-batch 4, sequence 2048, "
@@ -130,15 +129,10 @@ class Record:
         return self.predicted_ms / self.measured_ms - 1
 
 
-def _rows(name: str) -> list[dict[str, str]]:
-    with (REFERENCE / name).open(encoding="utf-8", newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def _korthikanti() -> list[Record]:
     gpu, group = GPU_PRESETS["a100-sxm-80gb"], Group.first(load_topology("dgx-a100"), 8)
     out = []
-    for r in _rows(KORTHIKANTI):
+    for r in reference_rows(REFERENCE / KORTHIKANTI):
         sp, recompute = KORTHIKANTI_VARIANTS[r["experiment"]]
         times = layer_times_s(gpu, group, GPT22B, micro_batch_size=4, sequence_parallel=sp, recompute=recompute)
         for direction, seconds in zip(("forward", "backward"), times, strict=True):
@@ -154,7 +148,7 @@ def _te_layers() -> list[Record]:
     group = Group.first(load_topology("dgx-h100"), 8)
     gap_s = host_overhead(gpu).step_gap_s  # the round starts on an idle device: the first launch's latency
     out = []
-    for r in _rows(TE_LAYERS):
+    for r in reference_rows(REFERENCE / TE_LAYERS):
         model = dataclasses.replace(resolve_model(ModelSpec(preset="gpt3-175b")), seq_length=int(r["seq_length"]))
         assert (model.hidden_size, model.num_attention_heads, model.ffn_hidden_size) == (
             int(r["hidden_size"]), int(r["num_attention_heads"]), int(r["ffn_hidden_size"])), r["label"]

@@ -6,7 +6,6 @@ all_to_all; simdist.collectives.ops)."""
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,12 +129,6 @@ class Report:
     datasets: tuple[Dataset, ...]
     records: tuple[Record, ...]
     not_covered: tuple[NotCovered, ...] = field(default_factory=tuple)
-
-
-
-def reference_rows(name: str) -> list[dict[str, str]]:
-    with (REFERENCE / name).open(encoding="utf-8", newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def size_label(nbytes: float) -> str:

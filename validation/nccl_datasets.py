@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import statistics
 
+from validation.accuracy_kernels import reference_rows
 from validation.collective_points import (
     PLATEAU_BYTES,
+    REFERENCE,
     Dataset,
     Mapping,
     NotCovered,
     Point,
     measurement,
-    reference_rows,
     size_label,
 )
 
@@ -99,7 +100,7 @@ MLE_DATASETS: dict[str, tuple[str, Mapping, str, str]] = {
 
 
 def _mle() -> list[Dataset]:
-    rows = reference_rows(MLE)
+    rows = reference_rows(REFERENCE / MLE)
     out = []
     for name, (title, base, harness, why) in MLE_DATASETS.items():
         points = []
@@ -201,7 +202,7 @@ def _gtc() -> tuple[list[Dataset], list[NotCovered]]:
     groups: dict[str, list[Point]] = {}
     why: dict[str, list[str]] = {}
     skipped = []
-    for r in reference_rows(GTC):
+    for r in reference_rows(REFERENCE / GTC):
         key = (r["collective"], r["scope"], r["interconnect"])
         target = _GTC_MAP[key]
         label = f"{r['talk']} {r['interconnect']}"
@@ -229,7 +230,7 @@ def _gtc() -> tuple[list[Dataset], list[NotCovered]]:
 
 
 def _cs336() -> Dataset:
-    rows = reference_rows(CS336)
+    rows = reference_rows(REFERENCE / CS336)
     runs: dict[tuple[str, str, int], list[dict[str, str]]] = {}
     for r in rows:
         runs.setdefault((r["run"], r["op"], int(r["world_size"])), []).append(r)
@@ -268,7 +269,7 @@ preset's 8 x 400 Gb/s per node. The H20's lower compute does not enter a collect
 
 def _nvls_tree_floor() -> Dataset:
     """NVIDIA/nccl#1244: 2 nodes x 8 H20, NCCL 2.21.5, NCCL_ALGO=NVLSTree, out-of-place times at 4, 64 and 512 B."""
-    (row,) = [r for r in reference_rows(REPORTS) if r["thread"] == "NVIDIA/nccl#1244"]
+    (row,) = [r for r in reference_rows(REFERENCE / REPORTS) if r["thread"] == "NVIDIA/nccl#1244"]
     points = []
     for nbytes, time_us in ((4, 47.54), (64, 46.30), (512, 46.58)):  # the row's reported_numbers
         label = f"16x H20 NVLSTree {nbytes}B"
@@ -289,7 +290,7 @@ def _nvls_tree_floor() -> Dataset:
 
 def _reports() -> Dataset:
     points = []
-    for r in reference_rows(REPORTS):
+    for r in reference_rows(REFERENCE / REPORTS):
         if r["thread"] != "NVIDIA/nccl-tests#212":
             continue
         for algorithm, busbw in (("ring", 370.0), ("nvls", 480.0)):
