@@ -132,7 +132,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
     if last_part:
         parts.append((head_work(m, style=ex.style, loss_fusion=ex.loss_fusion, loss_style=ex.loss_style,
                                 loss_parallel=ex.loss_parallel, z_loss=ex.z_loss, **kw), 1))
-    mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
+    mtp = m.mtp_layers if last_part else 0
     if mtp:
         # DeepSeek-V3 sec. 2.2 / Megatron-LM: the MTP modules run on the last pipeline stage after the main model:
         # each an embedding lookup, its norms and projection, a layer built like the last one, the shared head.
@@ -155,7 +155,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         layers = ((0, layers),) if layers else ()
     parts = chunk_parts(cfg, layers, first_part, last_part)
     ex = cfg.execution
-    mtp = m.mtp_num_layers if last_part and m.kind == "decoder" else 0
+    mtp = m.mtp_layers if last_part else 0
     host = cfg.host_overhead
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     if ex.cuda_graphs:

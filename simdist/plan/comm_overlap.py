@@ -58,26 +58,24 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
         return (a2a and x[0] == "all_to_all" and x[2] == "ep") or (tp and x[2] == "tp"
                                                                   and x[0] in ("all_gather", "reduce_scatter"))
 
+    def exposed(x: tuple) -> float | None:
+        """Of a hidden collective, the share of its bytes that stays in the step's path after the compute (None:
+        it all runs beside). A tp collective: its exposed chunk (simdist.hardware.tp_overlap). An ep all_to_all:
+        1 - training.moe_a2a_overlap_share. Assumption: the two pieces are priced as two collectives of those
+        bytes (one more latency term)."""
+        if x[2] == "tp":
+            return 1.0 / groups["tp"] if async_tp else exposed_share(x[0], cfg.precision, groups["tp"])
+        return 1.0 - cfg.moe_overlap_share if cfg.moe_overlap_share < 1.0 else None
+
     if not (a2a or tp):
         return (), items
     hidden = [x for x in items if hide(x)]
     kept = [x for x in items if not hide(x)]
-    if a2a and cfg.moe_overlap_share < 1.0:
-        # training.moe_a2a_overlap_share: of each all_to_all the overlap hides, the share s beside the compute and
-        # 1 - s in the step's path after it (its bytes so split, as a tp collective's exposed chunk below).
-        # Assumption: the two pieces are priced as two all_to_alls of those bytes (one more latency term).
-        s = cfg.moe_overlap_share
-        for i, x in enumerate(hidden):
-            if x[0] == "all_to_all" and x[2] == "ep":
-                hidden[i] = (x[0], x[1] * s, *x[2:])
-                kept.append((x[0], x[1] * (1 - s), *x[2:]))
-    if tp:
-        # each overlapped tp collective leaves one chunk exposed, in the step's path (simdist.hardware.tp_overlap)
-        for i, x in enumerate(hidden):
-            if x[2] == "tp":
-                share = 1.0 / groups["tp"] if async_tp else exposed_share(x[0], cfg.precision, groups["tp"])
-                hidden[i] = (x[0], x[1] * (1 - share), *x[2:])
-                kept.append((x[0], x[1] * share, *x[2:]))
+    for i, x in enumerate(hidden):
+        share = exposed(x)
+        if share is not None:
+            hidden[i] = (x[0], x[1] * (1 - share), *x[2:])
+            kept.append((x[0], x[1] * share, *x[2:]))
     return tuple(hidden), tuple(kept)
 
 

@@ -306,10 +306,10 @@ def model_flops_per_sequence(model: Model, attention_mask: str = "causal") -> fl
             count[key] += 1
         layers = sum(n * layer_work(model, attention_mask=attention_mask, layer=kinds[key]).model_flops
                      for key, n in count.items())
-    if model.kind == "decoder" and model.mtp_num_layers:
+    if model.mtp_layers:
         # DeepSeek-V3 sec. 2.2: each MTP module adds a layer built like the last, its projection, an embedding
         # lookup and the shared output head (Megatron-LM's num_floating_point_operations counts them too).
         mtp = (layer_work(model, attention_mask=attention_mask, layer=model.num_layers - 1).model_flops
                + mtp_work(model, tp=1).model_flops + head_work(model, tp=1).model_flops)
-        layers += model.mtp_num_layers * mtp
+        layers += model.mtp_layers * mtp
     return layers + embedding_work(model, tp=1).model_flops + head_work(model, tp=1).model_flops

@@ -139,7 +139,7 @@ def _check_mtp(parts: list[str], model: Model, field: str) -> None:
     count = flat.count("m")
     if not count:
         return
-    mtp = model.mtp_num_layers if model.kind == "decoder" else 0
+    mtp = model.mtp_layers
     if count != mtp:
         raise _fail(f"the layout holds {count} multi-token prediction layers (m) but the model has "
                     f"mtp_num_layers = {mtp}", field,

@@ -170,7 +170,7 @@ def _stage_param_split(model: Model, *, layers_on_stage: int, first_stage: bool,
                               "needed", field="model.moe_layer_freq", fix="pass the stage's layers")
         layers = (0,) * layers_on_stage
     _, split, replicated, routed = _layer_sums(model, layers)
-    mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
+    mtp = model.mtp_layers if last_stage else 0
     if mtp:
         s_i, r_i, e_i = layer_param_shards(model, model.num_layers - 1)
         own = model.mtp_params // mtp - model.layer_params(model.num_layers - 1)
@@ -285,7 +285,7 @@ def stage_memory(
     layer_bytes = sum(n * per_layer(i) for i, n in kinds.items())
     ends = {**kw, "loss_parallel": loss_parallel}  # (the embedding's and the head's activations)
     outside = embedding_activation_bytes(model, first_stage=first_stage, last_stage=last_stage, **ends)
-    mtp = model.mtp_num_layers if last_stage and model.kind == "decoder" else 0
+    mtp = model.mtp_layers if last_stage else 0
     if mtp:
         # each MTP module: a layer like the last one, its own logits (embedding_activation_bytes' last-stage terms)
         last = model.num_layers - 1

@@ -282,17 +282,23 @@ class Model:
             + self.final_norm_params
 
     @property
+    def mtp_layers(self) -> int:
+        """The multi-token-prediction modules the model builds (DeepSeek-V3 sec. 2.2): mtp_num_layers for a decoder,
+        none for other kinds."""
+        return self.mtp_num_layers if self.kind == "decoder" else 0
+
+    @property
     def mtp_params(self) -> int:
         """All multi-token-prediction modules (mtp_num_layers of them), not in num_params. One module (DeepSeek-V3
         sec. 2.2, Megatron-LM MultiTokenPredictionLayer): norms on the hidden state and on the next token's
         embedding (enorm, hnorm), the 2h x h projection eh_proj, one transformer layer built like the model's last
         (Megatron-LM get_gpt_mtp_block_spec takes the decoder's last layer spec), its final norm; the embedding and
         the output head are the main model's, shared, not counted again."""
-        if not self.mtp_num_layers or self.kind != "decoder":
+        if not self.mtp_layers:
             return 0
         h = self.hidden_size
         one = 2 * self._norm(h) + 2 * h * h + self.layer_params(self.num_layers - 1) + self._norm(h)
-        return self.mtp_num_layers * one
+        return self.mtp_layers * one
 
 
 @lru_cache(maxsize=256)

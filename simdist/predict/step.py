@@ -261,8 +261,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
                    "layers_per_stage": list(cfg.layers_per_stage),
                    "layers_per_chunk": [list(cfg.stage_chunks(s)) for s in range(cfg.mesh.pp)],
                    "pipeline_split": cfg.split_method,
-                   "pipeline_layout": layout_string(cfg.model_parts(), cfg.model.mtp_num_layers
-                                                    if cfg.model.kind == "decoder" else 0),
+                   "pipeline_layout": layout_string(cfg.model_parts(), cfg.model.mtp_layers),
                    "order": "-".join(cfg.mesh.order),
                    **(_layout_simulation(plan, topology, simulation) if plan is not None else {})},
         "simulation": simulation,
