@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simdist import precompiled
+
 __all__ = ["steady_order"]
 
 
@@ -100,3 +102,6 @@ def _counting_order(key, num_keys, order):  # pragma: no cover - compiled
         out[counts[k]] = order[j]
         counts[k] += 1
     return out
+
+
+precompiled.attach(globals())  # the shipped cache of these kernels (simdist.precompiled)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simdist import precompiled
 from simdist.analytic.timeline_kernel import GENERIC, SIMPLE
 from simdist.plan.accounting_kernel import account_stages
 from simdist.plan.pieces import DP_DONE, LAST_BACKWARDS, PREV
@@ -371,3 +372,6 @@ def timed(slot, code_base, num_codes, kind, recipe, duration, frees, plain, ahea
     lo, hi, mean, flops = observe(intervals, step, counts, first_last, span, spans, slot, code_base, num_codes,
                                   kind, duration, parts, simple_flops, recipe, recipe_flops, tail)
     return step, lo, hi, mean, flops
+
+
+precompiled.attach(globals())  # the shipped cache of these kernels (simdist.precompiled)

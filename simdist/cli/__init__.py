@@ -25,7 +25,7 @@ try:  # typer >= 0.20 vendors click as typer._click; older releases use click it
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-from simdist import api  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
+from simdist import api, precompiled  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
 from simdist.cli.streams import OutputClosed, _silence_stdout, emit, notes_to_stderr, print_json, to_stderr
 from simdist.errors import EXIT_USAGE, SimdistError
 from simdist.files import check_target, os_fix, os_reason, write_text
@@ -139,7 +139,9 @@ def console() -> None:
     the interpreter's teardown, which frees every module and object one by one and collects garbage over all of
     them again (about 1 s of the README's 11 s search; 0.1-0.15 s of a 2-3 s ``simdist run``; measured), and writes
     nothing. Only where no other thread is alive (the interpreter would wait for it); else the interpreter exits as
-    usual. The exit status and everything written are `main`'s."""
+    usual. The exit status and everything written are `main`'s. numba is asked for its portable CPU target first,
+    so that a search loads the kernels shipped compiled (`simdist.precompiled.use_portable_target`)."""
+    precompiled.use_portable_target()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         main()

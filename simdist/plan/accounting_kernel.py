@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simdist import precompiled
 from simdist.plan.accounting import CATEGORIES
 
 __all__ = ["account_stages"]
@@ -218,3 +219,6 @@ def _event_order(times, m, num_marks):  # pragma: no cover - compiled
         out[k] = lists[best][pos[best]]
         pos[best] += 1
     return out
+
+
+precompiled.attach(globals())  # the shipped cache of these kernels (simdist.precompiled)
