@@ -130,3 +130,46 @@ def test_sharding_strategy_names(tmp_path):
     full = ParallelSpec.model_validate({"dp": 8, "sharding_strategy": "FULL_SHARD"})
     assert full.zero_stage == 3 and full.reshard_after_forward
     assert ParallelSpec.model_validate({"dp": 8, "data_parallel_sharding_strategy": "optim"}).zero_stage == 1
+
+
+PIPELINED = """
+name: fsdp-pp
+cluster: {{file: {toy}, num_nodes: 2, gpus_per_node: 2, inter_node: {{nics_per_node: 1}}}}
+model: {{num_layers: 4, hidden_size: 1024, num_attention_heads: 8, seq_length: 512, vocab_size: 2048,
+         swiglu: true, ffn_hidden_size: 2816, tied_embeddings: false}}
+parallel: {{pp: 2, dp: 2, zero_stage: 3{reshard}}}
+training: {{framework: torchtitan, micro_batch_size: 1, global_batch_size: 8, zero3_fetch: per_layer}}
+"""
+
+
+def _gathered_bytes(cfg) -> float:
+    from simdist.plan.step import collective_runs
+
+    return sum(n * key[2] for key, n in collective_runs(cfg).items() if key[0] == "all_gather" and key[3] == "dp")
+
+
+def test_pipelined_fsdp_gathers_every_backward_only_where_the_forward_reshards(tmp_path):
+    # PyTorch pipelining under FSDP2 (torch/distributed/pipelining/stage.py): one reduce-scatter per step, each
+    # backward leaving its units gathered into the next forward. torchtitan keeps them gathered from forward to
+    # backward under pipeline parallelism (the default: each stage gathers its parameters once per step); resharded
+    # after forward (KempnerForge's apply_fsdp2), the first forward gathers them and so does every backward, all
+    # units but the last stage's never-resharded head unit (simdist.plan.fsdp.Units.backward_gathered).
+    runs = {}
+    for name, reshard in (("default", ""), ("false", ", reshard_after_forward: false"),
+                          ("true", ", reshard_after_forward: true")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(PIPELINED.format(toy=TOY_TOPOLOGY, reshard=reshard))
+        s = api.load_scenario(path)
+        cfg = step_config_of(s.spec, s.topology, resolve_model(s.spec.model))
+        runs[name] = cfg, _gathered_bytes(cfg), analytic_step(cfg, CommPricer(s.topology)).step_time_s
+    cfg = runs["true"][0]
+    costs = [chunk_cost(cfg, cfg.part_layers(k), k == 0, k == 1) for k in range(2)]
+    once = sum(c.num_params for c in costs) * 2.0  # bf16; an all_gather's size is its gathered output (nccl-tests)
+    again = sum(units_of(c).backward_gathered * c.num_params for c in costs) * 2.0
+    m = cfg.microbatches(0)
+    assert m == 4 and cfg.execution.grad_sync == "step" and cfg.execution.reshard_after_forward
+    assert runs["true"][1] == pytest.approx(once + m * again, rel=1e-12)
+    for name in ("default", "false"):
+        assert not runs[name][0].execution.reshard_after_forward
+        assert runs[name][1] == pytest.approx(once, rel=1e-12)
+    assert runs["default"][2] == runs["false"][2] < runs["true"][2]

@@ -99,9 +99,10 @@ def execution_of(spec, pp: int) -> Execution:
     # PyTorch pipelining runs every micro-batch's backward without gradient sync and reduce-scatters once per stage
     # after the last one (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad);
     # torchtitan keeps the parameters gathered between forward and backward under PP (parallelize.py: reshard_after_
-    # forward = not pp_enabled). DeepSpeed's pipeline engine reduces gradients at the last step (pipe/schedule.py).
+    # forward = not pp_enabled): the default there where the scenario does not say (FSDP2's own default, true,
+    # elsewhere). DeepSpeed's pipeline engine reduces gradients at the last step (pipe/schedule.py).
     grad_sync = "step" if pipelined_fsdp else "last" if t.fsdp_no_sync else "microbatch"
-    reshard = p.reshard_after_forward and not pipelined_fsdp
+    reshard = (not pipelined_fsdp) if p.reshard_after_forward is None else p.reshard_after_forward
     return Execution(
         framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile),
         loss_style=kernel_style(t.kernel_fusion, loss_compiled(t)), cuda_graphs=t.cuda_graphs,

@@ -315,7 +315,10 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
         # Gradient sync once per step (PyTorch pipelining): the parameters stay gathered after the first forward.
         c = fsdp_forward(b, cfg, cost, shards, pbpe, start, gap, entry < 0, gather=per_microbatch or first)
         return _forward_tail(b, cfg, cost, c, entry, hidden_items, items, groups, ring)
-    gather = ex.reshard_after_forward and per_microbatch
+    # Resharded after forward, a unit is gathered again for every backward; under PyTorch pipelining too, where the
+    # backward leaves it gathered (stage.py backward_maybe_with_nosync: set_reshard_after_backward(False)) so that
+    # only the first forward gathers (fsdp_forward's ``gather`` above) and each forward's end frees it again.
+    gather = ex.reshard_after_forward
     deps: tuple[int, ...] = (PREV, *(backward_first_gather(b, shards, cost, pbpe) if gather else ()))
     needs_input = True
     chain: list[int] = []

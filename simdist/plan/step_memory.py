@@ -33,7 +33,10 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         capacity_bytes=cfg.capacity_bytes, attention=cfg.attention, layers=cfg.stage_layers(s),
         experts=cfg.expert_parallel, grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         modules=ex.recompute_modules, style=ex.style, full_share=_full_share(cfg, s),
-        unsharded=_unsharded(ex.reshard_after_forward, ex.grad_sync == "step" or cfg.no_sync_accumulates),
+        # under PyTorch pipelining each backward leaves its units gathered until the next forward's end: the
+        # parameters are whole at the backward's end whether or not the forward reshards (simdist.plan.recipe)
+        unsharded=_unsharded(ex.reshard_after_forward and ex.grad_sync != "step",
+                             ex.grad_sync == "step" or cfg.no_sync_accumulates),
         shard_group=cfg.mesh.dp_shard or None, optimizer_bytes=cfg.optimizer_state_bytes,
         fp8_attention=ex.fp8_attention, master_copy=ex.master_copy, master_dtype=ex.master_dtype,
         loss_parallel=ex.loss_parallel)

@@ -243,11 +243,14 @@ class ParallelSpec(Spec):
                     "consecutive data-parallel ranks and are replicated over dp / dp_shard groups, whose gradients are "
                     "all-reduced after the reduce-scatter (PyTorch FSDP HYBRID_SHARD, FSDP2 2-D mesh, torchtitan "
                     "data_parallel_shard_degree); default dp (full sharding)")
-    reshard_after_forward: bool = Field(
-        default=True, description="ZeRO-3 / FSDP: free each unit's gathered parameters after its forward and gather "
-                                  "them again for its backward (FSDP FULL_SHARD, FSDP2's default), or keep them "
-                                  "until the backward (false: SHARD_GRAD_OP, ZeRO-2-like memory, one gather per "
-                                  "micro-batch)")
+    reshard_after_forward: bool | None = Field(
+        default=None, description="ZeRO-3 / FSDP: free each unit's gathered parameters after its forward and gather "
+                                  "them again for its backward (true: FSDP FULL_SHARD, FSDP2's default), or keep "
+                                  "them until the backward (false: SHARD_GRAD_OP, ZeRO-2-like memory, one gather "
+                                  "per micro-batch); default true, but false under pipeline parallelism with "
+                                  "framework torchtitan or fsdp (torchtitan: reshard_after_forward = not "
+                                  "pp_enabled). Under PyTorch pipelining true gathers every micro-batch's "
+                                  "backward, the parameters then staying gathered into the next forward")
     vpp: count(VPP) = Field(default=1, validation_alias=alias("vpp", "virtual_pipeline_model_parallel_size"),
                             description="model chunks per stage, interleaved_1f1b only (alias "
                                         "virtual_pipeline_model_parallel_size)")
