@@ -11,7 +11,9 @@ Figures:
   every collective alone (`run --fidelity closed_form`'s) and with the contention estimate search ranks by;
 - warm: the same sweep again, median of three (cached prices and chunk costs): the per-configuration cost; and of
   it the compiled timeline loop with its breakdown sweep alone (its arguments captured during one sweep and run
-  again: median of 5 passes);
+  again: median of 5 passes), and where the loop's steps go: per configuration the steps of its program and those
+  the loop ran (the rest jumped over in the steady state, simdist.analytic.steady), by schedule, interleaving and
+  pipeline stages (the groups that run the most first);
 - 10k: --min-configs evaluations (the feasible set repeated) with --workers processes, or on a Dask LocalCluster of
   --dask-local workers (issue 32: 10^6 configurations on 2 workers; the workers with the README's settings,
   simdist.search.executors.DASK_WORKER_SETTINGS, in jobs of DaskExecutor.job_size as a search splits them), wall
@@ -133,19 +135,25 @@ def loop_alone(problem: SearchProblem, feasible: list) -> None:
     """The compiled timeline loop with its breakdown sweep alone (simdist.analytic.timeline_jit.timed, what the warm
     figure spends in numba): its arguments captured during one warm sweep, then run again, median of 5 passes, per
     configuration."""
+    import simdist.analytic.timeline as timeline
     import simdist.analytic.timeline_jit as jit
 
-    timed, calls = jit.timed, []
+    timed, observables, calls, shapes = jit.timed, timeline._compiled_observables, [], []
 
     def capture(*args):
         calls.append(args)
         return timed(*args)
 
+    def shape(cfg, stages, packed, num_microbatches):
+        shapes.append((cfg.schedule, cfg.vpp, cfg.mesh.pp))
+        return observables(cfg, stages, packed, num_microbatches)
+
     jit.timed = capture  # simdist.analytic.timeline._compiled_observables imports it at each call
+    timeline._compiled_observables = shape
     try:
         evaluate_batch(problem, feasible)
     finally:
-        jit.timed = timed
+        jit.timed, timeline._compiled_observables = timed, observables
     passes = []
     for _ in range(5):
         t = time.perf_counter()
@@ -155,6 +163,28 @@ def loop_alone(problem: SearchProblem, feasible: list) -> None:
     per_config_us = statistics.median(passes) / len(feasible) * 1e6
     print(f"  of which the compiled timeline loop and breakdown alone: {per_config_us:.0f} us per config (median of 5 "
           f"passes over the {len(calls)} calls of one sweep)")
+    loop_steps(jit, calls, shapes)
+
+
+def loop_steps(jit, calls: list, shapes: list) -> None:
+    """Where the loop's steps go: each captured call run again without the breakdown (simdist.analytic.timeline_jit.
+    run, which returns the steps it ran; the rest it jumped over in the steady state), by schedule, interleaving and
+    pipeline stages, the groups that run the most steps first."""
+    groups: dict[tuple, list[int]] = {}
+    for key, args in zip(shapes, calls, strict=True):
+        (*head, _flops, _simple_flops, _parts, sends, steps, counts, backward, spans, body, tolerance) = args
+        ran = jit.run(*head, sends, steps, counts, backward, False, spans, body, tolerance)[-1]
+        g = groups.setdefault(key, [0, 0, 0])
+        g[0] += 1
+        g[1] += steps.shape[1]
+        g[2] += ran
+    total_steps = sum(g[1] for g in groups.values())
+    total_ran = sum(g[2] for g in groups.values())
+    print(f"  steps per config: {total_steps / len(calls):,.0f} in the programs, {total_ran / len(calls):,.0f} run "
+          f"({1 - total_ran / total_steps:.0%} jumped over in the steady state); the most run:")
+    for (schedule, vpp, pp), (n, programmed, ran) in sorted(groups.items(), key=lambda kv: -kv[1][2])[:5]:
+        print(f"    {schedule} vpp {vpp} pp {pp}: {n} configs, {programmed / n:,.0f} steps each, {ran / n:,.0f} run, "
+              f"{ran / total_ran:.0%} of all the steps run")
 
 
 README_SEARCH = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024", "--global-batch", "1536",
