@@ -72,9 +72,11 @@ def attach(namespace: dict[str, Any]) -> int:
     except ImportError:  # pragma: no cover - depends on the installed numba
         return 0
 
+    # Defined here, not at the module's top: the console imports this module before numba (use_portable_target).
     class WithShipped(FunctionCache):
         """numba's cache of one function (found and saved where numba chooses) and, where that has no entry for a
-        signature, the shipped one (read only)."""
+        signature, the shipped one (read only). The swap of the index file below runs under numba's global compiler
+        lock (a dispatcher loads from its cache while compiling), so no other thread sees it."""
 
         def __init__(self, py_func: Any) -> None:
             super().__init__(py_func)

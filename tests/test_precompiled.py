@@ -36,9 +36,12 @@ def _shipped_version() -> str | None:
 
 
 def test_every_kernel_is_attached_and_shipped_fresh():
-    attached = [k for m in KERNEL_MODULES for k, v in vars(m).items()
-                if hasattr(getattr(v, "_cache", None), "_shipped")]
-    assert len(attached) == 20  # every njit(cache=True) kernel of the three modules
+    from numba.core.dispatcher import Dispatcher
+
+    kernels = {(m.__name__, k) for m in KERNEL_MODULES for k, v in vars(m).items() if isinstance(v, Dispatcher)}
+    attached = {(m.__name__, k) for m in KERNEL_MODULES for k, v in vars(m).items()
+                if hasattr(getattr(v, "_cache", None), "_shipped")}
+    assert len(kernels) == 20 and attached == kernels  # every njit(cache=True) kernel of the three modules
     if _shipped_version() != numba.__version__:
         pytest.skip(f"the shipped cache is numba {_shipped_version()}'s, numba {numba.__version__} is installed")
     assert _problems() == {}
