@@ -145,6 +145,12 @@ def test_simdists_own_trace_replays_exactly(tmp_path):
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "memory"),
     ("triton_poi_fused_add_mul_0", "memory"),
+    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, long*, float*, int*, int*, int*)",
+     "collective"),
+    ("void deep_ep::internode_ll::combine<false, false, 7168>(void*, void*, int*, void*, void const*)", "collective"),
+    ("void hybrid_ep::dispatch_kernel<__nv_bfloat16, 8, 32>(hybrid_ep::dispatch_kernel_param_t<__nv_bfloat16>)",
+     "collective"),
+    ("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*, int*, int*, bool*, int, int)", "memory"),
 ])
 def test_kernel_names_classify(name, kind):
     assert kernel_kind(name) == kind
@@ -156,6 +162,9 @@ def test_kernel_names_classify(name, kind):
     ("gloo:send", "send_recv"), ("all_to_allv", "all_to_all"),
     ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "reduce_scatter"),
     ("ncclKernel_AllGather_RING_LL_Sum_int8_t", "all_gather"), ("nonsense", None),
+    ("void deep_ep::intranode::cached_notify_combine<8>(void**, int*, int, int, int**, int)", "all_to_all"),
+    ("void hybrid_ep::combine_kernel<8, 32>(hybrid_ep::combine_kernel_param_t)", "all_to_all"),
+    ("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*)", None),
 ])
 def test_collective_names(name, op):
     assert collective_op(name) == op
@@ -299,3 +308,40 @@ def test_the_loop_from_the_harness_profile_to_validate(tmp_path):
 def _cli_module(module: str, *args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
+
+
+def _gpu_trace(path: Path, events: list[dict]) -> Path:
+    """A one-rank GPU trace of one profiler step (0-1000 us) holding ``events`` (kernels on streams, CPU operators)."""
+    raw = {"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+           "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+           "traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000,
+                            "pid": 1, "tid": 1}, *events]}
+    path.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    return path
+
+
+def _kernel(name: str, ts: float, dur: float, stream: int, ext: int | None = None) -> dict:
+    args = {"stream": stream, **({"External id": ext} if ext is not None else {})}
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream, "args": args}
+
+
+def test_an_expert_all_to_all_is_timed_with_its_exposed_part(tmp_path):
+    # A GEMM from 0 to 400 us; HybridEP's dispatch from 300 to 600 (100 us of it beside the GEMM), DeepEP's combine
+    # from 700 to 750 (alone); NCCL's all_to_all as ncclDevKernel_SendRecv from 800 to 900, which its
+    # record_param_comms operator names (a pipeline send's kernel has the same name): every one an all_to_all.
+    # Per op: 300 + 50 + 100 = 450 us of all_to_all, 350 us of it exposed (no compute beside it), the share of the
+    # 1F1B overlap's README recipe: 1 - exposed (overlap on) / all_to_all time (overlap off).
+    comms = {"Collective name": "all_to_allv", "dtype": "BFloat16", "In msg nelems": 1024, "Out msg nelems": 1024,
+             "Group size": 2}
+    path = _gpu_trace(tmp_path / "rank0.pt.trace.json.gz", [
+        _kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 0, 400, 7),
+        _kernel("void hybrid_ep::dispatch_kernel<__nv_bfloat16, 8, 32>(param)", 300, 300, 20),
+        _kernel("void deep_ep::intranode::combine<__nv_bfloat16, 8, 768>(int4*)", 700, 50, 20),
+        _kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 800, 100, 21, ext=9),
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 790, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"External id": 9, **comms}},
+    ])
+    run, _ = measured_step([read_trace(path)])
+    assert run.comm_by_op_s == pytest.approx({"all_to_all": 450e-6})
+    assert run.exposed_by_op_s == pytest.approx({"all_to_all": 350e-6})
+    assert run.compute_s + run.exposed_comm_s + run.idle_s == pytest.approx(run.step_s)

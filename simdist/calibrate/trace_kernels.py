@@ -43,7 +43,7 @@ from simdist.calibrate.measurements import Measurement
 from simdist.calibrate.trace_read import Trace, TraceEvent
 from simdist.collectives.ops import algbw_Bps, busbw_Bps
 
-__all__ = ["DTYPES", "KINDS", "Classified", "classify", "collective_op", "kernel_kind", "trace_measurements"]
+__all__ = ["DTYPES", "KINDS", "Classified", "classify", "collective_op", "kernel_kind", "op_of", "trace_measurements"]
 
 KINDS = ("gemm", "attention", "memory", "compute", "collective", "free")
 DTYPES = {"float": ("fp32", 4), "c10::BFloat16": ("bf16", 2), "c10::Half": ("fp16", 2),
@@ -81,6 +81,12 @@ _FREE = frozenset({
 clone call copy_, which is timed itself): not kernels."""
 _NCCL = re.compile(r"nccl(?:Symk?)?(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 _COMM = re.compile(r"nccl|multimem_all_reduce|cross_device_reduce|all_reduce_(?:one|two)_shot", re.IGNORECASE)
+_EP = re.compile(r"\b(?:deep_ep|hybrid_ep)::(?!layout::)(?:\w+::)*\w*(?:dispatch|combine)", re.IGNORECASE)
+"""The expert-parallel token dispatchers' communication kernels, an all-to-all in simdist's terms: DeepEP's
+(deep_ep::intranode / internode / internode_ll: notify_dispatch, dispatch, cached_notify_combine, combine, ...;
+csrc/kernels at github.com/deepseek-ai/DeepEP) and HybridEP's (hybrid_ep::dispatch_kernel and combine_kernel, its
+csrc/hybrid_ep/backend/hybrid_ep_backend.cuh), not DeepEP's layout kernel (deep_ep::layout::get_dispatch_layout,
+which counts tokens on the GPU)."""
 _ATTENTION = re.compile(r"flash_fwd|flash_bwd|flash::|flashattn|pytorch_flash|fmha|attention|attn|"
                         r"cudnn_generated_fort_native_sdpa", re.IGNORECASE)
 _FUSED = re.compile(r"^(?:void )?triton_(?:poi|red|per|for|spl)_")
@@ -94,10 +100,10 @@ _GEMM = re.compile(r"gemm|gemv|nvjet|splitKreduce|^bmm_|Cijk_|triton_tem_.*mm|im
 def kernel_kind(name: str) -> str:
     """A GPU kernel's class by its name alone, rules in this order (HTA's get_kernel_type puts ``nccl`` kernels in
     communication; the rest refines its "computation"): communication (NCCL's device kernels, custom all-reduce
-    kernels); attention (FlashAttention, PyTorch's flash and memory-efficient, cuDNN SDPA); Inductor's fused
-    element-wise kernels (memory-bound, before the GEMM test: their names may say addmm); GEMMs and convolutions;
-    everything else memory-bound."""
-    if _COMM.search(name):
+    kernels, DeepEP's and HybridEP's dispatch and combine); attention (FlashAttention, PyTorch's flash and
+    memory-efficient, cuDNN SDPA); Inductor's fused element-wise kernels (memory-bound, before the GEMM test: their
+    names may say addmm); GEMMs and convolutions; everything else memory-bound."""
+    if _COMM.search(name) or _EP.search(name):
         return "collective"
     if _ATTENTION.search(name):
         return "attention"
@@ -110,7 +116,10 @@ def kernel_kind(name: str) -> str:
 
 def collective_op(name: str) -> str | None:
     """simdist's op for a collective's name: record_param_comms' "Collective name" (allreduce, _allgather_base,
-    reduce_scatter_tensor_coalesced, ...), gloo's annotation (gloo:all_reduce) or an NCCL kernel's name."""
+    reduce_scatter_tensor_coalesced, ...), gloo's annotation (gloo:all_reduce), an NCCL kernel's name, or an
+    expert-parallel dispatcher's kernel (DeepEP, HybridEP: all_to_all)."""
+    if _EP.search(name):
+        return "all_to_all"
     m = _NCCL.search(name)
     text = m.group(1) if m else name.split(":", 1)[-1]
     key = re.sub(r"(_base|_coalesced|_into_tensor|_tensor)", "", text.lower()).replace("_", "")
@@ -118,6 +127,14 @@ def collective_op(name: str) -> str | None:
             "alltoall": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast", "reduce": "reduce",
             "send": "send_recv", "recv": "send_recv", "sendrecv": "send_recv", "barrier": "barrier",
             "gather": "gather", "scatter": "scatter"}.get(key)
+
+
+def op_of(c: Classified) -> str | None:
+    """simdist's op of a classified collective: its operator's "Collective name" where the trace links one (NCCL runs
+    an all_to_all as ncclDevKernel_SendRecv, a pipeline send's kernel too: record_param_comms tells them apart),
+    else its kernel's or annotation's name's (`collective_op`)."""
+    info = c.op.comm if c.op is not None else None
+    return (collective_op(str(info.get("Collective name", ""))) if info else None) or collective_op(c.name)
 
 
 def _elements(dims: Sequence) -> int:
@@ -173,7 +190,7 @@ def classify(trace: Trace) -> list[Classified]:
             comm = k if k.comm is not None else comm_by_ext.get(k.ext_id) if k.ext_id is not None else None
             if k.cat != "kernel":
                 kind = "memory"
-            elif k.comm is not None or _COMM.search(k.name):
+            elif k.comm is not None or _COMM.search(k.name) or _EP.search(k.name):
                 kind, launch = "collective", comm or launch
             elif k.simulated:
                 kind = "compute"
@@ -284,7 +301,7 @@ def _comm_of(c: Classified, trace: Trace) -> tuple[str, int, int] | None:
     op_event = c.op
     info = op_event.comm if op_event is not None else None
     if info:
-        op = collective_op(str(info.get("Collective name", ""))) or collective_op(c.name)
+        op = op_of(c)
         size = _NCCL_DTYPES.get(str(info.get("dtype", "")), 0)
         n = int(info.get("Group size") or 0)
         if op is None or not size or n < 1:

@@ -7,7 +7,10 @@ Per rank and ``ProfilerStep#N`` window (the time the training loop took from one
 - ``compute_s``: the time some compute kernel (GEMM, attention, memory-bound; on a CPU trace a leaf operator) ran,
   intervals merged across streams, and per class (``gemm_s``, ``attention_s``, ``memory_s``: summed durations);
 - ``comm_s``: the time some collective ran (merged), ``exposed_comm_s``: of it, the time no compute ran beside it
-  (what the step waited for, simdist's exposed communication), per collective op in ``exposed_by_op_s``;
+  (what the step waited for, simdist's exposed communication); per collective op both, ``comm_by_op_s`` and
+  ``exposed_by_op_s`` (the op its operator's "Collective name" says, else its kernel's: NCCL's all_to_all and
+  DeepEP's and HybridEP's dispatch and combine are all_to_all, simdist.calibrate.trace_kernels.op_of): what
+  training.moe_a2a_overlap_share is read from;
 - ``idle_s``: the window's time with neither (host overhead, launch gaps, synchronisation, the pipeline's bubble).
 
 compute_s + exposed_comm_s + idle_s = step_s. Each figure is the median over the rank's steps (the first step
@@ -19,11 +22,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from simdist.calibrate.trace_kernels import Classified, classify, collective_op
+from simdist.calibrate.trace_kernels import Classified, classify, op_of
 from simdist.calibrate.trace_read import Trace
 from simdist.errors import SpecError
 
@@ -46,6 +49,7 @@ class StepBreakdown:
     idle_s: float
     exposed_by_op_s: dict[str, float]
     steps: int
+    comm_by_op_s: dict[str, float] = field(default_factory=dict)
     rank: int | None = None
 
     def as_dict(self) -> dict:
@@ -96,8 +100,9 @@ def _step(work: Sequence[Classified], a: float, b: float) -> dict:
     out["exposed_comm_s"] = _minus([(s, e) for s, e, _ in comm], cover)
     by_op: dict[str, list[tuple[float, float]]] = {}
     for s, e, c in comm:
-        by_op.setdefault(collective_op(c.name) or "other", []).append((s, e))
+        by_op.setdefault(op_of(c) or "other", []).append((s, e))
     out["exposed_by_op"] = {op: _minus(iv, cover) for op, iv in by_op.items()}
+    out["comm_by_op"] = {op: union_s(iv) for op, iv in by_op.items()}
     out["idle_s"] = max(0.0, out["step_s"] - union_s(compute + [(s, e) for s, e, _ in comm]))
     return out
 
@@ -117,7 +122,8 @@ def rank_step(trace: Trace) -> StepBreakdown:
     med = {f: statistics.median(p[f] for p in per) * 1e-6 for f in _FIELDS}
     ops = sorted({op for p in per for op in p["exposed_by_op"]})
     by_op = {op: statistics.median(p["exposed_by_op"].get(op, 0.0) for p in per) * 1e-6 for op in ops}
-    return StepBreakdown(**med, exposed_by_op_s=by_op, steps=len(per), rank=trace.rank)
+    comm = {op: statistics.median(p["comm_by_op"].get(op, 0.0) for p in per) * 1e-6 for op in ops}
+    return StepBreakdown(**med, exposed_by_op_s=by_op, steps=len(per), rank=trace.rank, comm_by_op_s=comm)
 
 
 def measured_step(traces: Sequence[Trace]) -> tuple[StepBreakdown, list[StepBreakdown]]:
@@ -127,4 +133,5 @@ def measured_step(traces: Sequence[Trace]) -> tuple[StepBreakdown, list[StepBrea
     mean["step_s"] = max(r.step_s for r in ranks)
     ops = sorted({op for r in ranks for op in r.exposed_by_op_s})
     by_op = {op: statistics.fmean(r.exposed_by_op_s.get(op, 0.0) for r in ranks) for op in ops}
-    return StepBreakdown(**mean, exposed_by_op_s=by_op, steps=min(r.steps for r in ranks)), ranks
+    comm = {op: statistics.fmean(r.comm_by_op_s.get(op, 0.0) for r in ranks) for op in ops}
+    return StepBreakdown(**mean, exposed_by_op_s=by_op, steps=min(r.steps for r in ranks), comm_by_op_s=comm), ranks

@@ -119,8 +119,9 @@ def _trace_lines(doc: dict[str, Any]) -> list[str]:
     for r in doc["rows"]:
         err = "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
         lines.append(f"  {r['what']:<16} {r['measured_s'] * 1e3:>13.3f} {r['predicted_s'] * 1e3:>14.3f} {err:>8}")
-    by_op = ", ".join(f"{op} {t * 1e3:.3f} ms" for op, t in m["exposed_by_op_s"].items()) or "none"
-    lines.append(f"# measured exposed communication by op: {by_op}; kernel time by class: gemm "
+    by_op = ", ".join(f"{op} {m.get('comm_by_op_s', {}).get(op, 0.0) * 1e3:.3f} ms ({t * 1e3:.3f} ms exposed)"
+                      for op, t in m["exposed_by_op_s"].items()) or "none"
+    lines.append(f"# measured communication by op: {by_op}; kernel time by class: gemm "
                  f"{m['gemm_s'] * 1e3:.3f} ms, attention {m['attention_s'] * 1e3:.3f} ms, memory "
                  f"{m['memory_s'] * 1e3:.3f} ms")
     if doc["categories"]:
