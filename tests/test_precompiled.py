@@ -26,9 +26,12 @@ def _problems() -> dict[str, str]:
 
 
 def _shipped_version() -> str | None:
+    """The numba version that wrote the shipped cache for this Python (numba's file names carry it: .py311.), None
+    where none is shipped for it."""
     import pickle
 
-    index = next(iter(sorted(precompiled.SHIPPED_DIR.glob("*.nbi"))), None)
+    tag = f".py{sys.version_info[0]}{sys.version_info[1]}."
+    index = next(iter(sorted(p for p in precompiled.SHIPPED_DIR.glob("*.nbi") if tag in p.name)), None)
     if index is None:
         return None
     with index.open("rb") as f:
@@ -43,12 +46,14 @@ def test_every_kernel_is_attached_and_shipped_fresh():
                 if hasattr(getattr(v, "_cache", None), "_shipped")}
     assert len(kernels) == 20 and attached == kernels  # every njit(cache=True) kernel of the three modules
     if _shipped_version() != numba.__version__:
-        pytest.skip(f"the shipped cache is numba {_shipped_version()}'s, numba {numba.__version__} is installed")
+        pytest.skip(f"the shipped cache is numba {_shipped_version()}'s for this Python, numba {numba.__version__} "
+                    "is installed")
     assert _problems() == {}
     # one index per kernel, nothing left over from a renamed or moved kernel (its line is in the file name)
     names = {f"{v._cache._impl.filename_base}.nbi" for m in KERNEL_MODULES for v in vars(m).values()
              if hasattr(getattr(v, "_cache", None), "_shipped")}
-    assert {p.name for p in precompiled.SHIPPED_DIR.glob("*.nbi")} == names
+    tag = f".py{sys.version_info[0]}{sys.version_info[1]}."
+    assert {p.name for p in precompiled.SHIPPED_DIR.glob("*.nbi") if tag in p.name} == names
 
 
 def test_problems_names_a_stale_or_missing_index(monkeypatch, tmp_path):
