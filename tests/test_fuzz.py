@@ -526,7 +526,7 @@ def test_fuzz_harness_arguments(tmp_path_factory, monkeypatch, capsys, harness, 
     pytest.importorskip("torch")
     import importlib
 
-    from validation.spawn import cli_guard
+    from validation.harness_cli import cli_guard
 
     module_name, starts, options = HARNESSES[harness]
     module = importlib.import_module(module_name)

@@ -139,7 +139,7 @@ def test_a_report_harness_on_a_full_disk_or_a_device_is_one_line(tmp_path):
 def test_report_harness_arguments_are_one_line(module, capsys):
     import importlib
 
-    from validation.spawn import cli_guard
+    from validation.harness_cli import cli_guard
 
     main = importlib.import_module(module).main
     assert cli_guard(main, ["--no-such-flag"]) == 2

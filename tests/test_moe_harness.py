@@ -43,11 +43,11 @@ def test_imbalance_column_is_read_and_checked(tmp_path):
 
 torch = pytest.importorskip("torch")
 
+from validation.harness_cli import cli_guard  # noqa: E402
 from validation.moe import harness  # noqa: E402
 from validation.moe.__main__ import main as moe_main  # noqa: E402
 from validation.moe.harness import MoERunConfig, run_moe  # noqa: E402
 from validation.moe.layer import MoEConfig  # noqa: E402
-from validation.spawn import cli_guard  # noqa: E402
 
 TINY = MoEConfig(num_experts=8, topk=2, hidden=16, ffn_hidden=32, tokens_per_rank=24)
 

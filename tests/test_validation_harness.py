@@ -22,9 +22,10 @@ from simdist.calibrate.measurements import read_measurements  # noqa: E402
 from simdist.calibrate.steps import read_csv_metadata, read_step_measurements  # noqa: E402
 from simdist.collectives.ops import op_info  # noqa: E402
 from validation import collectives  # noqa: E402
+from validation.harness_cli import cli_guard  # noqa: E402
 from validation.machine import cpu_model  # noqa: E402
 from validation.mlp import ALL_CUTS, MLPConfig, StepConfig, run_steps, weighted_gradient_sum_  # noqa: E402
-from validation.spawn import HarnessError, cli_guard, free_port, launch  # noqa: E402
+from validation.spawn import HarnessError, free_port, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test spawns torch.distributed ranks
 

@@ -342,7 +342,7 @@ def report(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validation.spawn import HarnessParser
+    from validation.harness_cli import HarnessParser
 
     parser = HarnessParser(prog="python -m validation.accuracy_training", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
@@ -362,6 +362,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from validation.spawn import cli_guard
+    from validation.harness_cli import cli_guard
 
     raise SystemExit(cli_guard(main))

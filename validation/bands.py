@@ -108,7 +108,7 @@ def report(results: list[Banded], how: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validation.spawn import HarnessParser
+    from validation.harness_cli import HarnessParser
 
     parser = HarnessParser(prog="python -m validation.bands", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
@@ -132,6 +132,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from validation.spawn import cli_guard
+    from validation.harness_cli import cli_guard
 
     raise SystemExit(cli_guard(main))

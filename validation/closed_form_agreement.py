@@ -201,7 +201,7 @@ def render(table: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validation.spawn import HarnessParser
+    from validation.harness_cli import HarnessParser
 
     parser = HarnessParser(prog="python -m validation.closed_form_agreement", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
@@ -225,6 +225,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from validation.spawn import cli_guard
+    from validation.harness_cli import cli_guard
 
     raise SystemExit(cli_guard(main))

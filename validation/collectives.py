@@ -55,8 +55,9 @@ from simdist.collectives.ops import algbw_Bps, busbw_Bps
 from simdist.errors import SimdistError
 from simdist.files import check_target
 from simdist.units import parse_size_list
+from validation.harness_cli import HarnessParser, cli_guard
 from validation.machine import device_name, start_rank
-from validation.spawn import HarnessError, HarnessParser, cli_guard, doing, launch, partial_path, report
+from validation.spawn import HarnessError, doing, launch, partial_path, report
 from validation.timing import device_sync, median_s, over_ranks, timed_iterations
 
 __all__ = ["BENCH_OPS", "DEFAULT_OPS", "BenchConfig", "Sample", "benchmark", "host_memory_bytes", "keep_partial",

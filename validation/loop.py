@@ -48,9 +48,10 @@ from simdist.files import check_target
 from simdist.hardware.presets import topology_document
 from simdist.units import parse_size_list
 from validation.collectives import BENCH_OPS, BenchConfig, benchmark, parse_sizes
+from validation.harness_cli import HarnessParser, cli_guard
 from validation.mlp.harness import ALL_CUTS, CheckResult, StepConfig, run_steps
 from validation.mlp.model import MLPConfig
-from validation.spawn import HarnessError, HarnessParser, cli_guard
+from validation.spawn import HarnessError
 
 __all__ = ["LOOP_OPS", "LoopConfig", "Measured", "Outcome", "fit_and_report", "main", "measure"]
 

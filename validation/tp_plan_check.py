@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from validation.spawn import cli_guard, launch
+from validation.harness_cli import cli_guard
+from validation.spawn import launch
 
 CASES = (("eager", False), ("eager", True), ("compiled", False), ("compiled", True))
 HIDDEN = 64

@@ -11,9 +11,10 @@ from pathlib import Path
 from simdist.calibrate.kernels import write_kernel_measurements_csv
 from simdist.files import check_target
 from validation.collectives import parse_sizes
+from validation.harness_cli import HarnessParser, cli_guard
 from validation.kernels.measure import KernelRunConfig, keep_partial, measure
 from validation.kernels.shapes import attention_cases, gemm_sweep, memory_cases, parse_attention, scenario_cases
-from validation.spawn import HarnessError, HarnessParser, cli_guard
+from validation.spawn import HarnessError
 
 # Defaults per device: (gemm sizes, attention shapes, memory sizes in elements, largest FLOPs of one kernel)
 DEFAULTS = {

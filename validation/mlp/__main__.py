@@ -11,10 +11,11 @@ from pathlib import Path
 from simdist.calibrate.steps import write_step_measurements_csv
 from simdist.files import check_target
 from validation.collectives import host_memory_bytes
+from validation.harness_cli import HarnessParser, cli_guard
 from validation.mlp.cuts import DDP_BUCKET_BYTES
 from validation.mlp.harness import ALL_CUTS, StepConfig, keep_partial, run_steps
 from validation.mlp.model import MLPConfig
-from validation.spawn import HarnessError, HarnessParser, cli_guard
+from validation.spawn import HarnessError
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -11,9 +11,10 @@ from simdist.calibrate.kernels import write_kernel_measurements_csv
 from simdist.calibrate.measurements import write_measurements_csv
 from simdist.files import check_target
 from validation.collectives import host_memory_bytes
+from validation.harness_cli import HarnessParser, cli_guard
 from validation.moe.harness import DTYPES, MoERunConfig, keep_partial, run_moe
 from validation.moe.layer import MoEConfig
-from validation.spawn import HarnessError, HarnessParser, cli_guard
+from validation.spawn import HarnessError
 
 TOLERANCE = 1e-9
 """Largest max |difference| / max |reference| of the float64 check (module doc of validation.moe.harness)."""
