@@ -24,6 +24,7 @@ Rebuild after editing a kernel (the test names the command): ``python -m simdist
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import shutil
@@ -62,26 +63,22 @@ def use_portable_target(environ: MutableMapping[str, str] = os.environ,
     return True
 
 
-def attach(namespace: dict[str, Any]) -> int:
-    """Give every cached numba kernel of a module's namespace (``attach(globals())`` at its end) the shipped cache
-    to fall back on; the number attached. numba's caching classes are its internals: where they are not what this
-    module was written against (another numba), nothing is attached and numba compiles as usual."""
+@functools.cache
+def _with_shipped() -> tuple[type, type, Any] | None:
+    """(numba's FunctionCache, its subclass that falls back on the shipped cache, numba's IndexDataCacheFile), made on
+    first use: the console imports this module before numba (`use_portable_target`). None where numba's caching
+    classes are not what this module was written against (another numba)."""
     try:
         from numba.core.caching import FunctionCache, IndexDataCacheFile
-        from numba.core.dispatcher import Dispatcher
     except ImportError:  # pragma: no cover - depends on the installed numba
-        return 0
+        return None
 
-    # Defined here, not at the module's top: the console imports this module before numba (use_portable_target).
     class WithShipped(FunctionCache):
         """numba's cache of one function (found and saved where numba chooses) and, where that has no entry for a
-        signature, the shipped one (read only). The swap of the index file below runs under numba's global compiler
-        lock (a dispatcher loads from its cache while compiling), so no other thread sees it."""
+        signature, the shipped one (``_shipped``, read only). The swap of the index file below runs under numba's
+        global compiler lock (a dispatcher loads from its cache while compiling), so no other thread sees it."""
 
-        def __init__(self, py_func: Any) -> None:
-            super().__init__(py_func)
-            self._shipped = IndexDataCacheFile(cache_path=str(SHIPPED_DIR), filename_base=self._impl.filename_base,
-                                               source_stamp=self._impl.locator.get_source_stamp())
+        _shipped: Any
 
         def load_overload(self, sig: Any, target_context: Any) -> Any:
             found = super().load_overload(sig, target_context)
@@ -93,14 +90,32 @@ def attach(namespace: dict[str, Any]) -> int:
                     self._cache_file = own
             return found
 
+    return FunctionCache, WithShipped, IndexDataCacheFile
+
+
+def attach(namespace: dict[str, Any]) -> int:
+    """Give every cached numba kernel of a module's namespace (``attach(globals())`` at its end) the shipped cache
+    to fall back on; the number attached. The cache numba built for the kernel (its place and the source's stamp,
+    found when the kernel was decorated) is kept and given the fallback, not built again. numba's caching classes are
+    its internals: where they are not what this module was written against (another numba), nothing is attached and
+    numba compiles as usual."""
+    classes = _with_shipped()
+    if classes is None:  # pragma: no cover - depends on the installed numba
+        return 0
+    function_cache, with_shipped, index_file = classes
     attached = 0
     for value in list(namespace.values()):
-        if isinstance(value, Dispatcher) and type(getattr(value, "_cache", None)) is FunctionCache:
-            try:
-                value._cache = WithShipped(value.py_func)
-            except (AttributeError, TypeError, RuntimeError):  # pragma: no cover - another numba's internals
-                continue
-            attached += 1
+        cache = getattr(value, "_cache", None)
+        if type(cache) is not function_cache:
+            continue
+        try:
+            shipped = index_file(cache_path=str(SHIPPED_DIR), filename_base=cache._impl.filename_base,
+                                 source_stamp=cache._impl.locator.get_source_stamp())
+        except (AttributeError, TypeError):  # pragma: no cover - another numba's internals
+            continue
+        cache.__class__ = with_shipped
+        cache._shipped = shipped
+        attached += 1
     return attached
 
 

@@ -19,6 +19,8 @@ from simdist.plan import accounting_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_MODULES = (timeline_jit, steady_jit, accounting_kernel)
+TAG = f".py{sys.version_info[0]}{sys.version_info[1]}."
+"""This Python's part of numba's cache file names (timeline_jit.run-178.py311.nbi)."""
 
 
 def _problems() -> dict[str, str]:
@@ -30,8 +32,7 @@ def _shipped_version() -> str | None:
     where none is shipped for it."""
     import pickle
 
-    tag = f".py{sys.version_info[0]}{sys.version_info[1]}."
-    index = next(iter(sorted(p for p in precompiled.SHIPPED_DIR.glob("*.nbi") if tag in p.name)), None)
+    index = next(iter(sorted(p for p in precompiled.SHIPPED_DIR.glob("*.nbi") if TAG in p.name)), None)
     if index is None:
         return None
     with index.open("rb") as f:
@@ -52,8 +53,7 @@ def test_every_kernel_is_attached_and_shipped_fresh():
     # one index per kernel, nothing left over from a renamed or moved kernel (its line is in the file name)
     names = {f"{v._cache._impl.filename_base}.nbi" for m in KERNEL_MODULES for v in vars(m).values()
              if hasattr(getattr(v, "_cache", None), "_shipped")}
-    tag = f".py{sys.version_info[0]}{sys.version_info[1]}."
-    assert {p.name for p in precompiled.SHIPPED_DIR.glob("*.nbi") if tag in p.name} == names
+    assert {p.name for p in precompiled.SHIPPED_DIR.glob("*.nbi") if TAG in p.name} == names
 
 
 def test_problems_names_a_stale_or_missing_index(monkeypatch, tmp_path):

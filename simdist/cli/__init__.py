@@ -25,7 +25,10 @@ try:  # typer >= 0.20 vendors click as typer._click; older releases use click it
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-from simdist import api, precompiled  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
+from simdist import (
+    api,  # noqa: F401 - re-exported: `simdist.cli.api` for callers and tests
+    precompiled,
+)
 from simdist.cli.streams import OutputClosed, _silence_stdout, emit, notes_to_stderr, print_json, to_stderr
 from simdist.errors import EXIT_USAGE, SimdistError
 from simdist.files import check_target, os_fix, os_reason, write_text
