@@ -151,6 +151,30 @@ def test_a_failing_rank_is_one_line_and_every_process_ends(fn, words):
     assert multiprocessing.active_children() == []
 
 
+def _chatty(rank, world, fail):
+    os.write(2, f"C++ log line of rank {rank}\n".encode())  # what gloo's logging does: fd 2, below Python
+    if fail and rank == 1:
+        raise ValueError("boom")
+    return rank
+
+
+def test_what_ranks_write_to_stderr_is_handed_over_after_a_run_and_kept_aside_on_failure(capfd):
+    # the CI failure of 2026-12-07: a peer's "Gloo connectFullMesh failed" log line made a failure two lines
+    assert launch(_chatty, world_size=2, args=(False,)) == 0
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["[rank 0] C++ log line of rank 0", "[rank 1] C++ log line of rank 1"]
+    with pytest.raises(HarnessError) as info:
+        launch(_chatty, world_size=2, args=(True,))
+    assert capfd.readouterr().err == ""
+    message = str(info.value)
+    assert message.startswith("rank 1 failed while running _chatty: ValueError: boom")
+    logs = Path(message.rsplit("standard error is in ", 1)[1])
+    assert (logs / "rank1.stderr").read_text() == "C++ log line of rank 1\n"
+    import shutil
+
+    shutil.rmtree(logs)
+
+
 def test_cli_failure_in_a_child_exits_non_zero_with_one_line():
     proc = subprocess.run([sys.executable, "-m", "validation.mlp", "--ranks", "3", "--width", "64", "--batch", "8",
                            "--cuts", "tensor_parallel", "--check"], capture_output=True, text=True, timeout=60,

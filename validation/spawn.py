@@ -24,6 +24,10 @@ Faults never hang a spawned run, and every message names the rank and what it wa
   with one ``error: rank R: ...`` line when it goes. On Linux ``prctl(PR_SET_PDEATHSIG, SIGCONT)`` makes the
   kernel resume a rank that was stopped when the parent died, so that its watchdog runs too (a SIGKILLed
   ``python -m validation.collectives`` leaves no orphan, stopped or not).
+- what the ranks write to their standard error (Python warnings, C++ log lines such as gloo's
+  "connectFullMesh failed" from a rank whose peer already failed) goes to one file per rank: a run that
+  succeeds copies it to this process's standard error afterwards, rank by rank; a failed run keeps it in
+  a temporary folder that its one-line message names, so that the failure stays one line.
 - results so far are kept: rank 0 hands each finished result to the parent as it goes (`report`); the
   `HarnessError` of a failed run carries them (``items``), and when the parent itself dies, rank 0's
   watchdog calls the ``salvage`` function given to `launch` with them, so the harness CLIs write what was
@@ -38,9 +42,11 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -105,6 +111,8 @@ class _RankState:
     items: ClassVar[list[Any]] = []
     parent_pid: ClassVar[int] = 0
     salvage: ClassVar[Any] = None
+    stderr_fd: ClassVar[int] = 2  # the standard error this rank was started with (its own fd 2 is a file)
+    stderr_path: ClassVar[str] = ""  # that file
 
 
 def doing(what: str) -> None:
@@ -135,11 +143,23 @@ def _orphaned(rank: int, parent_pid: int, salvage: tuple[Callable[..., str], tup
             except Exception as exc:  # a failed salvage must not keep the orphan alive
                 message += f"; results so far lost ({type(exc).__name__}: {exc})"
         message += f"; rank {rank} exits"
-        print(" ".join(message.split()), file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        os.write(_RankState.stderr_fd, (" ".join(message.split()) + "\n").encode("utf-8", "replace"))
+        _drop_if_empty(_RankState.stderr_path)  # nobody is left to hand it over
         os._exit(3)
 
 
 _ORPHAN_LOCK = threading.Lock()
+
+
+def _drop_if_empty(path: str) -> None:
+    """Remove this rank's empty standard-error file, and its folder once the last rank removed its own."""
+    try:
+        if path and os.path.getsize(path) == 0:
+            os.remove(path)
+            os.rmdir(os.path.dirname(path))
+    except OSError:  # not empty, or another rank's file is still there
+        pass
 
 
 def _tie_to_parent(rank: int, salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
@@ -239,10 +259,21 @@ def _destroy() -> None:
         dist.destroy_process_group()
 
 
+def _capture_stderr(path: str) -> None:
+    """Send this process's fd 2 (Python's and C++'s standard error alike) to ``path``; keep the original
+    for the messages meant for the user when the parent is gone (`_orphaned`)."""
+    sys.stderr.flush()
+    _RankState.stderr_fd, _RankState.stderr_path = os.dup(2), path
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, args: tuple[Any, ...],
            port: int, init_timeout_s: float, results: Any, activity: Any,
-           salvage: tuple[Callable[..., str], tuple[Any, ...]] | None) -> None:
+           salvage: tuple[Callable[..., str], tuple[Any, ...]] | None, stderr_path: str) -> None:
     _RankState.rank, _RankState.activity, _RankState.results, _RankState.items = rank, activity, results, []
+    _capture_stderr(stderr_path)
     doing("starting (init_process_group)")
     _tie_to_parent(rank, salvage)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
@@ -280,8 +311,10 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
     results = ctx.Queue()
     port = free_port()
     activity = [ctx.Array("c", _ACTIVITY_BYTES, lock=False) for _ in range(world_size)]
+    logs = Path(tempfile.mkdtemp(prefix="simdist-ranks-"))
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, port, init_timeout_s, results,
-                                              activity[r], salvage), name=f"simdist-rank{r}", daemon=True)
+                                              activity[r], salvage, str(logs / f"rank{r}.stderr")),
+                         name=f"simdist-rank{r}", daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -310,6 +343,28 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
     finally:
         reap(procs)
         results.close()
+    kept = _hand_over_stderr(logs, world_size, failed=failure is not None)
     if failure is not None:
+        if kept:
+            failure += f"; the ranks' own standard error is in {logs}"
         raise HarnessError(failure, items, status=130 if interrupted else 2)
     return done[0]
+
+
+def _hand_over_stderr(logs: Path, world_size: int, *, failed: bool) -> bool:
+    """After a run: a success copies each rank's captured standard error to this process's, prefixed
+    ``[rank R]``, and removes ``logs``; a failure keeps ``logs`` when any rank wrote something (True)."""
+    texts = []
+    for r in range(world_size):
+        try:
+            texts.append((r, (logs / f"rank{r}.stderr").read_text(errors="replace")))
+        except OSError:  # a rank that died before it opened its file
+            continue
+    wrote = any(text.strip() for _, text in texts)
+    if failed and wrote:
+        return True
+    if wrote:
+        sys.stderr.write("".join(f"[rank {r}] {line}\n" for r, text in texts for line in text.splitlines()))
+        sys.stderr.flush()
+    shutil.rmtree(logs, ignore_errors=True)
+    return False
