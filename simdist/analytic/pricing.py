@@ -260,7 +260,8 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
-            cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap, cfg.execution)
+            cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap, cfg.execution,
+            cfg.moe_overlap and cfg.mesh.ep >= 2, cfg.moe_overlap_share)  # (the 1F1B A2A overlap's pairing)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:

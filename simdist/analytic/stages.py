@@ -29,6 +29,8 @@ from simdist.analytic.pricing import (
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.plan.accounting import Interval, partition_pieces
 from simdist.plan.comm_overlap import a2a_overlapped
+from simdist.plan.interference import taxed_s
+from simdist.plan.moe_pairing import scaled
 from simdist.plan.pieces import SLOWED_KINDS, Piece
 from simdist.plan.recipe import GROUP_AXES, PREV, send
 from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
@@ -144,7 +146,8 @@ def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> Priced
     for j, p in enumerate(pieces):
         slowed = p.comm is None and p.kind in SLOWED_KINDS
         if p.tax_of:
-            out[j] = p.tax_share * min(sum(out[k] for k in p.tax_of), p.duration_s * (factor if slowed else 1.0))
+            f = factor if slowed else 1.0
+            out[j] = taxed_s(p.tax_share, sum(out[k] for k in p.tax_of), p.duration_s * f, scaled(p.pairing, f))
         elif slowed:
             out[j] *= factor
     return dataclasses.replace(r, durations=tuple(out))

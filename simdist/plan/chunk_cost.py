@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
+from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.layer_cost import Work, layer_work
 from simdist.plan.layer_params import layer_param_shards, layer_tensors
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
+from simdist.plan.moe_pairing import segments
 from simdist.plan.recompute import full_layers
 from simdist.plan.step_config import LayerKinds, StepConfig
 
@@ -57,6 +59,9 @@ class ChunkCost:
     """Of ``num_params``, the word embedding's on one GPU (the first model part's)."""
     head_params: float = 0.0
     """Of ``num_params``, the output layer's on one GPU (the last model part's, untied)."""
+    moe_pairing: tuple[float, ...] = ()
+    """Under the 1F1B A2A overlap: the per-layer compute segments of its MoE layers and their number
+    (simdist.plan.moe_pairing.segments); () otherwise."""
 
 
 
@@ -272,6 +277,10 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 f = gemm_slowdown(cfg.gpu, cfg.precision, k.name) if k.kind == "gemm" else 1.0
                 if f > 1.0:
                     tax += n * (f - 1.0) * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
+    # Megatron-Core's 1F1B A2A overlap pairs each all-to-all with one compute segment of the other micro-batch's layer
+    # (simdist.plan.moe_pairing); the segments' GPU time (the host's lead is the step's, not the segment's)
+    pairing = segments(parts, lambda ks: kernels_time_s(cfg.gpu, ks, cfg.precision, eff)) \
+        if a2a_overlapped(cfg) and cfg.moe_overlap_share >= 1.0 else ()
     return ChunkCost(
         forward_s=total("forward") + tax,
         backward_s=total("backward") + tax_backward,
@@ -294,6 +303,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         num_layers=sum(n for _, n in layers) + mtp,
         embedding_params=emb_params,
         head_params=head_params,
+        moe_pairing=pairing,
     )
 
 

@@ -26,13 +26,13 @@ def overlapped_comm(cfg: StepConfig, items: tuple, groups: dict[str, int], alone
     combined_1f1b.py): the forward of one micro-batch and the backward of another are scheduled layer by layer
     together, "EP A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice
     versa", on separate communication streams. Here each step's expert-parallel all_to_alls run on the ep stream
-    from the step's start, beside its compute; the step ends when both are done.
-    # Assumption: a step's all_to_alls hide behind its own compute, where Megatron hides them behind the paired
-    # step's: per 1F1B pair max(F, a_B) + max(B, a_F) against max(F, a_F) + max(B, a_B) here, the same where the
-    # forward and backward all_to_alls move the same bytes (they do: adjoints, same imbalance). Megatron's own
-    # per-layer order (megatron/core/models/common/model_chunk_schedule_plan.py, schedule_layer_1f1b: combine_bwd
-    # beside pre_dispatch_fwd, dispatch_fwd beside mlp_bwd, dispatch_bwd beside mlp_fwd, combine_fwd beside
-    # pre_dispatch_bwd) hides them all wherever each all_to_all is shorter than the compute it is paired with.
+    from the step's start, beside its compute, and what they leave exposed is Megatron's own per-layer pairing
+    (megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run: combine_bwd beside
+    pre_dispatch_fwd, dispatch_fwd and dispatch_bwd beside mlp_bwd and its weight gradients, combine_fwd beside
+    pre_dispatch_bwd): the step's tax piece adds its share of the pair's exposure (simdist.plan.moe_pairing), and the
+    step does not wait for the all_to_alls themselves. Where training.moe_a2a_overlap_share < 1 (a share measured in
+    the user's own profile) the step waits for them instead (max(compute, all_to_alls)) and the share says how much
+    runs beside.
     # The steps Megatron runs alone (each stage's warm-up forwards and cool-down backwards: without stages the
     # step's first forward and last backward) keep their all_to_alls in their path (``alone``: the program gives
     # them recipes of their own, `unpaired`). The expert-TP collectives stay in the layer's

@@ -24,20 +24,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from simdist.plan.moe_pairing import exposure_s
 from simdist.plan.pieces import Builder, Piece
 
-__all__ = ["tax", "tax_s"]
+__all__ = ["tax", "tax_s", "taxed_s"]
+
+
+def taxed_s(share: float, comm_s: float, cap_s: float, pairing: tuple[float, ...] = ()) -> float:
+    """The seconds of a tax piece whose collectives took ``comm_s`` beside ``cap_s`` of compute: ``share`` x
+    min(comm_s, cap_s), plus, where it carries a ``pairing``, what the 1F1B A2A overlap's layer-by-layer pairing
+    leaves exposed (simdist.plan.moe_pairing.exposure_s). Every pricer of tax pieces (both fidelities) calls this."""
+    return share * min(comm_s, cap_s) + (exposure_s(comm_s, pairing) if pairing else 0.0)
 
 
 def tax_s(piece: Piece, comm_durations: Iterable[float]) -> float:
     """The seconds of a tax piece, given its collectives' priced durations."""
-    return piece.tax_share * min(sum(comm_durations), piece.duration_s)
+    return taxed_s(piece.tax_share, sum(comm_durations), piece.duration_s, piece.pairing)
 
 
-def tax(b: Builder, after: int, comms: list[int], overlapped_s: float, interference: float, kind: str) -> int:
-    """Add after compute piece ``after`` the tax of ``comms`` running beside ``overlapped_s`` of compute; returns the
-    piece that ends the compute (``after`` itself where there is nothing to tax)."""
-    if not comms or overlapped_s <= 0 or interference <= 0:
+def tax(b: Builder, after: int, comms: list[int], overlapped_s: float, interference: float, kind: str,
+        pairing: tuple[float, ...] = ()) -> int:
+    """Add after compute piece ``after`` the tax of ``comms`` running beside ``overlapped_s`` of compute (and the
+    exposure of their ``pairing``, simdist.plan.moe_pairing); returns the piece that ends the compute (``after``
+    itself where there is nothing to tax)."""
+    share = interference / (1.0 + interference) if overlapped_s > 0 and interference > 0 else 0.0
+    if not comms or (share <= 0 and not pairing):
         return after
     return b.add(Piece("compute", kind, "/collectives beside it", overlapped_s, deps=(after,), tax_of=tuple(comms),
-                       tax_share=interference / (1.0 + interference)))
+                       tax_share=share, pairing=pairing))

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simdist.plan.interference import taxed_s
+
 STREAMS = ("compute", "tp", "cp", "pp", "dp", "ep")
 
 
@@ -110,16 +112,17 @@ class OpGraph:
     """`tracks`, once found (``add`` forgets it)."""
     rows: OpRows | None = field(default=None, repr=False, compare=False)
     """Set by the graph's builder once it is whole; read it through `op_rows`."""
-    taxes: list[tuple[int, tuple[int, ...], float, float]] = field(default_factory=list, repr=False, compare=False)
-    """(op, the comm ops it stands beside, share, cap) of each compute op whose duration is the slowdown of the compute
-    those collectives overlap (simdist.plan.interference): set once the comm ops are priced (`apply_taxes`)."""
+    taxes: list[tuple[int, tuple[int, ...], float, float, tuple[float, ...]]] = field(default_factory=list,
+                                                                                    repr=False, compare=False)
+    """(op, the comm ops it stands beside, share, cap, pairing) of each compute op whose duration is the slowdown of
+    the compute those collectives overlap (simdist.plan.interference): set once the comm ops are priced
+    (`apply_taxes`)."""
 
     def apply_taxes(self) -> None:
-        """Give each tax op its duration from its comm ops' priced durations (simdist.plan.interference.tax_s)."""
+        """Give each tax op its duration from its comm ops' priced durations (simdist.plan.interference.taxed_s)."""
         ops = self.ops
-        for i, of, share, cap in self.taxes:
-            t = sum(ops[k].duration_s for k in of)
-            ops[i].duration_s = share * min(t, cap)
+        for i, of, share, cap, pairing in self.taxes:
+            ops[i].duration_s = taxed_s(share, sum(ops[k].duration_s for k in of), cap, pairing)
 
     def add(self, op: Op) -> int:
         """Append ``op`` (after everything already on its track) and return its id."""

@@ -62,6 +62,9 @@ class Piece:
     the collectives' pieces; its duration is then ``tax_share`` x min(their priced time, ``duration_s``), both
     fidelities pricing it once they have priced them."""
     tax_share: float = 0.0
+    pairing: tuple[float, ...] = ()
+    """Of a tax piece beside the 1F1B A2A overlap's all-to-alls: the per-layer compute segments, MoE layers and the
+    step's share (simdist.plan.moe_pairing.step_pairing) whose exposure it adds (simdist.plan.interference.taxed_s)."""
 
     @property
     def work(self) -> bool:

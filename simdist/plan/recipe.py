@@ -56,6 +56,7 @@ from simdist.plan.fsdp import backward_first_gather, fsdp_backward, fsdp_forward
 from simdist.plan.interference import tax
 from simdist.plan.layer_cost import bytes_per_element
 from simdist.plan.mesh import Mesh
+from simdist.plan.moe_pairing import step_pairing
 from simdist.plan.pieces import (
     DP_DONE,
     LAST_BACKWARDS,
@@ -251,21 +252,25 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
                            compute_kind)
         chain.append(last_compute)
     if hidden:
-        last_compute = tax(b, last_compute, _expert_comm(b, hidden), b_s, cfg.expert_interference, compute_kind)
+        last_compute = tax(b, last_compute, _expert_comm(b, hidden), b_s, cfg.expert_interference, compute_kind,
+                           step_pairing(cost.moe_pairing, "B"))
         chain.append(last_compute)
     if kind == "B" and (ring[0] > 0 or ring[1]):
         last_compute = _ring(b, last_compute, *ring, groups, cfg.interference)
         chain.append(last_compute)
     chain += overlapped
+    # the step waits for its hidden all-to-alls, but where they are paired layer by layer with another micro-batch's
+    # compute: their exposure is then the tax piece's (simdist.plan.moe_pairing)
+    awaited = [] if cost.moe_pairing else hidden
     if kind == "B":
         exposed = b.chain(comm_items, (last_compute, *overlapped[-1:]), "", groups)
-        if (overlapped or hidden) and not exposed:
+        if (overlapped or awaited) and not exposed:
             # The step ends when both its compute and its overlapped collectives are done (Megatron waits on
             # the asynchronous handle before leaving the layer's backward).
             exposed = [b.add(Piece("compute", "wait", "wait", 0.0,
-                                   deps=(last_compute, *overlapped[-1:], *hidden[-1:])))]
-        elif hidden:
-            exposed.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(exposed[-1], hidden[-1]))))
+                                   deps=(last_compute, *overlapped[-1:], *awaited[-1:])))]
+        elif awaited:
+            exposed.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(exposed[-1], awaited[-1]))))
         chain += exposed
     for axis, n in shards if cfg.zero_stage >= 2 and (kind == "W" or not split) else ():
         # ZeRO-2/3 reduce-scatter each micro-batch's gradients (Rajbhandari et al. 2020 sec 5.2); the nccl-tests
@@ -285,10 +290,11 @@ def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: i
     """A forward's end after its compute piece ``c``: the all-to-alls hidden behind it (from ``entry``) with the
     compute they slow down, the context-parallel ring, the exposed collectives, and a wait for the hidden ones."""
     hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
-    c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.expert_interference, "forward")
+    c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.expert_interference, "forward",
+            step_pairing(cost.moe_pairing, "F"))
     c = _ring(b, c, *ring, groups, cfg.interference)
     chain = [c, *b.chain(items, (c,), "", groups)]
-    if hidden:
+    if hidden and not cost.moe_pairing:  # paired, they are the tax piece's (simdist.plan.moe_pairing)
         chain.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=(chain[-1], hidden[-1]))))
     return Recipe(tuple(b.pieces), chain[-1])
 
@@ -340,11 +346,12 @@ def _fsdp_step(cfg: StepConfig, cost: ChunkCost, kind: str, first: bool, last: b
     computes = fsdp_backward(b, cfg, cost, shards, pbpe, gbpe, deps, gap, needs_input, gather, reduce,
                              cost.backward_s, cost.model_flops_backward,
                              accumulate=cfg.no_sync_accumulates)
-    computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.expert_interference, "backward"))
+    computes.append(tax(b, computes[-1], _expert_comm(b, hidden), cost.backward_s, cfg.expert_interference, "backward",
+                        step_pairing(cost.moe_pairing, "B")))
     computes.append(_ring(b, computes[-1], *ring, groups, cfg.interference))
     chain += computes
     exposed = b.chain(items, (computes[-1],), "", groups)
-    if hidden:
+    if hidden and not cost.moe_pairing:  # paired, they are the tax piece's (simdist.plan.moe_pairing)
         exposed.append(b.add(Piece("compute", "wait", "wait", 0.0, deps=((exposed or computes)[-1], hidden[-1]))))
     chain += exposed
     return Recipe(tuple(b.pieces), chain[-1])

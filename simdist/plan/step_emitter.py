@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from simdist.plan.comm_overlap import a2a_overlapped, unpaired_steps
+from simdist.plan.moe_pairing import scaled
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
 from simdist.plan.pieces import SLOWED_KINDS
 from simdist.plan.recipe import (
@@ -143,7 +144,8 @@ class StepEmitter:
             entry = last_dp = -1
             for j, p in enumerate(recipe.pieces):
                 if p.tax_of:  # priced once its collectives are (OpGraph.apply_taxes)
-                    taxes.append((j, p.tax_of, p.tax_share, p.duration_s * (factor if p.kind in SLOWED_KINDS else 1)))
+                    f = factor if p.kind in SLOWED_KINDS else 1.0
+                    taxes.append((j, p.tax_of, p.tax_share, p.duration_s * f, scaled(p.pairing, f)))
                 c = p.comm
                 comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count,
                                                    c.host_s, c.imbalance, c.kernel)
@@ -215,8 +217,8 @@ class StepEmitter:
             append(Op(tag + suffix if fixed is None else fixed, rank, stream, op_kind, duration, deps, stage,
                       -1 if per_step else microbatch, chunk, comm, model_flops, hardware_flops))
         graph.extend(new)
-        for j, of, share, cap in taxes:
-            graph.taxes.append((first + j, tuple(first + k for k in of), share, cap))
+        for j, of, share, cap, pairing in taxes:
+            graph.taxes.append((first + j, tuple(first + k for k in of), share, cap, pairing))
         if dp_piece >= 0:
             self.dp_last[stage] = first + dp_piece
         end = first + end_piece
@@ -254,5 +256,6 @@ class StepEmitter:
                 deps += backwards
             ids.append(self._add(graph, stage, p, p.label, deps, -1, -1))
             if p.tax_of:
-                cap = p.duration_s * (self.factors.get(stage, 1.0) if p.kind in SLOWED_KINDS else 1.0)
-                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of), p.tax_share, cap))
+                f = self.factors.get(stage, 1.0) if p.kind in SLOWED_KINDS else 1.0
+                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of), p.tax_share, p.duration_s * f,
+                                    scaled(p.pairing, f)))

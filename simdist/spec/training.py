@@ -175,10 +175,11 @@ class TrainingSpec(Spec):
         default=1.0, gt=0.0, le=1.0,
         description="with overlap_moe_expert_parallel_comm: the share of each overlapped expert-parallel all-to-all "
                     "that runs beside the compute; the rest stays in the step's path after it. 1 (default): all of "
-                    "it, simdist's model (each fits its window). From your own profile: 1 - (communication time "
-                    "with nothing beside it, overlap on) / (communication time, overlap off); NVIDIA's Nsight A/B "
-                    "of Qwen3-30B on 16 H100 (Megatron-Bridge skill nemo-mbridge-perf-moe-comm-overlap) gives "
-                    "1 - 6.87 / 8.25 = 0.17 (README)")
+                    "it, less what Megatron's layer-by-layer pairing of each all-to-all with one compute segment of "
+                    "the other micro-batch leaves exposed (simdist.plan.moe_pairing). From your own profile: 1 - "
+                    "(communication time with nothing beside it, overlap on) / (communication time, overlap off); "
+                    "NVIDIA's Nsight A/B of Qwen3-30B on 16 H100 (Megatron-Bridge skill "
+                    "nemo-mbridge-perf-moe-comm-overlap) gives 1 - 6.87 / 8.25 = 0.17 (README)")
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
                                         "(the lecture), buckets after the backward, or buckets overlapped with it "
