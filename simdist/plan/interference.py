@@ -13,7 +13,9 @@ share of SMs they hold, s / (N - s) (simdist.plan.step_config.StepConfig.expert_
 A step's recipe (simdist.plan.recipe, simdist.plan.data_parallel, simdist.plan.fsdp) adds after the compute that
 collectives overlap a *tax* piece: the work left undone while they ran, x / (1 + x) of the time they overlap it,
 min(their priced time, that compute's time) (`tax_s`). Both fidelities price it once they have priced its collectives
-(simdist.analytic.pricing.price_pieces; simdist.plan.opgraph.OpGraph.apply_taxes for the engine).
+(simdist.analytic.pricing.price_pieces; simdist.plan.opgraph.OpGraph.apply_taxes for the engine). Beside the 1F1B A2A
+overlap's all-to-alls the tax piece also carries what Megatron's layer-by-layer pairing leaves exposed
+(simdist.plan.moe_pairing; `taxed_s`, the one formula every pricer calls).
 # Assumption: the collectives overlap the compute from its start (a tax of their whole time where shorter than it); the
 # tensor-parallel collectives Megatron overlaps with the weight gradients are left out (simdist's A100 constants were
 # fitted on layer times that include them), as are Transformer Engine's userbuffers (simdist.hardware.tp_overlap
