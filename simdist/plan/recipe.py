@@ -288,7 +288,8 @@ def step_recipe(cfg: StepConfig, cost: ChunkCost, kind: str, *, last: bool = Fal
 def _forward_tail(b: Builder, cfg: StepConfig, cost: ChunkCost, c: int, entry: int, hidden_items: list,
                   items: list, groups: dict[str, int], ring: tuple) -> Recipe:
     """A forward's end after its compute piece ``c``: the all-to-alls hidden behind it (from ``entry``) with the
-    compute they slow down, the context-parallel ring, the exposed collectives, and a wait for the hidden ones."""
+    compute they slow down, the context-parallel ring, the exposed collectives, and a wait for the hidden ones (none
+    where they are paired layer by layer: simdist.plan.moe_pairing)."""
     hidden = b.chain(hidden_items, (entry,), "overlapped", groups) if hidden_items else []
     c = tax(b, c, _expert_comm(b, hidden), cost.forward_s, cfg.expert_interference, "forward",
             step_pairing(cost.moe_pairing, "F"))
