@@ -22,6 +22,7 @@ from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
 from simdist.plan.chunk_cost import ChunkCost, chunk_cost
+from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.data_parallel import tail
 from simdist.plan.interference import tax_s
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe
@@ -261,7 +262,7 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
             cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap, cfg.execution,
-            cfg.moe_overlap and cfg.mesh.ep >= 2, cfg.moe_overlap_share)  # (the 1F1B A2A overlap's pairing)
+            a2a_overlapped(cfg), cfg.moe_overlap_share)  # (the 1F1B A2A overlap's pairing)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:

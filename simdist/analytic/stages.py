@@ -29,8 +29,7 @@ from simdist.analytic.pricing import (
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.plan.accounting import Interval, partition_pieces
 from simdist.plan.comm_overlap import a2a_overlapped
-from simdist.plan.interference import taxed_s
-from simdist.plan.moe_pairing import scaled
+from simdist.plan.interference import tax_terms, taxed_s
 from simdist.plan.pieces import SLOWED_KINDS, Piece
 from simdist.plan.recipe import GROUP_AXES, PREV, send
 from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
@@ -139,16 +138,14 @@ def _empty_unit() -> list:
 
 def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
     """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces
-    simdist.plan.step_emitter slows (SLOWED_KINDS); a tax piece (simdist.plan.interference) taxes the collectives
-    beside the slowed compute, up to it: share x min(their time, factor x its compute), as simdist.plan.step_emitter
-    caps it."""
+    simdist.plan.step_emitter slows (SLOWED_KINDS); a tax piece taxes the collectives beside the slowed compute, as
+    the engine does (simdist.plan.interference.tax_terms)."""
     out = list(r.durations)
     for j, p in enumerate(pieces):
-        slowed = p.comm is None and p.kind in SLOWED_KINDS
         if p.tax_of:
-            f = factor if slowed else 1.0
-            out[j] = taxed_s(p.tax_share, sum(out[k] for k in p.tax_of), p.duration_s * f, scaled(p.pairing, f))
-        elif slowed:
+            share, cap, pairing = tax_terms(p, factor)
+            out[j] = taxed_s(share, sum(out[k] for k in p.tax_of), cap, pairing)
+        elif p.comm is None and p.kind in SLOWED_KINDS:
             out[j] *= factor
     return dataclasses.replace(r, durations=tuple(out))
 

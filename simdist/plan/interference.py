@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from simdist.plan.moe_pairing import exposure_s
-from simdist.plan.pieces import Builder, Piece
+from simdist.plan.moe_pairing import exposure_s, scaled
+from simdist.plan.pieces import SLOWED_KINDS, Builder, Piece
 
-__all__ = ["tax", "tax_s", "taxed_s"]
+__all__ = ["tax", "tax_s", "tax_terms", "taxed_s"]
 
 
 def taxed_s(share: float, comm_s: float, cap_s: float, pairing: tuple[float, ...] = ()) -> float:
@@ -37,6 +37,13 @@ def taxed_s(share: float, comm_s: float, cap_s: float, pairing: tuple[float, ...
     min(comm_s, cap_s), plus, where it carries a ``pairing``, what the 1F1B A2A overlap's layer-by-layer pairing
     leaves exposed (simdist.plan.moe_pairing.exposure_s). Every pricer of tax pieces (both fidelities) calls this."""
     return share * min(comm_s, cap_s) + (exposure_s(comm_s, pairing) if pairing else 0.0)
+
+
+def tax_terms(piece: Piece, factor: float = 1.0) -> tuple[float, float, tuple[float, ...]]:
+    """(share, cap_s, pairing) of tax piece ``piece`` on a GPU whose compute takes ``factor`` x as long (a straggler:
+    its cap and its pairing's segments stretched as simdist.plan.step_emitter slows its kind), for `taxed_s`."""
+    f = factor if piece.kind in SLOWED_KINDS else 1.0
+    return piece.tax_share, piece.duration_s * f, scaled(piece.pairing, f)
 
 
 def tax_s(piece: Piece, comm_durations: Iterable[float]) -> float:

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from simdist.plan.comm_overlap import a2a_overlapped, unpaired_steps
-from simdist.plan.moe_pairing import scaled
+from simdist.plan.interference import tax_terms
 from simdist.plan.opgraph import Comm, Op, OpGraph, OpRows
 from simdist.plan.pieces import SLOWED_KINDS
 from simdist.plan.recipe import (
@@ -144,8 +144,7 @@ class StepEmitter:
             entry = last_dp = -1
             for j, p in enumerate(recipe.pieces):
                 if p.tax_of:  # priced once its collectives are (OpGraph.apply_taxes)
-                    f = factor if p.kind in SLOWED_KINDS else 1.0
-                    taxes.append((j, p.tax_of, p.tax_share, p.duration_s * f, scaled(p.pairing, f)))
+                    taxes.append((j, p.tax_of, *tax_terms(p, factor)))
                 c = p.comm
                 comm = None if c is None else Comm(c.op, self._group(c.axis, stage), c.nbytes, c.axis, c.count,
                                                    c.host_s, c.imbalance, c.kernel)
@@ -256,6 +255,5 @@ class StepEmitter:
                 deps += backwards
             ids.append(self._add(graph, stage, p, p.label, deps, -1, -1))
             if p.tax_of:
-                f = self.factors.get(stage, 1.0) if p.kind in SLOWED_KINDS else 1.0
-                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of), p.tax_share, p.duration_s * f,
-                                    scaled(p.pairing, f)))
+                graph.taxes.append((ids[-1], tuple(ids[k] for k in p.tax_of),
+                                    *tax_terms(p, self.factors.get(stage, 1.0))))
