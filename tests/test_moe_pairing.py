@@ -88,7 +88,7 @@ def test_segments_are_megatrons_schedule_nodes():
     assert segments([(dense, 2)], lambda ks: 1.0) == ()
 
 
-def test_paired_steps_wait_for_their_all_to_alls_only_through_the_pairing():
+def test_paired_steps_wait_for_their_all_to_alls_only_through_the_pairing(monkeypatch):
     # a toy whose expert-parallel all-to-all crosses two nodes on 1 Gb/s NICs, far longer than the layer's compute:
     # the paired steps' tax pieces carry the pairing and its exposure; the engine's timeline and the closed form
     # agree on the step
@@ -129,3 +129,10 @@ def test_paired_steps_wait_for_their_all_to_alls_only_through_the_pairing():
             assert not [p for p in alone if p.tax_of]
     # the overlap still hides part of the all-to-alls, which here take most of the step
     assert steps[True]["step_s"] < steps[False]["step_s"]
+    # and both fidelities price the pairing's exposure: without it the same layout's step is shorter in each
+    import simdist.plan.interference as interference
+
+    monkeypatch.setattr(interference, "exposure_s", lambda comm_s, pairing: 0.0)
+    unexposed = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
+    _agree(_graph_observables(cfg, topology), unexposed, 1e-9)
+    assert unexposed["step_s"] < steps[True]["step_s"] - 1e-3
