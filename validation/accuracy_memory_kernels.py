@@ -17,14 +17,17 @@ memory_efficiency, plus the launch gap), for what the source's loop times:
   # passes name (the kernels read it from cache): the prediction is slower than what ran by up to that read.
 
 Points in a host- or launch-bound regime are listed, not counted: a point counts where its series (one GPU,
-implementation, direction) takes at least `BANDWIDTH_REGIME` x its previous, half as wide point's time, i.e. the
-kernel's time grows with its bytes (Liger's Triton backward wrappers sit at about 0.3 ms below that, whatever the
-width: Python and launch overhead, not HBM). The row that set memory_efficiency (``role``) is listed, not counted.
+implementation, direction) takes at least `BANDWIDTH_REGIME` x its previous point's of half the elements (half as
+wide, or half the rows where a source sweeps the rows), i.e. the kernel's time grows with its bytes (Liger's Triton
+backward wrappers sit at about 0.3 ms below that, whatever the width: Python and launch overhead, not HBM). The row
+that set memory_efficiency (``role``) is listed, not counted.
 
 The counted H100 points set H100's ``memory_kernel_share`` (simdist/hardware/data/compute_efficiency.csv): the share
 of memory_efficiency's streaming rate at which their median measured / predicted time is 1 (`fitted_share`,
-tests/test_accuracy_memory_kernels.py); the A100 points are checks (A100's constants price these kernels at the stated
-memory_efficiency, memory_kernel_share 1, what they lose below it being in its layer-time fit).
+tests/test_accuracy_memory_kernels.py); the counted B200 points, all LayerNorms, set B200's ``norm_kernel_share`` the
+same way (the share of its normalisation kernels; GB200, B300 and GB300 take it as an assumption); the A100 points
+are checks (A100's constants price these kernels at the stated memory_efficiency, memory_kernel_share 1, what they
+lose below it being in its layer-time fit).
 
 error = predicted time / measured time - 1 (positive: simdist slower than measured), as in the GEMM report
 (docs/accuracy-kernels.md). `records()` returns one `Record` per row, which tests/test_accuracy_memory_kernels.py and
@@ -50,7 +53,7 @@ DEFAULT_OUT = REPO / "docs" / "accuracy-memory-kernels.md"
 MEMORY_EFFICIENCY_ROW = "fit: memory_efficiency"
 """The role of the row whose streaming rate is the GPU's memory_efficiency: listed, not counted."""
 BANDWIDTH_REGIME = 1.5
-"""A point counts where it takes >= 1.5 x its series' previous point (half its width): twice the bytes, at least
+"""A point counts where it takes >= 1.5 x its series' previous point (half its elements): twice the bytes, at least
 1.5 x the time (a kernel bound by HBM takes 2 x; one bound by launches and the host about 1 x)."""
 
 _BYTES = {"bf16": 2.0, "fp32": 4.0}
@@ -116,35 +119,35 @@ def records() -> list[Record]:
     previous: dict[tuple, tuple[int, float]] = {}
     out = []
     for row in sorted(rows, key=lambda r: (r["gpu"], r["region"], r["implementation"], r["direction"],
-                                           int(r["width"]))):
+                                           int(r["rows"]) * int(r["width"]))):
         gpu = gpus[row["gpu"]]
         measured = float(row["ms"]) * 1e-3
         predicted = sum(kernel_time_s(gpu, k, "bf16") for k in kernels(row))
         key = (row["gpu"], row["region"], row["implementation"], row["direction"])
-        width = int(row["width"])
+        elements = int(row["rows"]) * int(row["width"])
         before = previous.get(key)
-        in_regime = (before is not None and width == 2 * before[0] and measured >= BANDWIDTH_REGIME * before[1])
-        previous[key] = (width, measured)
+        in_regime = (before is not None and elements == 2 * before[0] and measured >= BANDWIDTH_REGIME * before[1])
+        previous[key] = (elements, measured)
         out.append(Record(row, measured, predicted, in_regime and row["role"] != MEMORY_EFFICIENCY_ROW))
     return out
+
+
+def ratios_at(recs: list[Record], gpu: str, share: float) -> list[float]:
+    """Measured / predicted time of ``gpu``'s counted points with its memory kernels, normalisations included, at
+    ``share``."""
+    spec = gpus_by_name()[gpu]
+    eff = dataclasses.replace(compute_efficiency(spec), memory_kernel_share=share, norm_kernel_share=share)
+    return [r.measured_s / sum(kernel_time_s(spec, k, "bf16", eff) for k in kernels(r.row))
+            for r in recs if r.counted and r.gpu == gpu]
 
 
 def fitted_share(recs: list[Record], gpu: str = "H100-SXM5-80GB") -> float:
     """The memory_kernel_share at which the median measured / predicted time of ``gpu``'s counted points is 1
     (bisection; the launch gap is not scaled, so it is not simply the median ratio at share 1)."""
-    spec = gpus_by_name()[gpu]
-    base = compute_efficiency(spec)
-    points = [r for r in recs if r.counted and r.gpu == gpu]
-
-    def median_ratio(share: float) -> float:
-        eff = dataclasses.replace(base, memory_kernel_share=share)
-        return statistics.median(r.measured_s / sum(kernel_time_s(spec, k, "bf16", eff) for k in kernels(r.row))
-                                 for r in points)
-
     lo, hi = 0.3, 1.5
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if median_ratio(mid) > 1.0 else (mid, hi)
+        lo, hi = (lo, mid) if statistics.median(ratios_at(recs, gpu, mid)) > 1.0 else (mid, hi)
     return (lo + hi) / 2
 
 
@@ -189,8 +192,12 @@ def _by_implementation(recs: list[Record]) -> list[str]:
 def render(recs: list[Record] | None = None) -> str:
     recs = records() if recs is None else recs
     h100, a100 = ratio_quantiles(recs, "H100-SXM5-80GB"), ratio_quantiles(recs, "A100-SXM4-80GB")
-    share = fitted_share(recs)
+    b200 = ratio_quantiles(recs, "B200-SXM-180GB")
+    share, b200_share = fitted_share(recs), fitted_share(recs, "B200-SXM-180GB")
     stated = compute_efficiency(gpus_by_name()["H100-SXM5-80GB"]).memory_kernel_share
+    b200_stated = compute_efficiency(gpus_by_name()["B200-SXM-180GB"]).norm_share
+    b200_counted = sum(r.counted for r in recs if r.gpu == "B200-SXM-180GB")
+    at_h100 = ratios_at(recs, "B200-SXM-180GB", stated)  # B200's points at H100's share
     lines = [
         "# Accuracy of simdist's memory-bound kernels against published kernel timings",
         "",
@@ -208,23 +215,36 @@ def render(recs: list[Record] | None = None) -> str:
         "the launch gap. A Triton kernel is priced as simdist prices a fused or compiled region, ATen's "
         "LayerNorm as its eager kernels, and a row whose loop also reran the forward and summed the output "
         "adds those kernels. A point is counted where its time grows with its bytes (at least "
-        f"{BANDWIDTH_REGIME} x the point half as wide: below that, Python and launches set the time, not HBM); "
-        "the row that set H100's memory_efficiency is listed, not counted. error = predicted time / measured "
-        "time - 1 (positive: simdist slower than measured). The counted H100 points are a fit (they set "
-        "memory_kernel_share), the A100 points checks.",
+        f"{BANDWIDTH_REGIME} x the point of half its elements: below that, Python and launches set the time, not "
+        "HBM); the row that set H100's memory_efficiency is listed, not counted. error = predicted time / measured "
+        "time - 1 (positive: simdist slower than measured). The counted H100 points are a fit (they set H100's "
+        "memory_kernel_share), the counted B200 points too (B200's norm_kernel_share), the A100 points checks.",
         "",
         "What they say: a streaming forward (the fused LayerNorm forward H100's `memory_efficiency` is measured on, "
         "Liger's Triton forwards) reaches that rate, but backward passes (more tensors read and written, the weight "
         "gradient reduced across rows) and PyTorch's one-kernel RMSNorm run 1.2-1.7 x longer. simdist therefore "
         "prices a step's element-wise kernels, other than the eager fp32 cast chains `eager_cast_share` covers, at "
         "`memory_kernel_share` of the streaming rate: the share at which the counted H100 points' median measured / "
-        f"predicted time is 1 ({share:.3f}; compute_efficiency.csv states {stated:.2f}, the same share for every GPU "
-        "whose memory_efficiency is a streaming kernel's). At it the H100 points spread "
+        f"predicted time is 1 ({share:.3f}; compute_efficiency.csv states {stated:.2f}, the share of every GPU "
+        "without its own whose memory_efficiency is a streaming kernel's). At it the H100 points spread "
         f"{h100[0]:.2f}-{h100[2]:.2f} x simdist's time from p10 to p90 (median {h100[1]:.2f}): the stated range of the "
         "`memory` time factor of `simdist/predict/data/uncertainty.yaml` behind the prediction bands "
         "(docs/prediction-bands.md). The A100 points are checks: A100's constants price these kernels at the stated "
         f"`memory_efficiency` (share 1), and they measure {a100[1]:.2f} x that at the median ({a100[0]:.2f}-"
         f"{a100[2]:.2f} x, p10-p90), time its layer-time fit (Korthikanti 2022 Table 4) holds in its GEMM knee.",
+        "",
+        "Blackwell's normalisations reach a smaller share of its streaming rate: on B200 the same LayerNorms "
+        "(Liger's Triton and PyTorch's, 1024-8192 rows x 4096 bf16, the size of a layer's activations at 2k-16k "
+        "tokens) take "
+        f"{min(at_h100):.1f}-{max(at_h100):.1f} x (median {statistics.median(at_h100):.2f}) their time at H100's "
+        "share of B200's measured 6.72 TB/s (the assumed cause: B200's HBM is 2.4 x H100's, more bytes in flight "
+        f"than kernels that reduce each row keep). The {b200_counted} counted B200 points set B200's "
+        f"norm_kernel_share, the share of its normalisation kernels ({b200_share:.3f}; compute_efficiency.csv states "
+        f"{b200_stated:.2f}, which GB200, B300 and GB300 take as an assumption: no such timings are published on "
+        f"them); at it they spread {b200[0]:.2f}-{b200[2]:.2f} x simdist's time (median {b200[1]:.2f}), inside the "
+        "`memory` factor's stated range. Its other element-wise kernels keep memory_kernel_share: kernels without a "
+        "row reduction stream faster on Blackwell (Liger's rotary embedding in the same B200 sweep at about 0.8 of "
+        "the streaming rate, Transformer Engine's FP8 casts on B300 faster than 0.89 of it: docs/accuracy-kernels.md).",
         "",
         "## Summary (counted points)",
         "",

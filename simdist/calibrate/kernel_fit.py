@@ -57,9 +57,9 @@ def efficiency_of(gpu: GpuSpec, cal: ComputeCalibration | None) -> ComputeEffici
         return base
     launch = base.launch_overhead_s if cal.launch_overhead is None else float(cal.launch_overhead)
     # a fitted memory_efficiency is the rate the machine's own memory kernels reached: every memory-bound kernel runs
-    # at it (memory_kernel_share 1), not at a share of it as the stated streaming rates are priced
+    # at it (memory_kernel_share 1, normalisations too), not at a share of it as the stated streaming rates are priced
     memory = {} if cal.memory_efficiency is None else {"memory_efficiency": cal.memory_efficiency,
-                                                       "memory_kernel_share": 1.0}
+                                                       "memory_kernel_share": 1.0, "norm_kernel_share": None}
     return replace(base, gemm_peak_efficiency=cal.gemm_peak_efficiency,
                    gemm_knee_dim=base.gemm_knee_dim if cal.gemm_knee_dim is None else cal.gemm_knee_dim,
                    launch_overhead_s=launch, **memory)

@@ -96,11 +96,20 @@ class ComputeEfficiency:
     """Share of ``memory_efficiency``'s bandwidth (a streaming kernel's) that a step's other element-wise and
     normalisation kernels reach: the median over fused and ATen kernels, forward and backward, measured on H100
     (docs/accuracy-memory-kernels.md); 1 where the constants were fitted on layer times that hold it (A100)."""
+    norm_kernel_share: float | None = None
+    """Share of ``memory_efficiency``'s bandwidth that normalisation kernels (`Kernel.norm`) reach where it differs
+    from ``memory_kernel_share`` (None: the same): measured on B200, whose LayerNorms reach less of it than its
+    streaming kernels (docs/accuracy-memory-kernels.md)."""
+
+    @property
+    def norm_share(self) -> float:
+        """The share of the streaming bandwidth a normalisation kernel reaches."""
+        return self.memory_kernel_share if self.norm_kernel_share is None else self.norm_kernel_share
 
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
            "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference", "eager_cast_share",
-           "memory_kernel_share")
+           "memory_kernel_share", "norm_kernel_share")
 
 
 @cache
@@ -114,10 +123,11 @@ def _table() -> dict[str, dict[str, float]]:
 
 @lru_cache(maxsize=64)
 def compute_efficiency(gpu: GpuSpec) -> ComputeEfficiency:
-    """The GPU's own rows of compute_efficiency.csv, each missing parameter taken from the ``default`` rows."""
+    """The GPU's own rows of compute_efficiency.csv, each missing parameter taken from the ``default`` rows (one
+    without a default row, ``norm_kernel_share``, keeps the dataclass default)."""
     table = _table()
-    own = table.get(gpu.name, {})
-    return ComputeEfficiency(**{k: own.get(k, table["default"][k]) for k in _FIELDS})
+    own, default = table.get(gpu.name, {}), table["default"]
+    return ComputeEfficiency(**{k: own.get(k, default.get(k)) for k in _FIELDS if k in own or k in default})
 
 
 def reference_gpus(gpu: GpuSpec) -> int:
@@ -192,8 +202,12 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
     if gpu.power_limit_w is not None:
         compute_s /= clock_share(gpu)  # a power cap slows the SMs, not HBM (simdist.hardware.clock)
     # an eager op of a 16-bit <-> fp32 chain reaches a share of a streaming kernel's bandwidth (Kernel.eager_cast),
-    # fitted on such chains alone; the other element-wise kernels the median share (memory_kernel_share)
-    share = eff.eager_cast_share if getattr(kernel, "eager_cast", False) else eff.memory_kernel_share
+    # fitted on such chains alone; a normalisation kernel its GPU's norm share (Kernel.norm: B200 measured); the
+    # other element-wise kernels the median share (memory_kernel_share)
+    if getattr(kernel, "eager_cast", False):
+        share = eff.eager_cast_share
+    else:
+        share = eff.norm_share if getattr(kernel, "norm", False) else eff.memory_kernel_share
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency * share)
     return max(compute_s, memory_s) + eff.launch_overhead_s
 

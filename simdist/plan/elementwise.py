@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from simdist.plan.kernel_work import Kernel, elementwise
 
-__all__ = ["CAST_CHAINS", "STYLES", "ew", "kernel_style"]
+__all__ = ["CAST_CHAINS", "NORMS", "STYLES", "ew", "kernel_style"]
 
 STYLES = ("fused", "eager", "compiled")
 CAST_CHAINS = frozenset({"rmsnorm", "rmsnorm_grad", "qk_norm", "qk_norm_grad", "rotary", "rotary_grad"})
@@ -44,6 +44,10 @@ rotary embedding as complex numbers): their kernels reach a share of a streaming
 (simdist.plan.kernel_work.Kernel.eager_cast, ComputeEfficiency.eager_cast_share: 0.63 on A100 from an eager RMSNorm,
 0.79 on H100 from an eager complex rotary embedding, measured op by op). The other eager ops (a residual add, silu and
 mul on the separate gate and up GEMMs' outputs, ATen's native LayerNorm and softmax) stream at full rate."""
+NORMS = frozenset({"layernorm", "layernorm_grad", "rmsnorm", "rmsnorm_grad", "qk_norm", "qk_norm_grad"})
+"""Normalisation regions: outside an eager cast chain their kernels reduce each row, then pass over it again
+(simdist.plan.kernel_work.Kernel.norm, ComputeEfficiency.norm_share: on B200 they reach 0.51 of the streaming rate,
+its element-wise kernels 0.89; one share on the other GPUs)."""
 _F = 4.0
 
 
@@ -183,5 +187,6 @@ def ew(region: str, elements: float, a: float, style: str, *, per_tensor: int = 
     covers that many equal tensors, which eager code runs one by one (Q and K of a rotary embedding)."""
     n = per_tensor if style == "eager" else 1
     cast = style == "eager" and region in CAST_CHAINS
-    return [elementwise(name, elements / n, bytes_per, flops_per, eager_cast=cast)
+    norm = region in NORMS and not cast
+    return [elementwise(name, elements / n, bytes_per, flops_per, eager_cast=cast, norm=norm)
             for _ in range(n) for name, bytes_per, flops_per in passes(region, a, style)]

@@ -35,6 +35,9 @@ class Kernel:
     """An eager PyTorch element-wise op of a chain that converts between the 16-bit activations and fp32 (an RMSNorm's
     or a rotary embedding's ATen ops): it reaches ``ComputeEfficiency.eager_cast_share`` of a streaming kernel's
     bandwidth (simdist.hardware.compute)."""
+    norm: bool = False
+    """A normalisation kernel (LayerNorm, RMSNorm, their gradients: a reduction over each row, then an element-wise
+    pass over it): it reaches ``ComputeEfficiency.norm_share`` of a streaming kernel's bandwidth."""
 
     @property
     def model_flops(self) -> float:
@@ -219,12 +222,14 @@ def fp8_weight_cast(name: str, elements: float, shape: LayerShape) -> list[Kerne
 
 
 def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0, *,
-                useful_share: float | None = None, eager_cast: bool = False) -> Kernel:
+                useful_share: float | None = None, eager_cast: bool = False, norm: bool = False) -> Kernel:
     """An element-wise (bandwidth-bound) kernel; ``useful_share``: the share of its FLOPs the model counts (the
-    balanced rows of a kernel the busiest MoE rank runs on its extra rows); ``eager_cast``: see `Kernel.eager_cast`."""
+    balanced rows of a kernel the busiest MoE rank runs on its extra rows); ``eager_cast``, ``norm``: see
+    `Kernel.eager_cast`, `Kernel.norm`."""
     flops = flops_per * elements
     return Kernel(name, flops, bytes_per * elements, "memory",
-                  useful_flops=None if useful_share is None else flops * useful_share, eager_cast=eager_cast)
+                  useful_flops=None if useful_share is None else flops * useful_share, eager_cast=eager_cast,
+                  norm=norm)
 
 
 def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0, host_syncs: tuple[int, ...] = (),

@@ -117,8 +117,8 @@ def mtp_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = Fa
     bpe = bytes_per_element(precision)
     h, m = model.hidden_size, micro_batch_size * model.seq_length // cp
     resid = m * h // tp if sequence_parallel else m * h
-    fwd = Pass("forward").add(elementwise("mtp_hnorm", resid, 2 * bpe, 8.0), elementwise("mtp_enorm", resid, 2 * bpe,
-                                                                                          8.0))
+    fwd = Pass("forward").add(elementwise("mtp_hnorm", resid, 2 * bpe, 8.0, norm=True),
+                              elementwise("mtp_enorm", resid, 2 * bpe, 8.0, norm=True))
     bwd = Pass("backward")
     if tp > 1 and sequence_parallel:
         fwd.issue("all_gather", m * 2 * h * bpe)
@@ -130,5 +130,5 @@ def mtp_work(model: Model, *, tp: int, cp: int = 1, sequence_parallel: bool = Fa
     bwd.add(dgrad)
     if tp > 1:
         bwd.issue("reduce_scatter" if sequence_parallel else "all_reduce", m * 2 * h * bpe, overlappable=True)
-    bwd.add(wgrad, elementwise("mtp_norms_grad", 2 * resid, 4 * bpe, 10.0))
+    bwd.add(wgrad, elementwise("mtp_norms_grad", 2 * resid, 4 * bpe, 10.0, norm=True))
     return work_of(fwd.kernels, bwd.kernels, (), fwd.comm + bwd.comm)
