@@ -19,6 +19,7 @@ from simdist.calibrate.kernels import (
 from simdist.errors import SpecError
 from simdist.hardware.compute import compute_efficiency, kernel_time_s
 from simdist.hardware.gpus import gpu_preset
+from simdist.plan.kernel_work import elementwise
 from simdist.spec.calibration import ComputeCalibration
 
 
@@ -66,6 +67,17 @@ def test_what_the_kernels_cannot_identify_is_kept_and_said():
     assert cal.gemm_peak_efficiency == pytest.approx(0.5, abs=0.011)
     assert any("not identified" in n for n in info.notes) and any("no memory kernels" in n for n in info.notes)
     assert efficiency_of(gpu, cal).gemm_knee_dim == default.gemm_knee_dim  # applied: the default knee stays
+
+
+def test_a_calibrated_memory_efficiency_prices_every_memory_kernel_at_it():
+    # B200's normalisation kernels run at its norm_kernel_share (0.51) of the stated rate; a calibrated
+    # memory_efficiency is the rate the machine's own memory kernels reached: norms and the rest alike at share 1
+    gpu = gpu_preset("b200")
+    assert compute_efficiency(gpu).norm_share == 0.51
+    applied = efficiency_of(gpu, ComputeCalibration(gemm_peak_efficiency=0.6, memory_efficiency=0.7))
+    assert (applied.memory_kernel_share, applied.norm_share) == (1.0, 1.0)
+    norm = kernel_time_s(gpu, elementwise("rmsnorm", 1e8, 1.0, 0.0, norm=True), "bf16", applied)
+    assert norm == pytest.approx(1e8 / (gpu.hbm_bandwidth * 0.7) + applied.launch_overhead_s, rel=1e-12)
 
 
 def test_memory_faster_than_nominal_is_bounded_and_said():
