@@ -2,10 +2,10 @@
 
     python -m validation.accuracy_memory_kernels [--out docs/accuracy-memory-kernels.md]
 
-Every row of validation/reference/memory_kernels_published.csv (a SwiGLU, RMSNorm or LayerNorm forward or backward,
-timed alone on one GPU by Liger-Kernel's benchmark scripts) is predicted with the kernels simdist.plan.elementwise
-makes of that region, each at simdist.hardware.compute.kernel_time_s (bytes over the GPU's HBM bandwidth x its
-memory_efficiency, plus the launch gap), for what the source's loop times:
+Every row of validation/reference/memory_kernels_published.csv (a SwiGLU, RMSNorm, LayerNorm or rotary embedding
+forward or backward, timed alone on one GPU by Liger-Kernel's benchmark scripts) is predicted with the kernels
+simdist.plan.elementwise makes of that region, each at simdist.hardware.compute.kernel_time_s (bytes over the GPU's
+HBM bandwidth x its memory_efficiency and its share, plus the launch gap), for what the source's loop times:
 
 - a Triton kernel (Liger-Kernel) is priced as simdist prices a fused or compiled region: the forward one pass
   (``fused``), the backward the ``compiled`` style's passes (a norm's input gradient, then its weight gradient);
@@ -51,6 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "docs" / "accuracy-memory-kernels.md"
 
 MEMORY_EFFICIENCY_ROW = "fit: memory_efficiency"
+CHECK = "check"
+"""The role of a row that checks the constants instead of setting them."""
 """The role of the row whose streaming rate is the GPU's memory_efficiency: listed, not counted."""
 BANDWIDTH_REGIME = 1.5
 """A point counts where it takes >= 1.5 x its series' previous point (half its elements): twice the bytes, at least
@@ -132,13 +134,16 @@ def records() -> list[Record]:
     return out
 
 
-def ratios_at(recs: list[Record], gpu: str, share: float) -> list[float]:
-    """Measured / predicted time of ``gpu``'s counted points with its memory kernels, normalisations included, at
-    ``share``."""
-    spec = gpus_by_name()[gpu]
+def ratio_at(rec: Record, share: float) -> float:
+    """Measured / predicted time of ``rec`` with its GPU's memory kernels, normalisations included, at ``share``."""
+    spec = gpus_by_name()[rec.gpu]
     eff = dataclasses.replace(compute_efficiency(spec), memory_kernel_share=share, norm_kernel_share=share)
-    return [r.measured_s / sum(kernel_time_s(spec, k, "bf16", eff) for k in kernels(r.row))
-            for r in recs if r.counted and r.gpu == gpu]
+    return rec.measured_s / sum(kernel_time_s(spec, k, "bf16", eff) for k in kernels(rec.row))
+
+
+def ratios_at(recs: list[Record], gpu: str, share: float) -> list[float]:
+    """`ratio_at` ``share`` of ``gpu``'s counted fit points (its checks left out)."""
+    return [ratio_at(r, share) for r in recs if r.counted and r.gpu == gpu and r.role != CHECK]
 
 
 def fitted_share(recs: list[Record], gpu: str = "H100-SXM5-80GB") -> float:
@@ -192,12 +197,12 @@ def _by_implementation(recs: list[Record]) -> list[str]:
 def render(recs: list[Record] | None = None) -> str:
     recs = records() if recs is None else recs
     h100, a100 = ratio_quantiles(recs, "H100-SXM5-80GB"), ratio_quantiles(recs, "A100-SXM4-80GB")
-    b200 = ratio_quantiles(recs, "B200-SXM-180GB")
     share, b200_share = fitted_share(recs), fitted_share(recs, "B200-SXM-180GB")
     stated = compute_efficiency(gpus_by_name()["H100-SXM5-80GB"]).memory_kernel_share
     b200_stated = compute_efficiency(gpus_by_name()["B200-SXM-180GB"]).norm_share
-    b200_counted = sum(r.counted for r in recs if r.gpu == "B200-SXM-180GB")
     at_h100 = ratios_at(recs, "B200-SXM-180GB", stated)  # B200's points at H100's share
+    at_fit = sorted(ratios_at(recs, "B200-SXM-180GB", b200_stated))
+    rotary = [r for r in recs if r.gpu == "B200-SXM-180GB" and r.region == "rotary" and r.counted]
     lines = [
         "# Accuracy of simdist's memory-bound kernels against published kernel timings",
         "",
@@ -208,8 +213,9 @@ def render(recs: list[Record] | None = None) -> str:
         "## Method",
         "",
         "Every row of `validation/reference/memory_kernels_published.csv` (Liger-Kernel's published timings "
-        "of a SwiGLU, RMSNorm or LayerNorm, its Triton kernels and PyTorch's own, forward and backward, timed "
-        "alone on one GPU) is predicted with the kernels `simdist.plan.elementwise` makes of that region, "
+        "of a SwiGLU, RMSNorm, LayerNorm or rotary embedding, its Triton kernels and PyTorch's own, forward and "
+        "backward, timed alone on one GPU) is predicted with the kernels `simdist.plan.elementwise` makes of that "
+        "region, "
         "each at `simdist.hardware.compute.kernel_time_s`: its bytes over the GPU's HBM bandwidth x "
         "`memory_efficiency` x `memory_kernel_share` (`simdist/hardware/data/compute_efficiency.csv`), plus "
         "the launch gap. A Triton kernel is priced as simdist prices a fused or compiled region, ATen's "
@@ -218,7 +224,8 @@ def render(recs: list[Record] | None = None) -> str:
         f"{BANDWIDTH_REGIME} x the point of half its elements: below that, Python and launches set the time, not "
         "HBM); the row that set H100's memory_efficiency is listed, not counted. error = predicted time / measured "
         "time - 1 (positive: simdist slower than measured). The counted H100 points are a fit (they set H100's "
-        "memory_kernel_share), the counted B200 points too (B200's norm_kernel_share), the A100 points checks.",
+        "memory_kernel_share), the counted B200 LayerNorm points too (B200's norm_kernel_share), the A100 points "
+        "and B200's rotary embedding checks.",
         "",
         "What they say: a streaming forward (the fused LayerNorm forward H100's `memory_efficiency` is measured on, "
         "Liger's Triton forwards) reaches that rate, but backward passes (more tensors read and written, the weight "
@@ -238,13 +245,19 @@ def render(recs: list[Record] | None = None) -> str:
         "tokens) take "
         f"{min(at_h100):.1f}-{max(at_h100):.1f} x (median {statistics.median(at_h100):.2f}) their time at H100's "
         "share of B200's measured 6.72 TB/s (the assumed cause: B200's HBM is 2.4 x H100's, more bytes in flight "
-        f"than kernels that reduce each row keep). The {b200_counted} counted B200 points set B200's "
+        f"than kernels that reduce each row keep). The {len(at_fit)} counted B200 LayerNorm points set B200's "
         f"norm_kernel_share, the share of its normalisation kernels ({b200_share:.3f}; compute_efficiency.csv states "
         f"{b200_stated:.2f}, which GB200, B300 and GB300 take as an assumption: no such timings are published on "
-        f"them); at it they spread {b200[0]:.2f}-{b200[2]:.2f} x simdist's time (median {b200[1]:.2f}), inside the "
-        "`memory` factor's stated range. Its other element-wise kernels keep memory_kernel_share: kernels without a "
-        "row reduction stream faster on Blackwell (Liger's rotary embedding in the same B200 sweep at about 0.8 of "
-        "the streaming rate, Transformer Engine's FP8 casts on B300 faster than 0.89 of it: docs/accuracy-kernels.md).",
+        f"them); at it they take {at_fit[0]:.2f}-{at_fit[-1]:.2f} x simdist's time (median "
+        f"{statistics.median(at_fit):.2f}), inside the `memory` factor's stated range. Its other element-wise kernels "
+        "keep memory_kernel_share: kernels without a row reduction stream faster on Blackwell. The same sweep's "
+        f"rotary embedding (Liger's in-place Triton kernel, a check: {len(rotary)} point in the bandwidth regime) "
+        "takes "
+        + ", ".join(f"{r.ratio:.2f} x" for r in rotary) + " simdist's time at memory_kernel_share, where the norms' "
+        "share would give it "
+        + ", ".join(f"{ratio_at(r, b200_stated):.2f} x" for r in rotary)
+        + "; Transformer Engine's FP8 casts on B300 run faster than 0.89 of the rate (docs/accuracy-kernels.md, "
+        "te.Linear rows).",
         "",
         "## Summary (counted points)",
         "",
