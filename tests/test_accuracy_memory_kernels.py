@@ -15,7 +15,7 @@ from simdist.plan.kernel_work import elementwise
 from simdist.predict.bands import memory_range
 
 RECORDS = amk.records()
-H100, A100 = "H100-SXM5-80GB", "A100-SXM4-80GB"
+H100, A100, B200 = amk.H100, amk.A100, amk.B200
 
 
 def test_the_report_is_the_scripts_output():
@@ -88,8 +88,6 @@ def test_the_bands_memory_ranges_are_the_datas_deciles():
     assert a100["p90"] == pytest.approx(a90, abs=0.01)
 
 
-
-B200 = "B200-SXM-180GB"
 BLACKWELL = ("b200", "gb200", "b300", "gb300")
 
 

@@ -53,6 +53,8 @@ DEFAULT_OUT = REPO / "docs" / "accuracy-memory-kernels.md"
 MEMORY_EFFICIENCY_ROW = "fit: memory_efficiency"
 CHECK = "check"
 """The role of a row that checks the constants instead of setting them."""
+H100, A100, B200 = "H100-SXM5-80GB", "A100-SXM4-80GB", "B200-SXM-180GB"
+"""The GPUs whose points set (H100: memory_kernel_share; B200: norm_kernel_share) or check (A100) the constants."""
 """The role of the row whose streaming rate is the GPU's memory_efficiency: listed, not counted."""
 BANDWIDTH_REGIME = 1.5
 """A point counts where it takes >= 1.5 x its series' previous point (half its elements): twice the bytes, at least
@@ -146,7 +148,7 @@ def ratios_at(recs: list[Record], gpu: str, share: float) -> list[float]:
     return [ratio_at(r, share) for r in recs if r.counted and r.gpu == gpu and r.role != CHECK]
 
 
-def fitted_share(recs: list[Record], gpu: str = "H100-SXM5-80GB") -> float:
+def fitted_share(recs: list[Record], gpu: str = H100) -> float:
     """The memory_kernel_share at which the median measured / predicted time of ``gpu``'s counted points is 1
     (bisection; the launch gap is not scaled, so it is not simply the median ratio at share 1)."""
     lo, hi = 0.3, 1.5
@@ -196,13 +198,13 @@ def _by_implementation(recs: list[Record]) -> list[str]:
 
 def render(recs: list[Record] | None = None) -> str:
     recs = records() if recs is None else recs
-    h100, a100 = ratio_quantiles(recs, "H100-SXM5-80GB"), ratio_quantiles(recs, "A100-SXM4-80GB")
-    share, b200_share = fitted_share(recs), fitted_share(recs, "B200-SXM-180GB")
-    stated = compute_efficiency(gpus_by_name()["H100-SXM5-80GB"]).memory_kernel_share
-    b200_stated = compute_efficiency(gpus_by_name()["B200-SXM-180GB"]).norm_share
-    at_h100 = ratios_at(recs, "B200-SXM-180GB", stated)  # B200's points at H100's share
-    at_fit = sorted(ratios_at(recs, "B200-SXM-180GB", b200_stated))
-    rotary = [r for r in recs if r.gpu == "B200-SXM-180GB" and r.region == "rotary" and r.counted]
+    h100, a100 = ratio_quantiles(recs, H100), ratio_quantiles(recs, A100)
+    share, b200_share = fitted_share(recs), fitted_share(recs, B200)
+    stated = compute_efficiency(gpus_by_name()[H100]).memory_kernel_share
+    b200_stated = compute_efficiency(gpus_by_name()[B200]).norm_share
+    at_h100 = ratios_at(recs, B200, stated)  # B200's points at H100's share
+    at_fit = sorted(ratios_at(recs, B200, b200_stated))
+    rotary = [r for r in recs if r.gpu == B200 and r.region == "rotary" and r.counted]
     lines = [
         "# Accuracy of simdist's memory-bound kernels against published kernel timings",
         "",

@@ -204,10 +204,8 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
     # an eager op of a 16-bit <-> fp32 chain reaches a share of a streaming kernel's bandwidth (Kernel.eager_cast),
     # fitted on such chains alone; a normalisation kernel its GPU's norm share (Kernel.norm: B200 measured); the
     # other element-wise kernels the median share (memory_kernel_share)
-    if getattr(kernel, "eager_cast", False):
-        share = eff.eager_cast_share
-    else:
-        share = eff.norm_share if getattr(kernel, "norm", False) else eff.memory_kernel_share
+    share = (eff.eager_cast_share if getattr(kernel, "eager_cast", False)
+             else eff.norm_share if getattr(kernel, "norm", False) else eff.memory_kernel_share)
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency * share)
     return max(compute_s, memory_s) + eff.launch_overhead_s
 
