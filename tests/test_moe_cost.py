@@ -81,13 +81,18 @@ def test_the_experts_activation_weights_the_rows_and_the_unpermutation_only_sums
     """Megatron-LM !2668 (April 2025): the router probabilities travel with the permuted rows and the experts'
     activation multiplies them in (TEGroupedMLP's weighted bias-SwiGLU), so the unpermutation sums a token's copies and
     its backward is a gather. ep 4: a rank sends T x topk = 256 rows and its 2 local experts get 256 rows of width F."""
-    work = layer_work(TINY, layer=1, attention="flash", experts=ExpertParallel(ep=4))
+    work = layer_work(TINY, layer=1, attention="flash", experts=ExpertParallel(ep=4, router_dtype="fp32"))
     rows, e = T * K, 2
     (act,), (act_grad,) = kernels(work, "expert_swiglu"), kernels(work, "expert_swiglu_grad", backward=True)
     # SwiGLU: read gate and up, write the output (3 x 2 B an element), plus each row's fp32 probability read once;
     # backward: 5 x 2 B an element, plus the probability read and its gradient written (8 B a row)
     assert act.hbm_bytes == pytest.approx(rows * F * 3 * e + rows * 4, rel=1e-12)
     assert act_grad.hbm_bytes == pytest.approx(rows * F * 5 * e + rows * 8, rel=1e-12)
+    # without moe_router_dtype the probabilities are the hidden states' bf16 (Megatron-Core's TopKRouter.gating)
+    plain = layer_work(TINY, layer=1, attention="flash", experts=ExpertParallel(ep=4))
+    (act16,), (act16_grad,) = kernels(plain, "expert_swiglu"), kernels(plain, "expert_swiglu_grad", backward=True)
+    assert act16.hbm_bytes == pytest.approx(rows * F * 3 * e + rows * 2, rel=1e-12)
+    assert act16_grad.hbm_bytes == pytest.approx(rows * F * 5 * e + rows * 4, rel=1e-12)
     assert act.flops == pytest.approx(rows * F * 7.0) and act_grad.flops == pytest.approx(rows * F * 10.0)
     (unperm,), (unperm_grad,) = kernels(work, "moe_unpermute"), kernels(work, "moe_unpermute_grad", backward=True)
     # forward: the 256 returned rows read, the 128 tokens written, one add an element; backward: the tokens'
@@ -129,9 +134,10 @@ def test_grouped_gemm_is_one_call_whose_tiles_share_waves_per_expert_gemms_pay_a
 def test_allgather_dispatcher_gathers_over_etp_then_ep_and_reduce_scatters_back_in_fp32():
     w = layer_work(TINY, layer=1, experts=ExpertParallel(ep=2, etp=2, dispatcher="allgather"))
     fwd = [(c.op, c.axis, c.nbytes) for c in w.comm if c.phase == "forward"]
-    # the tp_ep group's all-gather of every token (T x etp x ep rows of h), with its routing map and fp32 probabilities
-    assert fwd == [("all_gather", "etp", T * 2 * H * 2.0), ("all_gather", "etp", T * 2 * 8 * 5.0),
-                   ("all_gather", "ep", T * 4 * H * 2.0), ("all_gather", "ep", T * 4 * 8 * 5.0),
+    # the tp_ep group's all-gather of every token (T x etp x ep rows of h), with its routing map (1 B) and
+    # probabilities (the hidden states' bf16 without moe_router_dtype: 2 B)
+    assert fwd == [("all_gather", "etp", T * 2 * H * 2.0), ("all_gather", "etp", T * 2 * 8 * 3.0),
+                   ("all_gather", "ep", T * 4 * H * 2.0), ("all_gather", "ep", T * 4 * 8 * 3.0),
                    ("reduce_scatter", "ep", T * 4 * H * 4.0), ("reduce_scatter", "etp", T * 2 * H * 4.0)]
     assert not a2a(w)
     # the busiest rank's rows are T x topk x etp whatever the dispatcher
@@ -371,14 +377,17 @@ def test_activations_of_an_moe_layer_and_of_mla_by_hand():
     e, s, h = 2, 128, 64
     common = 4 * e * s * h + 2 * s * (2 * 64 + 2 * 64) + 4 * 4 * s  # norms' and QKV/MLP inputs; Q, K, V, proj; lse
     rows = 2 * s  # ep 4: T x topk = 256 rows on 2 local experts
-    # expert tensors, router, each row's fp32 probability (the weighted activation's; the unpermutation keeps nothing
-    # since Megatron-LM !2668: before it, the expert outputs s x K x h for the probabilities' gradient)
-    routed = e * rows * (h + 3 * F) + s * 8 * (4 + 1) + 4 * rows
+    # expert tensors, router, each row's probability (the weighted activation's, in the hidden states' bf16 without
+    # moe_router_dtype; the unpermutation keeps nothing since Megatron-LM !2668: before it, the expert outputs
+    # s x K x h for the probabilities' gradient)
+    routed = e * rows * (h + 3 * F) + s * 8 * (4 + 1) + 2 * rows
     assert activation_bytes_per_layer(TINY, attention="flash", layer=1, experts=ExpertParallel(ep=4)) == \
         common + routed
+    assert activation_bytes_per_layer(TINY, attention="flash", layer=1,
+                                      experts=ExpertParallel(ep=4, router_dtype="fp32")) == common + routed + 2 * rows
     assert activation_bytes_per_layer(TINY, attention="flash", layer=0) == common + 3 * e * s * 256
     hot = activation_bytes_per_layer(TINY, attention="flash", layer=1, experts=ExpertParallel(ep=4, imbalance=2.0))
-    assert hot - (common + routed) == rows * (e * (h + 3 * F) + 4)  # the busiest rank keeps twice the expert rows
+    assert hot - (common + routed) == rows * (e * (h + 3 * F) + 2)  # the busiest rank keeps twice the expert rows
     # MLA (DeepSeek-V3, tp 8 with sequence parallelism): Q, K of 16 x 192, V and the projection input of 16 x 128,
     # the two latents' norm and up-projection inputs on the peer's own tokens
     s, h, t = 4096, 7168, 8
@@ -395,7 +404,8 @@ def test_fp8_routed_experts_keep_their_linears_inputs_at_one_byte_as_grouped_lin
     # bf16 2 x (64 + 256 + 128) = 896 B, fp8 64 + 2 x 256 + 128 = 704 B, 192 B less a row, 49,152 B in all
     from simdist.plan.activations import _routed_activation_bytes
 
-    router = T * 8 * 5 + 4 * 256  # fp32 scores and the routing map per token and expert; each row's fp32 probability
+    # fp32 scores and the routing map per token and expert; each row's probability (bf16 without moe_router_dtype)
+    router = T * 8 * 5 + 2 * 256
     assert _routed_activation_bytes(TINY, 2, T, ExpertParallel()) == 256 * 896 + router
     assert _routed_activation_bytes(TINY, 2, T, ExpertParallel(), lin=1) == 256 * 704 + router
     # moe_act recomputed: fc2's input is not kept (F = 128 elements at 1 B: 128 B a row less)

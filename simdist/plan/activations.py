@@ -231,7 +231,8 @@ def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertP
     # fc1 input (lin); fc1 output (SwiGLU: 2f, e) + fc2 input (f, lin)
     per_row = lin * model.hidden_size + e * (2 if model.swiglu else 1) * f_l + (lin * f_l if act else 0.0)
     router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
-    return rows * per_row + router + 4 * rows  # each row's fp32 probability, kept by the weighted activation
+    # each row's probability (moe_router_dtype, else the activations' dtype), kept by the weighted activation
+    return rows * per_row + router + experts.prob_bytes(e) * rows
 
 
 def dispatcher_buffer_bytes(model: Model, *, tokens: int, precision: str, experts: ExpertParallel) -> float:

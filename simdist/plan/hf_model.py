@@ -197,9 +197,11 @@ def model_of_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
     act = str(doc.get("hidden_act", doc.get("activation_function", "gelu"))).lower()
     gated = any(t in model_type or t in architectures for t in _GATED_MODEL_TYPES)
     mla = _latent_attention(c)
-    # Assumption: attention and expert biases (GPT-OSS's attention_bias, its router and expert biases) and GPT-OSS's
-    # attention sinks (one learned logit per head in the softmax denominator) are not counted or costed: together
-    # under 0.1% of GPT-OSS-120B's parameters and an elementwise add to its FLOPs.
+    # GPT-OSS's linear layers carry biases (transformers' GptOssExperts: gate_up_proj_bias and down_proj_bias on every
+    # expert; Megatron-Bridge's GPT-OSS bridge sets add_bias_linear = True): costed where they add kernels, the routed
+    # experts' fc2 bias (simdist.plan.moe_bias).
+    # Assumption: the biases (under 0.1% of GPT-OSS-120B's parameters) and GPT-OSS's attention sinks (one learned
+    # logit per head in the softmax denominator) are not counted in the parameters.
     return Model(
         str(doc.get("_name_or_path") or path.parent.name or "hf-config"),
         "decoder",
@@ -213,6 +215,7 @@ def model_of_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
         swiglu=act in ("silu", "swish") and gated,
         # transformers' PretrainedConfig default: tie_word_embeddings = True.
         tied_embeddings=bool(doc.get("tie_word_embeddings", True)),
+        add_bias_linear=model_type == "gpt_oss",
         # Qwen3 / GPT-OSS configs give head_dim (LlamaConfig too, = hidden_size / heads when absent); MLA's heads
         # are qk_nope_head_dim + qk_rope_head_dim and v_head_dim instead.
         kv_channels=c.count("head_dim") if doc.get("head_dim") is not None and not mla else 0,

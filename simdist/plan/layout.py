@@ -186,6 +186,9 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
         if t.overlap_moe_expert_parallel_comm:
             raise _fail("experts", "overlap_moe_expert_parallel_comm on a model without experts",
                         "training.overlap_moe_expert_parallel_comm", "set it to false")
+        if t.moe_router_dtype is not None:
+            raise _fail("experts", f"moe_router_dtype {t.moe_router_dtype} on a model without experts",
+                        "training.moe_router_dtype", "drop it (it is the router's dtype)")
         return
     if model.num_experts % p.ep:
         raise _fail("experts", f"{model.num_experts} experts do not split over ep = {p.ep}", "parallel.ep",
@@ -315,7 +318,8 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         layers_per_part=split.parts, split_method=split.method,
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=scenario_imbalance(t, p, model), moe_capacity_factor=t.moe_expert_capacity_factor,
-        moe_grouped_gemm=t.moe_grouped_gemm, moe_ep_domains=_ep_domains(mesh, topology, t.moe_token_dispatcher_type),
+        moe_grouped_gemm=t.moe_grouped_gemm, moe_router_dtype=t.moe_router_dtype,
+        moe_ep_domains=_ep_domains(mesh, topology, t.moe_token_dispatcher_type),
         moe_kernel=moe_kernel, moe_overlap=t.overlap_moe_expert_parallel_comm,
         moe_overlap_share=t.moe_a2a_overlap_share,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,

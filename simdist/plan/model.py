@@ -34,6 +34,9 @@ class Model:
     vocab_size: int = 0
     swiglu: bool = False
     tied_embeddings: bool = False
+    add_bias_linear: bool = False
+    """The linear layers carry biases (Megatron-LM --add-bias-linear): priced where they add kernels, a routed
+    expert's fc2 bias (simdist.plan.moe_bias); not counted in the parameters."""
     kv_channels: int = 0
     """Width of one attention head (Megatron-LM's --kv-channels, Hugging Face's head_dim); 0: hidden_size /
     num_attention_heads, Megatron's default. Qwen3 and GPT-OSS shapes set it (e.g. Qwen3-32B: h 5120, 64 heads of

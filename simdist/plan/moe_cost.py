@@ -56,10 +56,10 @@ from simdist.errors import LayoutError, SpecError
 from simdist.plan.elementwise import ew
 from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, gemm, gemm_grads
 from simdist.plan.model import Model
+from simdist.plan.moe_bias import fc2_bias_kernels
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 """Megatron-LM --moe-token-dispatcher-type."""
-_ROUTING_BYTES = 1 + 4  # per token and expert: the routing map (bool) and the router probabilities (fp32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,15 @@ class ExpertParallel:
     kernel: str = "nccl"
     """What moves the all_to_alls: nccl (alltoall dispatcher), or the flex dispatcher's deepep / hybridep kernels
     (simdist.collectives.ep_kernels prices their share of NVLink)."""
+    router_dtype: str | None = None
+    """The router's logits and probabilities: fp32 | fp64 (training.moe_router_dtype); None: the hidden states'."""
+
+    def prob_bytes(self, bpe: int) -> int:
+        """Bytes of a routed row's probability, ``bpe`` those of the hidden states: Megatron-Core's TopKRouter.gating
+        computes the logits in moe_router_dtype or the input's dtype, and the probabilities keep it (moe_utils.py
+        topk_routing_with_score_function: ``.type_as(logits)``; Transformer Engine's fused router: the logits'
+        dtype)."""
+        return {"fp32": 4, "fp64": 8}.get(self.router_dtype or "", bpe)
 
     @property
     def busiest_share(self) -> float:
@@ -218,8 +227,10 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     # writes the fp32 scores and the top-k probabilities and routing map.
     # Assumption: the router's auxiliary load-balancing loss and the dispatcher's metadata (the tokens-per-expert
     # all-gather over tp_ep and its device-to-host sync) cost nothing; the probabilities' own all-to-all (T x topk
-    # fp32, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes.
-    fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + _ROUTING_BYTES, 8.0))
+    # fp32, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes; the router's GEMM is priced in the
+    # hidden states' dtype whatever moe_router_dtype (the probabilities' bytes follow it: ExpertParallel.prob_bytes).
+    pb = experts.prob_bytes(bpe)
+    fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + 1 + pb, 8.0))
 
     # 3-5. dispatch, experts, combine.
     exp_fwd, exp_bwd = _routed_experts(model, shape, experts, r)
@@ -256,25 +267,21 @@ def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_facto
     return "before_finish"
 
 
-_PROB_BYTES = 4
-"""A routed row's probability: fp32 (the router's scores; Megatron-Core's permuted_probs)."""
-
-
 def _activation(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None,
-                width: float | None = None) -> Kernel:
+                width: float | None = None, prob_bytes: int = 4) -> Kernel:
     """The experts' activation of ``elements`` outputs; ``width``: outputs per routed row, where the activation also
-    weights each row by its probability (read once a row, one more multiply an element)."""
-    probs = (_PROB_BYTES / width, 1.0) if width else (0.0, 0.0)
+    weights each row by its probability of ``prob_bytes`` (read once a row, one more multiply an element)."""
+    probs = (prob_bytes / width, 1.0) if width else (0.0, 0.0)
     if model.swiglu:
         return elementwise(f"{prefix}_swiglu", elements, 3 * bpe + probs[0], 6.0 + probs[1], useful_share=share)
     return elementwise(f"{prefix}_gelu", elements, 2 * bpe + probs[0], 8.0 + probs[1], useful_share=share)
 
 
 def _activation_grad(prefix: str, model: Model, elements: float, bpe: int, share: float | None = None,
-                     width: float | None = None) -> Kernel:
+                     width: float | None = None, prob_bytes: int = 4) -> Kernel:
     """Its backward; ``width``: also the probability's gradient, a row's dot product of the output gradient and the
-    unweighted activation (the probability read, its gradient written: 2 x 4 bytes a row, 2 FLOPs an element)."""
-    probs = (2 * _PROB_BYTES / width, 2.0) if width else (0.0, 0.0)
+    unweighted activation (the probability read, its gradient written: 2 x prob_bytes a row, 2 FLOPs an element)."""
+    probs = (2 * prob_bytes / width, 2.0) if width else (0.0, 0.0)
     if model.swiglu:
         return elementwise(f"{prefix}_swiglu_grad", elements, 5 * bpe + probs[0], 8.0 + probs[1], useful_share=share)
     return elementwise(f"{prefix}_gelu_grad", elements, 3 * bpe + probs[0], 10.0 + probs[1], useful_share=share)
@@ -288,6 +295,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     imb = experts.a2a_imbalance
     kind = experts.dispatcher
     a2a = kind in ("alltoall", "flex")
+    pb = experts.prob_bytes(bpe)
     # flex across NVLink domains: a token once per destination domain (the module docstring), the even all-to-all of
     # T x (expected distinct destination domains) rows
     wire = (t * expected_destination_ranks(e, model.moe_router_topk, experts.domains) * experts.kept_share
@@ -318,7 +326,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if kind == "allgather":
         for axis, size in gathers:  # the tokens, then their routing map and probabilities
             fwd.issue("all_gather", size * h * bpe, axis=axis)
-            fwd.issue("all_gather", size * e * _ROUTING_BYTES, axis=axis)
+            fwd.issue("all_gather", size * e * (1 + pb), axis=axis)  # the routing map (bool), the probabilities
     if sync_at == "before_finish":
         fwd.sync()
     if sort:
@@ -343,8 +351,13 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         return [*shape.casts(f"{name}_grad", te * n * batch, parts=batch),
                 *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
-    fwd.add(*linear("expert_fc1", up_n, h, useful_up), _activation("expert", model, rows * f_l, bpe, even, f_l),
+    fwd.add(*linear("expert_fc1", up_n, h, useful_up),
+            _activation("expert", model, rows * f_l, bpe, even, f_l, pb),
             *linear("expert_fc2", h, f_l, useful_down))
+    # fc2's bias, added per local expert after the grouped GEMM (simdist.plan.moe_bias)
+    bias_fwd, bias_bwd = (fc2_bias_kernels(te, nl, h, bpe, pb, even) if model.add_bias_linear and experts.grouped_gemm
+                          else ([], []))
+    fwd.add(*bias_fwd)
 
     # ---- combine
     if sort and kind != "allgather":
@@ -378,8 +391,8 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         bwd.issue("all_gather", rows * h * bpe, axis="etp")
     if sort and kind != "allgather":
         bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0, useful_share=even))
-    bwd.add(*linear_grads("expert_fc2", h, f_l, useful_down),
-            _activation_grad("expert", model, rows * f_l, bpe, even, f_l),
+    bwd.add(*bias_bwd, *linear_grads("expert_fc2", h, f_l, useful_down),
+            _activation_grad("expert", model, rows * f_l, bpe, even, f_l, pb),
             *linear_grads("expert_fc1", up_n, h, useful_up))
     if sort:
         bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0, useful_share=even))

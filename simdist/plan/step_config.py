@@ -89,6 +89,8 @@ class StepConfig:
     moe_capacity_factor: float | None = None
     """Tokens an expert takes / its balanced share; None: dropless."""
     moe_grouped_gemm: bool = True
+    moe_router_dtype: str | None = None
+    """Megatron-LM --moe-router-dtype (fp32 | fp64); None: the hidden states' dtype."""
     moe_ep_domains: int = 1
     """NVLink domains one expert-parallel group spans (simdist.plan.moe_cost.ExpertParallel.domains)."""
     moe_kernel: str = "nccl"
@@ -173,7 +175,7 @@ class StepConfig:
     def expert_parallel(self) -> ExpertParallel:
         """How this step's MoE layers run (simdist.plan.moe_cost)."""
         return ExpertParallel(self.ep, self.etp, self.moe_dispatcher, self.moe_imbalance, self.moe_capacity_factor,
-                              self.moe_grouped_gemm, self.moe_ep_domains, self.moe_kernel)
+                              self.moe_grouped_gemm, self.moe_ep_domains, self.moe_kernel, self.moe_router_dtype)
 
     @property
     def num_stages(self) -> int:

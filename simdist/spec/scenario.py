@@ -105,6 +105,13 @@ class ModelSpec(Spec):
         default=None, validation_alias=alias("tied_embeddings", "tie_word_embeddings"),
         description="input and output embeddings share one matrix (default true)"
     )
+    add_bias_linear: bool | None = Field(
+        default=None, description="the linear layers carry biases (Megatron-LM --add-bias-linear; GPT-OSS; default "
+                                  "false). Costed where a bias adds kernels: a routed expert's fc2 bias, which "
+                                  "Megatron-Core's grouped experts (TEGroupedMLP) add per local expert in eager "
+                                  "PyTorch, weighted by each row's router probability (simdist.plan.moe_bias); a dense "
+                                  "linear's bias rides in its GEMM's epilogue or a fused bias kernel and costs nothing "
+                                  "here; biases are not counted in num_params")
     # Mixture of experts (Megatron-LM argument names; simdist.plan.model documents how each is costed).
     num_experts: count(NUM_EXPERTS) | None = Field(
         default=None, validation_alias=alias("num_experts", "num_moe_experts"),

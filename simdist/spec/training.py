@@ -168,6 +168,11 @@ class TrainingSpec(Spec):
     moe_grouped_gemm: bool = Field(
         default=True, description="the local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm) instead of "
                                   "one GEMM per expert")
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
+        default=None, description="dtype of the router's logits and probabilities (Megatron-LM --moe-router-dtype); "
+                                  "null: the hidden states' dtype (bf16 under bf16 and fp8 training), as Megatron-Core "
+                                  "(TopKRouter.gating); the permuted probabilities travel with the routed rows and "
+                                  "weight the experts' outputs in this dtype (simdist.plan.moe_bias)")
     overlap_moe_expert_parallel_comm: bool = Field(
         default=False, description="overlap the MoE all-to-all with another micro-batch's compute "
                                    "(Megatron-LM --overlap-moe-expert-parallel-comm, the 1F1B A2A overlap)")
