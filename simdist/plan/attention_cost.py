@@ -119,8 +119,10 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
         if model.qk_layernorm:
             # Qwen3 / OLMo 2: RMSNorm over each head of Q and K (Megatron-LM q_layernorm / k_layernorm).
             fwd.add(*ew("qk_norm", m * (q_l + k_l), bpe, style, per_tensor=2))
+        # RoPE: Megatron-Core runs it unfused where YaRN scales cos and sin (GPT-OSS), else as its style does
+        rope = "rotary_unfused" if style == "fused" and model.rotary_concentration != 1.0 else "rotary"
         if model.swiglu:
-            fwd.add(*ew("rotary", m * (q_l + k_l), bpe, style, per_tensor=2))
+            fwd.add(*ew(rope, m * (q_l + k_l), bpe, style, per_tensor=2))
         if q_l > k_l and style != "fused":
             # Eager and compiled PyTorch attention materialise each K and V head for its query group before the
             # attention call (torchtitan's and Hugging Face's repeat_kv: expand + reshape, a copy q_l wide reading
@@ -130,7 +132,7 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
                 fwd.add(elementwise(f"repeat_kv_{t}", m * q_l, bpe * (1 + rep), 0.0))
                 bwd_qkv.add(elementwise(f"repeat_kv_{t}_grad", m * q_l, bpe * (1 + rep), 1.0))
         if model.swiglu:
-            bwd_qkv.add(*ew("rotary_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
+            bwd_qkv.add(*ew(f"{rope}_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
         if model.qk_layernorm:
             bwd_qkv.add(*ew("qk_norm_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
         bwd_qkv.add(*shape.casts("qkv_grad", m * (q_l + 2 * k_l)))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from simdist.plan.kernel_work import Kernel, elementwise
 
-__all__ = ["CAST_CHAINS", "NORMS", "STYLES", "ew", "kernel_style"]
+__all__ = ["CAST_CHAINS", "NORMS", "PER_TENSOR", "STYLES", "ew", "kernel_style"]
 
 STYLES = ("fused", "eager", "compiled")
 CAST_CHAINS = frozenset({"rmsnorm", "rmsnorm_grad", "qk_norm", "qk_norm_grad", "rotary", "rotary_grad"})
@@ -44,6 +44,8 @@ rotary embedding as complex numbers): their kernels reach a share of a streaming
 (simdist.plan.kernel_work.Kernel.eager_cast, ComputeEfficiency.eager_cast_share: 0.63 on A100 from an eager RMSNorm,
 0.79 on H100 from an eager complex rotary embedding, measured op by op). The other eager ops (a residual add, silu and
 mul on the separate gate and up GEMMs' outputs, ATen's native LayerNorm and softmax) stream at full rate."""
+PER_TENSOR = frozenset({"rotary_unfused", "rotary_unfused_grad"})
+"""Regions that run op by op on each tensor in every style (Megatron-Core's unfused RoPE on Q, then on K)."""
 NORMS = frozenset({"layernorm", "layernorm_grad", "rmsnorm", "rmsnorm_grad", "qk_norm", "qk_norm_grad"})
 """Normalisation regions: outside an eager cast chain their kernels reduce each row, then pass over it again
 (simdist.plan.kernel_work.Kernel.norm, ComputeEfficiency.norm_share: on B200 they reach 0.51 of the streaming rate,
@@ -101,6 +103,21 @@ def _regions(a: float) -> dict[str, dict[str, list[tuple[str, float, float]]]]:
                    "eager": [("rotary_to_fp32", a + f, 0.0), ("rotary_complex_mul", 2 * f, 6.0),
                              ("rotary_to_input_dtype", f + a, 0.0)],
                    "compiled": [("rotary", 2 * a, 4.0)]},
+        # Megatron-Core's unfused RoPE (rope_utils.py _apply_rotary_pos_emb_bshd), run where YaRN's attention factor
+        # is not 1 (TE's fused RoPE takes none; Model.rotary_concentration), on Q and on K in the activations' dtype:
+        # cos and sin of the [s, d] frequencies, scaled and cast (six small kernels), then t cos, -x2 of rotate_half
+        # (half the elements), its cat, x sin, the add, and the cat with the empty pass-through part. Backward
+        # (autograd, as torch 2.13 runs it on CPU: validation.rope_ops): x sin, neg, the chunk's cat, x cos, the
+        # two paths summed, the empty slice's zeros and their sum into the input's gradient.
+        "rotary_unfused": {s: [(f"rotary_{op}", 0.0, 0.0) for op in ("cos", "cos_scale", "cos_cast", "sin",
+                                                                     "sin_scale", "sin_cast")]
+                           + [("rotary_mul_cos", 2 * a, 1.0), ("rotary_neg", a, 0.5), ("rotary_rotate_cat", 2 * a, 0.0),
+                              ("rotary_mul_sin", 2 * a, 1.0), ("rotary_add", 3 * a, 1.0), ("rotary_cat", 2 * a, 0.0)]
+                           for s in STYLES},
+        "rotary_unfused_grad": {s: [("rotary_mul_sin_grad", 2 * a, 1.0), ("rotary_neg_grad", a, 0.5),
+                                    ("rotary_chunk_grad", 2 * a, 0.0), ("rotary_mul_cos_grad", 2 * a, 1.0),
+                                    ("rotary_grads_add", 3 * a, 1.0), ("rotary_slice_grad_zeros", a, 0.0),
+                                    ("rotary_slice_grads_add", 3 * a, 1.0)] for s in STYLES},
         "rotary_grad": {"fused": [("rotary_grad", 2 * a, 4.0)],
                         "eager": [("rotary_grad_to_fp32", a + f, 0.0), ("rotary_grad_complex_mul", 2 * f, 6.0),
                                   ("rotary_grad_to_input_dtype", f + a, 0.0)],
@@ -185,7 +202,7 @@ def passes(region: str, a: float, style: str) -> list[tuple[str, float, float]]:
 def ew(region: str, elements: float, a: float, style: str, *, per_tensor: int = 1) -> list[Kernel]:
     """The kernels of ``region`` over ``elements`` (activation bytes ``a``) in ``style``. ``per_tensor``: the region
     covers that many equal tensors, which eager code runs one by one (Q and K of a rotary embedding)."""
-    n = per_tensor if style == "eager" else 1
+    n = per_tensor if style == "eager" or region in PER_TENSOR else 1
     cast = style == "eager" and region in CAST_CHAINS
     norm = region in NORMS and not cast
     return [elementwise(name, elements / n, bytes_per, flops_per, eager_cast=cast, norm=norm)

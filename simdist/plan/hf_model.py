@@ -12,6 +12,7 @@ What is read, by family (keys, not model_type, decide, so a fine-tuned copy read
   moe_layer_freq (the dense ones use intermediate_size);
 - MLA (DeepSeek-V2/V3): q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   num_nextn_predict_layers (MTP modules);
+- YaRN: rope_scaling with rope_type yarn (factor, mscale, mscale_all_dim; GPT-OSS, DeepSeek-V3);
 - sliding windows: layer_types (GPT-OSS, newer transformers), Qwen's use_sliding_window / max_window_layers,
   Gemma's sliding_window_pattern, else sliding_window on every layer (Mistral).
 
@@ -184,6 +185,26 @@ def _sliding_window(c: _Config, num_layers: int, model_type: str) -> dict[str, A
     return {"window_size": c.count("sliding_window"), "window_attn_skip_freq": _window_freq(windowed)}
 
 
+def _yarn(c: _Config) -> dict[str, Any]:
+    """YaRN's factor, mscale and mscale_all_dim from rope_scaling with rope_type (or type) yarn (GPT-OSS,
+    DeepSeek-V3): they set Model.rotary_concentration; other rope scalings change RoPE's frequencies, not its cost."""
+    scaling = c.doc.get("rope_scaling")
+    if not isinstance(scaling, dict) or str(scaling.get("rope_type", scaling.get("type", ""))).lower() != "yarn":
+        return {}
+    out: dict[str, Any] = {}
+    for key, field in (("factor", "yarn_rotary_scaling_factor"), ("mscale", "yarn_mscale"),
+                       ("mscale_all_dim", "yarn_mscale_all_dim")):
+        value = scaling.get(key)
+        if value is None and key != "factor":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e6 or (
+                key == "factor" and value <= 0):
+            raise c.fail(f"rope_scaling.{key}", f"rope_scaling.{key} of a yarn scaling must be a positive number, "
+                                                f"not {value!r}", "fix the config's rope_scaling")
+        out[field] = float(value)
+    return out
+
+
 def model_of_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
     """The model a Hugging Face ``config.json`` describes; ``seq_length`` in place of max_position_embeddings."""
     c = _Config(path, check_hf_config(path))
@@ -224,4 +245,5 @@ def model_of_hf_config(path: Path, *, seq_length: int | None = None) -> Model:
         **_experts(c, num_layers, ffn),
         **mla,
         **_sliding_window(c, num_layers, model_type),
+        **_yarn(c),
     )

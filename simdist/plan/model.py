@@ -11,6 +11,7 @@ an inline description or a Hugging Face config.json; see simdist.plan.model_pres
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -63,6 +64,11 @@ class Model:
     """Which layers keep full attention under window_size (Megatron-LM --window-attn-skip-freq): an int k (every k-th
     layer, 1-based, full) or one 0/1 per layer (1: sliding window, 0: full, as Megatron-LM); 0: every layer windowed."""
     mtp_num_layers: int = 0
+    yarn_rotary_scaling_factor: float = 0.0
+    """YaRN's context extension factor s (0: no YaRN); with yarn_mscale and yarn_mscale_all_dim (0: not given) it
+    sets `rotary_concentration`."""
+    yarn_mscale: float = 0.0
+    yarn_mscale_all_dim: float = 0.0
 
     def __post_init__(self) -> None:
         # Megatron-LM's defaults (megatron/training/arguments.py): --moe-router-topk 2, --moe-ffn-hidden-size
@@ -72,6 +78,23 @@ class Model:
                 object.__setattr__(self, "moe_router_topk", 2)
             if self.moe_ffn_hidden_size == 0:
                 object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+
+    @property
+    def rotary_concentration(self) -> float:
+        """YaRN's attention factor, which multiplies RoPE's cos and sin: 1 without YaRN. Peng et al. 2023 (YaRN,
+        arXiv:2309.00071 sec. 3.4): sqrt(1/t) = 0.1 ln(s) + 1; with mscale and mscale_all_dim given (DeepSeek-V3),
+        the ratio of 0.1 m ln(s) + 1 at the two (Megatron-LM megatron/core/models/common/embeddings/
+        yarn_rotary_pos_embedding.py, _yarn_get_concentration_factor and _yarn_get_mscale: 1 where s <= 1)."""
+        s = self.yarn_rotary_scaling_factor
+        if s <= 1.0:
+            return 1.0
+
+        def mscale(m: float) -> float:
+            return 0.1 * m * math.log(s) + 1.0
+
+        if self.yarn_mscale and self.yarn_mscale_all_dim:
+            return mscale(self.yarn_mscale) / mscale(self.yarn_mscale_all_dim)
+        return mscale(1.0)
 
     @property
     def is_moe(self) -> bool:

@@ -13,7 +13,8 @@ __all__ = ["check_model"]
 _MOE_ONLY = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq")
 _MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 _DECODER_ONLY = ("num_experts", *_MOE_ONLY, "multi_latent_attention", *_MLA_ONLY, "qk_layernorm", "window_size",
-                 "window_attn_skip_freq", "mtp_num_layers")
+                 "window_attn_skip_freq", "mtp_num_layers", "yarn_rotary_scaling_factor", "yarn_mscale",
+                 "yarn_mscale_all_dim")
 _DEFAULTS = {f.name: f.default for f in fields(Model)}
 
 
@@ -97,4 +98,16 @@ def check_model(model: Model) -> Model:
     _check_attention(model)
     _check_moe(model)
     _check_window(model)
+    _check_yarn(model)
     return model
+
+
+def _check_yarn(model: Model) -> None:
+    for name in ("yarn_mscale", "yarn_mscale_all_dim"):
+        if _written(model, name) and not model.yarn_rotary_scaling_factor:
+            raise _fail(name, f"{name} is set without yarn_rotary_scaling_factor (YaRN's factor it scales)",
+                        f"set model.yarn_rotary_scaling_factor, or drop {name}")
+    if model.yarn_rotary_scaling_factor and not model.swiglu:
+        raise _fail("yarn_rotary_scaling_factor", "YaRN scales rotary embeddings, and a GeLU (GPT) model has "
+                                                  "learned positions here",
+                    "drop yarn_rotary_scaling_factor, or set model.swiglu: true (a Llama-style model with RoPE)")

@@ -24,8 +24,8 @@ from simdist.spec.scenario import ModelSpec
 MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
               "moe_layer_freq", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
               "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "window_size", "window_attn_skip_freq",
-              "mtp_num_layers")
-"""ModelSpec fields of mixture-of-experts, MLA, QK-norm, sliding-window and MTP models (simdist.plan.model)."""
+              "mtp_num_layers", "yarn_rotary_scaling_factor", "yarn_mscale", "yarn_mscale_all_dim")
+"""ModelSpec fields of mixture-of-experts, MLA, QK-norm, sliding-window, MTP and YaRN models (simdist.plan.model)."""
 _FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
            "vocab_size", "swiglu", "tied_embeddings", "kv_channels", "add_bias_linear", *MOE_FIELDS)
 

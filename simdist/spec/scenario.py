@@ -105,6 +105,19 @@ class ModelSpec(Spec):
         default=None, validation_alias=alias("tied_embeddings", "tie_word_embeddings"),
         description="input and output embeddings share one matrix (default true)"
     )
+    yarn_rotary_scaling_factor: float | None = Field(
+        default=None, gt=0.0, le=1e6,
+        description="YaRN's context extension factor s (Megatron-LM --yarn-rotary-scaling-factor; Hugging Face "
+                    "rope_scaling factor with rope_type yarn; GPT-OSS 32); with yarn_mscale and yarn_mscale_all_dim "
+                    "it sets YaRN's attention factor, which multiplies RoPE's cos and sin: where it is not 1, "
+                    "Megatron-Core applies RoPE in its unfused PyTorch path (Transformer Engine's fused RoPE takes "
+                    "no such factor), op by op (simdist.plan.elementwise); absent: no YaRN")
+    yarn_mscale: float | None = Field(
+        default=None, ge=0.0, le=1e3, description="YaRN's mscale (Megatron-LM --yarn-mscale; DeepSeek-V3 1.0); with "
+                                                  "yarn_mscale_all_dim the attention factor is their ratio, "
+                                                  "without them 0.1 ln(s) + 1")
+    yarn_mscale_all_dim: float | None = Field(
+        default=None, ge=0.0, le=1e3, description="YaRN's mscale_all_dim (Megatron-LM --yarn-mscale-all-dim)")
     add_bias_linear: bool | None = Field(
         default=None, description="the linear layers carry biases (Megatron-LM --add-bias-linear; GPT-OSS; default "
                                   "false). Costed where a bias adds kernels: a routed expert's fc2 bias, which "
