@@ -289,8 +289,9 @@ def report(results: list[Result]) -> str:
         "are predicted with the framework profiles `training.framework: fsdp` and "
         "`torchtitan` (README, Frameworks); their goal is the issue's "
         f"{FSDP_FAMILY_TARGET:.0%} (rows beyond it flagged **!**), their test bound {FSDP_FAMILY_BOUND:.0%} guards "
-        "against regressions, and their memory is reported, not required to fit (the eager activation memory of "
-        "fms-fsdp's model is an assumption, `simdist/plan/activations.py`). Rows of that file without a scenario "
+        "against regressions, and their memory is reported, not required to fit (what an eager layer's norms, rotary "
+        "embedding and SwiGLU keep is measured on torch's autograd: `python -m validation.eager_saved`). Rows of "
+        "that file without a scenario "
         "are not predicted, for the reason in its note column (a selective-checkpointing share not published, a "
         "run at the edge of memory). bias = mean signed error: negative means simdist is optimistic.",
         "",

@@ -198,19 +198,24 @@ def _op_policy_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div:
     return e * tokens * kept + 4 * tokens * model.num_attention_heads / tp
 
 
+EAGER_NORM_EXTRA_BYTES = 4.0
+"""Bytes an element an eager upcast RMSNorm keeps beyond a fused norm's input (`eager_saved_bytes`)."""
+
+
 def eager_saved_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div: int) -> float:
     """What autograd keeps of an eager decoder layer beyond a fused one's tensors (simdist.plan.elementwise's eager op
-    lists), per layer and micro-batch.
-    # Assumption: each eager RMSNorm keeps its fp32 upcast and normalised input (4 + 4 bytes an element; LayerNorm's
-    # native kernel keeps only its row statistics), the complex rotary keeps Q's and K's fp32 copies (4 bytes), and
-    # SiLU-and-multiply keeps the SiLU output besides both inputs (the fused kernel recomputes it). torch.compile's
-    # partitioner recomputes these pointwise results instead (compiled style: nothing extra)."""
+    lists), per layer and micro-batch, as `python -m validation.eager_saved` measures it (saved-tensor hooks on torch
+    2.13; tests/test_eager_saved.py compares): each upcast RMSNorm keeps its fp32 upcast (its square and its product
+    with the reciprocal square root save it) and its normalised 16-bit copy (the weight's multiply), 4 + e bytes an
+    element where a fused norm keeps its e-byte input: 4 more (under fp32 training the upcast is the input itself and
+    the normalised copy the 4 more); the complex rotary keeps nothing (its multiply saves only the constant
+    frequencies); SiLU-and-multiply keeps the SiLU output besides both inputs (e bytes; the fused kernel recomputes
+    it). LayerNorm's native kernel keeps only its row statistics (GeLU models: nothing extra). torch.compile's
+    partitioner recomputes these pointwise results instead (compiled style: nothing extra)."""
     if not model.swiglu:
         return 0.0
-    q_l = model.q_hidden_size / tp
-    kv_l = max(model.kv_hidden_size / tp, float(model.head_dim))
-    norms = 2 * 8.0 * model.hidden_size / replicated_div
-    return tokens * (norms + 4.0 * (q_l + kv_l) + e * model.ffn_hidden_size / tp)
+    norms = 2 * EAGER_NORM_EXTRA_BYTES * model.hidden_size / replicated_div
+    return tokens * (norms + e * model.ffn_hidden_size / tp)
 
 
 def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel, act: bool = True,
