@@ -226,8 +226,8 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     # 2. router (Megatron-LM TopKRouter: a plain linear, not an FP8 GEMM), softmax and top-k: reads the bf16 logits,
     # writes the fp32 scores and the top-k probabilities and routing map.
     # Assumption: the router's auxiliary load-balancing loss and the dispatcher's metadata (the tokens-per-expert
-    # all-gather over tp_ep and its device-to-host sync) cost nothing; the probabilities' own all-to-all (T x topk
-    # fp32, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes; the router's GEMM is priced in the
+    # all-gather over tp_ep and its device-to-host sync) cost nothing; the probabilities' own all-to-all (T x topk of
+    # them, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes; the router's GEMM is priced in the
     # hidden states' dtype whatever moe_router_dtype (the probabilities' bytes follow it: ExpertParallel.prob_bytes).
     pb = experts.prob_bytes(bpe)
     fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + 1 + pb, 8.0))
