@@ -8,11 +8,11 @@ import json
 
 import pytest
 
+from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.layer_cost import layer_work
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.moe_bias import fc2_bias_kernels
-from simdist.plan.moe_cost import ExpertParallel
 from simdist.spec.scenario import ModelSpec
 from tests.cli_harness import run_cli
 

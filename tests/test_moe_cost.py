@@ -16,13 +16,13 @@ from simdist.hardware.gemm import architecture, quantization
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.plan.activations import activation_bytes_per_layer
 from simdist.plan.chunk_cost import chunk_cost
+from simdist.plan.expert_parallel import ExpertParallel, expected_destination_ranks
 from simdist.plan.layer_cost import layer_work, model_flops_per_sequence
 from simdist.plan.layout import step_config_of
 from simdist.plan.memory import stage_memory
 from simdist.plan.model import Model
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
 from simdist.plan.step_config import layer_kinds
 
 H100 = GPU_PRESETS["h100-sxm"]

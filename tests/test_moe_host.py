@@ -12,12 +12,12 @@ from simdist.hardware.compute import compute_efficiency, kernels_time_s
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.host import HostOverhead, host_op_factor, host_overhead
 from simdist.plan.chunk_cost import chunk_cost
+from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.layer_cost import layer_work
 from simdist.plan.layout import step_config_of
 from simdist.plan.memory import model_state_bytes, optimizer_state_bytes, stage_memory
 from simdist.plan.model import Model
 from simdist.plan.model_presets import resolve_model
-from simdist.plan.moe_cost import ExpertParallel
 
 TINY = Model("tiny-moe", "decoder", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=4,
              ffn_hidden_size=256, seq_length=128, vocab_size=1000, swiglu=True, num_experts=8, moe_router_topk=2,

@@ -11,7 +11,7 @@ import statistics
 
 from simdist.collectives.group import Group
 from simdist.hardware.presets import load_topology
-from simdist.plan.moe_cost import expected_destination_ranks
+from simdist.plan.expert_parallel import expected_destination_ranks
 from validation.collective_points import REPO, Dataset, Mapping, Point, measurement
 
 EP_KERNELS_DATA = "simdist/collectives/data/ep_dispatch_kernels.csv"
@@ -69,7 +69,7 @@ def _internode_case(r: dict[str, str]) -> tuple[Group, str, float]:
     """(the group, the kernel, the bytes a rank moves) of an inter-node benchmark row: the README's IB bytes, a token
     counted once per node it reaches, its own node included (github.com/deepseek-ai/DeepEP tests/utils.py
     count_rdma_send_from_routing_map), T x (expected distinct nodes of its top-k experts) x hidden x 2 B: the bytes
-    simdist's cross-domain flex all_to_all is sized with (simdist.plan.moe_cost.expected_destination_ranks, the
+    simdist's cross-domain flex all_to_all is sized with (simdist.plan.expert_parallel.expected_destination_ranks, the
     nodes as its groups)."""
     from simdist.collectives.ep_kernels import ep_kernel_name
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 
 from simdist.errors import LayoutError, SpecError
+from simdist.plan.expert_parallel import ExpertParallel, expected_destination_ranks
 from simdist.plan.model import Model
-from simdist.plan.moe_cost import ExpertParallel, expected_destination_ranks
 
 RECOMPUTE = ("none", "selective", "full", "op")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -221,8 +221,8 @@ def eager_saved_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div
 def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertParallel, act: bool = True,
                              lin: float | None = None) -> float:
     """What an MoE layer's routing and routed experts keep for backward on the busiest rank (activation_bytes_per_layer;
-    token counts as simdist.plan.moe_cost.routed_tokens); ``act``: the experts' activation output (fc2's input) too;
-    ``lin``: bytes an element of the two grouped linears' saved inputs (default ``e``).
+    token counts as simdist.plan.expert_parallel.routed_tokens); ``act``: the experts' activation output (fc2's input)
+    too; ``lin``: bytes an element of the two grouped linears' saved inputs (default ``e``).
 
     Under fp8 Transformer Engine's GroupedLinear saves each expert's input as the quantized copy its GEMM read
     (transformer_engine/pytorch/module/grouped_linear.py, _GroupedLinear.forward: the split-quantized ``inputmats``

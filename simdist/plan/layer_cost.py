@@ -32,6 +32,7 @@ from simdist.errors import LayoutError, SpecError
 from simdist.plan.attention_cost import attention_block
 from simdist.plan.attention_cost import attention_parts as _attention_parts  # noqa: F401  (kept for callers)
 from simdist.plan.elementwise import ew
+from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.kernel_work import (
     FP8_RECIPES,
     AttentionShape,
@@ -50,7 +51,7 @@ from simdist.plan.kernel_work import (
 )
 from simdist.plan.model import Model
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
-from simdist.plan.moe_cost import ExpertParallel, moe_mlp_block
+from simdist.plan.moe_cost import moe_mlp_block
 from simdist.plan.recompute import POLICIES, recomputed
 from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions
 

@@ -48,12 +48,12 @@ from simdist.hardware.topology import Topology
 from simdist.hardware.variability import gpu_variability
 from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.execution import execution_of
+from simdist.plan.expert_parallel import ExpertParallel
+from simdist.plan.expert_parallel import check_experts as check_moe_cost
 from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.memory import optimizer_state_bytes
 from simdist.plan.mesh import Mesh, parse_order
 from simdist.plan.model import Model
-from simdist.plan.moe_cost import ExpertParallel
-from simdist.plan.moe_cost import check_experts as check_moe_cost
 from simdist.plan.moe_routing import checked_histogram, scenario_imbalance
 from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, check_schedule
 from simdist.plan.step_config import StepConfig

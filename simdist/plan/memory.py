@@ -27,9 +27,9 @@ from simdist.plan.activations import (
     dispatcher_buffer_bytes,
     embedding_activation_bytes,
 )
+from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.layer_params import layer_param_shards
 from simdist.plan.model import Model
-from simdist.plan.moe_cost import ExpertParallel
 
 GIB = 2**30
 

@@ -16,10 +16,10 @@ from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.gemm import architecture
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.plan.execution import MEGATRON, Execution
+from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
-from simdist.plan.moe_cost import ExpertParallel
 from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, chunks_per_stage, num_model_parts, part_table
 from simdist.spec.gpu import GpuSpec
 
@@ -92,7 +92,7 @@ class StepConfig:
     moe_router_dtype: str | None = None
     """Megatron-LM --moe-router-dtype (fp32 | fp64); None: the hidden states' dtype."""
     moe_ep_domains: int = 1
-    """NVLink domains one expert-parallel group spans (simdist.plan.moe_cost.ExpertParallel.domains)."""
+    """NVLink domains one expert-parallel group spans (simdist.plan.expert_parallel.ExpertParallel.domains)."""
     moe_kernel: str = "nccl"
     """What moves the expert-parallel all_to_alls: nccl, or the flex dispatcher's deepep / hybridep
     (simdist.collectives.ep_kernels)."""
