@@ -52,25 +52,26 @@ def fc2_bias_kernels(per_expert: int, num_local_experts: int, h: int, bpe: int, 
     per = per_expert * h
     cast = w > bpe
 
-    def ew(name: str, elements: float, nbytes: float, flops: float = 0.0, mixed: bool = False) -> Kernel:
+    def kernel(name: str, elements: float, nbytes: float, flops: float = 0.0, mixed: bool = False) -> Kernel:
         # mixed: an op between the 16-bit outputs and the wider dtype (Kernel.eager_cast, where they differ)
         return elementwise(f"expert_fc2_bias_{name}", elements, nbytes, flops, useful_share=useful_share,
                            eager_cast=mixed and cast)
 
-    forward = [ew("scale", per, w + prob_bytes / h, 1.0, True), ew("add", per, bpe + 2 * w, 1.0, True)] * n
-    forward.append(ew("cat", rows * h, 2 * w))
+    forward = [kernel("scale", per, w + prob_bytes / h, 1.0, True), kernel("add", per, bpe + 2 * w, 1.0, True)] * n
+    forward.append(kernel("cat", rows * h, 2 * w))
     if cast:
-        forward.append(ew("cast", rows * h, w + bpe, mixed=True))
-    backward = [ew("cast_grad", rows * h, bpe + w, mixed=True)] if cast else []
+        forward.append(kernel("cast", rows * h, w + bpe, mixed=True))
+    # per expert, in autograd's order: t's gradient cast to t's dtype (where wider), d(b p) x p, its sum over the rows
+    # (b's gradient), that [h] sum cast to b's dtype (where wider), d(b p) x b and its sum over h (p's gradient)
     per_expert_grads = [
-        ew("scale_grad", per, 2 * w + prob_bytes / h, 1.0),  # d(b p) x p
-        ew("bias_reduce", per, w, 1.0),  # summed over the rows: b's gradient
-        ew("prob_grad", per, 2 * w, 1.0),  # d(b p) x b
-        ew("prob_reduce", per, w, 1.0),  # summed over h: p's gradient
+        *([kernel("add_grad", per, w + bpe, mixed=True)] if cast else []),
+        kernel("scale_grad", per, 2 * w + prob_bytes / h, 1.0),
+        kernel("bias_reduce", per, w, 1.0),
+        *([kernel("bias_cast", h, w + bpe, mixed=True)] if cast else []),
+        kernel("prob_grad", per, 2 * w, 1.0),
+        kernel("prob_reduce", per, w, 1.0),
     ]
-    if cast:
-        per_expert_grads.insert(0, ew("add_grad", per, w + bpe, mixed=True))  # t's gradient in t's dtype
-        per_expert_grads.insert(3, ew("bias_cast", h, w + bpe, mixed=True))  # b's [h] gradient in b's dtype
+    backward = [kernel("cast_grad", rows * h, bpe + w, mixed=True)] if cast else []
     backward += per_expert_grads * n
-    backward += [ew("split_grad", rows * h, 2 * bpe), ew("prob_split_grad", rows, 2 * prob_bytes)]
+    backward += [kernel("split_grad", rows * h, 2 * bpe), kernel("prob_split_grad", rows, 2 * prob_bytes)]
     return forward, backward
