@@ -31,6 +31,9 @@ def test_the_attention_factor_is_yarns():
     odd = dataclasses.replace(ds, yarn_mscale=0.707)
     assert odd.rotary_concentration == pytest.approx((0.0707 * math.log(40) + 1) / (0.1 * math.log(40) + 1))
     assert dataclasses.replace(YARN, yarn_rotary_scaling_factor=1.0).rotary_concentration == 1.0
+    # a given 0 is a value (Megatron-LM tests mscale_all_dim for None): 0.1 x 0 x ln(s) + 1 = 1 below the ratio
+    zero = dataclasses.replace(ds, yarn_mscale=0.707, yarn_mscale_all_dim=0.0)
+    assert zero.rotary_concentration == pytest.approx(0.0707 * math.log(40) + 1)
     assert resolve_model(ModelSpec(preset="gpt-oss-120b")).rotary_concentration == pytest.approx(1.3466, abs=1e-4)
     assert resolve_model(ModelSpec(preset="deepseek-v3")).rotary_concentration == 1.0
 

@@ -65,10 +65,10 @@ class Model:
     layer, 1-based, full) or one 0/1 per layer (1: sliding window, 0: full, as Megatron-LM); 0: every layer windowed."""
     mtp_num_layers: int = 0
     yarn_rotary_scaling_factor: float = 0.0
-    """YaRN's context extension factor s (0: no YaRN); with yarn_mscale and yarn_mscale_all_dim (0: not given) it
-    sets `rotary_concentration`."""
-    yarn_mscale: float = 0.0
-    yarn_mscale_all_dim: float = 0.0
+    """YaRN's context extension factor s (0: no YaRN); with yarn_mscale and yarn_mscale_all_dim (None: not given; 0
+    is a value, as Megatron-LM reads it) it sets `rotary_concentration`."""
+    yarn_mscale: float | None = None
+    yarn_mscale_all_dim: float | None = None
 
     def __post_init__(self) -> None:
         # Megatron-LM's defaults (megatron/training/arguments.py): --moe-router-topk 2, --moe-ffn-hidden-size
@@ -92,7 +92,7 @@ class Model:
         def mscale(m: float) -> float:
             return 0.1 * m * math.log(s) + 1.0
 
-        if self.yarn_mscale and self.yarn_mscale_all_dim:
+        if self.yarn_mscale is not None and self.yarn_mscale_all_dim is not None:
             return mscale(self.yarn_mscale) / mscale(self.yarn_mscale_all_dim)
         return mscale(1.0)
 
