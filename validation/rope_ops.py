@@ -18,9 +18,9 @@ Needs torch (``pip install '.[validation]'``).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from validation.aten_kernels import outer_kernels, print_kernels
 from validation.harness_cli import cli_guard
 
 KERNEL_OPS = frozenset({"aten::cos", "aten::sin", "aten::mul", "aten::neg", "aten::cat", "aten::add", "aten::add_",
@@ -44,23 +44,6 @@ def _rope(t, freqs, factor: float):
     return torch.cat((scaled + torch.cat((-second, first), dim=-1) * sin, passed), dim=-1)
 
 
-def _kernels(prof) -> list[str]:
-    """The kernels of a profile, in order (module docstring)."""
-    out = []
-    for e in prof.events():
-        if e.name not in KERNEL_OPS:
-            continue
-        parent, nested = e.cpu_parent, False
-        while parent is not None:
-            nested = nested or parent.name in KERNEL_OPS
-            parent = parent.cpu_parent
-        shapes = [s for s in (e.input_shapes or []) if s]
-        if nested or any(0 in s for s in shapes):
-            continue
-        out.append(e.name.removeprefix("aten::"))
-    return out
-
-
 def count(seq: int = 64, batch: int = 2, heads: int = 4, head_dim: int = 16) -> tuple[list[str], list[str]]:
     """(forward kernels, backward kernels) of one unfused RoPE on a bf16 [seq, batch, heads, head_dim] tensor."""
     import torch
@@ -75,16 +58,11 @@ def count(seq: int = 64, batch: int = 2, heads: int = 4, head_dim: int = 16) -> 
     # the backward of ``t`` alone: stop at its producer
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as bwd:
         torch.autograd.grad(out, t, grad)
-    return _kernels(fwd), _kernels(bwd)
+    return outer_kernels(fwd, KERNEL_OPS), outer_kernels(bwd, KERNEL_OPS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m validation.rope_ops", description=__doc__.splitlines()[0]).parse_args(
-        argv)
-    forward, backward = count()
-    print(f"forward  {len(forward)} kernels: {' '.join(forward)}")
-    print(f"backward {len(backward)} kernels: {' '.join(backward)}")
-    return 0
+    return print_kernels("python -m validation.rope_ops", __doc__.splitlines()[0], argv, count)
 
 
 if __name__ == "__main__":

@@ -228,13 +228,17 @@ def _routed_activation_bytes(model: Model, e: int, tokens: int, experts: ExpertP
     (transformer_engine/pytorch/module/grouped_linear.py, _GroupedLinear.forward: the split-quantized ``inputmats``
     go to ctx.save_for_backward with their columnwise usage, unless save_original_input), as its dense linears do:
     fc1's input and fc2's input (the activation's output) at 1 byte an element (``lin``; the scales, 1 per 32 or 128
-    elements, not counted); the activation keeps its 16-bit input (fc1's output)."""
+    elements, not counted); the activation keeps its 16-bit input (fc1's output). A clamped activation (GPT-OSS,
+    simdist.plan.glu_clamp) keeps the clamped copy as that input and, unless moe_act is recomputed, fc1's output too
+    for the clamps' backward."""
     lin = e if lin is None else lin
     k, nl = model.moe_router_topk, model.num_experts // experts.ep
     rows = max(1, math.ceil(tokens * k * experts.etp * experts.busiest_share / nl - 1e-9)) * nl
     f_l = model.moe_ffn_hidden_size / experts.etp
     # fc1 input (lin); fc1 output (SwiGLU: 2f, e) + fc2 input (f, lin)
     per_row = lin * model.hidden_size + e * (2 if model.swiglu else 1) * f_l + (lin * f_l if act else 0.0)
+    if act and model.activation_func_clamp_value is not None:
+        per_row += e * 2 * f_l  # fc1's output, which the clamps' backward reads (the clamped copy counted above)
     router = tokens * model.num_experts * (4 + 1)  # fp32 scores and the routing map
     # each row's probability (moe_router_dtype, else the activations' dtype), kept by the weighted activation
     return rows * per_row + router + experts.prob_bytes(e) * rows

@@ -140,8 +140,17 @@ def _experts(c: _Config, num_layers: int, ffn: int) -> dict[str, Any]:
         raise c.fail("first_k_dense_replace", "no layer is a mixture of experts (decoder_sparse_step, "
                                               "mlp_only_layers, first_k_dense_replace, moe_layer_freq)",
                      "fix the layer pattern, or describe a dense model")
-    return {"num_experts": num_experts, "moe_router_topk": topk, "moe_ffn_hidden_size": expert_ffn,
-            "moe_shared_expert_intermediate_size": shared, "moe_layer_freq": _freq(flags)}
+    out = {"num_experts": num_experts, "moe_router_topk": topk, "moe_ffn_hidden_size": expert_ffn,
+           "moe_shared_expert_intermediate_size": shared, "moe_layer_freq": _freq(flags)}
+    # GPT-OSS: transformers' GptOssExperts clamps the gate to at most swiglu_limit and the linear half to within
+    # +/- it (Megatron-Bridge's bridge: activation_func_clamp_value = 7.0); costed by simdist.plan.glu_clamp.
+    limit = c.doc.get("swiglu_limit")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit <= 1e6:
+            raise c.fail("swiglu_limit", f"swiglu_limit must be a positive number, not {limit!r}",
+                         "fix the config's swiglu_limit (GPT-OSS: 7.0)")
+        out["activation_func_clamp_value"] = float(limit)
+    return out
 
 
 def _latent_attention(c: _Config) -> dict[str, Any]:

@@ -240,7 +240,8 @@ def _module_tags(fwd: Pass, attn, residual_kernels: int, norm_kernels: int, *, m
             tags.append("mlp")
         elif k.name.startswith("shared"):
             tags.append("shared_experts")
-        elif k.name.startswith("expert_") and k.name.endswith(("_swiglu", "_gelu")):
+        elif k.name.startswith("expert_clamp_") or (k.name.startswith("expert_") and
+                                                    k.name.endswith(("_swiglu", "_gelu"))):
             tags.append("moe_act")
         else:
             tags.append("moe")

@@ -38,6 +38,10 @@ class Model:
     add_bias_linear: bool = False
     """The linear layers carry biases (Megatron-LM --add-bias-linear): priced where they add kernels, a routed
     expert's fc2 bias (simdist.plan.moe_bias); not counted in the parameters."""
+    activation_func_clamp_value: float | None = None
+    """The routed experts' gated activation clamps its two halves of fc1's output to this limit first (Megatron-LM
+    --activation-func-clamp-value; GPT-OSS 7.0): eager kernels beside the fused activation (simdist.plan.glu_clamp);
+    None: no clamp."""
     kv_channels: int = 0
     """Width of one attention head (Megatron-LM's --kv-channels, Hugging Face's head_dim); 0: hidden_size /
     num_attention_heads, Megatron's default. Qwen3 and GPT-OSS shapes set it (e.g. Qwen3-32B: h 5120, 64 heads of

@@ -10,7 +10,8 @@ from simdist.plan.model import Model
 
 __all__ = ["check_model"]
 
-_MOE_ONLY = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq")
+_MOE_ONLY = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+             "activation_func_clamp_value")
 _MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 _DECODER_ONLY = ("num_experts", *_MOE_ONLY, "multi_latent_attention", *_MLA_ONLY, "qk_layernorm", "window_size",
                  "window_attn_skip_freq", "mtp_num_layers", "yarn_rotary_scaling_factor", "yarn_mscale",
@@ -44,6 +45,10 @@ def _check_moe(model: Model) -> None:
         raise _fail("moe_router_topk", f"moe_router_topk {model.moe_router_topk} routes each token to more experts "
                                        f"than the {model.num_experts} there are",
                     f"choose moe_router_topk <= num_experts ({model.num_experts})")
+    if model.activation_func_clamp_value is not None and not model.swiglu:
+        raise _fail("activation_func_clamp_value", "activation_func_clamp_value clamps the two halves of a gated "
+                                                   "expert's fc1 output, and this model's experts are not gated",
+                    "set model.swiglu: true (gated experts, as GPT-OSS), or drop activation_func_clamp_value")
     _per_layer(model, "moe_layer_freq")
     if not any(model.moe_layer_flags()):
         raise _fail("moe_layer_freq", "moe_layer_freq marks no layer as a mixture of experts",

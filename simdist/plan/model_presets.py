@@ -27,7 +27,8 @@ MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shar
               "mtp_num_layers", "yarn_rotary_scaling_factor", "yarn_mscale", "yarn_mscale_all_dim")
 """ModelSpec fields of mixture-of-experts, MLA, QK-norm, sliding-window, MTP and YaRN models (simdist.plan.model)."""
 _FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
-           "vocab_size", "swiglu", "tied_embeddings", "kv_channels", "add_bias_linear", *MOE_FIELDS)
+           "vocab_size", "swiglu", "tied_embeddings", "kv_channels", "add_bias_linear",
+           "activation_func_clamp_value", *MOE_FIELDS)
 
 
 def _tupled(fields: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +79,7 @@ def _preset(name: str) -> tuple[Model, str]:
 
 _INLINE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                   "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings", "kv_channels", "add_bias_linear",
-                  *MOE_FIELDS)
+                  "activation_func_clamp_value", *MOE_FIELDS)
 
 
 def _written(spec: ModelSpec) -> dict[str, Any]:
@@ -125,6 +126,7 @@ def _inline(spec: ModelSpec) -> Model:
         tied_embeddings=given.get("tied_embeddings", True),
         kv_channels=given.get("kv_channels", 0),
         add_bias_linear=given.get("add_bias_linear", False),
+        activation_func_clamp_value=given.get("activation_func_clamp_value"),
         **{k: given[k] for k in MOE_FIELDS if k in given},
     )
 

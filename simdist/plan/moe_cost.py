@@ -12,7 +12,8 @@ experts.py, shared_experts.py), forward:
    destination (T x topk rows); all-to-all over the ep group; with etp > 1 an all-gather over the expert-TP group
    (gather_from_sequence_parallel_region on expt_tp); permutation 2 sorts the received rows by local expert
    (sort_chunks_by_idxs, when a rank holds more than one expert);
-4. the local experts (num_experts / ep of them): fc1 h -> moe_ffn (x 2 with SwiGLU) / etp, the activation, which
+4. the local experts (num_experts / ep of them): fc1 h -> moe_ffn (x 2 with SwiGLU) / etp (GPT-OSS's clamp of its
+   output in eager kernels: simdist.plan.glu_clamp), the activation, which
    weights each row by its router probability (the permuted probabilities travel with the rows: Megatron-LM !2668,
    "perf(MoE): Memory efficient token permutation", April 2025, TEGroupedMLP's weighted bias-SwiGLU), fc2 -> h; one
    grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP);
@@ -57,6 +58,7 @@ from simdist.plan.expert_parallel import (
     expected_destination_ranks,
     routed_tokens,
 )
+from simdist.plan.glu_clamp import clamp_kernels
 from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, gemm, gemm_grads
 from simdist.plan.model import Model
 from simdist.plan.moe_bias import fc2_bias_kernels
@@ -226,7 +228,11 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         return [*shape.casts(f"{name}_grad", te * n * batch, parts=batch),
                 *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
 
-    fwd.add(*linear("expert_fc1", up_n, h, useful_up),
+    # a clamped gated activation (GPT-OSS) clamps fc1's output in eager kernels first (simdist.plan.glu_clamp)
+    # Assumption: SequentialMLP (moe_grouped_gemm false), which clamps expert by expert, is priced as one chain.
+    clamp_fwd, clamp_bwd = (clamp_kernels(rows * f_l, bpe, even) if model.activation_func_clamp_value is not None
+                            else ([], []))
+    fwd.add(*linear("expert_fc1", up_n, h, useful_up), *clamp_fwd,
             _activation("expert", model, rows * f_l, bpe, even, f_l, pb),
             *linear("expert_fc2", h, f_l, useful_down))
     # fc2's bias, added per local expert after the grouped GEMM (simdist.plan.moe_bias)
@@ -267,7 +273,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     if sort and kind != "allgather":
         bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0, useful_share=even))
     bwd.add(*bias_bwd, *linear_grads("expert_fc2", h, f_l, useful_down),
-            _activation_grad("expert", model, rows * f_l, bpe, even, f_l, pb),
+            _activation_grad("expert", model, rows * f_l, bpe, even, f_l, pb), *clamp_bwd,
             *linear_grads("expert_fc1", up_n, h, useful_up))
     if sort:
         bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0, useful_share=even))

@@ -125,6 +125,13 @@ class ModelSpec(Spec):
                                   "PyTorch, weighted by each row's router probability (simdist.plan.moe_bias); a dense "
                                   "linear's bias rides in its GEMM's epilogue or a fused bias kernel and costs nothing "
                                   "here; biases are not counted in num_params")
+    activation_func_clamp_value: float | None = Field(
+        default=None, gt=0.0, le=1e6, validation_alias=alias("activation_func_clamp_value", "swiglu_limit"),
+        description="the routed experts' gated activation first clamps fc1's two halves to this limit, the gate "
+                    "at most it and the linear half within its +/- (Megatron-LM --activation-func-clamp-value; "
+                    "Hugging Face swiglu_limit; GPT-OSS 7.0): Megatron-Core runs the clamp in eager PyTorch "
+                    "beside its fused activation, 3 kernels forward and 9 backward (simdist.plan.glu_clamp); "
+                    "needs a mixture-of-experts model with gated (swiglu) experts; absent: no clamp")
     # Mixture of experts (Megatron-LM argument names; simdist.plan.model documents how each is costed).
     num_experts: count(NUM_EXPERTS) | None = Field(
         default=None, validation_alias=alias("num_experts", "num_moe_experts"),
