@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from simdist.errors import LayoutError, SpecError
 from simdist.plan.kernel_work import LayerShape
 from simdist.plan.model import Model
+from simdist.plan.moe_padding import align_rows, router_pads
 
 __all__ = ["DISPATCHERS", "ExpertParallel", "RoutedTokens", "check_experts", "expected_destination_ranks",
            "routed_tokens"]
@@ -38,6 +39,9 @@ class ExpertParallel:
     (simdist.collectives.ep_kernels prices their share of NVLink)."""
     router_dtype: str | None = None
     """The router's logits and probabilities: fp32 | fp64 (training.moe_router_dtype); None: the hidden states'."""
+    padding_for_quantization: bool = False
+    """Under FP8 the router pads each expert's token count to the GEMMs' alignment (training.
+    moe_router_padding_for_quantization; simdist.plan.moe_padding)."""
 
     def prob_bytes(self, bpe: int) -> int:
         """Bytes of a routed row's probability, ``bpe`` those of the hidden states: Megatron-Core's TopKRouter.gating
@@ -135,11 +139,19 @@ def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> R
 
     # Assumption: the busiest rank's rows are spread evenly over its local experts (one per-expert GEMM size);
     # routing skew inside a rank would make its grouped GEMM's largest expert slower still.
+
+    Under FP8 grouped experts each local expert's rows are padded to the GEMMs' alignment (simdist.plan.moe_padding):
+    (align - 1) / 2 rows more on average, or, padded in the router, ep x etp times that, and each rank sends
+    num_experts x (align - 1) / 2 rows more. Balanced rows (model FLOPs) do not count the padding.
     """
     t = shape.local_tokens
     k = model.moe_router_topk
     num_local = model.num_experts // experts.ep
     balanced = float(t * k * experts.etp)
-    per_expert = max(1, math.ceil(balanced * experts.busiest_share / num_local - 1e-9))
+    half = (align_rows(shape.recipe) - 1) / 2.0 if experts.grouped_gemm else 0.0
+    in_router = router_pads(shape.recipe, experts.dispatcher, experts.padding_for_quantization)
+    pad = half * experts.ep * experts.etp if in_router else half
+    per_expert = max(1, math.ceil(balanced * experts.busiest_share / num_local + pad - 1e-9))
     rows = expected_destination_ranks(model.num_experts, k, experts.ep) if experts.dispatcher == "flex" else k
-    return RoutedTokens(t, num_local, balanced, per_expert, t * rows * experts.kept_share)
+    sent = t * rows * experts.kept_share + (model.num_experts * half if in_router else 0.0)
+    return RoutedTokens(t, num_local, balanced, per_expert, sent)

@@ -189,7 +189,14 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
         if t.moe_router_dtype is not None:
             raise _fail("experts", f"moe_router_dtype {t.moe_router_dtype} on a model without experts",
                         "training.moe_router_dtype", "drop it (it is the router's dtype)")
+        if t.moe_router_padding_for_quantization:
+            raise _fail("experts", "moe_router_padding_for_quantization on a model without experts",
+                        "training.moe_router_padding_for_quantization", "set it to false")
         return
+    if t.moe_router_padding_for_quantization and t.precision != "fp8":
+        raise _fail("experts", f"moe_router_padding_for_quantization pads the experts' rows for FP8 GEMMs, and "
+                    f"precision is {t.precision}", "training.moe_router_padding_for_quantization",
+                    "set training.precision: fp8, or drop moe_router_padding_for_quantization")
     if model.num_experts % p.ep:
         raise _fail("experts", f"{model.num_experts} experts do not split over ep = {p.ep}", "parallel.ep",
                     f"choose ep dividing {model.num_experts}")
@@ -319,6 +326,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         ep=p.ep, etp=p.tp if p.etp is None else p.etp, moe_dispatcher=t.moe_token_dispatcher_type,
         moe_imbalance=scenario_imbalance(t, p, model), moe_capacity_factor=t.moe_expert_capacity_factor,
         moe_grouped_gemm=t.moe_grouped_gemm, moe_router_dtype=t.moe_router_dtype,
+        moe_router_padding=t.moe_router_padding_for_quantization,
         moe_ep_domains=_ep_domains(mesh, topology, t.moe_token_dispatcher_type),
         moe_kernel=moe_kernel, moe_overlap=t.overlap_moe_expert_parallel_comm,
         moe_overlap_share=t.moe_a2a_overlap_share,

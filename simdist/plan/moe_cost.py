@@ -16,7 +16,9 @@ experts.py, shared_experts.py), forward:
    output in eager kernels: simdist.plan.glu_clamp), the activation, which
    weights each row by its router probability (the permuted probabilities travel with the rows: Megatron-LM !2668,
    "perf(MoE): Memory efficient token permutation", April 2025, TEGroupedMLP's weighted bias-SwiGLU), fc2 -> h; one
-   grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP);
+   grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP); under FP8 each
+   expert's rows padded to the GEMMs' alignment, in copies before fc1 and after fc2 behind the alltoall and allgather
+   dispatchers (simdist.plan.moe_padding);
 5. the reverse: unsort, reduce-scatter over etp, all-to-all back (combine), unpermutation (summing a token's copies:
    `unpermute` without probabilities in every dispatcher since !2668), plus the shared experts' output.
 
@@ -62,6 +64,7 @@ from simdist.plan.glu_clamp import clamp_kernels
 from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, gemm, gemm_grads
 from simdist.plan.model import Model
 from simdist.plan.moe_bias import fc2_bias_kernels
+from simdist.plan.moe_padding import copies_padding, padding_kernels, router_pads
 
 
 def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
@@ -121,14 +124,16 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     return fwd, bwd
 
 
-def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_factor: float | None) -> str:
+def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_factor: float | None,
+                router_padding: bool = False) -> str:
     """Where a dropless MoE layer's forward waits for the device: the host needs the routed token counts on the CPU
     (the all-to-all's split sizes, the grouped GEMM's rows per expert).
 
     ``alltoall``: Megatron-Core MoEAlltoAllTokenDispatcher.preprocess sets ``cuda_sync_point``: ``before_permutation_1``
-    when a capacity factor drops tokens (num_out_tokens), else ``before_ep_alltoall`` when ep > 1 or the rank holds
-    several experts (input_splits / output_splits), else ``before_finish`` (tokens_per_expert), and
-    _maybe_update_cuda_sync_point synchronizes the stream there (megatron/core/transformer/moe/token_dispatcher.py).
+    when a capacity factor drops tokens or the router pads for FP8 (``router_padding``: num_out_tokens), else
+    ``before_ep_alltoall`` when ep > 1 or the rank holds several experts (input_splits / output_splits), else
+    ``before_finish`` (tokens_per_expert), and _maybe_update_cuda_sync_point synchronizes the stream there
+    (megatron/core/transformer/moe/token_dispatcher.py).
     ``flex`` (DeepEP's normal-mode dispatch): the CPU waits for the received-token counts the notify kernel writes to
     host-mapped memory before it sizes the dispatch's output (deep_ep buffer.py / intranode.cu, notify_dispatch): at the
     dispatch. ``allgather``: MoEAllGatherTokenDispatcher copies tokens_per_expert to the CPU after the gathers, before
@@ -137,7 +142,7 @@ def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_facto
     """
     if dispatcher == "allgather":
         return "before_finish"
-    if dispatcher == "alltoall" and capacity_factor is not None:
+    if dispatcher == "alltoall" and (capacity_factor is not None or router_padding):
         return "before_permutation_1"
     if ep > 1 or num_local_experts > 1:
         return "before_ep_alltoall"
@@ -188,7 +193,8 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
 
     # ---- dispatch
     # The host learns the token counts once per layer forward, in a blocking device-to-host copy (`host_sync`).
-    sync_at = _sync_point(kind, ep, nl, experts.capacity_factor)
+    sync_at = _sync_point(kind, ep, nl, experts.capacity_factor,
+                          router_pads(shape.recipe, kind, experts.padding_for_quantization))
     if sync_at == "before_permutation_1":
         fwd.sync()
     if kind == "alltoall":
@@ -232,13 +238,19 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     # Assumption: SequentialMLP (moe_grouped_gemm false), which clamps expert by expert, is priced as one chain.
     clamp_fwd, clamp_bwd = (clamp_kernels(rows * f_l, bpe, even) if model.activation_func_clamp_value is not None
                             else ([], []))
-    fwd.add(*linear("expert_fc1", up_n, h, useful_up), *clamp_fwd,
+    # FP8 grouped GEMMs behind the alltoall / allgather dispatchers: the rows padded per expert in copies, before fc1
+    # and after fc2 (simdist.plan.moe_padding)
+    pad_fwd, unpad_fwd, unpad_bwd, pad_bwd = (
+        padding_kernels(rows, h, bpe, pb, even)
+        if copies_padding(shape.recipe, kind, experts.padding_for_quantization, experts.grouped_gemm)
+        else ([], [], [], []))
+    fwd.add(*pad_fwd, *linear("expert_fc1", up_n, h, useful_up), *clamp_fwd,
             _activation("expert", model, rows * f_l, bpe, even, f_l, pb),
             *linear("expert_fc2", h, f_l, useful_down))
     # fc2's bias, added per local expert after the grouped GEMM (simdist.plan.moe_bias)
     bias_fwd, bias_bwd = (fc2_bias_kernels(te, nl, h, bpe, pb, even) if model.add_bias_linear and experts.grouped_gemm
                           else ([], []))
-    fwd.add(*bias_fwd)
+    fwd.add(*bias_fwd, *unpad_fwd)
 
     # ---- combine
     if sort and kind != "allgather":
@@ -272,9 +284,9 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
         bwd.issue("all_gather", rows * h * bpe, axis="etp")
     if sort and kind != "allgather":
         bwd.add(elementwise("moe_unsort_chunks_grad", rows * h, 2 * bpe, 0.0, useful_share=even))
-    bwd.add(*bias_bwd, *linear_grads("expert_fc2", h, f_l, useful_down),
+    bwd.add(*unpad_bwd, *bias_bwd, *linear_grads("expert_fc2", h, f_l, useful_down),
             _activation_grad("expert", model, rows * f_l, bpe, even, f_l, pb), *clamp_bwd,
-            *linear_grads("expert_fc1", up_n, h, useful_up))
+            *linear_grads("expert_fc1", up_n, h, useful_up), *pad_bwd)
     if sort:
         bwd.add(elementwise("moe_sort_chunks_grad", rows * h, 2 * bpe, 1.0, useful_share=even))
     if a2a and etp > 1:

@@ -91,6 +91,8 @@ class StepConfig:
     moe_grouped_gemm: bool = True
     moe_router_dtype: str | None = None
     """Megatron-LM --moe-router-dtype (fp32 | fp64); None: the hidden states' dtype."""
+    moe_router_padding: bool = False
+    """Megatron-LM --moe-router-padding-for-quantization (simdist.plan.moe_padding)."""
     moe_ep_domains: int = 1
     """NVLink domains one expert-parallel group spans (simdist.plan.expert_parallel.ExpertParallel.domains)."""
     moe_kernel: str = "nccl"
@@ -175,7 +177,8 @@ class StepConfig:
     def expert_parallel(self) -> ExpertParallel:
         """How this step's MoE layers run (simdist.plan.moe_cost)."""
         return ExpertParallel(self.ep, self.etp, self.moe_dispatcher, self.moe_imbalance, self.moe_capacity_factor,
-                              self.moe_grouped_gemm, self.moe_ep_domains, self.moe_kernel, self.moe_router_dtype)
+                              self.moe_grouped_gemm, self.moe_ep_domains, self.moe_kernel, self.moe_router_dtype,
+                              self.moe_router_padding)
 
     @property
     def num_stages(self) -> int:

@@ -173,6 +173,14 @@ class TrainingSpec(Spec):
                                   "null: the hidden states' dtype (bf16 under bf16 and fp8 training), as Megatron-Core "
                                   "(TopKRouter.gating); the permuted probabilities travel with the routed rows and "
                                   "weight the experts' outputs in this dtype (simdist.plan.moe_bias)")
+    moe_router_padding_for_quantization: bool = Field(
+        default=False, validation_alias=alias("moe_router_padding_for_quantization", "moe_router_padding_for_fp8"),
+        description="under FP8 the router pads each rank's token count of every expert to the grouped GEMMs' "
+                    "alignment, 16 rows (32 under MXFP8), so the experts need no padding copies (Megatron-LM "
+                    "--moe-router-padding-for-quantization, formerly --moe-router-padding-for-fp8; the alltoall "
+                    "dispatcher): the padding rows travel in the all-to-alls and the host synchronizes before "
+                    "permutation 1. false (default): Transformer Engine's Fp8Padding copies the rows into padded "
+                    "blocks before fc1 and back after fc2 (simdist.plan.moe_padding)")
     overlap_moe_expert_parallel_comm: bool = Field(
         default=False, description="overlap the MoE all-to-all with another micro-batch's compute "
                                    "(Megatron-LM --overlap-moe-expert-parallel-comm, the 1F1B A2A overlap)")
