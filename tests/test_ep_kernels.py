@@ -143,7 +143,7 @@ def test_the_sm_count_moves_deepep_along_its_published_series(tmp_path):
                      "parallel: {dp: 8, ep: 8}\ntraining: {global_batch_size: 16, moe_token_dispatcher_type: flex, "
                      f"{field}: 32}}\n")
         sc = api.load_scenario(f)
-        assert step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)).moe_kernel == "deepep:32"
+        assert step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model)).expert_parallel.kernel == "deepep:32"
 
 
 def test_hybridep_across_nodes_takes_its_published_share_of_simdists_own_rate():

@@ -269,7 +269,7 @@ def test_flex_kernels_beside_compute_take_their_sms_from_it():
                                 model=model)
         obs[overlap] = analytic_observables(cfg, CommPricer(topology), fast_forward=False)[0]
     n = architecture(cfg.gpu).num_sms
-    assert cfg.moe_kernel == "hybridep:16" and cfg.expert_interference == pytest.approx(16 / (n - 16))
+    assert cfg.expert_parallel.kernel == "hybridep:16" and cfg.expert_interference == pytest.approx(16 / (n - 16))
     plain, hidden = obs[False], obs[True]
     x = cfg.expert_interference
     M = _num_microbatches(cfg)  # the first forward and last backward run alone: their all_to_alls slow nothing

@@ -183,7 +183,7 @@ def test_a_step_counts_the_nvlink_domains_its_expert_groups_span(tmp_path):
         return step_config_of(sc.spec, sc.topology, resolve_model(sc.spec.model))
 
     two, one = cfg(16), cfg(8)
-    assert (two.moe_ep_domains, one.moe_ep_domains) == (2, 1)
+    assert (two.expert_parallel.domains, one.expert_parallel.domains) == (2, 1)
     assert two.expert_parallel.domains == 2
     # ep 12 of 24 experts on three nodes: 8 ranks in the first node, 4 in the second; DeepEP cannot run it
     f = tmp_path / "uneven.yaml"

@@ -39,15 +39,18 @@ def test_the_alignment_is_the_recipes():
 
 
 def test_which_path_pads_where():
+    alltoall, routed = ExpertParallel(ep=4), ExpertParallel(ep=4, padding_for_quantization=True)
     # copies: FP8 grouped experts behind alltoall / allgather, unless the router pads
-    assert copies_padding("tensorwise", "alltoall", False, True)
-    assert copies_padding("mxfp8", "allgather", False, True)
-    assert not copies_padding("tensorwise", "alltoall", True, True)
-    assert not copies_padding("tensorwise", "flex", False, True)  # DeepEP / HybridEP pad in their permute
-    assert not copies_padding(None, "alltoall", False, True)  # bf16: no padding
-    assert not copies_padding("tensorwise", "alltoall", False, False)  # SequentialMLP
-    assert router_pads("tensorwise", "alltoall", True) and not router_pads("tensorwise", "flex", True)
-    assert not router_pads(None, "alltoall", True)
+    assert copies_padding("tensorwise", alltoall)
+    assert copies_padding("mxfp8", ExpertParallel(ep=4, dispatcher="allgather"))
+    assert not copies_padding("tensorwise", routed)
+    # DeepEP / HybridEP pad in their permute
+    assert not copies_padding("tensorwise", ExpertParallel(ep=4, dispatcher="flex", kernel="deepep"))
+    assert not copies_padding(None, alltoall)  # bf16: no padding
+    assert not copies_padding("tensorwise", ExpertParallel(ep=4, grouped_gemm=False))  # SequentialMLP
+    assert router_pads("tensorwise", routed)
+    assert not router_pads("tensorwise", dataclasses.replace(routed, dispatcher="flex", kernel="deepep"))
+    assert not router_pads(None, routed)
 
 
 def test_the_copies_move_what_the_module_docstring_counts():

@@ -71,7 +71,7 @@ def test_a_scenario_steps_as_if_it_stated_the_histograms_imbalance(tmp_path):
     shares = tuple(c / sum(counts) for c in counts)
     # the ep group of 4 routes 4 x 128 tokens per micro-batch, 2 copies each
     want = routing_imbalance("histogram", num_experts=8, ep=4, tokens=512, topk=2, shares=(shares,))
-    assert cfg.moe_imbalance == want > 1.5  # rank 0 holds 0.5 of the shares: about 2 x the mean
+    assert cfg.expert_parallel.imbalance == want > 1.5  # rank 0 holds 0.5 of the shares: about 2 x the mean
     assert sc.spec.training.moe_routing_file.is_absolute()  # resolved from the scenario's folder
     # the same step as a scenario stating that imbalance, in both fidelities
     path = str(tmp_path / "s.yaml")

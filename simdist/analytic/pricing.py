@@ -275,7 +275,7 @@ def recipe_key(cfg: StepConfig) -> tuple:
             cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap, cfg.moe_overlap_share,
             cfg.tp_comm_overlap,
             cfg.grad_reduce_in_fp32, cfg.overlap_param_gather, cfg.vpp, cfg.execution, cfg.mesh.dp_shard,
-            cfg.moe_kernel)
+            cfg.expert_parallel.kernel)
 
 
 def recipe_entry(cfg: StepConfig, cost: ChunkCost, cost_token: int, kind: str, edge: bool,

@@ -23,7 +23,8 @@ DISPATCHERS = ("alltoall", "allgather", "flex")
 
 @dataclass(frozen=True, slots=True)
 class ExpertParallel:
-    """How a step's MoE layers run (simdist.plan.step_config.StepConfig's ep, etp and moe_* fields)."""
+    """How a step's MoE layers run (simdist.plan.step_config.StepConfig.expert_parallel, from the scenario's
+    parallel.ep / etp and training.moe_* fields)."""
 
     ep: int = 1
     etp: int = 1
@@ -149,7 +150,7 @@ def routed_tokens(model: Model, shape: LayerShape, experts: ExpertParallel) -> R
     num_local = model.num_experts // experts.ep
     balanced = float(t * k * experts.etp)
     half = (align_rows(shape.recipe) - 1) / 2.0 if experts.grouped_gemm else 0.0
-    in_router = router_pads(shape.recipe, experts.dispatcher, experts.padding_for_quantization)
+    in_router = router_pads(shape.recipe, experts)
     pad = half * experts.ep * experts.etp if in_router else half
     per_expert = max(1, math.ceil(balanced * experts.busiest_share / num_local + pad - 1e-9))
     rows = expected_destination_ranks(model.num_experts, k, experts.ep) if experts.dispatcher == "flex" else k

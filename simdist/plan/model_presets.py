@@ -77,9 +77,8 @@ def _preset(name: str) -> tuple[Model, str]:
     return got
 
 
-_INLINE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "seq_length", "vocab_size", "swiglu", "kind", "tied_embeddings", "kv_channels", "add_bias_linear",
-                  "activation_func_clamp_value", *MOE_FIELDS)
+_INLINE_FIELDS = ("kind", *_FIELDS)
+"""What an inline description may write: a preset's fields and the kind."""
 
 
 def _written(spec: ModelSpec) -> dict[str, Any]:
@@ -125,9 +124,8 @@ def _inline(spec: ModelSpec) -> Model:
         swiglu=given.get("swiglu", False),
         tied_embeddings=given.get("tied_embeddings", True),
         kv_channels=given.get("kv_channels", 0),
-        add_bias_linear=given.get("add_bias_linear", False),
-        activation_func_clamp_value=given.get("activation_func_clamp_value"),
-        **{k: given[k] for k in MOE_FIELDS if k in given},
+        # the rest as written, else Model's defaults
+        **{k: given[k] for k in ("add_bias_linear", "activation_func_clamp_value", *MOE_FIELDS) if k in given},
     )
 
 

@@ -193,8 +193,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
 
     # ---- dispatch
     # The host learns the token counts once per layer forward, in a blocking device-to-host copy (`host_sync`).
-    sync_at = _sync_point(kind, ep, nl, experts.capacity_factor,
-                          router_pads(shape.recipe, kind, experts.padding_for_quantization))
+    sync_at = _sync_point(kind, ep, nl, experts.capacity_factor, router_pads(shape.recipe, experts))
     if sync_at == "before_permutation_1":
         fwd.sync()
     if kind == "alltoall":
@@ -242,7 +241,7 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     # and after fc2 (simdist.plan.moe_padding)
     pad_fwd, unpad_fwd, unpad_bwd, pad_bwd = (
         padding_kernels(rows, h, bpe, pb, even)
-        if copies_padding(shape.recipe, kind, experts.padding_for_quantization, experts.grouped_gemm)
+        if copies_padding(shape.recipe, experts)
         else ([], [], [], []))
     fwd.add(*pad_fwd, *linear("expert_fc1", up_n, h, useful_up), *clamp_fwd,
             _activation("expert", model, rows * f_l, bpe, even, f_l, pb),

@@ -33,7 +33,12 @@ rank sends num_experts x (align - 1) / 2 rows more.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from simdist.plan.kernel_work import Kernel, elementwise
+
+if TYPE_CHECKING:  # expert_parallel reads this module's rules for its token counts
+    from simdist.plan.expert_parallel import ExpertParallel
 
 __all__ = ["align_rows", "copies_padding", "padding_kernels", "router_pads"]
 
@@ -49,16 +54,17 @@ def align_rows(recipe: str | None) -> int:
     return 32 if recipe == "mxfp8" else 16
 
 
-def router_pads(recipe: str | None, dispatcher: str, padding_for_quantization: bool) -> bool:
-    """Whether the router pads each rank's routing map (the alltoall dispatcher's pad_routing_map)."""
-    return recipe is not None and padding_for_quantization and dispatcher == "alltoall"
+def router_pads(recipe: str | None, experts: ExpertParallel) -> bool:
+    """Whether the router pads each rank's routing map under ``recipe`` (the alltoall dispatcher's
+    pad_routing_map, where ``experts.padding_for_quantization``)."""
+    return recipe is not None and experts.padding_for_quantization and experts.dispatcher == "alltoall"
 
 
-def copies_padding(recipe: str | None, dispatcher: str, padding_for_quantization: bool, grouped_gemm: bool) -> bool:
-    """Whether TEGroupedMLP pads the rows in copies (Fp8Padding / Fp8Unpadding): FP8 grouped experts behind a
-    dispatcher that leaves them unpadded, without the router's padding."""
-    return (recipe is not None and grouped_gemm and dispatcher in DISPATCHERS_THAT_COPY
-            and not router_pads(recipe, dispatcher, padding_for_quantization))
+def copies_padding(recipe: str | None, experts: ExpertParallel) -> bool:
+    """Whether TEGroupedMLP pads the rows in copies (Fp8Padding / Fp8Unpadding) under ``recipe``: FP8 grouped experts
+    behind a dispatcher that leaves them unpadded, without the router's padding."""
+    return (recipe is not None and experts.grouped_gemm and experts.dispatcher in DISPATCHERS_THAT_COPY
+            and not router_pads(recipe, experts))
 
 
 def padding_kernels(rows: float, h: int, bpe: int, prob_bytes: int, useful_share: float | None = None

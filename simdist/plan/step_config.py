@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simdist.collectives.ep_kernels import kernel_sms
 from simdist.errors import LayoutError
@@ -78,26 +78,9 @@ class StepConfig:
     split_method: str = ""
     """How the layer split was chosen (reports)."""
     # Mixture of experts (scenario parallel.ep / etp and training.moe_*; simdist.plan.model for the model's side).
-    ep: int = 1
-    """Expert-parallel size: each MoE layer's routed experts sharded over ep ranks carved out of dp x cp."""
-    etp: int = 1
-    """Tensor parallelism inside each expert (Megatron-Core expert_tensor_parallel_size)."""
-    moe_dispatcher: str = "alltoall"
-    """alltoall | allgather | flex (Megatron-LM --moe-token-dispatcher-type)."""
-    moe_imbalance: float = 1.0
-    """The busiest expert-parallel rank's routed tokens / the mean."""
-    moe_capacity_factor: float | None = None
-    """Tokens an expert takes / its balanced share; None: dropless."""
-    moe_grouped_gemm: bool = True
-    moe_router_dtype: str | None = None
-    """Megatron-LM --moe-router-dtype (fp32 | fp64); None: the hidden states' dtype."""
-    moe_router_padding: bool = False
-    """Megatron-LM --moe-router-padding-for-quantization (simdist.plan.moe_padding)."""
-    moe_ep_domains: int = 1
-    """NVLink domains one expert-parallel group spans (simdist.plan.expert_parallel.ExpertParallel.domains)."""
-    moe_kernel: str = "nccl"
-    """What moves the expert-parallel all_to_alls: nccl, or the flex dispatcher's deepep / hybridep
-    (simdist.collectives.ep_kernels)."""
+    expert_parallel: ExpertParallel = field(default_factory=ExpertParallel)
+    """How this step's MoE layers run: ep, etp, the dispatcher and its kernel, routing imbalance and capacity, the
+    router's dtype and padding (simdist.plan.expert_parallel; costed by simdist.plan.moe_cost)."""
     moe_overlap: bool = False
     """Megatron-LM --overlap-moe-expert-parallel-comm."""
     moe_overlap_share: float = 1.0
@@ -174,11 +157,14 @@ class StepConfig:
                              self.schedule)
 
     @property
-    def expert_parallel(self) -> ExpertParallel:
-        """How this step's MoE layers run (simdist.plan.moe_cost)."""
-        return ExpertParallel(self.ep, self.etp, self.moe_dispatcher, self.moe_imbalance, self.moe_capacity_factor,
-                              self.moe_grouped_gemm, self.moe_ep_domains, self.moe_kernel, self.moe_router_dtype,
-                              self.moe_router_padding)
+    def ep(self) -> int:
+        """Expert-parallel size: each MoE layer's routed experts sharded over ep ranks carved out of dp x cp."""
+        return self.expert_parallel.ep
+
+    @property
+    def etp(self) -> int:
+        """Tensor parallelism inside each expert (Megatron-Core expert_tensor_parallel_size)."""
+        return self.expert_parallel.etp
 
     @property
     def num_stages(self) -> int:
@@ -200,9 +186,10 @@ class StepConfig:
         moe_flex_dispatcher_num_sms blocks), so the compute beside them runs on the N - s others: N / (N - s) as
         long, x = s / (N - s) (N: the GPU's SMs, simdist.hardware.gemm.architecture).
         # Assumption: their HBM traffic slows the compute no further (the SMs they take bound it)."""
-        if self.moe_kernel == "nccl":
+        kernel = self.expert_parallel.kernel
+        if kernel == "nccl":
             return self.interference
-        taken = kernel_sms(self.moe_kernel)
+        taken = kernel_sms(kernel)
         total = architecture(self.gpu).num_sms
         return taken / (total - taken) if taken < total else self.interference
 
