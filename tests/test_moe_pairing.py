@@ -29,6 +29,32 @@ def test_a_pair_of_layers_takes_the_two_streams_critical_path(a_ms, pair_ms):
     assert pair_time_s(a_ms * MS, *SEG) == pytest.approx(pair_ms * MS, rel=1e-12)
 
 
+@pytest.mark.parametrize(("a_ms", "delayed_ms", "undelayed_ms"), [
+    (1.0, 9.0, 9.0),  # every all-to-all shorter than its partner either way
+    # 2.5 with the weight gradients delayed: 10.5 (above); without --delay-wgrad-compute mlp_bwd holds them (mbd 3,
+    # mbw 0): t1 = 2.5; dispatch_bwd waits for all 3 ms: 2.5 + max(2.5, 3) + 2.5 = 8, mlp_fwd 2.5 + max(3, 2.5) + 2 =
+    # 7.5; + max(2.5, 3) = 11, i.e. max(a, pf) + max(a, mbd + mbw) + max(a, mf) + max(a, pb) = 2.5 + 3 + 2.5 + 3
+    (2.5, 10.5, 11.0),
+    # 3.5: delayed 3.5 + max(3.5 + 3.5, 3.5 + 2) + 3.5 = 14; undelayed 3.5 + 3.5 + 3.5 + 3.5 = 14
+    (3.5, 14.0, 14.0),
+])
+def test_undelayed_weight_gradients_hold_the_backward_dispatch(a_ms, delayed_ms, undelayed_ms):
+    # Megatron-LM --delay-wgrad-compute off: mlp_bwd_dw is a no-op, the weight gradients run inside mlp_bwd, so the
+    # backward dispatch starts after them (segments(..., delayed=False) folds mbw into mbd)
+    pf, mf, mbd, mbw, pb = SEG
+    assert pair_time_s(a_ms * MS, *SEG) == pytest.approx(delayed_ms * MS, rel=1e-12)
+    assert pair_time_s(a_ms * MS, pf, mf, mbd + mbw, 0.0, pb) == pytest.approx(undelayed_ms * MS, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.tuples(*[st.floats(0, 10) for _ in range(5)]), st.floats(0, 20))
+def test_delaying_the_weight_gradients_never_slows_the_pair(seg, a):
+    pf, mf, mbd, mbw, pb = seg
+    undelayed = pair_time_s(a, pf, mf, mbd + mbw, 0.0, pb)
+    assert pair_time_s(a, *seg) <= undelayed + 1e-9
+    assert undelayed == pytest.approx(max(a, pf) + max(a, mbd + mbw) + max(a, mf) + max(a, pb), abs=1e-9)
+
+
 def test_the_pairs_exposure_is_split_by_compute_and_added_to_the_tax():
     n = 4.0  # MoE layers in the chunk
     seg = (*SEG, n)
@@ -86,6 +112,30 @@ def test_segments_are_megatrons_schedule_nodes():
     # mbd: unsort, fc2 dgrad, swiglu, fc1 dgrad, sort = 8; mbw: 5; pb: unpermute, router, attention = 10; 3 layers
     assert seg == (7, 8, 8, 5, 10, 3.0)
     assert segments([(dense, 2)], lambda ks: 1.0) == ()
+    # without --delay-wgrad-compute the weight gradients are mlp_bwd's own: mbd 8 + 5, mbw 0
+    assert segments([(moe, 3), (dense, 2)], lambda ks: sum(k.seconds for k in ks), delayed=False) == \
+        (7, 8, 13, 0, 10, 3.0)
+
+
+def test_delay_wgrad_compute_reaches_the_pairing_and_needs_the_overlap():
+    from simdist import api
+    from simdist.plan.chunk_cost import chunk_cost
+    from simdist.plan.layout import LayoutRuleError, step_config_of
+    from simdist.plan.model_presets import resolve_model
+    from tests.test_moe_layout import _spec
+
+    costs = {}
+    for delay in (False, True):
+        spec = _spec({"dp": 8, "ep": 8}, {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": delay})
+        cfg = step_config_of(spec, api.cluster_of(spec), resolve_model(spec.model))
+        assert cfg.delay_wgrad is delay
+        costs[delay] = chunk_cost(cfg, cfg.part_layers(0), True, True).moe_pairing
+    pf, mf, mbd, mbw, pb, n = costs[True]
+    assert mbw > 0 and costs[False] == pytest.approx((pf, mf, mbd + mbw, 0.0, pb, n), rel=1e-12)
+    spec = _spec({"dp": 8, "ep": 8}, {"delay_wgrad_compute": True})
+    with pytest.raises(LayoutRuleError, match="delay_wgrad_compute without overlap_moe_expert_parallel_comm") as err:
+        step_config_of(spec, api.cluster_of(spec), resolve_model(spec.model))
+    assert err.value.field == "training.delay_wgrad_compute"
 
 
 def test_paired_steps_wait_for_their_all_to_alls_only_through_the_pairing(monkeypatch):

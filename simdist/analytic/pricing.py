@@ -262,7 +262,7 @@ def chunk_cost_key(cfg: StepConfig) -> tuple:
     return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
             cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
             cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap, cfg.execution,
-            a2a_overlapped(cfg), cfg.moe_overlap_share)  # (the 1F1B A2A overlap's pairing)
+            a2a_overlapped(cfg), cfg.moe_overlap_share, cfg.delay_wgrad)  # (the 1F1B A2A overlap's pairing)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:

@@ -279,7 +279,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                     tax += n * (f - 1.0) * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
     # Megatron-Core's 1F1B A2A overlap pairs each all-to-all with one compute segment of the other micro-batch's layer
     # (simdist.plan.moe_pairing); the segments' GPU time (the host's lead is the step's, not the segment's)
-    pairing = segments(parts, lambda ks: kernels_time_s(cfg.gpu, ks, cfg.precision, eff)) \
+    pairing = segments(parts, lambda ks: kernels_time_s(cfg.gpu, ks, cfg.precision, eff), cfg.delay_wgrad) \
         if a2a_overlapped(cfg) and cfg.moe_overlap_share >= 1.0 else ()
     return ChunkCost(
         forward_s=total("forward") + tax,

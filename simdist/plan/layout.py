@@ -176,6 +176,12 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
                     "overlap_moe_expert_parallel_comm: it is the share that overlap hides",
                     "training.moe_a2a_overlap_share",
                     "set training.overlap_moe_expert_parallel_comm: true, or drop moe_a2a_overlap_share")
+    if t.delay_wgrad_compute and not t.overlap_moe_expert_parallel_comm:
+        # Megatron-Core asserts it (transformer_config.py: "overlap_moe_expert_parallel_comm must be enabled when
+        # enabling delay_wgrad_compute")
+        raise _fail("experts", "delay_wgrad_compute without overlap_moe_expert_parallel_comm: it delays the weight "
+                    "gradients for that overlap", "training.delay_wgrad_compute",
+                    "set training.overlap_moe_expert_parallel_comm: true, or drop delay_wgrad_compute")
     if not model.is_moe:
         if p.ep > 1:
             raise _fail("experts", f"parallel.ep = {p.ep} on a model without experts", "parallel.ep",
@@ -329,6 +335,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
             moe_kernel, t.moe_router_dtype, t.moe_router_padding_for_quantization),
         moe_overlap=t.overlap_moe_expert_parallel_comm,
         moe_overlap_share=t.moe_a2a_overlap_share,
+        delay_wgrad=t.delay_wgrad_compute,
         grad_reduce_in_fp32=t.grad_reduce_in_fp32, tp_comm_overlap=t.tp_comm_overlap,
         optimizer_state_bytes=optimizer_state_bytes(t.precision, exp_avg=t.exp_avg_dtype,
                                                     exp_avg_sq=t.exp_avg_sq_dtype, main_params=t.main_params_dtype,

@@ -22,6 +22,14 @@ t1 + max(a, mbd) + a, mlp_fwd at t1 + max(mbd + mbw, a) + mf; combine_fwd and pr
 the pair's exposed communication is L(a) - (pf + mf + mbd + mbw + pb) >= 0: 0 where every all-to-all is shorter than
 its partner, 4a - compute where the all-to-alls are longer than everything.
 
+That is with --delay-wgrad-compute (training.delay_wgrad_compute), which Megatron-Bridge's performance scripts set
+with the overlap (scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides). Without it (Megatron's
+default) mlp_bwd_dw is a no-op and mlp_bwd computes the weight gradients with the input gradients before returning
+(megatron/core/models/gpt/fine_grained_callables.py TransformerLayerNode.backward_dw @ 2edffadb), so dispatch_bwd
+starts after both: the same L with the weight gradients counted in mbd and mbw = 0,
+
+    L(a) = max(a, pf) + max(a, mbd + mbw) + max(a, mf) + max(a, pb)   (`segments` with delayed false).
+
 A step's recipe (simdist.plan.recipe) runs its all-to-alls beside its own compute, max(compute, all-to-alls); the
 exposure above is added to the step's tax piece (simdist.plan.interference) on top, split between the pair's forward
 and backward in proportion to their compute, and priced once its all-to-alls are (both fidelities).
@@ -42,10 +50,12 @@ experts' grouped GEMMs and activation, and the dispatcher's local sort (megatron
 fine_grained_callables.py submodule_moe_forward: post dispatch -> experts -> combine preprocess)."""
 
 
-def segments(parts: Iterable[tuple[object, int]], time_s: Callable[[list], float]) -> tuple[float, ...]:
+def segments(parts: Iterable[tuple[object, int]], time_s: Callable[[list], float],
+             delayed: bool = True) -> tuple[float, ...]:
     """(pf, mf, mbd, mbw, pb, n): the per-layer means of the five compute segments over the MoE layers of ``parts``
     ((Work, count), simdist.plan.chunk_cost.chunk_parts), and n their number; () without MoE layers. ``time_s``:
-    seconds of a list of kernels on the chunk's GPU."""
+    seconds of a list of kernels on the chunk's GPU. ``delayed`` false (no --delay-wgrad-compute): the weight
+    gradients are part of mlp_bwd, so mbd holds them and mbw is 0 (module doc)."""
     sums = [0.0] * 5
     layers = 0
     for w, n in parts:
@@ -57,7 +67,7 @@ def segments(parts: Iterable[tuple[object, int]], time_s: Callable[[list], float
         dw = [k for k in mlp_b if k.name.endswith("_weight_grad")]
         pf = time_s([k for k in forward if not k.name.startswith(MLP_PREFIXES)])
         pb = time_s([k for k in backward if not k.name.startswith(MLP_PREFIXES)])
-        mf, mbw = time_s(mlp_f), time_s(dw)
+        mf, mbw = time_s(mlp_f), time_s(dw) if delayed else 0.0
         mbd = time_s(mlp_b) - mbw
         for i, t in enumerate((pf, mf, mbd, mbw, pb)):
             sums[i] += t * n

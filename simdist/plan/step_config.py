@@ -86,6 +86,9 @@ class StepConfig:
     moe_overlap_share: float = 1.0
     """Of each all_to_all the overlap hides, the share that runs beside the compute (training.moe_a2a_overlap_share;
     simdist.plan.comm_overlap)."""
+    delay_wgrad: bool = False
+    """Megatron-LM --delay-wgrad-compute (training.delay_wgrad_compute): under moe_overlap, the MoE layers' weight
+    gradients run beside the backward dispatch rather than before it (simdist.plan.moe_pairing.segments)."""
     tp_comm_overlap: bool = False
     """Megatron-LM --tp-comm-overlap: the tp collectives run beside the compute (simdist.plan.recipe), the GEMMs whose
     reduce-scatter overlaps them on fewer SMs (simdist.hardware.tp_overlap)."""

@@ -193,6 +193,13 @@ class TrainingSpec(Spec):
                     "(communication time with nothing beside it, overlap on) / (communication time, overlap off); "
                     "NVIDIA's Nsight A/B of Qwen3-30B on 16 H100 (Megatron-Bridge skill "
                     "nemo-mbridge-perf-moe-comm-overlap) gives 1 - 6.87 / 8.25 = 0.17 (README)")
+    delay_wgrad_compute: bool = Field(
+        default=False,
+        description="with overlap_moe_expert_parallel_comm: run each MoE layer's weight gradients after its backward "
+                    "dispatch is issued, so that all-to-all runs beside them (Megatron-LM --delay-wgrad-compute; "
+                    "Megatron-Bridge comm_overlap.delay_wgrad_compute, which its performance scripts set with "
+                    "moe_a2a_overlap). false (Megatron's default): the backward dispatch waits for them "
+                    "(simdist.plan.moe_pairing)")
     grad_reduce: Literal["per_parameter", "bucketed", "overlapped"] = Field(
         default="bucketed", description="data-parallel gradient reduction: one all-reduce per parameter tensor "
                                         "(the lecture), buckets after the backward, or buckets overlapped with it "
