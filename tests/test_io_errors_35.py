@@ -135,7 +135,8 @@ def test_a_report_harness_on_a_full_disk_or_a_device_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["validation.accuracy_collectives", "validation.accuracy_training",
-                                    "validation.bands", "validation.closed_form_agreement"])
+                                    "validation.bands", "validation.closed_form_agreement",
+                                    "validation.overlap_profile"])
 def test_report_harness_arguments_are_one_line(module, capsys):
     import importlib
 

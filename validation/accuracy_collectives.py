@@ -21,7 +21,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from functools import cache
-from pathlib import Path
 
 from simdist import api
 from simdist.collectives.group import Group
@@ -344,23 +343,9 @@ NOT_MODELLED = """
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validation.harness_cli import HarnessParser
+    from validation.harness_cli import report_main
 
-    parser = HarnessParser(prog="python -m validation.accuracy_collectives", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown report here (default: print it)")
-    args = parser.parse_args(argv)
-    if args.out:
-        from simdist.files import check_target
-
-        check_target(args.out, field="--out")  # before the work, not after it
-    text = render()
-    if args.out:
-        from simdist.files import write_text  # atomic, creates the folder, one-line errors
-
-        write_text(args.out, text, field="--out")
-    else:
-        print(text)
-    return 0
+    return report_main("python -m validation.accuracy_collectives", __doc__.splitlines()[0], render, argv)
 
 
 if __name__ == "__main__":

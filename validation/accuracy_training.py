@@ -24,7 +24,6 @@ NCCL's constants and link specifications.
 from __future__ import annotations
 
 import csv
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -345,23 +344,10 @@ def report(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validation.harness_cli import HarnessParser
+    from validation.harness_cli import report_main
 
-    parser = HarnessParser(prog="python -m validation.accuracy_training", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
-    args = parser.parse_args(argv)
-    if args.out:
-        from simdist.files import check_target
-
-        check_target(args.out, field="--out")  # before the work, not after it
-    text = report([predict(r) for r in rows()])
-    if args.out:
-        from simdist.files import write_text  # atomic, creates the folder, one-line errors
-
-        write_text(args.out, text, field="--out")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return report_main("python -m validation.accuracy_training", __doc__.splitlines()[0],
+                       lambda: report([predict(r) for r in rows()]), argv)
 
 
 if __name__ == "__main__":

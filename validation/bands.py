@@ -16,9 +16,7 @@ counts, every 6th row predicted again): regenerate it when the step model moves 
 from __future__ import annotations
 
 import statistics
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from validation.accuracy_training import SCENARIOS, Row, rows
 
@@ -108,27 +106,16 @@ def report(results: list[Banded], how: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validation.harness_cli import HarnessParser
+    from validation.harness_cli import report_main
 
-    parser = HarnessParser(prog="python -m validation.bands", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
-    args = parser.parse_args(argv)
-    if args.out:
-        from simdist.files import check_target
+    def render() -> str:
+        from simdist.api import run
 
-        check_target(args.out, field="--out")  # before the work, not after it
-    from simdist.api import run
+        all_rows = rows()
+        how = run(SCENARIOS / all_rows[0].scenario, list(all_rows[0].overrides)).result["step_time_band_how"]
+        return report([predict(r) for r in all_rows], how)
 
-    all_rows = rows()
-    how = run(SCENARIOS / all_rows[0].scenario, list(all_rows[0].overrides)).result["step_time_band_how"]
-    text = report([predict(r) for r in all_rows], how)
-    if args.out:
-        from simdist.files import write_text
-
-        write_text(args.out, text, field="--out")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return report_main("python -m validation.bands", __doc__.splitlines()[0], render, argv)
 
 
 if __name__ == "__main__":

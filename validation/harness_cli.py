@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from validation.spawn import HarnessError
 
-__all__ = ["HarnessParser", "cli_guard"]
+__all__ = ["HarnessParser", "cli_guard", "report_main"]
 
 
 class HarnessParser(argparse.ArgumentParser):
@@ -22,6 +22,28 @@ class HarnessParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         raise HarnessError(f"{message} (fix: see {self.prog} --help)")
+
+
+def report_main(prog: str, description: str, render: Callable[[], str], argv: list[str] | None = None) -> int:
+    """A report harness's command line: ``--out FILE`` (checked before the work, written atomically: never half a
+    report) or the report on stdout. ``render`` builds the markdown."""
+    from pathlib import Path
+
+    parser = HarnessParser(prog=prog, description=description)
+    parser.add_argument("--out", type=Path, help="write the markdown report here (default: stdout)")
+    args = parser.parse_args(argv)
+    if args.out:
+        from simdist.files import check_target
+
+        check_target(args.out, field="--out")  # before the work, not after it
+    text = render()
+    if args.out:
+        from simdist.files import write_text  # atomic, creates the folder, one-line errors
+
+        write_text(args.out, text, field="--out")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _stderr(line: str) -> None:
