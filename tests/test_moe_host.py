@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simdist import api
 from simdist.hardware.compute import compute_efficiency, kernels_time_s
@@ -76,23 +78,52 @@ def test_a_synchronization_splits_the_forward_into_two_host_bound_runs(tmp_path)
     n = len(work.forward)
     gpu = kernels_time_s(cfg.gpu, work.forward, cfg.precision, compute_efficiency(cfg.gpu))
     assert gpu < n * 1e-3  # host-bound indeed
+    eff = compute_efficiency(cfg.gpu)
+    times = [kernels_time_s(cfg.gpu, [k], cfg.precision, eff) for k in work.forward]
     cost = chunk_cost(cfg, ((0, 2),), False, False)
-    # each of the 2 layers: max(GPU, host) of the kernels before the sync, the gap, max(GPU, host) after: host-bound,
-    # so cut x 1 ms + 7 us + (n - cut) x 1 ms = n ms + 7 us, as if not split, plus the gap
-    assert cost.forward_s == pytest.approx(2 * (n * 1e-3 + 7e-6), rel=1e-12)
+    # each of the 2 layers: max(GPU, host) of the kernels before the sync (the host ahead of an emptying queue); after
+    # it the gap, then each kernel as the host issues it: host-bound, the last reaches the GPU 7 us + (n - cut - 1) x
+    # 1 ms after the sync and runs its own GPU time: cut x 1 ms + 7 us + (n - cut - 1) x 1 ms + the last's time
+    assert cost.forward_s == pytest.approx(2 * ((n - 1) * 1e-3 + 7e-6 + times[-1]), rel=1e-12)
     # a GPU-bound layer (a host of 1 ns per op): the two runs' GPU times add up to the whole; the gap is added
     fast = dataclasses.replace(cfg, host=HostOverhead(launch_s=0.5e-9, dispatch_s=0.5e-9, step_gap_s=7e-6))
     assert chunk_cost(fast, ((0, 2),), False, False).forward_s == pytest.approx(2 * (gpu + 7e-6), rel=1e-12)
     # a host between the two runs' GPU time per op: one run is host-bound, the other GPU-bound, and the split costs
-    # time (the host's lead from the GPU-bound run is lost at the sync)
-    pre = kernels_time_s(cfg.gpu, work.forward[:cut], cfg.precision, compute_efficiency(cfg.gpu))
+    # time (the host's lead from the GPU-bound run is lost at the sync); after the sync the GPU runs each kernel once
+    # it has been issued and the one before it is done: max over i of (i x op + the GPU time of kernels i..)
+    pre = kernels_time_s(cfg.gpu, work.forward[:cut], cfg.precision, eff)
     post = gpu - pre
     op = (pre / cut * post / (n - cut)) ** 0.5
     assert min(pre / cut, post / (n - cut)) < op < max(pre / cut, post / (n - cut))
     mid = dataclasses.replace(cfg, host=HostOverhead(launch_s=op / 2, dispatch_s=op / 2, step_gap_s=0.0))
-    expect = max(pre, cut * op) + max(post, (n - cut) * op)
-    assert expect > max(gpu, n * op) * (1 + 1e-6)
+    ramp = max(i * op + sum(times[cut + i:]) for i in range(n - cut))
+    expect = max(pre, cut * op) + ramp
+    assert ramp >= max(post, (n - cut - 1) * op + times[-1]) and expect > max(gpu, n * op) * (1 + 1e-6)
     assert chunk_cost(mid, ((0, 2),), False, False).forward_s == pytest.approx(2 * expect, rel=1e-12)
+
+
+def test_after_a_wait_the_gpu_runs_each_kernel_as_the_host_issues_it():
+    # 10 us per op, a 20 us gap: kernels of 1, 1, 50, 1 and 1 us reach the GPU at 20, 30, 40, 50, 60 us; the 50 us
+    # kernel starts at 40 and ends at 90, the two after it at 91 and 92: 92 us, where the run's GPU time (54 us) and
+    # the host's time to issue it (the last kernel at 60 us, ending at 61) are both shorter
+    host = HostOverhead(launch_s=5e-6, dispatch_s=5e-6, step_gap_s=20e-6)
+    us = 1e-6
+    assert host.ramp_time_s([1 * us, 1 * us, 50 * us, 1 * us, 1 * us]) == pytest.approx(92 * us, rel=1e-12)
+    assert host.ramp_time_s([]) == pytest.approx(20 * us)
+    # kernels no shorter than an op: the GPU never waits after the first one arrives
+    assert host.ramp_time_s([12 * us, 10 * us, 30 * us]) == pytest.approx((20 + 52) * us, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1e-3), min_size=1, max_size=40), st.floats(0.0, 1e-4), st.floats(0.0, 1e-4))
+def test_the_ramp_lies_between_its_bounds(kernels, op, gap):
+    host = HostOverhead(launch_s=op / 2, dispatch_s=op / 2, step_gap_s=gap)
+    t = host.ramp_time_s(kernels)
+    n, gpu = len(kernels), sum(kernels)
+    # never before the GPU has run everything, nor before the host has issued the last kernel and it has run
+    assert t >= gap + max(gpu, (n - 1) * host.op_s + kernels[-1]) - 1e-12
+    # never after the host issued everything with the GPU idle meanwhile, then ran it all
+    assert t <= gap + gpu + (n - 1) * host.op_s + 1e-12
 
 
 # ----------------------------------------------------------------------------- host CPU

@@ -7,6 +7,11 @@ mechanisms expose it (constants: ``data/host_overhead.csv``, each with its sourc
   ``dispatch_s`` + ``launch_s``). A run of kernels whose GPU time is shorter than the host's time to issue them
   takes the host's time instead: max(GPU time, kernels x op_s) (the roofline of the host: small micro-batches and
   small models, where kernels last microseconds).
+- **The ramp after a synchronize.** Where the host waits for the device (an MoE layer's token counts), the GPU queue
+  is empty when it resumes: kernel i of the kernels it then issues reaches the GPU ``step_gap_s + i x op_s`` after
+  the wait and runs once it has arrived and the kernel before it has finished (one in-order stream), so the run
+  ends ``step_gap_s + max over i of (i x op_s + the GPU time of kernels i..n-1)`` after it (`ramp_time_s`): short
+  kernels early in the run leave the GPU waiting on the host even where the run as a whole is GPU-bound.
 - **The step gap.** Megatron-Core synchronizes the device after every batched pipeline send/recv
   (p2p_communication.py, ``batch_p2p_sync``), so each pipeline step on a stage with neighbours starts on an empty
   GPU queue: the GPU idles ``step_gap_s`` until the host's first kernel of the step reaches it. It is paid per
@@ -24,9 +29,12 @@ device queue to drain, so it has no host costs of its own here.
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+
+import numpy as np
 
 from simdist.hardware.gpus import CPU_PRESETS, GPU_PRESETS
 from simdist.spec.gpu import GpuSpec
@@ -51,6 +59,15 @@ class HostOverhead:
     def kernels_time_s(self, gpu_s: float, num_kernels: int) -> float:
         """Time of ``num_kernels`` back-to-back kernels taking ``gpu_s`` on the GPU, when the host issues them."""
         return max(gpu_s, num_kernels * self.op_s)
+
+    def ramp_time_s(self, kernel_s: Sequence[float]) -> float:
+        """Time from the end of a host wait on the device to the end of the kernels the host then issues, each
+        taking ``kernel_s[i]`` on the GPU: the step gap, then an in-order queue fed one kernel every ``op_s``
+        (module doc): step_gap_s + max over i of (i x op_s + sum(kernel_s[i:]))."""
+        if not kernel_s:
+            return self.step_gap_s
+        suffix = np.cumsum(np.asarray(kernel_s, dtype=float)[::-1])[::-1]
+        return self.step_gap_s + float(np.max(np.arange(len(suffix)) * self.op_s + suffix))
 
 
 _FIELDS = ("launch_s", "dispatch_s", "step_gap_s")

@@ -179,9 +179,9 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         # (simdist.hardware.host: one eager op per modelled kernel); under CUDA graphs the GPU's time alone.
         # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
         # Where the host waits for the device (Work.host_syncs: an MoE layer's token counts), its lead is lost: the
-        # kernels on either side are issued and run as runs of their own, and the GPU idles from the end of its queue
-        # until the host's next kernel reaches it, the step gap (simdist.hardware.host: the same idle as after
-        # Megatron's synchronize following a pipeline send/recv).
+        # kernels on either side are issued and run as runs of their own, and the run after the wait starts on an
+        # empty GPU queue: the step gap (simdist.hardware.host: the same idle as after Megatron's synchronize
+        # following a pipeline send/recv), then each kernel as the host issues it (HostOverhead.ramp_time_s).
         # Assumption: under CUDA graphs the synchronization stays (a dropless MoE layer's expert part is not
         # captured: Megatron-Core's partial graphs stop at it) and costs the gap.
         out = 0.0
@@ -193,10 +193,14 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 kernels = getattr(w, phase)
                 cuts = w.host_syncs if phase == "forward" else w.recompute_syncs if phase == "recompute" else ()
                 runs = [kernels[a:b] for a, b in zip((0, *cuts), (*cuts, len(kernels)), strict=True)]
-                t = len(cuts) * host.step_gap_s
-                for run in runs:
+                t = 0.0
+                for i, run in enumerate(runs):
+                    if i and not ex.cuda_graphs:
+                        t += host.ramp_time_s([kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run])
+                        continue
                     gpu_s = kernels_time_s(cfg.gpu, run, cfg.precision, eff)
-                    t += gpu_s if ex.cuda_graphs else host.kernels_time_s(gpu_s, len(run))
+                    t += (host.step_gap_s if i else 0.0) + (gpu_s if ex.cuda_graphs
+                                                            else host.kernels_time_s(gpu_s, len(run)))
                 if seconds is not None:
                     seconds[phase, pricing] = t
             out += t * n
