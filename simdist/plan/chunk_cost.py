@@ -195,12 +195,12 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 runs = [kernels[a:b] for a, b in zip((0, *cuts), (*cuts, len(kernels)), strict=True)]
                 t = 0.0
                 for i, run in enumerate(runs):
-                    if i and not ex.cuda_graphs:
+                    if ex.cuda_graphs:  # replayed: the GPU's time, and the gap after each wait
+                        t += (host.step_gap_s if i else 0.0) + kernels_time_s(cfg.gpu, run, cfg.precision, eff)
+                    elif i:  # after a wait: the ramp from an empty queue
                         t += host.ramp_time_s([kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run])
-                        continue
-                    gpu_s = kernels_time_s(cfg.gpu, run, cfg.precision, eff)
-                    t += (host.step_gap_s if i else 0.0) + (gpu_s if ex.cuda_graphs
-                                                            else host.kernels_time_s(gpu_s, len(run)))
+                    else:  # the host ahead of the queue
+                        t += host.kernels_time_s(kernels_time_s(cfg.gpu, run, cfg.precision, eff), len(run))
                 if seconds is not None:
                     seconds[phase, pricing] = t
             out += t * n
