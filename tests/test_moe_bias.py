@@ -111,10 +111,11 @@ def test_gpt_oss_hf_config_has_biases(tmp_path):
     assert not resolve_model(ModelSpec(hf_config=path)).add_bias_linear
 
 
-def test_moe_router_dtype_on_a_dense_model_is_one_clear_error(tmp_path):
+@pytest.mark.parametrize("field, value", [("moe_router_dtype", "fp32"), ("moe_router_fusion", "true")])
+def test_a_router_setting_on_a_dense_model_is_one_clear_error(tmp_path, field, value):
     scenario = tmp_path / "s.yaml"
     scenario.write_text("cluster: {preset: dgx-h100, num_nodes: 1}\nmodel: {preset: gpt3-175b, num_layers: 2}\n"
                         "parallel: {tp: 8}\ntraining: {micro_batch_size: 1, global_batch_size: 8, "
-                        "moe_router_dtype: fp32}\n")
+                        f"{field}: {value}}}\n")
     result = run_cli(["run", str(scenario)])
-    assert result.one_line_error() and "training.moe_router_dtype" in result.err
+    assert result.one_line_error() and f"training.{field}" in result.err

@@ -46,6 +46,8 @@ class Profile:
     """One case of the published A/B: its step time and its rank-0 Nsight figures (SI units, shares as fractions)."""
 
     step_s: float
+    kernels: int
+    """kernels the profile captured: one step on rank 0 (its union of busy intervals is within one step time)"""
     concurrent_s: float
     """communication kernel time with a GEMM or attention kernel running beside it"""
     hidden_share: float
@@ -83,6 +85,11 @@ class Account:
     """what of it the step waits for"""
     other_s: float
     """the rest of the step: other axes' exposed communication, the optimizer, the bubble, idle"""
+    kernels: int = 0
+    """kernels a step launches: every micro-batch's compute kernels (each launch of a kernel that stands for several:
+    simdist.plan.kernel_work.Kernel.launches) and one per collective call; the optimizer's few left out"""
+    layers: int = 1
+    microbatches: int = 1
 
     @property
     def hidden_share(self) -> float:
@@ -95,13 +102,15 @@ def measured() -> dict[str, Profile]:
         values: dict[str, dict[str, float]] = {}
         for row in csv.DictReader(fh):
             values.setdefault(row["case"], {})[row["metric"]] = float(row["value"]) * _UNITS[row["unit"]]
-    return {case: Profile(v["step_time"], v["comm_concurrent_with_gemm_or_attention"], v["comm_hidden_by_compute"],
-                          v["gpu_active_interval_union"]) for case, v in values.items()}
+    return {case: Profile(v["step_time"], int(v["kernels_profiled"]), v["comm_concurrent_with_gemm_or_attention"],
+                          v["comm_hidden_by_compute"], v["gpu_active_interval_union"]) for case, v in values.items()}
 
 
 def predicted() -> dict[str, Account]:
     """simdist's account of each case's scenario."""
-    from simdist.api import run
+    from simdist.api import load_scenario, run
+    from simdist.plan.kernel_mix import kernel_mix
+    from simdist.predict.step import checked_step
 
     out = {}
     for case, scenario in CASES.items():
@@ -110,7 +119,12 @@ def predicted() -> dict[str, Account]:
         comm = sum(c["time_s"] * c["count"] for c in r["collectives"] if c["axis"] == "ep")
         exposed = b["exposed_comm_s"]["ep"]
         compute = b["compute_s"] + b["recompute_s"]
-        out[case] = Account(r["step_time_s"], compute, comm, exposed, r["step_time_s"] - compute - exposed)
+        sc = load_scenario(SCENARIOS / scenario, [])
+        cfg = checked_step(sc.spec, sc.topology)[1]
+        # one pipeline stage (pp 1): every micro-batch's kernels on the profiled rank, and its collective calls
+        kernels = kernel_mix(cfg).num_kernels * cfg.microbatches(0) + sum(c["count"] for c in r["collectives"])
+        out[case] = Account(r["step_time_s"], compute, comm, exposed, r["step_time_s"] - compute - exposed, kernels,
+                            cfg.model.num_layers, cfg.microbatches(0))
     return out
 
 
@@ -170,6 +184,9 @@ def report(profile: dict[str, Profile], account: dict[str, Account]) -> str:
     lines.append(f"| GPU idle (step - union) | {idle(off_m)} | - | - | {idle(on_m)} | - | - |")
     lines.append(f"| the rest of simdist's step (other axes, optimizer, bubble) | - | {off_p.other_s:.2f} | - | - | "
                  f"{on_p.other_s:.2f} | - |")
+    lines.append(f"| kernels a step launches (rank 0) | {off_m.kernels:,} | {off_p.kernels:,} | "
+                 f"{_err(off_p.kernels, off_m.kernels)} | {on_m.kernels:,} | {on_p.kernels:,} | "
+                 f"{_err(on_p.kernels, on_m.kernels)} |")
     stretch = on_m.comm_s / off_m.comm_s - 1
     lines += [
         "",
@@ -188,6 +205,14 @@ def report(profile: dict[str, Profile], account: dict[str, Account]) -> str:
         f"{on_p.hidden_share:.1%} of the communication hidden (each all-to-all against the compute Megatron pairs "
         "it with: simdist.plan.moe_pairing). `training.moe_a2a_overlap_share` (README) sets the hidden share from "
         "such a profile; its default keeps the pairing's.",
+        f"- Kernels: the profile captured {off_m.kernels:,} kernels in a step on rank 0, "
+        f"{off_m.kernels / (off_p.layers * off_p.microbatches):.0f} per layer and micro-batch ({off_p.layers} layers, "
+        f"{off_p.microbatches} micro-batches); simdist launches {off_p.kernels:,} "
+        f"({off_p.kernels / (off_p.layers * off_p.microbatches):.0f}). Counted from Megatron-Core's, Transformer "
+        "Engine's and HybridEP's source, one such layer launches about 135 (docs/moe-kernel-inventory.md): what "
+        "simdist leaves out are small kernels (the attention block's copies, norms' finalize passes and gradient "
+        "additions, HybridEP's metadata and synchronization kernels), each a launch gap on the GPU and a launch on "
+        "the host.",
         "",
     ]
     return "\n".join(lines)

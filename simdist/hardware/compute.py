@@ -1,7 +1,7 @@
 """Roofline time of compute kernels on a GPU.
 
     time = max(flops / (peak(dtype) x gemm_efficiency(m, n, k) x quantization), hbm_bytes / (hbm_bandwidth x
-           memory_eff)) + launch_overhead
+           memory_eff)) + launch_overhead x launch gaps
 
 (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)). GEMM efficiency depends on size: a GEMM
 whose smallest dimension x is small cannot fill the tensor cores (too short a k loop to amortise loading the
@@ -20,6 +20,10 @@ activations and fp32 (an RMSNorm or rotary embedding run op by op) reach ``eager
 (measured per GPU on such chains: data/compute_efficiency.csv), and the step's other element-wise and normalisation
 kernels ``memory_kernel_share`` of it (``memory_efficiency`` is a streaming kernel's share; the median training
 kernel, forward and backward, reaches less: docs/accuracy-memory-kernels.md).
+
+A modelled kernel may stand for several launches (``Kernel.launches``: Transformer Engine's grouped GEMM launches
+one cuBLASLt GEMM per local expert over `TE_GEMM_STREAMS` side streams); the GPU pays a launch gap for each of them
+but those that overlap on side streams (``Kernel.launch_gaps`` = ceil(launches / streams)).
 
 Only kernels marked ``dtype="fp8"`` run at the fp8 rate: under ``precision: fp8`` every other kernel (attention,
 norms, the logits GEMM) is a bf16 kernel (Transformer Engine's FP8 recipes cast only the linear layers' GEMMs).
@@ -184,7 +188,7 @@ def _attention_s(gpu: GpuSpec, kernel: KernelLike, shape) -> float:
 
 
 def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: ComputeEfficiency | None = None) -> float:
-    """Roofline seconds of one kernel, plus its launch overhead."""
+    """Roofline seconds of one kernel, plus its launch overhead (one per launch gap it pays: `Kernel.launch_gaps`)."""
     eff = eff or compute_efficiency(gpu)
     if precision not in _PRECISIONS:
         raise SpecError(f"unknown precision {precision!r}", field="training.precision",
@@ -207,7 +211,8 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
     share = (eff.eager_cast_share if getattr(kernel, "eager_cast", False)
              else eff.norm_share if getattr(kernel, "norm", False) else eff.memory_kernel_share)
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency * share)
-    return max(compute_s, memory_s) + eff.launch_overhead_s
+    # one launch gap per kernel it stands for, those on side streams overlapping (Kernel.launch_gaps)
+    return max(compute_s, memory_s) + eff.launch_overhead_s * getattr(kernel, "launch_gaps", 1)
 
 
 def kernels_time_s(gpu: GpuSpec, kernels: Iterable[KernelLike], precision: str,

@@ -4,14 +4,17 @@ A GPU runs kernels asynchronously: while the host enqueues faster than the GPU d
 mechanisms expose it (constants: ``data/host_overhead.csv``, each with its source):
 
 - **Host-bound kernels.** Each op costs the host its eager dispatch plus one kernel launch (``op_s`` =
-  ``dispatch_s`` + ``launch_s``). A run of kernels whose GPU time is shorter than the host's time to issue them
-  takes the host's time instead: max(GPU time, kernels x op_s) (the roofline of the host: small micro-batches and
-  small models, where kernels last microseconds).
+  ``dispatch_s`` + ``launch_s``); a modelled kernel that stands for several launches from fewer framework calls
+  (Transformer Engine's grouped GEMM: one call, one cuBLASLt launch per local expert; a chain of small kernels)
+  costs its calls' dispatches and its launches (`HostOverhead.issue_s`). A run of kernels whose GPU time is shorter
+  than the host's time to issue them takes the host's time instead: max(GPU time, the run's issue time) (the
+  roofline of the host: small micro-batches and small models, where kernels last microseconds).
 - **The ramp after a synchronize.** Where the host waits for the device (an MoE layer's token counts), the GPU queue
-  is empty when it resumes: kernel i of the kernels it then issues reaches the GPU ``step_gap_s + i x op_s`` after
-  the wait and runs once it has arrived and the kernel before it has finished (one in-order stream), so the run
-  ends ``step_gap_s + max over i of (i x op_s + the GPU time of kernels i..n-1)`` after it (`ramp_time_s`): short
-  kernels early in the run leave the GPU waiting on the host even where the run as a whole is GPU-bound.
+  is empty when it resumes: kernel i of the kernels it then issues reaches the GPU ``step_gap_s`` plus the issue
+  time of kernels 0..i-1 after the wait (``step_gap_s + i x op_s`` where each is one op) and runs once it has
+  arrived and the kernel before it has finished (one in-order stream), so the run ends ``step_gap_s + max over i of
+  (issue time of kernels 0..i-1 + the GPU time of kernels i..n-1)`` after it (`ramp_time_s`): short kernels early in
+  the run leave the GPU waiting on the host even where the run as a whole is GPU-bound.
 - **The step gap.** Megatron-Core synchronizes the device after every batched pipeline send/recv
   (p2p_communication.py, ``batch_p2p_sync``), so each pipeline step on a stage with neighbours starts on an empty
   GPU queue: the GPU idles ``step_gap_s`` until the host's first kernel of the step reaches it. It is paid per
@@ -60,14 +63,28 @@ class HostOverhead:
         """Time of ``num_kernels`` back-to-back kernels taking ``gpu_s`` on the GPU, when the host issues them."""
         return max(gpu_s, num_kernels * self.op_s)
 
-    def ramp_time_s(self, kernel_s: Sequence[float]) -> float:
+    def issue_s(self, kernel: object) -> float:
+        """Host time to issue one modelled kernel: a dispatch per framework call and a launch per kernel it stands
+        for (`simdist.plan.kernel_work.Kernel.calls`, ``launches``; one op each by default)."""
+        return (getattr(kernel, "calls", 1) * self.dispatch_s + getattr(kernel, "launches", 1) * self.launch_s)
+
+    def run_time_s(self, gpu_s: float, kernels: Sequence[object]) -> float:
+        """Time of ``kernels`` back to back taking ``gpu_s`` on the GPU, when the host issues them (`issue_s`)."""
+        return max(gpu_s, sum(self.issue_s(k) for k in kernels))
+
+    def ramp_time_s(self, kernel_s: Sequence[float], issue_s: Sequence[float] | None = None) -> float:
         """Time from the end of a host wait on the device to the end of the kernels the host then issues, each
-        taking ``kernel_s[i]`` on the GPU: the step gap, then an in-order queue fed one kernel every ``op_s``
-        (module doc): step_gap_s + max over i of (i x op_s + sum(kernel_s[i:]))."""
+        taking ``kernel_s[i]`` on the GPU and ``issue_s[i]`` on the host (default ``op_s`` each): the step gap, then an
+        in-order queue kernel i reaches after the issue time of the kernels before it (module doc): step_gap_s + max
+        over i of (sum(issue_s[:i]) + sum(kernel_s[i:]))."""
         if not kernel_s:
             return self.step_gap_s
         suffix = np.cumsum(np.asarray(kernel_s, dtype=float)[::-1])[::-1]
-        return self.step_gap_s + float(np.max(np.arange(len(suffix)) * self.op_s + suffix))
+        if issue_s is None:
+            arrival = np.arange(len(suffix)) * self.op_s
+        else:
+            arrival = np.concatenate(([0.0], np.cumsum(np.asarray(issue_s, dtype=float))[:-1]))
+        return self.step_gap_s + float(np.max(arrival + suffix))
 
 
 _FIELDS = ("launch_s", "dispatch_s", "step_gap_s")

@@ -176,8 +176,10 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
 
     def total(phase: str) -> float:
         # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
-        # (simdist.hardware.host: one eager op per modelled kernel); under CUDA graphs the GPU's time alone.
-        # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them).
+        # (simdist.hardware.host: one eager op per modelled kernel, or its calls and launches where it stands for
+        # several: Kernel.launches); under CUDA graphs the GPU's time alone.
+        # Assumption: one framework op per kernel simdist models (fused kernels as Megatron-LM fuses them) unless the
+        # kernel says otherwise.
         # Where the host waits for the device (Work.host_syncs: an MoE layer's token counts), its lead is lost: the
         # kernels on either side are issued and run as runs of their own, and the run after the wait starts on an
         # empty GPU queue: the step gap (simdist.hardware.host: the same idle as after Megatron's synchronize
@@ -198,9 +200,10 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                     if ex.cuda_graphs:  # replayed: the GPU's time, and the gap after each wait
                         t += (host.step_gap_s if i else 0.0) + kernels_time_s(cfg.gpu, run, cfg.precision, eff)
                     elif i:  # after a wait: the ramp from an empty queue
-                        t += host.ramp_time_s([kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run])
+                        t += host.ramp_time_s([kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run],
+                                              [host.issue_s(k) for k in run])
                     else:  # the host ahead of the queue
-                        t += host.kernels_time_s(kernels_time_s(cfg.gpu, run, cfg.precision, eff), len(run))
+                        t += host.run_time_s(kernels_time_s(cfg.gpu, run, cfg.precision, eff), run)
                 if seconds is not None:
                     seconds[phase, pricing] = t
             out += t * n

@@ -267,8 +267,7 @@ def tail(cfg: StepConfig, chunk_costs: list[ChunkCost]) -> StageTail:
                                      master_copy=ex.master_copy, clip=ex.clip_grad)
     # the host issues each of them (CUDA graphs do not cover the optimizer: Megatron-LM's full_iteration graph
     # leaves it out)
-    t = cfg.host_overhead.kernels_time_s(kernels_time_s(cfg.gpu, kernels, cfg.precision, cfg.compute_efficiency),
-                                         len(kernels))
+    t = cfg.host_overhead.run_time_s(kernels_time_s(cfg.gpu, kernels, cfg.precision, cfg.compute_efficiency), kernels)
     opt = b.add(Piece("compute", "optimizer", "optimizer", t, deps=(DP_DONE, LAST_BACKWARDS), per_step=True))
     if cfg.zero_stage in (1, 2) and not (cfg.overlap_param_gather and cfg.zero_stage == 1):
         # (overlap_param_gather: gathered bucket by bucket in each chunk's first forward instead, `_gathered_forward`)

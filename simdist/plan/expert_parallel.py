@@ -43,6 +43,9 @@ class ExpertParallel:
     padding_for_quantization: bool = False
     """Under FP8 the router pads each expert's token count to the GEMMs' alignment (training.
     moe_router_padding_for_quantization; simdist.plan.moe_padding)."""
+    router_fusion: bool = False
+    """The router's top-k and auxiliary loss as Transformer Engine's fused kernels (training.moe_router_fusion;
+    simdist.plan.moe_router)."""
 
     def prob_bytes(self, bpe: int) -> int:
         """Bytes of a routed row's probability, ``bpe`` those of the hidden states: Megatron-Core's TopKRouter.gating

@@ -28,7 +28,7 @@ class KernelMix:
     memory_s: float
     """Of memory-bound (element-wise, norm, permutation, cast, loss) kernels."""
     num_kernels: int
-    """Kernels those seconds are made of."""
+    """Kernels those seconds are made of (each launch of a kernel that stands for several: Kernel.launches)."""
 
     @property
     def total_s(self) -> float:
@@ -55,5 +55,5 @@ def kernel_mix(cfg: StepConfig) -> KernelMix:
         for work, n in chunk_parts(cfg, cfg.part_layers(part), part == 0, part == last):
             for k in (*work.forward, *work.backward, *work.recompute):
                 seconds[k.kind] += n * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
-                count += n
+                count += n * k.launches
     return KernelMix(seconds["gemm"], seconds["attention"], seconds["memory"], count)

@@ -38,6 +38,20 @@ class Kernel:
     norm: bool = False
     """A normalisation kernel (LayerNorm, RMSNorm, their gradients: a reduction over each row, then an element-wise
     pass over it): it reaches ``ComputeEfficiency.norm_share`` of a streaming kernel's bandwidth."""
+    launches: int = 1
+    """CUDA kernels this entry stands for, each with its launch gap on the GPU and its launch on the host: one, or
+    Transformer Engine's grouped GEMM (one cuBLASLt GEMM per local expert: `TE_GEMM_STREAMS`), or a chain of small
+    kernels priced together (the router's auxiliary loss: simdist.plan.moe_router)."""
+    streams: int = 1
+    """Streams its launches run on side by side: the GPU pays ceil(launches / streams) launch gaps
+    (simdist.hardware.compute.kernel_time_s)."""
+    calls: int = 1
+    """Framework ops (host dispatches) that issue its launches (simdist.hardware.host.HostOverhead.issue_s)."""
+
+    @property
+    def launch_gaps(self) -> int:
+        """Launch gaps the GPU pays for this entry's kernels: ceil(launches / streams)."""
+        return -(-self.launches // self.streams)
 
     @property
     def model_flops(self) -> float:
@@ -141,33 +155,51 @@ def optimizer_kernels(num_params: float, *, precision: str = "bf16") -> tuple[Ke
     return (Kernel("adam", _ADAM_FLOPS_PER_PARAM * num_params, per_param * num_params, "memory"),)
 
 
+TE_GEMM_STREAMS = 4
+"""Side streams Transformer Engine's grouped GEMM spreads its GEMMs over: general_grouped_gemm runs
+nvte_multi_tensor_gemm, which issues one cuBLASLt GEMM per group, GEMM i on compute stream i mod 4
+(transformer_engine/common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm; util/multi_stream.cpp
+get_num_compute_streams: 4 @ d0067d0), the main stream waiting for all of them (TE PR #853, "Grouped GEMM via
+multi-stream cuBLAS"). Megatron-Core's TEGroupedMLP calls it for each linear of the local experts."""
+
+
+def _launches(batch: int, grouped: bool) -> dict:
+    """`Kernel` launch fields of one call of ``batch`` GEMMs: Transformer Engine's grouped GEMM (``grouped``) launches
+    one GEMM a group over `TE_GEMM_STREAMS` side streams; a batched GEMM is one kernel."""
+    if not grouped or batch <= 1:
+        return {}
+    return {"launches": batch, "streams": min(batch, TE_GEMM_STREAMS)}
+
+
 def gemm(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False, *, batch: int = 1,
-         useful: float | None = None) -> Kernel:
+         useful: float | None = None, grouped: bool = False) -> Kernel:
     """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C (fp8: 1-byte operands, a bf16 output).
 
     ``batch``: one grouped call of ``batch`` such GEMMs, each with its own B (the local experts' weights; the roofline
-    reads the batch back as flops / 2mnk for tile/wave quantization); ``useful``: model FLOPs where they differ from
-    the executed ones (Kernel.useful_flops)."""
+    reads the batch back as flops / 2mnk for tile/wave quantization); ``grouped``: Transformer Engine's grouped GEMM,
+    one launch per GEMM (`TE_GEMM_STREAMS`); ``useful``: model FLOPs where they differ from the executed ones
+    (Kernel.useful_flops)."""
     ib = 1 if fp8 else bpe
     return Kernel(name, 2.0 * m * n * k * batch, float(m * k + k * n) * ib * batch + float(m * n) * bpe * batch,
-                  "gemm", (m, n, k), dtype="fp8" if fp8 else None, useful_flops=useful)
+                  "gemm", (m, n, k), dtype="fp8" if fp8 else None, useful_flops=useful, **_launches(batch, grouped))
 
 
 def gemm_grads(name: str, m: int, n: int, k: int, bpe: int, fp8: bool = False, *, batch: int = 1,
-               useful: float | None = None) -> tuple[Kernel, Kernel]:
-    """Input gradient dA = dC B^T (m, k, n) and weight gradient dB = A^T dC (k, n, m) (``batch``, ``useful``: as
-    `gemm`, ``useful`` for each of the two).
+               useful: float | None = None, grouped: bool = False) -> tuple[Kernel, Kernel]:
+    """Input gradient dA = dC B^T (m, k, n) and weight gradient dB = A^T dC (k, n, m) (``batch``, ``useful``,
+    ``grouped``: as `gemm`, ``useful`` for each of the two).
 
     # Assumption: the weight gradient accumulates into an fp32 buffer (Megatron-LM gradient_accumulation_fusion,
     # main_grad), read and written: 8 bytes per weight.
     """
     ib = 1 if fp8 else bpe
     dt = "fp8" if fp8 else None
+    launches = _launches(batch, grouped)
     dgrad = Kernel(f"{name}_input_grad", 2.0 * m * n * k * batch,
                    (float(m * n + k * n) * ib + float(m * k) * bpe) * batch, "gemm", (m, k, n), dtype=dt,
-                   useful_flops=useful)
+                   useful_flops=useful, **launches)
     wgrad = Kernel(f"{name}_weight_grad", 2.0 * m * n * k * batch, (float(m * k + m * n) * ib + 8.0 * k * n) * batch,
-                   "gemm", (k, n, m), dtype=dt, useful_flops=useful)
+                   "gemm", (k, n, m), dtype=dt, useful_flops=useful, **launches)
     return dgrad, wgrad
 
 

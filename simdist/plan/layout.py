@@ -198,6 +198,9 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
         if t.moe_router_padding_for_quantization:
             raise _fail("experts", "moe_router_padding_for_quantization on a model without experts",
                         "training.moe_router_padding_for_quantization", "set it to false")
+        if t.moe_router_fusion:
+            raise _fail("experts", "moe_router_fusion on a model without experts", "training.moe_router_fusion",
+                        "set it to false")
         return
     if t.moe_router_padding_for_quantization and t.precision != "fp8":
         raise _fail("experts", f"moe_router_padding_for_quantization pads the experts' rows for FP8 GEMMs, and "
@@ -332,7 +335,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         expert_parallel=ExpertParallel(
             p.ep, p.tp if p.etp is None else p.etp, t.moe_token_dispatcher_type, scenario_imbalance(t, p, model),
             t.moe_expert_capacity_factor, t.moe_grouped_gemm, _ep_domains(mesh, topology, t.moe_token_dispatcher_type),
-            moe_kernel, t.moe_router_dtype, t.moe_router_padding_for_quantization),
+            moe_kernel, t.moe_router_dtype, t.moe_router_padding_for_quantization, t.moe_router_fusion),
         moe_overlap=t.overlap_moe_expert_parallel_comm,
         moe_overlap_share=t.moe_a2a_overlap_share,
         delay_wgrad=t.delay_wgrad_compute,

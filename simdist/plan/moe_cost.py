@@ -16,7 +16,9 @@ experts.py, shared_experts.py), forward:
    output in eager kernels: simdist.plan.glu_clamp), the activation, which
    weights each row by its router probability (the permuted probabilities travel with the rows: Megatron-LM !2668,
    "perf(MoE): Memory efficient token permutation", April 2025, TEGroupedMLP's weighted bias-SwiGLU), fc2 -> h; one
-   grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm) or one GEMM per expert (SequentialMLP); under FP8 each
+   grouped GEMM per linear (TEGroupedMLP, --moe-grouped-gemm: Transformer Engine launches it as one cuBLASLt GEMM
+   per local expert on four side streams, simdist.plan.kernel_work.TE_GEMM_STREAMS) or one GEMM per expert
+   (SequentialMLP); under FP8 each
    expert's rows padded to the GEMMs' alignment, in copies before fc1 and after fc2 behind the alltoall and allgather
    dispatchers (simdist.plan.moe_padding);
 5. the reverse: unsort, reduce-scatter over etp, all-to-all back (combine), unpermutation (summing a token's copies:
@@ -65,6 +67,7 @@ from simdist.plan.kernel_work import Kernel, LayerShape, Pass, elementwise, gemm
 from simdist.plan.model import Model
 from simdist.plan.moe_bias import fc2_bias_kernels
 from simdist.plan.moe_padding import copies_padding, padding_kernels, router_pads
+from simdist.plan.moe_router import aux_loss_kernels
 
 
 def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
@@ -105,12 +108,14 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
 
     # 2. router (Megatron-LM TopKRouter: a plain linear, not an FP8 GEMM), softmax and top-k: reads the bf16 logits,
     # writes the fp32 scores and the top-k probabilities and routing map.
-    # Assumption: the router's auxiliary load-balancing loss and the dispatcher's metadata (the tokens-per-expert
-    # all-gather over tp_ep and its device-to-host sync) cost nothing; the probabilities' own all-to-all (T x topk of
-    # them, beside the tokens') is left out: under 4 / (h x 2) of the tokens' bytes; the router's GEMM is priced in the
-    # hidden states' dtype whatever moe_router_dtype (the probabilities' bytes follow it: ExpertParallel.prob_bytes).
+    # The auxiliary load-balancing loss's small kernels follow, as the launches they are (simdist.plan.moe_router).
+    # Assumption: the dispatcher's metadata (the tokens-per-expert all-gather over tp_ep and its device-to-host sync)
+    # costs nothing; the probabilities' own all-to-all (T x topk of them, beside the tokens') is left out: under
+    # 4 / (h x 2) of the tokens' bytes; the router's GEMM is priced in the hidden states' dtype whatever
+    # moe_router_dtype (the probabilities' bytes follow it: ExpertParallel.prob_bytes).
     pb = experts.prob_bytes(bpe)
-    fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + 1 + pb, 8.0))
+    fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + 1 + pb, 8.0),
+            aux_loss_kernels(t, e, experts.router_fusion, "forward"))
 
     # 3-5. dispatch, experts, combine.
     exp_fwd, exp_bwd = _routed_experts(model, shape, experts, r)
@@ -118,7 +123,8 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     if shared:
         fwd.add(elementwise("shared_expert_add", t * h, 3 * bpe))  # output += shared_expert_output
     bwd.then(exp_bwd)
-    bwd.add(elementwise("router_topk_grad", t * e, 4 + 4 + bpe, 8.0), *gemm_grads("router", t, e, h, bpe))
+    bwd.add(aux_loss_kernels(t, e, experts.router_fusion, "backward"),
+            elementwise("router_topk_grad", t * e, 4 + 4 + bpe, 8.0), *gemm_grads("router", t, e, h, bpe))
     bwd.then(shared_bwd)
     bwd.add(*ew(f"{shape.norm}_grad", resid, bpe, shape.style))
     return fwd, bwd
@@ -225,13 +231,16 @@ def _routed_experts(model: Model, shape: LayerShape, experts: ExpertParallel, r:
     batch, calls = (nl, 1) if experts.grouped_gemm else (1, nl)
     # a grouped GEMM's operand is quantized expert by expert (simdist.plan.kernel_work.fp8_cast: TE's split_quantize)
 
+    # Transformer Engine's grouped GEMM launches one cuBLASLt GEMM per local expert (kernel_work.TE_GEMM_STREAMS)
+    grouped = experts.grouped_gemm
+
     def linear(name: str, n: int, k: int, useful: float) -> list[Kernel]:
         return [*shape.casts(name, te * k * batch, parts=batch),
-                gemm(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
+                gemm(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls, grouped=grouped)] * calls
 
     def linear_grads(name: str, n: int, k: int, useful: float) -> list[Kernel]:
         return [*shape.casts(f"{name}_grad", te * n * batch, parts=batch),
-                *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls)] * calls
+                *gemm_grads(name, te, n, k, bpe, fp8, batch=batch, useful=useful / calls, grouped=grouped)] * calls
 
     # a clamped gated activation (GPT-OSS) clamps fc1's output in eager kernels first (simdist.plan.glu_clamp)
     # Assumption: SequentialMLP (moe_grouped_gemm false), which clamps expert by expert, is priced as one chain.

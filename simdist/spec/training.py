@@ -173,6 +173,10 @@ class TrainingSpec(Spec):
                                   "null: the hidden states' dtype (bf16 under bf16 and fp8 training), as Megatron-Core "
                                   "(TopKRouter.gating); the permuted probabilities travel with the routed rows and "
                                   "weight the experts' outputs in this dtype (simdist.plan.moe_bias)")
+    moe_router_fusion: bool = Field(
+        default=False, description="the router's top-k and auxiliary-loss kernels as Transformer Engine's fused ones "
+                                   "(Megatron-LM --moe-router-fusion): 14 small kernels a layer instead of 45, "
+                                   "forward and backward (simdist.plan.moe_router)")
     moe_router_padding_for_quantization: bool = Field(
         default=False, validation_alias=alias("moe_router_padding_for_quantization", "moe_router_padding_for_fp8"),
         description="under FP8 the router pads each rank's token count of every expert to the grouped GEMMs' "
