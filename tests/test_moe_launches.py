@@ -16,6 +16,7 @@ from simdist.hardware.host import HostOverhead
 from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.kernel_work import TE_GEMM_STREAMS, Kernel, gemm, gemm_grads
 from simdist.plan.layer_cost import layer_work
+from simdist.plan.model import Model
 from simdist.plan.moe_router import AUX_LOSS_KERNELS, aux_loss_kernels
 from tests.test_moe_cost import TINY
 
@@ -105,3 +106,34 @@ def test_the_routers_auxiliary_loss_chain_as_counted_with_and_without_fusion():
     time = sum(kernel_time_s(H100, k, "bf16", eff) for k in (*plain.forward, *plain.backward))
     assert time > sum(kernel_time_s(H100, k, "bf16", eff) for k in (*fast.forward, *fast.backward))
 
+
+
+# ----------------------------------------------------------------------------- the QK-norm's split under Megatron-Core
+def _qk_model(groups: int) -> Model:
+    # 8 heads of 16 (q 128 wide), QK-norm, RoPE (swiglu), 128 tokens
+    return Model("qk", "decoder", num_layers=1, hidden_size=128, num_attention_heads=8, num_query_groups=groups,
+                 ffn_hidden_size=256, seq_length=128, vocab_size=1000, swiglu=True, qk_layernorm=True)
+
+
+def test_megatron_copies_q_k_and_v_after_splitting_the_qkv_output_and_concatenates_their_gradients():
+    m, q, bpe = 128, 128, 2
+    work = layer_work(_qk_model(2), attention="cudnn", style="fused")
+    fwd, bwd = {k.name: k for k in work.forward}, {k.name: k for k in work.backward}
+    k_w = 2 * 16  # 2 groups of 16
+    # the query's reshape copies (2 groups of 4 heads: not a view), K and V made contiguous: read + write each
+    assert fwd["query_reshape_copy"].hbm_bytes == 2 * bpe * m * q
+    assert fwd["key_contiguous"].hbm_bytes == fwd["value_contiguous"].hbm_bytes == 2 * bpe * m * k_w
+    # Q's and K's norms and RoPEs one kernel each; each norm's backward a main and a finalize kernel and its
+    # weight's main_grad addition; the split's backward one concatenation of dq, dk, dv
+    assert (fwd["qk_norm"].launches, fwd["rotary"].launches, bwd["rotary_grad"].launches) == (2, 2, 2)
+    assert (bwd["qk_norm_grad"].launches, bwd["qk_norm_grad"].calls) == (6, 4)
+    assert bwd["qkv_split_grad_cat"].hbm_bytes == 2 * bpe * m * (q + 2 * k_w)
+    # one group (MQA) or a group a head (MHA): the query's reshape is a view
+    for groups in (1, 8):
+        names = {k.name for k in layer_work(_qk_model(groups), attention="cudnn", style="fused").forward}
+        assert "query_reshape_copy" not in names and "key_contiguous" in names
+    # compiled PyTorch (OLMo-core, torchtitan) has neither the copies nor TE's launches
+    compiled = layer_work(_qk_model(2), attention="cudnn", style="compiled")
+    assert not {"query_reshape_copy", "key_contiguous", "qkv_split_grad_cat"} & {k.name for k in compiled.forward
+                                                                                 + compiled.backward}
+    assert all(k.launches == 1 for k in (*compiled.forward, *compiled.backward))

@@ -36,12 +36,13 @@ def test_simdist_prices_the_overlap_off_steps_kernels_as_profiled(account):
 
 def test_simdist_launches_fewer_kernels_than_the_profile_captured(account):
     # one step on rank 0: 463,348 kernels, 151 a layer and micro-batch (48 layers x 64 micro-batches); simdist's
-    # launches (TE's grouped GEMMs a GEMM per local expert, the router's auxiliary-loss chain) reach 95 of them: the
-    # rest are small kernels it leaves out (docs/moe-kernel-inventory.md)
+    # launches (TE's grouped GEMMs a GEMM per local expert, the router's auxiliary-loss chain, the QK-norm split's
+    # copies and launches, the collective calls) reach 107 of them: the rest are small kernels it leaves out
+    # (docs/moe-kernel-inventory.md counts about 135 from source)
     m, p = op.measured()["overlap_off"], account["overlap_off"]
     assert m.kernels == 463_348 and (p.layers, p.microbatches) == (48, 64)
     per_layer = p.kernels / (p.layers * p.microbatches)
-    assert 90 < per_layer < 100 < 135 < m.kernels / (p.layers * p.microbatches)
+    assert 100 < per_layer < 110 < 135 < m.kernels / (p.layers * p.microbatches)
 
 
 def test_the_document_is_the_scripts_output(account):
