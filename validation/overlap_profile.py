@@ -90,6 +90,9 @@ class Account:
     simdist.plan.kernel_work.Kernel.launches) and one per collective call; the optimizer's few left out"""
     layers: int = 1
     microbatches: int = 1
+    gaps_s: float = 0.0
+    """of the compute, the launch gaps between its kernels (launch_overhead_s each: Kernel.launch_gaps), which a
+    profile shows as GPU idle, not as kernel time"""
 
     @property
     def hidden_share(self) -> float:
@@ -109,6 +112,8 @@ def measured() -> dict[str, Profile]:
 def predicted() -> dict[str, Account]:
     """simdist's account of each case's scenario."""
     from simdist.api import load_scenario, run
+    from simdist.hardware.compute import compute_efficiency
+    from simdist.plan.chunk_cost import chunk_parts
     from simdist.plan.kernel_mix import kernel_mix
     from simdist.predict.step import checked_step
 
@@ -123,8 +128,12 @@ def predicted() -> dict[str, Account]:
         cfg = checked_step(sc.spec, sc.topology)[1]
         # one pipeline stage (pp 1): every micro-batch's kernels on the profiled rank, and its collective calls
         kernels = kernel_mix(cfg).num_kernels * cfg.microbatches(0) + sum(c["count"] for c in r["collectives"])
+        gap = compute_efficiency(cfg.gpu).launch_overhead_s
+        gaps = gap * cfg.microbatches(0) * sum(n * k.launch_gaps for w, n in chunk_parts(cfg, cfg.part_layers(0), True,
+                                                                                           True)
+                                                for k in (*w.forward, *w.backward, *w.recompute))
         out[case] = Account(r["step_time_s"], compute, comm, exposed, r["step_time_s"] - compute - exposed, kernels,
-                            cfg.model.num_layers, cfg.microbatches(0))
+                            cfg.model.num_layers, cfg.microbatches(0), gaps)
     return out
 
 
@@ -208,11 +217,14 @@ def report(profile: dict[str, Profile], account: dict[str, Account]) -> str:
         f"- Kernels: the profile captured {off_m.kernels:,} kernels in a step on rank 0, "
         f"{off_m.kernels / (off_p.layers * off_p.microbatches):.0f} per layer and micro-batch ({off_p.layers} layers, "
         f"{off_p.microbatches} micro-batches); simdist launches {off_p.kernels:,} "
-        f"({off_p.kernels / (off_p.layers * off_p.microbatches):.0f}). Counted from Megatron-Core's, Transformer "
+        f"({off_p.kernels / (off_p.layers * off_p.microbatches):.0f}). Its compute holds a launch gap per kernel, "
+        f"{off_p.gaps_s:.2f} s of the {off_p.compute_s:.2f} s, which a profile shows as GPU idle: without them "
+        f"{off_p.compute_s - off_p.gaps_s:.2f} s, {_err(off_p.compute_s - off_p.gaps_s, off_m.compute_s)} % against "
+        "the profile's kernel time. Counted from Megatron-Core's, Transformer "
         "Engine's and HybridEP's source, one such layer launches about 135 (docs/moe-kernel-inventory.md): what "
-        "simdist leaves out are small kernels (the attention block's copies, norms' finalize passes and gradient "
-        "additions, HybridEP's metadata and synchronization kernels), each a launch gap on the GPU and a launch on "
-        "the host.",
+        "simdist leaves out are small kernels (the layer norms' finalize passes and weight additions, the residual "
+        "stream's gradient additions, cuDNN's extra attention kernels, HybridEP's metadata and synchronization "
+        "kernels), each a launch gap on the GPU and a launch on the host.",
         "",
     ]
     return "\n".join(lines)
