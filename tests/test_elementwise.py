@@ -102,3 +102,14 @@ def test_an_eager_llama_layer_runs_more_kernels_and_more_time():
     assert len(works["eager"].forward) > 2 * len(works["fused"].forward)
     # the matmul FLOPs do not depend on the style
     assert works["eager"].model_flops == pytest.approx(works["fused"].model_flops, rel=1e-12)
+
+
+@pytest.mark.parametrize("style", ["fused", "eager"])
+def test_autograd_sums_the_residual_streams_two_gradients_in_a_kernel_of_its_own(style):
+    # the residual path's gradient and the norm's input gradient meet at the residual stream's tensor: one add,
+    # reading both and writing the sum (3 x 2 B an element), whatever fuses the forward's bias-dropout-add
+    (add,) = ew("residual_grad", 1000, 2, style)
+    assert (add.name, add.hbm_bytes) == ("residual_grad_add", 6000)
+    # GPT's dropout: its mask's gradient (2 B in, 2 B out, the 1-byte mask), then the same add
+    names = [(k.name, k.hbm_bytes) for k in ew("dropout_residual_grad", 1000, 2, style)]
+    assert names[-1] == ("residual_grad_add", 6000) and sum(b for _, b in names) == 6000 + 5000

@@ -28,7 +28,8 @@ def account():
 
 def test_simdist_prices_the_overlap_off_steps_kernels_as_profiled(account):
     m, p = op.measured()["overlap_off"], account["overlap_off"]
-    assert abs(p.compute_s / m.compute_s - 1) <= op.COMPUTE_TOLERANCE
+    # the profile's busy intervals hold kernel time; simdist's launch gaps are its idle
+    assert abs(p.kernel_s / m.compute_s - 1) <= op.COMPUTE_TOLERANCE and 0 < p.gaps_s < m.idle_s
     assert abs(p.comm_s / m.comm_s - 1) <= op.COMM_TOLERANCE
     # without the overlap every all-to-all is in the step's path, as in the profile (0.11 % hidden)
     assert p.exposed_comm_s == pytest.approx(p.comm_s, rel=1e-9) and p.hidden_share == pytest.approx(0.0, abs=1e-9)
@@ -37,12 +38,12 @@ def test_simdist_prices_the_overlap_off_steps_kernels_as_profiled(account):
 def test_simdist_launches_fewer_kernels_than_the_profile_captured(account):
     # one step on rank 0: 463,348 kernels, 151 a layer and micro-batch (48 layers x 64 micro-batches); simdist's
     # launches (TE's grouped GEMMs a GEMM per local expert, the router's auxiliary-loss chain, the QK-norm split's
-    # copies and launches, the collective calls) reach 107 of them: the rest are small kernels it leaves out
-    # (docs/moe-kernel-inventory.md counts about 135 from source)
+    # copies and launches, the residual gradients' additions, the collective calls) reach 109 of them: the rest are
+    # small kernels it leaves out (docs/moe-kernel-inventory.md counts about 135 from source)
     m, p = op.measured()["overlap_off"], account["overlap_off"]
     assert m.kernels == 463_348 and (p.layers, p.microbatches) == (48, 64)
     per_layer = p.kernels / (p.layers * p.microbatches)
-    assert 100 < per_layer < 110 < 135 < m.kernels / (p.layers * p.microbatches)
+    assert 100 < per_layer < 120 < 135 < m.kernels / (p.layers * p.microbatches)
 
 
 def test_the_document_is_the_scripts_output(account):

@@ -25,13 +25,14 @@ from tests.test_contention import capacity, graphs_with_collectives, two_rank_gr
 BASE = """\
 name: prefix
 cluster: {{preset: dgx-h100, num_nodes: 4}}
-model: {{num_layers: 8, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024, vocab_size: 32000}}
+model: {{num_layers: 8, hidden_size: 1152, num_attention_heads: 16, seq_length: 1024, vocab_size: 32000}}
 parallel: {{tp: 8, pp: 2, dp: 2, vpp: {vpp}, zero_stage: 2}}
 training: {{global_batch_size: 256, micro_batch_size: 1}}
 schedule: {schedule}
 """
 # ZeRO-2 reduce-scatters every micro-batch's gradients (simdist.plan.recipe): they meet the pipeline sends on the
-# NICs from the first backward on, well before the smaller samples' cool-downs
+# NICs from the first backward on, well before the smaller samples' cool-downs. The sizes are such that transfers are
+# under way at both cases' cuts (the test asserts it: with hidden 1024 the interleaved case's cut fell between them)
 CASES = {"1f1b": dict(vpp=1, schedule="1f1b"), "interleaved": dict(vpp=2, schedule="interleaved_1f1b")}
 
 

@@ -123,16 +123,21 @@ def _regions(a: float) -> dict[str, dict[str, list[tuple[str, float, float]]]]:
                                   ("rotary_grad_to_input_dtype", f + a, 0.0)],
                         "compiled": [("rotary_grad", 2 * a, 4.0)]},
         # The residual add after each half of the layer (no dropout); its backward is the sum of the two gradients
-        # reaching the branch point, which the fused (Megatron) style leaves in the GEMM's accumulation.
+        # reaching the branch point (the residual path's and the norm's), which autograd adds in a kernel of its own
+        # in every style: Megatron-Core's fused bias-dropout-add passes the residual's gradient through and nothing
+        # fuses the sum (megatron/core/transformer/transformer_layer.py @ 2edffadb: the residual and the norm's input
+        # are the same tensor; autograd's InputBuffer accumulates them; docs/moe-kernel-inventory.md).
         "residual": {"fused": [("dropout_residual", 3 * a, 2.0)], "eager": [("residual_add", 3 * a, 1.0)],
                      "compiled": [("residual_add", 3 * a, 1.0)]},
-        "residual_grad": {"fused": [], "eager": [("residual_grad_add", 3 * a, 1.0)],
+        "residual_grad": {"fused": [("residual_grad_add", 3 * a, 1.0)], "eager": [("residual_grad_add", 3 * a, 1.0)],
                           "compiled": [("residual_grad_add", 3 * a, 1.0)]},
-        # GPT: dropout on the branch, then the residual add (a 1-byte mask, Korthikanti sec. 4.1).
+        # GPT: dropout on the branch, then the residual add (a 1-byte mask, Korthikanti sec. 4.1); backward, the
+        # dropout's gradient and the residual stream's two gradients summed (as "residual_grad").
         "dropout_residual": {"fused": [("dropout_residual", 3 * a + 1, 2.0)],
                              "eager": [("dropout", 2 * a + 1, 2.0), ("residual_add", 3 * a, 1.0)],
                              "compiled": [("dropout_residual", 3 * a + 1, 2.0)]},
-        "dropout_residual_grad": {"fused": [("dropout_residual_grad", 2 * a + 1, 1.0)],
+        "dropout_residual_grad": {"fused": [("dropout_residual_grad", 2 * a + 1, 1.0),
+                                            ("residual_grad_add", 3 * a, 1.0)],
                                   "eager": [("dropout_grad", 2 * a + 1, 1.0), ("residual_grad_add", 3 * a, 1.0)],
                                   "compiled": [("dropout_residual_grad", 3 * a + 1, 2.0)]},
         # SwiGLU over the f-wide up projection (elements: b s f): silu(gate) * up.
