@@ -51,7 +51,7 @@ def _hand(path: Path, style: str, graphs: bool, loss_style: str | None = None) -
 
     def issued(kernels) -> float:
         gpu_s = kernels_time_s(gpu, kernels, "bf16", eff)
-        return gpu_s if graphs else host.kernels_time_s(gpu_s, len(kernels))
+        return gpu_s if graphs else host.run_time_s(gpu_s, kernels)
 
     layer = layer_work(model, attention="flash", style=style)
     head, emb = head_work(model, tp=1, style=style, loss_style=loss_style), embedding_work(model, tp=1, style=style)
@@ -59,7 +59,7 @@ def _hand(path: Path, style: str, graphs: bool, loss_style: str | None = None) -
     total += sum(issued(w.forward) + issued(w.backward) for w in (head, emb))
     # the optimizer is never graphed (Megatron-LM's full-iteration graph leaves it out): the host issues its kernels
     opt = optimizer_step_kernels(cost.num_params, implementation="foreach", num_tensors=cost.num_tensors)
-    return total + host.kernels_time_s(kernels_time_s(gpu, opt, "bf16"), len(opt))
+    return total + host.run_time_s(kernels_time_s(gpu, opt, "bf16"), opt)
 
 
 @pytest.mark.parametrize(("compile", "graphs", "loss"), [

@@ -12,6 +12,7 @@ from simdist.errors import SpecError
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.hardware.host import NONE, HostOverhead, host_overhead
 from simdist.plan.data_parallel import megatron_bucket_params, num_buckets
+from simdist.plan.kernel_work import Kernel
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.recipe import step_recipe
@@ -111,8 +112,9 @@ def test_host_costs_defaults_and_floor():
     assert (h.launch_s, h.dispatch_s, h.step_gap_s) == (5e-6, 3.3e-6, 20e-6)
     assert h.op_s == pytest.approx(8.3e-6)
     # ten kernels of 50 us on the GPU: the host issues them faster (83 us < 500 us); of 5 us: host-bound
-    assert h.kernels_time_s(500e-6, 10) == 500e-6
-    assert h.kernels_time_s(50e-6, 10) == pytest.approx(83e-6)
+    ten = [Kernel("k", 0.0, 0.0, "memory")] * 10
+    assert h.run_time_s(500e-6, ten) == 500e-6
+    assert h.run_time_s(50e-6, ten) == pytest.approx(83e-6)
     assert host_overhead(GPU_PRESETS["cpu-core"]) is NONE  # a CPU core's dispatch is in its launch overhead
     assert host_overhead(GPU_PRESETS["h100-sxm"]) == h
 

@@ -113,17 +113,18 @@ def test_after_a_wait_the_gpu_runs_each_kernel_as_the_host_issues_it():
     # the host's time to issue it (the last kernel at 60 us, ending at 61) are both shorter
     host = HostOverhead(launch_s=5e-6, dispatch_s=5e-6, step_gap_s=20e-6)
     us = 1e-6
-    assert host.ramp_time_s([1 * us, 1 * us, 50 * us, 1 * us, 1 * us]) == pytest.approx(92 * us, rel=1e-12)
-    assert host.ramp_time_s([]) == pytest.approx(20 * us)
+    assert host.ramp_time_s([1 * us, 1 * us, 50 * us, 1 * us, 1 * us], [host.op_s] * 5) == pytest.approx(
+        92 * us, rel=1e-12)
+    assert host.ramp_time_s([], []) == pytest.approx(20 * us)
     # kernels no shorter than an op: the GPU never waits after the first one arrives
-    assert host.ramp_time_s([12 * us, 10 * us, 30 * us]) == pytest.approx((20 + 52) * us, rel=1e-12)
+    assert host.ramp_time_s([12 * us, 10 * us, 30 * us], [host.op_s] * 3) == pytest.approx((20 + 52) * us, rel=1e-12)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.0, 1e-3), min_size=1, max_size=40), st.floats(0.0, 1e-4), st.floats(0.0, 1e-4))
 def test_the_ramp_lies_between_its_bounds(kernels, op, gap):
     host = HostOverhead(launch_s=op / 2, dispatch_s=op / 2, step_gap_s=gap)
-    t = host.ramp_time_s(kernels)
+    t = host.ramp_time_s(kernels, [host.op_s] * len(kernels))
     n, gpu = len(kernels), sum(kernels)
     # never before the GPU has run everything, nor before the host has issued the last kernel and it has run
     assert t >= gap + max(gpu, (n - 1) * host.op_s + kernels[-1]) - 1e-12

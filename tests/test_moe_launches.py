@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from simdist.hardware.compute import compute_efficiency, kernel_time_s
 from simdist.hardware.gpus import GPU_PRESETS
@@ -50,15 +48,6 @@ def test_the_host_issues_a_dispatch_per_call_and_a_launch_per_kernel():
     # it reaches the GPU at 20 + 8 + 43 = 71 us and ends at 72
     issue = [host.issue_s(k) for k in (single, grouped, single)]
     assert host.ramp_time_s([1 * US] * 3, issue) == pytest.approx(72 * US, rel=1e-12)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(0.0, 1e-3), min_size=1, max_size=30), st.floats(0.0, 1e-4), st.floats(0.0, 1e-4))
-def test_one_op_per_kernel_is_the_ramp_of_old(kernel_s, op, gap):
-    # every kernel one call and one launch: its issue time is op_s, the ramp's default
-    host = HostOverhead(launch_s=op / 3, dispatch_s=2 * op / 3, step_gap_s=gap)
-    assert host.ramp_time_s(kernel_s, [host.op_s] * len(kernel_s)) == pytest.approx(host.ramp_time_s(kernel_s),
-                                                                                     rel=1e-9, abs=1e-15)
 
 
 # ----------------------------------------------------------------------------- Transformer Engine's grouped GEMM

@@ -156,7 +156,7 @@ schedule: 1f1b
     head = head_work(MLP, tp=1, micro_batch_size=128, precision="fp32")
 
     def issued(kernels) -> float:
-        return host.kernels_time_s(kernels_time_s(gpu, kernels, "fp32"), len(kernels))
+        return host.run_time_s(kernels_time_s(gpu, kernels, "fp32"), kernels)
 
     per_layer = issued(layer.forward) + issued(layer.backward)
     expected = (MLP.num_layers * per_layer + issued(head.forward) + issued(head.backward)

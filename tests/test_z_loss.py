@@ -62,7 +62,7 @@ def test_a_one_gpu_step_pays_the_z_loss_kernels_in_both_fidelities(tmp_path):
     gpu, host = toy_gpu(), host_overhead(toy_gpu())
 
     def issued(kernels) -> float:
-        return host.kernels_time_s(kernels_time_s(gpu, kernels, "bf16"), len(kernels))
+        return host.run_time_s(kernels_time_s(gpu, kernels, "bf16"), kernels)
 
     def head_s(z: bool) -> float:
         w = head_work(model, tp=1, style="eager", loss_style="eager", z_loss=z)

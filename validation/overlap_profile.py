@@ -119,7 +119,6 @@ def predicted() -> dict[str, Account]:
     """simdist's account of each case's scenario."""
     from simdist.api import load_scenario, run
     from simdist.hardware.compute import compute_efficiency
-    from simdist.plan.chunk_cost import chunk_parts
     from simdist.plan.kernel_mix import kernel_mix
     from simdist.predict.step import checked_step
 
@@ -133,13 +132,11 @@ def predicted() -> dict[str, Account]:
         sc = load_scenario(SCENARIOS / scenario, [])
         cfg = checked_step(sc.spec, sc.topology)[1]
         # one pipeline stage (pp 1): every micro-batch's kernels on the profiled rank, and its collective calls
-        kernels = kernel_mix(cfg).num_kernels * cfg.microbatches(0) + sum(c["count"] for c in r["collectives"])
-        gap = compute_efficiency(cfg.gpu).launch_overhead_s
-        gaps = gap * cfg.microbatches(0) * sum(n * k.launch_gaps for w, n in chunk_parts(cfg, cfg.part_layers(0), True,
-                                                                                           True)
-                                                for k in (*w.forward, *w.backward, *w.recompute))
+        mix, micro = kernel_mix(cfg), cfg.microbatches(0)
+        kernels = mix.num_kernels * micro + sum(c["count"] for c in r["collectives"])
+        gaps = mix.launch_gaps * micro * compute_efficiency(cfg.gpu).launch_overhead_s
         out[case] = Account(r["step_time_s"], compute, comm, exposed, r["step_time_s"] - compute - exposed, kernels,
-                            cfg.model.num_layers, cfg.microbatches(0), gaps)
+                            cfg.model.num_layers, micro, gaps)
     return out
 
 

@@ -59,10 +59,6 @@ class HostOverhead:
         """Host time to issue one op: its dispatch and its kernel launch."""
         return self.dispatch_s + self.launch_s
 
-    def kernels_time_s(self, gpu_s: float, num_kernels: int) -> float:
-        """Time of ``num_kernels`` back-to-back kernels taking ``gpu_s`` on the GPU, when the host issues them."""
-        return max(gpu_s, num_kernels * self.op_s)
-
     def issue_s(self, kernel: object) -> float:
         """Host time to issue one modelled kernel: a dispatch per framework call and a launch per kernel it stands
         for (`simdist.plan.kernel_work.Kernel.calls`, ``launches``; one op each by default)."""
@@ -72,18 +68,15 @@ class HostOverhead:
         """Time of ``kernels`` back to back taking ``gpu_s`` on the GPU, when the host issues them (`issue_s`)."""
         return max(gpu_s, sum(self.issue_s(k) for k in kernels))
 
-    def ramp_time_s(self, kernel_s: Sequence[float], issue_s: Sequence[float] | None = None) -> float:
+    def ramp_time_s(self, kernel_s: Sequence[float], issue_s: Sequence[float]) -> float:
         """Time from the end of a host wait on the device to the end of the kernels the host then issues, each
-        taking ``kernel_s[i]`` on the GPU and ``issue_s[i]`` on the host (default ``op_s`` each): the step gap, then an
-        in-order queue kernel i reaches after the issue time of the kernels before it (module doc): step_gap_s + max
-        over i of (sum(issue_s[:i]) + sum(kernel_s[i:]))."""
+        taking ``kernel_s[i]`` on the GPU and ``issue_s[i]`` on the host (`issue_s`): the step gap, then an in-order
+        queue kernel i reaches after the issue time of the kernels before it (module doc): step_gap_s + max over i of
+        (sum(issue_s[:i]) + sum(kernel_s[i:]))."""
         if not kernel_s:
             return self.step_gap_s
         suffix = np.cumsum(np.asarray(kernel_s, dtype=float)[::-1])[::-1]
-        if issue_s is None:
-            arrival = np.arange(len(suffix)) * self.op_s
-        else:
-            arrival = np.concatenate(([0.0], np.cumsum(np.asarray(issue_s, dtype=float))[:-1]))
+        arrival = np.concatenate(([0.0], np.cumsum(np.asarray(issue_s, dtype=float))[:-1]))
         return self.step_gap_s + float(np.max(arrival + suffix))
 
 

@@ -116,16 +116,16 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
                 fwd.issue("all_gather", m * h * bpe)
         fwd.add(*shape.casts("qkv", m * h), *fp8_weight_cast("qkv", h * (q_l + 2 * k_l), shape),
                 gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
-        te = style == "fused"  # Megatron-Core with Transformer Engine's modules: `_te_split`
+        # Megatron-Core's split of the QKV output under the QK-norm, with Transformer Engine's modules (fused style)
+        split, split_grad = (_te_split(model, tp, m, q_l, k_l, bpe) if model.qk_layernorm and style == "fused"
+                             else ([], []))
         if model.qk_layernorm:
             # Qwen3 / OLMo 2: RMSNorm over each head of Q and K (Megatron-LM q_layernorm / k_layernorm).
-            if te:
-                fwd.add(*_te_split_copies(model, tp, m, q_l, k_l, bpe))
-            fwd.add(*_te_launches(ew("qk_norm", m * (q_l + k_l), bpe, style, per_tensor=2), te, 2, 2))
+            fwd.add(*split, *ew("qk_norm", m * (q_l + k_l), bpe, style, per_tensor=2))
         # RoPE: Megatron-Core runs it unfused where YaRN scales cos and sin (GPT-OSS), else as its style does
         rope = "rotary_unfused" if style == "fused" and model.rotary_concentration != 1.0 else "rotary"
         if model.swiglu:
-            fwd.add(*_te_launches(ew(rope, m * (q_l + k_l), bpe, style, per_tensor=2), te and rope == "rotary", 2, 2))
+            fwd.add(*ew(rope, m * (q_l + k_l), bpe, style, per_tensor=2))
         if q_l > k_l and style != "fused":
             # Eager and compiled PyTorch attention materialise each K and V head for its query group before the
             # attention call (torchtitan's and Hugging Face's repeat_kv: expand + reshape, a copy q_l wide reading
@@ -135,14 +135,9 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
                 fwd.add(elementwise(f"repeat_kv_{t}", m * q_l, bpe * (1 + rep), 0.0))
                 bwd_qkv.add(elementwise(f"repeat_kv_{t}_grad", m * q_l, bpe * (1 + rep), 1.0))
         if model.swiglu:
-            bwd_qkv.add(*_te_launches(ew(f"{rope}_grad", m * (q_l + k_l), bpe, style, per_tensor=2),
-                                      te and rope == "rotary", 2, 2))
+            bwd_qkv.add(*ew(f"{rope}_grad", m * (q_l + k_l), bpe, style, per_tensor=2))
         if model.qk_layernorm:
-            # each norm's backward a main and a finalize kernel, then its weight's main_grad addition
-            bwd_qkv.add(*_te_launches(ew("qk_norm_grad", m * (q_l + k_l), bpe, style, per_tensor=2), te, 6, 4))
-            if te:
-                # the split's backward: dq, dk and dv concatenated into the QKV GEMM's output gradient
-                bwd_qkv.add(elementwise("qkv_split_grad_cat", m * (q_l + 2 * k_l), 2 * bpe, 0.0))
+            bwd_qkv.add(*ew("qk_norm_grad", m * (q_l + k_l), bpe, style, per_tensor=2), *split_grad)
         bwd_qkv.add(*shape.casts("qkv_grad", m * (q_l + 2 * k_l)))
         dgrad, wgrad = gemm_grads("qkv", m, q_l + 2 * k_l, h, bpe, fp8)
         bwd_qkv.add(dgrad)
@@ -177,28 +172,22 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
     return AttentionBlock(fwd, bwd, tuple(core), extra, kv_full)
 
 
-def _te_launches(kernels: list[Kernel], te: bool, launches: int, calls: int) -> list[Kernel]:
-    """``kernels`` (one fused kernel over Q and K) as Transformer Engine runs them under Megatron-Core where ``te``:
-    ``launches`` kernels from ``calls`` framework calls (simdist.plan.kernel_work.Kernel.launches)."""
-    if not te:
-        return kernels
-    return [dataclasses.replace(k, launches=launches, calls=calls) for k in kernels]
-
-
-def _te_split_copies(model: Model, tp: int, m: int, q_l: int, k_l: int, bpe: int) -> list[Kernel]:
-    """The copies Megatron-Core and Transformer Engine make of Q, K and V after splitting the QKV GEMM's output where
-    the QK-norm is on (``_te_split``): the query's reshape from [s, b, groups, heads/group x d] to [s, b, heads, d]
-    copies wherever a rank holds several groups of several heads (its strided view cannot be reshaped), TE's RMSNorm
-    makes K contiguous, and TE's attention, finding Q, K and V in no layout it takes, makes V contiguous
+def _te_split(model: Model, tp: int, m: int, q_l: int, k_l: int, bpe: int) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of Megatron-Core's split of the QKV GEMM's output where the QK-norm is on, with
+    Transformer Engine's modules. Forward, the copies of Q, K and V: the query's reshape from [s, b, groups,
+    heads/group x d] to [s, b, heads, d] copies wherever a rank holds several groups of several heads (its strided view
+    cannot be reshaped), TE's RMSNorm makes K contiguous, and TE's attention, finding Q, K and V in no layout it takes,
+    makes V contiguous; backward, dq, dk and dv concatenated into the QKV GEMM's output gradient
     (megatron/core/transformer/attention.py get_query_key_value_tensors @ 2edffadb; transformer_engine/pytorch/ops/
     basic/rmsnorm.py, attention/dot_product_attention/utils.py get_qkv_layout @ d0067d0; docs/moe-kernel-inventory.md).
-    # Assumption: priced, with the backward's concatenation of dq, dk and dv, only where the QK-norm is on (the case
-    # counted); without it the A100 constants' fit on Korthikanti et al.'s layer times holds what a split costs."""
+    # Assumption: priced only where the QK-norm is on (the case counted); without it the A100 constants' fit on
+    # Korthikanti et al.'s layer times holds what a split costs."""
     groups = max(model.num_query_groups // tp, 1)
     heads = model.num_attention_heads // tp
     q_copy = [elementwise("query_reshape_copy", m * q_l, 2 * bpe, 0.0)] if 1 < groups < heads else []
-    return [*q_copy, elementwise("key_contiguous", m * k_l, 2 * bpe, 0.0),
-            elementwise("value_contiguous", m * k_l, 2 * bpe, 0.0)]
+    return ([*q_copy, elementwise("key_contiguous", m * k_l, 2 * bpe, 0.0),
+             elementwise("value_contiguous", m * k_l, 2 * bpe, 0.0)],
+            [elementwise("qkv_split_grad_cat", m * (q_l + 2 * k_l), 2 * bpe, 0.0)])
 
 
 def _core(shape: LayerShape, attention: str, causal: bool, window: bool, counted: float, scores: float,

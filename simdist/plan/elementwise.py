@@ -33,6 +33,8 @@ nn.LayerNorm's forward 1.57-1.66x a fused one (rows rms_norm, llama4_rope and la
 
 from __future__ import annotations
 
+import dataclasses
+
 from simdist.plan.kernel_work import Kernel, elementwise
 
 __all__ = ["CAST_CHAINS", "NORMS", "PER_TENSOR", "STYLES", "ew", "kernel_style"]
@@ -206,9 +208,23 @@ def passes(region: str, a: float, style: str) -> list[tuple[str, float, float]]:
 
 def ew(region: str, elements: float, a: float, style: str, *, per_tensor: int = 1) -> list[Kernel]:
     """The kernels of ``region`` over ``elements`` (activation bytes ``a``) in ``style``. ``per_tensor``: the region
-    covers that many equal tensors, which eager code runs one by one (Q and K of a rotary embedding)."""
+    covers that many equal tensors, which eager code runs one by one (Q and K of a rotary embedding), and which
+    Megatron-Core's fused style runs one Transformer Engine call each (`_fused_launches`)."""
     n = per_tensor if style == "eager" or region in PER_TENSOR else 1
     cast = style == "eager" and region in CAST_CHAINS
     norm = region in NORMS and not cast
-    return [elementwise(name, elements / n, bytes_per, flops_per, eager_cast=cast, norm=norm)
-            for _ in range(n) for name, bytes_per, flops_per in passes(region, a, style)]
+    kernels = [elementwise(name, elements / n, bytes_per, flops_per, eager_cast=cast, norm=norm)
+               for _ in range(n) for name, bytes_per, flops_per in passes(region, a, style)]
+    if style == "fused" and n == 1 and per_tensor > 1:
+        kernels = [dataclasses.replace(k, **_fused_launches(region, per_tensor)) for k in kernels]
+    return kernels
+
+
+def _fused_launches(region: str, tensors: int) -> dict[str, int]:
+    """`Kernel` launch fields of a fused-style region over ``tensors`` equal tensors: Megatron-Core calls Transformer
+    Engine once per tensor (the q and k norms, their RoPEs: megatron/core/transformer/attention.py @ 2edffadb); a
+    norm's backward launches a main and a finalize kernel (TE common/normalization rtc_dispatch) and its weight's
+    gradient is added into main_grad by Megatron's hook, a call of its own (docs/moe-kernel-inventory.md)."""
+    if region in NORMS and region.endswith("_grad"):
+        return {"launches": 3 * tensors, "calls": 2 * tensors}
+    return {"launches": tensors, "calls": tensors}

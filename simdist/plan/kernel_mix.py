@@ -29,6 +29,8 @@ class KernelMix:
     """Of memory-bound (element-wise, norm, permutation, cast, loss) kernels."""
     num_kernels: int
     """Kernels those seconds are made of (each launch of a kernel that stands for several: Kernel.launches)."""
+    launch_gaps: int = 0
+    """Launch gaps the GPU pays between them (Kernel.launch_gaps: launches on side streams overlap)."""
 
     @property
     def total_s(self) -> float:
@@ -49,11 +51,12 @@ def kernel_mix(cfg: StepConfig) -> KernelMix:
     """The kernels of one micro-batch of every model part of ``cfg`` (each on its stage's GPU), by kind."""
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     seconds = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
-    count = 0
+    count = gaps = 0
     last = cfg.num_parts - 1
     for part in range(cfg.num_parts):
         for work, n in chunk_parts(cfg, cfg.part_layers(part), part == 0, part == last):
             for k in (*work.forward, *work.backward, *work.recompute):
                 seconds[k.kind] += n * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
                 count += n * k.launches
-    return KernelMix(seconds["gemm"], seconds["attention"], seconds["memory"], count)
+                gaps += n * k.launch_gaps
+    return KernelMix(seconds["gemm"], seconds["attention"], seconds["memory"], count, gaps)
