@@ -14,8 +14,9 @@ order (each step an assumption stated where it is taken):
    split with the kernel's forward/backward ratio (``split`` rows);
 2. a causal curve not published for a direction: the non-causal one, scaled by the forward's causal / non-causal
    ratio at that length;
-3. a head dimension not published for a direction: the nearest measured one, scaled by the other direction's ratio
-   between the two head dimensions.
+3. a head dimension outside those a direction publishes (Hopper's cuDNN backward: 128 only) while the other direction
+   publishes it: the nearest measured one, scaled by the other direction's ratio between the two head dimensions.
+   A head dimension beyond every one the kernel measures is priced at the nearest measured one.
 
 A kernel run in fp8 (``dtype`` fp8: per-tensor scales; mxfp8: MX block scales; Transformer Engine's FP8
 DotProductAttention, training.fp8_attention) runs at its bf16 efficiency times its fp8 / bf16 throughput ratio measured
@@ -176,10 +177,13 @@ def _head_dims(arch: str, kernel: str, direction: str, causal: bool) -> list[int
     return sorted(k[4] for k in _table() if k[:4] == (arch, kernel, direction, causal))
 
 
-def _at_head_dim(arch: str, kernel: str, direction: str, causal: bool, x: float, head_dim: int) -> float | None:
-    """The published curve of one direction and mask, interpolated in the head dimension; None where absent."""
+def _at_head_dim(arch: str, kernel: str, direction: str, causal: bool, x: float, head_dim: int,
+                 clamp: bool = True) -> float | None:
+    """The published curve of one direction and mask, interpolated in the head dimension; None where absent, and,
+    unless ``clamp``, where ``head_dim`` lies outside the head dimensions measured (step 3 of the module docstring
+    derives those first)."""
     dims = _head_dims(arch, kernel, direction, causal)
-    if not dims:
+    if not dims or (not clamp and not dims[0] <= head_dim <= dims[-1]):
         return None
     table = _table()
     if head_dim <= dims[0] or len(dims) == 1:
@@ -196,16 +200,18 @@ def _at_head_dim(arch: str, kernel: str, direction: str, causal: bool, x: float,
     return y0 + (y1 - y0) * (head_dim - d0) / (d1 - d0)
 
 
-def _direct(arch: str, kernel: str, direction: str, causal: bool, x: float, head_dim: int) -> float | None:
-    """A direction's efficiency from its own rows or from the forward+backward sum (step 1 of the module docstring)."""
-    own = _at_head_dim(arch, kernel, direction, causal, x, head_dim)
+def _direct(arch: str, kernel: str, direction: str, causal: bool, x: float, head_dim: int,
+            clamp: bool = True) -> float | None:
+    """A direction's efficiency from its own rows or from the forward+backward sum (step 1 of the module docstring);
+    ``clamp``: as `_at_head_dim`."""
+    own = _at_head_dim(arch, kernel, direction, causal, x, head_dim, clamp)
     if own is not None:
         return own
-    both = _at_head_dim(arch, kernel, "forward_backward", causal, x, head_dim)
+    both = _at_head_dim(arch, kernel, "forward_backward", causal, x, head_dim, clamp)
     if both is None:
         return None
     other_dir = "backward" if direction == "forward" else "forward"
-    other = _at_head_dim(arch, kernel, other_dir, causal, x, head_dim)
+    other = _at_head_dim(arch, kernel, other_dir, causal, x, head_dim, clamp)
     if other is not None:
         # 3.5 / fwd_bwd = 1 / fwd + 2.5 / bwd (FLOPs as the papers count them)
         rest = 3.5 / both - (2.5 / other if other_dir == "backward" else 1.0 / other)
@@ -219,30 +225,51 @@ def _direct(arch: str, kernel: str, direction: str, causal: bool, x: float, head
     return fwd if direction == "forward" else fwd / ratio
 
 
+def _masked(arch: str, kernel: str, direction: str, causal: bool, x: float, head_dim: int,
+            clamp: bool) -> float | None:
+    """Steps 1 and 2 of the module docstring: a direction's own (or split) curve, or a causal one derived from the
+    unmasked curve; ``clamp``: as `_at_head_dim`."""
+    value = _direct(arch, kernel, direction, causal, x, head_dim, clamp)
+    if value is not None or not causal:
+        return value
+    # Assumption (step 2): where only the unmasked curve of a direction is published, the causal kernel loses the same
+    # share as its forward does at that length.
+    full = _masked(arch, kernel, direction, False, x, head_dim, clamp)
+    fwd_c = _direct(arch, kernel, "forward", True, x, head_dim, clamp)
+    fwd_f = _direct(arch, kernel, "forward", False, x, head_dim, clamp)
+    if full is not None and fwd_c is not None and fwd_f:
+        return full * fwd_c / fwd_f
+    return None
+
+
 @lru_cache(maxsize=8192)
 def _efficiency(arch: str, kernel: str, direction: str, causal: bool, x: float, head_dim: int) -> float | None:
-    value = _direct(arch, kernel, direction, causal, x, head_dim)
-    if value is not None:
-        return value
-    if causal:
-        # Assumption (step 2): where only the unmasked curve of a direction is published, the causal kernel loses the
-        # same share as its forward does at that length.
-        full = _efficiency(arch, kernel, direction, False, x, head_dim)
-        fwd_c = _direct(arch, kernel, "forward", True, x, head_dim)
-        fwd_f = _direct(arch, kernel, "forward", False, x, head_dim)
-        if full is not None and fwd_c is not None and fwd_f:
-            return full * fwd_c / fwd_f
-    # Assumption (step 3): a head dimension without figures for this direction scales like the other direction between
-    # it and the nearest measured head dimension.
-    other_dir = "backward" if direction == "forward" else "forward"
-    dims = _head_dims(arch, kernel, direction, causal) or _head_dims(arch, kernel, direction, False)
+    # A head dimension beyond every one the kernel measures (either direction) is priced at the nearest measured;
+    # then steps 1-2 within the head dimensions each direction measures, step 3, and last steps 1-2 clamped to the
+    # direction's nearest measured head dimension.
+    dims = sorted({k[4] for k in _table() if k[:2] == (arch, kernel)})
     if dims:
-        near = min(dims, key=lambda d: abs(d - head_dim))
-        here = _direct(arch, kernel, other_dir, causal, x, head_dim)
-        there = _direct(arch, kernel, other_dir, causal, x, near)
-        base = _efficiency(arch, kernel, direction, causal, x, near)
-        if here is not None and there and base is not None:
-            return base * here / there
+        head_dim = min(max(head_dim, dims[0]), dims[-1])
+    for clamp in (False, True):
+        value = _masked(arch, kernel, direction, causal, x, head_dim, clamp)
+        if value is not None:
+            return value
+        if clamp:
+            break
+        # Assumption (step 3): a head dimension without figures for this direction scales like the other direction
+        # between it and the nearest measured head dimension (Hopper's cuDNN backward is published at head dimension
+        # 128 only; at 64 its forward runs at 0.70 of its rate at 128, FlashAttention-3 paper Fig. 5, and NVIDIA's
+        # cudnn-frontend H200 benchmark, cuDNN 9.19, measures head dimension 64's backward at 0.61 of 128's on
+        # GPT-OSS's and Llama 3.1's heads: tests/test_attention_head_dim.py).
+        other_dir = "backward" if direction == "forward" else "forward"
+        dims = _head_dims(arch, kernel, direction, causal) or _head_dims(arch, kernel, direction, False)
+        if dims:
+            near = min(dims, key=lambda d: abs(d - head_dim))
+            here = _masked(arch, kernel, other_dir, causal, x, head_dim, False)
+            there = _masked(arch, kernel, other_dir, causal, x, near, False)
+            base = _efficiency(arch, kernel, direction, causal, x, near)
+            if here is not None and there and base is not None:
+                return base * here / there
     ratio = _relative()[1].get((arch, kernel))
     if ratio is not None and direction == "backward":
         fwd = _efficiency(arch, kernel, "forward", causal, x, head_dim)
