@@ -12,6 +12,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.comm_overlap import a2a_overlapped
+from simdist.plan.graph_scope import replayed_run
 from simdist.plan.layer_cost import Work, layer_work
 from simdist.plan.layer_params import layer_param_shards, layer_tensors
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
@@ -172,7 +173,11 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
         _PRICINGS.clear()
         _TIMES.clear()  # (their seconds are keyed by the numbers just forgotten)
         _LAYERS.clear()
-    pricing = _PRICINGS.setdefault((cfg.gpu, cfg.precision, eff, host, ex.cuda_graphs), len(_PRICINGS))
+    pricing = _PRICINGS.setdefault((cfg.gpu, cfg.precision, eff, host, ex.cuda_graphs, ex.graph_tags),
+                                   len(_PRICINGS))
+    # Megatron-Core's partial CUDA graphs (training.cuda_graph_scope): the kernels of the replayed parts at the graph's
+    # gap between kernels, the host one call per replay (simdist.plan.graph_scope)
+    graph_eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s) if ex.graph_tags else eff
 
     def total(phase: str) -> float:
         # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
@@ -194,16 +199,29 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
             if t is None:
                 kernels = getattr(w, phase)
                 cuts = w.host_syncs if phase == "forward" else w.recompute_syncs if phase == "recompute" else ()
-                runs = [kernels[a:b] for a, b in zip((0, *cuts), (*cuts, len(kernels)), strict=True)]
+                bounds = list(zip((0, *cuts), (*cuts, len(kernels)), strict=True))
+                scopes = (w.forward_scopes if phase == "forward" else w.backward_scopes if phase == "backward"
+                          else ())
+                replayed = [tag in ex.graph_tags for tag in scopes] if ex.graph_tags and scopes else None
                 t = 0.0
-                for i, run in enumerate(runs):
+                for i, (a, b) in enumerate(bounds):
+                    run = kernels[a:b]
                     if ex.cuda_graphs:  # replayed: the GPU's time, and the gap after each wait
                         t += (host.step_gap_s if i else 0.0) + kernels_time_s(cfg.gpu, run, cfg.precision, eff)
-                    elif i:  # after a wait: the ramp from an empty queue
-                        t += host.ramp_time_s([kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run],
-                                              [host.issue_s(k) for k in run])
-                    else:  # the host ahead of the queue
-                        t += host.run_time_s(kernels_time_s(cfg.gpu, run, cfg.precision, eff), run)
+                        continue
+                    gpu_s = [kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run]
+                    issue = [host.issue_s(k) for k in run]
+                    if replayed is not None and any(replayed[a:b]):
+                        copy = w.graph_input
+                        gpu_s, issue = replayed_run(
+                            gpu_s, issue, replayed[a:b],
+                            [kernel_time_s(cfg.gpu, k, cfg.precision, graph_eff) for k in run], host.op_s,
+                            kernel_time_s(cfg.gpu, copy, cfg.precision, eff) if copy else 0.0,
+                            host.issue_s(copy) if copy else 0.0)
+                    if i:  # after a wait: the ramp from an empty queue
+                        t += host.ramp_time_s(gpu_s, issue)
+                    else:  # the host ahead of the queue: the GPU's time or the host's, the longer
+                        t += max(sum(gpu_s), sum(issue))
                 if seconds is not None:
                     seconds[phase, pricing] = t
             out += t * n

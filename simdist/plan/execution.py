@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simdist.plan.elementwise import kernel_style
+from simdist.plan.graph_scope import graph_tags, whole_step
 
 __all__ = ["LOSS_COMPILED_WITH_MODEL", "MEGATRON", "Execution", "execution_of", "keeps_master_copy", "loss_compiled"]
 
@@ -25,6 +26,9 @@ class Execution:
     """The cross-entropy loss's style: compiled only where the framework compiles the loss (`loss_compiled`)."""
     cuda_graphs: bool = False
     """Kernels replayed from CUDA graphs: no host launch per kernel, the graph's gap between kernels."""
+    graph_tags: frozenset[str] = frozenset()
+    """The layer parts replayed from CUDA graphs where not every kernel is (training.cuda_graph_scope: kernel tags of
+    simdist.plan.graph_scope)."""
     optimizer: str = "fused"
     """fused | foreach | for_loop (simdist.plan.optimizer)."""
     loss_fusion: bool = False
@@ -105,7 +109,9 @@ def execution_of(spec, pp: int) -> Execution:
     reshard = (not pipelined_fsdp) if p.reshard_after_forward is None else p.reshard_after_forward
     return Execution(
         framework=t.framework, style=kernel_style(t.kernel_fusion, t.compile),
-        loss_style=kernel_style(t.kernel_fusion, loss_compiled(t)), cuda_graphs=t.cuda_graphs,
+        loss_style=kernel_style(t.kernel_fusion, loss_compiled(t)),
+        cuda_graphs=t.cuda_graphs or whole_step(t.cuda_graph_scope),
+        graph_tags=frozenset() if t.cuda_graphs else graph_tags(t.cuda_graph_scope),
         optimizer=t.optimizer_implementation, loss_fusion=t.cross_entropy_loss_fusion, z_loss=t.z_loss_multiplier > 0,
         fsdp_version=t.fsdp_version,
         reshard_after_forward=reshard, backward_prefetch=t.backward_prefetch, grad_sync=grad_sync,

@@ -113,6 +113,14 @@ class Work:
     (simdist.plan.chunk_cost)."""
     recompute_syncs: tuple[int, ...] = ()
     """The same for ``recompute``'s kernels (full recompute redoes the forward's synchronizations)."""
+    forward_scopes: tuple[str, ...] = ()
+    """The part of the layer each forward kernel belongs to, as Megatron-Core's CUDA graph scopes capture them
+    (simdist.plan.graph_scope tags: attn, mlp, moe_router, moe_experts); empty: none (not a layer's work)."""
+    backward_scopes: tuple[str, ...] = ()
+    """The same for the backward's kernels."""
+    graph_input: Kernel | None = None
+    """The copy of the layer's hidden states into a CUDA graph's static buffer before each replay
+    (simdist.plan.graph_scope)."""
 
 
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -265,7 +273,8 @@ def elementwise(name: str, elements: float, bytes_per: float, flops_per: float =
 
 
 def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0, host_syncs: tuple[int, ...] = (),
-            recompute_syncs: tuple[int, ...] = ()) -> Work:
+            recompute_syncs: tuple[int, ...] = (), scopes: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+            graph_input: Kernel | None = None) -> Work:
     """Model FLOPs: the matmul FLOPs the convention counts (causal half, no recompute, a token's topk experts at the
     balanced share); hardware FLOPs: what the kernels execute, recompute included (Korthikanti et al. 2022,
     arXiv:2205.05198 sec. 6.3's MFU / HFU)."""
@@ -277,7 +286,8 @@ def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0, host_syncs: tuple
 
     model_flops = counted(fwd) + counted(bwd) - extra_hardware
     return Work(tuple(fwd), tuple(bwd), tuple(redo), tuple(comm), model_flops,
-                executed(fwd) + executed(bwd) + executed(redo), tuple(host_syncs), tuple(recompute_syncs))
+                executed(fwd) + executed(bwd) + executed(redo), tuple(host_syncs), tuple(recompute_syncs),
+                tuple(scopes[0]), tuple(scopes[1]), graph_input)
 
 
 @dataclass(slots=True)

@@ -186,9 +186,9 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     attn = attention_block(model, shape, attention=attention, causal=attention_mask == "causal",
                            window=model.window_layer_flags()[layer], recompute=recompute, cp_comm_type=cp_comm_type)
     if model.moe_layer_flags()[layer]:
-        mlp_fwd, mlp_bwd = moe_mlp_block(model, shape, experts or ExpertParallel())
+        mlp_fwd, mlp_bwd, router_fwd, router_bwd = moe_mlp_block(model, shape, experts or ExpertParallel())
     else:
-        mlp_fwd, mlp_bwd = _dense_mlp_block(model, shape)
+        (mlp_fwd, mlp_bwd), router_fwd, router_bwd = _dense_mlp_block(model, shape), 0, 0
 
     # The residual add after each half (with GPT's dropout on the branch); in backward the two gradients reaching
     # each branch point are summed (simdist.plan.elementwise: the fused style leaves that to the GEMMs).
@@ -202,6 +202,16 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     bwd.add(*ew(add_grad, resid, bpe, style))
     bwd.then(attn.backward)
     comm = fwd.comm + bwd.comm
+    # The part each kernel belongs to, as Megatron-Core's CUDA graph scopes capture them (simdist.plan.graph_scope):
+    # the attention half with its residual add, the MLP half (an MoE layer's router part, then its experts) with its.
+    n_res, n_res_g = len(ew(add, 1.0, bpe, style)), len(ew(add_grad, 1.0, bpe, style))
+    rest = "mlp" if not model.moe_layer_flags()[layer] else "moe_experts"
+    head = "mlp" if rest == "mlp" else "moe_router"
+    n_mf, n_mb = len(mlp_fwd.kernels), len(mlp_bwd.kernels)
+    scopes = (("attn",) * (len(attn.forward.kernels) + n_res) + (head,) * router_fwd
+              + (rest,) * (n_mf - router_fwd + n_res),
+              (rest,) * (n_res_g + n_mb - router_bwd) + (head,) * router_bwd
+              + ("attn",) * (n_res_g + len(attn.backward.kernels)))
     tags = _module_tags(fwd, attn, len(ew(add, 1.0, bpe, style)), len(ew(shape.norm, 1.0, bpe, style)),
                         moe=model.moe_layer_flags()[layer])
     q_l, kv_l = model.q_hidden_size // tp, max(model.num_query_groups // tp, 1) * model.head_dim
@@ -214,7 +224,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     # full recompute redoes the forward, its synchronizations too; Assumption: a selective or op-level redo of part of
     # an MoE block reuses the forward's token counts (no new synchronization)
     return work_of(fwd.kernels, bwd.kernels, redo, comm, attn.extra_hardware_flops, host_syncs=tuple(fwd.syncs),
-                   recompute_syncs=tuple(fwd.syncs) if recompute == "full" else ())
+                   recompute_syncs=tuple(fwd.syncs) if recompute == "full" else (), scopes=scopes,
+                   graph_input=elementwise("cuda_graph_input_copy", resid, 2 * bpe, 0.0))
 
 
 _MLA_UP = frozenset({"q_up", "q_proj", "kv_up", "mla_rope_concat",

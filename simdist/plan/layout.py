@@ -50,6 +50,7 @@ from simdist.plan.chunk_cost import chunk_cost
 from simdist.plan.execution import execution_of
 from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.expert_parallel import check_experts as check_moe_cost
+from simdist.plan.graph_scope import check_graph_scope
 from simdist.plan.layer_split import LayerSplit, choose_split
 from simdist.plan.memory import optimizer_state_bytes
 from simdist.plan.mesh import Mesh, parse_order
@@ -182,6 +183,8 @@ def check_experts(spec: ScenarioSpec, model: Model) -> None:
         raise _fail("experts", "delay_wgrad_compute without overlap_moe_expert_parallel_comm: it delays the weight "
                     "gradients for that overlap", "training.delay_wgrad_compute",
                     "set training.overlap_moe_expert_parallel_comm: true, or drop delay_wgrad_compute")
+    check_graph_scope(t.cuda_graph_scope, has_experts=model.is_moe,
+                      drop_and_pad=t.moe_expert_capacity_factor is not None)
     if not model.is_moe:
         if p.ep > 1:
             raise _fail("experts", f"parallel.ep = {p.ep} on a model without experts", "parallel.ep",

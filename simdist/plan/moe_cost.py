@@ -70,8 +70,10 @@ from simdist.plan.moe_padding import copies_padding, padding_kernels, router_pad
 from simdist.plan.moe_router import aux_loss_kernels
 
 
-def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass]:
-    """(forward, backward) of one MoE layer's MLP half, from its norm to the combined output (no residual)."""
+def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> tuple[Pass, Pass, int, int]:
+    """(forward, backward) of one MoE layer's MLP half, from its norm to the combined output (no residual), and how
+    many of the forward's first kernels and of the backward's last are its pre-MLP norm, unoverlapped shared experts
+    and router (Megatron-Core's moe_router CUDA graph scope: simdist.plan.graph_scope)."""
     check_experts(model, tp=shape.tp, sequence_parallel=shape.sequence_parallel, experts=experts)
     h, m, bpe, tp, fp8 = model.hidden_size, shape.tokens, shape.bpe, shape.tp, shape.fp8
     sp = shape.sequence_parallel
@@ -116,6 +118,7 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     pb = experts.prob_bytes(bpe)
     fwd.add(gemm("router", t, e, h, bpe), elementwise("router_topk", t * e, bpe + 4 + 1 + pb, 8.0),
             aux_loss_kernels(t, e, experts.router_fusion, "forward"))
+    router_forward = len(fwd.kernels)
 
     # 3-5. dispatch, experts, combine.
     exp_fwd, exp_bwd = _routed_experts(model, shape, experts, r)
@@ -123,11 +126,12 @@ def moe_mlp_block(model: Model, shape: LayerShape, experts: ExpertParallel) -> t
     if shared:
         fwd.add(elementwise("shared_expert_add", t * h, 3 * bpe))  # output += shared_expert_output
     bwd.then(exp_bwd)
+    router_backward = len(bwd.kernels)
     bwd.add(aux_loss_kernels(t, e, experts.router_fusion, "backward"),
             elementwise("router_topk_grad", t * e, 4 + 4 + bpe, 8.0), *gemm_grads("router", t, e, h, bpe))
     bwd.then(shared_bwd)
     bwd.add(*ew(f"{shape.norm}_grad", resid, bpe, shape.style))
-    return fwd, bwd
+    return fwd, bwd, router_forward, len(bwd.kernels) - router_backward
 
 
 def _sync_point(dispatcher: str, ep: int, num_local_experts: int, capacity_factor: float | None,

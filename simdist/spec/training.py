@@ -283,6 +283,15 @@ class TrainingSpec(Spec):
         description="the step's kernels replayed from CUDA graphs (Megatron-LM --enable-cuda-graph, torch.compile "
                     "mode reduce-overhead): no host dispatch or launch per kernel, and the GPU's gap between kernels "
                     "shrinks to a graph's (simdist.hardware.host) (alias enable_cuda_graph)")
+    cuda_graph_scope: list[Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full",
+                                   "full_iteration"]] | None = Field(
+        default=None, validation_alias=alias("cuda_graph_scope", "cuda_graph_scopes"),
+        description="which parts of each layer Megatron-Core replays from Transformer Engine CUDA graphs (Megatron-LM "
+                    "--cuda-graph-scope with --cuda-graph-impl transformer_engine): attn (input norm, attention, its "
+                    "residual), mlp (a dense layer's norm and MLP), moe (a drop-and-pad MoE layer's whole MLP), "
+                    "moe_router (the pre-MLP norm, router and unoverlapped shared experts), moe_preprocess (the "
+                    "dispatcher's metadata, with moe_router); full / full_iteration: every kernel, as cuda_graphs; "
+                    "a scope given turns its graphs on (simdist.plan.graph_scope)")
     optimizer_implementation: Literal["fused", "foreach", "for_loop"] = Field(
         default="fused", validation_alias=alias("optimizer_implementation", "optimizer_impl"),
         description="how the Adam step runs: fused (one multi-tensor kernel: Apex / Transformer Engine "
