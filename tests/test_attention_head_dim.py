@@ -48,3 +48,26 @@ def test_head_dim_64s_backward_on_hopper_is_not_priced_faster_than_cudnn_measure
     rate = window_efficiency(H200, "cudnn", "backward", 1024, seq, 64) * 989.0
     assert 0.85 * backward <= rate <= backward
     assert window_efficiency(H200, "cudnn", "forward", 1024, seq, 64) * 989.0 <= forward
+
+
+B200, GB200, GB300 = GPU_PRESETS["b200"], GPU_PRESETS["gb200"], GPU_PRESETS["gb300"]
+
+
+@pytest.mark.parametrize(("gpu", "peak", "causal", "seq", "tflops"), [
+    # Dao-AILab/flash-attention PR #2605 (2026-05-30), its benchmark_attn.py, the cuDNN column: bf16, 32 heads
+    # of 64, batch x seq_len = 32k tokens (data/attention_kernels.csv)
+    (B200, 2250, True, 4096, 769), (B200, 2250, False, 16384, 905), (GB300, 2500, True, 8192, 1071),
+])
+def test_blackwells_cudnn_forward_at_head_dim_64_is_its_measured_rate(gpu, peak, causal, seq, tflops):
+    assert attention_efficiency(gpu, "cudnn", "forward", causal, seq, 64) * peak == pytest.approx(tflops, rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu", [B200, GB200, GB300])
+def test_blackwells_cudnn_backward_at_head_dim_64_follows_its_forward(gpu):
+    # no backward at head dimension 64 is published for Blackwell: step 3 scales head dimension 128's by the forward
+    def eff(direction: str, hd: int) -> float:
+        return attention_efficiency(gpu, "cudnn", direction, True, 4096, hd)
+    assert eff("backward", 64) == pytest.approx(eff("backward", 128) * eff("forward", 64) / eff("forward", 128),
+                                                rel=1e-12)
+    # GPT-OSS's head dimension runs its causal forward at 55-61 % of head dimension 128's rate at 4k tokens
+    assert 0.5 < eff("forward", 64) / eff("forward", 128) < 0.65

@@ -332,7 +332,8 @@ def window_efficiency(gpu: GpuSpec, kernel: str, direction: str, window: float, 
 
     A banded kernel does a few key blocks per query block, so it runs far below the full causal kernel: cuDNN 9.22
     on GB200 runs GPT-OSS's 128-key window at 153-167 TFLOP/s forward and 176-188 backward from 2k to 16k tokens,
-    where its causal kernel reaches 1,097-1,708 over as many tokens (``data/attention_window.csv``,
+    where its causal kernel reaches 1,097-1,708 over as many tokens at head dimension 128 (at 64, B200 measured
+    658-869 of its 2,250) (``data/attention_window.csv``,
     ``data/attention_kernels.csv``). Where the band is measured for the GPU's architecture (along `_ARCH_FALLBACK`),
     kernel, dtype and direction, a window up to the measured one runs at the measured curve (interpolated in
     log2(seq_len), clamped at its ends); from `WINDOW_AS_CAUSAL` keys on, as the causal kernel over ``window`` keys
