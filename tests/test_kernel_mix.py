@@ -52,3 +52,19 @@ def test_fp8_gemms_shrink_the_gemm_share():
     a, b = kernel_mix(bf16), kernel_mix(fp8)
     assert b.gemm_s < a.gemm_s * 0.65 and b.memory_s > a.memory_s and b.attention_s == pytest.approx(a.attention_s)
     assert b.share("gemm") < a.share("gemm")
+
+
+@pytest.mark.parametrize("scopes", [["attn"], ["attn", "mlp"]])
+def test_replayed_parts_keep_the_chunk_costs_sum_and_add_one_copy_per_replay(scopes):
+    # Megatron-Core's partial CUDA graphs (simdist.plan.graph_scope): the replayed kernels at the graph's gap, and a
+    # copy of the layer's hidden states before each replay: one a layer and direction, attn and mlp being one graph
+    # (TransformerLayer._te_cuda_graph_capture runs both halves in one capture), one stretch of kernels; the 22B layer
+    # is GPU-bound, so the chunk costs are the mix.
+    eager, graphed = _cfg([]), _cfg([f"training.cuda_graph_scope=[{','.join(scopes)}]"])
+    last = graphed.num_parts - 1
+    costs = [chunk_cost(graphed, graphed.part_layers(p), p == 0, p == last) for p in range(graphed.num_parts)]
+    a, b = kernel_mix(eager), kernel_mix(graphed)
+    assert b.total_s == pytest.approx(sum(c.forward_s + c.backward_s + c.recompute_s for c in costs), rel=1e-9)
+    layers = graphed.model.num_layers // graphed.mesh.pp
+    assert b.num_kernels - a.num_kernels == 2 * layers
+    assert b.gaps_s < a.gaps_s

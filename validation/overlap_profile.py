@@ -118,7 +118,6 @@ def measured() -> dict[str, Profile]:
 def predicted() -> dict[str, Account]:
     """simdist's account of each case's scenario."""
     from simdist.api import load_scenario, run
-    from simdist.hardware.compute import compute_efficiency
     from simdist.plan.kernel_mix import kernel_mix
     from simdist.predict.step import checked_step
 
@@ -134,7 +133,7 @@ def predicted() -> dict[str, Account]:
         # one pipeline stage (pp 1): every micro-batch's kernels on the profiled rank, and its collective calls
         mix, micro = kernel_mix(cfg), cfg.microbatches(0)
         kernels = mix.num_kernels * micro + sum(c["count"] for c in r["collectives"])
-        gaps = mix.launch_gaps * micro * compute_efficiency(cfg.gpu).launch_overhead_s
+        gaps = mix.gaps_s * micro
         out[case] = Account(r["step_time_s"], compute, comm, exposed, r["step_time_s"] - compute - exposed, kernels,
                             cfg.model.num_layers, micro, gaps)
     return out

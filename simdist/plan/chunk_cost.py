@@ -12,7 +12,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.comm_overlap import a2a_overlapped
-from simdist.plan.graph_scope import replayed_run
+from simdist.plan.graph_scope import replayed, replayed_run
 from simdist.plan.layer_cost import Work, layer_work
 from simdist.plan.layer_params import layer_param_shards, layer_tensors
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
@@ -200,9 +200,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                 kernels = getattr(w, phase)
                 cuts = w.host_syncs if phase == "forward" else w.recompute_syncs if phase == "recompute" else ()
                 bounds = list(zip((0, *cuts), (*cuts, len(kernels)), strict=True))
-                scopes = (w.forward_scopes if phase == "forward" else w.backward_scopes if phase == "backward"
-                          else ())
-                replayed = [tag in ex.graph_tags for tag in scopes] if ex.graph_tags and scopes else None
+                flags = replayed(w, phase, ex.graph_tags)
                 t = 0.0
                 for i, (a, b) in enumerate(bounds):
                     run = kernels[a:b]
@@ -211,10 +209,10 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                         continue
                     gpu_s = [kernel_time_s(cfg.gpu, k, cfg.precision, eff) for k in run]
                     issue = [host.issue_s(k) for k in run]
-                    if replayed is not None and any(replayed[a:b]):
+                    if flags and any(flags[a:b]):
                         copy = w.graph_input
                         gpu_s, issue = replayed_run(
-                            gpu_s, issue, replayed[a:b],
+                            gpu_s, issue, flags[a:b],
                             [kernel_time_s(cfg.gpu, k, cfg.precision, graph_eff) for k in run], host.op_s,
                             kernel_time_s(cfg.gpu, copy, cfg.precision, eff) if copy else 0.0,
                             host.issue_s(copy) if copy else 0.0)

@@ -18,7 +18,9 @@ Megatron-LM's own rules, kept (transformer_config.py __post_init__): ``moe_prepr
 layer's expert part has shapes the host learns at run time); MoE scopes only for a model with experts. ``full`` (the
 whole layer) and ``full_iteration`` (Megatron's local implementation) replay every kernel: training.cuda_graphs.
 
-A replayed part costs the host one call (its graphed callable: the dispatch and the graph's launch, ``op_s``)
+A layer's captured parts are one graph (``_te_cuda_graph_capture`` runs the attention half and the captured MLP part
+in one capture), replayed once a layer and direction: simdist replays each stretch of captured kernels once. A
+replay costs the host one call (its graphed callable: the dispatch and the graph's launch, ``op_s``)
 instead of a dispatch and launch per kernel, and its kernels the graph's smaller gap between them
 (ComputeEfficiency.graph_launch_overhead_s). Before each replay, forward and backward, Transformer Engine copies the
 replay's input (the hidden states; in backward the output's gradient) into the graph's static buffer, an eager copy
@@ -35,7 +37,8 @@ from collections.abc import Sequence
 
 from simdist.errors import SpecError
 
-__all__ = ["SCOPES", "TAGS", "check_graph_scope", "graph_tags", "replayed_run", "whole_step"]
+__all__ = ["SCOPES", "TAGS", "check_graph_scope", "graph_tags", "replayed", "replayed_run", "stretches",
+           "whole_step"]
 
 SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full", "full_iteration")
 TAGS = {"attn": ("attn",), "mlp": ("mlp",), "moe": ("moe_router", "moe_experts"), "moe_router": ("moe_router",),
@@ -78,6 +81,22 @@ def check_graph_scope(scopes: Sequence[str] | None, *, has_experts: bool, drop_a
                         "capacity per expert (Megatron-LM --moe-expert-capacity-factor with "
                         "--moe-pad-expert-input-to-capacity)", field=field,
                         fix="set training.moe_expert_capacity_factor, or use moe_router (and moe_preprocess)")
+
+
+def replayed(work: object, phase: str, tags: frozenset[str]) -> tuple[bool, ...]:
+    """Whether each of ``work``'s ``phase`` kernels is replayed from a graph under the scopes' ``tags``; () where none
+    is (no scopes, no tags, or the recompute: its kernels run eagerly)."""
+    scopes = (getattr(work, "forward_scopes", ()) if phase == "forward"
+              else getattr(work, "backward_scopes", ()) if phase == "backward" else ())
+    if not tags or not scopes:
+        return ()
+    flags = tuple(tag in tags for tag in scopes)
+    return flags if any(flags) else ()
+
+
+def stretches(flags: Sequence[bool]) -> int:
+    """How many replays ``flags`` make: maximal stretches of replayed kernels."""
+    return sum(1 for i, hit in enumerate(flags) if hit and (i == 0 or not flags[i - 1]))
 
 
 def replayed_run(kernel_s: Sequence[float], issue_s: Sequence[float], replayed: Sequence[bool],

@@ -10,10 +10,12 @@ of a few long GEMMs is one the GEMM constants decide; one of many short memory-b
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from simdist.hardware.compute import compute_efficiency, kernel_time_s
 from simdist.plan.chunk_cost import chunk_parts
+from simdist.plan.graph_scope import replayed, stretches
 from simdist.plan.step_config import StepConfig
 
 __all__ = ["KernelMix", "kernel_mix"]
@@ -31,6 +33,9 @@ class KernelMix:
     """Kernels those seconds are made of (each launch of a kernel that stands for several: Kernel.launches)."""
     launch_gaps: int = 0
     """Launch gaps the GPU pays between them (Kernel.launch_gaps: launches on side streams overlap)."""
+    gaps_s: float = 0.0
+    """Seconds of those gaps (each launch_overhead_s, a graph's shorter gap where the kernel is replayed from a CUDA
+    graph: simdist.plan.graph_scope), included in the kinds' seconds."""
 
     @property
     def total_s(self) -> float:
@@ -50,13 +55,25 @@ class KernelMix:
 def kernel_mix(cfg: StepConfig) -> KernelMix:
     """The kernels of one micro-batch of every model part of ``cfg`` (each on its stage's GPU), by kind."""
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
+    ex = cfg.execution
+    if ex.cuda_graphs:
+        eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
+    graph_eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
     seconds = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
     count = gaps = 0
+    gaps_s = 0.0
     last = cfg.num_parts - 1
     for part in range(cfg.num_parts):
         for work, n in chunk_parts(cfg, cfg.part_layers(part), part == 0, part == last):
-            for k in (*work.forward, *work.backward, *work.recompute):
-                seconds[k.kind] += n * kernel_time_s(cfg.gpu, k, cfg.precision, eff)
-                count += n * k.launches
-                gaps += n * k.launch_gaps
-    return KernelMix(seconds["gemm"], seconds["attention"], seconds["memory"], count, gaps)
+            for phase in ("forward", "backward", "recompute"):
+                kernels = getattr(work, phase)
+                flags = replayed(work, phase, ex.graph_tags)
+                # a replay's copy of its input (simdist.plan.graph_scope): a memory-bound kernel of its own
+                copies = (work.graph_input,) * stretches(flags) if flags and work.graph_input else ()
+                for i, k in enumerate((*kernels, *copies)):
+                    kind_eff = graph_eff if i < len(flags) and flags[i] else eff
+                    seconds[k.kind] += n * kernel_time_s(cfg.gpu, k, cfg.precision, kind_eff)
+                    count += n * k.launches
+                    gaps += n * k.launch_gaps
+                    gaps_s += n * k.launch_gaps * kind_eff.launch_overhead_s
+    return KernelMix(seconds["gemm"], seconds["attention"], seconds["memory"], count, gaps, gaps_s)
