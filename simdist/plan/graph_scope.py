@@ -37,10 +37,9 @@ from collections.abc import Sequence
 
 from simdist.errors import SpecError
 
-__all__ = ["SCOPES", "TAGS", "check_graph_scope", "graph_tags", "replayed", "replayed_run", "stretches",
+__all__ = ["TAGS", "check_graph_scope", "graph_tags", "replayed", "replayed_run", "stretches",
            "whole_step"]
 
-SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full", "full_iteration")
 TAGS = {"attn": ("attn",), "mlp": ("mlp",), "moe": ("moe_router", "moe_experts"), "moe_router": ("moe_router",),
         "moe_preprocess": ()}
 """The kernel tags (simdist.plan.kernel_work.Work.forward_scopes) each scope replays."""
@@ -57,8 +56,8 @@ def whole_step(scopes: Sequence[str] | None) -> bool:
 
 
 def check_graph_scope(scopes: Sequence[str] | None, *, has_experts: bool, drop_and_pad: bool) -> None:
-    # (drop_and_pad: a capacity factor; simdist prices a capacity-limited layer at its capacity, padded)
-    """Megatron-LM's rules for ``scopes`` (the module docstring), one line each (exit 2)."""
+    """Megatron-LM's rules for ``scopes`` (the module docstring), one line each (exit 2); ``drop_and_pad``: the layer
+    has a capacity factor (simdist prices a capacity-limited layer at its capacity, padded)."""
     if not scopes:
         return
     field = "training.cuda_graph_scope"
