@@ -247,29 +247,29 @@ def _efficiency(arch: str, kernel: str, direction: str, causal: bool, x: float, 
     # A head dimension beyond every one the kernel measures (either direction) is priced at the nearest measured;
     # then steps 1-2 within the head dimensions each direction measures, step 3, and last steps 1-2 clamped to the
     # direction's nearest measured head dimension.
-    dims = sorted({k[4] for k in _table() if k[:2] == (arch, kernel)})
+    measured = sorted({k[4] for k in _table() if k[:2] == (arch, kernel)})
+    if measured:
+        head_dim = min(max(head_dim, measured[0]), measured[-1])
+    value = _masked(arch, kernel, direction, causal, x, head_dim, clamp=False)
+    if value is not None:
+        return value
+    # Assumption (step 3): a head dimension without figures for this direction scales like the other direction
+    # between it and the nearest measured head dimension (Hopper's cuDNN backward is published at head dimension
+    # 128 only; at 64 its forward runs at 0.70 of its rate at 128, FlashAttention-3 paper Fig. 5, and NVIDIA's
+    # cudnn-frontend H200 benchmark, cuDNN 9.19, measures head dimension 64's backward at 0.61 of 128's on
+    # GPT-OSS's and Llama 3.1's heads: tests/test_attention_head_dim.py).
+    other_dir = "backward" if direction == "forward" else "forward"
+    dims = _head_dims(arch, kernel, direction, causal) or _head_dims(arch, kernel, direction, False)
     if dims:
-        head_dim = min(max(head_dim, dims[0]), dims[-1])
-    for clamp in (False, True):
-        value = _masked(arch, kernel, direction, causal, x, head_dim, clamp)
-        if value is not None:
-            return value
-        if clamp:
-            break
-        # Assumption (step 3): a head dimension without figures for this direction scales like the other direction
-        # between it and the nearest measured head dimension (Hopper's cuDNN backward is published at head dimension
-        # 128 only; at 64 its forward runs at 0.70 of its rate at 128, FlashAttention-3 paper Fig. 5, and NVIDIA's
-        # cudnn-frontend H200 benchmark, cuDNN 9.19, measures head dimension 64's backward at 0.61 of 128's on
-        # GPT-OSS's and Llama 3.1's heads: tests/test_attention_head_dim.py).
-        other_dir = "backward" if direction == "forward" else "forward"
-        dims = _head_dims(arch, kernel, direction, causal) or _head_dims(arch, kernel, direction, False)
-        if dims:
-            near = min(dims, key=lambda d: abs(d - head_dim))
-            here = _masked(arch, kernel, other_dir, causal, x, head_dim, False)
-            there = _masked(arch, kernel, other_dir, causal, x, near, False)
-            base = _efficiency(arch, kernel, direction, causal, x, near)
-            if here is not None and there and base is not None:
-                return base * here / there
+        near = min(dims, key=lambda d: abs(d - head_dim))
+        here = _masked(arch, kernel, other_dir, causal, x, head_dim, clamp=False)
+        there = _masked(arch, kernel, other_dir, causal, x, near, clamp=False)
+        base = _efficiency(arch, kernel, direction, causal, x, near)
+        if here is not None and there and base is not None:
+            return base * here / there
+    value = _masked(arch, kernel, direction, causal, x, head_dim, clamp=True)
+    if value is not None:
+        return value
     ratio = _relative()[1].get((arch, kernel))
     if ratio is not None and direction == "backward":
         fwd = _efficiency(arch, kernel, "forward", causal, x, head_dim)

@@ -37,6 +37,7 @@ the pace; simdist.hardware.variability).
 from __future__ import annotations
 
 import csv
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -109,6 +110,11 @@ class ComputeEfficiency:
     def norm_share(self) -> float:
         """The share of the streaming bandwidth a normalisation kernel reaches."""
         return self.memory_kernel_share if self.norm_kernel_share is None else self.norm_kernel_share
+
+    def replayed(self) -> ComputeEfficiency:
+        """The constants of kernels replayed from a CUDA graph: the graph's gap between kernels instead of a launch's
+        (training.cuda_graphs, training.cuda_graph_scope)."""
+        return dataclasses.replace(self, launch_overhead_s=self.graph_launch_overhead_s)
 
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",

@@ -167,7 +167,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
     if ex.cuda_graphs:
         # Kernels replayed from CUDA graphs: no host launch per kernel, and the graph's smaller gap between kernels
         # (simdist.hardware.compute.ComputeEfficiency.graph_launch_overhead_s).
-        eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
+        eff = eff.replayed()
 
     if len(_PRICINGS) >= _LAYERS_MAX:
         _PRICINGS.clear()
@@ -177,7 +177,7 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                                    len(_PRICINGS))
     # Megatron-Core's partial CUDA graphs (training.cuda_graph_scope): the kernels of the replayed parts at the graph's
     # gap between kernels, the host one call per replay (simdist.plan.graph_scope)
-    graph_eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s) if ex.graph_tags else eff
+    graph_eff = eff.replayed() if ex.graph_tags else eff
 
     def total(phase: str) -> float:
         # Each part's kernels take their roofline time, or the host's time to issue them where that is longer
@@ -213,7 +213,8 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
                         copy = w.graph_input
                         gpu_s, issue = replayed_run(
                             gpu_s, issue, flags[a:b],
-                            [kernel_time_s(cfg.gpu, k, cfg.precision, graph_eff) for k in run], host.op_s,
+                            [kernel_time_s(cfg.gpu, k, cfg.precision, graph_eff) if hit else 0.0
+                             for k, hit in zip(run, flags[a:b], strict=True)], host.op_s,
                             kernel_time_s(cfg.gpu, copy, cfg.precision, eff) if copy else 0.0,
                             host.issue_s(copy) if copy else 0.0)
                     if i:  # after a wait: the ramp from an empty queue

@@ -10,7 +10,6 @@ of a few long GEMMs is one the GEMM constants decide; one of many short memory-b
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from simdist.hardware.compute import compute_efficiency, kernel_time_s
@@ -57,8 +56,8 @@ def kernel_mix(cfg: StepConfig) -> KernelMix:
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     ex = cfg.execution
     if ex.cuda_graphs:
-        eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
-    graph_eff = dataclasses.replace(eff, launch_overhead_s=eff.graph_launch_overhead_s)
+        eff = eff.replayed()
+    graph_eff = eff.replayed()
     seconds = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
     count = gaps = 0
     gaps_s = 0.0

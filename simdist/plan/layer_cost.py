@@ -212,7 +212,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
               + (rest,) * (n_mf - router_fwd + n_res),
               (rest,) * (n_res_g + n_mb - router_bwd) + (head,) * router_bwd
               + ("attn",) * (n_res_g + len(attn.backward.kernels)))
-    tags = _module_tags(fwd, attn, len(ew(add, 1.0, bpe, style)), len(ew(shape.norm, 1.0, bpe, style)),
+    tags = _module_tags(fwd, attn, n_res, len(ew(shape.norm, 1.0, bpe, style)),
                         moe=model.moe_layer_flags()[layer])
     q_l, kv_l = model.q_hidden_size // tp, max(model.num_query_groups // tp, 1) * model.head_dim
     sub = {"qkv": (q_l, kv_l, kv_l)}
