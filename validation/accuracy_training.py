@@ -45,7 +45,8 @@ prices where a scenario says flex); the bound says how far off it may be."""
 FULL = ["training.recompute=full", "parallel.sequence_parallel=false"]
 FSDP_FAMILY = "fsdp_family_published_runs"
 """The PyTorch FSDP-family check set (IBM/Meta FSDP1 on A100 and H100, KempnerForge FSDP2 on H200, OLMo-core's FSDP2
-with torch.compile in BF16 and torchao float8 on H100)."""
+with torch.compile in BF16 and torchao float8 on H100, torchtitan's Llama3-8b config on 8 A100 and on 8 H100 in BF16 and
+torchao float8)."""
 FSDP_FAMILY_TARGET = 0.15
 """Issue 30's goal for these rows; rows beyond it are flagged in the document (**!**)."""
 FSDP_FAMILY_BOUND = 0.45
@@ -79,6 +80,8 @@ class Row:
     fidelity: str | None = None
     """None: the scenario's default (the engine); "closed_form" where the engine's own run is too slow for the test
     suite and its contention share was found negligible (stated in the row's scenario file)."""
+    tokens_per_gpu: float = 0.0
+    """Tokens one GPU processes in a step (FSDP-family rows: global batch x sequence / GPUs); 0 where not needed."""
 
 
 def tolerance(row: Row) -> float:
@@ -158,7 +161,8 @@ def rows() -> list[Row]:
             out.append(Row(FSDP_FAMILY, f"{r['id']} {r['model'].split(' (')[0]} {gpus}x {r['gpu'].split('-')[0]} "
                            f"{r['layout']}{tags}", r["scenario"], (), measured,
                            f"{r['source'].split(' (')[0]} ({r['published_metric']})", framework,
-                           "ampere" if r["gpu"].startswith("A100") else "hopper"))
+                           "ampere" if r["gpu"].startswith("A100") else "hopper",
+                           tokens_per_gpu=int(r["global_batch_size"]) * int(r["seq_length"]) / gpus))
     return out
 
 
@@ -244,6 +248,37 @@ def _tracks(results: list[Result]) -> list[str]:
     return lines
 
 
+GENERATION_PAIRS = (("A1", "A5"), ("A9", "A13"), ("A3", "A7"), ("A4", "A8"), ("T0", "T1"))
+"""FSDP-family rows of one model, framework and recipe on A100 and on H100 (`fsdp_family_published_runs.csv` ids):
+the ratio of their measured throughputs per GPU is what the two GPUs' kernels, clocks and memory systems make of the
+same step, with the framework's own costs on both sides. IBM's 34B and 70B pairs also differ in GPU count (128 A100,
+96 H100) and fabric; the rest only in the GPU."""
+
+
+def _generation_pairs(results: list[Result]) -> list[str]:
+    """The report's "One run on A100 and on H100" section: measured and predicted speedups per GPU of each pair."""
+    by_id = {r.row.label.split(" ", 1)[0]: r for r in results if r.row.dataset == FSDP_FAMILY}
+    lines = ["", "## One run on A100 and on H100", "",
+             "Pairs of rows that ran the same model with the same framework and recipe on A100 and on H100 "
+             "(`validation.accuracy_training.GENERATION_PAIRS`): the H100 run's throughput per GPU over the A100 "
+             "run's, measured and predicted. predicted / measured = (1 + A100 error) / (1 + H100 error), so a "
+             "ratio above 1 says simdist makes the H100 faster against the A100 than it is, whatever the "
+             "framework's own costs on both.", "",
+             "| pair | A100 error % | H100 error % | measured speedup | predicted speedup | predicted / measured |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for a100, h100 in GENERATION_PAIRS:
+        a, h = by_id.get(a100), by_id.get(h100)
+        if a is None or h is None:
+            continue
+        # throughput per GPU = tokens per GPU per step / step time; the tokens per GPU cancel between measured and
+        # predicted, so the predicted speedup is the measured one scaled by (1 + e_A100) / (1 + e_H100)
+        measured = (h.row.tokens_per_gpu / h.row.measured_s) / (a.row.tokens_per_gpu / a.row.measured_s)
+        ratio = (1 + a.error) / (1 + h.error)
+        lines.append(f"| {a100} / {h100} | {a.error * 100:+.1f} | {h.error * 100:+.1f} | {measured:.2f} | "
+                     f"{measured * ratio:.2f} | {ratio:.2f} |")
+    return lines
+
+
 def report(results: list[Result]) -> str:
     lines = [
         "# Accuracy of simdist's training-step model against published iteration times",
@@ -285,7 +320,9 @@ def report(results: list[Result]) -> str:
         "DTensor TP runs on 1-360 H200, with and without torch.compile, three of them with pipeline "
         "parallelism (torch.distributed.pipelining); OLMo-core's README throughput table of its training "
         "scripts, FSDP2 + "
-        "torch.compile in BF16 and torchao float8 on H100, taken at the scripts' default launch of one 8-GPU node) "
+        "torch.compile in BF16 and torchao float8 on H100, taken at the scripts' default launch of one 8-GPU node; "
+        "torchtitan's own Llama3-8b config, FSDP2 + torch.compile + per-op SAC on one 8-GPU host, on A100 (a log "
+        "in pytorch/torchtitan issue #929) and on H100 in BF16 and torchao float8 (torchao's float8 README)) "
         "are predicted with the framework profiles `training.framework: fsdp` and "
         "`torchtitan` (README, Frameworks); their goal is the issue's "
         f"{FSDP_FAMILY_TARGET:.0%} (rows beyond it flagged **!**), their test bound {FSDP_FAMILY_BOUND:.0%} guards "
@@ -326,6 +363,7 @@ def report(results: list[Result]) -> str:
             lines.append(f"| {value} | {len(sel)} | {sum(errs) / len(errs):.1f} | {bias:+.1f} | {max(errs):.1f} | "
                          f"{ok}/{len(sel)} |")
     lines += _tracks(results)
+    lines += _generation_pairs(results)
     lines += ["", "## Rows", "",
               "| row | scenario | overrides | measured s | predicted s | error % | MFU | bubble | memory GiB | fits |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
