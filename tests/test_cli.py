@@ -17,6 +17,14 @@ def test_topo_list(cli):
         assert name in out
 
 
+def test_topo_gpus_shows_rated_power_and_caps(cli):
+    code, out, err = cli("topo", "gpus")
+    assert code == 0 and err == ""
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert lines["h100-sxm"].endswith("80 GiB at 3.35 TB/s  700 W")
+    assert lines["h100-sxm-hbm2e"].endswith("96 GiB at 2.4 TB/s  700 W capped at 500 W")
+
+
 def test_topo_show_dgx_h100_two_nodes_json(cli):
     code, out, err = cli("topo", "show", "dgx-h100", "--num-nodes", "2", "--json")
     assert code == 0 and err == ""

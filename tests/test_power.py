@@ -10,7 +10,8 @@ import pytest
 from simdist import api
 from simdist.errors import SpecError
 from simdist.hardware.clock import STATIC_POWER_SHARE, capped, clock_share
-from simdist.hardware.compute import kernel_time_s
+from simdist.hardware.compute import compute_efficiency, kernel_time_s
+from simdist.hardware.gemm import architecture
 from simdist.hardware.gpus import GPU_PRESETS
 from simdist.plan.kernel_work import Kernel
 
@@ -54,3 +55,19 @@ def test_a_cap_below_the_static_power_is_refused():
     with pytest.raises(SpecError) as err:
         capped(H100, 150)
     assert err.value.field == "cluster.gpu_power_limit_w" and "above" in err.value.fix
+
+
+def test_the_grand_teton_h100_is_an_h100_sxm_capped_with_hbm2e():
+    # gpus/h100-sxm-hbm2e.yaml: the H100 SXM's compute under a 500 W cap, six HBM2e stacks at 2.4 TB/s
+    meta = GPU_PRESETS["h100-sxm-hbm2e"]
+    assert meta.power_limit_w == 500 and meta.tdp_w == 700 and meta.peak == H100.peak
+    # a compute-bound GEMM at the cap's clock share of the 700 W H100's time (the same efficiency rows)
+    launch = 2e-6
+    assert (kernel_time_s(H100, GEMM, "bf16") - launch) / (kernel_time_s(meta, GEMM, "bf16") - launch) == \
+        pytest.approx(clock_share(capped(H100, 500)), rel=1e-12)
+    # a streaming kernel at 2.4 / 3.35 of the H100's bandwidth (the same share of it)
+    copy = Kernel("copy", 1e6, 4e9, "memory")
+    assert (kernel_time_s(H100, copy, "bf16") - launch) / (kernel_time_s(meta, copy, "bf16") - launch) == \
+        pytest.approx(2.4 / 3.35, rel=1e-12)
+    assert compute_efficiency(meta) == compute_efficiency(H100)
+    assert architecture(meta) == architecture(H100)

@@ -252,7 +252,8 @@ GENERATION_PAIRS = (("A1", "A5"), ("A9", "A13"), ("A3", "A7"), ("A4", "A8"), ("T
 """FSDP-family rows of one model, framework and recipe on A100 and on H100 (`fsdp_family_published_runs.csv` ids):
 the ratio of their measured throughputs per GPU is what the two GPUs' kernels, clocks and memory systems make of the
 same step, with the framework's own costs on both sides. IBM's 34B and 70B pairs also differ in GPU count (128 A100,
-96 H100) and fabric; the rest only in the GPU."""
+96 H100) and fabric; the rest only in the GPU. IBM's H100 is taken as the 700 W H100 SXM, torchtitan's T1 as the
+500 W HBM2e H100 its authors benchmark on (gpus/h100-sxm-hbm2e.yaml), each as its scenario says."""
 
 
 def _generation_pairs(results: list[Result]) -> list[str]:

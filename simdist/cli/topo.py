@@ -32,7 +32,7 @@ def topo_list(as_json: JsonOption = False) -> None:
 
 @topo_app.command("gpus")
 def topo_gpus(as_json: JsonOption = False) -> None:
-    """List the GPU presets (dense peak TFLOP/s, HBM)."""
+    """List the GPU presets (dense peak TFLOP/s, HBM, rated power and any power cap)."""
     gpus = api.gpu_presets()
     if as_json:
         _print_json(gpus)
@@ -41,10 +41,13 @@ def topo_gpus(as_json: JsonOption = False) -> None:
     for name, g in gpus.items():
         peak = g["peak"]
         fp8 = f"{peak['fp8'] / 1e12:g}" if peak["fp8"] else "-"
+        power = f"  {g['tdp_w']:g} W" if g.get("tdp_w") else ""
+        if power and g.get("power_limit_w"):
+            power += f" capped at {g['power_limit_w']:g} W"
         lines.append(
             f"{name:<14} {g['name']:<22} bf16 {peak['bf16'] / 1e12:>6g}  fp8 {fp8:>6}  tf32 {peak['tf32'] / 1e12:>6g}  "
             f"fp32 {peak['fp32'] / 1e12:>5g} TFLOP/s  "
-            f"{g['hbm_capacity'] / 2**30:g} GiB at {g['hbm_bandwidth'] / 1e12:g} TB/s"
+            f"{g['hbm_capacity'] / 2**30:g} GiB at {g['hbm_bandwidth'] / 1e12:g} TB/s{power}"
         )
     emit("\n".join(lines))
 
