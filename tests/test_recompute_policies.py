@@ -121,3 +121,47 @@ def test_torchtitan_names():
     assert (every.recompute, every.recompute_method, every.recompute_num_layers) == ("full", "every", 2)
     with pytest.raises(ValueError):
         TrainingSpec.model_validate({"global_batch_size": 8, "recompute_modules": ["mlp"]})
+
+
+def test_op_policy_redoes_an_attention_its_save_list_does_not_name():
+    # torchtitan's op_sac_save_list before PR #2095 (2025-12-01) named SDPA's flash and efficient ops, not its cuDNN
+    # op: a block whose SDPA picked cuDNN runs its attention forward again in the backward, and keeps neither the
+    # attention's output (T x q, 16-bit) nor its fp32 log-sum-exp
+    kept = layer_work(TINY, attention="cudnn", recompute="op", style="eager")
+    redone = layer_work(TINY, attention="cudnn", recompute="op", style="eager", op_keeps_attention=False)
+    attention = [k for k in redone.forward if k.kind == "attention"]
+    assert [k for k in redone.recompute if k.kind == "attention"] == attention
+    assert [k for k in redone.recompute if k.kind != "attention"] == list(kept.recompute)
+
+    def mem(keeps):
+        return activation_bytes_per_layer(TINY, recompute="op", attention="cudnn", op_keeps_attention=keeps)
+    assert mem(True) - mem(False) == pytest.approx(2 * T * Q + 4 * 4 * T)
+
+
+def test_op_policy_save_list_in_both_fidelities(tmp_path: Path):
+    # a scenario whose save list leaves out its attention kernel (cuDNN) recomputes it: more recompute time, less
+    # memory, the two fidelities agreeing; a save list without recompute: op is refused
+    def run(extra, fidelity=None):
+        path = tmp_path / "s.yaml"
+        path.write_text(SCENARIO.format(recompute="op", extra=extra).replace("attention: flash", "attention: cudnn"))
+        return api.run(path, fidelity=fidelity).result
+
+    saved, redone = run(""), run(", op_sac_saved_attention: [flash, efficient, flex]")
+    assert redone["step_time_s"] == pytest.approx(run(", op_sac_saved_attention: [flash, efficient, flex]",
+                                                      "closed_form")["step_time_s"], rel=1e-9)
+    assert redone["breakdown"]["recompute_s"] > saved["breakdown"]["recompute_s"]
+    assert redone["memory"][0]["activations_bytes"] < saved["memory"][0]["activations_bytes"]
+    assert run(", op_sac_saved_attention: [cudnn]")["step_time_s"] == saved["step_time_s"]
+    from simdist.spec.training import TrainingSpec
+    with pytest.raises(ValueError, match="op_sac_saved_attention"):
+        TrainingSpec.model_validate({"global_batch_size": 8, "op_sac_saved_attention": ["flash"]})
+
+
+def test_op_policy_save_list_by_kernel_family():
+    from simdist.plan.recompute import OP_SAC_SAVED_ATTENTION, op_saves_attention
+
+    assert all(op_saves_attention(k, OP_SAC_SAVED_ATTENTION) for k in ("flash2", "efficient", "cudnn", "flex"))
+    assert not any(op_saves_attention(k, OP_SAC_SAVED_ATTENTION) for k in ("flash3", "flash4", "triton",
+                                                                          "materialized"))
+    assert not op_saves_attention("cudnn", ("flash", "efficient", "flex"))  # torchtitan before 2025-12-01
+    assert op_saves_attention("flash2", ("flash",))

@@ -61,6 +61,7 @@ def activation_bytes_per_layer(
     modules: tuple[str, ...] = ("core_attn",),
     style: str = "fused",
     fp8_attention: bool = False,
+    op_keeps_attention: bool = True,
 ) -> float:
     """Bytes one layer (``layer``, 0-based: MoE or dense, by Model.moe_layer_flags) keeps for its backward pass, for
     one micro-batch, on one GPU.
@@ -70,8 +71,9 @@ def activation_bytes_per_layer(
     MLP matmuls' inputs), mlp the dense MLP's tensors after its input, moe the MoE MLP's, moe_act the experts'
     activation outputs, shared_experts the shared experts', mla_up_proj MLA's Q, K, V; full, the layer's input only;
     op (torchtitan's op-level policy): the block's input and the outputs of the matmuls it keeps (wq, wv, w1 and w2 of
-    a Llama block: every second matmul is recomputed), of the attention (and its log-sum-exp) and of the
-    reduce-scatters. ``style`` eager: autograd also keeps the fp32 intermediates of the eager modules
+    a Llama block: every second matmul is recomputed), of the attention (and its log-sum-exp; not where
+    ``op_keeps_attention`` is False: its save list does not name the attention's op) and of the reduce-scatters.
+    ``style`` eager: autograd also keeps the fp32 intermediates of the eager modules
     (`eager_saved_bytes`).
 
     An MoE layer keeps, in place of the dense MLP's tensors: the router's fp32 scores and routing map (T x experts),
@@ -111,7 +113,7 @@ def activation_bytes_per_layer(
         # Korthikanti sec. 4.2.1 / Table 2: only the layer input is checkpointed, 2sbh (/t with SP).
         return e * sbh / replicated_div / cp
     if recompute == "op" and model.kind == "decoder" and not model.moe_layer_flags()[layer]:
-        return _op_policy_bytes(model, e, s * b, tp, replicated_div, sequence_parallel) / cp
+        return _op_policy_bytes(model, e, s * b, tp, replicated_div, sequence_parallel, op_keeps_attention) / cp
     if model.kind == "mlp":
         # The CS336 lecture's MLP (simdist.plan.model): per layer x @ W then GELU. Autograd keeps the matmul
         # input (b x h, replicated under tp unless SP) and the GELU input (the column-sharded output, b x h/t).
@@ -184,18 +186,21 @@ def activation_bytes_per_layer(
     return total / cp
 
 
-def _op_policy_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div: int, sp: bool) -> float:
+def _op_policy_bytes(model: Model, e: int, tokens: int, tp: int, replicated_div: int, sp: bool,
+                     keeps_attention: bool = True) -> float:
     """What torchtitan's op-level selective checkpointing keeps of a dense decoder layer (module docstring of
     simdist.plan.recompute): the block's input, the kept matmuls' outputs (wq, wv, w1, w2 of a SwiGLU block; wq, wv,
-    fc1 of a GELU one, fc2 being the 6th), the attention's output and fp32 log-sum-exp, the reduce-scatters' outputs."""
+    fc1 of a GELU one, fc2 being the 6th), the attention's output and fp32 log-sum-exp where its save list names the
+    attention's op (``keeps_attention``; else the backward runs it again from wq's and wv's kept outputs and the
+    recomputed wk's), the reduce-scatters' outputs."""
     q_l = model.q_hidden_size / tp
     kv_l = max(model.kv_hidden_size / tp, float(model.head_dim))
     f_l, h = model.ffn_hidden_size / tp, model.hidden_size
     # the block's input, wq, wv, the attention's output, w1 (fc1), w2 (a GELU block's fc2 is recomputed)
-    kept = h / replicated_div + q_l + kv_l + q_l + f_l + (h if model.swiglu else 0)
+    kept = h / replicated_div + q_l + kv_l + (q_l if keeps_attention else 0.0) + f_l + (h if model.swiglu else 0)
     if sp and tp > 1:
         kept += 2 * h / tp  # the two reduce-scatters' outputs
-    return e * tokens * kept + 4 * tokens * model.num_attention_heads / tp
+    return e * tokens * kept + (4 * tokens * model.num_attention_heads / tp if keeps_attention else 0.0)
 
 
 EAGER_NORM_EXTRA_BYTES = 4.0

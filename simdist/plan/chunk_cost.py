@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from simdist.errors import LayoutError
+from simdist.hardware.attention import kernel_family
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.comm_overlap import a2a_overlapped
@@ -17,7 +18,7 @@ from simdist.plan.layer_cost import Work, layer_work
 from simdist.plan.layer_params import layer_param_shards, layer_tensors
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
 from simdist.plan.moe_pairing import segments
-from simdist.plan.recompute import full_layers
+from simdist.plan.recompute import full_layers, op_saves_attention
 from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["ChunkCost", "chunk_cost", "chunk_parts"]
@@ -97,8 +98,10 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
     m, experts, ex = cfg.model, cfg.expert_parallel, cfg.execution
 
     decoder = m.kind == "decoder"
+    # torchtitan's op-level policy keeps the attention's output only where its save list names the kernel's op
+    keeps = op_saves_attention(kernel_family(cfg.attention, cfg.gpu), ex.op_sac_saved_attention)
     base = (m, cfg.tp_style, cfg.attention, cfg.attention_mask, cfg.fp8_recipe, experts, ex.style, ex.fp8_weight_cache,
-            ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, ex.recompute_early_stop,
+            ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, ex.recompute_early_stop, keeps,
             *kw.values())
 
     def layer(i: int, recompute: str = cfg.recompute) -> Work:
@@ -115,7 +118,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
                 attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts, style=ex.style,
                 fp8_weight_cache=ex.fp8_weight_cache, recompute_modules=ex.recompute_modules,
                 cp_comm_type=ex.cp_comm_type, fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs,
-                early_stop=ex.recompute_early_stop, **kw)
+                early_stop=ex.recompute_early_stop, op_keeps_attention=keeps, **kw)
             _TIMES[id(w)] = (w, {})
         return w
 

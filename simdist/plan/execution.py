@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from simdist.plan.elementwise import kernel_style
 from simdist.plan.graph_scope import graph_tags, whole_step
+from simdist.plan.recompute import OP_SAC_SAVED_ATTENTION
 
 __all__ = ["LOSS_COMPILED_WITH_MODEL", "MEGATRON", "Execution", "execution_of", "keeps_master_copy", "loss_compiled"]
 
@@ -61,6 +62,9 @@ class Execution:
     """The loss runs on each tp rank's vocabulary shard; False: over the gathered logits (training.loss_parallel)."""
     recompute_early_stop: bool = False
     """Eager full recompute stops at the last tensor the backward saved (training.recompute_early_stop)."""
+    op_sac_saved_attention: tuple[str, ...] = OP_SAC_SAVED_ATTENTION
+    """Under recompute op, the attention kernels whose outputs the op policy saves (training.op_sac_saved_attention);
+    others are run again in the backward (simdist.plan.recompute)."""
     clip_grad: bool = True
     """Gradient clipping by the global norm before the optimizer step (simdist.plan.optimizer)."""
     master_copy: bool = True
@@ -120,4 +124,6 @@ def execution_of(spec, pp: int) -> Execution:
         fp8_weight_cache=t.kernel_fusion == "fused", fp8_attention=t.fp8_attention, clip_grad=t.clip_grad > 0,
         master_copy=keeps_master_copy(spec), tp_inputs=t.tp_input_layouts, loss_parallel=t.loss_parallel,
         recompute_early_stop=t.recompute_early_stop,
+        op_sac_saved_attention=tuple(t.op_sac_saved_attention) if t.op_sac_saved_attention is not None
+        else OP_SAC_SAVED_ATTENTION,
         master_dtype=t.main_params_dtype)

@@ -129,7 +129,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
                fp8_recipe: str = "delayed", layer: int = 0, experts: ExpertParallel | None = None,
                style: str = "fused", fp8_weight_cache: bool = True,
                recompute_modules: tuple[str, ...] = ("core_attn",), cp_comm_type: str = "p2p",
-               fp8_attention: bool = False, tp_inputs: str = "module", early_stop: bool = False) -> Work:
+               fp8_attention: bool = False, tp_inputs: str = "module", early_stop: bool = False,
+               op_keeps_attention: bool = True) -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
@@ -157,7 +158,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     ``recompute: selective`` redoes, and ``recompute: op`` torchtitan's op-level policy (simdist.plan.recompute);
     ``fp8_attention``: the fused attention runs in fp8 under ``precision: fp8`` (LayerShape.attention_dtype);
     ``tp_inputs``: where a module's input changes layout for its column-parallel projections (simdist.plan.tp_plan);
-    ``early_stop``: eager full recompute stops at the last tensor the backward saved (simdist.plan.recompute).
+    ``early_stop``: eager full recompute stops at the last tensor the backward saved (simdist.plan.recompute);
+    ``op_keeps_attention``: under ``recompute: op`` the policy saves the attention's output (else it is redone).
     """
     _check(model, tp, cp, sequence_parallel, micro_batch_size, recompute, tp_style)
     if attention not in ATTENTION_KERNELS:
@@ -219,7 +221,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     if model.swiglu:
         sub["mlp_up"] = (1, 1)  # torchtitan's w1 and w3: two matmuls in simdist's one gate+up GEMM
     redo, redo_comm = recomputed(recompute, fwd, tags, recompute_modules, sub, compiled=style == "compiled",
-                                 early_stop=early_stop)
+                                 early_stop=early_stop, keep_attention=op_keeps_attention)
     comm += redo_comm
     # full recompute redoes the forward, its synchronizations too; Assumption: a selective or op-level redo of part of
     # an MoE block reuses the forward's token counts (no new synchronization)

@@ -238,6 +238,7 @@ def stage_memory(
     master_copy: bool = True,
     master_dtype: str = "fp32",
     loss_parallel: bool = True,
+    op_keeps_attention: bool = True,
 ) -> MemoryBreakdown:
     """Memory of one GPU of a pipeline stage at its activation peak.
 
@@ -250,7 +251,8 @@ def stage_memory(
     ``optimizer_bytes``: optimizer state per parameter (`optimizer_state_bytes`; None: `model_state_bytes`' default);
     ``fp8_attention``: the attention keeps its Q, K and V in fp8 (activations.py); ``master_copy`` False: the fp32
     parameters are the master weights (PyTorch FSDP, `model_state_bytes`), in ``master_dtype``; ``loss_parallel`` False:
-    the last stage keeps the whole vocabulary's logits (training.loss_parallel).
+    the last stage keeps the whole vocabulary's logits (training.loss_parallel); ``op_keeps_attention`` False: under
+    recompute op the attention's output is not saved (training.op_sac_saved_attention, activations.py).
 
     ``layers``: the stage's layer indices (simdist.plan.step_config.StepConfig.stage_layers; None: layers_on_stage
     layers of a model whose layers are all alike); ``experts``: how its MoE layers run (None: ep = etp = 1).
@@ -275,7 +277,8 @@ def stage_memory(
     kinds = dict(_layer_sums(model, layers)[0])
     def per_layer(i: int) -> float:
         own = activation_bytes_per_layer(model, recompute=recompute, attention=attention, layer=i, experts=experts,
-                                         modules=modules, style=style, fp8_attention=fp8_attention, **kw)
+                                         modules=modules, style=style, fp8_attention=fp8_attention,
+                                         op_keeps_attention=op_keeps_attention, **kw)
         if recompute == "full" and full_share < 1.0:
             rest = activation_bytes_per_layer(model, recompute="none", attention=attention, layer=i, experts=experts,
                                               style=style, fp8_attention=fp8_attention, **kw)

@@ -16,7 +16,13 @@
   for several of those matmuls (`SUB_MATMULS`), and the share of each one that is redone is its recomputed sub-matmuls'.
   The tensor-parallel all-gathers (not in the save list) are redone; reduce-scatters are not. An MoE block is redone
   whole but for its all-to-alls (Assumption: torchtitan's save list keeps all_to_all_single's outputs, not the grouped
-  GEMMs').
+  GEMMs'). Attention outputs are kept where the policy's save list names the kernel's op
+  (training.op_sac_saved_attention, `op_saves_attention`): torchtitan's names SDPA's flash and efficient ops and flex
+  attention, and SDPA's cuDNN op since pytorch/torchtitan PR #2095 (2025-12-01: "add all SDPA backends to
+  op_sac_save_list ... to avoid recomputing attention during backward", issue #2091); before it a run whose SDPA
+  picked cuDNN (torchtitan put cuDNN first on B200 from 2025-08, torchtitan/models/attention.py @ 6fc499f6, and on
+  every GPU in v0.2.0) ran each attention forward again in the backward. FlashAttention-3/4, Triton and materialized
+  attention are no op of such a list: redone.
 """
 
 from __future__ import annotations
@@ -27,9 +33,20 @@ from collections.abc import Sequence
 from simdist.errors import SpecError
 from simdist.plan.kernel_work import CommWork, Kernel, Pass
 
-__all__ = ["POLICIES", "full_layers", "recomputed"]
+__all__ = ["OP_SAC_SAVED_ATTENTION", "POLICIES", "full_layers", "op_saves_attention", "recomputed"]
 
 POLICIES = ("none", "selective", "full", "op")
+
+OP_SAC_SAVED_ATTENTION = ("flash", "efficient", "cudnn", "flex")
+"""The attention kernels torchtitan's op-level policy saves (its op_sac_save_list since PR #2095, 2025-12-01:
+aten._scaled_dot_product_{flash,efficient,cudnn}_attention and the flex_attention higher-order op, @ 29624e37 and
+torchtitan/distributed/activation_checkpoint.py since #2357): training.op_sac_saved_attention's default."""
+
+
+def op_saves_attention(family: str, saved: Sequence[str]) -> bool:
+    """Whether the op policy keeps the output of attention kernel ``family`` (simdist.hardware.attention.kernel_family:
+    flash2, cudnn, ...) given its save list ``saved`` (training.op_sac_saved_attention; flash is flash2)."""
+    return family in {"flash2" if k == "flash" else k for k in saved}
 
 
 def full_layers(method: str | None, num_layers: int | None, n: int) -> int:
@@ -62,7 +79,7 @@ def _scaled(k: Kernel, share: float) -> Kernel:
                                useful_flops=None if k.useful_flops is None else k.useful_flops * share)
 
 
-def _op_policy(fwd: Pass, tags: Sequence[str], sub_matmuls: dict[str, tuple[int, ...]]
+def _op_policy(fwd: Pass, tags: Sequence[str], sub_matmuls: dict[str, tuple[int, ...]], keep_attention: bool = True
                ) -> tuple[list[Kernel], list[CommWork]]:
     redo: list[Kernel] = []
     count = 0
@@ -78,9 +95,9 @@ def _op_policy(fwd: Pass, tags: Sequence[str], sub_matmuls: dict[str, tuple[int,
                     again += w
             if again:
                 redo.append(k if again == sum(widths) else _scaled(k, again / sum(widths)))
-        elif k.kind == "memory":
+        elif k.kind == "memory" or (k.kind == "attention" and not keep_attention):
             redo.append(k)
-        # attention kernels: their outputs (and log-sum-exp) are kept
+        # attention kernels in the save list: their outputs (and log-sum-exp) are kept
     comm = [c for c in fwd.comm if c.op == "all_gather" and c.axis in ("tp", "etp")]
     return redo, comm
 
@@ -96,12 +113,13 @@ def _read_by_backward(fwd: Pass, tags: Sequence[str]) -> int:
 
 
 def recomputed(mode: str, fwd: Pass, tags: Sequence[str], modules: Sequence[str],
-               sub_matmuls: dict[str, tuple[int, ...]], compiled: bool = False, early_stop: bool = False
-               ) -> tuple[tuple[Kernel, ...], list[CommWork]]:
+               sub_matmuls: dict[str, tuple[int, ...]], compiled: bool = False, early_stop: bool = False,
+               keep_attention: bool = True) -> tuple[tuple[Kernel, ...], list[CommWork]]:
     """(the kernels the backward redoes, the collectives it redoes, marked recompute) of a layer whose forward is
     ``fwd``, each kernel tagged with its module (``tags``: norm, attn, core_attn, mla_up_proj, residual, mlp, moe,
     moe_act, shared_experts); ``compiled``: the layer runs under torch.compile (full recompute redoes only what the
-    backward reads); ``early_stop``: eager full recompute stops once every tensor the backward saved is back."""
+    backward reads); ``early_stop``: eager full recompute stops once every tensor the backward saved is back;
+    ``keep_attention``: the op policy saves the attention kernel's output (`op_saves_attention`)."""
     if mode == "none":
         return (), []
     if mode == "full":
@@ -123,7 +141,7 @@ def recomputed(mode: str, fwd: Pass, tags: Sequence[str], modules: Sequence[str]
                      if c.issued_after <= cut])
         return tuple(fwd.kernels), [dataclasses.replace(c, phase="backward", recompute=True) for c in fwd.comm]
     if mode == "op":
-        redo, comm = _op_policy(fwd, tags, sub_matmuls)
+        redo, comm = _op_policy(fwd, tags, sub_matmuls, keep_attention)
         return tuple(redo), [dataclasses.replace(c, phase="backward", recompute=True, issued_after=0) for c in comm]
     if mode != "selective":
         raise SpecError(f"unknown recompute mode {mode!r}", field="training.recompute",

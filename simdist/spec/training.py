@@ -76,6 +76,15 @@ class TrainingSpec(Spec):
         default=None, description="under recompute: selective, the modules whose forward is redone in backward "
                                   "(Megatron-Core --recompute-modules): core_attn, mlp, layernorm, moe_act, moe, "
                                   "shared_experts, mla_up_proj; default [core_attn]")
+    op_sac_saved_attention: list[Literal["flash", "flash2", "flash3", "flash4", "cudnn", "efficient", "triton", "flex",
+                                         "materialized"]] | None = Field(
+        default=None,
+        description="under recompute: op, the attention kernels whose outputs the op policy saves; one it does not "
+                    "save is run again in the backward (torchtitan's op_sac_save_list names SDPA's flash and "
+                    "efficient ops and flex attention; its cuDNN op only since pytorch/torchtitan PR #2095, "
+                    "2025-12-01, so earlier runs whose SDPA picked cuDNN recomputed their attention: write [flash, "
+                    "efficient, flex]); default [flash, efficient, cudnn, flex]; FlashAttention-3/4, Triton and "
+                    "materialized attention are no op of that list")
     recompute_method: Literal["uniform", "block", "every"] | None = Field(
         default=None, description="under recompute: full, which layers: uniform (every layer, checkpointed in groups "
                                   "of recompute_num_layers: Megatron-Core), block (the first recompute_num_layers "
@@ -405,6 +414,10 @@ class TrainingSpec(Spec):
             raise FieldProblem(("recompute_method",), "recompute_method and recompute_num_layers go together (fix: "
                                                       "give both, e.g. recompute_method: block, recompute_num_layers: "
                                                       "4, or neither)")
+        if self.op_sac_saved_attention is not None and self.recompute != "op":
+            raise FieldProblem(("op_sac_saved_attention",), "op_sac_saved_attention is the save list of op-level "
+                                                            "recompute (fix: set recompute: op, or drop "
+                                                            "op_sac_saved_attention)")
         if self.recompute_method is not None and self.recompute != "full":
             raise FieldProblem(("recompute_method",), "recompute_method chooses the layers of full recompute (fix: "
                                                       "set recompute: full, or drop recompute_method)")
