@@ -9,7 +9,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from simdist.errors import LayoutError
-from simdist.hardware.attention import kernel_family
 from simdist.hardware.compute import compute_efficiency, kernel_time_s, kernels_time_s
 from simdist.hardware.tp_overlap import gemm_slowdown
 from simdist.plan.comm_overlap import a2a_overlapped
@@ -18,7 +17,7 @@ from simdist.plan.layer_cost import Work, layer_work
 from simdist.plan.layer_params import layer_param_shards, layer_tensors
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
 from simdist.plan.moe_pairing import segments
-from simdist.plan.recompute import full_layers, op_saves_attention
+from simdist.plan.recompute import full_layers
 from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["ChunkCost", "chunk_cost", "chunk_parts"]
@@ -98,8 +97,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
     m, experts, ex = cfg.model, cfg.expert_parallel, cfg.execution
 
     decoder = m.kind == "decoder"
-    # torchtitan's op-level policy keeps the attention's output only where its save list names the kernel's op
-    keeps = op_saves_attention(kernel_family(cfg.attention, cfg.gpu), ex.op_sac_saved_attention)
+    keeps = cfg.op_keeps_attention  # (torchtitan's op-level policy: only where its save list names the kernel)
     base = (m, cfg.tp_style, cfg.attention, cfg.attention_mask, cfg.fp8_recipe, experts, ex.style, ex.fp8_weight_cache,
             ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, ex.recompute_early_stop, keeps,
             *kw.values())

@@ -98,20 +98,20 @@ def stretches(flags: Sequence[bool]) -> int:
     return sum(1 for i, hit in enumerate(flags) if hit and (i == 0 or not flags[i - 1]))
 
 
-def replayed_run(kernel_s: Sequence[float], issue_s: Sequence[float], replayed: Sequence[bool],
+def replayed_run(kernel_s: Sequence[float], issue_s: Sequence[float], hits: Sequence[bool],
                  graphed_kernel_s: Sequence[float], call_s: float, copy_s: float, copy_issue_s: float
                  ) -> tuple[list[float], list[float]]:
-    """(GPU seconds, host issue seconds) of a run of kernels, some ``replayed`` from a graph: those take their
+    """(GPU seconds, host issue seconds) of a run of kernels, some replayed from a graph (``hits``): those take their
     ``graphed_kernel_s`` and no issue time of their own; each maximal replayed stretch starts with the copy of its
     input (``copy_s`` on the GPU, ``copy_issue_s`` on the host) and the call that replays it (``call_s`` on the
     host). Eager kernels keep ``kernel_s`` and ``issue_s``."""
     gpu, host = [], []
-    for i, (eager_s, issue, graphed_s, hit) in enumerate(zip(kernel_s, issue_s, graphed_kernel_s, replayed,
+    for i, (eager_s, issue, graphed_s, hit) in enumerate(zip(kernel_s, issue_s, graphed_kernel_s, hits,
                                                               strict=True)):
         if not hit:
             gpu.append(eager_s)
             host.append(issue)
-        elif i == 0 or not replayed[i - 1]:
+        elif i == 0 or not hits[i - 1]:
             gpu.append(copy_s + graphed_s)
             host.append(copy_issue_s + call_s)
         else:

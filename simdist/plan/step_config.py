@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from simdist.collectives.ep_kernels import kernel_sms
 from simdist.errors import LayoutError
+from simdist.hardware.attention import kernel_family
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.gemm import architecture
 from simdist.hardware.host import HostOverhead, host_overhead
@@ -20,6 +21,7 @@ from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.layer_split import choose_split, chunk_layers
 from simdist.plan.mesh import Mesh
 from simdist.plan.model import Model
+from simdist.plan.recompute import op_saves_attention
 from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, chunks_per_stage, num_model_parts, part_table
 from simdist.spec.gpu import GpuSpec
 
@@ -176,6 +178,14 @@ class StepConfig:
     @property
     def host_overhead(self) -> HostOverhead:
         return self.host or host_overhead(self.gpu)
+
+    @property
+    def op_keeps_attention(self) -> bool:
+        """Whether the attention's output is kept for the backward: always but under recompute op, where the policy's
+        save list must name the attention kernel the GPU runs (training.op_sac_saved_attention,
+        simdist.plan.recompute.op_saves_attention)."""
+        return self.recompute != "op" or op_saves_attention(kernel_family(self.attention, self.gpu),
+                                                             self.execution.op_sac_saved_attention)
 
     @property
     def interference(self) -> float:

@@ -7,10 +7,9 @@ the peak over the stages.
 
 from __future__ import annotations
 
-from simdist.hardware.attention import kernel_family
 from simdist.plan.activations import in_flight_microbatches
 from simdist.plan.memory import MemoryBreakdown, stage_memory
-from simdist.plan.recompute import full_layers, op_saves_attention
+from simdist.plan.recompute import full_layers
 from simdist.plan.schedule import TWO_CHUNK_SCHEDULES
 from simdist.plan.step_config import StepConfig
 
@@ -41,7 +40,7 @@ def _stage_memory(cfg: StepConfig, s: int) -> MemoryBreakdown:
         shard_group=cfg.mesh.dp_shard or None, optimizer_bytes=cfg.optimizer_state_bytes,
         fp8_attention=ex.fp8_attention, master_copy=ex.master_copy, master_dtype=ex.master_dtype,
         loss_parallel=ex.loss_parallel,
-        op_keeps_attention=op_saves_attention(kernel_family(cfg.attention, cfg.gpu), ex.op_sac_saved_attention))
+        op_keeps_attention=cfg.op_keeps_attention)
     # a search asks for the memory of thousands of layouts, three times each (pruning, screening, ranking), and
     # many share a stage's every input (they differ in the schedule or the placement): cached by all of them
     key = (cfg.model, *args.values())
