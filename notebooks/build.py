@@ -899,8 +899,9 @@ assert abs(infiniband["step_time_s"] / one_to_one["step_time_s"] - 1) < 1e-3""")
 
 Synchronous training runs at the pace of its slowest GPU. A what-if in the scenario's `faults:` section makes
 one GPU slower: `faults.stragglers=[{rank: 13, slower_by: 0.2}]` makes every kernel of rank 13 take 1.2 times as
-long (thermal throttling, a weak HBM stack, a noisy host). The engine simulates the step with the slow rank, and
-the report (`faults`) names the straggler and who waited for whom."""),
+long (thermal throttling, a weak HBM stack, a noisy host). The healthy step already waits for the slowest of its
+GPUs' ordinary spread (`cluster.gpu_speed_cv`, default 0.02); the straggler's factor takes its place. The engine
+simulates the step with the slow rank, and the report (`faults`) names the straggler and who waited for whom."""),
     (CODE, """healthy = api.run(scenario).result
 slow = api.run(scenario, ["faults.stragglers=[{rank: 13, slower_by: 0.2}]"]).result
 f = slow["faults"]
@@ -912,9 +913,13 @@ print(f"{len(waiting)} ranks wait at the data-parallel collectives, each for ran
       f"{sorted({r for w in f['waits'] for r in w['waits_for']})}: {f['waits'][0]['wait_s']:.3f} s per step, "
       "summed over the collectives")
 b = healthy["breakdown"]
-by_hand = 0.2 * (b["compute_s"] + b["optimizer_s"])
+# the healthy step already runs at its slowest GPU's pace (cluster.gpu_speed_cv, the README's GPU speed spread);
+# the straggler's 1.2 replaces that factor
+spread = healthy.get("gpu_variability_factor", 1.0)
+by_hand = (1.2 / spread - 1) * (b["compute_s"] + b["optimizer_s"])
 lost = healthy["layout"]["num_gpus"] * (1 - healthy["step_time_s"] / slow["step_time_s"])
-print(f"by hand: 0.2 x (compute {b['compute_s']:.3f} s + optimizer {b['optimizer_s']:.4f} s) = {by_hand:.3f} s; "
+print(f"by hand: (1.2 / {spread:.4f} - 1) x (compute {b['compute_s']:.3f} s + optimizer {b['optimizer_s']:.4f} s) "
+      f"= {by_hand:.3f} s; "
       f"simulated: {slow['step_time_s'] - healthy['step_time_s']:.3f} s")
 print(f"one slow GPU costs the cluster the throughput of {lost:.1f} of its {healthy['layout']['num_gpus']} GPUs")"""),
     (CODE, """assert [s["rank"] for s in f["stragglers"]] == [13]

@@ -126,7 +126,8 @@ def _spec(x: dict) -> ScenarioSpec:
     moe_model, moe_parallel, moe_training = _moe_fields(x)
     return ScenarioSpec.model_validate({
         "cluster": {"preset": "dgx-h100", "num_nodes": x["pp"] * x["dp"], "gpus_per_node": gpn,
-                    "host": {"cpu_sockets": 1, "pcie_switches_per_socket": 1}, "inter_node": {"nics_per_node": gpn}},
+                    "host": {"cpu_sockets": 1, "pcie_switches_per_socket": 1}, "inter_node": {"nics_per_node": gpn},
+                    **({"gpu_speed_cv": x["gpu_speed_cv"]} if "gpu_speed_cv" in x else {})},
         "model": {**SMALL, "num_layers": x.get("num_layers", SMALL["num_layers"]), **moe_model},
         "parallel": {"tp": x["tp"], "pp": x["pp"], "dp": x["dp"], "cp": x["cp"], "vpp": vpp,
                      "zero_stage": x["zero_stage"], "sequence_parallel": x["sp"] and x["tp"] > 1,

@@ -17,7 +17,7 @@ from simdist.plan.model_presets import resolve_model
 from tests.conftest import TOY_TOPOLOGY
 
 SCENARIO = f"""
-cluster: {{file: {TOY_TOPOLOGY}, num_nodes: 1, gpus_per_node: 2}}
+cluster: {{file: {TOY_TOPOLOGY}, num_nodes: 1, gpus_per_node: 2, gpu_speed_cv: 0}}
 model: {{num_layers: 2, hidden_size: 512, num_attention_heads: 8, num_query_groups: 4, ffn_hidden_size: 1024,
          seq_length: 8192, vocab_size: 1024, swiglu: true}}
 parallel: {{cp: 2}}

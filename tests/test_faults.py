@@ -25,7 +25,7 @@ def scenario(tmp_path: Path, *, dp: int, tp: int = 1, faults: str = "", batch: i
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"""
 cluster: {{preset: dgx-h100, gpus_per_node: {n}, host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}},
-          inter_node: {{nics_per_node: {n}}}}}
+          inter_node: {{nics_per_node: {n}}}, gpu_speed_cv: 0}}
 model: {{preset: cs336-mlp}}
 parallel: {{tp: {tp}, dp: {dp}, tp_style: column}}
 training: {{micro_batch_size: {batch // dp}, global_batch_size: {batch}, precision: fp32,
@@ -94,7 +94,7 @@ def test_degraded_nic_slows_the_all_reduce_by_its_transfer_part(tmp_path: Path) 
         path = tmp_path / f"{name}.yaml"
         path.write_text(f"""
 cluster: {{preset: dgx-h100, num_nodes: 2, gpus_per_node: 1, host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}},
-          inter_node: {{nics_per_node: 1}}}}
+          inter_node: {{nics_per_node: 1}}, gpu_speed_cv: 0}}
 model: {{preset: cs336-mlp}}
 parallel: {{dp: 2, tp_style: column}}
 training: {{micro_batch_size: 64, global_batch_size: 128, precision: fp32}}
@@ -133,7 +133,8 @@ def _fabric_scenario(tmp_path: Path, faults: str, name: str, nodes: int = 4) -> 
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"""
 cluster: {{preset: dgx-h100, num_nodes: {nodes}, gpus_per_node: 1,
-          host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}}, inter_node: {{nics_per_node: 1, switch_radix: 4}}}}
+          host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}}, inter_node: {{nics_per_node: 1, switch_radix: 4}},
+          gpu_speed_cv: 0}}
 model: {{preset: cs336-mlp}}
 parallel: {{dp: {nodes // 2}, pp: 2, tp_style: column}}
 training: {{micro_batch_size: 64, global_batch_size: {64 * (nodes // 2)}, precision: fp32}}
@@ -224,7 +225,7 @@ def test_nodes_of_another_gpu_run_the_kernels_at_its_speed(tmp_path: Path) -> No
         path = tmp_path / f"{name}.yaml"
         path.write_text(f"""
 cluster: {{preset: dgx-h100, num_nodes: 2, gpus_per_node: 1, host: {{cpu_sockets: 1, pcie_switches_per_socket: 1}},
-          inter_node: {{nics_per_node: 1}}}}
+          inter_node: {{nics_per_node: 1}}, gpu_speed_cv: 0}}
 model: {{preset: cs336-mlp}}
 parallel: {{dp: 2, tp_style: column}}
 training: {{micro_batch_size: 64, global_batch_size: 128, precision: fp32,

@@ -21,7 +21,7 @@ from tests.conftest import TOY_TOPOLOGY
 
 SCENARIO = """
 name: fsdp
-cluster: {{file: {toy}, num_nodes: 2, gpus_per_node: 1, inter_node: {{nics_per_node: 1}}}}
+cluster: {{file: {toy}, num_nodes: 2, gpus_per_node: 1, inter_node: {{nics_per_node: 1}}, gpu_speed_cv: 0}}
 model: {{num_layers: 4, hidden_size: 2048, num_attention_heads: 16, seq_length: 1024, vocab_size: 2048,
          swiglu: true, ffn_hidden_size: 5632, tied_embeddings: false}}
 parallel: {{dp: 2, zero_stage: 3, reshard_after_forward: {reshard}}}
@@ -134,7 +134,7 @@ def test_sharding_strategy_names(tmp_path):
 
 PIPELINED = """
 name: fsdp-pp
-cluster: {{file: {toy}, num_nodes: 2, gpus_per_node: 2, inter_node: {{nics_per_node: 1}}}}
+cluster: {{file: {toy}, num_nodes: 2, gpus_per_node: 2, inter_node: {{nics_per_node: 1}}, gpu_speed_cv: 0}}
 model: {{num_layers: 4, hidden_size: 1024, num_attention_heads: 8, seq_length: 512, vocab_size: 2048,
          swiglu: true, ffn_hidden_size: 2816, tied_embeddings: false}}
 parallel: {{pp: 2, dp: 2, zero_stage: 3{reshard}}}

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from statistics import NormalDist
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,14 @@ from simdist.analytic.bound import compute_bound_s, lower_bound_s
 from simdist.analytic.step import CommPricer, analytic_step
 from simdist.hardware.compute import reference_gpus
 from simdist.hardware.gpus import GPU_PRESETS
-from simdist.hardware.variability import expected_max_normal, gpu_variability, slowest_factor, variability_factor
+from simdist.hardware.variability import (
+    expected_max_normal,
+    gpu_variability,
+    pace_ratio,
+    slowest_factor,
+    variability_factor,
+)
+from simdist.plan.stage_pace import PACE_DIGITS, stage_loads
 from simdist.predict.step import checked_step
 from tests.cli_harness import run_cli
 
@@ -79,6 +87,81 @@ def test_the_factor_grows_with_the_gpus_and_the_spread(n, more, ref, cv, dcv):
         higher = min(0.2, cv + dcv)
         assert variability_factor(higher, n, ref) >= variability_factor(cv, n, ref) * tol
         assert variability_factor(cv, n, ref) >= tol
+
+
+# ----------------------------------------------------------------------------- a pipeline of unequal stages
+def test_equal_stages_or_identical_gpus_keep_the_job_factor():
+    assert pace_ratio(0.02, (3.0, 3.0, 3.0), 8) == 1.0
+    assert pace_ratio(0.0, (1.0, 2.0), 8) == 1.0
+
+
+def test_a_stage_far_lighter_leaves_the_heavy_stage_s_gpus_to_pace():
+    # loads (0.5, 1): the light stage never paces, so the pace is the heavy stage's 8 GPUs' slowest against the
+    # slowest of both stages' 16: (1 + cv E[max of 8]) / (1 + cv E[max of 16]), exact expected maxima 1.4236 and
+    # 1.7660 (Harter 1961's tables)
+    cv = 0.05
+    assert pace_ratio(cv, (0.5, 1.0), 8) == pytest.approx((1 + cv * 1.4236) / (1 + cv * 1.7660), rel=2e-5)
+
+
+@pytest.mark.parametrize("cv, loads, n", [(0.02, (1.0,) * 7 + (1.03,), 8), (0.05, (1.0, 1.02, 0.9, 1.0), 16),
+                                          (0.02, (1.0, 1.001), 4), (0.2, (0.7, 1.0, 0.95), 2)])
+def test_the_pace_is_the_expected_slowest_stage_by_monte_carlo(cv, loads, n):
+    # draw every GPU's time, take each stage's slowest, then the pipeline's slowest stage: the same expectation
+    rng = np.random.default_rng(20261207)
+    r = np.array(loads) / max(loads)
+    slowest = rng.standard_normal((40_000, len(loads), n)).max(axis=2)
+    ratio = (r * (1 + cv * slowest)).max(axis=1).mean() / (1 + cv * slowest).max(axis=1).mean()
+    assert pace_ratio(cv, loads, n) == pytest.approx(ratio, abs=6e-4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(loads=st.lists(st.floats(0.1, 1.0), min_size=2, max_size=6), extra=st.floats(0.0, 0.5),
+       cv=st.floats(0.001, 0.2), n=st.integers(1, 64))
+def test_a_heavier_light_stage_never_paces_faster(loads, extra, cv, n):
+    # at most the equal stages' pace; a stage's load nearer the heaviest's makes the pipeline no faster
+    base = pace_ratio(cv, tuple(loads), n)
+    i = loads.index(min(loads))
+    heavier = list(loads)
+    heavier[i] = min(max(loads), heavier[i] + extra)
+    assert 0.0 < base <= 1.0
+    assert pace_ratio(cv, tuple(heavier), n) >= base * (1 - 1e-6)
+
+
+_HEAVY_HEAD = """
+cluster: {preset: dgx-h100, gpu_speed_cv: CV}
+model: {preset: llama3-8b, num_layers: 4, vocab_size: 256000}
+parallel: {tp: 2, pp: 4}
+training: {global_batch_size: 32, micro_batch_size: 1}
+"""
+
+
+def test_a_heavy_last_stage_paces_the_pipeline(tmp_path: Path):
+    # four stages of one decoder layer each, the last with a 256k-vocabulary output layer and its loss: the last
+    # stage is the heavy one, a slow GPU elsewhere waits for it
+    path = _scenario(tmp_path, _HEAVY_HEAD.replace("CV", "0.03"))
+    spec = api.load_scenario(path)
+    cfg = checked_step(spec.spec, spec.topology)[1]
+    loads = stage_loads(cfg)
+    assert loads[-1] > 1.5 * max(loads[:-1])
+    job = 1 + 0.03 * expected_max_normal(8)
+    assert cfg.gpu_variability == pytest.approx(job, rel=1e-14)  # the job's factor, before the pace
+    pace = round(pace_ratio(0.03, loads, 2), PACE_DIGITS)  # to 0.1 %: StepConfig.paced_variability's
+    assert cfg.paced_variability == pytest.approx(job * pace, rel=1e-14)
+    assert cfg.paced_variability == pytest.approx(job * (1 + 0.03 * 0.5642) / (1 + 0.03 * 1.4236), abs=6e-4)
+    run = api.run(path, fidelity="closed_form").result
+    assert run["gpu_variability"]["stage_pace"] == pytest.approx(pace, rel=1e-12)
+    assert run["gpu_variability_factor"] == pytest.approx(cfg.paced_variability, rel=1e-12)
+
+
+def test_a_straggler_in_a_light_stage_waits_for_the_heavy_one(tmp_path: Path):
+    # the mechanism on the engine's own schedule: a GPU 3 % slow in the first stage costs the step almost nothing,
+    # the same GPU in the last (heavy) stage almost its 3 % of the compute
+    path = _scenario(tmp_path, _HEAVY_HEAD.replace("CV", "0"))
+    plain = api.run(path).result["step_time_s"]
+    first = api.run(path, ["faults.stragglers=[{rank: 0, slower_by: 0.03}]"]).result["step_time_s"]
+    last = api.run(path, ["faults.stragglers=[{rank: 6, slower_by: 0.03}]"]).result["step_time_s"]
+    assert first - plain < 0.1 * (last - plain)
+    assert last > plain * 1.015
 
 
 # ----------------------------------------------------------------------------- a step
@@ -155,12 +238,13 @@ def test_a_straggler_slower_than_the_spread_keeps_its_own_factor(tmp_path: Path)
                      "model: {preset: llama3-8b, num_layers: 4}\n" + LAYOUTS["a straggler beside the spread"])
     spec = api.load_scenario(path)
     cfg = checked_step(spec.spec, spec.topology)[1]
-    spread = 1 + 0.03 * PHI_INV((8 - 0.375) / 8.25)  # 1.043 < 1.05
-    assert cfg.gpu_variability == pytest.approx(spread, rel=1e-14)
-    assert cfg.rank_factor(5) == 1.05 and cfg.rank_factor(0) == cfg.gpu_variability
+    # 1.043 < 1.05, paced by the heavier of the two stages (the output layer's: simdist.plan.stage_pace)
+    spread = (1 + 0.03 * PHI_INV((8 - 0.375) / 8.25)) * round(pace_ratio(0.03, stage_loads(cfg), 4), PACE_DIGITS)
+    assert cfg.paced_variability == pytest.approx(spread, rel=1e-14) and spread < 1.05
+    assert cfg.rank_factor(5) == 1.05 and cfg.rank_factor(0) == cfg.paced_variability
     where = cfg.mesh.coords(5)
     assert cfg.compute_factor(where["pp"], where["dp"]) == 1.05  # the straggler's stage and replica
-    assert cfg.compute_factor(where["pp"], 1 - where["dp"]) == cfg.gpu_variability  # the other replica's
+    assert cfg.compute_factor(where["pp"], 1 - where["dp"]) == cfg.paced_variability  # the other replica's
 
 
 def test_the_search_bounds_stay_below_a_faster_slowest_gpu(tmp_path: Path):
@@ -174,7 +258,7 @@ training: {global_batch_size: 8, micro_batch_size: 1}
 """)
     spec = api.load_scenario(path)
     cfg = checked_step(spec.spec, spec.topology)[1]
-    assert cfg.gpu_variability < 0.9
+    assert cfg.paced_variability < 0.9
     pricer = CommPricer(spec.topology)
     exact = analytic_step(cfg, pricer).step_time_s
     assert 0 < compute_bound_s(cfg) <= lower_bound_s(cfg, pricer) * (1 + 1e-12)

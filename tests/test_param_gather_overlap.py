@@ -26,7 +26,8 @@ from tests.test_analytic_step import _agree, _graph_observables, _spec
 # Megatron-Core's default 40M-parameter buckets
 BASE = {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "vpp": 1, "zero_stage": 1, "recompute": "none", "schedule": "1f1b",
         "grad_reduce": "overlapped", "bucket": None, "microbatches": 2, "mbs": 1, "sp": False, "per_parameter": False,
-        "num_layers": 3, "host": {"step_gap": "0 us", "dispatch": "0 us", "launch": "0 us"}}
+        "num_layers": 3, "host": {"step_gap": "0 us", "dispatch": "0 us", "launch": "0 us"},
+        "gpu_speed_cv": 0.0}  # identical GPUs: the hand count's
 
 
 def _made(x: dict, *, overlap: bool):

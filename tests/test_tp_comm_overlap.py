@@ -15,7 +15,7 @@ from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.spec.scenario import ScenarioSpec
 
-SPEC = {"cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 4},
+SPEC = {"cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 4, "gpu_speed_cv": 0},
         "model": {"num_layers": 4, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 4096,
                   "vocab_size": 32000},
         "parallel": {"tp": 4, "sequence_parallel": True},

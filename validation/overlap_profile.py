@@ -94,6 +94,10 @@ class Account:
     gaps_s: float = 0.0
     """of the compute, the launch gaps between its kernels (launch_overhead_s each: Kernel.launch_gaps), which a
     profile shows as GPU idle, not as kernel time"""
+    spread: float = 1.0
+    """the run's gpu_variability_factor: its compute runs at the pace of the slowest of the 16 GPUs (cluster.
+    gpu_speed_cv, simdist.hardware.variability); the profiled rank 0 is one of them, a typical GPU, whose own kernels
+    take compute / spread and whose wait for the slowest lies beside its collectives"""
 
     @property
     def hidden_share(self) -> float:
@@ -101,8 +105,9 @@ class Account:
 
     @property
     def kernel_s(self) -> float:
-        """The compute's kernel time: its seconds without the launch gaps, what a profile's busy intervals hold."""
-        return self.compute_s - self.gaps_s
+        """The compute's kernel time on a typical GPU: its seconds without the slowest GPU's pace and the launch
+        gaps, what a profile's busy intervals hold."""
+        return self.compute_s / self.spread - self.gaps_s
 
 
 def measured() -> dict[str, Profile]:
@@ -135,7 +140,7 @@ def predicted() -> dict[str, Account]:
         kernels = mix.num_kernels * micro + sum(c["count"] for c in r["collectives"])
         gaps = mix.gaps_s * micro
         out[case] = Account(r["step_time_s"], compute, comm, exposed, r["step_time_s"] - compute - exposed, kernels,
-                            cfg.model.num_layers, micro, gaps)
+                            cfg.model.num_layers, micro, gaps, r.get("gpu_variability_factor", 1.0))
     return out
 
 
@@ -172,7 +177,9 @@ def report(profile: dict[str, Profile], account: dict[str, Account]) -> str:
         "union (communication beside a kernel other than a GEMM or attention is not published: it counts as "
         "exposed here). simdist's side is `simdist run scenarios/published/<scenario> --fidelity closed_form` "
         f"(`{CASES['overlap_off']}`, `{CASES['overlap_on']}`): compute and recompute (with the SMs an overlapped "
-        "dispatcher takes charged to the compute), the expert-parallel all-to-alls' priced time (each once) and "
+        "dispatcher takes charged to the compute; their kernel time at a typical GPU's pace, the run's compute over "
+        "its gpu_variability_factor: rank 0 is one of the 16 GPUs, not the slowest, whose pace the step keeps), the "
+        "expert-parallel all-to-alls' priced time (each once) and "
         "what of it is exposed. A check of mechanisms: no constant is set from these figures.",
         "",
         "## Both cases",

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces, chunk_cost_entry, chunk_cost_key, token
+from simdist.analytic.pricing import STREAMS, CommPricer, PricedPieces, chunk_cost_entry, token
 from simdist.analytic.program import KIND_INDEX, recipe_code
-from simdist.analytic.stages import _DP, _part_kinds, _Stage, _stages
+from simdist.analytic.stages import _DP, _Stage, _stages
 from simdist.analytic.step import _num_microbatches
+from simdist.plan.chunk_cost import chunk_cost_key
 from simdist.plan.recipe import is_edge
 from simdist.plan.schedule import SPLIT_BACKWARD, chunk_microbatches, schedule_order
 from simdist.plan.step_config import StepConfig
@@ -90,7 +91,7 @@ def compute_bound_s(cfg: StepConfig) -> float:
     the closed form caches it), its sends, optimizer and dp stream left out.
 
     Every step recipe runs its chunk's compute on the one compute stream, from its first piece to its last, each
-    piece at least its share of these seconds times the GPUs' spread factor (StepConfig.gpu_variability; host gaps,
+    piece at least its share of these seconds times the GPUs' spread factor (StepConfig.paced_variability; host gaps,
     interference taxes and a straggler's larger factor only add to them; a split backward (zb_h1, zb_v, dualpipe,
     dualpipev) puts B and W both in the work), so a recipe's span is at least that factor times its chunk's forward
     (F) or recompute + backward (B) seconds. Stage s then runs after micro-batch 0's
@@ -99,7 +100,7 @@ def compute_bound_s(cfg: StepConfig) -> float:
     2021 sec 2.2.1's (M + K - 1)(t_f + t_b))."""
     M = _num_microbatches(cfg)
     K = cfg.mesh.pp
-    kinds = _part_kinds(cfg)
+    kinds = cfg.parts_layers()
     config = token(chunk_cost_key(cfg))
     # a split backward's last chunk-0 backward may be followed by deferred W steps (and chunk-1 steps)
     drains = cfg.schedule not in SPLIT_BACKWARD
@@ -113,7 +114,7 @@ def compute_bound_s(cfg: StepConfig) -> float:
             f_b = seconds.get(chunk)
             if f_b is None:
                 cost = chunk_cost_entry(cfg, *chunk, config)[0]
-                slow = cfg.gpu_variability  # every stage's compute pieces at least this x (StepConfig.compute_factor)
+                slow = cfg.paced_variability  # every stage's compute pieces at least this x (StepConfig.compute_factor)
                 f_b = seconds[chunk] = (cost.forward_s * slow, (cost.backward_s + cost.recompute_s) * slow)
             first, last = chunk_microbatches(cfg.schedule, c, M)  # (dualpipe's chunks run M/2 each)
             work += (last - first + 1) * (f_b[0] + f_b[1])

@@ -21,15 +21,14 @@ from simdist.collectives.request import Request
 from simdist.collectives.uneven import imbalanced_matrix
 from simdist.hardware.topology import Topology
 from simdist.plan.accounting import category_of
-from simdist.plan.chunk_cost import ChunkCost, chunk_cost
-from simdist.plan.comm_overlap import a2a_overlapped
+from simdist.plan.chunk_cost import ChunkCost, chunk_cost_key, memo_chunk_cost
 from simdist.plan.data_parallel import tail
 from simdist.plan.interference import tax_s
 from simdist.plan.recipe import CommItem, Piece, Recipe, StageTail, edge_recipe
 from simdist.plan.step_config import LayerKinds, StepConfig
 
 __all__ = ["NUM_CORE", "STREAMS", "CommPricer", "PricedPieces", "Shape", "cached_chunk_cost", "chunk_cost_entry",
-           "price_pieces", "recipe_entry", "tail_entry", "token"]
+           "price_pieces", "priced_by_durations", "recipe_entry", "tail_entry", "token"]
 
 Adjust = Callable[[str, int, float, float], float]
 Stride = int | tuple[int, ...]
@@ -183,7 +182,7 @@ class CommPricer:
                 priced = price_pieces(self, pieces, end, groups)
                 hit = (priced, compile(priced) if compile is not None else None)
             else:
-                hit = _priced_by_durations(pieces, end, pieces_token, piece_durations(self, pieces, groups), compile)
+                hit = priced_by_durations(pieces, end, pieces_token, piece_durations(self, pieces, groups), compile)
             self._priced[key] = hit
         return hit
 
@@ -252,17 +251,9 @@ def chunk_cost_entry(cfg: StepConfig, layers: LayerKinds, first_part: bool, last
     if hit is None:
         if len(_CHUNK_CACHE) >= _CACHE_MAX:
             _CHUNK_CACHE.clear()
-        cost = chunk_cost(cfg, layers, first_part, last_part)
+        cost = memo_chunk_cost(cfg, layers, first_part, last_part)  # (simdist.plan.stage_pace's too)
         hit = _CHUNK_CACHE[key] = (cost, token(("cost", cost)))
     return hit
-
-
-def chunk_cost_key(cfg: StepConfig) -> tuple:
-    """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
-    return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
-            cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
-            cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap, cfg.execution,
-            a2a_overlapped(cfg), cfg.moe_overlap_share, cfg.delay_wgrad)  # (the 1F1B A2A overlap's pairing)
 
 
 def recipe_key(cfg: StepConfig) -> tuple:
@@ -351,13 +342,14 @@ def piece_durations(pricer: CommPricer, pieces: tuple[Piece, ...], groups: dict[
 _BY_DURATIONS: dict[tuple, tuple[PricedPieces, Any]] = {}
 
 
-def _priced_by_durations(pieces: tuple[Piece, ...], end: int, pieces_token: int, durations: tuple[float, ...],
+def priced_by_durations(pieces: tuple[Piece, ...], end: int, pieces_token: int, durations: tuple[float, ...],
                          compile: Callable[[PricedPieces], Any] | None) -> tuple[PricedPieces, Any]:
     """(the `PricedPieces` of ``pieces`` taking ``durations``, ``compile`` of it), shared by every pricer and group
     shape that times the pieces alike: a priced recipe is its pieces and their durations, nothing else, and a
     search prices one recipe on many shapes and pricers (one per mesh with contention) that mostly give the same
     durations (groups inside a node, collectives priced alike), so its simple form (simdist.analytic.stages) is
-    made once per distinct timing, not once per shape."""
+    made once per distinct timing, not once per shape (a stage slowed by a spread of GPU speeds likewise:
+    simdist.analytic.stages)."""
     key = (pieces_token, durations, compile)
     hit = _BY_DURATIONS.get(key)
     if hit is None:

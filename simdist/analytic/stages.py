@@ -20,7 +20,7 @@ from simdist.analytic.pricing import (
     PricedPieces,
     Shape,
     chunk_cost_entry,
-    chunk_cost_key,
+    priced_by_durations,
     recipe_entry,
     recipe_key,
     tail_entry,
@@ -28,12 +28,13 @@ from simdist.analytic.pricing import (
 )
 from simdist.analytic.program import KIND_INDEX, recipe_code
 from simdist.plan.accounting import Interval, partition_pieces
+from simdist.plan.chunk_cost import chunk_cost_key
 from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.interference import tax_terms, taxed_s
 from simdist.plan.pieces import SLOWED_KINDS, Piece
 from simdist.plan.recipe import GROUP_AXES, PREV, send
 from simdist.plan.schedule import SPLIT_BACKWARD, TWO_CHUNK_SCHEDULES, part_location
-from simdist.plan.step_config import LayerKinds, StepConfig, layer_kinds
+from simdist.plan.step_config import LayerKinds, StepConfig
 
 _PP = 5  # STREAMS indices of the pp and dp streams (simdist.analytic.pricing)
 _DP = 4
@@ -209,25 +210,10 @@ def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, 
 
 def _slowed_pair(pricer: CommPricer, pieces: tuple[Piece, ...], end: int, groups: dict[str, Shape], shape: int,
                  pieces_token: int, factor: float, compile: bool = True) -> tuple[PricedPieces, _Simple | None]:
-    """(``pieces`` priced on ``groups`` and `_slowed` by ``factor``, its simple form unless not ``compile``)."""
+    """(``pieces`` priced on ``groups`` and `_slowed` by ``factor``, its simple form unless not ``compile``), shared
+    by every shape and pricer that times them alike (simdist.analytic.pricing.priced_by_durations)."""
     slow = _slowed(pricer.priced(pieces, end, groups, shape=shape, pieces_token=pieces_token)[0], factor, pieces)
-    return slow, _simple(slow) if compile else None
-
-
-_KINDS_CACHE: dict[tuple, tuple[LayerKinds, ...]] = {}
-
-
-def _part_kinds(cfg: StepConfig) -> tuple[LayerKinds, ...]:
-    """`StepConfig.part_layers` of every model part, in model order, cached by what decides them (a search and the
-    step bands time many configurations of one split)."""
-    key = (cfg.model, cfg.layers_per_part, cfg.layers_per_stage, cfg.mesh.pp, cfg.vpp, cfg.schedule)
-    hit = _KINDS_CACHE.get(key)
-    if hit is None:
-        if len(_KINDS_CACHE) >= 4096:
-            _KINDS_CACHE.clear()
-        firsts, counts = cfg.part_first_layers(), cfg.model_parts()
-        hit = _KINDS_CACHE[key] = tuple(layer_kinds(cfg.model, f, n) for f, n in zip(firsts, counts, strict=True))
-    return hit
+    return priced_by_durations(pieces, end, pieces_token, slow.durations, _simple if compile else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +260,7 @@ def _placement(cfg: StepConfig) -> str:
 def _find_geometry(cfg: StepConfig, pricer: CommPricer) -> list[_Geometry]:
     """`_geometry` without the send's bytes: each send as its (index, pair of ranks)."""
     mesh, K, V = cfg.mesh, cfg.mesh.pp, cfg.chunks
-    kinds = _part_kinds(cfg)
+    kinds = cfg.parts_layers()
     num_parts = cfg.num_parts
     # (size, stride or offsets) of every group axis: the same for every stage, whose groups differ in their first rank
     # (dp_cp, where cp and dp are not adjacent in the order, has no one stride: its peers' offsets instead)
@@ -320,7 +306,7 @@ def _stages(cfg: StepConfig, pricer: CommPricer, dp_index: int = 0, geometry: li
     config = (token(chunk_cost_key(cfg)), token(recipe_key(cfg)))
     geometry = geometry if geometry is not None else _geometry(cfg, pricer)
     # keyed by the geometry list's id, the list kept in the entry: alive while the entry is, its id no other's
-    key = ("stages", config, id(geometry), dp_index, cfg.compute_slowdown, cfg.gpu_variability, p2p.count)
+    key = ("stages", config, id(geometry), dp_index, cfg.compute_slowdown, cfg.paced_variability, p2p.count)
     stages = pricer.memo(key, lambda: (geometry, _priced_stages(cfg, pricer, dp_index, geometry, config,
                                                                 p2p.count)))[1]
     if box is not None:
@@ -375,7 +361,7 @@ def _priced_stages(cfg: StepConfig, pricer: CommPricer, dp_index: int, geometry:
     overlapped = a2a_overlapped(cfg)
     seen: dict[tuple, tuple] = {}  # the stages of this replica alike in what prices them (a deep pipeline's middle)
     for s, g in enumerate(geometry):
-        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.gpu_variability
+        factor = cfg.compute_factor(s, dp_index) if cfg.compute_slowdown else cfg.paced_variability
         hit = seen.get((g.key, factor))
         if hit is None:
             # alike stages (same layers, positions, group shapes and speed) share their priced recipes

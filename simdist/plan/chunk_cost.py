@@ -20,7 +20,7 @@ from simdist.plan.moe_pairing import segments
 from simdist.plan.recompute import full_layers
 from simdist.plan.step_config import LayerKinds, StepConfig
 
-__all__ = ["ChunkCost", "chunk_cost", "chunk_parts"]
+__all__ = ["ChunkCost", "chunk_cost", "chunk_cost_key", "chunk_parts", "memo_chunk_cost"]
 
 @dataclass(frozen=True, slots=True)
 class ChunkCost:
@@ -335,3 +335,28 @@ def chunk_cost(cfg: StepConfig, layers: LayerKinds | int, first_part: bool, last
 _ASYNC_TP_GEMMS = frozenset({"qkv", "mlp_up", "projection", "mlp_down"})
 """The GEMMs beside a sequence-parallel all-gather (qkv, mlp_up; in backward the projection's and mlp_down's input
 gradients) or reduce-scatter (projection, mlp_down; in backward qkv's and mlp_up's input gradients)."""
+
+
+def chunk_cost_key(cfg: StepConfig) -> tuple:
+    """Every StepConfig field `chunk_cost` reads besides the chunk's layers and position."""
+    return (cfg.model, cfg.gpu, cfg.mesh.tp, cfg.mesh.cp, cfg.sequence_parallel, cfg.micro_batch_size, cfg.recompute,
+            cfg.attention, cfg.attention_mask, cfg.fp8_recipe, cfg.precision, cfg.tp_style, cfg.compute_efficiency,
+            cfg.host_overhead, cfg.expert_parallel, cfg.tp_comm_overlap, cfg.execution,
+            a2a_overlapped(cfg), cfg.moe_overlap_share, cfg.delay_wgrad)  # (the 1F1B A2A overlap's pairing)
+
+
+_MEMO: dict[tuple, ChunkCost] = {}
+_MEMO_MAX = 20_000
+
+
+def memo_chunk_cost(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part: bool) -> ChunkCost:
+    """`chunk_cost`, kept by `chunk_cost_key` and the chunk's layers and position: the closed form's chunk costs
+    (simdist.analytic.pricing, which keys them by tokens of the same) and the stage loads that pace a pipeline
+    under a spread of GPU speeds (simdist.plan.stage_pace) are then priced once."""
+    key = (chunk_cost_key(cfg), layers, first_part, last_part)
+    hit = _MEMO.get(key)
+    if hit is None:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        hit = _MEMO[key] = chunk_cost(cfg, layers, first_part, last_part)
+    return hit

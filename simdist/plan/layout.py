@@ -334,6 +334,7 @@ def step_config_of(spec: ScenarioSpec, topology: Topology, model: Model) -> Step
         dp_batch_split=tuple(t.dp_batch_split) if t.dp_batch_split is not None else None,
         capacity_bytes=topology.gpu.hbm_capacity, host=_host_of(spec, topology.gpu),
         gpu_variability=gpu_variability(topology.gpu, topology.spec.gpu_speed_cv, mesh.num_ranks),
+        gpu_speed_cv=topology.spec.gpu_speed_cv,
         layers_per_part=split.parts, split_method=split.method,
         expert_parallel=ExpertParallel(
             p.ep, p.tp if p.etp is None else p.etp, t.moe_token_dispatcher_type, scenario_imbalance(t, p, model),

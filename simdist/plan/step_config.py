@@ -25,6 +25,9 @@ from simdist.plan.recompute import op_saves_attention
 from simdist.plan.schedule import TWO_CHUNK_SCHEDULES, chunks_per_stage, num_model_parts, part_table
 from simdist.spec.gpu import GpuSpec
 
+_PARTS_LAYERS: dict[tuple, tuple[LayerKinds, ...]] = {}
+"""StepConfig.parts_layers by what decides them."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepConfig:
@@ -65,9 +68,11 @@ class StepConfig:
     """(rank, time factor) of straggler GPUs whose compute kernels take ``factor`` x as long (scenario
     ``faults.stragglers``); data-parallel replicas are then simulated one by one, as with ``dp_batch_split``."""
     gpu_variability: float = 1.0
-    """Time factor of every compute piece of the step (forward, backward, weight gradient, recompute, optimizer: the
-    pieces a straggler slows) from the spread of the GPUs' speeds: the slowest of the job's GPUs sets the pace
-    (simdist.hardware.variability, cluster.gpu_speed_cv); 1: identical GPUs."""
+    """The job's time factor from the spread of the GPUs' speeds: the slowest of its GPUs sets the pace
+    (simdist.hardware.variability, cluster.gpu_speed_cv); 1: identical GPUs. What the step's compute pieces take is
+    `paced_variability` (a pipeline of unequal stages is paced by its heaviest stage)."""
+    gpu_speed_cv: float = 0.0
+    """The spread (cluster.gpu_speed_cv) `gpu_variability` is of: what `paced_variability` paces."""
     capacity_bytes: float = math.inf
     compute_efficiency: ComputeEfficiency | None = None
     """Calibrated roofline constants (simdist calibrate); None: simdist/hardware/data/compute_efficiency.csv."""
@@ -153,7 +158,20 @@ class StepConfig:
 
     def part_layers(self, part: int) -> LayerKinds:
         """The decoder layers of model ``part`` (in model order) as `layer_kinds`."""
-        return layer_kinds(self.model, self.part_first_layers()[part], self.model_parts()[part])
+        return self.parts_layers()[part]
+
+    def parts_layers(self) -> tuple[LayerKinds, ...]:
+        """`part_layers` of every model part, in model order, cached by what decides them (a search, the step bands
+        and a pipeline's stage pace read them for many configurations of one split)."""
+        key = (self.model, self.layers_per_part, self.layers_per_stage, self.mesh.pp, self.vpp, self.schedule)
+        hit = _PARTS_LAYERS.get(key)
+        if hit is None:
+            if len(_PARTS_LAYERS) >= 4096:
+                _PARTS_LAYERS.clear()
+            firsts, counts = self.part_first_layers(), self.model_parts()
+            hit = _PARTS_LAYERS[key] = tuple(layer_kinds(self.model, f, n) for f, n in zip(firsts, counts,
+                                                                                              strict=True))
+        return hit
 
     def stage_layers(self, stage: int) -> tuple[int, ...]:
         """Indices (0-based) of every decoder layer that pipeline ``stage`` holds, over its chunks (dualpipe: both
@@ -216,16 +234,28 @@ class StepConfig:
         """Data-parallel replicas do not all run the same timeline (unequal batches, a straggler)."""
         return self.dp_batch_split is not None or bool(self.compute_slowdown)
 
+    @property
+    def paced_variability(self) -> float:
+        """Time factor of every compute piece of the step (forward, backward, weight gradient, recompute, optimizer:
+        the pieces a straggler slows) from the spread of the GPUs' speeds: `gpu_variability` x the pipeline's stage
+        pace (simdist.plan.stage_pace, found once per configuration, when first asked: a search builds configurations
+        it prunes unpriced); `gpu_variability` itself without a pipeline or a spread."""
+        if not self.gpu_speed_cv or self.mesh.pp == 1:
+            return self.gpu_variability
+        from simdist.plan.stage_pace import stage_pace  # the stages' costs (simdist.plan.chunk_cost) read this class
+
+        return self.gpu_variability * stage_pace(self)
+
     def compute_factor(self, stage: int, dp_index: int) -> float:
         """Time factor of the compute kernels of the representative of ``stage`` in replica ``dp_index`` (1: every
-        GPU healthy and alike): its slowest tensor/context-parallel peer's, at least `gpu_variability`.
+        GPU healthy and alike): its slowest tensor/context-parallel peer's, at least `paced_variability`.
 
         # Assumption: a straggler slows its whole tensor/context-parallel group: the peers meet at a collective
         # after every forward and backward compute of a chunk (simdist.plan.recipe), so each waits for the slowest.
         # Assumption: a straggler's factor, stated against a typical GPU, replaces the spread of speeds'
-        # (`gpu_variability`) where it is larger: the group runs at the larger of the two, not their product.
+        # (`paced_variability`) where it is larger: the group runs at the larger of the two, not their product.
         """
-        f = self.gpu_variability
+        f = self.paced_variability
         for rank, x in self.compute_slowdown:
             c = self.mesh.coords(rank)
             if c["pp"] == stage and c["dp"] == dp_index:
@@ -234,7 +264,7 @@ class StepConfig:
 
     def rank_factor(self, rank: int) -> float:
         """Time factor of the compute kernels of GPU ``rank`` itself (1: healthy, identical GPUs)."""
-        return max([self.gpu_variability, *(x for r, x in self.compute_slowdown if r == rank)])
+        return max([self.paced_variability, *(x for r, x in self.compute_slowdown if r == rank)])
 
     def microbatches(self, dp_index: int) -> int:
         if self.dp_batch_split is None:

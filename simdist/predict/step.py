@@ -280,8 +280,10 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
                                 num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
                                 num_params=model.num_params, checkpoint=spec.faults.checkpoint)
-    spread = variability_report(topology.gpu, topology.spec.gpu_speed_cv, cfg.mesh.num_ranks)
-    if spread is not None:  # cluster.gpu_speed_cv: every compute piece x the factor (StepConfig.gpu_variability)
+    # a pipeline's stage pace (simdist.plan.stage_pace): the factor the step ran with over the job's
+    pace = cfg.paced_variability / cfg.gpu_variability
+    spread = variability_report(topology.gpu, cfg.gpu_speed_cv, cfg.mesh.num_ranks, pace)
+    if spread is not None:  # cluster.gpu_speed_cv: every compute piece x the factor (StepConfig.paced_variability)
         result["gpu_variability_factor"], result["gpu_variability"] = spread["factor"], spread
     faults = faults_report(cfg, spec.faults, topology, degraded, plan, trace, fidelity)
     if faults is not None:

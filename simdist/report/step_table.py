@@ -232,6 +232,8 @@ def variability_line(result: Mapping[str, Any]) -> str:
     if v["reference_gpus"] > 1:
         line += (f" ({v['slowest_of_job']:.4f} / {v['slowest_of_reference']:.4f}: the compute constants hold the "
                  f"slowest of {v['reference_gpus']})")
+    if v.get("stage_pace", 1.0) < 1.0:
+        line += f"; its pipeline is paced by its heaviest stage: x {v['stage_pace']:.4f} of that"
     return line
 
 

@@ -198,15 +198,16 @@ class TopologySpec(Spec):
                     "power-capped H100 SXM: compute-bound kernels run at the clock the cap sustains "
                     "(simdist.hardware.clock)")
     gpu_speed_cv: SpeedCv = Field(
-        default=0.0,
+        default=0.02,
         description="coefficient of variation (standard deviation / mean) of the sustained compute speed of the "
-                    "cluster's GPUs, 0 to 0.2; default 0: identical GPUs. A synchronous step waits for the slowest of "
-                    "the job's N GPUs, so every compute kernel takes 1 + cv x z(N) as long, z(N) the expected "
-                    "largest of N standard normals (2.3 for 64 GPUs, 4.0 for 16,384; over 1 + cv x z(8) on the "
-                    "A100, whose constants were fitted on 8 GPUs; simdist.hardware.variability). "
-                    "Guidance: Sinha et al. 2022 (SC22, arXiv:2208.11035) measured an average 8 % (at most 22 %) "
-                    "spread between the GPUs of one model across whole clusters; read as the range of 4 standard "
-                    "deviations, that is cv 0.02 (at most 0.055)")
+                    "cluster's GPUs, 0 to 0.2; default 0.02: the average spread Sinha et al. 2022 (SC22, "
+                    "arXiv:2208.11035) measured between the GPUs of one model across whole clusters (8 %, at most "
+                    "22 %: cv 0.055, read as the range of 4 standard deviations); 0: identical GPUs. A synchronous "
+                    "step waits for the slowest of the job's N GPUs, so every compute kernel takes 1 + cv x z(N) as "
+                    "long, z(N) the expected largest of N standard normals (2.3 for 64 GPUs, 4.0 for 16,384; over "
+                    "1 + cv x z(8) on the A100, whose constants were fitted on 8 GPUs; simdist.hardware.variability); "
+                    "a pipeline of unequal stages is paced by its heaviest stage's GPUs instead "
+                    "(simdist.plan.stage_pace)")
     num_nodes: count(NUM_NODES) = Field(default=1, description="nodes in the cluster (a node is a server, or a rack "
                                                           "for gb200-nvl72)")
     gpus_per_node: count(GPUS_PER_NODE) = Field(description="GPUs per node")
