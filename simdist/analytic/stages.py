@@ -137,8 +137,8 @@ def _empty_unit() -> list:
     return [None, None, None]
 
 
-def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> PricedPieces:
-    """``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces
+def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> tuple[float, ...]:
+    """The durations of ``r`` (priced ``pieces``) on a slower GPU: its kernels ``factor`` x as long, the pieces
     simdist.plan.step_emitter slows (SLOWED_KINDS); a tax piece taxes the collectives beside the slowed compute, as
     the engine does (simdist.plan.interference.tax_terms)."""
     out = list(r.durations)
@@ -148,7 +148,7 @@ def _slowed(r: PricedPieces, factor: float, pieces: tuple[Piece, ...]) -> Priced
             out[j] = taxed_s(share, sum(out[k] for k in p.tax_of), cap, pairing)
         elif p.comm is None and p.kind in SLOWED_KINDS:
             out[j] *= factor
-    return dataclasses.replace(r, durations=tuple(out))
+    return tuple(out)
 
 
 def _stage(cfg: StepConfig, pricer: CommPricer, chunks: tuple[tuple[LayerKinds, bool, bool], ...],
@@ -213,7 +213,7 @@ def _slowed_pair(pricer: CommPricer, pieces: tuple[Piece, ...], end: int, groups
     """(``pieces`` priced on ``groups`` and `_slowed` by ``factor``, its simple form unless not ``compile``), shared
     by every shape and pricer that times them alike (simdist.analytic.pricing.priced_by_durations)."""
     slow = _slowed(pricer.priced(pieces, end, groups, shape=shape, pieces_token=pieces_token)[0], factor, pieces)
-    return priced_by_durations(pieces, end, pieces_token, slow.durations, _simple if compile else None)
+    return priced_by_durations(pieces, end, pieces_token, slow, _simple if compile else None)
 
 
 @dataclass(frozen=True, slots=True)
