@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from simdist.plan.chunk_cost import ChunkCost, chunk_cost
+from simdist.plan.chunk_cost import ChunkCost, chunk_cost, memo_chunk_cost
 from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.data_parallel import tail
 from simdist.plan.layer_cost import Kernel
@@ -33,7 +33,6 @@ from simdist.plan.step_config import (
     StepConfig,
     chunk_layers,
     grad_bytes_per_element,
-    layer_kinds,
     split_layers,
 )
 from simdist.plan.step_emitter import RowLog, StepEmitter
@@ -88,19 +87,19 @@ def _parts_of(cfg: StepConfig) -> tuple[dict[tuple[int, int], ChunkCost], dict[t
     fast-forward samples of one step; `collective_runs`). Read-only: callers copy what they keep."""
     K = cfg.mesh.pp
     num_parts = cfg.num_parts
-    parts, firsts = cfg.model_parts(), cfg.part_first_layers()  # once: each is a pass over every part
+    kinds = cfg.parts_layers()  # every part's layers, cached by what decides them
     costs: dict[tuple[int, int], ChunkCost] = {}
     # `chunk_cost` reads the configuration and its arguments only: alike chunks (the same layer kinds, neither or
-    # both the first and last model part) share one cost, computed once (Llama 3 405B's 112 chunks on 16 x 7: 4)
+    # both the first and last model part) share one cost, computed once (Llama 3 405B's 112 chunks on 16 x 7: 4), and
+    # kept with the closed form's and a pipeline's stage pace's (memo_chunk_cost)
     alike: dict[tuple, ChunkCost] = {}
     for s in range(K):
         for c in range(len(cfg.stage_chunks(s))):
             part = cfg.part_of(s, c)  # Megatron's interleaved layout c*K + s, or the schedule's V / two copies
-            # cfg.part_layers(part), from the parts and first layers computed once
-            key = (layer_kinds(cfg.model, firsts[part], parts[part]), part == 0, part == num_parts - 1)
+            key = (kinds[part], part == 0, part == num_parts - 1)
             cost = alike.get(key)
             if cost is None:
-                cost = alike[key] = chunk_cost(cfg, *key)
+                cost = alike[key] = memo_chunk_cost(cfg, *key)
             costs[(s, c)] = cost
     tails_of: dict[tuple[int, ...], StageTail] = {}  # by the stage's chunk costs (`tail` reads those and cfg only)
     tails = []

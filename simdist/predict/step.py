@@ -33,6 +33,7 @@ from simdist.plan.layer_cost import model_flops_per_sequence
 from simdist.plan.layer_split import layout_string
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
+from simdist.plan.stage_pace import stage_pace
 from simdist.plan.step import StepPlan, build_step, collective_runs
 from simdist.plan.step_config import StepConfig
 from simdist.plan.step_memory import step_memory
@@ -280,9 +281,7 @@ def predict_step(spec: ScenarioSpec, topology: Topology, *, source: str = "", ba
     result["goodput"] = goodput(num_gpus=topology.num_gpus, num_hosts=topology.num_nodes,
                                 num_nics=(inter.nics_per_node if inter is not None else 0) * topology.num_nodes,
                                 num_params=model.num_params, checkpoint=spec.faults.checkpoint)
-    # a pipeline's stage pace (simdist.plan.stage_pace): the factor the step ran with over the job's
-    pace = cfg.paced_variability / cfg.gpu_variability
-    spread = variability_report(topology.gpu, cfg.gpu_speed_cv, cfg.mesh.num_ranks, pace)
+    spread = variability_report(topology.gpu, cfg.gpu_speed_cv, cfg.mesh.num_ranks, stage_pace(cfg))
     if spread is not None:  # cluster.gpu_speed_cv: every compute piece x the factor (StepConfig.paced_variability)
         result["gpu_variability_factor"], result["gpu_variability"] = spread["factor"], spread
     faults = faults_report(cfg, spec.faults, topology, degraded, plan, trace, fidelity)
