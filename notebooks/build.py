@@ -989,8 +989,9 @@ costs.)
 ## 5. How sure is each number? The prediction band
 
 Every step time comes with `step_time_band_s`: its p10, p50 and p90. The assumed efficiencies of the model
-(the share of peak the GPU's kernels reach, the collectives' bandwidth by message size) carry stated ranges,
-each with its reason, in `simdist/predict/data/uncertainty.yaml`; the band propagates them by sampling the closed
+(the share of peak the GPU's kernels reach, the collectives' bandwidth by message size, the spread of the GPUs'
+speeds whose slowest sets the pace) carry stated ranges, each with its reason, in
+`simdist/predict/data/uncertainty.yaml`; the band propagates them by sampling the closed
 form. `search` and `compare` give the band of the rows the engine re-simulated, at no extra cost
 (`docs/prediction-bands.md` checks the band against published runs)."""),
     (CODE, """print(healthy["step_time_band_how"])
@@ -1014,11 +1015,15 @@ nb.band_chart([a100["label"], h100["label"], "4 x DGX H100", "4 x DGX H100, stra
 * **The GPU decision holds across the band**: the H100 node's slow end (p90) is still sooner than the A100
   nodes' fast end (p10). Had the bands overlapped, the model could not tell the two apart, and a day of renting
   each to measure would be worth more than more simulation.
-* The straggler moves the step far outside the healthy band: a real effect, not noise of the model.
+* The straggler moves the step past the healthy band's median to its slow end, and its own band starts above the
+  healthy prediction. The healthy band's slow end allows GPUs as uneven as the most uneven cluster measured (the
+  spread's stated range), so a step time alone cannot tell one slow GPU from such a cluster: the faults report
+  (who waits for whom, section 3) can.
 * Closer calls, like 200 against 400 Gb/s NICs above, have overlapping bands: a gap of a few percent is
   narrower than the band of either number, so weigh it with that in mind."""),
     (CODE, """assert h100["time_to_train_days_band"]["p90"] < a100["time_to_train_days_band"]["p10"]
-assert slow["step_time_s"] > healthy["step_time_band_s"]["p90"]
+assert healthy["step_time_band_s"]["p50"] < slow["step_time_s"]
+assert slow["step_time_band_s"]["p10"] > healthy["step_time_s"]
 assert healthy["step_time_s"] - band["p10"] < band["p90"] - healthy["step_time_s"]
 assert by_nic["200 Gb/s"]["step_time_band_s"]["p10"] < by_nic["400 Gb/s"]["step_time_band_s"]["p90"]"""),
     (MD, """## Try it

@@ -33,7 +33,8 @@ def test_search_accepts_every_bundled_scenario(cli, path):
 def test_compare_accepts_every_bundled_scenario(cli, path):
     cluster = yaml.safe_load(path.read_text())["cluster"]
     name = cluster.get("preset") or cluster["file"]
-    code, out, err = cli("compare", str(path), "--clusters", name, "--gpus", "64", "--tokens", "1e9", "--json")
+    code, out, err = cli("compare", str(path), "--clusters", name, "--gpus", "64", "--tokens", "1e9", "--max-vpp", "1",
+                         "--max-micro-batch", "1", "--max-cp", "1", "--schedules", "1f1b", "--json")
     assert code == 0, err
     rows = json.loads(out)["rows"]
     assert len(rows) == 1 and rows[0]["cluster"] == name

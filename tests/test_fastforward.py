@@ -107,6 +107,54 @@ def test_samples_slide_until_the_engine_is_steady(tmp_path, monkeypatch):
         assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
+def test_a_steady_state_that_never_repeats_exactly_is_extended_by_its_mean_increment(tmp_path, monkeypatch):
+    # As if contention's jitter kept every window from the exact test (simdist.plan.fastforward.extrapolate_mean):
+    # the fifth sample, two periods past the first window, ends the sliding; its samples here are exactly collinear,
+    # so their mean increment extends them to every micro-batch's answer.
+    cfg, topology = _cfg(tmp_path, CASES["interleaved contended"])
+    full = engine_module.engine_step(cfg, topology, None, False, False)
+    monkeypatch.setattr(engine_module, "FAST_FORWARD_MIN_OPS", 0)
+    windows = []
+
+    def refuse(samples, total):
+        windows.append([m for m, _ in samples])
+        return None
+
+    monkeypatch.setattr(engine_module, "extrapolate", refuse)
+    fast = engine_module.engine_step(cfg, topology, None, False, True)
+    assert len(windows) == 3  # the first window and two slides: five samples
+    cycle = windows[0][1] - windows[0][0]
+    read = [windows[0][0] + i * cycle for i in range(fastforward.JITTER_SAMPLES)]
+    assert f"by the mean increment of {', '.join(map(str, read))}" in fast.micro_batches
+    assert "within 0.00% of the step's" in fast.micro_batches
+    assert fast.simulated_microbatches == read[-1] < full.simulated_microbatches
+    for key, value in full.observables.items():
+        assert fast.observables[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_the_mean_increment_by_hand():
+    # step 10 + 1.2 per period of 8 with +-0.002 of jitter, bubble 1.0 + 0.001 jitter: increments 1.204, 1.196,
+    # 1.202, 1.198 (spread 0.008 = 0.67 % of their mean 1.2); at M = 512 from the last sample (m = 48): 58 periods of
+    # the chord's mean (10.0 + 4.8 - 10.0) / 4 = 1.2 -> 14.8 + 58 x 1.2 = 84.4
+    steps = [10.0, 11.204, 12.4, 13.602, 14.8]
+    samples = [(16 + 8 * i, {"step_s": x, "bubble_s": 1.0 + (0.001 if i % 2 else 0.0), "flops": 1e15 * (i + 1)})
+               for i, x in enumerate(steps)]
+    got = fastforward.extrapolate_mean(samples, 512)
+    assert got is not None
+    out, widest = got
+    assert out["step_s"] == pytest.approx(14.8 + 58 * 1.2, rel=1e-12)
+    assert out["bubble_s"] == pytest.approx(1.0 + 58 * 0.0, abs=1e-12)  # (chord: first and last are both 1.0)
+    assert out["flops"] == pytest.approx(5e15 + 58 * 1e15, rel=1e-12)
+    assert widest == pytest.approx(0.008 / 1.2, rel=1e-9)
+    assert fastforward.extrapolate(samples[-3:], 512) is None  # not collinear to 1e-9: the exact test refuses
+    # twice the jitter (1.3 % of the increment) is past JITTER_TOLERANCE (1 %)
+    wide = [(m, {"step_s": 10.0 + (x - 10.0 - 1.2 * i) * 2 + 1.2 * i}) for i, (m, x) in
+            enumerate((m, obs["step_s"]) for m, obs in samples)]
+    assert fastforward.extrapolate_mean(wide, 512) is None
+    with pytest.raises(ValueError, match="equally spaced"):
+        fastforward.extrapolate_mean([(16, {"step_s": 1.0}), (24, {"step_s": 2.0}), (36, {"step_s": 3.0})], 512)
+
+
 def _find_cycle_by_loops(schedule, num_stages, starts, step_s, total, vpp=1):
     """find_cycle as loops over the sequences and their micro-batches (the oracle of the vectorised one)."""
     g = fastforward.group_of(schedule, num_stages)

@@ -4,7 +4,12 @@ The step's assumed efficiencies carry stated ranges (simdist/predict/data/uncert
 a time factor on every compute kernel (by GPU: the GEMMs' share of peak and the launch gap), one on every
 memory-bound kernel (by GPU: its share of HBM bandwidth, from kernel timings, docs/accuracy-memory-kernels.md) and
 one on every collective (by message size). Each is a split log-normal with median 1 and the stated p10 and p90. A
-Latin-hypercube sample of the three (seeded: the same band on every run) is propagated through the closed form
+fourth is the GPUs' speed spread (cluster.gpu_speed_cv, simdist.hardware.variability): a synchronous step runs at
+the pace of its slowest GPU, and the spread of the cluster a run lands on is known only as a range (Sinha et al.
+2022's average and largest: ``gpu_speed_spread``), so each draw scales the stated spread by a factor of that range
+and the step's compute by the slowest GPU's pace at the drawn spread over that at the stated one (`_spread_factors`;
+none on one GPU, or where identical GPUs are stated). A Latin-hypercube sample of them (seeded: the same band on
+every run) is propagated through the closed form
 (simdist.analytic.step.analytic_observables), which reads the same step model as the engine; the band is the
 prediction times the p10, p50 and p90 of the sampled step over the nominal closed-form step. The closed form
 leaves contention out, so the band is that of the step's compute and communication costs, not of how collectives
@@ -20,7 +25,9 @@ constants the calibration did not fit (or fitted without an interval) take the c
 calibrated range the collective time factor of their size.
 # Assumption: the compute factor is one for the whole step (a GPU type's GEMMs are all off by the same share of
 # peak), so is the memory-bound factor (its element-wise kernels all reach the same share of HBM bandwidth) and the
-# communication factor within a size band (a fabric's collectives err together); the three are independent.
+# communication factor within a size band (a fabric's collectives err together); the four are independent.
+# Assumption: the spread's draw moves every kernel of the compute pieces by its factor (the GEMMs' share of peak,
+# the HBM share and the launch gap, as the stated compute factor does), a straggler's stated factor with them.
 # Assumption: a calibration's constants are independent of one another and of the stated factors (the bootstrap
 # reports each constant's interval alone, not their joint distribution).
 """
@@ -125,6 +132,36 @@ def _size_factor(z: float) -> Callable[[float], float]:
     return factor
 
 
+def spread_range() -> dict[str, Any]:
+    """The stated range of the factor on the GPUs' speed spread (uncertainty.yaml's ``gpu_speed_spread``)."""
+    return uncertainty()["gpu_speed_spread"]
+
+
+def _paced_at(cfg: StepConfig, cv: float) -> float:
+    """`StepConfig.paced_variability` of ``cfg`` were its GPUs' spread ``cv``: the job's factor (simdist.hardware.
+    variability.gpu_variability) times a pipeline's stage pace (simdist.plan.stage_pace), rounded as it is."""
+    from simdist.hardware.variability import gpu_variability, pace_ratio
+    from simdist.plan.stage_pace import PACE_DIGITS, stage_loads
+
+    factor = gpu_variability(cfg.gpu, cv, cfg.mesh.num_ranks)
+    if cv and cfg.mesh.pp > 1:
+        factor *= round(pace_ratio(cv, stage_loads(cfg), cfg.mesh.num_ranks // cfg.mesh.pp), PACE_DIGITS)
+    return factor
+
+
+def _spread_factors(cfg: StepConfig, z: np.ndarray) -> list[float] | None:
+    """The compute time factor of each draw ``z`` of the GPUs' speed spread (module doc): the paced variability at
+    the stated spread x the drawn factor (`spread_range`) over that at the stated spread; None where no draw moves
+    the step (identical GPUs stated, or one GPU priced by constants of one)."""
+    cv = cfg.gpu_speed_cv
+    if not cv:
+        return None
+    r = spread_range()
+    nominal = _paced_at(cfg, cv)
+    factors = [_paced_at(cfg, cv * _factor(float(x), r["p10"], r["p90"])) / nominal for x in z.tolist()]
+    return factors if any(abs(f - 1.0) > 1e-12 for f in factors) else None
+
+
 def _columns(ranges: CalibratedRanges | None, calibrated_compute: bool) -> list[tuple[str, str]]:
     """The calibrated constants sampled, in column order after the two stated ones: (op or "compute", name)."""
     if ranges is None:
@@ -225,21 +262,25 @@ def band_ratios(cfg: StepConfig, pricer: CommPricer, plan: tuple[int, int, int, 
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
     columns = _columns(ranges, cfg.compute_efficiency is not None)
-    # the memory-bound factor's column comes last: the others keep the draws they have without it
-    zc, zn, *drawn, zm = _samples(3 + len(columns))
+    # the memory-bound factor's column comes after the calibrated ones, the spread's last: the others keep the draws
+    # they have without them
+    zc, zn, *drawn, zm, zs = _samples(4 + len(columns))
+    spread = _spread_factors(cfg, zs)
     used: set[str] = set()
     variants = []
     for i, (a, b, m) in enumerate(zip(zc.tolist(), zn.tolist(), zm.tolist(), strict=True)):
         z = {key: float(col[i]) for key, col in zip(columns, drawn, strict=True)}
-        variants.append((_compute_variant(eff, _factor(a, crange["p10"], crange["p90"]),
-                                          _factor(m, mrange["p10"], mrange["p90"]), ranges, z),
-                         _comm_variant(b, ranges, z, used)))
+        variant = _compute_variant(eff, _factor(a, crange["p10"], crange["p90"]),
+                                   _factor(m, mrange["p10"], mrange["p90"]), ranges, z)
+        if spread is not None:
+            variant = _scaled_efficiency(variant, spread[i])
+        variants.append((variant, _comm_variant(b, ranges, z, used)))
     base, steps = perturbed_step_s(cfg, pricer, variants, plan=plan)
     if not base > 0:
         return BandRatios(None, "no step time to perturb", [])
     ratios = (steps / base).tolist()
     p10, p50, p90 = np.quantile(np.asarray(ratios), [0.1, 0.5, 0.9]).tolist()
-    how, sources = _describe(cfg, pricer, ranges, columns, used, len(ratios))
+    how, sources = _describe(cfg, pricer, ranges, columns, used, len(ratios), spread is not None)
     return BandRatios((p10, p50, p90), how, sources)
 
 
@@ -289,9 +330,9 @@ def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
 
 # --------------------------------------------------------------------------- how the band was obtained
 def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None, columns: list[tuple[str, str]],
-              used: set[str], n: int) -> tuple[str, list[dict[str, Any]]]:
+              used: set[str], n: int, spread: bool = False) -> tuple[str, list[dict[str, Any]]]:
     """(``step_time_band_how``, ``step_time_band_sources``) of a band sampled over ``columns`` (`_columns`); a
-    calibrated op counts where the step priced it (``used``)."""
+    calibrated op counts where the step priced it (``used``); ``spread``: the GPUs' speed spread was drawn too."""
     data = uncertainty()
     crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
     gpu_key, memory_key = _range_key("compute", cfg.gpu.name), _range_key("memory", cfg.gpu.name)
@@ -336,6 +377,14 @@ def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | No
                                      for b in data["communication"]]})
     head = f"closed form sampled {n} times (Latin hypercube, seed {data['seed']})"
     tail = "; band = prediction x sampled / nominal closed-form step"
+    if spread:
+        srange, cv = spread_range(), cfg.gpu_speed_cv
+        sources.append({"part": "compute", "constant": "GPU speed spread factor", "applies_to": ["gpu_speed_cv"],
+                        "method": "stated_range", "source": f"{DATA_NAME} (gpu_speed_spread)",
+                        "p10": srange["p10"], "p90": srange["p90"],
+                        "gpu_speed_cv": {"p10": cv * srange["p10"], "p50": cv, "p90": cv * srange["p90"]}})
+        tail = (f", the GPUs' speed spread x {srange['p10']}-{srange['p90']} (p10-p90: gpu_speed_cv "
+                f"{cv * srange['p10']:.3g}-{cv * srange['p90']:.3g}, the slowest GPU's pace at each){tail}")
     compute_text = f"compute time x {crange['p10']}-{crange['p90']} (p10-p90, {gpu_key})"
     memory_text = f"memory-bound kernel time x {mrange['p10']}-{mrange['p90']} (p10-p90, {memory_key})"
     if ranges is None or not sampled:

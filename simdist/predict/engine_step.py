@@ -26,7 +26,7 @@ from simdist.engine.prefix import Prefix, resumed_trace, shared_prefix
 from simdist.engine.uncontended import uncontended, uncontended_pair
 from simdist.hardware import batch
 from simdist.hardware.topology import Topology
-from simdist.plan.fastforward import SAVING, FastForward, extrapolate
+from simdist.plan.fastforward import JITTER_SAMPLES, SAVING, FastForward, extrapolate, extrapolate_mean
 from simdist.plan.step import StepConfig, StepPlan, build_step
 from simdist.predict.beside import Beside, can_fork
 from simdist.predict.faults import scaled_capacities
@@ -356,8 +356,12 @@ def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
     counts = list(counts)
     samples = [*zip(counts[:-1], smaller_obs, strict=True), (counts[-1], big_run[3])]
     ext = extrapolate(samples, M)
+    history = list(samples)
+    jitter: float | None = None
     # Not collinear: the engine's steady state begins later than the closed form's (contention can lengthen
-    # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING.
+    # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING; from the fifth
+    # sample on, a steady state whose increments only jitter (contention: simdist.plan.fastforward.extrapolate_mean)
+    # is extended by their mean.
     cycle = found[0]
     while ext is None and SAVING * (sum(counts) + counts[-1] + cycle) <= M:
         m = counts[-1] + cycle
@@ -369,12 +373,23 @@ def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
         runs = [run]
         counts.append(m)
         samples = [*samples[-2:], (m, run[3])]
+        history.append((m, run[3]))
         ext = extrapolate(samples, M)
+        if ext is None and len(history) >= JITTER_SAMPLES:
+            mean = extrapolate_mean(history[-JITTER_SAMPLES:], M)
+            if mean is not None:
+                ext, jitter = mean
     if ext is not None:
         plan, priced, trace, _, engine_from_s = runs[-1]
         last = (counts[-3], counts[-2], counts[-1])
         how = FastForward(cycle, last, M).describe()
-        if len(counts) > 3:
+        if jitter is not None:
+            read = counts[-JITTER_SAMPLES:]
+            how += (f" by the mean increment of {', '.join(map(str, read))} (contention jitters the steady state: "
+                    f"their increments per period within {jitter:.2%} of the step's)")
+            if len(counts) > JITTER_SAMPLES:
+                how += f" (after {', '.join(map(str, counts[:-JITTER_SAMPLES]))})"
+        elif len(counts) > 3:
             how += f" (after {', '.join(map(str, counts[:-3]))}, not yet in the steady state)"
         return EngineStep(plan, priced, trace, ext, ext.pop("uncontended_s"), how, counts[-1], found,
                        engine_from_s)
