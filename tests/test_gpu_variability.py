@@ -103,6 +103,18 @@ def test_a_stage_far_lighter_leaves_the_heavy_stage_s_gpus_to_pace():
     assert pace_ratio(cv, (0.5, 1.0), 8) == pytest.approx((1 + cv * 1.4236) / (1 + cv * 1.7660), rel=2e-5)
 
 
+def test_a_stage_without_compute_never_paces_and_warns_nothing():
+    # a stage whose load rounds to 0 of the heaviest (no layers of its own): the heavy stage alone paces, against
+    # the slowest of both stages' GPUs, as for loads (0.5, 1) above; no division by its zero share
+    import warnings
+
+    cv = 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pace_ratio(cv, (0.0, 1.0), 8) == pytest.approx((1 + cv * 1.4236) / (1 + cv * 1.7660), rel=2e-5)
+        assert pace_ratio(cv, (1e-6, 1.0), 8) == pace_ratio(cv, (0.0, 1.0), 8) == pace_ratio(cv, (0.5, 1.0), 8)
+
+
 @pytest.mark.parametrize("cv, loads, n", [(0.02, (1.0,) * 7 + (1.03,), 8), (0.05, (1.0, 1.02, 0.9, 1.0), 16),
                                           (0.02, (1.0, 1.001), 4), (0.2, (0.7, 1.0, 0.95), 2)])
 def test_the_pace_is_the_expected_slowest_stage_by_monte_carlo(cv, loads, n):

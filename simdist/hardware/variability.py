@@ -158,8 +158,8 @@ def _equal_stages(cv: float, stages: int, n: int) -> tuple[float, float]:
 
 
 @lru_cache(maxsize=4096)
-def _pace_ratio(cv: float, shares: tuple[tuple[float, int], ...], n: int) -> float:
-    t_hi, equal = _equal_stages(cv, sum(c for _, c in shares), n)
+def _pace_ratio(cv: float, shares: tuple[tuple[float, int], ...], n: int, stages: int) -> float:
+    t_hi, equal = _equal_stages(cv, stages, n)
     return _expected_max(cv, shares, n, t_hi) / equal
 
 
@@ -175,8 +175,9 @@ def pace_ratio(cv: float, loads: tuple[float, ...], gpus_per_stage: int) -> floa
         # alike stages (a deep pipeline's middle) share one factor of the product; loads to 1e-4 of the heaviest (the
         # pace moves by less than cv x 1e-4), so that layouts of one depth find the pace already integrated
         r = round(w / top, 4)
-        shares[r] = shares.get(r, 0) + 1
-    return min(1.0, _pace_ratio(cv, tuple(sorted(shares.items())), gpus_per_stage))
+        if r > 0.0:  # a stage of (next to) no compute never sets the pace: its factor of the product is 1
+            shares[r] = shares.get(r, 0) + 1
+    return min(1.0, _pace_ratio(cv, tuple(sorted(shares.items())), gpus_per_stage, len(loads)))
 
 
 def variability_report(gpu: GpuSpec, cv: float, num_gpus: int, pace: float = 1.0) -> dict[str, Any] | None:
