@@ -13,7 +13,8 @@ from simdist import api
 from simdist.hardware.variability import expected_max_normal, gpu_variability
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
-from simdist.predict.bands import Z90, _paced_at, _spread_factors, spread_range
+from simdist.plan.stage_pace import paced_variabilities
+from simdist.predict.bands import Z90, _spread_factors, spread_range
 
 # 16 H100 (two DGX hosts; H100's constants are single-GPU measurements: reference group 1), data parallel only
 DP16 = """
@@ -56,10 +57,10 @@ def test_each_draw_is_the_slowest_of_16_at_its_spread_by_hand(tmp_path):
 def test_a_pipelines_draws_are_its_paced_variability_at_the_drawn_spread(tmp_path):
     cfg = _cfg(_scenario(tmp_path, pp=2))
     assert cfg.mesh.pp == 2
-    assert _paced_at(cfg, cfg.gpu_speed_cv) == pytest.approx(cfg.paced_variability, rel=1e-12)
+    assert paced_variabilities(cfg, [cfg.gpu_speed_cv])[0] == pytest.approx(cfg.paced_variability, rel=1e-12)
     for cv in (0.008, 0.036):
         other = dataclasses.replace(cfg, gpu_speed_cv=cv, gpu_variability=gpu_variability(cfg.gpu, cv, 16))
-        assert _paced_at(cfg, cv) == pytest.approx(other.paced_variability, rel=1e-12)
+        assert paced_variabilities(cfg, [cv])[0] == pytest.approx(other.paced_variability, rel=1e-12)
 
 
 def test_identical_gpus_or_one_gpu_draw_no_spread(tmp_path):

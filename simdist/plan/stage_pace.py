@@ -14,11 +14,13 @@ the job's factor x `stage_pace`: `pace_ratio` of the stages' compute per micro-b
 
 from __future__ import annotations
 
-from simdist.hardware.variability import pace_ratio
+from collections.abc import Sequence
+
+from simdist.hardware.variability import gpu_variability, pace_ratio
 from simdist.plan.chunk_cost import memo_chunk_cost
 from simdist.plan.step_config import StepConfig
 
-__all__ = ["PACE_DIGITS", "stage_loads", "stage_pace"]
+__all__ = ["PACE_DIGITS", "paced_variabilities", "stage_loads", "stage_pace"]
 
 
 def stage_loads(cfg: StepConfig) -> tuple[float, ...]:
@@ -61,6 +63,20 @@ def stage_pace(cfg: StepConfig) -> float:
         return hit[1]
     if len(_PACES) >= _PACES_MAX:
         _PACES.clear()
-    pace = round(pace_ratio(cfg.gpu_speed_cv, stage_loads(cfg), cfg.mesh.num_ranks // cfg.mesh.pp), PACE_DIGITS)
+    pace = _pace(cfg, cfg.gpu_speed_cv, stage_loads(cfg))
     _PACES[id(cfg)] = (cfg, pace)
     return pace
+
+
+def _pace(cfg: StepConfig, cv: float, loads: tuple[float, ...]) -> float:
+    """`pace_ratio` of stages taking ``loads`` on ``cfg``'s GPUs per stage at spread ``cv``, rounded to PACE_DIGITS."""
+    return round(pace_ratio(cv, loads, cfg.mesh.num_ranks // cfg.mesh.pp), PACE_DIGITS)
+
+
+def paced_variabilities(cfg: StepConfig, cvs: Sequence[float]) -> list[float]:
+    """StepConfig.paced_variability of ``cfg`` were its GPUs' spread each of ``cvs`` (a prediction band's draws of
+    the spread, simdist.predict.bands): the job's factor at each (simdist.hardware.variability.gpu_variability)
+    times its stage pace, the stages' loads found once."""
+    n = cfg.mesh.num_ranks
+    loads = stage_loads(cfg) if cfg.mesh.pp > 1 and any(cvs) else ()
+    return [gpu_variability(cfg.gpu, cv, n) * (_pace(cfg, cv, loads) if loads and cv else 1.0) for cv in cvs]

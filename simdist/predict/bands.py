@@ -137,28 +137,18 @@ def spread_range() -> dict[str, Any]:
     return uncertainty()["gpu_speed_spread"]
 
 
-def _paced_at(cfg: StepConfig, cv: float) -> float:
-    """`StepConfig.paced_variability` of ``cfg`` were its GPUs' spread ``cv``: the job's factor (simdist.hardware.
-    variability.gpu_variability) times a pipeline's stage pace (simdist.plan.stage_pace), rounded as it is."""
-    from simdist.hardware.variability import gpu_variability, pace_ratio
-    from simdist.plan.stage_pace import PACE_DIGITS, stage_loads
-
-    factor = gpu_variability(cfg.gpu, cv, cfg.mesh.num_ranks)
-    if cv and cfg.mesh.pp > 1:
-        factor *= round(pace_ratio(cv, stage_loads(cfg), cfg.mesh.num_ranks // cfg.mesh.pp), PACE_DIGITS)
-    return factor
-
-
 def _spread_factors(cfg: StepConfig, z: np.ndarray) -> list[float] | None:
     """The compute time factor of each draw ``z`` of the GPUs' speed spread (module doc): the paced variability at
     the stated spread x the drawn factor (`spread_range`) over that at the stated spread; None where no draw moves
     the step (identical GPUs stated, or one GPU priced by constants of one)."""
+    from simdist.plan.stage_pace import paced_variabilities
+
     cv = cfg.gpu_speed_cv
     if not cv:
         return None
     r = spread_range()
-    nominal = _paced_at(cfg, cv)
-    factors = [_paced_at(cfg, cv * _factor(float(x), r["p10"], r["p90"])) / nominal for x in z.tolist()]
+    nominal, *drawn = paced_variabilities(cfg, [cv, *(cv * _factor(x, r["p10"], r["p90"]) for x in z.tolist())])
+    factors = [f / nominal for f in drawn]
     return factors if any(abs(f - 1.0) > 1e-12 for f in factors) else None
 
 

@@ -354,9 +354,8 @@ def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
     del big_alone
     runs = [big_run]
     counts = list(counts)
-    samples = [*zip(counts[:-1], smaller_obs, strict=True), (counts[-1], big_run[3])]
+    samples = [*zip(counts[:-1], smaller_obs, strict=True), (counts[-1], big_run[3])]  # every one taken
     ext = extrapolate(samples, M)
-    history = list(samples)
     jitter: float | None = None
     # Not collinear: the engine's steady state begins later than the closed form's (contention can lengthen
     # the transient). Slide the samples on by a cycle while they still cost less than M / SAVING; from the fifth
@@ -372,11 +371,10 @@ def _fast_forward(cfg: StepConfig, topology: Topology, adjust: Adjust | None, fu
         run, recorded = _slid(plan, priced, topology, degraded, recorded)
         runs = [run]
         counts.append(m)
-        samples = [*samples[-2:], (m, run[3])]
-        history.append((m, run[3]))
-        ext = extrapolate(samples, M)
-        if ext is None and len(history) >= JITTER_SAMPLES:
-            mean = extrapolate_mean(history[-JITTER_SAMPLES:], M)
+        samples.append((m, run[3]))
+        ext = extrapolate(samples[-3:], M)
+        if ext is None and len(samples) >= JITTER_SAMPLES:
+            mean = extrapolate_mean(samples[-JITTER_SAMPLES:], M)
             if mean is not None:
                 ext, jitter = mean
     if ext is not None:
