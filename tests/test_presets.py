@@ -14,7 +14,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "validation" / "reference"
 EXPECTED_PRESETS = {
     "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-gen4-8gpu", "pcie-gen5-8gpu",
     "cpu-loopback", "dgx-b300", "gb300-nvl72", "hgx-h200-4gpu", "llama3-24k",
-    "mpft-100k",
+    "mpft-100k", "kempner-h200",
 }
 
 
@@ -78,6 +78,7 @@ def test_gpu_dtype_ordering_is_physical():
         ("pcie-gen4-8gpu", None, 4, 25, 1),
         ("pcie-gen5-8gpu", None, 4, 50, 1),
         ("hgx-h200-4gpu", 450, 4, 50, 4),  # 3 links of 150 GB/s per GPU (a node given as a graph)
+        ("kempner-h200", 450, 2, 50, 4),  # the same board, one NIC per GPU pair
     ],
 )
 def test_preset_figures(preset, nvlink_GBps, nics, nic_GBps, domain):
@@ -123,7 +124,7 @@ def test_nvls_only_where_the_switch_has_it():
         "dgx-a100": False, "dgx-h100": True, "hgx-h200": True, "dgx-b200": True, "gb200-nvl72": True,
         "pcie-gen4-8gpu": False, "pcie-gen5-8gpu": False, "cpu-loopback": False, "dgx-b300": True,
         "gb300-nvl72": True, "hgx-h200-4gpu": False, "llama3-24k": True,
-        "mpft-100k": True,
+        "mpft-100k": True, "kempner-h200": False,
     }
 
 
