@@ -2,7 +2,7 @@
 
 KempnerForge profiled one run on six of these hosts (13B, TP 4 in a host x FSDP 6 across hosts:
 scenarios/published/kempnerforge-13b-tp4-fsdp6-profiled.yaml) and published each NCCL kernel's mean time
-(validation/reference/kempner_h200_nccl_kernels.csv). A kernel's time in a training step is at least the transfer it
+(validation/reference/kempner_h200_profiled_kernels.csv). A kernel's time in a training step is at least the transfer it
 carries (it also waits for its peers and shares its GPU), so the engine's time for each collective of that run must
 sit below the measured mean, and the cross-host collectives (FSDP2's all-gather and reduce-scatter) no further below
 it than the in-host ones (TP's, over NVLink) are: the NIC count that meets both is the preset's two per host.
@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO
 
-KERNELS = REPO / "validation" / "reference" / "kempner_h200_nccl_kernels.csv"
+KERNELS = REPO / "validation" / "reference" / "kempner_h200_profiled_kernels.csv"
 PROFILED = REPO / "scenarios" / "published" / "kempnerforge-13b-tp4-fsdp6-profiled.yaml"
 
 

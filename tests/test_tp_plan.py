@@ -149,6 +149,10 @@ def test_torch_compile_merges_the_gathers_and_skips_the_down_projection_in_recom
     assert (measured["all_gather"], measured["reduce_scatter"]) == (expected["all_gather"], expected["reduce_scatter"])
     # 7 projections' forward, 14 gradient matmuls, and the recompute's 6 (all but the down projection)
     assert measured["mm"] == 7 + 14 + 6
+    # Inductor's concatenations around them (simdist.plan.tp_plan.layout_copy): one per collective at batch 2
+    from tests.test_tp_layout_copies import copies
+
+    assert measured["copies"] == sum(copies(BLOCK, style="compiled", batch=2, recompute="full").values()) == 14
 
 
 def test_host_time_harness_runs_the_same_block_plain_and_under_dtensor():

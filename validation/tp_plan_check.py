@@ -9,9 +9,12 @@ ColwiseParallel(input_layouts=Shard(1)) on each of q_proj, k_proj, v_proj, gate_
 output_layouts=Shard(1)) on o_proj and down_proj, the attention and MLP outputs re-wrapped as Shard(1) DTensors.
 Activation checkpointing wraps the block in torch.utils.checkpoint (non-reentrant). torch.profiler counts the
 functional collectives (``_c10d_functional::all_gather_into_tensor`` / ``reduce_scatter_tensor``) and matmuls
-(``aten::mm``) of one forward and backward after two warm-up steps, on rank 0.
+(``aten::mm``) of one forward and backward after two warm-up steps, on rank 0, and the copies DTensor makes around
+the collectives (simdist.plan.tp_plan.layout_copy): eager, the ``aten::cat`` inside a redistribution; compiled, the
+calls of Inductor's concatenating kernels in the code of the compiled graphs.
 
     python -m validation.tp_plan_check            # eager and compiled, without and with checkpointing
+    python -m validation.tp_plan_check --batch 1  # the same with a local batch of 1 (no copy after an all-gather)
     python -m validation.tp_plan_check --host-time  # host time of the eager block, plain and under DTensor
 
 Prints one line per case: all-gathers, reduce-scatters, matmuls; with ``--host-time``, per case (eager, without
@@ -24,6 +27,7 @@ the compiled cases need a C++ compiler for Inductor's CPU kernels and take about
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from validation.harness_cli import cli_guard
@@ -113,8 +117,14 @@ def _wrapped(block, checkpointed: bool):
     return Wrapped()
 
 
-def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[str, int]:
+COPY_KERNEL = re.compile(r"^\s+\w*fused\w*_cat\w*(\.run)?\(", re.MULTILINE)
+"""A call of an Inductor kernel that concatenates (cpp_fused_cat_split_1(...), triton_poi_fused_cat_0.run(...)) in
+the code a compiled graph runs."""
+
+
+def _count(rank: int, world_size: int, mode: str, checkpointed: bool, batch: int = 2) -> dict[str, int]:
     import torch
+    from torch._inductor.utils import run_and_get_code
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from torch.profiler import profile
@@ -124,21 +134,38 @@ def _count(rank: int, world_size: int, mode: str, checkpointed: bool) -> dict[st
     model = _wrapped(_block(mesh), checkpointed)
     if mode == "compiled":
         model = torch.compile(model)
-    x = DTensor.from_local(torch.randn(2, 16, HIDDEN), mesh, [Shard(1)])
+    x = DTensor.from_local(torch.randn(batch, 16, HIDDEN), mesh, [Shard(1)])
+    code: list[str] = []
     for step in range(3):
         if step == 2:
             prof = profile()
             prof.__enter__()
-        model(x).to_local().sum().backward()
+        if step == 0 and mode == "compiled":  # the first step compiles the forward and the backward graph
+            code = run_and_get_code(lambda: model(x).to_local().sum().backward())[1]
+        else:
+            model(x).to_local().sum().backward()
     prof.__exit__(None, None, None)
     names = {"all_gather": "_c10d_functional::all_gather_into_tensor",
              "reduce_scatter": "_c10d_functional::reduce_scatter_tensor", "mm": "aten::mm"}
     counts = dict.fromkeys(names, 0)
+    counts["copies"] = sum(len(COPY_KERNEL.findall(c)) for c in code)
     for event in prof.events():
         for key, name in names.items():
             if event.name == name:
                 counts[key] += 1
+        if mode == "eager" and event.name == "aten::cat" and _under_redistribute(event):
+            counts["copies"] += 1
     return counts
+
+
+def _under_redistribute(event) -> bool:
+    """Whether a profiled op ran inside DTensor's redistribution (its own or the backward's): the concatenations
+    around the collectives, not the block's own (the attention stand-in's repeat)."""
+    while event is not None:
+        if "Redistribute" in event.name:
+            return True
+        event = event.cpu_parent
+    return False
 
 
 def _host_time(rank: int, world_size: int, checkpointed: bool, repeats: int) -> dict[str, float]:
@@ -181,14 +208,17 @@ def host_time(checkpointed: bool, *, repeats: int = 200, timeout_s: float = 300.
     return launch(_host_time, world_size=1, backend="gloo", args=(checkpointed, repeats), timeout_s=timeout_s)
 
 
-def count_collectives(mode: str, checkpointed: bool, *, timeout_s: float = 300.0) -> dict[str, int]:
-    """{all_gather, reduce_scatter, mm: events in one forward and backward of the block on rank 0 of two}."""
-    return launch(_count, world_size=2, backend="gloo", args=(mode, checkpointed), timeout_s=timeout_s)
+def count_collectives(mode: str, checkpointed: bool, *, batch: int = 2, timeout_s: float = 300.0) -> dict[str, int]:
+    """{all_gather, reduce_scatter, mm: events in one forward and backward of the block on rank 0 of two; copies: the
+    concatenations DTensor makes around its collectives (eager: aten::cat inside a redistribution; compiled: the
+    calls of Inductor's concatenating kernels in the compiled graphs' code)}, for a local batch of ``batch``."""
+    return launch(_count, world_size=2, backend="gloo", args=(mode, checkpointed, batch), timeout_s=timeout_s)
 
 
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m validation.tp_plan_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--eager-only", action="store_true", help="skip the compiled cases")
+    parser.add_argument("--batch", type=int, default=2, help="local batch of the block's input (default 2)")
     parser.add_argument("--host-time", action="store_true",
                         help="instead: host time of one eager forward and backward, plain and under the DTensor plan")
     args = parser.parse_args(argv)
@@ -203,10 +233,10 @@ def _main(argv: list[str] | None = None) -> int:
     for mode, checkpointed in CASES:
         if args.eager_only and mode == "compiled":
             continue
-        c = count_collectives(mode, checkpointed)
+        c = count_collectives(mode, checkpointed, batch=args.batch)
         print(f"{mode:8s} {'full checkpointing' if checkpointed else 'no checkpointing  '}: "
-              f"{c['all_gather']} all-gathers, {c['reduce_scatter']} reduce-scatters, {c['mm']} matmul events",
-              flush=True)
+              f"{c['all_gather']} all-gathers, {c['reduce_scatter']} reduce-scatters, {c['mm']} matmul events, "
+              f"{c['copies']} copies around them", flush=True)
     return 0
 
 

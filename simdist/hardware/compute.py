@@ -105,6 +105,10 @@ class ComputeEfficiency:
     """Share of ``memory_efficiency``'s bandwidth that normalisation kernels (`Kernel.norm`) reach where it differs
     from ``memory_kernel_share`` (None: the same): measured on B200, whose LayerNorms reach less of it than its
     streaming kernels (docs/accuracy-memory-kernels.md)."""
+    strided_copy_share: float = 0.222
+    """Share of ``memory_efficiency``'s bandwidth that an eager copy out of strided views reaches
+    (`Kernel.strided_copy`: DTensor's concatenation of a batch-first activation's sequence chunks before a
+    sequence-parallel reduce-scatter, simdist.plan.tp_plan.layout_copy): measured on H200 in a training step's trace."""
 
     @property
     def norm_share(self) -> float:
@@ -119,7 +123,7 @@ class ComputeEfficiency:
 
 _FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
            "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference", "eager_cast_share",
-           "memory_kernel_share", "norm_kernel_share")
+           "memory_kernel_share", "norm_kernel_share", "strided_copy_share")
 
 
 @cache
@@ -212,10 +216,12 @@ def kernel_time_s(gpu: GpuSpec, kernel: KernelLike, precision: str, eff: Compute
     if gpu.power_limit_w is not None:
         compute_s /= clock_share(gpu)  # a power cap slows the SMs, not HBM (simdist.hardware.clock)
     # an eager op of a 16-bit <-> fp32 chain reaches a share of a streaming kernel's bandwidth (Kernel.eager_cast),
-    # fitted on such chains alone; a normalisation kernel its GPU's norm share (Kernel.norm: B200 measured); the
-    # other element-wise kernels the median share (memory_kernel_share)
+    # fitted on such chains alone; a normalisation kernel its GPU's norm share (Kernel.norm: B200 measured); an eager
+    # copy out of strided views its own (Kernel.strided_copy: H200 measured); the other element-wise kernels the
+    # median share (memory_kernel_share)
     share = (eff.eager_cast_share if getattr(kernel, "eager_cast", False)
-             else eff.norm_share if getattr(kernel, "norm", False) else eff.memory_kernel_share)
+             else eff.norm_share if getattr(kernel, "norm", False)
+             else eff.strided_copy_share if getattr(kernel, "strided_copy", False) else eff.memory_kernel_share)
     memory_s = kernel.hbm_bytes / (gpu.hbm_bandwidth * eff.memory_efficiency * share)
     # one launch gap per kernel it stands for, those on side streams overlapping (Kernel.launch_gaps)
     return max(compute_s, memory_s) + eff.launch_overhead_s * getattr(kernel, "launch_gaps", 1)

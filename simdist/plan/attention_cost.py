@@ -36,7 +36,7 @@ from simdist.plan.kernel_work import (
     gemm_grads,
 )
 from simdist.plan.model import Model
-from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions
+from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions, layout_copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
         projections = column_projections("attention", swiglu=model.swiglu)
         if tp > 1 and sp:
             for _ in range(forward_gathers(shape.tp_inputs, projections, compiled=style == "compiled")):
-                fwd.issue("all_gather", m * h * bpe)
+                fwd.issue("all_gather", m * h * bpe).add(*layout_copy("all_gather", shape, m * h * bpe))
         fwd.add(*shape.casts("qkv", m * h), *fp8_weight_cast("qkv", h * (q_l + 2 * k_l), shape),
                 gemm("qkv", m, q_l + 2 * k_l, h, bpe, fp8))
         # Megatron-Core's split of the QKV output under the QK-norm, with Transformer Engine's modules (fused style)
@@ -143,6 +143,7 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
         bwd_qkv.add(dgrad)
         if tp > 1:
             for _ in range(input_reductions(shape.tp_inputs, projections)):
+                bwd_qkv.add(*layout_copy("reduce_scatter", shape, m * h * bpe))
                 bwd_qkv.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe, overlappable=True)
         bwd_qkv.add(wgrad)
     cpc = cp_comm(cp_comm_type, cp=cp, tokens=m, q_width=q_l, kv_width=(k_l + v_l) // 2, bpe=bpe, style=style)
@@ -157,10 +158,11 @@ def attention_block(model: Model, shape: LayerShape, *, attention: str, causal: 
     fwd.add(*shape.casts("projection", m * out_l), *fp8_weight_cast("projection", out_l * h, shape),
             gemm("projection", m, h, out_l, bpe, fp8))
     if tp > 1:
+        fwd.add(*layout_copy("reduce_scatter", shape, m * h * bpe))
         fwd.issue("reduce_scatter" if sp else "all_reduce", m * h * bpe)
 
     if tp > 1 and sp:
-        bwd.issue("all_gather", m * h * bpe)
+        bwd.issue("all_gather", m * h * bpe).add(*layout_copy("all_gather", shape, m * h * bpe))
     bwd.add(*shape.casts("projection_grad", m * h), *gemm_grads("projection", m, h, out_l, bpe, fp8))
     bwd.add(*ew("attention_layout_grad", m * out_l, bpe, style))
     bwd.comm += [dataclasses.replace(c, issued_after=len(bwd.kernels)) for c in cpc.backward if c.issued_after == 0]

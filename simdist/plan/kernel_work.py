@@ -38,6 +38,10 @@ class Kernel:
     norm: bool = False
     """A normalisation kernel (LayerNorm, RMSNorm, their gradients: a reduction over each row, then an element-wise
     pass over it): it reaches ``ComputeEfficiency.norm_share`` of a streaming kernel's bandwidth."""
+    strided_copy: bool = False
+    """An eager copy out of strided (non-contiguous) views, element by element (ATen's CatArrayBatchedCopy on inputs
+    it cannot vectorise: simdist.plan.tp_plan.layout_copy): it reaches ``ComputeEfficiency.strided_copy_share`` of a
+    streaming kernel's bandwidth."""
     launches: int = 1
     """CUDA kernels this entry stands for, each with its launch gap on the GPU and its launch on the host: one, or
     Transformer Engine's grouped GEMM (one cuBLASLt GEMM per local expert: `TE_GEMM_STREAMS`), or a chain of small
@@ -262,14 +266,15 @@ def fp8_weight_cast(name: str, elements: float, shape: LayerShape) -> list[Kerne
 
 
 def elementwise(name: str, elements: float, bytes_per: float, flops_per: float = 1.0, *,
-                useful_share: float | None = None, eager_cast: bool = False, norm: bool = False) -> Kernel:
+                useful_share: float | None = None, eager_cast: bool = False, norm: bool = False,
+                strided_copy: bool = False) -> Kernel:
     """An element-wise (bandwidth-bound) kernel; ``useful_share``: the share of its FLOPs the model counts (the
-    balanced rows of a kernel the busiest MoE rank runs on its extra rows); ``eager_cast``, ``norm``: see
-    `Kernel.eager_cast`, `Kernel.norm`."""
+    balanced rows of a kernel the busiest MoE rank runs on its extra rows); ``eager_cast``, ``norm``,
+    ``strided_copy``: see `Kernel.eager_cast`, `Kernel.norm`, `Kernel.strided_copy`."""
     flops = flops_per * elements
     return Kernel(name, flops, bytes_per * elements, "memory",
                   useful_flops=None if useful_share is None else flops * useful_share, eager_cast=eager_cast,
-                  norm=norm)
+                  norm=norm, strided_copy=strided_copy)
 
 
 def work_of(fwd, bwd, redo, comm, extra_hardware: float = 0.0, host_syncs: tuple[int, ...] = (),

@@ -53,7 +53,7 @@ from simdist.plan.model import Model
 from simdist.plan.model_ends import embedding_work, head_work, mtp_work
 from simdist.plan.moe_cost import moe_mlp_block
 from simdist.plan.recompute import POLICIES, recomputed
-from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions
+from simdist.plan.tp_plan import column_projections, forward_gathers, input_reductions, layout_copy
 
 __all__ = ["ATTENTION_KERNELS", "FP8_RECIPES", "AttentionShape", "CommWork", "ExpertParallel", "Kernel", "Work",
            "bytes_per_element", "layer_work", "model_flops_per_sequence",
@@ -276,18 +276,19 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
     projections = column_projections("mlp", swiglu=model.swiglu)
     if tp > 1 and sp:
         for _ in range(forward_gathers(shape.tp_inputs, projections, compiled=style == "compiled")):
-            fwd.issue("all_gather", full)
+            fwd.issue("all_gather", full).add(*layout_copy("all_gather", shape, full))
     fwd.add(*shape.casts("mlp_up", m * h), *fp8_weight_cast("mlp_up", h * up_n, shape),
             gemm("mlp_up", m, up_n, h, bpe, fp8))
     fwd.add(*ew("swiglu" if model.swiglu else "gelu", m * f_l, bpe, style))
     fwd.add(*shape.casts("mlp_down", m * f_l), *fp8_weight_cast("mlp_down", f_l * h, shape),
             gemm("mlp_down", m, h, f_l, bpe, fp8))
     if tp > 1:
+        fwd.add(*layout_copy("reduce_scatter", shape, full))
         fwd.issue("reduce_scatter" if sp else "all_reduce", full)
 
     if tp > 1 and sp:
         # Korthikanti Fig. 5: in backward the adjoints swap (all-gather before the row-parallel GEMM's backward).
-        bwd.issue("all_gather", full)
+        bwd.issue("all_gather", full).add(*layout_copy("all_gather", shape, full))
     bwd.add(*shape.casts("mlp_down_grad", m * h), *gemm_grads("mlp_down", m, h, f_l, bpe, fp8))
     bwd.add(*ew("swiglu_grad" if model.swiglu else "gelu_grad", m * f_l, bpe, style))
     bwd.add(*shape.casts("mlp_up_grad", m * up_n))
@@ -298,6 +299,7 @@ def _dense_mlp_block(model: Model, shape: LayerShape) -> tuple[Pass, Pass]:
         # Assumption: Megatron-LM also re-gathers each column-parallel GEMM's input in backward for its
         # weight gradient, overlapped with the input-gradient GEMM; that all-gather is not modelled.
         for _ in range(input_reductions(shape.tp_inputs, projections)):
+            bwd.add(*layout_copy("reduce_scatter", shape, full))
             bwd.issue("reduce_scatter" if sp else "all_reduce", full, overlappable=True)
     bwd.add(up_wgrad, *ew(f"{shape.norm}_grad", resid, bpe, style))
     return fwd, bwd

@@ -18,13 +18,34 @@ projection:
 Measured (validation/tp_plan_check.py: a block planned as KempnerForge plans it, on two gloo ranks with torch 2.13,
 collectives of one forward and backward counted by torch.profiler): eager 7 all-gathers and 7 reduce-scatters
 (Megatron-LM's plan: 4 and 4), compiled 4 and 7; with full activation checkpointing, compiled, 6 and 8.
+
+**The copies around DTensor's sequence-parallel collectives** (`layout_copy`). A DTensor plan keeps the activations
+batch-first, [b, s, h], sequence-sharded as Shard(1); NCCL gathers and scatters along dim 0, so DTensor's functional
+collectives move the sequence chunks around them (torch/distributed/_functional_collectives.py, torch 2.13):
+
+- reduce_scatter_single chunks its input along dim 1 and concatenates the chunks along dim 0 before the reduce-scatter
+  (torch._utils._chunk_or_narrow_cat: a copy of the whole input, whatever the batch);
+- all_gather_single concatenates the gathered chunks back along dim 1 (torch._utils._maybe_view_chunk_cat): a view
+  where the local batch is 1 (pytorch/pytorch PR #169404), a copy of the whole output otherwise.
+
+Counted (validation/tp_plan_check.py --copies: the same block, micro-batch 2 and 1): eager, one aten::cat per
+reduce-scatter and one per all-gather at micro-batch 2, none after the all-gathers at micro-batch 1; compiled,
+Inductor's cat kernels in the same places. On H200 (KempnerForge's profile,
+validation/reference/kempner_h200_profiled_kernels.csv) the eager copy before a reduce-scatter of micro-batch 2
+(ATen's CatArrayBatchedCopy on non-contiguous chunks, element by element) took 171 us for 80 MiB, a fifth of a
+streaming copy's bandwidth (`Kernel.strided_copy`); at micro-batch 1 the chunks are contiguous and it streams, as
+the compiled copies do. Megatron-LM's activations are sequence-first, [s, b, h], gathered and scattered along dim 0:
+no copies (the fused style).
+# Assumption: the model's ends (the output layer's input gather, the embedding's scatter) and an MoE layer's
+# shared-expert collectives take no copies here: a few a micro-batch against 7 to 14 in every layer.
 """
 
 from __future__ import annotations
 
 from simdist.errors import SpecError
+from simdist.plan.kernel_work import Kernel, LayerShape, elementwise
 
-__all__ = ["TP_INPUT_LAYOUTS", "column_projections", "forward_gathers", "input_reductions"]
+__all__ = ["TP_INPUT_LAYOUTS", "column_projections", "forward_gathers", "input_reductions", "layout_copy"]
 
 TP_INPUT_LAYOUTS = ("module", "per_projection")
 
@@ -53,3 +74,18 @@ def input_reductions(tp_inputs: str, projections: int) -> int:
     """Reduce-scatters (all-reduces without sequence parallelism) of a module's input gradient in its backward."""
     _check(tp_inputs)
     return projections if tp_inputs == "per_projection" else 1
+
+
+def layout_copy(op: str, shape: LayerShape, nbytes: float) -> list[Kernel]:
+    """The copy DTensor makes around a sequence-parallel ``op`` (all_gather: after it, of its ``nbytes`` output;
+    reduce_scatter: before it, of its ``nbytes`` input) of a layer of ``shape`` (module doc): read and written once;
+    none in the fused style (Megatron-LM's sequence-first activations) or after an all-gather of a local batch of 1.
+    The eager copy before a reduce-scatter of a batch above 1 reads strided views (`Kernel.strided_copy`)."""
+    if shape.style == "fused" or not shape.sequence_parallel or shape.tp == 1:
+        return []
+    if op == "all_gather":
+        return [] if shape.micro_batch_size == 1 else [elementwise("tp_gather_copy", nbytes, 2.0, 0.0)]
+    if op == "reduce_scatter":
+        strided = shape.style == "eager" and shape.micro_batch_size > 1
+        return [elementwise("tp_scatter_copy", nbytes, 2.0, 0.0, strided_copy=strided)]
+    raise ValueError(f"no layout copy for {op!r}")
