@@ -22,10 +22,10 @@ LLAMA = Model("llama-ish", "decoder", num_layers=2, hidden_size=1024, num_attent
 
 
 def copies(model: Model, *, style: str, batch: int, recompute: str = "none", tp_inputs: str = "per_projection",
-           sp: bool = True) -> dict[str, int]:
+           sp: bool = True, async_tp: bool = False) -> dict[str, int]:
     """{copy kernel: count in one layer's forward, backward and recompute}."""
     w = layer_work(model, tp=2, sequence_parallel=sp, micro_batch_size=batch, recompute=recompute, style=style,
-                   tp_inputs=tp_inputs, early_stop=style == "eager")
+                   tp_inputs=tp_inputs, early_stop=style == "eager", async_tp=async_tp)
     out: dict[str, int] = {}
     for k in (*w.forward, *w.backward, *w.recompute):
         if k.name.startswith("tp_") and k.name.endswith("_copy"):
@@ -47,6 +47,8 @@ def test_a_copy_per_scatter_and_per_gather_of_a_batch_above_one():
     # Megatron-LM's sequence-first activations: none; no sequence parallelism (all-reduces): none
     assert copies(LLAMA, style="fused", batch=2) == {}
     assert copies(LLAMA, style="eager", batch=2, sp=False) == {}
+    # async TP: Inductor's fused_all_gather_matmul / fused_matmul_reduce_scatter move each shard into place
+    assert copies(LLAMA, style="compiled", batch=2, tp_inputs="module", async_tp=True) == {}
 
 
 def test_copy_kernels_by_hand():

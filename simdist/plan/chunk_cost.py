@@ -100,7 +100,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
     keeps = cfg.op_keeps_attention  # (torchtitan's op-level policy: only where its save list names the kernel)
     base = (m, cfg.tp_style, cfg.attention, cfg.attention_mask, cfg.fp8_recipe, experts, ex.style, ex.fp8_weight_cache,
             ex.recompute_modules, ex.cp_comm_type, ex.fp8_attention, ex.tp_inputs, ex.recompute_early_stop, keeps,
-            *kw.values())
+            ex.async_tp, *kw.values())
 
     def layer(i: int, recompute: str = cfg.recompute) -> Work:
         # what of the layer's index layer_work reads: whether its MLP is the experts and whether it attends over a
@@ -116,7 +116,7 @@ def chunk_parts(cfg: StepConfig, layers: LayerKinds, first_part: bool, last_part
                 attention_mask=cfg.attention_mask, fp8_recipe=cfg.fp8_recipe, layer=i, experts=experts, style=ex.style,
                 fp8_weight_cache=ex.fp8_weight_cache, recompute_modules=ex.recompute_modules,
                 cp_comm_type=ex.cp_comm_type, fp8_attention=ex.fp8_attention, tp_inputs=ex.tp_inputs,
-                early_stop=ex.recompute_early_stop, op_keeps_attention=keeps, **kw)
+                early_stop=ex.recompute_early_stop, op_keeps_attention=keeps, async_tp=ex.async_tp, **kw)
             _TIMES[id(w)] = (w, {})
         return w
 

@@ -357,6 +357,9 @@ class LayerShape:
     """The fused attention runs in fp8 (Transformer Engine's FP8 DotProductAttention)."""
     tp_inputs: str = "module"
     """Where a module's input changes layout for its column-parallel projections (simdist.plan.tp_plan)."""
+    async_tp: bool = False
+    """torchtitan's async TP: the sequence-parallel collectives micro-pipelined with their GEMMs
+    (simdist.plan.chunk_cost), which gather and scatter each shard in place (no layout copy: simdist.plan.tp_plan)."""
 
     def casts(self, name: str, elements: float, parts: int = 1) -> list[Kernel]:
         """The kernels that cast a GEMM operand of ``elements`` (``parts`` tensors) to fp8 under this shape's recipe

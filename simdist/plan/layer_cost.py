@@ -130,7 +130,7 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
                style: str = "fused", fp8_weight_cache: bool = True,
                recompute_modules: tuple[str, ...] = ("core_attn",), cp_comm_type: str = "p2p",
                fp8_attention: bool = False, tp_inputs: str = "module", early_stop: bool = False,
-               op_keeps_attention: bool = True) -> Work:
+               op_keeps_attention: bool = True, async_tp: bool = False) -> Work:
     """One transformer layer (or one MLP layer) on one GPU for one micro-batch.
 
     ``attention``: "materialized" (default) is Megatron-LM's non-flash core attention, the kernel of the A100-era
@@ -182,7 +182,8 @@ def layer_work(model: Model, *, tp: int = 1, cp: int = 1, sequence_parallel: boo
     # Llama-style (SwiGLU) models without dropout (Dubey et al. 2024 use none), but with rotary embeddings.
     shape = LayerShape(micro_batch_size, model.seq_length // cp, model.seq_length, tp, cp, sequence_parallel, bpe,
                        recipe, dropout=not model.swiglu, style=style, norm="rmsnorm" if model.swiglu else "layernorm",
-                       fp8_weight_cache=fp8_weight_cache, fp8_attention=fp8_attention, tp_inputs=tp_inputs)
+                       fp8_weight_cache=fp8_weight_cache, fp8_attention=fp8_attention, tp_inputs=tp_inputs,
+                       async_tp=async_tp)
     h, m = model.hidden_size, shape.tokens
     resid = m * h // tp if sequence_parallel else m * h  # Korthikanti sec. 4.2.2: LN/dropout split by t
     attn = attention_block(model, shape, attention=attention, causal=attention_mask == "causal",

@@ -35,7 +35,10 @@ validation/reference/kempner_h200_profiled_kernels.csv) the eager copy before a 
 (ATen's CatArrayBatchedCopy on non-contiguous chunks, element by element) took 171 us for 80 MiB, a fifth of a
 streaming copy's bandwidth (`Kernel.strided_copy`); at micro-batch 1 the chunks are contiguous and it streams, as
 the compiled copies do. Megatron-LM's activations are sequence-first, [s, b, h], gathered and scattered along dim 0:
-no copies (the fused style).
+no copies (the fused style). Nor under torchtitan's async TP: Inductor's micro-pipeline pass replaces the
+all-gather, its concatenation and the GEMM by fused_all_gather_matmul (and the GEMM, the concatenation and the
+reduce-scatter by fused_matmul_reduce_scatter), which move each shard into place through symmetric memory
+(torch/_inductor/fx_passes/micro_pipeline_tp.py; what they cost: simdist.plan.chunk_cost).
 # Assumption: the model's ends (the output layer's input gather, the embedding's scatter) and an MoE layer's
 # shared-expert collectives take no copies here: a few a micro-batch against 7 to 14 in every layer.
 """
@@ -79,9 +82,10 @@ def input_reductions(tp_inputs: str, projections: int) -> int:
 def layout_copy(op: str, shape: LayerShape, nbytes: float) -> list[Kernel]:
     """The copy DTensor makes around a sequence-parallel ``op`` (all_gather: after it, of its ``nbytes`` output;
     reduce_scatter: before it, of its ``nbytes`` input) of a layer of ``shape`` (module doc): read and written once;
-    none in the fused style (Megatron-LM's sequence-first activations) or after an all-gather of a local batch of 1.
+    none in the fused style (Megatron-LM's sequence-first activations), under async TP, or after an all-gather of a
+    local batch of 1.
     The eager copy before a reduce-scatter of a batch above 1 reads strided views (`Kernel.strided_copy`)."""
-    if shape.style == "fused" or not shape.sequence_parallel or shape.tp == 1:
+    if shape.style == "fused" or not shape.sequence_parallel or shape.tp == 1 or shape.async_tp:
         return []
     if op == "all_gather":
         return [] if shape.micro_batch_size == 1 else [elementwise("tp_gather_copy", nbytes, 2.0, 0.0)]
