@@ -28,9 +28,9 @@ collectives move the sequence chunks around them (torch/distributed/_functional_
 - all_gather_single concatenates the gathered chunks back along dim 1 (torch._utils._maybe_view_chunk_cat): a view
   where the local batch is 1 (pytorch/pytorch PR #169404), a copy of the whole output otherwise.
 
-Counted (validation/tp_plan_check.py --copies: the same block, micro-batch 2 and 1): eager, one aten::cat per
-reduce-scatter and one per all-gather at micro-batch 2, none after the all-gathers at micro-batch 1; compiled,
-Inductor's cat kernels in the same places. On H200 (KempnerForge's profile,
+Counted (validation/tp_plan_check.py's copies column: the same block at micro-batch 2, and 1 with --batch 1): eager,
+one aten::cat per reduce-scatter and one per all-gather at micro-batch 2, none after the all-gathers at micro-batch
+1; compiled, Inductor's cat kernels in the same places. On H200 (KempnerForge's profile,
 validation/reference/kempner_h200_profiled_kernels.csv) the eager copy before a reduce-scatter of micro-batch 2
 (ATen's CatArrayBatchedCopy on non-contiguous chunks, element by element) took 171 us for 80 MiB, a fifth of a
 streaming copy's bandwidth (`Kernel.strided_copy`); at micro-batch 1 the chunks are contiguous and it streams, as
