@@ -109,12 +109,12 @@ def test_megatron_switch_contradictions_are_one_line(training, parallel, words):
 # ----------------------------------------------------------------------------- host costs
 def test_host_costs_defaults_and_floor():
     h = host_overhead()
-    assert (h.launch_s, h.dispatch_s, h.step_gap_s) == (5e-6, 3.3e-6, 20e-6)
-    assert h.op_s == pytest.approx(8.3e-6)
-    # ten kernels of 50 us on the GPU: the host issues them faster (83 us < 500 us); of 5 us: host-bound
+    assert (h.launch_s, h.dispatch_s, h.step_gap_s) == (5e-6, 8.48e-6, 20e-6)
+    assert h.op_s == pytest.approx(13.48e-6)
+    # ten kernels of 50 us on the GPU: the host issues them faster (135 us < 500 us); of 5 us: host-bound
     ten = [Kernel("k", 0.0, 0.0, "memory")] * 10
     assert h.run_time_s(500e-6, ten) == 500e-6
-    assert h.run_time_s(50e-6, ten) == pytest.approx(83e-6)
+    assert h.run_time_s(50e-6, ten) == pytest.approx(134.8e-6)
     assert host_overhead(GPU_PRESETS["cpu-core"]) is NONE  # a CPU core's dispatch is in its launch overhead
     assert host_overhead(GPU_PRESETS["h100-sxm"]) == h
 

@@ -142,6 +142,9 @@ def test_a_grace_host_issues_each_op_2_75_times_as_slowly_as_a_dgx_x86_host():
     assert grace.dispatch_s == pytest.approx(2.75 * x86.dispatch_s, rel=1e-12)
     assert grace.step_gap_s == x86.step_gap_s  # a GPU-side idle, not host compute
     assert host_overhead(GPU_PRESETS["cpu-core"]).op_s == 0.0
+    # the same table's Linear forward is one framework op, dispatch and launch, on either host (within its rounding)
+    assert x86.op_s == pytest.approx(13.48e-6, rel=1e-9)
+    assert grace.op_s == pytest.approx(37.08e-6, rel=2e-3)
 
 
 # ----------------------------------------------------------------------------- optimizer state dtypes

@@ -25,7 +25,7 @@ class HostOverheadSpec(Spec):
 
     launch: Duration | None = Field(default=None, description="CPU time of one kernel launch (default 5 us)")
     dispatch: Duration | None = Field(default=None, description="framework time of one eager op before its launch "
-                                                                "(default 3.3 us)")
+                                                                "(default 8.48 us)")
     step_gap: Duration | None = Field(default=None, description="GPU idle time at the start of each pipeline step, "
                                                                 "after Megatron's synchronize following the send/recv "
                                                                 "(default 20 us); 0 for none")
