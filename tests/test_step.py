@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 
 from simdist import api
 from simdist.errors import LayoutError
-from simdist.hardware.compute import compute_efficiency, kernels_time_s
+from simdist.hardware.compute import kernels_time_s
 from simdist.hardware.host import host_overhead
 from simdist.hardware.presets import load_topology
 from simdist.plan.layer_cost import layer_work
@@ -218,9 +219,22 @@ def test_zero3_per_parameter_blocks_per_tensor(tmp_path: Path) -> None:
             runs[c["op"]] = runs.get(c["op"], 0) + c["count"]
     layers = 4
     assert runs == {"all_gather": 2 * 2 * layers, "reduce_scatter": 2 * layers}
-    # dp views copied per collective x compute_efficiency.csv's host time per op
-    host = 8 * compute_efficiency(api.load_scenario(base).topology.gpu).host_op_s
+    # dp views copied per collective, each a launch on the host (host_overhead.csv's launch_s: 5 us on a DGX host)
+    host = 8 * host_overhead(api.load_scenario(base).topology.gpu).launch_s
+    assert host == 8 * 5e-6
     assert slow["step_time_s"] >= fast["step_time_s"] + 3 * 2 * layers * host
+
+
+def test_a_list_collectives_copies_cost_a_launch_each_on_its_host() -> None:
+    # ProcessGroupNCCL copies each rank's view from C++: a launch per copy (host_overhead.csv's launch_s), a Grace
+    # host's scaled by host_cpu.csv; a CPU core standing in for a device runs the copy at its per-op overhead
+    from simdist.hardware.gpus import GPU_PRESETS
+
+    cfg = StepConfig(model=MLP, gpu=GPU_PRESETS["h100-sxm"], mesh=Mesh(dp=8), schedule="gpipe",
+                     micro_batch_size=1, global_batch_size=8, layers_per_stage=(4,))
+    assert cfg.copy_launch_s == 5e-6
+    assert dataclasses.replace(cfg, gpu=GPU_PRESETS["gb200"]).copy_launch_s == pytest.approx(2.75 * 5e-6)
+    assert dataclasses.replace(cfg, gpu=GPU_PRESETS["cpu-core"]).copy_launch_s == 5e-6  # its launch_overhead_s
 
 
 def test_overlapped_gradient_reduction_hides_communication(tmp_path: Path) -> None:

@@ -263,7 +263,7 @@ def recipe_key(cfg: StepConfig) -> tuple:
     return (cfg.schedule, cfg.zero_stage, cfg.zero3_fetch, cfg.grad_reduce, cfg.grad_bucket_bytes, cfg.precision,
             cfg.fp8_param_gather,
             cfg.mesh.tp, cfg.mesh.cp, cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.ep, cfg.mesh.etp,
-            cfg.host_op_s, cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap, cfg.moe_overlap_share,
+            cfg.gpu, cfg.compute_efficiency, cfg.host_overhead, cfg.moe_overlap, cfg.moe_overlap_share,
             cfg.tp_comm_overlap,
             cfg.grad_reduce_in_fp32, cfg.overlap_param_gather, cfg.vpp, cfg.execution, cfg.mesh.dp_shard,
             cfg.expert_parallel.kernel)

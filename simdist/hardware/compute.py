@@ -85,9 +85,6 @@ class ComputeEfficiency:
     """Achieved / nominal HBM bandwidth of element-wise kernels."""
     launch_overhead_s: float
     """Per kernel: launch and tail (the gap between back-to-back kernels)."""
-    host_op_s: float = 5e-6
-    """Host time to dispatch one eager framework op (PyTorch's dispatcher + cudaLaunchKernel); what a loop of
-    small ops costs when the host, not the GPU, sets the pace."""
     fp8_gemm_efficiency_ratio: float = 0.914
     """Share of the fp8 peak a large FP8 GEMM reaches, relative to the bf16 GEMM's share of the bf16 peak."""
     graph_launch_overhead_s: float = 1e-6
@@ -121,7 +118,7 @@ class ComputeEfficiency:
         return dataclasses.replace(self, launch_overhead_s=self.graph_launch_overhead_s)
 
 
-_FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s", "host_op_s",
+_FIELDS = ("gemm_peak_efficiency", "gemm_knee_dim", "memory_efficiency", "launch_overhead_s",
            "fp8_gemm_efficiency_ratio", "graph_launch_overhead_s", "comm_interference", "eager_cast_share",
            "memory_kernel_share", "norm_kernel_share", "strided_copy_share")
 

@@ -144,8 +144,9 @@ def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, dep
     views, one per rank, and reduce-scattered each gradient from such a list (deepspeed/runtime/zero/
     partition_parameters.py, ``_allgather_param`` and ``_reduce_scatter_gradient``, v0.3); the fetch of a module
     waits for its gathers before the module runs, and the gradient hook waits for its scatters. PyTorch's list
-    collectives copy every rank's view to (from) one flat buffer, one eager op per rank (ProcessGroupNCCL::
-    allgather / reduce_scatter with tensor lists), so each run also costs dp host ops.
+    collectives copy every rank's view to (from) one flat buffer, one copy per rank issued from C++ (ProcessGroupNCCL::
+    allgather / reduce_scatter with tensor lists), so each run also costs dp launches on the host
+    (`StepConfig.copy_launch_s`).
     # Assumption: equal-sized tensors (the chunk's bytes / its tensors); small tensors are latency-bound either
     # way, and above a few MB a collective's time is linear in its size.
     """
@@ -156,7 +157,7 @@ def _per_parameter(cfg: StepConfig, cost: ChunkCost, op: str, nbytes: float, dep
         n = max(1, round(n * share))
     prefix = "expert " if axis == "edp" else ""
     return Piece("dp", "comm", f"{prefix}{label} per parameter x{n}",
-                 comm=CommItem(op, nbytes / n, axis, n, cfg.mesh.size(axis) * cfg.host_op_s), deps=deps)
+                 comm=CommItem(op, nbytes / n, axis, n, cfg.mesh.size(axis) * cfg.copy_launch_s), deps=deps)
 
 
 def _gathered_forward(cfg: StepConfig, cost: ChunkCost, b: Builder, shards: list[tuple[str, float]],

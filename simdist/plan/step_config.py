@@ -15,6 +15,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.attention import kernel_family
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.gemm import architecture
+from simdist.hardware.host import NONE as NO_HOST
 from simdist.hardware.host import HostOverhead, host_overhead
 from simdist.plan.execution import MEGATRON, Execution
 from simdist.plan.expert_parallel import ExpertParallel
@@ -225,9 +226,14 @@ class StepConfig:
         return taken / (total - taken) if taken < total else self.interference
 
     @property
-    def host_op_s(self) -> float:
-        """Host time of one eager framework op (simdist.hardware.compute.ComputeEfficiency.host_op_s)."""
-        return (self.compute_efficiency or compute_efficiency(self.gpu)).host_op_s
+    def copy_launch_s(self) -> float:
+        """Host time of one copy a collective issues from C++ (a list collective's per-rank view, copied into or out
+        of its flat buffer by ProcessGroupNCCL: no Python dispatch): one kernel launch, the host's ``launch_s``
+        (simdist.hardware.host; a Grace host's scaled); on a CPU core standing in for a device, which runs each op on
+        the host, its per-op launch overhead (simdist.hardware.compute)."""
+        if host_overhead(self.gpu) is NO_HOST:
+            return (self.compute_efficiency or compute_efficiency(self.gpu)).launch_overhead_s
+        return self.host_overhead.launch_s
 
     @property
     def replicas_differ(self) -> bool:
