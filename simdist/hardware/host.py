@@ -42,7 +42,7 @@ import numpy as np
 from simdist.hardware.gpus import CPU_PRESETS, GPU_PRESETS
 from simdist.spec.gpu import GpuSpec
 
-__all__ = ["NONE", "HostOverhead", "host_op_factor", "host_overhead"]
+__all__ = ["NONE", "HostOverhead", "host_op_factor", "host_overhead", "runs_on_host"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +87,16 @@ NONE = HostOverhead(0.0, 0.0, 0.0)
 _CPU_DEVICES = frozenset(GPU_PRESETS[p].name for p in CPU_PRESETS)
 
 
+def runs_on_host(gpu: GpuSpec | None) -> bool:
+    """Whether ``gpu`` is a CPU core standing in for a device (simdist.hardware.gpus.CPU_PRESETS): its ops run on the
+    host, their dispatch inside each kernel's ``launch_overhead_s`` (simdist.hardware.compute), no host costs here."""
+    return gpu is not None and gpu.name in _CPU_DEVICES
+
+
 def host_overhead(gpu: GpuSpec | None = None) -> HostOverhead:
     """The defaults of ``data/host_overhead.csv`` for ``gpu``'s host CPU (`host_op_factor`), `NONE` for a CPU core
-    standing in for ``gpu``."""
-    if gpu is not None and gpu.name in _CPU_DEVICES:
+    standing in for ``gpu`` (`runs_on_host`)."""
+    if runs_on_host(gpu):
         return NONE
     base = _defaults()
     factor = host_op_factor(gpu)

@@ -15,8 +15,7 @@ from simdist.errors import LayoutError
 from simdist.hardware.attention import kernel_family
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
 from simdist.hardware.gemm import architecture
-from simdist.hardware.host import NONE as NO_HOST
-from simdist.hardware.host import HostOverhead, host_overhead
+from simdist.hardware.host import HostOverhead, host_overhead, runs_on_host
 from simdist.plan.execution import MEGATRON, Execution
 from simdist.plan.expert_parallel import ExpertParallel
 from simdist.plan.layer_split import choose_split, chunk_layers
@@ -231,7 +230,7 @@ class StepConfig:
         of its flat buffer by ProcessGroupNCCL: no Python dispatch): one kernel launch, the host's ``launch_s``
         (simdist.hardware.host; a Grace host's scaled); on a CPU core standing in for a device, which runs each op on
         the host, its per-op launch overhead (simdist.hardware.compute)."""
-        if host_overhead(self.gpu) is NO_HOST:
+        if runs_on_host(self.gpu):
             return (self.compute_efficiency or compute_efficiency(self.gpu)).launch_overhead_s
         return self.host_overhead.launch_s
 
