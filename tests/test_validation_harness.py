@@ -175,6 +175,21 @@ def test_what_ranks_write_to_stderr_is_handed_over_after_a_run_and_kept_aside_on
     shutil.rmtree(logs)
 
 
+def test_spawned_ranks_meet_through_their_own_file_not_a_port_another_run_may_hold(monkeypatch):
+    # CI of 4d56a38: gloo's connectFullMesh failed ("Connection closed by peer") with no rank at fault while
+    # another pytest worker ran ranks too; a TCP rendezvous on a port picked free and bound later can be
+    # drawn by two runs at once. Here every free port is one a listener already holds: the run must not care.
+    import socket
+
+    import validation.spawn as spawn
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        monkeypatch.setattr(spawn, "free_port", lambda: held.getsockname()[1])
+        assert launch(lambda rank, world: world * 10 + rank, world_size=2) == 20
+
+
 def test_cli_failure_in_a_child_exits_non_zero_with_one_line():
     proc = subprocess.run([sys.executable, "-m", "validation.mlp", "--ranks", "3", "--width", "64", "--batch", "8",
                            "--cuts", "tensor_parallel", "--check"], capture_output=True, text=True, timeout=60,

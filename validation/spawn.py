@@ -4,8 +4,12 @@
 rank and returns what rank 0 returned. Two ways in:
 
 - spawned here (no ``RANK`` in the environment): N child processes (fork for gloo, spawn for NCCL,
-  which cannot fork a CUDA context), MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, RANK / WORLD_SIZE /
-  LOCAL_RANK / LOCAL_WORLD_SIZE set in each child before ``init_process_group``;
+  which cannot fork a CUDA context), RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE set in each child
+  before ``init_process_group``, which meets its peers through a file in the run's own temporary folder
+  (``file://``, a FileStore), not a TCP port picked free and bound later: two runs on one host at once
+  (pytest's workers, two users) cannot meet in one store, which two runs that drew the same port could
+  (one's rank joining the other's store; the likely cause of a CI run whose gloo connectFullMesh failed
+  with "Connection closed by peer" with no rank at fault);
 - launched by ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` already set): no spawning, this
   process joins the group and ``launch`` returns this rank's own result (``world_size`` must match).
 
@@ -239,7 +243,8 @@ def _check_gpus(world_size: int) -> None:
                            f"(fix: lower --ranks or use --backend gloo)")
 
 
-def _init(backend: str, rank: int, world_size: int, init_timeout_s: float) -> None:
+def _init(backend: str, rank: int, world_size: int, init_timeout_s: float, rendezvous: str | None = None) -> None:
+    """Join the process group: through the file ``rendezvous`` (spawned ranks), else torchrun's env://."""
     import torch
     import torch.distributed as dist
 
@@ -248,6 +253,8 @@ def _init(backend: str, rank: int, world_size: int, init_timeout_s: float) -> No
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+    if rendezvous is not None:
+        kwargs["init_method"] = Path(rendezvous).as_uri()
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=init_timeout_s), **kwargs)
 
@@ -270,20 +277,20 @@ def _capture_stderr(path: str) -> None:
 
 
 def _child(fn: Callable[..., Any], rank: int, world_size: int, backend: str, args: tuple[Any, ...],
-           port: int, init_timeout_s: float, results: Any, activity: Any,
+           rendezvous: str, init_timeout_s: float, results: Any, activity: Any,
            salvage: tuple[Callable[..., str], tuple[Any, ...]] | None, stderr_path: str) -> None:
     _RankState.rank, _RankState.activity, _RankState.results, _RankState.items = rank, activity, results, []
     _capture_stderr(stderr_path)
     doing("starting (init_process_group)")
     _tie_to_parent(rank, salvage)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
     try:
         import torch
 
         # Assumption: N ranks share this host's cores; one intra-op thread each avoids oversubscription.
         torch.set_num_threads(1)
-        _init(backend, rank, world_size, init_timeout_s)
+        _init(backend, rank, world_size, init_timeout_s, rendezvous)
         doing(f"running {getattr(fn, '__name__', 'the harness')}")
         value = fn(rank, world_size, *args)
         doing("finishing (destroy_process_group)")
@@ -309,10 +316,10 @@ def _spawn(fn: Callable[..., Any], world_size: int, backend: str, args: tuple[An
 
     ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
     results = ctx.Queue()
-    port = free_port()
     activity = [ctx.Array("c", _ACTIVITY_BYTES, lock=False) for _ in range(world_size)]
     logs = Path(tempfile.mkdtemp(prefix="simdist-ranks-"))
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, port, init_timeout_s, results,
+    rendezvous = str(logs / "rendezvous")  # a FileStore's file: created by the first rank, removed by the last
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, args, rendezvous, init_timeout_s, results,
                                               activity[r], salvage, str(logs / f"rank{r}.stderr")),
                          name=f"simdist-rank{r}", daemon=True)
              for r in range(world_size)]
