@@ -12,7 +12,7 @@ from simdist.hardware.compute import compute_efficiency, kernel_time_s
 from simdist.hardware.gpus import gpu_preset
 from simdist.plan.elementwise import ew
 from simdist.plan.kernel_work import elementwise
-from simdist.predict.bands import memory_range
+from simdist.predict.stated_ranges import memory_range
 
 RECORDS = amk.records()
 H100, A100, B200 = amk.H100, amk.A100, amk.B200

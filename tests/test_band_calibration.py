@@ -28,9 +28,9 @@ from simdist.spec.calibration import CalibrationSpec
 
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile: a 95 % interval's ends
 
-# One GPU (no collective), GEMMs compute-bound at any efficiency (HBM 1 PB/s) and no launch overhead: the step is
-# G / gemm_peak_efficiency + C exactly (C: the element-wise kernels at the fp32 rate), a closed function of one
-# constant.
+# One GPU (no collective), GEMMs compute-bound at any efficiency (HBM 1 PB/s), no launch overhead and no framework
+# dispatch on the host (so the band's host factor has nothing to move): the step is G / gemm_peak_efficiency + C
+# exactly (C: the element-wise kernels at the fp32 rate), a closed function of one constant.
 ONE_GPU = """
 cluster:
   preset: cpu-loopback
@@ -39,7 +39,7 @@ cluster:
         peak: {fp32: 100 GFLOP/s, tf32: 100 GFLOP/s, bf16: 100 GFLOP/s, fp16: 100 GFLOP/s}}
 model: {preset: cs336-mlp, kind: mlp, num_layers: 2, hidden_size: 256}
 parallel: {tp: 1, pp: 1, dp: 1}
-training: {micro_batch_size: 64, global_batch_size: 64, precision: fp32}
+training: {micro_batch_size: 64, global_batch_size: 64, precision: fp32, host_overhead: {dispatch: 0 us}}
 """
 
 # Four gloo ranks of data parallelism: one all_reduce of the gradients (4 layers x 512 x 512 fp32: 4.2 MB, inside

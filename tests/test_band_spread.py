@@ -14,7 +14,9 @@ from simdist.hardware.variability import expected_max_normal, gpu_variability
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
 from simdist.plan.stage_pace import paced_variabilities
-from simdist.predict.bands import Z90, _spread_factors, spread_range
+from simdist.predict.bands import _spread_factors
+from simdist.predict.stated_ranges import Z90, spread_range
+from simdist.report.band_line import band_line
 
 # 16 H100 (two DGX hosts; H100's constants are single-GPU measurements: reference group 1), data parallel only
 DP16 = """
@@ -81,6 +83,9 @@ def test_the_run_reports_the_spread_it_drew(tmp_path):
     assert len(spread) == 1 and spread[0]["method"] == "stated_range"
     assert spread[0]["gpu_speed_cv"] == pytest.approx({"p10": 0.008, "p50": 0.02, "p90": 0.036})
     assert "speed spread x 0.4-1.8 (p10-p90: gpu_speed_cv 0.008-0.036" in r["step_time_band_how"]
+    # the text output's one line names it as the spread's factor, not as a compute time factor
+    line = band_line(r["step_time_band_sources"])
+    assert "GPU speed spread x 0.4-1.8" in line and "compute time x 0.4-1.8" not in line
     band = r["step_time_band_s"]
     assert band["p10"] <= r["step_time_s"] * 1.0001 <= band["p90"] * 1.0001
     even = api.run(path, ["cluster.gpu_speed_cv=0"], fidelity="closed_form").result

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from simdist import api
-from simdist.predict.bands import _factor
 from simdist.predict.goodput import goodput
+from simdist.predict.stated_ranges import time_factor
 from simdist.spec.faults import CheckpointSpec
 
 
@@ -46,9 +46,9 @@ def test_default_checkpoint_write_is_the_model_states_over_storage_bandwidth() -
 
 def test_split_lognormal_factor_hits_its_stated_percentiles() -> None:
     z90 = 1.2815515655446004
-    assert _factor(z90, 0.9, 1.5) == pytest.approx(1.5)
-    assert _factor(-z90, 0.9, 1.5) == pytest.approx(0.9)
-    assert _factor(0.0, 0.9, 1.5) == 1.0
+    assert time_factor(z90, 0.9, 1.5) == pytest.approx(1.5)
+    assert time_factor(-z90, 0.9, 1.5) == pytest.approx(0.9)
+    assert time_factor(0.0, 0.9, 1.5) == 1.0
 
 
 def test_run_json_carries_band_goodput_and_how(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from simdist import api
 from simdist.analytic.step import CommPricer, analytic_observables
-from simdist.analytic.step_batch import perturbed_step_s
+from simdist.analytic.step_batch import Variant, perturbed_step_s
 from simdist.hardware.compute import compute_efficiency
 from simdist.plan.layout import step_config_of
 from simdist.plan.model_presets import resolve_model
@@ -30,10 +30,14 @@ FACTORS = [(0.8, lambda op, n, b, t: t * 1.3), (1.25, lambda op, n, b, t: t * (0
 def _check(cfg, topology) -> bool:
     pricer = CommPricer(topology)
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
-    variants = [(_scaled_efficiency(eff, a), f) for a, f in FACTORS]
+    variants = [Variant(_scaled_efficiency(eff, a), f) for a, f in FACTORS]
+    # and one whose host takes 3 x its framework time per op (the band's host factor)
+    host = cfg.host_overhead
+    variants.append(Variant(eff, FACTORS[2][1], dataclasses.replace(host, dispatch_s=3 * host.dispatch_s)))
     base, steps = perturbed_step_s(cfg, pricer, variants)
-    alone = [analytic_observables(dataclasses.replace(cfg, compute_efficiency=e), CommPricer(topology).perturbed(f))[0]
-             ["step_s"] for e, f in variants]
+    alone = [analytic_observables(dataclasses.replace(cfg, compute_efficiency=v.compute_efficiency,
+                                                      host=v.host or cfg.host),
+                                  CommPricer(topology).perturbed(v.time_of))[0]["step_s"] for v in variants]
     assert base == pytest.approx(analytic_observables(cfg, CommPricer(topology))[0]["step_s"], rel=1e-9)
     assert steps.tolist() == pytest.approx(alone, rel=1e-9)
     return len(set(np.round(steps / base, 6))) > 1

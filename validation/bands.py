@@ -72,7 +72,8 @@ def report(results: list[Banded], how: str) -> str:
         "",
         "The ranges and their reasons are in `simdist/predict/data/uncertainty.yaml`; they come from the sources "
         "named there (GEMM measurements, the layer-time fit, docs/accuracy-collectives.md, the GPUs' speed spread "
-        "Sinha et al. 2022 measured across clusters), not from these rows.",
+        "Sinha et al. 2022 measured across clusters, the host time of framework ops measured one op at a time), not "
+        "from these rows.",
         "",
         "These rows are uncalibrated. Where a run applies a calibration (`simdist run --calibration FILE`, or a "
         "scenario's `calibration:`), each constant the calibration fitted with a confidence interval is sampled from "

@@ -36,6 +36,7 @@ from simdist.analytic.stages import _DP, _PP, _geometry, _Stage, _stages
 from simdist.analytic.step import _num_microbatches, analytic_observables, fast_forward_plan
 from simdist.analytic.timeline import _fast
 from simdist.hardware.compute import ComputeEfficiency
+from simdist.hardware.host import HostOverhead
 from simdist.plan.comm_overlap import a2a_overlapped
 from simdist.plan.fastforward import extrapolate
 from simdist.plan.fastforward import plan as ff_plan
@@ -43,7 +44,17 @@ from simdist.plan.recipe import DP_DONE, LAST_BACKWARDS, PREV
 from simdist.plan.schedule import SPLIT_BACKWARD
 from simdist.plan.step_config import StepConfig
 
-__all__ = ["perturbed_step_s"]
+__all__ = ["Variant", "perturbed_step_s"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Variant:
+    """One perturbed copy of a step: its compute constants, its collectives' times (``time_of(op, num_ranks,
+    nbytes, t)`` where the step's pricer takes t) and its host costs (None: the step's own)."""
+
+    compute_efficiency: ComputeEfficiency
+    time_of: Adjust
+    host: HostOverhead | None = None
 
 
 @lru_cache(maxsize=64)
@@ -252,18 +263,18 @@ def _run_streams(streams: Sequence[int], deps: Sequence[Sequence[int]], duration
     return ends
 
 
-def perturbed_step_s(cfg: StepConfig, pricer: CommPricer,
-                     variants: list[tuple[ComputeEfficiency, Adjust]],
+def perturbed_step_s(cfg: StepConfig, pricer: CommPricer, variants: list[Variant],
                      plan: tuple[int, int, int, int] | bool | None = False) -> tuple[float, np.ndarray]:
-    """(the closed-form step time of ``cfg``, that of each variant): ``cfg`` with the compute efficiency given and
-    every collective taking ``time_of(op, num_ranks, nbytes, t)`` where ``pricer`` takes t (CommPricer.perturbed;
-    a time factor by size: ``lambda op, n, nbytes, t: t * factor(nbytes)``). One pass where the copies share their
-    shape (see the module docstring), else each copy's closed form alone (simdist.analytic.step) on ``plan``'s
-    fast-forward samples (a (cycle, M1, M2, M3) tuple; None: none; False: the engine's plan of ``cfg``). A tuple
-    ``plan`` is the one pass's samples too; else each copy finds its own."""
+    """(the closed-form step time of ``cfg``, that of each `Variant`): ``cfg`` with the compute efficiency and host
+    costs given and every collective taking ``time_of(op, num_ranks, nbytes, t)`` where ``pricer`` takes t
+    (CommPricer.perturbed; a time factor by size: ``lambda op, n, nbytes, t: t * factor(nbytes)``). One pass
+    where the copies share their shape (see the module docstring), else each copy's closed form alone
+    (simdist.analytic.step) on ``plan``'s fast-forward samples (a (cycle, M1, M2, M3) tuple; None: none; False: the
+    engine's plan of ``cfg``). A tuple ``plan`` is the one pass's samples too; else each copy finds its own."""
     nominal = _stages(cfg, pricer)  # first: the scaled pricers start from the prices it makes
-    copies = [(dataclasses.replace(cfg, compute_efficiency=eff), pricer.perturbed(time_of))
-              for eff, time_of in variants]
+    copies = [(dataclasses.replace(cfg, compute_efficiency=v.compute_efficiency,
+                                   host=cfg.host if v.host is None else v.host), pricer.perturbed(v.time_of))
+              for v in variants]
     steps = _batch_step_s(cfg, nominal, copies, plan[1:] if isinstance(plan, tuple) else None)
     if steps is None:
         if plan is False:

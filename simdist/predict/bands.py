@@ -8,8 +8,11 @@ fourth is the GPUs' speed spread (cluster.gpu_speed_cv, simdist.hardware.variabi
 the pace of its slowest GPU, and the spread of the cluster a run lands on is known only as a range (Sinha et al.
 2022's average and largest: ``gpu_speed_spread``), so each draw scales the stated spread by a factor of that range
 and the step's compute by the slowest GPU's pace at the drawn spread over that at the stated one (`_spread_factors`;
-none on one GPU, or where identical GPUs are stated). A Latin-hypercube sample of them (seeded: the same band on
-every run) is propagated through the closed form
+none on one GPU, or where identical GPUs are stated). A fifth is the host's framework time per op
+(simdist.hardware.host's dispatch_s: what one op costs the CPU depends on the framework and its version, from a
+view's dispatch to a Transformer Engine module's: ``host``), which moves the step where the host sets its pace
+(`_host_variants`; none where a CPU core stands in for the device). A Latin-hypercube sample of them (seeded: the
+same band on every run) is propagated through the closed form
 (simdist.analytic.step.analytic_observables), which reads the same step model as the engine; the band is the
 prediction times the p10, p50 and p90 of the sampled step over the nominal closed-form step. The closed form
 leaves contention out, so the band is that of the step's compute and communication costs, not of how collectives
@@ -25,7 +28,8 @@ constants the calibration did not fit (or fitted without an interval) take the c
 calibrated range the collective time factor of their size.
 # Assumption: the compute factor is one for the whole step (a GPU type's GEMMs are all off by the same share of
 # peak), so is the memory-bound factor (its element-wise kernels all reach the same share of HBM bandwidth) and the
-# communication factor within a size band (a fabric's collectives err together); the four are independent.
+# communication factor within a size band (a fabric's collectives err together), and the host factor (a
+# framework's ops all cost its host alike); the five are independent.
 # Assumption: the spread's draw moves every kernel of the compute pieces by its factor (the GEMMs' share of peak,
 # the HBM share and the launch gap, as the stated compute factor does), a straggler's stated factor with them.
 # Assumption: a calibration's constants are independent of one another and of the stated factors (the bootstrap
@@ -38,42 +42,36 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache, partial
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
-import yaml
 
 from simdist.analytic.step import CommPricer, fast_forward_plan
-from simdist.analytic.step_batch import perturbed_step_s
+from simdist.analytic.step_batch import Variant, perturbed_step_s
 from simdist.hardware.compute import ComputeEfficiency, compute_efficiency
+from simdist.hardware.host import HostOverhead, runs_on_host
 from simdist.plan.step_config import StepConfig
 from simdist.predict.band_ranges import COMPUTE_CONSTANTS, CalibratedRanges
 from simdist.predict.beside import Beside, can_fork
+from simdist.predict.stated_ranges import (
+    DATA_NAME,
+    compute_range,
+    host_range,
+    memory_range,
+    range_key,
+    size_factor,
+    spread_range,
+    time_factor,
+    uncertainty,
+)
 
-__all__ = ["DATA", "Band", "BandRatios", "BandWork", "band_of", "band_ratios", "compute_range", "step_band",
-           "uncertainty"]
+__all__ = ["Band", "BandRatios", "BandWork", "band_of", "band_ratios", "step_band"]
 
-DATA = Path(__file__).parent / "data" / "uncertainty.yaml"
-DATA_NAME = "simdist/predict/data/uncertainty.yaml"
-Z90 = 1.2815515655446004
-"""The standard normal's 90th percentile: a log-normal factor with p90 = x has sigma = ln x / Z90."""
 _STATED_COMPUTE = ("gemm_peak_efficiency", "launch_overhead_s")
 """The constants the stated compute time factor moves (the knee is not: the factor is a share of peak)."""
 _STATED_MEMORY = "memory_efficiency"
 """The constant the stated memory-bound time factor moves."""
-
-
-@lru_cache(maxsize=1)
-def uncertainty() -> dict[str, Any]:
-    """The data file (simdist/predict/data/uncertainty.yaml)."""
-    return yaml.safe_load(DATA.read_text(encoding="utf-8"))
-
-
-def _factor(z: float, p10: float, p90: float) -> float:
-    """A split log-normal time factor at standard normal ``z``: median 1, p10 and p90 as given."""
-    return math.exp(z * (math.log(p90) if z >= 0 else -math.log(p10)) / Z90)
 
 
 def _normal_quantiles(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -87,7 +85,7 @@ def _normal_quantiles(n: int, rng: np.random.Generator) -> np.ndarray:
 def _samples(columns: int = 2) -> list[np.ndarray]:
     """``columns`` Latin-hypercube columns of standard normal values: the stated compute and collective factors
     first (the same draws with or without a calibration), then one per calibrated constant (`_columns`), then the
-    stated memory-bound factor's."""
+    stated memory-bound factor's, the speed spread's and the host's."""
     data = uncertainty()
     rng = np.random.default_rng(int(data["seed"]))
     n = int(data["samples"])
@@ -104,39 +102,6 @@ def _scaled_efficiency(eff: ComputeEfficiency, factor: float, memory_factor: flo
                                launch_overhead_s=eff.launch_overhead_s * factor)
 
 
-def _range_key(part: str, gpu_name: str) -> str:
-    """The row of uncertainty.yaml's ``part`` (compute, memory) that ``gpu_name`` takes: its own, else default."""
-    return gpu_name if gpu_name in uncertainty()[part] else "default"
-
-
-def compute_range(gpu_name: str) -> dict[str, Any]:
-    """The stated range of the compute time factor of ``gpu_name``."""
-    return uncertainty()["compute"][_range_key("compute", gpu_name)]
-
-
-def memory_range(gpu_name: str) -> dict[str, Any]:
-    """The stated range of the memory-bound time factor of ``gpu_name``."""
-    return uncertainty()["memory"][_range_key("memory", gpu_name)]
-
-
-def _size_factor(z: float) -> Callable[[float], float]:
-    """The stated collective time factor of a message size at standard normal ``z``."""
-    bands = uncertainty()["communication"]
-
-    def factor(nbytes: float) -> float:
-        for b in bands:
-            if nbytes < float(b["max_bytes"]):
-                return _factor(z, b["p10"], b["p90"])
-        return _factor(z, bands[-1]["p10"], bands[-1]["p90"])
-
-    return factor
-
-
-def spread_range() -> dict[str, Any]:
-    """The stated range of the factor on the GPUs' speed spread (uncertainty.yaml's ``gpu_speed_spread``)."""
-    return uncertainty()["gpu_speed_spread"]
-
-
 def _spread_factors(cfg: StepConfig, z: np.ndarray) -> list[float] | None:
     """The compute time factor of each draw ``z`` of the GPUs' speed spread (module doc): the paced variability at
     the stated spread x the drawn factor (`spread_range`) over that at the stated spread; None where no draw moves
@@ -147,9 +112,21 @@ def _spread_factors(cfg: StepConfig, z: np.ndarray) -> list[float] | None:
     if not cv:
         return None
     r = spread_range()
-    nominal, *drawn = paced_variabilities(cfg, [cv, *(cv * _factor(x, r["p10"], r["p90"]) for x in z.tolist())])
+    nominal, *drawn = paced_variabilities(cfg, [cv, *(cv * time_factor(x, r["p10"], r["p90"]) for x in z.tolist())])
     factors = [f / nominal for f in drawn]
     return factors if any(abs(f - 1.0) > 1e-12 for f in factors) else None
+
+
+def _host_variants(cfg: StepConfig, z: np.ndarray) -> list[HostOverhead] | None:
+    """The step's host costs at each draw ``z`` of the host's framework time per op: its ``dispatch_s`` x the stated
+    factor (`host_range`), the launch and the step gap as they are; None where the step has no framework dispatch to
+    vary (a CPU core standing in for a device runs its ops on the host, their time in its compute constants)."""
+    host = cfg.host_overhead
+    if runs_on_host(cfg.gpu) or host.dispatch_s <= 0:
+        return None
+    r = host_range()
+    return [dataclasses.replace(host, dispatch_s=host.dispatch_s * time_factor(x, r["p10"], r["p90"]))
+            for x in z.tolist()]
 
 
 def _columns(ranges: CalibratedRanges | None, calibrated_compute: bool) -> list[tuple[str, str]]:
@@ -190,17 +167,17 @@ def _comm_variant(z_stated: float, ranges: CalibratedRanges | None, z: dict[tupl
     """(op, ranks, bytes, t) -> the sampled time: calibrated ops' constants at their draws (simdist.predict.band_ranges
     CollectiveRanges.time_s), every other collective x the stated factor of its size; ``used``: the calibrated ops
     the step priced."""
-    size_factor = _size_factor(z_stated)
+    by_size = size_factor(z_stated)
     calibrated = ranges.collectives if ranges is not None else {}
 
     def time_of(op: str, num_ranks: int, nbytes: float, t: float) -> float:
         c = calibrated.get(op)
         if c is None:
-            return t * size_factor(nbytes)
+            return t * by_size(nbytes)
         if nbytes <= c.max_bytes * (1 + 1e-9):
             used.add(op)
         return c.time_s(t, num_ranks, nbytes, z.get((op, "latency"), 0.0), z.get((op, "bandwidth_factor"), 0.0),
-                        size_factor(nbytes))
+                        by_size(nbytes))
 
     return time_of
 
@@ -252,25 +229,26 @@ def band_ratios(cfg: StepConfig, pricer: CommPricer, plan: tuple[int, int, int, 
     eff = cfg.compute_efficiency or compute_efficiency(cfg.gpu)
     crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
     columns = _columns(ranges, cfg.compute_efficiency is not None)
-    # the memory-bound factor's column comes after the calibrated ones, the spread's last: the others keep the draws
-    # they have without them
-    zc, zn, *drawn, zm, zs = _samples(4 + len(columns))
+    # the memory-bound factor's column comes after the calibrated ones, the spread's and the host's last: the others
+    # keep the draws they have without them
+    zc, zn, *drawn, zm, zs, zh = _samples(5 + len(columns))
     spread = _spread_factors(cfg, zs)
+    hosts = _host_variants(cfg, zh)
     used: set[str] = set()
     variants = []
     for i, (a, b, m) in enumerate(zip(zc.tolist(), zn.tolist(), zm.tolist(), strict=True)):
         z = {key: float(col[i]) for key, col in zip(columns, drawn, strict=True)}
-        variant = _compute_variant(eff, _factor(a, crange["p10"], crange["p90"]),
-                                   _factor(m, mrange["p10"], mrange["p90"]), ranges, z)
+        variant = _compute_variant(eff, time_factor(a, crange["p10"], crange["p90"]),
+                                   time_factor(m, mrange["p10"], mrange["p90"]), ranges, z)
         if spread is not None:
             variant = _scaled_efficiency(variant, spread[i])
-        variants.append((variant, _comm_variant(b, ranges, z, used)))
+        variants.append(Variant(variant, _comm_variant(b, ranges, z, used), hosts[i] if hosts else None))
     base, steps = perturbed_step_s(cfg, pricer, variants, plan=plan)
     if not base > 0:
         return BandRatios(None, "no step time to perturb", [])
     ratios = (steps / base).tolist()
     p10, p50, p90 = np.quantile(np.asarray(ratios), [0.1, 0.5, 0.9]).tolist()
-    how, sources = _describe(cfg, pricer, ranges, columns, used, len(ratios), spread is not None)
+    how, sources = _describe(cfg, pricer, ranges, columns, used, len(ratios), spread is not None, bool(hosts))
     return BandRatios((p10, p50, p90), how, sources)
 
 
@@ -320,12 +298,13 @@ def step_band(cfg: StepConfig, pricer: CommPricer, step_s: float,
 
 # --------------------------------------------------------------------------- how the band was obtained
 def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | None, columns: list[tuple[str, str]],
-              used: set[str], n: int, spread: bool = False) -> tuple[str, list[dict[str, Any]]]:
+              used: set[str], n: int, spread: bool = False, host: bool = False) -> tuple[str, list[dict[str, Any]]]:
     """(``step_time_band_how``, ``step_time_band_sources``) of a band sampled over ``columns`` (`_columns`); a
-    calibrated op counts where the step priced it (``used``); ``spread``: the GPUs' speed spread was drawn too."""
+    calibrated op counts where the step priced it (``used``); ``spread``: the GPUs' speed spread was drawn too;
+    ``host``: the host's framework time per op too."""
     data = uncertainty()
     crange, mrange = compute_range(cfg.gpu.name), memory_range(cfg.gpu.name)
-    gpu_key, memory_key = _range_key("compute", cfg.gpu.name), _range_key("memory", cfg.gpu.name)
+    gpu_key, memory_key = range_key("compute", cfg.gpu.name), range_key("memory", cfg.gpu.name)
     sampled = [(op, name) for op, name in columns if op == "compute" or op in used]
     stated_compute = [name for name in _STATED_COMPUTE if ("compute", name) not in sampled]
     stated_memory = ("compute", _STATED_MEMORY) not in sampled
@@ -375,6 +354,16 @@ def _describe(cfg: StepConfig, pricer: CommPricer, ranges: CalibratedRanges | No
                         "gpu_speed_cv": {"p10": cv * srange["p10"], "p50": cv, "p90": cv * srange["p90"]}})
         tail = (f", the GPUs' speed spread x {srange['p10']}-{srange['p90']} (p10-p90: gpu_speed_cv "
                 f"{cv * srange['p10']:.3g}-{cv * srange['p90']:.3g}, the slowest GPU's pace at each){tail}")
+    if host:
+        hrange, dispatch = host_range(), cfg.host_overhead.dispatch_s
+        sources.append({"part": "host", "constant": "framework time per op factor", "applies_to": ["dispatch_s"],
+                        "method": "stated_range", "source": f"{DATA_NAME} (host)",
+                        "p10": hrange["p10"], "p90": hrange["p90"],
+                        "dispatch_s": {"p10": dispatch * hrange["p10"], "p50": dispatch,
+                                       "p90": dispatch * hrange["p90"]}})
+        tail = (f", the host's framework time per op x {hrange['p10']}-{hrange['p90']} (p10-p90: dispatch "
+                f"{dispatch * hrange['p10'] * 1e6:.3g}-{dispatch * hrange['p90'] * 1e6:.3g} us, the launch held)"
+                f"{tail}")
     compute_text = f"compute time x {crange['p10']}-{crange['p90']} (p10-p90, {gpu_key})"
     memory_text = f"memory-bound kernel time x {mrange['p10']}-{mrange['p90']} (p10-p90, {memory_key})"
     if ranges is None or not sampled:

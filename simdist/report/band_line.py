@@ -25,9 +25,13 @@ def band_line(sources: Sequence[Mapping[str, Any]] | None) -> str:
         parts.append(f"the {level:.0%} confidence intervals of {files}: {names}")
     texts = []
     for s in stated:
-        if s.get("part") == "compute":
+        if s.get("part") == "compute" and "gpu_speed_cv" in s.get("applies_to", ()):
+            texts.append(f"GPU speed spread x {s['p10']:g}-{s['p90']:g}")
+        elif s.get("part") == "compute":
             on = f" ({', '.join(s['applies_to'])})" if fitted or s.get("calibrated_without_interval") else ""
             texts.append(f"compute time x {s['p10']:g}-{s['p90']:g}{on}")
+        elif s.get("part") == "host":
+            texts.append(f"host time per framework op x {s['p10']:g}-{s['p90']:g}")
         elif s.get("part") == "memory":
             texts.append(f"memory-bound kernel time x {s['p10']:g}-{s['p90']:g}")
         else:
