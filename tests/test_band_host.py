@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from simdist import api
+from simdist.hardware.host import host_overhead
 from simdist.predict.bands import _samples
 from simdist.predict.stated_ranges import host_range, time_factor
 from simdist.report.band_line import band_line
@@ -18,6 +19,16 @@ from tests.test_band_calibration import ONE_GPU
 # launches, B the ops issued.
 HOST_BOUND = ONE_GPU.replace("100 GFLOP/s", "1000 PFLOP/s").replace(", host_overhead: {dispatch: 0 us}", "")
 assert "1000 PFLOP/s" in HOST_BOUND and "host_overhead" not in HOST_BOUND
+
+
+def test_the_stated_range_is_its_sources_arithmetic():
+    # host_overhead.csv's op (dispatch 8.48 + launch 5 = 13.48 us, a torch Linear forward on a DGX H100's Xeon) against
+    # the range's two measured ends: a torch.split's 3.3 us of dispatch (p10), and a Transformer Engine FP8 Linear at
+    # 2 x a torch Linear's op time, the launch held (p90)
+    host, hr = host_overhead(), host_range()
+    assert host.dispatch_s * hr["p10"] == pytest.approx(3.3e-6, rel=0.01)
+    assert host.dispatch_s * hr["p90"] + host.launch_s == pytest.approx(2 * host.op_s, rel=0.01)
+    assert all(word in hr["reason"] for word in ("#32194", "#761", "#2126", "Assumption"))
 
 
 def _step(path, dispatch_us: float | None = None) -> dict:
