@@ -3,10 +3,13 @@
 ``training.moe_imbalance`` states the busiest rank's routed tokens over the mean directly. ``training.moe_routing``
 derives it from a stated model of where tokens go instead, per MoE layer and micro-batch:
 
-- ``balanced``: every expert gets exactly its share (Megatron-Core --moe-router-force-load-balancing, which NVIDIA's
-  performance tables use): 1.
-- ``multinomial``: each routed copy of a token picks an expert uniformly at random, independently (a router whose
-  auxiliary loss has balanced the experts on average, per-micro-batch fluctuation only).
+- ``balanced``: every expert gets exactly its share: 1 (an idealisation, as expert-choice routing would give; not
+  Megatron-Core's force-balancing: see multinomial).
+- ``multinomial``: each routed copy of a token picks an expert uniformly at random, independently: a router whose
+  auxiliary loss has balanced the experts on average (per-micro-batch fluctuation only), and Megatron-Core's
+  --moe-router-force-load-balancing, which NVIDIA's performance tables use: its router replaces the logits by random
+  normal ones per token (megatron/core/transformer/moe/router.py, apply_random_logits: RandomSTE's
+  ``logits.clone().normal_()``), so each token's top-k experts are a uniform random draw, not an exact balance.
 - ``zipf``: expert popularity falls as a power law of its popularity rank, p_i proportional to i^-s
   (``moe_routing_skew`` s; s = 0 is ``multinomial``), the ranks shuffled over the experts at random.
 - ``histogram``: each expert's share measured in a real run (``moe_routing_file``, simdist.spec.routing_histogram),

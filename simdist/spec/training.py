@@ -163,8 +163,9 @@ class TrainingSpec(Spec):
                     "perfectly balanced); the busiest rank's extra tokens cost compute and all-to-all time")
     moe_routing: Literal["balanced", "multinomial", "zipf", "histogram"] | None = Field(
         default=None, description="routing load as a distribution instead of moe_imbalance (simdist.plan.moe_routing): "
-                                  "balanced (force-balanced, Megatron-LM --moe-router-force-load-balancing), "
-                                  "multinomial (uniform experts, per-micro-batch fluctuation), zipf (expert "
+                                  "balanced (every expert exactly its share, an idealisation), multinomial (uniform "
+                                  "experts, per-micro-batch fluctuation: also Megatron-LM "
+                                  "--moe-router-force-load-balancing, whose router draws random logits), zipf (expert "
                                   "popularity ~ rank^-moe_routing_skew) or histogram (each expert's share measured "
                                   "in a run, moe_routing_file); the busiest ep rank's expected load per micro-batch "
                                   "becomes the imbalance")
