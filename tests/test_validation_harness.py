@@ -25,7 +25,7 @@ from validation import collectives  # noqa: E402
 from validation.harness_cli import cli_guard  # noqa: E402
 from validation.machine import cpu_model  # noqa: E402
 from validation.mlp import ALL_CUTS, MLPConfig, StepConfig, run_steps, weighted_gradient_sum_  # noqa: E402
-from validation.spawn import HarnessError, free_port, launch  # noqa: E402
+from validation.spawn import HarnessError, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test spawns torch.distributed ranks
 
@@ -178,16 +178,15 @@ def test_what_ranks_write_to_stderr_is_handed_over_after_a_run_and_kept_aside_on
 def test_spawned_ranks_meet_through_their_own_file_not_a_port_another_run_may_hold(monkeypatch):
     # CI of 4d56a38: gloo's connectFullMesh failed ("Connection closed by peer") with no rank at fault while
     # another pytest worker ran ranks too; a TCP rendezvous on a port picked free and bound later can be
-    # drawn by two runs at once. Here every free port is one a listener already holds: the run must not care.
+    # drawn by two runs at once. Here no port can be bound from Python (the old launch picked its port so):
+    # the run must not need one.
     import socket
 
-    import validation.spawn as spawn
+    def taken(self, address):
+        raise OSError(f"address {address} already in use (this test)")
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        monkeypatch.setattr(spawn, "free_port", lambda: held.getsockname()[1])
-        assert launch(lambda rank, world: world * 10 + rank, world_size=2) == 20
+    monkeypatch.setattr(socket.socket, "bind", taken)
+    assert launch(lambda rank, world: world * 10 + rank, world_size=2) == 20
 
 
 def test_cli_failure_in_a_child_exits_non_zero_with_one_line():
@@ -199,11 +198,20 @@ def test_cli_failure_in_a_child_exits_non_zero_with_one_line():
     assert proc.stderr.startswith("error: rank ") and "divisible by --ranks (3)" in proc.stderr
 
 
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for torchrun's env:// rendezvous."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_under_torchrun_the_process_joins_instead_of_spawning(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     assert launch(lambda rank, world: (rank, world, os.getpid()), world_size=1) == (0, 1, os.getpid())
     with pytest.raises(HarnessError, match="torchrun started 1 ranks but --ranks is 2"):
         launch(lambda rank, world: None, world_size=2)

@@ -48,7 +48,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -60,7 +59,7 @@ from typing import Any, ClassVar
 
 from validation.supervise import REPORTED_EXIT, STOPPED_GRACE_S, Watch, blame, check, read_activity, reap, take
 
-__all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "doing", "free_port", "is_torchrun", "launch",
+__all__ = ["MAX_SPAWNED_RANKS", "STOPPED_GRACE_S", "HarnessError", "doing", "is_torchrun", "launch",
            "partial_path", "report"]
 
 BACKENDS = ("gloo", "nccl")
@@ -85,13 +84,6 @@ class HarnessError(RuntimeError):
     def amended(self, note: str) -> HarnessError:
         """The same failure with ``note`` (where the partial results went) appended."""
         return HarnessError(f"{self}; {note}", self.items, self.status)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS's pick; a race with another binder is possible but rare)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def is_torchrun() -> bool:
